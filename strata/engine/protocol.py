@@ -1,0 +1,185 @@
+"""The closed, typed vocabulary spoken over the pipe between the host and the engine process.
+
+Commands go host -> engine, events go engine -> host. Everything is a frozen dataclass of plain
+Python values so it pickles cheaply; JSON never crosses into the engine. A bump of
+PROTOCOL_VERSION means host and engine from different builds refuse to talk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+PROTOCOL_VERSION = 1
+
+
+# ---- commands (host -> engine) --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Per-request generation parameters, validated on the host before they are sent."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Load:
+    model_path: str
+    context_tokens: int = 0  # 0: the model's own context length (capped by the engine)
+    device: str = "auto"  # auto | cpu | cuda
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Unload:
+    pass
+
+
+@dataclass(frozen=True)
+class Generate:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingSpec
+    slot: int = 0
+
+
+@dataclass(frozen=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class ReleaseExperts:
+    pass
+
+
+@dataclass(frozen=True)
+class RefillExperts:
+    pass
+
+
+@dataclass(frozen=True)
+class OffloadSession:
+    pass
+
+
+@dataclass(frozen=True)
+class RestoreSession:
+    pass
+
+
+@dataclass(frozen=True)
+class Sleep:
+    pass
+
+
+@dataclass(frozen=True)
+class Wake:
+    pass
+
+
+@dataclass(frozen=True)
+class SaveSlot:
+    slot: int
+    filename: str
+
+
+@dataclass(frozen=True)
+class RestoreSlot:
+    slot: int
+    filename: str
+
+
+@dataclass(frozen=True)
+class EraseSlot:
+    slot: int
+
+
+@dataclass(frozen=True)
+class GetStatus:
+    pass
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A command with the id its reply carries, so the host can match answers to asks."""
+
+    command_id: int
+    command: "Command"
+    version: int = PROTOCOL_VERSION
+
+
+Command = Union[
+    Load, Unload, Generate, Cancel, ReleaseExperts, RefillExperts, OffloadSession,
+    RestoreSession, Sleep, Wake, SaveSlot, RestoreSlot, EraseSlot, GetStatus,
+]
+
+
+# ---- events (engine -> host) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str  # stop | length | cancelled
+
+
+@dataclass(frozen=True)
+class Tokens:
+    request_id: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Done:
+    request_id: str
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Error:
+    """A failure; request_id is None for failures of a control command or of the engine."""
+
+    code: str  # e.g. out_of_memory, bad_request, busy, not_applicable, internal
+    message: str
+    request_id: str | None = None
+    command_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to a control command (Load, Sleep, ...): what it did, in plain values."""
+
+    command_id: int
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Status:
+    """Engine-side state: arenas, slots, model; sent on GetStatus and after level changes."""
+
+    state: str  # loading | loaded | sleeping | failed
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """First message of a started engine process: it is alive and speaks this version."""
+
+    pid: int
+    version: int = PROTOCOL_VERSION
+
+
+Event = Union[Tokens, Done, Error, Reply, Status, Ready]
+
+COMMAND_TYPES = Command.__args__  # type: ignore[attr-defined]
+EVENT_TYPES = Event.__args__  # type: ignore[attr-defined]

@@ -1,0 +1,58 @@
+"""What the HTTP API and the tray need from the service: one small async interface.
+
+`Service` (engine/service/service.py) implements it over the real engine process; API tests
+use a fake engine behind the same Supervisor, so the routes never know which one runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from strata.engine.protocol import SamplingSpec, Tokens, Done, Error
+
+
+class ServiceError(Exception):
+    """A failure the API maps to an HTTP status: code is a short machine word."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    sampling: SamplingSpec
+    slot: int = 0
+
+
+class ServiceFacade(Protocol):
+    """The surface the API routes and the tray use."""
+
+    @property
+    def text(self) -> Any:
+        """TextAssets of the configured model (tokenizer, chat template); works unloaded."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def context_tokens(self) -> int: ...
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Tokens | Done | Error]:
+        """Queue a generation (one lane, FIFO), bring the engine up first if it is down.
+
+        Raises ServiceError before the first event when it cannot start (503 engine failed,
+        400 bad request). Closing the iterator early cancels the generation in the engine.
+        """
+
+    async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
+        """A lifecycle action by name (load, unload, sleep, wake, release_experts, ...)."""
+
+    def status(self) -> dict[str, Any]:
+        """A snapshot for /v1/status, /health, /metrics; never wakes anything."""
