@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata.errors import StrataError
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 
 
-class ModelFormatError(ValueError):
+class ModelFormatError(StrataError, ValueError):
     """A model file or directory that Strata cannot use; the message says what to do."""
 
 
@@ -68,6 +70,12 @@ class ModelConfig:
             )
         heads = d["num_attention_heads"]
         num_experts = d.get("num_experts", d.get("num_local_experts", 0)) or 0
+        # transformers 5 writes rope_theta and the scaling inside `rope_parameters`.
+        rope_params = d.get("rope_parameters") or {}
+        rope_theta = d.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
+        rope_scaling = d.get("rope_scaling")
+        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+            rope_scaling = dict(rope_params)
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -80,8 +88,8 @@ class ModelConfig:
             num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
             rms_norm_eps=d.get("rms_norm_eps", 1e-5),
-            rope_theta=d.get("rope_theta", 10000.0),
-            rope_scaling=d.get("rope_scaling"),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             attention_bias=d.get("attention_bias", model_type == "qwen2"),

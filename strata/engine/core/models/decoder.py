@@ -1,0 +1,102 @@
+"""The decoder-only transformer every supported architecture shares.
+
+An architecture file only says which attention and MLP each layer gets and how its tensor
+names map onto the canonical (Hugging Face) ones; the skeleton and forward live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.model_config import ModelConfig
+from strata.engine.core.models.layers import Attention, RMSNorm, RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, attention: Attention, mlp: nn.Module):
+        super().__init__()
+        self.self_attn = attention
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, start_pos, k_cache, v_cache, cos, sin) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), start_pos, k_cache, v_cache, cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderBody(nn.Module):
+    """Holds what sits under `model.` in the tensor names: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig, layers: list[DecoderLayer]):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DecoderLM(nn.Module):
+    """A causal language model; parameter names are the canonical Hugging Face names."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        make_attention: Callable[[int], Attention],
+        make_mlp: Callable[[int], nn.Module],
+    ):
+        super().__init__()
+        self.config = config
+        layers = [
+            DecoderLayer(config, make_attention(i), make_mlp(i))
+            for i in range(config.num_hidden_layers)
+        ]
+        self.model = DecoderBody(config, layers)
+        # Tied models read the output projection from the embedding table: no lm_head tensor.
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rope = RotaryEmbedding(config)
+
+    def forward(self, input_ids: torch.Tensor, start_pos: int, kv: KVCache) -> torch.Tensor:
+        """Logits [T, vocab] (float32) for input_ids [T] placed at start_pos..start_pos+T-1.
+
+        Writes those positions' K/V into `kv` and attends over positions 0..start_pos+T-1;
+        the caller guarantees positions before start_pos hold this sequence's K/V.
+        """
+        if input_ids.dim() != 1 or input_ids.numel() == 0:
+            raise ValueError(
+                f"input_ids must be a non-empty 1-D tensor, got {tuple(input_ids.shape)}"
+            )
+        num_tokens = input_ids.shape[0]
+        if start_pos < 0 or start_pos + num_tokens > kv.max_tokens:
+            raise ValueError(
+                f"positions {start_pos}..{start_pos + num_tokens - 1} do not fit the KV cache of "
+                f"{kv.max_tokens} tokens: start a new sequence or use a larger context"
+            )
+        positions = torch.arange(start_pos, start_pos + num_tokens, device=input_ids.device)
+        cos, sin = self.rope(positions)  # [T, D] each
+        h = self.model.embed_tokens(input_ids)  # [T, H]
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, start_pos, kv.k[i], kv.v[i], cos, sin)
+        h = self.model.norm(h)
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, head).float()  # [T, V]
+
+
+def drop_unused_tensors(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict:
+    """Remove tensors that files carry but the model derives: RoPE tables, a tied lm_head."""
+    for name in [n for n in tensors if n.endswith("rotary_emb.inv_freq")]:
+        del tensors[name]
+    if config.tie_word_embeddings:
+        # Some exporters write the tied head out anyway; it duplicates the embedding table.
+        tensors.pop("lm_head.weight", None)
+    return tensors

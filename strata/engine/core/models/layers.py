@@ -1,0 +1,167 @@
+"""Building blocks shared by every architecture: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+
+Tensors are unbatched: one sequence of T tokens, `x [T, hidden]`. Attention writes its K/V
+into the layer's KVCache buffers and attends over every cached position up to the newest.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from strata.engine.core.model_config import ModelConfig, ModelFormatError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dimension, computed in float32 like the reference."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies [head_dim / 2] (float32, CPU), with the config's scaling."""
+    dim = config.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        return _llama3_scaled(inv_freq, scaling, config.max_position_embeddings)
+    raise ModelFormatError(
+        f"RoPE scaling type {rope_type!r} is not supported: Strata runs "
+        f"{', '.join(SUPPORTED_ROPE_TYPES)} RoPE; pick a model without it"
+    )
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict, max_positions: int) -> torch.Tensor:
+    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between
+    # interpolated smoothly (Meta's reference, also what transformers computes).
+    factor = float(scaling["factor"])
+    low_freq_factor = float(scaling.get("low_freq_factor", 1.0))
+    high_freq_factor = float(scaling.get("high_freq_factor", 4.0))
+    old_context = float(scaling.get("original_max_position_embeddings", max_positions))
+    low_freq_wavelen = old_context / low_freq_factor
+    high_freq_wavelen = old_context / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for given positions; the frequencies stay float32 whatever the model dtype."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        # Not persistent: derived from the config, never read from or written to a file.
+        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        angles = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, D] by position (HF layout: the two halves of D form the pairs)."""
+    cos = cos[:, None, :].to(x.dtype)  # [T, 1, D]
+    sin = sin[:, None, :].to(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def causal_mask(start_pos: int, num_tokens: int, device: torch.device) -> torch.Tensor | None:
+    """Boolean mask [T, start_pos+T], True where query i may see key j (j <= start_pos + i).
+
+    None when every query may see every cached key (a single new token).
+    """
+    if num_tokens == 1:
+        return None
+    key_pos = torch.arange(start_pos + num_tokens, device=device)  # [S]
+    query_pos = torch.arange(start_pos, start_pos + num_tokens, device=device)  # [T]
+    return key_pos[None, :] <= query_pos[:, None]  # [T, S]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over the KV cache, with optional q/k biases and q/k RMSNorm."""
+
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool):
+        super().__init__()
+        hidden, head_dim = config.hidden_size, config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=o_bias)
+        # Qwen3 normalises each head of q and k before RoPE.
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        start_pos: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        end_pos = start_pos + num_tokens
+        q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_cache[start_pos:end_pos] = k
+        v_cache[start_pos:end_pos] = v
+        keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
+        values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
+        # SDPA's is_causal aligns the mask top-left, which is wrong once start_pos > 0, so a
+        # chunk after cached tokens gets an explicit mask.
+        mask = None if start_pos == 0 else causal_mask(start_pos, num_tokens, x.device)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),  # [Hq, T, D]
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=start_pos == 0 and num_tokens > 1,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [Hq, T, D]
+        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
+
+
+class SwiGLU(nn.Module):
+    """The dense feed-forward block: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,193 @@
+"""Write a GGUF file from a tiny transformers model, laid out the way llama.cpp's
+convert_hf_to_gguf.py would (permuted llama Q/K, stacked experts, 1-D tensors kept in F32).
+
+Test helper: the oracle for the GGUF loader is "load(write(hf)) == hf".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+from strata.engine.core.loader.gguf_rope import llama3_freqs
+
+_ARCH_FOR_MODEL_TYPE = {
+    "llama": "llama",
+    "mixtral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+}
+
+
+def permute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's `LlamaModel.permute`: HF half-split RoPE rows -> interleaved pairs."""
+    half = weight.shape[0] // num_heads // 2
+    return (
+        weight.reshape(num_heads, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
+
+
+def _encode(values: np.ndarray, qtype: QT, rng: np.random.Generator) -> tuple[np.ndarray, QT]:
+    """Quantize with the gguf package; 1-D tensors stay F32 and rows that do not fill whole
+    blocks fall back to F16, as the converter does. Types the gguf package cannot quantize
+    (K-quants, IQ*) get random raw blocks of the right size: only the layout is exercised."""
+    if values.ndim == 1 or qtype == QT.F32:
+        return values.astype(np.float32), QT.F32
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    if qtype == QT.F16 or values.shape[-1] % block_size:
+        return values.astype(np.float16), QT.F16
+    try:
+        return gguf.quants.quantize(values, qtype), qtype
+    except NotImplementedError:
+        byte_shape = (*values.shape[:-1], values.shape[-1] // block_size * type_size)
+        return rng.integers(0, 256, size=byte_shape, dtype=np.uint8), qtype
+
+
+def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]:
+    """HF state dict -> {gguf name: float32 array}, experts split and llama Q/K permuted."""
+    cfg = hf_model.config
+    name_map = gguf.get_tensor_name_map(
+        next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), cfg.num_hidden_layers
+    )
+    llama_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    out: dict[str, np.ndarray] = {}
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        values = tensor.detach().float().numpy().copy()
+        if name.endswith("mlp.experts.gate_up_proj"):  # transformers 5 fuses [E, 2I, H]
+            base = name[: -len("gate_up_proj")]
+            gate, up = np.split(values, 2, axis=1)
+            out[name_map.get_name(base + "gate_proj") + ".weight"] = gate
+            out[name_map.get_name(base + "up_proj") + ".weight"] = up
+            continue
+        if name.endswith("mlp.experts.down_proj"):
+            out[name_map.get_name(name) + ".weight"] = values
+            continue
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            values = permute_rope_rows(values, heads if ".q_proj." in name else kv_heads)
+        suffixes = (".weight", ".bias")
+        # Dense layers of a qwen3moe (mlp_only_layers) are missing from its map: generic names.
+        gguf_name = name_map.get_name(name, suffixes) or llama_map.get_name(name, suffixes)
+        if gguf_name is None:
+            raise KeyError(f"no GGUF name for {name}")
+        out[gguf_name] = values
+    return out
+
+
+def _split_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """blk.N.ffn_gate_exps.weight [E, I, H] -> blk.N.ffn_gate.{e}.weight [I, H] (old layout)."""
+    out: dict[str, np.ndarray] = {}
+    for name, values in tensors.items():
+        if "_exps." not in name:
+            out[name] = values
+            continue
+        base = name.replace("_exps.weight", "")
+        for expert, expert_values in enumerate(values):
+            out[f"{base}.{expert}.weight"] = expert_values
+    return out
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer: Any, vocab_size: int) -> None:
+    """gpt2-style BPE vocabulary, padded to the model's vocab size like the converter does."""
+    id_to_token = {i: t for t, i in tokenizer.get_vocab().items()}
+    special_ids = set(tokenizer.all_special_ids)
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i in id_to_token:
+            tokens.append(id_to_token[i])
+            types.append(gguf.TokenType.CONTROL if i in special_ids else gguf.TokenType.NORMAL)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    if tokenizer.bos_token_id is not None:
+        writer.add_bos_token_id(tokenizer.bos_token_id)
+    if tokenizer.eos_token_id is not None:
+        writer.add_eos_token_id(tokenizer.eos_token_id)
+    if getattr(tokenizer, "chat_template", None):
+        writer.add_chat_template(tokenizer.chat_template)
+
+
+def write_gguf_from_hf(
+    hf_model: Any,
+    hf_tokenizer: Any | None,
+    out_path: str | Path,
+    qtype: str = "F16",
+    *,
+    qtype_overrides: dict[str, str] | None = None,
+    architecture: str | None = None,
+    per_expert_tensors: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write `hf_model` (a transformers *ForCausalLM) as a GGUF file of quant type `qtype`.
+
+    `qtype_overrides` maps GGUF tensor names to another type (e.g. "IQ2_XXS" written raw);
+    `architecture` overrides general.architecture (to test refusal of other archs);
+    `per_expert_tensors` writes experts one tensor each, as llama.cpp did before March 2024.
+    """
+    cfg = hf_model.config
+    arch = _ARCH_FOR_MODEL_TYPE[cfg.model_type]
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(out_path), architecture or arch)
+    writer.arch = arch  # hyper-parameter keys keep the real arch prefix
+    writer.add_name(f"tiny-{cfg.model_type}")
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    rope_theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", 0) or 0
+    if num_experts:
+        writer.add_expert_count(num_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        if cfg.model_type == "qwen3_moe":
+            writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+            writer.add_expert_weights_norm(bool(cfg.norm_topk_prob))
+    if rope.get("rope_type") in ("linear", "yarn"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
+        writer.add_rope_scaling_factor(rope["factor"])
+        if "original_max_position_embeddings" in rope:
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if hf_tokenizer is not None:
+        _add_tokenizer(writer, hf_tokenizer, cfg.vocab_size)
+
+    tensors = _hf_tensors_in_gguf_order(hf_model, arch)
+    if rope.get("rope_type") == "llama3":
+        tensors["rope_freqs.weight"] = llama3_freqs(rope, rope_theta, head_dim)
+    if per_expert_tensors:
+        tensors = _split_experts(tensors)
+    overrides = qtype_overrides or {}
+    for name, values in tensors.items():
+        data, written = _encode(values, QT[overrides.get(name, qtype)], rng)
+        writer.add_tensor(name, data, raw_dtype=written if data.dtype == np.uint8 else None)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(out_path)
