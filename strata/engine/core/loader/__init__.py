@@ -1,0 +1,78 @@
+"""Model loading entry points: one call per question, whatever the file format.
+
+- `load_model_config(path)`: the ModelConfig of a .gguf file or a Hugging Face directory.
+- `load_tensors(path, config)`: float32 CPU tensors in canonical HF names and layouts.
+- `inspect_model(path)`: a ModelInfo for `strata info`, read without loading any tensor.
+
+Format modules are imported on use so that `inspect_model` (host side, `strata info`) does
+not pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from strata.engine.core.loader.gguf_file import is_gguf_file, missing_model_error
+from strata.engine.core.model_config import ModelConfig, ModelFormatError
+
+if TYPE_CHECKING:
+    import torch
+
+    from strata.engine.core.model_info import ModelInfo
+
+__all__ = ["detect_format", "inspect_model", "load_model_config", "load_tensors"]
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The format of `path`: gguf (a GGUF file) or hf (a directory with config.json)."""
+    p = Path(path)
+    if not p.exists():
+        raise missing_model_error(p)
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return "hf"
+        raise ModelFormatError(
+            f"{p} is a directory without config.json: pass a .gguf file or a Hugging Face "
+            "directory (config.json + *.safetensors)"
+        )
+    if p.suffix.lower() == ".gguf" or is_gguf_file(p):
+        return "gguf"  # a .gguf with a bad magic gets its own error from the GGUF reader
+    raise ModelFormatError(
+        f"{p} is neither a GGUF file nor a Hugging Face directory: pass a .gguf file or a "
+        "directory with config.json and *.safetensors"
+    )
+
+
+def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """The model's architecture hyper-parameters, from GGUF metadata or config.json."""
+    if detect_format(path) == "gguf":
+        from strata.engine.core.loader.gguf import load_gguf_config
+
+        return load_gguf_config(path)
+    from strata.engine.core.loader.hf import load_hf_config
+
+    return load_hf_config(path)
+
+
+def load_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every weight as float32 on CPU in canonical names, after the architecture's sanitize()."""
+    if detect_format(path) == "gguf":
+        from strata.engine.core.loader.gguf import load_gguf_tensors
+        from strata.engine.core.models.registry import model_module
+
+        # GGUF names are already canonical; sanitize still runs so every format ends the same
+        # way (e.g. dropping a tied lm_head).
+        return model_module(config.model_type).sanitize(load_gguf_tensors(path, config), config)
+    from strata.engine.core.loader.hf import load_hf_tensors
+
+    return load_hf_tensors(path, config)  # sanitizes itself
+
+
+def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
+    """Format, architecture, size and quantization of a model, without reading tensor data."""
+    from strata.engine.core.loader.inspect import inspect_gguf, inspect_hf
+
+    p = Path(path)
+    return inspect_gguf(p) if detect_format(p) == "gguf" else inspect_hf(p)

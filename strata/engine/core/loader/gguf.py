@@ -1,0 +1,196 @@
+"""GGUF (llama.cpp) models: config from metadata, tensors dequantized to float32 in HF layout."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from strata.engine.core.loader.gguf_file import field_value, open_gguf
+from strata.engine.core.loader.gguf_names import (
+    GGUF_ARCHITECTURES,
+    IGNORED_GGUF_TENSORS,
+    gguf_to_canonical,
+    per_expert_target,
+    unpermute_rope_rows,
+)
+from strata.engine.core.loader.gguf_rope import (
+    llama3_scaling_from_freqs,
+    rope_scaling_from_metadata,
+)
+from strata.engine.core.model_config import ModelConfig, ModelFormatError
+
+# The types Strata dequantizes; the gguf package knows more (IQ*), but its numpy kernels for
+# those are slow and untested here, so they are refused with a clear message instead.
+SUPPORTED_QUANT_TYPES = frozenset(
+    GGMLQuantizationType[name]
+    for name in (
+        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    )
+)  # fmt: skip
+
+_ROPE_PERMUTED_ARCHS = ("llama",)  # qwen2/qwen3 GGUFs keep HF's Q/K row order
+
+
+def _float32_value(value: float) -> float:
+    """GGUF stores floats as float32; give back the short decimal it came from (1e-06, not
+    9.99999997e-07) so configs compare equal to the HF ones."""
+    return float(str(np.float32(value)))
+
+
+def gguf_architecture(reader: GGUFReader, path: str | os.PathLike[str]) -> str:
+    """The file's `general.architecture`, checked against the architectures Strata runs."""
+    arch = field_value(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelFormatError(
+            f"{path} has architecture {arch!r}, which Strata cannot run; supported GGUF "
+            f"architectures: {', '.join(GGUF_ARCHITECTURES)} (Mixtral is llama with experts)"
+        )
+    return arch
+
+
+def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """Build the ModelConfig from a GGUF file's metadata (and tensor names, for flags that
+    llama.cpp infers from which tensors exist: biases, tied embeddings, dense layers)."""
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader, path)
+    prefix = arch + "."
+    meta = {
+        f.name[len(prefix) :]: f.contents()
+        for f in reader.fields.values()
+        if f.name.startswith(prefix)
+    }
+    tensors = {t.name: t for t in reader.tensors}
+
+    def required(key: str) -> Any:
+        if key not in meta:
+            raise ModelFormatError(
+                f"{path} lacks metadata {prefix}{key}: the file is incomplete; download it again"
+            )
+        return meta[key]
+
+    hidden = int(required("embedding_length"))
+    heads = int(required("attention.head_count"))
+    num_layers = int(required("block_count"))
+    head_dim = int(meta.get("attention.key_length") or hidden // heads)
+    num_experts = int(meta.get("expert_count") or 0)
+    model_type = "mixtral" if arch == "llama" and num_experts > 0 else GGUF_ARCHITECTURES[arch]
+    rope_theta = float(meta.get("rope.freq_base", 10000.0))
+
+    rope_scaling = rope_scaling_from_metadata(meta)
+    if rope_scaling is None and "rope_freqs.weight" in tensors:
+        freqs_tensor = tensors["rope_freqs.weight"]
+        freqs = dequantize_tensor(freqs_tensor.name, freqs_tensor.tensor_type, freqs_tensor.data)
+        rope_scaling = llama3_scaling_from_freqs(freqs, rope_theta, head_dim)
+
+    token_field = reader.get_field("tokenizer.ggml.tokens")
+    embed_rows = int(tensors["token_embd.weight"].shape[1]) if "token_embd.weight" in tensors else 0
+    vocab_size = len(token_field.data) if token_field is not None else embed_rows
+    if embed_rows and vocab_size != embed_rows:
+        raise ModelFormatError(
+            f"{path} has {vocab_size} tokens but token_embd.weight has {embed_rows} rows: the "
+            "file is inconsistent; download it again"
+        )
+
+    eos_ids: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        # llama.cpp stops on any end-of-generation token; Llama 3 chat ends turns with eot.
+        value = field_value(reader, f"tokenizer.ggml.{key}")
+        if value is not None and int(value) not in eos_ids:
+            eos_ids.append(int(value))
+    bos = field_value(reader, "tokenizer.ggml.bos_token_id")
+
+    dense_layers = tuple(
+        i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
+    )
+    return ModelConfig(
+        model_type=model_type,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=int(meta.get("feed_forward_length") or 0),
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(meta.get("attention.head_count_kv") or heads),
+        head_dim=head_dim,
+        rms_norm_eps=_float32_value(meta.get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(meta.get("context_length") or 2048),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        num_experts=num_experts,
+        num_experts_per_tok=int(meta.get("expert_used_count") or 0),
+        # Mixtral GGUFs have no expert length: its experts use feed_forward_length.
+        moe_intermediate_size=int(
+            meta.get("expert_feed_forward_length") or meta.get("feed_forward_length") or 0
+        )
+        if num_experts
+        else 0,
+        # llama.cpp renormalises the top-k weights of qwen3moe/mixtral unless told otherwise.
+        norm_topk_prob=bool(meta.get("expert_weights_norm", True)) if num_experts else False,
+        mlp_only_layers=dense_layers if num_experts else (),
+        bos_token_id=int(bos) if bos is not None else None,
+        eos_token_ids=tuple(eos_ids),
+    )
+
+
+def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.ndarray) -> np.ndarray:
+    """Dequantize one GGUF tensor's raw data to a writable float32 array in numpy order."""
+    if tensor_type not in SUPPORTED_QUANT_TYPES:
+        raise ModelFormatError(
+            f"tensor {name} uses quant type {tensor_type.name}, which Strata cannot dequantize; "
+            "use a Q4_K_M, Q8_0 or F16 file"
+        )
+    values = dequantize(data, tensor_type).astype(np.float32, copy=False)
+    if not values.flags.writeable:
+        # F32 comes back as a view of the read-only memmap; torch needs its own writable copy.
+        values = values.copy()
+    return values
+
+
+def load_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All tensors of a GGUF file, dequantized to float32 on CPU, in canonical (HF) names and
+    layouts: Linear weights [out, in], stacked experts [E, out, in], llama Q/K un-permuted."""
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader, path)
+    to_canonical = gguf_to_canonical(arch, config)
+    out: dict[str, torch.Tensor] = {}
+    per_expert: dict[str, dict[int, np.ndarray]] = {}
+    for t in reader.tensors:
+        if t.name in IGNORED_GGUF_TENSORS:
+            continue
+        stacked = per_expert_target(t.name)
+        canonical = to_canonical.get(t.name)
+        if canonical is None and stacked is None:
+            raise ModelFormatError(
+                f"{path} has tensor {t.name}, which a {config.model_type} model with this "
+                "config does not use: the file does not match its metadata"
+            )
+        values = dequantize_tensor(t.name, t.tensor_type, t.data)
+        expected_shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne[0] first
+        if values.shape != expected_shape:
+            values = values.reshape(expected_shape)
+        if stacked is not None:
+            per_expert.setdefault(stacked[0], {})[stacked[1]] = values
+            continue
+        is_q, is_k = ".self_attn.q_proj." in canonical, ".self_attn.k_proj." in canonical
+        if arch in _ROPE_PERMUTED_ARCHS and (is_q or is_k):
+            num_heads = config.num_attention_heads if is_q else config.num_key_value_heads
+            values = np.ascontiguousarray(unpermute_rope_rows(values, num_heads))
+        out[canonical] = torch.from_numpy(values)
+    for name, experts in per_expert.items():
+        out[name] = torch.from_numpy(np.stack([experts[e] for e in sorted(experts)]))
+
+    missing = [name for name in to_canonical.values() if name not in out]
+    if missing:
+        gguf_name = next(g for g, c in to_canonical.items() if c == missing[0])
+        raise ModelFormatError(
+            f"{path} lacks tensor {gguf_name} ({len(missing)} missing in all): the file is "
+            "incomplete or its metadata is wrong; download it again"
+        )
+    return out

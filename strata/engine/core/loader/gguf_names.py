@@ -1,0 +1,118 @@
+"""GGUF tensor names -> Strata's canonical (Hugging Face) names, and llama's Q/K un-permute.
+
+The GGUF names are not hand-written here: each canonical name is pushed through the `gguf`
+package's own HF->GGUF map (the one llama.cpp's converter uses) and the result is inverted.
+"""
+
+from __future__ import annotations
+
+import re
+
+import gguf
+import numpy as np
+
+from strata.engine.core.model_config import ModelConfig
+
+# general.architecture -> model_type (llama with experts is mixtral; see load_gguf_config).
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+
+# The canonical MoE names differ from every HF checkpoint, so they are looked up in the gguf map
+# through a name it knows; the dict says which (canonical suffix -> name the map understands).
+_MOE_PROBE_NAMES = {
+    "mlp.router.weight": "mlp.gate.weight",
+    "mlp.experts.gate_proj": "mlp.experts.gate_proj",
+    "mlp.experts.up_proj": "mlp.experts.up_proj",
+    "mlp.experts.down_proj": "mlp.experts.down_proj",
+}
+
+# Old Mixtral GGUFs (before llama.cpp stacked experts) store one tensor per expert.
+_PER_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
+_PER_EXPERT_PROJ = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+
+# Tensors a GGUF may carry that are folded into the config instead (llama3 rope factors).
+IGNORED_GGUF_TENSORS = frozenset({"rope_freqs.weight"})
+
+
+def is_moe_layer(config: ModelConfig, layer: int) -> bool:
+    """Whether decoder layer `layer` has a sparse MoE block (HF's qwen3_moe rule)."""
+    if not config.is_moe or layer in config.mlp_only_layers:
+        return False
+    return (layer + 1) % config.decoder_sparse_step == 0
+
+
+def canonical_names(config: ModelConfig) -> list[str]:
+    """Every tensor name `load_tensors` returns for this config, in a stable order."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    has_qk_norm = config.model_type in ("qwen3", "qwen3_moe")
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        if config.attention_bias:
+            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        if has_qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if is_moe_layer(config, i):
+            names += [p + suffix for suffix in _MOE_PROBE_NAMES]
+        else:
+            names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+    return names
+
+
+def gguf_arch_enum(arch_name: str) -> gguf.MODEL_ARCH:
+    """The gguf package's MODEL_ARCH for a `general.architecture` string."""
+    for arch, name in gguf.MODEL_ARCH_NAMES.items():
+        if name == arch_name:
+            return arch
+    raise KeyError(arch_name)
+
+
+def gguf_to_canonical(arch_name: str, config: ModelConfig) -> dict[str, str]:
+    """Map GGUF tensor name -> canonical name for every tensor this config needs."""
+    name_map = gguf.get_tensor_name_map(gguf_arch_enum(arch_name), config.num_hidden_layers)
+    # qwen3moe's map lists no dense FFN (released models have none), but HF's mlp_only_layers
+    # can make some layers dense; their tensors use the generic llama names.
+    fallback_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    result: dict[str, str] = {}
+    for canonical in canonical_names(config):
+        probe = canonical
+        for suffix, probe_suffix in _MOE_PROBE_NAMES.items():
+            if canonical.endswith(suffix):
+                probe = canonical[: -len(suffix)] + probe_suffix
+        # The map keys have no .weight/.bias; try_suffixes carries the suffix across.
+        gguf_name = name_map.get_name(probe, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            gguf_name = fallback_map.get_name(probe, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise KeyError(f"the gguf name map has no entry for {probe}")
+        if canonical.startswith("model.layers.") and ".mlp.experts." in canonical:
+            gguf_name += ".weight"  # stacked experts: the GGUF keeps .weight, canonical drops it
+        result[gguf_name] = canonical
+    return result
+
+
+def per_expert_target(gguf_name: str) -> tuple[str, int] | None:
+    """For an old-style per-expert tensor: (canonical stacked name, expert index), else None."""
+    m = _PER_EXPERT_RE.match(gguf_name)
+    if m is None:
+        return None
+    layer, proj, expert = m.groups()
+    return f"model.layers.{layer}.mlp.experts.{_PER_EXPERT_PROJ[proj]}", int(expert)
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf.py `LlamaModel.permute`).
+
+    The converter turns each head's rows from HF's half-split RoPE order [x0..x(d/2-1),
+    x(d/2)..] into interleaved pairs; this is the inverse, so the result equals the HF tensor.
+    Works for weights [rows, in] and biases [rows].
+    """
+    rows = weight.shape[0]
+    if rows % (2 * num_heads):
+        raise ValueError(f"{rows} rows cannot be split into {num_heads} heads of pairs")
+    half = rows // num_heads // 2
+    return (
+        weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )

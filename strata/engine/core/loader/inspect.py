@@ -1,0 +1,93 @@
+"""ModelInfo for a GGUF file or a Hugging Face directory, from headers only (no tensor data)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from strata.engine.core.loader.gguf_file import field_value, open_gguf
+from strata.engine.core.loader.gguf_names import GGUF_ARCHITECTURES
+from strata.engine.core.model_config import SUPPORTED_MODEL_TYPES, ModelFormatError
+from strata.engine.core.model_info import ModelInfo
+
+
+def inspect_gguf(path: Path) -> ModelInfo:
+    """Info for a GGUF file; an unsupported architecture is reported, not refused."""
+    reader = open_gguf(path)
+    arch = str(field_value(reader, "general.architecture", "unknown"))
+    model_type = GGUF_ARCHITECTURES.get(arch, arch)
+    if arch == "llama" and (field_value(reader, "llama.expert_count") or 0) > 0:
+        model_type = "mixtral"
+    template = field_value(reader, "tokenizer.chat_template")
+    return ModelInfo(
+        path=str(path),
+        format="gguf",
+        model_type=model_type,
+        parameter_count=sum(int(t.n_elements) for t in reader.tensors),
+        quant_types=dict(Counter(t.tensor_type.name for t in reader.tensors)),
+        context_tokens=int(field_value(reader, f"{arch}.context_length", 0) or 0),
+        has_chat_template=bool(template),
+        file_bytes=path.stat().st_size,
+        is_supported=model_type in SUPPORTED_MODEL_TYPES,
+    )
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFormatError(f"{path} cannot be read as JSON ({e}): download it again") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _has_hf_chat_template(directory: Path) -> bool:
+    # transformers >= 4.43 may save the template beside tokenizer_config.json instead of in it.
+    if (directory / "chat_template.jinja").is_file() or (
+        directory / "chat_template.json"
+    ).is_file():
+        return True
+    tokenizer_config = directory / "tokenizer_config.json"
+    return tokenizer_config.is_file() and bool(_read_json(tokenizer_config).get("chat_template"))
+
+
+def inspect_hf(directory: Path) -> ModelInfo:
+    """Info for a Hugging Face directory (config.json + safetensors headers)."""
+    from strata.engine.core.loader.hf import safetensors_files
+
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ModelFormatError(
+            f"config.json not found in {directory}: pass a .gguf file or a Hugging Face directory"
+        )
+    config = _read_json(config_path)
+    parameter_count = 0
+    dtypes: Counter[str] = Counter()
+    for file in safetensors_files(directory):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                    tensor_slice = f.get_slice(name)
+                    numel = 1
+                    for dim in tensor_slice.get_shape():
+                        numel *= dim
+                    parameter_count += numel
+                    dtypes[tensor_slice.get_dtype()] += 1
+        except SafetensorError as e:
+            raise ModelFormatError(
+                f"{file} is truncated or damaged ({e}): download it again"
+            ) from None
+    model_type = str(config.get("model_type", "unknown"))
+    return ModelInfo(
+        path=str(directory),
+        format="hf",
+        model_type=model_type,
+        parameter_count=parameter_count,
+        quant_types=dict(dtypes),
+        context_tokens=int(config.get("max_position_embeddings") or 0),
+        has_chat_template=_has_hf_chat_template(directory),
+        file_bytes=sum(p.stat().st_size for p in directory.iterdir() if p.is_file()),
+        is_supported=model_type in SUPPORTED_MODEL_TYPES,
+    )

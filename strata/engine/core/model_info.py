@@ -1,0 +1,54 @@
+"""What `strata info` shows about a model file, gathered without loading or dequantizing it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model file's identity and size, from metadata and tensor shapes only."""
+
+    path: str
+    format: str  # "gguf" | "hf"
+    model_type: str  # Strata's model_type, or the file's own architecture name if unsupported
+    parameter_count: int
+    # GGML type name (GGUF) or safetensors dtype (HF) -> number of tensors stored that way.
+    quant_types: dict[str, int] = field(default_factory=dict)
+    context_tokens: int = 0
+    has_chat_template: bool = False
+    file_bytes: int = 0
+    is_supported: bool = True  # False when Strata cannot run this architecture
+
+
+def _human_count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def _human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def format_model_info(info: ModelInfo) -> str:
+    """Multi-line, aligned text for `strata info` (no trailing newline)."""
+    # Most-used type first: that is what people call the file's quantization (Q4_K, F16, ...).
+    types = sorted(info.quant_types.items(), key=lambda kv: (-kv[1], kv[0]))
+    arch = info.model_type if info.is_supported else f"{info.model_type} (not supported by Strata)"
+    rows = [
+        ("path", info.path),
+        ("format", "GGUF" if info.format == "gguf" else "Hugging Face directory"),
+        ("architecture", arch),
+        ("parameters", f"{_human_count(info.parameter_count)} ({info.parameter_count:,})"),
+        ("tensor types", ", ".join(f"{name} x{count}" for name, count in types) or "none"),
+        ("context", f"{info.context_tokens:,} tokens" if info.context_tokens else "unknown"),
+        ("chat template", "yes" if info.has_chat_template else "no"),
+        ("size on disk", _human_bytes(info.file_bytes)),
+    ]
+    width = max(len(label) for label, _ in rows) + 1
+    return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows)
