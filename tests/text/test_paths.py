@@ -1,0 +1,37 @@
+"""Where Strata keeps its files: environment overrides first, then XDG, then home defaults."""
+
+from pathlib import Path
+
+from strata import paths
+
+
+def test_strata_home_env_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("STRATA_HOME", str(tmp_path / "h"))
+    assert paths.strata_home() == tmp_path / "h"
+    assert paths.model_cache_dir() == tmp_path / "h" / "models"
+    assert paths.snapshot_dir() == tmp_path / "h" / "snapshots"
+
+
+def test_xdg_and_home_defaults(monkeypatch, tmp_path):
+    monkeypatch.delenv("STRATA_HOME", raising=False)
+    monkeypatch.delenv("STRATA_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    assert paths.strata_home() == tmp_path / ".local/share/strata"
+    assert paths.config_path() == tmp_path / ".config/strata/config.toml"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", "relative/ignored")  # XDG: relative values are ignored
+    assert paths.strata_home() == tmp_path / "data" / "strata"
+    assert paths.config_path() == tmp_path / ".config/strata/config.toml"
+
+
+def test_config_env_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("STRATA_CONFIG", str(tmp_path / "c.toml"))
+    assert paths.config_path() == tmp_path / "c.toml"
+
+
+def test_paths_do_not_create_directories(monkeypatch, tmp_path):
+    monkeypatch.setenv("STRATA_HOME", str(tmp_path / "nothing"))
+    paths.model_cache_dir(), paths.snapshot_dir()
+    assert not Path(tmp_path / "nothing").exists()
