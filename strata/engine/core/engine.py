@@ -1,0 +1,276 @@
+"""The synchronous engine core: load a model, generate tokens, reuse cached prefixes.
+
+No threads and no I/O loop here (STYLE §6): the engine process (process.py) and the CLI wrap
+it. Each cache slot keeps the token history whose K/V are in its cache, so a prompt that
+extends the previous one only prefills the new tokens. Slots live in a SlotManager (slots.py):
+resident while the KV budget allows, else snapshotted to RAM or disk and restored on return.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from strata.engine.core.engine_config import EngineConfig
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.loader import load_model_config, load_tensors
+from strata.engine.core.model_config import ModelConfig
+from strata.engine.core.models.build import build_model
+from strata.engine.core.sampling import Sampler
+from strata.engine.core.slots import SlotManager
+from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
+from strata.engine.core.snapshots.kv_state import dtype_name
+from strata.engine.protocol import SamplingSpec, Usage
+from strata.errors import StrataError
+
+log = logging.getLogger(__name__)
+
+NUM_CACHE_SLOTS = 4
+DEFAULT_MAX_CONTEXT_TOKENS = 8192
+PREFILL_CHUNK_TOKENS = 512
+
+
+class EngineError(StrataError):
+    """A request the engine cannot serve as asked; the message says why."""
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if requested == "cuda":
+        raise EngineError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
+    return torch.device("cpu")
+
+
+class Engine:
+    """Loads one model and generates from it, one request at a time."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config: ModelConfig | None = None
+        self.model: torch.nn.Module | None = None
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.context_tokens = 0
+        self.slots: SlotManager | None = None
+        self.last_usage: Usage | None = None
+        self.load_time_s = 0.0
+
+    # ---- loading ------------------------------------------------------------------------------
+
+    def load(self) -> dict:
+        """Read the model, build it on the device, size the context. Returns what was loaded."""
+        started_s = time.perf_counter()
+        self.device = pick_device(self.config.device)
+        # bf16 on GPUs (half the bytes per token read); float32 on the CPU for exact parity.
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        config = load_model_config(self.config.model_path)
+        tensors = load_tensors(self.config.model_path, config)
+        self.model = build_model(config, tensors, self.device, self.dtype)
+        del tensors
+        self.model_config = config
+        self.context_tokens = self.config.context_tokens or min(
+            config.max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS
+        )
+        self._close_slots()
+        self.slots = self._build_slots(config)
+        self.load_time_s = time.perf_counter() - started_s
+        return self.info()
+
+    def info(self) -> dict:
+        config = self._require_model()
+        return {
+            "model_type": config.model_type,
+            "context_tokens": self.context_tokens,
+            "device": self.device.type,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "parameter_count": sum(p.numel() for p in self.model.parameters()),
+            "load_time_s": round(self.load_time_s, 3),
+        }
+
+    def _require_model(self) -> ModelConfig:
+        if self.model is None or self.model_config is None:
+            raise EngineError("no model is loaded: load one first")
+        return self.model_config
+
+    def _build_slots(self, config: ModelConfig) -> SlotManager:
+        """The slot manager over this model's KV shape and the configured snapshot store."""
+        from strata import paths
+
+        layout = KVLayout(
+            config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+            dtype_name(self.dtype),
+        )
+        store = SnapshotStore(
+            self.config.snapshot_ram_budget_bytes,
+            self.config.snapshot_dir or paths.snapshot_dir(),
+            self.config.snapshot_disk_budget_bytes,
+            persist=self.config.persist_sessions,
+            ttl_s=self.config.snapshot_ttl_s,
+            fingerprint=model_fingerprint(self.config.model_path, config),
+            layout=layout,
+        )
+        return SlotManager(NUM_CACHE_SLOTS, self.config.kv_budget_bytes, self._make_kv, store)
+
+    def _make_kv(self) -> KVCache:
+        # The kv arena will plug in here through KVCache's allocate hook.
+        return KVCache.for_config(self.model_config, self.context_tokens, self.dtype, self.device)
+
+    def _require_slots(self) -> SlotManager:
+        self._require_model()
+        return self.slots
+
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 0 <= slot < NUM_CACHE_SLOTS:
+            raise EngineError(f"cache slot must be 0..{NUM_CACHE_SLOTS - 1}, not {slot}")
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def _forward(self, state: SlotCache, token_ids: Sequence[int]) -> torch.Tensor:
+        """Run tokens after the slot's cached ones; returns the logits of the last one."""
+        logits = None
+        for start in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
+            chunk = token_ids[start : start + PREFILL_CHUNK_TOKENS]
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)  # [T]
+            logits = self.model(ids, len(state.tokens), state.kv)[-1]  # [V]
+            state.tokens.extend(chunk)
+        return logits
+
+    def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int = 0
+    ) -> Iterator[list[int]]:
+        """Yield new token ids step by step; close the iterator to cancel.
+
+        Stops at an end-of-sequence or stop token (which is yielded), at max_tokens, or at the
+        end of the context. `last_usage` holds the usage once the iterator is finished.
+        """
+        config = self._require_model()
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise EngineError("the prompt is empty: send at least one token")
+        if len(prompt) >= self.context_tokens:
+            raise EngineError(
+                f"the prompt is {len(prompt)} tokens, the context is {self.context_tokens}"
+            )
+        if max(prompt) >= config.vocab_size or min(prompt) < 0:
+            raise EngineError(f"token ids must be in 0..{config.vocab_size - 1}")
+        self._check_slot(slot)
+        stop_ids = set(config.eos_token_ids) | set(sampling.stop_token_ids)
+        max_new = min(sampling.max_tokens, self.context_tokens - len(prompt))
+        sampler = Sampler(sampling, self.device)
+        num_generated = num_cached = 0
+        finish_reason = "cancelled"
+        # Restores the slot's snapshot if it has one; a snapshot that fails verification leaves
+        # an empty history, so the prefix below is 0 and the prompt is prefilled from scratch.
+        state = self.slots.checkout(slot)
+        try:
+            # Reuse the longest common prefix; always recompute at least the last prompt token,
+            # since its logits are what the first sampled token comes from.
+            num_cached = min(common_prefix_length(state.tokens, prompt), len(prompt) - 1)
+            del state.tokens[num_cached:]
+            logits = self._forward(state, prompt[num_cached:])
+            while num_generated < max_new:
+                token = int(sampler(logits))
+                num_generated += 1
+                yield [token]
+                if token in stop_ids:
+                    finish_reason = "stop"
+                    break
+                if num_generated < max_new:
+                    logits = self._forward(state, [token])
+            else:
+                finish_reason = "length"  # max_tokens, or the end of the context
+        finally:
+            self.slots.checkin(slot)
+            self.last_usage = Usage(
+                prompt_tokens=len(prompt),
+                completion_tokens=num_generated,
+                cached_tokens=num_cached,
+                finish_reason=finish_reason,
+            )
+
+    def status(self) -> dict:
+        """Engine-side state for /v1/status."""
+        if self.model is None:
+            return {"state": "unloaded"}
+        return {
+            "state": "loaded",
+            **self.info(),
+            "slots": self.slots_status(),
+        }
+
+    # ---- slots and sessions (DESIGN §5) -------------------------------------------------------
+
+    def slots_status(self) -> list[dict]:
+        """Per slot: id, n_ctx, n_tokens, location (gpu|cpu resident, ram, disk, empty), bytes."""
+        slots = self._require_slots()
+        return [{**row, "n_ctx": self.context_tokens} for row in slots.status()]
+
+    def offload_session(self) -> dict:
+        """Snapshot the resident slots (RAM, then disk) and release their KV memory.
+
+        A slot whose snapshot cannot be written keeps its memory; SnapshotWriteError says why.
+        """
+        result = self._require_slots().offload_session()
+        self._empty_device_cache()
+        return result
+
+    def restore_session(self) -> dict:
+        """Bring the most recently used stored slot back (the next request would do it too)."""
+        slots = self._require_slots()
+        stored = [row for row in slots.status() if row["location"] in ("ram", "disk")]
+        if not stored:
+            return {"restored_slots": []}
+        slot = stored[0]["id"]
+        slots.checkout(slot)
+        slots.checkin(slot)
+        return {"restored_slots": [slot], **(slots.last_restore or {})}
+
+    def save_slot(self, slot: int, filename: str) -> dict:
+        """llama.cpp's /slots/{id}?action=save: the slot's KV to a file in the snapshot dir."""
+        self._check_slot(slot)
+        return self._require_slots().save(slot, filename)
+
+    def restore_slot(self, slot: int, filename: str) -> dict:
+        """llama.cpp's /slots/{id}?action=restore: verify the file, then replace the slot."""
+        self._check_slot(slot)
+        return self._require_slots().restore(slot, filename)
+
+    def erase_slot(self, slot: int) -> dict:
+        """llama.cpp's /slots/{id}?action=erase: forget the slot's history and its snapshot."""
+        self._check_slot(slot)
+        result = self._require_slots().erase(slot)
+        self._empty_device_cache()
+        return result
+
+    def _empty_device_cache(self) -> None:
+        # Released KV returns to torch's caching allocator on CUDA; hand it to the driver.
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _close_slots(self) -> None:
+        if self.slots is not None:
+            slots, self.slots = self.slots, None
+            slots.close()
+
+    def close(self) -> None:
+        """Drop the model and caches; the caller's process may exit afterwards."""
+        self._close_slots()
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

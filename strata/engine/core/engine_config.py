@@ -1,0 +1,29 @@
+"""What the engine process is told to load; torch-free so the host can build it cheaply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    device: str = "auto"  # auto | cpu | cuda
+    context_tokens: int = 0  # 0: the model's own, capped at DEFAULT_MAX_CONTEXT_TOKENS
+    # Cache slots and their snapshots (DESIGN §5).
+    kv_budget_bytes: int = 0  # KV of resident slots; 0: every slot may stay resident
+    snapshot_dir: str | None = None  # None: strata.paths.snapshot_dir()
+    snapshot_ram_budget_bytes: int = 4 << 30
+    snapshot_disk_budget_bytes: int = 16 << 30
+    persist_sessions: bool = False  # snapshots survive a restart (named files, not temp files)
+    snapshot_ttl_s: float = 0.0  # 0: snapshots never expire
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.context_tokens < 0:
+            raise ValueError(f"context_tokens must be >= 0, not {self.context_tokens}")
+        for name in ("kv_budget_bytes", "snapshot_ram_budget_bytes",
+                     "snapshot_disk_budget_bytes", "snapshot_ttl_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
