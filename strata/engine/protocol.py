@@ -167,8 +167,9 @@ class Reply:
 class Status:
     """Engine-side state: arenas, slots, model; sent on GetStatus and after level changes."""
 
-    state: str  # loading | loaded | sleeping | failed
+    state: str  # standby (no model) | loading | loaded | sleeping | failed
     info: dict[str, Any] = field(default_factory=dict)
+    command_id: int | None = None  # the GetStatus it answers; None when sent unasked
 
 
 @dataclass(frozen=True)

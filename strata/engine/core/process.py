@@ -1,0 +1,313 @@
+"""The engine process: reads typed commands from the pipe, runs the Engine, writes events.
+
+The Supervisor (engine/service/supervisor.py) spawns `engine_main`. There is one generation
+lane: while a Generate runs, Cancel and GetStatus are answered between decode steps and every
+other command waits in a queue until the generation ends. A failing command answers an Error
+and the loop goes on; only Unload, or the host closing the pipe, ends the process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+import select
+import signal
+import sys
+import traceback
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from strata.engine import protocol as p
+
+DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
+
+# Commands answered by an engine method of this name when the engine has one (lifecycle work
+# adds them); an engine without it answers not_applicable.
+_LEVEL_METHODS: dict[type, str] = {
+    p.ReleaseExperts: "release_experts",
+    p.RefillExperts: "refill_experts",
+    p.OffloadSession: "offload_session",
+    p.RestoreSession: "restore_session",
+    p.Sleep: "sleep",
+    p.Wake: "wake",
+    p.SaveSlot: "save_slot",
+    p.RestoreSlot: "restore_slot",
+    p.EraseSlot: "erase_slot",
+}
+
+log = logging.getLogger("strata.engine.process")
+
+
+class _HostGone(Exception):
+    """The host closed its end of the pipe: nobody is left to serve."""
+
+
+def resolve_factory(spec: str) -> Callable[[Any], Any]:
+    """Import "module:callable" (dots after the colon walk attributes) and return the callable."""
+    module_name, sep, attr_path = spec.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"engine factory {spec!r} must look like 'package.module:callable'")
+    target: Any = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError(f"engine factory {spec!r} is not callable")
+    return target
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line a user can read: the first line of its message, else its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class _CommandRefused(Exception):
+    """A command that cannot run in the current state; carries its protocol error code."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def error_code(exc: BaseException, command: Any) -> str:
+    """The protocol error code for an exception raised while running `command`."""
+    if isinstance(exc, _CommandRefused):
+        return exc.code
+    if "OutOfMemory" in type(exc).__name__ or isinstance(exc, MemoryError):
+        return "out_of_memory"
+    # The engine's own user-facing errors (StrataError) and bad model files (ModelFormatError,
+    # a ValueError) are the caller's to fix, not bugs.
+    is_user_error = any(c.__name__ == "StrataError" for c in type(exc).__mro__) or isinstance(
+        exc, (ValueError, OSError)
+    )
+    if is_user_error:
+        return "load_failed" if isinstance(command, p.Load) else "bad_request"
+    return "internal"
+
+
+class EngineLoop:
+    """The command loop of one engine process; `run()` returns when the process should exit."""
+
+    def __init__(self, conn: Connection, factory: str, config: Any):
+        self.conn = conn
+        self.factory_spec = factory
+        self.config = config
+        self.engine: Any = None
+        self.load_info: dict[str, Any] | None = None
+        self.pending: deque[p.Envelope] = deque()  # commands that arrived during a generation
+        self._factory: Callable[[Any], Any] | None = None
+        self._factory_error: BaseException | None = None
+
+    # ---- pipe ------------------------------------------------------------------------------
+
+    def send(self, event: p.Event) -> None:
+        try:
+            self.conn.send(event)
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
+            raise _HostGone() from exc
+
+    def recv(self) -> Any:
+        try:
+            return self.conn.recv()
+        except (EOFError, ConnectionResetError, OSError) as exc:
+            raise _HostGone() from exc
+
+    def _pipe_is_writable(self) -> bool:
+        _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
+        return bool(writable)
+
+    # ---- main loop -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.send(p.Ready(pid=os.getpid()))
+        # Import the engine module right after Ready: an idle process then stands by with torch
+        # imported, so the first Load pays only for the model itself.
+        try:
+            self._factory = resolve_factory(self.factory_spec)
+        except Exception as exc:  # noqa: BLE001 - reported on Load, where the host listens
+            traceback.print_exc(file=sys.stderr)
+            self._factory_error = exc
+        while True:
+            envelope = self.pending.popleft() if self.pending else self.recv()
+            if not self.handle(envelope):
+                return
+
+    def handle(self, envelope: Any) -> bool:
+        """Run one command; False when the process should exit (after Unload)."""
+        if not isinstance(envelope, p.Envelope):
+            self.send(p.Error("bad_request", f"expected an Envelope, got {type(envelope).__name__}"))
+            return True
+        command, command_id = envelope.command, envelope.command_id
+        if envelope.version != p.PROTOCOL_VERSION:
+            self.send(p.Error(
+                "version_mismatch",
+                f"host speaks protocol {envelope.version}, engine {p.PROTOCOL_VERSION}; "
+                "restart Strata so both come from one install",
+                command_id=command_id,
+            ))
+            return True
+        request_id = command.request_id if isinstance(command, p.Generate) else None
+        try:
+            if isinstance(command, p.Unload):
+                self._close_engine()
+                self.send(p.Reply(command_id, {"unloaded": True}))
+                return False
+            if isinstance(command, p.Generate):
+                self.generate(command)
+            elif isinstance(command, p.Cancel):
+                # Nothing runs (the generation it meant already ended): no answer is owed.
+                pass
+            elif isinstance(command, p.GetStatus):
+                self.send(self.status_event(command_id))
+            elif isinstance(command, p.Load):
+                self.send(p.Reply(command_id, self.load(command)))
+            elif type(command) in _LEVEL_METHODS:
+                self.send(self.level_command(command, command_id))
+            else:
+                self.send(p.Error(
+                    "bad_request", f"unknown command {type(command).__name__}",
+                    command_id=command_id,
+                ))
+        except _HostGone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure of one command
+            # The traceback goes to the log; the host gets a one-line Error and the loop goes on.
+            traceback.print_exc(file=sys.stderr)
+            self.send(p.Error(
+                error_code(exc, command), one_line(exc),
+                request_id=request_id, command_id=command_id,
+            ))
+        return True
+
+    # ---- commands --------------------------------------------------------------------------
+
+    def load(self, command: p.Load) -> dict[str, Any]:
+        config = self._config_for(command)
+        if self.engine is not None:
+            if config == self.config:
+                return dict(self.load_info or {})  # already loaded: loading is idempotent
+            raise _CommandRefused(
+                "busy", f"{self.config.model_path} is loaded; unload it before loading another model"
+            )
+        if self._factory is None:
+            raise RuntimeError(
+                f"cannot import the engine {self.factory_spec!r}: {one_line(self._factory_error)}"
+            )
+        engine = self._factory(config)
+        info = engine.load()
+        self.engine, self.config, self.load_info = engine, config, dict(info or {})
+        return dict(self.load_info)
+
+    def _config_for(self, command: p.Load) -> Any:
+        """The engine config with the Load command's model, device and context applied."""
+        changes = {
+            name: getattr(command, name)
+            for name in ("model_path", "device", "context_tokens")
+            if hasattr(self.config, name)
+        }
+        if dataclasses.is_dataclass(self.config):
+            return dataclasses.replace(self.config, **changes)
+        return self.config
+
+    def status_event(self, command_id: int | None) -> p.Status:
+        if self.engine is None:
+            return p.Status("standby", {"pid": os.getpid()}, command_id=command_id)
+        info = dict(self.engine.status() or {})
+        state = str(info.pop("state", "loaded"))
+        info["pid"] = os.getpid()
+        return p.Status(state, info, command_id=command_id)
+
+    def level_command(self, command: Any, command_id: int) -> p.Event:
+        method = getattr(self.engine, _LEVEL_METHODS[type(command)], None)
+        name = type(command).__name__
+        if self.engine is None or method is None:
+            reason = "no model is loaded" if self.engine is None else "this engine has no such level"
+            return p.Error("not_applicable", f"{name} does not apply: {reason}", command_id=command_id)
+        fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
+        return p.Reply(command_id, dict(method(**fields) or {}))
+
+    def generate(self, command: p.Generate) -> None:
+        rid = command.request_id
+        if self.engine is None:
+            self.send(p.Error("not_loaded", "no model is loaded: send Load first", request_id=rid))
+            return
+        steps = self.engine.generate(command.prompt_ids, command.sampling, command.slot)
+        buffered: list[int] = []
+        is_cancelled = False
+        try:
+            for new_ids in steps:
+                buffered.extend(new_ids)
+                # Tokens made while the host is slow to read ride along with the next send.
+                if buffered and self._pipe_is_writable():
+                    self.send(p.Tokens(rid, tuple(buffered)))
+                    buffered = []
+                if self._poll_during_generation(rid):
+                    is_cancelled = True
+                    break
+        finally:
+            steps.close()  # runs the engine's cleanup, which sets last_usage
+        if buffered:
+            self.send(p.Tokens(rid, tuple(buffered)))
+        usage = self.engine.last_usage
+        if usage is None:
+            usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")
+        if is_cancelled and usage.finish_reason != "cancelled":
+            usage = dataclasses.replace(usage, finish_reason="cancelled")
+        self.send(p.Done(rid, usage))
+
+    def _poll_during_generation(self, request_id: str) -> bool:
+        """Read what arrived since the last step; True when this generation is cancelled."""
+        is_cancelled = False
+        while self.conn.poll(0):
+            envelope = self.recv()
+            command = getattr(envelope, "command", None)
+            if isinstance(command, p.Cancel):
+                if command.request_id == request_id:
+                    is_cancelled = True
+                else:
+                    self._cancel_queued(command.request_id)
+            elif isinstance(command, p.GetStatus):
+                self.send(self.status_event(envelope.command_id))
+            else:
+                self.pending.append(envelope)
+        return is_cancelled
+
+    def _cancel_queued(self, request_id: str) -> None:
+        """A Cancel for a Generate still waiting in the queue: drop it, answer Done(cancelled)."""
+        for envelope in list(self.pending):
+            command = envelope.command
+            if isinstance(command, p.Generate) and command.request_id == request_id:
+                self.pending.remove(envelope)
+                usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")
+                self.send(p.Done(request_id, usage))
+
+    def _close_engine(self) -> None:
+        if self.engine is not None:
+            engine, self.engine, self.load_info = self.engine, None, None
+            engine.close()
+
+
+def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config: Any = None) -> None:
+    """Body of the spawned engine process: serve commands from `conn` until Unload or EOF.
+
+    `factory` is "module:callable" building the engine from `config` (an EngineConfig, or the
+    config type of a test engine). Sends Ready(pid) first.
+    """
+    # Ctrl-C in a terminal reaches the whole process group; the host decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="engine: %(message)s")
+    loop = EngineLoop(conn, factory, config)
+    try:
+        loop.run()
+    except _HostGone:
+        log.info("the host closed the pipe; engine process exiting")
+    finally:
+        try:
+            loop._close_engine()
+        except Exception:  # noqa: BLE001 - exiting anyway; keep the log
+            traceback.print_exc(file=sys.stderr)
+        conn.close()

@@ -1,0 +1,68 @@
+"""Request counters of the service, as plain numbers for /v1/status.
+
+The key names are the ones the API's /metrics renderer (engine/api/metrics.py) looks for.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.engine.protocol import Done, Error
+
+
+@dataclass
+class ServiceMetrics:
+    """Totals since the server started, plus the speed of the last finished request."""
+
+    num_requests: int = 0  # requests that reached the engine
+    num_rejected: int = 0  # requests refused before any event (engine down, bad request)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    last_tokens_per_s: float = 0.0
+    last_prompt_tokens: int = 0
+    last_completion_tokens: int = 0
+    finish_reasons: Counter = field(default_factory=Counter)  # stop | length | cancelled
+    error_codes: Counter = field(default_factory=Counter)  # engine_crashed, internal, ...
+
+    def record(self, final: Done | Error | None, total_s: float, decode_s: float) -> None:
+        """Count a request that reached the engine, by its last event.
+
+        total_s runs from sending Generate to the last event, decode_s from the first token.
+        """
+        self.num_requests += 1
+        if isinstance(final, Done):
+            usage = final.usage
+            self.prompt_tokens += usage.prompt_tokens
+            self.completion_tokens += usage.completion_tokens
+            self.cached_tokens += usage.cached_tokens
+            self.finish_reasons[usage.finish_reason] += 1
+            self.last_prompt_tokens = usage.prompt_tokens
+            self.last_completion_tokens = usage.completion_tokens
+            # Decode speed: tokens after the first over the time since it (prefill excluded).
+            n = usage.completion_tokens
+            if n > 1 and decode_s > 0:
+                self.last_tokens_per_s = (n - 1) / decode_s
+            else:
+                self.last_tokens_per_s = n / total_s if total_s > 0 else 0.0
+        elif isinstance(final, Error):
+            self.error_codes[final.code] += 1
+        else:
+            self.error_codes["no_answer"] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters as a JSON-ready dict."""
+        return {
+            "requests_total": self.num_requests,
+            "rejected_total": self.num_rejected,
+            "prompt_tokens_total": self.prompt_tokens,
+            "completion_tokens_total": self.completion_tokens,
+            "cached_tokens_total": self.cached_tokens,
+            "tokens_per_second": round(self.last_tokens_per_s, 3),
+            "last_prompt_tokens": self.last_prompt_tokens,
+            "last_completion_tokens": self.last_completion_tokens,
+            "finish_reasons": dict(self.finish_reasons),
+            "errors": dict(self.error_codes),
+        }

@@ -1,0 +1,290 @@
+"""Server settings: one frozen dataclass, read from the TOML config file and the command line.
+
+Config keys are the field names, with dashes or underscores, or the flag names without the
+leading dashes (`cache-release-idle` for cache_release_idle_s). Command-line flags win over the
+file; flags default to None so only the ones given override.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from strata.errors import StrataError
+
+GIB = 1024**3
+IDLE_FIELDS = ("cache_release_idle_s", "session_offload_idle_s", "sleep_idle_s", "idle_unload_s")
+EXPERT_CACHE_WORDS = ("auto", "off", "all")
+DEVICES = ("auto", "cpu", "cuda")
+# Tables of the same config file that belong to other parts (the tray's rules and window).
+OTHER_SECTIONS = ("rules", "tray")
+
+
+class SettingsError(StrataError, ValueError):
+    """A setting with a wrong name, type or value; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """Everything `strata serve` and the tray need to run the server. Validated on creation."""
+
+    model: str | None = None  # None: the embedded default model
+    host: str = "127.0.0.1"
+    port: int = 8080  # 0: any free port
+    api_key: str | None = None
+    context_tokens: int = 0  # 0: the model's own context length (capped by the engine)
+    device: str = "auto"
+    cache_release_idle_s: float | None = None  # idle timers: None = off
+    session_offload_idle_s: float | None = None
+    sleep_idle_s: float | None = None
+    idle_unload_s: float | None = None
+    min_free_vram_mib: int = 0
+    vram_wait_s: float = 15.0
+    before_load: str | tuple[str, ...] | None = None  # a command line, or an argv list
+    before_load_required: bool = False  # a failing before-load command stops the load
+    persist_sessions: bool = False
+    snapshot_dir: str | None = None  # None: strata.paths.snapshot_dir()
+    snapshot_ram_budget_bytes: int = 4 * GIB
+    snapshot_disk_budget_bytes: int = 16 * GIB
+    expert_cache: str | int = "auto"  # auto | off | all | a number of expert slots
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            object.__setattr__(self, f.name, check_setting(f.name, getattr(self, f.name)))
+
+    @property
+    def before_load_argv(self) -> list[str] | None:
+        """The before-load command as an argv list (a string is split like a shell would)."""
+        if self.before_load is None:
+            return None
+        if isinstance(self.before_load, str):
+            return shlex.split(self.before_load)
+        return list(self.before_load)
+
+
+SETTING_NAMES = tuple(f.name for f in fields(ServeSettings))
+
+# flag (without --) -> field, for the flags whose name differs from the field's
+FLAG_NAMES = {
+    "context": "context_tokens",
+    "cache-release-idle": "cache_release_idle_s",
+    "session-offload-idle": "session_offload_idle_s",
+    "sleep-idle": "sleep_idle_s",
+    "idle-unload": "idle_unload_s",
+    "vram-wait": "vram_wait_s",
+    "snapshot-ram-budget": "snapshot_ram_budget_bytes",
+    "snapshot-disk-budget": "snapshot_disk_budget_bytes",
+}
+_KEY_TO_FIELD = {name: name for name in SETTING_NAMES} | {
+    flag.replace("-", "_"): name for flag, name in FLAG_NAMES.items()
+}
+
+
+def _type_error(name: str, expected: str, value: Any) -> SettingsError:
+    return SettingsError(f"{name!r} must be {expected}, got {value!r} ({type(value).__name__})")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_bytes(text: str | int) -> int:
+    """A byte count from an int or a string like '512MiB', '4 GiB', '2GB' or '1024'."""
+    if _is_int(text):
+        return int(text)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?)B?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a size; write e.g. 4GiB, 512MiB or a number of bytes")
+    number, prefix, binary = match.groups()
+    power = "KMGT".find(prefix.upper()) + 1 if prefix else 0
+    base = 1000 if prefix and not binary and str(text).strip()[-1:] in "bB" else 1024
+    return int(float(number) * base**power)
+
+
+def check_setting(name: str, value: Any) -> Any:
+    """Validate one setting and return it normalized; raise SettingsError saying what is wrong."""
+    if name in ("model", "api_key", "snapshot_dir"):
+        if value is None:
+            return None
+        if isinstance(value, Path):
+            value = str(value)
+        if not isinstance(value, str) or not value.strip():
+            raise _type_error(name, "a non-empty string", value)
+        return os.path.expanduser(value) if name != "api_key" else value
+    if name == "host":
+        if not isinstance(value, str) or not value.strip():
+            raise _type_error(name, "a host name or address", value)
+        return value
+    if name in ("port", "context_tokens", "min_free_vram_mib"):
+        if not _is_int(value):
+            raise _type_error(name, "an integer", value)
+        if value < 0 or (name == "port" and value > 65535):
+            limit = "0..65535" if name == "port" else ">= 0"
+            raise SettingsError(f"{name!r} must be {limit}, got {value}")
+        return value
+    if name == "device":
+        if value not in DEVICES:
+            raise SettingsError(f"'device' must be one of {', '.join(DEVICES)}, got {value!r}")
+        return value
+    if name in IDLE_FIELDS or name == "vram_wait_s":
+        if value is None and name in IDLE_FIELDS:
+            return None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise _type_error(name, "a number of seconds", value)
+        if value < 0:
+            raise SettingsError(f"{name!r} must be >= 0 seconds, got {value}")
+        # 0 turns an idle timer off, so a flag can override a value from the config file.
+        return None if name in IDLE_FIELDS and value == 0 else float(value)
+    if name == "before_load":
+        if value is None:
+            return None
+        if isinstance(value, str) and value.strip():
+            return value
+        if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, str) and v for v in value
+        ):
+            return tuple(value)
+        raise _type_error(name, "a command line or a non-empty list of strings", value)
+    if name in ("before_load_required", "persist_sessions"):
+        if not isinstance(value, bool):
+            raise _type_error(name, "true or false", value)
+        return value
+    if name in ("snapshot_ram_budget_bytes", "snapshot_disk_budget_bytes"):
+        if not isinstance(value, (int, str)) or isinstance(value, bool):
+            raise _type_error(name, "a size such as 4GiB or a number of bytes", value)
+        try:
+            size_bytes = parse_bytes(value)
+        except ValueError as exc:
+            raise SettingsError(f"{name!r}: {exc}") from None
+        if size_bytes < 0:
+            raise SettingsError(f"{name!r} must be >= 0 bytes, got {value}")
+        return size_bytes
+    if name == "expert_cache":
+        if _is_int(value) and value >= 1:
+            return value
+        if isinstance(value, str) and value.isdigit() and int(value) >= 1:
+            return int(value)
+        if value in EXPERT_CACHE_WORDS:
+            return value
+        raise SettingsError(
+            f"'expert_cache' must be auto, off, all or a number of expert slots >= 1, got {value!r}"
+        )
+    raise SettingsError(f"unknown setting {name!r}; known settings: {', '.join(SETTING_NAMES)}")
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path} does not exist; create it or drop --config") from None
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}; fix it") from None
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in OTHER_SECTIONS and isinstance(value, (dict, list)):
+            continue
+        name = _KEY_TO_FIELD.get(key.replace("-", "_"))
+        if name is None:
+            raise SettingsError(
+                f"config file {path}: unknown key {key!r}; "
+                f"known keys: {', '.join(k.replace('_', '-') for k in SETTING_NAMES)}"
+            )
+        try:
+            values[name] = check_setting(name, value)
+        except SettingsError as exc:
+            raise SettingsError(f"config file {path}: {exc}") from None
+    return values
+
+
+def default_config_file() -> Path | None:
+    """The standard config file when it exists ($STRATA_CONFIG or ~/.config/strata/config.toml)."""
+    from strata.paths import config_path
+
+    path = config_path()
+    return path if path.is_file() else None
+
+
+def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> ServeSettings:
+    """Settings from a TOML file (None: the standard one if it exists) and overrides.
+
+    Overrides are field names (or flag names) to values; None values are ignored, so argparse
+    defaults never override the file. Raises SettingsError with a one-line message.
+    """
+    path = Path(config_file).expanduser() if config_file is not None else default_config_file()
+    values = _read_config_file(path) if path is not None else {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        name = _KEY_TO_FIELD.get(key.replace("-", "_"))
+        if name is None:
+            raise SettingsError(f"unknown setting {key!r}; known settings: {', '.join(SETTING_NAMES)}")
+        values[name] = value
+    return ServeSettings(**values)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings among parsed arguments (from add_serve_arguments), for load_settings."""
+    return {name: getattr(args, name) for name in SETTING_NAMES if hasattr(args, name)}
+
+
+def _positive_or_zero_number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the server flags; every one defaults to None so only the given ones override."""
+    add = parser.add_argument
+    add("--model", metavar="PATH", help="GGUF file or Hugging Face directory (default: SmolLM2-135M)")
+    add("--config", metavar="FILE", help="TOML config file (default: ~/.config/strata/config.toml)")
+    add("--host", help="address to bind (default 127.0.0.1)")
+    add("--port", type=int, help="port to listen on (default 8080, 0: any free port)")
+    add("--api-key", dest="api_key", help="require this key (Bearer or x-api-key)")
+    add("--context", dest="context_tokens", type=int, metavar="TOKENS",
+        help="context length in tokens (default: the model's own, capped)")
+    add("--device", choices=DEVICES, help="where the engine runs (default auto)")
+    idle_help = "seconds idle before the server {} (0 or absent: never)"
+    for flag, field_name, what in (
+        ("--cache-release-idle", "cache_release_idle_s", "releases the expert cache"),
+        ("--session-offload-idle", "session_offload_idle_s", "offloads the KV session"),
+        ("--sleep-idle", "sleep_idle_s", "sleeps (frees all VRAM, keeps the process)"),
+        ("--idle-unload", "idle_unload_s", "unloads the model"),
+    ):
+        add(flag, dest=field_name, type=_positive_or_zero_number, metavar="S",
+            help=idle_help.format(what))
+    add("--min-free-vram-mib", dest="min_free_vram_mib", type=int, metavar="MIB",
+        help="free VRAM to wait for before coming back (default 0)")
+    add("--vram-wait", dest="vram_wait_s", type=_positive_or_zero_number, metavar="S",
+        help="seconds to wait for that VRAM before answering 503 (default 15)")
+    add("--before-load", dest="before_load", metavar="CMD",
+        help="command run (without a shell) before a load or wake, e.g. to ask ComfyUI to free")
+    add("--before-load-required", dest="before_load_required",
+        action=argparse.BooleanOptionalAction, default=None,
+        help="fail the load when the before-load command fails")
+    add("--persist-sessions", dest="persist_sessions", action=argparse.BooleanOptionalAction,
+        default=None, help="keep KV snapshots on disk across restarts")
+    add("--snapshot-dir", dest="snapshot_dir", metavar="DIR", help="where KV snapshots go")
+    add("--snapshot-ram-budget", dest="snapshot_ram_budget_bytes", type=_size, metavar="SIZE",
+        help="host RAM for KV snapshots, e.g. 4GiB")
+    add("--snapshot-disk-budget", dest="snapshot_disk_budget_bytes", type=_size, metavar="SIZE",
+        help="disk space for KV snapshots, e.g. 16GiB")
+    add("--expert-cache", dest="expert_cache", metavar="auto|off|all|N",
+        help="MoE expert cache: auto, off, all, or a number of expert slots")

@@ -1,0 +1,470 @@
+"""Owns the engine process: spawn, handshake, load, per-request event streams, crash restarts.
+
+Everything here runs on the service's asyncio loop except one reader thread per engine process
+(see `_read_events` for why a thread). States: unloaded | starting | loaded | failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from strata.engine import protocol as p
+from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, engine_main
+from strata.errors import StrataError
+
+log = logging.getLogger(__name__)
+
+STATES = ("unloaded", "starting", "loaded", "failed")
+
+
+class EngineUnavailable(StrataError):
+    """The engine could not be brought up; retry_after_s says when trying again makes sense."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineCommandError(StrataError):
+    """The engine answered a command with an Error (or died before answering)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _EngineHandle:
+    """One spawned engine process and what is waiting on it."""
+
+    process: BaseProcess
+    conn: Connection
+    ready: asyncio.Future
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    streams: dict[str, asyncio.Queue] = field(default_factory=dict)
+    waiters: dict[int, asyncio.Future] = field(default_factory=dict)
+    is_alive: bool = True
+    is_exit_expected: bool = False
+    kill_reason: str | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+
+def describe_exit(exit_code: int | None) -> str:
+    """How a process ended, in words: 'was killed by SIGKILL', 'exited with code 1'."""
+    if exit_code is None:
+        return "closed its pipe and did not exit"
+    if exit_code < 0:
+        try:
+            return f"was killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            return f"was killed by signal {-exit_code}"
+    return f"exited with code {exit_code}"
+
+
+class Supervisor:
+    """Starts, watches and restarts the engine process, and routes its events."""
+
+    def __init__(
+        self,
+        engine_config: Any,
+        factory: str = DEFAULT_ENGINE_FACTORY,
+        *,
+        ready_timeout_s: float = 60.0,
+        load_timeout_s: float = 900.0,
+        command_timeout_s: float = 60.0,
+        cancel_timeout_s: float = 10.0,
+        stop_timeout_s: float = 5.0,
+        backoff_base_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+    ):
+        self.engine_config = engine_config
+        self.factory = factory
+        self.ready_timeout_s = ready_timeout_s
+        self.load_timeout_s = load_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.cancel_timeout_s = cancel_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.state = "unloaded"
+        self.last_error: str | None = None
+        self.load_info: dict[str, Any] | None = None
+        self.num_starts = 0
+        self.num_crashes = 0  # unexpected exits and failed starts, over the lifetime
+        self.num_consecutive_failures = 0  # reset by a finished generation
+        self.state_listeners: list[Callable[[str], None]] = []
+        self._retry_at_s = 0.0  # time.monotonic() before which no restart is tried
+        self._handle: _EngineHandle | None = None
+        self._command_ids = itertools.count(1)
+        self._bring_up_lock = asyncio.Lock()
+        self._stop_requested = False  # stop() came while starting: the failure is no crash
+        self._context = multiprocessing.get_context("spawn")  # fork would copy CUDA/threads
+
+    # ---- state -----------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return self._handle.pid if self._handle and self._handle.is_alive else None
+
+    @property
+    def retry_in_s(self) -> float:
+        return max(0.0, self._retry_at_s - time.monotonic())
+
+    def _set_state(self, state: str) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        for listener in list(self.state_listeners):
+            try:
+                listener(state)
+            except Exception:
+                log.exception("a state listener failed")
+
+    def _register_failure(self, message: str) -> None:
+        """Record a crash or failed start; repeated ones back off 1 s, 2 s, 4 s ... capped."""
+        self.num_crashes += 1
+        self.num_consecutive_failures += 1
+        self.last_error = message
+        self.load_info = None
+        # The first failure restarts at once (a one-off fault should cost one request, not
+        # a wait); only repeated ones wait.
+        n = self.num_consecutive_failures
+        delay_s = 0.0 if n == 1 else min(self.backoff_base_s * 2 ** (n - 2), self.backoff_max_s)
+        self._retry_at_s = time.monotonic() + delay_s
+        log.warning("engine failure %d: %s (next start allowed in %.1f s)", n, message, delay_s)
+        self._set_state("failed")
+
+    def status(self) -> dict[str, Any]:
+        """The supervisor's view: state, pid, last error, restart counters, backoff."""
+        return {
+            "state": self.state,
+            "pid": self.pid,
+            "last_error": self.last_error,
+            "num_starts": self.num_starts,
+            "num_crashes": self.num_crashes,
+            "retry_in_s": round(self.retry_in_s, 3) if self.state == "failed" else 0.0,
+            "engine": dict(self.load_info) if self.load_info else None,
+        }
+
+    # ---- bring up / stop -------------------------------------------------------------------
+
+    async def ensure_loaded(self) -> dict[str, Any]:
+        """Start the engine process and load the model unless that is done; returns load info.
+
+        Raises EngineUnavailable with the reason (and retry_after_s while backing off).
+        """
+        async with self._bring_up_lock:
+            handle = self._handle
+            if self.state == "loaded" and handle is not None and handle.is_alive:
+                return dict(self.load_info or {})
+            wait_s = self.retry_in_s
+            if wait_s > 0:
+                raise EngineUnavailable(
+                    f"the engine failed ({self.last_error}); it restarts in {wait_s:.1f} s, "
+                    "retry then or check the log",
+                    retry_after_s=wait_s,
+                )
+            self._set_state("starting")
+            handle = None
+            try:
+                await self._shut_down(self._handle, self.stop_timeout_s)  # a leftover one
+                handle = await self._start_process()
+                await self._wait_ready(handle)
+                reply = await self._command(handle, self._load_command(), self.load_timeout_s)
+            except (EngineCommandError, EngineUnavailable, TimeoutError, OSError) as exc:
+                message = _failure_message(exc, self.load_timeout_s)
+                await self._shut_down(handle, self.stop_timeout_s)
+                if self._stop_requested:
+                    self._stop_requested = False
+                    self._set_state("unloaded")
+                    raise EngineUnavailable("the engine was stopped while it was starting") from None
+                self._register_failure(message)
+                raise EngineUnavailable(message, retry_after_s=self.retry_in_s or None) from None
+            self.load_info = dict(reply.result)
+            self.last_error = None
+            self._set_state("loaded")
+            return dict(self.load_info)
+
+    def _load_command(self) -> p.Load:
+        config = self.engine_config
+        return p.Load(
+            model_path=str(getattr(config, "model_path", "")),
+            context_tokens=int(getattr(config, "context_tokens", 0)),
+            device=str(getattr(config, "device", "auto")),
+        )
+
+    async def _start_process(self) -> _EngineHandle:
+        loop = asyncio.get_running_loop()
+        parent_conn, child_conn = self._context.Pipe(duplex=True)
+        # daemon: if the host dies without stop(), multiprocessing's exit hook ends the engine
+        # instead of joining it forever.
+        process = self._context.Process(
+            target=engine_main, args=(child_conn, self.factory, self.engine_config),
+            name="strata-engine", daemon=True,
+        )
+        # start() pickles the config and writes spawn data; keep that off the loop.
+        await loop.run_in_executor(None, process.start)
+        child_conn.close()  # else the EOF that tells us the child died would never come
+        self.num_starts += 1
+        handle = _EngineHandle(process=process, conn=parent_conn, ready=loop.create_future())
+        self._handle = handle
+        threading.Thread(
+            target=self._read_events, args=(handle, loop),
+            name=f"strata-engine-reader-{handle.pid}", daemon=True,
+        ).start()
+        return handle
+
+    async def _wait_ready(self, handle: _EngineHandle) -> None:
+        try:
+            ready = await asyncio.wait_for(asyncio.shield(handle.ready), self.ready_timeout_s)
+        except TimeoutError:
+            raise EngineUnavailable(
+                f"the engine process did not start within {self.ready_timeout_s:.0f} s"
+            ) from None
+        if ready.version != p.PROTOCOL_VERSION:
+            raise EngineUnavailable(
+                f"the engine speaks protocol {ready.version}, the host {p.PROTOCOL_VERSION}; "
+                "reinstall Strata"
+            )
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        """End the engine process: cancel streams, Unload, join; terminate, then kill if stuck."""
+        if self.state == "starting":
+            self._stop_requested = True
+        await self._shut_down(self._handle, self.stop_timeout_s if timeout_s is None else timeout_s)
+        self.load_info = None
+        if self.state != "failed" or self.retry_in_s == 0:  # failed stays visible while backing off
+            self._set_state("unloaded")
+
+    async def _shut_down(self, handle: _EngineHandle | None, timeout_s: float) -> None:
+        if handle is None:
+            return
+        handle.is_exit_expected = True
+        if handle.is_alive:
+            for request_id in list(handle.streams):
+                self._try_send(handle, p.Cancel(request_id))
+            try:
+                await self._command(handle, p.Unload(), timeout_s)
+            except (EngineCommandError, TimeoutError):
+                pass  # dead or stuck: the join below ends it either way
+        loop = asyncio.get_running_loop()
+        process = handle.process
+        await loop.run_in_executor(None, process.join, timeout_s)
+        if process.exitcode is None:
+            log.warning("engine process %d did not exit after Unload; terminating", handle.pid)
+            process.terminate()
+            await loop.run_in_executor(None, process.join, 1.0)
+        if process.exitcode is None:
+            process.kill()
+            await loop.run_in_executor(None, process.join, 1.0)
+        try:
+            await asyncio.wait_for(handle.exited.wait(), 2.0)  # the reader has reported
+        except TimeoutError:
+            log.warning("engine reader of pid %d did not report the exit", handle.pid)
+        if self._handle is handle:
+            self._handle = None
+
+    def kill(self, reason: str) -> None:
+        """Kill the engine at once (it is stuck); its requests fail and the next one restarts."""
+        handle = self._handle
+        if handle is not None and handle.is_alive:
+            handle.kill_reason = reason
+            handle.process.kill()
+
+    # ---- commands and streams --------------------------------------------------------------
+
+    def _try_send(self, handle: _EngineHandle, command: Any) -> bool:
+        try:
+            self._send(handle, command)
+            return True
+        except EngineCommandError:
+            return False
+
+    def _send(self, handle: _EngineHandle, command: Any, command_id: int | None = None) -> int:
+        command_id = next(self._command_ids) if command_id is None else command_id
+        if not handle.is_alive:
+            raise EngineCommandError("engine_crashed", "the engine process is not running")
+        try:
+            handle.conn.send(p.Envelope(command_id, command))
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
+            raise EngineCommandError("engine_crashed", f"the engine process is gone ({exc})") from None
+        return command_id
+
+    async def _command(self, handle: _EngineHandle, command: Any, timeout_s: float) -> Any:
+        command_id = next(self._command_ids)
+        waiter = asyncio.get_running_loop().create_future()
+        handle.waiters[command_id] = waiter
+        try:
+            self._send(handle, command, command_id)
+            event = await asyncio.wait_for(waiter, timeout_s)
+        finally:
+            handle.waiters.pop(command_id, None)
+        if isinstance(event, p.Error):
+            raise EngineCommandError(event.code, event.message)
+        return event
+
+    async def command(self, command: Any, timeout_s: float | None = None) -> Any:
+        """Send a control command to the running engine and return its Reply or Status.
+
+        Never starts the engine: raises EngineCommandError("not_running") when it is down.
+        """
+        handle = self._handle
+        if handle is None or not handle.is_alive:
+            raise EngineCommandError("not_running", "the engine is not running; load it first")
+        return await self._command(handle, command, timeout_s or self.command_timeout_s)
+
+    async def stream(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        sampling: p.SamplingSpec,
+        slot: int = 0,
+        on_end: Callable[[p.Done | p.Error | None], None] | None = None,
+    ) -> AsyncIterator[p.Tokens | p.Done | p.Error]:
+        """Run one Generate and yield its events, ending with Done or Error.
+
+        Closing the iterator early sends Cancel and waits (cancel_timeout_s) for the engine's
+        Done, so the next request finds the engine idle; a stuck engine is killed instead.
+        `on_end` gets the final event (None if none came).
+        """
+        handle = self._handle
+        if handle is None or not handle.is_alive:
+            raise EngineUnavailable("the engine is not running")
+        queue: asyncio.Queue = asyncio.Queue()
+        handle.streams[request_id] = queue
+        final: p.Done | p.Error | None = None
+        try:
+            try:
+                self._send(handle, p.Generate(request_id, tuple(prompt_ids), sampling, slot))
+            except EngineCommandError as exc:
+                queue.put_nowait(p.Error(exc.code, str(exc), request_id=request_id))
+            while True:
+                event = await queue.get()
+                if isinstance(event, (p.Done, p.Error)):
+                    final = event
+                yield event
+                if final is not None:
+                    return
+        finally:
+            try:
+                if final is None:
+                    final = await self._cancel_and_wait(handle, request_id, queue)
+            finally:
+                handle.streams.pop(request_id, None)
+                if on_end is not None:
+                    on_end(final)
+
+    async def _cancel_and_wait(
+        self, handle: _EngineHandle, request_id: str, queue: asyncio.Queue
+    ) -> p.Done | p.Error | None:
+        if not handle.is_alive and queue.empty():
+            return None
+        self._try_send(handle, p.Cancel(request_id))
+        try:
+            async with asyncio.timeout(self.cancel_timeout_s):
+                while True:
+                    event = await queue.get()
+                    if isinstance(event, (p.Done, p.Error)):
+                        return event
+        except TimeoutError:
+            reason = f"did not stop within {self.cancel_timeout_s:.0f} s of a cancel"
+            log.error("engine process %d %s; killing it", handle.pid, reason)
+            if self._handle is handle:
+                self.kill(reason)
+            return p.Error("engine_crashed", f"the engine {reason}", request_id=request_id)
+
+    # ---- events from the engine ------------------------------------------------------------
+
+    def _read_events(self, handle: _EngineHandle, loop: asyncio.AbstractEventLoop) -> None:
+        """Reader thread: blocking recv, each event handed to the loop.
+
+        A thread rather than loop.add_reader: Connection.recv() blocks until a whole message is
+        there, so on the loop a large message split across reads would stall every request;
+        here EOF (the process died) is seen at once, and joining the corpse to learn its exit
+        code cannot block the loop either.
+        """
+        while True:
+            try:
+                event = handle.conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:
+                log.exception("unreadable message from engine %d; dropping the engine", handle.pid)
+                handle.process.kill()
+                break
+            if not _call_soon(loop, self._dispatch, handle, event):
+                return
+        handle.process.join(1.0)  # EOF comes at exit, the exit code a moment later
+        handle.conn.close()
+        _call_soon(loop, self._on_exit, handle, handle.process.exitcode)
+
+    def _dispatch(self, handle: _EngineHandle, event: Any) -> None:
+        if isinstance(event, p.Ready):
+            if not handle.ready.done():
+                handle.ready.set_result(event)
+            return
+        request_id = getattr(event, "request_id", None)
+        if request_id is not None:
+            queue = handle.streams.get(request_id)
+            if queue is not None:
+                queue.put_nowait(event)
+            if isinstance(event, p.Done):
+                self.num_consecutive_failures = 0  # a finished generation: the engine works
+            return
+        command_id = getattr(event, "command_id", None)
+        waiter = handle.waiters.get(command_id) if command_id is not None else None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(event)
+        elif isinstance(event, p.Error):
+            log.error("engine error (%s): %s", event.code, event.message)
+
+    def _on_exit(self, handle: _EngineHandle, exit_code: int | None) -> None:
+        handle.is_alive = False
+        reason = handle.kill_reason or describe_exit(exit_code)
+        message = f"the engine process (pid {handle.pid}) {reason}"
+        if not handle.ready.done():
+            handle.ready.set_exception(EngineUnavailable(f"{message} before it was ready"))
+        for waiter in handle.waiters.values():
+            if not waiter.done():
+                waiter.set_exception(EngineCommandError("engine_crashed", message))
+        for request_id, queue in handle.streams.items():
+            queue.put_nowait(p.Error("engine_crashed", message, request_id=request_id))
+        handle.exited.set()
+        if self._handle is handle:
+            self._handle = None
+            # While starting, ensure_loaded sees the failed Ready/Load and records it itself.
+            if not handle.is_exit_expected and self.state == "loaded":
+                self._register_failure(message)
+            elif handle.is_exit_expected and self.state == "loaded":
+                self.load_info = None
+                self._set_state("unloaded")
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable, *args: Any) -> bool:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+        return True
+    except RuntimeError:  # the loop is closed: the host is shutting down
+        return False
+
+
+def _failure_message(exc: BaseException, load_timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"loading the model took longer than {load_timeout_s:.0f} s"
+    if isinstance(exc, EngineCommandError) and exc.code != "engine_crashed":
+        return f"loading the model failed ({exc.code}): {exc}"
+    return str(exc)

@@ -1,0 +1,129 @@
+"""The engine process loop (core/process.py) through a real spawned process and raw pipe."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+from fakes.fake_engine import FAKE_ENGINE_FACTORY, RAISE_TOKEN, FakeEngineConfig, expected_tokens
+
+from strata.engine import protocol as p
+from strata.engine.core.process import engine_main
+
+pytestmark = pytest.mark.timeout(60)
+CTX = multiprocessing.get_context("spawn")
+
+
+class RawEngine:
+    """A spawned engine process driven over the pipe by hand, one envelope at a time."""
+
+    def __init__(self, config: FakeEngineConfig, factory: str = FAKE_ENGINE_FACTORY):
+        self.conn, child = CTX.Pipe()
+        self.process = CTX.Process(target=engine_main, args=(child, factory, config), daemon=True)
+        self.process.start()
+        child.close()
+        self.next_id = 0
+
+    def send(self, command) -> int:
+        self.next_id += 1
+        self.conn.send(p.Envelope(self.next_id, command))
+        return self.next_id
+
+    def recv(self, timeout_s: float = 10.0):
+        assert self.conn.poll(timeout_s), "the engine process answered nothing"
+        return self.conn.recv()
+
+    def until_final(self, request_id: str) -> list:
+        events = []
+        while not events or not isinstance(events[-1], (p.Done, p.Error)):
+            event = self.recv()
+            if getattr(event, "request_id", None) == request_id:
+                events.append(event)
+        return events
+
+
+def tokens_of(events) -> list[int]:
+    return [t for e in events if isinstance(e, p.Tokens) for t in e.token_ids]
+
+
+def test_process_serves_commands_in_order_and_survives_failures():
+    engine = RawEngine(FakeEngineConfig(token_delay_s=0.02))
+    try:
+        ready = engine.recv()
+        assert isinstance(ready, p.Ready) and ready.pid == engine.process.pid
+        assert ready.version == p.PROTOCOL_VERSION
+
+        cid = engine.send(p.GetStatus())
+        status = engine.recv()
+        assert (status.state, status.command_id) == ("standby", cid)
+
+        engine.send(p.Generate("early", (1, 2), p.SamplingSpec(max_tokens=3)))
+        error = engine.recv()
+        assert (error.code, error.request_id) == ("not_loaded", "early")
+
+        engine.conn.send("not an envelope")
+        assert engine.recv().code == "bad_request"
+        cid = engine.send(p.Sleep())
+        refused = engine.recv()
+        assert (refused.code, refused.command_id) == ("not_applicable", cid)
+
+        cid = engine.send(p.Load(model_path="fake-model", device="cpu"))
+        reply = engine.recv()
+        assert isinstance(reply, p.Reply) and reply.command_id == cid
+        assert reply.result["model_type"] == "fake"
+
+        # A generation streams every token and ends with Done(usage).
+        engine.send(p.Generate("a", (5, 6, 7), p.SamplingSpec(max_tokens=6)))
+        events = engine.until_final("a")
+        assert tokens_of(events) == expected_tokens((5, 6, 7), 6)
+        assert events[-1].usage == p.Usage(3, 6, 0, "length")
+
+        # During a generation, GetStatus is answered at once and a Load waits for its end.
+        engine.send(p.Generate("b", (5, 6, 7, 8), p.SamplingSpec(max_tokens=20)))
+        load_id = engine.send(p.Load(model_path="fake-model", device="cpu"))
+        status_id = engine.send(p.GetStatus())
+        order = []
+        while len(order) < 3:
+            event = engine.recv()
+            if isinstance(event, p.Status):
+                order.append(("status", event.command_id, event.state))
+            elif isinstance(event, p.Reply):
+                order.append(("reply", event.command_id))
+            elif isinstance(event, p.Done):
+                order.append(("done", event.usage.finish_reason, event.usage.cached_tokens))
+        assert order == [("status", status_id, "loaded"), ("done", "length", 3), ("reply", load_id)]
+
+        # An exception inside the engine answers Error(internal) and the loop goes on.
+        engine.send(p.Generate("boom", (RAISE_TOKEN, 1), p.SamplingSpec(max_tokens=5)))
+        events = engine.until_final("boom")
+        assert events[-1].code == "internal" and "fake engine failure" in events[-1].message
+
+        # Cancel mid-stream: the generator is closed and Done says cancelled.
+        engine.send(p.Generate("c", (9,), p.SamplingSpec(max_tokens=1000)))
+        first = engine.recv()
+        assert isinstance(first, p.Tokens) and first.request_id == "c"
+        engine.send(p.Cancel("c"))
+        events = engine.until_final("c")
+        assert events[-1].usage.finish_reason == "cancelled"
+        assert 1 <= events[-1].usage.completion_tokens < 1000
+
+        cid = engine.send(p.Unload())
+        assert engine.recv() == p.Reply(cid, {"unloaded": True})
+        engine.process.join(10)
+        assert engine.process.exitcode == 0
+    finally:
+        engine.process.kill()
+
+
+def test_a_factory_that_cannot_be_imported_fails_the_load_not_the_process():
+    engine = RawEngine(FakeEngineConfig(), factory="no_such_module_xyz:Engine")
+    try:
+        assert isinstance(engine.recv(), p.Ready)
+        cid = engine.send(p.Load(model_path="fake-model"))
+        error = engine.recv()
+        assert (error.code, error.command_id) == ("internal", cid)
+        assert "no_such_module_xyz" in error.message
+        engine.send(p.GetStatus())
+        assert engine.recv().state == "standby"  # still serving
+    finally:
+        engine.process.kill()
