@@ -1,0 +1,35 @@
+"""The aiohttp application factory for Strata's HTTP API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from aiohttp import web
+
+from strata.engine.api.errors import error_middleware
+from strata.engine.api.keys import SERVICE_KEY, SETTINGS_KEY, ApiSettings
+from strata.engine.api.routes import setup_routes
+from strata.engine.api.security import security_middleware
+from strata.engine.service.facade import ServiceFacade
+
+# Long prompts are big JSON: a 128k-token context is a few MiB of text.
+MAX_REQUEST_BYTES = 32 * 1024 * 1024
+
+
+def create_app(service: ServiceFacade, *, api_key: str | None = None,
+               allowed_hosts: Iterable[str] = (),
+               allowed_origins: Iterable[str] = ()) -> web.Application:
+    """Build the API app over a service.
+
+    allowed_hosts: Host names accepted besides the loopback names ('*' accepts any).
+    allowed_origins: browser Origins (scheme://host:port) allowed to POST besides our own.
+    The caller owns the service's lifetime and the bind address.
+    """
+    app = web.Application(middlewares=[error_middleware, security_middleware],
+                          client_max_size=MAX_REQUEST_BYTES)
+    app[SERVICE_KEY] = service
+    app[SETTINGS_KEY] = ApiSettings(api_key=api_key or None,
+                                    allowed_hosts=tuple(allowed_hosts),
+                                    allowed_origins=tuple(o.rstrip("/") for o in allowed_origins))
+    setup_routes(app)
+    return app

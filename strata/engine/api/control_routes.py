@@ -1,0 +1,68 @@
+"""Control routes: lifecycle levels (/load, /sleep, ...) and explicit slot save/restore/erase."""
+
+from __future__ import annotations
+
+import ntpath
+from typing import Any
+
+from aiohttp import web
+
+from strata.engine.api.errors import bad_request
+from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.validation import NUM_CACHE_SLOTS, read_json_object
+
+# Route path -> the service's action name.
+LEVEL_ACTIONS = {
+    "/load": "load", "/unload": "unload", "/sleep": "sleep", "/wake": "wake",
+    "/cache/release": "release_experts", "/cache/refill": "refill_experts",
+    "/session/offload": "offload_session",
+}
+_SLOT_ACTIONS = {"save": "slot_save", "restore": "slot_restore", "erase": "slot_erase"}
+MAX_FILENAME_CHARS = 255
+
+
+def _json(result: Any) -> web.Response:
+    return web.json_response(result if isinstance(result, dict) else {"result": result})
+
+
+async def level_action(request: web.Request) -> web.Response:
+    """POST /load, /unload, /sleep, /wake, /cache/release, /cache/refill, /session/offload."""
+    await read_json_object(request, allow_empty=True)  # a body, if any, must still be JSON
+    action = LEVEL_ACTIONS[request.match_info.route.resource.canonical]
+    return _json(await request.app[SERVICE_KEY].control(action))
+
+
+def check_slot_filename(filename: Any) -> str:
+    """A plain file name inside the snapshot directory: no path parts, no traversal."""
+    if not isinstance(filename, str) or not filename:
+        raise bad_request("'filename' must be a non-empty string", param="filename")
+    if ("/" in filename or "\\" in filename or ".." in filename or "\0" in filename
+            or ntpath.isabs(filename) or ntpath.splitdrive(filename)[0]
+            or len(filename) > MAX_FILENAME_CHARS):
+        raise bad_request(f"'filename' {filename[:80]!r} must be a plain file name (no '/', "
+                          "'\\', '..', drive or NUL, at most 255 characters); slots are saved "
+                          "inside the snapshot directory", param="filename")
+    return filename
+
+
+def _slot_id(request: web.Request) -> int:
+    text = request.match_info["slot_id"]
+    if not text.isdigit() or not 0 <= int(text) < NUM_CACHE_SLOTS:
+        raise bad_request(f"slot {text[:20]!r} does not exist; slots are 0..{NUM_CACHE_SLOTS - 1}",
+                          param="id_slot")
+    return int(text)
+
+
+async def slot_action(request: web.Request) -> web.Response:
+    """POST /slots/{id}?action=save|restore|erase with {"filename": ...} for save/restore."""
+    slot = _slot_id(request)
+    name = request.query.get("action", "")
+    if name not in _SLOT_ACTIONS:
+        raise bad_request(f"action {name[:20]!r} is unknown; use ?action=save, restore or erase",
+                          param="action")
+    body = await read_json_object(request, allow_empty=(name == "erase"))
+    service = request.app[SERVICE_KEY]
+    if name == "erase":
+        return _json(await service.control("slot_erase", slot=slot))
+    filename = check_slot_filename(body.get("filename"))
+    return _json(await service.control(_SLOT_ACTIONS[name], slot=slot, filename=filename))

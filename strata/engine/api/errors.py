@@ -1,0 +1,123 @@
+"""API errors: one exception type, the OpenAI and Anthropic error shapes, one middleware.
+
+Every failure leaves the server as JSON with a one-line message; tracebacks go to the log only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from aiohttp import web
+
+from strata.engine.protocol import Error as ErrorEvent
+from strata.engine.service.facade import ServiceError
+
+log = logging.getLogger(__name__)
+
+# OpenAI's error "type" per HTTP status; llama.cpp uses the same words.
+_OPENAI_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
+    413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error",
+}
+# Anthropic's error "type" per HTTP status (docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+}
+# Engine error codes (protocol.Error.code) to HTTP statuses.
+_EVENT_CODE_STATUS = {
+    "bad_request": 400, "not_applicable": 400, "busy": 409, "out_of_memory": 503,
+    "unavailable": 503, "cancelled": 503, "engine_crashed": 503, "internal": 500,
+}
+
+
+class ApiError(Exception):
+    """A request failure with its HTTP status, a short machine code and a one-line message."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request",
+                 *, param: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+
+def bad_request(message: str, *, param: str | None = None,
+                code: str = "invalid_request") -> ApiError:
+    """A 400 for a request the client must fix."""
+    return ApiError(400, message, code, param=param)
+
+
+def from_service_error(exc: ServiceError) -> ApiError:
+    """Map the service's exception to an ApiError with the same status and code."""
+    return ApiError(exc.status, exc.message, exc.code, retry_after_s=exc.retry_after_s)
+
+
+def from_error_event(event: ErrorEvent) -> ApiError:
+    """Map an engine Error event to an ApiError (unknown codes are server errors)."""
+    status = _EVENT_CODE_STATUS.get(event.code, 500)
+    return ApiError(status, event.message or f"the engine failed ({event.code})", event.code)
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Routes that answer errors in Anthropic's shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def error_body(error: ApiError, *, anthropic: bool) -> dict[str, Any]:
+    """The JSON body for an error in the shape the route's clients expect."""
+    if anthropic:
+        kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": error.message}}
+    kind = _OPENAI_TYPES.get(error.status, "server_error")
+    return {"error": {"message": error.message, "type": kind, "param": error.param,
+                      "code": error.code}}
+
+
+def error_response(error: ApiError, *, anthropic: bool) -> web.Response:
+    """A JSON error response, with Retry-After when the service said when to retry."""
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return web.json_response(error_body(error, anthropic=anthropic), status=error.status,
+                             headers=headers)
+
+
+def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
+    if exc.status == 404:
+        return ApiError(404, f"no route {request.method} {request.path}; see /v1/models, "
+                        "/v1/chat/completions, /v1/messages", "not_found")
+    if exc.status == 405:
+        return ApiError(405, f"method {request.method} is not allowed on {request.path}",
+                        "method_not_allowed")
+    if exc.status == 413:
+        return ApiError(413, "request body is too large; send a shorter request",
+                        "request_too_large")
+    return ApiError(exc.status, exc.reason or "request failed", "http_error")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Turn every exception a handler raises into a JSON error; log unexpected ones."""
+    anthropic = is_anthropic_path(request.path)
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc, anthropic=anthropic)
+    except ServiceError as exc:
+        return error_response(from_service_error(exc), anthropic=anthropic)
+    except web.HTTPException as exc:
+        if exc.status < 400:  # redirects and the like are answers, not errors
+            raise
+        return error_response(_from_http_exception(exc, request), anthropic=anthropic)
+    except Exception:
+        log.exception("unexpected error in %s %s", request.method, request.path)
+        error = ApiError(500, "internal server error; the details are in the server log",
+                         "internal")
+        return error_response(error, anthropic=anthropic)

@@ -1,0 +1,24 @@
+"""Typed application state shared by the API modules (aiohttp `web.AppKey`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from strata.engine.service.facade import ServiceFacade
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """Security settings of one app: optional API key, extra Host names and Origins allowed."""
+
+    api_key: str | None = None
+    allowed_hosts: tuple[str, ...] = ()  # besides LOOPBACK_HOSTS, which are always allowed
+    allowed_origins: tuple[str, ...] = ()
+
+
+SERVICE_KEY = web.AppKey("strata_service", ServiceFacade)
+SETTINGS_KEY = web.AppKey("strata_api_settings", ApiSettings)

@@ -1,0 +1,64 @@
+"""Prometheus text exposition (format 0.0.4) of service.status(), for GET /metrics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+KNOWN_STATES = ("unloaded", "starting", "loading", "loaded", "released", "offloaded",
+                "sleeping", "failed")
+
+# (metric name, type, help, keys to look for in status()["counters"] or status() itself).
+_METRICS = (
+    ("strata_requests_total", "counter", "Generation requests served.",
+     ("requests_total", "requests", "num_requests")),
+    ("strata_prompt_tokens_total", "counter", "Prompt tokens processed, cached ones included.",
+     ("prompt_tokens_total", "prompt_tokens")),
+    ("strata_completion_tokens_total", "counter", "Tokens generated.",
+     ("completion_tokens_total", "completion_tokens")),
+    ("strata_cached_tokens_total", "counter", "Prompt tokens reused from a cache slot.",
+     ("cached_tokens_total", "cached_tokens")),
+    ("strata_tokens_per_second", "gauge", "Decode speed of the last request.",
+     ("tokens_per_second", "last_tokens_per_second", "tokens_per_s")),
+    ("strata_queue_length", "gauge", "Requests waiting for the generation lane.",
+     ("queue_length", "queue", "num_queued")),
+)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _lookup(status: dict[str, Any], keys: tuple[str, ...]) -> float:
+    counters = status.get("counters")
+    for source in (counters if isinstance(counters, dict) else {}, status):
+        for key in keys:
+            number = _number(source.get(key))
+            if number is not None:
+                return number
+    return 0.0
+
+
+def _format(value: float) -> str:
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render_metrics(status: dict[str, Any]) -> str:
+    """The status snapshot as Prometheus text; missing counters read as 0."""
+    lines = []
+    for name, kind, help_text, keys in _METRICS:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
+                  f"{name} {_format(_lookup(status, keys))}"]
+    state = str(status.get("state", "unloaded"))
+    lines += ["# HELP strata_state The service's state: 1 for the current one.",
+              "# TYPE strata_state gauge"]
+    for known in dict.fromkeys((*KNOWN_STATES, state)):
+        lines.append(f'strata_state{{state="{_escape_label(known)}"}} {int(known == state)}')
+    return "\n".join(lines) + "\n"

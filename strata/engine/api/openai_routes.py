@@ -1,0 +1,179 @@
+"""OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from strata.engine.api import sse
+from strata.engine.api.errors import ApiError, bad_request, error_body
+from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.params import OPENAI_ROLES, parse_messages, parse_openai
+from strata.engine.api.textgen import (
+    TextGeneration,
+    encode_chat,
+    start_text_generation,
+    text_assets,
+)
+from strata.engine.api.validation import read_json_object
+from strata.engine.protocol import Usage
+
+log = logging.getLogger(__name__)
+STARTED_AT_S = int(time.time())
+_MODEL_STATUS = {"sleeping": "sleeping", "unloaded": "unloaded", "loading": "unloaded",
+                 "failed": "unloaded", "stopped": "unloaded"}
+
+
+def model_status(state: str) -> str:
+    """The /v1/models status word (loaded | sleeping | unloaded) for a service state."""
+    return _MODEL_STATUS.get(state, "loaded")
+
+
+def openai_usage(usage: Usage) -> dict[str, Any]:
+    """Usage in OpenAI's shape, cached prompt tokens included."""
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions."""
+    service = request.app[SERVICE_KEY]
+    body = await read_json_object(request)
+    params = parse_openai(body)
+    messages = parse_messages(body, OPENAI_ROLES)
+    assets = text_assets(service)
+    generation = await start_text_generation(service, assets, encode_chat(assets, messages),
+                                             params)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": service.model_id}
+    if params.is_stream:
+        return await _stream(request, generation, head, "chat.completion.chunk",
+                             params.include_usage, _chat_choice)
+    try:
+        text = await generation.collect()
+    finally:
+        await generation.close()
+    choice = {"index": 0, "message": {"role": "assistant", "content": text},
+              "logprobs": None, "finish_reason": generation.finish_reason}
+    return web.json_response({**head, "object": "chat.completion", "choices": [choice],
+                              "usage": openai_usage(generation.usage)})
+
+
+def _chat_choice(text: str | None, finish_reason: str | None, *, is_first: bool) -> dict:
+    delta: dict[str, Any] = {"role": "assistant", "content": ""} if is_first else {}
+    if text is not None:
+        delta["content"] = text
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _completion_choice(text: str | None, finish_reason: str | None, *, is_first: bool) -> dict:
+    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+
+
+async def _stream(request: web.Request, generation: TextGeneration, head: dict, kind: str,
+                  include_usage: bool, choice) -> web.StreamResponse:
+    """Stream chunks, then [DONE]; a failure after the headers ends with an error event."""
+    response = await sse.open_stream(request)
+    head = {**head, "object": kind}
+    try:
+        if kind == "chat.completion.chunk":  # the first chat chunk carries the role
+            await sse.send_data(response, {**head, "choices": [choice(None, None, is_first=True)]})
+        async with contextlib.aclosing(generation.deltas()) as deltas:
+            async for text in deltas:
+                await sse.send_data(response,
+                                    {**head, "choices": [choice(text, None, is_first=False)]})
+        final = choice(None, generation.finish_reason, is_first=False)
+        await sse.send_data(response, {**head, "choices": [final]})
+        if include_usage:
+            await sse.send_data(response, {**head, "choices": [],
+                                           "usage": openai_usage(generation.usage)})
+        await sse.send_data(response, "[DONE]")
+    except ConnectionError:
+        log.info("client went away during %s; generation cancelled", request.path)
+    except Exception as exc:  # noqa: BLE001 - logged there; the stream must end with an event
+        await _send_stream_error(request, response, exc)
+    finally:
+        await generation.close()
+    return response
+
+
+async def _send_stream_error(request: web.Request, response: web.StreamResponse,
+                             exc: Exception) -> None:
+    if not isinstance(exc, ApiError):
+        log.error("stream %s failed", request.path, exc_info=exc)
+        exc = ApiError(500, "internal server error; the details are in the server log",
+                       "internal")
+    with contextlib.suppress(ConnectionError):
+        await sse.send_data(response, error_body(exc, anthropic=False))
+        await sse.send_data(response, "[DONE]")
+
+
+def _completion_prompt(assets: Any, prompt: Any) -> list[int]:
+    """A prompt string, a list of token ids, or a one-element list of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' is empty; send some text", param="prompt")
+        return list(assets.encode(prompt, add_special=True))
+    if (isinstance(prompt, list) and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        if not all(0 <= t < assets.vocab_size for t in prompt):
+            raise bad_request(f"'prompt' has token ids outside 0..{assets.vocab_size - 1}",
+                              param="prompt")
+        return prompt
+    raise bad_request("'prompt' must be a non-empty string or list of token ids; batches of "
+                      "prompts are not supported", param="prompt")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """POST /v1/completions."""
+    service = request.app[SERVICE_KEY]
+    body = await read_json_object(request)
+    params = parse_openai(body)
+    if body.get("echo") not in (None, False) or body.get("suffix") is not None:
+        raise bad_request("'echo' and 'suffix' are not supported; leave them out")
+    assets = text_assets(service)
+    prompt_ids = _completion_prompt(assets, body.get("prompt"))
+    generation = await start_text_generation(service, assets, prompt_ids, params)
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": service.model_id}
+    if params.is_stream:
+        return await _stream(request, generation, head, "text_completion",
+                             params.include_usage, _completion_choice)
+    try:
+        text = await generation.collect()
+    finally:
+        await generation.close()
+    choice = {"index": 0, "text": text, "logprobs": None,
+              "finish_reason": generation.finish_reason}
+    return web.json_response({**head, "object": "text_completion", "choices": [choice],
+                              "usage": openai_usage(generation.usage)})
+
+
+def _model_object(request: web.Request) -> dict[str, Any]:
+    service = request.app[SERVICE_KEY]
+    state = str(service.status().get("state", "unloaded"))
+    return {"id": service.model_id, "object": "model", "created": STARTED_AT_S,
+            "owned_by": "strata", "status": model_status(state),
+            "context_tokens": service.context_tokens}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """GET /v1/models: the one configured model and whether it is loaded."""
+    return web.json_response({"object": "list", "data": [_model_object(request)]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}."""
+    model = _model_object(request)
+    if request.match_info["model"] != model["id"]:
+        raise ApiError(404, f"model {request.match_info['model']!r} is not served here; "
+                       f"this server runs {model['id']!r}", "model_not_found")
+    return web.json_response(model)

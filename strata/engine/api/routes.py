@@ -1,0 +1,28 @@
+"""Every route of the API, in one table."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from strata.engine.api import anthropic_routes, control_routes, llama_routes, openai_routes
+
+
+def setup_routes(app: web.Application) -> None:
+    """Register the OpenAI, Anthropic, llama.cpp-style and control routes on the app."""
+    app.router.add_routes([
+        web.post("/v1/chat/completions", openai_routes.chat_completions),
+        web.post("/v1/completions", openai_routes.completions),
+        web.get("/v1/models", openai_routes.list_models),
+        web.get("/v1/models/{model:.+}", openai_routes.get_model),
+        web.post("/v1/messages", anthropic_routes.messages),
+        web.post("/v1/messages/count_tokens", anthropic_routes.count_tokens),
+        web.get("/health", llama_routes.health),
+        web.get("/props", llama_routes.props),
+        web.get("/metrics", llama_routes.metrics),
+        web.get("/v1/status", llama_routes.v1_status),
+        web.get("/slots", llama_routes.slots),
+        web.post("/tokenize", llama_routes.tokenize),
+        web.post("/detokenize", llama_routes.detokenize),
+        web.post("/slots/{slot_id}", control_routes.slot_action),
+        *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
+    ])

@@ -1,0 +1,185 @@
+"""From a validated request to text: start the service's generation, detokenize, stop strings.
+
+The routes of every API dialect go through here, so stop handling and cancellation behave the
+same on /v1/chat/completions, /v1/completions and /v1/messages.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from strata.engine.api.errors import ApiError, bad_request, from_error_event
+from strata.engine.protocol import Done, Error, SamplingSpec, Tokens, Usage
+from strata.engine.service.facade import GenerationRequest, ServiceFacade
+from strata.engine.text import ChatTemplateError, IncrementalDetokenizer, StopMatcher
+
+
+def text_assets(service: ServiceFacade) -> Any:
+    """The model's TextAssets, or a 503 when the service has none to give."""
+    try:
+        assets = service.text
+    except Exception as exc:  # noqa: BLE001 - any failure to read the tokenizer is a 503
+        raise ApiError(503, f"the model's tokenizer is not available: {exc}",
+                       "tokenizer_unavailable") from None
+    if assets is None:
+        raise ApiError(503, "the model's tokenizer is not available yet; retry shortly",
+                       "tokenizer_unavailable")
+    return assets
+
+
+def check_fits_context(num_prompt_tokens: int, max_tokens: int | None,
+                       context_tokens: int) -> int:
+    """The max_tokens to use: the request's, or what is left of the context. 400 if too long."""
+    if context_tokens <= 0:  # the service does not know its context yet; the engine checks
+        return max_tokens if max_tokens is not None else 256
+    if max_tokens is None:
+        if num_prompt_tokens >= context_tokens:
+            raise bad_request(f"prompt is {num_prompt_tokens} tokens, the context is "
+                              f"{context_tokens} tokens; shorten the prompt",
+                              code="context_length_exceeded", param="messages")
+        return context_tokens - num_prompt_tokens
+    if num_prompt_tokens + max_tokens > context_tokens:
+        raise bad_request(f"prompt is {num_prompt_tokens} tokens, the context is "
+                          f"{context_tokens} tokens and max_tokens {max_tokens} does not fit "
+                          "after it; shorten the prompt or lower max_tokens",
+                          code="context_length_exceeded", param="messages")
+    return max_tokens
+
+
+async def _aclose(iterator: Any) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
+
+
+class TextGeneration:
+    """One running generation as text deltas; usage and finish reason once it has ended.
+
+    Create with `await TextGeneration.start(...)`: that waits for the first event, so a failure
+    to start (ServiceError, an Error event) surfaces before any response header is sent.
+    """
+
+    def __init__(self, events: Any, first_event: Any, assets: Any, stops: Sequence[str],
+                 num_prompt_tokens: int):
+        self._events = events
+        self._pending = first_event
+        self._detokenizer = IncrementalDetokenizer(assets, skip_special=True)
+        self._stops = tuple(stops)
+        self._matcher = StopMatcher(list(stops))
+        self._num_prompt_tokens = num_prompt_tokens
+        self._num_completion_tokens = 0
+        self._raw_text = ""  # everything pushed to the matcher, to name the stop that hit
+        self._emitted_chars = 0
+        self._is_closed = False
+        self.finish_reason: str | None = None  # stop | length
+        self.stop_sequence: str | None = None
+        self.usage: Usage | None = None
+
+    @classmethod
+    async def start(cls, service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
+                    sampling: SamplingSpec, stops: Sequence[str], slot: int) -> TextGeneration:
+        """Queue the generation and wait for its first event."""
+        request = GenerationRequest(prompt_ids=tuple(prompt_ids), sampling=sampling, slot=slot)
+        events = service.generate(request)
+        if inspect.isawaitable(events):  # a coroutine returning the iterator, or an async gen
+            events = await events
+        try:
+            first = await anext(events)
+        except StopAsyncIteration:
+            raise ApiError(500, "the engine ended the generation without a result; retry",
+                           "internal") from None
+        except BaseException:
+            await _aclose(events)
+            raise
+        if isinstance(first, Error):
+            await _aclose(events)
+            raise from_error_event(first)
+        return cls(events, first, assets, stops, len(prompt_ids))
+
+    async def deltas(self) -> AsyncIterator[str]:
+        """Non-empty text pieces in order; raises ApiError if the engine fails mid-way."""
+        try:
+            while self.finish_reason is None:
+                event = self._pending if self._pending is not None else await self._next()
+                self._pending = None
+                if isinstance(event, Tokens):
+                    self._num_completion_tokens += len(event.token_ids)
+                    text = self._push(self._detokenizer.push(list(event.token_ids)))
+                elif isinstance(event, Done):
+                    text = self._finish(event.usage)
+                elif isinstance(event, Error):
+                    raise from_error_event(event)
+                else:
+                    raise ApiError(500, f"unexpected engine event {type(event).__name__}",
+                                   "internal")
+                if text:
+                    yield text
+        finally:
+            await self.close()
+
+    async def _next(self) -> Any:
+        try:
+            return await anext(self._events)
+        except StopAsyncIteration:
+            raise ApiError(500, "the engine stream ended without a final result; retry",
+                           "internal") from None
+
+    def _push(self, text: str, *, is_last: bool = False) -> str:
+        self._raw_text += text
+        emit, hit = self._matcher.push(text)
+        if not hit and is_last:
+            emit += self._matcher.flush()
+        self._emitted_chars += len(emit)
+        if hit:
+            self._on_stop_hit(hit)
+        return emit
+
+    def _on_stop_hit(self, hit: Any) -> None:
+        # The matcher may answer the stop string itself or just True; find it in the raw text.
+        found = hit if isinstance(hit, str) else next(
+            (s for s in self._stops if self._raw_text.startswith(s, self._emitted_chars)), None)
+        self.stop_sequence = found
+        self.finish_reason = "stop"
+        # The engine's own count of cached tokens is lost with the cancel; report none.
+        self.usage = Usage(self._num_prompt_tokens, self._num_completion_tokens, 0, "stop")
+
+    def _finish(self, usage: Usage) -> str:
+        text = self._push(self._detokenizer.flush(), is_last=True)
+        if self.finish_reason == "stop":  # a stop string hit in the last piece
+            return text
+        if usage.finish_reason == "cancelled":
+            raise ApiError(503, "the generation was cancelled by the server (the model was "
+                           "unloaded or put to sleep); retry the request", "cancelled")
+        self.finish_reason = "length" if usage.finish_reason == "length" else "stop"
+        self.usage = usage
+        return text
+
+    async def close(self) -> None:
+        """Close the service's iterator, which cancels the generation in the engine."""
+        if not self._is_closed:
+            self._is_closed = True
+            await _aclose(self._events)
+
+    async def collect(self) -> str:
+        """All the text at once, for non-streaming responses."""
+        return "".join([piece async for piece in self.deltas()])
+
+
+def encode_chat(assets: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Apply the model's chat template and tokenize; template failures are the client's 400."""
+    try:
+        return list(assets.encode_chat(messages))
+    except ChatTemplateError as exc:
+        raise bad_request(f"the model's chat template refused the messages: {exc}",
+                          param="messages") from None
+
+
+async def start_text_generation(service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
+                                params: Any) -> TextGeneration:
+    """Check the prompt fits, then start a generation with the request's GenerationParams."""
+    max_tokens = check_fits_context(len(prompt_ids), params.max_tokens, service.context_tokens)
+    sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids))
+    return await TextGeneration.start(service, assets, prompt_ids, sampling, params.stops,
+                                      params.slot)

@@ -1,0 +1,134 @@
+"""An in-process ServiceFacade for API tests: deterministic token ids, recorded calls."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from strata.engine.protocol import Done, Error, Tokens, Usage
+from strata.engine.service.facade import GenerationRequest, ServiceError
+
+CACHED_TOKENS = 3
+
+
+class FakeService:
+    """Answers every generation with `reply_text` tokenized by the real tokenizer, then EOS.
+
+    Knobs: returns_coroutine (generate is a coroutine returning the iterator), fail_after (emit an Error event after N tokens), start_error (raise before the
+    first event), first_error (an Error event as the first event), is_endless (emit tokens
+    until closed), token_delay_s. Every call is recorded in `calls`; `num_closed_early` counts
+    generations that the API closed before they finished.
+    """
+
+    def __init__(self, text: Any, *, reply_text: str = "Hello world! The answer is 42.",
+                 context_tokens: int = 512, model_id: str = "tiny-test-model"):
+        self.text = text
+        self.model_id = model_id
+        self.context_tokens = context_tokens
+        self.reply_text = reply_text
+        self.state = "loaded"
+        self.calls: list[tuple[Any, ...]] = []
+        self.requests: list[GenerationRequest] = []
+        self.fail_after: int | None = None
+        self.start_error: ServiceError | None = None
+        self.first_error: Error | None = None
+        self.control_error: BaseException | None = None
+        self.is_endless = False
+        self.returns_coroutine = False
+        self.token_delay_s = 0.0
+        self.num_closed_early = 0
+        self.closed_early = asyncio.Event()
+        self.counters = {"requests_total": 0, "prompt_tokens_total": 0,
+                         "completion_tokens_total": 0, "cached_tokens_total": 0,
+                         "tokens_per_second": 12.5}
+
+    def reply_ids(self) -> list[int]:
+        return [*self.text.encode(self.reply_text, add_special=False), self.text.eos_token_ids[0]]
+
+    def generate(self, request: GenerationRequest):
+        """The service's iterator, or (returns_coroutine) a coroutine that returns it."""
+        self.calls.append(("generate", request))
+        self.requests.append(request)
+        stream = FakeStream(self, self._events(request))
+        if self.returns_coroutine:
+            async def opened() -> FakeStream:
+                return stream
+            return opened()
+        return stream
+
+    async def _events(self, request: GenerationRequest):
+        if self.start_error is not None:
+            raise self.start_error
+        if self.first_error is not None:
+            yield self.first_error
+            return
+        rid = f"req-{len(self.requests)}"
+        ids = self.reply_ids()
+        num_emitted = 0
+        while self.is_endless or num_emitted < len(ids):
+            if self.fail_after is not None and num_emitted == self.fail_after:
+                yield Error("internal", "the engine fell over", request_id=rid)
+                return
+            if num_emitted == request.sampling.max_tokens:
+                break
+            token = ids[0] if self.is_endless else ids[num_emitted]
+            num_emitted += 1
+            yield Tokens(rid, (token,))
+            await asyncio.sleep(self.token_delay_s)
+            if token in request.sampling.stop_token_ids:
+                break
+        reason = "length" if num_emitted == request.sampling.max_tokens else "stop"
+        self.counters["requests_total"] += 1
+        self.counters["completion_tokens_total"] += num_emitted
+        yield Done(rid, Usage(len(request.prompt_ids), num_emitted, CACHED_TOKENS, reason))
+
+    async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(("control", action, kwargs))
+        if self.control_error is not None:
+            raise self.control_error
+        return {"action": action, "ok": True, **kwargs}
+
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "model": self.model_id, "model_path": "/models/tiny",
+                "context_tokens": self.context_tokens, "queue_length": 0,
+                "counters": dict(self.counters)}
+
+
+class FakeStream:
+    """The iterator generate() hands out. An explicit aclose() before the end counts as a cancel,
+    and so does a CancelledError thrown in while it waits (a handler cancelled on disconnect);
+    unlike an async generator, nothing closes it when it is garbage collected.
+    """
+
+    def __init__(self, service: FakeService, events):
+        self._service = service
+        self._events = events
+        self._is_finished = False
+        self._is_closed = False
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self):
+        try:
+            event = await anext(self._events)
+        except asyncio.CancelledError:  # the handler was cancelled while waiting: a cancel too
+            self._record_cancel()
+            raise
+        except BaseException:
+            self._is_finished = True
+            raise
+        if isinstance(event, (Done, Error)):
+            self._is_finished = True
+        return event
+
+    def _record_cancel(self) -> None:
+        if not self._is_finished and not self._is_closed:
+            self._service.num_closed_early += 1
+            self._service.closed_early.set()
+        self._is_finished = True
+
+    async def aclose(self) -> None:
+        self._record_cancel()
+        self._is_closed = True
+        await self._events.aclose()

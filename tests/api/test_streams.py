@@ -1,0 +1,82 @@
+"""Streams that fail after they started, and clients that go away."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from strata.engine.api import create_app
+
+from .conftest import parse_sse
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+async def test_openai_stream_failing_midway_ends_with_error_event(client, service):
+    service.fail_after = 3
+    resp = await client.post("/v1/chat/completions", json={"messages": USER, "stream": True})
+    assert resp.status == 200
+    events = [d for _, d in parse_sse(await resp.text())]
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["message"] == "the engine fell over"
+    assert events[-2]["error"]["type"] == "server_error"
+    assert any(e != "[DONE]" and "choices" in e and e["choices"][0]["delta"].get("content")
+               for e in events)
+
+
+async def test_completions_stream_failing_midway(client, service):
+    service.fail_after = 2
+    resp = await client.post("/v1/completions", json={"prompt": "hi", "stream": True})
+    events = [d for _, d in parse_sse(await resp.text())]
+    assert events[-2]["error"]["code"] == "internal" and events[-1] == "[DONE]"
+
+
+async def test_anthropic_stream_failing_midway_ends_with_error_event(client, service):
+    service.fail_after = 3
+    resp = await client.post("/v1/messages", json={"messages": USER, "stream": True,
+                                                   "max_tokens": 50})
+    events = parse_sse(await resp.text())
+    assert events[0][0] == "message_start"
+    name, data = events[-1]
+    assert name == "error"
+    assert data == {"type": "error", "error": {"type": "api_error",
+                                               "message": "the engine fell over"}}
+    assert "message_stop" not in [n for n, _ in events]
+
+
+@pytest.fixture(params=[True, False], ids=["handler_cancelled", "write_fails"])
+async def disconnect_url(request, service):
+    """A server that cancels handlers on disconnect (aiohttp's test default) and one that does
+    not (web.run_app's default), where only the next failed write tells the client is gone.
+    """
+    runner = web.AppRunner(create_app(service), handler_cancellation=request.param)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def _disconnect_midstream(url, service, path, body):
+    service.is_endless = True
+    service.token_delay_s = 0.005
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(url + path, json=body)
+        assert resp.status == 200
+        await resp.content.readuntil(b"\n\n")  # the stream has started
+        resp.close()  # drop the connection
+    await asyncio.wait_for(service.closed_early.wait(), timeout=5)
+    assert service.num_closed_early == 1
+
+
+async def test_client_disconnect_closes_the_service_iterator(disconnect_url, service):
+    await _disconnect_midstream(disconnect_url, service, "/v1/chat/completions",
+                                {"messages": USER, "stream": True})
+
+
+async def test_client_disconnect_on_anthropic_stream(disconnect_url, service):
+    await _disconnect_midstream(disconnect_url, service, "/v1/messages",
+                                {"messages": USER, "stream": True, "max_tokens": 400})

@@ -1,0 +1,37 @@
+"""A tiny real byte-level BPE tokenizer with a ChatML template, written to a model directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CORPUS = [
+    "Hello world! The answer is 42.", "The quick brown fox jumps over the lazy dog.",
+    "You are a helpful assistant.", "What is the answer to everything?",
+    "héllo wörld ✓ café naïve", "stop here. STOP now. The end.",
+] * 20
+
+
+def write_tiny_model_dir(directory: Path, *, vocab_size: int = 300) -> Path:
+    """Train a small byte-level BPE and save tokenizer.json + tokenizer_config.json."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(_CORPUS, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": None,
+              "pad_token": "<|endoftext|>", "add_bos_token": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
