@@ -1,0 +1,15 @@
+"""GPU memory that comes and goes at fixed addresses: arenas, host copies, the expert cache.
+
+Modules (import them directly; this package imports nothing, so the host process can use
+`vram` and `expert_cache` without pulling in torch):
+
+- arena.py        Arena: reserve once, map/release/refill in chunks, zero-copy tensor views
+- arena_set.py    ArenaSet: every arena by name, with byte accounting for /v1/status
+- backend.py      the backend protocol, backend_for(device), cuda_available()
+- cuda_vmm.py     CUDA virtual memory management backend (cuda.bindings.driver)
+- cpu_mmap.py     the CPU twin over anonymous mmap + madvise(MADV_DONTNEED)
+- host_copy.py    HostCopy: host mirror of an arena, pinned once, chunked side-stream copies
+- expert_cache.py ExpertCache residency table (LRU) and size_slots for --expert-cache
+- expert_store.py ExpertStore: host copy of all experts + VRAM slots, fetch on demand
+- vram.py         NVML: free VRAM and the processes holding it
+"""

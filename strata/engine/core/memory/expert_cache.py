@@ -1,0 +1,186 @@
+"""The expert cache's bookkeeping: which (layer, expert) sits in which VRAM slot, LRU order.
+
+Pure Python, no torch: `ExpertStore` (expert_store.py) moves the bytes; this table decides
+where they go. `size_slots` turns `--expert-cache auto|all|N|<size>MiB` into a slot count.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+MIB = 1 << 20
+
+
+class ExpertCacheReleasedError(RuntimeError):
+    """A lookup while the cache's VRAM is released."""
+
+
+class ExpertCache:
+    """Residency table (layer, expert) <-> slot with least-recently-used eviction."""
+
+    def __init__(self, num_layers: int, num_experts: int, num_slots: int):
+        if min(num_layers, num_experts, num_slots) <= 0:
+            raise ValueError(
+                f"expert cache needs positive sizes, got num_layers={num_layers}, "
+                f"num_experts={num_experts}, num_slots={num_slots}"
+            )
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.num_slots = num_slots
+        self._slot_of: dict[tuple[int, int], int] = {}
+        self._lru: OrderedDict[tuple[int, int], None] = OrderedDict()  # oldest first
+        self._free_slots = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self._saved: list[tuple[int, int, int]] = []  # residency at the last release
+        self.is_released = False
+        self.num_hits = 0
+        self.num_misses = 0
+        self.num_evictions = 0
+
+    @property
+    def num_resident(self) -> int:
+        return len(self._slot_of)
+
+    def slot_of(self, layer: int, expert: int) -> int | None:
+        """The slot holding this expert, or None; does not count as a use."""
+        return self._slot_of.get((layer, expert))
+
+    def resident(self) -> list[tuple[int, int, int]]:
+        """(layer, expert, slot) of every resident expert, least recently used first."""
+        return [(layer, expert, self._slot_of[(layer, expert)]) for layer, expert in self._lru]
+
+    def lookup(self, layer: int, experts: Iterable[int]) -> tuple[list[int], list[tuple[int, int]]]:
+        """Slots for the experts one step of `layer` needs, and the misses to copy in.
+
+        Returns (slots aligned with experts, [(expert, slot)] to fill). Experts of this call
+        are never evicted by each other; a repeated expert counts once.
+        """
+        if self.is_released:
+            raise ExpertCacheReleasedError(
+                "expert cache is released: refill it (restore_residency) before a lookup"
+            )
+        experts = [int(e) for e in experts]
+        wanted = set(experts)
+        self._check_ids(layer, wanted)
+        if len(wanted) > self.num_slots:
+            raise ValueError(
+                f"one step of layer {layer} needs {len(wanted)} experts but the cache has "
+                f"{self.num_slots} slots; give it at least {len(wanted)}"
+            )
+        in_use = {(layer, e) for e in wanted}
+        slots: list[int] = []
+        misses: list[tuple[int, int]] = []
+        seen: set[int] = set()
+        for expert in experts:
+            key = (layer, expert)
+            slot = self._slot_of.get(key)
+            if expert not in seen:
+                seen.add(expert)
+                if slot is None:
+                    slot = self._take_slot(in_use)
+                    self._slot_of[key] = slot
+                    misses.append((expert, slot))
+                    self.num_misses += 1
+                else:
+                    self.num_hits += 1
+                self._lru[key] = None
+                self._lru.move_to_end(key)
+            slots.append(slot)
+        return slots, misses
+
+    def _check_ids(self, layer: int, experts: set[int]) -> None:
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        bad = sorted(e for e in experts if not 0 <= e < self.num_experts)
+        if bad:
+            raise ValueError(f"expert ids {bad} are outside 0..{self.num_experts - 1}")
+
+    def _take_slot(self, in_use: set[tuple[int, int]]) -> int:
+        if self._free_slots:
+            return self._free_slots.pop()
+        victim = next(key for key in self._lru if key not in in_use)
+        del self._lru[victim]
+        self.num_evictions += 1
+        return self._slot_of.pop(victim)
+
+    def mark_all_released(self) -> None:
+        """The slots' VRAM is going away: remember who was resident, then empty the table."""
+        if self.is_released:
+            return
+        self._saved = self.resident()
+        self._slot_of.clear()
+        self._lru.clear()
+        self._free_slots = list(range(self.num_slots - 1, -1, -1))
+        self.is_released = True
+
+    def restore_residency(self) -> list[tuple[int, int, int]]:
+        """Put back the residency of the last release (same slots, same LRU order) and return
+        it as (layer, expert, slot) for the caller to copy in; [] when not released."""
+        if not self.is_released:
+            return []
+        for layer, expert, slot in self._saved:
+            self._slot_of[(layer, expert)] = slot
+            self._lru[(layer, expert)] = None
+        taken = {slot for _, _, slot in self._saved}
+        self._free_slots = [s for s in range(self.num_slots - 1, -1, -1) if s not in taken]
+        restored, self._saved = self._saved, []
+        self.is_released = False
+        return restored
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and occupancy, plain values for /v1/status and /metrics."""
+        lookups = self.num_hits + self.num_misses
+        return {
+            "num_slots": self.num_slots,
+            "num_resident": self.num_resident,
+            "num_hits": self.num_hits,
+            "num_misses": self.num_misses,
+            "num_evictions": self.num_evictions,
+            "hit_rate": self.num_hits / lookups if lookups else None,
+            "is_released": self.is_released,
+        }
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(mib|gib)\s*$", re.IGNORECASE)
+
+
+def size_slots(
+    spec: str | int,
+    bytes_per_expert: int,
+    free_bytes: int,
+    reserve_bytes: int,
+    total_experts: int,
+    min_slots: int = 1,
+) -> int:
+    """Slots for `--expert-cache spec`: 'auto' (free VRAM minus the reserve), 'all', a count
+    N, or a size like '8192MiB'/'8GiB'. Never more than total_experts (all resident)."""
+    if bytes_per_expert <= 0 or total_experts <= 0:
+        raise ValueError("size_slots needs positive bytes_per_expert and total_experts")
+    text = str(spec).strip().lower()
+    size_match = _SIZE_RE.match(text)
+    if text == "auto":
+        slots = max(free_bytes - reserve_bytes, 0) // bytes_per_expert
+        why = (
+            f"{free_bytes / MIB:.0f} MiB free minus a {reserve_bytes / MIB:.0f} MiB reserve "
+            f"holds {slots} experts of {bytes_per_expert / MIB:.1f} MiB"
+        )
+        fix = "free VRAM or lower the reserve"
+    elif text == "all":
+        return total_experts
+    elif text.isdigit():
+        slots, why, fix = int(text), f"{text} slots asked", "ask for more"
+    elif size_match:
+        unit = MIB if size_match.group(2) == "mib" else 1024 * MIB
+        slots = int(float(size_match.group(1)) * unit) // bytes_per_expert
+        why = f"{spec} holds {slots} experts of {bytes_per_expert / MIB:.1f} MiB"
+        fix = "give it more"
+    else:
+        raise ValueError(
+            f"--expert-cache {spec!r} is not understood: use auto, all, a slot count (64) or "
+            "a size (8192MiB)"
+        )
+    if slots < min_slots:
+        raise ValueError(f"--expert-cache {spec}: {why}, fewer than the {min_slots} needed; {fix}")
+    return min(slots, total_experts)

@@ -1,0 +1,214 @@
+"""ExpertStore: every expert in a host copy, N of them in VRAM slots, moved on demand.
+
+The host copy holds, per MoE layer, the stacked projections gate [E, I, H], up [E, I, H] and
+down [E, H, I]. The slot arena holds gate/up/down of N experts; `ExpertCache` decides which.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from strata.engine.core.memory.arena import DEFAULT_CHUNK_BYTES, Arena
+from strata.engine.core.memory.backend import ArenaBackend
+from strata.engine.core.memory.expert_cache import ExpertCache
+from strata.engine.core.memory.host_copy import HostCopy, side_stream
+
+ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down
+
+
+@dataclass(frozen=True)
+class ExpertRefillResult:
+    mapped_bytes: int
+    copied_bytes: int
+    seconds: float
+    differing_slots: int | None  # set when STRATA_VERIFY_REFILL=1
+
+
+class ExpertStore:
+    """Host copy of all experts plus a VRAM slot arena; `fetch` returns what a step needs."""
+
+    def __init__(
+        self,
+        layers: dict[int, ExpertWeights],
+        num_slots: int,
+        backend: ArenaBackend,
+        num_layers: int | None = None,
+        name: str = "experts",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ):
+        if not layers:
+            raise ValueError("ExpertStore needs the experts of at least one MoE layer")
+        gate, up, down = next(iter(layers.values()))
+        self.num_experts = gate.shape[0]
+        self._shapes = (tuple(gate.shape[1:]), tuple(up.shape[1:]), tuple(down.shape[1:]))
+        self.dtype = gate.dtype
+        for layer, weights in layers.items():
+            shapes = tuple(tuple(w.shape[1:]) for w in weights)
+            if (
+                shapes != self._shapes
+                or any(w.shape[0] != self.num_experts for w in weights)
+                or any(w.dtype != self.dtype for w in weights)
+            ):
+                raise ValueError(
+                    f"layer {layer}: experts must all be [{self.num_experts}, ...] of "
+                    f"{self.dtype} with shapes {self._shapes}, got "
+                    f"{[tuple(w.shape) for w in weights]} of {[w.dtype for w in weights]}"
+                )
+        self._proj_bytes = [self._numel(s) * self.dtype.itemsize for s in self._shapes]
+        self.bytes_per_expert = sum(self._proj_bytes)
+        self.layer_ids = sorted(layers)
+        num_layers = num_layers if num_layers is not None else self.layer_ids[-1] + 1
+        self.num_slots = min(num_slots, len(layers) * self.num_experts)
+        self.cache = ExpertCache(num_layers, self.num_experts, self.num_slots)
+
+        # Fill the host copy as ordinary memory, then pin it once (see host_copy.py).
+        self.host = HostCopy(
+            len(layers) * self.num_experts * self.bytes_per_expert, f"host copy of {name}"
+        )
+        self._host_layers: dict[int, list[torch.Tensor]] = {}
+        offset = 0
+        for layer in self.layer_ids:
+            views = []
+            for shape, source in zip(self._shapes, layers[layer]):
+                view = self.host.tensor(offset, (self.num_experts, *shape), self.dtype)
+                view.copy_(source)
+                views.append(view)
+                offset += view.numel() * self.dtype.itemsize
+            self._host_layers[layer] = views
+        if backend.device.type == "cuda":
+            self.host.pin(backend.device.index or 0)
+
+        self.arena = Arena(
+            name, self.num_slots * self.bytes_per_expert + 3 * 256, backend, chunk_bytes
+        )
+        self.arena.map()
+        self.slot_weights: ExpertWeights = tuple(  # type: ignore[assignment]
+            self.arena.allocate((self.num_slots, *shape), self.dtype) for shape in self._shapes
+        )
+        self.preload()
+
+    @staticmethod
+    def _numel(shape: tuple[int, ...]) -> int:
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        return numel
+
+    @property
+    def device(self) -> torch.device:
+        return self.arena.device
+
+    @property
+    def is_all_resident(self) -> bool:
+        return self.num_slots >= len(self.layer_ids) * self.num_experts
+
+    def host_expert(self, layer: int, expert: int) -> ExpertWeights:
+        """The host copy of one expert's gate, up and down."""
+        gate, up, down = self._host_layers[layer]
+        return gate[expert], up[expert], down[expert]
+
+    def preload(self) -> None:
+        """Fill every slot, layer by layer, so the first steps do not all miss."""
+        budget = self.num_slots - self.cache.num_resident
+        for layer in self.layer_ids:
+            if budget <= 0:
+                break
+            experts = range(min(budget, self.num_experts))
+            _, misses = self.cache.lookup(layer, experts)
+            self._copy_in([(layer, e, s) for e, s in misses])
+            budget -= len(experts)
+
+    def fetch_slots(self, layer: int, expert_ids: Sequence[int] | torch.Tensor) -> list[int]:
+        """Slots holding the requested experts, copying misses in; index `slot_weights` with
+        them to use the experts without a gather copy."""
+        self.arena.check_mapped()  # a released cache must be refilled, never read
+        if isinstance(expert_ids, torch.Tensor):
+            expert_ids = expert_ids.flatten().tolist()
+        if layer not in self._host_layers:
+            raise ValueError(f"layer {layer} has no experts in this store (dense layer?)")
+        slots, misses = self.cache.lookup(layer, expert_ids)
+        self._copy_in([(layer, e, s) for e, s in misses])
+        return slots
+
+    def fetch(self, layer: int, expert_ids: Sequence[int] | torch.Tensor) -> ExpertWeights:
+        """gate [k, I, H], up [k, I, H], down [k, H, I] for the k requested experts."""
+        slots = self.fetch_slots(layer, expert_ids)
+        index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+        gate, up, down = (w.index_select(0, index) for w in self.slot_weights)
+        return gate, up, down
+
+    def _copy_in(self, assignments: list[tuple[int, int, int]]) -> int:
+        """Copy (layer, expert) -> slot from the host copy; returns bytes copied."""
+        if not assignments:
+            return 0
+        cuda = self.device.type == "cuda"
+        if cuda:
+            stream = side_stream(self.device)
+            # An evicted slot may still be read by kernels queued on the compute stream.
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            context: Any = torch.cuda.stream(stream)
+        else:
+            context = torch.no_grad()
+        with context:
+            for layer, expert, slot in assignments:
+                for dst, src in zip(self.slot_weights, self.host_expert(layer, expert)):
+                    dst[slot].copy_(src, non_blocking=cuda)
+        if cuda:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+        return len(assignments) * self.bytes_per_expert
+
+    def release(self) -> int:
+        """Give the slots' VRAM back, remembering who was resident; returns bytes freed."""
+        self.cache.mark_all_released()
+        return self.arena.release()
+
+    def refill(self) -> ExpertRefillResult:
+        """Map the slots again and copy back the experts that were resident at the release.
+
+        Raises ArenaMapError (state unchanged: still released) when VRAM is short."""
+        t0 = time.perf_counter()
+        mapped = self.arena.refill(copy_from_host=False)
+        restored = self.cache.restore_residency()
+        try:
+            copied_bytes = self._copy_in(restored)
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+        except BaseException:
+            self.release()
+            raise
+        differing = self.verify_slots() if os.environ.get("STRATA_VERIFY_REFILL") == "1" else None
+        return ExpertRefillResult(
+            mapped.mapped_bytes, copied_bytes, time.perf_counter() - t0, differing
+        )
+
+    def verify_slots(self) -> int:
+        """Read every resident slot back and compare with its host copy; the number that differ."""
+        self.arena.check_mapped()
+        differing = 0
+        for layer, expert, slot in self.cache.resident():
+            for slot_weight, host in zip(self.slot_weights, self.host_expert(layer, expert)):
+                if not torch.equal(slot_weight[slot], host.to(self.device)):
+                    differing += 1
+                    break
+        return differing
+
+    def status(self) -> dict[str, Any]:
+        """Slots, residency counters and arena bytes, as plain values."""
+        return {
+            **self.cache.stats(),
+            "bytes_per_expert": self.bytes_per_expert,
+            "is_all_resident": self.is_all_resident,
+            "state": self.arena.state,
+            "resident_bytes": self.arena.resident_bytes,
+        }
+
+    def close(self) -> None:
+        """Free the slot arena and the host copy."""
+        self.arena.close()
+        self.host.close()

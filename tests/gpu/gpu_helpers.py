@@ -1,0 +1,33 @@
+"""Helpers for the GPU tests (a uniquely named module: conftest is not importable)."""
+
+from __future__ import annotations
+
+import time
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def nvml_used_bytes() -> int:
+    """Device-wide used VRAM from NVML after letting torch's cache go; fails if NVML is absent."""
+    import torch
+
+    from strata.engine.core.memory.vram import read_vram_info
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    info = read_vram_info(0)
+    assert info is not None, "NVML is not usable (pynvml / libnvidia-ml missing): cannot measure"
+    return info.used_bytes
+
+
+def wait_for_free_vram(min_free_bytes: int, timeout_s: float = 20.0) -> int:
+    """Poll NVML until at least min_free_bytes are free (another process exiting); returns free."""
+    from strata.engine.core.memory.vram import read_free_vram_bytes
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free_bytes = read_free_vram_bytes(0) or 0
+        if free_bytes >= min_free_bytes or time.monotonic() > deadline:
+            return free_bytes
+        time.sleep(0.1)

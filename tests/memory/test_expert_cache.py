@@ -1,0 +1,78 @@
+"""ExpertCache residency table: LRU order, hit/miss counters, release/restore; size_slots."""
+
+import pytest
+
+from strata.engine.core.memory.expert_cache import ExpertCache, ExpertCacheReleasedError, size_slots
+
+MIB = 1 << 20
+
+
+def test_misses_fill_free_slots_then_hits_reuse_them():
+    cache = ExpertCache(num_layers=2, num_experts=8, num_slots=4)
+    slots, misses = cache.lookup(0, [5, 2])
+    assert slots == [0, 1] and misses == [(5, 0), (2, 1)]
+    slots, misses = cache.lookup(0, [2, 5, 2])
+    assert slots == [1, 0, 1] and misses == []
+    assert (cache.num_hits, cache.num_misses) == (2, 2)
+    assert cache.slot_of(0, 5) == 0 and cache.slot_of(1, 5) is None
+
+
+def test_least_recently_used_is_evicted_never_one_of_the_same_step():
+    cache = ExpertCache(num_layers=1, num_experts=8, num_slots=3)
+    cache.lookup(0, [0, 1, 2])
+    cache.lookup(0, [0])  # 1 is now the least recently used
+    _, misses = cache.lookup(0, [3])
+    assert misses == [(3, 1)] and cache.slot_of(0, 1) is None and cache.num_evictions == 1
+    # 2 is oldest, but it is part of this step, so 0 goes instead
+    _, misses = cache.lookup(0, [2, 4])
+    assert cache.slot_of(0, 2) == 2 and misses == [(4, 0)]
+    assert [(e, s) for _, e, s in cache.resident()] == [(3, 1), (2, 2), (4, 0)]
+
+
+def test_a_step_needing_more_experts_than_slots_is_refused():
+    cache = ExpertCache(num_layers=1, num_experts=8, num_slots=2)
+    with pytest.raises(ValueError, match="needs 3 experts but the cache has 2 slots"):
+        cache.lookup(0, [1, 2, 3])
+    with pytest.raises(ValueError, match=r"expert ids \[9\]"):
+        cache.lookup(0, [9])
+    with pytest.raises(ValueError, match="layer 1"):
+        cache.lookup(1, [0])
+
+
+def test_release_forgets_then_restores_the_same_residency():
+    cache = ExpertCache(num_layers=2, num_experts=4, num_slots=4)
+    cache.lookup(0, [1])
+    cache.lookup(1, [3, 0])
+    before = cache.resident()
+    cache.mark_all_released()
+    cache.mark_all_released()  # twice keeps the first memory
+    assert cache.num_resident == 0 and cache.is_released
+    with pytest.raises(ExpertCacheReleasedError, match="released"):
+        cache.lookup(0, [1])
+    assert cache.restore_residency() == before
+    assert cache.resident() == before and cache.restore_residency() == []
+    slots, misses = cache.lookup(1, [0, 3])
+    assert misses == [] and slots == [cache.slot_of(1, 0), cache.slot_of(1, 3)]
+    _, misses = cache.lookup(0, [2])  # the free slot left is handed out, nothing evicted
+    assert cache.num_evictions == 0 and misses[0][1] not in {s for _, _, s in before}
+    assert cache.stats()["hit_rate"] == pytest.approx(2 / 6)
+
+
+def test_size_slots_specs():
+    per_expert = 10 * MIB
+    assert (
+        size_slots(
+            "auto", per_expert, free_bytes=1000 * MIB, reserve_bytes=200 * MIB, total_experts=1000
+        )
+        == 80
+    )
+    assert size_slots("auto", per_expert, 100_000 * MIB, 0, total_experts=64) == 64  # all fit
+    assert size_slots("all", per_expert, 0, 0, total_experts=64) == 64
+    assert size_slots(12, per_expert, 0, 0, total_experts=64) == 12
+    assert size_slots("100", per_expert, 0, 0, total_experts=64) == 64
+    assert size_slots("205MiB", per_expert, 0, 0, total_experts=64) == 20
+    assert size_slots("1GiB", per_expert, 0, 0, total_experts=640) == 102
+    with pytest.raises(ValueError, match="fewer than the 8 needed; free VRAM"):
+        size_slots("auto", per_expert, 100 * MIB, 60 * MIB, total_experts=64, min_slots=8)
+    with pytest.raises(ValueError, match="not understood"):
+        size_slots("lots", per_expert, 0, 0, total_experts=64)

@@ -1,0 +1,86 @@
+"""ExpertStore on the CPU backend: fetch returns the right experts, release/refill round-trips."""
+
+import pytest
+import torch
+
+from strata.engine.core.memory.arena import ArenaReleasedError
+from strata.engine.core.memory.expert_store import ExpertStore
+
+E, INTER, HIDDEN = 8, 16, 12
+
+
+def _layers(num_layers=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float32).to(torch.bfloat16)
+
+    return {
+        layer: (rand(E, INTER, HIDDEN), rand(E, INTER, HIDDEN), rand(E, HIDDEN, INTER))
+        for layer in range(num_layers)
+    }
+
+
+def test_fetch_returns_the_requested_experts_and_evicts_lru(backend):
+    layers = _layers()
+    store = ExpertStore(layers, num_slots=5, backend=backend)
+    assert store.bytes_per_expert == 3 * INTER * HIDDEN * 2
+    assert store.cache.num_resident == 5 and not store.is_all_resident  # preloaded
+    hits_before = store.cache.num_hits
+    gate, up, down = store.fetch(0, torch.tensor([[3], [1]]))
+    assert torch.equal(gate, layers[0][0][[3, 1]])
+    assert torch.equal(up, layers[0][1][[3, 1]]) and torch.equal(down, layers[0][2][[3, 1]])
+    assert store.cache.num_hits == hits_before + 2
+    gate, _, down = store.fetch(1, [7, 6])  # misses: evict layer-0 slots and copy in
+    assert torch.equal(gate, layers[1][0][[7, 6]]) and torch.equal(down, layers[1][2][[7, 6]])
+    assert store.cache.num_evictions == 2
+    slots = store.fetch_slots(1, [6])
+    assert torch.equal(store.slot_weights[1][slots[0]], layers[1][1][6])
+    with pytest.raises(ValueError, match="no experts"):
+        store.fetch(5, [0])
+    store.close()
+
+
+def test_release_then_refill_restores_residency_and_content(backend, monkeypatch):
+    layers = _layers(seed=1)
+    store = ExpertStore(layers, num_slots=6, backend=backend)
+    store.fetch(1, [5, 2])
+    resident = store.cache.resident()
+    freed = store.release()
+    assert freed == store.arena.reserved_bytes and store.arena.state == "released"
+    with pytest.raises(ArenaReleasedError, match="'experts' is released"):
+        store.fetch(0, [0])
+
+    monkeypatch.setenv("STRATA_VERIFY_REFILL", "1")
+    result = store.refill()
+    assert result.differing_slots == 0
+    assert result.copied_bytes == len(resident) * store.bytes_per_expert
+    assert store.cache.resident() == resident
+    misses = store.cache.num_misses
+    gate, _, _ = store.fetch(1, [2, 5])
+    assert store.cache.num_misses == misses and torch.equal(gate, layers[1][0][[2, 5]])
+
+    # The verification is real: a corrupted slot is counted.
+    store.slot_weights[2][store.cache.slot_of(1, 5)].zero_()
+    assert store.verify_slots() == 1
+    store.close()
+
+
+def test_all_experts_resident_never_miss(backend):
+    layers = _layers(num_layers=3)
+    store = ExpertStore(layers, num_slots=1000, backend=backend)
+    assert store.num_slots == 3 * E and store.is_all_resident
+    misses = store.cache.num_misses
+    for layer in range(3):
+        gate, _, _ = store.fetch(layer, list(range(E)))
+        assert torch.equal(gate, layers[layer][0])
+    assert store.cache.num_misses == misses and store.cache.num_evictions == 0
+    store.close()
+
+
+def test_inconsistent_expert_shapes_are_refused(backend):
+    layers = _layers()
+    gate, up, down = layers[1]
+    layers[1] = (gate, up, down[:, :, :-1])
+    with pytest.raises(ValueError, match="layer 1: experts must all be"):
+        ExpertStore(layers, num_slots=4, backend=backend)
