@@ -1,0 +1,250 @@
+"""The dashboard window: VRAM chart, GPU processes, levels, idle countdowns, activity, log."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import (
+    QGridLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from strata.app import menu_model
+from strata.app.bridge import ServiceBridge
+from strata.app.icons import icon
+from strata.app.menu_model import arena_bytes, gib_text
+from strata.app.vram_chart import StackedChart
+
+GPU_SERIES = [
+    ("weights", "#2ea043"),
+    ("experts", "#56d364"),
+    ("kv", "#1f6feb"),
+    ("other processes", "#da3633"),
+    ("free", "#6e7681"),
+]
+RAM_SERIES = [("Strata (RSS)", "#2ea043"), ("other", "#da3633"), ("available", "#6e7681")]
+COUNTDOWNS = [
+    ("cache_release", "Release experts"),
+    ("session_offload", "Offload session"),
+    ("sleep", "Sleep"),
+    ("unload", "Unload"),
+]
+
+
+def chart_values(status: dict[str, Any]) -> tuple[str, tuple[int, ...]] | None:
+    """("gpu"|"ram", values per series) for one status, None when it has no readings."""
+    gpu, ram = status.get("gpu"), status.get("ram")
+    if gpu is not None:
+        arenas = [arena_bytes(status, a) for a in ("weights", "experts", "kv")]
+        other = max(0, gpu.used_bytes - sum(arenas))
+        return "gpu", (*arenas, other, gpu.free_bytes)
+    if ram is not None:
+        return "ram", (ram.strata_bytes, ram.used_by_others_bytes, ram.available_bytes)
+    return None
+
+
+class Countdown(QProgressBar):
+    """An idle timer: fills down to zero, ticking locally between status updates."""
+
+    def __init__(self, label: str):
+        super().__init__()
+        self.label = label
+        self.remaining_s: float | None = None
+        self.received_s = 0.0
+        self.total_s = 0.0
+        self.setRange(0, 1000)
+        self.tick()
+
+    def set_remaining(self, remaining_s: float | None, total_s: float | None = None) -> None:
+        if remaining_s is not None and (self.remaining_s is None or remaining_s > self.total_s):
+            self.total_s = float(remaining_s)  # a fresh countdown (the timer was reset)
+        if total_s:
+            self.total_s = float(total_s)
+        self.remaining_s = None if remaining_s is None else float(remaining_s)
+        self.received_s = time.monotonic()
+        self.tick()
+
+    def current_s(self) -> float | None:
+        if self.remaining_s is None:
+            return None
+        return max(0.0, self.remaining_s - (time.monotonic() - self.received_s))
+
+    def tick(self) -> None:
+        now_s = self.current_s()
+        if now_s is None:
+            self.setValue(0)
+            self.setFormat(f"{self.label}: off")
+            return
+        self.setValue(int(1000 * now_s / self.total_s) if self.total_s else 0)
+        minutes, seconds = divmod(int(round(now_s)), 60)
+        self.setFormat(f"{self.label} in {minutes}:{seconds:02d}")
+
+
+class Dashboard(QWidget):
+    """Follows bridge.status_changed and bridge.log_line; level buttons send actions."""
+
+    def __init__(self, bridge: ServiceBridge, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.bridge = bridge
+        self.setWindowTitle("Strata dashboard")
+        self.setWindowIcon(icon("app"))
+        self.resize(760, 720)
+        self.mode = ""
+        self.header = QLabel("Starting…")
+        self.header.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.header.setWordWrap(True)  # a long error must not widen the window
+        self.chart = StackedChart(GPU_SERIES)
+        self.chart_note = QLabel("")
+        self.processes = QTableWidget(0, 3)
+        self.processes.setHorizontalHeaderLabels(["PID", "Process", "VRAM"])
+        self.processes.horizontalHeader().setStretchLastSection(True)
+        self.processes.setMaximumHeight(140)
+        self.level_labels: dict[str, QLabel] = {}
+        self.level_buttons: dict[str, QPushButton] = {}
+        self.countdowns = {key: Countdown(label) for key, label in COUNTDOWNS}
+        self.activity = QLabel("")
+        self.log = QPlainTextEdit()
+        self.log.setReadOnly(True)
+        self.log.setMaximumBlockCount(1000)
+        self._build()
+        self.ticker = QTimer(self)
+        self.ticker.setInterval(250)
+        self.ticker.timeout.connect(self._tick)
+        self.ticker.start()
+        bridge.status_changed.connect(self.apply_status)
+        bridge.log_line.connect(self.log.appendPlainText)
+        self.apply_status(bridge.last_status)
+
+    def _build(self) -> None:
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.header)
+        memory = QGroupBox("Memory, last 10 minutes")
+        box = QVBoxLayout(memory)
+        box.addWidget(self.chart)
+        box.addWidget(self.chart_note)
+        box.addWidget(self.processes)
+        layout.addWidget(memory, 3)
+        levels = QGroupBox("Levels")
+        grid = QGridLayout(levels)
+        for row, arena in enumerate(("weights", "experts", "kv")):
+            grid.addWidget(QLabel(arena), row, 0)
+            self.level_labels[arena] = QLabel("")
+            grid.addWidget(self.level_labels[arena], row, 1)
+        buttons = QHBoxLayout()
+        for slot in ("experts", "offload", "sleep", "load"):
+            button = QPushButton(slot)
+            button.clicked.connect(lambda _=False, s=slot: self._clicked(s))
+            self.level_buttons[slot] = button
+            buttons.addWidget(button)
+        grid.addLayout(buttons, 3, 0, 1, 2)
+        layout.addWidget(levels)
+        idle = QGroupBox("Idle timers")
+        idle_box = QVBoxLayout(idle)
+        for bar in self.countdowns.values():
+            idle_box.addWidget(bar)
+        layout.addWidget(idle)
+        layout.addWidget(self.activity)
+        layout.addWidget(self.log, 2)
+
+    def apply_status(self, status: dict[str, Any]) -> None:
+        """Refresh every panel from one status snapshot."""
+        state = menu_model.effective_state(status)
+        self.header.setText(
+            f"<b>{status.get('model') or 'no model'}</b> · "
+            f"{menu_model.STATE_LABEL.get(state, state)} · "
+            f"{status.get('endpoint') or 'endpoint not up'}"
+            + (
+                f"<br><font color='#da3633'>{status['last_error']}</font>"
+                if status.get("last_error")
+                else ""
+            )
+        )
+        self._apply_chart(status)
+        self._apply_levels(status)
+        idle = status.get("idle") or {}
+        totals = status.get("idle_timeouts") or {}
+        for key, bar in self.countdowns.items():
+            bar.set_remaining(idle.get(key), totals.get(key))
+        tokens_per_s = status.get("tokens_per_s")
+        self.activity.setText(
+            f"{float(tokens_per_s or 0):.1f} tok/s · queue {menu_model.queue_length(status)} · "
+            f"{status.get('cached_tokens', 0)} cached tokens"
+        )
+
+    def _apply_chart(self, status: dict[str, Any]) -> None:
+        reading = chart_values(status)
+        if reading is None:
+            return
+        mode, values = reading
+        if mode != self.mode:
+            self.mode = mode
+            self.chart.set_series(GPU_SERIES if mode == "gpu" else RAM_SERIES)
+            self.processes.setVisible(mode == "gpu")
+        self.chart.add_sample(values)
+        if mode == "ram":
+            reason = status.get("gpu_unavailable_reason") or "no NVIDIA GPU found"
+            self.chart_note.setText(
+                f"{reason[:1].upper()}{reason[1:]} — showing RAM instead of VRAM."
+            )
+            return
+        gpu = status["gpu"]
+        self.chart_note.setText(
+            f"{gpu.name}: {gib_text(gpu.free_bytes)} free of {gib_text(gpu.total_bytes)}"
+        )
+        self.processes.setRowCount(len(gpu.processes))
+        for row, proc in enumerate(gpu.processes):
+            for col, text in enumerate(
+                (
+                    str(proc.pid),
+                    proc.name,
+                    f"{proc.used_bytes / 2**20:,.0f} MiB" if proc.used_bytes else "n/a",
+                )
+            ):
+                self.processes.setItem(row, col, QTableWidgetItem(text))
+
+    def _apply_levels(self, status: dict[str, Any]) -> None:
+        for arena, label in self.level_labels.items():
+            resident, released = (
+                arena_bytes(status, arena),
+                arena_bytes(status, arena, "released_bytes"),
+            )
+            where = "resident" if resident else ("released" if released else "empty")
+            label.setText(f"{where} · {gib_text(resident)} in VRAM · {gib_text(released)} released")
+        frees = {
+            "experts": arena_bytes(status, "experts"),
+            "offload": arena_bytes(status, "kv"),
+            "sleep": menu_model.held_bytes(status),
+            "load": menu_model.held_bytes(status),
+        }
+        for (slot, button), view in zip(
+            self.level_buttons.items(), menu_model.lifecycle_actions(status)
+        ):
+            frees_text = (
+                f" (frees {gib_text(frees[slot])})"
+                if view.action in ("release_experts", "offload_session", "sleep", "unload")
+                else ""
+            )
+            button.setText(view.label + frees_text)
+            button.setEnabled(view.is_enabled)
+            button.setToolTip(view.reason)
+            button.setProperty("action", view.action)
+
+    def _clicked(self, slot: str) -> None:
+        action = self.level_buttons[slot].property("action")
+        if action:
+            self.bridge.request(action)
+
+    def _tick(self) -> None:
+        for bar in self.countdowns.values():
+            bar.tick()

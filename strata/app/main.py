@@ -1,0 +1,150 @@
+"""`strata-tray`: the tray app. Hosts the same Service and HTTP API as `strata serve`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+from strata import __version__
+from strata.app.bridge import ServiceBridge, SignalLogHandler
+from strata.app.config_file import read_config
+from strata.app.dashboard import Dashboard
+from strata.app.icons import icon
+from strata.app.self_check import SelfCheck
+from strata.app.server import start_tray_server
+from strata.app.service_host import ThreadServiceHost
+from strata.app.settings_window import SettingsWindow
+from strata.app.single_instance import SingleInstance, ask_running_instance, server_name
+from strata.app.tray import TrayController
+from strata.engine.service.rules import rules_from_config
+from strata.engine.service.settings import add_serve_arguments, load_settings, overrides_from_args
+from strata.errors import user_message
+
+log = logging.getLogger("strata.tray")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`strata serve`'s options, plus hidden ones the end-to-end test uses."""
+    parser = argparse.ArgumentParser(prog="strata-tray", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"strata {__version__}")
+    add_serve_arguments(parser)
+    parser.add_argument("--ready-file", help=argparse.SUPPRESS)
+    parser.add_argument("--artifacts-dir", help=argparse.SUPPRESS)
+    return parser
+
+
+def _failing_factory(message: str):
+    async def factory(settings: Any):
+        raise RuntimeError(message)  # shown as the tray's error state; Settings can fix it
+
+    return factory
+
+
+class TrayApp:
+    """Wires the bridge, tray, dashboard and settings together; owns their lifetimes."""
+
+    def __init__(self, app: QApplication, args: argparse.Namespace, config_file: Path):
+        self.app, self.args, self.config_file = app, args, config_file
+        self.bridge = ServiceBridge(self._new_host())
+        self.tray = TrayController(self.bridge)
+        self.dashboard = Dashboard(self.bridge)
+        self.settings_window = SettingsWindow(config_file)
+        self.tray.dashboard_requested.connect(self.show_dashboard)
+        self.tray.settings_requested.connect(self.settings_window.open_settings)
+        self.tray.quit_requested.connect(app.quit)
+        self.settings_window.saved.connect(self._settings_saved)
+        self.settings_window.restart_requested.connect(self.restart_server)
+        app.aboutToQuit.connect(self.shutdown)
+
+    def _settings(self) -> tuple[Any, str | None]:
+        try:
+            return load_settings(self.args.config, overrides_from_args(self.args)), None
+        except Exception as exc:
+            return None, user_message(exc) or str(exc)
+
+    def _new_host(self) -> ThreadServiceHost:
+        self.settings, error = self._settings()
+        try:
+            config = read_config(self.config_file)
+            rules = rules_from_config(config.get("rules", []))
+            rules_enabled = bool(config.get("tray", {}).get("rules_enabled", True))
+        except Exception as exc:
+            log.error("rules not loaded: %s", user_message(exc) or exc)
+            rules, rules_enabled = [], True
+        factory = start_tray_server if error is None else _failing_factory(error)
+        return ThreadServiceHost(factory, rules=rules, rules_enabled=rules_enabled)
+
+    def start(self) -> None:
+        self.bridge.start(self.settings)
+        if QSystemTrayIcon.isSystemTrayAvailable():
+            self.tray.show()
+        else:  # no tray on this desktop: the dashboard is the only way in
+            log.warning("no system tray available; showing the dashboard instead")
+            self.show_dashboard()
+
+    def show_dashboard(self) -> None:
+        self.dashboard.show()
+        self.dashboard.raise_()
+        self.dashboard.activateWindow()
+
+    def restart_server(self) -> None:
+        """Stop the server and start it again with the settings as saved (the app stays)."""
+        self.bridge.stop()
+        self.bridge.host = self._new_host()
+        self.bridge.start(self.settings)
+        self.settings_window.restart_button.setVisible(False)
+
+    def _settings_saved(self, changed: set[str]) -> None:
+        if changed & {"rules", "rules_enabled"}:
+            config = read_config(self.config_file)
+            self.bridge.set_rules(rules_from_config(config.get("rules", [])))
+            self.bridge.set_rules_enabled(bool(config.get("tray", {}).get("rules_enabled", True)))
+
+    def shutdown(self) -> None:
+        """Quit: stop accepting requests, end the engine process, then let Qt exit."""
+        self.tray.tray.hide()
+        self.bridge.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `strata-tray` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from strata.paths import config_path
+
+    config_file = Path(args.config).expanduser() if args.config else config_path()
+    app = QApplication(sys.argv[:1])
+    app.setApplicationName("Strata")
+    app.setQuitOnLastWindowClosed(False)  # closing the dashboard leaves the tray running
+    app.setWindowIcon(icon("app"))
+    name = server_name(str(config_file.resolve()))
+    if ask_running_instance(name):
+        print("strata-tray: already running; showing its dashboard", file=sys.stderr)
+        return 0
+    instance = SingleInstance(name)
+    if not instance.listen():
+        log.warning("could not claim %s; a second launch will start another tray", name)
+    tray_app = TrayApp(app, args, config_file)
+    instance.show_requested.connect(tray_app.show_dashboard)
+    logging.getLogger().addHandler(SignalLogHandler(tray_app.bridge))
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: app.quit())
+    wake_python = QTimer()  # Qt's loop is C++: tick so Python can run its signal handlers
+    wake_python.timeout.connect(lambda: None)
+    wake_python.start(200)
+    tray_app.start()
+    if args.ready_file or args.artifacts_dir:
+        check = SelfCheck(tray_app, args.ready_file, args.artifacts_dir)
+        check.start()
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""What the tray shows for a status(): icon, tooltip, status line, which actions apply. Qt-free.
+
+Keeping this apart from the widgets lets the tray, the dashboard and the tests agree on one
+reading of the service's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 1024**3
+
+# service state -> icon name (strata/resources/icons/state-<name>.svg)
+ICON_OF_STATE = {
+    "serving": "serving",
+    "loaded": "serving",
+    "busy": "busy",
+    "experts_released": "released",
+    "session_offloaded": "offloaded",
+    "sleeping": "sleeping",
+    "unloaded": "unloaded",
+    "failed": "error",
+    "starting": "busy",
+}
+STATE_LABEL = {
+    "serving": "Serving",
+    "loaded": "Serving",
+    "busy": "Busy",
+    "experts_released": "Experts released",
+    "session_offloaded": "Session offloaded",
+    "sleeping": "Sleeping",
+    "unloaded": "Unloaded",
+    "failed": "Error",
+    "starting": "Starting",
+}
+_UP_STATES = {"serving", "loaded", "experts_released", "session_offloaded"}
+
+
+@dataclass(frozen=True)
+class ActionView:
+    """One lifecycle menu entry: the control action a click sends and whether it may."""
+
+    action: str
+    label: str
+    is_enabled: bool
+    reason: str = ""  # why it is disabled, for the status line and tooltip
+
+
+def effective_state(status: Mapping[str, Any]) -> str:
+    """The state to show: the service's, with a running request shown as busy."""
+    state = str(status.get("state", "starting"))
+    return "busy" if status.get("is_busy") and state in _UP_STATES else state
+
+
+def queue_length(status: Mapping[str, Any]) -> int:
+    return int(status.get("queue_length", status.get("queue", 0)) or 0)
+
+
+def arena_bytes(status: Mapping[str, Any], arena: str, key: str = "resident_bytes") -> int:
+    return int(((status.get("vram") or {}).get(arena) or {}).get(key) or 0)
+
+
+def held_bytes(status: Mapping[str, Any]) -> int:
+    """VRAM Strata holds now, over all arenas."""
+    return sum(arena_bytes(status, a) for a in (status.get("vram") or {}))
+
+
+def has_experts(status: Mapping[str, Any]) -> bool:
+    """True when the model has an expert cache (resident or released)."""
+    return bool(arena_bytes(status, "experts") or arena_bytes(status, "experts", "released_bytes"))
+
+
+def gib_text(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.1f} GiB"
+
+
+def lifecycle_actions(status: Mapping[str, Any]) -> list[ActionView]:
+    """The four level toggles for this state, each enabled or disabled with a reason."""
+    state = effective_state(status)
+    if state == "busy":
+        blocked = "a request is running; try again when it is done"
+    elif state == "starting":
+        blocked = "the engine is starting"
+    else:
+        blocked = ""
+
+    def view(action: str, label: str, ok: bool, why: str) -> ActionView:
+        if blocked:
+            return ActionView(action, label, False, blocked)
+        return ActionView(action, label, ok, "" if ok else why)
+
+    is_up = state in _UP_STATES
+    if state == "experts_released":
+        experts = view("refill_experts", "Refill experts", True, "")
+    else:
+        no_experts = (
+            "dense model: no expert cache"
+            if "vram" in status
+            else "the service reports no expert cache"
+        )
+        experts = view(
+            "release_experts",
+            "Release experts",
+            is_up and has_experts(status),
+            no_experts if is_up else f"model is {STATE_LABEL.get(state, state).lower()}",
+        )
+    offload = view(
+        "offload_session",
+        "Offload session",
+        is_up and state != "session_offloaded" and arena_bytes(status, "kv") > 0,
+        "no session in VRAM" if is_up else f"model is {STATE_LABEL.get(state, state).lower()}",
+    )
+    if state == "sleeping":
+        sleep = view("wake", "Wake", True, "")
+    else:
+        sleep = view("sleep", "Sleep", is_up, "nothing loaded to put to sleep")
+    if state in ("unloaded", "failed"):
+        load = view("load", "Load", True, "")
+    else:
+        load = view("unload", "Unload", is_up or state == "sleeping", "")
+    return [experts, offload, sleep, load]
+
+
+def status_line(status: Mapping[str, Any]) -> str:
+    """One line for the top of the menu: state, VRAM held, and why things are disabled."""
+    state = effective_state(status)
+    line = f"{STATE_LABEL.get(state, state)} · {gib_text(held_bytes(status))} VRAM"
+    if state == "failed" and status.get("last_error"):
+        return f"{line} · {status['last_error']}"
+    reasons = []
+    for view in lifecycle_actions(status):
+        if not view.is_enabled and view.reason and view.reason not in reasons:
+            reasons.append(view.reason)
+    return f"{line} · {'; '.join(reasons)}" if reasons else line
+
+
+def tooltip(status: Mapping[str, Any]) -> str:
+    """Tray tooltip: model, state, VRAM held, endpoint."""
+    state = effective_state(status)
+    return "\n".join(
+        [
+            f"Strata — {status.get('model') or 'no model'}",
+            f"{STATE_LABEL.get(state, state)}, {gib_text(held_bytes(status))} VRAM held",
+            str(status.get("endpoint") or "endpoint not up yet"),
+        ]
+    )

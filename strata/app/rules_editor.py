@@ -1,0 +1,141 @@
+"""The rules editor (a tab of Settings): one table row per rule, presets one click away."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from strata.engine.service.rules import (
+    ACTIONS,
+    ON_END,
+    PRESETS,
+    TRIGGERS,
+    Rule,
+    RuleConfigError,
+)
+
+COLUMNS = ["On", "Name", "Trigger", "Pattern(s) / GiB", "Action", "When it ends"]
+TRIGGER_TEXT = {
+    "process": "process runs",
+    "process_vram": "other process VRAM >",
+    "free_vram": "free VRAM <",
+}
+ON_END_TEXT = {"restore": "restore now", "wait": "wait for a request"}
+
+
+class RulesEditor(QWidget):
+    """Edits a list of Rules; rules() validates and raises RuleConfigError for a bad row."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.preset_box = QComboBox()
+        for key, rule in PRESETS.items():
+            self.preset_box.addItem(rule.name, key)
+        add_preset = QPushButton("Add preset")
+        add_preset.clicked.connect(lambda: self.add_rule(PRESETS[self.preset_box.currentData()]))
+        add_custom = QPushButton("Add custom")
+        add_custom.clicked.connect(
+            lambda: self.add_rule(
+                Rule(
+                    f"rule {self.table.rowCount() + 1}",
+                    "free_vram",
+                    "sleep",
+                    "restore",
+                    threshold_gib=4,
+                )
+            )
+        )
+        remove = QPushButton("Remove")
+        remove.clicked.connect(self.remove_selected)
+        buttons = QHBoxLayout()
+        for widget in (self.preset_box, add_preset, add_custom, remove):
+            buttons.addWidget(widget)
+        buttons.addStretch()
+        layout = QVBoxLayout(self)
+        layout.addWidget(
+            QLabel(
+                "When a trigger starts, Strata gives VRAM back at the chosen level; "
+                "patterns are globs matched on process name, path or command line."
+            )
+        )
+        layout.addLayout(buttons)
+        layout.addWidget(self.table)
+
+    def _combo(self, options: tuple[str, ...], texts: dict[str, str], value: str) -> QComboBox:
+        box = QComboBox()
+        for option in options:
+            box.addItem(texts.get(option, option.replace("_", " ")), option)
+        box.setCurrentIndex(options.index(value))
+        return box
+
+    def add_rule(self, rule: Rule) -> None:
+        """Append a row showing rule."""
+        row = self.table.rowCount()
+        self.table.insertRow(row)
+        check = QTableWidgetItem()
+        check.setFlags(Qt.ItemFlag.ItemIsUserCheckable | Qt.ItemFlag.ItemIsEnabled)
+        check.setCheckState(Qt.CheckState.Checked if rule.is_enabled else Qt.CheckState.Unchecked)
+        self.table.setItem(row, 0, check)
+        self.table.setItem(row, 1, QTableWidgetItem(rule.name))
+        self.table.setCellWidget(row, 2, self._combo(TRIGGERS, TRIGGER_TEXT, rule.trigger))
+        what = ", ".join(rule.patterns) if rule.trigger == "process" else f"{rule.threshold_gib:g}"
+        self.table.setItem(row, 3, QTableWidgetItem(what))
+        self.table.setCellWidget(row, 4, self._combo(ACTIONS, {}, rule.action))
+        self.table.setCellWidget(row, 5, self._combo(ON_END, ON_END_TEXT, rule.on_end))
+
+    def set_rules(self, rules: list[Rule]) -> None:
+        self.table.setRowCount(0)
+        for rule in rules:
+            self.add_rule(rule)
+
+    def remove_selected(self) -> None:
+        for row in sorted({index.row() for index in self.table.selectedIndexes()}, reverse=True):
+            self.table.removeRow(row)
+
+    def rules(self) -> list[Rule]:
+        """The rules as edited; RuleConfigError names the first bad row."""
+        result = []
+        for row in range(self.table.rowCount()):
+            trigger = self.table.cellWidget(row, 2).currentData()
+            what = (self.table.item(row, 3).text() if self.table.item(row, 3) else "").strip()
+            name = self.table.item(row, 1).text().strip() or f"rule {row + 1}"
+            patterns: tuple[str, ...] = ()
+            threshold_gib = 0.0
+            if trigger == "process":
+                patterns = tuple(p.strip() for p in what.split(",") if p.strip())
+            else:
+                try:
+                    threshold_gib = float(what)
+                except ValueError:
+                    raise RuleConfigError(
+                        f"rule {name!r} (row {row + 1}): {what!r} is not a number "
+                        "of GiB; type e.g. 4"
+                    ) from None
+            result.append(
+                Rule(
+                    name,
+                    trigger,
+                    self.table.cellWidget(row, 4).currentData(),
+                    self.table.cellWidget(row, 5).currentData(),
+                    patterns,
+                    threshold_gib,
+                    self.table.item(row, 0).checkState() == Qt.CheckState.Checked,
+                )
+            )
+        names = [r.name for r in result]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate:  # episodes are tracked by name
+            raise RuleConfigError(f"two rules are named {duplicate!r}; give each rule its own name")
+        return result

@@ -1,0 +1,270 @@
+"""Runs the Service (and its HTTP endpoint) on a worker thread with its own asyncio loop. Qt-free.
+
+The tray talks to it only through `ServiceHost`: start, call an action, set rules, stop. What
+happens on the loop comes back through a `HostListener` (called on the worker thread); the Qt
+bridge turns those calls into signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+
+from strata.engine.service.rules import Rule, RuleEvent, RulesEngine
+from strata.engine.service.telemetry import GpuTelemetry, read_ram
+from strata.errors import user_message
+
+log = logging.getLogger(__name__)
+
+
+class RunningServer(Protocol):
+    """A started Service with its HTTP endpoint; stop() ends both."""
+
+    service: Any  # ServiceFacade
+    endpoint_url: str
+
+    async def stop(self) -> None: ...
+
+
+ServerFactory = Callable[[Any], Awaitable[RunningServer]]
+
+
+class HostListener(Protocol):
+    """Receives what happens on the service loop; every method runs on the worker thread."""
+
+    def on_status(self, status: dict[str, Any]) -> None: ...
+    def on_action(self, action: str, result: dict[str, Any] | None, error: str | None) -> None: ...
+    def on_rule_event(self, event: RuleEvent) -> None: ...
+    def on_log(self, line: str) -> None: ...
+
+
+class ServiceHost(Protocol):
+    """What the tray needs from the thing that runs the service."""
+
+    def start(self, settings: Any, listener: HostListener) -> None: ...
+    def call(self, action: str, **kwargs: Any) -> concurrent.futures.Future: ...
+    def set_rules(
+        self, rules: list[Rule] | None = None, is_enabled: bool | None = None
+    ) -> None: ...
+    def stop(self, timeout_s: float = 30.0) -> None: ...
+
+
+def own_pids() -> set[int]:
+    """This process and its children (the engine process): what counts as Strata's."""
+    me = psutil.Process()
+    try:
+        return {me.pid, *(child.pid for child in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for the user: the ServiceError/StrataError message, else type and text."""
+    message = getattr(exc, "message", None) or user_message(exc)
+    return str(message) if message else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class HostOptions:
+    poll_interval_s: float = 0.5
+    rules_interval_s: float = 2.0
+
+
+class ThreadServiceHost:
+    """ServiceHost over a daemon thread running asyncio; the server is built by server_factory."""
+
+    def __init__(
+        self,
+        server_factory: ServerFactory,
+        rules: list[Rule] | None = None,
+        rules_enabled: bool = True,
+        options: HostOptions | None = None,
+        telemetry: GpuTelemetry | None = None,
+    ):
+        self._factory = server_factory
+        self._options = options or HostOptions()
+        self._telemetry = telemetry or GpuTelemetry()
+        self._rules = list(rules or [])
+        self._rules_enabled = rules_enabled
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._server: RunningServer | None = None
+        self._rules_engine: RulesEngine | None = None
+        self._listener: HostListener | None = None
+        self._start_error: str | None = None
+        self._settings: Any = None
+        self._rules_task: asyncio.Task | None = None
+
+    # ---- Qt thread side -----------------------------------------------------------------
+
+    def start(self, settings: Any, listener: HostListener) -> None:
+        """Start the worker thread; returns once its loop runs (the server comes up after)."""
+        self._listener = listener
+        self._thread = threading.Thread(
+            target=self._thread_main, args=(settings,), name="strata-service", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+
+    def call(self, action: str, **kwargs: Any) -> concurrent.futures.Future:
+        """Run service.control(action) on the loop; the outcome goes to listener.on_action."""
+        if self._loop is None:
+            raise RuntimeError("ServiceHost.call before start()")
+        return asyncio.run_coroutine_threadsafe(self._control(action, kwargs), self._loop)
+
+    def set_rules(self, rules: list[Rule] | None = None, is_enabled: bool | None = None) -> None:
+        """Replace the rules and/or switch them on or off, live."""
+        if rules is not None:
+            self._rules = list(rules)
+        if is_enabled is not None:
+            self._rules_enabled = is_enabled
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._apply_rules)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the server cleanly (engine included) and join the thread."""
+        if self._loop is not None and self._stop_event is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._stop_event.set)
+            except RuntimeError:
+                pass  # the loop already finished
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error("service thread did not stop within %.0f s", timeout_s)
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self._server.endpoint_url if self._server is not None else None
+
+    # ---- worker thread side -------------------------------------------------------------
+
+    def _thread_main(self, settings: Any) -> None:
+        try:
+            asyncio.run(self._main(settings))
+        except Exception:  # never silently: the tray shows the error state from on_status
+            log.exception("service thread crashed")
+        finally:
+            self._ready.set()
+
+    async def _main(self, settings: Any) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        self._ready.set()
+        self._publish({"state": "starting"})
+        self._settings = settings
+        await self._start_server()
+        status_task = asyncio.create_task(self._status_loop())
+        await self._stop_event.wait()
+        status_task.cancel()
+        if self._server is not None:
+            self._rules_task.cancel()
+            try:
+                await self._server.stop()
+            except Exception:
+                log.exception("server stop failed")
+        self._telemetry.close()
+
+    async def _start_server(self) -> bool:
+        """Build the server; on failure stay up in the "failed" state (Load tries again)."""
+        try:
+            self._server = await self._factory(self._settings)
+        except Exception as exc:
+            self._start_error = f"could not start the server: {describe_error(exc)}"
+            if user_message(exc) or hasattr(exc, "message"):
+                log.error("%s", self._start_error)  # expected failure: one line, no traceback
+            else:
+                log.exception("server start failed")
+            return False
+        self._start_error = None
+        self._emit_log(f"serving at {self._server.endpoint_url}")
+        self._rules_engine = RulesEngine(
+            self._server.service,
+            self._rules,
+            on_event=self._on_rule_event,
+            vram_reader=self._telemetry.read,
+            own_pids=own_pids,
+            is_enabled=self._rules_enabled,
+        )
+        self._rules_task = asyncio.create_task(
+            self._rules_engine.run(self._options.rules_interval_s)
+        )
+        return True
+
+    def _apply_rules(self) -> None:
+        if self._rules_engine is not None:
+            self._rules_engine.set_rules(self._rules)
+            self._rules_engine.set_enabled(self._rules_enabled)
+
+    def _readings(self) -> dict[str, Any]:
+        # NVML and psutil block for a few ms: the caller runs this off the loop
+        return {
+            "gpu": self._telemetry.read(),
+            "ram": read_ram(own_pids()),
+            "gpu_unavailable_reason": self._telemetry.unavailable_reason,
+        }
+
+    async def _snapshot(self) -> dict[str, Any]:
+        if self._server is None:
+            status: dict[str, Any] = {"state": "failed", "last_error": self._start_error}
+        else:
+            status = dict(self._server.service.status())  # on the loop: the service's own thread
+            status["endpoint"] = self._server.endpoint_url
+        status["rules_enabled"] = self._rules_enabled
+        status.update(await asyncio.to_thread(self._readings))
+        return status
+
+    async def _status_loop(self) -> None:
+        while True:
+            try:
+                self._publish(await self._snapshot())
+            except Exception:
+                log.exception("status poll failed")
+            await asyncio.sleep(self._options.poll_interval_s)
+
+    async def _control(self, action: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        if self._server is None and action == "load":  # the server never came up: retry it
+            if not await self._start_server():
+                self._call_listener("on_action", action, None, self._start_error)
+                return None
+            self._call_listener("on_action", action, {}, None)
+            self._publish(await self._snapshot())
+            return {}
+        if self._server is None:
+            self._call_listener(
+                "on_action", action, None, self._start_error or "the server is not running"
+            )
+            return None
+        try:
+            result = await self._server.service.control(action, **kwargs)
+        except Exception as exc:
+            self._call_listener("on_action", action, None, describe_error(exc))
+            return None
+        self._call_listener("on_action", action, result or {}, None)
+        self._publish(await self._snapshot())
+        return result
+
+    def _on_rule_event(self, event: RuleEvent) -> None:
+        self._call_listener("on_rule_event", event)
+
+    def _emit_log(self, line: str) -> None:
+        self._call_listener("on_log", line)
+
+    def _publish(self, status: dict[str, Any]) -> None:
+        self._call_listener("on_status", status)
+
+    def _call_listener(self, method: str, *args: Any) -> None:
+        if self._listener is not None:
+            try:
+                getattr(self._listener, method)(*args)
+            except Exception:
+                log.exception("listener %s failed", method)

@@ -1,0 +1,39 @@
+"""Fixtures: the real ThreadServiceHost and bridge, over a fake service."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("PySide6")
+
+from strata.app.bridge import ServiceBridge
+from strata.app.service_host import HostOptions, ThreadServiceHost
+from tests.app.fakes import FakeService, factory_for
+
+
+@pytest.fixture
+def fake_service() -> FakeService:
+    return FakeService()
+
+
+@pytest.fixture
+def make_bridge(qtbot, fake_service):
+    """make_bridge(rules=..., rules_enabled=...) -> a started bridge; stopped at teardown."""
+    bridges = []
+
+    def make(rules=None, rules_enabled=True, service=None) -> ServiceBridge:
+        host = ThreadServiceHost(
+            factory_for(service or fake_service),
+            rules=rules,
+            rules_enabled=rules_enabled,
+            options=HostOptions(poll_interval_s=0.05, rules_interval_s=0.1),
+        )
+        bridge = ServiceBridge(host)
+        bridges.append(bridge)
+        bridge.start(settings=None)
+        qtbot.waitUntil(lambda: bridge.last_status.get("endpoint"), timeout=5000)
+        return bridge
+
+    yield make
+    for bridge in bridges:
+        bridge.stop(timeout_s=5)

@@ -1,0 +1,92 @@
+"""The dashboard follows the bridge's signals: chart, processes, levels, countdowns, log."""
+
+from __future__ import annotations
+
+from strata.app.dashboard import Countdown, Dashboard
+from strata.engine.service.telemetry import GpuProcess, GpuSnapshot, RamSnapshot
+
+GIB = 1024**3
+
+
+def gpu_status(fake_service) -> dict:
+    status = fake_service.status()
+    status["gpu"] = GpuSnapshot(
+        "Fake H200",
+        80 * GIB,
+        50 * GIB,
+        30 * GIB,
+        (GpuProcess(1234, "blender", 12 * GIB), GpuProcess(99, "python", 15 * GIB)),
+    )
+    status["endpoint"] = "http://127.0.0.1:5555/v1"
+    return status
+
+
+def test_gpu_readings_fill_chart_table_and_levels(qtbot, make_bridge, fake_service):
+    bridge = make_bridge()
+    dashboard = Dashboard(bridge)
+    qtbot.addWidget(dashboard)
+    bridge.on_status(gpu_status(fake_service))  # as the host would, from its thread
+    qtbot.waitUntil(lambda: dashboard.mode == "gpu")
+    samples = [v for _, v in dashboard.chart.samples]
+    # weights, experts, kv, other processes (used minus ours), free
+    assert samples[-1] == (4 * GIB, 10 * GIB, GIB, 15 * GIB, 50 * GIB)
+    assert dashboard.processes.rowCount() == 2
+    assert dashboard.processes.item(0, 1).text() == "blender"
+    assert dashboard.processes.item(0, 2).text() == "12,288 MiB"
+    assert "Release experts (frees 10.0 GiB)" == dashboard.level_buttons["experts"].text()
+    assert "Sleep (frees 15.0 GiB)" == dashboard.level_buttons["sleep"].text()
+    assert "42.5 tok/s · queue 2 · 128 cached tokens" == dashboard.activity.text()
+    dashboard.resize(800, 700)
+    assert not dashboard.chart.grab().isNull()  # paints without error
+
+
+def test_without_a_gpu_it_says_so_and_shows_ram(qtbot, make_bridge):
+    bridge = make_bridge()  # the real telemetry: this test machine has no NVIDIA GPU
+    dashboard = Dashboard(bridge)
+    qtbot.addWidget(dashboard)
+    qtbot.waitUntil(lambda: dashboard.mode != "", timeout=5000)
+    if bridge.last_status.get("gpu") is not None:  # pragma: no cover - on a GPU machine
+        assert dashboard.mode == "gpu"
+        return
+    assert dashboard.mode == "ram"
+    assert "showing RAM" in dashboard.chart_note.text()
+    assert dashboard.processes.isHidden()
+    ram = bridge.last_status["ram"]
+    assert isinstance(ram, RamSnapshot) and ram.strata_bytes > 0
+    assert dashboard.chart.series[0][0] == "Strata (RSS)"
+
+
+def test_a_level_button_sends_its_action(qtbot, make_bridge, fake_service):
+    bridge = make_bridge()
+    dashboard = Dashboard(bridge)
+    qtbot.addWidget(dashboard)
+    qtbot.waitUntil(dashboard.level_buttons["offload"].isEnabled)
+    dashboard.level_buttons["offload"].click()
+    qtbot.waitUntil(lambda: fake_service.calls == ["offload_session"])
+    qtbot.waitUntil(lambda: "Offloaded the session" in dashboard.log.toPlainText())
+
+
+def test_countdowns_tick_between_updates(qtbot, make_bridge, fake_service):
+    bridge = make_bridge()
+    dashboard = Dashboard(bridge)
+    qtbot.addWidget(dashboard)
+    fake_service.idle["sleep"] = 2.0  # the host publishes it on its next poll
+    bar = dashboard.countdowns["sleep"]
+    qtbot.waitUntil(lambda: bar.remaining_s is not None)
+    fake_service.idle["sleep"] = None
+    bridge.host.stop(timeout_s=5)  # no more updates: what moves now is the local tick
+    first = bar.value()
+    qtbot.waitUntil(lambda: bar.value() < first, timeout=3000)
+    assert bar.format().startswith("Sleep in 0:0")
+    assert dashboard.countdowns["unload"].format() == "Unload: off"
+
+
+def test_countdown_restarts_its_scale_when_the_timer_resets(qtbot):
+    bar = Countdown("Sleep")
+    bar.set_remaining(100.0)
+    bar.set_remaining(50.0)
+    assert 490 <= bar.value() <= 500
+    bar.set_remaining(300.0)  # a request reset the timer
+    assert bar.value() >= 995
+    bar.set_remaining(None)
+    assert bar.format() == "Sleep: off"

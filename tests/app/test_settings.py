@@ -1,0 +1,100 @@
+"""Settings round-trip through the config file that `strata serve` reads."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from strata.app.settings_window import SettingsWindow
+from strata.engine.service.rules import PRESETS, rules_from_config
+from strata.engine.service.settings import load_settings
+
+MIB = 1024**2
+
+
+@pytest.fixture(autouse=True)
+def private_autostart(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+
+
+def test_settings_round_trip(qtbot, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'port = 9000\nsleep-idle = 120\ndevice = "cpu"\n'
+        '[[rules]]\npreset = "blender"\n[tray]\nrules_enabled = false\n'
+    )
+    window = SettingsWindow(config)
+    qtbot.addWidget(window)
+    window.load()
+    assert window.port.value() == 9000
+    assert window.idle["sleep_idle_s"].value() == 120
+    assert not window.rules_enabled.isChecked()
+    assert window.rules_editor.table.rowCount() == 1
+    window.model.setText(str(tmp_path / "model.gguf"))
+    window.port.setValue(8123)
+    window.api_key.setText('s3cret "quoted"')
+    window.idle["sleep_idle_s"].setValue(0)  # off: the key goes away
+    window.idle["idle_unload_s"].setValue(3600)
+    window.min_free_vram_mib.setValue(2048)
+    window.before_load.setText('curl -X POST http://127.0.0.1:8188/free -d "{}"')
+    window.snapshot_ram_mib.setValue(512)
+    window.rules_enabled.setChecked(True)
+    window.rules_editor.add_rule(PRESETS["comfyui"])
+    with qtbot.waitSignal(window.saved) as saved:
+        assert window.save(), window.message.text()
+    assert {
+        "model",
+        "port",
+        "api_key",
+        "sleep_idle_s",
+        "idle_unload_s",
+        "rules",
+        "rules_enabled",
+    } <= saved.args[0]
+    raw = tomllib.loads(config.read_text())
+    assert "sleep_idle_s" not in raw and "sleep-idle" not in raw
+    settings = load_settings(config, {})  # what `strata serve` will run with
+    assert settings.port == 8123 and settings.api_key == 's3cret "quoted"'
+    assert settings.device == "cpu"  # a key the window does not show survives
+    assert settings.idle_unload_s == 3600 and settings.sleep_idle_s is None
+    assert settings.min_free_vram_mib == 2048 and settings.snapshot_ram_budget_bytes == 512 * MIB
+    assert settings.before_load_argv[-1] == "{}"
+    rules = rules_from_config(raw["rules"])
+    assert [r.name for r in rules] == ["Blender", "ComfyUI"] and rules[1] == PRESETS["comfyui"]
+    assert raw["tray"]["rules_enabled"] is True
+    again = SettingsWindow(config)
+    qtbot.addWidget(again)
+    again.load()
+    assert again.server_values() == window.server_values()
+    assert again.rules_editor.rules() == window.rules_editor.rules()
+    assert "model, " in window.message.text() or "take effect" in window.message.text()
+    assert window.restart_button.isVisibleTo(window)
+
+
+def test_a_bad_rule_row_is_refused_and_the_file_kept(qtbot, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("port = 9000\n")
+    window = SettingsWindow(config)
+    qtbot.addWidget(window)
+    window.load()
+    window.rules_editor.add_rule(PRESETS["steam"])
+    window.rules_editor.table.item(0, 3).setText("")  # a process rule without a pattern
+    assert not window.save()
+    assert "needs a pattern" in window.message.text()
+    assert config.read_text() == "port = 9000\n"
+
+
+def test_autostart_toggle_writes_the_desktop_entry(qtbot, tmp_path):
+    config = tmp_path / "config.toml"
+    window = SettingsWindow(config)
+    qtbot.addWidget(window)
+    window.load()
+    assert not window.autostart.isChecked()
+    window.autostart.setChecked(True)
+    assert window.save()
+    entry = tmp_path / "xdg" / "autostart" / "strata-tray.desktop"
+    assert "Exec=" in entry.read_text()
+    window.autostart.setChecked(False)
+    assert window.save()
+    assert not entry.exists()
