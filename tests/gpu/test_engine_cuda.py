@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from strata.engine.core.engine import Engine, EngineConfig
+from strata.engine.core.kv_cache import KVCache
 from strata.engine.protocol import SamplingSpec
 from tests.helpers.tiny_models import make_tiny_hf_model
 
@@ -30,9 +31,12 @@ def test_cuda_logits_track_cpu(engines) -> None:
     cpu, gpu = engines
     assert gpu.info()["device"] == "cuda" and gpu.info()["dtype"] == "bfloat16"
     prompt = list(range(5, 45))
+    config = cpu.model_config
+    cpu_kv = KVCache.for_config(config, 64, torch.float32, "cpu")
+    gpu_kv = KVCache.for_config(config, 64, torch.bfloat16, "cuda")
     with torch.inference_mode():
-        ref = cpu.model(torch.tensor(prompt), 0, cpu._slot(3).kv)
-        got = gpu.model(torch.tensor(prompt, device="cuda"), 0, gpu._slot(3).kv).float().cpu()
+        ref = cpu.model(torch.tensor(prompt), 0, cpu_kv)
+        got = gpu.model(torch.tensor(prompt, device="cuda"), 0, gpu_kv).float().cpu()
     cosine = torch.nn.functional.cosine_similarity(ref, got, dim=-1)  # [T]
     assert cosine.min() > 0.99, cosine
     top1_agreement = (ref.argmax(-1) == got.argmax(-1)).float().mean()
