@@ -3,20 +3,47 @@
 Tokens are deterministic: the i-th new token is (sum(prompt) + i) % vocab_size, so a test can
 compute the expected stream. Prompts containing CRASH_TOKEN or RAISE_TOKEN fail on demand after
 the first new token: the process dies with exit code 1, or the engine raises.
+
+The lifecycle levels work in miniature: arenas are byte counters that really change (weights,
+experts on a MoE fake, kv growing with the tokens held), and like the real engine, generate
+raises when it would touch a released arena (sleeping weights, released experts), so a test
+passes only if the service brought them back first. An offloaded session is restored by
+generate itself, as the real engine does. While `oom_file` exists, mapping memory back (wake,
+refill) fails with code out_of_memory and the missing bytes in the message.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from strata.engine.protocol import SamplingSpec, Usage
+from strata.errors import StrataError
 
 CRASH_TOKEN = 999_999  # the engine process calls os._exit(1) after the first new token
 RAISE_TOKEN = 999_998  # generate raises RuntimeError after the first new token
 CRASH_EXIT_CODE = 1
+MIB = 1 << 20
+NUM_SLOTS = 4
+MODULE_IMPORTED_AT_S = time.time()  # about when this engine process started importing
+
+
+class FakeEngineError(StrataError):
+    """A failure the fake reports like the real engine's EngineError."""
+
+
+class FakeNotApplicable(FakeEngineError):
+    code = "not_applicable"
+
+
+class FakeOutOfMemory(FakeEngineError):
+    code = "out_of_memory"
 
 
 @dataclass(frozen=True)
@@ -32,6 +59,11 @@ class FakeEngineConfig:
     crash_on_load: bool = False  # the process exits with code 3 inside load()
     fail_on_load: bool = False  # load() raises ValueError (a bad model file)
     eos_token_id: int | None = None
+    weights_bytes: int = 64 * MIB
+    expert_bytes: int = 0  # > 0: a MoE model whose expert cache holds this many bytes
+    kv_bytes_per_token: int = 64 * 1024
+    oom_file: str | None = None  # while this file exists, wake and refill fail out_of_memory
+    snapshot_dir: str | None = None  # where save_slot writes; None: a temp dir per engine
 
 
 def expected_tokens(prompt_ids: Sequence[int], max_tokens: int, vocab_size: int = 512) -> list[int]:
@@ -40,15 +72,67 @@ def expected_tokens(prompt_ids: Sequence[int], max_tokens: int, vocab_size: int 
     return [(base + i) % vocab_size for i in range(max_tokens)]
 
 
+class FakeArena:
+    """Byte accounting of one arena: what is mapped now and what was released."""
+
+    def __init__(self, name: str, reserved_bytes: int):
+        self.name = name
+        self.reserved_bytes = reserved_bytes
+        self.resident_bytes = 0
+        self.released_bytes = 0
+
+    @property
+    def state(self) -> str:
+        if self.resident_bytes == 0:
+            return "released"
+        return "mapped" if self.resident_bytes >= self.reserved_bytes else "partial"
+
+    def set_resident(self, num_bytes: int) -> None:
+        self.resident_bytes, self.released_bytes = num_bytes, 0
+
+    def release(self) -> int:
+        freed = self.resident_bytes
+        self.released_bytes += freed
+        self.resident_bytes = 0
+        return freed
+
+    def refill(self, oom_file: str | None) -> int:
+        if oom_file and os.path.exists(oom_file):
+            missing_mib = max(1, self.released_bytes // MIB)
+            raise FakeOutOfMemory(
+                f"cannot map {missing_mib} MiB for the {self.name} arena: {missing_mib} MiB "
+                "missing; free VRAM and retry"
+            )
+        mapped = self.released_bytes
+        self.resident_bytes += mapped
+        self.released_bytes = 0
+        return mapped
+
+    def status(self) -> dict:
+        return {"state": self.state, "reserved_bytes": self.reserved_bytes,
+                "resident_bytes": self.resident_bytes, "released_bytes": self.released_bytes}
+
+
 class FakeEngine:
-    """Engine interface (load, generate, status, close, last_usage) without a model."""
+    """Engine interface (load, generate, levels, slots, status, close) without a model."""
 
     def __init__(self, config: FakeEngineConfig):
         self.config = config
+        self.constructed_at_s = time.time()
         self.is_loaded = False
+        self.is_sleeping = False
         self.last_usage: Usage | None = None
-        self.slot_tokens: dict[int, list[int]] = {}
+        self.slot_tokens: dict[int, list[int]] = {}  # resident KV, per slot
+        self.offloaded: dict[int, list[int]] = {}  # snapshots in "host RAM"
         self.context_tokens = config.context_tokens or 4096
+        self.arenas: dict[str, FakeArena] = {}
+        self.expert_hits = self.expert_misses = 0
+        self._snapshot_dir: Path | None = None
+        self._is_temp_dir = False
+
+    @property
+    def is_moe(self) -> bool:
+        return self.config.expert_bytes > 0
 
     def load(self) -> dict:
         if self.config.crash_on_load:
@@ -56,26 +140,50 @@ class FakeEngine:
         if self.config.fail_on_load:
             raise ValueError(f"{self.config.model_path} is not a model file (fake failure)")
         time.sleep(self.config.load_delay_s)
+        self.arenas = {"weights": FakeArena("weights", self.config.weights_bytes)}
+        self.arenas["weights"].set_resident(self.config.weights_bytes)
+        if self.is_moe:
+            self.arenas["experts"] = FakeArena("experts", self.config.expert_bytes)
+            self.arenas["experts"].set_resident(self.config.expert_bytes)
+        kv_reserved = NUM_SLOTS * self.context_tokens * self.config.kv_bytes_per_token
+        self.arenas["kv"] = FakeArena("kv", kv_reserved)
         self.is_loaded = True
         return self.info()
 
     def info(self) -> dict:
         return {
-            "model_type": "fake",
+            "model_type": "fake-moe" if self.is_moe else "fake",
             "context_tokens": self.context_tokens,
             "device": "cpu",
             "dtype": "none",
             "parameter_count": 0,
+            "constructed_at_s": self.constructed_at_s,
+            "module_imported_at_s": MODULE_IMPORTED_AT_S,
         }
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def _check_mapped(self) -> None:
+        if self.is_sleeping:
+            raise FakeEngineError("generate touched the released weights arena (sleeping)")
+        if self.is_moe and self.arenas["experts"].resident_bytes == 0:
+            raise FakeEngineError("generate touched the released experts arena")
+
+    def _sync_kv(self) -> None:
+        tokens = sum(len(t) for t in self.slot_tokens.values())
+        self.arenas["kv"].set_resident(tokens * self.config.kv_bytes_per_token)
 
     def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int = 0
     ) -> Iterator[list[int]]:
         if not self.is_loaded:
             raise RuntimeError("generate before load")
+        self._check_mapped()
         prompt = list(prompt_ids)
         if not prompt:
             raise ValueError("the prompt is empty: send at least one token")
+        if slot in self.offloaded:  # the engine restores an offloaded session by itself
+            self.slot_tokens[slot] = self.offloaded.pop(slot)
         history = self.slot_tokens.get(slot, [])
         num_cached = 0
         while num_cached < min(len(history), len(prompt) - 1) and history[num_cached] == prompt[num_cached]:
@@ -92,6 +200,8 @@ class FakeEngine:
                 if generated and RAISE_TOKEN in prompt:
                     raise RuntimeError("fake engine failure on request")
                 time.sleep(self.config.token_delay_s)
+                if self.is_moe:
+                    self.expert_hits += 1
                 generated.append(token)
                 yield [token]
                 if token in stop_ids:
@@ -101,17 +211,129 @@ class FakeEngine:
                 finish_reason = "length"
         finally:
             self.slot_tokens[slot] = prompt + generated
+            self._sync_kv()
             self.last_usage = Usage(len(prompt), len(generated), num_cached, finish_reason)
+
+    # ---- levels --------------------------------------------------------------------------
+
+    def _experts_arena(self) -> FakeArena:
+        if not self.is_moe:
+            raise FakeNotApplicable("a dense model has no expert cache to release or refill")
+        return self.arenas["experts"]
+
+    def release_experts(self) -> dict:
+        return {"freed_bytes": self._experts_arena().release()}
+
+    def refill_experts(self) -> dict:
+        arena = self._experts_arena()
+        if self.is_sleeping:
+            raise FakeEngineError("cannot refill experts while the weights sleep; wake first")
+        return {"mapped_bytes": arena.refill(self.config.oom_file)}
+
+    def offload_session(self) -> dict:
+        self._check_not_sleeping("offload the session")
+        self.offloaded.update(self.slot_tokens)
+        slots = sorted(self.slot_tokens)
+        self.slot_tokens.clear()
+        return {"offloaded_slots": slots, "freed_bytes": self.arenas["kv"].release()}
+
+    def restore_session(self) -> dict:
+        self._check_not_sleeping("restore the session")
+        slots = sorted(self.offloaded)
+        self.slot_tokens.update(self.offloaded)
+        self.offloaded.clear()
+        self._sync_kv()
+        return {"restored_slots": slots}
+
+    def sleep(self) -> dict:
+        if self.is_sleeping:
+            return {"freed_bytes": 0}
+        self.offloaded.update(self.slot_tokens)
+        self.slot_tokens.clear()
+        freed = sum(arena.release() for arena in self.arenas.values())
+        self.is_sleeping = True
+        return {"freed_bytes": freed}
+
+    def wake(self) -> dict:
+        if not self.is_sleeping:
+            return {"mapped_bytes": 0}
+        # All or nothing, like the real arenas: check before mapping anything.
+        mapped = self.arenas["weights"].refill(self.config.oom_file)
+        if self.is_moe:
+            mapped += self.arenas["experts"].refill(None)
+        self.arenas["kv"].released_bytes = 0  # KV comes back per slot, on its next request
+        self.is_sleeping = False
+        return {"mapped_bytes": mapped}
+
+    def _check_not_sleeping(self, what: str) -> None:
+        if self.is_sleeping:
+            raise FakeEngineError(f"cannot {what} while the model sleeps")
+
+    # ---- slots ---------------------------------------------------------------------------
+
+    def _slot_path(self, filename: str) -> Path:
+        if self._snapshot_dir is None:
+            self._is_temp_dir = self.config.snapshot_dir is None
+            self._snapshot_dir = Path(self.config.snapshot_dir or tempfile.mkdtemp(prefix="fake-slots-"))
+        return self._snapshot_dir / filename
+
+    def save_slot(self, slot: int, filename: str) -> dict:
+        tokens = self.slot_tokens.get(slot, self.offloaded.get(slot, []))
+        data = json.dumps({"tokens": tokens}).encode()
+        self._slot_path(filename).write_bytes(data)
+        return {"id_slot": slot, "filename": filename, "n_saved": len(tokens), "n_written": len(data)}
+
+    def restore_slot(self, slot: int, filename: str) -> dict:
+        self._check_not_sleeping("restore a slot")
+        tokens = json.loads(self._slot_path(filename).read_bytes())["tokens"]
+        self.offloaded.pop(slot, None)
+        self.slot_tokens[slot] = list(tokens)
+        self._sync_kv()
+        return {"id_slot": slot, "filename": filename, "n_restored": len(tokens)}
+
+    def erase_slot(self, slot: int) -> dict:
+        erased = len(self.slot_tokens.pop(slot, self.offloaded.pop(slot, [])))
+        self._sync_kv()
+        return {"id_slot": slot, "n_erased": erased}
+
+    def slots_status(self) -> list[dict]:
+        rows = []
+        for slot in range(NUM_SLOTS):
+            if slot in self.slot_tokens:
+                location, tokens = "resident", self.slot_tokens[slot]
+            elif slot in self.offloaded:
+                location, tokens = "ram", self.offloaded[slot]
+            else:
+                location, tokens = "empty", []
+            rows.append({"id": slot, "n_ctx": self.context_tokens, "n_tokens": len(tokens),
+                         "location": location})
+        return rows
+
+    # ---- status --------------------------------------------------------------------------
 
     def status(self) -> dict:
         if not self.is_loaded:
             return {"state": "unloaded"}
-        slots = {slot: {"tokens": len(t)} for slot, t in sorted(self.slot_tokens.items())}
-        return {"state": "loaded", **self.info(), "slots": slots}
+        experts = None
+        if self.is_moe:
+            lookups = self.expert_hits + self.expert_misses
+            experts = {"slots": 8, "resident": 8 if self.arenas["experts"].resident_bytes else 0,
+                       "hits": self.expert_hits, "misses": self.expert_misses,
+                       "hit_rate": self.expert_hits / lookups if lookups else 0.0}
+        return {
+            "state": "sleeping" if self.is_sleeping else "loaded",
+            **self.info(),
+            "arenas": {name: arena.status() for name, arena in self.arenas.items()},
+            "slots": self.slots_status(),
+            "experts": experts,
+        }
 
     def close(self) -> None:
         self.is_loaded = False
         self.slot_tokens.clear()
+        self.offloaded.clear()
+        if self._is_temp_dir and self._snapshot_dir is not None:  # not persisted: gone on close
+            shutil.rmtree(self._snapshot_dir, ignore_errors=True)
 
 
 FAKE_ENGINE_FACTORY = f"{__name__}:FakeEngine"

@@ -18,6 +18,7 @@ from strata.engine.api.validation import NUM_CACHE_SLOTS, get_bool, read_json_ob
 
 _HEALTH = {"loading": ("loading", 503), "starting": ("loading", 503),
            "failed": ("error", 503)}
+MIB = 1024 * 1024
 
 
 def _status(request: web.Request) -> dict[str, Any]:
@@ -25,10 +26,17 @@ def _status(request: web.Request) -> dict[str, Any]:
 
 
 async def health(request: web.Request) -> web.Response:
-    """GET /health: ok while the server can answer (loaded, sleeping or unloaded-on-demand)."""
-    state = str(_status(request).get("state", "unloaded"))
+    """GET /health: ok while the server can answer (loaded, sleeping or unloaded-on-demand),
+    with the state and, when the service reports arenas, the VRAM held in MiB."""
+    status = _status(request)
+    state = str(status.get("state", "unloaded"))
     word, http_status = _HEALTH.get(state, ("ok", 200))
-    return web.json_response({"status": word, "state": state}, status=http_status)
+    body: dict[str, Any] = {"status": word, "state": state}
+    vram = status.get("vram")
+    if isinstance(vram, dict):
+        held_bytes = sum(int((a or {}).get("resident_bytes") or 0) for a in vram.values())
+        body["vram_mib"] = round(held_bytes / MIB, 1)
+    return web.json_response(body, status=http_status)
 
 
 async def props(request: web.Request) -> web.Response:

@@ -6,8 +6,8 @@ import math
 from typing import Any
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-KNOWN_STATES = ("unloaded", "starting", "loading", "loaded", "released", "offloaded",
-                "sleeping", "failed")
+KNOWN_STATES = ("loaded", "busy", "experts_released", "session_offloaded", "sleeping",
+                "unloaded", "loading", "waking", "failed")
 
 # (metric name, type, help, keys to look for in status()["counters"] or status() itself).
 _METRICS = (
@@ -61,4 +61,21 @@ def render_metrics(status: dict[str, Any]) -> str:
               "# TYPE strata_state gauge"]
     for known in dict.fromkeys((*KNOWN_STATES, state)):
         lines.append(f'strata_state{{state="{_escape_label(known)}"}} {int(known == state)}')
+    lines += _arena_lines(status)
     return "\n".join(lines) + "\n"
+
+
+def _arena_lines(status: dict[str, Any]) -> list[str]:
+    """strata_arena_{resident,released}_bytes{arena=...} from status()["vram"]."""
+    vram = status.get("vram")
+    if not isinstance(vram, dict) or not vram:
+        return []
+    lines = []
+    for key, help_text in (("resident_bytes", "VRAM an arena holds now."),
+                           ("released_bytes", "VRAM an arena gave back, to be refilled.")):
+        name = f"strata_arena_{key}"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for arena, numbers in sorted(vram.items()):
+            value = _number((numbers or {}).get(key)) or 0.0
+            lines.append(f'{name}{{arena="{_escape_label(str(arena))}"}} {_format(value)}')
+    return lines

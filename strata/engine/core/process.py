@@ -77,8 +77,16 @@ def error_code(exc: BaseException, command: Any) -> str:
     """The protocol error code for an exception raised while running `command`."""
     if isinstance(exc, _CommandRefused):
         return exc.code
-    if "OutOfMemory" in type(exc).__name__ or isinstance(exc, MemoryError):
+    # An engine error may name its protocol code itself (e.g. code = "not_applicable" on a
+    # dense model's release_experts, "out_of_memory" when VRAM could not be mapped).
+    code = getattr(exc, "code", None)
+    if isinstance(code, str) and code.isidentifier() and code.islower():
+        return code
+    name = type(exc).__name__
+    if "OutOfMemory" in name or isinstance(exc, MemoryError):
         return "out_of_memory"
+    if "NotApplicable" in name:
+        return "not_applicable"
     # The engine's own user-facing errors (StrataError) and bad model files (ModelFormatError,
     # a ValueError) are the caller's to fix, not bugs.
     is_user_error = any(c.__name__ == "StrataError" for c in type(exc).__mro__) or isinstance(
@@ -215,11 +223,23 @@ class EngineLoop:
 
     def status_event(self, command_id: int | None) -> p.Status:
         if self.engine is None:
-            return p.Status("standby", {"pid": os.getpid()}, command_id=command_id)
+            return p.Status("standby", self._standby_info(), command_id=command_id)
         info = dict(self.engine.status() or {})
         state = str(info.pop("state", "loaded"))
         info["pid"] = os.getpid()
         return p.Status(state, info, command_id=command_id)
+
+    def _standby_info(self) -> dict[str, Any]:
+        """What a process without a model has ready: the engine module (torch) imported, and
+        whether CUDA was touched (it must not be: a standby holds no VRAM)."""
+        torch = sys.modules.get("torch")
+        is_cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
+        return {
+            "pid": os.getpid(),
+            "is_factory_imported": self._factory is not None,
+            "is_torch_imported": torch is not None,
+            "is_cuda_initialized": is_cuda_initialized,
+        }
 
     def level_command(self, command: Any, command_id: int) -> p.Event:
         method = getattr(self.engine, _LEVEL_METHODS[type(command)], None)

@@ -26,6 +26,12 @@ class ServiceMetrics:
     last_completion_tokens: int = 0
     finish_reasons: Counter = field(default_factory=Counter)  # stop | length | cancelled
     error_codes: Counter = field(default_factory=Counter)  # engine_crashed, internal, ...
+    level_changes: Counter = field(default_factory=Counter)  # sleep, wake, ... that changed
+    level_failures: Counter = field(default_factory=Counter)  # ... that failed
+
+    def record_level(self, action: str, is_ok: bool) -> None:
+        """Count a level change (by the API, the tray, a rule or an idle timer)."""
+        (self.level_changes if is_ok else self.level_failures)[action] += 1
 
     def record(self, final: Done | Error | None, total_s: float, decode_s: float) -> None:
         """Count a request that reached the engine, by its last event.
@@ -65,4 +71,6 @@ class ServiceMetrics:
             "last_completion_tokens": self.last_completion_tokens,
             "finish_reasons": dict(self.finish_reasons),
             "errors": dict(self.error_codes),
+            "level_changes": dict(self.level_changes),
+            "level_failures": dict(self.level_failures),
         }

@@ -1,8 +1,9 @@
 """The Service: what the API and the tray talk to (ServiceFacade), over the Supervisor.
 
-One generation lane, FIFO: requests queue on an asyncio.Lock (which wakes waiters in arrival
-order) and each brings the engine up first if it is down. Text assets (tokenizer, chat
-template) are loaded on the host, so tokenizing works while the engine is unloaded.
+One generation lane, FIFO, shared with level changes (engine/service/lifecycle.py): requests
+queue on an asyncio.Lock (which wakes waiters in arrival order) and each brings back what it
+needs first (load, wake, refill). Text assets (tokenizer, chat template) are loaded on the
+host, so tokenizing works while the engine is unloaded.
 """
 
 from __future__ import annotations
@@ -16,21 +17,29 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from strata.engine import protocol as p
+from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
 from strata.engine.protocol import Done, Error, Tokens
+from strata.engine.service.before_load import DEFAULT_TIMEOUT_S, BeforeLoadHook
 from strata.engine.service.facade import GenerationRequest, ServiceError
+from strata.engine.service.lifecycle import (
+    ALIASES,
+    DOWN_ACTIONS,
+    IDLE_TIMERS,
+    UP_ACTIONS,
+    Lifecycle,
+)
 from strata.engine.service.metrics import ServiceMetrics
 from strata.engine.service.settings import ServeSettings
-from strata.engine.service.supervisor import EngineUnavailable, Supervisor
+from strata.engine.service.supervisor import Supervisor
+from strata.engine.service.vram_guard import FreeVramReader, VramGuard
 
 log = logging.getLogger(__name__)
 
 NUM_CACHE_SLOTS = 4
-# Actions the lifecycle work will add; until then they answer 400 not_applicable.
-LATER_ACTIONS = (
-    "sleep", "wake", "release_experts", "refill_experts", "offload_session", "restore_session",
-    "slot_save", "slot_restore", "slot_erase",
-)
+SLOT_COMMANDS = {"slot_save": p.SaveSlot, "slot_restore": p.RestoreSlot, "slot_erase": p.EraseSlot}
+ACTIONS = (*UP_ACTIONS, *DOWN_ACTIONS, *SLOT_COMMANDS, "slots")
 
 
 def _load_text_assets(model_path: str) -> Any:
@@ -70,9 +79,15 @@ class Service:
         text_assets: Any = None,
         text_loader: Callable[[str], Any] = _load_text_assets,
         supervisor_options: dict[str, Any] | None = None,
+        vram_reader: FreeVramReader = read_free_vram_bytes,
+        before_load_timeout_s: float = DEFAULT_TIMEOUT_S,
+        keep_standby: bool | None = None,
     ):
         """engine_config: what the factory is built with (default: an EngineConfig from the
-        settings); text_assets: preloaded TextAssets, else text_loader(model_path) in start()."""
+        settings); text_assets: preloaded TextAssets, else text_loader(model_path) in start().
+        vram_reader: free VRAM in bytes or None (NVML by default), for the free-VRAM guard.
+        keep_standby: after an unload, keep a process with the engine imported for the next
+        load (default: the settings' standby_process, else on)."""
         self.settings = settings
         self.metrics = ServiceMetrics()
         self._engine_factory = engine_factory
@@ -82,9 +97,13 @@ class Service:
         self._supervisor_options = dict(supervisor_options or {})
         self._model_path: str | None = settings.model or getattr(engine_config, "model_path", None)
         self._supervisor: Supervisor | None = None
-        self._lane = asyncio.Lock()
-        self._num_waiting = 0
-        self._active_request_id: str | None = None
+        self._lifecycle: Lifecycle | None = None
+        self._guard = VramGuard(settings.min_free_vram_mib, settings.vram_wait_s, reader=vram_reader)
+        self._hook = BeforeLoadHook(settings.before_load, timeout_s=before_load_timeout_s,
+                                    is_required=settings.before_load_required)
+        if keep_standby is None:
+            keep_standby = bool(getattr(settings, "standby_process", True))
+        self._keep_standby = keep_standby
 
     # ---- facade properties -----------------------------------------------------------------
 
@@ -114,6 +133,12 @@ class Service:
         if self._supervisor is None:
             raise ServiceError(503, "not_started", "the service has not started; call start()")
         return self._supervisor
+
+    @property
+    def lifecycle(self) -> Lifecycle:
+        if self._lifecycle is None:
+            raise ServiceError(503, "not_started", "the service has not started; call start()")
+        return self._lifecycle
 
     # ---- lifetime --------------------------------------------------------------------------
 
@@ -146,15 +171,22 @@ class Service:
             self._supervisor = Supervisor(
                 self._engine_config, self._engine_factory, **self._supervisor_options
             )
+            self._lifecycle = Lifecycle(
+                self._supervisor,
+                {key: getattr(self.settings, field) for key, field, _ in IDLE_TIMERS},
+                guard=self._guard, hook=self._hook, keep_standby=self._keep_standby,
+                on_change=self.metrics.record_level,
+            )
         try:
-            await self._supervisor.ensure_loaded()
-        except EngineUnavailable as exc:
-            log.error("the engine did not come up: %s", exc)
+            await self.lifecycle.level_action("load")
+        except ServiceError as exc:
+            log.error("the engine did not come up: %s", exc.message)
+        self.lifecycle.start_timers()
 
     async def stop(self) -> None:
-        """End the engine process (cancelling what runs)."""
-        if self._supervisor is not None:
-            await self._supervisor.stop()
+        """Stop the idle timers, end the engine process (cancelling what runs) and the standby."""
+        if self._lifecycle is not None:
+            await self._lifecycle.stop()
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -186,23 +218,15 @@ class Service:
         cannot come up (503). Closing the iterator early cancels the generation and waits for
         the engine to confirm, so the next request finds it idle.
         """
-        supervisor = self.supervisor
+        supervisor, lifecycle = self.supervisor, self.lifecycle
         self._check_request(request)
-        self._num_waiting += 1
+        request_id = f"req-{uuid.uuid4().hex[:16]}"
         try:
-            await self._lane.acquire()
-        finally:
-            self._num_waiting -= 1
+            await lifecycle.begin_request(request_id)  # load / wake / refill first
+        except ServiceError:
+            self.metrics.num_rejected += 1
+            raise
         try:
-            try:
-                await supervisor.ensure_loaded()
-            except EngineUnavailable as exc:
-                self.metrics.num_rejected += 1
-                raise ServiceError(
-                    503, "engine_unavailable", str(exc), retry_after_s=exc.retry_after_s
-                ) from None
-            request_id = f"req-{uuid.uuid4().hex[:16]}"
-            self._active_request_id = request_id
             started_s = time.perf_counter()
             first_token_s: list[float] = []
 
@@ -220,56 +244,87 @@ class Service:
                         first_token_s.append(time.perf_counter())
                     yield event
         finally:
-            self._active_request_id = None
-            self._lane.release()
+            await lifecycle.end_request()
 
     # ---- control and status ----------------------------------------------------------------
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
-        """load | unload for now; the other lifecycle actions answer 400 not_applicable."""
-        supervisor = self.supervisor
-        if action == "load":
-            try:
-                await supervisor.ensure_loaded()
-            except EngineUnavailable as exc:
-                raise ServiceError(
-                    503, "engine_unavailable", str(exc), retry_after_s=exc.retry_after_s
-                ) from None
-            return {"action": "load", **self.status()}
-        if action == "unload":
-            if self._lane.locked():
-                raise ServiceError(
-                    409, "busy", "a request is running; unload again when it has finished"
-                )
-            async with self._lane:  # no request may start while the engine goes down
-                await supervisor.stop()
-            return {"action": "unload", **self.status()}
-        if action in LATER_ACTIONS:
-            raise ServiceError(
-                400, "not_applicable", f"{action} is not available in this build; "
-                "only load and unload are"
-            )
-        raise ServiceError(
-            400, "not_applicable",
-            f"unknown action {action!r}; use load, unload or one of {', '.join(LATER_ACTIONS)}",
-        )
+        """A lifecycle action: load, unload, sleep, wake, release_experts, refill_experts
+        (refill), offload_session, restore_session; slot_save/slot_restore (slot, filename),
+        slot_erase (slot); slots (a read: the slots now, waking nothing).
+
+        Raises ServiceError: 409 busy (going down while a request runs), 400 not_applicable
+        (with the reason), 503 when the model cannot come back (Retry-After when VRAM is short).
+        """
+        lifecycle = self.lifecycle
+        action = ALIASES.get(action, action)
+        if action == "slots":
+            return {"action": "slots", "slots": await lifecycle.read_slots()}
+        if action in SLOT_COMMANDS:
+            command = _slot_command(action, kwargs)
+            result = await lifecycle.slot_action(action, command)
+            return {"action": action, "result": result, **self.status()}
+        if action not in ACTIONS:
+            raise ServiceError(400, "not_applicable",
+                               f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
+        if kwargs:
+            raise ServiceError(400, "bad_request",
+                               f"{action} takes no arguments, got {', '.join(sorted(kwargs))}")
+        result = await lifecycle.level_action(action)
+        return {**self.status(), **result}
 
     def status(self) -> dict[str, Any]:
-        """A snapshot for /v1/status, /health and /metrics; never wakes anything."""
+        """A snapshot for /v1/status, /health and /metrics; reads only what the last request or
+        level change left behind: it never wakes anything or restarts an idle clock."""
         supervisor_status = self._supervisor.status() if self._supervisor else {}
+        lifecycle = self._lifecycle
+        info = lifecycle.engine_info if lifecycle and lifecycle.is_up() else {}
+        slots = info.get("slots")
         return {
-            "state": supervisor_status.get("state", "unloaded"),
+            "state": lifecycle.state() if lifecycle else "unloaded",
+            "levels": lifecycle.levels() if lifecycle else None,
+            "vram": lifecycle.vram() if lifecycle else {},
+            "idle": lifecycle.idle_countdowns() if lifecycle else {},
+            "idle_timeouts": {key: getattr(self.settings, field) for key, field, _ in IDLE_TIMERS},
             "model": self.model_id,
             "model_path": self._model_path,
             "context_tokens": self.context_tokens,
-            "queue_length": self._num_waiting,
-            "is_busy": self._lane.locked(),
-            "active_request_id": self._active_request_id,
+            "queue_length": lifecycle.num_waiting if lifecycle else 0,
+            "is_busy": lifecycle.is_busy if lifecycle else False,
+            "active_request_id": lifecycle.active_request_id if lifecycle else None,
             "engine_pid": supervisor_status.get("pid"),
-            "last_error": supervisor_status.get("last_error"),
+            "engine": {
+                "pid": supervisor_status.get("pid"),
+                "state": supervisor_status.get("state", "unloaded"),
+                "standby_pid": supervisor_status.get("standby_pid"),
+                "engine_state": lifecycle.engine_state if lifecycle else None,
+                "model_info": supervisor_status.get("engine"),
+            },
+            "slots": slots if isinstance(slots, list) and slots else None,
+            "experts": info.get("experts"),
+            "last_error": (lifecycle.last_error if lifecycle else None)
+            or supervisor_status.get("last_error"),
+            "last_hook": self._hook.status(),
+            "free_vram_bytes": self._guard.last_free_bytes,
             "retry_in_s": supervisor_status.get("retry_in_s", 0.0),
             "engine_starts": supervisor_status.get("num_starts", 0),
             "engine_crashes": supervisor_status.get("num_crashes", 0),
-            "engine": supervisor_status.get("engine"),
             "counters": self.metrics.snapshot(),
         }
+
+
+def _slot_command(action: str, kwargs: dict[str, Any]) -> Any:
+    """The engine command for a slot action, its arguments checked (400 when wrong)."""
+    slot = kwargs.get("slot")
+    if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < NUM_CACHE_SLOTS:
+        raise ServiceError(400, "bad_request",
+                           f"{action} needs slot=0..{NUM_CACHE_SLOTS - 1}, got {slot!r}")
+    if action == "slot_erase":
+        return p.EraseSlot(slot)
+    filename = kwargs.get("filename")
+    if not isinstance(filename, str) or not filename or "/" in filename or "\\" in filename \
+            or ".." in filename:
+        raise ServiceError(400, "bad_request",
+                           f"{action} needs a plain file name in the snapshot directory, "
+                           f"got {filename!r}")
+    return SLOT_COMMANDS[action](slot, filename)

@@ -2,6 +2,9 @@
 
 Everything here runs on the service's asyncio loop except one reader thread per engine process
 (see `_read_events` for why a thread). States: unloaded | starting | loaded | failed.
+
+After an unload, a standby process (engine module and torch imported, no model, no CUDA
+context) can wait behind the one that exited, so the next load skips seconds of imports.
 """
 
 from __future__ import annotations
@@ -10,69 +13,27 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
-import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, engine_main
-from strata.errors import StrataError
+from strata.engine.service.engine_handle import (
+    EngineCommandError,
+    EngineHandle,
+    EngineUnavailable,
+    call_soon,
+    describe_exit,
+    failure_message,
+)
+
+__all__ = ["EngineCommandError", "EngineUnavailable", "Supervisor", "describe_exit"]
 
 log = logging.getLogger(__name__)
 
 STATES = ("unloaded", "starting", "loaded", "failed")
-
-
-class EngineUnavailable(StrataError):
-    """The engine could not be brought up; retry_after_s says when trying again makes sense."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class EngineCommandError(StrataError):
-    """The engine answered a command with an Error (or died before answering)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass
-class _EngineHandle:
-    """One spawned engine process and what is waiting on it."""
-
-    process: BaseProcess
-    conn: Connection
-    ready: asyncio.Future
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-    streams: dict[str, asyncio.Queue] = field(default_factory=dict)
-    waiters: dict[int, asyncio.Future] = field(default_factory=dict)
-    is_alive: bool = True
-    is_exit_expected: bool = False
-    kill_reason: str | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid or 0
-
-
-def describe_exit(exit_code: int | None) -> str:
-    """How a process ended, in words: 'was killed by SIGKILL', 'exited with code 1'."""
-    if exit_code is None:
-        return "closed its pipe and did not exit"
-    if exit_code < 0:
-        try:
-            return f"was killed by {signal.Signals(-exit_code).name}"
-        except ValueError:
-            return f"was killed by signal {-exit_code}"
-    return f"exited with code {exit_code}"
 
 
 class Supervisor:
@@ -108,7 +69,8 @@ class Supervisor:
         self.num_consecutive_failures = 0  # reset by a finished generation
         self.state_listeners: list[Callable[[str], None]] = []
         self._retry_at_s = 0.0  # time.monotonic() before which no restart is tried
-        self._handle: _EngineHandle | None = None
+        self._handle: EngineHandle | None = None
+        self._standby: EngineHandle | None = None  # spawned, no model: the next load uses it
         self._command_ids = itertools.count(1)
         self._bring_up_lock = asyncio.Lock()
         self._stop_requested = False  # stop() came while starting: the failure is no crash
@@ -119,6 +81,11 @@ class Supervisor:
     @property
     def pid(self) -> int | None:
         return self._handle.pid if self._handle and self._handle.is_alive else None
+
+    @property
+    def standby_pid(self) -> int | None:
+        standby = self._standby
+        return standby.pid if standby and standby.is_alive else None
 
     @property
     def retry_in_s(self) -> float:
@@ -153,6 +120,7 @@ class Supervisor:
         return {
             "state": self.state,
             "pid": self.pid,
+            "standby_pid": self.standby_pid,
             "last_error": self.last_error,
             "num_starts": self.num_starts,
             "num_crashes": self.num_crashes,
@@ -182,11 +150,11 @@ class Supervisor:
             handle = None
             try:
                 await self._shut_down(self._handle, self.stop_timeout_s)  # a leftover one
-                handle = await self._start_process()
+                handle = self._take_standby() or await self._start_process()
                 await self._wait_ready(handle)
                 reply = await self._command(handle, self._load_command(), self.load_timeout_s)
             except (EngineCommandError, EngineUnavailable, TimeoutError, OSError) as exc:
-                message = _failure_message(exc, self.load_timeout_s)
+                message = failure_message(exc, self.load_timeout_s)
                 await self._shut_down(handle, self.stop_timeout_s)
                 if self._stop_requested:
                     self._stop_requested = False
@@ -207,7 +175,47 @@ class Supervisor:
             device=str(getattr(config, "device", "auto")),
         )
 
-    async def _start_process(self) -> _EngineHandle:
+    def _take_standby(self) -> EngineHandle | None:
+        """The standby process as the engine handle, if one is alive (it may not be Ready yet)."""
+        standby, self._standby = self._standby, None
+        if standby is None or not standby.is_alive:
+            return None
+        self._handle = standby
+        log.info("loading into the standby engine process %d", standby.pid)
+        return standby
+
+    async def start_standby(self) -> int | None:
+        """Spawn a process that waits, without a model, for the next load; returns its pid.
+
+        Returns at once (the process imports the engine in the background); does nothing when
+        an engine or standby process already runs.
+        """
+        if self._standby is not None and self._standby.is_alive:
+            return self._standby.pid
+        if self._handle is not None and self._handle.is_alive:
+            return None
+        self._standby = await self._spawn()
+        return self._standby.pid
+
+    async def standby_status(self) -> p.Status | None:
+        """The standby process's own Status (what it has imported), or None without one."""
+        standby = self._standby
+        if standby is None or not standby.is_alive:
+            return None
+        await self._wait_ready(standby)
+        return await self._command(standby, p.GetStatus(), self.command_timeout_s)
+
+    async def stop_standby(self, timeout_s: float | None = None) -> None:
+        """End the standby process, if any (the host is shutting down)."""
+        standby, self._standby = self._standby, None
+        await self._shut_down(standby, self.stop_timeout_s if timeout_s is None else timeout_s)
+
+    async def _start_process(self) -> EngineHandle:
+        handle = await self._spawn()
+        self._handle = handle
+        return handle
+
+    async def _spawn(self) -> EngineHandle:
         loop = asyncio.get_running_loop()
         parent_conn, child_conn = self._context.Pipe(duplex=True)
         # daemon: if the host dies without stop(), multiprocessing's exit hook ends the engine
@@ -220,15 +228,14 @@ class Supervisor:
         await loop.run_in_executor(None, process.start)
         child_conn.close()  # else the EOF that tells us the child died would never come
         self.num_starts += 1
-        handle = _EngineHandle(process=process, conn=parent_conn, ready=loop.create_future())
-        self._handle = handle
+        handle = EngineHandle(process=process, conn=parent_conn, ready=loop.create_future())
         threading.Thread(
             target=self._read_events, args=(handle, loop),
             name=f"strata-engine-reader-{handle.pid}", daemon=True,
         ).start()
         return handle
 
-    async def _wait_ready(self, handle: _EngineHandle) -> None:
+    async def _wait_ready(self, handle: EngineHandle) -> None:
         try:
             ready = await asyncio.wait_for(asyncio.shield(handle.ready), self.ready_timeout_s)
         except TimeoutError:
@@ -250,7 +257,7 @@ class Supervisor:
         if self.state != "failed" or self.retry_in_s == 0:  # failed stays visible while backing off
             self._set_state("unloaded")
 
-    async def _shut_down(self, handle: _EngineHandle | None, timeout_s: float) -> None:
+    async def _shut_down(self, handle: EngineHandle | None, timeout_s: float) -> None:
         if handle is None:
             return
         handle.is_exit_expected = True
@@ -287,14 +294,14 @@ class Supervisor:
 
     # ---- commands and streams --------------------------------------------------------------
 
-    def _try_send(self, handle: _EngineHandle, command: Any) -> bool:
+    def _try_send(self, handle: EngineHandle, command: Any) -> bool:
         try:
             self._send(handle, command)
             return True
         except EngineCommandError:
             return False
 
-    def _send(self, handle: _EngineHandle, command: Any, command_id: int | None = None) -> int:
+    def _send(self, handle: EngineHandle, command: Any, command_id: int | None = None) -> int:
         command_id = next(self._command_ids) if command_id is None else command_id
         if not handle.is_alive:
             raise EngineCommandError("engine_crashed", "the engine process is not running")
@@ -304,7 +311,7 @@ class Supervisor:
             raise EngineCommandError("engine_crashed", f"the engine process is gone ({exc})") from None
         return command_id
 
-    async def _command(self, handle: _EngineHandle, command: Any, timeout_s: float) -> Any:
+    async def _command(self, handle: EngineHandle, command: Any, timeout_s: float) -> Any:
         command_id = next(self._command_ids)
         waiter = asyncio.get_running_loop().create_future()
         handle.waiters[command_id] = waiter
@@ -369,7 +376,7 @@ class Supervisor:
                     on_end(final)
 
     async def _cancel_and_wait(
-        self, handle: _EngineHandle, request_id: str, queue: asyncio.Queue
+        self, handle: EngineHandle, request_id: str, queue: asyncio.Queue
     ) -> p.Done | p.Error | None:
         if not handle.is_alive and queue.empty():
             return None
@@ -389,7 +396,7 @@ class Supervisor:
 
     # ---- events from the engine ------------------------------------------------------------
 
-    def _read_events(self, handle: _EngineHandle, loop: asyncio.AbstractEventLoop) -> None:
+    def _read_events(self, handle: EngineHandle, loop: asyncio.AbstractEventLoop) -> None:
         """Reader thread: blocking recv, each event handed to the loop.
 
         A thread rather than loop.add_reader: Connection.recv() blocks until a whole message is
@@ -406,13 +413,13 @@ class Supervisor:
                 log.exception("unreadable message from engine %d; dropping the engine", handle.pid)
                 handle.process.kill()
                 break
-            if not _call_soon(loop, self._dispatch, handle, event):
+            if not call_soon(loop, self._dispatch, handle, event):
                 return
         handle.process.join(1.0)  # EOF comes at exit, the exit code a moment later
         handle.conn.close()
-        _call_soon(loop, self._on_exit, handle, handle.process.exitcode)
+        call_soon(loop, self._on_exit, handle, handle.process.exitcode)
 
-    def _dispatch(self, handle: _EngineHandle, event: Any) -> None:
+    def _dispatch(self, handle: EngineHandle, event: Any) -> None:
         if isinstance(event, p.Ready):
             if not handle.ready.done():
                 handle.ready.set_result(event)
@@ -432,7 +439,7 @@ class Supervisor:
         elif isinstance(event, p.Error):
             log.error("engine error (%s): %s", event.code, event.message)
 
-    def _on_exit(self, handle: _EngineHandle, exit_code: int | None) -> None:
+    def _on_exit(self, handle: EngineHandle, exit_code: int | None) -> None:
         handle.is_alive = False
         reason = handle.kill_reason or describe_exit(exit_code)
         message = f"the engine process (pid {handle.pid}) {reason}"
@@ -444,6 +451,10 @@ class Supervisor:
         for request_id, queue in handle.streams.items():
             queue.put_nowait(p.Error("engine_crashed", message, request_id=request_id))
         handle.exited.set()
+        if self._standby is handle:
+            self._standby = None
+            if not handle.is_exit_expected:
+                log.warning("the standby engine process %s; the next load starts a new one", reason)
         if self._handle is handle:
             self._handle = None
             # While starting, ensure_loaded sees the failed Ready/Load and records it itself.
@@ -452,19 +463,3 @@ class Supervisor:
             elif handle.is_exit_expected and self.state == "loaded":
                 self.load_info = None
                 self._set_state("unloaded")
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable, *args: Any) -> bool:
-    try:
-        loop.call_soon_threadsafe(callback, *args)
-        return True
-    except RuntimeError:  # the loop is closed: the host is shutting down
-        return False
-
-
-def _failure_message(exc: BaseException, load_timeout_s: float) -> str:
-    if isinstance(exc, TimeoutError):
-        return f"loading the model took longer than {load_timeout_s:.0f} s"
-    if isinstance(exc, EngineCommandError) and exc.code != "engine_crashed":
-        return f"loading the model failed ({exc.code}): {exc}"
-    return str(exc)

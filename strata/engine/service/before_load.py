@@ -1,0 +1,141 @@
+"""The before-load hook: a user command run before a load or wake, e.g. to ask ComfyUI to free.
+
+The command is an argv list (a string is split like a shell would, by shlex) and runs without
+a shell, so nothing in it is interpreted. Its outcome is kept for /v1/status (`last_hook`). A
+failure or timeout is logged and does not stop the load unless the hook is required.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from strata.engine.service.facade import ServiceError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+_KILL_GRACE_S = 2.0  # after a kill, how long to wait for the pipes to close
+
+
+@dataclass(frozen=True)
+class HookResult:
+    """One run of the hook: ok, its exit code (None: it did not run or was killed), seconds."""
+
+    ok: bool
+    rc: int | None
+    s: float
+    error: str | None = None
+    reason: str = "load"  # load | wake: what it ran before
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def command_argv(command: str | Sequence[str] | None) -> list[str] | None:
+    """The hook command as argv: a string is split with shlex, a list is taken as it is."""
+    if command is None:
+        return None
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    return argv or None
+
+
+def _last_line(data: bytes) -> str:
+    lines = [line.strip() for line in data.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+class BeforeLoadHook:
+    """Runs the configured command before a load or wake; `last` holds the latest outcome."""
+
+    def __init__(
+        self,
+        command: str | Sequence[str] | None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        is_required: bool = False,
+    ):
+        self.argv = command_argv(command)
+        self.timeout_s = timeout_s
+        self.is_required = is_required
+        self.last: HookResult | None = None
+
+    @property
+    def is_configured(self) -> bool:
+        return self.argv is not None
+
+    def status(self) -> dict[str, Any] | None:
+        """The last run as {ok, rc, s, error, reason}, or None when it never ran."""
+        return self.last.as_dict() if self.last else None
+
+    async def run(self, reason: str) -> HookResult | None:
+        """Run the command (reason: load | wake); None when no command is configured.
+
+        Raises ServiceError(503, "before_load_failed") when it fails and the hook is required.
+        """
+        if self.argv is None:
+            return None
+        started_s = time.monotonic()
+        rc, error = await self._execute(reason)
+        result = HookResult(error is None, rc, round(time.monotonic() - started_s, 3), error, reason)
+        self.last = result
+        if result.ok:
+            log.info("before-load command finished in %.2f s", result.s)
+            return result
+        log.warning("before-load command %s (before %s)", error, reason)
+        if self.is_required:
+            raise ServiceError(
+                503, "before_load_failed",
+                f"the before-load command {self.argv[0]!r} {error}; fix it, or drop "
+                "--before-load-required to load anyway",
+            )
+        return result
+
+    async def _execute(self, reason: str) -> tuple[int | None, str | None]:
+        """(exit code, error text or None) of one run, killing it past the timeout."""
+        assert self.argv is not None
+        env = {**os.environ, "STRATA_BEFORE": reason}
+        try:
+            # A session of its own, so a timeout can end the command and anything it started.
+            process = await asyncio.create_subprocess_exec(
+                *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+            )
+        except OSError as exc:
+            return None, f"could not start: {exc.strerror or exc}"
+        try:
+            _, stderr = await asyncio.wait_for(process.communicate(), self.timeout_s)
+        except TimeoutError:
+            await self._kill(process)
+            return None, f"timed out after {self.timeout_s:g} s and was killed"
+        except asyncio.CancelledError:
+            await asyncio.shield(self._kill(process))
+            raise
+        if process.returncode != 0:
+            detail = _last_line(stderr)
+            return process.returncode, f"exited with code {process.returncode}" + (
+                f": {detail}" if detail else ""
+            )
+        return 0, None
+
+    async def _kill(self, process: asyncio.subprocess.Process) -> None:
+        if process.returncode is not None:
+            return
+        try:
+            if hasattr(os, "killpg"):
+                os.killpg(process.pid, signal.SIGKILL)  # its own group: start_new_session
+            else:
+                process.kill()
+        except ProcessLookupError:
+            pass
+        try:
+            await asyncio.wait_for(process.communicate(), _KILL_GRACE_S)
+        except (TimeoutError, ValueError):
+            log.warning("the before-load command (pid %d) did not exit after a kill", process.pid)

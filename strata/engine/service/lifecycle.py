@@ -1,0 +1,447 @@
+"""Lifecycle: the levels of DESIGN §4 (release experts, offload session, sleep, unload), coming
+back from them, and the idle timers that go down by themselves.
+
+One asyncio lock (`lane`) serializes generations and level changes, FIFO: a request that
+arrives during a level change waits for it and then runs. Going down while a request runs or
+waits is refused (409); coming back waits its turn. Every step back up runs the before-load
+hook (load, wake) and the free-VRAM guard (load, wake, refill) first, so a failure is a clean
+ServiceError before any event, and the level stays where it was.
+
+Status reads (state, levels, VRAM, countdowns) only read what the last level change or request
+left behind: nothing here wakes the model or restarts an idle clock because someone looked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from strata.engine import protocol as p
+from strata.engine.service import levels as lv
+from strata.engine.service.before_load import BeforeLoadHook
+from strata.engine.service.facade import ServiceError
+from strata.engine.service.supervisor import EngineCommandError, EngineUnavailable, Supervisor
+from strata.engine.service.vram_guard import VramGuard
+
+log = logging.getLogger(__name__)
+
+DOWN_ACTIONS = ("release_experts", "offload_session", "sleep", "unload")
+UP_ACTIONS = ("load", "wake", "refill_experts", "restore_session")
+ALIASES = {"refill": "refill_experts", "release": "release_experts", "offload": "offload_session"}
+# (countdown key in status()["idle"], settings field, the action it fires), shallow to deep.
+IDLE_TIMERS = (
+    ("cache_release", "cache_release_idle_s", "release_experts"),
+    ("session_offload", "session_offload_idle_s", "offload_session"),
+    ("sleep", "sleep_idle_s", "sleep"),
+    ("unload", "idle_unload_s", "unload"),
+)
+_COMMANDS = {
+    "release_experts": p.ReleaseExperts, "refill_experts": p.RefillExperts,
+    "offload_session": p.OffloadSession, "restore_session": p.RestoreSession,
+    "sleep": p.Sleep, "wake": p.Wake,
+}
+STATUS_TIMEOUT_S = 10.0
+
+
+class Lifecycle:
+    """Levels, the lane they share with generations, and the idle timers, over a Supervisor."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        idle_timeouts_s: dict[str, float | None],
+        *,
+        guard: VramGuard,
+        hook: BeforeLoadHook,
+        keep_standby: bool = True,
+        on_change: Any = None,
+    ):
+        """idle_timeouts_s: countdown key (cache_release, ...) -> seconds, None = off.
+        on_change(action, ok): called after each level change, for the counters."""
+        self.supervisor = supervisor
+        self.guard = guard
+        self.hook = hook
+        self.keep_standby = keep_standby
+        self.idle_timeouts_s = {key: idle_timeouts_s.get(key) for key, _, _ in IDLE_TIMERS}
+        self._on_change = on_change or (lambda action, ok: None)
+        self.lane = asyncio.Lock()
+        self.num_waiting = 0  # requests queued for the lane
+        self.active_request_id: str | None = None
+        self.transition: str | None = None  # loading | waking while coming back
+        self.engine_state: str | None = None  # the last engine Status: state and info
+        self.engine_info: dict[str, Any] = {}
+        self.last_error: str | None = None
+        # What the host asked of the engine process it last loaded; the engine's own status
+        # wins where it reports the level (arena states, slot locations).
+        self._engine_pid: int | None = None
+        self._is_sleeping = self._experts_released = self._session_offloaded = False
+        self.idle_since_s: float | None = None  # monotonic end of the last activity
+        self._idle_epoch = 0  # bumped by every activity: a timer fires once per idle period
+        self._fired: set[str] = set()
+        self._inapplicable: set[str] = set()  # timers the engine said do not apply, until load
+        self._changed = asyncio.Event()
+        self._timer_task: asyncio.Task | None = None
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    @property
+    def is_busy(self) -> bool:
+        """A request runs or waits for the lane."""
+        return self.active_request_id is not None or self.num_waiting > 0
+
+    def is_up(self) -> bool:
+        return self.supervisor.state == "loaded" and self.supervisor.pid is not None
+
+    def levels(self) -> dict[str, str]:
+        """{experts: resident|released|none, session: resident|offloaded|none,
+        weights: resident|sleeping|unloaded}."""
+        if not self.is_up():
+            return dict(lv.NOT_LOADED)
+        info = self.engine_info
+        is_sleeping = self._is_sleeping or self.engine_state == "sleeping"
+        return {
+            "experts": lv.experts_level(info, is_sleeping=is_sleeping,
+                                        is_released=self._experts_released),
+            "session": lv.session_level(info, is_sleeping=is_sleeping,
+                                        is_offloaded=self._session_offloaded),
+            "weights": "sleeping" if is_sleeping else "resident",
+        }
+
+    def state(self) -> str:
+        """One word of levels.STATES."""
+        if self.transition:
+            return self.transition
+        supervisor_state = self.supervisor.state
+        if supervisor_state == "starting":
+            return "loading"
+        if supervisor_state in ("failed", "unloaded"):
+            return supervisor_state
+        if self.active_request_id is not None:
+            return "busy"
+        return lv.state_word(self.levels())
+
+    def vram(self) -> dict[str, dict[str, int]]:
+        """Bytes per arena as the engine last reported them; {} while nothing is loaded."""
+        return lv.vram_by_arena(self.engine_info) if self.is_up() else {}
+
+    def _countdowns_s(self) -> dict[str, float | None]:
+        levels, now_s = self.levels(), time.monotonic()
+        countdowns: dict[str, float | None] = {}
+        for key, _, action in IDLE_TIMERS:
+            timeout_s = self.idle_timeouts_s[key]
+            if (timeout_s is None or not self.is_up() or key in self._inapplicable
+                    or key in self._fired or lv.is_level_reached(action, levels)):
+                countdowns[key] = None
+            elif self.is_busy or self.transition or self.idle_since_s is None:
+                countdowns[key] = timeout_s  # the clock starts when the activity ends
+            else:
+                countdowns[key] = max(0.0, self.idle_since_s + timeout_s - now_s)
+        return countdowns
+
+    def idle_countdowns(self) -> dict[str, float | None]:
+        """Seconds until each idle timer fires; None when off, not applicable or reached."""
+        return {k: None if v is None else round(v, 3) for k, v in self._countdowns_s().items()}
+
+    # ---- lifetime --------------------------------------------------------------------------
+
+    def start_timers(self) -> None:
+        if self._timer_task is None and any(v is not None for v in self.idle_timeouts_s.values()):
+            self._timer_task = asyncio.create_task(self._run_timers(), name="strata-idle-timers")
+
+    async def stop(self) -> None:
+        """Stop the timers and end the engine and standby processes."""
+        if self._timer_task is not None:
+            self._timer_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer_task
+            self._timer_task = None
+        await self.supervisor.stop()
+        await self.supervisor.stop_standby()
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def begin_request(self, request_id: str) -> None:
+        """Wait for the lane, then bring back what a generation needs (load, wake, refill).
+
+        Raises ServiceError (the lane released) when that fails; otherwise the caller must
+        call end_request() when the generation is over.
+        """
+        self.num_waiting += 1
+        try:
+            await self.lane.acquire()
+        finally:
+            self.num_waiting -= 1
+        self.active_request_id = request_id
+        self._changed.set()
+        try:
+            await self._bring_back(need_experts=True)
+        except BaseException:
+            self.active_request_id = None
+            self._mark_activity()
+            self.lane.release()
+            raise
+
+    async def end_request(self) -> None:
+        """The generation is over: refresh the cached status, restart the idle clock."""
+        try:
+            self._session_offloaded = False  # the engine restored it to generate
+            await self._refresh()
+        finally:
+            self.active_request_id = None
+            self._mark_activity()
+            self.lane.release()
+
+    # ---- actions ---------------------------------------------------------------------------
+
+    async def level_action(self, action: str) -> dict[str, Any]:
+        """Run a level action (DOWN_ACTIONS or UP_ACTIONS); returns {changed, freed_bytes, ...}."""
+        action = ALIASES.get(action, action)
+        if action in DOWN_ACTIONS and self.is_busy:
+            raise ServiceError(409, "busy", f"a request is running; {action.replace('_', ' ')} "
+                               "again when it has finished")
+        before_bytes = lv.resident_bytes(self.vram())
+        async with self.lane:
+            try:
+                if action in DOWN_ACTIONS:
+                    result = await self._go_down(action)
+                else:
+                    result = await self._go_up(action)
+            except ServiceError as exc:
+                self.last_error = exc.message
+                self._on_change(action, False)
+                raise
+        if result.get("changed"):
+            self.last_error = None
+            self._on_change(action, True)
+        freed_bytes = max(0, before_bytes - lv.resident_bytes(self.vram()))
+        return {"action": action, "freed_bytes": freed_bytes, **result}
+
+    async def slot_action(self, action: str, command: Any) -> dict[str, Any]:
+        """SaveSlot / RestoreSlot / EraseSlot on the engine, bringing the weights back first."""
+        async with self.lane:
+            await self._bring_back(need_experts=False)
+            try:
+                reply = await self.supervisor.command(command)
+            except EngineCommandError as exc:
+                raise lv.service_error(action, exc) from None
+            await self._refresh()
+            self._mark_activity()
+        return dict(reply.result)
+
+    async def read_slots(self) -> list[dict[str, Any]] | None:
+        """The engine's slots now (GetStatus is answered even mid-generation), else the cache."""
+        if self.supervisor.pid is not None:
+            with contextlib.suppress(EngineCommandError, TimeoutError):
+                status = await self.supervisor.command(p.GetStatus(), STATUS_TIMEOUT_S)
+                if isinstance(status.info.get("slots"), list):
+                    return list(status.info["slots"])
+        slots = self.engine_info.get("slots")
+        return list(slots) if isinstance(slots, list) else None
+
+    async def _go_down(self, action: str) -> dict[str, Any]:
+        if action == "unload":
+            return await self._unload()
+        if not self.is_up():
+            return {"changed": False, "reason": "no model is loaded"}
+        if lv.is_level_reached(action, self.levels()) and not (
+                action == "release_experts" and self.levels()["experts"] == "none"):
+            return {"changed": False, "reason": "already there"}
+        # "none" experts still asks the engine: its not_applicable answer says why (dense).
+        result = await self._engine_level(action)
+        if action == "release_experts":
+            self._experts_released = True
+        elif action == "offload_session":
+            self._session_offloaded = True
+        else:
+            self._is_sleeping = self._session_offloaded = True
+        await self._refresh()
+        self._changed.set()
+        return {"changed": True, "result": result}
+
+    async def _go_up(self, action: str) -> dict[str, Any]:
+        before = (self.state(), self.levels())
+        if action == "load":
+            await self._bring_back(need_experts=True)
+        elif not self.is_up():
+            return {"changed": False, "reason": "no model is loaded; load brings it back"}
+        elif action == "wake":
+            await self._bring_back(need_experts=True)
+        elif action == "refill_experts":
+            if self.levels()["weights"] == "sleeping":
+                return {"changed": False, "reason": "the model sleeps; wake brings it back"}
+            if self.levels()["experts"] == "resident":
+                return {"changed": False, "reason": "the experts are resident"}
+            await self._refill()
+        else:  # restore_session
+            await self._bring_back(need_experts=False)
+            result = await self._engine_level(action)
+            self._session_offloaded = False
+            await self._refresh()
+            self._mark_activity()
+            return {"changed": True, "result": result}
+        return {"changed": before != (self.state(), self.levels())}
+
+    # ---- coming back -----------------------------------------------------------------------
+
+    async def _bring_back(self, *, need_experts: bool) -> None:
+        if not self.is_up():
+            await self._load()
+        if self.levels()["weights"] == "sleeping":
+            await self._wake()
+        if need_experts and self.levels()["experts"] == "released":
+            await self._refill()
+
+    async def _load(self) -> None:
+        supervisor = self.supervisor
+        self.transition = "loading"
+        self._changed.set()
+        try:
+            # While the supervisor backs off after crashes, ensure_loaded refuses at once: no
+            # point in running the hook or waiting for VRAM first.
+            if not (supervisor.state == "failed" and supervisor.retry_in_s > 0):
+                await self.hook.run("load")
+                await self.guard.wait_for_room("load the model")
+            try:
+                await supervisor.ensure_loaded()
+            except EngineUnavailable as exc:
+                raise ServiceError(503, "engine_unavailable", str(exc),
+                                   retry_after_s=exc.retry_after_s) from None
+            if supervisor.pid != self._engine_pid:  # a new process: nothing released in it
+                self._engine_pid = supervisor.pid
+                self._is_sleeping = self._experts_released = self._session_offloaded = False
+                self._inapplicable.clear()
+            await self._refresh()
+        except ServiceError as exc:
+            self.last_error = exc.message
+            raise
+        finally:
+            self.transition = None
+        self.last_error = None
+        self._mark_activity()
+
+    async def _wake(self) -> None:
+        await self._come_back("wake", "wake the model")
+
+    async def _refill(self) -> None:
+        await self._come_back("refill_experts", "refill the experts")
+
+    async def _come_back(self, action: str, what: str) -> None:
+        self.transition = "waking"
+        self._changed.set()
+        try:
+            if action == "wake":
+                await self.hook.run("wake")
+            await self.guard.wait_for_room(what)
+            await self._engine_level(action)
+            if action == "wake":
+                self._is_sleeping = False
+            else:
+                self._experts_released = False
+            await self._refresh()
+        except ServiceError as exc:
+            self.last_error = exc.message
+            raise
+        finally:
+            self.transition = None
+        self.last_error = None
+        self._mark_activity()
+
+    async def _unload(self) -> dict[str, Any]:
+        supervisor = self.supervisor
+        was_running = supervisor.pid is not None or supervisor.state != "unloaded"
+        await supervisor.stop()
+        self.engine_info, self.engine_state, self._engine_pid = {}, None, None
+        self._is_sleeping = self._experts_released = self._session_offloaded = False
+        standby_pid = await supervisor.start_standby() if self.keep_standby else None
+        self._changed.set()
+        return {"changed": was_running, "standby_pid": standby_pid}
+
+    # ---- engine ----------------------------------------------------------------------------
+
+    async def _engine_level(self, action: str) -> dict[str, Any]:
+        try:
+            reply = await self.supervisor.command(_COMMANDS[action]())
+        except EngineCommandError as exc:
+            raise lv.service_error(action, exc) from None
+        except TimeoutError:
+            raise ServiceError(
+                503, "engine_timeout", f"the engine did not answer {action.replace('_', ' ')} "
+                f"within {self.supervisor.command_timeout_s:.0f} s; see the log and retry"
+            ) from None
+        return dict(reply.result)
+
+    async def _refresh(self) -> None:
+        """Cache the engine's status: the only place engine_info is written."""
+        if self.supervisor.pid is None:
+            self.engine_info, self.engine_state = {}, None
+            return
+        try:
+            status = await self.supervisor.command(p.GetStatus(), STATUS_TIMEOUT_S)
+        except (EngineCommandError, TimeoutError) as exc:
+            log.debug("engine status not refreshed: %s", exc)
+            return
+        self.engine_state, self.engine_info = status.state, dict(status.info)
+
+    # ---- idle timers -----------------------------------------------------------------------
+
+    def _mark_activity(self) -> None:
+        """A request ended or the model came back: every idle clock starts again."""
+        self.idle_since_s = time.monotonic()
+        self._idle_epoch += 1
+        self._fired.clear()
+        self._changed.set()
+
+    def _next_due(self) -> tuple[str, str, float] | None:
+        """(key, action, seconds until due) of the next timer; the deepest wins a tie."""
+        if self.is_busy or self.transition:
+            return None
+        candidates = [
+            (left_s, -i, key, action)
+            for i, (key, _, action) in enumerate(IDLE_TIMERS)
+            if (left_s := self._countdowns_s()[key]) is not None
+        ]
+        if not candidates:
+            return None
+        left_s, _, key, action = min(candidates)
+        return key, action, left_s
+
+    async def _run_timers(self) -> None:
+        while True:
+            self._changed.clear()
+            due = self._next_due()
+            if due is None:
+                await self._changed.wait()
+                continue
+            key, action, left_s = due
+            if left_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), left_s)
+                continue
+            try:
+                await self._fire(key, action)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one firing must not end the timers
+                log.exception("idle timer %s failed", key)
+
+    async def _fire(self, key: str, action: str) -> None:
+        epoch = self._idle_epoch
+        self._fired.add(key)  # once per idle period, whatever the outcome
+        async with self.lane:
+            if self.is_busy or epoch != self._idle_epoch:
+                return  # a request came while we waited: its end restarted the clock
+            log.info("idle for %g s: %s", self.idle_timeouts_s[key], action.replace("_", " "))
+            try:
+                await self._go_down(action)
+                self._on_change(action, True)
+            except ServiceError as exc:
+                if exc.code == "not_applicable":
+                    self._inapplicable.add(key)
+                    log.info("idle %s does not apply: %s", action, exc.message)
+                else:
+                    self.last_error = exc.message
+                    self._on_change(action, False)
+                    log.warning("idle %s failed: %s", action, exc.message)

@@ -1,0 +1,131 @@
+"""The before-load hook, alone and before the service's loads and wakes."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+from fakes.fake_engine import expected_tokens
+from fakes.services import answer, make_service
+
+from strata.engine.service.before_load import BeforeLoadHook, command_argv
+from strata.engine.service.facade import ServiceError
+
+pytestmark = pytest.mark.timeout(120)
+
+PROMPT = (61, 62)
+
+
+def python_hook(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def recording_hook(path) -> list[str]:
+    """Appends "<time> <STRATA_BEFORE>" to path each time it runs."""
+    return python_hook(
+        "import os, sys, time\n"
+        f"open({str(path)!r}, 'a').write(f'{{time.time()}} {{os.environ[\"STRATA_BEFORE\"]}}\\n')"
+    )
+
+
+def test_a_command_line_is_split_like_a_shell_without_running_one():
+    assert command_argv("curl -X POST 'http://127.0.0.1:8188/free' -d '{\"a\": 1}'") == [
+        "curl", "-X", "POST", "http://127.0.0.1:8188/free", "-d", '{"a": 1}']
+    assert command_argv(["a b", "c"]) == ["a b", "c"]
+    assert command_argv(None) is None and command_argv("  ") is None
+
+
+async def test_the_hook_reports_success_failure_timeout_and_a_missing_command(tmp_path):
+    ok = BeforeLoadHook(recording_hook(tmp_path / "ran"))
+    result = await ok.run("wake")
+    assert result.ok and result.rc == 0 and result.error is None and result.s >= 0
+    assert (tmp_path / "ran").read_text().split()[1] == "wake"
+    assert ok.status() == {"ok": True, "rc": 0, "s": result.s, "error": None, "reason": "wake"}
+
+    failing = await BeforeLoadHook(python_hook(
+        "import sys; print('ComfyUI is not running', file=sys.stderr); sys.exit(3)")).run("load")
+    assert not failing.ok and failing.rc == 3
+    assert failing.error == "exited with code 3: ComfyUI is not running"
+
+    started_s = time.monotonic()
+    slow = await BeforeLoadHook(python_hook("import time; time.sleep(30)"),
+                                timeout_s=0.3).run("load")
+    assert time.monotonic() - started_s < 5
+    assert not slow.ok and slow.rc is None and "timed out after 0.3 s" in slow.error
+
+    missing = await BeforeLoadHook("/no/such/command --flag").run("load")
+    assert not missing.ok and missing.error.startswith("could not start")
+
+    with pytest.raises(ServiceError) as refused:
+        await BeforeLoadHook(python_hook("raise SystemExit(2)"), is_required=True).run("load")
+    assert (refused.value.status, refused.value.code) == (503, "before_load_failed")
+    assert "exited with code 2" in refused.value.message
+    assert await BeforeLoadHook(None).run("load") is None
+
+
+async def test_the_hook_runs_before_the_engine_starts_and_before_each_wake(tiny_model_dir, tmp_path):
+    log = tmp_path / "hook.log"
+    service = make_service(tiny_model_dir, before_load=recording_hook(log))
+    await service.start()
+    try:
+        (hook_s, reason), = [line.split() for line in log.read_text().splitlines()]
+        info = service.status()["engine"]["model_info"]
+        # The engine process began importing, and the engine was built, after the hook ran.
+        assert reason == "load" and float(hook_s) < info["module_imported_at_s"]
+        assert float(hook_s) < info["constructed_at_s"]
+        assert service.status()["last_hook"]["ok"] is True
+
+        await service.control("sleep")
+        await service.control("wake")
+        assert [line.split()[1] for line in log.read_text().splitlines()] == ["load", "wake"]
+        await service.control("unload")
+        await answer(service, PROMPT)  # an on-demand load runs it too
+        assert log.read_text().splitlines()[-1].split()[1] == "load"
+        assert service.status()["last_hook"]["reason"] == "load"
+    finally:
+        await service.stop()
+
+
+async def test_a_failing_or_slow_hook_does_not_block_unless_required(tiny_model_dir):
+    service = make_service(tiny_model_dir, before_load=python_hook("raise SystemExit(4)"))
+    await service.start()
+    try:
+        assert service.status()["state"] == "loaded"
+        assert service.status()["last_hook"]["rc"] == 4
+    finally:
+        await service.stop()
+
+    slow = make_service(tiny_model_dir, before_load=python_hook("import time; time.sleep(30)"),
+                        before_load_timeout_s=0.3)
+    await slow.start()
+    try:
+        assert slow.status()["state"] == "loaded"
+        assert "timed out" in slow.status()["last_hook"]["error"]
+    finally:
+        await slow.stop()
+
+    required = make_service(tiny_model_dir, before_load=python_hook("raise SystemExit(4)"),
+                            before_load_required=True)
+    await required.start()
+    try:
+        status = required.status()
+        assert status["state"] == "unloaded" and status["engine_starts"] == 0
+        assert "exited with code 4" in status["last_error"]
+        with pytest.raises(ServiceError) as refused:
+            await answer(required, PROMPT)
+        assert (refused.value.status, refused.value.code) == (503, "before_load_failed")
+        assert required.status()["engine_starts"] == 0  # the engine never started
+    finally:
+        await required.stop()
+
+
+async def test_a_required_hook_that_succeeds_lets_the_load_through(tiny_model_dir, tmp_path):
+    service = make_service(tiny_model_dir, before_load=recording_hook(tmp_path / "ok.log"),
+                           before_load_required=True)
+    await service.start()
+    try:
+        ids, _ = await answer(service, PROMPT)
+        assert ids == expected_tokens(PROMPT, 6)
+    finally:
+        await service.stop()
