@@ -1,0 +1,225 @@
+"""`strata bench`: decode and prefill speed on the GPU against measured limits and a peer.
+
+    python bench/suite.py --out DIR [--models llama3-8b qwen3-30b-a3b] [--no-peer]
+
+Measures the limits first (HBM bandwidth by device copy, bf16 matrix rate, pinned PCIe), then
+runs every row function in ROWS for each model (random weights, bf16, on the GPU), then the
+transformers peer per model in a subprocess with a timeout. Prints one table and writes
+DIR/bench.json (hardware, versions, figure, limit, ratio, target). Targets: DESIGN.md §8.
+
+Extension point: ROWS is a list of functions (ctx, model, label) -> list of figure dicts;
+lifecycle rows (release/refill, offload/restore, sleep/wake, unload/load) append to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))  # limits.py, speed_rows.py next to this file
+
+import speed_rows
+import torch
+from limits import measure_limits
+
+DEFAULT_MODELS = ("llama3-8b", "qwen3-30b-a3b", "smollm2-135m")
+LONG_PROMPT_MODEL = "llama3-8b"
+
+
+@dataclass
+class BenchContext:
+    args: argparse.Namespace
+    device: torch.device
+    limits: dict
+    figures: list[dict] = field(default_factory=list)
+    started_s: float = field(default_factory=time.perf_counter)
+
+    def log(self, message: str) -> None:
+        print(f"[{time.perf_counter() - self.started_s:6.1f}s] {message}", flush=True)
+
+
+def decode_row(ctx, model, label):
+    impls = ctx.args.moe_impls if model.config.is_moe else ["auto"]
+    return speed_rows.decode_rows(ctx, model, label, impls)
+
+
+def prefill_row(ctx, model, label):
+    return speed_rows.prefill_rows(ctx, model, label, ctx.args.prefill_tokens)
+
+
+def long_prompt_row(ctx, model, label):
+    if label != LONG_PROMPT_MODEL or not ctx.args.long_prompt_tokens:
+        return []
+    return speed_rows.prefill_rows(ctx, model, label, ctx.args.long_prompt_tokens, oom_check=True)
+
+
+# Each: (ctx, model, label) -> list of figure dicts. Append lifecycle rows here.
+ROWS = [decode_row, prefill_row, long_prompt_row]
+
+
+def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dict]:
+    """Run the transformers peer for one model in a subprocess; compare with our figures."""
+    is_moe = "a3b" in label
+    cmd = [sys.executable, str(BENCH_DIR / "peer_transformers.py"), "--model", label,
+           "--prompt-tokens", str(ctx.args.prompt_tokens),
+           "--decode-tokens", str(ctx.args.decode_tokens),
+           "--prefill-tokens", str(ctx.args.prefill_tokens)]
+    if is_moe and not ctx.args.peer_moe_compile:
+        cmd.append("--no-compile")  # torch.compile of transformers' expert loop: see notes
+    remaining_s = ctx.args.deadline_s - (time.perf_counter() - ctx.started_s)
+    timeout_s = min(ctx.args.peer_timeout_s, remaining_s - 10)
+    if timeout_s < 30:
+        note = f"skipped: {remaining_s:.0f} s left of the suite's {ctx.args.deadline_s:.0f} s"
+        ctx.log(f"  peer {label}: {note}")
+        return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=note)]
+    ctx.log(f"peer {label} (timeout {timeout_s:.0f} s): {' '.join(cmd[2:])}")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEER_JSON ")]
+        result = json.loads(lines[-1][10:]) if lines else {"error": proc.stderr[-500:]}
+    except subprocess.TimeoutExpired:
+        result = {"error": f"skipped: over {timeout_s:.0f} s (model build + torch.compile)"}
+    if "error" in result:
+        ctx.log(f"  peer {label}: {result['error']}")
+        return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=result["error"])]
+    mode = "static+compile" if result.get("compiled") else "static eager"
+    rows = []
+    for key, name, unit in (("decode_tok_s", "decode bs1", "tok/s"),
+                            ("prefill_tok_s", f"prefill {ctx.args.prefill_tokens} tok", "tok/s")):
+        peer = result[key]
+        mine = ours.get(name)
+        notes = f"transformers {result['transformers']} {mode}; ours/peer = " + (
+            f"{mine / peer:.2f}" if mine else "n/a")
+        # limit = our figure, so ratio = peer / ours; beating the peer means ratio < 1.
+        rows.append(speed_rows.figure(f"peer {label} {name}", peer, unit, mine, 1.0, notes,
+                                      higher_is_better=False))
+        ctx.log(f"  peer {label} {name}: {peer:.1f} {unit} ({notes})")
+    rows.append(speed_rows.figure(f"peer {label} TTFT", result["ttft_ms"], "ms"))
+    return rows
+
+
+def _our_best(figures: list[dict], label: str) -> dict[str, float]:
+    best: dict[str, float] = {}
+    for f in figures:
+        name = f["figure"]
+        if not name.startswith(label + " ") or f["unit"] != "tok/s":
+            continue
+        short = name[len(label) + 1:].split(" [")[0]
+        best[short] = max(best.get(short, 0.0), f["value"])
+    return best
+
+
+def hardware(device: torch.device) -> dict:
+    import transformers
+
+    info = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda, "transformers": transformers.__version__}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def run_bench(args: argparse.Namespace) -> dict:
+    """Run the suite; returns the report (also written to args.out/bench.json)."""
+    from strata.engine.core.random_weights import build_random_model, random_weights_config
+
+    if not torch.cuda.is_available():
+        raise SystemExit("strata bench: no CUDA GPU here; the speed suite needs an NVIDIA GPU")
+    device = torch.device("cuda")
+    ctx = BenchContext(args, device, {})
+    ctx.log("measuring limits")
+    ctx.limits = measure_limits(device)
+    ctx.log("  " + ", ".join(f"{k} {v:.1f}" for k, v in ctx.limits.items()))
+    for label in args.models:
+        ctx.log(f"building {label} (random weights, bf16)")
+        t0 = time.perf_counter()
+        model = build_random_model(random_weights_config(label), device, torch.bfloat16, seed=0)
+        torch.cuda.synchronize()
+        ctx.log(f"  built in {time.perf_counter() - t0:.1f} s")
+        for row in ROWS:
+            try:
+                ctx.figures += row(ctx, model, label)
+            except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
+                ctx.log(f"  {row.__name__} failed: {type(exc).__name__}: {exc}")
+                ctx.figures.append(speed_rows.figure(f"{label} {row.__name__}", float("nan"),
+                                                     "-", notes=f"FAILED {exc}"[:300]))
+        del model
+        torch.cuda.empty_cache()
+        save_report(ctx)  # a later timeout keeps what was measured
+    if not args.no_peer:
+        for label in args.models:
+            ctx.figures += peer_rows(ctx, label, _our_best(ctx.figures, label))
+            save_report(ctx)
+    report = save_report(ctx)
+    print_table(report)
+    return report
+
+
+def save_report(ctx: BenchContext) -> dict:
+    """Write args.out/bench.json with everything measured so far; returns the report."""
+    report = {"benchmark": "speed", "command": " ".join(sys.argv),
+              "hardware": hardware(ctx.device), "limits": ctx.limits,
+              "params": dict(vars(ctx.args)), "figures": ctx.figures,
+              "total_s": time.perf_counter() - ctx.started_s}
+    out = Path(ctx.args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+def print_table(report: dict) -> None:
+    hw = report["hardware"]
+    print(f"{hw['gpu']} | torch {hw['torch']} (CUDA {hw['torch_cuda']}) | "
+          f"transformers {hw['transformers']} | triton {hw['triton']}")
+    print(f"{'figure':46} {'value':>10} {'unit':7} {'limit':>10} {'ratio':>6} {'target':>6} ok")
+    for f in report["figures"]:
+        limit = "" if f["limit"] is None else f"{f['limit']:.1f}"
+        ratio = "" if f["ratio"] is None else f"{f['ratio']:.2f}"
+        target = "" if f["target"] is None else f"{f['target']:.2f}"
+        ok = {True: "ok", False: "MISSED", None: ""}[f["ok"]]
+        print(f"{f['figure']:46} {f['value']:>10.1f} {f['unit']:7} {limit:>10} {ratio:>6} "
+              f"{target:>6} {ok}")
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `strata bench` (shared by the CLI and this script)."""
+    parser.add_argument("--out", default="bench-out", help="directory for bench.json")
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
+                        help="random-weight presets to run")
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--prefill-tokens", type=int, default=4096)
+    parser.add_argument("--long-prompt-tokens", type=int, default=32768,
+                        help="the OOM check prompt on llama3-8b (0: skip)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--moe-impls", nargs="+", default=["triton", "bmm"],
+                        help="MoE decode paths to measure (triton, bmm, loop)")
+    parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
+    parser.add_argument("--peer-timeout-s", type=float, default=150.0)
+    parser.add_argument("--deadline-s", type=float, default=310.0,
+                        help="no peer starts that could end past this many seconds")
+    parser.add_argument("--peer-moe-compile", action="store_true",
+                        help="also torch.compile the MoE peer (slow; eager static by default)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_bench_arguments(parser)
+    run_bench(parser.parse_args())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Fast paths for the GPU: CUDA-graph decode, grouped MoE experts, flash-friendly prefill.
+
+Every path here has a plain-torch twin that runs on the CPU; tests compare the two. Nothing in
+this package changes a model's weights or their addresses (the weights arena owns those).
+"""
+
+from strata.engine.core.fast.decode_graph import GraphDecoder, kv_buckets
+from strata.engine.core.fast.forward import decode_step, prefill
+
+__all__ = ["GraphDecoder", "decode_step", "kv_buckets", "prefill"]

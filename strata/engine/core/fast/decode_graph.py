@@ -1,0 +1,256 @@
+"""Batch-1 decoding with one CUDA graph per KV-length bucket, replayed per token.
+
+A graph holds one whole decode step: embedding, every layer, the head and the sampler. Its
+inputs are static device buffers (token id, position, sampler state) and the step itself
+writes the sampled token back into the token buffer and advances the position, so step i+1 is
+enqueued before the host has read step i's token: the host copies each token into a pinned
+ring slot behind an event and reads it one step later. The GPU never waits for Python.
+
+Attention in a graph reads a fixed number of cache slots, so there is one graph per
+power-of-two bucket of KV length (masking slots after the position): a step reads about the
+used length, not the whole context. Graphs are captured lazily (or by `prepare`) and keyed by
+the KV buffers' addresses; the arenas keep those addresses fixed across release and refill.
+Without CUDA (or with graphs off) the same step runs eagerly, which is what CPU tests check.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from strata.engine.core.fast.forward import DEFAULT_PREFILL_CHUNK_TOKENS, decode_step, prefill
+from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
+from strata.engine.core.fast.moe_grouped import is_grouped_capable, select_moe_impl
+from strata.engine.core.fast.pointwise import EAGER_OPS, compiled_ops
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.models.switch import SparseMoE
+from strata.engine.protocol import SamplingSpec
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MIN_BUCKET_TOKENS = 256
+# Warm-up runs before capture: compiles Inductor kernels, creates cuBLAS workspaces.
+WARMUP_STEPS = 2
+
+
+def kv_buckets(max_tokens: int, min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS) -> list[int]:
+    """KV-length buckets: powers of two from min_bucket_tokens, the last one max_tokens."""
+    if max_tokens <= 0 or min_bucket_tokens <= 0:
+        raise ValueError(f"max_tokens and min_bucket_tokens must be positive, not "
+                         f"{max_tokens}, {min_bucket_tokens}")
+    buckets, size = [], min_bucket_tokens
+    while size < max_tokens:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_tokens)
+    return buckets
+
+
+def bucket_for(position: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds `position` (bucket sizes count slots 0..size-1)."""
+    for size in buckets:
+        if position < size:
+            return size
+    raise ValueError(f"position {position} is past the KV cache of {buckets[-1]} tokens")
+
+
+class GraphDecoder:
+    """Prefill and decode for one model; CUDA graphs on a GPU, the same step eagerly elsewhere."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        use_cuda_graphs: bool | None = None,
+        compile_pointwise: bool | None = None,
+        moe_impl: str = "auto",
+        min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+    ):
+        self.model = model
+        self.device = next(model.parameters()).device
+        is_cuda = self.device.type == "cuda"
+        if use_cuda_graphs and not is_cuda:
+            raise ValueError(f"CUDA graphs need a CUDA model; this one is on {self.device}")
+        self.use_cuda_graphs = is_cuda if use_cuda_graphs is None else use_cuda_graphs
+        self.moe_impl = "loop"
+        self.note = ""
+        moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+        if moe_layers:
+            self.moe_impl = select_moe_impl(moe_impl, self.device)
+            if not all(is_grouped_capable(m) for m in moe_layers):
+                self.moe_impl, self.note = "loop", "an expert cache is installed: MoE loop"
+            if self.moe_impl == "loop" and self.use_cuda_graphs:
+                # The loop asks the host which experts run: a sync, which a graph cannot hold.
+                self.use_cuda_graphs = False
+                self.note = (self.note + "; " if self.note else "") + "MoE loop: no CUDA graph"
+        self.ops = EAGER_OPS
+        if compile_pointwise if compile_pointwise is not None else is_cuda:
+            self.ops = compiled_ops()
+        self.min_bucket_tokens = min_bucket_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.sampler = GraphSampler(model.config.vocab_size, self.device)
+        self.token_in = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.position = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.token_out = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._key_positions: dict[int, torch.Tensor] = {}
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        if is_cuda:
+            self._pinned = torch.zeros(2, dtype=torch.long, pin_memory=True)
+            self._events = [torch.cuda.Event(), torch.cuda.Event()]
+
+    # ---- the step and its graphs -------------------------------------------------------------
+
+    def _keys(self, bucket: int) -> torch.Tensor:
+        if bucket not in self._key_positions:
+            self._key_positions[bucket] = torch.arange(bucket, device=self.device)
+        return self._key_positions[bucket]
+
+    def _step(self, kv: KVCache, bucket: int, key: tuple) -> None:
+        logits = decode_step(
+            self.model, kv, self.token_in, self.position, self._keys(bucket), self.ops,
+            self.moe_impl,
+        )
+        token = self.sampler.sample(logits, key)  # [1]
+        self.token_out.copy_(token)
+        self.token_in.copy_(token)
+        self.position.add_(1)
+
+    def _state(self) -> list[torch.Tensor]:
+        return [self.token_in, self.position, self.token_out, self.sampler.step]
+
+    def _graph(self, kv: KVCache, bucket: int, key: tuple) -> torch.cuda.CUDAGraph:
+        graph_key = (tuple(t.data_ptr() for t in (*kv.k, *kv.v)), bucket, key)
+        graph = self._graphs.get(graph_key)
+        if graph is not None:
+            return graph
+        saved = [t.clone() for t in self._state()]
+
+        def restore() -> None:
+            for dst, src in zip(self._state(), saved):
+                dst.copy_(src)
+
+        # Warm up on a side stream as torch.cuda.graphs requires. The warm-up rewrites this
+        # position's K/V with the values the real step will write anyway.
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                restore()
+                self._step(kv, bucket, key)
+            restore()
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # One memory pool for every bucket: replays are serialized on one stream and every
+        # output lands in buffers allocated outside the pool.
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._step(kv, bucket, key)
+        self._pool = graph.pool()
+        restore()
+        self._graphs[graph_key] = graph
+        log.debug("captured decode graph for bucket %d (%d graphs)", bucket, len(self._graphs))
+        return graph
+
+    def clear(self) -> None:
+        """Drop every captured graph (e.g. after the KV cache or the weights moved)."""
+        self._graphs.clear()
+        self._pool = None
+
+    @torch.inference_mode()
+    def prepare(self, kv: KVCache, start_pos: int, num_tokens: int, spec: SamplingSpec) -> None:
+        """Capture, ahead of time, the graphs that decoding num_tokens from start_pos will use.
+
+        Warm-up steps write K/V only at positions >= start_pos, which decoding rewrites before
+        any step reads them.
+        """
+        if not self.use_cuda_graphs:
+            return
+        key = sampling_key(spec)
+        buckets = kv_buckets(kv.max_tokens, self.min_bucket_tokens)
+        last = min(start_pos + max(num_tokens, 1), kv.max_tokens) - 1
+        first, final = bucket_for(start_pos, buckets), bucket_for(last, buckets)
+        for bucket in [b for b in buckets if first <= b <= final]:
+            self.token_in.zero_()
+            self.position.fill_(min(start_pos, bucket - 1))
+            self._graph(kv, bucket, key)
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    def prefill(self, kv: KVCache, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Logits [V] float32 of the last of token_ids [T] placed at start_pos.. (K/V written)."""
+        return prefill(self.model, kv, token_ids, start_pos, self.prefill_chunk_tokens,
+                       self.moe_impl)
+
+    @torch.inference_mode()
+    def sample_first(self, logits: torch.Tensor, spec: SamplingSpec) -> int:
+        """Start a request: load its sampling state and draw the first token from logits [V]."""
+        self.sampler.prepare(spec)
+        return int(self.sampler.sample(logits[None], sampling_key(spec)).item())
+
+    @torch.inference_mode()
+    def decode(
+        self,
+        kv: KVCache,
+        first_token: int,
+        start_pos: int,
+        max_new_tokens: int,
+        spec: SamplingSpec,
+        *,
+        continue_request: bool = False,
+    ) -> Iterator[int]:
+        """Feed first_token at start_pos, then yield max_new_tokens sampled tokens.
+
+        Token i+1 is already enqueued when token i is yielded, so a caller that stops early
+        leaves K/V written one position past its last token (harmless: the slot's token
+        history says what is valid). continue_request keeps the sampler state of
+        `sample_first` instead of starting a new one.
+        """
+        if max_new_tokens <= 0:
+            return
+        if start_pos < 0 or start_pos + max_new_tokens > kv.max_tokens:
+            raise ValueError(
+                f"decoding {max_new_tokens} tokens from position {start_pos} does not fit the "
+                f"KV cache of {kv.max_tokens} tokens: ask for fewer tokens"
+            )
+        if not 0 <= first_token < self.model.config.vocab_size:
+            raise ValueError(f"token id {first_token} is outside 0..{self.model.config.vocab_size - 1}")
+        key = sampling_key(spec)
+        if not continue_request:
+            self.sampler.prepare(spec)
+        self.token_in.fill_(first_token)
+        self.position.fill_(start_pos)
+        buckets = kv_buckets(kv.max_tokens, self.min_bucket_tokens)
+        if not self.use_cuda_graphs:
+            for i in range(max_new_tokens):
+                self._step(kv, bucket_for(start_pos + i, buckets), key)
+                yield int(self.token_out.item())
+            return
+        for i in range(max_new_tokens):
+            self._graph(kv, bucket_for(start_pos + i, buckets), key).replay()
+            slot = i % 2
+            self._pinned[slot : slot + 1].copy_(self.token_out, non_blocking=True)
+            self._events[slot].record()
+            if i > 0:
+                yield self._read(1 - slot)
+        yield self._read((max_new_tokens - 1) % 2)
+
+    def _read(self, slot: int) -> int:
+        self._events[slot].synchronize()
+        return int(self._pinned[slot])
+
+    def generate(
+        self, kv: KVCache, prompt_ids: Sequence[int], spec: SamplingSpec, max_new_tokens: int,
+        start_pos: int = 0,
+    ) -> Iterator[int]:
+        """Prefill prompt_ids at start_pos, then yield up to max_new_tokens tokens."""
+        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
+        logits = self.prefill(kv, ids, start_pos)
+        first = self.sample_first(logits, spec)
+        yield first
+        end_pos = start_pos + len(prompt_ids)
+        yield from self.decode(kv, first, end_pos, max_new_tokens - 1, spec,
+                               continue_request=True)

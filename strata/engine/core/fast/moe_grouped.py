@@ -1,0 +1,100 @@
+"""Decode-time expert computation without a per-expert Python loop or a host sync.
+
+The reference SparseMoE (models/switch.py) asks the host which experts run (`unique().tolist()`)
+and loops over them: a sync per layer, so a decode step cannot live in a CUDA graph. When every
+expert is resident (the stacked parameters, no expert cache), the expert ids can stay on the
+device instead:
+
+- "triton": grouped matrix-vector kernels read the ids from device memory and only the
+  selected experts' rows (moe_triton.py); the weights are read once, as the roofline assumes.
+- "bmm": index_select the k experts' stacked weights, then batched matmuls. Plain torch, runs
+  anywhere, but copies the selected weights first (about 3x the expert bytes moved).
+- "loop": the reference module itself (host sync; no CUDA graph).
+
+`select_moe_impl` picks at load; the benchmark measures all three.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from strata.engine.core.models.switch import SparseMoE
+
+log = logging.getLogger(__name__)
+
+MOE_IMPLS = ("triton", "bmm", "loop")
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether the Triton kernels can run for tensors on `device` (CUDA, or the interpreter)."""
+    from strata.engine.core.fast import moe_triton
+
+    return moe_triton.is_usable(device)
+
+
+def select_moe_impl(requested: str, device: torch.device) -> str:
+    """The implementation to use: `requested` if it can run here, else the best one that can.
+
+    "auto" means triton where Triton works on this device, else bmm.
+    """
+    if requested not in (*MOE_IMPLS, "auto"):
+        raise ValueError(f"moe_impl must be auto, {', '.join(MOE_IMPLS)}; not {requested!r}")
+    if requested in ("auto", "triton"):
+        if triton_available(device):
+            return "triton"
+        if requested == "triton":
+            log.warning("Triton is not usable on %s; MoE decode falls back to bmm", device)
+        return "bmm"
+    return requested
+
+
+def is_grouped_capable(moe: SparseMoE) -> bool:
+    """Whether this layer's experts are all resident as stacked parameters (no expert cache)."""
+    return moe.expert_weights is None
+
+
+def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] in x's dtype, expert ids [T, k]) exactly as SparseMoE routes."""
+    probs = F.softmax(moe.router(x).float(), dim=-1)  # [T, E]
+    top_probs, top_ids = torch.topk(probs, moe.top_k, dim=-1)  # [T, k]
+    if moe.norm_topk_prob:
+        top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
+    return top_probs.to(x.dtype), top_ids
+
+
+def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
+    """One token's experts by batched matmul over index-selected weights; x [1, H] -> [1, H]."""
+    stacked = moe.experts
+    ids = ids[0]  # [k]
+    gate = stacked.gate_proj.index_select(0, ids)  # [k, I, H]
+    up = stacked.up_proj.index_select(0, ids)  # [k, I, H]
+    down = stacked.down_proj.index_select(0, ids)  # [k, H, I]
+    xs = x.expand(ids.shape[0], -1).unsqueeze(-1)  # [k, H, 1]
+    act = F.silu(torch.bmm(gate, xs)) * torch.bmm(up, xs)  # [k, I, 1]
+    y = torch.bmm(down, act).squeeze(-1)  # [k, H]
+    return (y * weights[0, :, None]).sum(dim=0, keepdim=True)  # [1, H]
+
+
+def experts_triton(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
+    """One token's experts by the grouped Triton kernels; x [1, H] -> [1, H]."""
+    from strata.engine.core.fast import moe_triton
+
+    stacked = moe.experts
+    act = moe_triton.grouped_gate_up(x[0], stacked.gate_proj, stacked.up_proj, ids[0])  # [k, I]
+    y = moe_triton.grouped_down(act, stacked.down_proj, ids[0], weights[0])  # [k, H] float32
+    return y.sum(dim=0, keepdim=True).to(x.dtype)  # [1, H]
+
+
+def moe_forward(moe: SparseMoE, x: torch.Tensor, impl: str) -> torch.Tensor:
+    """The MoE block on x [T, H]; grouped paths for one token with resident experts, else loop."""
+    if impl == "loop" or x.shape[0] != 1 or not is_grouped_capable(moe):
+        return moe(x)
+    weights, ids = route(moe, x)
+    if impl == "triton":
+        return experts_triton(moe, x, weights, ids)
+    if impl == "bmm":
+        return experts_bmm(moe, x, weights, ids)
+    raise ValueError(f"moe_impl must be one of {', '.join(MOE_IMPLS)}; not {impl!r}")

@@ -1,0 +1,116 @@
+"""`--random-weights CONFIG`: a model of any supported shape with seeded random weights.
+
+For benchmarks of real-sized models where no weights can be downloaded. Parameters are created
+directly on the target device in the target dtype and filled there (normal(0, std), norms at 1),
+so a 30B-parameter model never has a host float32 copy. CONFIG is a preset name or the path of
+a Hugging Face config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from strata.engine.core.model_config import ModelConfig, ModelFormatError
+from strata.engine.core.models.registry import model_module
+
+DEFAULT_STD = 0.02
+
+# Hugging Face config.json values of the published models (shapes only).
+PRESETS: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {
+        "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+        "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0},
+        "max_position_embeddings": 8192, "tie_word_embeddings": True,
+    },
+    "llama3-8b": {
+        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "max_position_embeddings": 131072, "tie_word_embeddings": False,
+    },
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+        "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+        "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        "max_position_embeddings": 40960, "tie_word_embeddings": False,
+    },
+}
+
+
+def random_weights_hf_config(name_or_path: str) -> dict[str, Any]:
+    """The Hugging Face config dict of a preset name or a config.json path."""
+    if name_or_path in PRESETS:
+        return dict(PRESETS[name_or_path])
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ModelFormatError(
+            f"--random-weights {name_or_path!r} is neither a preset ({', '.join(PRESETS)}) nor "
+            "a config.json file: pass one of those"
+        )
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelFormatError(f"cannot read {path}: {exc}; pass a valid config.json") from exc
+
+
+def random_weights_config(name_or_path: str) -> ModelConfig:
+    """The ModelConfig of a preset name or a config.json path."""
+    return ModelConfig.from_hf_dict(random_weights_hf_config(name_or_path))
+
+
+def parameter_bytes(config: ModelConfig, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes the model's parameters take in `dtype` (computed on the meta device, no memory)."""
+    with torch.device("meta"):
+        model = model_module(config.model_type).Model(config)
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    return sum(p.numel() for p in model.parameters()) * element_bytes
+
+
+def build_random_model(
+    config: ModelConfig,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    std: float = DEFAULT_STD,
+) -> torch.nn.Module:
+    """The architecture's Model with seeded random weights made on `device` in `dtype`.
+
+    Same seed, device and dtype give the same weights. Norm weights are 1, everything else is
+    normal(0, std), which keeps a deep random model's activations finite in bf16.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelFormatError("random weights on cuda were asked for but no CUDA GPU is here; "
+                               "use --device cpu")
+    with torch.device("meta"):
+        model = model_module(config.model_type).Model(config)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    state = {}
+    for name, meta_param in model.named_parameters():
+        tensor = torch.empty(meta_param.shape, dtype=dtype, device=device)
+        if name.endswith("norm.weight"):
+            tensor.fill_(1.0)
+        else:
+            tensor.normal_(0.0, std, generator=generator)
+        state[name] = tensor
+    model.load_state_dict(state, strict=True, assign=True)
+    model.to(device)  # the non-persistent RoPE buffer, built on the CPU
+    model.requires_grad_(False)
+    model.eval()
+    return model

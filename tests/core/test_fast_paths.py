@@ -1,0 +1,239 @@
+"""CPU parity of the fast paths (strata.engine.core.fast) against the reference model forward.
+
+The decode step, the chunked prefill, the grouped MoE paths (bmm, and Triton under its CPU
+interpreter) and the graph-safe sampler run here in float32; the GPU test repeats the decode
+and prefill checks with CUDA graphs, compiled element-wise ops and bf16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Must precede the first Triton import: triton.jit picks the interpreter at decoration time.
+# Not on a CUDA machine, where the GPU tests in the same session need compiled kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
+)
+
+from strata.engine.core.fast import GraphDecoder, kv_buckets, prefill
+from strata.engine.core.fast.decode_graph import bucket_for
+from strata.engine.core.fast.graph_sampler import GraphSampler, exponential_noise, sampling_key
+from strata.engine.core.fast.moe_grouped import experts_bmm, route, select_moe_impl
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.model_config import ModelConfig, ModelFormatError
+from strata.engine.core.random_weights import (
+    PRESETS,
+    build_random_model,
+    parameter_bytes,
+    random_weights_config,
+)
+from strata.engine.core.sampling import Sampler
+from strata.engine.protocol import SamplingSpec
+
+_COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               max_position_embeddings=512)
+CONFIGS = {
+    "llama": ModelConfig(model_type="llama", **_COMMON),
+    "qwen2": ModelConfig(model_type="qwen2", attention_bias=True, **_COMMON),
+    "qwen3": ModelConfig(model_type="qwen3", tie_word_embeddings=True, **_COMMON),
+    "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=6, num_experts_per_tok=2,
+                             moe_intermediate_size=24, mlp_only_layers=(0,), **_COMMON),
+    "mixtral": ModelConfig(model_type="mixtral", num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=32, **_COMMON),
+}
+GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
+
+
+def tiny_model(name: str, seed: int = 0):
+    # A wide std keeps logits far apart, so greedy picks are not coin flips between paths.
+    return build_random_model(CONFIGS[name], "cpu", torch.float32, seed=seed, std=0.15)
+
+
+def reference_greedy(model, prompt: list[int], num_new: int, max_tokens: int):
+    """Tokens and per-step logits from the reference forward, one token at a time."""
+    kv = KVCache.for_config(model.config, max_tokens)
+    with torch.inference_mode():
+        logits = model(torch.tensor(prompt), 0, kv)[-1]
+        tokens, all_logits = [], [logits]
+        for i in range(num_new):
+            tokens.append(int(logits.argmax()))
+            if i + 1 < num_new:
+                logits = model(torch.tensor(tokens[-1:]), len(prompt) + i, kv)[-1]
+                all_logits.append(logits)
+    return tokens, all_logits
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("moe_impl", ["bmm", "triton", "loop"])
+def test_decode_matches_reference(name: str, moe_impl: str) -> None:
+    if moe_impl != "bmm" and not CONFIGS[name].is_moe:
+        pytest.skip("the MoE implementation only matters for MoE models")
+    if moe_impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton CPU interpreter not enabled")
+    model = tiny_model(name)
+    prompt = [(7 * i + 3) % 96 for i in range(21)]
+    # max 40 tokens with buckets of 8: the decode crosses buckets 32 -> 40 (the last, not 2^k).
+    expected, _ = reference_greedy(model, prompt, 16, 40)
+    decoder = GraphDecoder(model, moe_impl=moe_impl, min_bucket_tokens=8, prefill_chunk_tokens=8)
+    assert decoder.moe_impl == (moe_impl if CONFIGS[name].is_moe else "loop")
+    kv = KVCache.for_config(model.config, 40)
+    got = list(decoder.generate(kv, prompt, GREEDY, max_new_tokens=16))
+    assert got == expected
+
+
+def test_decode_step_logits_match_reference() -> None:
+    model = tiny_model("qwen3_moe")
+    prompt = list(range(1, 30))
+    tokens, ref_logits = reference_greedy(model, prompt, 5, 64)
+    decoder = GraphDecoder(model, moe_impl="bmm", min_bucket_tokens=16)
+    kv = KVCache.for_config(model.config, 64)
+    logits = decoder.prefill(kv, torch.tensor(prompt), 0)
+    torch.testing.assert_close(logits, ref_logits[0], rtol=1e-4, atol=1e-4)
+    from strata.engine.core.fast.forward import decode_step
+
+    for i, token in enumerate(tokens[:-1]):
+        position = torch.tensor([len(prompt) + i])
+        with torch.inference_mode():
+            step_logits = decode_step(model, kv, torch.tensor([token]), position,
+                                      torch.arange(64), moe_impl="bmm")[0]
+        torch.testing.assert_close(step_logits, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_chunked_prefill_after_cached_tokens(name: str) -> None:
+    """Chunks after cached keys (lower-right causal bias) match one reference pass."""
+    model = tiny_model(name, seed=1)
+    prompt = torch.tensor([(5 * i + 1) % 96 for i in range(37)])
+    kv_ref = KVCache.for_config(model.config, 64)
+    with torch.inference_mode():
+        ref = model(prompt, 0, kv_ref)[-1]
+    kv = KVCache.for_config(model.config, 64)
+    with torch.inference_mode():
+        prefill(model, kv, prompt[:10], 0, chunk_tokens=4)
+        got = prefill(model, kv, prompt[10:], 10, chunk_tokens=6)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    for layer in range(model.config.num_hidden_layers):
+        torch.testing.assert_close(kv.k[layer][:37], kv_ref.k[layer][:37], rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_rejects_overflow_with_a_clear_error() -> None:
+    model = tiny_model("llama")
+    kv = KVCache.for_config(model.config, 8)
+    with pytest.raises(ValueError, match="do not fit the KV cache of 8 tokens"):
+        prefill(model, kv, torch.arange(9), 0)
+    decoder = GraphDecoder(model)
+    with pytest.raises(ValueError, match="ask for fewer tokens"):
+        list(decoder.decode(kv, 1, 5, 4, GREEDY))
+
+
+@needs_interpreter
+def test_grouped_triton_and_bmm_match_the_loop() -> None:
+    model = tiny_model("mixtral", seed=3)
+    moe = model.model.layers[1].mlp
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = moe(x)
+        weights, ids = route(moe, x)
+        got_bmm = experts_bmm(moe, x, weights, ids)
+        from strata.engine.core.fast.moe_grouped import experts_triton
+
+        got_triton = experts_triton(moe, x, weights, ids)
+    torch.testing.assert_close(got_bmm, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_triton, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_interpreter
+def test_moe_impl_selection() -> None:
+    assert select_moe_impl("auto", torch.device("cpu")) == "triton"  # the interpreter is on
+    assert select_moe_impl("bmm", torch.device("cpu")) == "bmm"
+    with pytest.raises(ValueError, match="moe_impl must be"):
+        select_moe_impl("fast", torch.device("cpu"))
+
+
+def test_kv_buckets() -> None:
+    assert kv_buckets(1000, 256) == [256, 512, 1000]
+    assert kv_buckets(1024, 256) == [256, 512, 1024]
+    assert kv_buckets(100, 256) == [100]
+    assert bucket_for(255, [256, 512]) == 256 and bucket_for(256, [256, 512]) == 512
+    with pytest.raises(ValueError, match="past the KV cache"):
+        bucket_for(512, [256, 512])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SamplingSpec(temperature=0.7),
+        SamplingSpec(temperature=1.3, top_k=5),
+        SamplingSpec(temperature=0.9, top_p=0.8),
+        SamplingSpec(temperature=1.0, min_p=0.1, top_p=0.95, top_k=20),
+    ],
+)
+def test_graph_sampler_filters_like_the_reference(spec: SamplingSpec) -> None:
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(1)) * 3
+    sampler = GraphSampler(50, torch.device("cpu"))
+    sampler.prepare(spec)
+    got = sampler.probabilities(logits, sampling_key(spec))
+    ref = Sampler(spec, torch.device("cpu")).probabilities(logits)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_graph_sampler_draws_follow_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1])
+    index = torch.arange(4)
+    seed = torch.tensor([1234])
+    counts = torch.zeros(4)
+    num_draws = 6000
+    for step in range(num_draws):
+        noise = exponential_noise(seed, torch.tensor([step]), index)
+        counts[int(torch.argmax(probs / noise))] += 1
+    # 4 standard deviations of a binomial at n=6000 is under 0.027 for every p here.
+    assert torch.allclose(counts / num_draws, probs, atol=0.027), counts / num_draws
+
+
+def test_seeded_sampling_is_reproducible_and_top_k_1_is_greedy() -> None:
+    model = tiny_model("qwen3")
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    decoder = GraphDecoder(model, min_bucket_tokens=8)
+    spec = SamplingSpec(temperature=1.0, seed=7)
+
+    def run(s: SamplingSpec) -> list[int]:
+        return list(decoder.generate(KVCache.for_config(model.config, 32), prompt, s, 12))
+
+    first = run(spec)
+    assert first == run(spec)
+    assert first != run(SamplingSpec(temperature=1.0, seed=8))
+    assert run(SamplingSpec(temperature=1.0, top_k=1, seed=3)) == run(GREEDY)
+
+
+def test_random_weights_are_seeded_and_shaped() -> None:
+    config = CONFIGS["qwen3_moe"]
+    a = build_random_model(config, "cpu", torch.bfloat16, seed=5)
+    b = build_random_model(config, "cpu", torch.bfloat16, seed=5)
+    c = build_random_model(config, "cpu", torch.bfloat16, seed=6)
+    pa, pb, pc = (dict(m.named_parameters()) for m in (a, b, c))
+    assert all(p.dtype == torch.bfloat16 for p in pa.values())
+    assert all(torch.equal(pa[n], pb[n]) for n in pa)
+    assert not torch.equal(pa["model.layers.1.mlp.experts.gate_proj"],
+                           pc["model.layers.1.mlp.experts.gate_proj"])
+    assert torch.all(pa["model.layers.0.input_layernorm.weight"] == 1)
+    assert parameter_bytes(config) == sum(p.nbytes for p in pa.values())
+
+
+def test_random_weight_presets() -> None:
+    llama = random_weights_config("llama3-8b")
+    assert llama.rope_scaling["rope_type"] == "llama3" and llama.rope_theta == 500000.0
+    moe = random_weights_config("qwen3-30b-a3b")
+    assert moe.is_moe and moe.num_experts == 128 and moe.moe_intermediate_size == 768
+    # Parameter counts of the published models, to within 2%.
+    expected = {"smollm2-135m": 134.5e6, "llama3-8b": 8.03e9, "qwen3-30b-a3b": 30.5e9}
+    for name in PRESETS:
+        count = parameter_bytes(random_weights_config(name)) / 2
+        assert abs(count / expected[name] - 1) < 0.02, (name, count)
+    with pytest.raises(ModelFormatError, match="neither a preset"):
+        random_weights_config("llama9-1t")
