@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from strata.engine.api import anthropic_routes, control_routes, llama_routes, openai_routes
+from strata.engine.api.openapi import openapi_json
 
 
 def setup_routes(app: web.Application) -> None:
@@ -25,4 +26,5 @@ def setup_routes(app: web.Application) -> None:
         web.post("/detokenize", llama_routes.detokenize),
         web.post("/slots/{slot_id}", control_routes.slot_action),
         *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
+        web.get("/openapi.json", openapi_json),
     ])

@@ -1,0 +1,288 @@
+"""The OpenAPI 3.1 document of every route, served at GET /openapi.json.
+
+Written by hand, not generated from handlers: the handlers parse JSON themselves. A test keeps
+it honest by comparing the document's operations with the routes the app registers.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any
+
+from aiohttp import web
+
+from strata import __version__
+from strata.engine.api.validation import MAX_STOP_STRINGS, NUM_CACHE_SLOTS
+
+_JSON = "application/json"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(properties: dict[str, Any], required: tuple[str, ...] = (), **extra: Any) -> dict:
+    schema: dict[str, Any] = {"type": "object", "properties": properties, **extra}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def _num(minimum: float, maximum: float, default: float, text: str) -> dict:
+    return {"type": "number", "minimum": minimum, "maximum": maximum, "default": default,
+            "description": text}
+
+
+_STRING_OR_TEXT_PARTS = {"oneOf": [
+    {"type": "string"},
+    {"type": "array", "items": _obj({"type": {"const": "text"}, "text": {"type": "string"}},
+                                    ("type", "text"))}]}
+_SLOT = {"type": "integer", "minimum": 0, "maximum": NUM_CACHE_SLOTS - 1, "default": 0,
+         "description": "KV cache slot: each keeps its own conversation prefix for reuse"}
+_STOPS = {"oneOf": [{"type": "string", "minLength": 1},
+                    {"type": "array", "maxItems": MAX_STOP_STRINGS,
+                     "items": {"type": "string", "minLength": 1}}]}
+_SAMPLING = {
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
+    "top_k": {"type": "integer", "minimum": 0, "default": 0, "description": "0: off"},
+    "stream": {"type": "boolean", "default": False},
+    "strata_cache_slot": _SLOT,
+    "id_slot": {**_SLOT, "description": "llama.cpp's name for strata_cache_slot"},
+}
+_OPENAI_SAMPLING = {
+    **_SAMPLING, "model": {"type": "string", "description": "ignored: one model is served"},
+    "max_tokens": {"type": "integer", "minimum": 1,
+                   "description": "default: the rest of the context"},
+    "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "temperature": _num(0, 2, 1, "0 is greedy"),
+    "min_p": _num(0, 1, 0, "0: off"),
+    "seed": {"type": "integer"},
+    "stop": _STOPS,
+    "n": {"const": 1},
+    "stream_options": _obj({"include_usage": {"type": "boolean", "default": False}}),
+}
+_USAGE = _obj({"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+               "total_tokens": {"type": "integer"},
+               "prompt_tokens_details": _obj({"cached_tokens": {
+                   "type": "integer", "description": "prompt tokens reused from the slot"}})})
+_ANTHROPIC_USAGE = _obj({
+    "input_tokens": {"type": "integer", "description": "prompt tokens not read from the cache"},
+    "output_tokens": {"type": "integer"},
+    "cache_read_input_tokens": {"type": "integer"},
+    "cache_creation_input_tokens": {"type": "integer"}})
+_FINISH = {"enum": ["stop", "length", None]}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": _obj({"error": _obj({"message": {"type": "string"}, "type": {"type": "string"},
+                                  "param": {"type": ["string", "null"]},
+                                  "code": {"type": "string"}}, ("message", "type", "code"))},
+                  ("error",)),
+    "AnthropicError": _obj({"type": {"const": "error"}, "error": _obj(
+        {"type": {"type": "string"}, "message": {"type": "string"}}, ("type", "message"))},
+        ("type", "error")),
+    "ChatMessage": _obj({"role": {"enum": ["system", "developer", "user", "assistant"]},
+                         "content": {"oneOf": [_STRING_OR_TEXT_PARTS, {"type": "null"}]}},
+                        ("role",)),
+    "ChatCompletionRequest": _obj({
+        "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
+        **_OPENAI_SAMPLING}, ("messages",)),
+    "ChatCompletion": _obj({
+        "id": {"type": "string"}, "object": {"const": "chat.completion"},
+        "created": {"type": "integer"}, "model": {"type": "string"},
+        "choices": {"type": "array", "items": _obj({
+            "index": {"type": "integer"},
+            "message": _obj({"role": {"const": "assistant"}, "content": {"type": "string"}}),
+            "finish_reason": _FINISH})},
+        "usage": _USAGE}),
+    "CompletionRequest": _obj({
+        "prompt": {"oneOf": [{"type": "string", "minLength": 1},
+                             {"type": "array", "minItems": 1, "items": {"type": "integer"}}]},
+        **_OPENAI_SAMPLING}, ("prompt",)),
+    "Completion": _obj({
+        "id": {"type": "string"}, "object": {"const": "text_completion"},
+        "created": {"type": "integer"}, "model": {"type": "string"},
+        "choices": {"type": "array", "items": _obj({
+            "index": {"type": "integer"}, "text": {"type": "string"}, "finish_reason": _FINISH})},
+        "usage": _USAGE}),
+    "Model": _obj({"id": {"type": "string"}, "object": {"const": "model"},
+                   "created": {"type": "integer"}, "owned_by": {"type": "string"},
+                   "status": {"enum": ["loaded", "sleeping", "unloaded"]},
+                   "context_tokens": {"type": "integer"}}),
+    "ModelList": _obj({"object": {"const": "list"},
+                       "data": {"type": "array", "items": _ref("Model")}}),
+    "MessagesRequest": _obj({
+        "model": {"type": "string", "description": "ignored: one model is served"},
+        "messages": {"type": "array", "minItems": 1, "items": _obj({
+            "role": {"enum": ["user", "assistant"]}, "content": _STRING_OR_TEXT_PARTS},
+            ("role", "content"))},
+        "system": _STRING_OR_TEXT_PARTS,
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "temperature": _num(0, 1, 1, "0 is greedy"),
+        "stop_sequences": {"type": "array", "maxItems": 64,
+                           "items": {"type": "string", "minLength": 1}},
+        **_SAMPLING}, ("messages", "max_tokens")),
+    "Message": _obj({
+        "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
+        "model": {"type": "string"},
+        "content": {"type": "array", "items": _obj({"type": {"const": "text"},
+                                                    "text": {"type": "string"}})},
+        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence"]},
+        "stop_sequence": {"type": ["string", "null"]}, "usage": _ANTHROPIC_USAGE}),
+    "CountTokensRequest": _obj({"messages": {"type": "array", "minItems": 1},
+                                "system": _STRING_OR_TEXT_PARTS}, ("messages",)),
+    "TokenCount": _obj({"input_tokens": {"type": "integer"}}, ("input_tokens",)),
+    "Health": _obj({"status": {"enum": ["ok", "loading", "error"]},
+                    "state": {"type": "string"}}, ("status", "state")),
+    "Status": _obj({
+        "state": {"type": "string", "description": "loaded, sleeping, unloaded, loading, ..."},
+        "model": {"type": "string"}, "model_path": {"type": ["string", "null"]},
+        "context_tokens": {"type": "integer"}, "queue_length": {"type": "integer"},
+        "is_busy": {"type": "boolean"}, "engine_pid": {"type": ["integer", "null"]},
+        "last_error": {"type": ["string", "null"]}},
+        ("state",), additionalProperties=True,
+        description="The service's whole snapshot; levels, bytes and timers as they are built"),
+    "Tokenize": _obj({"content": {"type": "string"},
+                      "add_special": {"type": "boolean", "default": False},
+                      "with_pieces": {"type": "boolean", "default": False}}, ("content",)),
+    "Tokens": _obj({"tokens": {"type": "array", "items": {"oneOf": [
+        {"type": "integer"},
+        _obj({"id": {"type": "integer"}, "piece": {"type": "string"}})]}}}, ("tokens",)),
+    "Detokenize": _obj({"tokens": {"type": "array", "items": {"type": "integer"}}},
+                       ("tokens",)),
+    "Content": _obj({"content": {"type": "string"}}, ("content",)),
+    "SlotFile": _obj({"filename": {"type": "string", "minLength": 1, "maxLength": 255,
+                                   "description": "a plain name inside the snapshot directory"}},
+                     ("filename",)),
+    "ActionResult": _obj({"action": {"type": "string"}}, additionalProperties=True,
+                         description="What was done, and the status snapshot after it"),
+}
+
+
+def _body(schema: str, required: bool = True) -> dict:
+    return {"required": required, "content": {_JSON: {"schema": _ref(schema)}}}
+
+
+def _ok(schema: str | None, text: str = "OK", *, stream: bool = False) -> dict:
+    content: dict[str, Any] = {_JSON: {"schema": _ref(schema) if schema else {"type": "object"}}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {"description": text, "content": content}
+
+
+def _errors(*statuses: int, anthropic: bool = False) -> dict[str, Any]:
+    words = {400: "Invalid request", 401: "Missing or wrong API key",
+             403: "Foreign Host or cross-site Origin", 404: "Not found",
+             409: "A request is running", 503: "Not enough VRAM or the engine is down; "
+             "see Retry-After"}
+    schema = _ref("AnthropicError" if anthropic else "Error")
+    return {str(s): {"description": words[s], "content": {_JSON: {"schema": schema}}}
+            for s in statuses}
+
+
+def _op(summary: str, tag: str, ok: dict, *errors: int, body: dict | None = None,
+        anthropic: bool = False, open_access: bool = False) -> dict:
+    op: dict[str, Any] = {"summary": summary, "tags": [tag],
+                          "responses": {"200": ok, **_errors(401, 403, *errors,
+                                                             anthropic=anthropic)}}
+    if body is not None:
+        op["requestBody"] = body
+    if open_access:
+        op["security"] = []
+        op["responses"].pop("401")
+    return op
+
+
+# Lifecycle routes of DESIGN.md section 4; all answer 409 while a request runs.
+LEVEL_SUMMARIES = {
+    "/load": "Load the model (start the engine process); no-op when loaded",
+    "/unload": "Unload: the engine process exits and every byte of VRAM is freed",
+    "/sleep": "Sleep: free all weight, expert and KV VRAM; keep host copies and the process",
+    "/wake": "Wake from sleep: copy weights back from pinned host memory",
+    "/cache/release": "Release the MoE expert cache's VRAM (400 on a dense model)",
+    "/cache/refill": "Refill the MoE expert cache",
+    "/session/offload": "Offload the KV cache to host RAM (then disk); the next request restores",
+}
+
+
+def _paths() -> dict[str, Any]:
+    stream_text = "The answer; text/event-stream when stream is true"
+    paths: dict[str, Any] = {
+        "/v1/chat/completions": {"post": _op(
+            "OpenAI chat completion", "OpenAI", _ok("ChatCompletion", stream_text, stream=True),
+            400, 503, body=_body("ChatCompletionRequest"))},
+        "/v1/completions": {"post": _op(
+            "OpenAI text completion", "OpenAI", _ok("Completion", stream_text, stream=True),
+            400, 503, body=_body("CompletionRequest"))},
+        "/v1/models": {"get": _op("The served model and its status", "OpenAI",
+                                  _ok("ModelList"))},
+        "/v1/models/{model}": {"get": {**_op("One model", "OpenAI", _ok("Model"), 404),
+                                       "parameters": [_path_param("model", "string")]}},
+        "/v1/messages": {"post": _op(
+            "Anthropic Messages", "Anthropic", _ok("Message", stream_text, stream=True),
+            400, 503, body=_body("MessagesRequest"), anthropic=True)},
+        "/v1/messages/count_tokens": {"post": _op(
+            "Count a Messages request's prompt tokens", "Anthropic", _ok("TokenCount"), 400,
+            body=_body("CountTokensRequest"), anthropic=True)},
+        "/health": {"get": _op("Liveness; never wakes the model", "llama.cpp",
+                               _ok("Health"), 503, open_access=True)},
+        "/props": {"get": _op("Context size, chat template, is_sleeping", "llama.cpp",
+                              _ok(None))},
+        "/metrics": {"get": _op("Prometheus metrics", "llama.cpp", {
+            "description": "Prometheus text format",
+            "content": {"text/plain": {"schema": {"type": "string"}}}})},
+        "/slots": {"get": _op("The KV cache slots", "llama.cpp", {
+            "description": "One entry per slot",
+            "content": {_JSON: {"schema": {"type": "array", "items": {"type": "object"}}}}})},
+        "/tokenize": {"post": _op("Text to token ids (works while unloaded)", "llama.cpp",
+                                  _ok("Tokens"), 400, body=_body("Tokenize"))},
+        "/detokenize": {"post": _op("Token ids to text", "llama.cpp", _ok("Content"), 400,
+                                    body=_body("Detokenize"))},
+        "/v1/status": {"get": _op("Every level's state, bytes, timers and the engine process",
+                                  "Control", _ok("Status"))},
+        "/slots/{slot_id}": {"post": {
+            **_op("Save, restore or erase a slot's KV cache (llama.cpp-compatible)", "Control",
+                  _ok("ActionResult"), 400, 409, 503, body=_body("SlotFile", required=False)),
+            "parameters": [
+                {**_path_param("slot_id", "integer"),
+                 "schema": {"type": "integer", "minimum": 0, "maximum": NUM_CACHE_SLOTS - 1}},
+                {"name": "action", "in": "query", "required": True,
+                 "schema": {"enum": ["save", "restore", "erase"]}}]}},
+        "/openapi.json": {"get": _op("This document", "Meta", _ok(None))},
+    }
+    for path, summary in LEVEL_SUMMARIES.items():
+        paths[path] = {"post": _op(summary, "Control", _ok("ActionResult"), 400, 409, 503)}
+    return paths
+
+
+def _path_param(name: str, kind: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": kind}}
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Strata", "version": __version__,
+                 "description": "Local LLM server: OpenAI, Anthropic and llama.cpp-style "
+                 "routes, plus control routes that give VRAM back in stages."},
+        "paths": _paths(),
+        "components": {"schemas": SCHEMAS, "securitySchemes": {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
+        # {} first: a key is needed only when the server was started with --api-key.
+        "security": [{}, {"bearer": []}, {"apiKey": []}],
+    }
+
+
+def openapi_document(server_url: str | None = None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document; server_url (e.g. http://127.0.0.1:8080) fills `servers`."""
+    document = copy.deepcopy(_document())
+    if server_url:
+        document["servers"] = [{"url": server_url}]
+    return document
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    """GET /openapi.json."""
+    return web.json_response(openapi_document(f"{request.scheme}://{request.host}"))
