@@ -126,8 +126,8 @@ class Engine:
         )
         return SlotManager(NUM_CACHE_SLOTS, self.config.kv_budget_bytes, self._make_kv, store)
 
-    def _make_kv(self) -> KVCache:
-        # The kv arena will plug in here through KVCache's allocate hook.
+    def _make_kv(self, slot: int) -> KVCache:
+        # The kv arena will plug in here through KVCache's allocate hook (a range per slot).
         return KVCache.for_config(self.model_config, self.context_tokens, self.dtype, self.device)
 
     def _require_slots(self) -> SlotManager:
@@ -231,15 +231,8 @@ class Engine:
         return result
 
     def restore_session(self) -> dict:
-        """Bring the most recently used stored slot back (the next request would do it too)."""
-        slots = self._require_slots()
-        stored = [row for row in slots.status() if row["location"] in ("ram", "disk")]
-        if not stored:
-            return {"restored_slots": []}
-        slot = stored[0]["id"]
-        slots.checkout(slot)
-        slots.checkin(slot)
-        return {"restored_slots": [slot], **(slots.last_restore or {})}
+        """Bring back the active slot of the last offload (the next request would do it too)."""
+        return self._require_slots().restore_session()
 
     def save_slot(self, slot: int, filename: str) -> dict:
         """llama.cpp's /slots/{id}?action=save: the slot's KV to a file in the snapshot dir."""

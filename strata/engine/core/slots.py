@@ -1,0 +1,288 @@
+"""Conversation cache slots: which slots hold KV memory, and snapshots of the ones that don't.
+
+Each slot is in one place at a time: resident (a live SlotCache with its KV buffers), stored
+(a snapshot in the SnapshotStore, RAM or disk) or empty. While the KV budget allows, inactive
+slots stay resident and switching between them costs nothing; past it, or on offload, the least
+recently used slot is snapshotted (only its used tokens) and its KV buffers are released. The
+next checkout of that slot restores it; a snapshot that fails verification is dropped and the
+slot starts with an empty history, so the request is still answered, only without reuse.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.snapshots.errors import SnapshotInvalid, SnapshotWriteError
+from strata.engine.core.snapshots.kv_state import KVSnapshot, SlotCache
+from strata.engine.core.snapshots.store import SnapshotStore
+from strata.errors import StrataError
+
+log = logging.getLogger(__name__)
+
+
+class SlotError(StrataError):
+    """A slot request that cannot be served as asked; the message says why."""
+
+
+class SlotManager:
+    """Slots 0..num_slots-1 over a KV budget in bytes (0: every slot may stay resident)."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        kv_budget_bytes: int,
+        make_kv: Callable[[int], KVCache],
+        store: SnapshotStore,
+        release_kv: Callable[[int, KVCache], None] | None = None,
+    ):
+        """make_kv(slot) gives an empty KV cache for a slot; release_kv(slot, kv) hands one back.
+
+        Without release_kv a released cache is simply dropped (torch frees its buffers). The kv
+        arena plugs in through both: per-slot views at fixed addresses, pages unmapped on release.
+        """
+        if num_slots <= 0 or kv_budget_bytes < 0:
+            raise ValueError(f"need num_slots > 0 and kv_budget_bytes >= 0, not {num_slots}, {kv_budget_bytes}")
+        self.num_slots = num_slots
+        self.kv_budget_bytes = kv_budget_bytes
+        self.make_kv = make_kv
+        self.release_kv = release_kv
+        self.store = store
+        self.resident: dict[int, SlotCache] = {}
+        self.in_use: set[int] = set()  # slots with a generation open: never evicted
+        self.last_restore: dict[str, Any] | None = None  # what the last checkout restored
+        self.last_error: str | None = None
+        self.session_slots: list[int] = []  # what the last offload_session stored, LRU first
+
+    # ---- checkout ----------------------------------------------------------------------------
+
+    def check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 0 <= slot < self.num_slots:
+            raise SlotError(f"cache slot must be 0..{self.num_slots - 1}, not {slot}")
+
+    def checkout(self, slot: int) -> SlotCache:
+        """Make `slot` resident (restoring its snapshot if it has one) and mark it in use."""
+        self.check_slot(slot)
+        cache = self.resident.get(slot)
+        if cache is None:
+            cache = self._bring_in(slot)
+        cache.last_used_s = time.monotonic()
+        self.in_use.add(slot)
+        return cache
+
+    def checkin(self, slot: int) -> None:
+        """The generation on `slot` ended; it may be evicted again."""
+        self.in_use.discard(slot)
+        if slot in self.resident:
+            self.resident[slot].last_used_s = time.monotonic()
+
+    def _bring_in(self, slot: int) -> SlotCache:
+        started_s = time.perf_counter()
+        self._make_room()
+        source = (self.store.info(slot) or {}).get("location")
+        self.last_restore = {"slot": slot, "source": source, "n_restored": 0, "dropped": None}
+        try:
+            snapshot = self.store.take(slot)
+        except SnapshotInvalid as exc:
+            # Drop it and start over: the request is answered from a cold prefill.
+            log.warning("slot %d: %s; its history is cleared", slot, exc)
+            self.last_restore["dropped"] = exc.reason
+            snapshot = None
+        try:
+            cache = self._install(slot, snapshot)
+        except BaseException:
+            if snapshot is not None:  # no KV memory for it (out of memory): keep the history
+                self.store.put(slot, snapshot)
+            raise
+        if snapshot is not None:
+            self.last_restore["n_restored"] = len(cache.tokens)
+        self.last_restore["restore_ms"] = round((time.perf_counter() - started_s) * 1000, 3)
+        return cache
+
+    def _install(self, slot: int, snapshot: KVSnapshot | None) -> SlotCache:
+        """A resident cache for `slot`: fresh KV, filled from `snapshot` when one is given."""
+        kv = self.make_kv(slot)
+        if snapshot is None:
+            cache = SlotCache(kv, self.store.fingerprint)
+        else:
+            try:
+                cache = SlotCache.from_state(snapshot.state, snapshot.metadata, kv)
+            except SnapshotInvalid as exc:
+                log.warning("slot %d: %s; its history is cleared", slot, exc)
+                self.last_restore = {**(self.last_restore or {}), "dropped": exc.reason}
+                cache = SlotCache(kv, self.store.fingerprint)
+        self.resident[slot] = cache
+        return cache
+
+    def _make_room(self) -> None:
+        """Evict least recently used idle slots until one more slot fits the KV budget."""
+        if self.kv_budget_bytes == 0:
+            return
+        while self.resident:
+            slot_bytes = max(c.nbytes for c in self.resident.values())
+            if sum(c.nbytes for c in self.resident.values()) + slot_bytes <= self.kv_budget_bytes:
+                return
+            idle = [s for s in self.resident if s not in self.in_use]
+            if not idle:
+                return  # everything resident is generating; the budget is a target, not a wall
+            victim = min(idle, key=lambda s: self.resident[s].last_used_s)
+            try:
+                self.offload(victim)
+            except SnapshotWriteError as exc:
+                # Nothing is lost: the slot stays resident, over budget, and status says why.
+                self.last_error = str(exc)
+                log.warning("could not evict slot %d: %s", victim, exc)
+                return
+
+    def _release(self, slot: int) -> None:
+        """Give a resident slot's KV storage back: to the arena if there is one, else to torch."""
+        cache = self.resident.pop(slot)
+        kv, cache.kv = cache.kv, None
+        if self.release_kv is not None:
+            self.release_kv(slot, kv)
+
+    # ---- offload -----------------------------------------------------------------------------
+
+    def offload(self, slot: int) -> dict[str, Any]:
+        """Snapshot a resident slot and release its KV; raises SnapshotWriteError (KV kept)."""
+        self.check_slot(slot)
+        if slot in self.in_use:
+            raise SlotError(f"slot {slot} is generating: offload it after the request ends")
+        cache = self.resident.get(slot)
+        if cache is None:
+            return {"id_slot": slot, "released_bytes": 0, "location": self._location(slot)}
+        released_bytes = cache.nbytes
+        if not cache.tokens:
+            self._release(slot)  # an empty history needs no snapshot
+            return {"id_slot": slot, "released_bytes": released_bytes, "location": "empty"}
+        created_s, expires_s = self.store.expiry_for_new()
+        snapshot = KVSnapshot.capture(cache, created_s, expires_s)
+        location = self.store.put(slot, snapshot)  # raises before anything is released
+        # Release only now that the snapshot is complete.
+        self._release(slot)
+        return {"id_slot": slot, "released_bytes": released_bytes, "location": location,
+                "n_tokens": snapshot.num_tokens, "snapshot_bytes": snapshot.nbytes}
+
+    def offload_session(self) -> dict[str, Any]:
+        """Snapshot every resident idle slot and release its KV memory.
+
+        Tries them all; when one cannot be written it stays resident and SnapshotWriteError
+        names it after the others are done.
+        """
+        results, errors = [], []
+        for slot in sorted(self.resident, key=lambda s: self.resident[s].last_used_s):
+            if slot in self.in_use:
+                continue
+            try:
+                results.append(self.offload(slot))
+            except SnapshotWriteError as exc:
+                errors.append(f"slot {slot}: {exc}")
+        self.session_slots = [r["id_slot"] for r in results if r["location"] in ("ram", "disk")]
+        if errors:
+            self.last_error = errors[0]
+            raise SnapshotWriteError(f"offload kept {len(errors)} slot(s) in memory: {errors[0]}")
+        return {
+            "offloaded_slots": [r["id_slot"] for r in results],
+            "released_bytes": sum(r["released_bytes"] for r in results),
+            "snapshot_bytes": sum(r.get("snapshot_bytes", 0) for r in results),
+            "locations": {r["id_slot"]: r["location"] for r in results},
+        }
+
+    def restore_session(self) -> dict[str, Any]:
+        """Bring back the most recently used slot of the last offload_session, if still stored."""
+        stored = [s for s in self.session_slots if self.store.info(s) is not None]
+        self.session_slots = []
+        if not stored:
+            return {"restored_slots": []}
+        slot = stored[-1]
+        self.checkout(slot)
+        self.checkin(slot)
+        return {"restored_slots": [slot], **(self.last_restore or {})}
+
+    # ---- explicit save / restore / erase (llama.cpp's /slots/{id}?action=...) --------------
+
+    def save(self, slot: int, filename: str) -> dict[str, Any]:
+        """Write the slot's history to `filename` in the snapshot directory."""
+        self.check_slot(slot)
+        started_s = time.perf_counter()
+        path = self.store.named_path(filename)  # checks the name before any work
+        cache = self.resident.get(slot)
+        if cache is None and self.store.info(slot) is not None:
+            cache = self.checkout(slot)
+            self.checkin(slot)
+        if cache is None or not cache.tokens:
+            raise SlotError(f"slot {slot} is empty: there is nothing to save")
+        written = self.store.save_named(path.name, KVSnapshot.capture(cache))
+        return {"id_slot": slot, "filename": path.name, "n_saved": len(cache.tokens),
+                "n_written": written,
+                "timings": {"save_ms": round((time.perf_counter() - started_s) * 1000, 3)}}
+
+    def restore(self, slot: int, filename: str) -> dict[str, Any]:
+        """Replace the slot's history with `filename`; the slot is unchanged if it fails."""
+        self.check_slot(slot)
+        if slot in self.in_use:
+            raise SlotError(f"slot {slot} is generating: restore it after the request ends")
+        started_s = time.perf_counter()
+        snapshot, read_bytes = self.store.load_named(filename)  # verifies everything
+        self.erase(slot)
+        self._make_room()
+        cache = self._install(slot, snapshot)
+        cache.last_used_s = time.monotonic()
+        return {"id_slot": slot, "filename": filename, "n_restored": len(cache.tokens),
+                "n_read": read_bytes,
+                "timings": {"restore_ms": round((time.perf_counter() - started_s) * 1000, 3)}}
+
+    def erase(self, slot: int) -> dict[str, Any]:
+        """Forget the slot's history wherever it is and release its memory."""
+        self.check_slot(slot)
+        if slot in self.in_use:
+            raise SlotError(f"slot {slot} is generating: erase it after the request ends")
+        cache = self.resident.get(slot)
+        if cache is not None:
+            self._release(slot)
+        info = self.store.info(slot)
+        self.store.drop(slot)
+        num_erased = len(cache.tokens) if cache else (info or {}).get("n_tokens", 0)
+        return {"id_slot": slot, "n_erased": num_erased}
+
+    # ---- status and lifetime -----------------------------------------------------------------
+
+    def _location(self, slot: int) -> str:
+        if slot in self.resident:
+            return "gpu" if self.resident[slot].kv.device.type == "cuda" else "cpu"
+        info = self.store.info(slot)
+        return info["location"] if info else "empty"
+
+    def status(self) -> list[dict[str, Any]]:
+        """Per slot: id, n_tokens, location (gpu|cpu: resident; ram, disk, empty), bytes."""
+        rows = []
+        for slot in range(self.num_slots):
+            cache, info = self.resident.get(slot), self.store.info(slot)
+            if cache is not None:
+                n_tokens, nbytes = len(cache.tokens), cache.nbytes
+            else:
+                n_tokens, nbytes = (info["n_tokens"], info["bytes"]) if info else (0, 0)
+            rows.append({"id": slot, "n_tokens": n_tokens, "location": self._location(slot),
+                         "bytes": nbytes, "is_processing": slot in self.in_use})
+        return rows
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(c.nbytes for c in self.resident.values())
+
+    def close(self) -> None:
+        """Release all KV; with a persistent store, histories are written to disk first."""
+        if self.store.is_persistent:
+            for slot in list(self.resident):
+                self.in_use.discard(slot)
+                try:
+                    self.offload(slot)
+                except SnapshotWriteError as exc:
+                    log.warning("slot %d's history is lost at close: %s", slot, exc)
+        for slot in list(self.resident):
+            self._release(slot)
+        self.in_use.clear()
+        self.store.close()

@@ -1,0 +1,285 @@
+"""Where slot snapshots wait: host RAM first, then files in the snapshot directory.
+
+RAM holds up to `ram_budget_bytes`; past it the least recently stored RAM snapshot is written
+to disk. Disk holds up to `disk_budget_bytes`; past it the oldest disk snapshot is deleted (its
+slot starts over). Without `persist`, disk snapshots are anonymous temporary files that the OS
+deletes when they are closed or the process dies; with it they are named files
+`slot{N}-{fingerprint}.stkv` that a restarted engine of the same model finds again.
+
+A `put` that cannot store its snapshot raises SnapshotWriteError and stores nothing, so the
+caller still holds the KV it meant to release: memory is released only after a write completed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ntpath
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from strata.engine.core.snapshots import format as fmt
+from strata.engine.core.snapshots.errors import (
+    SnapshotInvalid,
+    SnapshotNameError,
+    SnapshotWriteError,
+)
+from strata.engine.core.snapshots.kv_state import KVLayout, KVSnapshot
+
+log = logging.getLogger(__name__)
+
+RAM, DISK = "ram", "disk"
+MAX_FILENAME_CHARS = 255
+_MIB = 1 << 20
+
+
+@dataclass
+class _Entry:
+    key: int
+    location: str  # ram | disk
+    num_tokens: int
+    nbytes: int  # what it occupies where it is: payload bytes in RAM, file bytes on disk
+    order: int  # larger = stored more recently
+    snapshot: KVSnapshot | None = None  # in RAM
+    file: BinaryIO | None = None  # anonymous temporary file (not persisted)
+    path: Path | None = None  # named file (persisted)
+
+
+def check_filename(filename: object) -> str:
+    """A plain file name for an explicit slot save; raises SnapshotNameError otherwise."""
+    if not isinstance(filename, str) or not filename.strip():
+        raise SnapshotNameError("the slot file name is empty: pass a plain name such as 'chat1.bin'")
+    is_unsafe = (
+        "/" in filename or "\\" in filename or ".." in filename or "\0" in filename
+        or ntpath.isabs(filename) or bool(ntpath.splitdrive(filename)[0]) or os.path.isabs(filename)
+    )
+    if is_unsafe or len(filename) > MAX_FILENAME_CHARS:
+        raise SnapshotNameError(
+            f"slot file name {filename[:80]!r} is not a plain name (no '/', '\\', '..', drive or "
+            f"NUL, at most {MAX_FILENAME_CHARS} characters): slots are saved inside the snapshot directory"
+        )
+    return filename
+
+
+class SnapshotStore:
+    """Slot snapshots of one model, keyed by slot id, in RAM then on disk, within byte budgets."""
+
+    def __init__(
+        self,
+        ram_budget_bytes: int,
+        disk_dir: str | os.PathLike[str],
+        disk_budget_bytes: int,
+        persist: bool = False,
+        ttl_s: float = 0.0,
+        *,
+        fingerprint: str,
+        layout: KVLayout,
+        clock: Callable[[], float] = time.time,
+    ):
+        for name, value in (("ram_budget_bytes", ram_budget_bytes),
+                            ("disk_budget_bytes", disk_budget_bytes), ("ttl_s", ttl_s)):
+            if value < 0:
+                raise ValueError(f"SnapshotStore {name} must be >= 0, not {value}")
+        self.ram_budget_bytes = ram_budget_bytes
+        self.disk_dir = Path(disk_dir)
+        self.disk_budget_bytes = disk_budget_bytes
+        self.is_persistent = persist
+        self.ttl_s = ttl_s  # 0: snapshots never expire
+        self.fingerprint = fingerprint
+        self.layout = layout
+        self.clock = clock
+        self.last_error: str | None = None
+        self._entries: dict[int, _Entry] = {}
+        self._order = itertools.count()
+        if persist:
+            self._adopt_persisted()
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def expiry_for_new(self) -> tuple[float, float | None]:
+        """(created_s, expires_s) for a snapshot taken now."""
+        now_s = self.clock()
+        return now_s, (now_s + self.ttl_s if self.ttl_s > 0 else None)
+
+    def info(self, key: int) -> dict | None:
+        """{"location", "n_tokens", "bytes"} of the snapshot stored for `key`, or None."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        return {"location": entry.location, "n_tokens": entry.num_tokens, "bytes": entry.nbytes}
+
+    @property
+    def ram_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values() if e.location == RAM)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values() if e.location == DISK)
+
+    # ---- storing and taking ----------------------------------------------------------------
+
+    def put(self, key: int, snapshot: KVSnapshot) -> str:
+        """Store `snapshot` for `key`, replacing any; returns where it went (ram or disk).
+
+        Raises SnapshotWriteError when it could not be stored; nothing is stored for `key` then.
+        """
+        self.drop(key)
+        entry = _Entry(key, RAM, snapshot.num_tokens, snapshot.nbytes, next(self._order),
+                       snapshot=snapshot)
+        try:
+            if snapshot.nbytes > self.ram_budget_bytes:
+                self._spill(entry)
+            else:
+                # Room first: older RAM snapshots move to disk before this one counts.
+                while self.ram_bytes + snapshot.nbytes > self.ram_budget_bytes:
+                    self._spill(min((e for e in self._entries.values() if e.location == RAM),
+                                    key=lambda e: e.order))
+        except SnapshotWriteError as exc:
+            self.last_error = str(exc)
+            raise
+        self._entries[key] = entry
+        return entry.location
+
+    def take(self, key: int) -> KVSnapshot | None:
+        """Remove and return the snapshot of `key` (None when there is none).
+
+        Raises SnapshotInvalid when it fails verification; it is gone from the store either way.
+        """
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        try:
+            now_s = self.clock()
+            if entry.location == RAM:
+                if entry.snapshot.is_expired(now_s):
+                    raise SnapshotInvalid("expired", "its time to live ran out in RAM")
+                return entry.snapshot
+            if entry.file is not None:
+                return fmt.read_from(entry.file, self.fingerprint, self.layout, now_s)
+            return fmt.read_file(entry.path, self.fingerprint, self.layout, now_s)
+        finally:
+            self._discard(entry)
+
+    def drop(self, key: int) -> None:
+        """Forget the snapshot of `key`, freeing its RAM or deleting its file."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._discard(entry)
+
+    def _spill(self, entry: _Entry) -> None:
+        """Move a RAM entry to disk; on failure it stays in RAM and SnapshotWriteError is raised."""
+        snapshot = entry.snapshot
+        estimate_bytes = snapshot.nbytes + 4 * snapshot.num_tokens
+        if estimate_bytes > self.disk_budget_bytes:
+            raise SnapshotWriteError(
+                f"a KV snapshot of {estimate_bytes / _MIB:.1f} MiB does not fit the snapshot disk "
+                f"budget of {self.disk_budget_bytes / _MIB:.1f} MiB; raise --snapshot-disk-budget"
+            )
+        self._evict_disk(self.disk_budget_bytes - estimate_bytes, keep=entry)
+        if self.is_persistent:
+            path = self.disk_dir / self._session_name(entry.key)
+            written = fmt.write_file(path, snapshot, slot=entry.key)
+            entry.path = path
+        else:
+            entry.file, written = self._write_anonymous(snapshot, entry.key)
+        entry.location, entry.nbytes, entry.snapshot = DISK, written, None
+        self._evict_disk(self.disk_budget_bytes, keep=entry)
+
+    def _write_anonymous(self, snapshot: KVSnapshot, key: int) -> tuple[BinaryIO, int]:
+        f = None
+        try:
+            self.disk_dir.mkdir(parents=True, exist_ok=True)
+            # Delete-on-close: on Linux an O_TMPFILE with no name, so even a crash leaves nothing.
+            f = tempfile.TemporaryFile(dir=self.disk_dir, prefix="strata-kv-")  # noqa: SIM115 - kept open on purpose
+            return f, fmt.write_to(f, snapshot, slot=key)
+        except OSError as exc:
+            if f is not None:
+                f.close()
+            raise SnapshotWriteError(
+                f"could not write a KV snapshot into {self.disk_dir}: {exc.strerror or exc}; free "
+                "disk space or check the snapshot directory (--snapshot-dir)"
+            ) from exc
+
+    def _evict_disk(self, limit_bytes: int, keep: _Entry) -> None:
+        """Delete the oldest disk snapshots (not `keep`) until disk use is within limit_bytes."""
+        while True:
+            victims = [e for e in self._entries.values() if e.location == DISK and e is not keep]
+            # `keep` may not be registered yet (a put in progress): count it once either way.
+            used_bytes = sum(e.nbytes for e in victims) + (keep.nbytes if keep.location == DISK else 0)
+            if used_bytes <= limit_bytes:
+                return
+            if not victims:
+                return
+            victim = min(victims, key=lambda e: e.order)
+            log.info("snapshot disk budget full: dropping slot %d's snapshot", victim.key)
+            self.drop(victim.key)
+
+    def _discard(self, entry: _Entry) -> None:
+        entry.snapshot = None
+        if entry.file is not None:
+            entry.file.close()
+            entry.file = None
+        if entry.path is not None:
+            try:
+                entry.path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not delete snapshot %s: %s", entry.path, exc)
+
+    # ---- persisted session files -----------------------------------------------------------
+
+    def _session_name(self, key: int) -> str:
+        return f"slot{key}-{self.fingerprint}.stkv"
+
+    def _adopt_persisted(self) -> None:
+        """Register the session files a previous engine of this model left behind."""
+        pattern = re.compile(rf"slot(\d+)-{re.escape(self.fingerprint)}\.stkv")
+        try:
+            paths = sorted(self.disk_dir.iterdir(), key=lambda p: p.stat().st_mtime)
+        except OSError:
+            return  # no directory yet: nothing was persisted
+        for path in paths:
+            match = pattern.fullmatch(path.name)
+            if match is None:
+                continue
+            header = fmt.peek_header(path) or {}
+            key = int(match.group(1))
+            # Verification happens on take(); an unreadable header only hides the token count.
+            self._entries[key] = _Entry(key, DISK, int(header.get("num_tokens") or 0),
+                                        path.stat().st_size, next(self._order), path=path)
+
+    # ---- explicit saves --------------------------------------------------------------------
+
+    def named_path(self, filename: str) -> Path:
+        """The path of an explicitly saved slot file; raises SnapshotNameError for unsafe names."""
+        return self.disk_dir / check_filename(filename)
+
+    def save_named(self, filename: str, snapshot: KVSnapshot) -> int:
+        """Write `snapshot` to `filename` in the snapshot directory; returns bytes written."""
+        return fmt.write_file(self.named_path(filename), snapshot)
+
+    def load_named(self, filename: str) -> tuple[KVSnapshot, int]:
+        """Read and verify `filename` from the snapshot directory; (snapshot, bytes read)."""
+        path = self.named_path(filename)
+        snapshot = fmt.read_file(path, self.fingerprint, self.layout, self.clock())
+        return snapshot, path.stat().st_size
+
+    # ---- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Persistent: write RAM snapshots to their files. Otherwise: free RAM, delete files."""
+        for entry in sorted(self._entries.values(), key=lambda e: e.order):
+            if self.is_persistent and entry.location == RAM:
+                try:
+                    self._spill(entry)
+                    continue
+                except SnapshotWriteError as exc:
+                    log.warning("slot %d's snapshot is lost at close: %s", entry.key, exc)
+            if not self.is_persistent:
+                self._discard(entry)
+        self._entries.clear()
