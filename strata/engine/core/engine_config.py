@@ -17,6 +17,8 @@ class EngineConfig:
     snapshot_disk_budget_bytes: int = 16 << 30
     persist_sessions: bool = False  # snapshots survive a restart (named files, not temp files)
     snapshot_ttl_s: float = 0.0  # 0: snapshots never expire
+    # MoE expert cache in VRAM: auto (fill free VRAM minus a reserve), all, off, or N slots.
+    expert_cache: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

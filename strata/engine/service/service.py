@@ -52,8 +52,18 @@ def _build_engine_config(settings: ServeSettings, model_path: str) -> Any:
     # Imported here: engine.py imports torch, which the host needs only when it builds this.
     from strata.engine.core.engine_config import EngineConfig
 
-    return EngineConfig(model_path=model_path, device=settings.device,
-                        context_tokens=settings.context_tokens)
+    return EngineConfig(
+        model_path=model_path,
+        device=settings.device,
+        context_tokens=settings.context_tokens,
+        kv_budget_bytes=settings.kv_budget_bytes,
+        snapshot_dir=settings.snapshot_dir,
+        snapshot_ram_budget_bytes=settings.snapshot_ram_budget_bytes,
+        snapshot_disk_budget_bytes=settings.snapshot_disk_budget_bytes,
+        persist_sessions=settings.persist_sessions,
+        snapshot_ttl_s=settings.snapshot_ttl_s,
+        expert_cache=str(settings.expert_cache),
+    )
 
 
 def _resolve_default_model() -> str:

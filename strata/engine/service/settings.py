@@ -52,6 +52,8 @@ class ServeSettings:
     snapshot_dir: str | None = None  # None: strata.paths.snapshot_dir()
     snapshot_ram_budget_bytes: int = 4 * GIB
     snapshot_disk_budget_bytes: int = 16 * GIB
+    snapshot_ttl_s: float = 0.0  # 0: snapshots never expire
+    kv_budget_bytes: int = 0  # KV of resident slots; 0: every slot may stay resident
     expert_cache: str | int = "auto"  # auto | off | all | a number of expert slots
 
     def __post_init__(self) -> None:
@@ -80,6 +82,8 @@ FLAG_NAMES = {
     "vram-wait": "vram_wait_s",
     "snapshot-ram-budget": "snapshot_ram_budget_bytes",
     "snapshot-disk-budget": "snapshot_disk_budget_bytes",
+    "snapshot-ttl": "snapshot_ttl_s",
+    "kv-budget": "kv_budget_bytes",
 }
 _KEY_TO_FIELD = {name: name for name in SETTING_NAMES} | {
     flag.replace("-", "_"): name for flag, name in FLAG_NAMES.items()
@@ -155,7 +159,11 @@ def check_setting(name: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise _type_error(name, "true or false", value)
         return value
-    if name in ("snapshot_ram_budget_bytes", "snapshot_disk_budget_bytes"):
+    if name == "snapshot_ttl_s":
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise _type_error(name, "a number of seconds >= 0", value)
+        return float(value)
+    if name in ("snapshot_ram_budget_bytes", "snapshot_disk_budget_bytes", "kv_budget_bytes"):
         if not isinstance(value, (int, str)) or isinstance(value, bool):
             raise _type_error(name, "a size such as 4GiB or a number of bytes", value)
         try:
@@ -286,5 +294,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="host RAM for KV snapshots, e.g. 4GiB")
     add("--snapshot-disk-budget", dest="snapshot_disk_budget_bytes", type=_size, metavar="SIZE",
         help="disk space for KV snapshots, e.g. 16GiB")
+    add("--snapshot-ttl", dest="snapshot_ttl_s", type=_positive_or_zero_number, metavar="S",
+        help="seconds a KV snapshot stays valid (0: forever)")
+    add("--kv-budget", dest="kv_budget_bytes", type=_size, metavar="SIZE",
+        help="VRAM for the KV of resident cache slots; past it the least recently used slot "
+        "is snapshotted (0: no limit)")
     add("--expert-cache", dest="expert_cache", metavar="auto|off|all|N",
         help="MoE expert cache: auto, off, all, or a number of expert slots")
