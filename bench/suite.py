@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -64,44 +65,59 @@ def long_prompt_row(ctx, model, label):
 ROWS = [decode_row, prefill_row, long_prompt_row]
 
 
+def _peer_results(stdout: str | bytes | None) -> dict | None:
+    """The last `PEER_JSON` line of a peer's output (a timed-out peer keeps its eager stage)."""
+    if isinstance(stdout, bytes):
+        stdout = stdout.decode(errors="replace")
+    lines = [ln for ln in (stdout or "").splitlines() if ln.startswith("PEER_JSON ")]
+    return json.loads(lines[-1][len("PEER_JSON "):]) if lines else None
+
+
 def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dict]:
     """Run the transformers peer for one model in a subprocess; compare with our figures."""
-    is_moe = "a3b" in label
+    if label not in ctx.args.peer_models:
+        note = "skipped: not in --peer-models (transformers' MoE loops over 128 experts in eager)"
+        return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=note)]
     cmd = [sys.executable, str(BENCH_DIR / "peer_transformers.py"), "--model", label,
            "--prompt-tokens", str(ctx.args.prompt_tokens),
            "--decode-tokens", str(ctx.args.decode_tokens),
            "--prefill-tokens", str(ctx.args.prefill_tokens)]
-    if is_moe and not ctx.args.peer_moe_compile:
-        cmd.append("--no-compile")  # torch.compile of transformers' expert loop: see notes
+    if label not in ctx.args.peer_compile_models:
+        cmd.append("--no-compile")
     remaining_s = ctx.args.deadline_s - (time.perf_counter() - ctx.started_s)
-    timeout_s = min(ctx.args.peer_timeout_s, remaining_s - 10)
+    timeout_s = min(ctx.args.peer_timeout_s, remaining_s - 5)
     if timeout_s < 30:
         note = f"skipped: {remaining_s:.0f} s left of the suite's {ctx.args.deadline_s:.0f} s"
         ctx.log(f"  peer {label}: {note}")
         return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=note)]
     ctx.log(f"peer {label} (timeout {timeout_s:.0f} s): {' '.join(cmd[2:])}")
+    timed_out = ""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEER_JSON ")]
-        result = json.loads(lines[-1][10:]) if lines else {"error": proc.stderr[-500:]}
-    except subprocess.TimeoutExpired:
-        result = {"error": f"skipped: over {timeout_s:.0f} s (model build + torch.compile)"}
+        result = _peer_results(proc.stdout) or {"error": proc.stderr[-500:]}
+    except subprocess.TimeoutExpired as exc:
+        timed_out = f"compiled stage cut at {timeout_s:.0f} s; "
+        result = _peer_results(exc.stdout) or {
+            "error": f"skipped: over {timeout_s:.0f} s before the eager stage ended"}
     if "error" in result:
         ctx.log(f"  peer {label}: {result['error']}")
         return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=result["error"])]
-    mode = "static+compile" if result.get("compiled") else "static eager"
+    mode = "static cache + compiled decode" if result.get("compiled") else "static cache eager"
     rows = []
     for key, name, unit in (("decode_tok_s", "decode bs1", "tok/s"),
                             ("prefill_tok_s", f"prefill {ctx.args.prefill_tokens} tok", "tok/s")):
         peer = result[key]
         mine = ours.get(name)
-        notes = f"transformers {result['transformers']} {mode}; ours/peer = " + (
-            f"{mine / peer:.2f}" if mine else "n/a")
+        notes = f"{timed_out}transformers {result['transformers']} {mode}; ours/peer = " + (
+            f"{mine / peer:.2f}" if mine and math.isfinite(peer) else "n/a")
         # limit = our figure, so ratio = peer / ours; beating the peer means ratio < 1.
         rows.append(speed_rows.figure(f"peer {label} {name}", peer, unit, mine, 1.0, notes,
                                       higher_is_better=False))
         ctx.log(f"  peer {label} {name}: {peer:.1f} {unit} ({notes})")
+    if "eager_decode_tok_s" in result:
+        rows.append(speed_rows.figure(f"peer {label} decode bs1 eager",
+                                      result["eager_decode_tok_s"], "tok/s"))
     rows.append(speed_rows.figure(f"peer {label} TTFT", result["ttft_ms"], "ms"))
     return rows
 
@@ -207,11 +223,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--moe-impls", nargs="+", default=["triton", "bmm"],
                         help="MoE decode paths to measure (triton, bmm, loop)")
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
-    parser.add_argument("--peer-timeout-s", type=float, default=150.0)
-    parser.add_argument("--deadline-s", type=float, default=310.0,
+    parser.add_argument("--peer-models", nargs="*", default=["llama3-8b", "smollm2-135m"],
+                        help="models the transformers peer runs for (others: a skipped row)")
+    parser.add_argument("--peer-compile-models", nargs="*", default=["smollm2-135m"],
+                        help="peers that also try transformers' compiled decode after eager")
+    parser.add_argument("--peer-timeout-s", type=float, default=100.0)
+    parser.add_argument("--deadline-s", type=float, default=250.0,
                         help="no peer starts that could end past this many seconds")
-    parser.add_argument("--peer-moe-compile", action="store_true",
-                        help="also torch.compile the MoE peer (slow; eager static by default)")
 
 
 def main() -> int:

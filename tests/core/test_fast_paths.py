@@ -118,8 +118,10 @@ def test_chunked_prefill_after_cached_tokens(name: str) -> None:
         prefill(model, kv, prompt[:10], 0, chunk_tokens=4)
         got = prefill(model, kv, prompt[10:], 10, chunk_tokens=6)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    # The last layer of the last chunk attends for one query only, but writes every K/V.
     for layer in range(model.config.num_hidden_layers):
         torch.testing.assert_close(kv.k[layer][:37], kv_ref.k[layer][:37], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kv.v[layer][:37], kv_ref.v[layer][:37], rtol=1e-5, atol=1e-5)
 
 
 def test_prefill_rejects_overflow_with_a_clear_error() -> None:
@@ -143,9 +145,81 @@ def test_grouped_triton_and_bmm_match_the_loop() -> None:
         got_bmm = experts_bmm(moe, x, weights, ids)
         from strata.engine.core.fast.moe_grouped import experts_triton
 
-        got_triton = experts_triton(moe, x, weights, ids)
+        got_triton = experts_triton(moe, x)
     torch.testing.assert_close(got_bmm, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_triton, ref, rtol=1e-5, atol=1e-5)
+
+
+def naive_attention(q, keys, values):
+    """Float64 attention with repeated heads and an explicit lower-right causal mask."""
+    group = q.shape[0] // keys.shape[0]
+    keys = keys.double().repeat_interleave(group, dim=0)
+    values = values.double().repeat_interleave(group, dim=0)
+    num_tokens, num_keys = q.shape[1], keys.shape[1]
+    scores = q.double() @ keys.transpose(1, 2) / q.shape[-1] ** 0.5  # [Hq, T, S]
+    query_pos = torch.arange(num_keys - num_tokens, num_keys)[:, None]
+    scores = scores.masked_fill(torch.arange(num_keys)[None, :] > query_pos, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ values).to(q.dtype)
+
+
+@pytest.mark.parametrize("num_tokens,num_keys", [(9, 9), (5, 23), (1, 17)])
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
+def test_flash_attention_matches_naive_gqa(num_tokens, num_keys, num_kv_heads) -> None:
+    """Causal from 0, lower-right after cached keys, one query: same math as repeated heads."""
+    from strata.engine.core.fast.prefill_attention import flash_attention, repeat_kv_heads
+
+    gen = torch.Generator().manual_seed(num_tokens * 100 + num_keys)
+    q = torch.randn(4, num_tokens, 16, generator=gen)
+    keys = torch.randn(num_kv_heads, num_keys, 16, generator=gen)
+    values = torch.randn(num_kv_heads, num_keys, 16, generator=gen)
+    expected = naive_attention(q, keys, values)
+    torch.testing.assert_close(flash_attention(q, keys, values), expected, rtol=1e-5, atol=1e-5)
+    # The repeated-heads fallback (CUDA without GQA flash) computes the same thing.
+    group = 4 // num_kv_heads
+    repeated = flash_attention(q, repeat_kv_heads(keys[None], group)[0],
+                               repeat_kv_heads(values[None], group)[0])
+    torch.testing.assert_close(repeated, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        flash_attention(q, keys[:, :num_tokens - 1], values[:, :num_tokens - 1])
+
+
+@pytest.mark.parametrize("force_loop", [False, True])
+def test_sorted_moe_prefill_matches_the_loop(force_loop, monkeypatch) -> None:
+    """Rows sorted by expert through grouped GEMMs (or the per-expert slice loop) == SparseMoE."""
+    from strata.engine.core.fast import moe_prefill
+
+    if force_loop:
+        monkeypatch.setattr(moe_prefill, "_grouped_mm_works", False)
+    model = tiny_model("qwen3_moe", seed=4)
+    moe = model.model.layers[1].mlp
+    x = torch.randn(13, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        weights, ids = route(moe, x)
+        got = moe_prefill.experts_sorted(moe, x, weights, ids)
+        order, source, offsets = moe_prefill.sort_by_expert(ids, 6)
+        ref = moe(x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    # Sorted rows really are grouped by expert, and the offsets close each group.
+    sorted_ids = ids.reshape(-1)[order]
+    assert torch.equal(sorted_ids, torch.sort(ids.reshape(-1)).values)
+    assert offsets[-1] == 13 * 2 and torch.equal(source, order // 2)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("norm_topk", [True, False])
+def test_triton_route_topk_matches_torch(norm_topk) -> None:
+    from strata.engine.core.fast.moe_triton import route_topk
+
+    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(5)) * 2  # 100 < 128
+    probs = torch.softmax(logits[0].float(), dim=-1)
+    top_p, top_ids = torch.topk(probs, 6)
+    if norm_topk:
+        top_p = top_p / top_p.sum()
+    weights, ids = route_topk(logits[0], 6, norm_topk, torch.float32)
+    assert torch.equal(ids, top_ids)
+    torch.testing.assert_close(weights, top_p, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="top_k must be in"):
+        route_topk(logits[0], 101, norm_topk, torch.float32)
 
 
 @needs_interpreter

@@ -5,6 +5,7 @@ this package changes a model's weights or their addresses (the weights arena own
 """
 
 from strata.engine.core.fast.decode_graph import GraphDecoder, kv_buckets
-from strata.engine.core.fast.forward import decode_step, prefill
+from strata.engine.core.fast.forward import decode_step
+from strata.engine.core.fast.prefill import prefill
 
 __all__ = ["GraphDecoder", "decode_step", "kv_buckets", "prefill"]

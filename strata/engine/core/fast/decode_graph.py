@@ -20,10 +20,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from strata.engine.core.fast.forward import DEFAULT_PREFILL_CHUNK_TOKENS, decode_step, prefill
+from strata.engine.core.fast.forward import decode_step
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
 from strata.engine.core.fast.moe_grouped import is_grouped_capable, select_moe_impl
 from strata.engine.core.fast.pointwise import EAGER_OPS, compiled_ops
+from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS, prefill
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.protocol import SamplingSpec

@@ -5,13 +5,16 @@ and loops over them: a sync per layer, so a decode step cannot live in a CUDA gr
 expert is resident (the stacked parameters, no expert cache), the expert ids can stay on the
 device instead:
 
-- "triton": grouped matrix-vector kernels read the ids from device memory and only the
-  selected experts' rows (moe_triton.py); the weights are read once, as the roofline assumes.
+- "triton": three kernels (route + top-k, gate/up, down + weighted sum) read the ids from
+  device memory and only the selected experts' rows (moe_triton.py); the weights are read
+  once, as the roofline assumes.
 - "bmm": index_select the k experts' stacked weights, then batched matmuls. Plain torch, runs
   anywhere, but copies the selected weights first (about 3x the expert bytes moved).
 - "loop": the reference module itself (host sync; no CUDA graph).
 
-`select_moe_impl` picks at load; the benchmark measures all three.
+Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
+whatever the decode choice, except "loop". `select_moe_impl` picks at load; the benchmark
+measures the decode paths.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from strata.engine.core.fast.moe_prefill import experts_sorted
 from strata.engine.core.models.switch import SparseMoE
 
 log = logging.getLogger(__name__)
@@ -78,23 +82,30 @@ def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     return (y * weights[0, :, None]).sum(dim=0, keepdim=True)  # [1, H]
 
 
-def experts_triton(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
-    """One token's experts by the grouped Triton kernels; x [1, H] -> [1, H]."""
+def experts_triton(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """One token's MoE block by three Triton kernels (route, gate/up, down+sum); x [1, H]."""
     from strata.engine.core.fast import moe_triton
 
     stacked = moe.experts
-    act = moe_triton.grouped_gate_up(x[0], stacked.gate_proj, stacked.up_proj, ids[0])  # [k, I]
-    y = moe_triton.grouped_down(act, stacked.down_proj, ids[0], weights[0])  # [k, H] float32
-    return y.sum(dim=0, keepdim=True).to(x.dtype)  # [1, H]
+    logits = moe.router(x)  # [1, E]
+    weights, ids = moe_triton.route_topk(logits[0], moe.top_k, moe.norm_topk_prob, x.dtype)
+    act = moe_triton.grouped_gate_up(x[0], stacked.gate_proj, stacked.up_proj, ids)  # [k, I]
+    return moe_triton.grouped_down_sum(act, stacked.down_proj, ids, weights)[None]  # [1, H]
 
 
 def moe_forward(moe: SparseMoE, x: torch.Tensor, impl: str) -> torch.Tensor:
-    """The MoE block on x [T, H]; grouped paths for one token with resident experts, else loop."""
-    if impl == "loop" or x.shape[0] != 1 or not is_grouped_capable(moe):
+    """The MoE block on x [T, H]: the loop module for "loop" or an expert cache; else grouped.
+
+    Grouped means, for one token, the `impl` kernels (triton / bmm); for many tokens (prefill),
+    rows sorted by expert and grouped GEMMs (moe_prefill.py).
+    """
+    if impl == "loop" or not is_grouped_capable(moe):
         return moe(x)
+    if x.shape[0] == 1 and impl == "triton":
+        return experts_triton(moe, x)
     weights, ids = route(moe, x)
-    if impl == "triton":
-        return experts_triton(moe, x, weights, ids)
+    if x.shape[0] != 1:
+        return experts_sorted(moe, x, weights, ids)
     if impl == "bmm":
         return experts_bmm(moe, x, weights, ids)
     raise ValueError(f"moe_impl must be one of {', '.join(MOE_IMPLS)}; not {impl!r}")

@@ -1,10 +1,16 @@
-"""Grouped matrix-vector Triton kernels for one token's top-k experts.
+"""Grouped matrix-vector Triton kernels for one token's top-k experts: three launches a layer.
+
+1. `route_topk`: softmax over the router logits, top-k, renormalisation, in one program.
+2. `grouped_gate_up`: silu(gate[e] @ x) * (up[e] @ x) for the k experts; gate and up rows are
+   read in the same program.
+3. `grouped_down_sum`: sum_j w_j * down[e_j] @ act_j; every program owns output rows and
+   loops over the k experts, so the weighted sum and the cast need no extra kernels.
 
 The expert ids stay in device memory: each program loads its expert id and reads only that
 expert's rows of the stacked [E, I, H] / [E, H, I] weights, so the k experts cost exactly
-their bytes and no host sync. gate and up are read in the same program and leave as
-silu(gate) * up; down multiplies by the routing weight. Runs on CUDA, or on CPU tensors under
-TRITON_INTERPRET=1 (the tests).
+their bytes and no host sync. On CUDA the block shapes are autotuned once per matrix shape
+(the candidates include the first pass's fixed choice); under TRITON_INTERPRET=1 (the CPU
+tests) the first candidate runs.
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ try:
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
 
-# Rows per program and columns per load: 16 x 256 bf16 is an 8 KiB tile, enough bytes in
-# flight per warp group to approach HBM bandwidth with thousands of programs.
-GATE_UP_BLOCK_ROWS = 16
-DOWN_BLOCK_ROWS = 8
-BLOCK_COLS = 256
+# (BLOCK_ROWS, BLOCK_COLS, num_warps) candidates; the first is the CPU interpreter's choice.
+# 16 x 256 bf16 is an 8 KiB tile; smaller row blocks give more programs to fill 132 SMs.
+GATE_UP_CONFIGS = ((16, 256, 4), (8, 256, 4), (4, 512, 4), (32, 128, 8), (8, 512, 8))
+DOWN_SUM_CONFIGS = ((8, 256, 4), (4, 256, 4), (2, 256, 2), (16, 128, 4), (4, 512, 8))
 # Matrix sizes are constexpr: fixed per model, they give static loop bounds (and the CPU
 # interpreter cannot take a runtime loop bound with numpy 2).
+
+
+def _is_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def is_usable(device: torch.device) -> bool:
@@ -37,7 +46,50 @@ def is_usable(device: torch.device) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _tuned(kernel, candidates):
+    """The kernel autotuned over candidates on CUDA (keyed by matrix shape); as is when interpreting."""
+    if _is_interpreting():
+        return kernel
+    configs = [triton.Config({"BLOCK_ROWS": r, "BLOCK_COLS": c}, num_warps=w)
+               for r, c, w in candidates]
+    # Kernels only store (no accumulation into outputs), so timing reruns are harmless.
+    return triton.autotune(configs=configs, key=["num_rows", "num_cols"])(kernel)
+
+
+def _launch(kernel, grid_for_rows, candidates, *args, **kwargs) -> None:
+    if _is_interpreting():
+        rows, cols, warps = candidates[0]
+        kernel[grid_for_rows(rows)](*args, **kwargs, BLOCK_ROWS=rows, BLOCK_COLS=cols,
+                                     num_warps=warps)
+    else:
+        kernel[lambda meta: grid_for_rows(meta["BLOCK_ROWS"])](*args, **kwargs)
+
+
 if triton is not None:
+
+    @triton.jit
+    def _route_kernel(
+        logits_ptr, ids_ptr, weights_ptr,
+        num_experts: tl.constexpr, top_k: tl.constexpr, norm_topk: tl.constexpr,
+        BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        experts = tl.arange(0, BLOCK_E)
+        ok = experts < num_experts
+        z = tl.load(logits_ptr + experts, mask=ok, other=float("-inf")).to(tl.float32)
+        e = tl.exp(z - tl.max(z, axis=0))
+        probs = tl.where(ok, e / tl.sum(e, axis=0), -1.0)  # padding never wins
+        slots = tl.arange(0, BLOCK_K)
+        top_p = tl.zeros([BLOCK_K], dtype=tl.float32)
+        top_id = tl.zeros([BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(top_k):  # descending, like torch.topk
+            best = tl.argmax(probs, axis=0)
+            top_p = tl.where(slots == j, tl.max(probs, axis=0), top_p)
+            top_id = tl.where(slots == j, best.to(tl.int64), top_id)
+            probs = tl.where(experts == best, -1.0, probs)
+        if norm_topk:
+            top_p = top_p / tl.sum(top_p, axis=0)
+        tl.store(ids_ptr + slots, top_id, mask=slots < top_k)
+        tl.store(weights_ptr + slots, top_p.to(weights_ptr.dtype.element_ty), mask=slots < top_k)
 
     @triton.jit
     def _gate_up_kernel(
@@ -67,27 +119,32 @@ if triton is not None:
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
-    def _down_kernel(
+    def _down_sum_kernel(
         act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr,
         stride_expert, stride_row,
-        num_cols: tl.constexpr, num_rows: tl.constexpr,
+        num_cols: tl.constexpr, num_rows: tl.constexpr, top_k: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
-        slot = tl.program_id(0)
-        rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        weight = tl.load(weights_ptr + slot).to(tl.float32)
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < num_rows
-        base = expert * stride_expert + rows[:, None].to(tl.int64) * stride_row
         acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-        for start in range(0, num_cols, BLOCK_COLS):
-            cols = start + tl.arange(0, BLOCK_COLS)
-            col_ok = cols < num_cols
-            a = tl.load(act_ptr + slot * num_cols + cols, mask=col_ok, other=0.0).to(tl.float32)
-            ok = row_ok[:, None] & col_ok[None, :]
-            w = tl.load(down_ptr + base + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            acc += tl.sum(w * a[None, :], axis=1)
-        tl.store(out_ptr + slot * num_rows + rows, acc * weight, mask=row_ok)
+        for slot in tl.static_range(top_k):
+            expert = tl.load(ids_ptr + slot).to(tl.int64)
+            weight = tl.load(weights_ptr + slot).to(tl.float32)
+            base = expert * stride_expert + rows[:, None].to(tl.int64) * stride_row
+            part = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+            for start in range(0, num_cols, BLOCK_COLS):
+                cols = start + tl.arange(0, BLOCK_COLS)
+                col_ok = cols < num_cols
+                a = tl.load(act_ptr + slot * num_cols + cols, mask=col_ok, other=0.0)
+                ok = row_ok[:, None] & col_ok[None, :]
+                w = tl.load(down_ptr + base + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+                part += tl.sum(w * a.to(tl.float32)[None, :], axis=1)
+            acc += weight * part
+        tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+    _gate_up_tuned = _tuned(_gate_up_kernel, GATE_UP_CONFIGS)
+    _down_sum_tuned = _tuned(_down_sum_kernel, DOWN_SUM_CONFIGS)
 
 
 def _check_stacked(name: str, weight: torch.Tensor) -> None:
@@ -96,6 +153,26 @@ def _check_stacked(name: str, weight: torch.Tensor) -> None:
             f"{name} must be a stacked [E, rows, cols] tensor with contiguous rows, got shape "
             f"{tuple(weight.shape)} strides {weight.stride()}: use the loop or bmm MoE path"
         )
+
+
+def route_topk(
+    logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [k] in dtype, ids [k] int64) from one token's router logits [E], as SparseMoE routes.
+
+    softmax in float32, top-k descending, optionally renormalised to sum to 1.
+    """
+    num_experts = logits.shape[-1]
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k must be in 1..{num_experts}, not {top_k}")
+    ids = torch.empty(top_k, dtype=torch.long, device=logits.device)
+    weights = torch.empty(top_k, dtype=dtype, device=logits.device)
+    _route_kernel[(1,)](
+        logits.reshape(-1).contiguous(), ids, weights, num_experts=num_experts, top_k=top_k,
+        norm_topk=norm_topk_prob, BLOCK_E=triton.next_power_of_2(num_experts),
+        BLOCK_K=triton.next_power_of_2(top_k),
+    )
+    return weights, ids
 
 
 def grouped_gate_up(
@@ -107,27 +184,28 @@ def grouped_gate_up(
     num_experts_used = ids.shape[0]
     num_rows, num_cols = gate.shape[1], gate.shape[2]
     out = torch.empty(num_experts_used, num_rows, dtype=x.dtype, device=x.device)
-    grid = (num_experts_used, triton.cdiv(num_rows, GATE_UP_BLOCK_ROWS))
-    _gate_up_kernel[grid](
-        x.contiguous(), gate, up, ids.contiguous(), out,
+    _launch(
+        _gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(num_rows, rows)),
+        GATE_UP_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out,
         gate.stride(0), gate.stride(1), num_cols=num_cols, num_rows=num_rows,
-        BLOCK_ROWS=GATE_UP_BLOCK_ROWS, BLOCK_COLS=BLOCK_COLS,
     )
     return out
 
 
-def grouped_down(
+def grouped_down_sum(
     act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """weights[j] * (down[ids[j]] @ act[j]) for each j: act [k, I], down [E, H, I] -> [k, H] fp32."""
+    """sum_j weights[j] * (down[ids[j]] @ act[j]): act [k, I], down [E, H, I] -> [H] in act's dtype.
+
+    The sum runs in float32 inside the kernel; one rounding at the end.
+    """
     _check_stacked("down_proj", down)
-    num_experts_used = ids.shape[0]
     num_rows, num_cols = down.shape[1], down.shape[2]
-    out = torch.empty(num_experts_used, num_rows, dtype=torch.float32, device=act.device)
-    grid = (num_experts_used, triton.cdiv(num_rows, DOWN_BLOCK_ROWS))
-    _down_kernel[grid](
+    out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
+    _launch(
+        _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),), DOWN_SUM_CONFIGS,
         act.contiguous(), down, ids.contiguous(), weights.contiguous(), out,
         down.stride(0), down.stride(1), num_cols=num_cols, num_rows=num_rows,
-        BLOCK_ROWS=DOWN_BLOCK_ROWS, BLOCK_COLS=BLOCK_COLS,
+        top_k=ids.shape[0],
     )
     return out

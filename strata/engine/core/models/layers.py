@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata.engine.core.fast.prefill_attention import flash_attention
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -90,18 +91,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def causal_mask(start_pos: int, num_tokens: int, device: torch.device) -> torch.Tensor | None:
-    """Boolean mask [T, start_pos+T], True where query i may see key j (j <= start_pos + i).
-
-    None when every query may see every cached key (a single new token).
-    """
-    if num_tokens == 1:
-        return None
-    key_pos = torch.arange(start_pos + num_tokens, device=device)  # [S]
-    query_pos = torch.arange(start_pos, start_pos + num_tokens, device=device)  # [T]
-    return key_pos[None, :] <= query_pos[:, None]  # [T, S]
-
-
 class Attention(nn.Module):
     """Grouped-query attention over the KV cache, with optional q/k biases and q/k RMSNorm."""
 
@@ -140,17 +129,9 @@ class Attention(nn.Module):
         v_cache[start_pos:end_pos] = v
         keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
         values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
-        # SDPA's is_causal aligns the mask top-left, which is wrong once start_pos > 0, so a
-        # chunk after cached tokens gets an explicit mask.
-        mask = None if start_pos == 0 else causal_mask(start_pos, num_tokens, x.device)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),  # [Hq, T, D]
-            keys,
-            values,
-            attn_mask=mask,
-            is_causal=start_pos == 0 and num_tokens > 1,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [Hq, T, D]
+        # 4-D fused kernels with a lower-right causal mask: the 3-D / explicit-mask form of SDPA
+        # falls to the math kernel, which materialises [heads, T, S] scores (20 GiB at 32k).
+        out = flash_attention(q.transpose(0, 1), keys, values)  # [Hq, T, D]
         return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
 
 

@@ -1,0 +1,91 @@
+"""Chunked prefill: large GEMMs per chunk, fused attention, logits for the last token only.
+
+Same modules and weights as models/decoder.py (the numerical reference). A prompt runs in
+chunks of `chunk_tokens` so activations stay bounded whatever its length; attention goes
+through prefill_attention.py (flash / memory-efficient kernels, never [heads, T, S] scores);
+MoE layers with resident experts take the sorted grouped path (moe_prefill.py). Only the last
+token's hidden state is needed after the last layer's K/V are written, so the last layer of
+the last chunk attends and runs its MLP for that one token, and the head sees one row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from strata.engine.core.fast.forward import head_weight, mlp_forward, qkv
+from strata.engine.core.fast.pointwise import EAGER_OPS
+from strata.engine.core.fast.prefill_attention import flash_attention
+from strata.engine.core.kv_cache import KVCache
+
+DEFAULT_PREFILL_CHUNK_TOKENS = 2048
+
+
+def attention_prefill(
+    attn, x, start_pos: int, k_cache, v_cache, cos, sin, *, last_only: bool = False
+) -> torch.Tensor:
+    """A chunk's attention over the cached keys and itself; x [T, H] -> [T, H] ([1, H] last_only).
+
+    Writes the chunk's K/V at start_pos..start_pos+T-1. last_only: attend for the last query.
+    """
+    num_tokens = x.shape[0]
+    end_pos = start_pos + num_tokens
+    q, k, v = qkv(attn, x, cos, sin, EAGER_OPS)
+    k_cache[start_pos:end_pos] = k
+    v_cache[start_pos:end_pos] = v
+    if last_only:
+        q = q[-1:]  # [1, Hq, D]: one query sees every key up to itself
+    keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
+    values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
+    out = flash_attention(q.transpose(0, 1), keys, values)  # [Hq, T, D]
+    return attn.o_proj(out.transpose(0, 1).reshape(q.shape[0], -1))
+
+
+def _check(kv: KVCache, token_ids: torch.Tensor, start_pos: int, chunk_tokens: int) -> None:
+    if token_ids.dim() != 1 or token_ids.numel() == 0:
+        raise ValueError(f"token_ids must be a non-empty 1-D tensor, got {tuple(token_ids.shape)}")
+    num_tokens = token_ids.shape[0]
+    if start_pos < 0 or start_pos + num_tokens > kv.max_tokens:
+        raise ValueError(
+            f"positions {start_pos}..{start_pos + num_tokens - 1} do not fit the KV cache of "
+            f"{kv.max_tokens} tokens: start a new sequence or use a larger context"
+        )
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be positive, not {chunk_tokens}")
+
+
+@torch.inference_mode()
+def prefill(
+    model,
+    kv: KVCache,
+    token_ids: torch.Tensor,
+    start_pos: int,
+    chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+    moe_impl: str = "loop",
+) -> torch.Tensor:
+    """Run token_ids [T] at start_pos.. in chunks; return the last token's logits [V] float32.
+
+    Writes K/V for every position. Logits for the last token only spare a [T, vocab] float32
+    tensor (2 GiB for 4k tokens of a 128k vocabulary). moe_impl "loop" keeps the reference
+    MoE module; any other value takes the sorted grouped path where experts are resident.
+    """
+    _check(kv, token_ids, start_pos, chunk_tokens)
+    num_tokens = token_ids.shape[0]
+    layers = model.model.layers
+    h = None
+    for begin in range(0, num_tokens, chunk_tokens):
+        chunk = token_ids[begin : begin + chunk_tokens]
+        chunk_start = start_pos + begin
+        is_last_chunk = begin + chunk_tokens >= num_tokens
+        positions = torch.arange(chunk_start, chunk_start + chunk.shape[0], device=chunk.device)
+        cos, sin = model.rope(positions)  # [T, D] each
+        h = model.model.embed_tokens(chunk)  # [T, H]
+        for i, layer in enumerate(layers):
+            last_only = is_last_chunk and i == len(layers) - 1
+            x = layer.input_layernorm(h)
+            y = attention_prefill(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin,
+                                  last_only=last_only)
+            h = (h[-1:] if last_only else h) + y
+            h = h + mlp_forward(layer.mlp, layer.post_attention_layernorm(h), EAGER_OPS, moe_impl)
+    last = model.model.norm(h[-1:])  # [1, H]
+    return F.linear(last, head_weight(model)).float()[0]  # [V]

@@ -1,0 +1,104 @@
+"""Prefill attention on fused kernels: GQA and a causal mask, never a [heads, T, S] score tensor.
+
+SDPA picks its flash / memory-efficient kernels only for 4-D inputs [N, heads, L, D]; the 3-D
+tensors of an unbatched model silently take the math kernel, which materialises float scores
+per head (20 GiB for a 32k prompt in 2k chunks). So everything here is 4-D with N = 1.
+
+- A chunk at position 0 (T == S) is plain `is_causal=True`.
+- A chunk after cached tokens needs the causal diagonal aligned bottom-right: query i sits at
+  S - T + i. SDPA's `causal_lower_right` bias sends that straight to the flash kernel, whose
+  causal flag means lower-right (torch.nn.attention.bias, CausalBias._dispatch).
+- GQA: flash reads the Hkv key heads for Hq query heads itself. Where flash cannot run (fp32,
+  odd head sizes, an old GPU), K/V are repeated to Hq heads for this chunk only and the
+  memory-efficient kernel runs instead.
+
+On CUDA the math kernel is never a silent fallback: `flash_attention` raises if neither fused
+kernel can take the inputs. On the CPU (tests, the reference) SDPA's own kernels run.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+log = logging.getLogger(__name__)
+
+FUSED_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+# Learned on first use: whether this torch build's flash op takes Hkv < Hq heads directly.
+_flash_takes_gqa: bool | None = None
+
+
+def _mask_args(num_tokens: int, num_keys: int) -> tuple[object, bool]:
+    """(attn_mask, is_causal) for T queries at the end of S keys."""
+    if num_tokens == 1:
+        return None, False  # one query sees every key
+    if num_tokens == num_keys:
+        return None, True
+    return causal_lower_right(num_tokens, num_keys), False
+
+
+def repeat_kv_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[N, Hkv, S, D] -> [N, Hkv * group, S, D]; query head h reads kv head h // group."""
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+def _can_use(kernel: str, q, k, v, is_causal: bool, is_gqa: bool) -> bool:
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+
+    params = SDPAParams(q, k, v, None, 0.0, is_causal, is_gqa)
+    check = can_use_flash_attention if kernel == "flash" else can_use_efficient_attention
+    return bool(check(params, False))
+
+
+def flash_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the last T of S positions: q [Hq, T, D], keys/values [Hkv, S, D].
+
+    Returns [Hq, T, D]. Query i attends to keys 0..S-T+i. Hq must be a multiple of Hkv.
+    """
+    global _flash_takes_gqa
+    num_heads, num_tokens, _ = q.shape
+    num_kv_heads, num_keys, _ = keys.shape
+    if num_heads % num_kv_heads or num_keys < num_tokens:
+        raise ValueError(
+            f"attention got {num_heads} query heads over {num_kv_heads} kv heads and {num_tokens} "
+            f"queries over {num_keys} keys: query heads must be a multiple of kv heads and "
+            "keys must include the queries"
+        )
+    group = num_heads // num_kv_heads
+    mask, is_causal = _mask_args(num_tokens, num_keys)
+    q4, k4, v4 = q[None], keys[None], values[None]  # [1, heads, L, D]
+    if q.device.type != "cuda":
+        out = F.scaled_dot_product_attention(
+            q4, k4, v4, attn_mask=mask, is_causal=is_causal, enable_gqa=group > 1
+        )
+        return out[0]
+    # The kernel checks ignore the mask; CausalBias hands flash its lower-right causal flag.
+    flag = is_causal or mask is not None
+    if _flash_takes_gqa is not False and _can_use("flash", q4, k4, v4, flag, group > 1):
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(
+                    q4, k4, v4, attn_mask=mask, is_causal=is_causal, enable_gqa=group > 1
+                )
+            if group > 1:
+                _flash_takes_gqa = True
+            return out[0]
+        except RuntimeError as exc:
+            if group == 1:
+                raise
+            _flash_takes_gqa = False
+            log.warning("flash attention refused GQA (%s); repeating K/V heads per chunk", exc)
+    # Repeat K/V for this chunk only (Hq x S x D, not Hq x T x S); flash or efficient takes it.
+    k4, v4 = repeat_kv_heads(k4, group), repeat_kv_heads(v4, group)
+    if not any(_can_use(kind, q4, k4, v4, flag, False) for kind in ("flash", "efficient")):
+        raise RuntimeError(
+            f"no fused attention kernel takes {q.dtype} q {tuple(q.shape)} on {q.device}: the "
+            "math kernel would build [heads, T, S] scores; use bf16/fp16 and head_dim <= 256"
+        )
+    with sdpa_kernel(FUSED_BACKENDS):
+        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=is_causal)
+    return out[0]
