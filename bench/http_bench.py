@@ -70,6 +70,12 @@ async def timed_stream(base_url: str, slot: int) -> dict:
     }
 
 
+def engine_load_info(status: dict) -> dict:
+    """The engine's load info (model_type, load_time_s, ...) from /v1/status."""
+    engine = status.get("engine") or {}
+    return engine.get("model_info") or engine  # nested since the lifecycle work, flat before
+
+
 def in_process_figure(path: str | None, name: str) -> float | None:
     """A figure's value from a cpu_bench JSON report, to compare against."""
     if not path:
@@ -86,7 +92,7 @@ def run(args: argparse.Namespace) -> dict:
         server.start()
         ready_s = time.perf_counter() - started_s
         try:
-            engine_info = server.status().get("engine") or {}
+            engine_info = engine_load_info(server.status())
             asyncio.run(timed_stream(server.base_url, 0))  # warm-up
             runs = [asyncio.run(timed_stream(server.base_url, slot)) for slot in MEASURED_SLOTS]
         finally:

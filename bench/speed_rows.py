@@ -91,9 +91,11 @@ def decode_rows(ctx, model, label: str, moe_impls: list[str]) -> list[dict]:
             n = sum(1 for _ in decoder.decode(kv, first, args.prompt_tokens, args.decode_tokens, GREEDY))
             best_s = min(best_s, _sync_s(t0))
         name = f"{label} decode bs1" + (f" [{decoder.moe_impl}]" if config.is_moe else "")
-        note = f"graphs={decoder.use_cuda_graphs} compiled={decoder.ops.is_compiled} {decoder.note}"
+        note = (f"graphs={decoder.use_cuda_graphs} compiled={decoder.ops.is_compiled} "
+                f"fused_attention={decoder.ops.fused_attention} {decoder.note}")
         rows.append(figure(name, n / best_s, "tok/s", roofline, target, note.strip()))
-        ctx.log(f"  {name}: {n / best_s:.1f} tok/s ({n / best_s / roofline:.0%} of roofline)")
+        ctx.log(f"  {name}: {n / best_s:.1f} tok/s ({n / best_s / roofline:.0%} of roofline; "
+                f"fused_attention={decoder.ops.fused_attention})")
         if impl == moe_impls[0]:
             # TTFT: prompt in, first token on the host (prefill + head + sample).
             best_ttft = float("inf")

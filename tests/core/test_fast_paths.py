@@ -311,3 +311,41 @@ def test_random_weight_presets() -> None:
         assert abs(count / expected[name] - 1) < 0.02, (name, count)
     with pytest.raises(ModelFormatError, match="neither a preset"):
         random_weights_config("llama9-1t")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("num_keys", [1, 40, 300, 9000])
+def test_fused_decode_attention_matches_torch(name: str, num_keys: int) -> None:
+    """Norm+RoPE, the K/V write and split attention in Triton vs the torch decode attention."""
+    from strata.engine.core.fast.decode_attention import check_fused, split_plan
+
+    attn = tiny_model(name).model.layers[0].self_attn
+    assert check_fused(attn, torch.float32, torch.device("cpu"), num_keys) == ""
+    assert split_plan(9000)[1] <= 128 and split_plan(9000)[0] * split_plan(9000)[1] >= 9000
+
+
+@needs_interpreter
+def test_fused_decode_attention_refuses_what_it_cannot_run() -> None:
+    from strata.engine.core.fast.decode_attention import check_fused
+
+    attn = tiny_model("llama").model.layers[0].self_attn
+    assert "dtype" in check_fused(attn, torch.bfloat16, torch.device("cpu"))
+    config = ModelConfig(model_type="llama", **{**_COMMON, "head_dim": 12})
+    odd = build_random_model(config, "cpu", torch.float32, seed=0).model.layers[0].self_attn
+    assert "power-of-two head_dim" in check_fused(odd, torch.float32, torch.device("cpu"))
+    decoder = GraphDecoder(build_random_model(config, "cpu", torch.float32, seed=0),
+                           fused_attention=True)
+    assert not decoder.ops.fused_attention and "torch attention" in decoder.note
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+def test_decode_with_fused_attention_matches_reference(name: str) -> None:
+    model = tiny_model(name)
+    prompt = [(7 * i + 3) % 96 for i in range(21)]
+    expected, _ = reference_greedy(model, prompt, 12, 40)
+    decoder = GraphDecoder(model, moe_impl="bmm", min_bucket_tokens=8, fused_attention=True)
+    assert decoder.ops.fused_attention
+    kv = KVCache.for_config(model.config, 40)
+    assert list(decoder.generate(kv, prompt, GREEDY, max_new_tokens=12)) == expected

@@ -127,3 +127,25 @@ def test_prefill_attention_is_fused_and_exact_on_cuda(dtype) -> None:
     mask = torch.arange(200, device="cuda")[None, :] <= torch.arange(136, 200, device="cuda")[:, None]
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k, v, attn_mask=mask)
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("model_type,heads,kv_heads,head_dim", [
+    ("llama", 32, 8, 128), ("qwen3", 32, 4, 128), ("llama", 9, 3, 64)])
+@pytest.mark.parametrize("num_keys", [1, 300, 5000])
+def test_fused_decode_attention_compiles_and_matches_on_cuda(model_type, heads, kv_heads,
+                                                             head_dim, num_keys) -> None:
+    """The Triton decode attention (norm+RoPE, K/V write, split softmax) vs torch, in bf16."""
+    from strata.engine.core.fast.decode_attention import check_fused
+
+    config = ModelConfig(model_type=model_type, vocab_size=64, hidden_size=256,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=heads,
+                         num_key_value_heads=kv_heads, head_dim=head_dim,
+                         max_position_embeddings=8192)
+    attn = build_random_model(config, "cuda", torch.bfloat16, seed=0).model.layers[0].self_attn
+    assert check_fused(attn, torch.bfloat16, torch.device("cuda"), num_keys) == ""
+
+
+def test_decoders_on_cuda_use_the_fused_attention() -> None:
+    for name in CONFIGS:
+        decoder = GraphDecoder(model_for(name))
+        assert decoder.ops.fused_attention, decoder.note

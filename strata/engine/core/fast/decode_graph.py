@@ -15,11 +15,13 @@ Without CUDA (or with graphs off) the same step runs eagerly, which is what CPU 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 
 import torch
 
+from strata.engine.core.fast.decode_attention import check_fused
 from strata.engine.core.fast.forward import decode_step
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
 from strata.engine.core.fast.moe_grouped import is_grouped_capable, select_moe_impl
@@ -69,6 +71,7 @@ class GraphDecoder:
         moe_impl: str = "auto",
         min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        fused_attention: bool | None = None,
     ):
         self.model = model
         self.device = next(model.parameters()).device
@@ -90,6 +93,8 @@ class GraphDecoder:
         self.ops = EAGER_OPS
         if compile_pointwise if compile_pointwise is not None else is_cuda:
             self.ops = compiled_ops()
+        if fused_attention if fused_attention is not None else is_cuda:
+            self._enable_fused_attention()
         self.min_bucket_tokens = min_bucket_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.sampler = GraphSampler(model.config.vocab_size, self.device)
@@ -103,6 +108,17 @@ class GraphDecoder:
             self._pinned = torch.zeros(2, dtype=torch.long, pin_memory=True)
             self._events = [torch.cuda.Event(), torch.cuda.Event()]
 
+    def _enable_fused_attention(self) -> None:
+        """Turn on the Triton decode attention if it matches the torch one on this device."""
+        attn = self.model.model.layers[0].self_attn
+        dtype = next(self.model.parameters()).dtype
+        reason = check_fused(attn, dtype, self.device)
+        if reason:
+            log.warning("fused decode attention off (%s); decoding with torch attention", reason)
+            self.note = (self.note + "; " if self.note else "") + "torch attention"
+            return
+        self.ops = dataclasses.replace(self.ops, fused_attention=True)
+
     # ---- the step and its graphs -------------------------------------------------------------
 
     def _keys(self, bucket: int) -> torch.Tensor:
@@ -111,9 +127,11 @@ class GraphDecoder:
         return self._key_positions[bucket]
 
     def _step(self, kv: KVCache, bucket: int, key: tuple) -> None:
+        ops = self.ops
+        if ops.fused_attention and kv.k[0].dtype != self.model.model.embed_tokens.weight.dtype:
+            ops = dataclasses.replace(ops, fused_attention=False)  # the kernels need one dtype
         logits = decode_step(
-            self.model, kv, self.token_in, self.position, self._keys(bucket), self.ops,
-            self.moe_impl,
+            self.model, kv, self.token_in, self.position, self._keys(bucket), ops, self.moe_impl,
         )
         token = self.sampler.sample(logits, key)  # [1]
         self.token_out.copy_(token)

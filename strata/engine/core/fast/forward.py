@@ -12,6 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from strata.engine.core.fast.decode_attention import (
+    fused_decode_attention,
+    reference_decode_attention,
+)
 from strata.engine.core.fast.moe_grouped import moe_forward
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.kv_cache import KVCache
@@ -47,19 +51,11 @@ def attention_decode(
     ops: PointwiseOps,
 ) -> torch.Tensor:
     """One token's attention over the first len(key_positions) cache slots; x [1, H]."""
-    q, k, v = qkv(attn, x, cos, sin, ops)
-    k_cache.index_copy_(0, position, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, position, v.to(v_cache.dtype))
-    num_keys = key_positions.shape[0]
-    group = attn.num_heads // attn.num_kv_heads
-    # GQA without repeating K/V: query head h uses kv head h // group, so [Hq, D] -> [Hkv, G, D].
-    q_grouped = q.view(attn.num_kv_heads, group, attn.head_dim)
-    keys = k_cache[:num_keys].to(q.dtype).permute(1, 2, 0)  # [Hkv, D, S]
-    values = v_cache[:num_keys].to(q.dtype).permute(1, 0, 2)  # [Hkv, S, D]
-    scores = torch.matmul(q_grouped, keys)  # [Hkv, G, S]
-    probs = ops.masked_softmax(scores, key_positions, position, attn.head_dim**-0.5)
-    out = torch.matmul(probs, values)  # [Hkv, G, D]
-    return attn.o_proj(out.reshape(1, attn.num_heads * attn.head_dim))
+    q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)  # [1, Hq*D], [1, Hkv*D] x2
+    attend = fused_decode_attention if ops.fused_attention else reference_decode_attention
+    args = (attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions)
+    out = attend(*args) if ops.fused_attention else attend(*args, ops=ops)
+    return attn.o_proj(out)
 
 
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:

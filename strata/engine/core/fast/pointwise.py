@@ -78,6 +78,8 @@ class PointwiseOps:
     masked_softmax: Callable = masked_softmax
     silu_mul: Callable = silu_mul
     is_compiled: bool = False
+    # Decode attention by the two Triton kernels of decode_attention.py (checked per decoder).
+    fused_attention: bool = False
 
 
 EAGER_OPS = PointwiseOps()

@@ -1,0 +1,194 @@
+"""Lifecycle benchmark: the engine's memory levels on a real-sized random model.
+
+    python bench/lifecycle_bench.py --json out.json --model qwen3-30b-a3b-mini|llama3-8b
+
+Loads seeded random weights into the engine's arenas (qwen3-30b-a3b-mini is Qwen3-30B-A3B with
+14 of its 48 layers: 15.75 GiB of experts), then times release/refill of the experts, offload
+and restore of a 32k-token session, a slot switch, sleep/wake, and greedy decode before the
+release and after the refill. Each figure is compared with the pinned copy bandwidth measured
+here. The session's KV is filled synthetically: its bytes are what is moved, and a 32k prefill
+is not what this measures. Prints a table and writes JSON (DESIGN §8 targets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # arena_bench.py next to this file
+from arena_bench import hardware_and_versions, pinned_bandwidth_gb_s
+
+from strata.engine.core.engine import Engine, EngineConfig
+from strata.engine.core.memory.backend import GIB, cuda_available
+from strata.engine.core.memory.vram import read_free_vram_bytes
+from strata.engine.core.random_weights import PRESETS
+from strata.engine.protocol import SamplingSpec
+
+MODELS = {
+    "qwen3-30b-a3b-mini": {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": 14},
+    "llama3-8b": PRESETS["llama3-8b"],
+}
+SESSION_TOKENS = 32768
+RELEASE_TARGET_MS_PER_16_GIB = 20.0
+COPY_TARGET_RATIO = 0.85  # refill experts, wake weights
+SESSION_TARGET_RATIO = 0.80  # offload / restore session
+
+
+def _timed(fn) -> tuple[object, float]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - t0
+
+
+def decode_tok_s(engine: Engine, num_tokens: int, slot: int) -> float:
+    """Greedy decode rate after the first token (which carries the prefill)."""
+    spec = SamplingSpec(max_tokens=num_tokens, temperature=0.0)
+    steps = engine.generate(list(range(1, 33)), spec, slot=slot)
+    next(steps)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    count = sum(len(ids) for ids in steps)
+    return count / (time.perf_counter() - t0)
+
+
+def fill_session(engine: Engine, slot: int, num_tokens: int) -> int:
+    """A resident slot holding num_tokens of (synthetic) history; returns its KV bytes."""
+    state = engine.slots.checkout(slot)
+    try:
+        state.kv.ensure_tokens(num_tokens)
+        for t in (*state.kv.k, *state.kv.v):
+            t[:num_tokens].normal_()
+        state.tokens[:] = [(i * 7919) % 1000 + 1 for i in range(num_tokens)]
+    finally:
+        engine.slots.checkin(slot)
+    return num_tokens * 2 * len(state.kv.k) * state.kv.k[0][0].nbytes
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device("cuda", 0)  # the engine's device
+    h2d, d2h = pinned_bandwidth_gb_s(device, GIB, 5)
+    workdir = Path(tempfile.mkdtemp(prefix="lifecycle-bench-"))
+    config_path = workdir / "config.json"
+    config_path.write_text(json.dumps(MODELS[args.model]))
+    engine = Engine(EngineConfig(
+        model_path=f"random:{args.model}", random_weights=str(config_path), device="cuda",
+        context_tokens=SESSION_TOKENS + 256, expert_cache="all",
+        snapshot_dir=str(workdir / "snapshots"), snapshot_ram_budget_bytes=32 * GIB,
+    ))
+    _, load_s = _timed(engine.load)
+    is_moe = engine.memory.experts is not None
+    figures: list[tuple[str, float | None, str, float | None, float | None]] = []
+    raw: dict = {"load_s": load_s, "arenas_after_load": engine.status()["arenas"]}
+
+    def add(name: str, value: float | None, unit: str, limit: float | None = None) -> None:
+        # ratio = value / limit everywhere (as in arena_bench): <= 1 is good for times.
+        ratio = value / limit if value is not None and limit else None
+        figures.append((name, value, unit, limit, ratio))
+
+    add("load (random weights)", load_s, "s")
+    add("decode before release", decode_tok_s(engine, args.decode_tokens, 0), "tok/s")
+
+    if is_moe:
+        store = engine.memory.experts
+        expert_bytes = store.arena.resident_bytes
+        release_ms, refill_gb_s, nvml_freed = [], [], []
+        for _ in range(args.cycles):
+            free_before = read_free_vram_bytes(0)
+            _, seconds = _timed(engine.release_experts)
+            release_ms.append(seconds * 1e3)
+            free_after = read_free_vram_bytes(0)
+            if free_before is not None and free_after is not None:
+                nvml_freed.append(free_after - free_before)
+            refill, seconds = _timed(engine.refill_experts)
+            refill_gb_s.append(refill["copied_bytes"] / seconds / 1e9)
+        raw |= {"release_ms": release_ms, "refill_gb_s": refill_gb_s, "nvml_freed": nvml_freed}
+        target_ms = RELEASE_TARGET_MS_PER_16_GIB * expert_bytes / (16 * GIB)
+        add(f"release experts ({expert_bytes / GIB:.2f} GiB)", statistics.median(release_ms),
+            "ms", target_ms)
+        add("refill experts incl. mapping", statistics.median(refill_gb_s), "GB/s", h2d)
+        add("decode after refill", decode_tok_s(engine, args.decode_tokens, 1), "tok/s")
+        raw["differing_slots"] = store.verify_slots()
+
+    kv_bytes = fill_session(engine, 2, SESSION_TOKENS)
+    offload, seconds = _timed(engine.offload_session)
+    add(f"offload session ({SESSION_TOKENS} tok, {kv_bytes / GIB:.2f} GiB)",
+        offload["snapshot_bytes"] / seconds / 1e9, "GB/s", d2h)
+    restore, seconds = _timed(engine.restore_session)
+    add("restore session", kv_bytes / seconds / 1e9, "GB/s", h2d)
+    engine.slots.offload(2)  # slot 2 waits in RAM; switching to it restores it
+    _, switch_s = _timed(lambda: (engine.slots.checkout(2), engine.slots.checkin(2)))
+    switch_target_ms = 1.5 * kv_bytes / (h2d * 1e9) * 1e3 + 10
+    add(f"slot switch ({SESSION_TOKENS} tokens from RAM)", switch_s * 1e3, "ms", switch_target_ms)
+
+    resident = sum(a.resident_bytes for a in engine.memory.arenas)
+    free_before = read_free_vram_bytes(0)
+    slept, sleep_s = _timed(engine.sleep)
+    free_after = read_free_vram_bytes(0)
+    add(f"sleep ({slept['freed_bytes'] / GIB:.2f} GiB freed)", sleep_s * 1e3, "ms")
+    woken, wake_s = _timed(engine.wake)
+    add(f"wake ({woken['copied_bytes'] / GIB:.2f} GiB copied)",
+        woken["copied_bytes"] / wake_s / 1e9, "GB/s", h2d)
+    add("decode after wake", decode_tok_s(engine, args.decode_tokens, 3), "tok/s")
+    raw |= {"resident_before_sleep": resident, "sleep": slept, "wake": woken,
+            "nvml_freed_by_sleep": None if free_before is None or free_after is None
+            else free_after - free_before, "restore": restore}
+    engine.close()
+
+    return {
+        "benchmark": "lifecycle",
+        "command": " ".join(sys.argv),
+        "hardware": hardware_and_versions(device),
+        "params": {"model": args.model, "session_tokens": SESSION_TOKENS,
+                   "cycles": args.cycles, "decode_tokens": args.decode_tokens,
+                   "pinned_h2d_gb_s": h2d, "pinned_d2h_gb_s": d2h},
+        "figures": [{"figure": n, "value": v, "unit": u, "limit": lim, "ratio": r}
+                    for n, v, u, lim, r in figures],
+        "targets": {"copy_ratio": COPY_TARGET_RATIO, "session_ratio": SESSION_TARGET_RATIO,
+                    "release_ms_per_16_gib": RELEASE_TARGET_MS_PER_16_GIB},
+        "raw": raw,
+    }
+
+
+def print_table(report: dict) -> None:
+    hw = report["hardware"]
+    print(f"{hw['gpu']} | driver {hw['driver']} | torch {hw['torch']} (CUDA {hw['torch_cuda']})")
+    print(f"model {report['params']['model']}: pinned H2D "
+          f"{report['params']['pinned_h2d_gb_s']:.1f} GB/s, D2H "
+          f"{report['params']['pinned_d2h_gb_s']:.1f} GB/s")
+    print(f"{'figure':48} {'value':>10} {'unit':6} {'limit':>10} {'ratio':>7}")
+    for f in report["figures"]:
+        value = "n/a" if f["value"] is None else f"{f['value']:.2f}"
+        limit = "" if f["limit"] is None else f"{f['limit']:.2f}"
+        ratio = "" if f["ratio"] is None else f"{f['ratio']:.2f}"
+        print(f"{f['figure']:48} {value:>10} {f['unit']:6} {limit:>10} {ratio:>7}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-30b-a3b-mini")
+    parser.add_argument("--cycles", type=int, default=3, help="release/refill cycles")
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--json", help="write the report here")
+    args = parser.parse_args()
+    if not cuda_available():
+        print("lifecycle_bench: no usable CUDA GPU or driver here; run it where an NVIDIA GPU "
+              "is present", file=sys.stderr)
+        return 2
+    report = run(args)
+    print_table(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Where one decode step's GPU time goes: per-kernel CUDA time by torch.profiler.
+
+    python bench/profile_decode.py [--models qwen3-30b-a3b llama3-8b] [--steps 8]
+        [--prefill-tokens 4096]
+
+For each model (random weights, bf16): decode `--steps` tokens by CUDA-graph replay after a
+512-token prompt under the profiler, then print per kernel name the launches and microseconds
+per step, the sum of kernel time per step against the wall time per step (the difference is
+launch gaps and idle GPU), and the roofline time. With --prefill-tokens, one prefill of that
+many tokens is profiled the same way (MoE routing / sort / scatter against the grouped GEMMs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from speed_rows import GREEDY, _prompt, decode_bytes_per_token
+from strata.engine.core.fast import GraphDecoder
+from strata.engine.core.kv_cache import KVCache
+
+PROMPT_TOKENS = 512
+
+
+def kernel_table(prof) -> dict[str, list[float]]:
+    """{kernel name: [launches, total microseconds]} of the GPU events of a profile."""
+    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        row = table[event.name]
+        row[0] += 1
+        row[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+    return table
+
+
+def print_table(title: str, table: dict, per: int, wall_s: float, top: int) -> None:
+    total_us = sum(us for _, us in table.values()) / per
+    launches = sum(n for n, _ in table.values()) / per
+    print(f"== {title}: {launches:.0f} kernels, {total_us:.0f} us kernel time, "
+          f"{wall_s * 1e6 / per:.0f} us wall per step (gap {wall_s * 1e6 / per - total_us:.0f} us)")
+    rows = sorted(table.items(), key=lambda item: -item[1][1])
+    for name, (count, us) in rows[:top]:
+        print(f"  {us / per:9.1f} us {us / total_us / per:6.1%} {count / per:6.1f}x "
+              f"{us / max(count, 1):7.2f} us/launch  {name[:90]}")
+    if len(rows) > top:
+        rest = sum(us for _, (_, us) in rows[top:]) / per
+        print(f"  {rest:9.1f} us in {len(rows) - top} other kernel names")
+
+
+def profile_model(label: str, args, device) -> None:
+    from strata.engine.core.random_weights import build_random_model, random_weights_config
+
+    model = build_random_model(random_weights_config(label), device, torch.bfloat16, seed=0)
+    config = model.config
+    kv = KVCache.for_config(config, 2048, torch.bfloat16, device)
+    decoder = GraphDecoder(model)
+    print(f"## {label}: moe_impl={decoder.moe_impl} graphs={decoder.use_cuda_graphs} "
+          f"compiled={decoder.ops.is_compiled} fused_attention={decoder.ops.fused_attention} "
+          f"{decoder.note}", flush=True)
+    prompt = _prompt(config, PROMPT_TOKENS, device)
+    first = decoder.sample_first(decoder.prefill(kv, prompt, 0), GREEDY)
+    decoder.prepare(kv, PROMPT_TOKENS, args.steps + 4, GREEDY)
+    list(decoder.decode(kv, first, PROMPT_TOKENS, 4, GREEDY))  # warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        list(decoder.decode(kv, first, PROMPT_TOKENS, args.steps, GREEDY))
+        torch.cuda.synchronize()
+        wall_s = time.perf_counter() - t0
+    roofline_us = decode_bytes_per_token(config, PROMPT_TOKENS) / (args.hbm_gb_s * 1e3)
+    print(f"roofline {roofline_us:.0f} us/token at {args.hbm_gb_s:.0f} GB/s; "
+          f"{config.num_hidden_layers} layers")
+    print_table(f"{label} decode step", kernel_table(prof), args.steps, wall_s, args.top)
+    decoder.clear()
+    if args.prefill_tokens and config.is_moe:
+        long_kv = KVCache.for_config(config, args.prefill_tokens, torch.bfloat16, device)
+        tokens = _prompt(config, args.prefill_tokens, device)
+        decoder.prefill(long_kv, tokens, 0)  # warm
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            decoder.prefill(long_kv, tokens, 0)
+            torch.cuda.synchronize()
+            wall_s = time.perf_counter() - t0
+        print_table(f"{label} prefill {args.prefill_tokens} tok", kernel_table(prof), 1,
+                    wall_s, args.top)
+        del long_kv
+    del model, kv
+    torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["qwen3-30b-a3b", "llama3-8b"])
+    parser.add_argument("--steps", type=int, default=8, help="decode steps profiled")
+    parser.add_argument("--prefill-tokens", type=int, default=4096,
+                        help="also profile one MoE prefill of this many tokens (0: skip)")
+    parser.add_argument("--top", type=int, default=22, help="kernel names printed")
+    parser.add_argument("--hbm-gb-s", type=float, default=4242.0,
+                        help="HBM bandwidth for the roofline (the suite's measured limit)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_decode: no CUDA GPU here; it profiles GPU kernels")
+    for label in args.models:
+        try:
+            profile_model(label, args, torch.device("cuda"))
+        except Exception as exc:  # noqa: BLE001 - one model failing must not hide the other
+            print(f"## {label}: profile failed: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""One token's attention in two Triton launches instead of seven small torch kernels.
+
+The torch decode attention is q/k norm+RoPE (2 kernels), two `index_copy_` into the cache,
+QK^T, masked softmax, PV: seven launches a layer, each a few microseconds inside a CUDA graph
+while the layer's weights take ~10-20 us to read. Here:
+
+1. `_split_kernel`, grid (kv heads, key splits): every program norms and rotates its query
+   group and the new key itself (a few hundred FLOPs), scans SPLIT_KEYS cache slots with an
+   online softmax, and writes (max, sum, weighted values) for its split. The new K/V row is
+   stored by split 0 and substituted in registers by every split, so no program ever reads a
+   slot another one is writing. Splits past the position load nothing (masked loads).
+2. `_combine_kernel`, grid (query heads,): merges the splits (flash-decoding).
+
+`reference_decode_attention` is the torch twin (and the path when Triton cannot run);
+`check_fused` compares the two once on the real device before a decoder trusts the kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+
+log = logging.getLogger(__name__)
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # optional: the reference path needs only torch
+    triton = None
+
+BLOCK_KEYS = 64  # keys per inner step; >= 16 for tl.dot on the GPU
+MAX_SPLITS = 128  # the combine kernel holds [splits, D] in registers
+
+
+if triton is not None:
+    # A split that saw no key: finite, so exp(m - m) never computes inf - inf.
+    _EMPTY_MAX = tl.constexpr(-1.0e30)
+
+    @triton.jit
+    def _norm_rope(x, xp, w_ptr, cols, partner, cos, sin, HAS_NORM: tl.constexpr, eps,
+                   HEAD_DIM: tl.constexpr):
+        # x [R, D] float32 and xp its RoPE partner columns (d + D/2) % D; returns rotated rows.
+        if HAS_NORM:
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
+            x = x * rstd[:, None] * tl.load(w_ptr + cols).to(tl.float32)[None, :]
+            xp = xp * rstd[:, None] * tl.load(w_ptr + partner).to(tl.float32)[None, :]
+        sign = tl.where(cols < HEAD_DIM // 2, -1.0, 1.0)
+        return x * cos[None, :] + sign[None, :] * xp * sin[None, :]
+
+    @triton.jit
+    def _split_kernel(
+        q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, k_cache, v_cache, pos_ptr,
+        max_ptr, sum_ptr, acc_ptr, eps, scale, stride_token,
+        HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+        HAS_NORM: tl.constexpr, NUM_KEYS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    ):
+        head = tl.program_id(0)
+        split = tl.program_id(1)
+        pos = tl.load(pos_ptr)
+        cols = tl.arange(0, HEAD_DIM)
+        partner = (cols + HEAD_DIM // 2) % HEAD_DIM
+        cos = tl.load(cos_ptr + cols).to(tl.float32)
+        sin = tl.load(sin_ptr + cols).to(tl.float32)
+        one = tl.arange(0, 1)
+        # The new key and value of this kv head, [1, D].
+        k_off = (head + one)[:, None] * HEAD_DIM
+        k_new = _norm_rope(tl.load(k_ptr + k_off + cols[None, :]).to(tl.float32),
+                           tl.load(k_ptr + k_off + partner[None, :]).to(tl.float32),
+                           kn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM)
+        k_new = k_new.to(k_cache.dtype.element_ty)
+        v_new = tl.load(v_ptr + k_off + cols[None, :]).to(v_cache.dtype.element_ty)
+        if split == 0:
+            slot = pos * stride_token + k_off + cols[None, :]
+            tl.store(k_cache + slot, k_new)
+            tl.store(v_cache + slot, v_new)
+        # The group's queries, [GROUP_PAD, D] (padding rows are zeros and never stored).
+        g = tl.arange(0, GROUP_PAD)
+        g_ok = g < GROUP
+        q_off = (head * GROUP + g)[:, None] * HEAD_DIM
+        q = _norm_rope(tl.load(q_ptr + q_off + cols[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32),
+                       tl.load(q_ptr + q_off + partner[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32),
+                       qn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM)
+        q = (q * scale).to(k_cache.dtype.element_ty)
+        m_i = tl.full([GROUP_PAD], _EMPTY_MAX, tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        for offset in range(0, SPLIT_KEYS, BLOCK_S):
+            keys = split * SPLIT_KEYS + offset + tl.arange(0, BLOCK_S)
+            valid = (keys <= pos) & (keys < NUM_KEYS)
+            kv_off = keys[:, None].to(tl.int64) * stride_token + head * HEAD_DIM + cols[None, :]
+            fresh = keys[:, None] == pos  # the slot this step writes: use the registers
+            kb = tl.load(k_cache + kv_off, mask=valid[:, None] & ~fresh, other=0.0)
+            kb = tl.where(fresh, k_new, kb)
+            vb = tl.load(v_cache + kv_off, mask=valid[:, None] & ~fresh, other=0.0)
+            vb = tl.where(fresh, v_new, vb)
+            s = tl.dot(q, tl.trans(kb))  # [GROUP_PAD, BLOCK_S] float32
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+            m_i = m_new
+        row = (head * GROUP + g) * NUM_SPLITS + split
+        tl.store(max_ptr + row, m_i, mask=g_ok)
+        tl.store(sum_ptr + row, l_i, mask=g_ok)
+        tl.store(acc_ptr + row[:, None] * HEAD_DIM + cols[None, :], acc, mask=g_ok[:, None])
+
+    @triton.jit
+    def _combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, HEAD_DIM: tl.constexpr,
+                        NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr):
+        head = tl.program_id(0)
+        splits = tl.arange(0, BLOCK_SPLITS)
+        ok = splits < NUM_SPLITS
+        cols = tl.arange(0, HEAD_DIM)
+        rows = head * NUM_SPLITS + splits
+        m = tl.load(max_ptr + rows, mask=ok, other=_EMPTY_MAX)
+        w = tl.exp(m - tl.max(m, axis=0))  # split 0 always holds key 0, so the max is finite
+        total = tl.sum(w * tl.load(sum_ptr + rows, mask=ok, other=0.0), axis=0)
+        acc = tl.load(acc_ptr + rows[:, None] * HEAD_DIM + cols[None, :], mask=ok[:, None],
+                      other=0.0)
+        out = tl.sum(w[:, None] * acc, axis=0) / total
+        tl.store(out_ptr + head * HEAD_DIM + cols, out.to(out_ptr.dtype.element_ty))
+
+
+def is_usable(device: torch.device) -> bool:
+    """Triton importable and this device able to run it (CUDA, or the CPU interpreter)."""
+    from strata.engine.core.fast import moe_triton
+
+    return triton is not None and moe_triton.is_usable(device)
+
+
+def split_plan(num_keys: int) -> tuple[int, int]:
+    """(keys per split, number of splits) for a bucket of num_keys slots: at most MAX_SPLITS."""
+    per_split = BLOCK_KEYS
+    while -(-num_keys // per_split) > MAX_SPLITS:
+        per_split *= 2
+    return per_split, -(-num_keys // per_split)
+
+
+def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions):
+    """Attention of one token over cache slots 0..S-1 (masked past position); [1, Hq*D].
+
+    key_positions [S] is 0..S-1 (only its length is used here: S is a compile-time bound).
+    q [1, Hq*D], k/v [1, Hkv*D] straight from the projections (norm and RoPE happen inside);
+    cos/sin [1, D] float32; caches [S, Hkv, D] contiguous; writes K/V at `position` [1].
+    """
+    num_keys = key_positions.shape[0]
+    head_dim, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
+    if head_dim & (head_dim - 1) or k_cache.dtype != q.dtype or not k_cache.is_contiguous():
+        raise ValueError(f"fused decode attention needs a power-of-two head_dim and contiguous "
+                         f"caches in the activation dtype, got D={head_dim}, {k_cache.dtype}")
+    per_split, num_splits = split_plan(num_keys)
+    num_heads = attn.num_heads
+    stats = torch.empty(2, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    acc = torch.empty(num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    out = torch.empty(1, num_heads * head_dim, dtype=q.dtype, device=q.device)
+    has_norm = attn.q_norm is not None
+    q_norm = attn.q_norm.weight if has_norm else q
+    k_norm = attn.k_norm.weight if has_norm else q
+    eps = attn.q_norm.eps if has_norm else 0.0
+    _split_kernel[(attn.num_kv_heads, num_splits)](
+        q.contiguous(), k.contiguous(), v.contiguous(), cos.contiguous(), sin.contiguous(),
+        q_norm, k_norm, k_cache, v_cache, position, stats[0], stats[1], acc, eps,
+        head_dim**-0.5, k_cache.stride(0), HEAD_DIM=head_dim, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HAS_NORM=has_norm, NUM_KEYS=num_keys,
+        SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
+    )
+    _combine_kernel[(num_heads,)](stats[0], stats[1], acc, out, HEAD_DIM=head_dim,
+                                  NUM_SPLITS=num_splits,
+                                  BLOCK_SPLITS=triton.next_power_of_2(num_splits))
+    return out
+
+
+def reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position,
+                               key_positions: torch.Tensor, ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
+    """The torch twin of fused_decode_attention (same arguments, same result); [1, Hq*D]."""
+    q = q.view(1, attn.num_heads, attn.head_dim)
+    k = k.view(1, attn.num_kv_heads, attn.head_dim)
+    v = v.view(1, attn.num_kv_heads, attn.head_dim)
+    q_norm = None if attn.q_norm is None else attn.q_norm.weight
+    k_norm = None if attn.k_norm is None else attn.k_norm.weight
+    eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
+    q, k = ops.norm_rope(q, cos, sin, q_norm, eps), ops.norm_rope(k, cos, sin, k_norm, eps)
+    k_cache.index_copy_(0, position, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, position, v.to(v_cache.dtype))
+    group = attn.num_heads // attn.num_kv_heads
+    # GQA without repeating K/V: query head h uses kv head h // group, so [Hq, D] -> [Hkv, G, D].
+    q_grouped = q.view(attn.num_kv_heads, group, attn.head_dim)
+    num_keys = key_positions.shape[0]
+    keys = k_cache[:num_keys].to(q.dtype).permute(1, 2, 0)  # [Hkv, D, S]
+    values = v_cache[:num_keys].to(q.dtype).permute(1, 0, 2)  # [Hkv, S, D]
+    scores = torch.matmul(q_grouped, keys)  # [Hkv, G, S]
+    probs = ops.masked_softmax(scores, key_positions, position, attn.head_dim**-0.5)
+    return torch.matmul(probs, values).reshape(1, attn.num_heads * attn.head_dim)
+
+
+def check_fused(attn, kv_dtype: torch.dtype, device: torch.device, num_keys: int = 300) -> str:
+    """'' when the fused kernels match the reference for this layer's shapes on device; else why.
+
+    Runs once per decoder before any graph capture, so a kernel that fails to compile or
+    disagrees on this GPU costs a logged fallback, not a wrong answer.
+    """
+    if not is_usable(device):
+        return f"Triton cannot run on {device}"
+    dtype = next(attn.parameters()).dtype
+    if kv_dtype != dtype:
+        return f"KV cache dtype {kv_dtype} differs from the weights' {dtype}"
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    q_dim, kv_dim = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+    q, k, v = rand(1, q_dim), rand(1, kv_dim), rand(1, kv_dim)
+    angles = torch.rand(1, attn.head_dim, generator=gen).to(device) * 6.0
+    cos, sin = angles.cos(), angles.sin()
+    position = torch.tensor([num_keys * 2 // 3], device=device)
+    key_positions = torch.arange(num_keys, device=device)
+    caches = [rand(num_keys, attn.num_kv_heads, attn.head_dim) for _ in range(2)]
+    expected_caches = [c.clone() for c in caches]
+    try:
+        with torch.inference_mode():
+            got = fused_decode_attention(attn, q, k, v, cos, sin, *caches, position, key_positions)
+            expected = reference_decode_attention(attn, q, k, v, cos, sin, *expected_caches,
+                                                  position, key_positions)
+    except Exception as exc:  # noqa: BLE001 - any compile or launch error means: do not use
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    error = (got.float() - expected.float()).abs().max().item()
+    cache_error = max((a.float() - b.float()).abs().max().item()
+                      for a, b in zip(caches, expected_caches))
+    if not error <= tolerance or not cache_error <= tolerance * 4:
+        return f"mismatch: output error {error:.3g}, cache error {cache_error:.3g}"
+    return ""
