@@ -27,15 +27,16 @@ import aiohttp
 # The server subprocess helper lives with the e2e tests; the repository root makes it importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cpu_bench import (  # noqa: E402 - bench/ is the script's own directory on sys.path
+from cpu_bench import (
     DECODE_TOKENS,
     MEASURED_SLOTS,
     STORY_MESSAGES,
     figure,
     hardware_and_versions,
 )
-from tests.e2e.server import ServerProcess  # noqa: E402
-from tests.e2e.sse import chunk_text, sse_events  # noqa: E402
+
+from tests.e2e.server import ServerProcess
+from tests.e2e.sse import chunk_text, sse_events
 
 
 async def timed_stream(base_url: str, slot: int) -> dict:
