@@ -23,6 +23,10 @@ from typing import Any
 
 from strata.engine import protocol as p
 
+# OpenMP threads that spin while waiting burn the cores a game or another server needs, and
+# make decode 10-20x slower when the CPU is shared; set before torch is imported here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
 
 # Commands answered by an engine method of this name when the engine has one (lifecycle work

@@ -66,11 +66,15 @@ class DecoderLM(nn.Module):
         )
         self.rope = RotaryEmbedding(config)
 
-    def forward(self, input_ids: torch.Tensor, start_pos: int, kv: KVCache) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, start_pos: int, kv: KVCache, last_only: bool = False
+    ) -> torch.Tensor:
         """Logits [T, vocab] (float32) for input_ids [T] placed at start_pos..start_pos+T-1.
 
         Writes those positions' K/V into `kv` and attends over positions 0..start_pos+T-1;
-        the caller guarantees positions before start_pos hold this sequence's K/V.
+        the caller guarantees positions before start_pos hold this sequence's K/V. With
+        last_only, only the last position's logits are computed ([1, vocab]): a prefill needs
+        no more, and the vocabulary projection is the largest matmul of a small model.
         """
         if input_ids.dim() != 1 or input_ids.numel() == 0:
             raise ValueError(
@@ -87,6 +91,8 @@ class DecoderLM(nn.Module):
         h = self.model.embed_tokens(input_ids)  # [T, H]
         for i, layer in enumerate(self.model.layers):
             h = layer(h, start_pos, kv.k[i], kv.v[i], cos, sin)
+        if last_only:
+            h = h[-1:]
         h = self.model.norm(h)
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, head).float()  # [T, V]
