@@ -4,6 +4,8 @@ No threads and no I/O loop here (STYLE §6): the engine process (process.py) and
 it. Each cache slot keeps the token history whose K/V are in its cache, so a prompt that
 extends the previous one only prefills the new tokens. Slots live in a SlotManager (slots.py):
 resident while the KV budget allows, else snapshotted to RAM or disk and restored on return.
+Every weight, expert and KV byte lives in a memory arena (residency.py, kv_arena.py) that the
+lifecycle levels release and bring back at the same addresses.
 """
 
 from __future__ import annotations
@@ -15,26 +17,33 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from strata.engine.core.engine_config import EngineConfig
-from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.engine_errors import (
+    EngineBusy,
+    EngineError,
+    EngineOutOfMemory,
+    LevelNotApplicable,
+    kv_mapping,
+)
+from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.loader import load_model_config, load_tensors
+from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.models.build import build_model
+from strata.engine.core.random_weights import DEFAULT_STD, random_weights_config
+from strata.engine.core.residency import ASLEEP, ModelMemory
 from strata.engine.core.sampling import Sampler
-from strata.engine.core.slots import SlotManager
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
 from strata.engine.core.snapshots.kv_state import dtype_name
+from strata.engine.core.weight_source import FileWeights, RandomWeights, random_fingerprint
 from strata.engine.protocol import SamplingSpec, Usage
-from strata.errors import StrataError
+
+__all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMemory",
+           "LevelNotApplicable", "common_prefix_length", "pick_device"]
 
 log = logging.getLogger(__name__)
 
 NUM_CACHE_SLOTS = 4
 DEFAULT_MAX_CONTEXT_TOKENS = 8192
 PREFILL_CHUNK_TOKENS = 512
-
-
-class EngineError(StrataError):
-    """A request the engine cannot serve as asked; the message says why."""
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -59,35 +68,59 @@ def pick_device(requested: str) -> torch.device:
 class Engine:
     """Loads one model and generates from it, one request at a time."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, backend: ArenaBackend | None = None):
+        """backend: the arenas' memory (default: CUDA VMM on a GPU, mmap on the CPU); tests pass
+        a CpuMmapBackend with a budget to act out a GPU that another process fills."""
         self.config = config
         self.model_config: ModelConfig | None = None
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.context_tokens = 0
-        self.slots: SlotManager | None = None
+        self.slots: ArenaSlotManager | None = None
+        self.memory: ModelMemory | None = None
+        self.kv_arena: KVArena | None = None
+        self._backend = backend
         self.last_usage: Usage | None = None
         self.load_time_s = 0.0
 
     # ---- loading ------------------------------------------------------------------------------
 
     def load(self) -> dict:
-        """Read the model, build it on the device, size the context. Returns what was loaded."""
+        """Read the model into arenas, build it over them, size the context. Returns what was
+        loaded."""
         started_s = time.perf_counter()
+        self.close()
         self.device = pick_device(self.config.device)
         # bf16 on GPUs (half the bytes per token read); float32 on the CPU for exact parity.
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        config = load_model_config(self.config.model_path)
-        tensors = load_tensors(self.config.model_path, config)
-        self.model = build_model(config, tensors, self.device, self.dtype)
-        del tensors
-        self.model_config = config
-        self.context_tokens = self.config.context_tokens or min(
-            config.max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS
-        )
-        self._close_slots()
-        self.slots = self._build_slots(config)
+        backend = self._backend or backend_for(self.device)
+        self.device = backend.device  # cuda:N: views and new tensors agree on the index
+        if self.config.random_weights:
+            config = random_weights_config(self.config.random_weights)
+            source = RandomWeights(self.device)
+            fingerprint = random_fingerprint(config, source.seed, DEFAULT_STD)
+        else:
+            config = load_model_config(self.config.model_path)
+            source = FileWeights(load_tensors(self.config.model_path, config))
+            fingerprint = model_fingerprint(self.config.model_path, config)
+        self.memory = ModelMemory(backend, self.dtype)
+        try:
+            self.model = self.memory.build(config, source, self.config.expert_cache)
+            del source
+            self.model_config = config
+            self.context_tokens = self.config.context_tokens or min(
+                config.max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS
+            )
+            self.kv_arena = KVArena(config, self.context_tokens, self.dtype, backend,
+                                    NUM_CACHE_SLOTS)
+            self.memory.arenas.add(self.kv_arena.arena)
+            self.slots = self._build_slots(config, fingerprint)
+        except BaseException:
+            self.close()
+            raise
+        # Any forward over released memory becomes a Python error, not a GPU fault.
+        self.model.register_forward_pre_hook(lambda module, args: self.memory.check_resident())
         self.load_time_s = time.perf_counter() - started_s
         return self.info()
 
@@ -100,6 +133,7 @@ class Engine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "parameter_count": sum(p.numel() for p in self.model.parameters()),
             "load_time_s": round(self.load_time_s, 3),
+            "expert_cache": self.memory.expert_mode,
         }
 
     def _require_model(self) -> ModelConfig:
@@ -107,8 +141,8 @@ class Engine:
             raise EngineError("no model is loaded: load one first")
         return self.model_config
 
-    def _build_slots(self, config: ModelConfig) -> SlotManager:
-        """The slot manager over this model's KV shape and the configured snapshot store."""
+    def _build_slots(self, config: ModelConfig, fingerprint: str) -> ArenaSlotManager:
+        """The slot manager over the kv arena and the configured snapshot store."""
         from strata import paths
 
         layout = KVLayout(
@@ -121,16 +155,12 @@ class Engine:
             self.config.snapshot_disk_budget_bytes,
             persist=self.config.persist_sessions,
             ttl_s=self.config.snapshot_ttl_s,
-            fingerprint=model_fingerprint(self.config.model_path, config),
+            fingerprint=fingerprint,
             layout=layout,
         )
-        return SlotManager(NUM_CACHE_SLOTS, self.config.kv_budget_bytes, self._make_kv, store)
+        return ArenaSlotManager(NUM_CACHE_SLOTS, self.config.kv_budget_bytes, self.kv_arena, store)
 
-    def _make_kv(self, slot: int) -> KVCache:
-        # The kv arena will plug in here through KVCache's allocate hook (a range per slot).
-        return KVCache.for_config(self.model_config, self.context_tokens, self.dtype, self.device)
-
-    def _require_slots(self) -> SlotManager:
+    def _require_slots(self) -> ArenaSlotManager:
         self._require_model()
         return self.slots
 
@@ -146,10 +176,16 @@ class Engine:
         logits = None
         for start in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
             chunk = token_ids[start : start + PREFILL_CHUNK_TOKENS]
+            self._grow_kv(state, len(state.tokens) + len(chunk))
             ids = torch.tensor(chunk, dtype=torch.long, device=self.device)  # [T]
             logits = self.model(ids, len(state.tokens), state.kv)[-1]  # [V]
             state.tokens.extend(chunk)
         return logits
+
+    def _grow_kv(self, state: SlotCache, num_tokens: int) -> None:
+        """Map the slot's KV pages for num_tokens positions before anything writes them."""
+        with kv_mapping(f"the KV cache could not grow to {num_tokens} tokens"):
+            state.kv.ensure_tokens(num_tokens)
 
     def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int = 0
@@ -170,6 +206,7 @@ class Engine:
         if max(prompt) >= config.vocab_size or min(prompt) < 0:
             raise EngineError(f"token ids must be in 0..{config.vocab_size - 1}")
         self._check_slot(slot)
+        self.memory.check_resident()  # the service brings released arenas back first
         stop_ids = set(config.eos_token_ids) | set(sampling.stop_token_ids)
         max_new = min(sampling.max_tokens, self.context_tokens - len(prompt))
         sampler = Sampler(sampling, self.device)
@@ -177,7 +214,7 @@ class Engine:
         finish_reason = "cancelled"
         # Restores the slot's snapshot if it has one; a snapshot that fails verification leaves
         # an empty history, so the prefix below is 0 and the prompt is prefilled from scratch.
-        state = self.slots.checkout(slot)
+        state = self._checkout(slot)
         try:
             # Reuse the longest common prefix; always recompute at least the last prompt token,
             # since its logits are what the first sampled token comes from.
@@ -204,15 +241,70 @@ class Engine:
                 finish_reason=finish_reason,
             )
 
+    def _checkout(self, slot: int) -> SlotCache:
+        # On failure the snapshot went back to the store: nothing is lost.
+        with kv_mapping(f"slot {slot}'s KV could not be mapped"):
+            return self.slots.checkout(slot)
+
     def status(self) -> dict:
-        """Engine-side state for /v1/status."""
+        """Engine-side state for /v1/status: arenas by name, slots, the expert cache."""
         if self.model is None:
             return {"state": "unloaded"}
+        arena_status = self.memory.arenas.status()
         return {
-            "state": "loaded",
+            "state": "sleeping" if self.memory.is_sleeping else "loaded",
             **self.info(),
+            "arenas": arena_status["arenas"],
+            "arena_totals": arena_status["totals"],
             "slots": self.slots_status(),
+            "experts": self.memory.status(),
         }
+
+    # ---- memory levels (DESIGN §4) ------------------------------------------------------------
+
+    def release_experts(self) -> dict:
+        """Give the expert cache's memory back (MoE); not_applicable on a dense model or with
+        the expert cache off. Returns freed_bytes once the memory is really free."""
+        self._require_model()
+        result = self.memory.release_experts()
+        self._empty_device_cache()
+        return result
+
+    def refill_experts(self) -> dict:
+        """Map the expert cache back and restore its residency; out_of_memory (state unchanged)
+        when VRAM is short. With STRATA_VERIFY_REFILL=1 the result has differing_slots."""
+        self._require_model()
+        return self.memory.refill_experts()
+
+    def sleep(self) -> dict:
+        """Offload the sessions (snapshots first), then release weights, experts and KV.
+
+        A session that cannot be written keeps its memory and nothing else is released."""
+        slots = self._require_slots()
+        if self.memory.is_sleeping:
+            return {"freed_bytes": 0}
+        if slots.in_use:
+            raise EngineBusy("a generation is running: sleep after it ends")
+        resident_before = self._resident_bytes()
+        offloaded = slots.offload_session()
+        self.kv_arena.release_all()
+        self.memory.release_for_sleep()
+        self._empty_device_cache()
+        return {"freed_bytes": resident_before - self._resident_bytes(),
+                "offloaded_slots": offloaded["offloaded_slots"]}
+
+    def _resident_bytes(self) -> int:
+        return sum(arena.resident_bytes for arena in self.memory.arenas)
+
+    def wake(self) -> dict:
+        """Map and copy back weights, then experts, at the same addresses; the sessions come
+        back with their next request. out_of_memory (still asleep) when VRAM is short."""
+        self._require_model()
+        return self.memory.wake()
+
+    def _check_awake(self) -> None:
+        if self.memory is not None and self.memory.is_sleeping:
+            raise EngineError(ASLEEP)
 
     # ---- slots and sessions (DESIGN §5) -------------------------------------------------------
 
@@ -232,17 +324,23 @@ class Engine:
 
     def restore_session(self) -> dict:
         """Bring back the active slot of the last offload (the next request would do it too)."""
-        return self._require_slots().restore_session()
+        self._check_awake()
+        with kv_mapping("the session's KV could not be mapped"):
+            return self._require_slots().restore_session()
 
     def save_slot(self, slot: int, filename: str) -> dict:
         """llama.cpp's /slots/{id}?action=save: the slot's KV to a file in the snapshot dir."""
         self._check_slot(slot)
-        return self._require_slots().save(slot, filename)
+        self._check_awake()
+        with kv_mapping(f"slot {slot}'s KV could not be mapped"):
+            return self._require_slots().save(slot, filename)
 
     def restore_slot(self, slot: int, filename: str) -> dict:
         """llama.cpp's /slots/{id}?action=restore: verify the file, then replace the slot."""
         self._check_slot(slot)
-        return self._require_slots().restore(slot, filename)
+        self._check_awake()
+        with kv_mapping(f"slot {slot}'s KV could not be mapped"):
+            return self._require_slots().restore(slot, filename)
 
     def erase_slot(self, slot: int) -> dict:
         """llama.cpp's /slots/{id}?action=erase: forget the slot's history and its snapshot."""
@@ -262,8 +360,13 @@ class Engine:
             slots.close()
 
     def close(self) -> None:
-        """Drop the model and caches; the caller's process may exit afterwards."""
+        """Drop the model, caches and arenas; the caller's process may exit afterwards."""
         self._close_slots()
         self.model = None
+        self.kv_arena = None
+        if self.memory is not None:
+            memory, self.memory = self.memory, None
+            memory.close()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+

@@ -19,6 +19,9 @@ class EngineConfig:
     snapshot_ttl_s: float = 0.0  # 0: snapshots never expire
     # MoE expert cache in VRAM: auto (fill free VRAM minus a reserve), all, off, or N slots.
     expert_cache: str = "auto"
+    # A preset name or config.json path: build seeded random weights of that shape instead of
+    # reading model_path (then only a label), for benchmarks of real-sized models.
+    random_weights: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
@@ -35,22 +37,36 @@ def build_model(
     tensors: dict[str, torch.Tensor],
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    placeholders: Collection[str] = (),
 ) -> torch.nn.Module:
     """The architecture's Model on `device` in `dtype`, its parameters taken from `tensors`.
 
     `tensors` are canonical (after sanitize). The model is built on the meta device first so
-    the only memory used is the tensors themselves, cast or moved only where needed.
+    the only memory used is the tensors themselves, cast or moved only where needed: a tensor
+    already of `dtype` on `device` (e.g. a view into a memory arena) is taken over as it is.
+    `placeholders` name parameters that stay on the meta device because someone else supplies
+    them at run time (an expert cache's provider); a forward that reads one fails loudly.
     """
     device = torch.device(device)
     with torch.device("meta"):
         model = model_module(config.model_type).Model(config)
     expected = {name: tuple(p.shape) for name, p in model.named_parameters()}
-    check_tensors(expected, tensors)
+    unknown = sorted(set(placeholders) - set(expected))
+    if unknown:
+        raise ValueError(f"placeholders {unknown} are not parameters of {config.model_type}")
+    check_tensors({n: s for n, s in expected.items() if n not in placeholders}, tensors)
     # .to() returns the same tensor when dtype and device already match: no copy then.
-    state = {name: tensors[name].to(device=device, dtype=dtype) for name in expected}
-    model.load_state_dict(state, strict=True, assign=True)
-    # Moves the non-persistent RoPE buffer (built on the CPU); parameters are already there.
-    model.to(device)
+    state = {
+        name: tensors[name].to(device=device, dtype=dtype)
+        for name in expected
+        if name not in placeholders
+    }
+    model.load_state_dict(state, strict=False, assign=True)
+    # Buffers (the non-persistent RoPE tables, built on the CPU) move; the parameters are
+    # where they belong already, and meta placeholders cannot move.
+    for module in model.modules():
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, name, buffer.to(device))
     model.requires_grad_(False)
     model.eval()
     return model

@@ -1,0 +1,312 @@
+"""The model's weights and experts in arenas, and the levels that release and bring them back.
+
+- "weights": every dense tensor (embeddings, attention, norms, dense MLPs, routers, lm_head),
+  laid out once at load; the model's parameters are views of it. A host copy (pinned once on
+  a GPU) is what wake() copies back. With the expert cache off the experts live here too.
+- "experts": an ExpertStore. `all` keeps every expert resident and the model's stacked expert
+  parameters are views of its slots (no per-call copy, CUDA-graph friendly); `N` slots is an
+  LRU cache whose misses are copied in from the host copy through a provider per layer.
+Addresses never change: release and refill map and unmap physical memory under fixed views.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
+from strata.engine.core.memory.arena import Arena, ArenaMapError
+from strata.engine.core.memory.arena_set import ArenaSet
+from strata.engine.core.memory.backend import GIB, MIB, ArenaBackend, round_up
+from strata.engine.core.memory.expert_cache import size_slots
+from strata.engine.core.memory.expert_store import ExpertStore
+from strata.engine.core.memory.host_copy import HostCopy
+from strata.engine.core.memory.vram import read_free_vram_bytes
+from strata.engine.core.model_config import ModelConfig
+from strata.engine.core.models.build import build_model
+from strata.engine.core.models.registry import model_module
+from strata.engine.core.models.switch import SparseMoE
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_CHUNK_BYTES = 512 * MIB  # 16 GiB unmaps in ~10 ms at this size (DESIGN §8)
+EXPERT_RESERVE_BYTES = 2 * GIB  # left free by --expert-cache auto: KV and activations
+TENSOR_ALIGN_BYTES = 256
+_PROJS = ("gate_proj", "up_proj", "down_proj")
+
+# One GPU page of an unmapped arena read by a kernel kills the CUDA context; these messages
+# are what a caller sees instead.
+ASLEEP = "the model is asleep: wake it first"
+EXPERTS_RELEASED = "the expert cache is released: refill it first"
+
+
+class SlotExperts:
+    """ExpertWeights provider over an N-slot ExpertStore: slot views, misses copied in."""
+
+    def __init__(self, store: ExpertStore, layer: int):
+        self.store = store
+        self.layer = layer
+
+    def get(self, expert_ids: Sequence[int]):
+        slots = self.store.fetch_slots(self.layer, expert_ids)
+        gate, up, down = self.store.slot_weights
+        return [gate[s] for s in slots], [up[s] for s in slots], [down[s] for s in slots]
+
+
+def expert_names(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
+    """layer -> parameter names of its stacked gate, up and down experts (sparse layers only)."""
+    return {
+        i: tuple(f"model.layers.{i}.mlp.experts.{p}" for p in _PROJS)  # type: ignore[misc]
+        for i, layer in enumerate(model.model.layers)
+        if isinstance(layer.mlp, SparseMoE)
+    }
+
+
+def parse_expert_cache(spec: str) -> str:
+    """Normalise --expert-cache: auto | off | all | N | <size>MiB|GiB; ValueError otherwise."""
+    text = str(spec).strip().lower()
+    if text in ("auto", "off", "all") or text.isdigit() or text.endswith(("mib", "gib")):
+        return text
+    raise ValueError(
+        f"expert_cache {spec!r} is not understood: use auto, off, all, a slot count or a size"
+    )
+
+
+class ModelMemory:
+    """Builds a model over arenas and moves its weights and experts between VRAM and host."""
+
+    def __init__(self, backend: ArenaBackend, dtype: torch.dtype):
+        self.backend = backend
+        self.device = backend.device
+        self.dtype = dtype
+        self.arenas = ArenaSet()
+        self.weights: Arena | None = None
+        self.experts: ExpertStore | None = None
+        self.expert_mode = "none"  # none (dense) | off | all | slots
+        self.is_sleeping = False
+
+    # ---- load ---------------------------------------------------------------------------
+
+    def build(self, config: ModelConfig, source: Any, expert_cache: str) -> torch.nn.Module:
+        """Lay the weights out in arenas, fill them from `source` (weight_source.py), build
+        the model over the views. The caller owns `source` and drops it afterwards."""
+        with torch.device("meta"):
+            meta = model_module(config.model_type).Model(config)
+        shapes = {name: tuple(p.shape) for name, p in meta.named_parameters()}
+        source.check(shapes)
+        by_layer = expert_names(meta)
+        spec = parse_expert_cache(expert_cache)
+        self.expert_mode = "none" if not by_layer else "off" if spec == "off" else "store"
+        in_store = {n for names in by_layer.values() for n in names}
+        if self.expert_mode != "store":
+            in_store = set()
+        dense = [n for n in shapes if n not in in_store]
+
+        views = self._fill_weights(dense, shapes, source)
+        placeholders: set[str] = set()
+        if self.expert_mode == "store":
+            layers = source.experts(by_layer, shapes, self.dtype)
+            num_slots = self._expert_slots(spec, config, len(by_layer), shapes, by_layer)
+            self.experts = ExpertStore(
+                layers, num_slots, self.backend, num_layers=config.num_hidden_layers,
+                chunk_bytes=WEIGHTS_CHUNK_BYTES,
+            )
+            del layers
+            self.arenas.add(self.experts.arena)
+            if self.experts.is_all_resident:
+                self.expert_mode = "all"
+                views.update(self._resident_expert_views(by_layer))
+            else:
+                self.expert_mode = "slots"
+                placeholders = in_store
+        model = build_model(config, views, self.device, self.dtype, placeholders=placeholders)
+        if self.expert_mode == "slots":
+            for layer in by_layer:
+                model.model.layers[layer].mlp.expert_weights = SlotExperts(self.experts, layer)
+        return model
+
+    def _fill_weights(
+        self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any
+    ) -> dict[str, torch.Tensor]:
+        itemsize = self.dtype.itemsize
+        size_bytes = 0
+        for name in names:
+            numel = 1
+            for dim in shapes[name]:
+                numel *= dim
+            size_bytes = round_up(size_bytes, TENSOR_ALIGN_BYTES) + numel * itemsize
+        self.weights = self.arenas.add(
+            Arena("weights", max(size_bytes, 1), self.backend, WEIGHTS_CHUNK_BYTES)
+        )
+        self.weights.map()
+        views = {}
+        for name in names:
+            views[name] = self.weights.allocate(shapes[name], self.dtype, TENSOR_ALIGN_BYTES)
+            source.fill(name, views[name])
+        # Filled as ordinary memory, pinned once (never per release): see host_copy.py.
+        HostCopy.snapshot(self.weights, self.weights.allocated_bytes)
+        return views
+
+    def _expert_slots(
+        self,
+        spec: str,
+        config: ModelConfig,
+        num_layers: int,
+        shapes: dict[str, tuple[int, ...]],
+        by_layer: dict[int, tuple[str, str, str]],
+    ) -> int:
+        """Slots for the store: every expert for all (and auto when they fit), else N >= E."""
+        names = next(iter(by_layer.values()))
+        bytes_per_expert = sum(
+            torch.Size(shapes[n][1:]).numel() * self.dtype.itemsize for n in names
+        )
+        total = num_layers * config.num_experts
+        if spec == "all" or (spec == "auto" and self.device.type != "cuda"):
+            return total
+        free_bytes = 0
+        if spec == "auto":
+            free_bytes = read_free_vram_bytes(self.device.index or 0)
+            if free_bytes is None:
+                free_bytes = torch.cuda.mem_get_info(self.device)[0]
+        # One layer's prefill chunk can route to every expert of that layer at once.
+        return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
+                          min_slots=config.num_experts)
+
+    def _resident_expert_views(
+        self, by_layer: dict[int, tuple[str, str, str]]
+    ) -> dict[str, torch.Tensor]:
+        """The stacked [E, ...] parameters of each layer as slices of the store's slots."""
+        store, num_experts = self.experts, self.experts.num_experts
+        views = {}
+        for layer, names in by_layer.items():
+            first = store.cache.slot_of(layer, 0)
+            slots = [store.cache.slot_of(layer, e) for e in range(num_experts)]
+            if first is None or slots != list(range(first, first + num_experts)):
+                raise RuntimeError(f"layer {layer}'s experts are not in consecutive slots")
+            for name, stacked in zip(names, store.slot_weights):
+                views[name] = stacked[first : first + num_experts]
+        return views
+
+    # ---- levels -------------------------------------------------------------------------
+
+    def check_resident(self) -> None:
+        """Raise EngineError unless everything a forward pass reads is mapped."""
+        if self.is_sleeping:
+            raise EngineError(ASLEEP)
+        if self.experts is not None and self.experts.arena.state != "mapped":
+            raise EngineError(EXPERTS_RELEASED)
+
+    def _experts_store(self) -> ExpertStore:
+        if self.expert_mode == "none":
+            raise LevelNotApplicable("a dense model has no expert cache to release or refill")
+        if self.expert_mode == "off":
+            raise LevelNotApplicable(
+                "the expert cache is off (--expert-cache off): the experts live with the "
+                "weights; use sleep to free them"
+            )
+        return self.experts
+
+    def release_experts(self) -> dict[str, Any]:
+        """Unmap the expert cache; returns when the memory is free."""
+        store = self._experts_store()
+        t0 = time.perf_counter()
+        freed = store.release()
+        return {"freed_bytes": freed, "release_ms": round((time.perf_counter() - t0) * 1e3, 3)}
+
+    def refill_experts(self) -> dict[str, Any]:
+        """Map the expert cache back and restore who was resident; out_of_memory if VRAM is short."""
+        store = self._experts_store()
+        if self.is_sleeping:
+            raise EngineError(f"cannot refill the expert cache: {ASLEEP}")
+        if store.arena.state == "mapped":
+            return {"mapped_bytes": 0, "copied_bytes": 0, "seconds": 0.0}
+        self.check_free_vram("refilling the expert cache", self._missing(store.arena))
+        try:
+            result = store.refill()
+        except ArenaMapError as exc:
+            raise _out_of_memory("refilling the expert cache", exc) from exc
+        out = {"mapped_bytes": result.mapped_bytes, "copied_bytes": result.copied_bytes,
+               "seconds": round(result.seconds, 6),
+               "gb_per_s": round(result.copied_bytes / result.seconds / 1e9, 3)
+               if result.seconds > 0 else None}
+        if result.differing_slots is not None:
+            out["differing_slots"] = result.differing_slots
+        return out
+
+    def release_for_sleep(self) -> int:
+        """Unmap weights and experts (the caller releases KV first); returns bytes freed."""
+        freed = self.weights.release()
+        if self.experts is not None:
+            freed += self.experts.release()
+        self.is_sleeping = True
+        return freed
+
+    def wake(self) -> dict[str, Any]:
+        """Map and copy back the weights, then the experts, at the same addresses; all or none."""
+        if not self.is_sleeping:
+            return {"mapped_bytes": 0, "copied_bytes": 0, "seconds": 0.0}
+        needed = self._missing(self.weights)
+        if self.experts is not None:
+            needed += self._missing(self.experts.arena)
+        self.check_free_vram("waking the model", needed)
+        t0 = time.perf_counter()
+        try:
+            weights = self.weights.refill()
+        except ArenaMapError as exc:
+            raise _out_of_memory("waking the model", exc) from exc
+        mapped, copied = weights.mapped_bytes, weights.copied_bytes
+        if self.experts is not None and self.experts.arena.state != "mapped":
+            try:
+                experts = self.experts.refill()
+            except ArenaMapError as exc:
+                self.weights.release()  # stay asleep as a whole: the next wake can succeed
+                raise _out_of_memory("waking the model", exc) from exc
+            mapped, copied = mapped + experts.mapped_bytes, copied + experts.copied_bytes
+        self.is_sleeping = False
+        seconds = time.perf_counter() - t0
+        return {"mapped_bytes": mapped, "copied_bytes": copied, "seconds": round(seconds, 6),
+                "gb_per_s": round(copied / seconds / 1e9, 3) if seconds > 0 else None}
+
+    def _missing(self, arena: Arena) -> int:
+        return arena.reserved_bytes - arena.resident_bytes
+
+    def check_free_vram(self, what: str, needed_bytes: int) -> None:
+        """Refuse before mapping anything when NVML says the GPU lacks needed_bytes."""
+        if self.device.type != "cuda" or needed_bytes <= 0:
+            return
+        free_bytes = read_free_vram_bytes(self.device.index or 0)
+        if free_bytes is not None and free_bytes < needed_bytes:
+            missing = needed_bytes - free_bytes
+            raise EngineOutOfMemory(
+                f"{what} needs {needed_bytes / MIB:.0f} MiB of VRAM but {free_bytes / MIB:.0f} "
+                f"MiB are free: {missing / MIB:.0f} MiB missing; free VRAM and retry",
+                missing,
+            )
+
+    def status(self) -> dict[str, Any] | None:
+        """The expert cache's counters and mode, or None without one (dense, or off)."""
+        if self.experts is None:
+            return None
+        return {"mode": self.expert_mode, **self.experts.status()}
+
+    def close(self) -> None:
+        """Free every arena and host copy (unload)."""
+        if self.weights is not None and self.weights.host_copy is not None:
+            self.weights.host_copy.close()
+        if self.experts is not None:
+            self.experts.host.close()
+        self.arenas.close()
+        self.weights = self.experts = None
+
+
+def _out_of_memory(what: str, exc: ArenaMapError) -> EngineOutOfMemory:
+    return EngineOutOfMemory(
+        f"{what} failed: {exc.missing_bytes / MIB:.0f} MiB of VRAM missing for the "
+        f"{exc.arena_name} arena; free VRAM and retry (nothing was lost)",
+        exc.missing_bytes,
+    )
+
