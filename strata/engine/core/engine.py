@@ -10,7 +10,9 @@ lifecycle levels release and bring back at the same addresses.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 
@@ -65,6 +67,18 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+def make_fast_decoder(model: torch.nn.Module, device: torch.device):
+    """The CUDA-graph decoder for a model on a GPU; None on the CPU or with STRATA_FAST=0."""
+    if device.type != "cuda" or os.environ.get("STRATA_FAST", "1") == "0":
+        return None
+    from strata.engine.core.fast.decode_graph import GraphDecoder
+
+    decoder = GraphDecoder(model)
+    if decoder.note:
+        log.info("fast decode: %s", decoder.note)
+    return decoder
+
+
 class Engine:
     """Loads one model and generates from it, one request at a time."""
 
@@ -74,6 +88,7 @@ class Engine:
         self.config = config
         self.model_config: ModelConfig | None = None
         self.model: torch.nn.Module | None = None
+        self.fast = None  # GraphDecoder on CUDA (fast/decode_graph.py), None: eager torch
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.context_tokens = 0
@@ -107,6 +122,7 @@ class Engine:
         self.memory = ModelMemory(backend, self.dtype)
         try:
             self.model = self.memory.build(config, source, self.config.expert_cache)
+            self.fast = make_fast_decoder(self.model, self.device)
             del source
             self.model_config = config
             self.context_tokens = self.config.context_tokens or min(
@@ -178,7 +194,7 @@ class Engine:
             chunk = token_ids[start : start + PREFILL_CHUNK_TOKENS]
             self._grow_kv(state, len(state.tokens) + len(chunk))
             ids = torch.tensor(chunk, dtype=torch.long, device=self.device)  # [T]
-            logits = self.model(ids, len(state.tokens), state.kv)[-1]  # [V]
+            logits = self.model(ids, len(state.tokens), state.kv, last_only=True)[-1]  # [V]
             state.tokens.extend(chunk)
         return logits
 
@@ -209,7 +225,6 @@ class Engine:
         self.memory.check_resident()  # the service brings released arenas back first
         stop_ids = set(config.eos_token_ids) | set(sampling.stop_token_ids)
         max_new = min(sampling.max_tokens, self.context_tokens - len(prompt))
-        sampler = Sampler(sampling, self.device)
         num_generated = num_cached = 0
         finish_reason = "cancelled"
         # Restores the slot's snapshot if it has one; a snapshot that fails verification leaves
@@ -220,18 +235,18 @@ class Engine:
             # since its logits are what the first sampled token comes from.
             num_cached = min(common_prefix_length(state.tokens, prompt), len(prompt) - 1)
             del state.tokens[num_cached:]
-            logits = self._forward(state, prompt[num_cached:])
-            while num_generated < max_new:
-                token = int(sampler(logits))
-                num_generated += 1
-                yield [token]
-                if token in stop_ids:
-                    finish_reason = "stop"
-                    break
-                if num_generated < max_new:
-                    logits = self._forward(state, [token])
-            else:
-                finish_reason = "length"  # max_tokens, or the end of the context
+            steps = (self._fast_tokens if self.fast is not None else self._plain_tokens)(
+                state, prompt[num_cached:], sampling, max_new
+            )
+            with contextlib.closing(steps):
+                for token in steps:
+                    num_generated += 1
+                    yield [token]
+                    if token in stop_ids:
+                        finish_reason = "stop"
+                        break
+                else:
+                    finish_reason = "length"  # max_tokens, or the end of the context
         finally:
             self.slots.checkin(slot)
             self.last_usage = Usage(
@@ -240,6 +255,44 @@ class Engine:
                 cached_tokens=num_cached,
                 finish_reason=finish_reason,
             )
+
+    def _plain_tokens(
+        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int
+    ) -> Iterator[int]:
+        """Prefill new_ids, then sample and feed back one token per step (eager torch)."""
+        sampler = Sampler(sampling, self.device)
+        logits = self._forward(state, new_ids)
+        for step in range(max_new):
+            token = int(sampler(logits))
+            yield token
+            if step + 1 < max_new:
+                logits = self._forward(state, [token])
+
+    def _fast_tokens(
+        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int
+    ) -> Iterator[int]:
+        """The GPU path: fused prefill, then decode steps replayed from captured CUDA graphs.
+
+        Token i+1 is already enqueued when token i is yielded; a token's K/V counts as valid
+        (joins state.tokens) only once the step that fed it has run.
+        """
+        start = len(state.tokens)
+        # Graphs write K/V without asking: map every page this request can reach up front.
+        self._grow_kv(state, start + len(new_ids) + max_new)
+        ids = torch.tensor(new_ids, dtype=torch.long, device=self.device)
+        logits = self.fast.prefill(state.kv, ids, start)
+        state.tokens.extend(new_ids)
+        token = self.fast.sample_first(logits, sampling)
+        yield token
+        if max_new <= 1:
+            return
+        steps = self.fast.decode(
+            state.kv, token, len(state.tokens), max_new - 1, sampling, continue_request=True
+        )
+        for next_token in steps:
+            state.tokens.append(token)
+            token = next_token
+            yield token
 
     def _checkout(self, slot: int) -> SlotCache:
         # On failure the snapshot went back to the store: nothing is lost.
@@ -363,6 +416,7 @@ class Engine:
         """Drop the model, caches and arenas; the caller's process may exit afterwards."""
         self._close_slots()
         self.model = None
+        self.fast = None
         self.kv_arena = None
         if self.memory is not None:
             memory, self.memory = self.memory, None
