@@ -73,7 +73,16 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device):
         return None
     from strata.engine.core.fast.decode_graph import GraphDecoder
 
-    decoder = GraphDecoder(model)
+    def flag(name: str) -> bool | None:  # unset: the decoder decides; "0"/"1": off/on
+        value = os.environ.get(name)
+        return None if value is None else value == "1"
+
+    decoder = GraphDecoder(
+        model,
+        use_cuda_graphs=flag("STRATA_FAST_GRAPHS"),
+        compile_pointwise=flag("STRATA_FAST_COMPILE"),
+        fused_attention=flag("STRATA_FAST_ATTENTION"),
+    )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
     return decoder
