@@ -22,6 +22,7 @@ from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.backend import GIB, MIB, cuda_available
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 from strata.engine.core.memory.vram import read_free_vram_bytes
+from report import format_figures  # bench/report.py, next to this file
 
 RELEASE_TARGET_MS_PER_16_GIB = 20.0
 REFILL_TARGET_RATIO = 0.85
@@ -166,23 +167,7 @@ def run(args: argparse.Namespace) -> dict:
 def print_table(report: dict) -> None:
     hw = report["hardware"]
     print(f"{hw['gpu']} | driver {hw['driver']} | torch {hw['torch']} (CUDA {hw['torch_cuda']})")
-    print(f"{'figure':34} {'value':>10} {'unit':5} {'limit':>10} {'ratio':>7}")
-    for f in report["figures"]:
-        limit = "" if f["limit"] is None else f"{f['limit']:.2f}"
-        ratio = "" if f["ratio"] is None else f"{f['ratio']:.2f}"
-        print(f"{f['figure']:34} {f['value']:>10.2f} {f['unit']:5} {limit:>10} {ratio:>7}")
-    freed = report["raw"]["nvml_freed_bytes"]
-    if freed:
-        print(
-            f"NVML free rose by {min(freed) / GIB:.2f} GiB per release "
-            f"(arena {report['params']['gib']} GiB)"
-        )
-    t = report["targets"]
-    print(
-        f"targets: release <= {t['release_ms']:.1f} ms: {'ok' if t['release_ok'] else 'MISSED'}; "
-        f"refill >= {t['refill_ratio']:.0%} of pinned H2D: {'ok' if t['refill_ok'] else 'MISSED'}; "
-        f"content after refill: {'identical' if report['verify']['ok'] else 'DIFFERS'}"
-    )
+    print(format_figures(report["figures"]))
 
 
 def main() -> int:

@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from importlib import metadata
+from report import format_figures  # bench/report.py, next to this file
 
 # Shared with http_bench.py so both measure the very same request.
 STORY_MESSAGES = [{"role": "user", "content": "Write a long story about a dragon who learns to fly."}]
@@ -189,11 +190,7 @@ def print_table(report: dict) -> None:
     print(f"{hw['cpu']} | {hw['cores']} cores, {hw['torch_threads']} torch threads, "
           f"OMP_WAIT_POLICY={hw['omp_wait_policy']} | load {hw['load_average_1m']} -> "
           f"{hw['load_average_1m_end']} | torch {hw['torch']}, strata {hw['strata']}")
-    print(f"{'figure':40} {'value':>10} {'unit':6} {'limit':>10} {'ratio':>6}")
-    for f in report["figures"]:
-        limit = "" if f["limit"] is None else f"{f['limit']:.1f}"
-        ratio = "" if f["ratio"] is None else f"{f['ratio']:.2f}"
-        print(f"{f['figure']:40} {f['value']:>10.2f} {f['unit']:6} {limit:>10} {ratio:>6}")
+    print(format_figures(report["figures"]))
 
 
 def main() -> int:

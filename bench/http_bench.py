@@ -37,6 +37,7 @@ from cpu_bench import (
 
 from tests.e2e.server import ServerProcess
 from tests.e2e.sse import chunk_text, sse_events
+from report import format_figures  # bench/report.py, next to this file
 
 
 async def timed_stream(base_url: str, slot: int) -> dict:
@@ -126,11 +127,7 @@ def print_table(report: dict) -> None:
     hw = report["hardware"]
     print(f"{hw['cpu']} | {hw['cores']} cores | load {hw['load_average_1m']} -> "
           f"{hw['load_average_1m_end']} | strata {hw['strata']}, aiohttp {hw['aiohttp']}")
-    print(f"{'figure':34} {'value':>10} {'unit':6} {'in-proc':>10} {'ratio':>6}")
-    for f in report["figures"]:
-        limit = "" if f["limit"] is None else f"{f['limit']:.1f}"
-        ratio = "" if f["ratio"] is None else f"{f['ratio']:.2f}"
-        print(f"{f['figure']:34} {f['value']:>10.2f} {f['unit']:6} {limit:>10} {ratio:>6}")
+    print(format_figures(report["figures"], limit_header="in-proc"))
 
 
 def main() -> int:

@@ -30,6 +30,7 @@ from strata.engine.core.memory.backend import GIB, cuda_available
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.random_weights import PRESETS
 from strata.engine.protocol import SamplingSpec
+from report import format_figures  # bench/report.py, next to this file
 
 MODELS = {
     "qwen3-30b-a3b-mini": {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": 14},
@@ -166,12 +167,7 @@ def print_table(report: dict) -> None:
     print(f"model {report['params']['model']}: pinned H2D "
           f"{report['params']['pinned_h2d_gb_s']:.1f} GB/s, D2H "
           f"{report['params']['pinned_d2h_gb_s']:.1f} GB/s")
-    print(f"{'figure':48} {'value':>10} {'unit':6} {'limit':>10} {'ratio':>7}")
-    for f in report["figures"]:
-        value = "n/a" if f["value"] is None else f"{f['value']:.2f}"
-        limit = "" if f["limit"] is None else f"{f['limit']:.2f}"
-        ratio = "" if f["ratio"] is None else f"{f['ratio']:.2f}"
-        print(f"{f['figure']:48} {value:>10} {f['unit']:6} {limit:>10} {ratio:>7}")
+    print(format_figures(report["figures"]))
 
 
 def main() -> int:

@@ -29,6 +29,7 @@ sys.path.insert(0, str(BENCH_DIR))  # limits.py, speed_rows.py next to this file
 import speed_rows
 import torch
 from limits import measure_limits
+from report import format_figures  # bench/report.py, next to this file
 
 DEFAULT_MODELS = ("llama3-8b", "qwen3-30b-a3b", "smollm2-135m")
 LONG_PROMPT_MODEL = "llama3-8b"
@@ -199,14 +200,7 @@ def print_table(report: dict) -> None:
     hw = report["hardware"]
     print(f"{hw['gpu']} | torch {hw['torch']} (CUDA {hw['torch_cuda']}) | "
           f"transformers {hw['transformers']} | triton {hw['triton']}")
-    print(f"{'figure':46} {'value':>10} {'unit':7} {'limit':>10} {'ratio':>6} {'target':>6} ok")
-    for f in report["figures"]:
-        limit = "" if f["limit"] is None else f"{f['limit']:.1f}"
-        ratio = "" if f["ratio"] is None else f"{f['ratio']:.2f}"
-        target = "" if f["target"] is None else f"{f['target']:.2f}"
-        ok = {True: "ok", False: "MISSED", None: ""}[f["ok"]]
-        print(f"{f['figure']:46} {f['value']:>10.1f} {f['unit']:7} {limit:>10} {ratio:>6} "
-              f"{target:>6} {ok}")
+    print(format_figures(report["figures"]))
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
