@@ -22,7 +22,7 @@ from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.backend import GIB, MIB, cuda_available
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 from strata.engine.core.memory.vram import read_free_vram_bytes
-from report import format_figures  # bench/report.py, next to this file
+from report import format_figures, write_json  # bench/report.py, next to this file
 
 RELEASE_TARGET_MS_PER_16_GIB = 20.0
 REFILL_TARGET_RATIO = 0.85
@@ -188,9 +188,7 @@ def main() -> int:
         return 2
     report = run(args)
     print_table(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(report, args.json)
     return 0 if report["verify"]["ok"] else 1
 
 

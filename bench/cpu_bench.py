@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from importlib import metadata
-from report import format_figures  # bench/report.py, next to this file
+from report import format_figures, write_json  # bench/report.py, next to this file
 
 # Shared with http_bench.py so both measure the very same request.
 STORY_MESSAGES = [{"role": "user", "content": "Write a long story about a dragon who learns to fly."}]
@@ -206,9 +206,7 @@ def main() -> int:
         parser.error(f"--prompt-tokens must be 2..{args.context - 1} (below --context)")
     report = run(args)
     print_table(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(report, args.json)
     return 0
 
 

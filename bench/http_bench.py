@@ -37,7 +37,7 @@ from cpu_bench import (
 
 from tests.e2e.server import ServerProcess
 from tests.e2e.sse import chunk_text, sse_events
-from report import format_figures  # bench/report.py, next to this file
+from report import format_figures, write_json  # bench/report.py, next to this file
 
 
 async def timed_stream(base_url: str, slot: int) -> dict:
@@ -137,9 +137,7 @@ def main() -> int:
     args = parser.parse_args()
     report = run(args)
     print_table(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    write_json(report, args.json)
     return 0
 
 

@@ -30,7 +30,7 @@ from strata.engine.core.memory.backend import GIB, cuda_available
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.random_weights import PRESETS
 from strata.engine.protocol import SamplingSpec
-from report import format_figures  # bench/report.py, next to this file
+from report import format_figures, write_json  # bench/report.py, next to this file
 
 MODELS = {
     "qwen3-30b-a3b-mini": {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": 14},
@@ -183,8 +183,7 @@ def main() -> int:
         return 2
     report = run(args)
     print_table(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    write_json(report, args.json)
     return 0
 
 

@@ -24,3 +24,12 @@ def format_figures(figures: list[dict], limit_header: str = "limit") -> str:
             line += f" {_cell(f.get('target'), '.2f'):>6} {ok}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def write_json(report: dict, path: str | None) -> None:
+    """Write the report as JSON when a path was given (non-JSON values as strings)."""
+    if path:
+        import json
+        from pathlib import Path
+
+        Path(path).write_text(json.dumps(report, indent=2, default=str))

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from strata.default_model import DefaultModelError, default_model_path
 from strata.engine.core.engine import Engine, EngineConfig
 from strata.engine.protocol import SamplingSpec
-from strata.engine.text import IncrementalDetokenizer, TextAssets, load_text_assets
+from strata.engine.text import IncrementalDetokenizer, TextAssets
 
 QUESTION = "What is the capital of France?"
 # SmolLM2-Instruct's template inserts this system turn when the conversation has none.
@@ -24,16 +23,13 @@ IM_START_ID, IM_END_ID = 1, 2  # <|im_start|>, <|im_end|> in SmolLM2's vocabular
 
 
 @pytest.fixture(scope="module")
-def model_path() -> Path:
-    try:
-        return default_model_path(fetch=True, progress=False)
-    except DefaultModelError as exc:
-        pytest.skip(f"the default model cannot be fetched here: {exc}")
+def model_path(smollm2_gguf: Path) -> Path:
+    return smollm2_gguf
 
 
 @pytest.fixture(scope="module")
-def assets(model_path: Path) -> TextAssets:
-    return load_text_assets(model_path)
+def assets(smollm2: TextAssets) -> TextAssets:
+    return smollm2
 
 
 @pytest.fixture(scope="module")
