@@ -11,7 +11,6 @@ after), refills it (mapping + copy) and verifies the content. Prints a table and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time

@@ -12,7 +12,6 @@ figure, limit, ratio), like bench/arena_bench.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
