@@ -1,4 +1,4 @@
-"""The `strata` command: generate, info, pull, serve."""
+"""The `strata` command: generate, info, pull, serve, bench."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from strata.engine.core.model_info import format_model_info
     from strata.engine.core.loader import inspect_model
+    from strata.engine.core.model_info import format_model_info
 
     print(format_model_info(inspect_model(_model_path(args.model))))
     return 0
@@ -72,6 +72,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from strata.engine.service.serve import serve_from_args
 
     return serve_from_args(args)
+
+
+def cmd_bench(bench_args: list[str]) -> int:
+    from pathlib import Path
+
+    from strata.errors import StrataError
+
+    # The suite lives in the checkout's bench/ (it needs the transformers peer and writes
+    # reports next to the docs); it is not part of the installed wheel.
+    bench_dir = Path(__file__).resolve().parent.parent / "bench"
+    if not (bench_dir / "suite.py").is_file():
+        raise StrataError(
+            "strata bench runs from a source checkout: bench/ is not installed with the wheel; "
+            "clone the repository and install it with pip install -e ."
+        )
+    sys.path.insert(0, str(bench_dir))
+    import suite
+
+    parser = argparse.ArgumentParser(prog="strata bench", description=suite.__doc__.splitlines()[0])
+    suite.add_bench_arguments(parser)
+    suite.run_bench(parser.parse_args(bench_args))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     pull = sub.add_parser("pull", help="fetch the embedded default model (SmolLM2-135M)")
     pull.set_defaults(func=cmd_pull)
 
+    bench = sub.add_parser(
+        "bench", help="GPU speed suite against measured limits and a peer (see bench/suite.py)",
+        add_help=False,
+    )
+    bench.set_defaults(func=None)  # main() hands everything after `bench` to the suite
+
     serve = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
     try:
         from strata.engine.service.settings import add_serve_arguments
@@ -111,9 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    is_bench = bool(argv) and argv[0] == "bench"
+    args = None if is_bench else parser.parse_args(argv)
     try:
-        return args.func(args)
+        return cmd_bench(argv[1:]) if is_bench else args.func(args)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # one line for the user, never a traceback
