@@ -56,6 +56,20 @@ class SelfCheck(QObject):
             "status_line": self.tray_app.tray.status_action.text(),
             "dashboard_visible": self.tray_app.dashboard.isVisible(),
         }
+        state = report["state"]
+        if (
+            self.artifacts_dir is not None
+            and report["dashboard_visible"]
+            and state != self.last_written.get("state")
+            and state not in (None, "starting", "busy")
+        ):
+            # One picture per level the dashboard lives through (dashboard-sleeping.png, ...),
+            # taken once the chart has caught up with the change.
+            name = f"dashboard-{state}.png"
+            QTimer.singleShot(
+                1500,
+                lambda: self.tray_app.dashboard.grab().save(str(self.artifacts_dir / name)),
+            )
         if report != self.last_written:
             tmp = self.ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(report), encoding="utf-8")

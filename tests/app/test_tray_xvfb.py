@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import openai
 import psutil
 import pytest
 
@@ -188,7 +189,30 @@ def test_real_tray_shows_icon_menu_and_dashboard(x_display, tmp_path):
         assert second.returncode == 0 and "already running" in second.stderr
         wait_for(lambda: read_json(ready).get("dashboard_visible"), 20, "the dashboard")
         wait_for(lambda: (art / "dashboard.png").exists(), 20, "the dashboard screenshot")
-        for name in ("tray-menu.png", "screen-with-menu.png", "dashboard.png"):
+        shots = ["tray-menu.png", "screen-with-menu.png", "dashboard.png"]
+        if model:
+            # A chat client on the tray's endpoint, while the dashboard watches the level move.
+            client = openai.OpenAI(base_url=report["endpoint"], api_key="none", timeout=120)
+            answer = client.chat.completions.create(
+                model="default", temperature=0, max_tokens=16,
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+            )
+            assert "Paris" in answer.choices[0].message.content
+            base = report["endpoint"].removesuffix("/v1")
+            request = urllib.request.Request(base + "/sleep", data=b"{}", method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as r:
+                assert r.status == 200
+            wait_for(lambda: read_json(ready).get("icon") == "sleeping", 30, "the sleeping icon")
+            wait_for(lambda: (art / "dashboard-sleeping.png").exists(), 20, "the sleep picture")
+            again = client.chat.completions.create(
+                model="default", temperature=0, max_tokens=16,
+                messages=[{"role": "user", "content": "What is the capital of France?"}],
+            )
+            assert again.choices[0].message.content == answer.choices[0].message.content
+            wait_for(lambda: read_json(ready).get("icon") == "serving", 30, "serving again")
+            shots.append("dashboard-sleeping.png")
+        for name in shots:
             assert (art / name).stat().st_size > 1000
             shutil.copy(art / name, ARTIFACTS / name)
         # Quit stops the engine cleanly: the process exits 0 and leaves no engine child behind.
