@@ -159,7 +159,7 @@ class SlotManager:
             self._release(slot)  # an empty history needs no snapshot
             return {"id_slot": slot, "released_bytes": released_bytes, "location": "empty"}
         created_s, expires_s = self.store.expiry_for_new()
-        snapshot = KVSnapshot.capture(cache, created_s, expires_s)
+        snapshot = KVSnapshot.capture(cache, created_s, expires_s, pool=self.store.host_pool)
         location = self.store.put(slot, snapshot)  # raises before anything is released
         # Release only now that the snapshot is complete.
         self._release(slot)

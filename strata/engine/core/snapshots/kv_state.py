@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.memory.host_copy import side_stream
 from strata.engine.core.snapshots.errors import SnapshotInvalid
+from strata.engine.core.snapshots.host_pool import HostPool, align_up, pool_for
 
 
 @dataclass(frozen=True)
@@ -144,14 +146,52 @@ class SlotCache:
         if len(state) != 2 * kv.num_layers or any(tuple(t.shape) != expected for t in state):
             raise SnapshotInvalid("other_layout", f"the snapshot tensors are not {expected} per region")
         n = len(tokens)
-        with torch.inference_mode():
-            for layer in range(kv.num_layers):
-                # non_blocking: a pinned host copy overlaps with the next region's copy.
-                kv.k[layer][:n].copy_(state[2 * layer], non_blocking=True)
-                kv.v[layer][:n].copy_(state[2 * layer + 1], non_blocking=True)
-        if kv.device.type == "cuda":
-            torch.cuda.synchronize(kv.device)
+        try:
+            with torch.inference_mode():
+                for layer in range(kv.num_layers):
+                    # non_blocking: a pinned host copy overlaps with the next region's copy.
+                    kv.k[layer][:n].copy_(state[2 * layer], non_blocking=True)
+                    kv.v[layer][:n].copy_(state[2 * layer + 1], non_blocking=True)
+        finally:
+            # One sync for all regions; also on failure, so `state` is never freed mid-copy.
+            if kv.device.type == "cuda":
+                torch.cuda.synchronize(kv.device)
         return cls(kv, str(metadata["fingerprint"]), tokens)
+
+
+def copy_to_host(regions: list[torch.Tensor], pool: HostPool | None) -> list[torch.Tensor]:
+    """Host copies of `regions`, laid out in one pool block when the pool has room.
+
+    On a GPU every region is copied non_blocking on the side stream and the stream is
+    synchronized once at the end, so the copies queue back to back at PCIe speed.
+    """
+    offsets, total_bytes = [], 0
+    for t in regions:
+        offsets.append(total_bytes)
+        total_bytes += align_up(t.nbytes)
+    device = regions[0].device if regions else torch.device("cpu")
+    block = pool.alloc(total_bytes, device) if pool is not None and total_bytes else None
+    if block is None:
+        # Ordinary memory: no pool, or it is full (its capacity is the snapshot RAM budget).
+        block = torch.empty(total_bytes, dtype=torch.uint8)
+    dst = [
+        block[offset : offset + t.nbytes].view(t.dtype).view(t.shape)
+        for offset, t in zip(offsets, regions, strict=True)
+    ]
+    if device.type != "cuda":
+        for d, s in zip(dst, regions, strict=True):
+            d.copy_(s)
+        return dst
+    stream = side_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # the KV writes queued before us
+    try:
+        with torch.cuda.stream(stream):
+            for d, s in zip(dst, regions, strict=True):
+                d.copy_(s, non_blocking=True)
+    finally:
+        # Before the block can be dropped (also on failure) and before the caller frees the KV.
+        stream.synchronize()
+    return dst
 
 
 @dataclass
@@ -167,10 +207,19 @@ class KVSnapshot:
 
     @classmethod
     def capture(
-        cls, cache: SlotCache, created_s: float | None = None, expires_s: float | None = None
+        cls,
+        cache: SlotCache,
+        created_s: float | None = None,
+        expires_s: float | None = None,
+        pool: HostPool | None = None,
     ) -> KVSnapshot:
-        """Copy the used rows of a live slot to host memory."""
-        regions = [t.to("cpu", copy=True).contiguous() for t in cache.state]
+        """Copy the used rows of a live slot to host memory.
+
+        The regions go into one block of `pool` (default: the pool registered for the slot's
+        model), pinned on a GPU, or into ordinary memory when there is no pool or it is full.
+        """
+        pool = pool if pool is not None else pool_for(cache.fingerprint)
+        regions = copy_to_host(cache.state, pool)
         metadata = cache.metadata
         return cls.from_state(
             regions,
