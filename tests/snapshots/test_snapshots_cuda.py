@@ -1,4 +1,12 @@
-"""Slots on a CUDA device: bf16 KV goes to host RAM and comes back bit for bit."""
+"""Slots on a CUDA device: bf16 KV goes to host RAM or disk and comes back bit for bit.
+
+In bf16 the same tokens round differently when decode steps computed their K/V (a warm slot)
+than when one prefill did (a cold run), so greedy output can flip at a near tie between the
+two (a top-2 gap under bf16's step of ~0.03 at logit 5). What a restore must guarantee is that
+it changes nothing: the K/V come back bit for bit and the next answer equals the answer of a
+slot that took the same path and was never offloaded. The CPU tests check cold equality in
+float32, where it holds.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +17,6 @@ import torch
 
 from tests.snapshots.helpers import (
     SLOT_KV_BYTES,
-    ColdRunner,
-    Conversation,
     locations,
     make_engine,
     run,
@@ -41,18 +47,26 @@ def test_switching_slots_on_cuda_restores_identical_kv(model_dir, tmp_path) -> N
     assert engine.last_usage.cached_tokens == len(prompt) + len(answer) - 1
     after = engine.slots.resident[0].state[: len(before)]
     assert all(torch.equal(a[: b.shape[0]], b) for a, b in zip(after, before, strict=True))
-    engine.erase_slot(2)
-    assert run(engine, follow, slot=2) == warm and engine.last_usage.cached_tokens == 0
+    run(engine, prompt, slot=2)  # the same path, never evicted
+    assert run(engine, follow, slot=2) == warm
 
 
 def test_persisted_bf16_snapshot_survives_a_restart_on_cuda(model_dir, tmp_path) -> None:
-    cold = ColdRunner(make_engine(model_dir, tmp_path / "cold", device="cuda"))
+    rng = random.Random(41)
+    prompt = [rng.randrange(320) for _ in range(500)]
+    reference = make_engine(model_dir, tmp_path / "reference", device="cuda")
     first = make_engine(model_dir, tmp_path, device="cuda", persist_sessions=True)
-    chat = Conversation(1, 41, 500)
-    answer = chat.turn(first, cold, None)
+    answer = run(first, prompt, slot=1)
+    assert run(reference, prompt, slot=1) == answer
+    before = [t.clone() for t in first.slots.resident[1].state]
     first.offload_session()
     first.close()
     second = make_engine(model_dir, tmp_path, device="cuda", persist_sessions=True)
     assert locations(second)[1] == "disk"
-    chat.turn(second, cold, answer)
+    follow = prompt + answer + [rng.randrange(320) for _ in range(200)]
+    got = run(second, follow, slot=1)
     assert second.slots.last_restore["source"] == "disk"
+    assert second.last_usage.cached_tokens == len(prompt) + len(answer) - 1
+    after = second.slots.resident[1].state
+    assert all(torch.equal(a[: b.shape[0]], b) for a, b in zip(after, before, strict=True))
+    assert got == run(reference, follow, slot=1)

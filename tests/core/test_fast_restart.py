@@ -1,0 +1,85 @@
+"""A fresh fast decoder whose first call is a prefill over K/V that another decoder wrote.
+
+The CPU twin of the restart scenario of tests/snapshots/test_snapshots_cuda.py: decoder A
+answers a prompt, the used K/V rows go to a new cache (what a snapshot restore does), and a
+new decoder B (compiled element-wise ops, fused Triton decode attention, nothing warmed up)
+starts with a prefill at start_pos > 0, then decodes. In float32 its greedy tokens must be
+exactly the reference model's over the whole prompt, and its logits close to them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Must precede the first Triton import (see test_fast_paths.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from strata.engine.core.fast import GraphDecoder, decode_graph
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.model_config import ModelConfig
+from strata.engine.core.random_weights import build_random_model
+from strata.engine.protocol import SamplingSpec
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
+)
+
+CONFIG = ModelConfig(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=80,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, max_position_embeddings=512)
+MAX_TOKENS = 96
+GREEDY = SamplingSpec(max_tokens=8, temperature=0.0)
+
+
+def reference(model, prompt: list[int], num_new: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and per-step logits of the reference forward over the whole prompt."""
+    kv = KVCache.for_config(model.config, MAX_TOKENS)
+    with torch.inference_mode():
+        logits = [model(torch.tensor(prompt), 0, kv)[-1]]
+        tokens = [int(logits[-1].argmax())]
+        for i in range(num_new - 1):
+            logits.append(model(torch.tensor(tokens[-1:]), len(prompt) + i, kv)[-1])
+            tokens.append(int(logits[-1].argmax()))
+    return tokens, logits
+
+
+def fresh_decoder(model) -> GraphDecoder:
+    decoder = GraphDecoder(model, use_cuda_graphs=False, compile_pointwise=True,
+                           fused_attention=True, min_bucket_tokens=16, prefill_chunk_tokens=16)
+    assert decoder.ops.is_compiled and decoder.ops.fused_attention, decoder.note
+    return decoder
+
+
+def test_fresh_decoder_continues_over_restored_kv(monkeypatch) -> None:
+    model = build_random_model(CONFIG, "cpu", torch.float32, seed=5, std=0.15)
+    first_prompt = [(11 * i + 2) % 96 for i in range(20)]
+    kv_a = KVCache.for_config(model.config, MAX_TOKENS)
+    answer = list(fresh_decoder(model).generate(kv_a, first_prompt, GREEDY, 6))
+    assert answer == reference(model, first_prompt, 6)[0]
+    # What the slot holds: the prompt and every answer token but the last; restored into a
+    # new, zeroed cache as SlotCache.from_state does.
+    num_cached = len(first_prompt) + len(answer) - 1
+    kv_b = KVCache.for_config(model.config, MAX_TOKENS)
+    for dst, src in zip((*kv_b.k, *kv_b.v), (*kv_a.k, *kv_a.v), strict=True):
+        dst[:num_cached] = src[:num_cached]
+    prompt = first_prompt + answer + [(5 * i + 7) % 96 for i in range(30)]
+    expected, ref_logits = reference(model, prompt, 8)
+
+    seen: list[torch.Tensor] = []  # each decode step's logits [V]
+    step = decode_graph.decode_step
+
+    def recording_step(*args, **kwargs):
+        logits = step(*args, **kwargs)
+        seen.append(logits[0].clone())
+        return logits
+
+    monkeypatch.setattr(decode_graph, "decode_step", recording_step)
+    decoder = fresh_decoder(model)  # first call: a prefill at start_pos > 0, then decode
+    got = list(decoder.generate(kv_b, prompt[num_cached:], GREEDY, 8, start_pos=num_cached))
+    assert got == expected
+    for logits, ref in zip(seen, ref_logits[1:], strict=True):
+        torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
