@@ -296,9 +296,7 @@ class Lifecycle:
 
     async def _load(self) -> None:
         supervisor = self.supervisor
-        self.transition = "loading"
-        self._changed.set()
-        try:
+        async with self._coming_back("loading"):
             # While the supervisor backs off after crashes, ensure_loaded refuses at once: no
             # point in running the hook or waiting for VRAM first.
             if not (supervisor.state == "failed" and supervisor.retry_in_s > 0):
@@ -314,6 +312,15 @@ class Lifecycle:
                 self._is_sleeping = self._experts_released = self._session_offloaded = False
                 self._inapplicable.clear()
             await self._refresh()
+
+    @contextlib.asynccontextmanager
+    async def _coming_back(self, transition: str):
+        """Show the transition while a level comes back; record its error, or clear the last
+        one and count the step as activity (idle timers start again from here)."""
+        self.transition = transition
+        self._changed.set()
+        try:
+            yield
         except ServiceError as exc:
             self.last_error = exc.message
             raise
@@ -329,9 +336,7 @@ class Lifecycle:
         await self._come_back("refill_experts", "refill the experts")
 
     async def _come_back(self, action: str, what: str) -> None:
-        self.transition = "waking"
-        self._changed.set()
-        try:
+        async with self._coming_back("waking"):
             if action == "wake":
                 await self.hook.run("wake")
             await self.guard.wait_for_room(what)
@@ -341,13 +346,6 @@ class Lifecycle:
             else:
                 self._experts_released = False
             await self._refresh()
-        except ServiceError as exc:
-            self.last_error = exc.message
-            raise
-        finally:
-            self.transition = None
-        self.last_error = None
-        self._mark_activity()
 
     async def _unload(self) -> dict[str, Any]:
         supervisor = self.supervisor
