@@ -50,18 +50,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     assets = text_assets(service)
     generation = await start_text_generation(service, assets, encode_chat(assets, messages),
                                              params)
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": service.model_id}
+    return await _respond(request, generation, params, "chatcmpl", "chat.completion",
+                          "chat.completion.chunk", _chat_choice, _chat_message)
+
+
+def _chat_message(text: str, finish_reason: str | None) -> dict:
+    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "finish_reason": finish_reason}
+
+
+async def _respond(request: web.Request, generation: TextGeneration, params: Any, id_prefix: str,
+                   kind: str, chunk_kind: str, chunk_choice, final_choice) -> web.StreamResponse:
+    """The answer of a chat or text completion: an SSE stream of chunks, or one JSON object."""
+    head = {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": request.app[SERVICE_KEY].model_id}
     if params.is_stream:
-        return await _stream(request, generation, head, "chat.completion.chunk",
-                             params.include_usage, _chat_choice)
+        return await _stream(request, generation, head, chunk_kind, params.include_usage,
+                             chunk_choice)
     try:
         text = await generation.collect()
     finally:
         await generation.close()
-    choice = {"index": 0, "message": {"role": "assistant", "content": text},
-              "logprobs": None, "finish_reason": generation.finish_reason}
-    return web.json_response({**head, "object": "chat.completion", "choices": [choice],
+    return web.json_response({**head, "object": kind,
+                              "choices": [final_choice(text, generation.finish_reason)],
                               "usage": openai_usage(generation.usage)})
 
 
@@ -142,19 +153,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     assets = text_assets(service)
     prompt_ids = _completion_prompt(assets, body.get("prompt"))
     generation = await start_text_generation(service, assets, prompt_ids, params)
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": service.model_id}
-    if params.is_stream:
-        return await _stream(request, generation, head, "text_completion",
-                             params.include_usage, _completion_choice)
-    try:
-        text = await generation.collect()
-    finally:
-        await generation.close()
-    choice = {"index": 0, "text": text, "logprobs": None,
-              "finish_reason": generation.finish_reason}
-    return web.json_response({**head, "object": "text_completion", "choices": [choice],
-                              "usage": openai_usage(generation.usage)})
+    return await _respond(request, generation, params, "cmpl", "text_completion",
+                          "text_completion", _completion_choice,
+                          lambda text, finish: _completion_choice(text, finish, is_first=True))
 
 
 def _model_object(request: web.Request) -> dict[str, Any]:
