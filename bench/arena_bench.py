@@ -16,12 +16,12 @@ import sys
 import time
 
 import torch
+from report import format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.backend import GIB, MIB, cuda_available
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 from strata.engine.core.memory.vram import read_free_vram_bytes
-from report import format_figures, write_json  # bench/report.py, next to this file
 
 RELEASE_TARGET_MS_PER_16_GIB = 20.0
 REFILL_TARGET_RATIO = 0.85

@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from importlib import metadata
+
 from report import format_figures, write_json  # bench/report.py, next to this file
 
 # Shared with http_bench.py so both measure the very same request.

@@ -34,10 +34,10 @@ from cpu_bench import (
     figure,
     hardware_and_versions,
 )
+from report import format_figures, write_json  # bench/report.py, next to this file
 
 from tests.e2e.server import ServerProcess
 from tests.e2e.sse import chunk_text, sse_events
-from report import format_figures, write_json  # bench/report.py, next to this file
 
 
 async def timed_stream(base_url: str, slot: int) -> dict:

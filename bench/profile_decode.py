@@ -21,9 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from speed_rows import GREEDY, _prompt, decode_bytes_per_token
 from torch.profiler import ProfilerActivity, profile
 
-from speed_rows import GREEDY, _prompt, decode_bytes_per_token
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
 
