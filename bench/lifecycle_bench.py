@@ -61,6 +61,28 @@ def decode_tok_s(engine: Engine, num_tokens: int, slot: int) -> float:
     return count / (time.perf_counter() - t0)
 
 
+def long_prompt_ttft_ms(engine: Engine, num_tokens: int, slot: int) -> tuple[float, float]:
+    """Time to first token for a long prompt read cold, then for the same conversation plus a
+    short turn after its session was offloaded (restored from RAM, only the new turn prefilled)."""
+    spec = SamplingSpec(max_tokens=1, temperature=0.0)
+    span = min(engine.model_config.vocab_size, 1000) - 1
+    prompt = [(i * 7919) % span + 1 for i in range(num_tokens)]
+
+    def ttft_ms(ids: list[int]) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in engine.generate(ids, spec, slot=slot):
+            break
+        return (time.perf_counter() - t0) * 1e3
+
+    engine.erase_slot(slot)
+    cold = ttft_ms(prompt)
+    engine.offload_session()
+    restored = ttft_ms(prompt + list(range(2, 10)))
+    assert engine.last_usage is None or engine.last_usage.cached_tokens >= num_tokens - 1
+    return cold, restored
+
+
 def fill_session(engine: Engine, slot: int, num_tokens: int) -> int:
     """A resident slot holding num_tokens of (synthetic) history; returns its KV bytes."""
     state = engine.slots.checkout(slot)
@@ -137,6 +159,9 @@ def run(args: argparse.Namespace) -> dict:
     _, switch_s = _timed(lambda: (engine.slots.checkout(2), engine.slots.checkin(2)))
     switch_target_ms = 1.5 * kv_bytes / (h2d * 1e9) * 1e3 + 10
     add(f"slot switch ({SESSION_TOKENS} tokens from RAM)", switch_s * 1e3, "ms", switch_target_ms)
+    cold_ms, restored_ms = long_prompt_ttft_ms(engine, SESSION_TOKENS - 64, slot=3)
+    add(f"TTFT cold, {SESSION_TOKENS - 64}-token prompt", cold_ms, "ms")
+    add("TTFT after offload, same prompt + 8 tokens", restored_ms, "ms", cold_ms)
 
     resident = sum(a.resident_bytes for a in engine.memory.arenas)
     free_before = read_free_vram_bytes(0)
