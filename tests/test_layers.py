@@ -16,6 +16,7 @@ FORBIDDEN = {
     "engine/api": {"PySide6"},
     "engine/text": {"PySide6", "torch", "aiohttp"},
     "engine/protocol.py": {"PySide6", "torch", "aiohttp"},
+    "engine/gguf_file.py": {"PySide6", "torch", "aiohttp"},
 }
 
 

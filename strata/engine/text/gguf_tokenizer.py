@@ -48,18 +48,17 @@ class GGUFVocab:
 
 def read_gguf_vocab(path: str | Path) -> GGUFVocab:
     """Read the tokenizer metadata of a GGUF file (never its tensors)."""
-    from gguf import GGUFReader  # numpy-only; imported here so HF-only users skip it
+    # Imported here so HF-only users skip gguf; the reader is the loader's cached one.
+    from strata.engine.gguf_file import field_value, open_gguf
+    from strata.errors import StrataError
 
     try:
-        reader = GGUFReader(str(path), "r")
-    except (ValueError, OSError) as exc:
-        raise TextAssetsError(
-            f"cannot read {path} as GGUF ({exc}); pass a valid .gguf file"
-        ) from exc
+        reader = open_gguf(path)
+    except StrataError as exc:
+        raise TextAssetsError(f"cannot read {path} as GGUF ({exc})") from None
 
     def value(key: str, default=None):
-        field = reader.fields.get(key)
-        return default if field is None else field.contents()
+        return field_value(reader, key, default)
 
     model = value("tokenizer.ggml.model")
     tokens = value("tokenizer.ggml.tokens")

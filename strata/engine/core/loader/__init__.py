@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from strata.engine.core.loader.gguf_file import is_gguf_file, missing_model_error
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
+from strata.engine.gguf_file import is_gguf_file, missing_model_error
 
 if TYPE_CHECKING:
     import torch

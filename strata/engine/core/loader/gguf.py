@@ -10,7 +10,6 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from strata.engine.core.loader.gguf_file import field_value, open_gguf
 from strata.engine.core.loader.gguf_names import (
     GGUF_ARCHITECTURES,
     IGNORED_GGUF_TENSORS,
@@ -23,6 +22,7 @@ from strata.engine.core.loader.gguf_rope import (
     rope_scaling_from_metadata,
 )
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
+from strata.engine.gguf_file import field_value, open_gguf
 
 # The types Strata dequantizes; the gguf package knows more (IQ*), but its numpy kernels for
 # those are slow and untested here, so they are refused with a clear message instead.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from strata.engine.core.loader.gguf_file import field_value, open_gguf
 from strata.engine.core.loader.gguf_names import GGUF_ARCHITECTURES
 from strata.engine.core.model_config import SUPPORTED_MODEL_TYPES, ModelFormatError
 from strata.engine.core.model_info import ModelInfo
+from strata.engine.gguf_file import field_value, open_gguf
 
 
 def inspect_gguf(path: Path) -> ModelInfo:

@@ -1,5 +1,10 @@
 """Open a GGUF file with the `gguf` package's reader and turn every way it can fail into a
-one-line ModelFormatError (missing, not GGUF, truncated, corrupt)."""
+one-line ModelFormatError (missing, not GGUF, truncated, corrupt).
+
+Shared by the host (tokenizer and chat template, strata/engine/text) and the engine (config
+and tensors, strata/engine/core/loader), so it imports neither torch nor anything of theirs;
+in one process (`strata generate`) both sides get the same cached reader, parsed once.
+"""
 
 from __future__ import annotations
 
