@@ -9,12 +9,9 @@ from strata import __version__
 
 
 def _model_path(arg: str | None) -> str:
-    """The model to use: the one given, else the embedded default (fetched on first use)."""
-    if arg:
-        return arg
-    from strata.default_model import default_model_path
+    from strata.default_model import resolve_model_path
 
-    return str(default_model_path(fetch=True))
+    return resolve_model_path(arg)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

