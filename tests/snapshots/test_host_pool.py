@@ -11,7 +11,7 @@ import torch
 
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.snapshots import KVLayout, KVSnapshot, SlotCache, SnapshotStore
-from strata.engine.core.snapshots.host_pool import ALIGN_BYTES, HostPool, pool_for
+from strata.engine.core.snapshots.host_pool import ALIGN_BYTES, HostPool
 from tests.snapshots.helpers import locations, make_engine, run
 
 KIB = 1 << 10
@@ -145,8 +145,7 @@ def test_capture_lands_in_the_store_pool_and_drop_returns_it(tmp_path) -> None:
     cache = filled_cache(37, torch.bfloat16)
     layout = KVLayout.of(cache.kv)
     store = SnapshotStore(1 << 20, tmp_path, 1 << 20, fingerprint=FINGERPRINT, layout=layout)
-    assert pool_for(FINGERPRINT) is store.host_pool
-    snapshot = KVSnapshot.capture(cache)
+    snapshot = KVSnapshot.capture(cache, pool=store.host_pool)
     assert store.host_pool.used_bytes >= snapshot.nbytes == 37 * layout.bytes_per_token
     # All regions in one block: consecutive, aligned offsets of one segment.
     pointers = [t.data_ptr() for t in snapshot.state]
@@ -160,7 +159,7 @@ def test_capture_lands_in_the_store_pool_and_drop_returns_it(tmp_path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(restored.state, cache.state, strict=True))
     assert store.host_pool.used_bytes == 0 and store.ram_bytes == 0
     store.close()
-    assert pool_for(FINGERPRINT) is None
+    assert store.host_pool.alloc(KIB) is None  # closing the store closed its pool
 
 
 def test_capture_into_a_full_pool_uses_ordinary_memory() -> None:

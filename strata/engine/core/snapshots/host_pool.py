@@ -248,24 +248,3 @@ class HostPool:
             for segment in [s for s in self._segments if s.num_blocks == 0]:
                 self._segments.remove(segment)
                 segment.host.close()
-
-
-# The store that keeps a model's snapshots owns its pool; capture finds it by fingerprint, so
-# callers that only hold a SlotCache still copy into pinned memory.
-_pools: weakref.WeakValueDictionary[str, HostPool] = weakref.WeakValueDictionary()
-
-
-def register_pool(fingerprint: str, pool: HostPool) -> None:
-    """Make `pool` the one that captures of this model's slots allocate from."""
-    _pools[fingerprint] = pool
-
-
-def unregister_pool(fingerprint: str, pool: HostPool) -> None:
-    """Forget `pool` for this model, unless another store registered its own since."""
-    if _pools.get(fingerprint) is pool:
-        del _pools[fingerprint]
-
-
-def pool_for(fingerprint: str) -> HostPool | None:
-    """The pool registered for this model's snapshots, if any."""
-    return _pools.get(fingerprint)

@@ -17,7 +17,7 @@ import torch
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.memory.host_copy import side_stream
 from strata.engine.core.snapshots.errors import SnapshotInvalid
-from strata.engine.core.snapshots.host_pool import HostPool, align_up, pool_for
+from strata.engine.core.snapshots.host_pool import HostPool, align_up
 
 
 @dataclass(frozen=True)
@@ -215,10 +215,9 @@ class KVSnapshot:
     ) -> KVSnapshot:
         """Copy the used rows of a live slot to host memory.
 
-        The regions go into one block of `pool` (default: the pool registered for the slot's
-        model), pinned on a GPU, or into ordinary memory when there is no pool or it is full.
+        The regions go into one block of `pool` (the store's, pinned on a GPU), or into ordinary
+        memory when there is no pool or it is full.
         """
-        pool = pool if pool is not None else pool_for(cache.fingerprint)
         regions = copy_to_host(cache.state, pool)
         metadata = cache.metadata
         return cls.from_state(

@@ -30,7 +30,7 @@ from strata.engine.core.snapshots.errors import (
     SnapshotNameError,
     SnapshotWriteError,
 )
-from strata.engine.core.snapshots.host_pool import HostPool, register_pool, unregister_pool
+from strata.engine.core.snapshots.host_pool import HostPool
 from strata.engine.core.snapshots.kv_state import KVLayout, KVSnapshot
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,6 @@ class SnapshotStore:
         # RAM snapshots captured for this model land in pinned blocks of this pool; its
         # capacity is the RAM budget, and a block returns when its snapshot is dropped.
         self.host_pool = HostPool(ram_budget_bytes, name=f"snapshot pool of {fingerprint[:8]}")
-        register_pool(fingerprint, self.host_pool)
         if persist:
             self._adopt_persisted()
 
@@ -289,5 +288,4 @@ class SnapshotStore:
                 self._discard(entry)
             entry.snapshot = None  # its pool block returns once no one else holds it
         self._entries.clear()
-        unregister_pool(self.fingerprint, self.host_pool)
         self.host_pool.close()
