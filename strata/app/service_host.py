@@ -172,7 +172,6 @@ class ThreadServiceHost:
                 await self._server.stop()
             except Exception:
                 log.exception("server stop failed")
-        self._telemetry.close()
 
     async def _start_server(self) -> bool:
         """Build the server; on failure stay up in the "failed" state (Load tries again)."""

@@ -273,7 +273,7 @@ class RulesEngine:
                     (
                         p
                         for p in gpu.processes
-                        if p.pid not in own and p.used_bytes > rule.threshold_gib * GIB
+                        if p.pid not in own and (p.used_bytes or 0) > rule.threshold_gib * GIB
                     ),
                     None,
                 )

@@ -77,6 +77,24 @@ def read_vram_info(device_index: int = 0) -> VramInfo | None:
     return VramInfo(int(info.total), int(info.free), int(info.used))
 
 
+def nvml_unavailable_reason() -> str | None:
+    """Why NVML cannot be used here (no driver, no library), or None when it works."""
+    _load_nvml()
+    return _nvml_failed_reason
+
+
+def gpu_name(device_index: int = 0) -> str:
+    """The GPU's marketing name ("NVIDIA H200"); "" without NVML."""
+    nvml = _load_nvml()
+    if nvml is None:
+        return ""
+    try:
+        name = nvml.nvmlDeviceGetName(_device_handle(nvml, device_index))
+    except nvml.NVMLError:
+        return ""
+    return name.decode(errors="replace") if isinstance(name, bytes) else name
+
+
 def read_free_vram_bytes(device_index: int = 0) -> int | None:
     """Free VRAM in bytes, or None when NVML is absent (the guard then cannot wait on it)."""
     info = read_vram_info(device_index)
