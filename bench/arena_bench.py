@@ -19,9 +19,10 @@ import torch
 from report import format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.memory.arena import Arena
-from strata.engine.core.memory.backend import GIB, MIB, cuda_available
+from strata.engine.core.memory.backend import cuda_available
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 from strata.engine.core.memory.vram import read_free_vram_bytes
+from strata.units import GIB, MIB
 
 RELEASE_TARGET_MS_PER_16_GIB = 20.0
 REFILL_TARGET_RATIO = 0.85

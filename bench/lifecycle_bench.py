@@ -27,10 +27,11 @@ from arena_bench import hardware_and_versions, pinned_bandwidth_gb_s
 from report import format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.engine import Engine, EngineConfig
-from strata.engine.core.memory.backend import GIB, cuda_available
+from strata.engine.core.memory.backend import cuda_available
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.random_weights import PRESETS
 from strata.engine.protocol import SamplingSpec
+from strata.units import GIB
 
 MODELS = {
     "qwen3-30b-a3b-mini": {**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": 14},

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-GIB = 1024**3
+from strata.units import GIB
 
 # service state -> icon name (strata/resources/icons/state-<name>.svg)
 ICON_OF_STATE = {

@@ -29,8 +29,8 @@ from strata.app.rules_editor import RulesEditor
 from strata.engine.service.rules import rule_to_table, rules_from_config
 from strata.engine.service.settings import FLAG_NAMES, IDLE_FIELDS, ServeSettings, check_setting
 from strata.errors import user_message
+from strata.units import MIB
 
-MIB = 1024**2
 IDLE_LABELS = {
     "cache_release_idle_s": "Release experts after idle",
     "session_offload_idle_s": "Offload session after idle",

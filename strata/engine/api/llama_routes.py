@@ -15,10 +15,10 @@ from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
 from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import NUM_CACHE_SLOTS, get_bool, read_json_object
+from strata.units import MIB
 
 _HEALTH = {"loading": ("loading", 503), "starting": ("loading", 503),
            "failed": ("error", 503)}
-MIB = 1024 * 1024
 
 
 def _status(request: web.Request) -> dict[str, Any]:

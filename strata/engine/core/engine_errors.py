@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from strata.engine.core.memory.arena import ArenaMapError
-from strata.engine.core.memory.backend import MIB
 from strata.errors import StrataError
+from strata.units import MIB
 
 
 class EngineError(StrataError):

@@ -14,11 +14,12 @@ import torch
 
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.memory.arena import Arena
-from strata.engine.core.memory.backend import MIB, ArenaBackend, round_up
+from strata.engine.core.memory.backend import ArenaBackend, round_up
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.slots import SlotManager
 from strata.engine.core.snapshots.kv_state import KVSnapshot, SlotCache
 from strata.engine.core.snapshots.store import SnapshotStore
+from strata.units import MIB
 
 MAX_KV_CHUNK_BYTES = 64 * MIB
 CHUNKS_PER_REGION = 8  # pages come in about an eighth of a region at a time

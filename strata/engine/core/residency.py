@@ -21,7 +21,7 @@ import torch
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
-from strata.engine.core.memory.backend import GIB, MIB, ArenaBackend, round_up
+from strata.engine.core.memory.backend import ArenaBackend, round_up
 from strata.engine.core.memory.expert_cache import size_slots
 from strata.engine.core.memory.expert_store import ExpertStore
 from strata.engine.core.memory.host_copy import HostCopy
@@ -30,6 +30,7 @@ from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import build_model
 from strata.engine.core.models.registry import model_module
 from strata.engine.core.models.switch import SparseMoE
+from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from strata.engine.protocol import SamplingSpec, Tokens, Done, Error
+from strata.engine.protocol import Done, Error, SamplingSpec, Tokens
 
 
 class ServiceError(Exception):

@@ -20,10 +20,10 @@ import psutil
 
 from strata.engine.service.telemetry import GpuSnapshot
 from strata.errors import StrataError
+from strata.units import GIB
 
 log = logging.getLogger(__name__)
 
-GIB = 1024**3
 TRIGGERS = ("process", "process_vram", "free_vram")
 ACTIONS = ("release_experts", "offload_session", "sleep", "unload")
 ON_END = ("restore", "wait")

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from strata.errors import StrataError
+from strata.units import GIB
 
-GIB = 1024**3
 IDLE_FIELDS = ("cache_release_idle_s", "session_offload_idle_s", "sleep_idle_s", "idle_unload_s")
 EXPERT_CACHE_WORDS = ("auto", "off", "all")
 DEVICES = ("auto", "cpu", "cuda")

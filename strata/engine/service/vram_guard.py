@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from strata.engine.core.memory.vram import read_free_vram_bytes  # NVML only, no torch
 from strata.engine.service.facade import ServiceError
+from strata.units import MIB
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
 POLL_INTERVAL_S = 0.25
 # What a client is told to wait before retrying: long enough for an app to finish exiting.
 RETRY_AFTER_S = 5.0

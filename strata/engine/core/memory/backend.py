@@ -12,10 +12,10 @@ from typing import Any, Protocol
 
 import torch
 
+from strata.units import MIB
+
 log = logging.getLogger(__name__)
 
-MIB = 1 << 20
-GIB = 1 << 30
 
 
 class BackendOutOfMemory(Exception):

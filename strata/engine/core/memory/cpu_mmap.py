@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from strata.engine.core.memory.backend import MIB, BackendOutOfMemory, Reservation
+from strata.engine.core.memory.backend import BackendOutOfMemory, Reservation
+from strata.units import MIB
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-MIB = 1 << 20
+from strata.units import MIB
 
 
 class ExpertCacheReleasedError(RuntimeError):

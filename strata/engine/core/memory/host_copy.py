@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from strata.engine.core.memory.arena import Arena
-from strata.engine.core.memory.backend import MIB, cuda_available
+from strata.engine.core.memory.backend import cuda_available
+from strata.units import MIB
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,9 @@ import weakref
 
 import torch
 
-from strata.engine.core.memory.backend import MIB, cuda_available
+from strata.engine.core.memory.backend import cuda_available
 from strata.engine.core.memory.host_copy import HostCopy
+from strata.units import MIB
 
 log = logging.getLogger(__name__)
 
