@@ -3,6 +3,7 @@
 - "weights": every dense tensor (embeddings, attention, norms, dense MLPs, routers, lm_head),
   laid out once at load; the model's parameters are views of it. A host copy (pinned once on
   a GPU) is what wake() copies back. With the expert cache off the experts live here too.
+  q/k/v and gate/up lie back to back, so fused views span them (fused_views.py).
 - "experts": an ExpertStore. `all` keeps every expert resident and the model's stacked expert
   parameters are views of its slots (no per-call copy, CUDA-graph friendly); `N` slots is an
   LRU cache whose misses are copied in from the host copy through a provider per layer.
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
+from strata.engine.core.fused_views import attach_fused_views, fusion_order
 from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
 from strata.engine.core.memory.backend import ArenaBackend, round_up
@@ -125,6 +127,8 @@ class ModelMemory:
                 self.expert_mode = "slots"
                 placeholders = in_store
         model = build_model(config, views, self.device, self.dtype, placeholders=placeholders)
+        fused = attach_fused_views(model, self.weights)
+        log.debug("fused views: %d qkv, %d gate_up", fused["qkv"], fused["gate_up"])
         if self.expert_mode == "slots":
             for layer in by_layer:
                 model.model.layers[layer].mlp.expert_weights = SlotExperts(self.experts, layer)
@@ -133,6 +137,8 @@ class ModelMemory:
     def _fill_weights(
         self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any
     ) -> dict[str, torch.Tensor]:
+        # q, k, v (and gate, up) back to back, so one arena view can span each group.
+        names = fusion_order(names)
         itemsize = self.dtype.itemsize
         size_bytes = 0
         for name in names:

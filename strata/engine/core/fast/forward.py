@@ -5,6 +5,8 @@ Same modules and weights as models/decoder.py (the numerical reference), differe
 `index_copy_` and attends over a fixed number of key slots (the KV-length bucket) with a mask
 past the position. Nothing in it reads a value back to the host, so a CUDA graph captured once
 per bucket replays for every position inside that bucket. The chunked prefill is prefill.py.
+Where the weights arena holds q/k/v (gate/up) back to back, one GEMM over the fused view
+(fused_views.py) replaces three (two); the outputs are split into views, never copied.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from strata.engine.core.fast.decode_attention import (
 )
 from strata.engine.core.fast.moe_grouped import moe_forward
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fused_views import fused_gate_up, fused_qkv
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
 
@@ -27,12 +30,26 @@ def head_weight(model) -> torch.Tensor:
     return model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
 
 
+def project_qkv(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [T, Hq*D], k and v [T, Hkv*D] for x [T, H]: one GEMM over the fused view if any.
+
+    The fused outputs are column slices of one [T, Nq+Nk+Nv] tensor: contiguous for T=1,
+    row-strided for T>1 (every consumer reshapes only the last dim or copies).
+    """
+    fused = fused_qkv(attn)
+    if fused is None:
+        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    weight, bias, sizes = fused
+    return F.linear(x, weight, bias).split(sizes, dim=-1)  # [T, Nq+Nk+Nv] -> three views
+
+
 def qkv(attn, x: torch.Tensor, cos, sin, ops: PointwiseOps):
     """q [T, Hq, D], k [T, Hkv, D] (q/k-normed and rotated), v [T, Hkv, D] for x [T, H]."""
     num_tokens = x.shape[0]
-    q = attn.q_proj(x).view(num_tokens, attn.num_heads, attn.head_dim)  # [T, Hq, D]
-    k = attn.k_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim)  # [T, Hkv, D]
-    v = attn.v_proj(x).view(num_tokens, attn.num_kv_heads, attn.head_dim)  # [T, Hkv, D]
+    q, k, v = project_qkv(attn, x)
+    q = q.view(num_tokens, attn.num_heads, attn.head_dim)  # [T, Hq, D]
+    k = k.view(num_tokens, attn.num_kv_heads, attn.head_dim)  # [T, Hkv, D]
+    v = v.view(num_tokens, attn.num_kv_heads, attn.head_dim)  # [T, Hkv, D]
     q_norm = None if attn.q_norm is None else attn.q_norm.weight
     k_norm = None if attn.k_norm is None else attn.k_norm.weight
     eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
@@ -51,7 +68,7 @@ def attention_decode(
     ops: PointwiseOps,
 ) -> torch.Tensor:
     """One token's attention over the first len(key_positions) cache slots; x [1, H]."""
-    q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)  # [1, Hq*D], [1, Hkv*D] x2
+    q, k, v = project_qkv(attn, x)  # [1, Hq*D], [1, Hkv*D] x2, contiguous (T=1)
     attend = fused_decode_attention if ops.fused_attention else reference_decode_attention
     args = (attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions)
     out = attend(*args) if ops.fused_attention else attend(*args, ops=ops)
@@ -62,7 +79,11 @@ def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch
     """The layer's feed-forward on x [T, H]: SwiGLU with fused activation, or the MoE path."""
     if isinstance(mlp, SparseMoE):
         return moe_forward(mlp, x, moe_impl)
-    return mlp.down_proj(ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+    gate_up = fused_gate_up(mlp)
+    if gate_up is None:
+        return mlp.down_proj(ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
+    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)  # [T, 2I] -> two [T, I] views
+    return mlp.down_proj(ops.silu_mul(gate, up))
 
 
 def decode_step(

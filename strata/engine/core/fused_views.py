@@ -1,0 +1,134 @@
+"""Fused [q;k;v] and [gate;up] weights as zero-copy views over the weights arena.
+
+Decoding one token is bound by weight reads, and three small GEMVs cost more than one large
+one (launches, and cuBLAS runs narrow k/v products well below bandwidth). So the arena lays
+each group's tensors out back to back (`fusion_order`), and one view spans them
+(`attach_fused_views`): same memory as the parameters, no copy, and like every arena view its
+address survives release/refill/sleep/wake, so CUDA graphs captured over it stay valid.
+
+Convention: after `attach_fused_views` every Attention has `qkv_weight`, `qkv_bias`,
+`qkv_sizes` and every dense SwiGLU has `gate_up_weight`, each None where the group is not
+adjacent; models built elsewhere (build_random_model) have none of them. Readers go through
+`fused_qkv` / `fused_gate_up`, which treat absent and None alike. They are plain attributes,
+not parameters or buffers: state_dict and named_parameters never see them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from strata.engine.core.memory.arena import Arena
+
+# name -> (group key, rank in the group); a group is laid out in rank order.
+_GROUP_PATTERNS = (
+    (re.compile(r"^(.*\.self_attn)\.([qkv])_proj\.(weight|bias)$"), "qkv"),
+    (re.compile(r"^(.*\.mlp)\.(gate|up)_proj\.weight$"), "gate_up"),
+)
+_RANK = {"q": 0, "k": 1, "v": 2, "gate": 0, "up": 1}
+_GROUP_SIZE = {"qkv": 3, "gate_up": 2}
+
+
+def _group_of(name: str) -> tuple[tuple[str, ...], int] | None:
+    for pattern, kind in _GROUP_PATTERNS:
+        match = pattern.match(name)
+        if match:
+            param = match.group(3) if kind == "qkv" else "weight"
+            return (match.group(1), kind, param), _RANK[match.group(2)]
+    return None
+
+
+def fusion_order(names: Sequence[str]) -> list[str]:
+    """names reordered so each complete fusion group is adjacent and in rank order (q, k, v;
+    gate, up), placed where its first member was; every other name keeps its place."""
+    groups: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+    for name in names:
+        found = _group_of(name)
+        if found is not None:
+            groups.setdefault(found[0], []).append((found[1], name))
+    ordered, placed = [], set()
+    for name in names:
+        found = _group_of(name)
+        members = groups.get(found[0]) if found is not None else None
+        if members is None or len(members) != _GROUP_SIZE[found[0][1]]:
+            ordered.append(name)  # not a group member, or an incomplete group: as it was
+        elif found[0] not in placed:
+            placed.add(found[0])
+            ordered.extend(member for _, member in sorted(members))
+    return ordered
+
+
+def adjacent_view(arena: Arena, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One arena view [sum of dim 0, *rest] spanning tensors that lie back to back, else None.
+
+    Checked by address arithmetic, not assumed: an alignment gap, a dtype or shape mismatch or
+    a tensor outside the arena gives None, and the caller keeps the separate tensors.
+    """
+    first = tensors[0]
+    expected_ptr = first.data_ptr()
+    for tensor in tensors:
+        if (tensor.data_ptr() != expected_ptr or not tensor.is_contiguous()
+                or tensor.dtype != first.dtype or tensor.device != first.device
+                or tensor.shape[1:] != first.shape[1:]):
+            return None
+        expected_ptr += tensor.nbytes
+    offset_bytes = first.data_ptr() - arena.base_address
+    if offset_bytes < 0 or expected_ptr - arena.base_address > arena.reserved_bytes:
+        return None
+    rows = sum(t.shape[0] for t in tensors)
+    return arena.tensor(offset_bytes, (rows, *first.shape[1:]), first.dtype)
+
+
+def _fuse_attention(attn, arena: Arena) -> None:
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    weight = adjacent_view(arena, [p.weight for p in projs])
+    has_bias = projs[0].bias is not None
+    bias = adjacent_view(arena, [p.bias for p in projs]) if has_bias else None
+    if weight is None or (has_bias and bias is None):
+        weight = bias = None  # all or nothing: the unfused path handles this layer
+    attn.qkv_weight = weight  # [Nq + Nk + Nv, H]
+    attn.qkv_bias = bias  # [Nq + Nk + Nv] or None
+    attn.qkv_sizes = None if weight is None else tuple(p.weight.shape[0] for p in projs)
+
+
+def attach_fused_views(model: torch.nn.Module, arena: Arena) -> dict[str, int]:
+    """Set the fused views on every attention and dense SwiGLU of model whose weights in
+    `arena` are adjacent (None on the others); returns how many of each were fused."""
+    # Imported here: models.layers imports fast/, whose forward.py imports this module.
+    from strata.engine.core.models.layers import Attention, SwiGLU
+
+    counts = {"qkv": 0, "gate_up": 0}
+    for layer in model.model.layers:
+        if isinstance(layer.self_attn, Attention):
+            _fuse_attention(layer.self_attn, arena)
+            counts["qkv"] += layer.self_attn.qkv_weight is not None
+        mlp = layer.mlp
+        if isinstance(mlp, SwiGLU):  # MoE experts are stacked elsewhere: never fused here
+            mlp.gate_up_weight = adjacent_view(arena, [mlp.gate_proj.weight, mlp.up_proj.weight])
+            counts["gate_up"] += mlp.gate_up_weight is not None
+    return counts
+
+
+def detach_fused_views(model: torch.nn.Module) -> None:
+    """Set every fused view to None: the fast path then runs the separate projections."""
+    for layer in model.model.layers:
+        for module, names in ((layer.self_attn, ("qkv_weight", "qkv_bias", "qkv_sizes")),
+                              (layer.mlp, ("gate_up_weight",))):
+            for name in names:
+                if hasattr(module, name):
+                    setattr(module, name, None)
+
+
+def fused_qkv(attn) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int, int]] | None:
+    """(weight [Nq+Nk+Nv, H], bias or None, (Nq, Nk, Nv)) when attn has a fused view, else None."""
+    weight = getattr(attn, "qkv_weight", None)
+    return None if weight is None else (weight, attn.qkv_bias, attn.qkv_sizes)
+
+
+def fused_gate_up(mlp) -> torch.Tensor | None:
+    """The [2I, H] view over gate and up when mlp has one, else None."""
+    return getattr(mlp, "gate_up_weight", None)
