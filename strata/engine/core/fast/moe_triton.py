@@ -26,9 +26,13 @@ except ImportError:  # Triton is optional: the bmm and loop paths need only torc
     triton = None
 
 # (BLOCK_ROWS, BLOCK_COLS, num_warps) candidates; the first is the CPU interpreter's choice.
-# 16 x 256 bf16 is an 8 KiB tile; smaller row blocks give more programs to fill 132 SMs.
-GATE_UP_CONFIGS = ((16, 256, 4), (8, 256, 4), (4, 512, 4), (32, 128, 8), (8, 512, 8))
-DOWN_SUM_CONFIGS = ((8, 256, 4), (4, 256, 4), (2, 256, 2), (16, 128, 4), (4, 512, 8))
+# From a sweep of 240 shapes on an H200 for Qwen3-30B-A3B (8 of 128 experts, I=768, H=2048;
+# docs/bench-results/sweep-moe-h200.json): few rows and wide column tiles keep many loads in
+# flight per program. gate/up: 4 x 1024 with 2 warps 12.3 us (4.1 TB/s) against 18.0 us for
+# the earlier 8 x 256; down: 4 x 256 with 4 warps 6.8 us (3.7 TB/s). The runners-up stay as
+# candidates for other shapes.
+GATE_UP_CONFIGS = ((4, 1024, 2), (8, 1024, 4), (1, 2048, 4), (4, 512, 2))
+DOWN_SUM_CONFIGS = ((4, 256, 4), (2, 256, 2), (1, 1024, 2), (4, 1024, 4))
 # Matrix sizes are constexpr: fixed per model, they give static loop bounds (and the CPU
 # interpreter cannot take a runtime loop bound with numpy 2).
 
