@@ -77,12 +77,13 @@ def test_offload_spills_to_anonymous_disk_files_past_the_ram_budget(model_dir, c
     assert engine.slots.last_restore["source"] == "disk"
 
 
-def test_persisted_snapshots_survive_a_restart(model_dir, cold, tmp_path) -> None:
+@pytest.mark.parametrize("close", ["close", "close_for_exit"])
+def test_persisted_snapshots_survive_a_restart(model_dir, cold, tmp_path, close) -> None:
     first = make_engine(model_dir, tmp_path, persist_sessions=True)
     chat = Conversation(2, 7, 800)
     answer = chat.turn(first, cold, None)
     first.offload_session()
-    first.close()  # the process ends; RAM snapshots are written to files first
+    getattr(first, close)()  # the process ends; RAM snapshots are written to files first
     assert len(list(tmp_path.glob("slot2-*.stkv"))) == 1
     second = make_engine(model_dir, tmp_path, persist_sessions=True)
     assert locations(second)[2] == "disk"

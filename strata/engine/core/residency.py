@@ -301,12 +301,13 @@ class ModelMemory:
         return {"mode": self.expert_mode, **self.experts.status()}
 
     def close(self) -> None:
-        """Free every arena and host copy (unload)."""
+        """Free every arena and host copy (unload): VRAM first, since unpinning the host
+        copies takes longer (0.7 s for 16 GiB on an H200) and only RAM waits for it."""
+        self.arenas.close()
         if self.weights is not None and self.weights.host_copy is not None:
             self.weights.host_copy.close()
         if self.experts is not None:
             self.experts.host.close()
-        self.arenas.close()
         self.weights = self.experts = None
 
 

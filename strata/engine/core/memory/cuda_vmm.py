@@ -76,6 +76,16 @@ def primary_context(device_index: int) -> Any:
     return context
 
 
+def reset_primary_context(device_index: int) -> None:
+    """Destroy the device's primary context now: its VRAM returns at once (an 8B model's
+    ~900 MiB of context and allocator memory in ~0.1 s on an H200, where a plain process exit
+    first tears down and unpins the host copies: 1.5 s). Only for a process about to exit:
+    every tensor, graph and handle of torch on that device is dead afterwards."""
+    cu_device = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    check(cu.cuDevicePrimaryCtxReset(cu_device), "cuDevicePrimaryCtxReset")
+    _primary_contexts.pop(device_index, None)
+
+
 def make_current(context: Any) -> None:
     """Bind context to the calling thread unless it already is (driver calls need one)."""
     current = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
