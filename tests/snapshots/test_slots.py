@@ -96,3 +96,55 @@ def test_no_memory_for_the_kv_keeps_the_snapshot(tmp_path) -> None:
     assert slots.status()[0]["location"] == "ram" and slots.status()[0]["n_tokens"] == 6
     slots.make_kv = hooks.make_kv
     assert slots.checkout(0).tokens == list(range(6))
+
+
+class RegionHooks(KVHooks):
+    """Adds release_region, which checks that the region's bytes already reached the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.regions: list[int] = []
+        self.slots: SlotManager | None = None
+
+    def release_region(self, slot: int, region: int) -> None:
+        self.regions.append(region)
+        self.slots.resident[slot].kv.regions()[region].fill_(float("nan"))  # as if unmapped
+
+
+def region_manager(disk_dir, ram_budget_bytes: int) -> tuple[SlotManager, RegionHooks]:
+    hooks = RegionHooks()
+    store = SnapshotStore(ram_budget_bytes, disk_dir, 1 << 20, fingerprint="e" * 32, layout=LAYOUT)
+    hooks.slots = SlotManager(4, SLOT_BYTES, hooks.make_kv, store, release_kv=hooks.release_kv,
+                              release_region=hooks.release_region)
+    return hooks.slots, hooks
+
+
+def test_an_offload_kept_in_ram_releases_each_region_after_its_copy(tmp_path) -> None:
+    slots, hooks = region_manager(tmp_path, ram_budget_bytes=1 << 20)
+    rows = fill(slots, 1, 9)
+    assert slots.offload(1)["location"] == "ram"
+    assert hooks.regions == list(range(2 * LAYOUT.num_layers))
+    back = slots.checkout(1)  # wiping each region after its copy spoiled nothing
+    assert all(torch.equal(a, b) for a, b in zip(back.state, rows, strict=True))
+
+
+def test_an_offload_that_goes_to_disk_releases_only_after_the_write(tmp_path) -> None:
+    slots, hooks = region_manager(tmp_path, ram_budget_bytes=0)  # every snapshot is a file
+    rows = fill(slots, 1, 9)
+    assert slots.offload(1)["location"] == "disk"
+    assert hooks.regions == [] and hooks.released[-1][0] == 1
+    back = slots.checkout(1)
+    assert all(torch.equal(a, b) for a, b in zip(back.state, rows, strict=True))
+
+
+def test_no_room_in_ram_and_a_failed_spill_releases_nothing(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    slots, hooks = region_manager(blocker, ram_budget_bytes=9 * LAYOUT.bytes_per_token)
+    fill(slots, 0, 9)
+    slots.offload(0)  # fills the RAM budget exactly
+    fill(slots, 1, 9)
+    with pytest.raises(SnapshotWriteError):  # room would need slot 0 on disk: the disk fails
+        slots.offload(1)
+    assert hooks.regions == list(range(2 * LAYOUT.num_layers))  # slot 0's, none of slot 1's
+    assert slots.status()[1]["location"] == "cpu" and slots.status()[0]["location"] == "ram"

@@ -85,6 +85,17 @@ class KVCache:
             allocate,
         )
 
+    def regions(self) -> list[torch.Tensor]:
+        """Every buffer in snapshot region order: k0, v0, k1, v1, ..."""
+        return [t for layer in range(self.num_layers) for t in (self.k[layer], self.v[layer])]
+
+    def load_rows(self, state: list[torch.Tensor], num_tokens: int) -> None:
+        """Write rows 0..num_tokens-1 of every region from `state` (region order, each
+        [num_tokens, kv_heads, head_dim]). Copies are non_blocking: the caller synchronizes
+        before `state` may be freed."""
+        for dst, src in zip(self.regions(), state, strict=True):
+            dst[:num_tokens].copy_(src, non_blocking=True)
+
     @property
     def bytes_per_token(self) -> int:
         """Bytes that one token position takes across all layers, K and V together."""

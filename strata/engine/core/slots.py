@@ -38,11 +38,14 @@ class SlotManager:
         make_kv: Callable[[int], KVCache],
         store: SnapshotStore,
         release_kv: Callable[[int, KVCache], None] | None = None,
+        release_region: Callable[[int, int], object] | None = None,
     ):
         """make_kv(slot) gives an empty KV cache for a slot; release_kv(slot, kv) hands one back.
 
         Without release_kv a released cache is simply dropped (torch frees its buffers). The kv
         arena plugs in through both: per-slot views at fixed addresses, pages unmapped on release.
+        release_region(slot, i), when given, frees region i of an offloading slot as soon as its
+        copy is on the host, so unmapping overlaps the remaining copies.
         """
         if num_slots <= 0 or kv_budget_bytes < 0:
             raise ValueError(f"need num_slots > 0 and kv_budget_bytes >= 0, not {num_slots}, {kv_budget_bytes}")
@@ -50,6 +53,7 @@ class SlotManager:
         self.kv_budget_bytes = kv_budget_bytes
         self.make_kv = make_kv
         self.release_kv = release_kv
+        self.release_region = release_region
         self.store = store
         self.resident: dict[int, SlotCache] = {}
         self.in_use: set[int] = set()  # slots with a generation open: never evicted
@@ -159,12 +163,28 @@ class SlotManager:
             self._release(slot)  # an empty history needs no snapshot
             return {"id_slot": slot, "released_bytes": released_bytes, "location": "empty"}
         created_s, expires_s = self.store.expiry_for_new()
-        snapshot = KVSnapshot.capture(cache, created_s, expires_s, pool=self.store.host_pool)
+        on_region_copied = None
+        # Regions may go back while the copy runs only once the snapshot is sure to be kept:
+        # make_room spills older snapshots first (raising, with nothing released, if it cannot).
+        if self.release_region is not None and self.store.make_room(self._state_bytes(cache)):
+            def on_region_copied(region: int) -> None:
+                self.release_region(slot, region)
+        try:
+            snapshot = KVSnapshot.capture(cache, created_s, expires_s, pool=self.store.host_pool,
+                                          on_region_copied=on_region_copied)
+        except BaseException:
+            if on_region_copied is not None:
+                self._release(slot)  # some regions may be gone: the history cannot stay resident
+            raise
         location = self.store.put(slot, snapshot)  # raises before anything is released
-        # Release only now that the snapshot is complete.
+        # Release only now that the snapshot is complete (the rest, with early release).
         self._release(slot)
         return {"id_slot": slot, "released_bytes": released_bytes, "location": location,
                 "n_tokens": snapshot.num_tokens, "snapshot_bytes": snapshot.nbytes}
+
+    @staticmethod
+    def _state_bytes(cache: SlotCache) -> int:
+        return sum(t.nbytes for t in cache.state)
 
     def offload_session(self) -> dict[str, Any]:
         """Snapshot every resident idle slot and release its KV memory.

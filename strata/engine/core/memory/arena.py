@@ -243,8 +243,12 @@ class Arena:
         start = min(round_up(offset_bytes, self.chunk_bytes), self.reserved_bytes)
         return self.release_range(start, self.reserved_bytes - start)
 
-    def release_range(self, offset_bytes: int, nbytes: int) -> int:
-        """Free the mapped chunks wholly inside the range; returns when the memory is free."""
+    def release_range(self, offset_bytes: int, nbytes: int, synchronize: bool = True) -> int:
+        """Free the mapped chunks wholly inside the range; returns when the memory is free.
+
+        synchronize=False skips the device-wide sync for a caller that knows nothing queued
+        reads the range (an offload after the copy of those bytes completed): a sync per
+        range would wait for the copies still queued behind it."""
         whole = [
             i
             for i in self._chunk_span(offset_bytes, nbytes)
@@ -254,7 +258,8 @@ class Arena:
         ]
         if not whole:
             return 0
-        self.backend.synchronize()  # queued kernels may still read these pages
+        if synchronize:
+            self.backend.synchronize()  # queued kernels may still read these pages
         self._unmap(whole)
         for i in whole:
             self._held_content[i] = True

@@ -9,6 +9,7 @@ so `SlotCache.from_state(snapshot.state, snapshot.metadata, kv)` restores a slot
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +108,7 @@ class SlotCache:
     def state(self) -> list[torch.Tensor]:
         """Views of the used rows, in region order (k0, v0, k1, ...), each [n, kv_heads, head_dim]."""
         n = len(self.tokens)
-        return [t[:n] for layer in range(self.kv.num_layers) for t in (self.kv.k[layer], self.kv.v[layer])]
+        return [t[:n] for t in self.kv.regions()]
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -145,13 +146,9 @@ class SlotCache:
         expected = (len(tokens), kv.num_kv_heads, kv.head_dim)
         if len(state) != 2 * kv.num_layers or any(tuple(t.shape) != expected for t in state):
             raise SnapshotInvalid("other_layout", f"the snapshot tensors are not {expected} per region")
-        n = len(tokens)
         try:
             with torch.inference_mode():
-                for layer in range(kv.num_layers):
-                    # non_blocking: a pinned host copy overlaps with the next region's copy.
-                    kv.k[layer][:n].copy_(state[2 * layer], non_blocking=True)
-                    kv.v[layer][:n].copy_(state[2 * layer + 1], non_blocking=True)
+                kv.load_rows(state, len(tokens))
         finally:
             # One sync for all regions; also on failure, so `state` is never freed mid-copy.
             if kv.device.type == "cuda":
@@ -159,11 +156,16 @@ class SlotCache:
         return cls(kv, str(metadata["fingerprint"]), tokens)
 
 
-def copy_to_host(regions: list[torch.Tensor], pool: HostPool | None) -> list[torch.Tensor]:
+def copy_to_host(
+    regions: list[torch.Tensor],
+    pool: HostPool | None,
+    on_region_copied: Callable[[int], None] | None = None,
+) -> list[torch.Tensor]:
     """Host copies of `regions`, laid out in one pool block when the pool has room.
 
-    On a GPU every region is copied non_blocking on the side stream and the stream is
-    synchronized once at the end, so the copies queue back to back at PCIe speed.
+    On a GPU every region is copied non_blocking on the side stream, so the copies queue back
+    to back at PCIe speed. `on_region_copied(i)` runs once region i's bytes are on the host
+    while the later copies are still running (an offload gives region i's pages back there).
     """
     offsets, total_bytes = [], 0
     for t in regions:
@@ -179,15 +181,23 @@ def copy_to_host(regions: list[torch.Tensor], pool: HostPool | None) -> list[tor
         for offset, t in zip(offsets, regions, strict=True)
     ]
     if device.type != "cuda":
-        for d, s in zip(dst, regions, strict=True):
+        for i, (d, s) in enumerate(zip(dst, regions, strict=True)):
             d.copy_(s)
+            if on_region_copied is not None:
+                on_region_copied(i)
         return dst
     stream = side_stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))  # the KV writes queued before us
     try:
+        copied = []
         with torch.cuda.stream(stream):
             for d, s in zip(dst, regions, strict=True):
                 d.copy_(s, non_blocking=True)
+                copied.append(stream.record_event() if on_region_copied is not None else None)
+        if on_region_copied is not None:
+            for i, event in enumerate(copied):
+                event.synchronize()
+                on_region_copied(i)
     finally:
         # Before the block can be dropped (also on failure) and before the caller frees the KV.
         stream.synchronize()
@@ -212,13 +222,14 @@ class KVSnapshot:
         created_s: float | None = None,
         expires_s: float | None = None,
         pool: HostPool | None = None,
+        on_region_copied: Callable[[int], None] | None = None,
     ) -> KVSnapshot:
         """Copy the used rows of a live slot to host memory.
 
         The regions go into one block of `pool` (the store's, pinned on a GPU), or into ordinary
-        memory when there is no pool or it is full.
+        memory when there is no pool or it is full. on_region_copied: see copy_to_host.
         """
-        regions = copy_to_host(cache.state, pool)
+        regions = copy_to_host(cache.state, pool, on_region_copied)
         metadata = cache.metadata
         return cls.from_state(
             regions,

@@ -137,18 +137,31 @@ class SnapshotStore:
         entry = _Entry(key, RAM, snapshot.num_tokens, snapshot.nbytes, next(self._order),
                        snapshot=snapshot)
         try:
-            if snapshot.nbytes > self.ram_budget_bytes:
+            if not self.make_room(snapshot.nbytes):
                 self._spill(entry)
-            else:
-                # Room first: older RAM snapshots move to disk before this one counts.
-                while self.ram_bytes + snapshot.nbytes > self.ram_budget_bytes:
-                    self._spill(min((e for e in self._entries.values() if e.location == RAM),
-                                    key=lambda e: e.order))
         except SnapshotWriteError as exc:
             self.last_error = str(exc)
             raise
         self._entries[key] = entry
         return entry.location
+
+    def make_room(self, nbytes: int) -> bool:
+        """Make RAM room for a snapshot of nbytes (older RAM snapshots move to disk); False
+        when it is larger than the whole RAM budget and will go to disk itself.
+
+        After True, a put of that size cannot fail, which lets a caller give the KV back while
+        the copy is still running. Raises SnapshotWriteError when a spill fails (nothing of
+        the new snapshot is stored yet then)."""
+        if nbytes > self.ram_budget_bytes:
+            return False
+        try:
+            while self.ram_bytes + nbytes > self.ram_budget_bytes:
+                self._spill(min((e for e in self._entries.values() if e.location == RAM),
+                                key=lambda e: e.order))
+        except SnapshotWriteError as exc:
+            self.last_error = str(exc)
+            raise
+        return True
 
     def take(self, key: int) -> KVSnapshot | None:
         """Remove and return the snapshot of `key` (None when there is none).
