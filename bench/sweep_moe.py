@@ -1,55 +1,119 @@
-"""Sweep block shapes of the grouped MoE decode kernels on Qwen3-30B-A3B shapes (one H200 run).
+"""Sweep block shapes of the grouped MoE decode kernels on Qwen3-30B-A3B shapes (one GPU).
 
-    python bench/sweep_moe.py      # writes $OUT/sweep_moe.json (or ./sweep_moe.json)
+    python bench/sweep_moe.py --json sweep_moe.json
 
-Times every (BLOCK_ROWS, BLOCK_COLS, num_warps, num_stages) of fast/moe_triton.py's two
-decode kernels with CUDA-graph replays and checks each against a float32 reference; the
-winners are the candidate lists in moe_triton.py. About 150 s of compiling and timing.
+Times every (BLOCK_ROWS, BLOCK_COLS, num_warps, num_stages) of fast/moe_triton.py's two decode
+kernels with CUDA-graph replays, checks each against a float32 reference, and prints the best;
+the winners are the candidate lists in moe_triton.py. About 150 s of compiling and timing.
 """
-import itertools, json, os, time
-import torch, triton
-from triton.testing import do_bench_cudagraph
-from strata.engine.core.fast import moe_triton as mt
 
-E, I, H, K = 128, 768, 2048, 8
-dev = "cuda"
-gate = torch.randn(E, I, H, device=dev, dtype=torch.bfloat16) * 0.02
-up = torch.randn(E, I, H, device=dev, dtype=torch.bfloat16) * 0.02
-down = torch.randn(E, H, I, device=dev, dtype=torch.bfloat16) * 0.02
-x = torch.randn(H, device=dev, dtype=torch.bfloat16)
-ids = torch.randperm(E, device=dev)[:K].contiguous()
-w = torch.rand(K, device=dev, dtype=torch.bfloat16)
-act = torch.randn(K, I, device=dev, dtype=torch.bfloat16)
-out_gu = torch.empty(K, I, device=dev, dtype=torch.bfloat16)
-out_d = torch.empty(H, device=dev, dtype=torch.bfloat16)
-ref_gu = (torch.nn.functional.silu(gate[ids].float() @ x.float()) * (up[ids].float() @ x.float()))
-ref_d = ((down[ids].float() @ act.float()[:, :, None]).squeeze(-1) * w.float()[:, None]).sum(0)
-gu_bytes = 2 * K * I * H * 2; d_bytes = K * H * I * 2
-res = {"gate_up": [], "down_sum": []}
-t_start = time.time()
-for br, bc, nw, ns in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048), (2, 4, 8), (1, 3)):
-    if br * bc > 16384 or time.time() - t_start > 150: continue
-    try:
-        f = lambda: mt._gate_up_kernel[(K, triton.cdiv(I, br))](x, gate, up, ids, out_gu, gate.stride(0), gate.stride(1), num_cols=H, num_rows=I, BLOCK_ROWS=br, BLOCK_COLS=bc, num_warps=nw, num_stages=ns)
-        f(); torch.cuda.synchronize()
-        err = (out_gu.float() - ref_gu).abs().max().item()
-        us = do_bench_cudagraph(f, rep=20) * 1e3
-        res["gate_up"].append((br, bc, nw, ns, round(us, 2), round(gu_bytes / us / 1e3, 1), err))
-    except Exception as ex:
-        res["gate_up"].append((br, bc, nw, ns, None, str(ex)[:80]))
-    if bc > 1024: continue
-    try:
-        g = lambda: mt._down_sum_kernel[(triton.cdiv(H, br),)](act, down, ids, w, out_d, down.stride(0), down.stride(1), num_cols=I, num_rows=H, top_k=K, BLOCK_ROWS=br, BLOCK_COLS=bc, num_warps=nw, num_stages=ns)
-        g(); torch.cuda.synchronize()
-        err = (out_d.float() - ref_d).abs().max().item()
-        us = do_bench_cudagraph(g, rep=20) * 1e3
-        res["down_sum"].append((br, bc, nw, ns, round(us, 2), round(d_bytes / us / 1e3, 1), err))
-    except Exception as ex:
-        res["down_sum"].append((br, bc, nw, ns, None, str(ex)[:80]))
-for k in res:
-    ok = sorted([r for r in res[k] if r[4] is not None], key=lambda r: r[4])
-    print(k, "best 8 (BR, BC, warps, stages, us, GB/s, err):")
-    for r in ok[:8]: print("  ", r)
-    cur = [r for r in ok if (r[0], r[1], r[2]) in {(16, 256, 4), (8, 256, 4)} and r[3] == 1]
-    print("  current-like:", cur[:3])
-json.dump(res, open(os.environ.get("OUT", ".") + "/sweep_moe.json", "w"))
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+from strata.engine.core.fast import moe_triton
+
+NUM_EXPERTS, INTERMEDIATE, HIDDEN, TOP_K = 128, 768, 2048, 8
+ROWS, COLS, WARPS, STAGES = (1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048), (2, 4, 8), (1, 3)
+MAX_TILE_ELEMENTS = 16384  # larger tiles spill registers
+TIME_BOX_S = 150.0
+
+
+def make_inputs(device: str = "cuda") -> dict[str, torch.Tensor]:
+    def weights(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16) * 0.02
+
+    return {
+        "gate": weights(NUM_EXPERTS, INTERMEDIATE, HIDDEN),
+        "up": weights(NUM_EXPERTS, INTERMEDIATE, HIDDEN),
+        "down": weights(NUM_EXPERTS, HIDDEN, INTERMEDIATE),
+        "x": torch.randn(HIDDEN, device=device, dtype=torch.bfloat16),
+        "ids": torch.randperm(NUM_EXPERTS, device=device)[:TOP_K].contiguous(),
+        "weights": torch.rand(TOP_K, device=device, dtype=torch.bfloat16),
+        "act": torch.randn(TOP_K, INTERMEDIATE, device=device, dtype=torch.bfloat16),
+    }
+
+
+def gate_up_launcher(t: dict, out: torch.Tensor, rows: int, cols: int, warps: int, stages: int):
+    grid = (TOP_K, triton.cdiv(INTERMEDIATE, rows))
+    return lambda: moe_triton._gate_up_kernel[grid](
+        t["x"], t["gate"], t["up"], t["ids"], out, t["gate"].stride(0), t["gate"].stride(1),
+        num_cols=HIDDEN, num_rows=INTERMEDIATE, BLOCK_ROWS=rows, BLOCK_COLS=cols,
+        num_warps=warps, num_stages=stages,
+    )
+
+
+def down_sum_launcher(t: dict, out: torch.Tensor, rows: int, cols: int, warps: int, stages: int):
+    grid = (triton.cdiv(HIDDEN, rows),)
+    return lambda: moe_triton._down_sum_kernel[grid](
+        t["act"], t["down"], t["ids"], t["weights"], out, t["down"].stride(0),
+        t["down"].stride(1), num_cols=INTERMEDIATE, num_rows=HIDDEN, top_k=TOP_K,
+        BLOCK_ROWS=rows, BLOCK_COLS=cols, num_warps=warps, num_stages=stages,
+    )
+
+
+def run(deadline_s: float) -> dict[str, list]:
+    t = make_inputs()
+    gathered = {name: t[name][t["ids"]].float() for name in ("gate", "up", "down")}
+    x = t["x"].float()
+    references = {
+        "gate_up": torch.nn.functional.silu(gathered["gate"] @ x) * (gathered["up"] @ x),
+        "down_sum": ((gathered["down"] @ t["act"].float()[:, :, None]).squeeze(-1)
+                     * t["weights"].float()[:, None]).sum(0),
+    }
+    outputs = {"gate_up": torch.empty(TOP_K, INTERMEDIATE, device="cuda", dtype=torch.bfloat16),
+               "down_sum": torch.empty(HIDDEN, device="cuda", dtype=torch.bfloat16)}
+    launchers = {"gate_up": gate_up_launcher, "down_sum": down_sum_launcher}
+    bytes_read = {"gate_up": 2 * TOP_K * INTERMEDIATE * HIDDEN * 2,
+                  "down_sum": TOP_K * HIDDEN * INTERMEDIATE * 2}
+    results: dict[str, list] = {name: [] for name in launchers}
+    started_s = time.perf_counter()
+    for rows, cols, warps, stages in itertools.product(ROWS, COLS, WARPS, STAGES):
+        if rows * cols > MAX_TILE_ELEMENTS or time.perf_counter() - started_s > deadline_s:
+            continue
+        for name, make in launchers.items():
+            if name == "down_sum" and cols > 1024:  # wider than its 768 columns
+                continue
+            launch = make(t, outputs[name], rows, cols, warps, stages)
+            try:
+                launch()
+                torch.cuda.synchronize()
+            except triton.runtime.errors.OutOfResources as exc:
+                results[name].append({"config": (rows, cols, warps, stages), "error": str(exc)})
+                continue
+            error = (outputs[name].float() - references[name]).abs().max().item()
+            us = do_bench_cudagraph(launch, rep=20) * 1e3
+            results[name].append({"config": (rows, cols, warps, stages), "us": us,
+                                  "gb_s": bytes_read[name] / us / 1e3, "max_abs_error": error})
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write every timing here")
+    parser.add_argument("--deadline-s", type=float, default=TIME_BOX_S)
+    args = parser.parse_args()
+    results = run(args.deadline_s)
+    for name, rows in results.items():
+        timed = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+        print(f"{name}: best of {len(timed)} (BLOCK_ROWS, BLOCK_COLS, warps, stages)")
+        for r in timed[:8]:
+            print(f"  {r['config']}  {r['us']:7.2f} us  {r['gb_s']:6.0f} GB/s  "
+                  f"err {r['max_abs_error']:.2g}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

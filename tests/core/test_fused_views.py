@@ -38,9 +38,9 @@ from strata.engine.core.residency import ModelMemory
 from strata.engine.core.weight_source import RandomWeights
 
 # head_dim 32 with 2 kv heads: a k/v bias is 256 float32 bytes, so Qwen2's biases fuse too.
-_COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                  max_position_embeddings=512)
+_COMMON = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                  "max_position_embeddings": 512}
 CONFIGS = {
     "llama": ModelConfig(model_type="llama", **_COMMON),
     "qwen2": ModelConfig(model_type="qwen2", attention_bias=True, **_COMMON),

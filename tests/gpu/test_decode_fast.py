@@ -16,9 +16,9 @@ from strata.engine.protocol import SamplingSpec
 
 pytestmark = pytest.mark.gpu
 
-_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=384, num_hidden_layers=3,
-               num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-               max_position_embeddings=40000)
+_COMMON = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 3,
+               "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
+               "max_position_embeddings": 40000}
 CONFIGS = {
     "llama": ModelConfig(model_type="llama", **_COMMON),
     "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=16, num_experts_per_tok=4,
@@ -43,7 +43,7 @@ def run(decoder: GraphDecoder, spec: SamplingSpec, num_new: int = 60) -> list[in
 def test_graph_replay_equals_eager_step(name, moe_impl, compiled) -> None:
     """Same kernels with and without a graph: identical tokens, across buckets 64 -> 128."""
     model = model_for(name)
-    kwargs = dict(moe_impl=moe_impl, compile_pointwise=compiled, min_bucket_tokens=64)
+    kwargs = {"moe_impl": moe_impl, "compile_pointwise": compiled, "min_bucket_tokens": 64}
     graphed = GraphDecoder(model, use_cuda_graphs=True, **kwargs)
     eager = GraphDecoder(model, use_cuda_graphs=False, **kwargs)
     assert graphed.use_cuda_graphs and graphed.moe_impl == (moe_impl if name != "llama" else "loop")
