@@ -9,7 +9,9 @@ sorted by expert once; expert e owns the contiguous rows offsets[e-1]:offsets[e]
 - Where it is missing or refuses the inputs, a loop over only the experts that got rows, on
   contiguous slices of the sorted rows (one host sync for the counts).
 
-Rows go back to token order by one index_copy, and each token's k rows are summed in float32.
+Each row's routing weight scales its activation [R, I] before the down projection (I is
+narrower than H: 768 against 2048 for Qwen3-30B-A3B), rows go back to token order by one
+index_copy, and each token's k rows are summed in float32.
 """
 
 from __future__ import annotations
@@ -44,15 +46,15 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int):
     return order, order // ids.shape[1], torch.cumsum(counts, 0).to(torch.int32)
 
 
-def _grouped(rows: torch.Tensor, stacked, offsets: torch.Tensor) -> torch.Tensor:
+def _grouped(rows: torch.Tensor, stacked, offsets: torch.Tensor, row_weights: torch.Tensor):
     # Weights are [E, out, in] like nn.Linear; the transpose is the column-major B it wants.
     gate = torch._grouped_mm(rows, stacked.gate_proj.transpose(-2, -1), offs=offsets)  # [R, I]
     up = torch._grouped_mm(rows, stacked.up_proj.transpose(-2, -1), offs=offsets)  # [R, I]
-    act = F.silu(gate) * up
+    act = F.silu(gate) * up * row_weights[:, None]
     return torch._grouped_mm(act, stacked.down_proj.transpose(-2, -1), offs=offsets)  # [R, H]
 
 
-def _looped(rows: torch.Tensor, stacked, offsets: torch.Tensor) -> torch.Tensor:
+def _looped(rows: torch.Tensor, stacked, offsets: torch.Tensor, row_weights: torch.Tensor):
     out = torch.empty_like(rows)  # [R, H]
     ends = offsets.tolist()  # the one host sync
     begin = 0
@@ -60,7 +62,7 @@ def _looped(rows: torch.Tensor, stacked, offsets: torch.Tensor) -> torch.Tensor:
         if end > begin:  # experts without rows cost nothing
             part = rows[begin:end]  # [n, H]
             act = F.silu(F.linear(part, stacked.gate_proj[expert])) * F.linear(
-                part, stacked.up_proj[expert])  # [n, I]
+                part, stacked.up_proj[expert]) * row_weights[begin:end, None]  # [n, I]
             out[begin:end] = F.linear(act, stacked.down_proj[expert])
         begin = end
     return out
@@ -73,10 +75,11 @@ def experts_sorted(moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
     stacked = moe.experts
     order, source, offsets = sort_by_expert(ids, stacked.gate_proj.shape[0])
     rows = x.index_select(0, source)  # [T*k, H], grouped by expert
+    row_weights = weights.reshape(-1).index_select(0, order)  # [T*k], same order
     y = None
     if grouped_mm_supported(x):
         try:
-            y = _grouped(rows, stacked, offsets)
+            y = _grouped(rows, stacked, offsets, row_weights)
             _grouped_mm_works = True
         except RuntimeError as exc:
             if _grouped_mm_works:  # it worked before: this is a real error, not a capability
@@ -85,7 +88,6 @@ def experts_sorted(moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tenso
             log.warning("torch._grouped_mm refused the MoE prefill (%s); looping over experts",
                         exc)
     if y is None:
-        y = _looped(rows, stacked, offsets)
-    y = y * weights.reshape(-1).index_select(0, order)[:, None]  # [T*k, H]
+        y = _looped(rows, stacked, offsets, row_weights)
     unsorted = torch.empty_like(y).index_copy_(0, order, y)  # flat (token, slot) order
     return unsorted.view(num_tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)

@@ -18,7 +18,9 @@ from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.fast.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
 
-DEFAULT_PREFILL_CHUNK_TOKENS = 2048
+# Fewer, larger chunks: a 4096-token MoE prefill in two chunks spent more time launching
+# kernels than running them (H200 profile); 4096 rows keep activations near 0.5 GiB.
+DEFAULT_PREFILL_CHUNK_TOKENS = 4096
 
 
 def attention_prefill(
