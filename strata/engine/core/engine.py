@@ -27,7 +27,7 @@ from strata.engine.core.engine_errors import (
     kv_mapping,
 )
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
-from strata.engine.core.loader import load_model_config, load_tensors
+from strata.engine.core.loader import load_model_config
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.random_weights import DEFAULT_STD, random_weights_config
@@ -126,7 +126,7 @@ class Engine:
             fingerprint = random_fingerprint(config, source.seed, DEFAULT_STD)
         else:
             config = load_model_config(self.config.model_path)
-            source = FileWeights(load_tensors(self.config.model_path, config))
+            source = FileWeights.open(self.config.model_path, config)
             fingerprint = model_fingerprint(self.config.model_path, config)
         self.memory = ModelMemory(backend, self.dtype)
         try:

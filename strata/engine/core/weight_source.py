@@ -1,8 +1,8 @@
 """Where a model's weights come from at load: a model file, or seeded random values.
 
 Both sources fill tensors the engine has already laid out in its arenas (`fill`) and hand over
-a layer's stacked experts for the expert store (`experts`), so the loader's float32 copy is
-consumed as it goes and a random model of any size never exists twice on the host.
+a layer's stacked experts for the expert store (`experts`), one tensor or layer at a time, so
+neither a model file nor a random model of any size is ever copied whole on the host.
 """
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import zlib
 from collections.abc import Iterator, Mapping
 
 import torch
 
+from strata.engine.core.loader import open_tensors
+from strata.engine.core.loader.lazy import LazyTensor, in_memory
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import check_tensors
 from strata.engine.core.random_weights import DEFAULT_STD
@@ -24,18 +27,27 @@ ExpertNames = tuple[str, str, str]
 
 
 class FileWeights:
-    """The loader's canonical tensors (HF names, float32 on the CPU), consumed as they are used."""
+    """A model file's canonical tensors, unread (loader/lazy.py): each is read from the mapped
+    file in its own dtype when asked for and cast once by the copy into place, so the host
+    never holds more than one tensor (or one layer's stacked experts) beyond the page cache."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        self._tensors = tensors
+    def __init__(self, tensors: Mapping[str, LazyTensor | torch.Tensor]):
+        self._tensors: dict[str, LazyTensor] = {
+            name: in_memory(t) if isinstance(t, torch.Tensor) else t for name, t in tensors.items()
+        }
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], config: ModelConfig) -> FileWeights:
+        """The weights of a .gguf file or a Hugging Face directory, headers read, data not."""
+        return cls(open_tensors(path, config))
 
     def check(self, expected: dict[str, tuple[int, ...]]) -> None:
-        """Raise ModelFormatError for a missing, unexpected or misshapen tensor."""
+        """Raise ModelFormatError for a missing, unexpected or misshapen tensor (headers only)."""
         check_tensors(expected, self._tensors)
 
     def fill(self, name: str, dst: torch.Tensor) -> None:
         """Copy tensor `name` into dst (casting to its dtype and device), then drop the source."""
-        dst.copy_(self._tensors.pop(name))
+        self._tensors.pop(name).copy_to(dst)
 
     def experts(
         self,
@@ -43,11 +55,33 @@ class FileWeights:
         shapes: dict[str, tuple[int, ...]],
         dtype: torch.dtype,
     ) -> Mapping[int, ExpertTriple]:
-        """layer -> (gate, up, down) stacked, in dtype, on the CPU; the float32 copies go."""
-        return {
-            layer: tuple(self._tensors.pop(n).to(dtype) for n in names)  # type: ignore[misc]
-            for layer, names in names_by_layer.items()
-        }
+        """A lazy layer -> (gate, up, down) mapping, stacked in dtype on the CPU: each access
+        reads that layer from the file again, so only one layer exists at once."""
+        return _LazyFileExperts(self._tensors, names_by_layer, dtype)
+
+
+class _LazyFileExperts(Mapping):
+    def __init__(
+        self, tensors: dict[str, LazyTensor], names: dict[int, ExpertNames], dtype: torch.dtype
+    ):
+        self._tensors = tensors
+        self._names = names
+        self._dtype = dtype
+
+    def __getitem__(self, layer: int) -> ExpertTriple:
+        out = []
+        for name in self._names[layer]:
+            lazy = self._tensors[name]
+            stacked = torch.empty(lazy.shape, dtype=self._dtype)
+            lazy.copy_to(stacked)
+            out.append(stacked)
+        return tuple(out)  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 class RandomWeights:

@@ -1,7 +1,9 @@
 """Model loading entry points: one call per question, whatever the file format.
 
 - `load_model_config(path)`: the ModelConfig of a .gguf file or a Hugging Face directory.
-- `load_tensors(path, config)`: float32 CPU tensors in canonical HF names and layouts.
+- `open_tensors(path, config)`: every weight unread (loader/lazy.py), in canonical HF names
+  and layouts and the file's dtype; the engine copies them into its arenas one at a time.
+- `load_tensors(path, config)`: the same read into float32 CPU tensors (tests, parity checks).
 - `inspect_model(path)`: a ModelInfo for `strata info`, read without loading any tensor.
 
 Format modules are imported on use so that `inspect_model` (host side, `strata info`) does
@@ -20,9 +22,10 @@ from strata.engine.gguf_file import is_gguf_file, missing_model_error
 if TYPE_CHECKING:
     import torch
 
+    from strata.engine.core.loader.lazy import LazyTensor
     from strata.engine.core.model_info import ModelInfo
 
-__all__ = ["detect_format", "inspect_model", "load_model_config", "load_tensors"]
+__all__ = ["detect_format", "inspect_model", "load_model_config", "load_tensors", "open_tensors"]
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
@@ -56,18 +59,26 @@ def load_model_config(path: str | os.PathLike[str]) -> ModelConfig:
     return load_hf_config(path)
 
 
-def load_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Every weight as float32 on CPU in canonical names, after the architecture's sanitize()."""
+def open_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, LazyTensor]:
+    """Every weight, not read yet, in canonical names, after the architecture's sanitize()."""
+    from strata.engine.core.models.registry import model_module
+
     if detect_format(path) == "gguf":
-        from strata.engine.core.loader.gguf import load_gguf_tensors
-        from strata.engine.core.models.registry import model_module
+        from strata.engine.core.loader.gguf import open_gguf_tensors
 
         # GGUF names are already canonical; sanitize still runs so every format ends the same
         # way (e.g. dropping a tied lm_head).
-        return model_module(config.model_type).sanitize(load_gguf_tensors(path, config), config)
-    from strata.engine.core.loader.hf import load_hf_tensors
+        return model_module(config.model_type).sanitize(open_gguf_tensors(path, config), config)
+    from strata.engine.core.loader.hf import open_hf_tensors
 
-    return load_hf_tensors(path, config)  # sanitizes itself
+    return open_hf_tensors(path, config)  # sanitizes itself
+
+
+def load_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every weight as float32 on CPU in canonical names, after the architecture's sanitize()."""
+    from strata.engine.core.loader.lazy import materialize
+
+    return materialize(open_tensors(path, config))
 
 
 def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from strata.engine.core.loader.gguf_names import (
@@ -21,6 +22,7 @@ from strata.engine.core.loader.gguf_rope import (
     llama3_scaling_from_freqs,
     rope_scaling_from_metadata,
 )
+from strata.engine.core.loader.lazy import DeferredTensor, LazyTensor, StackedTensor, materialize
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import field_value, open_gguf
 
@@ -34,6 +36,8 @@ SUPPORTED_QUANT_TYPES = frozenset(
     )
 )  # fmt: skip
 
+# Types torch reads straight from the mapped file, in their own dtype.
+_NATIVE_DTYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16}
 _ROPE_PERMUTED_ARCHS = ("llama",)  # qwen2/qwen3 GGUFs keep HF's Q/K row order
 
 
@@ -139,13 +143,17 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     )
 
 
-def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.ndarray) -> np.ndarray:
-    """Dequantize one GGUF tensor's raw data to a writable float32 array in numpy order."""
+def _check_quant_type(name: str, tensor_type: GGMLQuantizationType) -> None:
     if tensor_type not in SUPPORTED_QUANT_TYPES:
         raise ModelFormatError(
             f"tensor {name} uses quant type {tensor_type.name}, which Strata cannot dequantize; "
             "use a Q4_K_M, Q8_0 or F16 file"
         )
+
+
+def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.ndarray) -> np.ndarray:
+    """Dequantize one GGUF tensor's raw data to a writable float32 array in numpy order."""
+    _check_quant_type(name, tensor_type)
     values = dequantize(data, tensor_type).astype(np.float32, copy=False)
     if not values.flags.writeable:
         # F32 comes back as a view of the read-only memmap; torch needs its own writable copy.
@@ -153,14 +161,37 @@ def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.nda
     return values
 
 
-def load_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """All tensors of a GGUF file, dequantized to float32 on CPU, in canonical (HF) names and
-    layouts: Linear weights [out, in], stacked experts [E, out, in], llama Q/K un-permuted."""
+def _gguf_tensor(tensor: ReaderTensor, rope_heads: int | None) -> DeferredTensor:
+    """One GGUF tensor, read when asked for: F32/F16 as views of the mapped file in their own
+    dtype, other types dequantized to float32; llama Q/K rows un-permuted (rope_heads)."""
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists ne[0] first
+    native_dtype = _NATIVE_DTYPES.get(tensor.tensor_type)
+
+    def read() -> torch.Tensor:
+        if native_dtype is None:
+            values = dequantize_tensor(tensor.name, tensor.tensor_type, tensor.data)
+        else:
+            values = tensor.data
+        values = values.reshape(shape)
+        if rope_heads is not None:
+            values = np.ascontiguousarray(unpermute_rope_rows(values, rope_heads))
+        with warnings.catch_warnings():
+            # A view of the read-only memmap: it is only ever copied from (see lazy.py).
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            return torch.from_numpy(values)
+
+    return DeferredTensor(shape, native_dtype or torch.float32, read)
+
+
+def open_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, LazyTensor]:
+    """All tensors of a GGUF file, unread, in canonical (HF) names and layouts: Linear weights
+    [out, in], stacked experts [E, out, in], llama Q/K un-permuted. Each is dequantized (or,
+    for F32/F16, viewed in the mapped file) only when read."""
     reader = open_gguf(path)
     arch = gguf_architecture(reader, path)
     to_canonical = gguf_to_canonical(arch, config)
-    out: dict[str, torch.Tensor] = {}
-    per_expert: dict[str, dict[int, np.ndarray]] = {}
+    out: dict[str, LazyTensor] = {}
+    per_expert: dict[str, dict[int, LazyTensor]] = {}
     for t in reader.tensors:
         if t.name in IGNORED_GGUF_TENSORS:
             continue
@@ -171,20 +202,17 @@ def load_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict
                 f"{path} has tensor {t.name}, which a {config.model_type} model with this "
                 "config does not use: the file does not match its metadata"
             )
-        values = dequantize_tensor(t.name, t.tensor_type, t.data)
-        expected_shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne[0] first
-        if values.shape != expected_shape:
-            values = values.reshape(expected_shape)
+        _check_quant_type(t.name, t.tensor_type)
         if stacked is not None:
-            per_expert.setdefault(stacked[0], {})[stacked[1]] = values
+            per_expert.setdefault(stacked[0], {})[stacked[1]] = _gguf_tensor(t, None)
             continue
+        rope_heads = None
         is_q, is_k = ".self_attn.q_proj." in canonical, ".self_attn.k_proj." in canonical
         if arch in _ROPE_PERMUTED_ARCHS and (is_q or is_k):
-            num_heads = config.num_attention_heads if is_q else config.num_key_value_heads
-            values = np.ascontiguousarray(unpermute_rope_rows(values, num_heads))
-        out[canonical] = torch.from_numpy(values)
+            rope_heads = config.num_attention_heads if is_q else config.num_key_value_heads
+        out[canonical] = _gguf_tensor(t, rope_heads)
     for name, experts in per_expert.items():
-        out[name] = torch.from_numpy(np.stack([experts[e] for e in sorted(experts)]))
+        out[name] = StackedTensor([experts[e] for e in sorted(experts)])
 
     missing = [name for name in to_canonical.values() if name not in out]
     if missing:
@@ -194,3 +222,9 @@ def load_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict
             "incomplete or its metadata is wrong; download it again"
         )
     return out
+
+
+def load_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All tensors of a GGUF file dequantized to float32 on CPU, in canonical names and layouts
+    (see open_gguf_tensors)."""
+    return materialize(open_gguf_tensors(path, config))

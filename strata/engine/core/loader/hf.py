@@ -8,13 +8,14 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from strata.engine.core.loader.lazy import DeferredTensor, LazyTensor, materialize
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.core.models.registry import model_module
 
 _NEEDS = "a Hugging Face model directory needs config.json and *.safetensors"
 _INDEX_NAME = "model.safetensors.index.json"
-# safetensors dtype names that widen to float32 without loss of meaning.
-_FLOAT_DTYPES = ("F32", "F16", "BF16")
+# safetensors dtype names Strata reads (each widens to float32 without loss of meaning).
+_FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def _model_dir(path: str | Path) -> Path:
@@ -79,30 +80,59 @@ def safetensors_files(path: str | Path) -> list[Path]:
     return files
 
 
-def _read_file(file: Path, tensors: dict[str, torch.Tensor]) -> None:
+def _dtype_of(file: Path, name: str, dtype_name: str) -> torch.dtype:
+    if dtype_name not in _FLOAT_DTYPES:
+        raise ModelFormatError(
+            f"tensor {name} in {file.name} has dtype {dtype_name}: Strata reads "
+            "float32/float16/bfloat16 safetensors; use an unquantized model or a GGUF"
+        )
+    return _FLOAT_DTYPES[dtype_name]
+
+
+def _damaged(file: Path, error: Exception) -> ModelFormatError:
+    return ModelFormatError(f"{file} is truncated or damaged ({error}): download it again")
+
+
+def _mapped_tensor(reader, file: Path, name: str, shape, dtype: torch.dtype) -> DeferredTensor:
+    def read() -> torch.Tensor:
+        try:
+            return reader.get_tensor(name)  # a view of the mmapped file, no copy
+        except SafetensorError as e:
+            raise _damaged(file, e) from None
+
+    return DeferredTensor(shape, dtype, read)
+
+
+def _open_file(file: Path, tensors: dict[str, LazyTensor]) -> None:
+    """Add the file's tensors to `tensors` from its header alone; safe_open mmaps the file and
+    checks that the header's offsets cover it exactly (a truncated file fails here)."""
     try:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                dtype = f.get_slice(name).get_dtype()
-                if dtype not in _FLOAT_DTYPES:
-                    raise ModelFormatError(
-                        f"tensor {name} in {file.name} has dtype {dtype}: Strata reads "
-                        "float32/float16/bfloat16 safetensors; use an unquantized model or a GGUF"
-                    )
-                if name in tensors:
-                    raise ModelFormatError(
-                        f"tensor {name} appears in more than one file of {file.parent}: "
-                        "remove the stray .safetensors files"
-                    )
-                tensors[name] = f.get_tensor(name).to(torch.float32)
+        reader = safe_open(str(file), framework="pt", device="cpu")
+        for name in reader.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+            header = reader.get_slice(name)
+            dtype = _dtype_of(file, name, header.get_dtype())
+            if name in tensors:
+                raise ModelFormatError(
+                    f"tensor {name} appears in more than one file of {file.parent}: "
+                    "remove the stray .safetensors files"
+                )
+            tensors[name] = _mapped_tensor(reader, file, name, header.get_shape(), dtype)
     except SafetensorError as e:
-        raise ModelFormatError(f"{file} is truncated or damaged ({e}): download it again") from None
+        raise _damaged(file, e) from None
+
+
+def open_hf_tensors(path: str | Path, config: ModelConfig) -> dict[str, LazyTensor]:
+    """Every tensor of the directory, unread, in canonical names (sanitized), in file dtypes.
+
+    The files stay mapped while any of the returned tensors lives.
+    """
+    module = model_module(config.model_type)
+    tensors: dict[str, LazyTensor] = {}
+    for file in safetensors_files(path):
+        _open_file(file, tensors)
+    return module.sanitize(tensors, config)
 
 
 def load_hf_tensors(path: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     """Every tensor of the directory as float32 on the CPU, in canonical names (sanitized)."""
-    module = model_module(config.model_type)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(path):
-        _read_file(file, tensors)
-    return module.sanitize(tensors, config)
+    return materialize(open_hf_tensors(path, config))

@@ -98,7 +98,7 @@ class DecoderLM(nn.Module):
         return F.linear(h, head).float()  # [T, V]
 
 
-def drop_unused_tensors(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict:
+def drop_unused_tensors(tensors: dict, config: ModelConfig) -> dict:
     """Remove tensors that files carry but the model derives: RoPE tables, a tied lm_head."""
     for name in [n for n in tensors if n.endswith("rotary_emb.inv_freq")]:
         del tensors[name]

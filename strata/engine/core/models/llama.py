@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from strata.engine.core.loader.lazy import LazyTensor
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.decoder import DecoderLM, drop_unused_tensors
 from strata.engine.core.models.layers import Attention, SwiGLU
@@ -21,6 +20,6 @@ class Model(DecoderLM):
         )
 
 
-def sanitize(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+def sanitize(tensors: dict[str, LazyTensor], config: ModelConfig) -> dict[str, LazyTensor]:
     """Hugging Face Llama files already use the canonical names."""
     return drop_unused_tensors(tensors, config)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
+from strata.engine.core.loader.lazy import LazyTensor
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.decoder import DecoderLM, drop_unused_tensors
 from strata.engine.core.models.layers import Attention
@@ -36,7 +35,7 @@ class Model(DecoderLM):
         )
 
 
-def sanitize(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+def sanitize(tensors: dict[str, LazyTensor], config: ModelConfig) -> dict[str, LazyTensor]:
     """Mixtral names (w1/w3/w2, block_sparse_moe) -> canonical stacked expert tensors."""
     tensors = rename(tensors, _RENAMES)
     return stack_experts(drop_unused_tensors(tensors, config), config.num_experts)

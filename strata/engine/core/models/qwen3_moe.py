@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
+from strata.engine.core.loader.lazy import LazyTensor
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.decoder import DecoderLM, drop_unused_tensors
 from strata.engine.core.models.layers import Attention, SwiGLU
@@ -43,7 +43,7 @@ class Model(DecoderLM):
         )
 
 
-def sanitize(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+def sanitize(tensors: dict[str, LazyTensor], config: ModelConfig) -> dict[str, LazyTensor]:
     """Router `mlp.gate` -> `mlp.router`; per-expert or fused expert tensors -> stacked."""
     tensors = rename(tensors, [(r"\.mlp\.gate\.weight$", ".mlp.router.weight")])
     return stack_experts(drop_unused_tensors(tensors, config), config.num_experts)

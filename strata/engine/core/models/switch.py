@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, narrowed
 from strata.engine.core.model_config import ModelFormatError
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
@@ -98,13 +99,14 @@ _PER_EXPERT = re.compile(
 _FUSED_GATE_UP = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.gate_up_proj$")
 
 
-def stack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:
+def stack_experts(tensors: dict[str, LazyTensor], num_experts: int) -> dict[str, LazyTensor]:
     """Turn per-expert `mlp.experts.{e}.{gate,up,down}_proj.weight` tensors into stacked ones.
 
     Also splits the fused `mlp.experts.gate_up_proj` [E, 2I, H] of transformers 5 (gate first).
-    Consumes `tensors` as it goes so at most one layer's experts exist twice.
+    Works on unread tensors (loader/lazy.py): nothing is read or stacked until the load copies
+    a layer's experts into place.
     """
-    groups: dict[tuple[str, str], dict[int, torch.Tensor]] = {}
+    groups: dict[tuple[str, str], dict[int, LazyTensor]] = {}
     for name in list(tensors):
         match = _PER_EXPERT.match(name)
         if match:
@@ -115,8 +117,8 @@ def stack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[st
         if match:
             fused = tensors.pop(name)  # [E, 2I, H]
             half = fused.shape[1] // 2
-            tensors[f"{match.group(1)}.gate_proj"] = fused[:, :half].contiguous()
-            tensors[f"{match.group(1)}.up_proj"] = fused[:, half:].contiguous()
+            tensors[f"{match.group(1)}.gate_proj"] = narrowed(fused, 1, 0, half)
+            tensors[f"{match.group(1)}.up_proj"] = narrowed(fused, 1, half, half)
     for (prefix, proj), by_id in groups.items():
         for expert in range(num_experts):
             if expert not in by_id:
@@ -136,12 +138,11 @@ def stack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[st
                 f"experts of {prefix} {proj}_proj have different shapes {sorted(shapes)}: "
                 "the file is damaged"
             )
-        tensors[f"{prefix}.{proj}_proj"] = torch.stack([by_id[e] for e in range(num_experts)])
-        by_id.clear()
+        tensors[f"{prefix}.{proj}_proj"] = StackedTensor([by_id[e] for e in range(num_experts)])
     return tensors
 
 
-def rename(tensors: dict[str, torch.Tensor], rules: Sequence[tuple[str, str]]) -> dict:
+def rename(tensors: dict[str, LazyTensor], rules: Sequence[tuple[str, str]]) -> dict:
     """Apply regex (pattern, replacement) rules to every tensor name in place, first match wins."""
     compiled = [(re.compile(p), r) for p, r in rules]
     for name in list(tensors):
