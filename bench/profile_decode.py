@@ -57,9 +57,11 @@ def print_table(title: str, table: dict, per: int, wall_s: float, top: int) -> N
 
 
 def profile_model(label: str, args, device) -> None:
+    from strata.engine.core.fused_views import fuse_by_copy
     from strata.engine.core.random_weights import build_random_model, random_weights_config
 
     model = build_random_model(random_weights_config(label), device, torch.bfloat16, seed=0)
+    fuse_by_copy(model)  # the layout and fused q/k/v, gate/up views the engine's arenas give
     config = model.config
     kv = KVCache.for_config(config, 2048, torch.bfloat16, device)
     decoder = GraphDecoder(model)

@@ -150,6 +150,7 @@ def hardware(device: torch.device) -> dict:
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Run the suite; returns the report (also written to args.out/bench.json)."""
+    from strata.engine.core.fused_views import fuse_by_copy
     from strata.engine.core.random_weights import build_random_model, random_weights_config
 
     if not torch.cuda.is_available():
@@ -163,6 +164,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         ctx.log(f"building {label} (random weights, bf16)")
         t0 = time.perf_counter()
         model = build_random_model(random_weights_config(label), device, torch.bfloat16, seed=0)
+        fuse_by_copy(model)  # the layout and fused q/k/v, gate/up views the engine's arenas give
         torch.cuda.synchronize()
         ctx.log(f"  built in {time.perf_counter() - t0:.1f} s")
         for row in ROWS:

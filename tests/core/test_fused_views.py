@@ -228,3 +228,21 @@ def test_unaligned_groups_fall_back_to_separate_projections(arena_model, monkeyp
     aligned = arena_model(CONFIGS["llama"])  # same seeds: the same weights, now fused
     assert fused_qkv(aligned.model.layers[0].self_attn) is not None
     _assert_all_close(_fast_logits(aligned), unfused)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2"])
+def test_fuse_by_copy_gives_torch_models_the_same_views(name: str) -> None:
+    from strata.engine.core.fused_views import fuse_by_copy
+    from strata.engine.core.random_weights import build_random_model
+
+    model = build_random_model(CONFIGS[name], "cpu", torch.float32, seed=3, std=0.15)
+    unfused = _fast_logits(model)
+    assert fuse_by_copy(model) == {"qkv": 2, "gate_up": 2}
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    weight, bias, sizes = fused_qkv(attn)
+    assert attn.q_proj.weight.data_ptr() == weight.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == weight[sizes[0] + sizes[1]:].data_ptr()
+    assert (bias is not None) == (name == "qwen2")
+    assert mlp.up_proj.weight.data_ptr() == fused_gate_up(mlp)[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    _assert_all_close(_fast_logits(model), unfused)
+    _assert_all_close(_fast_logits(model), _reference_logits(model))

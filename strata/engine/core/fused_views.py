@@ -113,6 +113,40 @@ def attach_fused_views(model: torch.nn.Module, arena: Arena) -> dict[str, int]:
     return counts
 
 
+def fuse_by_copy(model: torch.nn.Module) -> dict[str, int]:
+    """For a model whose weights are ordinary torch tensors (build_random_model: the speed
+    bench), give each q/k/v and gate/up group one storage and re-point the parameters at
+    slices of it: the same layout and fused views the arena path gives, at no extra memory
+    once the old tensors are gone. Returns how many of each were fused."""
+    from strata.engine.core.models.layers import Attention, SwiGLU
+
+    def regroup(linears: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight = torch.cat([lin.weight for lin in linears])
+        has_bias = linears[0].bias is not None
+        bias = torch.cat([lin.bias for lin in linears]) if has_bias else None
+        begin = 0
+        for lin in linears:
+            rows = lin.weight.shape[0]
+            lin.weight = torch.nn.Parameter(weight[begin:begin + rows], requires_grad=False)
+            if has_bias:
+                lin.bias = torch.nn.Parameter(bias[begin:begin + rows], requires_grad=False)
+            begin += rows
+        return weight, bias
+
+    counts = {"qkv": 0, "gate_up": 0}
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if isinstance(attn, Attention):
+            projs = [attn.q_proj, attn.k_proj, attn.v_proj]
+            attn.qkv_weight, attn.qkv_bias = regroup(projs)
+            attn.qkv_sizes = tuple(p.weight.shape[0] for p in projs)
+            counts["qkv"] += 1
+        if isinstance(mlp, SwiGLU):
+            mlp.gate_up_weight, _ = regroup([mlp.gate_proj, mlp.up_proj])
+            counts["gate_up"] += 1
+    return counts
+
+
 def detach_fused_views(model: torch.nn.Module) -> None:
     """Set every fused view to None: the fast path then runs the separate projections."""
     for layer in model.model.layers:
