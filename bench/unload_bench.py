@@ -200,6 +200,7 @@ def main() -> int:
                         "(the default)")
     source.add_argument("--random-weights", dest="random_weights", action="store_true",
                         help="draw the weights on the GPU instead of reading a file")
+    parser.set_defaults(random_weights=False)  # two actions share the dest: say which wins
     parser.add_argument("--work-dir", help="where the temporary model directories go "
                         "(default: the system temp dir; llama3-8b needs 16 GB)")
     args = parser.parse_args()

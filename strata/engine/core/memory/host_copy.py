@@ -7,7 +7,6 @@ release. Copies run in chunks of >= 16 MiB on a side stream, where they reach th
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import mmap
 import time
@@ -75,6 +74,8 @@ def _unregister(address: int) -> None:
     from cuda.bindings import driver as cu
 
     (err,) = cu.cuMemHostUnregister(address)
+    if err == cu.CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED:
+        return  # an unload reset the context (Engine.close_for_exit): the registration went with it
     if err != cu.CUresult.CUDA_SUCCESS:
         log.warning("cuMemHostUnregister of host copy at %#x failed: %s", address, err)
 
@@ -90,11 +91,6 @@ class HostCopy:
         # Its own anonymous mapping: page-aligned, and no page shared with other allocations
         # that someone else might register for pinning too.
         self._mmap = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        # 2 MiB pages where the kernel offers them: filling a 16 GiB copy then takes 8k page
-        # faults instead of 4M, and DMA to and from it walks 512x fewer page entries.
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            with contextlib.suppress(OSError):
-                self._mmap.madvise(mmap.MADV_HUGEPAGE)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._buffer = torch.frombuffer(self._mmap, dtype=torch.uint8)
