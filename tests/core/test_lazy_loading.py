@@ -121,6 +121,22 @@ def test_source_holds_one_tensor_at_a_time_in_the_file_dtype(variant, tmp_path, 
         memory.close()
 
 
+@pytest.mark.parametrize("expert_cache", ["all", "8"])
+def test_every_tensor_is_read_from_the_file_once(expert_cache, tmp_path, monkeypatch):
+    """Experts included: the store checks their shapes from the headers, then each handle
+    copies itself into the host copy (no second read, no stacked intermediate)."""
+    directory, _ = make_tiny_hf_model("qwen3_moe", tmp_path)
+    reads: list[tuple[int, ...]] = []
+    original = DeferredTensor.read
+    monkeypatch.setattr(DeferredTensor, "read",
+                        lambda lazy: reads.append(id(lazy)) or original(lazy))
+    memory, _ = build_in_arenas(directory, torch.float32, expert_cache)
+    try:
+        assert reads and len(reads) == len(set(reads))
+    finally:
+        memory.close()
+
+
 def test_check_runs_on_headers_before_any_read(tmp_path, monkeypatch):
     directory, _ = make_tiny_hf_model("llama", tmp_path)
     config = load_hf_config(directory)

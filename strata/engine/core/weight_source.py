@@ -69,19 +69,29 @@ class _LazyFileExperts(Mapping):
         self._dtype = dtype
 
     def __getitem__(self, layer: int) -> ExpertTriple:
-        out = []
-        for name in self._names[layer]:
-            lazy = self._tensors[name]
-            stacked = torch.empty(lazy.shape, dtype=self._dtype)
-            lazy.copy_to(stacked)
-            out.append(stacked)
-        return tuple(out)  # type: ignore[return-value]
+        # Handles, not tensors: ExpertStore checks their shapes and dtype (headers only), then
+        # has each one copy itself into its host-copy view, so every byte is read from the file
+        # once and no stacked [E, ...] tensor exists besides the host copy.
+        return tuple(_CastOnCopy(self._tensors[name], self._dtype)  # type: ignore[return-value]
+                     for name in self._names[layer])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._names)
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+class _CastOnCopy:
+    """A lazy tensor that reports the dtype it will be cast to: what ExpertStore checks."""
+
+    def __init__(self, lazy: LazyTensor, dtype: torch.dtype):
+        self.lazy = lazy
+        self.shape = lazy.shape
+        self.dtype = dtype
+
+    def copy_to(self, dst: torch.Tensor) -> None:
+        self.lazy.copy_to(dst)
 
 
 class RandomWeights:

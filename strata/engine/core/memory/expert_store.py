@@ -77,7 +77,10 @@ class ExpertStore:
             views = []
             for shape, source in zip(self._shapes, layers[layer]):
                 view = self.host.tensor(offset, (self.num_experts, *shape), self.dtype)
-                view.copy_(source)
+                if hasattr(source, "copy_to"):  # a file's lazy handle (weight_source.py)
+                    source.copy_to(view)
+                else:
+                    view.copy_(source)
                 views.append(view)
                 offset += view.numel() * self.dtype.itemsize
             self._host_layers[layer] = views
