@@ -90,8 +90,13 @@ def _fuse_attention(attn, arena: Arena) -> None:
     bias = adjacent_view(arena, [p.bias for p in projs]) if has_bias else None
     if weight is None or (has_bias and bias is None):
         weight = bias = None  # all or nothing: the unfused path handles this layer
+    _set_qkv(attn, weight, bias)
+
+
+def _set_qkv(attn, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:
     attn.qkv_weight = weight  # [Nq + Nk + Nv, H]
     attn.qkv_bias = bias  # [Nq + Nk + Nv] or None
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
     attn.qkv_sizes = None if weight is None else tuple(p.weight.shape[0] for p in projs)
 
 
@@ -137,9 +142,7 @@ def fuse_by_copy(model: torch.nn.Module) -> dict[str, int]:
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if isinstance(attn, Attention):
-            projs = [attn.q_proj, attn.k_proj, attn.v_proj]
-            attn.qkv_weight, attn.qkv_bias = regroup(projs)
-            attn.qkv_sizes = tuple(p.weight.shape[0] for p in projs)
+            _set_qkv(attn, *regroup([attn.q_proj, attn.k_proj, attn.v_proj]))
             counts["qkv"] += 1
         if isinstance(mlp, SwiGLU):
             mlp.gate_up_weight, _ = regroup([mlp.gate_proj, mlp.up_proj])

@@ -10,6 +10,8 @@ captured over it stay valid.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import torch
 
 from strata.engine.core.kv_cache import KVCache
@@ -95,6 +97,29 @@ class KVArena:
         """Bytes of each region that rows 0..num_tokens-1 need mapped (whole chunks)."""
         return min(round_up(num_tokens * self.row_bytes, self.chunk_bytes), self.region_stride_bytes)
 
+    def _map_regions(
+        self, slot: int, want_bytes: int, regions: Iterable[int],
+        after_map: Callable[[int, int], None],
+    ) -> None:
+        """Map bytes [mapped, want_bytes) of each region, in `regions` order, calling
+        after_map(region, region_offset) as soon as its pages are there, so that work (a zero,
+        a copy) runs while the next region's driver calls do. All regions grow or none does:
+        on failure what this call mapped goes back (release_range synchronizes first, so work
+        queued on those pages has finished) and the error propagates."""
+        have_bytes = self._mapped_bytes[slot]
+        done: list[int] = []
+        try:
+            for region in regions:
+                offset = self._region_offset(slot, region)
+                self.arena.map_range(offset + have_bytes, want_bytes - have_bytes)
+                done.append(offset)
+                after_map(region, offset)
+        except BaseException:
+            for offset in done:
+                self.arena.release_range(offset + have_bytes, want_bytes - have_bytes)
+            raise
+        self._mapped_bytes[slot] = want_bytes
+
     def ensure_tokens(self, slot: int, num_tokens: int) -> int:
         """Map and zero the pages rows 0..num_tokens-1 need in every region; returns new bytes.
 
@@ -103,21 +128,11 @@ class KVArena:
             return 0
         want_bytes = self._bytes_for(num_tokens)
         have_bytes = self._mapped_bytes[slot]
-        done: list[int] = []
-        try:
-            for region in range(self.num_regions):
-                self.arena.map_range(self._region_offset(slot, region) + have_bytes,
-                                     want_bytes - have_bytes)
-                done.append(region)
-        except BaseException:
-            for region in done:  # all regions grow together, or none does
-                self.arena.release_range(self._region_offset(slot, region) + have_bytes,
-                                         want_bytes - have_bytes)
-            raise
-        for region in range(self.num_regions):
-            offset = self._region_offset(slot, region) + have_bytes
-            self.arena.tensor(offset, (want_bytes - have_bytes,), torch.uint8).zero_()
-        self._mapped_bytes[slot] = want_bytes
+
+        def zero_new(region: int, offset: int) -> None:
+            self.arena.tensor(offset + have_bytes, (want_bytes - have_bytes,), torch.uint8).zero_()
+
+        self._map_regions(slot, want_bytes, range(self.num_regions), zero_new)
         return self.num_regions * (want_bytes - have_bytes)
 
     def fill(self, slot: int, state: list[torch.Tensor], num_tokens: int) -> None:
@@ -133,28 +148,20 @@ class KVArena:
         """
         if self._mapped_bytes[slot]:
             raise ValueError(f"kv arena: slot {slot} must be empty to be filled")
-        want_bytes = self._bytes_for(num_tokens)
-        used_bytes = num_tokens * self.row_bytes
         if len(state) != self.num_regions:
             raise ValueError(f"kv arena: {len(state)} regions to fill, not {self.num_regions}")
+        want_bytes = self._bytes_for(num_tokens)
+        used_bytes = num_tokens * self.row_bytes
         views = self.region_views(slot)
-        done: list[int] = []
-        try:
-            for index, src in enumerate(state):
-                region = self.arena_region(index)
-                view, offset = views[region], self._region_offset(slot, region)
-                self.arena.map_range(offset, want_bytes)
-                done.append(region)
-                if want_bytes > used_bytes:
-                    self.arena.tensor(offset + used_bytes, (want_bytes - used_bytes,),
-                                      torch.uint8).zero_()
-                view[:num_tokens].copy_(src, non_blocking=True)
-        except BaseException:
-            self.arena.backend.synchronize()  # copies into the mapped pages may be in flight
-            for region in done:
-                self.arena.release_range(self._region_offset(slot, region), want_bytes)
-            raise
-        self._mapped_bytes[slot] = want_bytes
+        sources = {self.arena_region(index): src for index, src in enumerate(state)}
+
+        def copy_in(region: int, offset: int) -> None:
+            if want_bytes > used_bytes:
+                self.arena.tensor(offset + used_bytes, (want_bytes - used_bytes,),
+                                  torch.uint8).zero_()
+            views[region][:num_tokens].copy_(sources[region], non_blocking=True)
+
+        self._map_regions(slot, want_bytes, sources, copy_in)  # in snapshot order
 
     def arena_region(self, index: int) -> int:
         """The arena region of snapshot region `index` (k0, v0, k1, v1, ...): the arena lays

@@ -55,8 +55,8 @@ class FileWeights:
         shapes: dict[str, tuple[int, ...]],
         dtype: torch.dtype,
     ) -> Mapping[int, ExpertTriple]:
-        """A lazy layer -> (gate, up, down) mapping, stacked in dtype on the CPU: each access
-        reads that layer from the file again, so only one layer exists at once."""
+        """A layer -> (gate, up, down) mapping of unread handles that report `dtype` and copy
+        themselves (cast) into ExpertStore's host copy: each expert is read from the file once."""
         return _LazyFileExperts(self._tensors, names_by_layer, dtype)
 
 
