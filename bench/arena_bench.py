@@ -16,37 +16,17 @@ import sys
 import time
 
 import torch
+from limits import pinned_bandwidth_gb_s  # bench/limits.py, next to this file
 from report import format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.backend import cuda_available
-from strata.engine.core.memory.host_copy import HostCopy, side_stream
+from strata.engine.core.memory.host_copy import HostCopy
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.units import GIB, MIB
 
 RELEASE_TARGET_MS_PER_16_GIB = 20.0
 REFILL_TARGET_RATIO = 0.85
-
-
-def pinned_bandwidth_gb_s(device: torch.device, nbytes: int, repeats: int) -> tuple[float, float]:
-    """(host->device, device->host) GB/s of torch copies between pinned and device buffers."""
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    stream = side_stream(device)
-    results = []
-    for dst, src in ((dev, host), (host, dev)):
-        with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)  # warm-up
-        stream.synchronize()
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            for _ in range(repeats):
-                dst.copy_(src, non_blocking=True)
-        stream.synchronize()
-        results.append(repeats * nbytes / (time.perf_counter() - t0) / 1e9)
-    del host, dev
-    torch.cuda.empty_cache()
-    return results[0], results[1]
 
 
 def hardware_and_versions(device: torch.device) -> dict:

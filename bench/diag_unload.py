@@ -21,17 +21,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+from unload_bench import used_vram_bytes  # next to this file
 
 RECIPES = (("close", "exit"), ("arenas", "_exit"), ("arenas", "empty_cache", "reset", "_exit"),
            ("arenas", "unpin", "_exit"))
 BASELINE_SLACK_BYTES = 64 << 20
-
-
-def used_vram_bytes() -> int:
-    import pynvml
-
-    pynvml.nvmlInit()
-    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
 
 
 def run_phase(engine, phase: str) -> None:

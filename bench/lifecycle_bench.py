@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # arena_bench.py next to this file
-from arena_bench import hardware_and_versions, pinned_bandwidth_gb_s
+from arena_bench import hardware_and_versions
+from limits import pinned_bandwidth_gb_s
 from report import format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.engine import Engine, EngineConfig

@@ -36,6 +36,7 @@ from random_hf_dir import warm_page_cache, write_random_hf_dir  # next to this f
 from report import format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.engine_config import EngineConfig
+from strata.engine.core.memory.vram import nvml_unavailable_reason, read_vram_info
 from strata.engine.protocol import SamplingSpec
 from strata.engine.service.supervisor import Supervisor
 
@@ -44,10 +45,11 @@ BASELINE_SLACK_BYTES = 64 << 20  # NVML's own bookkeeping moves by a few MiB
 
 
 def used_vram_bytes() -> int:
-    import pynvml
-
-    pynvml.nvmlInit()
-    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
+    """Device-wide used VRAM of GPU 0 (strata's NVML reader; every process counts)."""
+    info = read_vram_info(0)
+    if info is None:
+        raise SystemExit("NVML cannot read the GPU's memory here: " + str(nvml_unavailable_reason()))
+    return info.used
 
 
 class BaselineWatcher(threading.Thread):
