@@ -25,6 +25,7 @@ from speed_rows import GREEDY, _prompt, decode_bytes_per_token
 from torch.profiler import ProfilerActivity, profile
 
 from strata.engine.core.fast import GraphDecoder
+from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.kv_cache import KVCache
 
 PROMPT_TOKENS = 512
@@ -95,6 +96,21 @@ def profile_model(label: str, args, device) -> None:
             wall_s = time.perf_counter() - t0
         print_table(f"{label} prefill {args.prefill_tokens} tok", kernel_table(prof), 1,
                     wall_s, args.top)
+        # Host time by operator: where the launch gaps come from.
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+        for name, ops in (("compiled", decoder.prefill_ops), ("eager", EAGER_OPS)):
+            decoder.prefill_ops, kept = ops, decoder.prefill_ops
+            decoder.prefill(long_kv, tokens, 0)
+            times_ms = []
+            for _ in range(3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                decoder.prefill(long_kv, tokens, 0)
+                torch.cuda.synchronize()
+                times_ms.append((time.perf_counter() - t0) * 1e3)
+            decoder.prefill_ops = kept
+            print(f"{label} prefill {args.prefill_tokens} tok, {name} element-wise ops: "
+                  f"{' '.join(f'{t:.1f}' for t in times_ms)} ms")
         del long_kv
     del model, kv
     torch.cuda.empty_cache()

@@ -113,7 +113,7 @@ def decode_rows(ctx, model, label: str, moe_impls: list[str]) -> list[dict]:
 def prefill_rows(ctx, model, label: str, num_tokens: int, oom_check: bool = False) -> list[dict]:
     """Prefill tok/s of one prompt and its ratio to the matrix rate; peak memory for long ones."""
     config = model.config
-    decoder = GraphDecoder(model, compile_pointwise=False)
+    decoder = GraphDecoder(model)  # as the engine runs it: compiled element-wise groups
     kv = KVCache.for_config(config, num_tokens, torch.bfloat16, ctx.device)
     decoder.prefill(kv, _prompt(config, min(num_tokens, 1024), ctx.device), 0)  # warm-up
     prompt = _prompt(config, num_tokens, ctx.device)

@@ -7,6 +7,7 @@ and prefill checks with CUDA graphs, compiled element-wise ops and bf16.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -205,21 +206,50 @@ def test_sorted_moe_prefill_matches_the_loop(force_loop, monkeypatch) -> None:
     assert offsets[-1] == 13 * 2 and torch.equal(source, order // 2)
 
 
+def test_grouped_block_is_the_whole_moe_block(monkeypatch) -> None:
+    """The tensors-only MoE block (what prefill compiles) == SparseMoE, and moe_block takes it
+    once grouped GEMMs are known to run."""
+    from strata.engine.core.fast import moe_prefill
+    from strata.engine.core.fast.pointwise import EAGER_OPS
+
+    model = tiny_model("qwen3_moe", seed=4)
+    moe = model.model.layers[1].mlp
+    x = torch.randn(13, 64, generator=torch.Generator().manual_seed(2))
+    calls = []
+
+    def block(*args):
+        calls.append(args[5:])  # top_k, norm_topk
+        return moe_prefill.grouped_block(*args)
+
+    monkeypatch.setattr(moe_prefill, "_grouped_mm_works", True)
+    with torch.inference_mode():
+        got = moe_prefill.moe_block(moe, x, dataclasses.replace(EAGER_OPS, moe_block=block))
+        ref = moe(x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert calls == [(moe.top_k, moe.norm_topk_prob)]
+
+
 @needs_interpreter
 @pytest.mark.parametrize("norm_topk", [True, False])
-def test_triton_route_topk_matches_torch(norm_topk) -> None:
-    from strata.engine.core.fast.moe_triton import route_topk
+def test_triton_router_topk_matches_torch(norm_topk) -> None:
+    """Router product and selection in one launch, 25 programs (100 experts, not a power of 2);
+    twice, so the completion counter is seen back at 0."""
+    from strata.engine.core.fast.moe_triton import _counter, router_topk
 
-    logits = torch.randn(1, 100, generator=torch.Generator().manual_seed(5)) * 2  # 100 < 128
-    probs = torch.softmax(logits[0].float(), dim=-1)
-    top_p, top_ids = torch.topk(probs, 6)
-    if norm_topk:
-        top_p = top_p / top_p.sum()
-    weights, ids = route_topk(logits[0], 6, norm_topk, torch.float32)
-    assert torch.equal(ids, top_ids)
-    torch.testing.assert_close(weights, top_p, rtol=1e-5, atol=1e-6)
+    gen = torch.Generator().manual_seed(5)
+    router = torch.randn(100, 96, generator=gen) * 0.3  # 100 < 128 experts, H = 96
+    for _ in range(2):
+        x = torch.randn(96, generator=gen)
+        probs = torch.softmax(router @ x, dim=-1)
+        top_p, top_ids = torch.topk(probs, 6)
+        if norm_topk:
+            top_p = top_p / top_p.sum()
+        weights, ids = router_topk(x, router, 6, norm_topk)
+        assert torch.equal(ids, top_ids)
+        torch.testing.assert_close(weights, top_p, rtol=1e-5, atol=1e-6)
+        assert _counter(x.device).item() == 0
     with pytest.raises(ValueError, match="top_k must be in"):
-        route_topk(logits[0], 101, norm_topk, torch.float32)
+        router_topk(x, router, 101, norm_topk)
 
 
 @needs_interpreter
@@ -349,3 +379,22 @@ def test_decode_with_fused_attention_matches_reference(name: str) -> None:
     assert decoder.ops.fused_attention
     kv = KVCache.for_config(model.config, 40)
     assert list(decoder.generate(kv, prompt, GREEDY, max_new_tokens=12)) == expected
+
+
+def test_compiled_op_runs_eagerly_past_the_recompile_limit(caplog) -> None:
+    """A shape past torch.compile's recompile limit (an error under fullgraph) runs the eager
+    function, with one warning, instead of failing the request."""
+    import torch._dynamo
+
+    from strata.engine.core.fast.pointwise import _eager_unless_compiled, _own_code, rms_norm
+
+    fresh = _own_code(rms_norm)  # a code object no other test compiled
+    op = _eager_unless_compiled(
+        torch.compile(fresh, backend="eager", dynamic=False, fullgraph=True), fresh)
+    weight = torch.rand(8)
+    # config.patch, not monkeypatch: the config module's attributes are not plain ones.
+    with torch._dynamo.config.patch(recompile_limit=1), caplog.at_level("WARNING"):
+        for num_rows in (2, 3, 4):
+            x = torch.randn(num_rows, 8)
+            torch.testing.assert_close(op(x, weight, 1e-6), rms_norm(x, weight, 1e-6))
+    assert sum("gave no variant" in r.message for r in caplog.records) == 1

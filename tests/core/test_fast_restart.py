@@ -83,3 +83,28 @@ def test_fresh_decoder_continues_over_restored_kv(monkeypatch) -> None:
     assert got == expected
     for logits, ref in zip(seen, ref_logits[1:], strict=True):
         torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_warm_up_compiles_what_later_prompts_run() -> None:
+    """After the load-time warm-up, prompts of other lengths (more chunks, a one-token last
+    chunk) reuse its compiled groups and give the eager prefill's logits."""
+    import torch._dynamo
+
+    model = build_random_model(CONFIG, "cpu", torch.float32, seed=6, std=0.15)
+    # Chunks of 24: no chunk length below equals a model dimension (head_dim is 16).
+    decoder = GraphDecoder(model, use_cuda_graphs=False, compile_pointwise=True,
+                           prefill_chunk_tokens=24)
+    assert decoder.warm_up_prefill() > 0
+    eager = GraphDecoder(model, use_cuda_graphs=False, compile_pointwise=False,
+                         prefill_chunk_tokens=24)
+    assert eager.warm_up_prefill() == 0.0  # nothing to compile
+    counters_before = dict(torch._dynamo.utils.counters["stats"])
+    for num_tokens in (33, 43, 19):  # 24 + 9, 24 + 19, 19
+        ids = torch.arange(num_tokens) * 7 % 96
+        kv_a = KVCache.for_config(model.config, MAX_TOKENS)
+        kv_b = KVCache.for_config(model.config, MAX_TOKENS)
+        torch.testing.assert_close(decoder.prefill(kv_a, ids, 0), eager.prefill(kv_b, ids, 0),
+                                   rtol=1e-4, atol=1e-4)
+    # No new compilation: the warm-up's variants served every length.
+    assert torch._dynamo.utils.counters["stats"].get("unique_graphs", 0) == \
+        counters_before.get("unique_graphs", 0)

@@ -85,6 +85,9 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device):
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
+    warm_up_s = decoder.warm_up_prefill()
+    if warm_up_s:
+        log.info("prefill kernels compiled in %.1f s", warm_up_s)
     return decoder
 
 

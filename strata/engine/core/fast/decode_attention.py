@@ -185,7 +185,7 @@ def reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, positi
     q_norm = None if attn.q_norm is None else attn.q_norm.weight
     k_norm = None if attn.k_norm is None else attn.k_norm.weight
     eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
-    q, k = ops.norm_rope(q, cos, sin, q_norm, eps), ops.norm_rope(k, cos, sin, k_norm, eps)
+    q, k = ops.qk_norm_rope(q, k, cos, sin, q_norm, k_norm, eps)
     k_cache.index_copy_(0, position, k.to(k_cache.dtype))
     v_cache.index_copy_(0, position, v.to(v_cache.dtype))
     group = attn.num_heads // attn.num_kv_heads

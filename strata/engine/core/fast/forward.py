@@ -53,7 +53,7 @@ def qkv(attn, x: torch.Tensor, cos, sin, ops: PointwiseOps):
     q_norm = None if attn.q_norm is None else attn.q_norm.weight
     k_norm = None if attn.k_norm is None else attn.k_norm.weight
     eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
-    return ops.norm_rope(q, cos, sin, q_norm, eps), ops.norm_rope(k, cos, sin, k_norm, eps), v
+    return (*ops.qk_norm_rope(q, k, cos, sin, q_norm, k_norm, eps), v)
 
 
 def attention_decode(
@@ -78,7 +78,7 @@ def attention_decode(
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
     """The layer's feed-forward on x [T, H]: SwiGLU with fused activation, or the MoE path."""
     if isinstance(mlp, SparseMoE):
-        return moe_forward(mlp, x, moe_impl)
+        return moe_forward(mlp, x, moe_impl, ops)
     gate_up = fused_gate_up(mlp)
     if gate_up is None:
         return mlp.down_proj(ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))

@@ -24,7 +24,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from strata.engine.core.fast.moe_prefill import experts_sorted
+from strata.engine.core.fast.moe_prefill import moe_block, route_logits
+from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.models.switch import SparseMoE
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,7 @@ def is_grouped_capable(moe: SparseMoE) -> bool:
 
 def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] in x's dtype, expert ids [T, k]) exactly as SparseMoE routes."""
-    probs = F.softmax(moe.router(x).float(), dim=-1)  # [T, E]
-    top_probs, top_ids = torch.topk(probs, moe.top_k, dim=-1)  # [T, k]
-    if moe.norm_topk_prob:
-        top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
-    return top_probs.to(x.dtype), top_ids
+    return route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)
 
 
 def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
@@ -87,13 +84,14 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
     from strata.engine.core.fast import moe_triton
 
     stacked = moe.experts
-    logits = moe.router(x)  # [1, E]
-    weights, ids = moe_triton.route_topk(logits[0], moe.top_k, moe.norm_topk_prob, x.dtype)
+    weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob)
     act = moe_triton.grouped_gate_up(x[0], stacked.gate_proj, stacked.up_proj, ids)  # [k, I]
     return moe_triton.grouped_down_sum(act, stacked.down_proj, ids, weights)[None]  # [1, H]
 
 
-def moe_forward(moe: SparseMoE, x: torch.Tensor, impl: str) -> torch.Tensor:
+def moe_forward(
+    moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps = EAGER_OPS
+) -> torch.Tensor:
     """The MoE block on x [T, H]: the loop module for "loop" or an expert cache; else grouped.
 
     Grouped means, for one token, the `impl` kernels (triton / bmm); for many tokens (prefill),
@@ -103,9 +101,9 @@ def moe_forward(moe: SparseMoE, x: torch.Tensor, impl: str) -> torch.Tensor:
         return moe(x)
     if x.shape[0] == 1 and impl == "triton":
         return experts_triton(moe, x)
-    weights, ids = route(moe, x)
     if x.shape[0] != 1:
-        return experts_sorted(moe, x, weights, ids)
+        return moe_block(moe, x, ops)
+    weights, ids = route(moe, x)
     if impl == "bmm":
         return experts_bmm(moe, x, weights, ids)
     raise ValueError(f"moe_impl must be one of {', '.join(MOE_IMPLS)}; not {impl!r}")

@@ -1,6 +1,8 @@
-"""Grouped matrix-vector Triton kernels for one token's top-k experts: three launches a layer.
+"""Grouped matrix-vector Triton kernels for one token's MoE block: three launches a layer.
 
-1. `route_topk`: softmax over the router logits, top-k, renormalisation, in one program.
+1. `router_topk`: the router's logits (64 programs), then softmax, top-k and renormalisation
+   by whichever program finishes last (a completion counter): one launch where a cuBLAS
+   product and a selection kernel took two, about 10 us a layer with the gap between them.
 2. `grouped_gate_up`: silu(gate[e] @ x) * (up[e] @ x) for the k experts; gate and up rows are
    read in the same program.
 3. `grouped_down_sum`: sum_j w_j * down[e_j] @ act_j; every program owns output rows and
@@ -25,14 +27,17 @@ try:
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
 
-# (BLOCK_ROWS, BLOCK_COLS, num_warps) candidates; the first is the CPU interpreter's choice.
-# From a sweep of 240 shapes on an H200 for Qwen3-30B-A3B (8 of 128 experts, I=768, H=2048;
-# docs/bench-results/sweep-moe-h200.json): few rows and wide column tiles keep many loads in
-# flight per program. gate/up: 4 x 1024 with 2 warps 12.3 us (4.1 TB/s) against 18.0 us for
-# the earlier 8 x 256; down: 4 x 256 with 4 warps 6.8 us (3.7 TB/s). The runners-up stay as
-# candidates for other shapes.
-GATE_UP_CONFIGS = ((4, 1024, 2), (8, 1024, 4), (1, 2048, 4), (4, 512, 2))
-DOWN_SUM_CONFIGS = ((4, 256, 4), (2, 256, 2), (1, 1024, 2), (4, 1024, 4))
+# (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL) candidates; the first is the CPU interpreter's choice.
+# From a cold-L2 sweep on an H200 for Qwen3-30B-A3B (8 of 128 experts, I=768, H=2048; each
+# replay reads other experts, as a decode step does; docs/bench-results/sweep-moe-h200-cold.json):
+# gate/up 1 x 2048 with 4 warps 13.4 us (3.75 TB/s) against 15.8 us for the warm sweep's pick
+# 4 x 1024; down 1 x 1024 with 4 warps 10.5 us (2.4 TB/s). Unrolling the column loop changed
+# nothing measurable; at these sizes a launch's fixed ramp-up and tail weigh as much as the
+# bytes. The runners-up stay as candidates for other shapes; autotuning picks per shape.
+GATE_UP_CONFIGS = ((1, 2048, 4, False), (2, 1024, 2, False), (2, 512, 2, False),
+                   (4, 512, 2, True))
+DOWN_SUM_CONFIGS = ((1, 1024, 4, False), (4, 1024, 4, False), (2, 1024, 4, False),
+                    (4, 256, 4, False))
 # Matrix sizes are constexpr: fixed per model, they give static loop bounds (and the CPU
 # interpreter cannot take a runtime loop bound with numpy 2).
 
@@ -54,17 +59,17 @@ def _tuned(kernel, candidates):
     """The kernel autotuned over candidates on CUDA (keyed by matrix shape); as is when interpreting."""
     if _is_interpreting():
         return kernel
-    configs = [triton.Config({"BLOCK_ROWS": r, "BLOCK_COLS": c}, num_warps=w)
-               for r, c, w in candidates]
+    configs = [triton.Config({"BLOCK_ROWS": r, "BLOCK_COLS": c, "UNROLL": u}, num_warps=w)
+               for r, c, w, u in candidates]
     # Kernels only store (no accumulation into outputs), so timing reruns are harmless.
     return triton.autotune(configs=configs, key=["num_rows", "num_cols"])(kernel)
 
 
 def _launch(kernel, grid_for_rows, candidates, *args, **kwargs) -> None:
     if _is_interpreting():
-        rows, cols, warps = candidates[0]
+        rows, cols, warps, unroll = candidates[0]
         kernel[grid_for_rows(rows)](*args, **kwargs, BLOCK_ROWS=rows, BLOCK_COLS=cols,
-                                     num_warps=warps)
+                                     UNROLL=unroll, num_warps=warps)
     else:
         kernel[lambda meta: grid_for_rows(meta["BLOCK_ROWS"])](*args, **kwargs)
 
@@ -72,52 +77,101 @@ def _launch(kernel, grid_for_rows, candidates, *args, **kwargs) -> None:
 if triton is not None:
 
     @triton.jit
-    def _route_kernel(
-        logits_ptr, ids_ptr, weights_ptr,
-        num_experts: tl.constexpr, top_k: tl.constexpr, norm_topk: tl.constexpr,
+    def _router_kernel(
+        x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr,
+        num_experts: tl.constexpr, hidden: tl.constexpr, top_k: tl.constexpr,
+        norm_topk: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
-        experts = tl.arange(0, BLOCK_E)
-        ok = experts < num_experts
-        z = tl.load(logits_ptr + experts, mask=ok, other=float("-inf")).to(tl.float32)
-        e = tl.exp(z - tl.max(z, axis=0))
-        probs = tl.where(ok, e / tl.sum(e, axis=0), -1.0)  # padding never wins
-        slots = tl.arange(0, BLOCK_K)
-        top_p = tl.zeros([BLOCK_K], dtype=tl.float32)
-        top_id = tl.zeros([BLOCK_K], dtype=tl.int64)
-        for j in tl.static_range(top_k):  # descending, like torch.topk
-            best = tl.argmax(probs, axis=0)
-            top_p = tl.where(slots == j, tl.max(probs, axis=0), top_p)
-            top_id = tl.where(slots == j, best.to(tl.int64), top_id)
-            probs = tl.where(experts == best, -1.0, probs)
-        if norm_topk:
-            top_p = top_p / tl.sum(top_p, axis=0)
-        tl.store(ids_ptr + slots, top_id, mask=slots < top_k)
-        tl.store(weights_ptr + slots, top_p.to(weights_ptr.dtype.element_ty), mask=slots < top_k)
+        # Each program: ROWS router logits (w[rows] @ x), rounded to x's dtype as F.linear's
+        # output is, so the selection sees the values the reference module sees.
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < num_experts
+        acc = tl.zeros([ROWS], dtype=tl.float32)
+        for start in tl.static_range(0, hidden, BLOCK_H):
+            cols = start + tl.arange(0, BLOCK_H)
+            col_ok = cols < hidden
+            xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * hidden + cols[None, :],
+                        mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            acc += tl.sum(w * xv[None, :], axis=1)
+        tl.store(logits_ptr + rows, acc.to(x_ptr.dtype.element_ty), mask=row_ok)
+        # The last program to finish selects: acq_rel orders every program's logits before
+        # its count, and the counter goes back to 0 for the next launch (or graph replay).
+        finished = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+        if finished == tl.num_programs(0) - 1:
+            experts = tl.arange(0, BLOCK_E)
+            ok = experts < num_experts
+            z = tl.load(logits_ptr + experts, mask=ok, other=float("-inf"), volatile=True)
+            z = z.to(tl.float32)
+            e = tl.exp(z - tl.max(z, axis=0))
+            probs = e / tl.sum(e, axis=0)
+            # One max per pick over (probability bits, reversed index) packed in an int64:
+            # non-negative floats order like their bits, and on a tie the lower index wins,
+            # as with argmax. Half the reductions of an argmax and a max per pick.
+            key = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
+                BLOCK_E - 1 - experts).to(tl.int64)
+            key = tl.where(ok, key, -1)  # padding never wins
+            slots = tl.arange(0, BLOCK_K)
+            top_p = tl.zeros([BLOCK_K], dtype=tl.float32)
+            top_id = tl.zeros([BLOCK_K], dtype=tl.int64)
+            for j in tl.static_range(top_k):  # descending, like torch.topk
+                best_key = tl.max(key, axis=0)
+                best = BLOCK_E - 1 - (best_key & 0xFFFFFFFF)
+                prob = (best_key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+                top_p = tl.where(slots == j, prob, top_p)
+                top_id = tl.where(slots == j, best, top_id)
+                key = tl.where(experts == best, -1, key)
+            if norm_topk:
+                top_p = top_p / tl.sum(top_p, axis=0)
+            tl.store(ids_ptr + slots, top_id, mask=slots < top_k)
+            tl.store(weights_ptr + slots, top_p.to(weights_ptr.dtype.element_ty),
+                     mask=slots < top_k)
+            tl.atomic_xchg(counter_ptr, 0)
+
+    @triton.jit
+    def _tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols: tl.constexpr,
+                  BLOCK_COLS: tl.constexpr):
+        """sum over one column tile of w[rows, cols] * v[cols], float32 [BLOCK_ROWS]."""
+        cols = start + tl.arange(0, BLOCK_COLS)
+        col_ok = cols < num_cols
+        v = tl.load(v_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        ok = row_ok[:, None] & col_ok[None, :]
+        w = tl.load(w_ptr + base + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        return tl.sum(w * v[None, :], axis=1)
+
+    @triton.jit
+    def _row_dots(w_ptr, base, v_ptr, row_ok, num_cols: tl.constexpr,
+                  BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr):
+        """w[rows, :] @ v for one block of rows, float32 [BLOCK_ROWS].
+
+        UNROLL writes out every column tile, so all of a program's loads can be in flight at
+        once: a matrix-vector product is bound by how many bytes each SM keeps requested.
+        """
+        acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        if UNROLL:
+            for start in tl.static_range(0, num_cols, BLOCK_COLS):
+                acc += _tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols, BLOCK_COLS)
+        else:
+            for start in range(0, num_cols, BLOCK_COLS):
+                acc += _tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols, BLOCK_COLS)
+        return acc
 
     @triton.jit
     def _gate_up_kernel(
         x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr,
         stride_expert, stride_row,
         num_cols: tl.constexpr, num_rows: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         slot = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         expert = tl.load(ids_ptr + slot).to(tl.int64)
         row_ok = rows < num_rows
         base = expert * stride_expert + rows[:, None].to(tl.int64) * stride_row
-        acc_gate = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-        for start in range(0, num_cols, BLOCK_COLS):
-            cols = start + tl.arange(0, BLOCK_COLS)
-            col_ok = cols < num_cols
-            xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            ok = row_ok[:, None] & col_ok[None, :]
-            g = tl.load(gate_ptr + base + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            u = tl.load(up_ptr + base + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            acc_gate += tl.sum(g * xv[None, :], axis=1)
-            acc_up += tl.sum(u * xv[None, :], axis=1)
+        acc_gate = _row_dots(gate_ptr, base, x_ptr, row_ok, num_cols, BLOCK_ROWS, BLOCK_COLS,
+                             UNROLL)
+        acc_up = _row_dots(up_ptr, base, x_ptr, row_ok, num_cols, BLOCK_ROWS, BLOCK_COLS, UNROLL)
         act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
         out = out_ptr + slot * num_rows + rows
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=row_ok)
@@ -127,7 +181,7 @@ if triton is not None:
         act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr,
         stride_expert, stride_row,
         num_cols: tl.constexpr, num_rows: tl.constexpr, top_k: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < num_rows
@@ -136,15 +190,8 @@ if triton is not None:
             expert = tl.load(ids_ptr + slot).to(tl.int64)
             weight = tl.load(weights_ptr + slot).to(tl.float32)
             base = expert * stride_expert + rows[:, None].to(tl.int64) * stride_row
-            part = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-            for start in range(0, num_cols, BLOCK_COLS):
-                cols = start + tl.arange(0, BLOCK_COLS)
-                col_ok = cols < num_cols
-                a = tl.load(act_ptr + slot * num_cols + cols, mask=col_ok, other=0.0)
-                ok = row_ok[:, None] & col_ok[None, :]
-                w = tl.load(down_ptr + base + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-                part += tl.sum(w * a.to(tl.float32)[None, :], axis=1)
-            acc += weight * part
+            acc += weight * _row_dots(down_ptr, base, act_ptr + slot * num_cols, row_ok,
+                                      num_cols, BLOCK_ROWS, BLOCK_COLS, UNROLL)
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
     _gate_up_tuned = _tuned(_gate_up_kernel, GATE_UP_CONFIGS)
@@ -159,22 +206,42 @@ def _check_stacked(name: str, weight: torch.Tensor) -> None:
         )
 
 
-def route_topk(
-    logits: torch.Tensor, top_k: int, norm_topk_prob: bool, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [k] in dtype, ids [k] int64) from one token's router logits [E], as SparseMoE routes.
+# Router rows per program: 128 experts over 64 one-warp programs put a 2048-wide router's
+# 512 KB in flight on 64 SMs; the last program to finish then selects the top k. One warp:
+# the selection's reductions are then register shuffles, without shared-memory barriers
+# (with 4 warps the kernel took 10 us on an H200, most of it in the selection).
+ROUTER_ROWS = 2
+ROUTER_BLOCK_H = 512
+_counters: dict[torch.device, torch.Tensor] = {}
 
-    softmax in float32, top-k descending, optionally renormalised to sum to 1.
-    """
-    num_experts = logits.shape[-1]
+
+def _counter(device: torch.device) -> torch.Tensor:
+    """The router kernel's completion counter: one per device, always 0 between launches
+    (launches on one stream never overlap), allocated once so CUDA graphs keep its address."""
+    if device not in _counters:
+        _counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _counters[device]
+
+
+def router_topk(
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int, norm_topk_prob: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [k] in x's dtype, ids [k] int64) for one token x [H], as SparseMoE routes:
+    logits router_weight [E, H] @ x in x's dtype, softmax in float32, top-k descending,
+    optionally renormalised. One launch: the router product and the selection together."""
+    num_experts, hidden = router_weight.shape
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in 1..{num_experts}, not {top_k}")
-    ids = torch.empty(top_k, dtype=torch.long, device=logits.device)
-    weights = torch.empty(top_k, dtype=dtype, device=logits.device)
-    _route_kernel[(1,)](
-        logits.reshape(-1).contiguous(), ids, weights, num_experts=num_experts, top_k=top_k,
-        norm_topk=norm_topk_prob, BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_K=triton.next_power_of_2(top_k),
+    _check_stacked("router weight", router_weight[None])
+    ids = torch.empty(top_k, dtype=torch.long, device=x.device)
+    weights = torch.empty(top_k, dtype=x.dtype, device=x.device)
+    logits = torch.empty(num_experts, dtype=x.dtype, device=x.device)
+    _router_kernel[(triton.cdiv(num_experts, ROUTER_ROWS),)](
+        x.contiguous(), router_weight, logits, _counter(x.device), ids, weights,
+        num_experts=num_experts, hidden=hidden, top_k=top_k, norm_topk=norm_topk_prob,
+        ROWS=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, triton.next_power_of_2(hidden)),
+        BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
+        num_warps=1,
     )
     return weights, ids
 

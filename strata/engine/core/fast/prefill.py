@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.engine.core.fast.forward import head_weight, mlp_forward, qkv
-from strata.engine.core.fast.pointwise import EAGER_OPS
+from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.fast.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
 
@@ -24,22 +24,24 @@ DEFAULT_PREFILL_CHUNK_TOKENS = 4096
 
 
 def attention_prefill(
-    attn, x, start_pos: int, k_cache, v_cache, cos, sin, *, last_only: bool = False
+    attn, x, start_pos: int, k_cache, v_cache, cos, sin, *, last_only: bool = False,
+    ops: PointwiseOps = EAGER_OPS, full_chunk: bool = False,
 ) -> torch.Tensor:
     """A chunk's attention over the cached keys and itself; x [T, H] -> [T, H] ([1, H] last_only).
 
     Writes the chunk's K/V at start_pos..start_pos+T-1. last_only: attend for the last query.
+    full_chunk: T is the prefill's chunk length, which recurs (cuDNN may take it).
     """
     num_tokens = x.shape[0]
     end_pos = start_pos + num_tokens
-    q, k, v = qkv(attn, x, cos, sin, EAGER_OPS)
+    q, k, v = qkv(attn, x, cos, sin, ops)
     k_cache[start_pos:end_pos] = k
     v_cache[start_pos:end_pos] = v
     if last_only:
         q = q[-1:]  # [1, Hq, D]: one query sees every key up to itself
     keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
     values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
-    out = flash_attention(q.transpose(0, 1), keys, values)  # [Hq, T, D]
+    out = flash_attention(q.transpose(0, 1), keys, values, prefer_cudnn=full_chunk)  # [Hq, T, D]
     return attn.o_proj(out.transpose(0, 1).reshape(q.shape[0], -1))
 
 
@@ -64,17 +66,18 @@ def prefill(
     start_pos: int,
     chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
     moe_impl: str = "loop",
+    ops: PointwiseOps = EAGER_OPS,
 ) -> torch.Tensor:
     """Run token_ids [T] at start_pos.. in chunks; return the last token's logits [V] float32.
 
     Writes K/V for every position. Logits for the last token only spare a [T, vocab] float32
     tensor (2 GiB for 4k tokens of a 128k vocabulary). moe_impl "loop" keeps the reference
     MoE module; any other value takes the sorted grouped path where experts are resident.
+    ops: the element-wise groups, eager or compiled with dynamic shapes (compiled_ops).
     """
     _check(kv, token_ids, start_pos, chunk_tokens)
     num_tokens = token_ids.shape[0]
     layers = model.model.layers
-    h = None
     for begin in range(0, num_tokens, chunk_tokens):
         chunk = token_ids[begin : begin + chunk_tokens]
         chunk_start = start_pos + begin
@@ -82,12 +85,22 @@ def prefill(
         positions = torch.arange(chunk_start, chunk_start + chunk.shape[0], device=chunk.device)
         cos, sin = model.rope(positions)  # [T, D] each
         h = model.model.embed_tokens(chunk)  # [T, H]
+        first_norm = layers[0].input_layernorm
+        x = ops.rms_norm(h, first_norm.weight, first_norm.eps)
         for i, layer in enumerate(layers):
             last_only = is_last_chunk and i == len(layers) - 1
-            x = layer.input_layernorm(h)
             y = attention_prefill(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin,
-                                  last_only=last_only)
-            h = (h[-1:] if last_only else h) + y
-            h = h + mlp_forward(layer.mlp, layer.post_attention_layernorm(h), EAGER_OPS, moe_impl)
-    last = model.model.norm(h[-1:])  # [1, H]
-    return F.linear(last, head_weight(model)).float()[0]  # [V]
+                                  last_only=last_only, ops=ops,
+                                  full_chunk=chunk.shape[0] == chunk_tokens)
+            post = layer.post_attention_layernorm
+            # The last row as a tensor of its own: a view's storage offset changes with the
+            # chunk length, and compiled code specializes on it (a recompile per length).
+            h, x = ops.add_rms_norm(h[-1:].clone() if last_only else h, y, post.weight, post.eps)
+            y = mlp_forward(layer.mlp, x, ops, moe_impl)
+            if i + 1 < len(layers):  # the residual add and the next layer's input norm
+                nxt = layers[i + 1].input_layernorm
+                h, x = ops.add_rms_norm(h, y, nxt.weight, nxt.eps)
+            elif is_last_chunk:  # after the last layer only the last row needs the final norm
+                final = model.model.norm
+                _, x = ops.add_rms_norm(h, y, final.weight, final.eps)  # [1, H] both
+    return F.linear(x[-1:], head_weight(model)).float()[0]  # [V]
