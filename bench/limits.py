@@ -9,7 +9,7 @@ import torch
 GIB = 1 << 30
 
 
-def _time_s(fn, repeats: int) -> float:
+def time_s(fn, repeats: int) -> float:
     """Seconds per call of fn on the current CUDA stream (CUDA events, after one warm-up)."""
     fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -27,7 +27,7 @@ def hbm_bandwidth_gb_s(device: torch.device, nbytes: int = 2 * GIB, repeats: int
     def copy_seconds() -> float:
         src = torch.empty(nbytes, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        return _time_s(lambda: dst.copy_(src), repeats)
+        return time_s(lambda: dst.copy_(src), repeats)
 
     seconds = copy_seconds()
     torch.cuda.empty_cache()
@@ -40,7 +40,7 @@ def matmul_tflop_s(device: torch.device, size: int = 8192, repeats: int = 20) ->
         a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
         b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
         out = torch.empty_like(a)
-        return _time_s(lambda: torch.matmul(a, b, out=out), repeats)
+        return time_s(lambda: torch.matmul(a, b, out=out), repeats)
 
     seconds = matmul_seconds()
     torch.cuda.empty_cache()
