@@ -201,10 +201,14 @@ class GraphDecoder:
             # cuDNN's plan for a full chunk's attention (45-75 ms to build, once per length).
             attn = self.model.model.layers[0].self_attn
             chunk, head_dim = self.prefill_chunk_tokens, attn.head_dim
-            q = torch.zeros(attn.num_heads, chunk, head_dim, dtype=dtype, device=self.device)
-            kv_rows = torch.zeros(chunk, attn.num_kv_heads, head_dim, dtype=dtype,
-                                  device=self.device).transpose(0, 1)  # as the cache is viewed
-            flash_attention(q, kv_rows, kv_rows, prefer_cudnn=True)
+            # Laid out as attention_prefill passes them ([T, heads, D] transposed), in case
+            # cuDNN keys its plans on strides as well as shapes.
+            def rows(num_heads: int) -> torch.Tensor:
+                return torch.zeros(chunk, num_heads, head_dim, dtype=dtype,
+                                   device=self.device).transpose(0, 1)
+
+            keys = rows(attn.num_kv_heads)
+            flash_attention(rows(attn.num_heads), keys, keys, prefer_cudnn=True)
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - started_s
 
