@@ -36,6 +36,12 @@ def snapshot_dir() -> Path:
     return strata_home() / "snapshots"
 
 
+def kernel_cache_dir() -> Path:
+    """Compiled GPU kernels (torch.compile's): $XDG_CACHE_HOME/strata/kernels, which unlike
+    torch's default under /tmp survives a reboot, so only a machine's first load compiles."""
+    return _xdg_dir("XDG_CACHE_HOME", ".cache") / "strata" / "kernels"
+
+
 def config_path() -> Path:
     """The config file: $STRATA_CONFIG, else $XDG_CONFIG_HOME/strata/config.toml."""
     value = os.environ.get("STRATA_CONFIG", "")

@@ -35,3 +35,11 @@ def test_paths_do_not_create_directories(monkeypatch, tmp_path):
     monkeypatch.setenv("STRATA_HOME", str(tmp_path / "nothing"))
     paths.model_cache_dir(), paths.snapshot_dir()
     assert not Path(tmp_path / "nothing").exists()
+
+
+def test_kernel_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert paths.kernel_cache_dir() == tmp_path / ".cache/strata/kernels"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
+    assert paths.kernel_cache_dir() == tmp_path / "c" / "strata" / "kernels"

@@ -23,10 +23,14 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
+from strata.paths import kernel_cache_dir
 
 # OpenMP threads that spin while waiting burn the cores a game or another server needs, and
 # make decode 10-20x slower when the CPU is shared; set before torch is imported here.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The engine compiles its prefill kernels at load (20 s of a 47 s load on an H200 host with
+# an empty cache); kept in Strata's cache instead of /tmp, later loads find them compiled.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(kernel_cache_dir() / "inductor"))
 
 DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
 
