@@ -65,6 +65,12 @@ def in_memory(tensor: torch.Tensor) -> DeferredTensor:
     return DeferredTensor(tensor.shape, tensor.dtype, lambda: tensor)
 
 
+def as_lazy(source: torch.Tensor | LazyTensor) -> LazyTensor:
+    """source behind the LazyTensor interface: for consumers that take a file's lazy handles
+    and tensors in memory alike (random weights, tests)."""
+    return in_memory(source) if isinstance(source, torch.Tensor) else source
+
+
 def narrowed(source: LazyTensor, dim: int, start: int, length: int) -> DeferredTensor:
     """source[..., start:start+length, ...] along `dim`, read when asked for (a view)."""
     shape = list(source.shape)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from strata.engine.core.loader.lazy import as_lazy
 from strata.engine.core.memory.arena import DEFAULT_CHUNK_BYTES, Arena
 from strata.engine.core.memory.backend import ArenaBackend
 from strata.engine.core.memory.expert_cache import ExpertCache
@@ -77,10 +78,7 @@ class ExpertStore:
             views = []
             for shape, source in zip(self._shapes, layers[layer]):
                 view = self.host.tensor(offset, (self.num_experts, *shape), self.dtype)
-                if hasattr(source, "copy_to"):  # a file's lazy handle (weight_source.py)
-                    source.copy_to(view)
-                else:
-                    view.copy_(source)
+                as_lazy(source).copy_to(view)  # a tensor, or a file's handle read once
                 views.append(view)
                 offset += view.numel() * self.dtype.itemsize
             self._host_layers[layer] = views
