@@ -36,9 +36,9 @@ from strata.engine.core.random_weights import (
 from strata.engine.core.sampling import Sampler
 from strata.engine.protocol import SamplingSpec
 
-_COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-               max_position_embeddings=512)
+_COMMON = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "max_position_embeddings": 512}
 CONFIGS = {
     "llama": ModelConfig(model_type="llama", **_COMMON),
     "qwen2": ModelConfig(model_type="qwen2", attention_bias=True, **_COMMON),
