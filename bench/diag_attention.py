@@ -23,6 +23,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # next to this file
 from limits import time_s
+from report import write_json  # bench/report.py, next to this file
 
 SHAPES = {"llama3-8b": (32, 8), "qwen3-30b-a3b": (32, 4)}
 HEAD_DIM = 128
@@ -69,8 +70,7 @@ def main() -> int:
                         row["error"] = str(exc).splitlines()[0][:160]
                     rows.append(row)
                     print(json.dumps(row))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    write_json(rows, args.json)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -22,6 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+from report import write_json  # bench/report.py, next to this file
+
 from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.backend import backend_for
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
@@ -106,8 +107,7 @@ def main() -> int:
                 rows.append(row)
                 print(f"{host_name:26} {device_name:26} {row['piece_mib']:4} MiB  "
                       f"D2H {row['d2h_gb_s']:5.1f} GB/s  H2D {row['h2d_gb_s']:5.1f} GB/s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    write_json(rows, args.json)
     return 0
 
 

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
 from lifecycle_bench import MODELS, SESSION_TOKENS, fill_session  # next to this file
+from report import write_json  # bench/report.py, next to this file
 
 from strata.engine.core.engine import Engine
 from strata.engine.core.engine_config import EngineConfig
@@ -111,8 +112,7 @@ def main() -> int:
     print("engine offload / restore ms:", report["engine_offload_ms"])
     report["flat_ms"] = flat_copy_ms(kv_bytes)
     print(f"{kv_bytes / GIB:.3f} GiB; flat copies {report['flat_ms']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+    write_json(report, args.json)
     return 0
 
 

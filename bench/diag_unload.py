@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+from report import write_json  # bench/report.py, next to this file
 from unload_bench import used_vram_bytes  # next to this file
 
 RECIPES = (("close", "exit"), ("arenas", "_exit"), ("arenas", "empty_cache", "reset", "_exit"),
@@ -115,8 +116,7 @@ def main() -> int:
         name = "+".join(recipe)
         results[name] = measure(args.model, recipe)
         print(json.dumps({name: results[name]}), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(results, args.json)
     return 0
 
 

@@ -13,7 +13,6 @@ and one chunk's release while a long device-to-host copy of other memory is stil
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,8 @@ import torch
 from cuda.bindings import driver as cu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+from report import write_json  # bench/report.py, next to this file
+
 from strata.engine.core.memory.backend import backend_for
 from strata.engine.core.memory.cuda_vmm import check
 from strata.units import MIB
@@ -138,8 +139,7 @@ def main() -> int:
                 offload_pattern_ms(backend, reservation, chunk_mib * MIB, mode))
     for name, value in results.items():
         print(f"{name:45} {value}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(results, args.json)
     return 0
 
 

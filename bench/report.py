@@ -26,7 +26,7 @@ def format_figures(figures: list[dict], limit_header: str = "limit") -> str:
     return "\n".join(lines)
 
 
-def write_json(report: dict, path: str | None) -> None:
+def write_json(report: object, path: str | None) -> None:
     """Write the report as JSON when a path was given (non-JSON values as strings)."""
     if path:
         import json

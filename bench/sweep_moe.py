@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import sys
 import time
@@ -28,6 +27,8 @@ import triton
 from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+from report import write_json  # bench/report.py, next to this file
+
 from strata.engine.core.fast import moe_triton
 
 NUM_EXPERTS, INTERMEDIATE, HIDDEN, TOP_K = 128, 768, 2048, 8
@@ -134,8 +135,7 @@ def main() -> int:
         for r in timed[:8]:
             print(f"  {r['config']}  {r['us']:7.2f} us  {r['gb_s']:6.0f} GB/s  "
                   f"err {r['max_abs_error']:.2g}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(results, args.json)
     return 0
 
 
