@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from strata.engine.core.loader import open_tensors
-from strata.engine.core.loader.lazy import LazyTensor, in_memory
+from strata.engine.core.loader.lazy import LazyTensor, as_lazy
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import check_tensors
 from strata.engine.core.random_weights import DEFAULT_STD
@@ -32,9 +32,7 @@ class FileWeights:
     never holds more than one tensor (or one layer's stacked experts) beyond the page cache."""
 
     def __init__(self, tensors: Mapping[str, LazyTensor | torch.Tensor]):
-        self._tensors: dict[str, LazyTensor] = {
-            name: in_memory(t) if isinstance(t, torch.Tensor) else t for name, t in tensors.items()
-        }
+        self._tensors: dict[str, LazyTensor] = {name: as_lazy(t) for name, t in tensors.items()}
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: ModelConfig) -> FileWeights:
