@@ -90,6 +90,15 @@ def _looped(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torc
     return out
 
 
+def _sorted_rows(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int):
+    """(order, offsets, rows [T*k, H], row weights [T*k]): each routed (token, slot) row of
+    x and its routing weight, grouped by expert (see sort_by_expert)."""
+    order, source, offsets = sort_by_expert(ids, num_experts)
+    rows = x.index_select(0, source)
+    row_weights = weights.reshape(-1).index_select(0, order)
+    return order, offsets, rows, row_weights
+
+
 def _inverse(order: torch.Tensor) -> torch.Tensor:
     """Where each flat row f = token * k + slot sits after the sort: inverse[order[r]] = r."""
     return torch.empty_like(order).index_copy_(
@@ -105,9 +114,7 @@ def grouped_block(
     Tensors and constants only, so one torch.compile variant serves every layer (a module
     argument would be guarded per layer); compiled, it is one host call a layer."""
     weights, ids = route_logits(F.linear(x, router_weight), top_k, norm_topk, x.dtype)
-    order, source, offsets = sort_by_expert(ids, gate.shape[0])
-    rows = x.index_select(0, source)  # [T*k, H], grouped by expert
-    row_weights = weights.reshape(-1).index_select(0, order)  # [T*k], same order
+    order, offsets, rows, row_weights = _sorted_rows(x, weights, ids, gate.shape[0])
     y = _grouped(rows, gate, up, down, offsets, row_weights, EAGER_OPS)
     return sum_rows(y, _inverse(order), top_k)
 
@@ -121,9 +128,7 @@ def experts_sorted(
     top_k = ids.shape[1]
     stacked = moe.experts
     experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
-    order, source, offsets = sort_by_expert(ids, stacked.gate_proj.shape[0])
-    rows = x.index_select(0, source)  # [T*k, H], grouped by expert
-    row_weights = weights.reshape(-1).index_select(0, order)  # [T*k], same order
+    order, offsets, rows, row_weights = _sorted_rows(x, weights, ids, stacked.gate_proj.shape[0])
     y = None
     if grouped_mm_supported(x):
         try:
