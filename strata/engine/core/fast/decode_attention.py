@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +182,7 @@ def reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, positi
     q = q.view(1, attn.num_heads, attn.head_dim)
     k = k.view(1, attn.num_kv_heads, attn.head_dim)
     v = v.view(1, attn.num_kv_heads, attn.head_dim)
-    q_norm = None if attn.q_norm is None else attn.q_norm.weight
-    k_norm = None if attn.k_norm is None else attn.k_norm.weight
-    eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
-    q, k = ops.qk_norm_rope(q, k, cos, sin, q_norm, k_norm, eps)
+    q, k = attn_qk_norm_rope(attn, q, k, cos, sin, ops)
     k_cache.index_copy_(0, position, k.to(k_cache.dtype))
     v_cache.index_copy_(0, position, v.to(v_cache.dtype))
     group = attn.num_heads // attn.num_kv_heads

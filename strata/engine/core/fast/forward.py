@@ -19,7 +19,7 @@ from strata.engine.core.fast.decode_attention import (
     reference_decode_attention,
 )
 from strata.engine.core.fast.moe_grouped import moe_forward
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
 from strata.engine.core.fused_views import fused_gate_up, fused_qkv
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
@@ -50,10 +50,7 @@ def qkv(attn, x: torch.Tensor, cos, sin, ops: PointwiseOps):
     q = q.view(num_tokens, attn.num_heads, attn.head_dim)  # [T, Hq, D]
     k = k.view(num_tokens, attn.num_kv_heads, attn.head_dim)  # [T, Hkv, D]
     v = v.view(num_tokens, attn.num_kv_heads, attn.head_dim)  # [T, Hkv, D]
-    q_norm = None if attn.q_norm is None else attn.q_norm.weight
-    k_norm = None if attn.k_norm is None else attn.k_norm.weight
-    eps = 0.0 if attn.q_norm is None else attn.q_norm.eps
-    return (*ops.qk_norm_rope(q, k, cos, sin, q_norm, k_norm, eps), v)
+    return (*attn_qk_norm_rope(attn, q, k, cos, sin, ops), v)
 
 
 def attention_decode(

@@ -62,6 +62,14 @@ def qk_norm_rope(
     return norm_rope(q, cos, sin, q_weight, eps), norm_rope(k, cos, sin, k_weight, eps)
 
 
+def attn_qk_norm_rope(attn, q, k, cos, sin, ops: PointwiseOps):
+    """ops.qk_norm_rope with the attention module's q/k norms (Qwen3), if it has them."""
+    if attn.q_norm is None:
+        return ops.qk_norm_rope(q, k, cos, sin, None, None, 0.0)
+    return ops.qk_norm_rope(q, k, cos, sin, attn.q_norm.weight, attn.k_norm.weight,
+                            attn.q_norm.eps)
+
+
 def masked_softmax(
     scores: torch.Tensor, key_positions: torch.Tensor, position: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -172,7 +180,9 @@ def compiled_ops(dynamic: bool = False) -> PointwiseOps:
 
     def compile_one(fn: Callable) -> Callable:
         if dynamic:
-            fn = _DYNAMIC_COPIES.setdefault(fn, _own_code(fn))
+            if fn not in _DYNAMIC_COPIES:
+                _DYNAMIC_COPIES[fn] = _own_code(fn)
+            fn = _DYNAMIC_COPIES[fn]
         return _eager_unless_compiled(torch.compile(fn, dynamic=dynamic, fullgraph=True), fn)
 
     return PointwiseOps(
