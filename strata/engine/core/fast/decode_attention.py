@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 try:
     import triton
     import triton.language as tl
+
+    from strata.engine.core.fast.pdl import wait as pdl_wait
 except ImportError:  # optional: the reference path needs only torch
     triton = None
 
@@ -56,10 +58,11 @@ if triton is not None:
         max_ptr, sum_ptr, acc_ptr, eps, scale, stride_token,
         HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HAS_NORM: tl.constexpr, NUM_KEYS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
-        NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+        NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         head = tl.program_id(0)
         split = tl.program_id(1)
+        pdl_wait(USE_PDL)  # q, k, v come from the projection just before (pdl.py)
         pos = tl.load(pos_ptr)
         cols = tl.arange(0, HEAD_DIM)
         partner = (cols + HEAD_DIM // 2) % HEAD_DIM
@@ -112,8 +115,10 @@ if triton is not None:
 
     @triton.jit
     def _combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, HEAD_DIM: tl.constexpr,
-                        NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr):
+                        NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+                        USE_PDL: tl.constexpr):
         head = tl.program_id(0)
+        pdl_wait(USE_PDL)
         splits = tl.arange(0, BLOCK_SPLITS)
         ok = splits < NUM_SPLITS
         cols = tl.arange(0, HEAD_DIM)
@@ -142,12 +147,14 @@ def split_plan(num_keys: int) -> tuple[int, int]:
     return per_split, -(-num_keys // per_split)
 
 
-def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions):
+def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions,
+                           use_pdl: bool = False):
     """Attention of one token over cache slots 0..S-1 (masked past position); [1, Hq*D].
 
     key_positions [S] is 0..S-1 (only its length is used here: S is a compile-time bound).
     q [1, Hq*D], k/v [1, Hkv*D] straight from the projections (norm and RoPE happen inside);
     cos/sin [1, D] float32; caches [S, Hkv, D] contiguous; writes K/V at `position` [1].
+    use_pdl: launch both kernels as PDL secondaries (pdl.py).
     """
     num_keys = key_positions.shape[0]
     head_dim, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
@@ -163,16 +170,19 @@ def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, 
     q_norm = attn.q_norm.weight if has_norm else q
     k_norm = attn.k_norm.weight if has_norm else q
     eps = attn.q_norm.eps if has_norm else 0.0
+    pdl_launch = {"launch_pdl": True} if use_pdl else {}
     _split_kernel[(attn.num_kv_heads, num_splits)](
         q.contiguous(), k.contiguous(), v.contiguous(), cos.contiguous(), sin.contiguous(),
         q_norm, k_norm, k_cache, v_cache, position, stats[0], stats[1], acc, eps,
         head_dim**-0.5, k_cache.stride(0), HEAD_DIM=head_dim, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), HAS_NORM=has_norm, NUM_KEYS=num_keys,
-        SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
+        SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS, USE_PDL=use_pdl,
+        **pdl_launch,
     )
     _combine_kernel[(num_heads,)](stats[0], stats[1], acc, out, HEAD_DIM=head_dim,
                                   NUM_SPLITS=num_splits,
-                                  BLOCK_SPLITS=triton.next_power_of_2(num_splits))
+                                  BLOCK_SPLITS=triton.next_power_of_2(num_splits),
+                                  USE_PDL=use_pdl, **pdl_launch)
     return out
 
 

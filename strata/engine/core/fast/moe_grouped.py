@@ -79,14 +79,17 @@ def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     return (y * weights[0, :, None]).sum(dim=0, keepdim=True)  # [1, H]
 
 
-def experts_triton(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
     """One token's MoE block by three Triton kernels (route, gate/up, down+sum); x [1, H]."""
     from strata.engine.core.fast import moe_triton
 
     stacked = moe.experts
-    weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob)
-    act = moe_triton.grouped_gate_up(x[0], stacked.gate_proj, stacked.up_proj, ids)  # [k, I]
-    return moe_triton.grouped_down_sum(act, stacked.down_proj, ids, weights)[None]  # [1, H]
+    weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
+                                          use_pdl)
+    act = moe_triton.grouped_gate_up(x[0], stacked.gate_proj, stacked.up_proj, ids,
+                                     use_pdl)  # [k, I]
+    return moe_triton.grouped_down_sum(act, stacked.down_proj, ids, weights,
+                                       use_pdl)[None]  # [1, H]
 
 
 def moe_forward(
@@ -100,7 +103,7 @@ def moe_forward(
     if impl == "loop" or not is_grouped_capable(moe):
         return moe(x)
     if x.shape[0] == 1 and impl == "triton":
-        return experts_triton(moe, x)
+        return experts_triton(moe, x, ops.pdl)
     if x.shape[0] != 1:
         return moe_block(moe, x, ops)
     weights, ids = route(moe, x)

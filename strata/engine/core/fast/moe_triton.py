@@ -24,6 +24,8 @@ import torch
 try:
     import triton
     import triton.language as tl
+
+    from strata.engine.core.fast.pdl import wait as pdl_wait
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
 
@@ -55,21 +57,32 @@ def is_usable(device: torch.device) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _tuned(kernel, candidates):
-    """The kernel autotuned over candidates on CUDA (keyed by matrix shape); as is when interpreting."""
+def _block_kwargs(rows: int, cols: int, unroll: bool | None) -> dict:
+    # unroll None: the kernel has no UNROLL parameter (decode_dense.py's).
+    return {"BLOCK_ROWS": rows, "BLOCK_COLS": cols, **({} if unroll is None else {"UNROLL": unroll})}
+
+
+def tuned(kernel, candidates):
+    """The kernel autotuned over candidates (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None)
+    on CUDA, keyed by matrix shape; as is when interpreting."""
     if _is_interpreting():
         return kernel
-    configs = [triton.Config({"BLOCK_ROWS": r, "BLOCK_COLS": c, "UNROLL": u}, num_warps=w)
-               for r, c, w, u in candidates]
+    configs = [triton.Config(_block_kwargs(r, c, u), num_warps=w) for r, c, w, u in candidates]
     # Kernels only store (no accumulation into outputs), so timing reruns are harmless.
     return triton.autotune(configs=configs, key=["num_rows", "num_cols"])(kernel)
 
 
-def _launch(kernel, grid_for_rows, candidates, *args, **kwargs) -> None:
+def launch(kernel, grid_for_rows, candidates, *args, use_pdl: bool = False, **kwargs) -> None:
+    """Launch a `tuned` kernel with a grid over its rows; the first candidate when interpreting.
+    use_pdl: pass the kernel's USE_PDL and launch it as a PDL secondary (pdl.py)."""
+    if use_pdl:
+        kwargs.update(USE_PDL=True, launch_pdl=True)
+    else:
+        kwargs.update(USE_PDL=False)
     if _is_interpreting():
         rows, cols, warps, unroll = candidates[0]
-        kernel[grid_for_rows(rows)](*args, **kwargs, BLOCK_ROWS=rows, BLOCK_COLS=cols,
-                                     UNROLL=unroll, num_warps=warps)
+        kernel[grid_for_rows(rows)](*args, **kwargs, **_block_kwargs(rows, cols, unroll),
+                                    num_warps=warps)
     else:
         kernel[lambda meta: grid_for_rows(meta["BLOCK_ROWS"])](*args, **kwargs)
 
@@ -81,20 +94,20 @@ if triton is not None:
         x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr,
         num_experts: tl.constexpr, hidden: tl.constexpr, top_k: tl.constexpr,
         norm_topk: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-        BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
     ):
         # Each program: ROWS router logits (w[rows] @ x), rounded to x's dtype as F.linear's
-        # output is, so the selection sees the values the reference module sees.
+        # output is, so the selection sees the values the reference module sees. The router
+        # weights are read before waiting for x (pdl.py); BLOCK_H covers the hidden size.
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = rows < num_experts
-        acc = tl.zeros([ROWS], dtype=tl.float32)
-        for start in tl.static_range(0, hidden, BLOCK_H):
-            cols = start + tl.arange(0, BLOCK_H)
-            col_ok = cols < hidden
-            xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + rows[:, None].to(tl.int64) * hidden + cols[None, :],
-                        mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-            acc += tl.sum(w * xv[None, :], axis=1)
+        cols = tl.arange(0, BLOCK_H)
+        col_ok = cols < hidden
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * hidden + cols[None, :],
+                    mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        pdl_wait(USE_PDL)
+        xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc = tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
         tl.store(logits_ptr + rows, acc.to(x_ptr.dtype.element_ty), mask=row_ok)
         # The last program to finish selects: acq_rel orders every program's logits before
         # its count, and the counter goes back to 0 for the next launch (or graph replay).
@@ -130,7 +143,7 @@ if triton is not None:
             tl.atomic_xchg(counter_ptr, 0)
 
     @triton.jit
-    def _tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols: tl.constexpr,
+    def tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols: tl.constexpr,
                   BLOCK_COLS: tl.constexpr):
         """sum over one column tile of w[rows, cols] * v[cols], float32 [BLOCK_ROWS]."""
         cols = start + tl.arange(0, BLOCK_COLS)
@@ -151,21 +164,22 @@ if triton is not None:
         acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
         if UNROLL:
             for start in tl.static_range(0, num_cols, BLOCK_COLS):
-                acc += _tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols, BLOCK_COLS)
+                acc += tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols, BLOCK_COLS)
         else:
             for start in range(0, num_cols, BLOCK_COLS):
-                acc += _tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols, BLOCK_COLS)
+                acc += tile_dot(w_ptr, base, v_ptr, start, row_ok, num_cols, BLOCK_COLS)
         return acc
 
     @triton.jit
     def _gate_up_kernel(
         x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr,
         stride_expert, stride_row,
-        num_cols: tl.constexpr, num_rows: tl.constexpr,
+        num_cols: tl.constexpr, num_rows: tl.constexpr, USE_PDL: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         slot = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        pdl_wait(USE_PDL)  # the ids come from the router, the kernel just before
         expert = tl.load(ids_ptr + slot).to(tl.int64)
         row_ok = rows < num_rows
         base = expert * stride_expert + rows[:, None].to(tl.int64) * stride_row
@@ -181,10 +195,12 @@ if triton is not None:
         act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr,
         stride_expert, stride_row,
         num_cols: tl.constexpr, num_rows: tl.constexpr, top_k: tl.constexpr,
+        USE_PDL: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < num_rows
+        pdl_wait(USE_PDL)  # for the activations of grouped_gate_up, the kernel just before
         acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
         for slot in tl.static_range(top_k):
             expert = tl.load(ids_ptr + slot).to(tl.int64)
@@ -194,8 +210,8 @@ if triton is not None:
                                       num_cols, BLOCK_ROWS, BLOCK_COLS, UNROLL)
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
-    _gate_up_tuned = _tuned(_gate_up_kernel, GATE_UP_CONFIGS)
-    _down_sum_tuned = _tuned(_down_sum_kernel, DOWN_SUM_CONFIGS)
+    _gate_up_tuned = tuned(_gate_up_kernel, GATE_UP_CONFIGS)
+    _down_sum_tuned = tuned(_down_sum_kernel, DOWN_SUM_CONFIGS)
 
 
 def _check_stacked(name: str, weight: torch.Tensor) -> None:
@@ -209,9 +225,9 @@ def _check_stacked(name: str, weight: torch.Tensor) -> None:
 # Router rows per program: 128 experts over 64 one-warp programs put a 2048-wide router's
 # 512 KB in flight on 64 SMs; the last program to finish then selects the top k. One warp:
 # the selection's reductions are then register shuffles, without shared-memory barriers
-# (with 4 warps the kernel took 10 us on an H200, most of it in the selection).
+# (with 4 warps the kernel took 10 us on an H200, most of it in the selection). Each program
+# loads its rows whole, so that with PDL they are in flight before x is ready.
 ROUTER_ROWS = 2
-ROUTER_BLOCK_H = 512
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
@@ -224,7 +240,8 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 
 def router_topk(
-    x: torch.Tensor, router_weight: torch.Tensor, top_k: int, norm_topk_prob: bool
+    x: torch.Tensor, router_weight: torch.Tensor, top_k: int, norm_topk_prob: bool,
+    use_pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [k] in x's dtype, ids [k] int64) for one token x [H], as SparseMoE routes:
     logits router_weight [E, H] @ x in x's dtype, softmax in float32, top-k descending,
@@ -239,15 +256,16 @@ def router_topk(
     _router_kernel[(triton.cdiv(num_experts, ROUTER_ROWS),)](
         x.contiguous(), router_weight, logits, _counter(x.device), ids, weights,
         num_experts=num_experts, hidden=hidden, top_k=top_k, norm_topk=norm_topk_prob,
-        ROWS=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, triton.next_power_of_2(hidden)),
+        ROWS=ROUTER_ROWS, BLOCK_H=triton.next_power_of_2(hidden),
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=1,
+        USE_PDL=use_pdl, num_warps=1, **({"launch_pdl": True} if use_pdl else {}),
     )
     return weights, ids
 
 
 def grouped_gate_up(
-    x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ids: torch.Tensor
+    x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ids: torch.Tensor,
+    use_pdl: bool = False,
 ) -> torch.Tensor:
     """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x) for each j: x [H], gate/up [E, I, H] -> [k, I]."""
     _check_stacked("gate_proj", gate)
@@ -255,16 +273,17 @@ def grouped_gate_up(
     num_experts_used = ids.shape[0]
     num_rows, num_cols = gate.shape[1], gate.shape[2]
     out = torch.empty(num_experts_used, num_rows, dtype=x.dtype, device=x.device)
-    _launch(
+    launch(
         _gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(num_rows, rows)),
         GATE_UP_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out,
-        gate.stride(0), gate.stride(1), num_cols=num_cols, num_rows=num_rows,
+        gate.stride(0), gate.stride(1), num_cols=num_cols, num_rows=num_rows, use_pdl=use_pdl,
     )
     return out
 
 
 def grouped_down_sum(
-    act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+    use_pdl: bool = False,
 ) -> torch.Tensor:
     """sum_j weights[j] * (down[ids[j]] @ act[j]): act [k, I], down [E, H, I] -> [H] in act's dtype.
 
@@ -273,10 +292,10 @@ def grouped_down_sum(
     _check_stacked("down_proj", down)
     num_rows, num_cols = down.shape[1], down.shape[2]
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
-    _launch(
+    launch(
         _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),), DOWN_SUM_CONFIGS,
         act.contiguous(), down, ids.contiguous(), weights.contiguous(), out,
         down.stride(0), down.stride(1), num_cols=num_cols, num_rows=num_rows,
-        top_k=ids.shape[0],
+        top_k=ids.shape[0], use_pdl=use_pdl,
     )
     return out
