@@ -13,6 +13,7 @@ many tokens is profiled the same way (MoE routing / sort / scatter against the g
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections import defaultdict
@@ -57,6 +58,31 @@ def print_table(title: str, table: dict, per: int, wall_s: float, top: int) -> N
         print(f"  {rest:9.1f} us in {len(rows) - top} other kernel names")
 
 
+def decode_variants(label: str, model, kv: KVCache, prompt: torch.Tensor, ops,
+                    num_tokens: int = 64) -> None:
+    """Decode tok/s (best of 3, graphs, no profiler) with the projections and norms on torch
+    or Triton, with and without PDL: what each step of the Triton decode chain gives."""
+    variants = [("torch projections and norms", False, False),
+                ("Triton projections and norms", True, False)]
+    if ops.pdl:
+        variants.append(("Triton projections and norms, PDL", True, True))
+    for name, dense, use_pdl in variants:
+        decoder = GraphDecoder(model)
+        decoder.ops = dataclasses.replace(decoder.ops, dense_kernels=dense, pdl=use_pdl)
+        first = decoder.sample_first(decoder.prefill(kv, prompt, 0), GREEDY)
+        decoder.prepare(kv, PROMPT_TOKENS, num_tokens, GREEDY)
+        best_s = float("inf")
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            list(decoder.decode(kv, first, PROMPT_TOKENS, num_tokens, GREEDY))
+            torch.cuda.synchronize()
+            best_s = min(best_s, time.perf_counter() - t0)
+        decoder.clear()
+        print(f"{label} decode, {name}: {num_tokens / best_s:.1f} tok/s "
+              f"({best_s / num_tokens * 1e6:.0f} us/token)", flush=True)
+
+
 def profile_model(label: str, args, device) -> None:
     from strata.engine.core.fused_views import fuse_by_copy
     from strata.engine.core.random_weights import build_random_model, random_weights_config
@@ -84,6 +110,7 @@ def profile_model(label: str, args, device) -> None:
           f"{config.num_hidden_layers} layers")
     print_table(f"{label} decode step", kernel_table(prof), args.steps, wall_s, args.top)
     decoder.clear()
+    decode_variants(label, model, kv, prompt, decoder.ops)
     if args.prefill_tokens and config.is_moe:
         long_kv = KVCache.for_config(config, args.prefill_tokens, torch.bfloat16, device)
         tokens = _prompt(config, args.prefill_tokens, device)

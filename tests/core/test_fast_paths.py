@@ -381,6 +381,54 @@ def test_decode_with_fused_attention_matches_reference(name: str) -> None:
     assert list(decoder.generate(kv, prompt, GREEDY, max_new_tokens=12)) == expected
 
 
+@needs_interpreter
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3_moe"])
+def test_dense_decode_kernels_match_torch(name: str) -> None:
+    """gemv (with and without bias) and the one-token add + RMSNorm against torch."""
+    import torch.nn.functional as F
+
+    from strata.engine.core.fast import decode_dense, pointwise
+
+    model = tiny_model(name)
+    assert decode_dense.check_kernels(model, use_pdl=False) == ""
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(1, attn.q_proj.weight.shape[1])
+    torch.testing.assert_close(decode_dense.gemv(x, attn.q_proj.weight, attn.q_proj.bias),
+                               F.linear(x, attn.q_proj.weight, attn.q_proj.bias))
+    norm = model.model.norm
+    h = torch.randn(1, norm.weight.shape[0])
+    h_same, normed = decode_dense.add_rms_norm(h, None, norm.weight, norm.eps)
+    assert h_same is h
+    torch.testing.assert_close(normed, pointwise.rms_norm(h, norm.weight, norm.eps))
+
+
+@needs_interpreter
+def test_gemv_refuses_what_it_cannot_run() -> None:
+    from strata.engine.core.fast import decode_dense
+
+    weight = torch.randn(8, 16)
+    with pytest.raises(ValueError, match="one token of 16 values"):
+        decode_dense.gemv(torch.randn(2, 16), weight)
+    with pytest.raises(ValueError, match="contiguous weight"):
+        decode_dense.gemv(torch.randn(1, 8), weight.t())
+    with pytest.raises(ValueError, match="one token of 16 values"):
+        decode_dense.add_rms_norm(torch.randn(1, 8), None, torch.ones(16), 1e-6)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3_moe", "mixtral"])
+def test_decode_with_dense_kernels_matches_reference(name: str) -> None:
+    """The whole Triton decode step (projections, norms, attention, experts) vs the reference."""
+    model = tiny_model(name)
+    prompt = [(7 * i + 3) % 96 for i in range(21)]
+    expected, _ = reference_greedy(model, prompt, 12, 40)
+    decoder = GraphDecoder(model, moe_impl="triton" if CONFIGS[name].is_moe else "auto",
+                           min_bucket_tokens=8, fused_attention=True, dense_kernels=True)
+    assert decoder.ops.dense_kernels and not decoder.ops.pdl  # no PDL without a Hopper GPU
+    kv = KVCache.for_config(model.config, 40)
+    assert list(decoder.generate(kv, prompt, GREEDY, max_new_tokens=12)) == expected
+
+
 def test_compiled_op_runs_eagerly_past_the_recompile_limit(caplog) -> None:
     """A shape past torch.compile's recompile limit (an error under fullgraph) runs the eager
     function, with one warning, instead of failing the request."""

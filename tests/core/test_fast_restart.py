@@ -99,7 +99,7 @@ def test_prefill_warm_up_compiles_what_later_prompts_run() -> None:
                          prefill_chunk_tokens=24)
     assert eager.warm_up_prefill() == 0.0  # nothing to compile
     counters_before = dict(torch._dynamo.utils.counters["stats"])
-    for num_tokens in (33, 43, 19):  # 24 + 9, 24 + 19, 19
+    for num_tokens in (33, 43, 19, 48):  # 24 + 9, 24 + 19, 19, two full chunks
         ids = torch.arange(num_tokens) * 7 % 96
         kv_a = KVCache.for_config(model.config, MAX_TOKENS)
         kv_b = KVCache.for_config(model.config, MAX_TOKENS)

@@ -4,6 +4,8 @@ reference forward, MoE grouped kernels agree, and a 32k prompt prefills without 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -185,9 +187,26 @@ def test_fused_decode_attention_compiles_and_matches_on_cuda(model_type, heads, 
 
 
 def test_decoders_on_cuda_use_the_fused_attention() -> None:
+    hopper = torch.cuda.get_device_capability()[0] >= 9
     for name in CONFIGS:
         decoder = GraphDecoder(model_for(name))
-        assert decoder.ops.fused_attention, decoder.note
+        assert decoder.ops.fused_attention and decoder.ops.dense_kernels, decoder.note
+        assert decoder.ops.pdl == hopper
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_pdl_chain_computes_what_serial_launches_compute(name) -> None:
+    """The Triton decode step with PDL launches, graphed, against the same kernels launched
+    one after another without a graph: a kernel reading before its wait would differ."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs compute capability 9.0")
+    model = model_for(name)
+    chained = GraphDecoder(model, min_bucket_tokens=64)
+    assert chained.use_cuda_graphs and chained.ops.pdl, chained.note
+    serial = GraphDecoder(model, use_cuda_graphs=False, min_bucket_tokens=64)
+    serial.ops = dataclasses.replace(serial.ops, pdl=False)
+    for spec in (GREEDY, SamplingSpec(temperature=0.8, top_p=0.9, top_k=50, seed=11)):
+        assert run(chained, spec) == run(serial, spec)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])

@@ -82,6 +82,7 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device):
         use_cuda_graphs=flag("STRATA_FAST_GRAPHS"),
         compile_pointwise=flag("STRATA_FAST_COMPILE"),
         fused_attention=flag("STRATA_FAST_ATTENTION"),
+        dense_kernels=flag("STRATA_FAST_DENSE"),
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from strata.engine.core.fast import decode_dense, pdl
 from strata.engine.core.fast.decode_attention import check_fused
 from strata.engine.core.fast.forward import decode_step
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
@@ -74,6 +75,7 @@ class GraphDecoder:
         min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
         fused_attention: bool | None = None,
+        dense_kernels: bool | None = None,
     ):
         self.model = model
         self.device = next(model.parameters()).device
@@ -98,6 +100,8 @@ class GraphDecoder:
             self.prefill_ops = compiled_ops(dynamic=True)  # chunk lengths vary per prompt
         if fused_attention if fused_attention is not None else is_cuda:
             self._enable_fused_attention()
+        if dense_kernels if dense_kernels is not None else is_cuda:
+            self._enable_dense_kernels()
         self.min_bucket_tokens = min_bucket_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.sampler = GraphSampler(model.config.vocab_size, self.device)
@@ -121,6 +125,16 @@ class GraphDecoder:
             self.note = (self.note + "; " if self.note else "") + "torch attention"
             return
         self.ops = dataclasses.replace(self.ops, fused_attention=True)
+
+    def _enable_dense_kernels(self) -> None:
+        """Turn on decode_dense's kernels, and PDL where the GPU has it, if they match torch."""
+        use_pdl = pdl.is_supported(self.device)
+        reason = decode_dense.check_kernels(self.model, use_pdl)
+        if reason:
+            log.warning("Triton projections and norms off (%s); decoding with torch", reason)
+            self.note = (self.note + "; " if self.note else "") + "torch projections"
+            return
+        self.ops = dataclasses.replace(self.ops, dense_kernels=True, pdl=use_pdl)
 
     # ---- the step and its graphs -------------------------------------------------------------
 

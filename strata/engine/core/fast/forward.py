@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from strata.engine.core.fast import decode_dense
 from strata.engine.core.fast.decode_attention import (
     fused_decode_attention,
     reference_decode_attention,
@@ -30,7 +31,15 @@ def head_weight(model) -> torch.Tensor:
     return model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
 
 
-def project_qkv(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
+    """F.linear, or for one token with ops.dense_kernels and a small weight, decode_dense.gemv."""
+    if ops.dense_kernels and x.shape[0] == 1 and decode_dense.use_gemv(weight):
+        return decode_dense.gemv(x, weight, bias, use_pdl=ops.pdl)
+    return F.linear(x, weight, bias)
+
+
+def project_qkv(attn, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS):
     """q [T, Hq*D], k and v [T, Hkv*D] for x [T, H]: one GEMM over the fused view if any.
 
     The fused outputs are column slices of one [T, Nq+Nk+Nv] tensor: contiguous for T=1,
@@ -38,9 +47,10 @@ def project_qkv(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     """
     fused = fused_qkv(attn)
     if fused is None:
-        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        return tuple(linear(x, p.weight, p.bias, ops)
+                     for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     weight, bias, sizes = fused
-    return F.linear(x, weight, bias).split(sizes, dim=-1)  # [T, Nq+Nk+Nv] -> three views
+    return linear(x, weight, bias, ops).split(sizes, dim=-1)  # [T, Nq+Nk+Nv] -> three views
 
 
 def qkv(attn, x: torch.Tensor, cos, sin, ops: PointwiseOps):
@@ -65,11 +75,13 @@ def attention_decode(
     ops: PointwiseOps,
 ) -> torch.Tensor:
     """One token's attention over the first len(key_positions) cache slots; x [1, H]."""
-    q, k, v = project_qkv(attn, x)  # [1, Hq*D], [1, Hkv*D] x2, contiguous (T=1)
-    attend = fused_decode_attention if ops.fused_attention else reference_decode_attention
+    q, k, v = project_qkv(attn, x, ops)  # [1, Hq*D], [1, Hkv*D] x2, contiguous (T=1)
     args = (attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions)
-    out = attend(*args) if ops.fused_attention else attend(*args, ops=ops)
-    return attn.o_proj(out)
+    if ops.fused_attention:
+        out = fused_decode_attention(*args, use_pdl=ops.pdl)
+    else:
+        out = reference_decode_attention(*args, ops=ops)
+    return linear(out, attn.o_proj.weight, attn.o_proj.bias, ops)
 
 
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
@@ -77,10 +89,13 @@ def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch
     if isinstance(mlp, SparseMoE):
         return moe_forward(mlp, x, moe_impl, ops)
     gate_up = fused_gate_up(mlp)
+    down = mlp.down_proj
     if gate_up is None:
-        return mlp.down_proj(ops.silu_mul(mlp.gate_proj(x), mlp.up_proj(x)))
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)  # [T, 2I] -> two [T, I] views
-    return mlp.down_proj(ops.silu_mul(gate, up))
+        gate = linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias, ops)
+        up = linear(x, mlp.up_proj.weight, mlp.up_proj.bias, ops)
+    else:
+        gate, up = linear(x, gate_up, None, ops).chunk(2, dim=-1)  # [T, 2I] -> two [T, I] views
+    return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
 
 
 def decode_step(
@@ -102,15 +117,30 @@ def decode_step(
     h = model.model.embed_tokens(token_ids)  # [1, H]
     layers = model.model.layers
     first_norm = layers[0].input_layernorm
-    x = ops.rms_norm(h, first_norm.weight, first_norm.eps)
+    rms_norm, add_rms_norm = _token_norms(ops)
+    x = rms_norm(h, first_norm.weight, first_norm.eps)
     for i, layer in enumerate(layers):
         y = attention_decode(
             layer.self_attn, x, position, key_positions, kv.k[i], kv.v[i], cos, sin, ops
         )
         post = layer.post_attention_layernorm
-        h, x = ops.add_rms_norm(h, y, post.weight, post.eps)
+        h, x = add_rms_norm(h, y, post.weight, post.eps)
         y = mlp_forward(layer.mlp, x, ops, moe_impl)
         # The next norm is the next layer's input norm, or the final norm after the last layer.
         next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.model.norm
-        h, x = ops.add_rms_norm(h, y, next_norm.weight, next_norm.eps)
+        h, x = add_rms_norm(h, y, next_norm.weight, next_norm.eps)
     return F.linear(x, head_weight(model)).float()  # [1, V]
+
+
+def _token_norms(ops: PointwiseOps):
+    """(rms_norm, add_rms_norm) for one token: decode_dense's kernels or ops' functions."""
+    if not ops.dense_kernels:
+        return ops.rms_norm, ops.add_rms_norm
+
+    def rms_norm(h, weight, eps):
+        return decode_dense.add_rms_norm(h, None, weight, eps, use_pdl=ops.pdl)[1]
+
+    def add_rms_norm(h, y, weight, eps):
+        return decode_dense.add_rms_norm(h, y, weight, eps, use_pdl=ops.pdl)
+
+    return rms_norm, add_rms_norm

@@ -126,6 +126,10 @@ class PointwiseOps:
     is_compiled: bool = False
     # Decode attention by the two Triton kernels of decode_attention.py (checked per decoder).
     fused_attention: bool = False
+    # One token's small projections and norms by the Triton kernels of decode_dense.py
+    # (checked per decoder), and every Triton kernel of a decode step chained by PDL (pdl.py).
+    dense_kernels: bool = False
+    pdl: bool = False
 
 
 EAGER_OPS = PointwiseOps()
