@@ -129,6 +129,14 @@ class HostCopy:
             )
         return self._buffer[offset_bytes:end].view(dtype).view(tuple(shape))
 
+    def device_address_of(self, view: torch.Tensor) -> int | None:
+        """Where a kernel on the device reads `view` (a tensor() of this buffer) in place;
+        None where it cannot (a GPU and a pageable buffer)."""
+        offset = view.data_ptr() - self._buffer.data_ptr()
+        if not 0 <= offset < self.size_bytes:
+            raise ValueError(f"{self.name}: the tensor at {view.data_ptr():#x} is not a view of it")
+        return None if self.device_address is None else self.device_address + offset
+
     def pin(self, device_index: int = 0) -> bool:
         """Page-lock the (already filled) buffer by registering it; False, with pin_note saying
         why, when there is no CUDA or the OS refuses (the copy then stays pageable, slower)."""
