@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
 )
 
-from strata.engine.core.fast import moe_triton  # noqa: E402
+from strata.engine.core.fast import moe_triton
 
 E, INTER, HIDDEN, TOP_K, NUM_SLOTS = 6, 24, 40, 3, 4
 

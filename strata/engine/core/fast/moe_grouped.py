@@ -12,6 +12,10 @@ device instead:
   anywhere, but copies the selected weights first (about 3x the expert bytes moved).
 - "loop": the reference module itself (host sync; no CUDA graph).
 
+With a partial expert cache (a provider with a SlotLayout), one token takes the "triton"
+kernels through the cache's slot table: resident experts from their slots, the others read in
+place from the pinned host copy; the cache promotes them between steps (expert_promotion.py).
+
 Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
 whatever the decode choice, except "loop". `select_moe_impl` picks at load; the benchmark
 measures the decode paths.
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
-from strata.engine.core.models.switch import SparseMoE
+from strata.engine.core.models.switch import SlotLayout, SparseMoE
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +60,18 @@ def select_moe_impl(requested: str, device: torch.device) -> str:
     return requested
 
 
-def is_grouped_capable(moe: SparseMoE) -> bool:
-    """Whether this layer's experts are all resident as stacked parameters (no expert cache)."""
-    return moe.expert_weights is None
+def slot_layout(moe: SparseMoE) -> SlotLayout | None:
+    """The layer's partial-cache layout, when its expert provider offers one (SlotExperts)."""
+    layout = getattr(moe.expert_weights, "layout", None)
+    return layout if isinstance(layout, SlotLayout) else None
+
+
+def is_grouped_capable(moe: SparseMoE, impl: str = "triton") -> bool:
+    """Whether one token's experts can run without asking the host which: stacked resident
+    parameters (any grouped impl), or a partial cache's slot table (the Triton kernels)."""
+    if moe.expert_weights is None:
+        return True
+    return impl == "triton" and slot_layout(moe) is not None
 
 
 def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,16 +102,35 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
     return moe_triton.grouped_down_sum(act, stacked.down_proj, ids, weights)[None]  # [1, H]
 
 
+def experts_from_slots(moe: SparseMoE, x: torch.Tensor, layout: SlotLayout) -> torch.Tensor:
+    """One token's MoE block over a partial expert cache; x [1, H]. The router leaves its ids
+    in layout.step_ids, where the cache learns what to promote."""
+    from strata.engine.core.fast import moe_triton
+
+    weights, ids = moe_triton.router_topk(
+        x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob, out_ids=layout.step_ids
+    )
+    offsets = layout.host_offsets
+    act = moe_triton.grouped_gate_up(x[0], layout.gate, layout.up, ids, layout.table,
+                                     offsets[:2])  # [k, I]
+    down = moe_triton.grouped_down_sum(act, layout.down, ids, weights, layout.table, offsets[2])
+    return down[None]  # [1, H]
+
+
 def moe_forward(
     moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps = EAGER_OPS
 ) -> torch.Tensor:
-    """The MoE block on x [T, H]: the loop module for "loop" or an expert cache; else grouped.
+    """The MoE block on x [T, H]: the loop module for "loop"; else grouped.
 
     Grouped means, for one token, the `impl` kernels (triton / bmm); for many tokens (prefill),
     rows sorted by expert and grouped GEMMs (moe_prefill.py).
     """
-    if impl == "loop" or not is_grouped_capable(moe):
+    if impl == "loop" or not is_grouped_capable(moe, impl):
         return moe(x)
+    if moe.expert_weights is not None:
+        # A partial cache: one token reads through the slot table; many (prefill) take the
+        # loop, which copies their misses in (the table follows).
+        return experts_from_slots(moe, x, slot_layout(moe)) if x.shape[0] == 1 else moe(x)
     if x.shape[0] == 1 and impl == "triton":
         return experts_triton(moe, x)
     if x.shape[0] != 1:
