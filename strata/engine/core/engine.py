@@ -67,8 +67,9 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
-def make_fast_decoder(model: torch.nn.Module, device: torch.device):
-    """The CUDA-graph decoder for a model on a GPU; None on the CPU or with STRATA_FAST=0."""
+def make_fast_decoder(model: torch.nn.Module, device: torch.device, step_hook=None):
+    """The CUDA-graph decoder for a model on a GPU; None on the CPU or with STRATA_FAST=0.
+    step_hook: a partial expert cache's promotion (ModelMemory.promotion), or None."""
     if device.type != "cuda" or os.environ.get("STRATA_FAST", "1") == "0":
         return None
     from strata.engine.core.fast.decode_graph import GraphDecoder
@@ -83,6 +84,7 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device):
         compile_pointwise=flag("STRATA_FAST_COMPILE"),
         fused_attention=flag("STRATA_FAST_ATTENTION"),
         dense_kernels=flag("STRATA_FAST_DENSE"),
+        step_hook=step_hook,
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
@@ -135,7 +137,7 @@ class Engine:
         self.memory = ModelMemory(backend, self.dtype)
         try:
             self.model = self.memory.build(config, source, self.config.expert_cache)
-            self.fast = make_fast_decoder(self.model, self.device)
+            self.fast = make_fast_decoder(self.model, self.device, self.memory.promotion)
             del source
             self.model_config = config
             self.context_tokens = self.config.context_tokens or min(

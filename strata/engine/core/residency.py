@@ -25,13 +25,14 @@ from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
 from strata.engine.core.memory.backend import ArenaBackend, round_up
 from strata.engine.core.memory.expert_cache import size_slots
+from strata.engine.core.memory.expert_promotion import ExpertPromotion
 from strata.engine.core.memory.expert_store import ExpertStore
 from strata.engine.core.memory.host_copy import HostCopy
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import build_model
 from strata.engine.core.models.registry import model_module
-from strata.engine.core.models.switch import SparseMoE
+from strata.engine.core.models.switch import SlotLayout, SparseMoE
 from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,17 @@ EXPERTS_RELEASED = "the expert cache is released: refill it first"
 
 
 class SlotExperts:
-    """ExpertWeights provider over an N-slot ExpertStore: slot views, misses copied in."""
+    """ExpertWeights provider over an N-slot ExpertStore: slot views, misses copied in; for
+    one-token decode also the slot table layout (None where the GPU cannot read the host
+    copy in place: then decode takes the loop through `get`)."""
 
     def __init__(self, store: ExpertStore, layer: int):
         self.store = store
         self.layer = layer
+        offsets = store.host_offsets(layer)
+        self.layout = None if offsets is None else SlotLayout(
+            *store.slot_weights, store.table[layer], offsets, store.step_ids[layer]
+        )
 
     def get(self, expert_ids: Sequence[int]):
         slots = self.store.fetch_slots(self.layer, expert_ids)
@@ -90,6 +97,8 @@ class ModelMemory:
         self.weights: Arena | None = None
         self.experts: ExpertStore | None = None
         self.expert_mode = "none"  # none (dense) | off | all | slots
+        # Slots mode with a host copy the GPU reads in place: decode's step hook.
+        self.promotion: ExpertPromotion | None = None
         self.is_sleeping = False
 
     # ---- load ---------------------------------------------------------------------------
@@ -116,7 +125,7 @@ class ModelMemory:
             num_slots = self._expert_slots(spec, config, len(by_layer), shapes, by_layer)
             self.experts = ExpertStore(
                 layers, num_slots, self.backend, num_layers=config.num_hidden_layers,
-                chunk_bytes=WEIGHTS_CHUNK_BYTES,
+                chunk_bytes=WEIGHTS_CHUNK_BYTES, num_experts_per_tok=config.num_experts_per_tok,
             )
             del layers
             self.arenas.add(self.experts.arena)
@@ -132,6 +141,8 @@ class ModelMemory:
         if self.expert_mode == "slots":
             for layer in by_layer:
                 model.model.layers[layer].mlp.expert_weights = SlotExperts(self.experts, layer)
+            if self.experts.host.device_address is not None:
+                self.promotion = ExpertPromotion(self.experts)
         return model
 
     def _fill_weights(
@@ -308,7 +319,7 @@ class ModelMemory:
             self.weights.host_copy.close()
         if self.experts is not None:
             self.experts.host.close()
-        self.weights = self.experts = None
+        self.weights = self.experts = self.promotion = None
 
 
 def _out_of_memory(what: str, exc: ArenaMapError) -> EngineOutOfMemory:

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 import torch
 
@@ -39,6 +40,17 @@ log = logging.getLogger(__name__)
 DEFAULT_MIN_BUCKET_TOKENS = 256
 # Warm-up runs before capture: compiles Inductor kernels, creates cuBLAS workspaces.
 WARMUP_STEPS = 2
+
+
+class StepHook(Protocol):
+    """Work around each decode step, on the host, never inside a graph (an expert cache's
+    promotion: memory/expert_promotion.py)."""
+
+    def before_step(self) -> None:
+        """Raise to refuse the step (its memory is released); else make ready for it."""
+
+    def after_step(self) -> None:
+        """The step is queued (maybe not run): note what it will have used."""
 
 
 def kv_buckets(max_tokens: int, min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS) -> list[int]:
@@ -76,7 +88,10 @@ class GraphDecoder:
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
         fused_attention: bool | None = None,
         dense_kernels: bool | None = None,
+        step_hook: StepHook | None = None,
     ):
+        """step_hook: called around every decode step; used only by the grouped MoE paths
+        (a partial expert cache's promotion; its loop path moves experts itself)."""
         self.model = model
         self.device = next(model.parameters()).device
         is_cuda = self.device.type == "cuda"
@@ -88,12 +103,14 @@ class GraphDecoder:
         moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
         if moe_layers:
             self.moe_impl = select_moe_impl(moe_impl, self.device)
-            if not all(is_grouped_capable(m) for m in moe_layers):
-                self.moe_impl, self.note = "loop", "an expert cache is installed: MoE loop"
+            if not all(is_grouped_capable(m, self.moe_impl) for m in moe_layers):
+                self.moe_impl = "loop"
+                self.note = "an expert cache the Triton kernels cannot read: MoE loop"
             if self.moe_impl == "loop" and self.use_cuda_graphs:
                 # The loop asks the host which experts run: a sync, which a graph cannot hold.
                 self.use_cuda_graphs = False
                 self.note = (self.note + "; " if self.note else "") + "MoE loop: no CUDA graph"
+        self.step_hook = step_hook if self.moe_impl != "loop" else None
         self.ops = self.prefill_ops = EAGER_OPS
         if compile_pointwise if compile_pointwise is not None else is_cuda:
             self.ops = compiled_ops()
@@ -295,13 +312,22 @@ class GraphDecoder:
         self.token_in.fill_(first_token)
         self.position.fill_(start_pos)
         buckets = kv_buckets(kv.max_tokens, self.min_bucket_tokens)
+        hook = self.step_hook
         if not self.use_cuda_graphs:
             for i in range(max_new_tokens):
+                if hook is not None:
+                    hook.before_step()
                 self._step(kv, bucket_for(start_pos + i, buckets), key)
+                if hook is not None:
+                    hook.after_step()
                 yield int(self.token_out.item())
             return
         for i in range(max_new_tokens):
+            if hook is not None:
+                hook.before_step()  # before a capture too: that runs the step as well
             self._graph(kv, bucket_for(start_pos + i, buckets), key).replay()
+            if hook is not None:
+                hook.after_step()
             slot = i % 2
             self._pinned[slot : slot + 1].copy_(self.token_out, non_blocking=True)
             self._events[slot].record()

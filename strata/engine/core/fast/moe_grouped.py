@@ -12,6 +12,10 @@ device instead:
   anywhere, but copies the selected weights first (about 3x the expert bytes moved).
 - "loop": the reference module itself (host sync; no CUDA graph).
 
+With a partial expert cache (a provider with a SlotLayout), one token takes the "triton"
+kernels through the cache's slot table: resident experts from their slots, the others read in
+place from the pinned host copy; the cache promotes them between steps (expert_promotion.py).
+
 Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
 whatever the decode choice, except "loop". `select_moe_impl` picks at load; the benchmark
 measures the decode paths.
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
-from strata.engine.core.models.switch import SparseMoE
+from strata.engine.core.models.switch import SlotLayout, SparseMoE
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +60,18 @@ def select_moe_impl(requested: str, device: torch.device) -> str:
     return requested
 
 
-def is_grouped_capable(moe: SparseMoE) -> bool:
-    """Whether this layer's experts are all resident as stacked parameters (no expert cache)."""
-    return moe.expert_weights is None
+def slot_layout(moe: SparseMoE) -> SlotLayout | None:
+    """The layer's partial-cache layout, when its expert provider offers one (SlotExperts)."""
+    layout = getattr(moe.expert_weights, "layout", None)
+    return layout if isinstance(layout, SlotLayout) else None
+
+
+def is_grouped_capable(moe: SparseMoE, impl: str = "triton") -> bool:
+    """Whether one token's experts can run without asking the host which: stacked resident
+    parameters (any grouped impl), or a partial cache's slot table (the Triton kernels)."""
+    if moe.expert_weights is None:
+        return True
+    return impl == "triton" and slot_layout(moe) is not None
 
 
 def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,29 +92,45 @@ def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     return (y * weights[0, :, None]).sum(dim=0, keepdim=True)  # [1, H]
 
 
-def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:
-    """One token's MoE block by three Triton kernels (route, gate/up, down+sum); x [1, H]."""
+def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
+                   layout: SlotLayout | None = None) -> torch.Tensor:
+    """One token's MoE block by three Triton kernels (route, gate/up, down+sum); x [1, H].
+
+    With a partial expert cache's layout the kernels read through its slot table, and the
+    router leaves its ids in layout.step_ids, where the cache learns what to promote."""
     from strata.engine.core.fast import moe_triton
 
-    stacked = moe.experts
+    if layout is None:
+        stacked = moe.experts
+        gate, up, down = stacked.gate_proj, stacked.up_proj, stacked.down_proj
+        table, offsets, out_ids = None, (0, 0, 0), None
+    else:
+        gate, up, down, table = layout.gate, layout.up, layout.down, layout.table
+        offsets, out_ids = layout.host_offsets, layout.step_ids
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
-                                          use_pdl)
-    act = moe_triton.grouped_gate_up(x[0], stacked.gate_proj, stacked.up_proj, ids,
-                                     use_pdl)  # [k, I]
-    return moe_triton.grouped_down_sum(act, stacked.down_proj, ids, weights,
-                                       use_pdl)[None]  # [1, H]
+                                          out_ids=out_ids, use_pdl=use_pdl)
+    act = moe_triton.grouped_gate_up(x[0], gate, up, ids, table, offsets[:2],
+                                     use_pdl=use_pdl)  # [k, I]
+    return moe_triton.grouped_down_sum(act, down, ids, weights, table, offsets[2],
+                                       use_pdl=use_pdl)[None]  # [1, H]
 
 
 def moe_forward(
     moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps = EAGER_OPS
 ) -> torch.Tensor:
-    """The MoE block on x [T, H]: the loop module for "loop" or an expert cache; else grouped.
+    """The MoE block on x [T, H]: the loop module for "loop"; else grouped.
 
     Grouped means, for one token, the `impl` kernels (triton / bmm); for many tokens (prefill),
     rows sorted by expert and grouped GEMMs (moe_prefill.py).
     """
-    if impl == "loop" or not is_grouped_capable(moe):
+    if impl == "loop" or not is_grouped_capable(moe, impl):
         return moe(x)
+    if moe.expert_weights is not None:
+        # A partial cache: one token reads through the slot table; many (prefill) take the
+        # loop, which copies their misses in (the table follows).
+        if x.shape[0] != 1:
+            return moe(x)
+        return experts_triton(moe, x, ops.pdl, slot_layout(moe))
     if x.shape[0] == 1 and impl == "triton":
         return experts_triton(moe, x, ops.pdl)
     if x.shape[0] != 1:

@@ -68,7 +68,9 @@ def tuned(kernel, candidates):
     if _is_interpreting():
         return kernel
     configs = [triton.Config(_block_kwargs(r, c, u), num_warps=w) for r, c, w, u in candidates]
-    # Kernels only store (no accumulation into outputs), so timing reruns are harmless.
+    # Kernels only store (no accumulation into outputs), so timing reruns are harmless. The
+    # slot-table variant shares the stacked one's pick (not in the key): same block shapes,
+    # same summation order, so a partial cache decodes bit for bit like all-resident.
     return triton.autotune(configs=configs, key=["num_rows", "num_cols"])(kernel)
 
 
@@ -171,31 +173,48 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _expert_base(ids_ptr, j, table_ptr, host_offset, stride_expert, HAS_TABLE: tl.constexpr):
+        """Element offset of the j-th routed expert's matrix from the weights' base pointer.
+
+        With a table (a partial expert cache), table[e] is the slot holding expert e, or -1:
+        then its rows are read host_offset elements past the base, in the host copy."""
+        expert = tl.load(ids_ptr + j).to(tl.int64)
+        if HAS_TABLE:
+            slot = tl.load(table_ptr + expert).to(tl.int64)
+            return tl.where(slot >= 0, slot * stride_expert, host_offset + expert * stride_expert)
+        return expert * stride_expert
+
+    @triton.jit
     def _gate_up_kernel(
-        x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr,
+        x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr, table_ptr, gate_host_offset, up_host_offset,
         stride_expert, stride_row,
-        num_cols: tl.constexpr, num_rows: tl.constexpr, USE_PDL: tl.constexpr,
+        num_cols: tl.constexpr, num_rows: tl.constexpr, HAS_TABLE: tl.constexpr,
+        USE_PDL: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         slot = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         pdl_wait(USE_PDL)  # the ids come from the router, the kernel just before
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
         row_ok = rows < num_rows
-        base = expert * stride_expert + rows[:, None].to(tl.int64) * stride_row
-        acc_gate = _row_dots(gate_ptr, base, x_ptr, row_ok, num_cols, BLOCK_ROWS, BLOCK_COLS,
-                             UNROLL)
-        acc_up = _row_dots(up_ptr, base, x_ptr, row_ok, num_cols, BLOCK_ROWS, BLOCK_COLS, UNROLL)
+        row_offset = rows[:, None].to(tl.int64) * stride_row
+        gate_base = _expert_base(ids_ptr, slot, table_ptr, gate_host_offset, stride_expert,
+                                 HAS_TABLE) + row_offset
+        up_base = _expert_base(ids_ptr, slot, table_ptr, up_host_offset, stride_expert,
+                               HAS_TABLE) + row_offset
+        acc_gate = _row_dots(gate_ptr, gate_base, x_ptr, row_ok, num_cols, BLOCK_ROWS,
+                             BLOCK_COLS, UNROLL)
+        acc_up = _row_dots(up_ptr, up_base, x_ptr, row_ok, num_cols, BLOCK_ROWS, BLOCK_COLS,
+                           UNROLL)
         act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
         out = out_ptr + slot * num_rows + rows
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
     def _down_sum_kernel(
-        act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr,
+        act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr, table_ptr, down_host_offset,
         stride_expert, stride_row,
         num_cols: tl.constexpr, num_rows: tl.constexpr, top_k: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -203,9 +222,9 @@ if triton is not None:
         pdl_wait(USE_PDL)  # for the activations of grouped_gate_up, the kernel just before
         acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
         for slot in tl.static_range(top_k):
-            expert = tl.load(ids_ptr + slot).to(tl.int64)
             weight = tl.load(weights_ptr + slot).to(tl.float32)
-            base = expert * stride_expert + rows[:, None].to(tl.int64) * stride_row
+            base = _expert_base(ids_ptr, slot, table_ptr, down_host_offset, stride_expert,
+                                HAS_TABLE) + rows[:, None].to(tl.int64) * stride_row
             acc += weight * _row_dots(down_ptr, base, act_ptr + slot * num_cols, row_ok,
                                       num_cols, BLOCK_ROWS, BLOCK_COLS, UNROLL)
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
@@ -241,16 +260,25 @@ def _counter(device: torch.device) -> torch.Tensor:
 
 def router_topk(
     x: torch.Tensor, router_weight: torch.Tensor, top_k: int, norm_topk_prob: bool,
-    use_pdl: bool = False,
+    out_ids: torch.Tensor | None = None, use_pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [k] in x's dtype, ids [k] int64) for one token x [H], as SparseMoE routes:
     logits router_weight [E, H] @ x in x's dtype, softmax in float32, top-k descending,
-    optionally renormalised. One launch: the router product and the selection together."""
+    optionally renormalised. One launch: the router product and the selection together.
+
+    out_ids: a persistent int64 [k] buffer to write the ids into (an expert cache reads them
+    back after the step to learn which experts ran); default a new tensor."""
     num_experts, hidden = router_weight.shape
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in 1..{num_experts}, not {top_k}")
     _check_stacked("router weight", router_weight[None])
-    ids = torch.empty(top_k, dtype=torch.long, device=x.device)
+    if out_ids is None:
+        ids = torch.empty(top_k, dtype=torch.long, device=x.device)
+    elif out_ids.shape != (top_k,) or out_ids.dtype != torch.long or not out_ids.is_contiguous():
+        raise ValueError(f"out_ids must be a contiguous int64 [{top_k}] tensor, got "
+                         f"{out_ids.dtype} {tuple(out_ids.shape)}")
+    else:
+        ids = out_ids
     weights = torch.empty(top_k, dtype=x.dtype, device=x.device)
     logits = torch.empty(num_experts, dtype=x.dtype, device=x.device)
     _router_kernel[(triton.cdiv(num_experts, ROUTER_ROWS),)](
@@ -263,39 +291,62 @@ def router_topk(
     return weights, ids
 
 
+def _check_table(table: torch.Tensor | None, ids: torch.Tensor, num_offsets: int,
+                 host_offsets: tuple[int, ...]) -> torch.Tensor:
+    """The table to pass (ids themselves stand in when there is none: never read)."""
+    if table is None:
+        return ids
+    if table.dim() != 1 or table.dtype != torch.int32 or not table.is_contiguous():
+        raise ValueError(f"the slot table must be a contiguous int32 [E] tensor, got "
+                         f"{table.dtype} {tuple(table.shape)}")
+    if table.device != ids.device or len(host_offsets) != num_offsets:
+        raise ValueError(f"the slot table must be on {ids.device} with {num_offsets} host "
+                         f"offsets, got {table.device} and {len(host_offsets)}")
+    return table
+
+
 def grouped_gate_up(
     x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ids: torch.Tensor,
+    table: torch.Tensor | None = None, host_offsets: tuple[int, int] = (0, 0),
     use_pdl: bool = False,
 ) -> torch.Tensor:
-    """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x) for each j: x [H], gate/up [E, I, H] -> [k, I]."""
+    """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x) for each j: x [H], gate/up [E, I, H] -> [k, I].
+
+    With a partial expert cache, gate/up are the slot weights [N, I, H] and table [E] int32
+    says where expert e is: slot table[e], or (-1) the host copy's [E, I, H] rows, which start
+    host_offsets (gate, up) elements past gate's and up's base (mapped for the device)."""
     _check_stacked("gate_proj", gate)
     _check_stacked("up_proj", up)
+    table_arg = _check_table(table, ids, 2, host_offsets)
     num_experts_used = ids.shape[0]
     num_rows, num_cols = gate.shape[1], gate.shape[2]
     out = torch.empty(num_experts_used, num_rows, dtype=x.dtype, device=x.device)
     launch(
         _gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(num_rows, rows)),
-        GATE_UP_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out,
-        gate.stride(0), gate.stride(1), num_cols=num_cols, num_rows=num_rows, use_pdl=use_pdl,
+        GATE_UP_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out, table_arg,
+        int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), gate.stride(1),
+        num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None, use_pdl=use_pdl,
     )
     return out
 
 
 def grouped_down_sum(
     act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-    use_pdl: bool = False,
+    table: torch.Tensor | None = None, host_offset: int = 0, use_pdl: bool = False,
 ) -> torch.Tensor:
     """sum_j weights[j] * (down[ids[j]] @ act[j]): act [k, I], down [E, H, I] -> [H] in act's dtype.
 
-    The sum runs in float32 inside the kernel; one rounding at the end.
+    The sum runs in float32 inside the kernel; one rounding at the end. table and host_offset
+    as for grouped_gate_up, with down the slot weights [N, H, I].
     """
     _check_stacked("down_proj", down)
+    table_arg = _check_table(table, ids, 1, (host_offset,))
     num_rows, num_cols = down.shape[1], down.shape[2]
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
     launch(
         _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),), DOWN_SUM_CONFIGS,
-        act.contiguous(), down, ids.contiguous(), weights.contiguous(), out,
-        down.stride(0), down.stride(1), num_cols=num_cols, num_rows=num_rows,
-        top_k=ids.shape[0], use_pdl=use_pdl,
+        act.contiguous(), down, ids.contiguous(), weights.contiguous(), out, table_arg,
+        int(host_offset), down.stride(0), down.stride(1), num_cols=num_cols,
+        num_rows=num_rows, top_k=ids.shape[0], HAS_TABLE=table is not None, use_pdl=use_pdl,
     )
     return out

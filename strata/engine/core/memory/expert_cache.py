@@ -51,11 +51,14 @@ class ExpertCache:
         """(layer, expert, slot) of every resident expert, least recently used first."""
         return [(layer, expert, self._slot_of[(layer, expert)]) for layer, expert in self._lru]
 
-    def lookup(self, layer: int, experts: Iterable[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    def lookup(
+        self, layer: int, experts: Iterable[int], count_uses: bool = True
+    ) -> tuple[list[int], list[tuple[int, int]]]:
         """Slots for the experts one step of `layer` needs, and the misses to copy in.
 
         Returns (slots aligned with experts, [(expert, slot)] to fill). Experts of this call
-        are never evicted by each other; a repeated expert counts once.
+        are never evicted by each other; a repeated expert counts once. count_uses=False
+        leaves the hit/miss counters to a caller that knows better (`count`).
         """
         if self.is_released:
             raise ExpertCacheReleasedError(
@@ -82,13 +85,21 @@ class ExpertCache:
                     slot = self._take_slot(in_use)
                     self._slot_of[key] = slot
                     misses.append((expert, slot))
-                    self.num_misses += 1
+                    self.num_misses += int(count_uses)
                 else:
-                    self.num_hits += 1
+                    self.num_hits += int(count_uses)
                 self._lru[key] = None
                 self._lru.move_to_end(key)
             slots.append(slot)
         return slots, misses
+
+    def count(self, num_hits: int, num_misses: int) -> None:
+        """Add uses that a caller classified itself, e.g. decode steps that read a missing
+        expert from the host copy while its copy into a slot was still on the way."""
+        if num_hits < 0 or num_misses < 0:
+            raise ValueError(f"hit and miss counts must be >= 0, got {num_hits}, {num_misses}")
+        self.num_hits += num_hits
+        self.num_misses += num_misses
 
     def _check_ids(self, layer: int, experts: set[int]) -> None:
         if not 0 <= layer < self.num_layers:

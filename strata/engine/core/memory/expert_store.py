@@ -2,6 +2,9 @@
 
 The host copy holds, per MoE layer, the stacked projections gate [E, I, H], up [E, I, H] and
 down [E, H, I]. The slot arena holds gate/up/down of N experts; `ExpertCache` decides which.
+A device slot table [layers, E] (slot, or -1) mirrors that decision for decode kernels that
+read a missing expert in place from the host copy (fast/moe_triton.py); expert_promotion.py
+moves the experts decode steps used into slots between steps.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class ExpertStore:
         num_layers: int | None = None,
         name: str = "experts",
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        num_experts_per_tok: int = 1,
     ):
         if not layers:
             raise ValueError("ExpertStore needs the experts of at least one MoE layer")
@@ -67,6 +71,9 @@ class ExpertStore:
         num_layers = num_layers if num_layers is not None else self.layer_ids[-1] + 1
         self.num_slots = min(num_slots, len(layers) * self.num_experts)
         self.cache = ExpertCache(num_layers, self.num_experts, self.num_slots)
+        if not 0 < num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok must be in 1..{self.num_experts}, "
+                             f"not {num_experts_per_tok}")
 
         # Fill the host copy as ordinary memory, then pin it once (see host_copy.py).
         self.host = HostCopy(
@@ -92,6 +99,14 @@ class ExpertStore:
         self.slot_weights: ExpertWeights = tuple(  # type: ignore[assignment]
             self.arena.allocate((self.num_slots, *shape), self.dtype) for shape in self._shapes
         )
+        # Allocated once (CUDA graphs keep their addresses), outside the arena: a release
+        # unmaps the slots, never these. The mirror is replaced, never written, on a change,
+        # so a step can keep the table it ran with (ExpertPromotion counts its hits with it).
+        shape = (num_layers, self.num_experts)
+        self.table = torch.full(shape, -1, dtype=torch.int32, device=self.device)
+        self.table_mirror = torch.full(shape, -1, dtype=torch.int32)
+        self.step_ids = torch.zeros(num_layers, num_experts_per_tok, dtype=torch.long,
+                                    device=self.device)
         self.preload()
 
     @staticmethod
@@ -114,6 +129,47 @@ class ExpertStore:
         gate, up, down = self._host_layers[layer]
         return gate[expert], up[expert], down[expert]
 
+    def host_offsets(self, layer: int) -> tuple[int, int, int] | None:
+        """Elements from each slot weight's base (gate, up, down) to this layer's host copy
+        [E, ...] as the device addresses it; None when a GPU cannot read the host copy."""
+        offsets = []
+        for host, slots in zip(self._host_layers[layer], self.slot_weights):
+            address = self.host.device_address_of(host)
+            if address is None:
+                return None
+            delta = address - slots.data_ptr()
+            if delta % self.dtype.itemsize:
+                raise RuntimeError(f"layer {layer}'s host copy is not {self.dtype} aligned")
+            offsets.append(delta // self.dtype.itemsize)
+        return tuple(offsets)  # type: ignore[return-value]
+
+    def update_table(
+        self, cleared_slots: Sequence[int] = (), entries: Sequence[tuple[int, int, int]] = ()
+    ) -> None:
+        """Set the table entries of experts whose slots now hold something else to -1, then
+        (layer, expert) -> slot for `entries`, and publish it on the compute stream (after
+        every copy queued there before)."""
+        mirror = self.table_mirror.clone()
+        slots = [*cleared_slots, *(slot for _, _, slot in entries)]
+        if slots:
+            mirror[torch.isin(mirror, torch.tensor(slots, dtype=torch.int32))] = -1
+        if entries:
+            layers, experts, new_slots = zip(*entries)
+            mirror[list(layers), list(experts)] = torch.tensor(new_slots, dtype=torch.int32)
+        self.table_mirror = mirror
+        if self.device.type == "cuda":
+            # From pinned staging, so the host never waits; torch's pinned pool keeps the
+            # buffer until this copy has run.
+            self.table.copy_(mirror.pin_memory(), non_blocking=True)
+        else:
+            self.table.copy_(mirror)
+
+    def copy_rows(self, assignments: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
+        """Copy (layer, expert) -> slot from the host copy on the current stream."""
+        for layer, expert, slot in assignments:
+            for dst, src in zip(self.slot_weights, self.host_expert(layer, expert)):
+                dst[slot].copy_(src, non_blocking=non_blocking)
+
     def preload(self) -> None:
         """Fill every slot, layer by layer, so the first steps do not all miss."""
         budget = self.num_slots - self.cache.num_resident
@@ -129,6 +185,9 @@ class ExpertStore:
         """Slots holding the requested experts, copying misses in; index `slot_weights` with
         them to use the experts without a gather copy."""
         self.arena.check_mapped()  # a released cache must be refilled, never read
+        if self.device.type == "cuda":
+            # A hit may be an expert whose promotion copy (side stream) is still on the way.
+            torch.cuda.current_stream(self.device).wait_stream(side_stream(self.device))
         if isinstance(expert_ids, torch.Tensor):
             expert_ids = expert_ids.flatten().tolist()
         if layer not in self._host_layers:
@@ -157,17 +216,19 @@ class ExpertStore:
         else:
             context = torch.no_grad()
         with context:
-            for layer, expert, slot in assignments:
-                for dst, src in zip(self.slot_weights, self.host_expert(layer, expert)):
-                    dst[slot].copy_(src, non_blocking=cuda)
+            self.copy_rows(assignments, non_blocking=cuda)
         if cuda:
             torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.update_table(entries=assignments)  # queued after the copies it announces
         return len(assignments) * self.bytes_per_expert
 
     def release(self) -> int:
         """Give the slots' VRAM back, remembering who was resident; returns bytes freed."""
         self.cache.mark_all_released()
-        return self.arena.release()
+        freed = self.arena.release()
+        self.table_mirror = torch.full_like(self.table_mirror, -1)
+        self.table.fill_(-1)  # refill publishes who came back
+        return freed
 
     def refill(self) -> ExpertRefillResult:
         """Map the slots again and copy back the experts that were resident at the release.

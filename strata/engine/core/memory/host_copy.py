@@ -96,6 +96,9 @@ class HostCopy:
             self._buffer = torch.frombuffer(self._mmap, dtype=torch.uint8)
         self.is_pinned = False
         self.pin_note = "not pinned"
+        # Where kernels on the device read this buffer (mapped over PCIe once pinned); on the
+        # CPU the buffer itself, None on a GPU until pinning succeeds.
+        self.device_address: int | None = self._buffer.data_ptr()
         self._unpin: weakref.finalize | None = None
         self._is_closed = False
 
@@ -126,11 +129,20 @@ class HostCopy:
             )
         return self._buffer[offset_bytes:end].view(dtype).view(tuple(shape))
 
+    def device_address_of(self, view: torch.Tensor) -> int | None:
+        """Where a kernel on the device reads `view` (a tensor() of this buffer) in place;
+        None where it cannot (a GPU and a pageable buffer)."""
+        offset = view.data_ptr() - self._buffer.data_ptr()
+        if not 0 <= offset < self.size_bytes:
+            raise ValueError(f"{self.name}: the tensor at {view.data_ptr():#x} is not a view of it")
+        return None if self.device_address is None else self.device_address + offset
+
     def pin(self, device_index: int = 0) -> bool:
         """Page-lock the (already filled) buffer by registering it; False, with pin_note saying
         why, when there is no CUDA or the OS refuses (the copy then stays pageable, slower)."""
         if self.is_pinned:
             return True
+        self.device_address = None  # a GPU cannot read pageable memory
         if not cuda_available():
             self.pin_note = "no CUDA driver: host copy stays pageable"
             return False
@@ -140,7 +152,10 @@ class HostCopy:
 
         primary_context(device_index)
         address = self._buffer.data_ptr()
-        (err,) = cu.cuMemHostRegister(address, self.size_bytes, cu.CU_MEMHOSTREGISTER_PORTABLE)
+        # DEVICEMAP: kernels may read experts straight from here (zero-copy) while a cache
+        # does not hold them; PORTABLE: every context sees the pinning.
+        flags = cu.CU_MEMHOSTREGISTER_PORTABLE | cu.CU_MEMHOSTREGISTER_DEVICEMAP
+        (err,) = cu.cuMemHostRegister(address, self.size_bytes, flags)
         if err != cu.CUresult.CUDA_SUCCESS:
             self.pin_note = f"cuMemHostRegister refused ({error_text(err)}): stays pageable"
             log.warning("%s of %d MiB: %s", self.name, self.size_bytes // MIB, self.pin_note)
@@ -148,6 +163,12 @@ class HostCopy:
         self.is_pinned = True
         self.pin_note = "pinned by cuMemHostRegister"
         self._unpin = weakref.finalize(self, _unregister, address)
+        err, device_pointer = cu.cuMemHostGetDevicePointer(address, 0)
+        if err == cu.CUresult.CUDA_SUCCESS:
+            self.device_address = int(device_pointer)
+        else:
+            log.warning("%s: no device address (%s): kernels cannot read it in place",
+                        self.name, error_text(err))
         return True
 
     def copy_to(self, arena: Arena, offset_bytes: int = 0, nbytes: int | None = None) -> CopyStats:
@@ -185,6 +206,7 @@ class HostCopy:
         if self._is_closed:
             return
         self._is_closed = True
+        self.device_address = None
         if self._unpin is not None:
             self._unpin()
             self.is_pinned = False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -30,6 +31,25 @@ class ExpertWeights(Protocol):
         All ids of one call come together so a cache can bring missing experts in one batch
         (ExpertStore.fetch(layer, ids) already has this shape).
         """
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """One layer's experts in a partial expert cache, as decode kernels read them by id
+    without asking the host (fast/moe_triton.py); a provider that can offer this has it as
+    its `layout` attribute.
+
+    gate/up [N, I, H] and down [N, H, I] are the cache's slots (shared by every layer); table
+    [E] int32 holds expert e's slot, or -1: then expert e is read in place from the host
+    copy, whose [E, ...] tensors start host_offsets (gate, up, down) elements past the slot
+    weights' bases. The router writes the step's ids into step_ids [k] for the cache."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    table: torch.Tensor
+    host_offsets: tuple[int, int, int]
+    step_ids: torch.Tensor
 
 
 class StackedExperts(nn.Module):

@@ -1,0 +1,135 @@
+"""Promotion of the experts decode steps used into a partial expert cache, between steps.
+
+A decode step (one CUDA graph, no host sync) reads each routed expert from its slot when the
+device slot table has one, else in place from the pinned host copy, and its router leaves the
+ids in `ExpertStore.step_ids`. Around each step, never inside it:
+
+- after_step: copy the step's ids to pinned host memory behind an event (no wait).
+- before_step, for steps whose ids have arrived: count hits (the table the step ran with
+  had a slot) and misses, let ExpertCache choose slots (LRU eviction), publish the table with
+  the evicted experts at -1 first, then copy the new experts in on the side stream once the
+  compute stream has passed that point; for copies that have landed, publish their slots,
+  each only if the cache still maps that expert there (a later choice may have taken it).
+
+ExpertCache decides, the table mirrors it: an entry is never published before its copy.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from strata.engine.core.memory.expert_store import ExpertStore
+from strata.engine.core.memory.host_copy import side_stream
+
+
+@dataclass
+class _RoutedStep:
+    ids: torch.Tensor  # [layers, k] on the host (pinned on a GPU), valid once `ready` is done
+    ready: torch.cuda.Event | None  # None: the CPU, where copies are done on return
+    table: torch.Tensor  # the host mirror of the table the step ran with
+
+
+@dataclass
+class _Promotion:
+    assignments: list[tuple[int, int, int]]  # (layer, expert, slot)
+    copied: torch.cuda.Event | None
+
+
+def _is_done(event: torch.cuda.Event | None) -> bool:
+    return event is None or event.query()
+
+
+class ExpertPromotion:
+    """Between decode steps: learn which experts a step used (without waiting for it), count
+    hits and misses in the store's ExpertCache, and copy missed experts into slots."""
+
+    def __init__(self, store: ExpertStore):
+        if store.host.device_address is None:
+            raise ValueError(f"{store.host.name} is not readable by the device (not pinned: "
+                             f"{store.host.pin_note}); decode must use the MoE loop")
+        self.store = store
+        self.is_cuda = store.device.type == "cuda"
+        self._steps: deque[_RoutedStep] = deque()
+        self._promotions: deque[_Promotion] = deque()
+
+    @property
+    def num_in_flight(self) -> int:
+        """Experts whose copy into a slot has been queued but not yet published."""
+        return sum(len(p.assignments) for p in self._promotions)
+
+    def before_step(self) -> None:
+        """Refuse a released cache (a step would read unmapped slots), then act on what the
+        finished steps and copies have made known."""
+        self.store.arena.check_mapped()
+        self.collect()
+        self.land()
+
+    def after_step(self) -> None:
+        """The step is queued: fetch its routed ids behind it, without waiting."""
+        if self.is_cuda:
+            ids = self.store.step_ids.to("cpu", non_blocking=True)  # pinned, torch's pool
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            ids, ready = self.store.step_ids.clone(), None
+        self._steps.append(_RoutedStep(ids, ready, self.store.table_mirror))
+
+    def collect(self) -> None:
+        """For every step whose ids have arrived: count, choose slots, start the copies."""
+        assignments: list[tuple[int, int, int]] = []
+        while self._steps and _is_done(self._steps[0].ready):
+            assignments += self._choose_slots(self._steps.popleft())
+        cache = self.store.cache
+        # A later step's (or layer's) choice may have evicted an expert chosen before it.
+        assignments = [a for a in assignments if cache.slot_of(a[0], a[1]) == a[2]]
+        if assignments:
+            self._start_copies(assignments)
+
+    def _choose_slots(self, step: _RoutedStep) -> list[tuple[int, int, int]]:
+        cache = self.store.cache
+        assignments = []
+        num_hits = num_misses = 0
+        for layer in self.store.layer_ids:
+            experts = list(dict.fromkeys(step.ids[layer].tolist()))
+            # Checks the ids, touches the LRU order of hits, gives misses slots (evicting).
+            _, new = cache.lookup(layer, experts, count_uses=False)
+            assignments += [(layer, expert, slot) for expert, slot in new]
+            num_from_slots = int((step.table[layer, experts] >= 0).sum())
+            num_hits += num_from_slots
+            num_misses += len(experts) - num_from_slots
+        cache.count(num_hits, num_misses)
+        return assignments
+
+    def _start_copies(self, assignments: list[tuple[int, int, int]]) -> None:
+        store = self.store
+        # Evicted experts are read from the host from the next step on; only after every
+        # step that may still read their slots may the copies overwrite them.
+        store.update_table(cleared_slots=[slot for _, _, slot in assignments])
+        if not self.is_cuda:
+            store.copy_rows(assignments, non_blocking=False)
+            self._promotions.append(_Promotion(assignments, None))
+            return
+        compute, side = torch.cuda.current_stream(store.device), side_stream(store.device)
+        evicted = torch.cuda.Event()
+        evicted.record(compute)
+        side.wait_event(evicted)
+        with torch.cuda.stream(side):
+            store.copy_rows(assignments, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(side)
+        self._promotions.append(_Promotion(assignments, copied))
+
+    def land(self) -> None:
+        """Publish the slots of promotions whose copies have completed (never waits)."""
+        cache = self.store.cache
+        entries = []
+        while self._promotions and _is_done(self._promotions[0].copied):
+            promotion = self._promotions.popleft()
+            if promotion.copied is not None:  # formal order for the kernels that read them
+                torch.cuda.current_stream(self.store.device).wait_event(promotion.copied)
+            entries += [a for a in promotion.assignments if cache.slot_of(a[0], a[1]) == a[2]]
+        if entries:
+            self.store.update_table(entries=entries)

@@ -1,0 +1,110 @@
+"""Decode over a partial expert cache (CPU, Triton interpreter): the same kernels, step and
+hook as the CUDA-graph path give the tokens of the all-resident model, misses are read from
+the host copy, and promotion leaves the experts the steps used in slots."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before the first Triton import (see test_fast_paths.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
+)
+
+from strata.engine.core.fast import GraphDecoder
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.memory.arena import ArenaReleasedError
+from strata.engine.core.memory.backend import backend_for
+from strata.engine.core.model_config import ModelConfig
+from strata.engine.core.residency import ModelMemory
+from strata.engine.core.weight_source import RandomWeights
+from strata.engine.protocol import SamplingSpec
+
+E, TOP_K, NUM_LAYERS = 8, 2, 3
+CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=96, hidden_size=64, intermediate_size=80,
+                     num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, max_position_embeddings=256, num_experts=E,
+                     num_experts_per_tok=TOP_K, moe_intermediate_size=24)
+GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
+PROMPT = [(7 * i + 3) % 96 for i in range(13)]
+NUM_NEW = 8
+
+
+def _build(expert_cache: str):
+    memory = ModelMemory(backend_for("cpu"), torch.float32)
+    # A wide std keeps greedy picks far from ties between paths.
+    model = memory.build(CONFIG, RandomWeights(torch.device("cpu"), std=0.15), expert_cache)
+    return memory, model
+
+
+def _generate(decoder: GraphDecoder) -> list[int]:
+    kv = KVCache.for_config(CONFIG, 64)
+    return list(decoder.generate(kv, PROMPT, GREEDY, NUM_NEW))
+
+
+@pytest.fixture(scope="module")
+def resident_tokens() -> list[int]:
+    memory, model = _build("all")
+    try:
+        assert memory.expert_mode == "all"
+        # bmm: the stacked experts by another path (the Triton one runs slowly interpreted).
+        tokens = _generate(GraphDecoder(model, moe_impl="bmm", min_bucket_tokens=16))
+        with torch.inference_mode():  # the reference forward (per-expert loop) agrees
+            logits = model(torch.tensor(PROMPT + tokens[:-1]), 0, KVCache.for_config(CONFIG, 64))
+        assert logits[len(PROMPT) - 1 :].argmax(-1).tolist() == tokens
+        return tokens
+    finally:
+        memory.close()
+
+
+def test_partial_cache_decodes_like_all_resident_and_promotes(resident_tokens) -> None:
+    memory, model = _build(str(E))  # 8 slots for 24 experts: layers 1 and 2 start on the host
+    try:
+        store, promotion = memory.experts, memory.promotion
+        assert memory.expert_mode == "slots" and promotion is not None
+        decoder = GraphDecoder(model, moe_impl="triton", min_bucket_tokens=16,
+                               step_hook=promotion)
+        assert decoder.moe_impl == "triton" and decoder.step_hook is promotion
+        kv = KVCache.for_config(CONFIG, 64)
+        logits = decoder.prefill(kv, torch.tensor(PROMPT), 0)  # the loop copies misses in
+        tokens = [decoder.sample_first(logits, GREEDY)]
+        # The prefill's copies are in the table already.
+        for layer, expert, slot in store.cache.resident():
+            assert int(store.table[layer, expert]) == slot
+        hits, misses = store.cache.num_hits, store.cache.num_misses
+        store.release()  # a released cache refuses the step before it reads any slot
+        with pytest.raises(ArenaReleasedError, match="'experts' is released"):
+            next(decoder.decode(kv, tokens[0], len(PROMPT), 1, GREEDY, continue_request=True))
+        store.refill()
+        tokens += decoder.decode(kv, tokens[0], len(PROMPT), NUM_NEW - 1, GREEDY,
+                                 continue_request=True)
+        assert tokens == resident_tokens
+
+        # Every step but the last (not yet collected) counted each routed expert once; some
+        # were read from the host copy.
+        num_counted = store.cache.num_hits - hits + store.cache.num_misses - misses
+        assert num_counted == (NUM_NEW - 2) * NUM_LAYERS * TOP_K
+        assert store.cache.num_misses > misses
+        promotion.before_step()  # collect the last step: its experts are now in slots
+        for layer in range(NUM_LAYERS):
+            for expert in store.step_ids[layer].tolist():
+                slot = store.cache.slot_of(layer, expert)
+                assert slot is not None and int(store.table[layer, expert]) == slot
+                for slots, host in zip(store.slot_weights, store.host_expert(layer, expert)):
+                    assert torch.equal(slots[slot], host)
+    finally:
+        memory.close()
+
+
+def test_bmm_over_a_partial_cache_falls_back_to_the_loop() -> None:
+    memory, model = _build(str(E))
+    try:
+        decoder = GraphDecoder(model, moe_impl="bmm", step_hook=memory.promotion)
+        assert decoder.moe_impl == "loop" and decoder.step_hook is None
+        assert "MoE loop" in decoder.note
+    finally:
+        memory.close()

@@ -1,0 +1,135 @@
+"""ExpertPromotion on the CPU backend: a decode step's misses move into slots between steps,
+the LRU expert is evicted, the slot table never announces a slot before its copy, and the
+hit/miss counters count what the step read from where."""
+
+import pytest
+import torch
+
+from strata.engine.core.memory.arena import ArenaReleasedError
+from strata.engine.core.memory.expert_promotion import ExpertPromotion
+from strata.engine.core.memory.expert_store import ExpertStore
+
+E, INTER, HIDDEN, TOP_K = 8, 16, 12, 2
+
+
+def _store(backend, num_slots=E, num_layers=2):
+    g = torch.Generator().manual_seed(0)
+    layers = {layer: (torch.randn(E, INTER, HIDDEN, generator=g),
+                      torch.randn(E, INTER, HIDDEN, generator=g),
+                      torch.randn(E, HIDDEN, INTER, generator=g)) for layer in range(num_layers)}
+    return ExpertStore(layers, num_slots=num_slots, backend=backend, num_experts_per_tok=TOP_K)
+
+
+def _route(store, promotion, by_layer):
+    """What a decode step does: the router writes its ids, then the decoder's after_step."""
+    for layer, experts in by_layer.items():
+        store.step_ids[layer] = torch.tensor(experts)
+    promotion.after_step()
+
+
+def _assert_table_is_the_cache(store, in_flight=()):
+    """Every published entry is a resident expert whose slot holds its weights; every resident
+    expert is published unless its copy is in flight."""
+    expected = torch.full_like(store.table, -1)
+    for layer, expert, slot in store.cache.resident():
+        if (layer, expert) not in in_flight:
+            expected[layer, expert] = slot
+    assert torch.equal(store.table, expected)
+    for layer, expert in (expected >= 0).nonzero().tolist():
+        slot = int(expected[layer, expert])
+        for slots, host in zip(store.slot_weights, store.host_expert(layer, expert)):
+            assert torch.equal(slots[slot], host)
+
+
+def test_preload_publishes_the_table(backend):
+    store = _store(backend)
+    assert store.cache.num_resident == E
+    _assert_table_is_the_cache(store)
+    assert (store.table[1] == -1).all()  # layer 1 starts on the host
+    store.close()
+
+
+def test_misses_are_promoted_lru_evicted_and_published_after_their_copy(backend):
+    store = _store(backend)
+    promotion = ExpertPromotion(store)
+    hits, misses = store.cache.num_hits, store.cache.num_misses
+    _route(store, promotion, {0: [6, 7], 1: [3, 5]})
+    promotion.collect()
+    # The cache chose slots for layer 1's misses, evicting layer 0's oldest experts (0, 1),
+    # whose entries are already -1; the new ones are not announced until their copies land.
+    assert store.cache.slot_of(0, 0) is None and store.cache.slot_of(0, 1) is None
+    assert store.cache.slot_of(1, 3) is not None and store.cache.slot_of(1, 5) is not None
+    assert promotion.num_in_flight == 2
+    _assert_table_is_the_cache(store, in_flight={(1, 3), (1, 5)})
+    promotion.land()
+    assert promotion.num_in_flight == 0
+    _assert_table_is_the_cache(store)
+    assert int(store.table[1, 3]) == store.cache.slot_of(1, 3)
+    # Layer 0's 6 and 7 were read from slots, layer 1's 3 and 5 from the host copy.
+    assert (store.cache.num_hits - hits, store.cache.num_misses - misses) == (2, 2)
+
+    # The next step finds them resident: all hits, nothing to copy.
+    _route(store, promotion, {0: [7, 2], 1: [5, 3]})
+    promotion.before_step()
+    assert (store.cache.num_hits - hits, store.cache.num_misses - misses) == (6, 2)
+    assert promotion.num_in_flight == 0 and store.cache.num_evictions == 2
+    store.close()
+
+
+def test_a_promotion_evicted_before_it_lands_is_never_published(backend):
+    store = _store(backend)
+    promotion = ExpertPromotion(store)
+    _route(store, promotion, {0: [0, 1], 1: [3, 5]})
+    promotion.collect()
+    slot_of_3 = store.cache.slot_of(1, 3)
+    # A prefill needs all of layer 0 before the copies land: it takes layer 1's slots back.
+    store.fetch_slots(0, list(range(E)))
+    assert store.cache.slot_of(1, 3) is None
+    promotion.land()
+    assert int(store.table[1, 3]) == -1 and int(store.table[1, 5]) == -1
+    assert (store.table[0] >= 0).all()
+    assert int(store.table[0].eq(slot_of_3).sum()) == 1  # the slot now serves layer 0 only
+    _assert_table_is_the_cache(store)
+    store.close()
+
+
+def test_the_hit_rate_counts_every_routed_expert(backend):
+    store = _store(backend, num_slots=10, num_layers=3)
+    promotion = ExpertPromotion(store)
+    before = store.cache.num_hits + store.cache.num_misses
+    g = torch.Generator().manual_seed(5)
+    num_steps = 12
+    for _ in range(num_steps):
+        promotion.before_step()
+        _route(store, promotion, {layer: torch.randperm(E, generator=g)[:TOP_K].tolist()
+                                  for layer in range(3)})
+    promotion.before_step()  # collects the last step
+    assert store.cache.num_hits + store.cache.num_misses - before == num_steps * 3 * TOP_K
+    assert store.cache.num_misses > 0 and store.cache.num_hits > 0
+    _assert_table_is_the_cache(store)
+    store.close()
+
+
+def test_release_refill_and_bad_input(backend):
+    store = _store(backend)
+    promotion = ExpertPromotion(store)
+    _route(store, promotion, {0: [0, 1], 1: [2, 3]})
+    promotion.before_step()
+    resident = store.cache.resident()
+    store.release()
+    assert (store.table == -1).all()
+    with pytest.raises(ArenaReleasedError, match="'experts' is released"):
+        promotion.before_step()
+    store.refill()
+    assert store.cache.resident() == resident
+    _assert_table_is_the_cache(store)
+
+    _route(store, promotion, {0: [0, E]})  # a router can never write this: a clear error
+    with pytest.raises(ValueError, match=r"expert ids \[8\] are outside 0..7"):
+        promotion.before_step()
+    with pytest.raises(ValueError, match="num_experts_per_tok must be in 1..8"):
+        ExpertStore({0: tuple(torch.zeros(E, 2, 2) for _ in range(3))}, E, backend,
+                    num_experts_per_tok=0)
+    with pytest.raises(ValueError, match="hit and miss counts"):
+        store.cache.count(-1, 0)
+    store.close()
