@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # arena_bench.py next to this file
 from arena_bench import hardware_and_versions
 from limits import pinned_bandwidth_gb_s
-from report import format_figures, write_json  # bench/report.py, next to this file
+from report import figure, format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.engine import Engine, EngineConfig
 from strata.engine.core.memory.backend import cuda_available
@@ -139,13 +139,13 @@ def run(args: argparse.Namespace) -> dict:
     ))
     _, load_s = _timed(engine.load)
     is_moe = engine.memory.experts is not None
-    figures: list[tuple[str, float | None, str, float | None, float | None]] = []
+    figures: list[dict] = []
     raw: dict = {"load_s": load_s, "arenas_after_load": engine.status()["arenas"]}
 
-    def add(name: str, value: float | None, unit: str, limit: float | None = None) -> None:
+    def add(name: str, value: float | None, unit: str, limit: float | None = None,
+            target: float | None = None) -> None:
         # ratio = value / limit everywhere (as in arena_bench): <= 1 is good for times.
-        ratio = value / limit if value is not None and limit else None
-        figures.append((name, value, unit, limit, ratio))
+        figures.append(figure(name, value, unit, limit, target, higher_is_better=unit != "ms"))
 
     add("load (random weights)", load_s, "s")
     # The first decode captures the CUDA graphs and compiles kernels: run it once unmeasured.
@@ -168,8 +168,9 @@ def run(args: argparse.Namespace) -> dict:
         raw |= {"release_ms": release_ms, "refill_gb_s": refill_gb_s, "nvml_freed": nvml_freed}
         target_ms = RELEASE_TARGET_MS_PER_16_GIB * expert_bytes / (16 * GIB)
         add(f"release experts ({expert_bytes / GIB:.2f} GiB)", statistics.median(release_ms),
-            "ms", target_ms)
-        add("refill experts incl. mapping", statistics.median(refill_gb_s), "GB/s", h2d)
+            "ms", target_ms, 1.0)
+        add("refill experts incl. mapping", statistics.median(refill_gb_s), "GB/s", h2d,
+            COPY_TARGET_RATIO)
         # Slot 0 again: a new slot has other KV addresses, so its first decode would capture new
         # CUDA graphs inside the timed loop (the first run's 479-vs-767 tok/s came from that).
         add("decode after refill", decode_tok_s(engine, args.decode_tokens, 0), "tok/s")
@@ -182,13 +183,14 @@ def run(args: argparse.Namespace) -> dict:
     engine.restore_session()
     offload, seconds = _timed(engine.offload_session)
     add(f"offload session ({SESSION_TOKENS} tok, {kv_bytes / GIB:.2f} GiB)",
-        offload["snapshot_bytes"] / seconds / 1e9, "GB/s", d2h)
+        offload["snapshot_bytes"] / seconds / 1e9, "GB/s", d2h, SESSION_TARGET_RATIO)
     restore, seconds = _timed(engine.restore_session)
-    add("restore session", kv_bytes / seconds / 1e9, "GB/s", h2d)
+    add("restore session", kv_bytes / seconds / 1e9, "GB/s", h2d, SESSION_TARGET_RATIO)
     engine.slots.offload(2)  # slot 2 waits in RAM; switching to it restores it
     _, switch_s = _timed(lambda: (engine.slots.checkout(2), engine.slots.checkin(2)))
     switch_target_ms = 1.5 * kv_bytes / (h2d * 1e9) * 1e3 + 10
-    add(f"slot switch ({SESSION_TOKENS} tokens from RAM)", switch_s * 1e3, "ms", switch_target_ms)
+    add(f"slot switch ({SESSION_TOKENS} tokens from RAM)", switch_s * 1e3, "ms", switch_target_ms,
+        1.0)
     cold_ms, restored_ms = long_prompt_ttft_ms(engine, SESSION_TOKENS - 64, slot=3)
     add(f"TTFT cold, {SESSION_TOKENS - 64}-token prompt", cold_ms, "ms")
     add("TTFT after offload, same prompt + 8 tokens", restored_ms, "ms", cold_ms)
@@ -200,7 +202,7 @@ def run(args: argparse.Namespace) -> dict:
     add(f"sleep ({slept['freed_bytes'] / GIB:.2f} GiB freed)", sleep_s * 1e3, "ms")
     woken, wake_s = _timed(engine.wake)
     add(f"wake ({woken['copied_bytes'] / GIB:.2f} GiB copied)",
-        woken["copied_bytes"] / wake_s / 1e9, "GB/s", h2d)
+        woken["copied_bytes"] / wake_s / 1e9, "GB/s", h2d, COPY_TARGET_RATIO)
     add("decode after wake", decode_tok_s(engine, args.decode_tokens, 0), "tok/s")
     raw |= {"resident_before_sleep": resident, "sleep": slept, "wake": woken,
             "nvml_freed_by_sleep": None if free_before is None or free_after is None
@@ -211,7 +213,7 @@ def run(args: argparse.Namespace) -> dict:
         # A partial cache: what a GPU too small for all the experts gets (issue: speed).
         cached = expert_cache_decode(config_path, "cuda", args.expert_cache_fraction,
                                      args.decode_tokens)
-        resident_tok_s = next(f[1] for f in figures if f[0] == "decode after wake")
+        resident_tok_s = next(f["value"] for f in figures if f["figure"] == "decode after wake")
         add(f"decode, {args.expert_cache_fraction:.0%} of experts cached ({cached['slots']} "
             "slots)", cached["tok_s"], "tok/s", resident_tok_s)
         add("expert cache hit rate over those tokens", cached["hit_rate"], "")
@@ -224,8 +226,7 @@ def run(args: argparse.Namespace) -> dict:
         "params": {"model": args.model, "session_tokens": SESSION_TOKENS,
                    "cycles": args.cycles, "decode_tokens": args.decode_tokens,
                    "pinned_h2d_gb_s": h2d, "pinned_d2h_gb_s": d2h},
-        "figures": [{"figure": n, "value": v, "unit": u, "limit": lim, "ratio": r}
-                    for n, v, u, lim, r in figures],
+        "figures": figures,
         "targets": {"copy_ratio": COPY_TARGET_RATIO, "session_ratio": SESSION_TARGET_RATIO,
                     "release_ms_per_16_gib": RELEASE_TARGET_MS_PER_16_GIB},
         "raw": raw,

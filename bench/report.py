@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 
+def figure(name, value, unit, limit=None, target=None, notes="", higher_is_better=True):
+    """One row: ratio = value / limit; ok when the ratio meets the target (at least it, or at
+    most it for times, where higher_is_better is False)."""
+    ratio = None if not limit or value is None else value / limit
+    ok = None if target is None or ratio is None else (
+        ratio >= target if higher_is_better else ratio <= target
+    )
+    return {"figure": name, "value": value, "unit": unit, "limit": limit, "ratio": ratio,
+            "target": target, "ok": ok, "notes": notes}
+
+
 def _cell(value, spec: str) -> str:
     return "" if value is None else format(value, spec)
 

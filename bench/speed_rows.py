@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import torch
+from report import figure  # bench/report.py; suite.py puts bench/ on sys.path
 
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
@@ -21,15 +22,6 @@ GREEDY = SamplingSpec(max_tokens=1 << 20, temperature=0.0)
 DENSE_DECODE_TARGET = 0.75
 MOE_DECODE_TARGET = 0.50
 PREFILL_TARGET = 0.50
-
-
-def figure(name, value, unit, limit=None, target=None, notes="", higher_is_better=True):
-    ratio = None if not limit else value / limit
-    ok = None if target is None or ratio is None else (
-        ratio >= target if higher_is_better else ratio <= target
-    )
-    return {"figure": name, "value": value, "unit": unit, "limit": limit, "ratio": ratio,
-            "target": target, "ok": ok, "notes": notes}
 
 
 def decode_bytes_per_token(config: ModelConfig, context_tokens: int, element_bytes: int = 2):

@@ -1,14 +1,18 @@
-"""`strata bench`: decode and prefill speed on the GPU against measured limits and a peer.
+"""`strata bench`: decode, prefill and lifecycle speed on the GPU against measured limits and
+a peer.
 
     python bench/suite.py --out DIR [--models llama3-8b qwen3-30b-a3b] [--no-peer]
+                          [--no-lifecycle]
 
 Measures the limits first (HBM bandwidth by device copy, bf16 matrix rate, pinned PCIe), then
 runs every row function in ROWS for each model (random weights, bf16, on the GPU), then the
-transformers peer per model in a subprocess with a timeout. Prints one table and writes
-DIR/bench.json (hardware, versions, figure, limit, ratio, target). Targets: DESIGN.md §8.
+transformers peer per model in a subprocess with a timeout, then the lifecycle scripts
+(lifecycle_rows.py: release/refill experts, offload/restore, slot switch, sleep/wake, decode
+with 25% of the experts cached, unload/load), each in a subprocess. Prints one table and
+writes DIR/bench.json (hardware, versions, figure, limit, ratio, target; the lifecycle
+scripts' whole reports under "lifecycle"). Targets: DESIGN.md §8.
 
-Extension point: ROWS is a list of functions (ctx, model, label) -> list of figure dicts;
-lifecycle rows (release/refill, offload/restore, sleep/wake, unload/load) append to it.
+Extension point: ROWS is a list of functions (ctx, model, label) -> list of figure dicts.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ sys.path.insert(0, str(BENCH_DIR))  # limits.py, speed_rows.py next to this file
 
 import speed_rows
 import torch
+from lifecycle_rows import lifecycle_rows
 from limits import measure_limits
-from report import format_figures  # bench/report.py, next to this file
+from report import figure, format_figures  # bench/report.py, next to this file
 
 DEFAULT_MODELS = ("llama3-8b", "qwen3-30b-a3b", "smollm2-135m")
 LONG_PROMPT_MODEL = "llama3-8b"
@@ -41,6 +46,7 @@ class BenchContext:
     device: torch.device
     limits: dict
     figures: list[dict] = field(default_factory=list)
+    lifecycle: dict = field(default_factory=dict)  # the lifecycle scripts' reports by name
     started_s: float = field(default_factory=time.perf_counter)
 
     def log(self, message: str) -> None:
@@ -78,7 +84,7 @@ def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dic
     """Run the transformers peer for one model in a subprocess; compare with our figures."""
     if label not in ctx.args.peer_models:
         note = "skipped: not in --peer-models (transformers' MoE loops over 128 experts in eager)"
-        return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=note)]
+        return [figure(f"peer {label}", float("nan"), "-", notes=note)]
     cmd = [sys.executable, str(BENCH_DIR / "peer_transformers.py"), "--model", label,
            "--prompt-tokens", str(ctx.args.prompt_tokens),
            "--decode-tokens", str(ctx.args.decode_tokens),
@@ -90,7 +96,7 @@ def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dic
     if timeout_s < 30:
         note = f"skipped: {remaining_s:.0f} s left of the suite's {ctx.args.deadline_s:.0f} s"
         ctx.log(f"  peer {label}: {note}")
-        return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=note)]
+        return [figure(f"peer {label}", float("nan"), "-", notes=note)]
     ctx.log(f"peer {label} (timeout {timeout_s:.0f} s): {' '.join(cmd[2:])}")
     timed_out = ""
     try:
@@ -103,7 +109,7 @@ def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dic
             "error": f"skipped: over {timeout_s:.0f} s before the eager stage ended"}
     if "error" in result:
         ctx.log(f"  peer {label}: {result['error']}")
-        return [speed_rows.figure(f"peer {label}", float("nan"), "-", notes=result["error"])]
+        return [figure(f"peer {label}", float("nan"), "-", notes=result["error"])]
     mode = "static cache + compiled decode" if result.get("compiled") else "static cache eager"
     rows = []
     for key, name, unit in (("decode_tok_s", "decode bs1", "tok/s"),
@@ -113,13 +119,13 @@ def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dic
         notes = f"{timed_out}transformers {result['transformers']} {mode}; ours/peer = " + (
             f"{mine / peer:.2f}" if mine and math.isfinite(peer) else "n/a")
         # limit = our figure, so ratio = peer / ours; beating the peer means ratio < 1.
-        rows.append(speed_rows.figure(f"peer {label} {name}", peer, unit, mine, 1.0, notes,
+        rows.append(figure(f"peer {label} {name}", peer, unit, mine, 1.0, notes,
                                       higher_is_better=False))
         ctx.log(f"  peer {label} {name}: {peer:.1f} {unit} ({notes})")
     if "eager_decode_tok_s" in result:
-        rows.append(speed_rows.figure(f"peer {label} decode bs1 eager",
+        rows.append(figure(f"peer {label} decode bs1 eager",
                                       result["eager_decode_tok_s"], "tok/s"))
-    rows.append(speed_rows.figure(f"peer {label} TTFT", result["ttft_ms"], "ms"))
+    rows.append(figure(f"peer {label} TTFT", result["ttft_ms"], "ms"))
     return rows
 
 
@@ -172,7 +178,7 @@ def run_bench(args: argparse.Namespace) -> dict:
                 ctx.figures += row(ctx, model, label)
             except Exception as exc:  # noqa: BLE001 - one failed row must not lose the others
                 ctx.log(f"  {row.__name__} failed: {type(exc).__name__}: {exc}")
-                ctx.figures.append(speed_rows.figure(f"{label} {row.__name__}", float("nan"),
+                ctx.figures.append(figure(f"{label} {row.__name__}", float("nan"),
                                                      "-", notes=f"FAILED {exc}"[:300]))
         del model
         torch.cuda.empty_cache()
@@ -181,6 +187,10 @@ def run_bench(args: argparse.Namespace) -> dict:
         for label in args.models:
             ctx.figures += peer_rows(ctx, label, _our_best(ctx.figures, label))
             save_report(ctx)
+    if not args.no_lifecycle:
+        torch.cuda.empty_cache()  # the scripts need the VRAM the speed rows' models held
+        figures, ctx.lifecycle = lifecycle_rows(ctx)
+        ctx.figures += figures
     report = save_report(ctx)
     print_table(report)
     return report
@@ -191,6 +201,7 @@ def save_report(ctx: BenchContext) -> dict:
     report = {"benchmark": "speed", "command": " ".join(sys.argv),
               "hardware": hardware(ctx.device), "limits": ctx.limits,
               "params": dict(vars(ctx.args)), "figures": ctx.figures,
+              "lifecycle": ctx.lifecycle,
               "total_s": time.perf_counter() - ctx.started_s}
     out = Path(ctx.args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -226,6 +237,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-timeout-s", type=float, default=100.0)
     parser.add_argument("--deadline-s", type=float, default=250.0,
                         help="no peer starts that could end past this many seconds")
+    parser.add_argument("--no-lifecycle", action="store_true",
+                        help="skip the lifecycle rows (release/refill, offload/restore, slot "
+                             "switch, sleep/wake, partial expert cache, unload/load)")
+    parser.add_argument("--lifecycle-model", default="qwen3-30b-a3b-mini",
+                        help="lifecycle_bench.py's model")
+    parser.add_argument("--unload-models", nargs="+", default=["smollm2-135m", "llama3-8b"],
+                        help="unload_bench.py's models")
+    parser.add_argument("--lifecycle-timeout-s", type=float, default=600.0,
+                        help="per lifecycle script")
 
 
 def main() -> int:

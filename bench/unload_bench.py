@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
 from random_hf_dir import warm_page_cache, write_random_hf_dir  # next to this file
-from report import format_figures, write_json  # bench/report.py, next to this file
+from report import figure, format_figures, write_json  # bench/report.py, next to this file
 
 from strata.engine.core.engine_config import EngineConfig
 from strata.engine.core.memory.vram import nvml_unavailable_reason, read_vram_info
@@ -151,18 +151,13 @@ async def bench_model(name: str, figures: list[dict], model_dir: Path | None) ->
         await supervisor.stop_standby()
     mib = 1 << 20
     figures += [
-        {"figure": f"{name} cold start to first token ({source})", "value": cold_s,
-         "unit": "s", "limit": None, "ratio": None},
-        {"figure": f"{name} VRAM held while loaded", "value": (loaded - baseline) / mib,
-         "unit": "MiB", "limit": None, "ratio": None},
-        {"figure": f"{name} unload to baseline VRAM", "value": unload_s, "unit": "s",
-         "limit": UNLOAD_TARGET_S, "ratio": unload_s / UNLOAD_TARGET_S},
-        {"figure": f"{name} unload until the engine process has exited", "value": stop_s,
-         "unit": "s", "limit": None, "ratio": None},
-        {"figure": f"{name} VRAM above baseline after unload", "value": (after - baseline) / mib,
-         "unit": "MiB", "limit": None, "ratio": None},
-        {"figure": f"{name} load from standby to first token ({source})", "value": warm_s,
-         "unit": "s", "limit": None, "ratio": None},
+        figure(f"{name} cold start to first token ({source})", cold_s, "s"),
+        figure(f"{name} VRAM held while loaded", (loaded - baseline) / mib, "MiB"),
+        figure(f"{name} unload to baseline VRAM", unload_s, "s", UNLOAD_TARGET_S, 1.0,
+               higher_is_better=False),
+        figure(f"{name} unload until the engine process has exited", stop_s, "s"),
+        figure(f"{name} VRAM above baseline after unload", (after - baseline) / mib, "MiB"),
+        figure(f"{name} load from standby to first token ({source})", warm_s, "s"),
     ]
 
 
