@@ -49,7 +49,7 @@ def used_vram_bytes() -> int:
     info = read_vram_info(0)
     if info is None:
         raise SystemExit("NVML cannot read the GPU's memory here: " + str(nvml_unavailable_reason()))
-    return info.used
+    return info.used_bytes
 
 
 class BaselineWatcher(threading.Thread):
