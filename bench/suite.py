@@ -80,6 +80,46 @@ def _peer_results(stdout: str | bytes | None) -> dict | None:
     return json.loads(lines[-1][len("PEER_JSON "):]) if lines else None
 
 
+def _run_peer(ctx: BenchContext, name: str, cmd: list[str], limit_s: float) -> tuple[dict, str]:
+    """Run one peer script for at most limit_s and within the suite's deadline: (its
+    PEER_JSON result or {"error"}, a note when the timeout cut a later stage)."""
+    remaining_s = ctx.args.deadline_s - (time.perf_counter() - ctx.started_s)
+    timeout_s = min(limit_s, remaining_s - 5)
+    if timeout_s < 30:
+        note = f"skipped: {remaining_s:.0f} s left of the suite's {ctx.args.deadline_s:.0f} s"
+        ctx.log(f"  {name}: {note}")
+        return {"error": note}, ""
+    ctx.log(f"{name} (timeout {timeout_s:.0f} s): {' '.join(cmd[2:])}")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        return _peer_results(proc.stdout) or {"error": proc.stderr[-500:]}, ""
+    except subprocess.TimeoutExpired as exc:
+        result = _peer_results(exc.stdout) or {
+            "error": f"skipped: over {timeout_s:.0f} s before the first stage ended"}
+        return result, f"a later stage cut at {timeout_s:.0f} s; "
+
+
+def _compare(ctx: BenchContext, name: str, result: dict, ours: dict[str, float],
+             description: str) -> list[dict]:
+    """A peer's decode and prefill rows (limit = our figure, so ratio = peer / ours, target
+    1.0: beating the peer means ratio <= 1) and its TTFT."""
+    rows = []
+    for key, row, unit in (("decode_tok_s", "decode bs1", "tok/s"),
+                           ("prefill_tok_s", f"prefill {ctx.args.prefill_tokens} tok", "tok/s")):
+        peer = result[key]
+        mine = ours.get(row)
+        notes = f"{description}; ours/peer = " + (
+            f"{mine / peer:.2f}" if mine and math.isfinite(peer) else "n/a")
+        rows.append(figure(f"{name} {row}", peer, unit, mine, 1.0, notes,
+                           higher_is_better=False))
+        ctx.log(f"  {name} {row}: {peer:.1f} {unit} ({notes})")
+    # Times: ratio = peer / ours, and beating the peer means ratio >= 1.
+    rows.append(figure(f"{name} TTFT", result["ttft_ms"], "ms", ours.get("TTFT"), 1.0,
+                       description))
+    return rows
+
+
 def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dict]:
     """Run the transformers peer for one model in a subprocess; compare with our figures."""
     if label not in ctx.args.peer_models:
@@ -91,52 +131,47 @@ def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dic
            "--prefill-tokens", str(ctx.args.prefill_tokens)]
     if label not in ctx.args.peer_compile_models:
         cmd.append("--no-compile")
-    remaining_s = ctx.args.deadline_s - (time.perf_counter() - ctx.started_s)
-    timeout_s = min(ctx.args.peer_timeout_s, remaining_s - 5)
-    if timeout_s < 30:
-        note = f"skipped: {remaining_s:.0f} s left of the suite's {ctx.args.deadline_s:.0f} s"
-        ctx.log(f"  peer {label}: {note}")
-        return [figure(f"peer {label}", float("nan"), "-", notes=note)]
-    ctx.log(f"peer {label} (timeout {timeout_s:.0f} s): {' '.join(cmd[2:])}")
-    timed_out = ""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-        result = _peer_results(proc.stdout) or {"error": proc.stderr[-500:]}
-    except subprocess.TimeoutExpired as exc:
-        timed_out = f"compiled stage cut at {timeout_s:.0f} s; "
-        result = _peer_results(exc.stdout) or {
-            "error": f"skipped: over {timeout_s:.0f} s before the eager stage ended"}
+    result, cut = _run_peer(ctx, f"peer {label}", cmd, ctx.args.peer_timeout_s)
     if "error" in result:
         ctx.log(f"  peer {label}: {result['error']}")
         return [figure(f"peer {label}", float("nan"), "-", notes=result["error"])]
     mode = "static cache + compiled decode" if result.get("compiled") else "static cache eager"
-    rows = []
-    for key, name, unit in (("decode_tok_s", "decode bs1", "tok/s"),
-                            ("prefill_tok_s", f"prefill {ctx.args.prefill_tokens} tok", "tok/s")):
-        peer = result[key]
-        mine = ours.get(name)
-        notes = f"{timed_out}transformers {result['transformers']} {mode}; ours/peer = " + (
-            f"{mine / peer:.2f}" if mine and math.isfinite(peer) else "n/a")
-        # limit = our figure, so ratio = peer / ours; beating the peer means ratio < 1.
-        rows.append(figure(f"peer {label} {name}", peer, unit, mine, 1.0, notes,
-                                      higher_is_better=False))
-        ctx.log(f"  peer {label} {name}: {peer:.1f} {unit} ({notes})")
+    rows = _compare(ctx, f"peer {label}", result, ours,
+                    f"{cut}transformers {result['transformers']} {mode}")
     if "eager_decode_tok_s" in result:
-        rows.append(figure(f"peer {label} decode bs1 eager",
-                                      result["eager_decode_tok_s"], "tok/s"))
-    rows.append(figure(f"peer {label} TTFT", result["ttft_ms"], "ms"))
+        rows.insert(2, figure(f"peer {label} decode bs1 eager", result["eager_decode_tok_s"],
+                              "tok/s"))
     return rows
 
 
+def llamacpp_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dict]:
+    """llama.cpp's llama-bench on the same preset (llamacpp_peer.py), where --llama-bench
+    names a build and the preset is a dense llama model."""
+    name = f"peer llama.cpp {label}"
+    cmd = [sys.executable, str(BENCH_DIR / "llamacpp_peer.py"),
+           "--llama-bench", ctx.args.llama_bench, "--model", label,
+           "--prompt-tokens", str(ctx.args.prompt_tokens),
+           "--decode-tokens", str(ctx.args.decode_tokens),
+           "--prefill-tokens", str(ctx.args.prefill_tokens)]
+    result, _ = _run_peer(ctx, name, cmd, ctx.args.llamacpp_timeout_s)
+    if "error" in result:
+        return [figure(name, float("nan"), "-", notes=result["error"])]
+    return _compare(ctx, name, result, ours,
+                    f"llama.cpp {result['llamacpp']} {result['backends']}, f16, flash attention")
+
+
 def _our_best(figures: list[dict], label: str) -> dict[str, float]:
+    """Our best figure per row of one model: the highest tok/s, and "TTFT", the lowest ms."""
     best: dict[str, float] = {}
     for f in figures:
         name = f["figure"]
-        if not name.startswith(label + " ") or f["unit"] != "tok/s":
+        if not name.startswith(label + " "):
             continue
         short = name[len(label) + 1:].split(" [")[0]
-        best[short] = max(best.get(short, 0.0), f["value"])
+        if f["unit"] == "tok/s":
+            best[short] = max(best.get(short, 0.0), f["value"])
+        elif short.startswith("TTFT"):
+            best["TTFT"] = min(best.get("TTFT", math.inf), f["value"])
     return best
 
 
@@ -185,7 +220,10 @@ def run_bench(args: argparse.Namespace) -> dict:
         save_report(ctx)  # a later timeout keeps what was measured
     if not args.no_peer:
         for label in args.models:
-            ctx.figures += peer_rows(ctx, label, _our_best(ctx.figures, label))
+            ours = _our_best(ctx.figures, label)
+            ctx.figures += peer_rows(ctx, label, ours)
+            if args.llama_bench and label in args.llamacpp_models:
+                ctx.figures += llamacpp_rows(ctx, label, ours)
             save_report(ctx)
     if not args.no_lifecycle:
         torch.cuda.empty_cache()  # the scripts need the VRAM the speed rows' models held
@@ -237,6 +275,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer-timeout-s", type=float, default=100.0)
     parser.add_argument("--deadline-s", type=float, default=250.0,
                         help="no peer starts that could end past this many seconds")
+    parser.add_argument("--llama-bench", help="a llama-bench binary (bench/build_llamacpp.sh): "
+                        "adds llama.cpp as a second peer")
+    parser.add_argument("--llamacpp-models", nargs="*", default=["llama3-8b", "smollm2-135m"],
+                        help="models the llama.cpp peer runs for (dense llama presets)")
+    parser.add_argument("--llamacpp-timeout-s", type=float, default=300.0,
+                        help="per llama.cpp peer: writing an 8B GGUF takes a minute or two "
+                             "(raise --deadline-s too)")
     parser.add_argument("--no-lifecycle", action="store_true",
                         help="skip the lifecycle rows (release/refill, offload/restore, slot "
                              "switch, sleep/wake, partial expert cache, unload/load)")

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-bench, the second peer of `strata bench` (bench/llamacpp_peer.py).
+#
+#   bash bench/build_llamacpp.sh SRC_DIR BUILD_DIR [cuda|cpu]
+#
+# SRC_DIR: a llama.cpp source tree (the GPU machines have no network: carry one, e.g. the
+# vendor/llama.cpp of the llama-cpp-python sdist from PyPI). Only llama-bench and what it links
+# are built; CUDA for compute capability 9.0 (Hopper) unless CUDA_ARCHITECTURES says otherwise.
+# Prints the binary's path on its last line.
+set -euo pipefail
+SRC=${1:?usage: bench/build_llamacpp.sh SRC_DIR BUILD_DIR [cuda|cpu]}
+BUILD=${2:?usage: bench/build_llamacpp.sh SRC_DIR BUILD_DIR [cuda|cpu]}
+KIND=${3:-cuda}
+args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_HTML=OFF)
+case "$KIND" in
+  cuda) args+=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-90}") ;;
+  cpu) ;;
+  *) echo "build_llamacpp: KIND must be cuda or cpu, not $KIND" >&2; exit 2 ;;
+esac
+cmake -S "$SRC" -B "$BUILD" "${args[@]}" > "$BUILD.configure.log" 2>&1 || {
+  tail -20 "$BUILD.configure.log" >&2; exit 1; }
+cmake --build "$BUILD" --target llama-bench -j "$(nproc)"
+echo "$BUILD/bin/llama-bench"
