@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The speed issue's GPU run: parity tests, the decode profile, then the benchmark.
-# Usage: bench/gpu_suite.sh OUT_DIR [suite.py options]. Everything (logs, bench.json) lands in
-# OUT_DIR. Budget: at most 6 minutes on one H200 (tests 100 s + profile 50 s + bench 210 s;
-# the bench itself stops starting peers at --deadline-s 190).
+# Usage: [LLAMACPP_SRC=DIR|TGZ] bench/gpu_suite.sh OUT_DIR [suite.py options]. Everything
+# (logs, bench.json) lands in OUT_DIR. Budget: at most 6 minutes on one H200 (tests 100 s +
+# profile 50 s + bench 210 s; the bench stops starting peers at --deadline-s 190); with
+# LLAMACPP_SRC, plus the llama.cpp build and up to 9 minutes for the bench and both peers.
 set -u
 OUT=${1:?usage: bench/gpu_suite.sh OUT_DIR [suite.py options]}
 shift
@@ -17,5 +18,21 @@ echo "tests rc=${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "$O
 timeout 50 python bench/profile_decode.py --steps 8 --prefill-tokens 4096 \
     2>&1 | tee "$OUT/profile.log"
 echo "profile rc=${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "$OUT/profile.log"
-timeout 210 python bench/suite.py --out "$OUT" --deadline-s 190 "$@" 2>&1 | tee "$OUT/bench.log"
+# llama.cpp as a second peer when LLAMACPP_SRC names its source (a directory or a .tar.gz
+# holding llama.cpp/): built for Hopper first, several minutes (bench/build_llamacpp.sh).
+peer=(--deadline-s 190)
+suite_timeout_s=210
+if [ -n "${LLAMACPP_SRC:-}" ]; then
+  src=$LLAMACPP_SRC
+  if [ -f "$src" ]; then mkdir -p /tmp/llamacpp-src && tar xzf "$src" -C /tmp/llamacpp-src && src=/tmp/llamacpp-src/llama.cpp; fi
+  bench=$(bash bench/build_llamacpp.sh "$src" /tmp/llamacpp-build cuda 2>&1 | tee "$OUT/llamacpp_build.log" | tail -1)
+  echo "llama.cpp build after $(( $(date +%s) - start )) s: $bench" | tee -a "$OUT/llamacpp_build.log"
+  if [ -x "$bench" ]; then  # an 8B GGUF takes a minute or two to write
+    peer=(--deadline-s 520 --llama-bench "$bench" --llamacpp-timeout-s 240)
+    suite_timeout_s=540
+  fi
+fi
+# The lifecycle rows have their own script and budget: bench/lifecycle_bench.py, unload_bench.py.
+timeout "$suite_timeout_s" python bench/suite.py --out "$OUT" --no-lifecycle "${peer[@]}" "$@" \
+    2>&1 | tee "$OUT/bench.log"
 echo "bench rc=${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "$OUT/bench.log"
