@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from limits import best_wall_s
 from speed_rows import _prompt
 
 from strata.engine.core.fast import GraphDecoder
@@ -27,18 +27,6 @@ from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.fused_views import fuse_by_copy
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.random_weights import build_random_model, random_weights_config
-
-
-def best_s(fn, repeats: int = 5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> int:
@@ -62,7 +50,7 @@ def main() -> int:
             prompt = _prompt(model.config, num_tokens, device)
             for name, ops in variants:
                 decoder.prefill_ops = ops
-                seconds = best_s(lambda d=decoder, kv=kv, p=prompt: d.prefill(kv, p, 0))
+                seconds = best_wall_s(lambda d=decoder, kv=kv, p=prompt: d.prefill(kv, p, 0), 5)
                 print(f"{label} {num_tokens} tok {name}: {seconds * 1e3:.2f} ms "
                       f"({num_tokens / seconds:.0f} tok/s)", flush=True)
             del kv

@@ -13,29 +13,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from limits import best_wall_s
 from speed_rows import GREEDY, _prompt
 
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.fused_views import fuse_by_copy
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.random_weights import build_random_model, random_weights_config
-
-
-def best_ms(fn, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def main() -> int:
@@ -55,8 +44,9 @@ def main() -> int:
                                           pdl=decoder.ops.pdl and dense)
         decoder.prefill(kv, prompt, 0)  # compile what this length needs
         for when in ("fresh decoder", "after graph decode"):
-            prefill_ms = best_ms(lambda d=decoder: d.prefill(kv, prompt, 0))
-            ttft_ms = best_ms(lambda d=decoder: next(iter(d.generate(kv, ids, GREEDY, 1))))
+            prefill_ms = best_wall_s(lambda d=decoder: d.prefill(kv, prompt, 0), 3) * 1e3
+            ttft_ms = best_wall_s(lambda d=decoder: next(iter(d.generate(kv, ids, GREEDY, 1))),
+                                  3) * 1e3
             print(f"{args.model} {args.prompt_tokens} tok, dense_kernels={dense}, {when}: "
                   f"prefill {prefill_ms:.1f} ms, TTFT {ttft_ms:.1f} ms", flush=True)
             first = decoder.sample_first(decoder.prefill(kv, prompt, 0), GREEDY)

@@ -22,6 +22,20 @@ def time_s(fn, repeats: int) -> float:
     return start.elapsed_time(end) / 1e3 / repeats
 
 
+def best_wall_s(fn, repeats: int) -> float:
+    """Wall seconds of the fastest of `repeats` calls of fn, each between two device syncs
+    (host time included: what a request waits), after one unmeasured warm call."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started_s = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started_s)
+    return best
+
+
 def hbm_bandwidth_gb_s(device: torch.device, nbytes: int = 2 * GIB, repeats: int = 20) -> float:
     """Device-to-device copy bandwidth, counting the read and the write (GB/s)."""
     def copy_seconds() -> float:

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from limits import best_wall_s
 from speed_rows import GREEDY, _prompt, decode_bytes_per_token
 from torch.profiler import ProfilerActivity, profile
 
@@ -71,13 +72,8 @@ def decode_variants(label: str, model, kv: KVCache, prompt: torch.Tensor, ops,
         decoder.ops = dataclasses.replace(decoder.ops, dense_kernels=dense, pdl=use_pdl)
         first = decoder.sample_first(decoder.prefill(kv, prompt, 0), GREEDY)
         decoder.prepare(kv, PROMPT_TOKENS, num_tokens, GREEDY)
-        best_s = float("inf")
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            list(decoder.decode(kv, first, PROMPT_TOKENS, num_tokens, GREEDY))
-            torch.cuda.synchronize()
-            best_s = min(best_s, time.perf_counter() - t0)
+        best_s = best_wall_s(
+            lambda d=decoder, f=first: list(d.decode(kv, f, PROMPT_TOKENS, num_tokens, GREEDY)), 3)
         decoder.clear()
         print(f"{label} decode, {name}: {num_tokens / best_s:.1f} tok/s "
               f"({best_s / num_tokens * 1e6:.0f} us/token)", flush=True)
