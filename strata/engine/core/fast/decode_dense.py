@@ -86,11 +86,6 @@ if triton is not None:
     _gemv_tuned = moe_triton.tuned(_gemv_kernel, GEMV_CONFIGS)
 
 
-def is_usable(device: torch.device) -> bool:
-    """Triton can run these kernels here (CUDA, or the CPU interpreter)."""
-    return triton is not None and moe_triton.is_usable(device)
-
-
 def use_gemv(weight: torch.Tensor) -> bool:
     """Whether a decode step multiplies by `weight` [N, K] with `gemv` rather than cuBLAS."""
     return (weight.dim() == 2 and weight.stride(-1) == 1 and weight.stride(0) == weight.shape[1]
@@ -142,7 +137,7 @@ def check_kernels(model: torch.nn.Module, use_pdl: bool) -> str:
     layer = model.model.layers[0]
     weight = layer.self_attn.o_proj.weight
     device, dtype = weight.device, weight.dtype
-    if not is_usable(device):
+    if not moe_triton.is_usable(device):  # False without Triton too
         return f"Triton cannot run on {device}"
     if not use_gemv(weight):
         return f"o_proj {tuple(weight.shape)} is not a gemv weight"
