@@ -105,11 +105,11 @@ class GraphDecoder:
             self.moe_impl = select_moe_impl(moe_impl, self.device)
             if not all(is_grouped_capable(m, self.moe_impl) for m in moe_layers):
                 self.moe_impl = "loop"
-                self.note = "an expert cache the Triton kernels cannot read: MoE loop"
+                self._add_note("an expert cache the Triton kernels cannot read: MoE loop")
             if self.moe_impl == "loop" and self.use_cuda_graphs:
                 # The loop asks the host which experts run: a sync, which a graph cannot hold.
                 self.use_cuda_graphs = False
-                self.note = (self.note + "; " if self.note else "") + "MoE loop: no CUDA graph"
+                self._add_note("MoE loop: no CUDA graph")
         self.step_hook = step_hook if self.moe_impl != "loop" else None
         self.ops = self.prefill_ops = EAGER_OPS
         if compile_pointwise if compile_pointwise is not None else is_cuda:
@@ -132,6 +132,10 @@ class GraphDecoder:
             self._pinned = torch.zeros(2, dtype=torch.long, pin_memory=True)
             self._events = [torch.cuda.Event(), torch.cuda.Event()]
 
+    def _add_note(self, text: str) -> None:
+        """Append to `note`, what the decoder runs differently from its defaults, and why."""
+        self.note = f"{self.note}; {text}" if self.note else text
+
     def _enable_fused_attention(self) -> None:
         """Turn on the Triton decode attention if it matches the torch one on this device."""
         attn = self.model.model.layers[0].self_attn
@@ -139,7 +143,7 @@ class GraphDecoder:
         reason = check_fused(attn, dtype, self.device)
         if reason:
             log.warning("fused decode attention off (%s); decoding with torch attention", reason)
-            self.note = (self.note + "; " if self.note else "") + "torch attention"
+            self._add_note("torch attention")
             return
         self.ops = dataclasses.replace(self.ops, fused_attention=True)
 
@@ -149,7 +153,7 @@ class GraphDecoder:
         reason = decode_dense.check_kernels(self.model, use_pdl)
         if reason:
             log.warning("Triton projections and norms off (%s); decoding with torch", reason)
-            self.note = (self.note + "; " if self.note else "") + "torch projections"
+            self._add_note("torch projections")
             return
         self.ops = dataclasses.replace(self.ops, dense_kernels=True, pdl=use_pdl)
 
