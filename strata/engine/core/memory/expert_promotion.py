@@ -90,17 +90,18 @@ class ExpertPromotion:
 
     def _choose_slots(self, step: _RoutedStep) -> list[tuple[int, int, int]]:
         cache = self.store.cache
+        layers = self.store.layer_ids
+        routed = step.ids[layers]  # [MoE layers, k]; one layer's top-k ids are distinct
         assignments = []
-        num_hits = num_misses = 0
-        for layer in self.store.layer_ids:
-            experts = list(dict.fromkeys(step.ids[layer].tolist()))
+        for layer, experts in zip(layers, routed.tolist()):
             # Checks the ids, touches the LRU order of hits, gives misses slots (evicting).
             _, new = cache.lookup(layer, experts, count_uses=False)
             assignments += [(layer, expert, slot) for expert, slot in new]
-            num_from_slots = int((step.table[layer, experts] >= 0).sum())
-            num_hits += num_from_slots
-            num_misses += len(experts) - num_from_slots
-        cache.count(num_hits, num_misses)
+        # Where the step read each routed expert: its slot (a hit) or the host copy (a miss),
+        # by the table it ran with. One gather and one conversion a step, not a few per layer:
+        # this runs every token.
+        num_hits = int((step.table[layers].gather(1, routed) >= 0).sum())
+        cache.count(num_hits, routed.numel() - num_hits)
         return assignments
 
     def _start_copies(self, assignments: list[tuple[int, int, int]]) -> None:
