@@ -108,3 +108,34 @@ def test_prefill_warm_up_compiles_what_later_prompts_run() -> None:
     # No new compilation: the warm-up's variants served every length.
     assert torch._dynamo.utils.counters["stats"].get("unique_graphs", 0) == \
         counters_before.get("unique_graphs", 0)
+
+
+def test_prefill_keeps_the_faster_element_wise_groups() -> None:
+    """The load-time choice times one full chunk each way, keeps one, and either prefills
+    what the eager decoder does; without compiled groups there is nothing to choose."""
+    from strata.engine.core.fast.decode_graph import faster_prefill_ops
+
+    model = build_random_model(CONFIG, "cpu", torch.float32, seed=7, std=0.15)
+    decoder = GraphDecoder(model, use_cuda_graphs=False, compile_pointwise=True,
+                           prefill_chunk_tokens=24)
+    decoder.warm_up_prefill()
+    seconds = decoder.choose_prefill_ops()
+    assert set(seconds) == {"compiled", "eager"} and min(seconds.values()) > 0
+    assert decoder.prefill_ops.is_compiled == (faster_prefill_ops(seconds) == "compiled")
+    assert decoder.prefill_ops.moe_block is not None or not model.config.is_moe
+    eager = GraphDecoder(model, use_cuda_graphs=False, compile_pointwise=False,
+                         prefill_chunk_tokens=24)
+    assert eager.choose_prefill_ops() == {}
+    ids = torch.arange(43) * 5 % 96  # a full chunk and a short one
+    kv_a, kv_b = (KVCache.for_config(model.config, MAX_TOKENS) for _ in range(2))
+    torch.testing.assert_close(decoder.prefill(kv_a, ids, 0), eager.prefill(kv_b, ids, 0),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_eager_prefill_groups_need_a_clear_margin() -> None:
+    from strata.engine.core.fast.decode_graph import faster_prefill_ops
+
+    # One 4096-token chunk on an H200 (docs/bench-results/diag-prefill-ops-h200.txt).
+    assert faster_prefill_ops({"compiled": 0.0411, "eager": 0.0342}) == "eager"  # SmolLM2
+    assert faster_prefill_ops({"compiled": 0.1031, "eager": 0.1219}) == "compiled"  # Llama-3-8B
+    assert faster_prefill_ops({"compiled": 0.1000, "eager": 0.0970}) == "compiled"  # within 5%

@@ -74,6 +74,17 @@ def bucket_for(position: int, buckets: Sequence[int]) -> int:
     raise ValueError(f"position {position} is past the KV cache of {buckets[-1]} tokens")
 
 
+# Eager prefill groups replace compiled ones only when this much faster: the two timings are
+# taken back to back on a GPU that other programs may be using.
+EAGER_PREFILL_MARGIN = 0.05
+
+
+def faster_prefill_ops(seconds: dict[str, float]) -> str:
+    """"eager" when its chunk took at least EAGER_PREFILL_MARGIN less time than compiled's."""
+    return "eager" if seconds["eager"] < seconds["compiled"] * (1 - EAGER_PREFILL_MARGIN) \
+        else "compiled"
+
+
 class GraphDecoder:
     """Prefill and decode for one model; CUDA graphs on a GPU, the same step eagerly elsewhere."""
 
@@ -244,6 +255,45 @@ class GraphDecoder:
 
             keys = rows(attn.num_kv_heads)
             flash_attention(rows(attn.num_heads), keys, keys, prefer_cudnn=True)
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - started_s
+
+    @torch.inference_mode()
+    def choose_prefill_ops(self, repeats: int = 2) -> dict[str, float]:
+        """Keep the compiled prefill groups only where they beat eager ones here.
+
+        A compiled call costs ~100 us of host time against ~10 us for an eager op, so for a
+        small model the host decides and for a large one the fused kernels do. On an H200
+        (bench/diag_prefill_ops.py), one 4096-token chunk took 34.2 ms eager against 41.1 ms
+        compiled for SmolLM2-135M, 122 against 103 ms for Llama-3-8B and 131 against 77 ms
+        for Qwen3-30B-A3B. One full chunk each way, best of `repeats` after a warm run; the MoE
+        block stays compiled either way. Returns the seconds of each ({} when nothing is
+        compiled) and leaves `prefill_ops` at the faster (`faster_prefill_ops`)."""
+        if not self.prefill_ops.is_compiled:
+            return {}
+        compiled = self.prefill_ops
+        eager = dataclasses.replace(EAGER_OPS, moe_block=compiled.moe_block)
+        config = self.model.config
+        dtype = next(self.model.parameters()).dtype
+        chunk = min(self.prefill_chunk_tokens, config.max_position_embeddings)
+        kv = KVCache.for_config(config, chunk, dtype, self.device)
+        ids = torch.arange(chunk, device=self.device) % config.vocab_size
+        seconds: dict[str, float] = {}
+        for name, ops in (("compiled", compiled), ("eager", eager)):
+            self.prefill_ops = ops
+            seconds[name] = min(self._timed_prefill(kv, ids) for _ in range(repeats + 1))
+        self.prefill_ops = eager if faster_prefill_ops(seconds) == "eager" else compiled
+        del kv
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the probe's cache and activations go back
+        return seconds
+
+    def _timed_prefill(self, kv: KVCache, ids: torch.Tensor) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        started_s = time.perf_counter()
+        self.prefill(kv, ids, 0)
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - started_s
 
