@@ -71,7 +71,10 @@ def tuned(kernel, candidates):
     # Kernels only store (no accumulation into outputs), so timing reruns are harmless. The
     # slot-table variant shares the stacked one's pick (not in the key): same block shapes,
     # same summation order, so a partial cache decodes bit for bit like all-resident.
-    return triton.autotune(configs=configs, key=["num_rows", "num_cols"])(kernel)
+    # cache_results: the picks go to Triton's disk cache, so a later load (a new engine
+    # process) does not time every candidate again.
+    return triton.autotune(configs=configs, key=["num_rows", "num_cols"],
+                           cache_results=True)(kernel)
 
 
 def launch(kernel, grid_for_rows, candidates, *args, use_pdl: bool = False, **kwargs) -> None:
