@@ -21,6 +21,7 @@ import logging
 
 import torch
 
+from strata.engine.core.fast import pdl
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
 
 log = logging.getLogger(__name__)
@@ -170,19 +171,18 @@ def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, 
     q_norm = attn.q_norm.weight if has_norm else q
     k_norm = attn.k_norm.weight if has_norm else q
     eps = attn.q_norm.eps if has_norm else 0.0
-    pdl_launch = {"launch_pdl": True} if use_pdl else {}
     _split_kernel[(attn.num_kv_heads, num_splits)](
         q.contiguous(), k.contiguous(), v.contiguous(), cos.contiguous(), sin.contiguous(),
         q_norm, k_norm, k_cache, v_cache, position, stats[0], stats[1], acc, eps,
         head_dim**-0.5, k_cache.stride(0), HEAD_DIM=head_dim, GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)), HAS_NORM=has_norm, NUM_KEYS=num_keys,
-        SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS, USE_PDL=use_pdl,
-        **pdl_launch,
+        SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
+        **pdl.launch_options(use_pdl),
     )
     _combine_kernel[(num_heads,)](stats[0], stats[1], acc, out, HEAD_DIM=head_dim,
                                   NUM_SPLITS=num_splits,
                                   BLOCK_SPLITS=triton.next_power_of_2(num_splits),
-                                  USE_PDL=use_pdl, **pdl_launch)
+                                  **pdl.launch_options(use_pdl))
     return out
 
 

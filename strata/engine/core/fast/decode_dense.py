@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.fast import moe_triton, pointwise
+from strata.engine.core.fast import moe_triton, pdl, pointwise
 from strata.units import MIB
 
 try:
@@ -121,8 +121,8 @@ def add_rms_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, 
     block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(1,)](
         h.contiguous(), (y if y is not None else h).contiguous(), weight, h_out, x_out, eps,
-        hidden=hidden, HAS_RESIDUAL=y is not None, USE_PDL=use_pdl, BLOCK=block,
-        num_warps=8 if block >= 2048 else 4, **({"launch_pdl": True} if use_pdl else {}),
+        hidden=hidden, HAS_RESIDUAL=y is not None, BLOCK=block,
+        num_warps=8 if block >= 2048 else 4, **pdl.launch_options(use_pdl),
     )
     return h_out, x_out
 

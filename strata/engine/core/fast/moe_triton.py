@@ -21,6 +21,8 @@ import os
 
 import torch
 
+from strata.engine.core.fast import pdl
+
 try:
     import triton
     import triton.language as tl
@@ -80,10 +82,7 @@ def tuned(kernel, candidates):
 def launch(kernel, grid_for_rows, candidates, *args, use_pdl: bool = False, **kwargs) -> None:
     """Launch a `tuned` kernel with a grid over its rows; the first candidate when interpreting.
     use_pdl: pass the kernel's USE_PDL and launch it as a PDL secondary (pdl.py)."""
-    if use_pdl:
-        kwargs.update(USE_PDL=True, launch_pdl=True)
-    else:
-        kwargs.update(USE_PDL=False)
+    kwargs.update(pdl.launch_options(use_pdl))
     if _is_interpreting():
         rows, cols, warps, unroll = candidates[0]
         kernel[grid_for_rows(rows)](*args, **kwargs, **_block_kwargs(rows, cols, unroll),
@@ -289,7 +288,7 @@ def router_topk(
         num_experts=num_experts, hidden=hidden, top_k=top_k, norm_topk=norm_topk_prob,
         ROWS=ROUTER_ROWS, BLOCK_H=triton.next_power_of_2(hidden),
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-        USE_PDL=use_pdl, num_warps=1, **({"launch_pdl": True} if use_pdl else {}),
+        num_warps=1, **pdl.launch_options(use_pdl),
     )
     return weights, ids
 

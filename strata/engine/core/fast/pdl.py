@@ -40,6 +40,12 @@ def is_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def launch_options(use_pdl: bool) -> dict:
+    """A kernel's USE_PDL and, when on, Triton's launch_pdl (only then: the CPU interpreter
+    takes no launch_pdl)."""
+    return {"USE_PDL": True, "launch_pdl": True} if use_pdl else {"USE_PDL": False}
+
+
 if triton is not None:
 
     @triton.jit
