@@ -23,6 +23,15 @@ from strata.engine.core.kv_cache import KVCache
 DEFAULT_PREFILL_CHUNK_TOKENS = 4096
 
 
+def write_kv(attn, x, start_pos: int, k_cache, v_cache, cos, sin,
+             ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
+    """Project x [T, H], write its K/V at start_pos..start_pos+T-1; the queries [T, Hq, D]."""
+    q, k, v = qkv(attn, x, cos, sin, ops)
+    k_cache[start_pos : start_pos + x.shape[0]] = k
+    v_cache[start_pos : start_pos + x.shape[0]] = v
+    return q
+
+
 def attention_prefill(
     attn, x, start_pos: int, k_cache, v_cache, cos, sin, *, last_only: bool = False,
     ops: PointwiseOps = EAGER_OPS, full_chunk: bool = False,
@@ -32,11 +41,8 @@ def attention_prefill(
     Writes the chunk's K/V at start_pos..start_pos+T-1. last_only: attend for the last query.
     full_chunk: T is the prefill's chunk length, which recurs (cuDNN may take it).
     """
-    num_tokens = x.shape[0]
-    end_pos = start_pos + num_tokens
-    q, k, v = qkv(attn, x, cos, sin, ops)
-    k_cache[start_pos:end_pos] = k
-    v_cache[start_pos:end_pos] = v
+    end_pos = start_pos + x.shape[0]
+    q = write_kv(attn, x, start_pos, k_cache, v_cache, cos, sin, ops)
     if last_only:
         q = q[-1:]  # [1, Hq, D]: one query sees every key up to itself
     keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
@@ -88,6 +94,10 @@ def prefill(
         first_norm = layers[0].input_layernorm
         x = ops.rms_norm(h, first_norm.weight, first_norm.eps)
         for i, layer in enumerate(layers):
+            if i == len(layers) - 1 and not is_last_chunk:
+                # Later chunks read only this layer's K/V: its attention and MLP feed nothing.
+                write_kv(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin, ops)
+                break
             last_only = is_last_chunk and i == len(layers) - 1
             y = attention_prefill(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin,
                                   last_only=last_only, ops=ops,
@@ -100,7 +110,7 @@ def prefill(
             if i + 1 < len(layers):  # the residual add and the next layer's input norm
                 nxt = layers[i + 1].input_layernorm
                 h, x = ops.add_rms_norm(h, y, nxt.weight, nxt.eps)
-            elif is_last_chunk:  # after the last layer only the last row needs the final norm
+            else:  # the last chunk's last layer: only the last row needs the final norm
                 final = model.model.norm
                 _, x = ops.add_rms_norm(h, y, final.weight, final.eps)  # [1, H] both
     return F.linear(x[-1:], head_weight(model)).float()[0]  # [V]
