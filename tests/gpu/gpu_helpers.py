@@ -31,3 +31,18 @@ def wait_for_free_vram(min_free_bytes: int, timeout_s: float = 20.0) -> int:
         if free_bytes >= min_free_bytes or time.monotonic() > deadline:
             return free_bytes
         time.sleep(0.1)
+
+
+def build_with_expert_cache(config, expert_cache: str):
+    """(ModelMemory, model) of random bf16 weights on CUDA with that --expert-cache setting
+    ("all", or a slot count for a partial cache); close the memory after."""
+    import torch
+
+    from strata.engine.core.memory.backend import backend_for
+    from strata.engine.core.residency import ModelMemory
+    from strata.engine.core.weight_source import RandomWeights
+
+    backend = backend_for("cuda")
+    memory = ModelMemory(backend, torch.bfloat16)
+    model = memory.build(config, RandomWeights(backend.device, std=0.1), expert_cache)
+    return memory, model

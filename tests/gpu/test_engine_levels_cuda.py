@@ -150,6 +150,27 @@ def test_model_graph_captured_before_sleep_replays_after_wake(tmp_path) -> None:
         engine.close()
 
 
+def test_prefill_graphs_replay_in_a_slot_and_go_with_each_release(tmp_path) -> None:
+    engine = random_engine(tmp_path, DENSE)
+    try:
+        engine.fast.enable_prefill_graphs(1024)  # whatever the load measured
+        graphs = engine.fast.prefill_graphs
+        other = [p + 1 for p in PROMPT]  # no common prefix: prefilled from position 0 again
+        first = run(engine, PROMPT, slot=1)  # runs called, then captures bucket 64
+        replayed = run(engine, other, slot=1)
+        assert len(graphs) == 1
+        engine.erase_slot(1)
+        assert len(graphs) == 0  # its pool went back with the slot's KV
+        assert run(engine, other, slot=1) == replayed  # called again, captured again
+        engine.sleep()
+        assert len(graphs) == 0
+        engine.wake()
+        engine.erase_slot(1)
+        assert run(engine, PROMPT, slot=1) == first
+    finally:
+        engine.close()
+
+
 _HOLDER = """
 import sys, torch
 free, _ = torch.cuda.mem_get_info()

@@ -11,6 +11,7 @@ from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.protocol import SamplingSpec
+from tests.gpu.gpu_helpers import build_with_expert_cache
 
 pytestmark = pytest.mark.gpu
 
@@ -27,14 +28,7 @@ NUM_DECODE, NUM_SLOTS = 4, 24
 
 
 def _build(expert_cache: str):
-    from strata.engine.core.memory.backend import backend_for
-    from strata.engine.core.residency import ModelMemory
-    from strata.engine.core.weight_source import RandomWeights
-
-    backend = backend_for("cuda")
-    memory = ModelMemory(backend, torch.bfloat16)
-    model = memory.build(CONFIG, RandomWeights(backend.device, std=0.1), expert_cache)
-    return memory, model
+    return build_with_expert_cache(CONFIG, expert_cache)
 
 
 def _counters(store) -> tuple[int, int]:

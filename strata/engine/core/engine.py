@@ -88,14 +88,17 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, step_hook=No
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
-    warm_up_s = decoder.warm_up_prefill()
-    if warm_up_s:
-        log.info("prefill kernels compiled in %.1f s", warm_up_s)
-    seconds = decoder.choose_prefill_ops()
-    if seconds:
+    tuned = decoder.tune_prefill(graphs=flag("STRATA_FAST_PREFILL_GRAPHS") is not False)
+    if tuned["warm_up_s"]:
+        log.info("prefill kernels compiled in %.1f s", tuned["warm_up_s"])
+    if seconds := tuned["ops_s"]:
         log.info("prefill element-wise groups: %s (one chunk: compiled %.1f ms, eager %.1f ms)",
                  "compiled" if decoder.prefill_ops.is_compiled else "eager",
                  seconds["compiled"] * 1e3, seconds["eager"] * 1e3)
+    if graphs := tuned["graphs"]:
+        log.info("prefill graphs for fresh prompts of up to %d tokens (a chunk replayed in "
+                 "%.1f ms; a called prefill's host time %.1f ms)", graphs["graph_tokens"],
+                 graphs["chunk_replay_s"] * 1e3, graphs["host_s"] * 1e3)
     return decoder
 
 
@@ -298,8 +301,9 @@ class Engine:
         """
         start = len(state.tokens)
         # Graphs write K/V without asking: map every page this request can reach up front.
-        self._grow_kv(state, start + len(new_ids) + max_new)
         ids = torch.tensor(new_ids, dtype=torch.long, device=self.device)
+        reach = self.fast.prefill_reach(state.kv, len(new_ids), start)
+        self._grow_kv(state, max(start + len(new_ids) + max_new, reach))
         logits = self.fast.prefill(state.kv, ids, start)
         state.tokens.extend(new_ids)
         token = self.fast.sample_first(logits, sampling)
@@ -423,7 +427,10 @@ class Engine:
         return result
 
     def _empty_device_cache(self) -> None:
-        # Released KV returns to torch's caching allocator on CUDA; hand it to the driver.
+        # Released KV returns to torch's caching allocator on CUDA; hand it to the driver,
+        # with the prefill graphs' activations (captured again on the next fresh prompt).
+        if self.fast is not None:
+            self.fast.drop_prefill_graphs()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -31,6 +31,7 @@ from strata.engine.core.fast.moe_grouped import is_grouped_capable, select_moe_i
 from strata.engine.core.fast.pointwise import EAGER_OPS, compiled_ops
 from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS, prefill
 from strata.engine.core.fast.prefill_attention import flash_attention
+from strata.engine.core.fast.prefill_graph import MIN_BUCKET_TOKENS, PrefillGraphs, graph_tokens
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.protocol import SamplingSpec
@@ -122,10 +123,16 @@ class GraphDecoder:
                 self.use_cuda_graphs = False
                 self._add_note("MoE loop: no CUDA graph")
         self.step_hook = step_hook if self.moe_impl != "loop" else None
+        self._moe_layers = moe_layers
         self.ops = self.prefill_ops = EAGER_OPS
         if compile_pointwise if compile_pointwise is not None else is_cuda:
             self.ops = compiled_ops()
             self.prefill_ops = compiled_ops(dynamic=True)  # chunk lengths vary per prompt
+        # A graph costs no host time per op: it keeps the fused groups whatever a called
+        # prefill chooses (choose_prefill_ops).
+        self._graph_prefill_ops = self.prefill_ops
+        # Fresh prompts replayed from graphs (prefill_graph.py): set by plan_prefill_graphs.
+        self.prefill_graphs: PrefillGraphs | None = None
         if fused_attention if fused_attention is not None else is_cuda:
             self._enable_fused_attention()
         if dense_kernels if dense_kernels is not None else is_cuda:
@@ -223,6 +230,14 @@ class GraphDecoder:
         log.debug("captured decode graph for bucket %d (%d graphs)", bucket, len(self._graphs))
         return graph
 
+    def tune_prefill(self, graphs: bool = True) -> dict:
+        """What a load does before the first request: compile (warm_up_prefill), keep the
+        faster element-wise groups for called prefills (choose_prefill_ops), then turn on
+        prefill graphs where they pay (plan_prefill_graphs; graphs=False: never). Returns
+        what each found."""
+        return {"warm_up_s": self.warm_up_prefill(), "ops_s": self.choose_prefill_ops(),
+                "graphs": self.plan_prefill_graphs() if graphs else {}}
+
     @torch.inference_mode()
     def warm_up_prefill(self, num_tokens: int = 23) -> float:
         """Compile the prefill's element-wise groups now (one short prefill into a scratch
@@ -242,7 +257,7 @@ class GraphDecoder:
         dtype = next(self.model.parameters()).dtype
         kv = KVCache.for_config(config, num_tokens, dtype, self.device)
         ids = torch.arange(num_tokens, device=self.device) % config.vocab_size
-        self.prefill(kv, ids, 0)
+        self._called_prefill(kv, ids, 0)
         if self.device.type == "cuda":
             # cuDNN's plan for a full chunk's attention (45-75 ms to build, once per length).
             attn = self.model.model.layers[0].self_attn
@@ -289,13 +304,83 @@ class GraphDecoder:
         return seconds
 
     def _timed_prefill(self, kv: KVCache, ids: torch.Tensor) -> float:
+        return self._timed(lambda: self._called_prefill(kv, ids, 0))
+
+    def _timed(self, fn) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         started_s = time.perf_counter()
-        self.prefill(kv, ids, 0)
+        fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - started_s
+
+    @torch.inference_mode()
+    def plan_prefill_graphs(self, repeats: int = 2) -> dict[str, float]:
+        """Measure where replaying a fresh prompt's prefill from a graph beats calling it, and
+        turn prefill graphs on up to that length (prefill_graph.py).
+
+        Times a full chunk replayed from a graph and a MIN_BUCKET_TOKENS prompt called (the
+        host's time; its GPU work is small), best of `repeats` after a warm run, in a scratch
+        cache whose graph and pool are dropped after. Returns both and the longest prompt
+        that takes a graph (graph_tokens); {} where graphs are off or cannot run."""
+        self.prefill_graphs = None
+        if not self.use_cuda_graphs or not self._prefill_capturable():
+            return {}
+        config = self.model.config
+        dtype = next(self.model.parameters()).dtype
+        chunk = min(self.prefill_chunk_tokens, config.max_position_embeddings)
+        kv = KVCache.for_config(config, chunk, dtype, self.device)
+        ids = torch.arange(chunk, device=self.device) % config.vocab_size
+        probe = PrefillGraphs(self._padded_prefill, self.device, chunk)
+        replay_s = min(self._timed(lambda: probe.run(kv, ids)) for _ in range(repeats + 1))
+        if not probe.max_tokens:  # the capture failed (logged): called prefills only
+            return {}
+        small = ids[:MIN_BUCKET_TOKENS]
+        host_s = min(self._timed(lambda: self._called_prefill(kv, small, 0))
+                     for _ in range(repeats + 1))
+        probe.clear()
+        del kv
+        torch.cuda.empty_cache()
+        max_tokens = graph_tokens(host_s, replay_s, chunk)
+        self.enable_prefill_graphs(max_tokens)
+        return {"chunk_replay_s": replay_s, "host_s": host_s, "graph_tokens": max_tokens}
+
+    def enable_prefill_graphs(self, max_tokens: int) -> None:
+        """Replay fresh prompts of up to max_tokens (at most a chunk) from graphs; 0: off."""
+        if max_tokens > self.prefill_chunk_tokens:
+            raise ValueError(f"prefill graphs take at most a chunk of {self.prefill_chunk_tokens} "
+                             f"tokens, not {max_tokens}")
+        if max_tokens and not self.use_cuda_graphs:
+            raise ValueError("prefill graphs need CUDA graphs, which this decoder does not use")
+        self.prefill_graphs = (PrefillGraphs(self._padded_prefill, self.device, max_tokens)
+                               if max_tokens else None)
+
+    def _prefill_capturable(self) -> bool:
+        # The MoE loop (a partial expert cache prefills through it) asks the host which
+        # experts run; a dense model has no MoE (its moe_impl is "loop" all the same).
+        if not self._moe_layers:
+            return True
+        return self.moe_impl != "loop" and all(m.expert_weights is None for m in self._moe_layers)
+
+    def _padded_prefill(self, kv: KVCache, ids: torch.Tensor,
+                        last_index: torch.Tensor) -> torch.Tensor:
+        return prefill(self.model, kv, ids, 0, self.prefill_chunk_tokens, self.moe_impl,
+                       self._graph_prefill_ops, last_index=last_index)
+
+    def prefill_reach(self, kv: KVCache, num_tokens: int, start_pos: int) -> int:
+        """How many positions prefilling num_tokens at start_pos writes K/V into: a replayed
+        prompt writes its whole bucket (map that much first)."""
+        graphs = self.prefill_graphs
+        size = None
+        if graphs is not None and start_pos == 0 and self._prefill_capturable():
+            size = graphs.bucket(num_tokens, kv)
+        return size if size is not None else start_pos + num_tokens
+
+    def drop_prefill_graphs(self) -> None:
+        """Give the prefill graphs' memory pool back; the next fresh prompt captures again."""
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.clear()
 
     def clear(self) -> None:
         """Drop every captured graph (e.g. after the KV cache or the weights moved)."""
@@ -323,7 +408,20 @@ class GraphDecoder:
     # ---- generation ---------------------------------------------------------------------------
 
     def prefill(self, kv: KVCache, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """Logits [V] float32 of the last of token_ids [T] placed at start_pos.. (K/V written)."""
+        """Logits [V] float32 of the last of token_ids [T] placed at start_pos.. (K/V written).
+
+        A fresh prompt that a prefill graph takes is replayed; K/V are then written up to
+        `prefill_reach` positions."""
+        graphs = self.prefill_graphs
+        if (graphs is not None and start_pos == 0 and token_ids.dim() == 1
+                and graphs.bucket(token_ids.shape[0], kv) is not None
+                and self._prefill_capturable()):
+            with torch.inference_mode():
+                return graphs.run(kv, token_ids)
+        return self._called_prefill(kv, token_ids, start_pos)
+
+    def _called_prefill(self, kv: KVCache, token_ids: torch.Tensor,
+                        start_pos: int) -> torch.Tensor:
         return prefill(self.model, kv, token_ids, start_pos, self.prefill_chunk_tokens,
                        self.moe_impl, self.prefill_ops)
 

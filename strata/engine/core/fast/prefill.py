@@ -73,6 +73,7 @@ def prefill(
     chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
     moe_impl: str = "loop",
     ops: PointwiseOps = EAGER_OPS,
+    last_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run token_ids [T] at start_pos.. in chunks; return the last token's logits [V] float32.
 
@@ -80,8 +81,14 @@ def prefill(
     tensor (2 GiB for 4k tokens of a 128k vocabulary). moe_impl "loop" keeps the reference
     MoE module; any other value takes the sorted grouped path where experts are resident.
     ops: the element-wise groups, eager or compiled with dynamic shapes (compiled_ops).
+    last_index: a device tensor [1] naming the row whose logits are returned, for a prompt
+    padded to a fixed length in one chunk (prefill_graph.py); rows after it only write K/V
+    that later tokens overwrite, and causality keeps them out of the rows before.
     """
     _check(kv, token_ids, start_pos, chunk_tokens)
+    if last_index is not None and token_ids.shape[0] > chunk_tokens:
+        raise ValueError(f"a padded prompt must fit one chunk of {chunk_tokens} tokens, "
+                         f"not {token_ids.shape[0]}")
     num_tokens = token_ids.shape[0]
     layers = model.model.layers
     for begin in range(0, num_tokens, chunk_tokens):
@@ -98,14 +105,21 @@ def prefill(
                 # Later chunks read only this layer's K/V: its attention and MLP feed nothing.
                 write_kv(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin, ops)
                 break
-            last_only = is_last_chunk and i == len(layers) - 1
+            last_layer = is_last_chunk and i == len(layers) - 1
+            # A padded prompt's last row is known only on the device: its last layer attends
+            # for every row, then keeps that one.
+            last_only = last_layer and last_index is None
             y = attention_prefill(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin,
                                   last_only=last_only, ops=ops,
                                   full_chunk=chunk.shape[0] == chunk_tokens)
+            if last_only:
+                # The last row as a tensor of its own: a view's storage offset changes with
+                # the chunk length, and compiled code specializes on it (a recompile per length).
+                h = h[-1:].clone()
+            elif last_layer:
+                h, y = h.index_select(0, last_index), y.index_select(0, last_index)  # [1, H]
             post = layer.post_attention_layernorm
-            # The last row as a tensor of its own: a view's storage offset changes with the
-            # chunk length, and compiled code specializes on it (a recompile per length).
-            h, x = ops.add_rms_norm(h[-1:].clone() if last_only else h, y, post.weight, post.eps)
+            h, x = ops.add_rms_norm(h, y, post.weight, post.eps)
             y = mlp_forward(layer.mlp, x, ops, moe_impl)
             if i + 1 < len(layers):  # the residual add and the next layer's input norm
                 nxt = layers[i + 1].input_layernorm
