@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from strata.engine.core.memory.arena import ArenaReleasedError
-from strata.engine.core.memory.expert_store import ExpertStore
+from strata.engine.core.memory.expert_store import ExpertStore, contiguous_runs
 
 E, INTER, HIDDEN = 8, 16, 12
 
@@ -84,3 +84,26 @@ def test_inconsistent_expert_shapes_are_refused(backend):
     layers[1] = (gate, up, down[:, :, :-1])
     with pytest.raises(ValueError, match="layer 1: experts must all be"):
         ExpertStore(layers, num_slots=4, backend=backend)
+
+
+def test_consecutive_experts_in_consecutive_slots_copy_as_one_run():
+    assert contiguous_runs([(0, 2, 5), (0, 0, 3), (0, 1, 4), (1, 3, 6), (1, 4, 9), (0, 3, 7)]) == [
+        (0, 0, 3, 3),  # experts 0-2 into slots 3-5
+        (0, 3, 7, 1),  # the next expert, but not the next slot
+        (1, 3, 6, 1),
+        (1, 4, 9, 1),
+    ]
+    assert contiguous_runs([]) == []
+
+
+def test_an_all_resident_refill_restores_every_expert(backend, monkeypatch):
+    layers = _layers(num_layers=3, seed=2)
+    store = ExpertStore(layers, num_slots=1000, backend=backend)
+    store.release()
+    monkeypatch.setenv("STRATA_VERIFY_REFILL", "1")
+    result = store.refill()
+    assert result.differing_slots == 0 and result.copied_bytes == 3 * E * store.bytes_per_expert
+    for layer in range(3):
+        gate, up, down = store.fetch(layer, list(range(E)))
+        assert torch.equal(gate, layers[layer][0]) and torch.equal(down, layers[layer][2])
+    store.close()

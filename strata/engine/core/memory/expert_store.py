@@ -34,6 +34,23 @@ class ExpertRefillResult:
     differing_slots: int | None  # set when STRATA_VERIFY_REFILL=1
 
 
+def contiguous_runs(
+    assignments: Sequence[tuple[int, int, int]],
+) -> list[tuple[int, int, int, int]]:
+    """(layer, first expert, first slot, count) for (layer, expert, slot) assignments: runs of
+    consecutive experts of one layer in consecutive slots, in (layer, expert) order."""
+    runs: list[tuple[int, int, int, int]] = []
+    for layer, expert, slot in sorted(assignments):
+        if runs:
+            last_layer, first_expert, first_slot, count = runs[-1]
+            if (layer == last_layer and expert == first_expert + count
+                    and slot == first_slot + count):
+                runs[-1] = (last_layer, first_expert, first_slot, count + 1)
+                continue
+        runs.append((layer, expert, slot, 1))
+    return runs
+
+
 class ExpertStore:
     """Host copy of all experts plus a VRAM slot arena; `fetch` returns what a step needs."""
 
@@ -165,10 +182,15 @@ class ExpertStore:
             self.table.copy_(mirror)
 
     def copy_rows(self, assignments: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
-        """Copy (layer, expert) -> slot from the host copy on the current stream."""
-        for layer, expert, slot in assignments:
-            for dst, src in zip(self.slot_weights, self.host_expert(layer, expert)):
-                dst[slot].copy_(src, non_blocking=non_blocking)
+        """Copy (layer, expert) -> slot from the host copy on the current stream.
+
+        Experts that follow each other in a layer and land in slots that follow each other go
+        as one copy per weight: a refill of 14 layers x 128 experts was 5376 copies of 3 MiB,
+        where pinned copies reach PCIe's rate only from ~16 MiB (H200: 46-48 GB/s of 55)."""
+        for layer, expert, slot, count in contiguous_runs(assignments):
+            for dst, src in zip(self.slot_weights, self._host_layers[layer]):
+                dst[slot : slot + count].copy_(src[expert : expert + count],
+                                               non_blocking=non_blocking)
 
     def preload(self) -> None:
         """Fill every slot, layer by layer, so the first steps do not all miss."""
