@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The speed issue's GPU run: parity tests, the decode profile, then the benchmark.
-# Usage: [LLAMACPP_SRC=DIR|TGZ] bench/gpu_suite.sh OUT_DIR [suite.py options]. Everything
+# Usage: [LLAMA_BENCH=BIN | LLAMACPP_SRC=DIR|TGZ] bench/gpu_suite.sh OUT_DIR [suite.py options].
+# LLAMA_BENCH: a llama-bench built elsewhere (bench/build_llamacpp.sh with CUDA_ROOT). Everything
 # (logs, bench.json) lands in OUT_DIR. Budget: at most 6 minutes on one H200 (tests 100 s +
 # profile 50 s + bench 210 s; the bench stops starting peers at --deadline-s 190); with
 # LLAMACPP_SRC, plus the llama.cpp build and up to 9 minutes for the bench and both peers.
@@ -22,15 +23,16 @@ echo "profile rc=${PIPESTATUS[0]} after $(( $(date +%s) - start )) s" | tee -a "
 # holding llama.cpp/): built for Hopper first, several minutes (bench/build_llamacpp.sh).
 peer=(--deadline-s 190)
 suite_timeout_s=210
-if [ -n "${LLAMACPP_SRC:-}" ]; then
+bench=${LLAMA_BENCH:-}
+if [ -z "$bench" ] && [ -n "${LLAMACPP_SRC:-}" ]; then
   src=$LLAMACPP_SRC
   if [ -f "$src" ]; then mkdir -p /tmp/llamacpp-src && tar xzf "$src" -C /tmp/llamacpp-src && src=/tmp/llamacpp-src/llama.cpp; fi
   bench=$(bash bench/build_llamacpp.sh "$src" /tmp/llamacpp-build cuda 2>&1 | tee "$OUT/llamacpp_build.log" | tail -1)
   echo "llama.cpp build after $(( $(date +%s) - start )) s: $bench" | tee -a "$OUT/llamacpp_build.log"
-  if [ -x "$bench" ]; then  # an 8B GGUF takes a minute or two to write
-    peer=(--deadline-s 520 --llama-bench "$bench" --llamacpp-timeout-s 240)
-    suite_timeout_s=540
-  fi
+fi
+if [ -n "$bench" ] && [ -x "$bench" ]; then  # an 8B GGUF takes a minute or two to write
+  peer=(--deadline-s 520 --llama-bench "$bench" --llamacpp-timeout-s 240)
+  suite_timeout_s=540
 fi
 # The lifecycle rows have their own script and budget: bench/lifecycle_bench.py, unload_bench.py.
 timeout "$suite_timeout_s" python bench/suite.py --out "$OUT" --no-lifecycle "${peer[@]}" "$@" \
