@@ -2,8 +2,11 @@
 
     python bench/peer_transformers.py --model llama3-8b --prompt-tokens 512 --decode-tokens 64
 
-Random weights of the same shape, bf16 on CUDA, static KV cache. Two stages, each printing a
-line `PEER_JSON {...}` as soon as it is done, so a timeout keeps what was measured:
+Random weights of the same shape, bf16 on CUDA, static KV cache; an MoE's experts run as
+transformers' grouped GEMMs (`experts_implementation="grouped_mm"`, its default where torch has
+them, asked for explicitly so a fallback is an error, not a silent eager loop). Two stages,
+each printing a line `PEER_JSON {...}` as soon as it is done, so a timeout keeps what was
+measured:
 
 1. eager: prefill (logits_to_keep=1) and decoding with `disable_compile` (no torch.compile);
 2. compiled (unless --no-compile): generate's own automatic torch.compile of the decode step
@@ -43,11 +46,16 @@ def run(args) -> dict:
     model_type = hf.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **hf)
     t0 = time.perf_counter()
+    options = {"experts_implementation": args.experts_implementation} \
+        if getattr(config, "num_experts", None) else {}
     with torch.device(args.device):
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                              **options)
     model.eval()
     result = {"model": args.model, "transformers": transformers.__version__,
               "build_s": time.perf_counter() - t0}
+    if options:
+        result["experts"] = model.get_experts_implementation()[""]
     gen = torch.Generator().manual_seed(0)
     prefill_ids = torch.randint(0, config.vocab_size, (1, args.prefill_tokens), generator=gen).to(args.device)
     with torch.no_grad():
@@ -94,6 +102,9 @@ def main() -> int:
     parser.add_argument("--prefill-tokens", type=int, default=4096)
     parser.add_argument("--no-compile", action="store_true", help="stop after the eager stage")
     parser.add_argument("--device", default="cuda", help="cpu only for a smoke test")
+    parser.add_argument("--experts-implementation", default="grouped_mm",
+                        help="an MoE's transformers experts_implementation (grouped_mm, "
+                        "batched_mm, eager)")
     args = parser.parse_args()
     try:
         result = run(args)

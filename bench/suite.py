@@ -123,7 +123,7 @@ def _compare(ctx: BenchContext, name: str, result: dict, ours: dict[str, float],
 def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dict]:
     """Run the transformers peer for one model in a subprocess; compare with our figures."""
     if label not in ctx.args.peer_models:
-        note = "skipped: not in --peer-models (transformers' MoE loops over 128 experts in eager)"
+        note = "skipped: not in --peer-models"
         return [figure(f"peer {label}", float("nan"), "-", notes=note)]
     cmd = [sys.executable, str(BENCH_DIR / "peer_transformers.py"), "--model", label,
            "--prompt-tokens", str(ctx.args.prompt_tokens),
@@ -136,6 +136,8 @@ def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dic
         ctx.log(f"  peer {label}: {result['error']}")
         return [figure(f"peer {label}", float("nan"), "-", notes=result["error"])]
     mode = "static cache + compiled decode" if result.get("compiled") else "static cache eager"
+    if "experts" in result:
+        mode += f", experts {result['experts']}"
     rows = _compare(ctx, f"peer {label}", result, ours,
                     f"{cut}transformers {result['transformers']} {mode}")
     if "eager_decode_tok_s" in result:
@@ -268,8 +270,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--moe-impls", nargs="+", default=["triton", "bmm"],
                         help="MoE decode paths to measure (triton, bmm, loop)")
     parser.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
-    parser.add_argument("--peer-models", nargs="*", default=["llama3-8b", "smollm2-135m"],
+    parser.add_argument("--peer-models", nargs="*", default=list(DEFAULT_MODELS),
                         help="models the transformers peer runs for (others: a skipped row)")
+    # Compiling a large model's decode takes minutes: give such peers a longer
+    # --peer-timeout-s; the eager stage's figures stand when the compiled one is cut.
     parser.add_argument("--peer-compile-models", nargs="*", default=["smollm2-135m"],
                         help="peers that also try transformers' compiled decode after eager")
     parser.add_argument("--peer-timeout-s", type=float, default=100.0)
