@@ -288,11 +288,7 @@ class GraphDecoder:
             return {}
         compiled = self.prefill_ops
         eager = dataclasses.replace(EAGER_OPS, moe_block=compiled.moe_block)
-        config = self.model.config
-        dtype = next(self.model.parameters()).dtype
-        chunk = min(self.prefill_chunk_tokens, config.max_position_embeddings)
-        kv = KVCache.for_config(config, chunk, dtype, self.device)
-        ids = torch.arange(chunk, device=self.device) % config.vocab_size
+        kv, ids = self._scratch_chunk()
         seconds: dict[str, float] = {}
         for name, ops in (("compiled", compiled), ("eager", eager)):
             self.prefill_ops = ops
@@ -302,6 +298,14 @@ class GraphDecoder:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the probe's cache and activations go back
         return seconds
+
+    def _scratch_chunk(self) -> tuple[KVCache, torch.Tensor]:
+        """A KV cache for one full chunk and a chunk of token ids, for timing probes."""
+        config = self.model.config
+        dtype = next(self.model.parameters()).dtype
+        chunk = min(self.prefill_chunk_tokens, config.max_position_embeddings)
+        kv = KVCache.for_config(config, chunk, dtype, self.device)
+        return kv, torch.arange(chunk, device=self.device) % config.vocab_size
 
     def _timed_prefill(self, kv: KVCache, ids: torch.Tensor) -> float:
         return self._timed(lambda: self._called_prefill(kv, ids, 0))
@@ -327,11 +331,8 @@ class GraphDecoder:
         self.prefill_graphs = None
         if not self.use_cuda_graphs or not self._prefill_capturable():
             return {}
-        config = self.model.config
-        dtype = next(self.model.parameters()).dtype
-        chunk = min(self.prefill_chunk_tokens, config.max_position_embeddings)
-        kv = KVCache.for_config(config, chunk, dtype, self.device)
-        ids = torch.arange(chunk, device=self.device) % config.vocab_size
+        kv, ids = self._scratch_chunk()
+        chunk = ids.shape[0]
         probe = PrefillGraphs(self._padded_prefill, self.device, chunk)
         replay_s = min(self._timed(lambda: probe.run(kv, ids)) for _ in range(repeats + 1))
         if not probe.max_tokens:  # the capture failed (logged): called prefills only
@@ -368,13 +369,17 @@ class GraphDecoder:
         return prefill(self.model, kv, ids, 0, self.prefill_chunk_tokens, self.moe_impl,
                        self._graph_prefill_ops, last_index=last_index)
 
+    def _graph_bucket(self, kv: KVCache, num_tokens: int, start_pos: int) -> int | None:
+        """The bucket a prefill graph replays this prompt at, or None: it runs called."""
+        graphs = self.prefill_graphs
+        if graphs is None or start_pos != 0 or not self._prefill_capturable():
+            return None
+        return graphs.bucket(num_tokens, kv)
+
     def prefill_reach(self, kv: KVCache, num_tokens: int, start_pos: int) -> int:
         """How many positions prefilling num_tokens at start_pos writes K/V into: a replayed
         prompt writes its whole bucket (map that much first)."""
-        graphs = self.prefill_graphs
-        size = None
-        if graphs is not None and start_pos == 0 and self._prefill_capturable():
-            size = graphs.bucket(num_tokens, kv)
+        size = self._graph_bucket(kv, num_tokens, start_pos)
         return size if size is not None else start_pos + num_tokens
 
     def drop_prefill_graphs(self) -> None:
@@ -412,12 +417,10 @@ class GraphDecoder:
 
         A fresh prompt that a prefill graph takes is replayed; K/V are then written up to
         `prefill_reach` positions."""
-        graphs = self.prefill_graphs
-        if (graphs is not None and start_pos == 0 and token_ids.dim() == 1
-                and graphs.bucket(token_ids.shape[0], kv) is not None
-                and self._prefill_capturable()):
+        if (token_ids.dim() == 1
+                and self._graph_bucket(kv, token_ids.shape[0], start_pos) is not None):
             with torch.inference_mode():
-                return graphs.run(kv, token_ids)
+                return self.prefill_graphs.run(kv, token_ids)
         return self._called_prefill(kv, token_ids, start_pos)
 
     def _called_prefill(self, kv: KVCache, token_ids: torch.Tensor,
