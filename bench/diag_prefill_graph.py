@@ -81,7 +81,7 @@ def main() -> int:
                     replay_s = best_wall_s(graph.replay, 5)
                     del graph
                     replayed = f"{replay_s * 1e3:.2f} ms replayed ({called_s / replay_s:.2f}x)"
-                except Exception as exc:  # a capture can fail on a host sync: say which
+                except RuntimeError as exc:  # a capture fails on a host sync: say which
                     replayed = f"capture failed: {type(exc).__name__}: {exc}"[:200]
                 print(f"{label} {num_tokens} tok {name}: {called_s * 1e3:.2f} ms called, "
                       f"{replayed}", flush=True)

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -308,7 +309,7 @@ class GraphDecoder:
         return kv, torch.arange(chunk, device=self.device) % config.vocab_size
 
     def _timed_prefill(self, kv: KVCache, ids: torch.Tensor) -> float:
-        return self._timed(lambda: self._called_prefill(kv, ids, 0))
+        return self._timed(partial(self._called_prefill, kv, ids, 0))
 
     def _timed(self, fn) -> float:
         if self.device.type == "cuda":
@@ -334,12 +335,11 @@ class GraphDecoder:
         kv, ids = self._scratch_chunk()
         chunk = ids.shape[0]
         probe = PrefillGraphs(self._padded_prefill, self.device, chunk)
-        replay_s = min(self._timed(lambda: probe.run(kv, ids)) for _ in range(repeats + 1))
+        replay_s = min(self._timed(partial(probe.run, kv, ids)) for _ in range(repeats + 1))
         if not probe.max_tokens:  # the capture failed (logged): called prefills only
             return {}
-        small = ids[:MIN_BUCKET_TOKENS]
-        host_s = min(self._timed(lambda: self._called_prefill(kv, small, 0))
-                     for _ in range(repeats + 1))
+        called = partial(self._called_prefill, kv, ids[:MIN_BUCKET_TOKENS], 0)
+        host_s = min(self._timed(called) for _ in range(repeats + 1))
         probe.clear()
         del kv
         torch.cuda.empty_cache()
