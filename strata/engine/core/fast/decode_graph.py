@@ -124,7 +124,11 @@ class GraphDecoder:
                 self.use_cuda_graphs = False
                 self._add_note("MoE loop: no CUDA graph")
         self.step_hook = step_hook if self.moe_impl != "loop" else None
-        self._moe_layers = moe_layers
+        # A prefill graph cannot hold the MoE loop, which asks the host which experts run: a
+        # partial expert cache prefills through it whatever decode uses. Fixed at load, as
+        # residency is.
+        self._prefill_capturable = not moe_layers or (
+            self.moe_impl != "loop" and all(m.expert_weights is None for m in moe_layers))
         self.ops = self.prefill_ops = EAGER_OPS
         if compile_pointwise if compile_pointwise is not None else is_cuda:
             self.ops = compiled_ops()
@@ -293,7 +297,7 @@ class GraphDecoder:
         seconds: dict[str, float] = {}
         for name, ops in (("compiled", compiled), ("eager", eager)):
             self.prefill_ops = ops
-            seconds[name] = min(self._timed_prefill(kv, ids) for _ in range(repeats + 1))
+            seconds[name] = self._best_s(partial(self._called_prefill, kv, ids, 0), repeats + 1)
         self.prefill_ops = eager if faster_prefill_ops(seconds) == "eager" else compiled
         del kv
         if self.device.type == "cuda":
@@ -308,17 +312,18 @@ class GraphDecoder:
         kv = KVCache.for_config(config, chunk, dtype, self.device)
         return kv, torch.arange(chunk, device=self.device) % config.vocab_size
 
-    def _timed_prefill(self, kv: KVCache, ids: torch.Tensor) -> float:
-        return self._timed(partial(self._called_prefill, kv, ids, 0))
-
-    def _timed(self, fn) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        started_s = time.perf_counter()
-        fn()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter() - started_s
+    def _best_s(self, fn, runs: int) -> float:
+        """Wall seconds of the fastest of `runs` calls of fn, each between device syncs."""
+        best_s = float("inf")
+        for _ in range(runs):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            started_s = time.perf_counter()
+            fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            best_s = min(best_s, time.perf_counter() - started_s)
+        return best_s
 
     @torch.inference_mode()
     def plan_prefill_graphs(self, repeats: int = 2) -> dict[str, float]:
@@ -330,16 +335,16 @@ class GraphDecoder:
         cache whose graph and pool are dropped after. Returns both and the longest prompt
         that takes a graph (graph_tokens); {} where graphs are off or cannot run."""
         self.prefill_graphs = None
-        if not self.use_cuda_graphs or not self._prefill_capturable():
+        if not self.use_cuda_graphs or not self._prefill_capturable:
             return {}
         kv, ids = self._scratch_chunk()
         chunk = ids.shape[0]
         probe = PrefillGraphs(self._padded_prefill, self.device, chunk)
-        replay_s = min(self._timed(partial(probe.run, kv, ids)) for _ in range(repeats + 1))
+        replay_s = self._best_s(partial(probe.run, kv, ids), repeats + 1)
         if not probe.max_tokens:  # the capture failed (logged): called prefills only
             return {}
-        called = partial(self._called_prefill, kv, ids[:MIN_BUCKET_TOKENS], 0)
-        host_s = min(self._timed(called) for _ in range(repeats + 1))
+        host_s = self._best_s(partial(self._called_prefill, kv, ids[:MIN_BUCKET_TOKENS], 0),
+                              repeats + 1)
         probe.clear()
         del kv
         torch.cuda.empty_cache()
@@ -357,13 +362,6 @@ class GraphDecoder:
         self.prefill_graphs = (PrefillGraphs(self._padded_prefill, self.device, max_tokens)
                                if max_tokens else None)
 
-    def _prefill_capturable(self) -> bool:
-        # The MoE loop (a partial expert cache prefills through it) asks the host which
-        # experts run; a dense model has no MoE (its moe_impl is "loop" all the same).
-        if not self._moe_layers:
-            return True
-        return self.moe_impl != "loop" and all(m.expert_weights is None for m in self._moe_layers)
-
     def _padded_prefill(self, kv: KVCache, ids: torch.Tensor,
                         last_index: torch.Tensor) -> torch.Tensor:
         return prefill(self.model, kv, ids, 0, self.prefill_chunk_tokens, self.moe_impl,
@@ -372,7 +370,7 @@ class GraphDecoder:
     def _graph_bucket(self, kv: KVCache, num_tokens: int, start_pos: int) -> int | None:
         """The bucket a prefill graph replays this prompt at, or None: it runs called."""
         graphs = self.prefill_graphs
-        if graphs is None or start_pos != 0 or not self._prefill_capturable():
+        if graphs is None or start_pos != 0 or not self._prefill_capturable:
             return None
         return graphs.bucket(num_tokens, kv)
 

@@ -105,7 +105,7 @@ def prefill(
                 # Later chunks read only this layer's K/V: its attention and MLP feed nothing.
                 write_kv(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin, ops)
                 break
-            last_layer = is_last_chunk and i == len(layers) - 1
+            last_layer = i == len(layers) - 1  # of the last chunk: other chunks broke above
             # A padded prompt's last row is known only on the device: its last layer attends
             # for every row, then keeps that one.
             last_only = last_layer and last_index is None
