@@ -19,12 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from limits import best_wall_s
-from speed_rows import GREEDY, _prompt
+from speed_rows import GREEDY, _prompt, engine_model
 
 from strata.engine.core.fast import GraphDecoder
-from strata.engine.core.fused_views import fuse_by_copy
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.random_weights import build_random_model, random_weights_config
 
 
 def main() -> int:
@@ -33,8 +31,7 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     args = parser.parse_args()
     device = torch.device("cuda")
-    model = build_random_model(random_weights_config(args.model), device, torch.bfloat16, seed=0)
-    fuse_by_copy(model)
+    model = engine_model(args.model, device)
     kv = KVCache.for_config(model.config, 2048, torch.bfloat16, device)
     prompt = _prompt(model.config, args.prompt_tokens, device)
     ids = prompt.tolist()

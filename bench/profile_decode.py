@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 from limits import best_wall_s
-from speed_rows import GREEDY, _prompt, decode_bytes_per_token
+from speed_rows import GREEDY, _prompt, decode_bytes_per_token, engine_model
 from torch.profiler import ProfilerActivity, profile
 
 from strata.engine.core.fast import GraphDecoder
@@ -80,11 +80,7 @@ def decode_variants(label: str, model, kv: KVCache, prompt: torch.Tensor, ops,
 
 
 def profile_model(label: str, args, device) -> None:
-    from strata.engine.core.fused_views import fuse_by_copy
-    from strata.engine.core.random_weights import build_random_model, random_weights_config
-
-    model = build_random_model(random_weights_config(label), device, torch.bfloat16, seed=0)
-    fuse_by_copy(model)  # the layout and fused q/k/v, gate/up views the engine's arenas give
+    model = engine_model(label, device)
     config = model.config
     kv = KVCache.for_config(config, 2048, torch.bfloat16, device)
     decoder = GraphDecoder(model)

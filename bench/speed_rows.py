@@ -14,8 +14,10 @@ import torch
 from report import figure  # bench/report.py; suite.py puts bench/ on sys.path
 
 from strata.engine.core.fast import GraphDecoder
+from strata.engine.core.fused_views import fuse_by_copy
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.model_config import ModelConfig
+from strata.engine.core.random_weights import build_random_model, random_weights_config
 from strata.engine.protocol import SamplingSpec
 
 GREEDY = SamplingSpec(max_tokens=1 << 20, temperature=0.0)
@@ -50,6 +52,14 @@ def prefill_flop(config: ModelConfig, num_tokens: int, start_pos: int = 0) -> fl
     attention_flop = (4 * config.num_hidden_layers * config.num_attention_heads
                       * config.head_dim * num_tokens * mean_keys)
     return weight_flop + attention_flop
+
+
+def engine_model(label: str, device) -> torch.nn.Module:
+    """A preset with seeded random bf16 weights, laid out as the engine's arenas lay it out
+    (fused q/k/v and gate/up views)."""
+    model = build_random_model(random_weights_config(label), device, torch.bfloat16, seed=0)
+    fuse_by_copy(model)
+    return model
 
 
 def _prompt(config: ModelConfig, num_tokens: int, device) -> torch.Tensor:

@@ -80,6 +80,14 @@ def _peer_results(stdout: str | bytes | None) -> dict | None:
     return json.loads(lines[-1][len("PEER_JSON "):]) if lines else None
 
 
+def _peer_command(ctx: BenchContext, script: str, *options: str) -> list[str]:
+    """A peer script's command line, with the suite's prompt, decode and prefill lengths."""
+    return [sys.executable, str(BENCH_DIR / script), *options,
+            "--prompt-tokens", str(ctx.args.prompt_tokens),
+            "--decode-tokens", str(ctx.args.decode_tokens),
+            "--prefill-tokens", str(ctx.args.prefill_tokens)]
+
+
 def _run_peer(ctx: BenchContext, name: str, cmd: list[str], limit_s: float) -> tuple[dict, str]:
     """Run one peer script for at most limit_s and within the suite's deadline: (its
     PEER_JSON result or {"error"}, a note when the timeout cut a later stage)."""
@@ -125,10 +133,7 @@ def peer_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list[dic
     if label not in ctx.args.peer_models:
         note = "skipped: not in --peer-models"
         return [figure(f"peer {label}", float("nan"), "-", notes=note)]
-    cmd = [sys.executable, str(BENCH_DIR / "peer_transformers.py"), "--model", label,
-           "--prompt-tokens", str(ctx.args.prompt_tokens),
-           "--decode-tokens", str(ctx.args.decode_tokens),
-           "--prefill-tokens", str(ctx.args.prefill_tokens)]
+    cmd = _peer_command(ctx, "peer_transformers.py", "--model", label)
     if label not in ctx.args.peer_compile_models:
         cmd.append("--no-compile")
     result, cut = _run_peer(ctx, f"peer {label}", cmd, ctx.args.peer_timeout_s)
@@ -150,11 +155,8 @@ def llamacpp_rows(ctx: BenchContext, label: str, ours: dict[str, float]) -> list
     """llama.cpp's llama-bench on the same preset (llamacpp_peer.py), where --llama-bench
     names a build and the preset is a dense llama model."""
     name = f"peer llama.cpp {label}"
-    cmd = [sys.executable, str(BENCH_DIR / "llamacpp_peer.py"),
-           "--llama-bench", ctx.args.llama_bench, "--model", label,
-           "--prompt-tokens", str(ctx.args.prompt_tokens),
-           "--decode-tokens", str(ctx.args.decode_tokens),
-           "--prefill-tokens", str(ctx.args.prefill_tokens)]
+    cmd = _peer_command(ctx, "llamacpp_peer.py", "--llama-bench", ctx.args.llama_bench,
+                        "--model", label)
     result, _ = _run_peer(ctx, name, cmd, ctx.args.llamacpp_timeout_s)
     if "error" in result:
         return [figure(name, float("nan"), "-", notes=result["error"])]
@@ -193,9 +195,6 @@ def hardware(device: torch.device) -> dict:
 
 def run_bench(args: argparse.Namespace) -> dict:
     """Run the suite; returns the report (also written to args.out/bench.json)."""
-    from strata.engine.core.fused_views import fuse_by_copy
-    from strata.engine.core.random_weights import build_random_model, random_weights_config
-
     if not torch.cuda.is_available():
         raise SystemExit("strata bench: no CUDA GPU here; the speed suite needs an NVIDIA GPU")
     device = torch.device("cuda")
@@ -206,8 +205,7 @@ def run_bench(args: argparse.Namespace) -> dict:
     for label in args.models:
         ctx.log(f"building {label} (random weights, bf16)")
         t0 = time.perf_counter()
-        model = build_random_model(random_weights_config(label), device, torch.bfloat16, seed=0)
-        fuse_by_copy(model)  # the layout and fused q/k/v, gate/up views the engine's arenas give
+        model = speed_rows.engine_model(label, device)
         torch.cuda.synchronize()
         ctx.log(f"  built in {time.perf_counter() - t0:.1f} s")
         for row in ROWS:

@@ -70,7 +70,7 @@ def test_buckets_are_powers_of_two_up_to_the_limit() -> None:
 
 
 def test_graphs_stop_where_a_replay_would_outlast_the_host() -> None:
-    # H200 figures (bench/diag_prefill_graph.py): a 4096-token chunk replayed, a called
+    # H200 figures (bench/diag_prefill_ops.py --replay): a 4096-token chunk replayed, a called
     # prefill's host time.
     assert graph_tokens(host_s=0.025, chunk_replay_s=0.0064, chunk_tokens=4096) == 4096  # SmolLM2
     assert graph_tokens(host_s=0.040, chunk_replay_s=0.106, chunk_tokens=4096) == 1024  # Llama-3-8B

@@ -3,9 +3,9 @@
 Called from Python, a prefill chunk costs the host about the same whatever its length: on an
 H200, 25 ms for SmolLM2-135M, 42 ms for Llama-3-8B and 59 ms for Qwen3-30B-A3B (compiled
 groups), while their GPU work for 512 tokens is 1.9, 12.8 and 16.2 ms; replayed from a graph,
-that is all the prefill costs (bench/diag_prefill_graph.py). So a prompt that starts a slot
-(position 0) and fits one chunk is padded to a power-of-two bucket and replayed from that
-bucket's graph. The rows past the prompt write K/V that decoding overwrites before reading,
+that is all the prefill costs (bench/diag_prefill_ops.py --replay). So a prompt that starts
+a slot (position 0) and fits one chunk is padded to a power-of-two bucket and replayed from
+that bucket's graph. The rows past the prompt write K/V that decoding overwrites before reading,
 and causal attention keeps them out of the prompt's rows; the logits come from the prompt's
 last row, named by a device tensor (prefill's last_index).
 
