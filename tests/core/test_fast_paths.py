@@ -26,7 +26,7 @@ from strata.engine.core.fast.decode_graph import bucket_for
 from strata.engine.core.fast.graph_sampler import GraphSampler, exponential_noise, sampling_key
 from strata.engine.core.fast.moe_grouped import experts_bmm, route, select_moe_impl
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.model_config import ModelConfig, ModelFormatError
+from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.random_weights import (
     PRESETS,
     build_random_model,
@@ -35,19 +35,9 @@ from strata.engine.core.random_weights import (
 )
 from strata.engine.core.sampling import Sampler
 from strata.engine.protocol import SamplingSpec
+from tests.helpers.fast_configs import TINY_CONFIGS
 
-_COMMON = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 16, "max_position_embeddings": 512}
-CONFIGS = {
-    "llama": ModelConfig(model_type="llama", **_COMMON),
-    "qwen2": ModelConfig(model_type="qwen2", attention_bias=True, **_COMMON),
-    "qwen3": ModelConfig(model_type="qwen3", tie_word_embeddings=True, **_COMMON),
-    "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=6, num_experts_per_tok=2,
-                             moe_intermediate_size=24, mlp_only_layers=(0,), **_COMMON),
-    "mixtral": ModelConfig(model_type="mixtral", num_experts=4, num_experts_per_tok=2,
-                           moe_intermediate_size=32, **_COMMON),
-}
+CONFIGS = TINY_CONFIGS
 GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
 
 
@@ -361,7 +351,7 @@ def test_fused_decode_attention_refuses_what_it_cannot_run() -> None:
 
     attn = tiny_model("llama").model.layers[0].self_attn
     assert "dtype" in check_fused(attn, torch.bfloat16, torch.device("cpu"))
-    config = ModelConfig(model_type="llama", **{**_COMMON, "head_dim": 12})
+    config = dataclasses.replace(CONFIGS["llama"], head_dim=12)
     odd = build_random_model(config, "cpu", torch.float32, seed=0).model.layers[0].self_attn
     assert "power-of-two head_dim" in check_fused(odd, torch.float32, torch.device("cpu"))
     decoder = GraphDecoder(build_random_model(config, "cpu", torch.float32, seed=0),

@@ -23,17 +23,10 @@ from strata.engine.core.fast.prefill_graph import (
     prompt_bucket,
 )
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.random_weights import build_random_model
+from tests.helpers.fast_configs import TINY_CONFIGS
 
-_COMMON = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 16, "max_position_embeddings": 512}
-CONFIGS = {
-    "llama": ModelConfig(model_type="llama", **_COMMON),
-    "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=6, num_experts_per_tok=2,
-                             moe_intermediate_size=24, mlp_only_layers=(0,), **_COMMON),
-}
+CONFIGS = {name: TINY_CONFIGS[name] for name in ("llama", "qwen3_moe")}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

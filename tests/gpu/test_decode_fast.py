@@ -15,17 +15,11 @@ from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.random_weights import build_random_model
 from strata.engine.protocol import SamplingSpec
+from tests.helpers.fast_configs import SMALL_CONFIGS
 
 pytestmark = pytest.mark.gpu
 
-_COMMON = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384, "num_hidden_layers": 3,
-               "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32,
-               "max_position_embeddings": 40000}
-CONFIGS = {
-    "llama": ModelConfig(model_type="llama", **_COMMON),
-    "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=16, num_experts_per_tok=4,
-                             moe_intermediate_size=128, **_COMMON),
-}
+CONFIGS = SMALL_CONFIGS
 GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
 PROMPT = [(11 * i + 5) % 512 for i in range(40)]
 
@@ -220,8 +214,8 @@ def test_fused_views_on_vmm_arena_match_separate_projections(model_type) -> None
     from strata.engine.core.weight_source import RandomWeights
 
     # head_dim 64: a bf16 k/v bias of 2 heads is 256 bytes, so Qwen2's biases lie adjacent too.
-    config = ModelConfig(model_type=model_type, attention_bias=model_type == "qwen2",
-                         **{**_COMMON, "head_dim": 64})
+    config = dataclasses.replace(CONFIGS["llama"], model_type=model_type,
+                                 attention_bias=model_type == "qwen2", head_dim=64)
     backend = backend_for("cuda")
     memory = ModelMemory(backend, torch.bfloat16)
     try:

@@ -10,21 +10,14 @@ import torch
 
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.random_weights import build_random_model
 from strata.engine.protocol import SamplingSpec
 from tests.gpu.gpu_helpers import build_with_expert_cache
+from tests.helpers.fast_configs import SMALL_CONFIGS
 
 pytestmark = pytest.mark.gpu
 
-_COMMON = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384,
-           "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "head_dim": 32, "max_position_embeddings": 4096}
-CONFIGS = {
-    "llama": ModelConfig(model_type="llama", **_COMMON),
-    "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=16, num_experts_per_tok=4,
-                             moe_intermediate_size=128, **_COMMON),
-}
+CONFIGS = SMALL_CONFIGS
 GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
 PROMPT = [(11 * i + 5) % 512 for i in range(40)]
 

@@ -1,0 +1,28 @@
+"""Small ModelConfigs the fast-path tests share: TINY_CONFIGS for float32 parity on the CPU,
+SMALL_CONFIGS for bf16 on a GPU (wide enough for the Triton and cuBLAS paths to engage)."""
+
+from __future__ import annotations
+
+from strata.engine.core.model_config import ModelConfig
+
+_TINY = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 80,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "head_dim": 16, "max_position_embeddings": 512}
+TINY_CONFIGS = {
+    "llama": ModelConfig(model_type="llama", **_TINY),
+    "qwen2": ModelConfig(model_type="qwen2", attention_bias=True, **_TINY),
+    "qwen3": ModelConfig(model_type="qwen3", tie_word_embeddings=True, **_TINY),
+    "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=6, num_experts_per_tok=2,
+                             moe_intermediate_size=24, mlp_only_layers=(0,), **_TINY),
+    "mixtral": ModelConfig(model_type="mixtral", num_experts=4, num_experts_per_tok=2,
+                           moe_intermediate_size=32, **_TINY),
+}
+
+_SMALL = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384,
+          "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
+          "head_dim": 32, "max_position_embeddings": 40000}
+SMALL_CONFIGS = {
+    "llama": ModelConfig(model_type="llama", **_SMALL),
+    "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=16, num_experts_per_tok=4,
+                             moe_intermediate_size=128, **_SMALL),
+}
