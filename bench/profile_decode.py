@@ -62,14 +62,18 @@ def print_table(title: str, table: dict, per: int, wall_s: float, top: int) -> N
 def decode_variants(label: str, model, kv: KVCache, prompt: torch.Tensor, ops,
                     num_tokens: int = 64) -> None:
     """Decode tok/s (best of 3, graphs, no profiler) with the projections and norms on torch
-    or Triton, with and without PDL: what each step of the Triton decode chain gives."""
-    variants = [("torch projections and norms", False, False),
-                ("Triton projections and norms", True, False)]
+    or Triton, with and without PDL, with and without the GEMVs' prologues: what each step of
+    the Triton decode chain gives."""
+    variants = [("torch projections and norms", False, False, False),
+                ("Triton projections and norms", True, False, False)]
     if ops.pdl:
-        variants.append(("Triton projections and norms, PDL", True, True))
-    for name, dense, use_pdl in variants:
+        variants.append(("Triton projections and norms, PDL", True, True, False))
+    variants.append(("Triton, PDL where the GPU has it, norms and SiLU in the GEMVs' prologues",
+                     True, ops.pdl, True))
+    for name, dense, use_pdl, prologues in variants:
         decoder = GraphDecoder(model)
-        decoder.ops = dataclasses.replace(decoder.ops, dense_kernels=dense, pdl=use_pdl)
+        decoder.ops = dataclasses.replace(decoder.ops, dense_kernels=dense, pdl=use_pdl,
+                                          gemv_prologues=prologues)
         first = decoder.sample_first(decoder.prefill(kv, prompt, 0), GREEDY)
         decoder.prepare(kv, PROMPT_TOKENS, num_tokens, GREEDY)
         best_s = best_wall_s(

@@ -390,6 +390,20 @@ def test_dense_decode_kernels_match_torch(name: str) -> None:
     h_same, normed = decode_dense.add_rms_norm(h, None, norm.weight, norm.eps)
     assert h_same is h
     torch.testing.assert_close(normed, pointwise.rms_norm(h, norm.weight, norm.eps))
+    # The GEMVs with the norm (with and without a residual) and SiLU·mul in their prologue.
+    y = torch.randn(1, norm.weight.shape[0])
+    weight, bias = attn.q_proj.weight, attn.q_proj.bias
+    h_sum, out = decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias)
+    torch.testing.assert_close(h_sum, h + y)
+    torch.testing.assert_close(
+        out, F.linear(pointwise.rms_norm(h + y, norm.weight, norm.eps), weight, bias))
+    h_same, out = decode_dense.norm_gemv(h, None, norm.weight, norm.eps, weight, bias)
+    assert h_same is h
+    torch.testing.assert_close(out, F.linear(normed, weight, bias))
+    gate_up = torch.randn(1, 2 * weight.shape[1])
+    torch.testing.assert_close(decode_dense.silu_mul_gemv(gate_up, weight, bias),
+                               F.linear(pointwise.silu_mul(*gate_up.chunk(2, dim=-1)), weight,
+                                        bias))
 
 
 @needs_interpreter
@@ -403,6 +417,13 @@ def test_gemv_refuses_what_it_cannot_run() -> None:
         decode_dense.gemv(torch.randn(1, 8), weight.t())
     with pytest.raises(ValueError, match="one token of 16 values"):
         decode_dense.add_rms_norm(torch.randn(1, 8), None, torch.ones(16), 1e-6)
+    with pytest.raises(ValueError, match="one token of 32 values"):  # gate_up is [gate | up]
+        decode_dense.silu_mul_gemv(torch.randn(1, 16), weight)
+    with pytest.raises(ValueError, match="a weight of 8 columns"):
+        decode_dense.norm_gemv(torch.randn(1, 8), None, torch.ones(8), 1e-6, weight)
+    with pytest.raises(ValueError, match="got y \\(1, 4\\)"):
+        decode_dense.norm_gemv(torch.randn(1, 16), torch.randn(1, 4), torch.ones(16), 1e-6,
+                               weight)
 
 
 @needs_interpreter

@@ -210,6 +210,34 @@ def test_fused_views_feed_the_triton_decode_attention(arena_model) -> None:
     _assert_all_close(fused, _reference_logits(model))
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Triton CPU interpreter not enabled")
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fused_views_take_the_norm_and_activation_into_the_gemvs(name, arena_model,
+                                                                  monkeypatch) -> None:
+    """With Triton projections, a fused q/k/v (gate/up) view's GEMV runs the norm before it,
+    and the down projection SiLU·mul: the reference's logits, through the fused kernels."""
+    from strata.engine.core.fast import decode_dense
+
+    calls = {"norm_gemv": 0, "silu_mul_gemv": 0}
+
+    def counted(fn):
+        def call(*args, **kwargs):
+            calls[fn.__name__] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    for fn in (decode_dense.norm_gemv, decode_dense.silu_mul_gemv):
+        monkeypatch.setattr(decode_dense, fn.__name__, counted(fn))
+    model = arena_model(CONFIGS[name])
+    ops = PointwiseOps(fused_attention=True, dense_kernels=True)
+    _assert_all_close(_fast_logits(model, ops), _reference_logits(model))
+    dense_mlps = sum(fused_gate_up(layer.mlp) is not None for layer in model.model.layers)
+    steps = 3  # _fast_logits' decode steps
+    assert calls == {"norm_gemv": steps * (len(model.model.layers) + dense_mlps),
+                     "silu_mul_gemv": steps * dense_mlps}
+
+
 def test_unaligned_groups_fall_back_to_separate_projections(arena_model, monkeypatch) -> None:
     # 128-byte k/v biases leave gaps: no qkv view anywhere, gate/up still fused.
     model = arena_model(UNALIGNED_QWEN2)

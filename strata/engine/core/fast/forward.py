@@ -65,7 +65,9 @@ def qkv(attn, x: torch.Tensor, cos, sin, ops: PointwiseOps):
 
 def attention_decode(
     attn,
-    x: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     position: torch.Tensor,
     key_positions: torch.Tensor,
     k_cache: torch.Tensor,
@@ -74,14 +76,60 @@ def attention_decode(
     sin: torch.Tensor,
     ops: PointwiseOps,
 ) -> torch.Tensor:
-    """One token's attention over the first len(key_positions) cache slots; x [1, H]."""
-    q, k, v = project_qkv(attn, x, ops)  # [1, Hq*D], [1, Hkv*D] x2, contiguous (T=1)
+    """One token's attention over the first len(key_positions) cache slots, then o_proj;
+    q [1, Hq*D], k and v [1, Hkv*D] as projected (contiguous for one token)."""
     args = (attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions)
     if ops.fused_attention:
         out = fused_decode_attention(*args, use_pdl=ops.pdl)
     else:
         out = reference_decode_attention(*args, ops=ops)
     return linear(out, attn.o_proj.weight, attn.o_proj.bias, ops)
+
+
+def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps):
+    """(h + y, norm(h + y)) for one token; y None (the first layer): (h, norm(h))."""
+    if ops.dense_kernels:
+        return decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl)
+    if y is None:
+        return h, ops.rms_norm(h, norm.weight, norm.eps)
+    return ops.add_rms_norm(h, y, norm.weight, norm.eps)
+
+
+def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps):
+    """(h + y, linear(norm(h + y), weight, bias)) for one token: one launch (decode_dense's
+    norm_gemv) where the weight is small enough to pay, else the norm then the projection."""
+    if ops.dense_kernels and ops.gemv_prologues and decode_dense.use_prologue(weight):
+        return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl)
+    h, x = _norm_token(h, y, norm, ops)
+    return h, linear(x, weight, bias, ops)
+
+
+def _norm_qkv(attn, h, y, norm, ops: PointwiseOps):
+    """(h + y, (q, k, v)) for one token: the input norm and the q/k/v projections."""
+    fused = fused_qkv(attn)
+    if fused is None:
+        h, x = _norm_token(h, y, norm, ops)
+        return h, project_qkv(attn, x, ops)
+    weight, bias, sizes = fused
+    h, out = _norm_linear(h, y, norm, weight, bias, ops)
+    return h, out.split(sizes, dim=-1)
+
+
+def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str):
+    """(h + y, mlp(norm(h + y))) for one token. A dense SwiGLU with the fused gate/up view
+    runs as norm+gate_up and SiLU·mul+down GEMVs where they pay (decode_dense.use_prologue):
+    2 launches, not 4."""
+    gate_up = None if isinstance(mlp, SparseMoE) else fused_gate_up(mlp)
+    if gate_up is None:
+        h, x = _norm_token(h, y, norm, ops)
+        return h, mlp_forward(mlp, x, ops, moe_impl)
+    h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops)  # [1, 2I]
+    down = mlp.down_proj
+    if ops.dense_kernels and ops.gemv_prologues and decode_dense.use_prologue(down.weight):
+        return h, decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias,
+                                             use_pdl=ops.pdl)
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    return h, linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
 
 
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
@@ -115,32 +163,12 @@ def decode_step(
     """
     cos, sin = model.rope(position)  # [1, D] each
     h = model.model.embed_tokens(token_ids)  # [1, H]
-    layers = model.model.layers
-    first_norm = layers[0].input_layernorm
-    rms_norm, add_rms_norm = _token_norms(ops)
-    x = rms_norm(h, first_norm.weight, first_norm.eps)
-    for i, layer in enumerate(layers):
-        y = attention_decode(
-            layer.self_attn, x, position, key_positions, kv.k[i], kv.v[i], cos, sin, ops
-        )
-        post = layer.post_attention_layernorm
-        h, x = add_rms_norm(h, y, post.weight, post.eps)
-        y = mlp_forward(layer.mlp, x, ops, moe_impl)
-        # The next norm is the next layer's input norm, or the final norm after the last layer.
-        next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else model.model.norm
-        h, x = add_rms_norm(h, y, next_norm.weight, next_norm.eps)
+    y = None  # the last block's output, added to h by the next norm
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops)
+        y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i], cos, sin,
+                             ops)
+        h, y = _norm_mlp(layer.mlp, h, y, layer.post_attention_layernorm, ops, moe_impl)
+    _, x = _norm_token(h, y, model.model.norm, ops)
     return F.linear(x, head_weight(model)).float()  # [1, V]
-
-
-def _token_norms(ops: PointwiseOps):
-    """(rms_norm, add_rms_norm) for one token: decode_dense's kernels or ops' functions."""
-    if not ops.dense_kernels:
-        return ops.rms_norm, ops.add_rms_norm
-
-    def rms_norm(h, weight, eps):
-        return decode_dense.add_rms_norm(h, None, weight, eps, use_pdl=ops.pdl)[1]
-
-    def add_rms_norm(h, y, weight, eps):
-        return decode_dense.add_rms_norm(h, y, weight, eps, use_pdl=ops.pdl)
-
-    return rms_norm, add_rms_norm

@@ -64,9 +64,9 @@ def _block_kwargs(rows: int, cols: int, unroll: bool | None) -> dict:
     return {"BLOCK_ROWS": rows, "BLOCK_COLS": cols, **({} if unroll is None else {"UNROLL": unroll})}
 
 
-def tuned(kernel, candidates):
+def tuned(kernel, candidates, key: tuple[str, ...] = ("num_rows", "num_cols")):
     """The kernel autotuned over candidates (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None)
-    on CUDA, keyed by matrix shape; as is when interpreting."""
+    on CUDA, keyed by the arguments named in key (matrix shape); as is when interpreting."""
     if _is_interpreting():
         return kernel
     configs = [triton.Config(_block_kwargs(r, c, u), num_warps=w) for r, c, w, u in candidates]
@@ -75,8 +75,7 @@ def tuned(kernel, candidates):
     # same summation order, so a partial cache decodes bit for bit like all-resident.
     # cache_results: the picks go to Triton's disk cache, so a later load (a new engine
     # process) does not time every candidate again.
-    return triton.autotune(configs=configs, key=["num_rows", "num_cols"],
-                           cache_results=True)(kernel)
+    return triton.autotune(configs=configs, key=list(key), cache_results=True)(kernel)
 
 
 def launch(kernel, grid_for_rows, candidates, *args, use_pdl: bool = False, **kwargs) -> None:

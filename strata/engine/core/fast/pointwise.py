@@ -130,6 +130,9 @@ class PointwiseOps:
     # (checked per decoder), and every Triton kernel of a decode step chained by PDL (pdl.py).
     dense_kernels: bool = False
     pdl: bool = False
+    # With dense_kernels: a norm and SiLU·mul run in the prologue of the GEMV after them
+    # (decode_dense.norm_gemv, silu_mul_gemv). Off only to measure what that gives.
+    gemv_prologues: bool = True
 
 
 EAGER_OPS = PointwiseOps()
