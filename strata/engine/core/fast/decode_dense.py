@@ -45,7 +45,7 @@ GEMV_CONFIGS = ((1, 2048, 4, None), (2, 1024, 4, None), (2, 2048, 8, None), (4, 
 PLAIN, SILU_MUL, NORM = 0, 1, 2
 # Weights up to this size take the step before them into their GEMV's prologue. Reading 8 MiB
 # takes ~2 us at HBM speed, about what a launch costs, so dropping a launch pays (SmolLM2 decode
-# +9% and +18% in two H200 runs). Past it, every program's recomputed norm costs more than the
+# +7% to +18% in three H200 runs). Past it, every program's recomputed norm costs more than the
 # launch it saves (Qwen3-30B-A3B's 21 MB qkv: -2.5%; Llama-3-8B's 50 MB: -1%).
 PROLOGUE_MAX_WEIGHT_BYTES = 8 * MIB
 
@@ -78,7 +78,8 @@ if triton is not None:
         elif PROLOGUE == _NORM:
             h = _residual(x_ptr, y_ptr, cols, ok, HAS_RESIDUAL)
             if HAS_RESIDUAL:
-                tl.store(h_out_ptr + cols, h, mask=ok & store_h)
+                if store_h:  # a branch, not a mask: Triton 3.9's interpreter rejects ok & store_h
+                    tl.store(h_out_ptr + cols, h, mask=ok)
             normed = (h.to(tl.float32) * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
             weight = tl.load(nw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
             v = (weight * normed).to(x_ptr.dtype.element_ty)
