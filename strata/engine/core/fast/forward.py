@@ -95,10 +95,17 @@ def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps
     return ops.add_rms_norm(h, y, norm.weight, norm.eps)
 
 
+def _takes_prologue(x: torch.Tensor, weight: torch.Tensor, ops: PointwiseOps) -> bool:
+    """Whether the step before a product of one token x by weight runs in the GEMV's prologue
+    (decode_dense.use_prologue: where saving its launch pays)."""
+    return (ops.dense_kernels and ops.gemv_prologues and x.shape[0] == 1
+            and decode_dense.use_prologue(weight))
+
+
 def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps):
     """(h + y, linear(norm(h + y), weight, bias)) for one token: one launch (decode_dense's
-    norm_gemv) where the weight is small enough to pay, else the norm then the projection."""
-    if ops.dense_kernels and ops.gemv_prologues and decode_dense.use_prologue(weight):
+    norm_gemv) where it pays, else the norm then the projection."""
+    if _takes_prologue(h, weight, ops):
         return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl)
     h, x = _norm_token(h, y, norm, ops)
     return h, linear(x, weight, bias, ops)
@@ -117,19 +124,23 @@ def _norm_qkv(attn, h, y, norm, ops: PointwiseOps):
 
 def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str):
     """(h + y, mlp(norm(h + y))) for one token. A dense SwiGLU with the fused gate/up view
-    runs as norm+gate_up and SiLU·mul+down GEMVs where they pay (decode_dense.use_prologue):
-    2 launches, not 4."""
+    takes the norm into its gate/up GEMV where that pays: with `_down`, 2 launches, not 4."""
     gate_up = None if isinstance(mlp, SparseMoE) else fused_gate_up(mlp)
     if gate_up is None:
         h, x = _norm_token(h, y, norm, ops)
         return h, mlp_forward(mlp, x, ops, moe_impl)
     h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops)  # [1, 2I]
+    return h, _down(mlp, gate_up_out, ops)
+
+
+def _down(mlp, gate_up_out: torch.Tensor, ops: PointwiseOps) -> torch.Tensor:
+    """down_proj(silu(gate) * up) for gate_up_out [T, 2I] = [gate | up]: one launch
+    (decode_dense.silu_mul_gemv) for one token where it pays."""
     down = mlp.down_proj
-    if ops.dense_kernels and ops.gemv_prologues and decode_dense.use_prologue(down.weight):
-        return h, decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias,
-                                             use_pdl=ops.pdl)
-    gate, up = gate_up_out.chunk(2, dim=-1)
-    return h, linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
+    if _takes_prologue(gate_up_out, down.weight, ops):
+        return decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias, use_pdl=ops.pdl)
+    gate, up = gate_up_out.chunk(2, dim=-1)  # two [T, I] views
+    return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
 
 
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
@@ -137,12 +148,11 @@ def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch
     if isinstance(mlp, SparseMoE):
         return moe_forward(mlp, x, moe_impl, ops)
     gate_up = fused_gate_up(mlp)
+    if gate_up is not None:
+        return _down(mlp, linear(x, gate_up, None, ops), ops)
+    gate = linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias, ops)
+    up = linear(x, mlp.up_proj.weight, mlp.up_proj.bias, ops)
     down = mlp.down_proj
-    if gate_up is None:
-        gate = linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias, ops)
-        up = linear(x, mlp.up_proj.weight, mlp.up_proj.bias, ops)
-    else:
-        gate, up = linear(x, gate_up, None, ops).chunk(2, dim=-1)  # [T, 2I] -> two [T, I] views
     return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
 
 
