@@ -23,6 +23,7 @@ ICON_OF_STATE = {
     "unloaded": "unloaded",
     "failed": "error",
     "starting": "busy",
+    "waiting_for_vram": "unloaded",  # a refused load is a state, not an error
 }
 STATE_LABEL = {
     "serving": "Serving",
@@ -34,6 +35,7 @@ STATE_LABEL = {
     "unloaded": "Unloaded",
     "failed": "Error",
     "starting": "Starting",
+    "waiting_for_vram": "Waiting for VRAM",
 }
 _UP_STATES = {"serving", "loaded", "experts_released", "session_offloaded"}
 

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 import psutil
 
-from strata.engine.service.rules import Rule, RuleEvent, RulesEngine
+from strata.engine.service.rules import Rule, RuleEvent
+from strata.engine.service.rules_engine import RulesEngine
 from strata.engine.service.telemetry import GpuTelemetry, read_ram
 from strata.errors import user_message
 
@@ -74,7 +75,7 @@ def describe_error(exc: BaseException) -> str:
 @dataclass
 class HostOptions:
     poll_interval_s: float = 0.5
-    rules_interval_s: float = 2.0
+    rules_interval_s: float = 0.5  # VRAM triggers; process triggers react at once
 
 
 class ThreadServiceHost:

@@ -39,7 +39,8 @@ async def test_the_guard_waits_then_refuses_with_the_missing_mib():
     assert 0.3 <= time.monotonic() - started_s < 1.5 and reader.num_reads >= 3
     error = refused.value
     assert (error.status, error.code) == (503, "insufficient_vram") and error.retry_after_s > 0
-    assert error.message.startswith("cannot wake the model: need 1000 MiB free, 400 MiB free")
+    assert error.message.startswith(
+        "cannot wake the model yet: needs 1000 MiB free (1000 MiB reserve), 400 MiB free")
     assert "600 MiB missing" in error.message and "--min-free-vram-mib" in error.message
 
 

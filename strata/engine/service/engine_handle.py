@@ -19,9 +19,11 @@ from strata.errors import StrataError
 class EngineUnavailable(StrataError):
     """The engine could not be brought up; retry_after_s says when trying again makes sense."""
 
-    def __init__(self, message: str, retry_after_s: float | None = None):
+    def __init__(self, message: str, retry_after_s: float | None = None, *,
+                 is_out_of_memory: bool = False):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.is_out_of_memory = is_out_of_memory  # VRAM was short: a refusal, not a crash
 
 
 class EngineCommandError(StrataError):

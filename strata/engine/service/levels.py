@@ -14,7 +14,7 @@ from strata.engine.service.supervisor import EngineCommandError
 from strata.engine.service.vram_guard import RETRY_AFTER_S
 
 STATES = ("loaded", "busy", "experts_released", "session_offloaded", "sleeping", "unloaded",
-          "loading", "waking", "failed")
+          "loading", "waking", "waiting_for_vram", "failed")
 NOT_LOADED = {"experts": "none", "session": "none", "weights": "unloaded"}
 # Slot locations (engine slots_status) that hold a session outside VRAM, or nothing at all.
 _STORED_LOCATIONS = ("ram", "disk")

@@ -23,6 +23,7 @@ from strata.engine import protocol as p
 from strata.engine.service import levels as lv
 from strata.engine.service.before_load import BeforeLoadHook
 from strata.engine.service.facade import ServiceError
+from strata.engine.service.load_size import COME_BACK_WORKSPACE_BYTES, load_bytes, released_bytes
 from strata.engine.service.supervisor import EngineCommandError, EngineUnavailable, Supervisor
 from strata.engine.service.vram_guard import VramGuard
 
@@ -44,6 +45,9 @@ _COMMANDS = {
     "sleep": p.Sleep, "wake": p.Wake,
 }
 STATUS_TIMEOUT_S = 10.0
+KEPT_SLOT_FILE = "strata-kept-slot{slot}.snap"  # a rule's unload keeps the sessions here
+# What each way back maps again, by arena (load_size.released_bytes).
+_COME_BACK_ARENAS = {"wake": ("weights", "experts", "kv"), "refill_experts": ("experts",)}
 
 
 class Lifecycle:
@@ -84,6 +88,11 @@ class Lifecycle:
         self._inapplicable: set[str] = set()  # timers the engine said do not apply, until load
         self._changed = asyncio.Event()
         self._timer_task: asyncio.Task | None = None
+        # Set while a step back up is refused for want of VRAM: a state, not a failure.
+        self.waiting_for_vram: dict[str, Any] | None = None
+        self._vram_wait_s: float | None = None  # this action's guard wait (None: configured)
+        self._kept_slots: list[int] = []  # saved before a rule's unload, restored after load
+        self._load_need_bytes: int | None = None
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -113,8 +122,10 @@ class Lifecycle:
     def state(self) -> str:
         """One word of levels.STATES."""
         if self.transition:
-            return self.transition
+            return "waiting_for_vram" if self.guard.waiting else self.transition
         supervisor_state = self.supervisor.state
+        if self.waiting_for_vram is not None and supervisor_state != "loaded":
+            return "waiting_for_vram"
         if supervisor_state == "starting":
             return "loading"
         if supervisor_state in ("failed", "unloaded"):
@@ -196,23 +207,34 @@ class Lifecycle:
 
     # ---- actions ---------------------------------------------------------------------------
 
-    async def level_action(self, action: str) -> dict[str, Any]:
-        """Run a level action (DOWN_ACTIONS or UP_ACTIONS); returns {changed, freed_bytes, ...}."""
+    async def level_action(self, action: str, *, vram_wait_s: float | None = None,
+                           keep_sessions: bool = False) -> dict[str, Any]:
+        """Run a level action (DOWN_ACTIONS or UP_ACTIONS); returns {changed, freed_bytes, ...}.
+
+        vram_wait_s: how long the guard waits for VRAM on the way up (None: --vram-wait; a
+        rule's restore passes 0 and retries itself). keep_sessions: an unload saves the
+        slots' sessions first and the next load restores them (a rule's unload)."""
         action = ALIASES.get(action, action)
         if action in DOWN_ACTIONS and self.is_busy:
             raise ServiceError(409, "busy", f"a request is running; {action.replace('_', ' ')} "
                                "again when it has finished")
         before_bytes = lv.resident_bytes(self.vram())
         async with self.lane:
+            self._vram_wait_s = vram_wait_s
             try:
-                if action in DOWN_ACTIONS:
+                if action == "unload":
+                    result = await self._unload(keep_sessions=keep_sessions)
+                elif action in DOWN_ACTIONS:
                     result = await self._go_down(action)
                 else:
                     result = await self._go_up(action)
             except ServiceError as exc:
-                self.last_error = exc.message
+                if exc.code != "insufficient_vram":  # waiting for VRAM is a state, not an error
+                    self.last_error = exc.message
                 self._on_change(action, False)
                 raise
+            finally:
+                self._vram_wait_s = None
         if result.get("changed"):
             self.last_error = None
             self._on_change(action, True)
@@ -301,16 +323,24 @@ class Lifecycle:
             # point in running the hook or waiting for VRAM first.
             if not (supervisor.state == "failed" and supervisor.retry_in_s > 0):
                 await self.hook.run("load")
-                await self.guard.wait_for_room("load the model")
+                await self._wait_for_vram("load the model", self._load_bytes())
             try:
                 await supervisor.ensure_loaded()
             except EngineUnavailable as exc:
+                if exc.is_out_of_memory:  # the engine found too little VRAM: not a crash
+                    if self.keep_standby:
+                        await supervisor.start_standby()
+                    self.waiting_for_vram = {"what": "load the model", "reason": str(exc)}
+                    raise ServiceError(503, "insufficient_vram", f"cannot load the model yet: "
+                                       f"{exc}; waiting for VRAM, retry later",
+                                       retry_after_s=exc.retry_after_s) from None
                 raise ServiceError(503, "engine_unavailable", str(exc),
                                    retry_after_s=exc.retry_after_s) from None
             if supervisor.pid != self._engine_pid:  # a new process: nothing released in it
                 self._engine_pid = supervisor.pid
                 self._is_sleeping = self._experts_released = self._session_offloaded = False
                 self._inapplicable.clear()
+            await self._restore_kept_slots()
             await self._refresh()
 
     @contextlib.asynccontextmanager
@@ -322,11 +352,13 @@ class Lifecycle:
         try:
             yield
         except ServiceError as exc:
-            self.last_error = exc.message
+            if exc.code != "insufficient_vram":
+                self.last_error = exc.message
             raise
         finally:
             self.transition = None
         self.last_error = None
+        self.waiting_for_vram = None
         self._mark_activity()
 
     async def _wake(self) -> None:
@@ -339,7 +371,9 @@ class Lifecycle:
         async with self._coming_back("waking"):
             if action == "wake":
                 await self.hook.run("wake")
-            await self.guard.wait_for_room(what)
+            need_bytes = released_bytes(self.engine_info, _COME_BACK_ARENAS[action])
+            await self._wait_for_vram(
+                what, need_bytes + COME_BACK_WORKSPACE_BYTES if need_bytes else 0)
             await self._engine_level(action)
             if action == "wake":
                 self._is_sleeping = False
@@ -347,9 +381,52 @@ class Lifecycle:
                 self._experts_released = False
             await self._refresh()
 
-    async def _unload(self) -> dict[str, Any]:
+    def _load_bytes(self) -> int:
+        """What a load maps (load_size.load_bytes), computed once per model."""
+        if self._load_need_bytes is None:
+            self._load_need_bytes = load_bytes(self.supervisor.engine_config)
+        return self._load_need_bytes
+
+    async def _wait_for_vram(self, what: str, need_bytes: int) -> None:
+        """The guard, recording a refusal as the waiting_for_vram state."""
+        try:
+            await self.guard.wait_for_room(what, need_bytes, self._vram_wait_s)
+        except ServiceError as exc:
+            self.waiting_for_vram = {"what": what, "reason": exc.message}
+            log.info("%s", exc.message)  # working as designed: one line, no traceback
+            raise
+
+    async def _keep_sessions(self) -> None:
+        """Save every slot with a session to a file, so the next load restores it."""
+        if self.supervisor.pid is None or self._is_sleeping or self.engine_state == "sleeping":
+            return  # asleep, the KV is not mapped: the sessions live only in the snapshots
+        await self._refresh()
+        slots = self.engine_info.get("slots") or []
+        for row in slots:
+            slot, num_tokens = row.get("id"), int(row.get("n_tokens") or 0)
+            if not isinstance(slot, int) or num_tokens <= 0:
+                continue
+            try:
+                await self.supervisor.command(p.SaveSlot(slot, KEPT_SLOT_FILE.format(slot=slot)))
+                self._kept_slots.append(slot)
+            except (EngineCommandError, TimeoutError) as exc:
+                log.warning("slot %d's session is not kept over the unload: %s", slot, exc)
+
+    async def _restore_kept_slots(self) -> None:
+        kept, self._kept_slots = self._kept_slots, []
+        for slot in kept:
+            try:
+                await self.supervisor.command(
+                    p.RestoreSlot(slot, KEPT_SLOT_FILE.format(slot=slot)))
+            except (EngineCommandError, TimeoutError) as exc:
+                log.info("slot %d's kept session was not restored (%s); it starts afresh",
+                         slot, exc)
+
+    async def _unload(self, keep_sessions: bool = False) -> dict[str, Any]:
         supervisor = self.supervisor
         was_running = supervisor.pid is not None or supervisor.state != "unloaded"
+        if keep_sessions:
+            await self._keep_sessions()
         await supervisor.stop()
         self.engine_info, self.engine_state, self._engine_pid = {}, None, None
         self._is_sleeping = self._experts_released = self._session_offloaded = False

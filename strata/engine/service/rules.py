@@ -1,30 +1,30 @@
 """Rules: give VRAM back when something else needs the GPU, take it back when it is done.
 
-A rule is trigger -> action -> what to do when the trigger ends. Triggers: a process whose name,
-path or command line matches a pattern is running (psutil); another process holds more than N
-GiB of VRAM; free VRAM is below N GiB. Qt-free: the tray and `strata serve` both run it from
-the config file's `[[rules]]` tables. Each trigger episode fires its rule at most once.
+A rule is trigger -> action -> what to do when the trigger ends. Triggers: a process whose
+executable (or, for Python, script) matches a pattern starts (command line only with
+match = "cmdline"; rule_match.py); another process starts using the GPU (NVML, minus an
+ignore list); another process holds more than N GiB of VRAM; free VRAM is below N GiB.
+This module is the rules' configuration (Qt-free: the tray and `strata serve` both read the
+config file's `[[rules]]` tables); rules_engine.py runs them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import fnmatch
-import logging
-import os
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
-from strata.engine.service.telemetry import GpuSnapshot
+from strata.engine.service.process_watch import ProcessInfo
+from strata.engine.service.rule_match import MATCH_MODES, matches
 from strata.errors import StrataError
 from strata.units import GIB
 
-log = logging.getLogger(__name__)
+__all__ = ["ACTIONS", "GIB", "MATCH_MODES", "ON_END", "PRESETS", "ProcessInfo", "Rule",
+           "RuleConfigError", "RuleEvent", "TRIGGERS", "matches", "rule_from_table",
+           "rule_to_table", "rules_from_config"]
 
-TRIGGERS = ("process", "process_vram", "free_vram")
+TRIGGERS = ("process", "gpu_process", "process_vram", "free_vram")
+PROCESS_TRIGGERS = ("process", "gpu_process")  # fired per process, by the watchers
 ACTIONS = ("release_experts", "offload_session", "sleep", "unload")
 ON_END = ("restore", "wait")
 # The control action that undoes each level; an offloaded session comes back with the next
@@ -35,7 +35,7 @@ RESTORE_ACTION = {
     "sleep": "wake",
     "unload": "load",
 }
-_ACTION_VERB = {
+ACTION_VERB = {
     "release_experts": "Released experts",
     "offload_session": "Offloaded the session",
     "sleep": "Put the model to sleep",
@@ -49,7 +49,9 @@ class RuleConfigError(StrataError):
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule. patterns match a process name, executable path or command line (glob, any case)."""
+    """One rule. patterns: globs on what a process runs (rule_match.py); match: "exe" (the
+    executable, argv[0], a Python script) or "cmdline" (the whole command line as well);
+    ignore: processes a gpu_process trigger leaves alone (same globs)."""
 
     name: str
     trigger: str
@@ -58,6 +60,8 @@ class Rule:
     patterns: tuple[str, ...] = ()
     threshold_gib: float = 0.0
     is_enabled: bool = True
+    match: str = "exe"
+    ignore: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"rule {self.name!r}"
@@ -75,23 +79,39 @@ class Rule:
             raise RuleConfigError(
                 f'{where}: a process trigger needs a pattern, e.g. pattern = "*ComfyUI*"'
             )
-        if self.trigger != "process" and not self.threshold_gib > 0:
+        if self.match not in MATCH_MODES:
+            raise RuleConfigError(f"{where}: unknown match {self.match!r}; use exe or cmdline")
+        if self.trigger in ("process_vram", "free_vram") and not self.threshold_gib > 0:
             raise RuleConfigError(
                 f"{where}: {self.trigger} needs threshold_gib > 0, e.g. threshold_gib = 4"
             )
 
 
+# What the programs really run (tests/service/test_rule_match.py holds real command lines).
 PRESETS: dict[str, Rule] = {
-    "comfyui": Rule("ComfyUI", "process", "sleep", "restore", ("*comfyui*",)),
-    "steam": Rule("Steam game", "process", "unload", "restore", ("*steamapps/common/*",)),
+    "comfyui": Rule(
+        "ComfyUI", "process", "sleep", "restore",
+        # main.py under a ComfyUI folder (git clone, portable, desktop's resources/ComfyUI),
+        # and the desktop app itself.
+        ("*/comfyui/main.py", "*/comfyui-*/main.py", "comfyui", "comfyui.exe"),
+    ),
+    "steam": Rule("Steam game", "process", "unload", "restore", ("*/steamapps/common/*",)),
     "blender": Rule("Blender", "process", "sleep", "restore", ("blender", "blender.exe")),
     "sd-webui": Rule(
-        "Stable Diffusion web UI",
-        "process",
-        "sleep",
-        "restore",
-        ("*stable-diffusion-webui*", "*sd-webui-forge*", "*webui-forge*"),
+        "Stable Diffusion web UI", "process", "sleep", "restore",
+        # A1111 and Forge: launch.py / webui.py under their clone or one-click package.
+        ("*/stable-diffusion-webui*/launch.py", "*/stable-diffusion-webui*/webui.py",
+         "*/webui_forge*/webui/launch.py", "*/sd-webui*/launch.py", "*/sd-webui*/webui.py"),
     ),
+    "fooocus": Rule(
+        "Fooocus", "process", "sleep", "restore",
+        ("*/fooocus/entry_with_update.py", "*/fooocus/launch.py", "*/fooocus/webui.py"),
+    ),
+    "invokeai": Rule(
+        "InvokeAI", "process", "sleep", "restore",
+        ("invokeai-web", "invokeai-web.exe", "invokeai.app.run_app"),
+    ),
+    "any-gpu-app": Rule("Another GPU app", "gpu_process", "sleep", "restore"),
 }
 
 
@@ -112,12 +132,15 @@ def rule_from_table(table: Mapping[str, Any], index: int = 0) -> Rule:
             "action": preset.action,
             "on_end": preset.on_end,
             "patterns": preset.patterns,
+            "match": preset.match,
+            "ignore": preset.ignore,
         }
     if "pattern" in data:
         data["patterns"] = [data.pop("pattern")]
     if "enabled" in data:
         data["is_enabled"] = data.pop("enabled")
-    known = {"name", "trigger", "action", "on_end", "patterns", "threshold_gib", "is_enabled"}
+    known = {"name", "trigger", "action", "on_end", "patterns", "threshold_gib", "is_enabled",
+             "match", "ignore"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise RuleConfigError(
@@ -134,6 +157,9 @@ def rule_from_table(table: Mapping[str, Any], index: int = 0) -> Rule:
     merged["patterns"] = (
         (patterns,) if isinstance(patterns, str) else tuple(str(p) for p in patterns)
     )
+    ignore = merged.get("ignore", ())
+    merged["ignore"] = (ignore,) if isinstance(ignore, str) else tuple(str(p) for p in ignore)
+    merged["match"] = str(merged.get("match", "exe"))
     try:
         merged["threshold_gib"] = float(merged.get("threshold_gib", 0.0))
     except (TypeError, ValueError):
@@ -159,45 +185,11 @@ def rule_to_table(rule: Rule) -> dict[str, Any]:
         table["patterns"] = list(rule.patterns)
     if rule.threshold_gib:
         table["threshold_gib"] = rule.threshold_gib
+    if rule.match != "exe":
+        table["match"] = rule.match
+    if rule.ignore:
+        table["ignore"] = list(rule.ignore)
     return table
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    pid: int
-    name: str
-    exe: str = ""
-    cmdline: str = ""
-
-
-def list_processes() -> list[ProcessInfo]:
-    """Running processes (psutil), with the fields a pattern may match."""
-    found = []
-    for proc in psutil.process_iter(["pid", "name", "exe", "cmdline"]):
-        info = proc.info
-        found.append(
-            ProcessInfo(
-                info["pid"],
-                info.get("name") or "",
-                info.get("exe") or "",
-                " ".join(info.get("cmdline") or ()),
-            )
-        )
-    return found
-
-
-def matches(patterns: Iterable[str], proc: ProcessInfo) -> bool:
-    """True when a glob pattern (any case; \\ read as /) fits proc's name, path or command line."""
-    fields = [
-        proc.name.lower(),
-        proc.exe.lower().replace("\\", "/"),
-        proc.cmdline.lower().replace("\\", "/"),
-    ]
-    for pattern in patterns:
-        pat = pattern.strip().lower().replace("\\", "/")
-        if pat and any(fnmatch.fnmatchcase(text, pat) for text in fields if text):
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -210,12 +202,6 @@ class RuleEvent:
     is_ok: bool = True
 
 
-@dataclass
-class _Episode:
-    cause: str
-    has_fired: bool = False
-    is_applied: bool = False  # the action succeeded, so the end of the episode may undo it
-    freed_bytes: int = 0
 
 
 def held_vram_bytes(status: Mapping[str, Any]) -> int:
@@ -228,172 +214,9 @@ def gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.1f} GiB"
 
 
-@dataclass
-class RulesEngine:
-    """Evaluates rules against injected process and VRAM readers; acts through service.control."""
+def rule_hits(rule: Rule, proc: ProcessInfo) -> bool:
+    """True when proc starts rule's trigger (a process or gpu_process rule)."""
+    if rule.trigger == "process":
+        return matches(rule.patterns, proc, rule.match)
+    return not matches(rule.ignore, proc, rule.match)  # gpu_process: any GPU user not ignored
 
-    service: Any  # a ServiceFacade: control() and status()
-    rules: list[Rule]
-    on_event: Callable[[RuleEvent], None] = lambda event: None
-    process_lister: Callable[[], Iterable[ProcessInfo]] = list_processes
-    vram_reader: Callable[[], GpuSnapshot | None] = lambda: None
-    own_pids: Callable[[], set[int]] = lambda: {os.getpid()}
-    is_enabled: bool = True
-    _episodes: dict[str, _Episode] = field(default_factory=dict)
-
-    def set_rules(self, rules: list[Rule]) -> None:
-        """Replace the rules; episodes of rules that are gone are dropped without restoring."""
-        self.rules = list(rules)
-        names = {r.name for r in rules}
-        self._episodes = {k: v for k, v in self._episodes.items() if k in names}
-
-    def set_enabled(self, is_enabled: bool) -> None:
-        """Rules off forgets running episodes; what they released returns with the next request."""
-        self.is_enabled = is_enabled
-        if not is_enabled:
-            self._episodes.clear()
-
-    def _causes(self, rules: list[Rule]) -> dict[str, str | None]:
-        """For each rule, why it triggers now (a short phrase) or None."""
-        needs_procs = any(r.trigger == "process" for r in rules)
-        needs_gpu = any(r.trigger != "process" for r in rules)
-        procs = list(self.process_lister()) if needs_procs else []
-        gpu = self.vram_reader() if needs_gpu else None
-        own = self.own_pids()
-        causes: dict[str, str | None] = {}
-        for rule in rules:
-            cause = None
-            if rule.trigger == "process":
-                hit = next(
-                    (p for p in procs if p.pid not in own and matches(rule.patterns, p)), None
-                )
-                cause = rule.name if hit else None
-            elif gpu is not None and rule.trigger == "process_vram":
-                hog = next(
-                    (
-                        p
-                        for p in gpu.processes
-                        if p.pid not in own and (p.used_bytes or 0) > rule.threshold_gib * GIB
-                    ),
-                    None,
-                )
-                cause = f"{hog.name} uses {gib(hog.used_bytes)}" if hog else None
-            elif gpu is not None and rule.trigger == "free_vram":
-                episode = self._episodes.get(rule.name)
-                # Hysteresis: the episode ends only when taking our bytes back still leaves the
-                # threshold free; otherwise release -> free rises -> restore -> free falls loops.
-                reserve = episode.freed_bytes if episode else 0
-                if gpu.free_bytes - reserve < rule.threshold_gib * GIB:
-                    cause = f"free VRAM below {rule.threshold_gib:g} GiB"
-            elif gpu is None and rule.name in self._episodes:
-                cause = self._episodes[rule.name].cause  # no reading: keep the episode as it is
-            causes[rule.name] = cause
-        return causes
-
-    async def poll_once(self) -> list[RuleEvent]:
-        """One evaluation: fire rules whose trigger began, restore those whose trigger ended."""
-        if not self.is_enabled:
-            return []
-        rules = [r for r in self.rules if r.is_enabled]
-        try:
-            # psutil's walk over every process takes tens of ms: keep it off the serving loop
-            causes = await asyncio.to_thread(self._causes, rules)
-        except Exception:  # a broken lister/reader must not stop the server; try next poll
-            log.exception("rules: reading processes or VRAM failed; will retry")
-            return []
-        events = []
-        for rule in rules:
-            cause, episode = causes.get(rule.name), self._episodes.get(rule.name)
-            if cause and (episode is None or not episode.has_fired):
-                event = await self._fire(rule, episode or _Episode(cause))
-            elif not cause and episode is not None:
-                event = await self._end(rule, self._episodes.pop(rule.name))
-            else:
-                event = None
-            if event is not None:
-                events.append(event)
-                self.on_event(event)
-        return events
-
-    async def _fire(self, rule: Rule, episode: _Episode) -> RuleEvent | None:
-        self._episodes[rule.name] = episode
-        before = held_vram_bytes(self.service.status())
-        try:
-            result = await self.service.control(rule.action)
-        except Exception as exc:
-            if getattr(exc, "status", None) == 409:  # a request is running: try again next poll
-                del self._episodes[rule.name]
-                return None
-            episode.has_fired = True  # not applicable or failed: say so once per episode
-            return RuleEvent(
-                rule.name,
-                rule.action,
-                f"{rule.name}: could not {rule.action.replace('_', ' ')}"
-                f" ({getattr(exc, 'message', exc)})",
-                is_ok=False,
-            )
-        episode.has_fired = episode.is_applied = True
-        after = held_vram_bytes(self.service.status())
-        episode.freed_bytes = int((result or {}).get("freed_bytes") or max(0, before - after))
-        reason = f"for {rule.name}" if rule.trigger == "process" else f"because {episode.cause}"
-        if episode.freed_bytes:
-            sentence = (
-                f"Released {gib(episode.freed_bytes)} {reason} ({rule.action.replace('_', ' ')})"
-            )
-        else:
-            sentence = f"{_ACTION_VERB[rule.action]} {reason}"
-        return RuleEvent(rule.name, rule.action, sentence)
-
-    async def _end(self, rule: Rule, episode: _Episode) -> RuleEvent | None:
-        if not episode.is_applied:
-            return None
-        ended = (
-            f"{rule.name} ended"
-            if rule.trigger == "process"
-            else f"{rule.name}: {episode.cause} no more"
-        )
-        restore = RESTORE_ACTION[rule.action]
-        if rule.on_end == "wait" or restore is None:
-            return RuleEvent(
-                rule.name, "wait", f"{ended}; the model comes back with the next request"
-            )
-        try:
-            await self.service.control(restore)
-        except Exception as exc:
-            return RuleEvent(
-                rule.name,
-                restore,
-                f"{ended}; could not {restore.replace('_', ' ')} "
-                f"({getattr(exc, 'message', exc)}); the next request will retry",
-                is_ok=False,
-            )
-        return RuleEvent(
-            rule.name,
-            restore,
-            f"{ended}; took {gib(episode.freed_bytes)} back ({restore})"
-            if episode.freed_bytes
-            else f"{ended}; ran {restore}",
-        )
-
-    async def run(self, interval_s: float = 2.0) -> None:
-        """Poll forever (until cancelled); one failing poll is logged and the loop goes on."""
-        while True:
-            try:
-                await self.poll_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("rules: a poll failed; the server keeps running")
-            await asyncio.sleep(interval_s)
-
-
-def rules_engine_from_config(service: Any, config: Mapping[str, Any], **kwargs: Any) -> RulesEngine:
-    """A RulesEngine for a parsed config file: its [[rules]] tables and [tray] rules_enabled.
-
-    The headless server and the tray both call this; start it with
-    `asyncio.create_task(engine.run(interval_s))`.
-    """
-    is_enabled = bool((config.get("tray") or {}).get("rules_enabled", True))
-    return RulesEngine(
-        service, rules_from_config(config.get("rules", [])), is_enabled=is_enabled, **kwargs
-    )

@@ -20,7 +20,7 @@ import psutil
 from aiohttp import web
 
 from strata.engine.service.facade import ServiceError
-from strata.engine.service.rules import rules_engine_from_config
+from strata.engine.service.rules_engine import rules_engine_from_config
 from strata.engine.service.service import Service
 from strata.engine.service.settings import (
     ServeSettings,
@@ -34,7 +34,7 @@ from strata.errors import StrataError
 
 log = logging.getLogger(__name__)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
-RULES_INTERVAL_S = 2.0
+RULES_INTERVAL_S = 0.5  # the VRAM triggers; process triggers react to the watcher at once
 
 
 class ServeError(StrataError):

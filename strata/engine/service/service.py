@@ -272,10 +272,8 @@ class Service:
         if action not in ACTIONS:
             raise ServiceError(400, "not_applicable",
                                f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
-        if kwargs:
-            raise ServiceError(400, "bad_request",
-                               f"{action} takes no arguments, got {', '.join(sorted(kwargs))}")
-        result = await lifecycle.level_action(action)
+        options = _level_options(action, kwargs)
+        result = await lifecycle.level_action(action, **options)
         return {**self.status(), **result}
 
     def status(self) -> dict[str, Any]:
@@ -311,11 +309,30 @@ class Service:
             or supervisor_status.get("last_error"),
             "last_hook": self._hook.status(),
             "free_vram_bytes": self._guard.last_free_bytes,
+            "waiting_for_vram": lifecycle.waiting_for_vram if lifecycle else None,
             "retry_in_s": supervisor_status.get("retry_in_s", 0.0),
             "engine_starts": supervisor_status.get("num_starts", 0),
             "engine_crashes": supervisor_status.get("num_crashes", 0),
             "counters": self.metrics.snapshot(),
         }
+
+
+def _level_options(action: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The options a level action takes (the rules pass them): vram_wait_s on the way up,
+    keep_sessions on unload; anything else is a 400 naming it."""
+    allowed = {"unload": {"keep_sessions"}}.get(action, {"vram_wait_s"} if action in UP_ACTIONS
+                                                 else set())
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise ServiceError(400, "bad_request",
+                           f"{action} does not take {', '.join(unknown)}")
+    wait_s = kwargs.get("vram_wait_s")
+    if wait_s is not None and (isinstance(wait_s, bool) or not isinstance(wait_s, (int, float))
+                               or wait_s < 0):
+        raise ServiceError(400, "bad_request", f"vram_wait_s must be >= 0 s, got {wait_s!r}")
+    if not isinstance(kwargs.get("keep_sessions", False), bool):
+        raise ServiceError(400, "bad_request", "keep_sessions must be true or false")
+    return dict(kwargs)
 
 
 def _slot_command(action: str, kwargs: dict[str, Any]) -> Any:

@@ -34,6 +34,7 @@ __all__ = ["EngineCommandError", "EngineUnavailable", "Supervisor", "describe_ex
 log = logging.getLogger(__name__)
 
 STATES = ("unloaded", "starting", "loaded", "failed")
+OUT_OF_MEMORY_RETRY_S = 5.0  # Retry-After of a load the engine refused for want of VRAM
 
 
 class Supervisor:
@@ -66,6 +67,7 @@ class Supervisor:
         self.load_info: dict[str, Any] | None = None
         self.num_starts = 0
         self.num_crashes = 0  # unexpected exits and failed starts, over the lifetime
+        self.num_out_of_memory = 0  # loads the engine refused for want of VRAM: no crash
         self.num_consecutive_failures = 0  # reset by a finished generation
         self.state_listeners: list[Callable[[str], None]] = []
         self._retry_at_s = 0.0  # time.monotonic() before which no restart is tried
@@ -160,6 +162,13 @@ class Supervisor:
                     self._stop_requested = False
                     self._set_state("unloaded")
                     raise EngineUnavailable("the engine was stopped while it was starting") from None
+                if isinstance(exc, EngineCommandError) and exc.code == "out_of_memory":
+                    # Another program holds the VRAM: nothing crashed, the next try can work.
+                    self.num_out_of_memory += 1
+                    self._set_state("unloaded")
+                    log.info("load refused, VRAM is short: %s", exc)
+                    raise EngineUnavailable(message, retry_after_s=OUT_OF_MEMORY_RETRY_S,
+                                            is_out_of_memory=True) from None
                 self._register_failure(message)
                 raise EngineUnavailable(message, retry_after_s=self.retry_in_s or None) from None
             self.load_info = dict(reply.result)

@@ -139,3 +139,19 @@ def gpu_processes(device_index: int = 0) -> list[GpuProcess]:
         GpuProcess(pid, _process_name(nvml, pid), used) for pid, used in used_by_pid.items()
     ]
     return sorted(processes, key=lambda p: -(p.used_bytes or 0))
+
+
+def gpu_pids(device_index: int = 0) -> list[int]:
+    """Pids of the processes using the GPU (compute and graphics), without naming them: cheap
+    enough for the rules' gpu_process watcher to call ten times a second; [] without NVML."""
+    nvml = _load_nvml()
+    if nvml is None:
+        return []
+    try:
+        handle = _device_handle(nvml, device_index)
+        entries = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        entries += list(nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
+    except nvml.NVMLError as exc:
+        log.debug("NVML could not list processes of GPU %d: %s", device_index, exc)
+        return []
+    return sorted({int(entry.pid) for entry in entries})

@@ -1,0 +1,137 @@
+"""The VRAM a load, wake or refill will map, computed on the host without torch.
+
+A load maps the weights as stored (GGUF blocks stay quantized; Hugging Face floats become
+bf16), the expert cache per its policy (auto and N slots start from what the engine's own
+sizing needs at least: one sparse layer's experts, plus the engine's 2 GiB auto reserve), and a
+workspace for the CUDA context, cuBLAS and the first activations. A wake or refill maps what
+the engine reports as released. The guard compares these with free VRAM minus
+--min-free-vram-mib (vram_guard.py), so a load that cannot fit is refused before any process
+is spawned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from strata.units import GIB, MIB
+
+log = logging.getLogger(__name__)
+
+LOAD_WORKSPACE_BYTES = 768 * MIB  # CUDA context (~500 MiB), cuBLAS workspace, activations
+COME_BACK_WORKSPACE_BYTES = 256 * MIB  # activations of the first forward after a wake/refill
+AUTO_EXPERT_RESERVE_BYTES = 2 * GIB  # residency.EXPERT_RESERVE_BYTES, left free by auto
+_FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+
+
+@dataclass(frozen=True)
+class StoredSize:
+    """A model's tensor bytes as they will sit on the GPU, dense and experts apart."""
+
+    dense_bytes: int
+    expert_bytes: int
+    num_sparse_layers: int = 0
+    num_experts: int = 0  # per sparse layer
+
+    def expert_cache_bytes(self, policy: str) -> int:
+        """Bytes the expert cache maps at load under --expert-cache policy (at least)."""
+        policy = str(policy).strip().lower()
+        if not self.expert_bytes or policy == "off":
+            return 0
+        if policy == "all":
+            return self.expert_bytes
+        total_experts = max(1, self.num_sparse_layers * self.num_experts)
+        per_expert = self.expert_bytes / total_experts
+        one_layer = int(per_expert * max(1, self.num_experts))
+        if policy.isdigit():
+            return int(per_expert * max(int(policy), self.num_experts or 1))
+        for unit, scale in (("gib", GIB), ("mib", MIB)):
+            if policy.endswith(unit):
+                return max(one_layer, min(self.expert_bytes, int(float(policy[:-3]) * scale)))
+        # auto: the engine fills free VRAM minus its reserve, with one layer's experts at least
+        return min(self.expert_bytes, one_layer + AUTO_EXPERT_RESERVE_BYTES)
+
+
+def _gguf_size(path: Path) -> StoredSize:
+    from strata.engine.gguf_file import field_value, open_gguf  # numpy + gguf, no torch
+
+    reader = open_gguf(path)
+    dense = experts = 0
+    sparse_layers: set[str] = set()
+    for tensor in reader.tensors:
+        if "_exps." in tensor.name:
+            experts += int(tensor.n_bytes)
+            sparse_layers.add(tensor.name.split(".")[1])
+        else:
+            dense += int(tensor.n_bytes)
+    arch = field_value(reader, "general.architecture", "")
+    num_experts = int(field_value(reader, f"{arch}.expert_count", 0) or 0)
+    return StoredSize(dense, experts, len(sparse_layers), num_experts)
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(length))
+
+
+def _hf_size(directory: Path) -> StoredSize:
+    dense = experts = 0
+    sparse_layers: set[str] = set()
+    for file in sorted(directory.glob("*.safetensors")):
+        for name, entry in _safetensors_header(file).items():
+            if name == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            itemsize = _FLOAT_BYTES.get(entry.get("dtype", ""), 0)
+            # Floats become bf16 on the GPU; other dtypes are mapped as stored.
+            num_bytes = (end - begin) * 2 // itemsize if itemsize > 2 else end - begin
+            if ".experts." in name:
+                experts += num_bytes
+                sparse_layers.add(name.split(".experts.")[0])
+            else:
+                dense += num_bytes
+    config: Mapping[str, Any] = {}
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    return StoredSize(dense, experts, len(sparse_layers), num_experts)
+
+
+def stored_size(model_path: str) -> StoredSize | None:
+    """The model's StoredSize, or None when it cannot be told (random weights, unreadable)."""
+    path = Path(model_path)
+    try:
+        if path.is_dir():
+            return _hf_size(path)
+        if path.is_file():
+            return _gguf_size(path)
+    except Exception as exc:  # noqa: BLE001 - a model the loader will refuse with its own words
+        log.debug("cannot size %s for the VRAM guard: %s", model_path, exc)
+    return None
+
+
+def load_bytes(engine_config: Any) -> int:
+    """Bytes a load of engine_config maps: weights, expert cache per policy, workspace; 0 when
+    the model cannot be sized on the host (random weights): the reserve alone guards it."""
+    if getattr(engine_config, "random_weights", None) or str(
+            getattr(engine_config, "device", "auto")) == "cpu":
+        return 0
+    size = stored_size(str(getattr(engine_config, "model_path", "")))
+    if size is None:
+        return 0
+    policy = str(getattr(engine_config, "expert_cache", "auto"))
+    return size.dense_bytes + size.expert_cache_bytes(policy) + LOAD_WORKSPACE_BYTES
+
+
+def released_bytes(engine_info: Mapping[str, Any], arenas: tuple[str, ...]) -> int:
+    """Bytes the engine reports released in the named arenas (what a wake/refill maps back)."""
+    found = engine_info.get("arenas") or {}
+    return sum(int((found.get(name) or {}).get("released_bytes") or 0) for name in arenas)
