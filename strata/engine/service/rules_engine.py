@@ -195,7 +195,7 @@ class RulesEngine:
                 if is_hit and event.pid not in state.keys:
                     state.keys.add(event.pid)
                     state.num_new += 1
-                    state.cause = event.info.name or f"pid {event.pid}"
+                    state.cause = f"{event.info.name or 'process'} pid {event.pid}"
                     is_changed = True
                     log.info("rule %s: %s (pid %d) started", rule.name, state.cause, event.pid)
                 elif not is_hit and event.pid in state.keys:  # exec'd into something else
