@@ -8,7 +8,7 @@ The lifecycle levels work in miniature: arenas are byte counters that really cha
 experts on a MoE fake, kv growing with the tokens held), and like the real engine, generate
 raises when it would touch a released arena (sleeping weights, released experts), so a test
 passes only if the service brought them back first. An offloaded session is restored by
-generate itself, as the real engine does. While `oom_file` exists, mapping memory back (wake,
+generate itself, as the real engine does. While `oom_file` exists, mapping memory (load, wake,
 refill) fails with code out_of_memory and the missing bytes in the message.
 """
 
@@ -62,7 +62,7 @@ class FakeEngineConfig:
     weights_bytes: int = 64 * MIB
     expert_bytes: int = 0  # > 0: a MoE model whose expert cache holds this many bytes
     kv_bytes_per_token: int = 64 * 1024
-    oom_file: str | None = None  # while this file exists, wake and refill fail out_of_memory
+    oom_file: str | None = None  # while this file exists, load, wake and refill fail out_of_memory
     snapshot_dir: str | None = None  # where save_slot writes; None: a temp dir per engine
 
 
@@ -140,6 +140,10 @@ class FakeEngine:
         if self.config.fail_on_load:
             raise ValueError(f"{self.config.model_path} is not a model file (fake failure)")
         time.sleep(self.config.load_delay_s)
+        if self.config.oom_file and os.path.exists(self.config.oom_file):
+            missing_mib = max(1, self.config.weights_bytes // MIB)
+            raise FakeOutOfMemory(f"cannot map {missing_mib} MiB for the weights arena: "
+                                  f"{missing_mib} MiB missing; free VRAM and retry")
         self.arenas = {"weights": FakeArena("weights", self.config.weights_bytes)}
         self.arenas["weights"].set_resident(self.config.weights_bytes)
         if self.is_moe:

@@ -92,7 +92,9 @@ def error_code(exc: BaseException, command: Any) -> str:
     if isinstance(code, str) and code.isidentifier() and code.islower():
         return code
     name = type(exc).__name__
-    if "OutOfMemory" in name or isinstance(exc, MemoryError):
+    # ArenaMapError: a load whose arenas could not be mapped (another program holds the VRAM)
+    # is a refusal the host retries, not a failed model.
+    if "OutOfMemory" in name or isinstance(exc, MemoryError) or name == "ArenaMapError":
         return "out_of_memory"
     if "NotApplicable" in name:
         return "not_applicable"
