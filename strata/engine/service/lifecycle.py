@@ -229,7 +229,10 @@ class Lifecycle:
                 else:
                     result = await self._go_up(action)
             except ServiceError as exc:
-                if exc.code != "insufficient_vram":  # waiting for VRAM is a state, not an error
+                if exc.code == "insufficient_vram":  # waiting for VRAM is a state, not an error
+                    self.waiting_for_vram = self.waiting_for_vram or {
+                        "what": action.replace("_", " "), "reason": exc.message}
+                else:
                     self.last_error = exc.message
                 self._on_change(action, False)
                 raise
@@ -352,7 +355,10 @@ class Lifecycle:
         try:
             yield
         except ServiceError as exc:
-            if exc.code != "insufficient_vram":
+            if exc.code == "insufficient_vram":
+                self.waiting_for_vram = self.waiting_for_vram or {
+                    "what": transition, "reason": exc.message}
+            else:
                 self.last_error = exc.message
             raise
         finally:

@@ -185,7 +185,10 @@ class Service:
         try:
             await self.lifecycle.level_action("load")
         except ServiceError as exc:
-            log.error("the engine did not come up: %s", exc.message)
+            if exc.code == "insufficient_vram":  # working as designed: it loads when VRAM frees
+                log.info("the model waits for VRAM: %s", exc.message)
+            else:
+                log.error("the engine did not come up: %s", exc.message)
         self.lifecycle.start_timers()
 
     async def stop(self) -> None:
