@@ -3,6 +3,8 @@ refusal for want of VRAM that is a state (waiting_for_vram), never a crash."""
 
 from __future__ import annotations
 
+import json
+
 import gguf
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from strata.engine.service.load_size import (
     LOAD_WORKSPACE_BYTES,
     StoredSize,
     load_bytes,
+    random_weights_size,
     stored_size,
 )
 from strata.engine.service.vram_guard import VramGuard
@@ -88,8 +91,20 @@ def test_load_bytes_of_a_gpu_load_and_nothing_for_random_weights(tmp_path):
         random_weights = None
 
     assert load_bytes(Config()) == dense + experts + LOAD_WORKSPACE_BYTES
-    Config.random_weights = "qwen3-30b-a3b"
+    Config.random_weights = "qwen3-30b-a3b"  # a preset name: its shape lives with torch
     assert load_bytes(Config()) == 0
+
+
+def test_random_weights_are_sized_from_their_config_like_the_real_parameter_count(tmp_path):
+    from strata.engine.core.random_weights import PRESETS  # tests may import torch
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**PRESETS["qwen3-30b-a3b"], "num_hidden_layers": 48}))
+    size = random_weights_size(str(path))
+    params = (size.dense_bytes + size.expert_bytes) / 2
+    assert abs(params - 30.5e9) / 30.5e9 < 0.02  # Qwen3-30B-A3B: 30.5B parameters
+    assert size.expert_bytes == 2 * 48 * 128 * 3 * 2048 * 768
+    assert (size.num_sparse_layers, size.num_experts) == (48, 128)
 
 
 async def test_the_guard_counts_the_step_and_the_reserve_and_looks_once_when_asked():

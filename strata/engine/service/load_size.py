@@ -118,13 +118,39 @@ def stored_size(model_path: str) -> StoredSize | None:
     return None
 
 
+def random_weights_size(config_path: str) -> StoredSize | None:
+    """The bf16 bytes of a --random-weights config.json (Llama / Qwen3-MoE shapes); None for
+    a preset name (its table lives with torch, in the engine)."""
+    try:
+        config = json.loads(Path(config_path).read_text())
+    except (OSError, ValueError):
+        return None
+    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    head_dim = int(config.get("head_dim") or hidden // int(config["num_attention_heads"]))
+    q_dim = int(config["num_attention_heads"]) * head_dim
+    kv_dim = int(config.get("num_key_value_heads") or config["num_attention_heads"]) * head_dim
+    embed = int(config["vocab_size"]) * hidden * (1 if config.get("tie_word_embeddings") else 2)
+    attention = hidden * (2 * q_dim + 2 * kv_dim)
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    if num_experts:
+        mlp = hidden * num_experts  # the router
+        experts = layers * num_experts * 3 * hidden * int(config["moe_intermediate_size"])
+    else:
+        mlp, experts = 3 * hidden * int(config["intermediate_size"]), 0
+    dense = embed + layers * (attention + mlp)
+    return StoredSize(2 * dense, 2 * experts, layers if num_experts else 0, num_experts)
+
+
 def load_bytes(engine_config: Any) -> int:
     """Bytes a load of engine_config maps: weights, expert cache per policy, workspace; 0 when
-    the model cannot be sized on the host (random weights): the reserve alone guards it."""
-    if getattr(engine_config, "random_weights", None) or str(
-            getattr(engine_config, "device", "auto")) == "cpu":
+    the model cannot be sized on the host: the reserve alone guards it then."""
+    if str(getattr(engine_config, "device", "auto")) == "cpu":
         return 0
-    size = stored_size(str(getattr(engine_config, "model_path", "")))
+    random_config = getattr(engine_config, "random_weights", None)
+    if random_config:
+        size = random_weights_size(str(random_config))
+    else:
+        size = stored_size(str(getattr(engine_config, "model_path", "")))
     if size is None:
         return 0
     policy = str(getattr(engine_config, "expert_cache", "auto"))
