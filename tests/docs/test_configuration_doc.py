@@ -109,7 +109,8 @@ def test_an_undocumented_key_is_refused(tmp_path):
 def test_every_documented_rule_key_is_accepted():
     samples = {"preset": "comfyui", "name": "r", "trigger": "process", "pattern": "x*",
                "patterns": ["x*"], "threshold_gib": 1.0, "action": "unload",
-               "on_end": "wait", "enabled": False, "rules_enabled": True}
+               "on_end": "wait", "enabled": False, "rules_enabled": True, "match": "cmdline",
+               "ignore": ["Xorg"]}
     rule_rows = [c for c in _table_rows("`[[rules]]`")]
     keys = {k for row in rule_rows for k in _CODE.findall(row[1])}
     assert keys and keys <= set(samples), f"unexpected documented keys {keys - set(samples)}"

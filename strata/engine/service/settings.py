@@ -279,7 +279,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         add(flag, dest=field_name, type=_positive_or_zero_number, metavar="S",
             help=idle_help.format(what))
     add("--min-free-vram-mib", dest="min_free_vram_mib", type=int, metavar="MIB",
-        help="free VRAM to wait for before coming back (default 0)")
+        help="VRAM kept free on top of what a load, wake or refill maps (default 0)")
     add("--vram-wait", dest="vram_wait_s", type=_positive_or_zero_number, metavar="S",
         help="seconds to wait for that VRAM before answering 503 (default 15)")
     add("--before-load", dest="before_load", metavar="CMD",
