@@ -127,3 +127,30 @@ def test_a_factory_that_cannot_be_imported_fails_the_load_not_the_process():
         assert engine.recv().state == "standby"  # still serving
     finally:
         engine.process.kill()
+
+
+def test_a_refusal_is_one_log_line_and_a_bug_keeps_its_traceback(capfd, tmp_path):
+    oom_file = tmp_path / "no-vram"
+    oom_file.touch()
+    engine = RawEngine(FakeEngineConfig(oom_file=str(oom_file)))
+    try:
+        assert isinstance(engine.recv(), p.Ready)
+        engine.send(p.Load("fake-model"))
+        refused = engine.recv()
+        assert (refused.code, type(refused)) == ("out_of_memory", p.Error)  # VRAM is short
+        oom_file.unlink()
+        engine.send(p.Load("fake-model"))
+        assert isinstance(engine.recv(), p.Reply)
+        engine.send(p.ReleaseExperts())  # a dense fake: not applicable
+        assert engine.recv().code == "not_applicable"
+        engine.send(p.Generate("bug", (1, RAISE_TOKEN), p.SamplingSpec(max_tokens=3)))
+        engine.until_final("bug")
+        engine.send(p.Unload())
+        engine.process.join(10)
+    finally:
+        if engine.process.is_alive():
+            engine.process.kill()
+    err = capfd.readouterr().err
+    assert "Load refused (out_of_memory)" in err and "ReleaseExperts refused (not_applicable)" in err
+    assert "FakeOutOfMemory" not in err and "FakeNotApplicable" not in err  # no traceback
+    assert "Traceback" in err and "RuntimeError: fake engine failure" in err  # a bug keeps it

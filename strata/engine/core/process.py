@@ -82,6 +82,10 @@ class _CommandRefused(Exception):
         self.code = code
 
 
+# Error codes of refusals working as designed: logged as one line, never with a traceback.
+REFUSAL_CODES = frozenset({"out_of_memory", "not_applicable", "busy", "not_loaded"})
+
+
 def error_code(exc: BaseException, command: Any) -> str:
     """The protocol error code for an exception raised while running `command`."""
     if isinstance(exc, _CommandRefused):
@@ -194,12 +198,14 @@ class EngineLoop:
         except _HostGone:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one command
-            # The traceback goes to the log; the host gets a one-line Error and the loop goes on.
-            traceback.print_exc(file=sys.stderr)
-            self.send(p.Error(
-                error_code(exc, command), one_line(exc),
-                request_id=request_id, command_id=command_id,
-            ))
+            # The host gets a one-line Error and the loop goes on. A traceback goes to the log
+            # only for a bug: a refusal working as designed (no VRAM, not applicable) is a line.
+            code = error_code(exc, command)
+            if code in REFUSAL_CODES:
+                log.info("%s refused (%s): %s", type(command).__name__, code, one_line(exc))
+            else:
+                traceback.print_exc(file=sys.stderr)
+            self.send(p.Error(code, one_line(exc), request_id=request_id, command_id=command_id))
         return True
 
     # ---- commands --------------------------------------------------------------------------
