@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
 
 from strata.engine.service.rules import (
     ACTIONS,
+    MATCH_MODES,
     ON_END,
     PRESETS,
     TRIGGERS,
@@ -23,13 +24,16 @@ from strata.engine.service.rules import (
     RuleConfigError,
 )
 
-COLUMNS = ["On", "Name", "Trigger", "Pattern(s) / GiB", "Action", "When it ends"]
+COLUMNS = ["On", "Name", "Trigger", "Pattern(s) / ignore / GiB", "Action", "When it ends",
+           "Match"]
 TRIGGER_TEXT = {
-    "process": "process runs",
+    "process": "process starts",
+    "gpu_process": "another process uses the GPU",
     "process_vram": "other process VRAM >",
     "free_vram": "free VRAM <",
 }
 ON_END_TEXT = {"restore": "restore now", "wait": "wait for a request"}
+MATCH_TEXT = {"exe": "what it runs", "cmdline": "whole command line"}
 
 
 class RulesEditor(QWidget):
@@ -66,8 +70,10 @@ class RulesEditor(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(
             QLabel(
-                "When a trigger starts, Strata gives VRAM back at the chosen level; "
-                "patterns are globs matched on process name, path or command line."
+                "When a trigger starts, Strata gives VRAM back at the chosen level. Patterns "
+                "are globs on what a process runs (executable, Python script); the command "
+                "line only when Match says so. For 'another process uses the GPU' the cell "
+                "lists programs to ignore."
             )
         )
         layout.addLayout(buttons)
@@ -90,10 +96,16 @@ class RulesEditor(QWidget):
         self.table.setItem(row, 0, check)
         self.table.setItem(row, 1, QTableWidgetItem(rule.name))
         self.table.setCellWidget(row, 2, self._combo(TRIGGERS, TRIGGER_TEXT, rule.trigger))
-        what = ", ".join(rule.patterns) if rule.trigger == "process" else f"{rule.threshold_gib:g}"
+        if rule.trigger == "process":
+            what = ", ".join(rule.patterns)
+        elif rule.trigger == "gpu_process":
+            what = ", ".join(rule.ignore)
+        else:
+            what = f"{rule.threshold_gib:g}"
         self.table.setItem(row, 3, QTableWidgetItem(what))
         self.table.setCellWidget(row, 4, self._combo(ACTIONS, {}, rule.action))
         self.table.setCellWidget(row, 5, self._combo(ON_END, ON_END_TEXT, rule.on_end))
+        self.table.setCellWidget(row, 6, self._combo(MATCH_MODES, MATCH_TEXT, rule.match))
 
     def set_rules(self, rules: list[Rule]) -> None:
         self.table.setRowCount(0)
@@ -112,9 +124,12 @@ class RulesEditor(QWidget):
             what = (self.table.item(row, 3).text() if self.table.item(row, 3) else "").strip()
             name = self.table.item(row, 1).text().strip() or f"rule {row + 1}"
             patterns: tuple[str, ...] = ()
+            ignore: tuple[str, ...] = ()
             threshold_gib = 0.0
             if trigger == "process":
                 patterns = tuple(p.strip() for p in what.split(",") if p.strip())
+            elif trigger == "gpu_process":
+                ignore = tuple(p.strip() for p in what.split(",") if p.strip())
             else:
                 try:
                     threshold_gib = float(what)
@@ -132,6 +147,8 @@ class RulesEditor(QWidget):
                     patterns,
                     threshold_gib,
                     self.table.item(row, 0).checkState() == Qt.CheckState.Checked,
+                    match=self.table.cellWidget(row, 6).currentData(),
+                    ignore=ignore,
                 )
             )
         names = [r.name for r in result]

@@ -98,3 +98,16 @@ def test_autostart_toggle_writes_the_desktop_entry(qtbot, tmp_path):
     window.autostart.setChecked(False)
     assert window.save()
     assert not entry.exists()
+
+
+def test_the_rules_editor_keeps_the_match_mode_and_a_gpu_rules_ignore_list(qtbot, tmp_path):
+    from strata.engine.service.rules import Rule
+
+    window = SettingsWindow(tmp_path / "config.toml")
+    qtbot.addWidget(window)
+    window.load()
+    loose = Rule("by argument", "process", "sleep", "restore", ("*--my-flag*",), match="cmdline")
+    gpu = Rule("any", "gpu_process", "release_experts", "wait", ignore=("Xorg", "kwin*"))
+    window.rules_editor.set_rules([loose, gpu, PRESETS["comfyui"]])
+    assert window.rules_editor.table.item(1, 3).text() == "Xorg, kwin*"
+    assert window.rules_editor.rules() == [loose, gpu, PRESETS["comfyui"]]

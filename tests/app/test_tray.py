@@ -115,7 +115,9 @@ def test_rules_check_switches_the_host(qtbot, make_bridge):
 def test_a_rule_action_fires_a_notification(qtbot, make_bridge, fake_service):
     """A real process (psutil lister) triggers a real RulesEngine on the host's loop."""
     marker = "strata-rule-trigger-test"
-    rule = Rule("Marker app", "process", "release_experts", "restore", (f"*{marker}*",))
+    # The marker is only an argument of `python -c`: command-line matching, opted into.
+    rule = Rule("Marker app", "process", "release_experts", "restore", (f"*{marker}*",),
+                match="cmdline")
     bridge = make_bridge(rules=[rule])
     tray = TrayController(bridge)
     # Started through a shell that exits at once, so it is not our child: Strata ignores its
@@ -141,5 +143,5 @@ def test_a_rule_action_fires_a_notification(qtbot, make_bridge, fake_service):
     finally:
         os.kill(other_pid, signal.SIGKILL)
     qtbot.waitUntil(
-        lambda: fake_service.calls == ["release_experts", "refill_experts"], timeout=10000
+        lambda: fake_service.calls == ["release_experts", "load"], timeout=10000
     )
