@@ -66,6 +66,13 @@ class RefillExperts:
 
 
 @dataclass(frozen=True)
+class ResizeExperts:
+    """Serve from num_slots expert slots (shrink_experts frees VRAM; more grows back)."""
+
+    num_slots: int
+
+
+@dataclass(frozen=True)
 class OffloadSession:
     pass
 
@@ -117,7 +124,7 @@ class Envelope:
 
 
 Command = Union[
-    Load, Unload, Generate, Cancel, ReleaseExperts, RefillExperts, OffloadSession,
+    Load, Unload, Generate, Cancel, ReleaseExperts, RefillExperts, ResizeExperts, OffloadSession,
     RestoreSession, Sleep, Wake, SaveSlot, RestoreSlot, EraseSlot, GetStatus,
 ]
 

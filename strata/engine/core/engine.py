@@ -353,6 +353,14 @@ class Engine:
         self._require_model()
         return self.memory.refill_experts()
 
+    def resize_experts(self, num_slots: int) -> dict:
+        """Serve from num_slots expert slots: fewer frees VRAM while the model keeps answering
+        (misses read from the host copy), more grows back; see ModelMemory.resize_experts."""
+        self._require_model()
+        result = self.memory.resize_experts(num_slots)
+        self._empty_device_cache()
+        return result
+
     def sleep(self) -> dict:
         """Offload the sessions (snapshots first), then release weights, experts and KV.
 

@@ -39,6 +39,7 @@ DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
 _LEVEL_METHODS: dict[type, str] = {
     p.ReleaseExperts: "release_experts",
     p.RefillExperts: "refill_experts",
+    p.ResizeExperts: "resize_experts",
     p.OffloadSession: "offload_session",
     p.RestoreSession: "restore_session",
     p.Sleep: "sleep",

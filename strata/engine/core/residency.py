@@ -215,7 +215,7 @@ class ModelMemory:
         """Raise EngineError unless everything a forward pass reads is mapped."""
         if self.is_sleeping:
             raise EngineError(ASLEEP)
-        if self.experts is not None and self.experts.arena.state != "mapped":
+        if self.experts is not None and self.experts.cache.is_released:
             raise EngineError(EXPERTS_RELEASED)
 
     def _experts_store(self) -> ExpertStore:
@@ -240,7 +240,9 @@ class ModelMemory:
         store = self._experts_store()
         if self.is_sleeping:
             raise EngineError(f"cannot refill the expert cache: {ASLEEP}")
-        if store.arena.state == "mapped":
+        if not store.cache.is_released:
+            if store.num_slots < store.max_slots:  # shrunk: grow back to every slot
+                return self.resize_experts(store.max_slots)
             return {"mapped_bytes": 0, "copied_bytes": 0, "seconds": 0.0}
         self.check_free_vram("refilling the expert cache", self._missing(store.arena))
         try:
@@ -254,6 +256,27 @@ class ModelMemory:
         if result.differing_slots is not None:
             out["differing_slots"] = result.differing_slots
         return out
+
+    def resize_experts(self, num_slots: int) -> dict[str, Any]:
+        """Serve from num_slots expert slots (shrink_experts), misses read from the pinned host
+        copy; not_applicable unless the cache is partial (slots mode)."""
+        store = self._experts_store()
+        if self.expert_mode != "slots":
+            raise LevelNotApplicable(
+                "every expert was wired into the model at load (they all fit), so the cache "
+                "cannot shrink while serving; start with --expert-cache N (fewer slots than "
+                "experts) to allow it, or use release_experts")
+        if self.is_sleeping or store.cache.is_released:
+            raise EngineError("the expert cache is not resident: wake or refill it first")
+        if num_slots > store.num_slots:
+            needed = (num_slots - store.num_slots) * store.bytes_per_expert
+            self.check_free_vram("growing the expert cache", needed)
+        t0 = time.perf_counter()
+        try:
+            result = store.resize(num_slots)
+        except ArenaMapError as exc:
+            raise _out_of_memory("growing the expert cache", exc) from exc
+        return {**result, "seconds": round(time.perf_counter() - t0, 6)}
 
     def release_for_sleep(self) -> int:
         """Unmap weights and experts (the caller releases KV first); returns bytes freed."""

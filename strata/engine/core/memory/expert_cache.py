@@ -116,6 +116,22 @@ class ExpertCache:
         self.num_evictions += 1
         return self._slot_of.pop(victim)
 
+    def resize(self, num_slots: int) -> list[int]:
+        """Use slots 0..num_slots-1 from now on (shrink_experts, and growing back): experts in
+        higher slots leave the table. Returns the slots they left, for the device table."""
+        if num_slots <= 0:
+            raise ValueError(f"the expert cache needs at least one slot, not {num_slots}")
+        if self.is_released:
+            raise ExpertCacheReleasedError("the expert cache is released: refill it first")
+        evicted = [(key, slot) for key, slot in self._slot_of.items() if slot >= num_slots]
+        for key, _ in evicted:
+            del self._slot_of[key]
+            del self._lru[key]
+        used = set(self._slot_of.values())
+        self._free_slots = [s for s in range(num_slots - 1, -1, -1) if s not in used]
+        self.num_slots = num_slots
+        return [slot for _, slot in evicted]
+
     def mark_all_released(self) -> None:
         """The slots' VRAM is going away: remember who was resident, then empty the table."""
         if self.is_released:

@@ -63,7 +63,7 @@ class ExpertPromotion:
     def before_step(self) -> None:
         """Refuse a released cache (a step would read unmapped slots), then act on what the
         finished steps and copies have made known."""
-        self.store.arena.check_mapped()
+        self.store.check_mapped()
         self.collect()
         self.land()
 

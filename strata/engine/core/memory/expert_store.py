@@ -87,6 +87,7 @@ class ExpertStore:
         self.layer_ids = sorted(layers)
         num_layers = num_layers if num_layers is not None else self.layer_ids[-1] + 1
         self.num_slots = min(num_slots, len(layers) * self.num_experts)
+        self.max_slots = self.num_slots  # what the arena reserves; resize() uses fewer
         self.cache = ExpertCache(num_layers, self.num_experts, self.num_slots)
         if not 0 < num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be in 1..{self.num_experts}, "
@@ -206,7 +207,7 @@ class ExpertStore:
     def fetch_slots(self, layer: int, expert_ids: Sequence[int] | torch.Tensor) -> list[int]:
         """Slots holding the requested experts, copying misses in; index `slot_weights` with
         them to use the experts without a gather copy."""
-        self.arena.check_mapped()  # a released cache must be refilled, never read
+        self.check_mapped()  # a released cache must be refilled, never read
         if self.device.type == "cuda":
             # A hit may be an expert whose promotion copy (side stream) is still on the way.
             torch.cuda.current_stream(self.device).wait_stream(side_stream(self.device))
@@ -244,6 +245,50 @@ class ExpertStore:
         self.update_table(entries=assignments)  # queued after the copies it announces
         return len(assignments) * self.bytes_per_expert
 
+    def _slot_ranges(self, first_slot: int, num_slots: int) -> list[tuple[int, int]]:
+        """(arena offset, bytes) of slots first..first+num-1 in each of gate, up and down."""
+        base = self.arena.base_address
+        return [(weights.data_ptr() - base + first_slot * nbytes, num_slots * nbytes)
+                for weights, nbytes in zip(self.slot_weights, self._proj_bytes)]
+
+    def check_mapped(self) -> None:
+        """Raise ArenaReleasedError unless the slots in use (0..num_slots-1) are mapped."""
+        if self.num_slots == self.max_slots:
+            self.arena.check_mapped()
+            return
+        for offset, nbytes in self._slot_ranges(0, self.num_slots):
+            self.arena.check_mapped(offset, nbytes)
+
+    def resize(self, num_slots: int) -> dict[str, Any]:
+        """Use num_slots slots (num_experts..max_slots): shrinking frees the chunks wholly
+        above the new count (the experts there are read from the host copy again); growing
+        maps them back, empty (misses fill them). Raises ArenaMapError (nothing changed) when
+        growing finds too little VRAM."""
+        num_slots = max(min(num_slots, self.max_slots), min(self.num_experts, self.max_slots))
+        old = self.num_slots
+        freed = mapped = 0
+        if num_slots < old:
+            self.update_table(cleared_slots=self.cache.resize(num_slots))
+            self.num_slots = num_slots
+            # Release syncs the device first: no queued step still reads those slots.
+            for offset, nbytes in self._slot_ranges(num_slots, self.max_slots - num_slots):
+                freed += self.arena.release_range(offset, nbytes)
+        elif num_slots > old:
+            done: list[tuple[int, int]] = []
+            try:
+                for offset, nbytes in self._slot_ranges(old, num_slots - old):
+                    mapped += self.arena.map_range(offset, nbytes)
+                    done.append((offset, nbytes))
+            except BaseException:
+                for offset, nbytes in done:
+                    self.arena.release_range(offset, nbytes)
+                raise
+            self.cache.resize(num_slots)
+            self.num_slots = num_slots
+        return {"num_slots": self.num_slots, "max_slots": self.max_slots,
+                "freed_bytes": freed, "mapped_bytes": mapped,
+                "resident_bytes": self.arena.resident_bytes}
+
     def release(self) -> int:
         """Give the slots' VRAM back, remembering who was resident; returns bytes freed."""
         self.cache.mark_all_released()
@@ -259,6 +304,9 @@ class ExpertStore:
         t0 = time.perf_counter()
         mapped = self.arena.refill(copy_from_host=False)
         restored = self.cache.restore_residency()
+        if self.num_slots < self.max_slots:  # shrunk before the release: back to every slot
+            self.cache.resize(self.max_slots)
+            self.num_slots = self.max_slots
         try:
             copied_bytes = self._copy_in(restored)
             if self.device.type == "cuda":
@@ -287,6 +335,7 @@ class ExpertStore:
         return {
             **self.cache.stats(),
             "bytes_per_expert": self.bytes_per_expert,
+            "max_slots": self.max_slots,
             "is_all_resident": self.is_all_resident,
             "state": self.arena.state,
             "resident_bytes": self.arena.resident_bytes,
