@@ -110,7 +110,7 @@ def test_every_documented_rule_key_is_accepted():
     samples = {"preset": "comfyui", "name": "r", "trigger": "process", "pattern": "x*",
                "patterns": ["x*"], "threshold_gib": 1.0, "action": "unload",
                "on_end": "wait", "enabled": False, "rules_enabled": True, "match": "cmdline",
-               "ignore": ["Xorg"]}
+               "ignore": ["Xorg"], "keep_free_mib": 4096}
     rule_rows = [c for c in _table_rows("`[[rules]]`")]
     keys = {k for row in rule_rows for k in _CODE.findall(row[1])}
     assert keys and keys <= set(samples), f"unexpected documented keys {keys - set(samples)}"
@@ -118,6 +118,8 @@ def test_every_documented_rule_key_is_accepted():
         table = {"trigger": "process", "pattern": "y*", key: samples[key]}
         if key == "patterns":
             table.pop("pattern")
+        if key == "keep_free_mib":
+            table["action"] = "shrink_experts"
         try:
             rule_from_table(table)
         except RuleConfigError as exc:

@@ -31,6 +31,8 @@ RAISE_TOKEN = 999_998  # generate raises RuntimeError after the first new token
 CRASH_EXIT_CODE = 1
 MIB = 1 << 20
 NUM_SLOTS = 4
+NUM_EXPERT_SLOTS = 64  # the fake MoE's expert cache, like a partial one (slots mode)
+NUM_EXPERTS = 8  # per layer: the fewest slots a resize keeps, as the engine's floor
 MODULE_IMPORTED_AT_S = time.time()  # about when this engine process started importing
 
 
@@ -127,6 +129,7 @@ class FakeEngine:
         self.context_tokens = config.context_tokens or 4096
         self.arenas: dict[str, FakeArena] = {}
         self.expert_hits = self.expert_misses = 0
+        self.num_expert_slots = NUM_EXPERT_SLOTS
         self._snapshot_dir: Path | None = None
         self._is_temp_dir = False
 
@@ -149,6 +152,7 @@ class FakeEngine:
         if self.is_moe:
             self.arenas["experts"] = FakeArena("experts", self.config.expert_bytes)
             self.arenas["experts"].set_resident(self.config.expert_bytes)
+            self.num_expert_slots = NUM_EXPERT_SLOTS
         kv_reserved = NUM_SLOTS * self.context_tokens * self.config.kv_bytes_per_token
         self.arenas["kv"] = FakeArena("kv", kv_reserved)
         self.is_loaded = True
@@ -232,7 +236,31 @@ class FakeEngine:
         arena = self._experts_arena()
         if self.is_sleeping:
             raise FakeEngineError("cannot refill experts while the weights sleep; wake first")
-        return {"mapped_bytes": arena.refill(self.config.oom_file)}
+        mapped = arena.refill(self.config.oom_file)  # what a shrink released comes back too
+        self.num_expert_slots = NUM_EXPERT_SLOTS
+        return {"mapped_bytes": mapped}
+
+    @property
+    def _bytes_per_expert(self) -> int:
+        return self.config.expert_bytes // NUM_EXPERT_SLOTS
+
+    def resize_experts(self, num_slots: int) -> dict:
+        """Like the engine's: keep at least one layer's experts; shrinking frees, growing maps
+        (out_of_memory while oom_file exists)."""
+        arena = self._experts_arena()
+        if self.is_sleeping or arena.resident_bytes == 0:
+            raise FakeEngineError("the expert cache is not resident: wake or refill it first")
+        num_slots = max(min(num_slots, NUM_EXPERT_SLOTS), NUM_EXPERTS)
+        delta_bytes = (num_slots - self.num_expert_slots) * self._bytes_per_expert
+        if delta_bytes > 0 and self.config.oom_file and os.path.exists(self.config.oom_file):
+            raise FakeOutOfMemory(f"growing the expert cache failed: {delta_bytes // MIB} MiB "
+                                  "of VRAM missing for the experts arena; free VRAM and retry")
+        arena.resident_bytes += delta_bytes
+        arena.released_bytes = max(0, arena.released_bytes - delta_bytes)
+        self.num_expert_slots = num_slots
+        return {"num_slots": num_slots, "max_slots": NUM_EXPERT_SLOTS,
+                "freed_bytes": max(0, -delta_bytes), "mapped_bytes": max(0, delta_bytes),
+                "resident_bytes": arena.resident_bytes, "seconds": 0.0}
 
     def offload_session(self) -> dict:
         self._check_not_sleeping("offload the session")
@@ -321,9 +349,16 @@ class FakeEngine:
         experts = None
         if self.is_moe:
             lookups = self.expert_hits + self.expert_misses
-            experts = {"slots": 8, "resident": 8 if self.arenas["experts"].resident_bytes else 0,
-                       "hits": self.expert_hits, "misses": self.expert_misses,
-                       "hit_rate": self.expert_hits / lookups if lookups else 0.0}
+            arena = self.arenas["experts"]
+            # The real ExpertStore.status() keys, with the mode ModelMemory adds.
+            experts = {"mode": "slots", "num_slots": self.num_expert_slots,
+                       "max_slots": NUM_EXPERT_SLOTS, "bytes_per_expert": self._bytes_per_expert,
+                       "num_resident": self.num_expert_slots if arena.resident_bytes else 0,
+                       "num_hits": self.expert_hits, "num_misses": self.expert_misses,
+                       "num_evictions": 0, "is_all_resident": False,
+                       "hit_rate": self.expert_hits / lookups if lookups else None,
+                       "is_released": arena.resident_bytes == 0, "state": arena.state,
+                       "resident_bytes": arena.resident_bytes}
         return {
             "state": "sleeping" if self.is_sleeping else "loaded",
             **self.info(),

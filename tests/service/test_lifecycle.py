@@ -61,7 +61,7 @@ async def test_a_fresh_load_reports_every_level_and_its_bytes(service):
     assert status["vram"]["experts"] == {"resident_bytes": EXPERT_BYTES, "released_bytes": 0}
     assert status["vram"]["kv"]["resident_bytes"] > 0
     assert status["engine"]["pid"] == status["engine_pid"] and status["engine"]["state"] == "loaded"
-    assert status["experts"]["hits"] > 0 and status["slots"][0]["n_tokens"] == len(PROMPT) + 6
+    assert status["experts"]["num_hits"] > 0 and status["slots"][0]["n_tokens"] == len(PROMPT) + 6
     assert set(status["idle"]) == {"cache_release", "session_offload", "sleep", "unload"}
     assert all(v is None for v in status["idle"].values())  # every timer is off by default
 

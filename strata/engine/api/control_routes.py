@@ -32,6 +32,21 @@ async def level_action(request: web.Request) -> web.Response:
     return _json(await request.app[SERVICE_KEY].control(action))
 
 
+async def shrink_experts(request: web.Request) -> web.Response:
+    """POST /cache/shrink {"keep_free_mib": N}: fewer expert slots until N MiB are free."""
+    body = await read_json_object(request)
+    unknown = sorted(set(body) - {"keep_free_mib"})
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(unknown)}; /cache/shrink takes "
+                          "keep_free_mib", param=unknown[0])
+    keep_free_mib = body.get("keep_free_mib")
+    if isinstance(keep_free_mib, bool) or not isinstance(keep_free_mib, int) or keep_free_mib < 0:
+        raise bad_request("'keep_free_mib' must be the MiB of VRAM to keep free, an integer "
+                          ">= 0", param="keep_free_mib")
+    service = request.app[SERVICE_KEY]
+    return _json(await service.control("shrink_experts", keep_free_mib=keep_free_mib))
+
+
 def check_slot_filename(filename: Any) -> str:
     """A plain file name inside the snapshot directory: no path parts, no traversal."""
     if not isinstance(filename, str) or not filename:

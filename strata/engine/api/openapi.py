@@ -201,6 +201,7 @@ LEVEL_SUMMARIES = {
     "/wake": "Wake from sleep: copy weights back from pinned host memory",
     "/cache/release": "Release the MoE expert cache's VRAM (400 on a dense model)",
     "/cache/refill": "Refill the MoE expert cache",
+    "/cache/shrink": "Shrink the MoE expert cache until keep_free_mib MiB are free; keeps serving",
     "/session/offload": "Offload the KV cache to host RAM (then disk); the next request restores",
 }
 

@@ -26,5 +26,6 @@ def setup_routes(app: web.Application) -> None:
         web.post("/detokenize", llama_routes.detokenize),
         web.post("/slots/{slot_id}", control_routes.slot_action),
         *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
+        web.post("/cache/shrink", control_routes.shrink_experts),
         web.get("/openapi.json", openapi_json),
     ])

@@ -22,6 +22,7 @@ _EMPTY_LOCATIONS = ("empty",)
 # The level each going-down action reaches, as a test on the levels dict.
 _REACHED = {
     "release_experts": lambda lv: lv["experts"] != "resident",
+    "shrink_experts": lambda lv: lv["experts"] != "resident",  # partial: resident, serving
     "offload_session": lambda lv: lv["session"] != "resident",
     "sleep": lambda lv: lv["weights"] != "resident",
     "unload": lambda lv: lv["weights"] == "unloaded",

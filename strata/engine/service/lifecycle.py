@@ -22,14 +22,16 @@ from typing import Any
 from strata.engine import protocol as p
 from strata.engine.service import levels as lv
 from strata.engine.service.before_load import BeforeLoadHook
+from strata.engine.service.expert_shrink import GROW_INTERVAL_S, ExpertShrinker, cache_info
 from strata.engine.service.facade import ServiceError
 from strata.engine.service.load_size import COME_BACK_WORKSPACE_BYTES, load_bytes, released_bytes
 from strata.engine.service.supervisor import EngineCommandError, EngineUnavailable, Supervisor
 from strata.engine.service.vram_guard import VramGuard
+from strata.units import MIB
 
 log = logging.getLogger(__name__)
 
-DOWN_ACTIONS = ("release_experts", "offload_session", "sleep", "unload")
+DOWN_ACTIONS = ("release_experts", "shrink_experts", "offload_session", "sleep", "unload")
 UP_ACTIONS = ("load", "wake", "refill_experts", "restore_session")
 ALIASES = {"refill": "refill_experts", "release": "release_experts", "offload": "offload_session"}
 # (countdown key in status()["idle"], settings field, the action it fires), shallow to deep.
@@ -93,6 +95,8 @@ class Lifecycle:
         self._vram_wait_s: float | None = None  # this action's guard wait (None: configured)
         self._kept_slots: list[int] = []  # saved before a rule's unload, restored after load
         self._load_need_bytes: int | None = None
+        self.shrinker = ExpertShrinker(guard.read_free_bytes)
+        self._grow_task: asyncio.Task | None = None
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -164,6 +168,8 @@ class Lifecycle:
 
     async def stop(self) -> None:
         """Stop the timers and end the engine and standby processes."""
+        if self._grow_task is not None:
+            self._grow_task.cancel()
         if self._timer_task is not None:
             self._timer_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -208,12 +214,14 @@ class Lifecycle:
     # ---- actions ---------------------------------------------------------------------------
 
     async def level_action(self, action: str, *, vram_wait_s: float | None = None,
-                           keep_sessions: bool = False) -> dict[str, Any]:
+                           keep_sessions: bool = False,
+                           keep_free_mib: int | None = None) -> dict[str, Any]:
         """Run a level action (DOWN_ACTIONS or UP_ACTIONS); returns {changed, freed_bytes, ...}.
 
         vram_wait_s: how long the guard waits for VRAM on the way up (None: --vram-wait; a
         rule's restore passes 0 and retries itself). keep_sessions: an unload saves the
-        slots' sessions first and the next load restores them (a rule's unload)."""
+        slots' sessions first and the next load restores them (a rule's unload).
+        keep_free_mib: shrink_experts' target of free VRAM."""
         action = ALIASES.get(action, action)
         if action in DOWN_ACTIONS and self.is_busy:
             raise ServiceError(409, "busy", f"a request is running; {action.replace('_', ' ')} "
@@ -224,6 +232,8 @@ class Lifecycle:
             try:
                 if action == "unload":
                     result = await self._unload(keep_sessions=keep_sessions)
+                elif action == "shrink_experts":
+                    result = await self._shrink(keep_free_mib or 0)
                 elif action in DOWN_ACTIONS:
                     result = await self._go_down(action)
                 else:
@@ -271,6 +281,8 @@ class Lifecycle:
             return await self._unload()
         if not self.is_up():
             return {"changed": False, "reason": "no model is loaded"}
+        if action in ("release_experts", "sleep"):
+            self.shrinker.clear()  # the whole cache goes: nothing to grow back into
         if lv.is_level_reached(action, self.levels()) and not (
                 action == "release_experts" and self.levels()["experts"] == "none"):
             return {"changed": False, "reason": "already there"}
@@ -297,9 +309,11 @@ class Lifecycle:
         elif action == "refill_experts":
             if self.levels()["weights"] == "sleeping":
                 return {"changed": False, "reason": "the model sleeps; wake brings it back"}
-            if self.levels()["experts"] == "resident":
+            if self.levels()["experts"] == "resident" and not self._is_shrunk():
                 return {"changed": False, "reason": "the experts are resident"}
+            self.shrinker.clear()
             await self._refill()
+            return {"changed": True}  # released, or shrunk: every slot is back either way
         else:  # restore_session
             await self._bring_back(need_experts=False)
             result = await self._engine_level(action)
@@ -428,8 +442,55 @@ class Lifecycle:
                 log.info("slot %d's kept session was not restored (%s); it starts afresh",
                          slot, exc)
 
+    def _is_shrunk(self) -> bool:
+        cache = cache_info(self.engine_info)
+        return cache is not None and cache["num_slots"] < cache["max_slots"]
+
+    async def _shrink(self, keep_free_mib: int) -> dict[str, Any]:
+        """shrink_experts: fewer expert slots until keep_free_mib MiB are free; serving goes
+        on from the partial cache, and a grower task maps slots back as VRAM frees."""
+        if not self.is_up():
+            return {"changed": False, "reason": "no model is loaded"}
+        if self.levels()["weights"] == "sleeping" or self.levels()["experts"] == "released":
+            return {"changed": False, "reason": "the expert cache is not resident"}
+
+        async def refresh() -> dict[str, Any]:
+            await self._refresh()
+            return self.engine_info
+
+        try:
+            result = await self.shrinker.shrink(self.supervisor.command, refresh,
+                                                keep_free_mib * MIB)
+        except EngineCommandError as exc:
+            raise lv.service_error("shrink_experts", exc) from None
+        await self._refresh()
+        self._changed.set()
+        if self.shrinker.keep_free_bytes is not None and self._grow_task is None:
+            self._grow_task = asyncio.create_task(self._grow(), name="strata-expert-grower")
+        return result
+
+    async def _grow(self) -> None:
+        """Map expert slots back while a shrink target is set and VRAM allows."""
+        try:
+            while self.shrinker.keep_free_bytes is not None:
+                await asyncio.sleep(GROW_INTERVAL_S)
+                if self.is_busy or self.transition or self.lane.locked() or not self.is_up():
+                    continue
+                async with self.lane:
+                    if await self.shrinker.grow_step(self.supervisor.command, self.engine_info):
+                        self.shrinker.clear()
+                    await self._refresh()
+                self._changed.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug here must not take the lifecycle down
+            log.exception("the expert grower failed")
+        finally:
+            self._grow_task = None
+
     async def _unload(self, keep_sessions: bool = False) -> dict[str, Any]:
         supervisor = self.supervisor
+        self.shrinker.clear()
         was_running = supervisor.pid is not None or supervisor.state != "unloaded"
         if keep_sessions:
             await self._keep_sessions()

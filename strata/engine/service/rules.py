@@ -25,17 +25,19 @@ __all__ = ["ACTIONS", "GIB", "MATCH_MODES", "ON_END", "PRESETS", "ProcessInfo", 
 
 TRIGGERS = ("process", "gpu_process", "process_vram", "free_vram")
 PROCESS_TRIGGERS = ("process", "gpu_process")  # fired per process, by the watchers
-ACTIONS = ("release_experts", "offload_session", "sleep", "unload")
+ACTIONS = ("shrink_experts", "release_experts", "offload_session", "sleep", "unload")
 ON_END = ("restore", "wait")
 # The control action that undoes each level; an offloaded session comes back with the next
 # request (the control vocabulary has no separate restore), so "restore" has nothing to do.
 RESTORE_ACTION = {
+    "shrink_experts": "refill_experts",  # it also grows back by itself as VRAM frees
     "release_experts": "refill_experts",
     "offload_session": None,
     "sleep": "wake",
     "unload": "load",
 }
 ACTION_VERB = {
+    "shrink_experts": "Shrank the expert cache",
     "release_experts": "Released experts",
     "offload_session": "Offloaded the session",
     "sleep": "Put the model to sleep",
@@ -62,6 +64,7 @@ class Rule:
     is_enabled: bool = True
     match: str = "exe"
     ignore: tuple[str, ...] = ()
+    keep_free_mib: int = 0  # shrink_experts: VRAM to leave free for the other program
 
     def __post_init__(self) -> None:
         where = f"rule {self.name!r}"
@@ -79,6 +82,13 @@ class Rule:
             raise RuleConfigError(
                 f'{where}: a process trigger needs a pattern, e.g. pattern = "*ComfyUI*"'
             )
+        if self.action == "shrink_experts" and not self.keep_free_mib > 0:
+            raise RuleConfigError(
+                f"{where}: shrink_experts needs keep_free_mib > 0, the MiB the other program "
+                "needs, e.g. keep_free_mib = 8192")
+        if self.keep_free_mib and self.action != "shrink_experts":
+            raise RuleConfigError(f"{where}: keep_free_mib applies to shrink_experts only, not "
+                                  f"{self.action}; remove it or use action = \"shrink_experts\"")
         if self.match not in MATCH_MODES:
             raise RuleConfigError(f"{where}: unknown match {self.match!r}; use exe or cmdline")
         if self.trigger in ("process_vram", "free_vram") and not self.threshold_gib > 0:
@@ -140,7 +150,7 @@ def rule_from_table(table: Mapping[str, Any], index: int = 0) -> Rule:
     if "enabled" in data:
         data["is_enabled"] = data.pop("enabled")
     known = {"name", "trigger", "action", "on_end", "patterns", "threshold_gib", "is_enabled",
-             "match", "ignore"}
+             "match", "ignore", "keep_free_mib"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise RuleConfigError(
@@ -160,6 +170,11 @@ def rule_from_table(table: Mapping[str, Any], index: int = 0) -> Rule:
     ignore = merged.get("ignore", ())
     merged["ignore"] = (ignore,) if isinstance(ignore, str) else tuple(str(p) for p in ignore)
     merged["match"] = str(merged.get("match", "exe"))
+    try:
+        merged["keep_free_mib"] = int(merged.get("keep_free_mib", 0))
+    except (TypeError, ValueError):
+        raise RuleConfigError(f"rule {index + 1}: keep_free_mib must be a whole number of "
+                              "MiB") from None
     try:
         merged["threshold_gib"] = float(merged.get("threshold_gib", 0.0))
     except (TypeError, ValueError):
@@ -189,6 +204,8 @@ def rule_to_table(rule: Rule) -> dict[str, Any]:
         table["match"] = rule.match
     if rule.ignore:
         table["ignore"] = list(rule.ignore)
+    if rule.keep_free_mib:
+        table["keep_free_mib"] = rule.keep_free_mib
     return table
 
 

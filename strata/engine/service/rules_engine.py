@@ -346,7 +346,11 @@ class RulesEngine:
             state.num_new = 0
             self._restore_epoch += 1  # a restore waiting in its backoff gives up
             before = held_vram_bytes(self.service.status())
-            options = {"keep_sessions": True} if rule.action == "unload" else {}
+            options: dict[str, Any] = {}
+            if rule.action == "unload":
+                options["keep_sessions"] = True  # the conversation survives the unload
+            elif rule.action == "shrink_experts":
+                options["keep_free_mib"] = rule.keep_free_mib
             try:
                 result = await self._control(rule.action, **options)
             except Exception as exc:
@@ -409,7 +413,8 @@ class RulesEngine:
             try:
                 # load brings back whatever is down (load, wake, refill): a deeper level that
                 # another rule reached meanwhile comes back too.
-                await self._control("load", vram_wait_s=0)
+                await self._control("refill_experts" if rule.action == "shrink_experts"
+                                    else "load", vram_wait_s=0)
             except Exception as exc:
                 message = getattr(exc, "message", exc)
                 if getattr(exc, "status", None) == 400:  # nothing a retry changes

@@ -323,8 +323,8 @@ class Service:
 def _level_options(action: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The options a level action takes (the rules pass them): vram_wait_s on the way up,
     keep_sessions on unload; anything else is a 400 naming it."""
-    allowed = {"unload": {"keep_sessions"}}.get(action, {"vram_wait_s"} if action in UP_ACTIONS
-                                                 else set())
+    allowed = {"unload": {"keep_sessions"}, "shrink_experts": {"keep_free_mib"}}.get(
+        action, {"vram_wait_s"} if action in UP_ACTIONS else set())
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise ServiceError(400, "bad_request",
@@ -333,6 +333,10 @@ def _level_options(action: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     if wait_s is not None and (isinstance(wait_s, bool) or not isinstance(wait_s, (int, float))
                                or wait_s < 0):
         raise ServiceError(400, "bad_request", f"vram_wait_s must be >= 0 s, got {wait_s!r}")
+    keep_free_mib = kwargs.get("keep_free_mib", 0 if action != "shrink_experts" else None)
+    if isinstance(keep_free_mib, bool) or not isinstance(keep_free_mib, int) or keep_free_mib < 0:
+        raise ServiceError(400, "bad_request", "shrink_experts needs keep_free_mib, the MiB of "
+                           f"VRAM to keep free (an integer >= 0), got {keep_free_mib!r}")
     if not isinstance(kwargs.get("keep_sessions", False), bool):
         raise ServiceError(400, "bad_request", "keep_sessions must be true or false")
     return dict(kwargs)

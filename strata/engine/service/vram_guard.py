@@ -55,6 +55,10 @@ class VramGuard:
         """The reserve alone guards (steps of unknown size); sized steps are always checked."""
         return self.min_free_vram_mib > 0
 
+    async def read_free_bytes(self) -> int | None:
+        """Free VRAM now (NVML, off the loop), or None when it cannot be read."""
+        return await self._read()
+
     async def _read(self) -> int | None:
         # NVML calls block for a moment (the first one initializes the library): off the loop.
         free_bytes = await asyncio.to_thread(self.reader)
