@@ -10,7 +10,8 @@ process, with a process rule (rules_engine.py, the process watcher) whose patter
 bench/game_process.py. For each action: a conversation's first turn (the cold prompt), then a
 "game" process starts and allocates what fits only once the action has released its memory
 (free VRAM - the game's own CUDA context + half of what the action frees), holds it while a
-request arrives, and exits. Recorded: time from the game's start to the engine's VRAM released
+request arrives, and exits. With shrink_experts the rule keeps what the game maps free and the
+model must keep answering while the game holds it. Recorded: time from the game's start to the engine's VRAM released
 (NVML, per process), whether the game's first allocation succeeded, the answer to the request
 meanwhile, time from the game's exit to the model back, and the follow-up turn's cached tokens
 and time to first token against the cold prompt. Prints a table, writes JSON.
@@ -43,10 +44,10 @@ from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
 
 GAME = Path(__file__).resolve().parent / "game_process.py"
-ACTIONS = ("release_experts", "offload_session", "sleep", "unload")
+ACTIONS = ("shrink_experts", "release_experts", "offload_session", "sleep", "unload")
 MIB = 1 << 20
 # What each action frees, by arena (the engine's status before the game starts).
-FREES = {"release_experts": ("experts",), "offload_session": ("kv",),
+FREES = {"shrink_experts": ("experts",), "release_experts": ("experts",), "offload_session": ("kv",),
          "sleep": ("weights", "experts", "kv"), "unload": ("weights", "experts", "kv")}
 
 
@@ -155,8 +156,12 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
     free_before = read_free_vram_bytes(0) or 0
     game_bytes = max(MIB, free_before - context_bytes + frees // 2)
     events = []
+    # shrink_experts keeps free what the game maps (its context and allocation) + a margin.
+    keep_free_mib = (game_bytes + context_bytes) // MIB + 256 if action == "shrink_experts" \
+        else 0
     rules = RulesEngine(service, [Rule(action, "process", action, "restore",
-                                       ("*/game_process.py",))], on_event=events.append)
+                                       ("*/game_process.py",), keep_free_mib=keep_free_mib)],
+                        on_event=events.append)
     rules_task = asyncio.create_task(rules.run(0.5))
     await asyncio.sleep(0.5)  # the watcher's first tick has read every running process
     out = work / f"game-{action}.json"
@@ -175,8 +180,13 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
         exited = time.time()
         released = vram.released_at(engine_pid, started, engine_used - frees // 2) \
             if vram.nvml else None
-    is_back = await wait_for(lambda: service.status()["state"] in ("loaded", "session_offloaded")
-                             and not service.status()["is_busy"], 120.0, 0.01)
+    def is_whole() -> bool:
+        status = service.status()
+        experts = status.get("experts") or {}
+        return (status["state"] in ("loaded", "session_offloaded") and not status["is_busy"]
+                and experts.get("num_slots") == experts.get("max_slots", experts.get("num_slots")))
+
+    is_back = await wait_for(is_whole, 120.0, 0.01)
     back_s = None if is_back is None else time.time() - exited
     follow = prompt + first.get("ids", []) + [rng.randrange(100, vocab - 100)
                                               for _ in range(32)]
@@ -204,11 +214,14 @@ async def run(args) -> dict:
     config_path = work / "config.json"
     config = model_config(args.layers, args.cpu_dry_run)
     config_path.write_text(json.dumps(config))
+    expert_cache = "auto"
+    if "shrink_experts" in args.actions:  # shrinking needs a partial cache (slots mode)
+        expert_cache = str(int(0.9 * args.layers * config["num_experts"]))
     engine_config = EngineConfig(model_path=f"random-qwen3-moe-{args.layers}l",
                                  device="cpu" if args.cpu_dry_run else "cuda",
                                  context_tokens=args.prompt_tokens * 2,
                                  snapshot_dir=str(work / "snapshots"),
-                                 random_weights=str(config_path), expert_cache="auto")
+                                 random_weights=str(config_path), expert_cache=expert_cache)
     service = Service(ServeSettings(vram_wait_s=args.vram_wait_s, context_tokens=engine_config
                                     .context_tokens), engine_config=engine_config,
                       text_assets=SimpleNamespace(vocab_size=config["vocab_size"]))
@@ -226,7 +239,8 @@ async def run(args) -> dict:
         await service.stop()
     return {"model": f"qwen3-30b-a3b with {args.layers} layers, random weights",
             "first_load_s": round(load_s, 3), "game_context_bytes": context_bytes,
-            "prompt_tokens": args.prompt_tokens, "game_api": args.game_api, "rows": rows}
+            "prompt_tokens": args.prompt_tokens, "game_api": args.game_api,
+            "expert_cache": expert_cache, "rows": rows}
 
 
 def table(report: dict) -> str:
@@ -251,7 +265,9 @@ def main() -> int:
     parser.add_argument("--hold-s", type=float, default=2.0)
     parser.add_argument("--vram-wait-s", type=float, default=0.5)
     parser.add_argument("--game-api", choices=("cuda", "torch", "none"), default="cuda")
-    parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS))
+    parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS),
+                        help="shrink_experts runs every action over a partial expert cache "
+                             "(90%% of the experts: --expert-cache N), which shrinking needs")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="a tiny model on the CPU and a game that allocates nothing: checks "
                              "the scenario's code paths where there is no GPU")
