@@ -28,6 +28,7 @@ from docs_server import strata_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 LIFECYCLE_PATHS = ("/load", "/unload", "/sleep", "/wake", "/cache/release", "/cache/refill",
+                   "/cache/shrink",
                    "/session/offload")
 COMMAND_TIMEOUT_S = 600
 
