@@ -61,7 +61,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.api == "none":  # a CPU dry run of the scenario: nothing to allocate on
-        alloc = lambda num_bytes: b""  # noqa: E731
+        alloc = lambda num_bytes: b""
     else:
         alloc = cuda_allocator() if args.api == "cuda" else torch_allocator()
     context_at = time.time()

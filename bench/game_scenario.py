@@ -134,7 +134,7 @@ async def game_context_bytes(work: Path) -> int:
     free_before = read_free_vram_bytes(0)
     if free_before is None:  # --cpu-dry-run
         return 0
-    game = subprocess.Popen([sys.executable, str(GAME), "--bytes", "0", "--hold-s", "1.5",
+    game = subprocess.Popen([sys.executable, str(GAME), "--bytes", "0", "--hold-s", "1.5",  # noqa: ASYNC220
                              "--out", str(out)])
     await wait_for(out.exists, 30.0)
     await asyncio.sleep(0.2)
@@ -169,7 +169,7 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
     with EngineVram() as vram:
         engine_used = vram.used_by_pid().get(engine_pid, 0)
         started = time.time()
-        game = subprocess.Popen([sys.executable, str(GAME), "--bytes", str(game_bytes),
+        game = subprocess.Popen([sys.executable, str(GAME), "--bytes", str(game_bytes),  # noqa: ASYNC220
                                  "--hold-s", str(args.hold_s), "--out", str(out),
                                  "--api", args.game_api])
         await wait_for(out.exists, 30.0)
@@ -209,6 +209,31 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
     return row
 
 
+async def decode_at_fractions(service: Service, fractions: list[float], total_experts: int,
+                              vocab: int) -> list[dict]:
+    """Decode tok/s with that fraction of the experts resident (shrink_experts' slots)."""
+    from strata.engine import protocol as p
+
+    rows = []
+    rng = random.Random(7)
+    for fraction in fractions:
+        reply = await service.supervisor.command(p.ResizeExperts(max(1, int(fraction * total_experts))))
+        await service.lifecycle._refresh()
+        prompt = [rng.randrange(100, vocab - 100) for _ in range(64)]
+        started = time.perf_counter()
+        result = await turn(service, prompt, slot=3, max_tokens=129)
+        ended = time.perf_counter()
+        num_slots = int(reply.result["num_slots"])
+        decode_s = (ended - started) - (result.get("ttft_s") or 0.0)
+        rows.append({"fraction_asked": fraction, "num_slots": num_slots,
+                     "fraction_resident": round(num_slots / total_experts, 3),
+                     "decode_tok_s": round(128 / decode_s, 1) if decode_s > 0 else None,
+                     "answer": result.get("answer")})
+        print(json.dumps(rows[-1]), flush=True)
+    await service.control("refill_experts")
+    return rows
+
+
 async def run(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="strata-game-"))
     config_path = work / "config.json"
@@ -235,12 +260,19 @@ async def run(args) -> dict:
             print(f"-- {action}", flush=True)
             rows.append(await one_action(service, action, args, work, context_bytes, seed=i))
             print(json.dumps(rows[-1], default=str), flush=True)
+        decode = []
+        fractions = getattr(args, "decode_fractions", None)
+        if expert_cache != "auto" and fractions:
+            await service.control("load")
+            decode = await decode_at_fractions(service, fractions,
+                                               args.layers * config["num_experts"],
+                                               config["vocab_size"])
     finally:
         await service.stop()
     return {"model": f"qwen3-30b-a3b with {args.layers} layers, random weights",
             "first_load_s": round(load_s, 3), "game_context_bytes": context_bytes,
             "prompt_tokens": args.prompt_tokens, "game_api": args.game_api,
-            "expert_cache": expert_cache, "rows": rows}
+            "expert_cache": expert_cache, "rows": rows, "decode_by_resident_fraction": decode}
 
 
 def table(report: dict) -> str:
@@ -250,10 +282,13 @@ def table(report: dict) -> str:
     for r in report["rows"]:
         release = "n/a" if r["release_s"] is None else f"{r['release_s'] * 1000:.0f}"
         lines.append(
-            f"{r['action']:16} {release:>10} {str(r['game_first_ok']):>9} "
-            f"{r['request_during']['answer'][:22]:>22} {str(r['back_s']):>7} "
-            f"{str(r['followup_cached_tokens']):>7} {r['cold_ttft_s'] or 0:9.3f} "
+            f"{r['action']:16} {release:>10} {r['game_first_ok']!s:>9} "
+            f"{r['request_during']['answer'][:22]:>22} {r['back_s']!s:>7} "
+            f"{r['followup_cached_tokens']!s:>7} {r['cold_ttft_s'] or 0:9.3f} "
             f"{r['followup_ttft_s'] or 0:11.3f}")
+    for d in report.get("decode_by_resident_fraction") or []:
+        lines.append(f"decode with {d['fraction_resident']:.0%} of the experts resident "
+                     f"({d['num_slots']} slots): {d['decode_tok_s']} tok/s")
     return "\n".join(lines)
 
 
@@ -268,6 +303,9 @@ def main() -> int:
     parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS),
                         help="shrink_experts runs every action over a partial expert cache "
                              "(90%% of the experts: --expert-cache N), which shrinking needs")
+    parser.add_argument("--decode-fractions", type=float, nargs="*", default=[1.0, 0.5, 0.25, 0.1],
+                        help="with shrink_experts: decode tok/s at these fractions of the "
+                             "experts resident (never below one layer's experts)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="a tiny model on the CPU and a game that allocates nothing: checks "
                              "the scenario's code paths where there is no GPU")

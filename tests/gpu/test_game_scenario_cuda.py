@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from game_scenario import run  # noqa: E402
+from game_scenario import run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 

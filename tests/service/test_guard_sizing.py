@@ -147,7 +147,7 @@ async def test_a_load_refused_for_vram_is_waiting_not_a_crash(tiny_model_dir, tm
         assert service.status()["engine_crashes"] == 0
         assert service.status()["engine"]["state"] == "unloaded"  # no backoff to sit out
         oom_file.unlink()
-        ids, usage = await answer(service, (5, 6))
+        ids, _ = await answer(service, (5, 6))
         assert ids and service.status()["state"] == "loaded"
         assert service.status()["waiting_for_vram"] is None
     finally:

@@ -19,9 +19,22 @@ from strata.engine.service.rule_match import MATCH_MODES, matches
 from strata.errors import StrataError
 from strata.units import GIB
 
-__all__ = ["ACTIONS", "GIB", "MATCH_MODES", "ON_END", "PRESETS", "ProcessInfo", "Rule",
-           "RuleConfigError", "RuleEvent", "TRIGGERS", "matches", "rule_from_table",
-           "rule_to_table", "rules_from_config"]
+__all__ = [
+    "ACTIONS",
+    "GIB",
+    "MATCH_MODES",
+    "ON_END",
+    "PRESETS",
+    "TRIGGERS",
+    "ProcessInfo",
+    "Rule",
+    "RuleConfigError",
+    "RuleEvent",
+    "matches",
+    "rule_from_table",
+    "rule_to_table",
+    "rules_from_config",
+]
 
 TRIGGERS = ("process", "gpu_process", "process_vram", "free_vram")
 PROCESS_TRIGGERS = ("process", "gpu_process")  # fired per process, by the watchers

@@ -23,8 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.engine.core.memory.vram import gpu_pids
-from strata.engine.service.process_watch import ProcessEvent, ProcessInfo, ProcessWatcher, \
-    read_process
+from strata.engine.service.process_watch import (
+    ProcessEvent,
+    ProcessInfo,
+    ProcessWatcher,
+    read_process,
+)
 from strata.engine.service.rules import (
     ACTION_VERB,
     PROCESS_TRIGGERS,
@@ -353,7 +357,7 @@ class RulesEngine:
                 options["keep_free_mib"] = rule.keep_free_mib
             try:
                 result = await self._control(rule.action, **options)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any refusal is reported, never raised
                 if getattr(exc, "status", None) == 409:  # a request runs: try again shortly
                     state.num_new = max(state.num_new, 1)
                     state.idle.set()
@@ -415,7 +419,7 @@ class RulesEngine:
                 # another rule reached meanwhile comes back too.
                 await self._control("refill_experts" if rule.action == "shrink_experts"
                                     else "load", vram_wait_s=0)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - every refusal is retried or reported
                 message = getattr(exc, "message", exc)
                 if getattr(exc, "status", None) == 400:  # nothing a retry changes
                     state.is_applied = False
