@@ -15,7 +15,9 @@ model must keep answering while the game holds it. Recorded: time from the game'
 (NVML, per process), whether the game's first allocation succeeded, the answer to the request
 meanwhile, time from the game's exit to the model back, and the follow-up turn's cached tokens
 and time to first token against the cold prompt. Prints a table, writes JSON.
-Targets (issue 18): release <= 300 ms, first allocation ok, back <= 2 s (unload: <= its load).
+Targets (issue 18): release <= 300 ms, first allocation ok, back <= 2 s (unload: <= its load);
+asleep, the engine holds at most its CUDA context + 64 MiB (compare engine_held_during_mib of
+the sleep row with game_context_bytes, a bare driver context).
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
                                  "--api", args.game_api])
         await wait_for(out.exists, 30.0)
         await asyncio.sleep(0.3)
+        # What the engine still holds while the game runs (asleep: its CUDA context, ideally).
+        held_during = vram.used_by_pid().get(engine_pid, 0)
         during = await turn(service, [11, 12, 13, 14], slot=2, max_tokens=4)
         during.pop("ids", None)
         await asyncio.to_thread(game.wait)
@@ -199,6 +203,7 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
         game_first_alloc_s=round(game_result.get("first_at", started) - started, 3),
         game_first_ok=game_result.get("first_ok"), game_num_tries=game_result.get("num_tries"),
         game_ok=game_result.get("ok"), request_during=during,
+        engine_held_during_mib=held_during // MIB, engine_held_before_mib=engine_used // MIB,
         back_s=None if back_s is None else round(back_s, 3), game_exit_code=game.returncode,
         cold_ttft_s=first.get("ttft_s"), cold_prompt_tokens=len(prompt),
         followup_ttft_s=second.get("ttft_s"), followup_cached_tokens=second.get("cached_tokens"),
