@@ -255,3 +255,24 @@ def test_bad_rule_tables_give_one_line_errors(table, words):
     with pytest.raises(RuleConfigError) as info:
         rule_from_table(table)
     assert words in str(info.value) and "\n" not in str(info.value)
+
+
+async def test_a_program_that_starts_using_the_gpu_fires_the_general_rule():
+    world = World()
+    gpu_pids = [1]  # the compositor: using the GPU before Strata started, a baseline
+    world.procs += [ProcessInfo(3000, "Xorg", "/usr/lib/xorg/Xorg", "Xorg :0"),
+                    ProcessInfo(4000, "game", "/opt/game/game", "game")]
+    rule = PRESETS["any-gpu-app"]
+    engine = RulesEngine(LevelService(), [rule], process_lister=world.lister,
+                         gpu_pid_lister=lambda: list(gpu_pids), own_pids=lambda: {OWN_PID})
+    await engine.poll_once()
+    gpu_pids.append(3000)  # an ignored desktop program
+    gpu_pids.append(OWN_PID)  # Strata's own engine
+    await engine.poll_once()
+    assert engine.service.calls == []
+    gpu_pids.append(4000)  # a game creates its CUDA context
+    await engine.poll_once()
+    assert engine.service.calls == ["sleep"]
+    gpu_pids.remove(4000)
+    await engine.poll_once()
+    assert engine.service.calls == ["sleep", "load"]

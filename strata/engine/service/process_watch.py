@@ -96,8 +96,13 @@ class ProcessWatcher:
         young_s: float = YOUNG_S,
         list_pids: Callable[[], Iterable[int]] = psutil.pids,
         reader: Callable[[int], ProcessInfo | None] = read_process,
+        is_first_reported: bool = True,
     ):
+        """is_first_reported=False: what runs at the first tick is the baseline, and only
+        processes that appear later are reported (the GPU watcher: a desktop's compositor
+        was using the GPU before Strata started and is not "another program starting")."""
         self.interval_s = interval_s
+        self.is_first_reported = is_first_reported
         self.young_s = young_s
         self.list_pids = list_pids
         self.reader = reader
@@ -140,7 +145,7 @@ class ProcessWatcher:
             self.known[pid] = info
             if not is_first:
                 self._young[pid] = now_s
-            if info is not None:
+            if info is not None and (self.is_first_reported or not is_first):
                 events.append(ProcessEvent("seen", pid, info, now_s))
         if events:
             self._report(events)

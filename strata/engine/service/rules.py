@@ -134,7 +134,12 @@ PRESETS: dict[str, Rule] = {
         "InvokeAI", "process", "sleep", "restore",
         ("invokeai-web", "invokeai-web.exe", "invokeai.app.run_app"),
     ),
-    "any-gpu-app": Rule("Another GPU app", "gpu_process", "sleep", "restore"),
+    # Desktop programs that use the GPU all the time are not "another program starting".
+    "any-gpu-app": Rule(
+        "Another GPU app", "gpu_process", "sleep", "restore",
+        ignore=("xorg", "xwayland", "gnome-shell", "kwin_wayland", "kwin_x11", "plasmashell",
+                "mutter", "sway", "hyprland", "dwm.exe", "explorer.exe", "steamwebhelper*",
+                "firefox*", "chrome*", "msedge*", "discord*", "code", "code.exe")),
 }
 
 

@@ -78,11 +78,6 @@ def _lister_watcher(lister: Callable[[], Iterable[ProcessInfo]]) -> ProcessWatch
     return ProcessWatcher(list_pids=list_pids, reader=listing.get, young_s=0)
 
 
-def _read_gpu_process(pid: int) -> ProcessInfo:
-    # A process of another PID namespace (a container) cannot be read: it still counts.
-    return read_process(pid) or ProcessInfo(pid, f"pid {pid}")
-
-
 class RulesEngine:
     """Evaluates rules on watcher events and VRAM readings; acts through service.control."""
 
@@ -108,8 +103,8 @@ class RulesEngine:
         self.restore_backoff_s = restore_backoff_s
         self.watcher = watcher or (
             _lister_watcher(process_lister) if process_lister else ProcessWatcher())
-        self.gpu_watcher = ProcessWatcher(list_pids=gpu_pid_lister, reader=_read_gpu_process,
-                                          young_s=0)
+        self.gpu_watcher = ProcessWatcher(list_pids=gpu_pid_lister, reader=self._gpu_process,
+                                          young_s=0, is_first_reported=False)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._states: dict[str, _RuleState] = {}
         self._restore_epoch = 0  # bumped by every fire: a restore in backoff gives up
@@ -117,6 +112,11 @@ class RulesEngine:
         self.watcher.add_listener(lambda events: self._post("process", events))
         self.gpu_watcher.add_listener(lambda events: self._post("gpu_process", events))
         self.set_rules(rules)
+
+    def _gpu_process(self, pid: int) -> ProcessInfo:
+        """A GPU user's details: as the process watcher read them, else read now; a process
+        of another PID namespace (a container) cannot be read and still counts."""
+        return self.watcher.known.get(pid) or read_process(pid) or ProcessInfo(pid, f"pid {pid}")
 
     # ---- configuration -----------------------------------------------------------------
 
@@ -163,12 +163,12 @@ class RulesEngine:
         return [r for r in self.rules if r.is_enabled and r.trigger in trigger_kinds]
 
     def _resync(self) -> None:
-        """Look at the processes the watchers know now (after set_rules or set_enabled)."""
+        """Look at the processes running now (after set_rules or set_enabled); the GPU's
+        users of the moment are a baseline, not programs starting."""
         if self._loop is None:
             return
-        for kind, watcher in (("process", self.watcher), ("gpu_process", self.gpu_watcher)):
-            events = [ProcessEvent("seen", p.pid, p) for p in watcher.running()]
-            self._on_events(kind, events)
+        events = [ProcessEvent("seen", p.pid, p) for p in self.watcher.running()]
+        self._on_events("process", events)
 
     # ---- process events (on the loop) ---------------------------------------------------
 
@@ -193,9 +193,11 @@ class RulesEngine:
                         state.keys.discard(event.pid)
                         is_changed = True
                     continue
-                if own is None:
-                    own = self.own_pids()
-                is_hit = event.pid not in own and rule_hits(rule, event.info)
+                is_hit = rule_hits(rule, event.info)
+                if is_hit:
+                    if own is None:  # psutil walks our children: only when something matches
+                        own = self.own_pids()
+                    is_hit = event.pid not in own
                 if is_hit and event.pid not in state.keys:
                     state.keys.add(event.pid)
                     state.num_new += 1
