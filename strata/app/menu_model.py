@@ -125,6 +125,24 @@ def lifecycle_actions(status: Mapping[str, Any]) -> list[ActionView]:
     return [experts, offload, sleep, load]
 
 
+def shrink_action(status: Mapping[str, Any]) -> tuple[ActionView, int] | None:
+    """"Shrink experts": free half of a partial expert cache while the model keeps answering
+    (shrink_experts with keep_free_mib = free VRAM + that half); (view, keep_free_mib), or
+    None when it does not apply (no partial cache, model not up, free VRAM unknown)."""
+    experts = status.get("experts") or {}
+    gpu = status.get("gpu")
+    free_bytes = getattr(gpu, "free_bytes", None)
+    if (experts.get("mode") != "slots" or free_bytes is None
+            or effective_state(status) not in _UP_STATES):
+        return None
+    half_bytes = arena_bytes(status, "experts") // 2
+    if half_bytes <= 0:
+        return None
+    keep_free_mib = (free_bytes + half_bytes) >> 20
+    label = f"Shrink experts (free {gib_text(half_bytes)}, keep serving)"
+    return ActionView("shrink_experts", label, True), keep_free_mib
+
+
 def status_line(status: Mapping[str, Any]) -> str:
     """One line for the top of the menu: state, VRAM held, and why things are disabled."""
     state = effective_state(status)

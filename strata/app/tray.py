@@ -39,6 +39,10 @@ class TrayController(QObject):
             action = self.menu.addAction(slot)
             action.triggered.connect(lambda _=False, s=slot: self._level_clicked(s))
             self.level_actions[slot] = action
+        # Shown only over a partial expert cache (menu_model.shrink_action).
+        self.shrink_action = self.menu.addAction("Shrink experts")
+        self.shrink_action.setVisible(False)
+        self.shrink_action.triggered.connect(self._shrink_clicked)
         self.menu.addSeparator()
         self.rules_action = self.menu.addAction("Rules enabled")
         self.rules_action.setCheckable(True)
@@ -80,6 +84,11 @@ class TrayController(QObject):
             action.setData(view.action)
             action.setEnabled(view.is_enabled)
             action.setToolTip(view.reason or view.label)
+        shrink = menu_model.shrink_action(status)
+        self.shrink_action.setVisible(shrink is not None)
+        if shrink is not None:
+            self.shrink_action.setText(shrink[0].label)
+            self.shrink_action.setData(shrink[1])
         self.copy_action.setEnabled(bool(status.get("endpoint")))
         if "rules_enabled" in status and status["rules_enabled"] != self.rules_action.isChecked():
             self.rules_action.blockSignals(True)  # follow the host; do not echo back to it
@@ -106,6 +115,11 @@ class TrayController(QObject):
         action = self.level_actions[slot].data()
         if action:
             self.bridge.request(action)
+
+    def _shrink_clicked(self) -> None:
+        keep_free_mib = self.shrink_action.data()
+        if isinstance(keep_free_mib, int):
+            self.bridge.request("shrink_experts", keep_free_mib=keep_free_mib)
 
     def _rule_fired(self, event: RuleEvent) -> None:
         self.notify(f"Strata rule: {event.rule}", event.sentence, is_error=not event.is_ok)

@@ -24,6 +24,7 @@ _STATE_AFTER = {
     "wake": "serving",
     "unload": "unloaded",
     "load": "serving",
+    "shrink_experts": "serving",  # the model keeps serving from the partial cache
 }
 
 
@@ -33,6 +34,7 @@ class FakeService:
     def __init__(self, state: str = "serving", is_moe: bool = True):
         self.state = state
         self.calls: list[str] = []
+        self.call_options: list[dict[str, Any]] = []  # control()'s keyword arguments, per call
         self.resident = dict(FULL) if is_moe else {"weights": 4 * GIB, "experts": 0, "kv": GIB}
         self.released = {k: 0 for k in FULL}
         self.idle: dict[str, float | None] = {
@@ -55,6 +57,7 @@ class FakeService:
         if action not in _STATE_AFTER:
             raise ServiceError(400, "not_applicable", f"unknown action {action!r}")
         self.calls.append(action)
+        self.call_options.append(dict(kwargs))
         for arena in _FREES.get(action, ()):
             self.released[arena] += self.resident[arena]
             self.resident[arena] = 0

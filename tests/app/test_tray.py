@@ -145,3 +145,23 @@ def test_a_rule_action_fires_a_notification(qtbot, make_bridge, fake_service):
     qtbot.waitUntil(
         lambda: fake_service.calls == ["release_experts", "load"], timeout=10000
     )
+
+
+def test_shrink_shows_over_a_partial_expert_cache_and_keeps_half_of_it_free(
+        qtbot, make_bridge, fake_service):
+    from types import SimpleNamespace
+
+    tray = TrayController(make_bridge())
+    status = status_for("serving")
+    tray.apply_status(status)
+    assert not tray.shrink_action.isVisible()  # every expert wired in (or dense): no shrink
+    experts_bytes = status["vram"]["experts"]["resident_bytes"]
+    status["experts"] = {"mode": "slots", "num_slots": 100, "max_slots": 100}
+    status["gpu"] = SimpleNamespace(free_bytes=2 * GIB)
+    tray.apply_status(status)
+    assert tray.shrink_action.isVisible() and "keep serving" in tray.shrink_action.text()
+    tray.shrink_action.trigger()
+    qtbot.waitUntil(lambda: "shrink_experts" in fake_service.calls, timeout=5000)
+    index = fake_service.calls.index("shrink_experts")
+    assert fake_service.call_options[index] == {
+        "keep_free_mib": (2 * GIB + experts_bytes // 2) >> 20}
