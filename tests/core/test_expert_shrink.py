@@ -67,3 +67,29 @@ def test_a_cache_wired_whole_into_the_model_cannot_shrink(moe_dir, tmp_path):
             engine.resize_experts(40)
     finally:
         engine.close()
+
+
+def test_an_auto_expert_cache_without_room_is_out_of_memory_not_a_bad_model(monkeypatch):
+    """A load while a game holds the GPU: auto finds too little free VRAM for one layer's
+    experts. That is a refusal the host waits out (out_of_memory), not a failed model."""
+    import torch
+
+    from strata.engine import protocol as p
+    from strata.engine.core.engine_errors import EngineOutOfMemory
+    from strata.engine.core.model_config import ModelConfig
+    from strata.engine.core.process import error_code
+
+    memory = residency.ModelMemory.__new__(residency.ModelMemory)
+    memory.device, memory.dtype = torch.device("cuda", 0), torch.bfloat16  # no GPU touched
+    monkeypatch.setattr(residency, "read_free_vram_bytes", lambda index: 512 * MIB)
+    config = ModelConfig(model_type="qwen3_moe", vocab_size=10, hidden_size=64,
+                         intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=32, num_experts=8,
+                         num_experts_per_tok=2, moe_intermediate_size=32)
+    names = ("g", "u", "d")
+    shapes = {"g": (8, 32, 64), "u": (8, 32, 64), "d": (8, 64, 32)}
+    with pytest.raises(EngineOutOfMemory) as refused:
+        memory._expert_slots("auto", config, 2, shapes, {0: names, 1: names})
+    assert error_code(refused.value, p.Load("m")) == "out_of_memory"
+    with pytest.raises(ValueError):  # an explicit count below one layer's experts: a setting
+        memory._expert_slots("4", config, 2, shapes, {0: names, 1: names})

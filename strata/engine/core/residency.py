@@ -191,8 +191,16 @@ class ModelMemory:
             if free_bytes is None:
                 free_bytes = torch.cuda.mem_get_info(self.device)[0]
         # One layer's prefill chunk can route to every expert of that layer at once.
-        return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
-                          min_slots=config.num_experts)
+        try:
+            return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
+                              min_slots=config.num_experts)
+        except ValueError as exc:
+            if spec != "auto":
+                raise  # an explicit size that is too small: the setting is wrong
+            # auto found too little free VRAM: another program holds it; a later load can fit.
+            missing = config.num_experts * bytes_per_expert + EXPERT_RESERVE_BYTES - free_bytes
+            raise EngineOutOfMemory(f"the expert cache does not fit: {exc}",
+                                    max(missing, 0)) from exc
 
     def _resident_expert_views(
         self, by_layer: dict[int, tuple[str, str, str]]
