@@ -7,7 +7,7 @@ from typing import Any
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 KNOWN_STATES = ("loaded", "busy", "experts_released", "session_offloaded", "sleeping",
-                "unloaded", "loading", "waking", "failed")
+                "unloaded", "loading", "waking", "waiting_for_vram", "failed")
 
 # (metric name, type, help, keys to look for in status()["counters"] or status() itself).
 _METRICS = (

@@ -26,7 +26,7 @@ from strata.engine.protocol import Usage
 log = logging.getLogger(__name__)
 STARTED_AT_S = int(time.time())
 _MODEL_STATUS = {"sleeping": "sleeping", "unloaded": "unloaded", "loading": "unloaded",
-                 "failed": "unloaded", "stopped": "unloaded"}
+                 "failed": "unloaded", "stopped": "unloaded", "waiting_for_vram": "unloaded"}
 
 
 def model_status(state: str) -> str:
