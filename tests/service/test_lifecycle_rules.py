@@ -64,3 +64,48 @@ async def test_serve_runs_the_config_rules_headless(tiny_model_dir):
             os.kill(game_pid, signal.SIGKILL)
         stop.set()
         assert await asyncio.wait_for(server, 20) == 0
+
+
+async def test_an_unload_rule_comes_back_after_refusals_with_the_conversation(tiny_model_dir,
+                                                                               tmp_path):
+    """The issue-18 failure: after a game, the restore was refused once and never retried,
+    and the conversation was lost. Now: refused while VRAM is short (no crash counted), retried
+    with backoff, back once it frees, and the follow-up turn reuses the cache."""
+    from fakes.services import answer
+
+    from strata.engine.service.rules import ProcessInfo, Rule
+    from strata.engine.service.rules_engine import RulesEngine
+    from strata.units import MIB
+
+    free = {"mib": 4000}
+    service = make_service(tiny_model_dir, engine={"snapshot_dir": str(tmp_path)},
+                           vram_reader=lambda: free["mib"] * MIB, min_free_vram_mib=1000,
+                           vram_wait_s=0.1)
+    await service.start()
+    procs: list[ProcessInfo] = []
+    rules = RulesEngine(service, [Rule("Steam game", "process", "unload", "restore",
+                                       ("*/steamapps/common/*",))],
+                        process_lister=lambda: list(procs), restore_backoff_s=(0.05, 0.1))
+    try:
+        prompt = tuple(range(20, 60))
+        ids, _ = await answer(service, prompt, max_tokens=4)
+        procs.append(ProcessInfo(4321, "game", "/games/steamapps/common/G/game", "game"))
+        await rules.poll_once()
+        assert service.status()["state"] == "unloaded"
+        free["mib"] = 300  # the game holds the GPU
+        with pytest.raises(Exception) as refused:  # a request meanwhile: 503, not a crash
+            await answer(service, prompt)
+        assert getattr(refused.value, "status", None) == 503
+        procs.clear()  # the game exits, but its memory is not free yet
+        await rules.poll_once()
+        await asyncio.sleep(0.3)  # a few refused attempts
+        assert service.status()["state"] == "waiting_for_vram"
+        assert service.status()["engine_crashes"] == 0
+        free["mib"] = 4000
+        await wait_for_state(service, "loaded")
+        _, usage = await answer(service, prompt + tuple(ids) + (9,), max_tokens=2)
+        assert usage.cached_tokens >= len(prompt)
+        assert service.status()["engine_crashes"] == 0
+    finally:
+        rules.stop()
+        await service.stop()

@@ -309,11 +309,16 @@ class RulesEngine:
                     log.exception("rules: reading VRAM failed; will retry")
                 await asyncio.sleep(interval_s)
         finally:
-            self.watcher.stop()
-            self.gpu_watcher.stop()
-            for state in self._states.values():
-                if state.task is not None:
-                    state.task.cancel()
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the watchers and the rule drivers (run() does this when cancelled)."""
+        self.watcher.stop()
+        self.gpu_watcher.stop()
+        for state in self._states.values():
+            if state.task is not None:
+                state.task.cancel()
+                state.task = None
 
     # ---- the driver: one task per rule --------------------------------------------------
 
