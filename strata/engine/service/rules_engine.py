@@ -313,6 +313,7 @@ class RulesEngine:
 
     def stop(self) -> None:
         """Stop the watchers and the rule drivers (run() does this when cancelled)."""
+        self._loop = None  # a watcher event still on its way starts nothing now
         self.watcher.stop()
         self.gpu_watcher.stop()
         for state in self._states.values():
