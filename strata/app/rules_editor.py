@@ -25,7 +25,7 @@ from strata.engine.service.rules import (
 )
 
 COLUMNS = ["On", "Name", "Trigger", "Pattern(s) / ignore / GiB", "Action", "When it ends",
-           "Match"]
+           "Match", "Keep free MiB"]
 TRIGGER_TEXT = {
     "process": "process starts",
     "gpu_process": "another process uses the GPU",
@@ -106,6 +106,8 @@ class RulesEditor(QWidget):
         self.table.setCellWidget(row, 4, self._combo(ACTIONS, {}, rule.action))
         self.table.setCellWidget(row, 5, self._combo(ON_END, ON_END_TEXT, rule.on_end))
         self.table.setCellWidget(row, 6, self._combo(MATCH_MODES, MATCH_TEXT, rule.match))
+        # shrink_experts only: the MiB to leave free for the other program.
+        self.table.setItem(row, 7, QTableWidgetItem(str(rule.keep_free_mib or "")))
 
     def set_rules(self, rules: list[Rule]) -> None:
         self.table.setRowCount(0)
@@ -138,6 +140,10 @@ class RulesEditor(QWidget):
                         f"rule {name!r} (row {row + 1}): {what!r} is not a number "
                         "of GiB; type e.g. 4"
                     ) from None
+            keep_text = (self.table.item(row, 7).text() if self.table.item(row, 7) else "").strip()
+            if keep_text and not keep_text.isdigit():
+                raise RuleConfigError(f"rule {name!r} (row {row + 1}): keep free {keep_text!r} "
+                                      "is not a whole number of MiB; type e.g. 8192")
             result.append(
                 Rule(
                     name,
@@ -149,6 +155,7 @@ class RulesEditor(QWidget):
                     self.table.item(row, 0).checkState() == Qt.CheckState.Checked,
                     match=self.table.cellWidget(row, 6).currentData(),
                     ignore=ignore,
+                    keep_free_mib=int(keep_text or 0),
                 )
             )
         names = [r.name for r in result]

@@ -101,13 +101,18 @@ def test_autostart_toggle_writes_the_desktop_entry(qtbot, tmp_path):
 
 
 def test_the_rules_editor_keeps_the_match_mode_and_a_gpu_rules_ignore_list(qtbot, tmp_path):
-    from strata.engine.service.rules import Rule
+    from strata.engine.service.rules import Rule, RuleConfigError
 
     window = SettingsWindow(tmp_path / "config.toml")
     qtbot.addWidget(window)
     window.load()
     loose = Rule("by argument", "process", "sleep", "restore", ("*--my-flag*",), match="cmdline")
     gpu = Rule("any", "gpu_process", "release_experts", "wait", ignore=("Xorg", "kwin*"))
-    window.rules_editor.set_rules([loose, gpu, PRESETS["comfyui"]])
+    shrink = Rule("game", "process", "shrink_experts", "restore", ("*/steamapps/common/*",),
+                  keep_free_mib=8192)
+    window.rules_editor.set_rules([loose, gpu, PRESETS["comfyui"], shrink])
     assert window.rules_editor.table.item(1, 3).text() == "Xorg, kwin*"
-    assert window.rules_editor.rules() == [loose, gpu, PRESETS["comfyui"]]
+    assert window.rules_editor.rules() == [loose, gpu, PRESETS["comfyui"], shrink]
+    window.rules_editor.table.item(3, 7).setText("lots")
+    with pytest.raises(RuleConfigError, match="whole number of MiB"):
+        window.rules_editor.rules()
