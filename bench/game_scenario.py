@@ -3,7 +3,7 @@ does the model come back, with the conversation's cache, when the game exits?
 
     python bench/game_scenario.py --out game.json [--layers 8] [--prompt-tokens 8192]
                                   [--actions release_experts offload_session sleep unload]
-                                  [--cpu-dry-run]
+                                  [--trigger process|gpu_process] [--cpu-dry-run]
 
 Serves a random-weights Qwen3-30B-A3B with --layers layers through the real Service and engine
 process, with a process rule (rules_engine.py, the process watcher) whose pattern matches
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -161,9 +162,15 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
     # shrink_experts keeps free what the game maps (its context and allocation) + a margin.
     keep_free_mib = (game_bytes + context_bytes) // MIB + 256 if action == "shrink_experts" \
         else 0
-    rules = RulesEngine(service, [Rule(action, "process", action, "restore",
-                                       ("*/game_process.py",), keep_free_mib=keep_free_mib)],
-                        on_event=events.append)
+    patterns = ("*/game_process.py",) if args.trigger == "process" else ()
+    supervisor = service.supervisor
+
+    def own_pids() -> set[int]:  # this process, its engine and standby (not the game)
+        return {os.getpid(), supervisor.pid or -1, supervisor.standby_pid or -1}
+
+    rules = RulesEngine(service, [Rule(action, args.trigger, action, "restore", patterns,
+                                       keep_free_mib=keep_free_mib)],
+                        on_event=events.append, own_pids=own_pids)
     rules_task = asyncio.create_task(rules.run(0.5))
     await asyncio.sleep(0.5)  # the watcher's first tick has read every running process
     out = work / f"game-{action}.json"
@@ -277,7 +284,8 @@ async def run(args) -> dict:
     return {"model": f"qwen3-30b-a3b with {args.layers} layers, random weights",
             "first_load_s": round(load_s, 3), "game_context_bytes": context_bytes,
             "prompt_tokens": args.prompt_tokens, "game_api": args.game_api,
-            "expert_cache": expert_cache, "rows": rows, "decode_by_resident_fraction": decode}
+            "expert_cache": expert_cache, "trigger": args.trigger, "rows": rows,
+            "decode_by_resident_fraction": decode}
 
 
 def table(report: dict) -> str:
@@ -311,6 +319,9 @@ def main() -> int:
     parser.add_argument("--decode-fractions", type=float, nargs="*", default=[1.0, 0.5, 0.25, 0.1],
                         help="with shrink_experts: decode tok/s at these fractions of the "
                              "experts resident (never below one layer's experts)")
+    parser.add_argument("--trigger", choices=("process", "gpu_process"), default="process",
+                        help="the rule's trigger: the game's process starting (matched by its "
+                             "script), or any other process starting to use the GPU (NVML)")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="a tiny model on the CPU and a game that allocates nothing: checks "
                              "the scenario's code paths where there is no GPU")

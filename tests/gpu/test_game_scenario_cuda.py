@@ -22,7 +22,7 @@ async def test_every_action_gives_the_vram_to_the_game_and_comes_back_with_the_c
     args = Namespace(layers=4, prompt_tokens=4096, hold_s=1.5, vram_wait_s=0.5,
                      game_api="cuda", actions=["shrink_experts", "release_experts",
                                                "offload_session", "sleep", "unload"],
-                     cpu_dry_run=False)
+                     cpu_dry_run=False, trigger="process")
     report = await run(args)
     rows = {row["action"]: row for row in report["rows"]}
     for action, row in rows.items():
