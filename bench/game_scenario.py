@@ -1,8 +1,8 @@
 """A game starts while Strata serves a MoE model: does the rule give the VRAM back in time, and
 does the model come back, with the conversation's cache, when the game exits?
 
-    python bench/game_scenario.py --out game.json [--layers 8] [--prompt-tokens 8192]
-                                  [--actions release_experts offload_session sleep unload]
+    python bench/game_scenario.py --out game.json [--layers 8] [--prompt-tokens 16384]
+                                  [--actions shrink_experts release_experts offload_session sleep unload]
                                   [--trigger process|gpu_process] [--cpu-dry-run]
 
 Serves a random-weights Qwen3-30B-A3B with --layers layers through the real Service and engine
