@@ -88,6 +88,9 @@ class FakeService:
             raise self.control_error
         return {"action": action, "ok": True, **kwargs}
 
+    def set_unload_idle(self, seconds: float | None) -> None:
+        self.calls.append(("set_unload_idle", seconds))
+
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "model": self.model_id, "model_path": "/models/tiny",
                 "context_tokens": self.context_tokens, "queue_length": 0,

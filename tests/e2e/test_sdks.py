@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import anthropic
+import ollama
 import openai
 import pytest
 
+from strata.default_model import default_model_path
 from tests.e2e.server import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -135,3 +137,21 @@ def test_bad_cache_slot_is_refused_before_any_stream(oai: openai.OpenAI, model_i
     with pytest.raises(openai.BadRequestError, match="strata_cache_slot"):
         oai.chat.completions.create(model=model_id, messages=QUESTION, stream=True,
                                     extra_body={"strata_cache_slot": 9})
+
+
+def test_ollama_client_finds_and_chats_with_the_model(server: ServerProcess) -> None:
+    client = ollama.Client(host=server.base_url, timeout=120)
+    listed = client.list().models
+    assert len(listed) == 1 and listed[0].details.format == "gguf"
+    assert listed[0].details.quantization_level == "Q4_1"
+    assert listed[0].size == default_model_path(fetch=False).stat().st_size
+    name = listed[0].model
+    reply = client.chat(model=name, messages=QUESTION, stream=False,
+                        options={"temperature": 0, "num_predict": MAX_TOKENS})
+    assert "Paris" in reply.message.content, reply.message.content
+    assert reply.done_reason == "stop" and 0 < reply.eval_count < MAX_TOKENS
+    streamed = "".join(part.message.content for part in client.chat(
+        model=name, messages=QUESTION, stream=True,
+        options={"temperature": 0, "num_predict": MAX_TOKENS}))
+    assert streamed == reply.message.content
+    assert [m.model for m in client.ps().models] == [name]

@@ -70,8 +70,15 @@ def is_anthropic_path(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
-def error_body(error: ApiError, *, anthropic: bool) -> dict[str, Any]:
+def is_ollama_path(path: str) -> bool:
+    """Routes that answer errors in Ollama's shape: {"error": "message"}."""
+    return path.startswith("/api/")
+
+
+def error_body(error: ApiError, *, anthropic: bool, ollama: bool = False) -> dict[str, Any]:
     """The JSON body for an error in the shape the route's clients expect."""
+    if ollama:
+        return {"error": error.message}
     if anthropic:
         kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": error.message}}
@@ -80,13 +87,13 @@ def error_body(error: ApiError, *, anthropic: bool) -> dict[str, Any]:
                       "code": error.code}}
 
 
-def error_response(error: ApiError, *, anthropic: bool) -> web.Response:
+def error_response(error: ApiError, *, anthropic: bool, ollama: bool = False) -> web.Response:
     """A JSON error response, with Retry-After when the service said when to retry."""
     headers = {}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
-    return web.json_response(error_body(error, anthropic=anthropic), status=error.status,
-                             headers=headers)
+    return web.json_response(error_body(error, anthropic=anthropic, ollama=ollama),
+                             status=error.status, headers=headers)
 
 
 def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
@@ -105,19 +112,20 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiErr
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Turn every exception a handler raises into a JSON error; log unexpected ones."""
-    anthropic = is_anthropic_path(request.path)
+    shape = {"anthropic": is_anthropic_path(request.path),
+             "ollama": is_ollama_path(request.path)}
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc, anthropic=anthropic)
+        return error_response(exc, **shape)
     except ServiceError as exc:
-        return error_response(from_service_error(exc), anthropic=anthropic)
+        return error_response(from_service_error(exc), **shape)
     except web.HTTPException as exc:
         if exc.status < 400:  # redirects and the like are answers, not errors
             raise
-        return error_response(_from_http_exception(exc, request), anthropic=anthropic)
+        return error_response(_from_http_exception(exc, request), **shape)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
         error = ApiError(500, "internal server error; the details are in the server log",
                          "internal")
-        return error_response(error, anthropic=anthropic)
+        return error_response(error, **shape)

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from strata import __version__
+from strata.engine.api import openapi_ollama
 from strata.engine.api.validation import MAX_STOP_STRINGS, NUM_CACHE_SLOTS
 
 _JSON = "application/json"
@@ -170,12 +171,12 @@ def _ok(schema: str | None, text: str = "OK", *, stream: bool = False) -> dict:
     return {"description": text, "content": content}
 
 
-def _errors(*statuses: int, anthropic: bool = False) -> dict[str, Any]:
+def _errors(*statuses: int, anthropic: bool = False, ollama: bool = False) -> dict[str, Any]:
     words = {400: "Invalid request", 401: "Missing or wrong API key",
              403: "Foreign Host or cross-site Origin", 404: "Not found",
              409: "A request is running", 503: "Not enough VRAM or the engine is down; "
              "see Retry-After"}
-    schema = _ref("AnthropicError" if anthropic else "Error")
+    schema = _ref("AnthropicError" if anthropic else "OllamaError" if ollama else "Error")
     return {str(s): {"description": words[s], "content": {_JSON: {"schema": schema}}}
             for s in statuses}
 
@@ -184,7 +185,8 @@ def _op(summary: str, tag: str, ok: dict, *errors: int, body: dict | None = None
         anthropic: bool = False, open_access: bool = False) -> dict:
     op: dict[str, Any] = {"summary": summary, "tags": [tag],
                           "responses": {"200": ok, **_errors(401, 403, *errors,
-                                                             anthropic=anthropic)}}
+                                                             anthropic=anthropic,
+                                                             ollama=tag == "Ollama")}}
     if body is not None:
         op["requestBody"] = body
     if open_access:
@@ -250,6 +252,7 @@ def _paths() -> dict[str, Any]:
                  "schema": {"enum": ["save", "restore", "erase"]}}]}},
         "/openapi.json": {"get": _op("This document", "Meta", _ok(None))},
     }
+    paths.update(openapi_ollama.paths(_op, _ok, _body))
     for path, summary in LEVEL_SUMMARIES.items():
         paths[path] = {"post": _op(summary, "Control", _ok("ActionResult"), 400, 409, 503)}
     return paths
@@ -264,10 +267,10 @@ def _document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Strata", "version": __version__,
-                 "description": "Local LLM server: OpenAI, Anthropic and llama.cpp-style "
+                 "description": "Local LLM server: OpenAI, Anthropic, Ollama and llama.cpp-style "
                  "routes, plus control routes that give VRAM back in stages."},
         "paths": _paths(),
-        "components": {"schemas": SCHEMAS, "securitySchemes": {
+        "components": {"schemas": {**SCHEMAS, **openapi_ollama.SCHEMAS}, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer"},
             "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
         # {} first: a key is needed only when the server was started with --api-key.

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from strata.engine.api import anthropic_routes, control_routes, llama_routes, openai_routes
+from strata.engine.api import (
+    anthropic_routes,
+    control_routes,
+    llama_routes,
+    ollama_routes,
+    openai_routes,
+)
 from strata.engine.api.openapi import openapi_json
 
 
 def setup_routes(app: web.Application) -> None:
-    """Register the OpenAI, Anthropic, llama.cpp-style and control routes on the app."""
+    """Register the OpenAI, Anthropic, Ollama, llama.cpp-style and control routes on the app."""
     app.router.add_routes([
         web.post("/v1/chat/completions", openai_routes.chat_completions),
         web.post("/v1/completions", openai_routes.completions),
@@ -27,4 +33,10 @@ def setup_routes(app: web.Application) -> None:
         web.post("/slots/{slot_id}", control_routes.slot_action),
         *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
         web.get("/openapi.json", openapi_json),
+        web.get("/api/version", ollama_routes.version),
+        web.get("/api/tags", ollama_routes.tags),
+        web.get("/api/ps", ollama_routes.ps),
+        web.post("/api/show", ollama_routes.show),
+        web.post("/api/chat", ollama_routes.chat),
+        web.post("/api/generate", ollama_routes.generate),
     ])

@@ -54,5 +54,8 @@ class ServiceFacade(Protocol):
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         """A lifecycle action by name (load, unload, sleep, wake, release_experts, ...)."""
 
+    def set_unload_idle(self, seconds: float | None) -> None:
+        """Unload after this many idle seconds from now on (None: never); Ollama's keep_alive."""
+
     def status(self) -> dict[str, Any]:
         """A snapshot for /v1/status, /health, /metrics; never wakes anything."""

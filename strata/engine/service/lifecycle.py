@@ -151,6 +151,15 @@ class Lifecycle:
         if self._timer_task is None and any(v is not None for v in self.idle_timeouts_s.values()):
             self._timer_task = asyncio.create_task(self._run_timers(), name="strata-idle-timers")
 
+    def set_idle_timeout(self, key: str, seconds: float | None) -> None:
+        """Change one idle timer (cache_release, ..., unload) at run time; None turns it off."""
+        if key not in self.idle_timeouts_s:
+            raise ValueError(f"no idle timer {key!r}")
+        self.idle_timeouts_s[key] = seconds
+        self._fired.discard(key)
+        self._changed.set()
+        self.start_timers()
+
     async def stop(self) -> None:
         """Stop the timers and end the engine and standby processes."""
         if self._timer_task is not None:

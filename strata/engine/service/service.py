@@ -9,6 +9,7 @@ host, so tokenizing works while the engine is unloaded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -252,6 +253,12 @@ class Service:
             await lifecycle.end_request()
 
     # ---- control and status ----------------------------------------------------------------
+
+    def set_unload_idle(self, seconds: float | None) -> None:
+        """Unload after this many idle seconds from now on (None: never); Ollama's keep_alive."""
+        self.settings = dataclasses.replace(self.settings, idle_unload_s=seconds)
+        if self._lifecycle is not None:
+            self._lifecycle.set_idle_timeout("unload", seconds)
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         """A lifecycle action: load, unload, sleep, wake, release_experts, refill_experts
