@@ -155,3 +155,15 @@ def test_ollama_client_finds_and_chats_with_the_model(server: ServerProcess) -> 
         options={"temperature": 0, "num_predict": MAX_TOKENS}))
     assert streamed == reply.message.content
     assert [m.model for m in client.ps().models] == [name]
+
+
+def test_responses_follow_up_reuses_the_cache(oai: openai.OpenAI, model_id: str) -> None:
+    first = oai.responses.create(model=model_id, input="What is the capital of France?",
+                                 temperature=0, max_output_tokens=MAX_TOKENS)
+    assert "Paris" in first.output_text, first.output_text
+    follow = oai.responses.create(model=model_id, input="And what is the capital of Italy?",
+                                  previous_response_id=first.id, temperature=0,
+                                  max_output_tokens=MAX_TOKENS)
+    assert "Rome" in follow.output_text, follow.output_text
+    # The whole first turn is a prefix of the follow-up, in the same slot: it is not re-read.
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens

@@ -7,9 +7,11 @@ from collections.abc import Iterable
 from aiohttp import web
 
 from strata.engine.api.errors import error_middleware
-from strata.engine.api.keys import SERVICE_KEY, SETTINGS_KEY, ApiSettings
+from strata.engine.api.keys import RESPONSES_KEY, SERVICE_KEY, SETTINGS_KEY, ApiSettings
+from strata.engine.api.responses_store import ResponseStore
 from strata.engine.api.routes import setup_routes
 from strata.engine.api.security import security_middleware
+from strata.engine.api.validation import NUM_CACHE_SLOTS
 from strata.engine.service.facade import ServiceFacade
 
 # Long prompts are big JSON: a 128k-token context is a few MiB of text.
@@ -31,5 +33,6 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     app[SETTINGS_KEY] = ApiSettings(api_key=api_key or None,
                                     allowed_hosts=tuple(allowed_hosts),
                                     allowed_origins=tuple(o.rstrip("/") for o in allowed_origins))
+    app[RESPONSES_KEY] = ResponseStore(NUM_CACHE_SLOTS)
     setup_routes(app)
     return app

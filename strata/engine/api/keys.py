@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from strata.engine.api.responses_store import ResponseStore
 from strata.engine.service.facade import ServiceFacade
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -22,3 +23,4 @@ class ApiSettings:
 
 SERVICE_KEY = web.AppKey("strata_service", ServiceFacade)
 SETTINGS_KEY = web.AppKey("strata_api_settings", ApiSettings)
+RESPONSES_KEY = web.AppKey("strata_responses", ResponseStore)

@@ -10,6 +10,7 @@ from strata.engine.api import (
     llama_routes,
     ollama_routes,
     openai_routes,
+    responses_routes,
 )
 from strata.engine.api.openapi import openapi_json
 
@@ -21,6 +22,8 @@ def setup_routes(app: web.Application) -> None:
         web.post("/v1/completions", openai_routes.completions),
         web.get("/v1/models", openai_routes.list_models),
         web.get("/v1/models/{model:.+}", openai_routes.get_model),
+        web.post("/v1/responses", responses_routes.create_response),
+        web.get("/v1/responses/{response_id}", responses_routes.get_response),
         web.post("/v1/messages", anthropic_routes.messages),
         web.post("/v1/messages/count_tokens", anthropic_routes.count_tokens),
         web.get("/health", llama_routes.health),
