@@ -89,3 +89,24 @@ async def test_slot_actions(client, service):
     assert service.calls == [("control", "slot_save", {"slot": 2, "filename": "chat-a.bin"}),
                              ("control", "slot_restore", {"slot": 2, "filename": "chat-a.bin"}),
                              ("control", "slot_erase", {"slot": 3})]
+
+
+async def test_apply_template_is_the_chat_prompt(client, service):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    response = await client.post("/apply-template", json={"messages": messages})
+    assert response.status == 200
+    prompt = (await response.json())["prompt"]
+    assert prompt == service.text.apply_chat_template(messages)
+    assert not service.requests  # nothing generated
+    bad = await client.post("/apply-template", json={"messages": []})
+    assert bad.status == 400
+
+
+async def test_unprefixed_aliases_and_v1_health(client, service):
+    assert (await client.get("/v1/health")).status == 200
+    assert (await (await client.get("/models")).json())["data"][0]["id"] == service.model_id
+    chat = await client.post("/chat/completions",
+                             json={"messages": [{"role": "user", "content": "hi"}]})
+    assert (await chat.json())["choices"][0]["message"]["content"] == service.reply_text
+    done = await client.post("/completions", json={"prompt": "The", "max_tokens": 2})
+    assert (await done.json())["usage"]["completion_tokens"] == 2

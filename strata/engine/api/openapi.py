@@ -152,6 +152,7 @@ SCHEMAS: dict[str, Any] = {
     "Detokenize": _obj({"tokens": {"type": "array", "items": {"type": "integer"}}},
                        ("tokens",)),
     "Content": _obj({"content": {"type": "string"}}, ("content",)),
+    "Prompt": _obj({"prompt": {"type": "string"}}, ("prompt",)),
     "SlotFile": _obj({"filename": {"type": "string", "minLength": 1, "maxLength": 255,
                                    "description": "a plain name inside the snapshot directory"}},
                      ("filename",)),
@@ -228,6 +229,19 @@ def _paths() -> dict[str, Any]:
             body=_body("CountTokensRequest"), anthropic=True)},
         "/health": {"get": _op("Liveness; never wakes the model", "llama.cpp",
                                _ok("Health"), 503, open_access=True)},
+        "/v1/health": {"get": _op("Liveness (alias of /health)", "llama.cpp", _ok("Health"),
+                                  503, open_access=True)},
+        "/apply-template": {"post": _op("The chat template applied to messages, no generation",
+                                        "llama.cpp", _ok("Prompt"), 400,
+                                        body=_body("ChatCompletionRequest"))},
+        "/chat/completions": {"post": _op(
+            "Alias of /v1/chat/completions", "OpenAI",
+            _ok("ChatCompletion", stream_text, stream=True), 400, 503,
+            body=_body("ChatCompletionRequest"))},
+        "/completions": {"post": _op(
+            "Alias of /v1/completions", "OpenAI", _ok("Completion", stream_text, stream=True),
+            400, 503, body=_body("CompletionRequest"))},
+        "/models": {"get": _op("Alias of /v1/models", "OpenAI", _ok("ModelList"))},
         "/props": {"get": _op("Context size, chat template, is_sleeping", "llama.cpp",
                               _ok(None))},
         "/metrics": {"get": _op("Prometheus metrics", "llama.cpp", {

@@ -11,6 +11,7 @@ from strata.engine.api import (
     ollama_routes,
     openai_routes,
     responses_routes,
+    template_routes,
 )
 from strata.engine.api.openapi import openapi_json
 
@@ -27,6 +28,12 @@ def setup_routes(app: web.Application) -> None:
         web.post("/v1/messages", anthropic_routes.messages),
         web.post("/v1/messages/count_tokens", anthropic_routes.count_tokens),
         web.get("/health", llama_routes.health),
+        web.get("/v1/health", llama_routes.health),
+        web.post("/apply-template", template_routes.apply_template),
+        # llama.cpp serves the OpenAI routes without the /v1 prefix too; some clients use them.
+        web.post("/chat/completions", openai_routes.chat_completions),
+        web.post("/completions", openai_routes.completions),
+        web.get("/models", openai_routes.list_models),
         web.get("/props", llama_routes.props),
         web.get("/metrics", llama_routes.metrics),
         web.get("/v1/status", llama_routes.v1_status),

@@ -15,7 +15,7 @@ from strata.engine.api.errors import ApiError
 from strata.engine.api.keys import LOOPBACK_HOSTS, SETTINGS_KEY, ApiSettings
 
 # Routes a supervisor or load balancer must reach without the key.
-_OPEN_PATHS = frozenset({"/health"})
+_OPEN_PATHS = frozenset({"/health", "/v1/health"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
