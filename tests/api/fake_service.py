@@ -86,6 +86,8 @@ class FakeService:
         self.calls.append(("control", action, kwargs))
         if self.control_error is not None:
             raise self.control_error
+        if action.startswith("slot_"):  # the engine's llama.cpp payload, as Service nests it
+            return {"action": action, "result": _slot_payload(action, **kwargs), **self.status()}
         return {"action": action, "ok": True, **kwargs}
 
     def set_unload_idle(self, seconds: float | None) -> None:
@@ -95,6 +97,16 @@ class FakeService:
         return {"state": self.state, "model": self.model_id, "model_path": "/models/tiny",
                 "context_tokens": self.context_tokens, "queue_length": 0,
                 "counters": dict(self.counters)}
+
+
+def _slot_payload(action: str, slot: int, filename: str = "") -> dict[str, Any]:
+    """What core/slots.py answers for a slot of 3 tokens and 96 bytes."""
+    if action == "slot_erase":
+        return {"id_slot": slot, "n_erased": 3}
+    verb = action.removeprefix("slot_")
+    counts = {"save": ("n_saved", "n_written"), "restore": ("n_restored", "n_read")}[verb]
+    return {"id_slot": slot, "filename": filename, counts[0]: 3, counts[1]: 96,
+            "timings": {f"{verb}_ms": 1.5}}
 
 
 class FakeStream:

@@ -82,10 +82,12 @@ async def test_level_routes_call_control(client, service, path, action):
 async def test_slot_actions(client, service):
     resp = await client.post("/slots/2?action=save", json={"filename": "chat-a.bin"})
     assert resp.status == 200
+    assert await resp.json() == {"id_slot": 2, "filename": "chat-a.bin", "n_saved": 3,
+                                 "n_written": 96, "timings": {"save_ms": 1.5}}
     resp = await client.post("/slots/2?action=restore", json={"filename": "chat-a.bin"})
-    assert resp.status == 200
+    assert resp.status == 200 and (await resp.json())["n_restored"] == 3
     resp = await client.post("/slots/3?action=erase")
-    assert resp.status == 200
+    assert resp.status == 200 and await resp.json() == {"id_slot": 3, "n_erased": 3}
     assert service.calls == [("control", "slot_save", {"slot": 2, "filename": "chat-a.bin"}),
                              ("control", "slot_restore", {"slot": 2, "filename": "chat-a.bin"}),
                              ("control", "slot_erase", {"slot": 3})]

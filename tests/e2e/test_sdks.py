@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import anthropic
 import ollama
 import openai
@@ -167,3 +170,26 @@ def test_responses_follow_up_reuses_the_cache(oai: openai.OpenAI, model_id: str)
     assert "Rome" in follow.output_text, follow.output_text
     # The whole first turn is a prefix of the follow-up, in the same slot: it is not re-read.
     assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+
+
+def test_slot_save_and_restore_answer_llamacpp_payloads(oai: openai.OpenAI, model_id: str,
+                                                        server: ServerProcess) -> None:
+    """The real engine's answers, at top level as llama.cpp's clients read them; the API
+    tests' fake answers the same keys (tests/api/fake_service.py)."""
+    chat(oai, model_id, QUESTION, slot=2)
+    saved = _post_json(server, "/slots/2?action=save", {"filename": "e2e.slot"})
+    assert set(saved) == {"id_slot", "filename", "n_saved", "n_written", "timings"}
+    assert saved["id_slot"] == 2 and saved["n_saved"] > 10 and saved["n_written"] > 0
+    restored = _post_json(server, "/slots/3?action=restore", {"filename": "e2e.slot"})
+    assert set(restored) == {"id_slot", "filename", "n_restored", "n_read", "timings"}
+    assert restored["n_restored"] == saved["n_saved"]
+    erased = _post_json(server, "/slots/3?action=erase", None)
+    assert erased == {"id_slot": 3, "n_erased": saved["n_saved"]}
+
+
+def _post_json(server: ServerProcess, path: str, body: dict | None) -> dict:
+    request = urllib.request.Request(server.base_url + path, method="POST",
+                                     data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())

@@ -54,7 +54,8 @@ def _slot_id(request: web.Request) -> int:
 
 
 async def slot_action(request: web.Request) -> web.Response:
-    """POST /slots/{id}?action=save|restore|erase with {"filename": ...} for save/restore."""
+    """POST /slots/{id}?action=save|restore|erase with {"filename": ...} for save/restore;
+    answers llama.cpp's payload (id_slot, filename, n_saved|n_restored|n_erased, ...)."""
     slot = _slot_id(request)
     name = request.query.get("action", "")
     if name not in _SLOT_ACTIONS:
@@ -63,6 +64,10 @@ async def slot_action(request: web.Request) -> web.Response:
     body = await read_json_object(request, allow_empty=(name == "erase"))
     service = request.app[SERVICE_KEY]
     if name == "erase":
-        return _json(await service.control("slot_erase", slot=slot))
-    filename = check_slot_filename(body.get("filename"))
-    return _json(await service.control(_SLOT_ACTIONS[name], slot=slot, filename=filename))
+        answer = await service.control("slot_erase", slot=slot)
+    else:
+        filename = check_slot_filename(body.get("filename"))
+        answer = await service.control(_SLOT_ACTIONS[name], slot=slot, filename=filename)
+    # llama.cpp's payload at top level (id_slot, filename, n_saved, n_written, timings), which
+    # its clients read; the service's status around it is for the tray.
+    return web.json_response(answer["result"])

@@ -15,6 +15,7 @@ from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
 from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import NUM_CACHE_SLOTS, get_bool, read_json_object
+from strata.engine.text.token_bytes import token_piece
 from strata.units import MIB
 
 _HEALTH = {"loading": ("loading", 503), "starting": ("loading", 503),
@@ -88,8 +89,9 @@ async def tokenize(request: web.Request) -> web.Response:
     assets = text_assets(request.app[SERVICE_KEY])
     ids = list(assets.encode(content, add_special=add_special))
     if get_bool(body, "with_pieces", False):
+        # A piece that is half a UTF-8 character is its byte values, as llama.cpp sends it.
         return web.json_response({"tokens": [
-            {"id": i, "piece": assets.decode([i])} for i in ids]})
+            {"id": i, "piece": token_piece(assets, i)} for i in ids]})
     return web.json_response({"tokens": ids})
 
 
