@@ -55,8 +55,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def _chat_message(text: str, finish_reason: str | None) -> dict:
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-            "finish_reason": finish_reason}
+    # refusal is required by OpenAI's schema; a local model never refuses through this field.
+    return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": None, "finish_reason": finish_reason}
 
 
 async def _respond(request: web.Request, generation: TextGeneration, params: Any, id_prefix: str,

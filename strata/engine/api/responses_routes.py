@@ -35,8 +35,11 @@ log = logging.getLogger(__name__)
 def _usage(usage: Usage | None) -> dict[str, Any] | None:
     if usage is None:
         return None
+    # Every prompt token Strata prefills is written to the slot's KV cache.
     return {"input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                     "cache_write_tokens": usage.prompt_tokens
+                                     - usage.cached_tokens},
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
@@ -70,11 +73,12 @@ class _Response:
             "reasoning": {"effort": None, "summary": None}, "store": parsed.is_stored,
             "temperature": parsed.params.temperature, "text": {"format": {"type": "text"}},
             "tool_choice": "auto", "tools": [], "top_p": parsed.params.top_p,
-            "truncation": "disabled", "usage": None, "metadata": parsed.metadata}
+            "truncation": "disabled", "metadata": parsed.metadata, "completed_at": None}
 
     def finish(self, generation: TextGeneration, text: str) -> dict[str, Any]:
         is_cut = generation.finish_reason == "length"
         self.body.update(
+            completed_at=None if is_cut else int(time.time()),
             status="incomplete" if is_cut else "completed",
             incomplete_details={"reason": "max_output_tokens"} if is_cut else None,
             output=[_message_item(self.item_id, text, "incomplete" if is_cut else "completed")],
