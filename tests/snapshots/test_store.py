@@ -107,7 +107,16 @@ def test_persistent_files_are_found_again_by_slot_and_fingerprint(tmp_path) -> N
     assert again.info(2) == {"location": "disk", "n_tokens": 12,
                              "bytes": (tmp_path / f"slot2-{FINGERPRINT}.stkv").stat().st_size}
     assert again.take(2).token_ids == tuple(range(12))
-    assert os.listdir(tmp_path) == []  # taken back into a slot: the file is done
+    # Taken back into a slot, the file stays until a newer snapshot replaces it (a crash
+    # before then loses nothing); a third engine finds it again.
+    assert os.listdir(tmp_path) == [f"slot2-{FINGERPRINT}.stkv"]
+    assert store(tmp_path, persist=True).info(2)["n_tokens"] == 12
+    again.put(2, snap(20))
+    again.close()
+    third = store(tmp_path, persist=True)
+    assert third.take(2).token_ids == tuple(range(20))  # the newer snapshot replaced it
+    third.drop(2)  # erasing the slot deletes the file it kept
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_non_persistent_store_leaves_nothing_after_close(tmp_path) -> None:
