@@ -328,11 +328,28 @@ class Supervisor:
         """Send a control command to the running engine and return its Reply or Status.
 
         Never starts the engine: raises EngineCommandError("not_running") when it is down.
+        A command that runs past its timeout means a wedged engine (every later command would
+        queue behind it): the process is killed, so it restarts, and EngineCommandError
+        ("engine_timeout") is raised. A GetStatus during a generation is exempt: it is answered
+        between steps, and one long prefill step is no fault.
         """
         handle = self._handle
         if handle is None or not handle.is_alive:
             raise EngineCommandError("not_running", "the engine is not running; load it first")
-        return await self._command(handle, command, timeout_s or self.command_timeout_s)
+        timeout_s = timeout_s or self.command_timeout_s
+        try:
+            return await self._command(handle, command, timeout_s)
+        except TimeoutError:
+            name = type(command).__name__
+            if isinstance(command, p.GetStatus) and handle.streams:
+                raise
+            reason = f"did not answer {name} within {timeout_s:g} s"
+            log.error("engine process %d %s; killing it to restart", handle.pid, reason)
+            if self._handle is handle:
+                self.kill(reason)
+            raise EngineCommandError(
+                "engine_timeout", f"the engine {reason}; it is restarting, retry shortly"
+            ) from None
 
     async def stream(
         self,

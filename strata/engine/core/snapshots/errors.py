@@ -43,6 +43,7 @@ class SnapshotWriteError(StrataError):
     def __init__(self, message: str, code: str = STORAGE_ERROR_CODE):
         super().__init__(message)
         self.code = code
+        self.failed_slots: list[int] = []  # an offload of several slots: the ones kept
 
     @classmethod
     def from_os_error(cls, what: str, exc: OSError) -> SnapshotWriteError:
