@@ -48,7 +48,7 @@ def small_disk(tmp_path, monkeypatch):
         monkeypatch.setattr(fmt, "write_to", write_to)
     yield directory
     if mounted:
-        subprocess.run(["umount", str(directory)], check=False)
+        subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
 @pytest.mark.parametrize("persist", [False, True])

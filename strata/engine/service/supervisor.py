@@ -10,6 +10,7 @@ context) can wait behind the one that exited, so the next load skips seconds of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -347,6 +348,9 @@ class Supervisor:
             log.error("engine process %d %s; killing it to restart", handle.pid, reason)
             if self._handle is handle:
                 self.kill(reason)
+                # Seen as failed (and restarting) before the caller answers its client.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(handle.exited.wait(), self.stop_timeout_s)
             raise EngineCommandError(
                 "engine_timeout", f"the engine {reason}; it is restarting, retry shortly"
             ) from None
