@@ -1,6 +1,6 @@
 """The real engine process (the real Engine on a tiny llama, CPU) behind `serve`, over HTTP:
-usage after a stop string, and persisted sessions that survive a SIGKILL (issue 17 items 12
-and 13)."""
+usage after a stop string, persisted sessions that survive a SIGKILL, and a model that stops
+loading at run time (issue 17 items 12, 13 and 8)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -120,3 +121,27 @@ async def test_a_persisted_session_survives_a_sigkill_of_the_engine(server):
     again = await complete(base, max_tokens=4)
     assert cached(again) == again["usage"]["prompt_tokens"] - 1 > 0, again
     assert again["choices"][0]["text"] == restored["choices"][0]["text"]
+
+
+async def test_a_model_that_stops_loading_at_run_time_is_failed_with_the_reason(server):
+    base, service, settings = server
+    config = Path(settings.model) / "config.json"
+    original = config.read_text(encoding="utf-8")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base}/unload") as response:
+            assert response.status == 200, await response.text()
+        try:
+            # An architecture Strata cannot run; the tokenizer still reads the directory.
+            config.write_text(original.replace('"llama"', '"nosucharch"'), encoding="utf-8")
+            async with session.post(f"{base}/load") as response:
+                body = await response.json()
+                assert response.status == 503, body
+            async with session.get(f"{base}/v1/status") as response:
+                status = await response.json()
+            assert status["state"] == "failed", status
+            assert "nosucharch" in status["last_error"], status
+        finally:
+            config.write_text(original, encoding="utf-8")
+        async with session.post(f"{base}/load") as response:
+            assert response.status == 200, await response.text()
+    assert service.status()["engine"]["state"] == "loaded"  # (the session file is on disk)
