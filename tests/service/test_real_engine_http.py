@@ -145,3 +145,43 @@ async def test_a_model_that_stops_loading_at_run_time_is_failed_with_the_reason(
         async with session.post(f"{base}/load") as response:
             assert response.status == 200, await response.text()
     assert service.status()["engine"]["state"] == "loaded"  # (the session file is on disk)
+
+
+def _mount_tool(tool: str, *args: str) -> bool:
+    """Run mount or umount (a blink: no need to leave the loop); True when it worked."""
+    import shutil
+    import subprocess
+
+    return shutil.which(tool) is not None and subprocess.run(
+        [tool, *args], capture_output=True, check=False).returncode == 0
+
+
+def _mount(*args: str) -> bool:
+    return _mount_tool("mount", *args)
+
+
+async def save_slot(base: str, filename: str) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session, \
+            session.post(f"{base}/slots/0?action=save", json={"filename": filename}) as response:
+        return response.status, await response.json()
+
+
+async def test_a_full_or_read_only_disk_on_save_is_a_server_error(server):
+    base, _, settings = server
+    await complete(base, max_tokens=4)  # slot 0 holds a history of about 20 KiB of KV
+    directory = settings.snapshot_dir
+    if not _mount("-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", directory):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        status, body = await save_slot(base, "big.slot")
+        assert status == 507, body
+        assert body["error"]["code"] == "insufficient_storage", body
+        assert "No space left" in body["error"]["message"] and "\n" not in body["error"]["message"]
+        assert _mount("-o", "remount,ro", directory)
+        status, body = await save_slot(base, "big.slot")
+        assert status == 500 and body["error"]["code"] == "storage_error", body
+        assert "Read-only" in body["error"]["message"], body
+    finally:
+        _mount_tool("umount", "-l", directory)
+    status, body = await save_slot(base, "big.slot")  # the real directory again: it works
+    assert status == 200, body
