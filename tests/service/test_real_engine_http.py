@@ -185,3 +185,22 @@ async def test_a_full_or_read_only_disk_on_save_is_a_server_error(server):
         _mount_tool("umount", "-l", directory)
     status, body = await save_slot(base, "big.slot")  # the real directory again: it works
     assert status == 200, body
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+async def test_a_fifo_named_like_a_slot_file_is_refused_at_once(server):
+    base, service, settings = server
+    fifo = Path(settings.snapshot_dir) / "x.slot"
+    os.mkfifo(fifo)
+    try:
+        started_s = time.monotonic()
+        async with aiohttp.ClientSession() as session, session.post(
+                f"{base}/slots/0?action=restore", json={"filename": "x.slot"}) as response:
+            body = await response.json()
+        assert response.status == 400, body
+        assert "not a regular file" in body["error"]["message"], body
+        assert time.monotonic() - started_s < 10  # refused, not blocked until the timeout
+    finally:
+        fifo.unlink()
+    assert service.status()["engine"]["state"] == "loaded"
+    assert (await complete(base, max_tokens=2))["usage"]["completion_tokens"] == 2
