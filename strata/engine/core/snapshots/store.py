@@ -105,8 +105,9 @@ class SnapshotStore:
         self.last_error: str | None = None
         self.is_default_dir = is_default_dir
         self._entries: dict[int, _Entry] = {}
-        # Persisted files of slots that were restored: kept until replaced or erased.
-        self._kept_paths: dict[int, Path] = {}
+        # Persisted files of slots that were restored: (path, bytes), kept until replaced or
+        # erased; they count against the disk budget and are the first to go when it is full.
+        self._kept_paths: dict[int, tuple[Path, int]] = {}
         self._order = itertools.count()
         # RAM snapshots captured for this model land in pinned blocks of this pool; its
         # capacity is the RAM budget, and a block returns when its snapshot is dropped.
@@ -134,7 +135,9 @@ class SnapshotStore:
 
     @property
     def disk_bytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values() if e.location == DISK)
+        """Bytes of snapshot files on disk, the kept files of restored slots included."""
+        kept_bytes = sum(nbytes for _, nbytes in self._kept_paths.values())
+        return sum(e.nbytes for e in self._entries.values() if e.location == DISK) + kept_bytes
 
     # ---- storing and taking ----------------------------------------------------------------
 
@@ -193,7 +196,7 @@ class SnapshotStore:
                 return fmt.read_from(entry.file, self.fingerprint, self.layout, now_s)
             snapshot = fmt.read_file(entry.path, self.fingerprint, self.layout, now_s)
             # The file outlives the restore: a crash before the next snapshot loses nothing.
-            self._kept_paths[key], entry.path = entry.path, None
+            self._kept_paths[key], entry.path = (entry.path, entry.nbytes), None
             return snapshot
         finally:
             self._discard(entry)
@@ -206,7 +209,7 @@ class SnapshotStore:
             self._discard(entry)
         kept = self._kept_paths.pop(key, None)
         if kept is not None:
-            self._unlink(kept)
+            self._unlink(kept[0])
 
     def _spill(self, entry: _Entry) -> None:
         """Move a RAM entry to disk; on failure it stays in RAM and SnapshotWriteError is raised."""
@@ -254,10 +257,17 @@ class SnapshotStore:
         """Delete the oldest disk snapshots (not `keep`) until disk use is within limit_bytes."""
         while True:
             victims = [e for e in self._entries.values() if e.location == DISK and e is not keep]
+            # A kept file of keep's own slot is about to be replaced: not counted.
+            kept = [k for k in self._kept_paths if k != keep.key]
             # `keep` may not be registered yet (a put in progress): count it once either way.
-            used_bytes = sum(e.nbytes for e in victims) + (keep.nbytes if keep.location == DISK else 0)
+            used_bytes = (sum(e.nbytes for e in victims) + (keep.nbytes if keep.location == DISK else 0)
+                          + sum(self._kept_paths[k][1] for k in kept))
             if used_bytes <= limit_bytes:
                 return
+            if kept:  # its slot is resident: only the copy that survives a crash goes
+                log.info("snapshot disk budget full: deleting slot %d's kept session file", kept[0])
+                self._unlink(self._kept_paths.pop(kept[0])[0])
+                continue
             if not victims:
                 return
             victim = min(victims, key=lambda e: e.order)
