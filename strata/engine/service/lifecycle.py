@@ -395,6 +395,8 @@ class Lifecycle:
                     return
                 except ServiceError as exc:
                     log.warning("the engine did not restart: %s", exc.message)
+                except Exception:  # a bug here must not end the restarts
+                    log.exception("restarting the engine failed")
             if supervisor.retry_in_s == 0:
                 await asyncio.sleep(RESTART_RETRY_MIN_S)
 

@@ -6,8 +6,8 @@
 The header holds the model fingerprint, the layout, the token count, the sha256 of the token
 ids, created/expires (wall clock) and each region's offset, size and crc32. Named files are
 written to a private temporary file (0600, O_EXCL, unpredictable name) in the same directory,
-flushed, fsync'd and renamed, so a reader sees either the old file or the complete new one. Reading verifies all of it and raises one
-`SnapshotInvalid(reason)`.
+flushed, fsync'd and renamed, so a reader sees either the old file or the complete new one.
+Reading verifies all of it and raises one `SnapshotInvalid(reason)`.
 """
 
 from __future__ import annotations

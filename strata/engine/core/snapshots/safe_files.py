@@ -18,8 +18,7 @@ from typing import BinaryIO
 
 from strata.engine.core.snapshots.errors import SnapshotInvalid, SnapshotWriteError
 
-DIR_MODE = 0o700
-FILE_MODE = 0o600
+DIR_MODE = 0o700  # files are 0600: mkstemp creates them so, and a rename keeps the mode
 _IS_POSIX = hasattr(os, "getuid")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -71,7 +70,8 @@ def create_temp(directory: Path, name: str) -> tuple[BinaryIO, Path]:
 
     mkstemp opens with O_CREAT|O_EXCL|O_NOFOLLOW: an existing file or symlink is never reused.
     """
-    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+    # A short prefix: a 255-character name plus mkstemp's suffix would be too long a name.
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=f".{name[:64]}.", suffix=".tmp")
     return os.fdopen(fd, "wb"), Path(temp)
 
 

@@ -29,6 +29,7 @@ from typing import BinaryIO
 
 from strata.engine.core.snapshots import format as fmt
 from strata.engine.core.snapshots.errors import (
+    NO_SPACE_CODE,
     SnapshotInvalid,
     SnapshotNameError,
     SnapshotWriteError,
@@ -218,7 +219,8 @@ class SnapshotStore:
         if estimate_bytes > self.disk_budget_bytes:
             raise SnapshotWriteError(
                 f"a KV snapshot of {estimate_bytes / _MIB:.1f} MiB does not fit the snapshot disk "
-                f"budget of {self.disk_budget_bytes / _MIB:.1f} MiB; raise --snapshot-disk-budget"
+                f"budget of {self.disk_budget_bytes / _MIB:.1f} MiB; raise --snapshot-disk-budget",
+                NO_SPACE_CODE,
             )
         self._evict_disk(self.disk_budget_bytes - estimate_bytes, keep=entry)
         self.prepare_dir()
