@@ -15,7 +15,7 @@ from strata.engine.core.engine import EngineConfig
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, engine_main
 from tests.snapshots.helpers import save_tiny_llama
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 CTX = multiprocessing.get_context("spawn")
 
 

@@ -20,7 +20,7 @@ from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
 from tests.snapshots.helpers import VOCAB, save_tiny_llama
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="module")]
 
 PROMPT = " ".join(f"w{(i * 7) % (VOCAB - 10) + 3}" for i in range(40))  # 40 tokens
 

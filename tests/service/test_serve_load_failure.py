@@ -10,7 +10,7 @@ import pytest
 from tests.e2e.server import server_command, server_env
 from tests.text.spm_gguf import write_spm_gguf
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 def test_a_model_that_cannot_load_exits_with_one_line(tmp_path) -> None:
