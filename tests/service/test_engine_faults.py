@@ -103,3 +103,23 @@ async def test_a_slot_command_that_hangs_is_a_503_and_the_engine_restarts(tiny_m
         assert service.status()["engine_pid"] not in (None, pid)
         answer = await asyncio.wait_for(complete(session, base), 20)
         assert answer["usage"]["completion_tokens"] == 3
+
+
+async def test_a_status_read_queued_behind_slow_work_does_not_kill_the_engine(tiny_model_dir):
+    from strata.engine import protocol as p
+    from strata.engine.service.supervisor import Supervisor
+
+    supervisor = Supervisor(FakeEngineConfig(model_path=str(tiny_model_dir), slot_delay_s=2.0),
+                            FAKE_ENGINE_FACTORY, command_timeout_s=10.0)
+    try:
+        await supervisor.ensure_loaded()
+        pid = supervisor.pid
+        await supervisor.command(p.SaveSlot(0, "a.slot"))
+        restore = asyncio.create_task(supervisor.command(p.RestoreSlot(0, "a.slot")))
+        await asyncio.sleep(0.2)  # the engine is inside the 2 s restore now
+        with pytest.raises(TimeoutError):  # slow, not wedged: the status read just gives up
+            await supervisor.command(p.GetStatus(), 0.3)
+        assert (await restore).result["id_slot"] == 0
+        assert supervisor.pid == pid and supervisor.state == "loaded"
+    finally:
+        await supervisor.stop()

@@ -331,8 +331,9 @@ class Supervisor:
         Never starts the engine: raises EngineCommandError("not_running") when it is down.
         A command that runs past its timeout means a wedged engine (every later command would
         queue behind it): the process is killed, so it restarts, and EngineCommandError
-        ("engine_timeout") is raised. A GetStatus during a generation is exempt: it is answered
-        between steps, and one long prefill step is no fault.
+        ("engine_timeout") is raised. A GetStatus while a generation or another command runs is
+        exempt: it waits behind that work (a long prefill step, a sleep writing snapshots),
+        which has its own timeout.
         """
         handle = self._handle
         if handle is None or not handle.is_alive:
@@ -342,7 +343,7 @@ class Supervisor:
             return await self._command(handle, command, timeout_s)
         except TimeoutError:
             name = type(command).__name__
-            if isinstance(command, p.GetStatus) and handle.streams:
+            if isinstance(command, p.GetStatus) and (handle.streams or handle.waiters):
                 raise
             reason = f"did not answer {name} within {timeout_s:g} s"
             log.error("engine process %d %s; killing it to restart", handle.pid, reason)
