@@ -49,7 +49,7 @@ class FakeService:
         """The service's iterator, or (returns_coroutine) a coroutine that returns it."""
         self.calls.append(("generate", request))
         self.requests.append(request)
-        stream = FakeStream(self, self._events(request))
+        stream = FakeStream(self, self._events(request), request)
         if self.returns_coroutine:
             async def opened() -> FakeStream:
                 return stream
@@ -115,11 +115,19 @@ class FakeStream:
     unlike an async generator, nothing closes it when it is garbage collected.
     """
 
-    def __init__(self, service: FakeService, events):
+    def __init__(self, service: FakeService, events, request: GenerationRequest | None = None):
         self._service = service
         self._events = events
+        self._request = request
+        self._num_tokens = 0
         self._is_finished = False
         self._is_closed = False
+
+    def _report_final(self, final: Done | Error | None) -> None:
+        """As Service does: the final event to request.on_final, also after an early close
+        (then a cancelled Done with the usage so far, as the engine answers a Cancel)."""
+        if self._request is not None and self._request.on_final is not None:
+            self._request.on_final(final)
 
     def __aiter__(self) -> FakeStream:
         return self
@@ -133,14 +141,21 @@ class FakeStream:
         except BaseException:
             self._is_finished = True
             raise
+        if isinstance(event, Tokens):
+            self._num_tokens += len(event.token_ids)
         if isinstance(event, (Done, Error)):
             self._is_finished = True
+            self._report_final(event)
         return event
 
     def _record_cancel(self) -> None:
         if not self._is_finished and not self._is_closed:
             self._service.num_closed_early += 1
             self._service.closed_early.set()
+            if self._request is not None:
+                usage = Usage(len(self._request.prompt_ids), self._num_tokens, CACHED_TOKENS,
+                              "cancelled")
+                self._report_final(Done("req-cancelled", usage))
         self._is_finished = True
 
     async def aclose(self) -> None:

@@ -32,6 +32,7 @@ _ANTHROPIC_TYPES = {
 _EVENT_CODE_STATUS = {
     "bad_request": 400, "not_applicable": 400, "busy": 409, "out_of_memory": 503,
     "unavailable": 503, "cancelled": 503, "engine_crashed": 503, "internal": 500,
+    "insufficient_storage": 507, "storage_error": 500, "engine_timeout": 503,
 }
 
 

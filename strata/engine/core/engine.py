@@ -196,6 +196,7 @@ class Engine:
             ttl_s=self.config.snapshot_ttl_s,
             fingerprint=fingerprint,
             layout=layout,
+            is_default_dir=not self.config.snapshot_dir,
         )
         return ArenaSlotManager(NUM_CACHE_SLOTS, self.config.kv_budget_bytes, self.kv_arena, store)
 

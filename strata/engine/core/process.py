@@ -192,12 +192,14 @@ class EngineLoop:
         except _HostGone:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one command
-            # The traceback goes to the log; the host gets a one-line Error and the loop goes on.
-            traceback.print_exc(file=sys.stderr)
-            self.send(p.Error(
-                error_code(exc, command), one_line(exc),
-                request_id=request_id, command_id=command_id,
-            ))
+            # The host gets a one-line Error and the loop goes on. The log gets a traceback
+            # only for a bug (an unexpected exception); a client's error is one line.
+            code = error_code(exc, command)
+            if code == "internal":
+                traceback.print_exc(file=sys.stderr)
+            else:
+                log.info("%s refused (%s): %s", type(command).__name__, code, one_line(exc))
+            self.send(p.Error(code, one_line(exc), request_id=request_id, command_id=command_id))
         return True
 
     # ---- commands --------------------------------------------------------------------------

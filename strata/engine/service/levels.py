@@ -108,4 +108,11 @@ def service_error(action: str, exc: EngineCommandError) -> ServiceError:
         return ServiceError(400, exc.code, f"{what} failed: {message}")
     if exc.code in ("engine_crashed", "not_running"):
         return ServiceError(503, "engine_unavailable", f"{what} failed: {message}")
+    if exc.code == "engine_timeout":  # the supervisor killed it; it is restarting
+        return ServiceError(503, "engine_timeout", f"{what} failed: {message}",
+                            retry_after_s=RETRY_AFTER_S)
+    if exc.code == "insufficient_storage":  # ENOSPC, EDQUOT, the disk budget: 507
+        return ServiceError(507, "insufficient_storage", f"{what} failed: {message}")
+    if exc.code == "storage_error":  # read-only, I/O error, an unsafe snapshot directory
+        return ServiceError(500, "storage_error", f"{what} failed: {message}")
     return ServiceError(500, exc.code or "internal", f"{what} failed in the engine: {message}")

@@ -103,6 +103,10 @@ async def serve(
         await service.start()
     except ServiceError as exc:
         raise ServeError(exc.message) from None
+    load_failure = _load_failure(service)
+    if load_failure is not None:  # a model that cannot load: say why and exit, not serve errors
+        await service.stop()
+        raise ServeError(load_failure)
     # Binding all interfaces is the user asking for LAN clients, whose Host headers vary.
     allowed_hosts = ("*",) if settings.host in WILDCARD_HOSTS else (settings.host,)
     # handler_cancellation: a client that goes away cancels its handler at once, so its
@@ -135,6 +139,18 @@ async def serve(
         await runner.cleanup()
         await service.stop()
     return 0
+
+
+def _load_failure(service: Any) -> str | None:
+    """Why the model could not be loaded at start-up (the engine state is failed), else None.
+
+    Waiting for VRAM is no failure (the state stays unloaded): the server serves and retries.
+    """
+    status = service.status()
+    if status.get("state") != "failed":
+        return None
+    reason = status.get("last_error") or "the engine failed to start"
+    return f"cannot load the model: {reason}"
 
 
 def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> asyncio.Task | None:

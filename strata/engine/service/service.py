@@ -240,6 +240,8 @@ class Service:
                 ended_s = time.perf_counter()
                 decode_s = ended_s - first_token_s[0] if first_token_s else 0.0
                 self.metrics.record(final, ended_s - started_s, decode_s)
+                if request.on_final is not None:
+                    request.on_final(final)
 
             events = supervisor.stream(
                 request_id, request.prompt_ids, request.sampling, request.slot, on_end=on_end
