@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from strata.engine.protocol import Error as ErrorEvent
+from strata.engine.service.error_codes import RETRY_AFTER_S, http_status
 from strata.engine.service.facade import ServiceError
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
     413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error",
+    507: "server_error",
 }
 # Anthropic's error "type" per HTTP status (docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
@@ -28,11 +30,8 @@ _ANTHROPIC_TYPES = {
     404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
 }
-# Engine error codes (protocol.Error.code) to HTTP statuses.
-_EVENT_CODE_STATUS = {
-    "bad_request": 400, "not_applicable": 400, "busy": 409, "out_of_memory": 503,
-    "unavailable": 503, "cancelled": 503, "engine_crashed": 503, "internal": 500,
-}
+# A command that outlived its timeout: the engine is being dealt with; retry after this.
+TIMEOUT_RETRY_AFTER_S = RETRY_AFTER_S["engine_timeout"]
 
 
 class ApiError(Exception):
@@ -61,8 +60,8 @@ def from_service_error(exc: ServiceError) -> ApiError:
 
 def from_error_event(event: ErrorEvent) -> ApiError:
     """Map an engine Error event to an ApiError (unknown codes are server errors)."""
-    status = _EVENT_CODE_STATUS.get(event.code, 500)
-    return ApiError(status, event.message or f"the engine failed ({event.code})", event.code)
+    return ApiError(http_status(event.code), event.message or f"the engine failed ({event.code})",
+                    event.code, retry_after_s=RETRY_AFTER_S.get(event.code))
 
 
 def is_anthropic_path(path: str) -> bool:
@@ -116,6 +115,12 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         if exc.status < 400:  # redirects and the like are answers, not errors
             raise
         return error_response(_from_http_exception(exc, request), anthropic=anthropic)
+    except TimeoutError:
+        # An engine command past its timeout: the server's fault, and worth a retry.
+        log.warning("%s %s: the engine did not answer in time", request.method, request.path)
+        error = ApiError(503, "the engine did not answer in time; it is busy or stuck, retry "
+                         "shortly", "engine_timeout", retry_after_s=TIMEOUT_RETRY_AFTER_S)
+        return error_response(error, anthropic=anthropic)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
         error = ApiError(500, "internal server error; the details are in the server log",
