@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from strata.engine.api.redact import redact_text
 from strata.engine.protocol import Error as ErrorEvent
 from strata.engine.service.error_codes import RETRY_AFTER_S, http_status
 from strata.engine.service.facade import ServiceError
@@ -70,12 +71,17 @@ def is_anthropic_path(path: str) -> bool:
 
 
 def error_body(error: ApiError, *, anthropic: bool) -> dict[str, Any]:
-    """The JSON body for an error in the shape the route's clients expect."""
+    """The JSON body for an error in the shape the route's clients expect.
+
+    Server paths in the message become file names: the client sees 'chat.bin', not where the
+    server keeps it.
+    """
+    message = redact_text(error.message)
     if anthropic:
         kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": error.message}}
+        return {"type": "error", "error": {"type": kind, "message": message}}
     kind = _OPENAI_TYPES.get(error.status, "server_error")
-    return {"error": {"message": error.message, "type": kind, "param": error.param,
+    return {"error": {"message": message, "type": kind, "param": error.param,
                       "code": error.code}}
 
 

@@ -13,6 +13,7 @@ from aiohttp import web
 from strata.engine.api.errors import bad_request
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
+from strata.engine.api.redact import file_name, redact
 from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import NUM_CACHE_SLOTS, get_bool, read_json_object
 from strata.units import MIB
@@ -40,7 +41,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def props(request: web.Request) -> web.Response:
-    """GET /props: context size, model path, chat template, whether the model sleeps."""
+    """GET /props: context size, model file name, chat template, whether the model sleeps."""
     service = request.app[SERVICE_KEY]
     status = _status(request)
     assets = text_assets(service)
@@ -48,7 +49,9 @@ async def props(request: web.Request) -> web.Response:
     return web.json_response({
         "n_ctx": n_ctx, "default_generation_settings": {"n_ctx": n_ctx},
         "total_slots": NUM_CACHE_SLOTS,
-        "model_path": str(status.get("model_path") or status.get("model") or service.model_id),
+        # llama.cpp's field, but the file name only: where the server keeps it is its own.
+        "model_path": file_name(str(status.get("model_path") or status.get("model")
+                                    or service.model_id)),
         "model_alias": service.model_id, "chat_template": assets.chat_template or "",
         "is_sleeping": status.get("state") == "sleeping", "state": status.get("state")})
 
@@ -60,12 +63,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def v1_status(request: web.Request) -> web.Response:
-    """GET /v1/status: the service's whole status snapshot."""
-    return web.json_response(_status(request), dumps=_dumps)
+    """GET /v1/status: the service's whole status snapshot, server paths as file names."""
+    return web.json_response(redact(_status(request)), dumps=_dumps)
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, default=str)  # paths and enums in the status become strings
+    # Enums (and any path redact() did not see) become strings, paths as file names.
+    return json.dumps(value, default=lambda v: redact(str(v)))
 
 
 async def slots(request: web.Request) -> web.Response:
@@ -73,7 +77,7 @@ async def slots(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     reported = _status(request).get("slots")
     if isinstance(reported, list):
-        return web.json_response(reported, dumps=_dumps)
+        return web.json_response(redact(reported), dumps=_dumps)
     return web.json_response([{"id": i, "n_ctx": service.context_tokens}
                               for i in range(NUM_CACHE_SLOTS)])
 
