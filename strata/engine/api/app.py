@@ -6,14 +6,15 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
+from strata.engine.api.cpu_pool import cpu_pool_context
 from strata.engine.api.errors import error_middleware
 from strata.engine.api.keys import SERVICE_KEY, SETTINGS_KEY, ApiSettings
 from strata.engine.api.routes import setup_routes
 from strata.engine.api.security import security_middleware
 from strata.engine.service.facade import ServiceFacade
 
-# Long prompts are big JSON: a 128k-token context is a few MiB of text.
-MAX_REQUEST_BYTES = 32 * 1024 * 1024
+# Long prompts are big JSON: a 128k-token context is about 1 MiB of text, tools included a few.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def create_app(service: ServiceFacade, *, api_key: str | None = None,
@@ -31,5 +32,6 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     app[SETTINGS_KEY] = ApiSettings(api_key=api_key or None,
                                     allowed_hosts=tuple(allowed_hosts),
                                     allowed_origins=tuple(o.rstrip("/") for o in allowed_origins))
+    app.cleanup_ctx.append(cpu_pool_context)
     setup_routes(app)
     return app

@@ -102,8 +102,9 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiErr
         return ApiError(405, f"method {request.method} is not allowed on {request.path}",
                         "method_not_allowed")
     if exc.status == 413:
-        return ApiError(413, "request body is too large; send a shorter request",
-                        "request_too_large")
+        limit_mib = request.app._client_max_size / (1024 * 1024)
+        return ApiError(413, f"request body is larger than this server's {limit_mib:g} MiB "
+                        "limit; send a shorter request", "request_too_large")
     return ApiError(exc.status, exc.reason or "request failed", "http_error")
 
 

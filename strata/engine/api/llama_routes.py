@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
@@ -18,6 +19,7 @@ from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import NUM_CACHE_SLOTS, get_bool, read_json_object
 from strata.units import MIB
 
+_DUMP_SLICE = 65536  # token ids per json.dumps call when writing a /tokenize answer
 _HEALTH = {"loading": ("loading", 503), "starting": ("loading", 503),
            "failed": ("error", 503)}
 
@@ -89,12 +91,24 @@ async def tokenize(request: web.Request) -> web.Response:
     if not isinstance(content, str):
         raise bad_request("'content' must be a string", param="content")
     add_special = get_bool(body, "add_special", False)
+    with_pieces = get_bool(body, "with_pieces", False)
     assets = text_assets(request.app[SERVICE_KEY])
-    ids = list(assets.encode(content, add_special=add_special))
-    if get_bool(body, "with_pieces", False):
-        return web.json_response({"tokens": [
-            {"id": i, "piece": assets.decode([i])} for i in ids]})
-    return web.json_response({"tokens": ids})
+    # Tokenizing and writing out a few MiB of text takes seconds: not on the event loop.
+    body_bytes = await run_cpu(request.app, _tokenize_body, assets, content, add_special,
+                               with_pieces)
+    return web.Response(body=body_bytes, content_type="application/json")
+
+
+def _tokenize_body(assets: Any, content: str, add_special: bool, with_pieces: bool) -> bytes:
+    ids = assets.encode(content, add_special=add_special)
+    if with_pieces:
+        tokens: list[Any] = [{"id": i, "piece": assets.decode([i])} for i in ids]
+    else:
+        tokens = ids
+    # In slices: one json.dumps of millions of ids would hold the GIL (and the loop) for long.
+    parts = [json.dumps(tokens[i:i + _DUMP_SLICE])[1:-1]
+             for i in range(0, len(tokens), _DUMP_SLICE)]
+    return ('{"tokens": [' + ", ".join(p for p in parts if p) + "]}").encode()
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -109,4 +123,4 @@ async def detokenize(request: web.Request) -> web.Response:
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary 0..{assets.vocab_size - 1}",
                           param="tokens")
-    return web.json_response({"content": assets.decode(tokens)})
+    return web.json_response({"content": await run_cpu(request.app, assets.decode, tokens)})
