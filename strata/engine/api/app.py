@@ -10,7 +10,8 @@ from strata.engine.api.cpu_pool import cpu_pool_context
 from strata.engine.api.errors import error_middleware
 from strata.engine.api.keys import SERVICE_KEY, SETTINGS_KEY, ApiSettings
 from strata.engine.api.routes import setup_routes
-from strata.engine.api.security import security_middleware
+from strata.engine.api.origins import DEFAULT_ALLOWED_ORIGINS
+from strata.engine.api.security import add_cors_headers, security_middleware
 from strata.engine.service.facade import ServiceFacade
 
 # Long prompts are big JSON: a 128k-token context is about 1 MiB of text, tools included a few.
@@ -23,7 +24,8 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     """Build the API app over a service.
 
     allowed_hosts: Host names accepted besides the loopback names ('*' accepts any).
-    allowed_origins: browser Origins (scheme://host:port) allowed to POST besides our own.
+    allowed_origins: browser Origins allowed to call the API (CORS) besides our own and
+    DEFAULT_ALLOWED_ORIGINS: exact origins or patterns (http://host:*, app://*, *).
     The caller owns the service's lifetime and the bind address.
     """
     app = web.Application(middlewares=[error_middleware, security_middleware],
@@ -31,7 +33,9 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     app[SERVICE_KEY] = service
     app[SETTINGS_KEY] = ApiSettings(api_key=api_key or None,
                                     allowed_hosts=tuple(allowed_hosts),
-                                    allowed_origins=tuple(o.rstrip("/") for o in allowed_origins))
+                                    allowed_origins=(*DEFAULT_ALLOWED_ORIGINS,
+                                                     *(o.rstrip("/") for o in allowed_origins)))
+    app.on_response_prepare.append(add_cors_headers)
     app.cleanup_ctx.append(cpu_pool_context)
     setup_routes(app)
     return app
