@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -89,14 +88,15 @@ async def page_server(hosts: tuple[str, ...]) -> AsyncIterator[tuple[dict[str, i
 async def open_page(browser: str, url: str, reports: asyncio.Queue, profile_dir: Path,
                     timeout_s: float = 120.0) -> dict[str, Any]:
     """Open url in headless Chromium until the page reports; return its report."""
-    process = subprocess.Popen(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-background-networking", "--disable-component-update", "--no-first-run",
-         f"--user-data-dir={profile_dir}", url],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = await asyncio.create_subprocess_exec(
+        browser, "--headless", "--no-sandbox", "--disable-gpu",
+        "--disable-background-networking", "--disable-component-update", "--no-first-run",
+        f"--user-data-dir={profile_dir}", url,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True)
     try:
         return await asyncio.wait_for(reports.get(), timeout_s)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)  # its own session: the renderer goes too
-        await asyncio.to_thread(process.wait, 10)
+        await asyncio.wait_for(process.wait(), 10)

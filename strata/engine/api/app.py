@@ -9,8 +9,8 @@ from aiohttp import web
 from strata.engine.api.cpu_pool import cpu_pool_context
 from strata.engine.api.errors import error_middleware
 from strata.engine.api.keys import SERVICE_KEY, SETTINGS_KEY, ApiSettings
-from strata.engine.api.routes import setup_routes
 from strata.engine.api.origins import DEFAULT_ALLOWED_ORIGINS
+from strata.engine.api.routes import setup_routes
 from strata.engine.api.security import add_cors_headers, security_middleware
 from strata.engine.service.facade import ServiceFacade
 

@@ -22,6 +22,7 @@ from strata.engine.service.facade import ServiceError
 from strata.engine.service.rules import rules_engine_from_config
 from strata.engine.service.service import Service
 from strata.engine.service.settings import (
+    API_KEY_ENV,
     ServeSettings,
     SettingsError,
     default_config_file,
@@ -45,7 +46,22 @@ def serve_from_args(args: argparse.Namespace) -> int:
     settings = load_settings(config_file, overrides_from_args(args))
     config = read_config_tables(config_file)
     logging.basicConfig(level=logging.INFO, format="strata: %(message)s", stream=sys.stderr)
+    if getattr(args, "api_key", None):
+        log.warning("--api-key puts the key in the process list, where other users of this "
+                    "machine can read it; set %s or api-key in the config file instead",
+                    API_KEY_ENV)
+        hide_api_key_argument(sys.argv)
     return asyncio.run(serve(settings, config=config))
+
+
+def hide_api_key_argument(argv: list[str]) -> None:
+    """Blank the --api-key value in argv (in place), so no child process is handed it: spawned
+    engine processes get a copy of the parent's sys.argv."""
+    for i, arg in enumerate(argv):
+        if arg == "--api-key" and i + 1 < len(argv):
+            argv[i + 1] = "***"
+        elif arg.startswith("--api-key="):
+            argv[i] = "--api-key=***"
 
 
 def read_config_tables(config_file: str | Path | None) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from typing import Any
 from strata.errors import StrataError
 from strata.units import GIB
 
+# The API key may come from the environment, so that it need not be on a command line.
+API_KEY_ENV = "STRATA_API_KEY"
 IDLE_FIELDS = ("cache_release_idle_s", "session_offload_idle_s", "sleep_idle_s", "idle_unload_s")
 EXPERT_CACHE_WORDS = ("auto", "off", "all")
 DEVICES = ("auto", "cpu", "cuda")
@@ -250,10 +252,13 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> ServeS
     """Settings from a TOML file (None: the standard one if it exists) and overrides.
 
     Overrides are field names (or flag names) to values; None values are ignored, so argparse
-    defaults never override the file. Raises SettingsError with a one-line message.
+    defaults never override the file. $STRATA_API_KEY, when set, wins over the file's api-key
+    (a flag wins over both). Raises SettingsError with a one-line message.
     """
     path = Path(config_file).expanduser() if config_file is not None else default_config_file()
     values = _read_config_file(path) if path is not None else {}
+    if os.environ.get(API_KEY_ENV, "").strip():
+        values["api_key"] = check_setting("api_key", os.environ[API_KEY_ENV].strip())
     for key, value in overrides.items():
         if value is None:
             continue
