@@ -55,7 +55,7 @@ async def test_paired_surrogates_are_ordinary_text(client):
     "\u0661",                  # Arabic-Indic one: int() takes it
     "\uff11",                  # full-width one: int() takes it
     "1" * 4301,                # past Python's int-from-string digit limit
-    "4", "-1", "+1", " 1", "1.0", "0x1", "",
+    "4", "-1", "+1", " 1", "1.0", "0x1", "", "%ED%A0%80", "%FF", "0%00",
 ], ids=lambda text: repr(text[:12]))
 async def test_slot_ids_are_ascii_digits_in_range(client, service, slot_text):
     resp = await client.post(f"/slots/{slot_text}?action=erase")
@@ -93,3 +93,11 @@ def test_one_slot_count_for_host_and_engine():
 
     assert validation.NUM_CACHE_SLOTS is protocol.NUM_CACHE_SLOTS
     assert not hasattr(service, "NUM_CACHE_SLOTS")
+
+
+async def test_odd_bytes_in_the_query_are_a_400(client, service):
+    for query in ("action=%ED%A0%80", "action=%FF", "action=erase%00"):
+        resp = await client.post(f"/slots/0?{query}")
+        assert resp.status == 400, (query, await resp.text())
+        assert "use ?action=save" in (await resp.json())["error"]["message"]
+    assert service.calls == []

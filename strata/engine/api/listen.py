@@ -126,12 +126,11 @@ async def start_listening(service: Any, settings: Any, *, port_advice: str = "--
     port = int(bound[0].rsplit(":", 1)[1]) if bound else settings.port
     url = f"http://{_client_host(settings.host)}:{port}/v1"
     log.info("listening on %s", ", ".join(bound) or f"{settings.host}:{port}")
-    if not is_loopback(settings.host):
-        if "*" in allowed_hosts:
-            log.warning("allowed-hosts has '*': any Host header is accepted, which lets web "
-                        "pages reach this server through DNS rebinding")
-        if not settings.api_key:
-            log.warning("listening beyond this machine (%s) without an API key: anyone who can "
-                        "reach it can use, unload and reconfigure the model; set api-key in the "
-                        "config file or STRATA_API_KEY", settings.host or "all interfaces")
+    if "*" in allowed_hosts:
+        log.warning("allowed-hosts has '*': any Host header is accepted, which lets web pages "
+                    "reach this server through DNS rebinding")
+    if not is_loopback(settings.host) and not settings.api_key:
+        log.warning("listening beyond this machine (%s) without an API key: anyone who can "
+                    "reach it can use, unload and reconfigure the model; set api-key in the "
+                    "config file or STRATA_API_KEY", settings.host or "all interfaces")
     return Listening(runner, url, bound)
