@@ -8,7 +8,9 @@ fix is 4xx.
 from __future__ import annotations
 
 ENGINE_CODE_STATUS = {
-    "bad_request": 400, "not_applicable": 400, "not_loaded": 400, "busy": 409,
+    "bad_request": 400, "not_applicable": 400, "busy": 409,
+    # A generation that finds no model raced an unload: the server's state, worth a retry.
+    "not_loaded": 503,
     "out_of_memory": 503, "unavailable": 503, "cancelled": 503, "engine_crashed": 503,
     "not_running": 503, "engine_timeout": 503,
     "insufficient_storage": 507, "read_only_storage": 500, "storage_error": 500,
