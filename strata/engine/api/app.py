@@ -8,14 +8,11 @@ from aiohttp import web
 
 from strata.engine.api.cpu_pool import cpu_pool_context
 from strata.engine.api.errors import error_middleware
-from strata.engine.api.keys import SERVICE_KEY, SETTINGS_KEY, ApiSettings
+from strata.engine.api.keys import MAX_REQUEST_BYTES, SERVICE_KEY, SETTINGS_KEY, ApiSettings
 from strata.engine.api.origins import DEFAULT_ALLOWED_ORIGINS
 from strata.engine.api.routes import setup_routes
 from strata.engine.api.security import add_cors_headers, security_middleware
 from strata.engine.service.facade import ServiceFacade
-
-# Long prompts are big JSON: a 128k-token context is about 1 MiB of text, tools included a few.
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def create_app(service: ServiceFacade, *, api_key: str | None = None,

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from strata.engine.api.keys import MAX_REQUEST_BYTES
 from strata.engine.api.redact import redact_text
 from strata.engine.protocol import Error as ErrorEvent
 from strata.engine.service.error_codes import RETRY_AFTER_S, http_status
@@ -102,7 +103,7 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiErr
         return ApiError(405, f"method {request.method} is not allowed on {request.path}",
                         "method_not_allowed")
     if exc.status == 413:
-        limit_mib = request.app._client_max_size / (1024 * 1024)
+        limit_mib = MAX_REQUEST_BYTES / (1024 * 1024)
         return ApiError(413, f"request body is larger than this server's {limit_mib:g} MiB "
                         "limit; send a shorter request", "request_too_large")
     return ApiError(exc.status, exc.reason or "request failed", "http_error")
