@@ -193,3 +193,30 @@ def _post_json(server: ServerProcess, path: str, body: dict | None) -> dict:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
+
+
+async def test_a_browser_page_streams_from_an_allowed_origin_and_not_from_a_foreign_one(
+        server: ServerProcess, tmp_path):
+    """Real headless Chromium, real fetch(): CORS preflight and streaming, issue 17 item 2."""
+    from tests.e2e.browser import find_browser, open_page, page_server
+
+    browser = find_browser()
+    if browser is None:
+        pytest.skip("no Chromium on PATH (CI installs the Debian package chromium)")
+    before = server.status()["counters"]["requests_total"]
+    # localhost:* is a default allowed origin; 127.0.0.2 (another loopback address, so
+    # another site to the browser) stands in for a foreign site.
+    async with page_server(("127.0.0.1", "127.0.0.2")) as (ports, reports):
+        allowed = await open_page(
+            browser, f"http://localhost:{ports['127.0.0.1']}/page.html?target={server.base_url}",
+            reports, tmp_path / "profile-a")
+        foreign = await open_page(
+            browser, f"http://127.0.0.2:{ports['127.0.0.2']}/page.html?target={server.base_url}",
+            reports, tmp_path / "profile-b")
+    assert "error" not in allowed, allowed
+    assert allowed["status"] == 200  # readable at all: the response carried CORS headers
+    events = [line[6:] for line in allowed["body"].split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) >= 3, allowed["body"]
+    assert "TypeError" in foreign.get("error", ""), foreign  # the preflight was refused
+    assert "status" not in foreign
+    assert server.status()["counters"]["requests_total"] == before + 1

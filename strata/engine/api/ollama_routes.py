@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from strata import __version__ as STRATA_VERSION
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.ollama_params import OllamaRequest, parse_ollama, parse_ollama_messages
@@ -163,7 +164,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     check_model(service, parsed.model)
     messages = parse_ollama_messages(body)
     assets = text_assets(service)
-    prompt_ids = encode_chat(assets, messages)
+    prompt_ids = await encode_chat(request.app, assets, messages)
     return await _answer(request, parsed, prompt_ids, assets, "message")
 
 
@@ -183,10 +184,11 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await _load_or_unload(service, parsed)
     assets = text_assets(service)
     if body.get("raw"):
-        prompt_ids = assets.encode(prompt, add_special=True)
+        prompt_ids = await run_cpu(request.app, assets.encode, prompt, True)
     else:
         messages = [{"role": "system", "content": system}] if system else []
-        prompt_ids = encode_chat(assets, [*messages, {"role": "user", "content": prompt}])
+        prompt_ids = await encode_chat(request.app, assets,
+                                       [*messages, {"role": "user", "content": prompt}])
     return await _answer(request, parsed, prompt_ids, assets, "response")
 
 

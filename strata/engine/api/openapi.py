@@ -176,7 +176,8 @@ def _errors(*statuses: int, anthropic: bool = False, ollama: bool = False) -> di
     words = {400: "Invalid request", 401: "Missing or wrong API key",
              403: "Foreign Host or cross-site Origin", 404: "Not found",
              409: "A request is running", 503: "Not enough VRAM or the engine is down; "
-             "see Retry-After"}
+             "see Retry-After", 500: "A server-side fault, such as a read-only snapshot "
+             "directory", 507: "The server's disk is full"}
     schema = _ref("AnthropicError" if anthropic else "OllamaError" if ollama else "Error")
     return {str(s): {"description": words[s], "content": {_JSON: {"schema": schema}}}
             for s in statuses}
@@ -258,7 +259,8 @@ def _paths() -> dict[str, Any]:
                                   "Control", _ok("Status"))},
         "/slots/{slot_id}": {"post": {
             **_op("Save, restore or erase a slot's KV cache (llama.cpp-compatible)", "Control",
-                  _ok("ActionResult"), 400, 409, 503, body=_body("SlotFile", required=False)),
+                  _ok("ActionResult"), 400, 409, 500, 503, 507,
+                  body=_body("SlotFile", required=False)),
             "parameters": [
                 {**_path_param("slot_id", "integer"),
                  "schema": {"type": "integer", "minimum": 0, "maximum": NUM_CACHE_SLOTS - 1}},

@@ -112,7 +112,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     messages, slot = _conversation(request, parsed)
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     assets = text_assets(service)
-    prompt_ids = encode_chat(assets, [*system, *messages])
+    prompt_ids = await encode_chat(request.app, assets, [*system, *messages])
     params = dataclasses.replace(parsed.params, slot=slot)
     request.app[RESPONSES_KEY].touch(slot)
     generation = await start_text_generation(service, assets, prompt_ids, params)

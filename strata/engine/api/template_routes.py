@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.params import OPENAI_ROLES, parse_messages
@@ -21,7 +20,7 @@ async def apply_template(request: web.Request) -> web.Response:
     messages = parse_messages(body, OPENAI_ROLES)
     assets = text_assets(request.app[SERVICE_KEY])
     try:  # templates from model files can be slow: keep /health answering meanwhile
-        prompt = await asyncio.to_thread(assets.apply_chat_template, messages)
+        prompt = await run_cpu(request.app, assets.apply_chat_template, messages)
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None

@@ -10,6 +10,9 @@ import inspect
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from aiohttp import web
+
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, from_error_event
 from strata.engine.protocol import Done, Error, SamplingSpec, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceFacade
@@ -183,10 +186,12 @@ class TextGeneration:
         return "".join([piece async for piece in self.deltas()])
 
 
-def encode_chat(assets: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Apply the model's chat template and tokenize; template failures are the client's 400."""
+async def encode_chat(app: web.Application, assets: Any,
+                      messages: list[dict[str, str]]) -> list[int]:
+    """Apply the model's chat template and tokenize, off the event loop; template failures
+    are the client's 400."""
     try:
-        return list(assets.encode_chat(messages))
+        return list(await run_cpu(app, assets.encode_chat, messages))
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None

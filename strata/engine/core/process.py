@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import importlib
 import logging
 import os
@@ -82,10 +83,32 @@ class _CommandRefused(Exception):
         self.code = code
 
 
+# Storage faults are the server's, not the client's: codes of their own, so the host answers
+# 5xx (507 for no space) rather than a 400 the client cannot fix.
+_STORAGE_ERRNO_CODES = {
+    errno.ENOSPC: "insufficient_storage", errno.EDQUOT: "insufficient_storage",
+    errno.EROFS: "read_only_storage", errno.EIO: "storage_error",
+}
+
+
+def storage_error_code(exc: BaseException | None) -> str | None:
+    """The storage code of an OSError in exc's cause chain (SnapshotWriteError wraps one)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNO_CODES:
+            return _STORAGE_ERRNO_CODES[exc.errno]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def error_code(exc: BaseException, command: Any) -> str:
     """The protocol error code for an exception raised while running `command`."""
     if isinstance(exc, _CommandRefused):
         return exc.code
+    storage_code = None if isinstance(command, p.Load) else storage_error_code(exc)
+    if storage_code is not None:
+        return storage_code
     # An engine error may name its protocol code itself (e.g. code = "not_applicable" on a
     # dense model's release_experts, "out_of_memory" when VRAM could not be mapped).
     code = getattr(exc, "code", None)

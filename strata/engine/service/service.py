@@ -39,7 +39,6 @@ from strata.engine.service.vram_guard import FreeVramReader, VramGuard
 
 log = logging.getLogger(__name__)
 
-NUM_CACHE_SLOTS = 4
 SLOT_COMMANDS = {"slot_save": p.SaveSlot, "slot_restore": p.RestoreSlot, "slot_erase": p.EraseSlot}
 ACTIONS = (*UP_ACTIONS, *DOWN_ACTIONS, *SLOT_COMMANDS, "slots")
 
@@ -211,8 +210,8 @@ class Service:
                        f"{self.context_tokens}; shorten it or start with a larger --context")
         elif sampling.max_tokens < 1:
             problem = f"max_tokens must be >= 1, not {sampling.max_tokens}"
-        elif not 0 <= request.slot < NUM_CACHE_SLOTS:
-            problem = f"cache slot must be 0..{NUM_CACHE_SLOTS - 1}, not {request.slot}"
+        else:
+            problem = p.slot_problem(request.slot)
         if problem:
             self.metrics.num_rejected += 1
             raise ServiceError(400, "bad_request", problem)
@@ -330,9 +329,9 @@ class Service:
 def _slot_command(action: str, kwargs: dict[str, Any]) -> Any:
     """The engine command for a slot action, its arguments checked (400 when wrong)."""
     slot = kwargs.get("slot")
-    if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < NUM_CACHE_SLOTS:
-        raise ServiceError(400, "bad_request",
-                           f"{action} needs slot=0..{NUM_CACHE_SLOTS - 1}, got {slot!r}")
+    problem = p.slot_problem(slot)
+    if problem:
+        raise ServiceError(400, "bad_request", f"{action}: {problem}")
     if action == "slot_erase":
         return p.EraseSlot(slot)
     filename = kwargs.get("filename")
