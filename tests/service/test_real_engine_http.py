@@ -179,7 +179,7 @@ async def test_a_full_or_read_only_disk_on_save_is_a_server_error(server):
         assert "No space left" in body["error"]["message"] and "\n" not in body["error"]["message"]
         assert _mount("-o", "remount,ro", directory)
         status, body = await save_slot(base, "big.slot")
-        assert status == 500 and body["error"]["code"] == "storage_error", body
+        assert status == 500 and body["error"]["code"] == "read_only_storage", body
         assert "Read-only" in body["error"]["message"], body
     finally:
         _mount_tool("umount", "-l", directory)

@@ -79,7 +79,7 @@ def test_disk_full_mid_offload_tries_every_slot_and_names_the_failed(
 @pytest.mark.parametrize(("number", "code", "http_status"), [
     (errno.ENOSPC, "insufficient_storage", 507),
     (getattr(errno, "EDQUOT", errno.ENOSPC), "insufficient_storage", 507),
-    (errno.EROFS, "storage_error", 500),
+    (errno.EROFS, "read_only_storage", 500),
     (errno.EIO, "storage_error", 500),
 ])
 def test_a_failed_write_is_a_server_side_error_code(number, code, http_status) -> None:

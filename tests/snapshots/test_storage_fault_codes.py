@@ -37,8 +37,10 @@ def test_disk_full_and_read_only_have_their_own_codes(tmp_path):
         assert error_code(read_only, p.SaveSlot(0, "slot.stkv")) == "read_only_storage"
 
 
-def test_other_write_failures_stay_the_clients(tmp_path):
+def test_other_write_failures_are_the_servers_too(tmp_path):
+    # File names are checked before any write (plain names in the snapshot directory), so an
+    # OS error while writing is the snapshot directory's state: a server fault, a 500.
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    refused = _write_error(blocker / "s.stkv")  # ENOTDIR: a bad name, not a server fault
-    assert error_code(refused, p.SaveSlot(0, "s.stkv")) == "bad_request"
+    refused = _write_error(blocker / "s.stkv")  # ENOTDIR
+    assert error_code(refused, p.SaveSlot(0, "s.stkv")) == "storage_error"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import importlib
 import logging
 import os
@@ -24,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
+from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
 from strata.paths import kernel_cache_dir
 
 # OpenMP threads that spin while waiting burn the cores a game or another server needs, and
@@ -85,10 +85,6 @@ class _CommandRefused(Exception):
 
 # Storage faults are the server's, not the client's: codes of their own, so the host answers
 # 5xx (507 for no space) rather than a 400 the client cannot fix.
-_STORAGE_ERRNO_CODES = {
-    errno.ENOSPC: "insufficient_storage", errno.EDQUOT: "insufficient_storage",
-    errno.EROFS: "read_only_storage", errno.EIO: "storage_error",
-}
 
 
 def storage_error_code(exc: BaseException | None) -> str | None:
@@ -96,8 +92,8 @@ def storage_error_code(exc: BaseException | None) -> str | None:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNO_CODES:
-            return _STORAGE_ERRNO_CODES[exc.errno]
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNO_CODES:
+            return STORAGE_ERRNO_CODES[exc.errno]
         exc = exc.__cause__ or exc.__context__
     return None
 

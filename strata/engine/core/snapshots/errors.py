@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import errno
-
+from strata.engine.core.storage_codes import (  # noqa: F401 - re-exported
+    NO_SPACE_CODE,
+    READ_ONLY_CODE,
+    STORAGE_ERROR_CODE,
+    storage_code,
+)
 from strata.errors import StrataError
 
 # Why a snapshot was refused; the slot then starts from an empty history.
@@ -21,17 +25,6 @@ class SnapshotInvalid(StrataError):
         super().__init__(f"KV snapshot rejected ({reason}): {detail}")
         self.reason = reason
         self.detail = detail
-
-
-# Protocol error codes of a failed write: the server's fault, never the client's (a 5xx).
-NO_SPACE_CODE = "insufficient_storage"  # ENOSPC, EDQUOT, or the disk budget is too small
-STORAGE_ERROR_CODE = "storage_error"  # any other OS error: read-only, I/O error, permissions
-_NO_SPACE_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
-def storage_code(exc: BaseException) -> str:
-    """The error code for an OS error while writing: insufficient_storage or storage_error."""
-    return NO_SPACE_CODE if getattr(exc, "errno", None) in _NO_SPACE_ERRNOS else STORAGE_ERROR_CODE
 
 
 class SnapshotWriteError(StrataError):
