@@ -106,6 +106,15 @@ def error_code(exc: BaseException, command: Any) -> str:
     return "internal"
 
 
+_can_select_pipes = sys.platform != "win32"
+
+
+def _stop_selecting_pipes(exc: BaseException) -> None:
+    global _can_select_pipes
+    _can_select_pipes = False
+    log.info("select() cannot poll the engine pipe here (%s); tokens go out every step", exc)
+
+
 class EngineLoop:
     """The command loop of one engine process; `run()` returns when the process should exit."""
 
@@ -134,7 +143,16 @@ class EngineLoop:
             raise _HostGone() from exc
 
     def _pipe_is_writable(self) -> bool:
-        _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
+        # select() takes only sockets on Windows (WinError 10038 on a pipe), and there is no
+        # portable "room to write" test: there, send every step (send blocks only once the
+        # host is a whole pipe buffer behind).
+        if not _can_select_pipes:
+            return True
+        try:
+            _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
+        except (OSError, ValueError) as exc:
+            _stop_selecting_pipes(exc)
+            return True
         return bool(writable)
 
     # ---- main loop -------------------------------------------------------------------------
