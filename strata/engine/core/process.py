@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
+from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
 # OpenMP threads that spin while waiting burn the cores a game or another server needs, and
@@ -349,7 +350,7 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     """
     # Ctrl-C in a terminal reaches the whole process group; the host decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="engine: %(message)s")
+    setup_logging("engine", "engine: %(message)s")  # a rotating file where there is no stderr
     loop = EngineLoop(conn, factory, config)
     try:
         loop.run()

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +30,7 @@ from strata.engine.service.settings import (
 )
 from strata.engine.service.telemetry import GpuTelemetry
 from strata.errors import StrataError
+from strata.logs import setup_logging
 
 log = logging.getLogger(__name__)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -46,7 +46,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
     config_file = getattr(args, "config", None)
     settings = load_settings(config_file, overrides_from_args(args))
     config = read_config_tables(config_file)
-    logging.basicConfig(level=logging.INFO, format="strata: %(message)s", stream=sys.stderr)
+    setup_logging("serve", "strata: %(message)s")  # a rotating file when run without a console
     return asyncio.run(serve(settings, config=config))
 
 
