@@ -83,8 +83,8 @@ def _pick(listing: str) -> list[str]:
     ("launcher_mixed.txt", [r"C:\Users\ann\AppData\Local\Python\pythoncore-3.14-64\python.exe",
                             r"C:\Users\ann\AppData\Local\Programs\Python\Python313\python.exe"]),
     ("launcher_old.txt", [r"C:\Program Files\Python311\python.exe"]),  # a path with a space
-    ("store.txt", [r"C:\Users\ann\AppData\Local\Microsoft\WindowsApps"
-                   r"\PythonSoftwareFoundation.Python.3.12_qbz5n2kfra8p0\python.exe"]),
+    ("store.txt", [(r"C:\Users\ann\AppData\Local\Microsoft\WindowsApps"
+                    r"\PythonSoftwareFoundation.Python.3.12_qbz5n2kfra8p0\python.exe")]),
     ("too_old.txt", []),
     ("none.txt", []),
 ])

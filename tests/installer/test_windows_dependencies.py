@@ -31,7 +31,7 @@ def _compile(python_version: str, *extra: str) -> dict[str, str]:
     )
     assert result.returncode == 0, f"no Windows resolution for Python {python_version}:\n" + (
         result.stderr[-2000:])
-    pins = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", result.stdout, re.M)
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", result.stdout, re.MULTILINE)
     return {name.lower(): version for name, version in pins}
 
 
