@@ -24,6 +24,7 @@ from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
+from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
 # OpenMP threads that spin while waiting burn the cores a game or another server needs, and
@@ -128,6 +129,15 @@ def error_code(exc: BaseException, command: Any) -> str:
     return "internal"
 
 
+_can_select_pipes = sys.platform != "win32"
+
+
+def _stop_selecting_pipes(exc: BaseException) -> None:
+    global _can_select_pipes
+    _can_select_pipes = False
+    log.info("select() cannot poll the engine pipe here (%s); tokens go out every step", exc)
+
+
 class EngineLoop:
     """The command loop of one engine process; `run()` returns when the process should exit."""
 
@@ -156,7 +166,16 @@ class EngineLoop:
             raise _HostGone() from exc
 
     def _pipe_is_writable(self) -> bool:
-        _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
+        # select() takes only sockets on Windows (WinError 10038 on a pipe), and there is no
+        # portable "room to write" test: there, send every step (send blocks only once the
+        # host is a whole pipe buffer behind).
+        if not _can_select_pipes:
+            return True
+        try:
+            _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
+        except (OSError, ValueError) as exc:
+            _stop_selecting_pipes(exc)
+            return True
         return bool(writable)
 
     # ---- main loop -------------------------------------------------------------------------
@@ -355,7 +374,7 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     """
     # Ctrl-C in a terminal reaches the whole process group; the host decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="engine: %(message)s")
+    setup_logging("engine", "engine: %(message)s")  # a rotating file where there is no stderr
     loop = EngineLoop(conn, factory, config)
     try:
         loop.run()

@@ -108,6 +108,7 @@ class RulesEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._states: dict[str, _RuleState] = {}
         self._restore_epoch = 0  # bumped by every fire: a restore in backoff gives up
+        self._has_warned_blind = False
         self.rules: list[Rule] = []
         self.watcher.add_listener(lambda events: self._post("process", events))
         self.gpu_watcher.add_listener(lambda events: self._post("gpu_process", events))
@@ -225,6 +226,7 @@ class RulesEngine:
                 hog = next((p for p in gpu.processes if p.pid not in own
                             and (p.used_bytes or 0) > rule.threshold_gib * 1024**3), None)
                 causes[rule.name] = f"{hog.name} uses {gib(hog.used_bytes)}" if hog else None
+                self._warn_if_blind(gpu.processes, own)
             else:
                 # Hysteresis: the episode ends only when taking our bytes back still leaves the
                 # threshold free; otherwise release -> free rises -> restore -> free falls loops.
@@ -233,6 +235,15 @@ class RulesEngine:
                 causes[rule.name] = f"free VRAM below {rule.threshold_gib:g} GiB" if is_low \
                     else None
         return causes
+
+    def _warn_if_blind(self, processes: Iterable[Any], own: set[int]) -> None:
+        # Under Windows' WDDM, NVML lists GPU processes without their VRAM: such a rule can
+        # never fire, which a user should hear once rather than wait for.
+        others = [p for p in processes if p.pid not in own]
+        if others and all(p.used_bytes is None for p in others) and not self._has_warned_blind:
+            self._has_warned_blind = True
+            log.warning("the driver reports no per-process VRAM here (Windows WDDM): "
+                        "process_vram rules cannot fire; use a free_vram or process rule")
 
     def _apply_vram_causes(self, causes: Mapping[str, str | None]) -> None:
         for rule in self._active_rules(("process_vram", "free_vram")):

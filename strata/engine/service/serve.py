@@ -31,6 +31,7 @@ from strata.engine.service.settings import (
 )
 from strata.engine.service.telemetry import GpuTelemetry
 from strata.errors import StrataError
+from strata.logs import setup_logging
 
 log = logging.getLogger(__name__)
 RULES_INTERVAL_S = 0.5  # the VRAM triggers; process triggers react to the watcher at once
@@ -45,7 +46,7 @@ def serve_from_args(args: argparse.Namespace) -> int:
     config_file = getattr(args, "config", None)
     settings = load_settings(config_file, overrides_from_args(args))
     config = read_config_tables(config_file)
-    logging.basicConfig(level=logging.INFO, format="strata: %(message)s", stream=sys.stderr)
+    setup_logging("serve", "strata: %(message)s")  # a rotating file when run without a console
     if getattr(args, "api_key", None):
         log.warning("--api-key puts the key in the process list, where other users of this "
                     "machine can read it; set %s or api-key in the config file instead",

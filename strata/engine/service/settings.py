@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -68,11 +67,13 @@ class ServeSettings:
 
     @property
     def before_load_argv(self) -> list[str] | None:
-        """The before-load command as an argv list (a string is split like a shell would)."""
+        """The before-load command as an argv list (a string split by the platform's rules)."""
         if self.before_load is None:
             return None
         if isinstance(self.before_load, str):
-            return shlex.split(self.before_load)
+            from strata.engine.service.before_load import split_command
+
+            return split_command(self.before_load)
         return list(self.before_load)
 
 
@@ -157,6 +158,13 @@ def check_setting(name: str, value: Any) -> Any:
         if value is None:
             return None
         if isinstance(value, str) and value.strip():
+            from strata.engine.service.before_load import split_command
+
+            try:
+                split_command(value)
+            except ValueError as exc:  # an unbalanced quote: refused now, not at the first load
+                raise SettingsError(f"'before_load' {value!r} is not a command line: {exc}; "
+                                    "quote it evenly or give an argv list") from None
             return value
         if isinstance(value, (list, tuple)) and value and all(
             isinstance(v, str) and v for v in value
