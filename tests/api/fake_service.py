@@ -7,6 +7,7 @@ from typing import Any
 
 from strata.engine.protocol import Done, Error, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceError
+from strata.engine.text.sampling_defaults import SamplingDefaults
 
 CACHED_TOKENS = 3
 
@@ -25,6 +26,7 @@ class FakeService:
         self.text = text
         self.model_id = model_id
         self.context_tokens = context_tokens
+        self.sampling_defaults = SamplingDefaults()  # a model without its own: llama.cpp's
         self.reply_text = reply_text
         self.state = "loaded"
         self.calls: list[tuple[Any, ...]] = []

@@ -40,13 +40,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def props(request: web.Request) -> web.Response:
-    """GET /props: context size, model path, chat template, whether the model sleeps."""
+    """GET /props: context size, model path, chat template, whether the model sleeps, and the
+    sampling defaults with where each comes from (settings, the model, llama.cpp)."""
     service = request.app[SERVICE_KEY]
     status = _status(request)
     assets = text_assets(service)
     n_ctx = service.context_tokens
+    defaults = service.sampling_defaults
     return web.json_response({
-        "n_ctx": n_ctx, "default_generation_settings": {"n_ctx": n_ctx},
+        "n_ctx": n_ctx, "default_generation_settings": {
+            "n_ctx": n_ctx, "params": defaults.params(), "sources": dict(defaults.sources)},
         "total_slots": NUM_CACHE_SLOTS,
         "model_path": str(status.get("model_path") or status.get("model") or service.model_id),
         "model_alias": service.model_id, "chat_template": assets.chat_template or "",

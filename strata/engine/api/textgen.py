@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from strata.engine.api.errors import ApiError, bad_request, from_error_event
-from strata.engine.protocol import Done, Error, SamplingSpec, Tokens, Usage
+from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceFacade
 from strata.engine.text import ChatTemplateError, IncrementalDetokenizer, StopMatcher
 
@@ -76,6 +76,10 @@ class TextGeneration:
         self.finish_reason: str | None = None  # stop | length
         self.stop_sequence: str | None = None
         self.usage: Usage | None = None
+        # Logprob records of the tokens read so far that produce text (stop tokens left out).
+        self._logprobs: list[TokenLogprob] = []
+        self._num_logprobs_taken = 0
+        self._silent_ids = frozenset(assets.eos_token_ids)
 
     @classmethod
     async def start(cls, service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
@@ -106,6 +110,8 @@ class TextGeneration:
                 self._pending = None
                 if isinstance(event, Tokens):
                     self._num_completion_tokens += len(event.token_ids)
+                    self._logprobs += [r for r in event.logprobs
+                                       if r.token_id not in self._silent_ids]
                     text = self._push(self._detokenizer.push(list(event.token_ids)))
                 elif isinstance(event, Done):
                     text = self._finish(event.usage)
@@ -156,6 +162,12 @@ class TextGeneration:
         self.usage = usage
         return text
 
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """Logprob records of the tokens read since the last call (when the request asked)."""
+        records = self._logprobs[self._num_logprobs_taken:]
+        self._num_logprobs_taken = len(self._logprobs)
+        return records
+
     async def close(self) -> None:
         """Close the service's iterator, which cancels the generation in the engine."""
         if not self._is_closed:
@@ -177,9 +189,12 @@ def encode_chat(assets: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 async def start_text_generation(service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
-                                params: Any) -> TextGeneration:
-    """Check the prompt fits, then start a generation with the request's GenerationParams."""
+                                params: Any, choice: int = 0) -> TextGeneration:
+    """Check the prompt fits, then start a generation with the request's GenerationParams,
+    its sampling fields left out filled from the service's defaults. choice: which of the
+    request's n choices (its seed is offset by it)."""
     max_tokens = check_fits_context(len(prompt_ids), params.max_tokens, service.context_tokens)
-    sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids))
+    sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids),
+                               service.sampling_defaults, assets.vocab_size, choice)
     return await TextGeneration.start(service, assets, prompt_ids, sampling, params.stops,
                                       params.slot)
