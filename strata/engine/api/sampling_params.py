@@ -28,9 +28,12 @@ class Penalties:
     repeat_last_n: int | None = None  # None: the server's default; -1: the whole context
 
 
-def parse_penalties(body: dict, *, repeat_name: str = "repetition_penalty") -> Penalties:
-    """presence_penalty and frequency_penalty (OpenAI, -2..2) and a multiplicative repeat
-    penalty (vLLM's repetition_penalty, llama.cpp's repeat_penalty)."""
+def parse_penalties(body: dict) -> Penalties:
+    """presence_penalty and frequency_penalty (OpenAI, -2..2), a multiplicative repeat
+    penalty (vLLM's repetition_penalty, or llama.cpp's repeat_penalty) and llama.cpp's
+    repeat_last_n window."""
+    repeat_name = "repeat_penalty" if body.get("repeat_penalty") is not None \
+        else "repetition_penalty"
     repeat_last_n = v.get_int(body, "repeat_last_n", None, minimum=-1)
     return Penalties(
         presence=v.get_float(body, "presence_penalty", 0.0, minimum=-2.0, maximum=2.0),
