@@ -128,3 +128,17 @@ def _token_id(oai: openai.OpenAI, token: str) -> str:
     with urllib.request.urlopen(request, timeout=30) as response:
         (token_id,) = json.load(response)["tokens"]
     return str(token_id)
+
+
+def test_llama_cpp_completion_with_n_predict_and_n_probs(server: ServerProcess) -> None:
+    request = urllib.request.Request(
+        f"{server.base_url}/completion", method="POST",
+        data=json.dumps({"prompt": "The capital of France is", "n_predict": 3,
+                         "temperature": 0, "n_probs": 2}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        body = json.load(response)
+    assert "Paris" in body["content"] and body["tokens_predicted"] == 3
+    probs = body["completion_probabilities"]
+    assert "".join(p["token"] for p in probs) == body["content"]
+    assert all(p["top_logprobs"][0]["id"] == p["id"] for p in probs)  # greedy: the top one

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from strata.engine.api import anthropic_routes, control_routes, llama_routes, openai_routes
+from strata.engine.api import (
+    anthropic_routes,
+    control_routes,
+    llama_completion,
+    llama_routes,
+    openai_routes,
+)
 from strata.engine.api.openapi import openapi_json
 
 
@@ -24,6 +30,7 @@ def setup_routes(app: web.Application) -> None:
         web.get("/slots", llama_routes.slots),
         web.post("/tokenize", llama_routes.tokenize),
         web.post("/detokenize", llama_routes.detokenize),
+        web.post("/completion", llama_completion.completion),
         web.post("/slots/{slot_id}", control_routes.slot_action),
         *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
         web.get("/openapi.json", openapi_json),
