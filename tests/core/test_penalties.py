@@ -196,3 +196,24 @@ def test_graph_decoder_applies_penalties_bias_and_logprobs_like_the_eager_path()
                                         SamplingSpec(temperature=0.0), 10))
     assert unpenalised != got, "the penalties changed nothing: the test proves nothing"
     assert plain.last_logprob is None
+
+
+@pytest.mark.parametrize("spec", [
+    SamplingSpec(temperature=0.8, top_k=10, top_p=0.95, min_p=0.05, seed=1),
+    SamplingSpec(temperature=1.3, top_k=25, seed=2),
+    SamplingSpec(temperature=0.6, top_k=5, top_p=0.7, seed=3, presence_penalty=0.5),
+])
+def test_graph_sampler_top_k_draw_equals_the_full_vocabulary_draw(spec: SamplingSpec) -> None:
+    """The top-k shortcut draws what argmax(probabilities / noise) over the vocabulary does."""
+    from strata.engine.core.fast.graph_sampler import exponential_noise
+
+    sampler = GraphSampler(VOCAB, CPU)
+    sampler.prepare(spec, [1, 2, 3])
+    key = sampling_key(spec)
+    for step in range(40):
+        logits = random_logits(100 + step)
+        adjusted = sampler.adjust(logits, key)
+        probs = sampler.probabilities(adjusted, key)
+        noise = exponential_noise(sampler.seed, sampler.step, sampler.token_index)
+        want = int(torch.argmax(probs / noise))
+        assert int(sampler.sample(logits[None], key)) == want

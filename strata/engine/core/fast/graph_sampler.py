@@ -136,6 +136,8 @@ class GraphSampler:
         adjusted = self.adjust(logits[0], key)  # [V]
         if key[0] == "greedy":
             token = torch.argmax(adjusted, dim=-1, keepdim=True)
+        elif 0 < key[1] < adjusted.shape[-1]:
+            token = self._sample_top_k(adjusted, key)
         else:
             probs = self.probabilities(adjusted, key)  # [V]
             noise = exponential_noise(self.seed, self.step, self.token_index)  # [V]
@@ -148,6 +150,22 @@ class GraphSampler:
             chosen, values, ids = top_logprobs(logits[0], token, num_top)
             torch.cat([chosen, values, ids.float()], out=self.logprob_row)
         return token
+
+    def _sample_top_k(self, logits: torch.Tensor, key: tuple) -> torch.Tensor:
+        """The draw of the full-vocabulary path, over the top-k logits only: tokens outside
+        them have probability 0, and the noise is a function of the token id, so the argmax
+        is the same, but min-p and top-p sort k values instead of the vocabulary."""
+        _, top_k, has_top_p, has_min_p = key[:4]
+        values, ids = torch.topk(logits.float() / self.temperature, top_k)  # [k], descending
+        probs = torch.softmax(values, dim=-1)
+        if has_min_p:
+            probs = probs.masked_fill(probs < probs[:1] * self.min_p, 0.0)
+        if has_top_p:
+            before = torch.cumsum(probs, dim=-1) - probs
+            probs = probs.masked_fill(before >= self.top_p, 0.0)
+        noise = exponential_noise(self.seed, self.step, ids)  # [k]
+        self.step.add_(1)
+        return ids.gather(0, torch.argmax(probs / noise, dim=-1, keepdim=True))  # [1]
 
     def read_logprob(self, token_id: int, row: torch.Tensor | None = None) -> TokenLogprob:
         """The record of a step from its logprob row (default: the live one; syncs)."""
