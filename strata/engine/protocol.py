@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: SamplingSpec penalties, logit_bias, num_logprobs; Tokens.logprobs
 
 
 # ---- commands (host -> engine) --------------------------------------------------------------
