@@ -154,7 +154,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
                                        **_probabilities(generation, params, assets)})
     except ConnectionError:
         log.info("client went away during /completion; generation cancelled")
-    except Exception as exc:  # noqa: BLE001 - the stream must end with an error event
+    except Exception as exc:  # the stream must end with an error event
         if not isinstance(exc, ApiError):
             log.error("stream /completion failed", exc_info=exc)
             exc = ApiError(500, "internal server error; the details are in the server log",

@@ -26,6 +26,8 @@ from strata.engine.api.sampling_params import (
 from strata.engine.protocol import SamplingSpec
 from strata.engine.text.sampling_defaults import SamplingDefaults
 
+NO_PENALTIES = Penalties()
+LLAMA_CPP_DEFAULTS = SamplingDefaults()
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user",
                 "assistant": "assistant"}
 ANTHROPIC_ROLES = {"user": "user", "assistant": "assistant"}
@@ -46,13 +48,13 @@ class GenerationParams:
     is_stream: bool
     include_usage: bool
     slot: int
-    penalties: Penalties = Penalties()
+    penalties: Penalties = NO_PENALTIES
     logit_bias: tuple[tuple[int, float], ...] = ()
     num_logprobs: int | None = None  # None: no logprobs; k: the top k alternatives too
     n: int = 1  # choices of the one prompt
 
     def sampling(self, max_tokens: int, eos_token_ids: tuple[int, ...],
-                 defaults: SamplingDefaults = SamplingDefaults(), vocab_size: int | None = None,
+                 defaults: SamplingDefaults = LLAMA_CPP_DEFAULTS, vocab_size: int | None = None,
                  choice: int = 0) -> SamplingSpec:
         """The engine's SamplingSpec for choice `choice` (its seed offset by the index),
         stopping on the model's end-of-sequence tokens."""

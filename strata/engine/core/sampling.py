@@ -8,9 +8,9 @@ penalties (penalties.py) adjust the logits first, for greedy and random sampling
 
 from __future__ import annotations
 
-import torch
-
 from collections.abc import Sequence
+
+import torch
 
 from strata.engine.core.penalties import (
     TokenWindow,
