@@ -113,3 +113,9 @@ async def test_streamed_n_choices_are_tagged_with_their_index(client, service):
                 finishes.append(choice["index"])
     assert finishes == [0, 1] and by_index[0] == by_index[1] == service.reply_text
     assert chunks[-1]["usage"]["completion_tokens"] == 2 * len(service.reply_ids())
+
+
+async def test_choice_seeds_wrap_within_the_engine_range(client, service):
+    resp = await client.post(CHAT, json={"messages": USER, "n": 2, "seed": 2**64 - 1})
+    assert resp.status == 200
+    assert [r.sampling.seed for r in service.requests] == [2**64 - 1, 0]
