@@ -200,6 +200,9 @@ class Service:
                     400, "bad_model", f"cannot read the tokenizer of {self._model_path}: "
                     f"{_one_line(exc)}"
                 ) from None
+        if self._sampling_defaults is None:  # reads the model file: off the event loop
+            self._sampling_defaults = await loop.run_in_executor(
+                None, model_sampling_defaults, self.settings, self._model_path)
         if self._engine_config is None:
             self._engine_config = await loop.run_in_executor(
                 None, _build_engine_config, self.settings, self._model_path
