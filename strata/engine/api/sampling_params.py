@@ -83,7 +83,7 @@ def parse_chat_logprobs(body: dict) -> int | None:
     alternatives per token."""
     is_on = v.get_bool(body, "logprobs")
     top = v.get_int(body, "top_logprobs", None, minimum=0, maximum=MAX_TOP_LOGPROBS)
-    if top is not None and not is_on:
+    if top and not is_on:  # 0 with logprobs off asks for nothing: consistent, not ignored
         raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return (top or 0) if is_on else None
 
