@@ -119,3 +119,15 @@ async def test_choice_seeds_wrap_within_the_engine_range(client, service):
     resp = await client.post(CHAT, json={"messages": USER, "n": 2, "seed": 2**64 - 1})
     assert resp.status == 200
     assert [r.sampling.seed for r in service.requests] == [2**64 - 1, 0]
+
+
+async def test_logprobs_stop_where_a_stop_string_cut_the_text(client, service):
+    body = await (await client.post(CHAT, json={"messages": USER, "logprobs": True,
+                                                "stop": "answer"})).json()
+    content = body["choices"][0]["message"]["content"]
+    tokens = [e["token"] for e in body["choices"][0]["logprobs"]["content"]]
+    assert content == "Hello world! The "
+    # Every token but the last lies inside the text; the last one reaches into it.
+    assert "".join(tokens[:-1]) == content[:len("".join(tokens[:-1]))]
+    assert len("".join(tokens[:-1])) < len(content) <= len("".join(tokens))
+    assert "42" not in "".join(tokens)

@@ -14,6 +14,7 @@ from strata.engine.api.errors import ApiError, bad_request, from_error_event
 from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceFacade
 from strata.engine.text import ChatTemplateError, IncrementalDetokenizer, StopMatcher
+from strata.engine.text.token_bytes import token_text
 
 
 def text_assets(service: ServiceFacade) -> Any:
@@ -80,6 +81,7 @@ class TextGeneration:
         self._logprobs: list[TokenLogprob] = []
         self._num_logprobs_taken = 0
         self._silent_ids = frozenset(assets.eos_token_ids)
+        self._assets = assets
 
     @classmethod
     async def start(cls, service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
@@ -148,6 +150,7 @@ class TextGeneration:
             (s for s in self._stops if self._raw_text.startswith(s, self._emitted_chars)), None)
         self.stop_sequence = found
         self.finish_reason = "stop"
+        self._trim_logprobs()
         # The engine's own count of cached tokens is lost with the cancel; report none.
         self.usage = Usage(self._num_prompt_tokens, self._num_completion_tokens, 0, "stop")
 
@@ -161,6 +164,18 @@ class TextGeneration:
         self.finish_reason = "length" if usage.finish_reason == "length" else "stop"
         self.usage = usage
         return text
+
+    def _trim_logprobs(self) -> None:
+        """After a stop string: keep the records of tokens whose text was (at least partly)
+        sent, not those of the stop string and what came after it."""
+        kept, num_chars = [], 0
+        for record in self._logprobs:
+            if num_chars >= self._emitted_chars:
+                break
+            kept.append(record)
+            num_chars += len(token_text(self._assets, record.token_id))
+        self._logprobs = kept
+        self._num_logprobs_taken = min(self._num_logprobs_taken, len(kept))
 
     def take_logprobs(self) -> list[TokenLogprob]:
         """Logprob records of the tokens read since the last call (when the request asked)."""
