@@ -109,3 +109,16 @@ def test_props_params_use_llama_cpp_names() -> None:
     params = SamplingDefaults().params()
     assert {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
             "presence_penalty", "frequency_penalty"} <= set(params)
+
+
+def test_a_sampling_table_in_the_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("port = 9000\n[sampling]\ntemperature = 0.4\ntop-k = 12\n")
+    settings = load_settings(config, {})
+    assert (settings.port, settings.temperature, settings.top_k) == (9000, 0.4, 12)
+    config.write_text("[sampling]\nmirostat = 2\n")
+    with pytest.raises(SettingsError, match="unknown key 'mirostat' in \\[sampling\\]"):
+        load_settings(config, {})
+    config.write_text("temperature = 0.1\n[sampling]\ntemperature = 0.4\n")
+    with pytest.raises(SettingsError, match="both at the top level and in \\[sampling\\]"):
+        load_settings(config, {})

@@ -230,6 +230,19 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"config file {path} is not valid TOML: {exc}; fix it") from None
     values: dict[str, Any] = {}
+    sampling = data.pop("sampling", None)
+    if sampling is not None:  # a [sampling] table holds the sampling keys, as top-level ones
+        if not isinstance(sampling, dict):
+            raise SettingsError(f"config file {path}: 'sampling' must be a table of "
+                                f"{', '.join(SAMPLING_RANGES)}")
+        for key, value in sampling.items():
+            if key.replace("-", "_") not in SAMPLING_RANGES:
+                raise SettingsError(f"config file {path}: unknown key {key!r} in [sampling]; "
+                                    f"known keys: {', '.join(SAMPLING_RANGES)}")
+            if key.replace("-", "_") in {k.replace("-", "_") for k in data}:
+                raise SettingsError(f"config file {path}: {key!r} is set both at the top "
+                                    "level and in [sampling]; keep one")
+            data[key] = value
     for key, value in data.items():
         if key in OTHER_SECTIONS and isinstance(value, (dict, list)):
             continue
