@@ -71,3 +71,35 @@ def test_graph_sampler_on_cuda_adjusts_like_the_eager_sampler() -> None:
         token = eager(logits)
         graph.window.push(token.view(1))
     torch.testing.assert_close(graph.window.counts, eager._window.counts)
+
+
+def test_engine_on_cuda_sends_logprobs_and_applies_penalties(tmp_path) -> None:
+    """Through Engine.generate on the GPU (graphs, prefill, sample_first): one record per
+    token, greedy picks the top one, and penalties and logit_bias change the tokens."""
+    from strata.engine.core.engine import Engine, EngineConfig
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    path, _ = make_tiny_hf_model("llama", tmp_path)
+    engine = Engine(EngineConfig(model_path=str(path), device="cuda"))
+    engine.load()
+    assert engine.fast is not None
+    prompt = list(range(5, 45))
+
+    def run(**fields) -> tuple[list[int], list]:
+        spec = SamplingSpec(max_tokens=24, temperature=0.0, **fields)
+        tokens, records = [], []
+        for ids in engine.generate(prompt, spec, slot=0):
+            tokens += ids
+            records += engine.take_logprobs()
+        return tokens, records
+
+    plain, none = run()
+    assert none == []
+    tokens, records = run(num_logprobs=3)
+    assert tokens == plain and [r.token_id for r in records] == tokens
+    assert all(r.top[0][0] == r.token_id and len(r.top) == 3 for r in records)
+    penalised, _ = run(repeat_penalty=1.5, presence_penalty=1.0, frequency_penalty=1.0)
+    assert penalised != plain
+    banned, _ = run(logit_bias=((plain[0], -100.0),))
+    assert banned[0] != plain[0]
+    engine.close()
