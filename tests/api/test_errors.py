@@ -51,6 +51,8 @@ CASES = [
     ("POST", CHAT, {"messages": USER, "top_logprobs": 2}, 400, "needs 'logprobs': true"),
     ("POST", CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}, 400,
      "'top_logprobs' is 21"),
+    ("POST", CHAT, {"messages": USER, "store": True}, 400, "'store': true is not supported"),
+    ("POST", CHAT, {"messages": USER, "metadata": 5}, 400, "'metadata' must be an object"),
     ("POST", CHAT, {"messages": USER, "mirostat": 2}, 400,
      "'mirostat' is not supported by /v1/chat/completions"),
     ("POST", CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400,

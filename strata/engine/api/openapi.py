@@ -75,6 +75,8 @@ _OPENAI_SAMPLING = {
         "type": "number", "minimum": -100, "maximum": 100},
         "description": "token id -> bias added to its logit"},
     "user": {"type": "string", "description": "a label; does not change the output"},
+    "metadata": {"type": "object", "description": "a label; does not change the output"},
+    "store": {"const": False, "description": "no completions are stored"},
     "stream_options": _obj({"include_usage": {"type": "boolean", "default": False}}),
 }
 _USAGE = _obj({"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},

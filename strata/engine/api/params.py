@@ -125,6 +125,10 @@ def _max_tokens_name(body: dict) -> str:
 
 
 def _parse_openai_common(body: dict, num_logprobs: int | None) -> GenerationParams:
+    if v.get_bool(body, "store"):
+        raise bad_request("'store': true is not supported; Strata keeps no stored completions",
+                          param="store")
+    v.get_object(body, "metadata")  # a label: checked, never acted on
     stream_options = v.get_object(body, "stream_options")
     return GenerationParams(
         max_tokens=v.get_int(body, _max_tokens_name(body), None, minimum=1),

@@ -14,7 +14,8 @@ _SLOT = {"strata_cache_slot", "id_slot"}
 _OPENAI_SAMPLING = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
     "stream_options", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "repeat_penalty", "repeat_last_n", "logit_bias", "logprobs", "user", *_SLOT,
+    "repeat_penalty", "repeat_last_n", "logit_bias", "logprobs", "user", "metadata", "store",
+    *_SLOT,
 }
 OPENAI_CHAT_FIELDS = frozenset({
     *_OPENAI_SAMPLING, "messages", "max_completion_tokens", "top_logprobs",
