@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: SamplingSpec penalties, logit_bias, num_logprobs; Tokens.logprobs
 # The KV cache slots of a loaded model, 0..NUM_CACHE_SLOTS-1: one number for host and engine.
 NUM_CACHE_SLOTS = 4
 
@@ -36,6 +36,21 @@ class SamplingSpec:
     min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # Penalties over the last penalty_last_n tokens of prompt and output (-1: all of them),
+    # as llama.cpp applies them: repeat divides a seen token's positive logit (multiplies a
+    # negative one); frequency subtracts per occurrence, presence once.
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    num_logprobs: int | None = None  # None: none; k: each token's logprob and the top k
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.penalty_last_n != 0 and (
+            self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0)
 
 
 @dataclass(frozen=True)
@@ -150,9 +165,20 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (log-softmax of the raw logits, as
+    OpenAI reports it) and the top alternatives as (token id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Tokens:
     request_id: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id when the request asked
 
 
 @dataclass(frozen=True)

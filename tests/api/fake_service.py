@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from strata.engine.protocol import Done, Error, Tokens, Usage
+from strata.engine.protocol import Done, Error, TokenLogprob, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceError
+from strata.engine.text.sampling_defaults import SamplingDefaults
 
 CACHED_TOKENS = 3
 
@@ -25,6 +26,7 @@ class FakeService:
         self.text = text
         self.model_id = model_id
         self.context_tokens = context_tokens
+        self.sampling_defaults = SamplingDefaults()  # a model without its own: llama.cpp's
         self.reply_text = reply_text
         self.state = "loaded"
         self.calls: list[tuple[Any, ...]] = []
@@ -73,7 +75,7 @@ class FakeService:
                 break
             token = ids[0] if self.is_endless else ids[num_emitted]
             num_emitted += 1
-            yield Tokens(rid, (token,))
+            yield Tokens(rid, (token,), self._logprobs(token, request.sampling.num_logprobs))
             await asyncio.sleep(self.token_delay_s)
             if token in request.sampling.stop_token_ids:
                 break
@@ -81,6 +83,13 @@ class FakeService:
         self.counters["requests_total"] += 1
         self.counters["completion_tokens_total"] += num_emitted
         yield Done(rid, Usage(len(request.prompt_ids), num_emitted, CACHED_TOKENS, reason))
+
+    def _logprobs(self, token: int, num_top: int | None) -> tuple[TokenLogprob, ...]:
+        # As the real engine: one record per token when asked, with num_top alternatives.
+        if num_top is None:
+            return ()
+        top = tuple(((token + j) % self.text.vocab_size, -0.25 - j) for j in range(num_top))
+        return (TokenLogprob(token, -0.25, top),)
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(("control", action, kwargs))

@@ -40,7 +40,9 @@ async def test_listing_routes(host, service, name):
 async def test_chat_not_streamed(host, service, name):
     client = ollama.AsyncClient(host=host)
     reply = await client.chat(model=name, messages=[{"role": "user", "content": "hi"}],
-                              stream=False, options={"temperature": 0, "num_predict": 64})
+                              stream=False, options={"temperature": 0, "num_predict": 64,
+                                                     "repeat_penalty": 1.1,
+                                                     "presence_penalty": 0.5})
     assert reply.message.role == "assistant"
     assert reply.message.content == service.reply_text
     assert reply.done and reply.done_reason == "stop"
@@ -48,6 +50,7 @@ async def test_chat_not_streamed(host, service, name):
     assert reply.prompt_eval_count > 0
     sampling = service.requests[-1].sampling
     assert sampling.temperature == 0 and sampling.max_tokens == 64
+    assert sampling.repeat_penalty == 1.1 and sampling.presence_penalty == 0.5
 
 
 async def test_chat_streamed_with_a_stop(host, service, name):

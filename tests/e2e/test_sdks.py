@@ -43,7 +43,7 @@ def model_id(oai: openai.OpenAI) -> str:
 
 
 def chat(oai: openai.OpenAI, model_id: str, messages: list[dict], slot: int = 0):
-    # temperature 0: greedy (the OpenAI default is 1.0, which would sample).
+    # Explicitly greedy, whatever the server's defaults: the answers are compared across requests.
     return oai.chat.completions.create(
         model=model_id, messages=messages, temperature=0, max_tokens=MAX_TOKENS,
         extra_body={"strata_cache_slot": slot})

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata.engine.protocol import SamplingSpec, Usage
+from strata.engine.protocol import SamplingSpec, TokenLogprob, Usage
 from strata.errors import StrataError
 
 CRASH_TOKEN = 999_999  # the engine process calls os._exit(1) after the first new token
@@ -125,6 +125,7 @@ class FakeEngine:
         self.is_loaded = False
         self.is_sleeping = False
         self.last_usage: Usage | None = None
+        self._logprobs: list[TokenLogprob] = []
         self.slot_tokens: dict[int, list[int]] = {}  # resident KV, per slot
         self.offloaded: dict[int, list[int]] = {}  # snapshots in "host RAM"
         self.context_tokens = config.context_tokens or 4096
@@ -182,6 +183,16 @@ class FakeEngine:
         tokens = sum(len(t) for t in self.slot_tokens.values())
         self.arenas["kv"].set_resident(tokens * self.config.kv_bytes_per_token)
 
+    def _logprob(self, token: int, num_top: int) -> TokenLogprob:
+        # The fake's next token is certain (logprob 0); alternatives follow it, each less likely.
+        top = tuple(((token + j) % self.config.vocab_size, -10.0 * j) for j in range(num_top))
+        return TokenLogprob(token, 0.0, top)
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """As Engine.take_logprobs: the records of the tokens yielded since the last call."""
+        records, self._logprobs = self._logprobs, []
+        return records
+
     def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int = 0
     ) -> Iterator[list[int]]:
@@ -201,6 +212,7 @@ class FakeEngine:
         if self.config.eos_token_id is not None:
             stop_ids.add(self.config.eos_token_id)
         generated: list[int] = []
+        self._logprobs = []
         finish_reason = "cancelled"
         try:
             for token in expected_tokens(prompt, sampling.max_tokens, self.config.vocab_size):
@@ -212,6 +224,8 @@ class FakeEngine:
                 if self.is_moe:
                     self.expert_hits += 1
                 generated.append(token)
+                if sampling.num_logprobs is not None:
+                    self._logprobs.append(self._logprob(token, sampling.num_logprobs))
                 yield [token]
                 if token in stop_ids:
                     finish_reason = "stop"

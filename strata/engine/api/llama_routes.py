@@ -44,13 +44,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def props(request: web.Request) -> web.Response:
-    """GET /props: context size, model file name, chat template, whether the model sleeps."""
+    """GET /props: context size, model file name, chat template, whether the model sleeps,
+    and the sampling defaults with where each comes from (settings, the model, llama.cpp)."""
     service = request.app[SERVICE_KEY]
     status = _status(request)
     assets = text_assets(service)
     n_ctx = service.context_tokens
+    defaults = service.sampling_defaults
     return web.json_response({
-        "n_ctx": n_ctx, "default_generation_settings": {"n_ctx": n_ctx},
+        "n_ctx": n_ctx, "default_generation_settings": {
+            "n_ctx": n_ctx, "params": defaults.params(), "sources": dict(defaults.sources)},
         "total_slots": NUM_CACHE_SLOTS,
         # llama.cpp's field, but the file name only: where the server keeps it is its own.
         "model_path": file_name(str(status.get("model_path") or status.get("model")

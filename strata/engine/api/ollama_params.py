@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from strata.engine.api import validation as v
 from strata.engine.api.errors import bad_request
 from strata.engine.api.params import GenerationParams
+from strata.engine.api.sampling_params import parse_penalties
 
 OLLAMA_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
 # Ollama option -> what Strata does with it (documented in docs/api.md).
 SUPPORTED_OPTIONS = frozenset({"num_predict", "temperature", "top_k", "top_p", "min_p", "seed",
-                               "stop", "num_ctx"})
+                               "stop", "num_ctx", "repeat_penalty", "repeat_last_n",
+                               "presence_penalty", "frequency_penalty"})
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -100,7 +102,7 @@ def parse_ollama(body: dict, *, refuse: tuple[str, ...] = ()) -> OllamaRequest:
         temperature=v.get_temperature(options, maximum=2.0), top_p=v.get_top_p(options),
         top_k=v.get_top_k(options), min_p=v.get_min_p(options), seed=v.get_seed(options),
         stops=_stops(options), is_stream=v.get_bool(body, "stream", True),
-        include_usage=True, slot=v.get_cache_slot(body))
+        include_usage=True, slot=v.get_cache_slot(body), penalties=parse_penalties(options))
     return OllamaRequest(params=params, model=model,
                          keep_alive_s=parse_keep_alive(body.get("keep_alive")),
                          context_tokens=v.get_int(options, "num_ctx", None, minimum=1))

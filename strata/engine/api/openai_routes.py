@@ -14,7 +14,13 @@ from strata.engine.api import sse
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.keys import SERVICE_KEY
-from strata.engine.api.params import OPENAI_ROLES, parse_messages, parse_openai
+from strata.engine.api.openai_logprobs import chat_logprobs, completion_logprobs, summed_usage
+from strata.engine.api.params import (
+    OPENAI_ROLES,
+    parse_messages,
+    parse_openai,
+    parse_openai_completion,
+)
 from strata.engine.api.textgen import (
     TextGeneration,
     encode_chat,
@@ -50,62 +56,86 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = parse_messages(body, OPENAI_ROLES)
     assets = text_assets(service)
     prompt_ids = await encode_chat(request.app, assets, messages)
-    generation = await start_text_generation(service, assets, prompt_ids, params)
-    return await _respond(request, generation, params, "chatcmpl", "chat.completion",
-                          "chat.completion.chunk", _chat_choice, _chat_message)
+    return await _respond(request, assets, prompt_ids, params, "chatcmpl",
+                          "chat.completion", "chat.completion.chunk", _chat_choice,
+                          _chat_message, lambda assets, records, _: chat_logprobs(assets, records))
 
 
-def _chat_message(text: str, finish_reason: str | None) -> dict:
+def _chat_message(text: str, finish_reason: str | None, *, index: int = 0,
+                  logprobs: dict | None = None) -> dict:
     # refusal is required by OpenAI's schema; a local model never refuses through this field.
-    return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-async def _respond(request: web.Request, generation: TextGeneration, params: Any, id_prefix: str,
-                   kind: str, chunk_kind: str, chunk_choice, final_choice) -> web.StreamResponse:
-    """The answer of a chat or text completion: an SSE stream of chunks, or one JSON object."""
+async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], params: Any,
+                   id_prefix: str, kind: str, chunk_kind: str, chunk_choice, final_choice,
+                   format_logprobs) -> web.StreamResponse:
+    """The answer of a chat or text completion: an SSE stream of chunks, or one JSON object.
+
+    n > 1 choices run one after another on the same cache slot, so the later ones reuse the
+    prompt's K/V (prefilled once) and each draws with its own seed (seed + index)."""
+    service = request.app[SERVICE_KEY]
     head = {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": request.app[SERVICE_KEY].model_id}
+            "model": service.model_id}
+
+    def start(index: int):
+        return start_text_generation(service, assets, prompt_ids, params, choice=index)
+
+    def logprobs_of(generation: TextGeneration, text_offset: int = 0) -> dict | None:
+        if params.num_logprobs is None:
+            return None
+        return format_logprobs(assets, generation.take_logprobs(), text_offset)
+
+    first = await start(0)  # fails (as JSON) before any stream header is sent
     if params.is_stream:
-        return await _stream(request, generation, head, chunk_kind, params.include_usage,
-                             chunk_choice)
-    try:
-        text = await generation.collect()
-    finally:
-        await generation.close()
-    return web.json_response({**head, "object": kind,
-                              "choices": [final_choice(text, generation.finish_reason)],
-                              "usage": openai_usage(generation.usage)})
+        return await _stream(request, first, start, params, head, chunk_kind, chunk_choice,
+                             logprobs_of)
+    choices, usages = [], []
+    for index in range(params.n):
+        generation = first if index == 0 else await start(index)
+        try:
+            text = await generation.collect()
+        finally:
+            await generation.close()
+        choices.append(final_choice(text, generation.finish_reason, index=index,
+                                    logprobs=logprobs_of(generation)))
+        usages.append(generation.usage)
+    return web.json_response({**head, "object": kind, "choices": choices,
+                              "usage": openai_usage(summed_usage(usages))})
 
 
-def _chat_choice(text: str | None, finish_reason: str | None, *, is_first: bool) -> dict:
+def _chat_choice(text: str | None, finish_reason: str | None, *, is_first: bool,
+                 index: int = 0, logprobs: dict | None = None) -> dict:
     delta: dict[str, Any] = {"role": "assistant", "content": ""} if is_first else {}
     if text is not None:
         delta["content"] = text
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def _completion_choice(text: str | None, finish_reason: str | None, *, is_first: bool) -> dict:
-    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+def _completion_choice(text: str | None, finish_reason: str | None, *, is_first: bool = True,
+                       index: int = 0, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text or "", "logprobs": logprobs,
+            "finish_reason": finish_reason}
 
 
-async def _stream(request: web.Request, generation: TextGeneration, head: dict, kind: str,
-                  include_usage: bool, choice) -> web.StreamResponse:
-    """Stream chunks, then [DONE]; a failure after the headers ends with an error event."""
+async def _stream(request: web.Request, first: TextGeneration, start, params: Any, head: dict,
+                  kind: str, choice, logprobs_of) -> web.StreamResponse:
+    """Stream each choice's chunks (tagged with its index), then usage and [DONE]; a failure
+    after the headers ends with an error event."""
     response = await sse.open_stream(request)
     head = {**head, "object": kind}
+    generation = first
+    usages = []
     try:
-        if kind == "chat.completion.chunk":  # the first chat chunk carries the role
-            await sse.send_data(response, {**head, "choices": [choice(None, None, is_first=True)]})
-        async with contextlib.aclosing(generation.deltas()) as deltas:
-            async for text in deltas:
-                await sse.send_data(response,
-                                    {**head, "choices": [choice(text, None, is_first=False)]})
-        final = choice(None, generation.finish_reason, is_first=False)
-        await sse.send_data(response, {**head, "choices": [final]})
-        if include_usage:
+        for index in range(params.n):
+            if index > 0:
+                generation = await start(index)
+            await _stream_choice(response, generation, head, kind, choice, index, logprobs_of)
+            usages.append(generation.usage)
+        if params.include_usage:
             await sse.send_data(response, {**head, "choices": [],
-                                           "usage": openai_usage(generation.usage)})
+                                           "usage": openai_usage(summed_usage(usages))})
         await sse.send_data(response, "[DONE]")
     except ConnectionError:
         log.info("client went away during %s; generation cancelled", request.path)
@@ -114,6 +144,24 @@ async def _stream(request: web.Request, generation: TextGeneration, head: dict, 
     finally:
         await generation.close()
     return response
+
+
+async def _stream_choice(response: web.StreamResponse, generation: TextGeneration, head: dict,
+                         kind: str, choice, index: int, logprobs_of) -> None:
+    """One choice's chunks: the role first (chat), its text deltas, its finish reason."""
+    if kind == "chat.completion.chunk":  # the first chat chunk carries the role
+        await sse.send_data(response, {**head, "choices": [
+            choice(None, None, is_first=True, index=index)]})
+    text_offset = 0
+    async with contextlib.aclosing(generation.deltas()) as deltas:
+        async for text in deltas:
+            await sse.send_data(response, {**head, "choices": [choice(
+                text, None, is_first=False, index=index,
+                logprobs=logprobs_of(generation, text_offset))]})
+            text_offset += len(text)
+    final = choice(None, generation.finish_reason, is_first=False, index=index,
+                   logprobs=logprobs_of(generation, text_offset))
+    await sse.send_data(response, {**head, "choices": [final]})
 
 
 async def _send_stream_error(request: web.Request, response: web.StreamResponse,
@@ -149,15 +197,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
-    params = parse_openai(body)
+    params = parse_openai_completion(body)
     if body.get("echo") not in (None, False) or body.get("suffix") is not None:
         raise bad_request("'echo' and 'suffix' are not supported; leave them out")
     assets = text_assets(service)
     prompt_ids = await _completion_prompt(request.app, assets, body.get("prompt"))
-    generation = await start_text_generation(service, assets, prompt_ids, params)
-    return await _respond(request, generation, params, "cmpl", "text_completion",
-                          "text_completion", _completion_choice,
-                          lambda text, finish: _completion_choice(text, finish, is_first=True))
+    return await _respond(request, assets, prompt_ids, params, "cmpl", "text_completion",
+                          "text_completion", _completion_choice, _completion_choice,
+                          completion_logprobs)
 
 
 def _model_object(request: web.Request) -> dict[str, Any]:

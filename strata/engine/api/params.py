@@ -7,8 +7,27 @@ from typing import Any
 
 from strata.engine.api import validation as v
 from strata.engine.api.errors import bad_request
+from strata.engine.api.request_fields import (
+    ANTHROPIC_COUNT_TOKENS_FIELDS,
+    ANTHROPIC_MESSAGES_FIELDS,
+    OPENAI_CHAT_FIELDS,
+    OPENAI_COMPLETION_FIELDS,
+    refuse_unknown_fields,
+)
+from strata.engine.api.sampling_params import (
+    Penalties,
+    check_token_ids,
+    parse_chat_logprobs,
+    parse_completion_logprobs,
+    parse_logit_bias,
+    parse_n,
+    parse_penalties,
+)
 from strata.engine.protocol import SamplingSpec
+from strata.engine.text.sampling_defaults import SamplingDefaults
 
+NO_PENALTIES = Penalties()
+LLAMA_CPP_DEFAULTS = SamplingDefaults()
 OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user",
                 "assistant": "assistant"}
 ANTHROPIC_ROLES = {"user": "user", "assistant": "assistant"}
@@ -16,24 +35,46 @@ ANTHROPIC_ROLES = {"user": "user", "assistant": "assistant"}
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """What a generation request asks for, independent of the API dialect."""
+    """What a generation request asks for, independent of the API dialect. Sampling fields
+    left out (None) take the server's defaults (SamplingDefaults) in sampling()."""
 
     max_tokens: int | None  # None: the rest of the context
-    temperature: float
-    top_p: float
-    top_k: int
-    min_p: float
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
     seed: int | None
     stops: tuple[str, ...]
     is_stream: bool
     include_usage: bool
     slot: int
+    penalties: Penalties = NO_PENALTIES
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    num_logprobs: int | None = None  # None: no logprobs; k: the top k alternatives too
+    n: int = 1  # choices of the one prompt
 
-    def sampling(self, max_tokens: int, eos_token_ids: tuple[int, ...]) -> SamplingSpec:
-        """The engine's SamplingSpec, stopping on the model's end-of-sequence tokens."""
-        return SamplingSpec(max_tokens=max_tokens, temperature=self.temperature,
-                            top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
-                            seed=self.seed, stop_token_ids=tuple(eos_token_ids))
+    def sampling(self, max_tokens: int, eos_token_ids: tuple[int, ...],
+                 defaults: SamplingDefaults = LLAMA_CPP_DEFAULTS, vocab_size: int | None = None,
+                 choice: int = 0) -> SamplingSpec:
+        """The engine's SamplingSpec for choice `choice` (its seed offset by the index),
+        stopping on the model's end-of-sequence tokens."""
+        if vocab_size is not None:
+            check_token_ids(self.logit_bias, vocab_size)
+        penalties = self.penalties
+
+        def pick(value, default):
+            return default if value is None else value
+
+        return SamplingSpec(
+            max_tokens=max_tokens, temperature=pick(self.temperature, defaults.temperature),
+            top_p=pick(self.top_p, defaults.top_p), top_k=pick(self.top_k, defaults.top_k),
+            min_p=pick(self.min_p, defaults.min_p),
+            seed=self.seed if self.seed is None or not choice else (self.seed + choice) % 2**64,
+            stop_token_ids=tuple(eos_token_ids),
+            repeat_penalty=pick(penalties.repeat, defaults.repeat_penalty),
+            presence_penalty=penalties.presence, frequency_penalty=penalties.frequency,
+            penalty_last_n=pick(penalties.repeat_last_n, defaults.repeat_last_n),
+            logit_bias=self.logit_bias, num_logprobs=self.num_logprobs)
 
 
 def _text_of(content: Any, where: str, *, allow_null: bool = False) -> str:
@@ -78,31 +119,41 @@ def parse_messages(body: dict, roles: dict[str, str]) -> list[dict[str, str]]:
     return parsed
 
 
-def _refuse_unsupported(body: dict) -> None:
-    if body.get("logprobs") not in (None, False):
-        raise bad_request("'logprobs' is not supported by Strata yet; leave it out",
-                          param="logprobs")
-    if body.get("tools") not in (None, []):
-        raise bad_request("'tools' are not supported by Strata yet; send the request without "
-                          "tools", param="tools")
-
-
-def parse_openai(body: dict) -> GenerationParams:
-    """Sampling and streaming fields of /v1/chat/completions and /v1/completions."""
-    _refuse_unsupported(body)
-    n = v.get_int(body, "n", 1)
-    if n != 1:
-        raise bad_request(f"'n' is {n}; Strata generates one choice per request, use n=1",
-                          param="n")
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+def _max_tokens_name(body: dict) -> str:
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
+
+
+def _parse_openai_common(body: dict, num_logprobs: int | None) -> GenerationParams:
+    if v.get_bool(body, "store"):
+        raise bad_request("'store': true is not supported; Strata keeps no stored completions",
+                          param="store")
+    v.get_object(body, "metadata")  # a label: checked, never acted on
     stream_options = v.get_object(body, "stream_options")
     return GenerationParams(
-        max_tokens=v.get_int(body, name, None, minimum=1),
+        max_tokens=v.get_int(body, _max_tokens_name(body), None, minimum=1),
         temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
         top_k=v.get_top_k(body), min_p=v.get_min_p(body), seed=v.get_seed(body),
         stops=v.get_stop_strings(body, "stop"), is_stream=v.get_bool(body, "stream"),
-        include_usage=v.get_bool(stream_options, "include_usage"), slot=v.get_cache_slot(body))
+        include_usage=v.get_bool(stream_options, "include_usage"), slot=v.get_cache_slot(body),
+        penalties=parse_penalties(body), logit_bias=parse_logit_bias(body),
+        num_logprobs=num_logprobs, n=parse_n(body))
+
+
+def parse_openai(body: dict) -> GenerationParams:
+    """Sampling and streaming fields of /v1/chat/completions; a field it does not honour is
+    a 400 naming it."""
+    refuse_unknown_fields(body, OPENAI_CHAT_FIELDS, "/v1/chat/completions")
+    return _parse_openai_common(body, parse_chat_logprobs(body))
+
+
+def parse_openai_completion(body: dict) -> GenerationParams:
+    """Sampling and streaming fields of /v1/completions (logprobs is an integer there)."""
+    refuse_unknown_fields(body, OPENAI_COMPLETION_FIELDS, "/v1/completions")
+    if v.get_int(body, "best_of", 1, minimum=1) != 1:
+        raise bad_request("'best_of' above 1 is not supported; use 'n' for several choices",
+                          param="best_of")
+    return _parse_openai_common(body, parse_completion_logprobs(body))
 
 
 def parse_anthropic_system(body: dict) -> str | None:
@@ -114,13 +165,16 @@ def parse_anthropic_system(body: dict) -> str | None:
 
 
 def parse_anthropic(body: dict, *, needs_max_tokens: bool = True) -> GenerationParams:
-    """Sampling and streaming fields of /v1/messages (Anthropic's temperature is 0..1)."""
-    _refuse_unsupported(body)
+    """Sampling and streaming fields of /v1/messages (Anthropic's temperature is 0..1);
+    needs_max_tokens=False is count_tokens, which takes only the prompt's fields."""
+    refuse_unknown_fields(body, ANTHROPIC_MESSAGES_FIELDS if needs_max_tokens
+                          else ANTHROPIC_COUNT_TOKENS_FIELDS,
+                          "/v1/messages" if needs_max_tokens else "/v1/messages/count_tokens")
     max_tokens = v.get_int(body, "max_tokens", None, minimum=1)
     if max_tokens is None and needs_max_tokens:
         raise bad_request("'max_tokens' is required", param="max_tokens")
     return GenerationParams(
         max_tokens=max_tokens, temperature=v.get_temperature(body, maximum=1.0),
-        top_p=v.get_top_p(body), top_k=v.get_top_k(body), min_p=0.0, seed=None,
+        top_p=v.get_top_p(body), top_k=v.get_top_k(body), min_p=None, seed=None,
         stops=v.get_stop_strings(body, "stop_sequences", max_count=64),
         is_stream=v.get_bool(body, "stream"), include_usage=True, slot=v.get_cache_slot(body))

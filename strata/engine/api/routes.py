@@ -7,6 +7,7 @@ from aiohttp import web
 from strata.engine.api import (
     anthropic_routes,
     control_routes,
+    llama_completion,
     llama_routes,
     ollama_routes,
     openai_routes,
@@ -40,6 +41,7 @@ def setup_routes(app: web.Application) -> None:
         web.get("/slots", llama_routes.slots),
         web.post("/tokenize", llama_routes.tokenize),
         web.post("/detokenize", llama_routes.detokenize),
+        web.post("/completion", llama_completion.completion),
         web.post("/slots/{slot_id}", control_routes.slot_action),
         *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
         web.post("/cache/shrink", control_routes.shrink_experts),

@@ -14,9 +14,10 @@ from aiohttp import web
 
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, from_error_event
-from strata.engine.protocol import Done, Error, SamplingSpec, Tokens, Usage
+from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceFacade
 from strata.engine.text import ChatTemplateError, IncrementalDetokenizer, StopMatcher
+from strata.engine.text.token_bytes import token_text
 
 
 def text_assets(service: ServiceFacade) -> Any:
@@ -81,6 +82,11 @@ class TextGeneration:
         self.stop_sequence: str | None = None
         self._is_stop_string_hit = False
         self.usage: Usage | None = None
+        # Logprob records of the tokens read so far that produce text (stop tokens left out).
+        self._logprobs: list[TokenLogprob] = []
+        self._num_logprobs_taken = 0
+        self._silent_ids = frozenset(assets.eos_token_ids)
+        self._assets = assets
 
     @classmethod
     async def start(cls, service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
@@ -113,6 +119,8 @@ class TextGeneration:
                 self._pending = None
                 if isinstance(event, Tokens):
                     self._num_completion_tokens += len(event.token_ids)
+                    self._logprobs += [r for r in event.logprobs
+                                       if r.token_id not in self._silent_ids]
                     text = self._push(self._detokenizer.push(list(event.token_ids)))
                 elif isinstance(event, Done):
                     text = self._finish(event.usage)
@@ -150,6 +158,7 @@ class TextGeneration:
         self.stop_sequence = found
         self.finish_reason = "stop"
         self._is_stop_string_hit = True
+        self._trim_logprobs()
         # Completion tokens up to the hit; the cached count comes with the engine's Done,
         # which arrives once close() has cancelled the rest (see _take_engine_usage).
         self.usage = Usage(self._num_prompt_tokens, self._num_completion_tokens, 0, "stop")
@@ -171,6 +180,24 @@ class TextGeneration:
         self.finish_reason = "length" if usage.finish_reason == "length" else "stop"
         self.usage = usage
         return text
+
+    def _trim_logprobs(self) -> None:
+        """After a stop string: keep the records of tokens whose text was (at least partly)
+        sent, not those of the stop string and what came after it."""
+        kept, num_chars = [], 0
+        for record in self._logprobs:
+            if num_chars >= self._emitted_chars:
+                break
+            kept.append(record)
+            num_chars += len(token_text(self._assets, record.token_id))
+        self._logprobs = kept
+        self._num_logprobs_taken = min(self._num_logprobs_taken, len(kept))
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """Logprob records of the tokens read since the last call (when the request asked)."""
+        records = self._logprobs[self._num_logprobs_taken:]
+        self._num_logprobs_taken = len(self._logprobs)
+        return records
 
     async def close(self) -> None:
         """Close the service's iterator, which cancels the generation in the engine."""
@@ -198,9 +225,12 @@ async def encode_chat(app: web.Application, assets: Any,
 
 
 async def start_text_generation(service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
-                                params: Any) -> TextGeneration:
-    """Check the prompt fits, then start a generation with the request's GenerationParams."""
+                                params: Any, choice: int = 0) -> TextGeneration:
+    """Check the prompt fits, then start a generation with the request's GenerationParams,
+    its sampling fields left out filled from the service's defaults. choice: which of the
+    request's n choices (its seed is offset by it)."""
     max_tokens = check_fits_context(len(prompt_ids), params.max_tokens, service.context_tokens)
-    sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids))
+    sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids),
+                               service.sampling_defaults, assets.vocab_size, choice)
     return await TextGeneration.start(service, assets, prompt_ids, sampling, params.stops,
                                       params.slot)

@@ -194,18 +194,24 @@ def get_cache_slot(body: dict) -> int:
     return parse_slot(value, name)
 
 
-def get_temperature(body: dict, *, maximum: float) -> float:
-    """Sampling temperature; 1.0 when absent, as in the OpenAI and Anthropic APIs."""
-    return get_float(body, "temperature", 1.0, minimum=0.0, maximum=maximum)
+def get_temperature(body: dict, *, maximum: float) -> float | None:
+    """Sampling temperature; None when absent: the server's default (SamplingDefaults)."""
+    return _optional(body, "temperature", minimum=0.0, maximum=maximum)
 
 
-def get_top_p(body: dict) -> float:
-    return get_float(body, "top_p", 1.0, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+def get_top_p(body: dict) -> float | None:
+    return _optional(body, "top_p", minimum=0.0, maximum=1.0, exclusive_minimum=True)
 
 
-def get_top_k(body: dict) -> int:
-    return get_int(body, "top_k", 0, minimum=0)
+def get_top_k(body: dict) -> int | None:
+    return get_int(body, "top_k", None, minimum=0)
 
 
-def get_min_p(body: dict) -> float:
-    return get_float(body, "min_p", 0.0, minimum=0.0, maximum=1.0)
+def get_min_p(body: dict) -> float | None:
+    return _optional(body, "min_p", minimum=0.0, maximum=1.0)
+
+
+def _optional(body: dict, name: str, **limits: Any) -> float | None:
+    if body.get(name) is None:
+        return None
+    return get_float(body, name, 0.0, **limits)

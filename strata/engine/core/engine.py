@@ -36,7 +36,13 @@ from strata.engine.core.sampling import Sampler
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
 from strata.engine.core.snapshots.kv_state import dtype_name
 from strata.engine.core.weight_source import FileWeights, RandomWeights, random_fingerprint
-from strata.engine.protocol import NUM_CACHE_SLOTS, SamplingSpec, Usage, slot_problem
+from strata.engine.protocol import (
+    NUM_CACHE_SLOTS,
+    SamplingSpec,
+    TokenLogprob,
+    Usage,
+    slot_problem,
+)
 
 __all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMemory",
            "LevelNotApplicable", "common_prefix_length", "pick_device"]
@@ -120,6 +126,7 @@ class Engine:
         self._backend = backend
         self.last_usage: Usage | None = None
         self.load_time_s = 0.0
+        self._logprobs: list[TokenLogprob] = []  # of tokens yielded, until take_logprobs()
 
     # ---- loading ------------------------------------------------------------------------------
 
@@ -233,7 +240,8 @@ class Engine:
         """Yield new token ids step by step; close the iterator to cancel.
 
         Stops at an end-of-sequence or stop token (which is yielded), at max_tokens, or at the
-        end of the context. `last_usage` holds the usage once the iterator is finished.
+        end of the context. `last_usage` holds the usage once the iterator is finished. With
+        sampling.num_logprobs, take_logprobs() returns the records of the tokens yielded so far.
         """
         config = self._require_model()
         prompt = list(prompt_ids)
@@ -251,6 +259,7 @@ class Engine:
         max_new = min(sampling.max_tokens, self.context_tokens - len(prompt))
         num_generated = num_cached = 0
         finish_reason = "cancelled"
+        self._logprobs = []
         # Restores the slot's snapshot if it has one; a snapshot that fails verification leaves
         # an empty history, so the prefix below is 0 and the prompt is prefilled from scratch.
         state = self._checkout(slot)
@@ -263,8 +272,10 @@ class Engine:
                 state, prompt[num_cached:], sampling, max_new
             )
             with contextlib.closing(steps):
-                for token in steps:
+                for token, record in steps:
                     num_generated += 1
+                    if record is not None:
+                        self._logprobs.append(record)
                     yield [token]
                     if token in stop_ids:
                         finish_reason = "stop"
@@ -280,21 +291,27 @@ class Engine:
                 finish_reason=finish_reason,
             )
 
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The logprob records of the tokens yielded since the last call (num_logprobs)."""
+        records, self._logprobs = self._logprobs, []
+        return records
+
     def _plain_tokens(
         self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int
-    ) -> Iterator[int]:
+    ) -> Iterator[tuple[int, TokenLogprob | None]]:
         """Prefill new_ids, then sample and feed back one token per step (eager torch)."""
-        sampler = Sampler(sampling, self.device)
+        history = [*state.tokens, *new_ids]
+        sampler = Sampler(sampling, self.device, self.model_config.vocab_size, history)
         logits = self._forward(state, new_ids)
         for step in range(max_new):
             token = int(sampler(logits))
-            yield token
+            yield token, sampler.last_logprob
             if step + 1 < max_new:
                 logits = self._forward(state, [token])
 
     def _fast_tokens(
         self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int
-    ) -> Iterator[int]:
+    ) -> Iterator[tuple[int, TokenLogprob | None]]:
         """The GPU path: fused prefill, then decode steps replayed from captured CUDA graphs.
 
         Token i+1 is already enqueued when token i is yielded; a token's K/V counts as valid
@@ -307,8 +324,8 @@ class Engine:
         self._grow_kv(state, max(start + len(new_ids) + max_new, reach))
         logits = self.fast.prefill(state.kv, ids, start)
         state.tokens.extend(new_ids)
-        token = self.fast.sample_first(logits, sampling)
-        yield token
+        token = self.fast.sample_first(logits, sampling, state.tokens)
+        yield token, self.fast.last_logprob
         if max_new <= 1:
             return
         steps = self.fast.decode(
@@ -317,7 +334,7 @@ class Engine:
         for next_token in steps:
             state.tokens.append(token)
             token = next_token
-            yield token
+            yield token, self.fast.last_logprob
 
     def _checkout(self, slot: int) -> SlotCache:
         # On failure the snapshot went back to the store: nothing is lost.

@@ -309,21 +309,23 @@ class EngineLoop:
             return
         steps = self.engine.generate(command.prompt_ids, command.sampling, command.slot)
         buffered: list[int] = []
+        logprobs: list[p.TokenLogprob] = []  # one per buffered token when the request asked
         is_cancelled = False
         try:
             for new_ids in steps:
                 buffered.extend(new_ids)
+                logprobs.extend(self.engine.take_logprobs())
                 # Tokens made while the host is slow to read ride along with the next send.
                 if buffered and self._pipe_is_writable():
-                    self.send(p.Tokens(rid, tuple(buffered)))
-                    buffered = []
+                    self.send(p.Tokens(rid, tuple(buffered), tuple(logprobs)))
+                    buffered, logprobs = [], []
                 if self._poll_during_generation(rid):
                     is_cancelled = True
                     break
         finally:
             steps.close()  # runs the engine's cleanup, which sets last_usage
         if buffered:
-            self.send(p.Tokens(rid, tuple(buffered)))
+            self.send(p.Tokens(rid, tuple(buffered), tuple(logprobs)))
         usage = self.engine.last_usage
         if usage is None:
             usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")

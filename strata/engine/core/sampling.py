@@ -2,22 +2,47 @@
 
 Greedy is an argmax. Random sampling draws with the exponential-race trick
 (argmax(p / Exp(1)) is a draw from p), which needs no cumulative sum and no sync,
-the way gpt-fast's `multinomial_sample_one_no_sync` does it.
+the way gpt-fast's `multinomial_sample_one_no_sync` does it. Logit bias and repetition
+penalties (penalties.py) adjust the logits first, for greedy and random sampling alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from strata.engine.protocol import SamplingSpec
+from strata.engine.core.penalties import (
+    TokenWindow,
+    dense_bias,
+    penalize,
+    token_logprob,
+    top_logprobs,
+)
+from strata.engine.protocol import SamplingSpec, TokenLogprob
 
 
 class Sampler:
     """Samples one token per call from [V] logits according to a SamplingSpec."""
 
-    def __init__(self, spec: SamplingSpec, device: torch.device):
+    def __init__(self, spec: SamplingSpec, device: torch.device, vocab_size: int | None = None,
+                 history: Sequence[int] = ()):
+        """vocab_size and history (the prompt's token ids) are needed for logit_bias and
+        penalties: the penalty window starts with the prompt's last tokens."""
         self.spec = spec
         self.is_greedy = spec.temperature <= 0.0 or spec.top_k == 1
+        self.last_logprob: TokenLogprob | None = None  # of the last token, with num_logprobs
+        self._window: TokenWindow | None = None
+        self._bias: torch.Tensor | None = None
+        if (spec.has_penalties or spec.logit_bias) and vocab_size is None:
+            raise ValueError("penalties and logit_bias need the vocabulary size")
+        if spec.has_penalties:
+            capacity = len(history) + spec.max_tokens if spec.penalty_last_n < 0 \
+                else spec.penalty_last_n
+            self._window = TokenWindow(vocab_size, capacity, device)
+            self._window.reset(history, spec.penalty_last_n)
+        if spec.logit_bias:
+            self._bias = dense_bias(spec, vocab_size, device)
         self._generator: torch.Generator | None = None
         if not self.is_greedy:
             self._generator = torch.Generator(device=device)
@@ -28,11 +53,32 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """Return the chosen token id as a 0-dim long tensor on the logits' device."""
+        adjusted = self.adjust(logits)
         if self.is_greedy:
-            return torch.argmax(logits, dim=-1)
-        probs = self.probabilities(logits)  # [V]
-        noise = torch.empty_like(probs).exponential_(1.0, generator=self._generator)
-        return torch.argmax(probs / noise, dim=-1)
+            token = torch.argmax(adjusted, dim=-1)
+        else:
+            probs = self.probabilities(adjusted)  # [V]
+            noise = torch.empty_like(probs).exponential_(1.0, generator=self._generator)
+            token = torch.argmax(probs / noise, dim=-1)
+        if self._window is not None:
+            self._window.push(token.view(1))
+        if self.spec.num_logprobs is not None:
+            k = min(max(self.spec.num_logprobs, 1), logits.shape[-1])
+            chosen, values, ids = top_logprobs(logits, token, k)
+            self.last_logprob = token_logprob(int(token), chosen, values, ids,
+                                              self.spec.num_logprobs)
+        return token
+
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits [V] float32 with the logit bias added and the repetition penalties applied."""
+        spec = self.spec
+        logits = logits.float()
+        if self._bias is not None:
+            logits = logits + self._bias
+        if self._window is not None:
+            logits = penalize(logits, self._window.counts, spec.repeat_penalty,
+                              spec.presence_penalty, spec.frequency_penalty)
+        return logits
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Filtered, renormalised probabilities after temperature, top-k, top-p and min-p."""

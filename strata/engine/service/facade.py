@@ -47,6 +47,10 @@ class ServiceFacade(Protocol):
     @property
     def context_tokens(self) -> int: ...
 
+    @property
+    def sampling_defaults(self) -> Any:
+        """SamplingDefaults (engine/text/sampling_defaults.py) for fields a request leaves out."""
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Tokens | Done | Error]:
         """Queue a generation (one lane, FIFO), bring the engine up first if it is down.
 

@@ -18,7 +18,11 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
-from strata.default_model import resolve_model_path
+from strata.default_model import (
+    DEFAULT_MODEL_FILENAME,
+    DEFAULT_MODEL_SAMPLING,
+    resolve_model_path,
+)
 from strata.engine import protocol as p
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
@@ -36,6 +40,12 @@ from strata.engine.service.metrics import ServiceMetrics
 from strata.engine.service.settings import ServeSettings
 from strata.engine.service.supervisor import Supervisor
 from strata.engine.service.vram_guard import FreeVramReader, VramGuard
+from strata.engine.text.sampling_defaults import (
+    SAMPLING_FIELDS,
+    SamplingDefaults,
+    read_model_sampling,
+    resolve_sampling_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +75,20 @@ def _build_engine_config(settings: ServeSettings, model_path: str) -> Any:
         snapshot_ttl_s=settings.snapshot_ttl_s,
         expert_cache=str(settings.expert_cache),
     )
+
+
+def model_sampling_defaults(settings: ServeSettings, model_path: str | None) -> SamplingDefaults:
+    """The settings' sampling values over the model file's, over llama.cpp's; the embedded
+    default model's file declares none, so Strata's own choice for it stands in."""
+    configured = {name: getattr(settings, name) for name in SAMPLING_FIELDS}
+    try:
+        model_values = read_model_sampling(model_path)
+    except (ValueError, OSError):  # an unreadable file fails the load with its own message
+        model_values = {}
+    source = "model"
+    if not model_values and model_path and Path(model_path).name == DEFAULT_MODEL_FILENAME:
+        model_values, source = dict(DEFAULT_MODEL_SAMPLING), "strata (embedded default model)"
+    return resolve_sampling_defaults(model_values, configured, source)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -109,6 +133,7 @@ class Service:
         if keep_standby is None:
             keep_standby = bool(getattr(settings, "standby_process", True))
         self._keep_standby = keep_standby
+        self._sampling_defaults: SamplingDefaults | None = None
 
     # ---- facade properties -----------------------------------------------------------------
 
@@ -132,6 +157,13 @@ class Service:
         if info and info.get("context_tokens"):
             return int(info["context_tokens"])
         return self.settings.context_tokens
+
+    @property
+    def sampling_defaults(self) -> SamplingDefaults:
+        """What requests that leave sampling fields out get: settings, model, llama.cpp."""
+        if self._sampling_defaults is None:
+            self._sampling_defaults = model_sampling_defaults(self.settings, self._model_path)
+        return self._sampling_defaults
 
     @property
     def supervisor(self) -> Supervisor:
@@ -168,6 +200,9 @@ class Service:
                     400, "bad_model", f"cannot read the tokenizer of {self._model_path}: "
                     f"{_one_line(exc)}"
                 ) from None
+        if self._sampling_defaults is None:  # reads the model file: off the event loop
+            self._sampling_defaults = await loop.run_in_executor(
+                None, model_sampling_defaults, self.settings, self._model_path)
         if self._engine_config is None:
             self._engine_config = await loop.run_in_executor(
                 None, _build_engine_config, self.settings, self._model_path

@@ -60,6 +60,13 @@ class ServeSettings:
     snapshot_ttl_s: float = 0.0  # 0: snapshots never expire
     kv_budget_bytes: int = 0  # KV of resident slots; 0: every slot may stay resident
     expert_cache: str | int = "auto"  # auto | off | all | a number of expert slots
+    # Sampling defaults for requests that leave them out; None: the model's, else llama.cpp's.
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -199,6 +206,8 @@ def check_setting(name: str, value: Any) -> Any:
         raise SettingsError(
             f"'expert_cache' must be auto, off, all or a number of expert slots >= 1, got {value!r}"
         )
+    if name in SAMPLING_RANGES:
+        return _check_sampling(name, value)
     raise SettingsError(f"unknown setting {name!r}; known settings: {', '.join(SETTING_NAMES)}")
 
 
@@ -221,6 +230,30 @@ def _check_name_list(name: str, value: Any) -> tuple[str, ...]:
     return items
 
 
+# Sampling settings: (is_integer, low, high) inclusive, as the request fields allow them.
+SAMPLING_RANGES = {
+    "temperature": (False, 0.0, 2.0), "top_k": (True, 0, 1 << 20),
+    "top_p": (False, 0.0, 1.0), "min_p": (False, 0.0, 1.0),
+    "repeat_penalty": (False, 0.0, 10.0), "repeat_last_n": (True, -1, 1 << 20),
+}
+
+
+def _check_sampling(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    is_integer, low, high = SAMPLING_RANGES[name]
+    if is_integer and not _is_int(value):
+        raise _type_error(name, "an integer", value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _type_error(name, "a number", value)
+    # top_p and repeat_penalty of 0 would filter out every token.
+    if not low <= value <= high or (name in ("top_p", "repeat_penalty") and value == 0):
+        raise SettingsError(f"{name!r} must be in {low}..{high}"
+                            f"{' and above 0' if name in ('top_p', 'repeat_penalty') else ''}, "
+                            f"got {value}")
+    return value if is_integer else float(value)
+
+
 def _read_config_file(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
@@ -232,6 +265,19 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"config file {path} is not valid TOML: {exc}; fix it") from None
     values: dict[str, Any] = {}
+    sampling = data.pop("sampling", None)
+    if sampling is not None:  # a [sampling] table holds the sampling keys, as top-level ones
+        if not isinstance(sampling, dict):
+            raise SettingsError(f"config file {path}: 'sampling' must be a table of "
+                                f"{', '.join(SAMPLING_RANGES)}")
+        for key, value in sampling.items():
+            if key.replace("-", "_") not in SAMPLING_RANGES:
+                raise SettingsError(f"config file {path}: unknown key {key!r} in [sampling]; "
+                                    f"known keys: {', '.join(SAMPLING_RANGES)}")
+            if key.replace("-", "_") in {k.replace("-", "_") for k in data}:
+                raise SettingsError(f"config file {path}: {key!r} is set both at the top "
+                                    "level and in [sampling]; keep one")
+            data[key] = value
     for key, value in data.items():
         if key in OTHER_SECTIONS and isinstance(value, (dict, list)):
             continue
@@ -347,3 +393,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "is snapshotted (0: no limit)")
     add("--expert-cache", dest="expert_cache", metavar="auto|off|all|N",
         help="MoE expert cache: auto, off, all, or a number of expert slots")
+    sampling_help = "default {} for requests that leave it out (default: the model's, else {})"
+    for flag, field_name, kind, llama_cpp in (
+        ("--temperature", "temperature", float, "0.8"), ("--top-k", "top_k", int, "40"),
+        ("--top-p", "top_p", float, "0.95"), ("--min-p", "min_p", float, "0.05"),
+        ("--repeat-penalty", "repeat_penalty", float, "1.0: off"),
+        ("--repeat-last-n", "repeat_last_n", int, "64; -1: the whole context"),
+    ):
+        add(flag, dest=field_name, type=kind, metavar="N",
+            help=sampling_help.format(field_name.replace("_", " "), llama_cpp))

@@ -1,7 +1,9 @@
-"""The raw bytes behind one token, for `/tokenize` with pieces.
+"""The exact bytes of one token, for logprobs: a token may hold part of a UTF-8 character,
+which decoding it alone turns into U+FFFD, so OpenAI reports `bytes` beside the text.
 
-Decoding one token of a byte-level vocabulary can give half a UTF-8 character (U+FFFD once
-decoded); llama.cpp's server then answers the piece as a list of byte values, and so do we.
+Byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM2) stores bytes as printable characters
+(GPT-2's bytes_to_unicode table); SentencePiece vocabularies spell raw bytes `<0xHH>` and
+spaces `▁`. Anything else falls back to the token's decoded text.
 """
 
 from __future__ import annotations
@@ -10,42 +12,50 @@ import functools
 import re
 from typing import Any
 
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")  # SentencePiece byte fallback
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 @functools.cache
 def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-to-printable-character table, inverted: each byte has one character."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            table[chr(byte)] = byte
-        else:
-            table[chr(256 + extra)] = byte
+    """GPT-2's bytes_to_unicode, inverted: printable character -> byte."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
             extra += 1
-    return table
+    return {chr(c): b for b, c in zip(printable, chars)}
 
 
 def token_bytes(assets: Any, token_id: int) -> bytes:
-    """The bytes token_id stands for (its text's UTF-8 when it decodes to whole characters)."""
-    surface = assets.tokenizer.id_to_token(token_id) or ""
-    if match := _BYTE_TOKEN.match(surface):
+    """The bytes token_id stands for in the model's text."""
+    tokenizer = assets.tokenizer
+    piece = tokenizer.id_to_token(token_id) or ""
+    if token_id in assets.special_token_ids:
+        return piece.encode("utf-8")
+    if "ByteLevel" in type(tokenizer.decoder).__name__ or "ByteLevel" in repr(tokenizer.decoder):
+        table = _byte_level_decoder()
+        if all(ch in table for ch in piece):
+            return bytes(table[ch] for ch in piece)
+    match = _BYTE_TOKEN.fullmatch(piece)
+    if match:
         return bytes([int(match.group(1), 16)])
-    if "\u2581" in surface:  # SentencePiece's space mark; decoding one token alone drops it
-        return surface.replace("\u2581", " ").encode("utf-8")
-    text = assets.decode([token_id], skip_special=False)
-    if "\ufffd" not in text:
-        return text.encode("utf-8")
-    table = _byte_level_decoder()
-    if surface and all(ch in table for ch in surface):
-        return bytes(table[ch] for ch in surface)
-    return text.encode("utf-8")  # nothing better known: the replacement character itself
+    if "▁" in piece:
+        return piece.replace("▁", " ").encode("utf-8")
+    return assets.decode([token_id], skip_special=False).encode("utf-8")
+
+
+def token_text(assets: Any, token_id: int) -> str:
+    """The token as text: its bytes decoded, a partial character as U+FFFD."""
+    return token_bytes(assets, token_id).decode("utf-8", errors="replace")
 
 
 def token_piece(assets: Any, token_id: int) -> str | list[int]:
-    """llama.cpp's `piece`: the text when the bytes are valid UTF-8, else the byte values."""
+    """llama.cpp's /tokenize `piece`: the text when the bytes are valid UTF-8, else the byte
+    values (half a character would otherwise read U+FFFD)."""
     raw = token_bytes(assets, token_id)
     try:
         return raw.decode("utf-8")

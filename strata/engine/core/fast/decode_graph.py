@@ -144,7 +144,9 @@ class GraphDecoder:
             self._enable_dense_kernels()
         self.min_bucket_tokens = min_bucket_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.sampler = GraphSampler(model.config.vocab_size, self.device)
+        self.sampler = GraphSampler(model.config.vocab_size, self.device,
+                                    min(model.config.max_position_embeddings, 1 << 17))
+        self.last_logprob = None  # TokenLogprob of the token last yielded, when asked for
         self.token_in = torch.zeros(1, dtype=torch.long, device=self.device)
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)
         self.token_out = torch.zeros(1, dtype=torch.long, device=self.device)
@@ -153,6 +155,8 @@ class GraphDecoder:
         self._pool = None
         if is_cuda:
             self._pinned = torch.zeros(2, dtype=torch.long, pin_memory=True)
+            self._pinned_logprobs = torch.zeros(2, self.sampler.logprob_row.shape[0],
+                                                dtype=torch.float32, pin_memory=True)
             self._events = [torch.cuda.Event(), torch.cuda.Event()]
 
     def _add_note(self, text: str) -> None:
@@ -200,7 +204,9 @@ class GraphDecoder:
         self.position.add_(1)
 
     def _state(self) -> list[torch.Tensor]:
-        return [self.token_in, self.position, self.token_out, self.sampler.step]
+        window = self.sampler.window
+        return [self.token_in, self.position, self.token_out, self.sampler.step,
+                window.ring, window.counts, window.pos]
 
     def _graph(self, kv: KVCache, bucket: int, key: tuple) -> torch.cuda.CUDAGraph:
         graph_key = (tuple(t.data_ptr() for t in (*kv.k, *kv.v)), bucket, key)
@@ -427,10 +433,15 @@ class GraphDecoder:
                        self.moe_impl, self.prefill_ops)
 
     @torch.inference_mode()
-    def sample_first(self, logits: torch.Tensor, spec: SamplingSpec) -> int:
-        """Start a request: load its sampling state and draw the first token from logits [V]."""
-        self.sampler.prepare(spec)
-        return int(self.sampler.sample(logits[None], sampling_key(spec)).item())
+    def sample_first(self, logits: torch.Tensor, spec: SamplingSpec,
+                     history: Sequence[int] = ()) -> int:
+        """Start a request: load its sampling state and draw the first token from logits [V].
+        history: the prompt's token ids (the penalty window starts with them)."""
+        self.sampler.prepare(spec, history)
+        token = int(self.sampler.sample(logits[None], sampling_key(spec)).item())
+        self.last_logprob = (self.sampler.read_logprob(token)
+                             if spec.num_logprobs is not None else None)
+        return token
 
     @torch.inference_mode()
     def decode(
@@ -442,13 +453,15 @@ class GraphDecoder:
         spec: SamplingSpec,
         *,
         continue_request: bool = False,
+        history: Sequence[int] = (),
     ) -> Iterator[int]:
         """Feed first_token at start_pos, then yield max_new_tokens sampled tokens.
 
         Token i+1 is already enqueued when token i is yielded, so a caller that stops early
         leaves K/V written one position past its last token (harmless: the slot's token
         history says what is valid). continue_request keeps the sampler state of
-        `sample_first` instead of starting a new one.
+        `sample_first` instead of starting a new one. With spec.num_logprobs, `last_logprob`
+        holds the yielded token's record when it is yielded.
         """
         if max_new_tokens <= 0:
             return
@@ -461,7 +474,8 @@ class GraphDecoder:
             raise ValueError(f"token id {first_token} is outside 0..{self.model.config.vocab_size - 1}")
         key = sampling_key(spec)
         if not continue_request:
-            self.sampler.prepare(spec)
+            self.sampler.prepare(spec, history)
+        wants_logprobs = spec.num_logprobs is not None
         self.token_in.fill_(first_token)
         self.position.fill_(start_pos)
         buckets = kv_buckets(kv.max_tokens, self.min_bucket_tokens)
@@ -473,7 +487,10 @@ class GraphDecoder:
                 self._step(kv, bucket_for(start_pos + i, buckets), key)
                 if hook is not None:
                     hook.after_step()
-                yield int(self.token_out.item())
+                token = int(self.token_out.item())
+                if wants_logprobs:
+                    self.last_logprob = self.sampler.read_logprob(token)
+                yield token
             return
         for i in range(max_new_tokens):
             if hook is not None:
@@ -483,14 +500,19 @@ class GraphDecoder:
                 hook.after_step()
             slot = i % 2
             self._pinned[slot : slot + 1].copy_(self.token_out, non_blocking=True)
+            if wants_logprobs:
+                self._pinned_logprobs[slot].copy_(self.sampler.logprob_row, non_blocking=True)
             self._events[slot].record()
             if i > 0:
-                yield self._read(1 - slot)
-        yield self._read((max_new_tokens - 1) % 2)
+                yield self._read(1 - slot, wants_logprobs)
+        yield self._read((max_new_tokens - 1) % 2, wants_logprobs)
 
-    def _read(self, slot: int) -> int:
+    def _read(self, slot: int, wants_logprobs: bool = False) -> int:
         self._events[slot].synchronize()
-        return int(self._pinned[slot])
+        token = int(self._pinned[slot])
+        if wants_logprobs:
+            self.last_logprob = self.sampler.read_logprob(token, self._pinned_logprobs[slot])
+        return token
 
     def generate(
         self, kv: KVCache, prompt_ids: Sequence[int], spec: SamplingSpec, max_new_tokens: int,
@@ -499,8 +521,8 @@ class GraphDecoder:
         """Prefill prompt_ids at start_pos, then yield up to max_new_tokens tokens."""
         ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
         logits = self.prefill(kv, ids, start_pos)
-        first = self.sample_first(logits, spec)
+        first = self.sample_first(logits, spec, prompt_ids)
         yield first
         end_pos = start_pos + len(prompt_ids)
         yield from self.decode(kv, first, end_pos, max_new_tokens - 1, spec,
-                               continue_request=True)
+                               continue_request=True, history=prompt_ids)
