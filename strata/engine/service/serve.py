@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,6 +21,7 @@ import psutil
 from aiohttp import web
 
 from strata.engine.service.facade import ServiceError
+from strata.engine.service.listen import bind_sockets, bound_port, close_sockets
 from strata.engine.service.rules import rules_engine_from_config
 from strata.engine.service.service import Service
 from strata.engine.service.settings import (
@@ -99,27 +101,25 @@ async def serve(
             loop.add_signal_handler(signum, stop_event.set)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
-    try:
-        await service.start()
-    except ServiceError as exc:
-        raise ServeError(exc.message) from None
-    # Binding all interfaces is the user asking for LAN clients, whose Host headers vary.
-    allowed_hosts = ("*",) if settings.host in WILDCARD_HOSTS else (settings.host,)
-    # handler_cancellation: a client that goes away cancels its handler at once, so its
-    # generation stops even while it waits in the queue or in a long prefill.
-    runner = web.AppRunner(
-        create_app(service, api_key=settings.api_key, allowed_hosts=allowed_hosts),
-        handler_cancellation=True,
-    )
-    await runner.setup()
+    sockets = bind_sockets(settings.host, settings.port)  # a busy port fails before any load
+    runner: web.AppRunner | None = None
     rules_task = None
     try:
-        try:
-            await web.TCPSite(runner, settings.host, settings.port).start()
-        except OSError as exc:
-            raise ServeError(f"cannot listen on {settings.host}:{settings.port} "
-                             f"({exc.strerror}); pick another port with --port") from None
-        url = f"http://{_display_host(settings.host)}:{_bound_port(runner, settings.port)}/v1"
+        if not await start_interruptibly(service, stop_event):
+            log.info("interrupted while loading; stopped")
+            return 130
+        # Binding all interfaces is the user asking for LAN clients, whose Host headers vary.
+        allowed_hosts = ("*",) if settings.host in WILDCARD_HOSTS else (settings.host,)
+        # handler_cancellation: a client that goes away cancels its handler at once, so its
+        # generation stops even while it waits in the queue or in a long prefill.
+        runner = web.AppRunner(
+            create_app(service, api_key=settings.api_key, allowed_hosts=allowed_hosts),
+            handler_cancellation=True,
+        )
+        await runner.setup()
+        for sock in sockets:
+            await web.SockSite(runner, sock).start()
+        url = f"http://{_display_host(settings.host)}:{bound_port(sockets, settings.port)}/v1"
         status = service.status()
         log.info("serving %s at %s (engine %s)", service.model_id, url, status.get("state"))
         if on_listening is not None:
@@ -132,9 +132,92 @@ async def serve(
             rules_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await rules_task
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
+        close_sockets(sockets)
         await service.stop()
     return 0
+
+
+async def start_interruptibly(service: Any, stop_event: asyncio.Event) -> bool:
+    """service.start(), with "loading MODEL ..." progress; False when stop_event came first.
+
+    A stop (Ctrl-C) during the load cancels it at once; the caller's service.stop() then ends
+    the half-started engine process.
+    """
+    start = asyncio.create_task(service.start(), name="strata-start")
+    stopped = asyncio.create_task(stop_event.wait(), name="strata-stop-wait")
+    progress = asyncio.create_task(report_load_progress(service), name="strata-load-progress")
+    try:
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        progress.cancel()
+        stopped.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await progress
+    if not start.done():
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ServiceError):
+            await start
+        return False
+    try:
+        start.result()
+    except ServiceError as exc:
+        raise ServeError(exc.message) from None
+    return True
+
+
+async def report_load_progress(service: Any, *, poll_s: float = 0.1, tick_s: float = 1.0,
+                               stream: Any = None) -> None:
+    """Print "loading MODEL (size) ..." once the load begins, then the seconds it has taken
+    every tick_s while it goes on (a quick load prints the first line only)."""
+    stream = stream or sys.stderr
+    while service.status().get("state") != "loading":
+        await asyncio.sleep(poll_s)
+    started_s = time.monotonic()
+    is_tty = stream.isatty()
+    print(f"strata: loading {_model_description(service)} ...", file=stream, flush=True)
+    last_print_s = started_s
+    try:
+        while True:
+            await asyncio.sleep(poll_s)
+            now_s = time.monotonic()
+            if now_s - last_print_s < (tick_s if is_tty else 5 * tick_s):
+                continue
+            last_print_s = now_s
+            text = f"strata: loading {service.model_id} ... {now_s - started_s:.0f} s"
+            # A terminal gets one line rewritten in place; a log file a line every 5 ticks.
+            print(f"\r{text}" if is_tty else text, end="" if is_tty else "\n", file=stream,
+                  flush=True)
+    finally:
+        if is_tty and last_print_s > started_s:
+            print(file=stream, flush=True)  # end the rewritten line
+
+
+def _model_description(service: Any) -> str:
+    """MODEL (size on disk, device), as far as the status knows them."""
+    parts = []
+    path = getattr(service, "model_path", None)
+    with contextlib.suppress(OSError, TypeError):
+        parts.append(format_size(model_size_bytes(Path(path))))
+    device = getattr(getattr(service, "settings", None), "device", None)
+    if device and device != "auto":
+        parts.append(str(device))
+    return f"{service.model_id} ({', '.join(parts)})" if parts else str(service.model_id)
+
+
+def model_size_bytes(path: Path) -> int:
+    """A model's size on disk: the file, or the files of a Hugging Face directory."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return path.stat().st_size
+
+
+def format_size(num_bytes: int) -> str:
+    """Decimal megabytes/gigabytes, as download sizes are usually given."""
+    if num_bytes >= 10**9:
+        return f"{num_bytes / 10**9:.1f} GB"
+    return f"{num_bytes / 10**6:.0f} MB"
 
 
 def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> asyncio.Task | None:
@@ -153,10 +236,3 @@ def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> 
 
 def _display_host(host: str) -> str:
     return "127.0.0.1" if host in WILDCARD_HOSTS else (f"[{host}]" if ":" in host else host)
-
-
-def _bound_port(runner: web.AppRunner, fallback: int) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return fallback

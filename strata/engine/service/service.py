@@ -127,6 +127,11 @@ class Service:
         return path.stem if path.suffix == ".gguf" else path.name
 
     @property
+    def model_path(self) -> str | None:
+        """The model file or directory, once resolved (start() resolves the default model)."""
+        return self._model_path
+
+    @property
     def context_tokens(self) -> int:
         info = self._supervisor.load_info if self._supervisor else None
         if info and info.get("context_tokens"):
