@@ -42,11 +42,11 @@ def test_a_busy_port_is_one_line_and_a_nonzero_exit(tmp_path):
         port = taken.getsockname()[1]
         done = subprocess.run([*server_command(), "serve", "--port", str(port), "--device",
                                "cpu"], capture_output=True, text=True, timeout=60,
-                              env=server_env(tmp_path))
+                              env=server_env(tmp_path), check=False)
     assert done.returncode != 0
-    assert done.stderr.strip().splitlines() == [
+    assert done.stderr.strip().splitlines() == [(
         f"strata: error: cannot listen on 127.0.0.1:{port} (Address already in use); "
-        "pick another port with --port or `port` in the config file"], done.stderr
+        "pick another port with --port or `port` in the config file")], done.stderr
 
 
 class _LoadingService:
