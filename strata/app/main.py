@@ -57,7 +57,8 @@ class TrayApp:
         self.bridge = ServiceBridge(self._new_host())
         self.tray = TrayController(self.bridge)
         self.dashboard = Dashboard(self.bridge)
-        self.settings_window = SettingsWindow(config_file)
+        self.settings_window = SettingsWindow(
+            config_file, running_endpoint=lambda: self.bridge.last_status.get("endpoint"))
         self.tray.dashboard_requested.connect(self.show_dashboard)
         self.tray.settings_requested.connect(self.settings_window.open_settings)
         self.tray.quit_requested.connect(app.quit)

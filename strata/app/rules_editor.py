@@ -94,6 +94,8 @@ class RulesEditor(QWidget):
         self.table.setItem(row, 3, QTableWidgetItem(what))
         self.table.setCellWidget(row, 4, self._combo(ACTIONS, {}, rule.action))
         self.table.setCellWidget(row, 5, self._combo(ON_END, ON_END_TEXT, rule.on_end))
+        # The default 100 px cut "other process VRAM >" and the other choices off.
+        self.table.resizeColumnsToContents()
 
     def set_rules(self, rules: list[Rule]) -> None:
         self.table.setRowCount(0)
