@@ -99,7 +99,9 @@ def cmd_bench(bench_args: list[str]) -> int:
     sys.path.insert(0, str(bench_dir))
     import suite
 
-    parser = argparse.ArgumentParser(prog="strata bench", description=suite.__doc__.splitlines()[0])
+    # The suite's whole docstring: its first line alone stopped mid-sentence.
+    parser = argparse.ArgumentParser(prog="strata bench", description=suite.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     suite.add_bench_arguments(parser)
     suite.run_bench(parser.parse_args(bench_args))
     return 0

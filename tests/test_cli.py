@@ -46,3 +46,11 @@ def test_a_bare_prompt_to_an_instruct_model_answers(smollm2_gguf, capsys):
 def test_raw_and_chat_exclude_each_other():
     done = strata("generate", "hi", "--raw", "--chat")
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
+
+
+def test_bench_help_says_all_the_suite_does():
+    done = strata("bench", "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "against measured limits and a peer." in text
+    assert "Targets: DESIGN.md §8." in text and "--no-lifecycle" in text

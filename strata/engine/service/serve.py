@@ -33,6 +33,7 @@ from strata.engine.service.settings import (
 )
 from strata.engine.service.telemetry import GpuTelemetry
 from strata.errors import StrataError
+from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -214,10 +215,10 @@ def model_size_bytes(path: Path) -> int:
 
 
 def format_size(num_bytes: int) -> str:
-    """Decimal megabytes/gigabytes, as download sizes are usually given."""
-    if num_bytes >= 10**9:
-        return f"{num_bytes / 10**9:.1f} GB"
-    return f"{num_bytes / 10**6:.0f} MB"
+    """MiB, or GiB from 1 GiB on: the units the docs and the tray give model sizes in."""
+    if num_bytes >= GIB:
+        return f"{num_bytes / GIB:.1f} GiB"
+    return f"{num_bytes / MIB:.0f} MiB"
 
 
 def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> asyncio.Task | None:
