@@ -20,9 +20,9 @@ def strata(*args: str) -> subprocess.CompletedProcess:
 def test_a_missing_model_is_one_line_and_exit_2(command):
     done = strata(*command, "/missing.gguf")
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [
+    assert done.stderr.splitlines() == [(
         "strata: error: model /missing.gguf not found: pass a .gguf file or a Hugging Face "
-        "directory, or leave --model out for the default model"]
+        "directory, or leave --model out for the default model")]
 
 
 def test_a_file_that_is_no_model_is_one_line(tmp_path):

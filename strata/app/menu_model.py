@@ -162,8 +162,8 @@ def tooltip(status: Mapping[str, Any]) -> str:
     return "\n".join(
         [
             f"Strata — {status.get('model') or 'no model'}",
-            f"{STATE_LABEL.get(state, state)}, {gib_text(held_bytes(status))} "
-            f"{memory_word(status)} held",
+            f"{STATE_LABEL.get(state, state)}, {gib_text(held_bytes(status))} held in "
+            + memory_word(status),
             str(status.get("endpoint") or "endpoint not up yet"),
         ]
     )

@@ -134,7 +134,7 @@ def test_on_the_cpu_the_levels_and_menu_say_ram(qtbot, make_bridge, fake_service
     qtbot.waitUntil(lambda: bridge.last_status.get("memory_kind") == "RAM")
     assert dashboard.level_labels["weights"].text() == "resident · 4.0 GiB in RAM · 0.0 GiB released"
     assert tray.status_action.text().startswith("Serving · 15.0 GiB RAM")
-    assert "15.0 GiB RAM held" in tray.tray.toolTip()
+    assert "15.0 GiB held in RAM" in tray.tray.toolTip()
     assert "VRAM" not in tray.status_action.text() + tray.tray.toolTip()
 
 

@@ -26,9 +26,9 @@ def test_strata_tray_without_a_display_says_so_and_exits_1(tmp_path):
     done = subprocess.run(tray_command(), capture_output=True, text=True, env=env, timeout=60,
                           check=False)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.strip().splitlines() == [
+    assert done.stderr.strip().splitlines() == [(
         "strata-tray: no display: neither DISPLAY nor WAYLAND_DISPLAY is set; start it from a "
-        "desktop session, or run `strata serve` for the server without a tray"]
+        "desktop session, or run `strata serve` for the server without a tray")]
 
 
 @pytest.mark.parametrize("environ, platform, has_display", [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-
 from PySide6.QtWidgets import QLabel
 
 from strata.app.rules_editor import COLUMNS
