@@ -16,6 +16,17 @@ class ArenaBytes(TypedDict):
     released_bytes: int
 
 
+class SlotStatus(TypedDict):
+    """One cache slot as the engine reports it (Engine.slots_status)."""
+
+    id: int
+    n_tokens: int
+    location: str  # gpu | cpu (resident), ram | disk (a snapshot), empty
+    bytes: int
+    is_processing: bool
+    n_ctx: int
+
+
 class EngineProcessStatus(TypedDict):
     """The engine process as the supervisor sees it."""
 
@@ -61,7 +72,7 @@ class ServiceStatus(TypedDict):
     active_request_id: str | None
     engine_pid: int | None
     engine: EngineProcessStatus
-    slots: list[dict[str, Any]] | None
+    slots: list[SlotStatus] | None
     experts: dict[str, Any] | None
     last_error: str | None
     last_hook: dict[str, Any] | None
