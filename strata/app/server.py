@@ -1,7 +1,8 @@
 """Start the real Service plus its aiohttp endpoint on the running loop, for the tray. Qt-free.
 
-The same parts as `strata serve`: Service(settings) and engine/api's create_app, bound to
-settings.host:settings.port before the model loads (port 0 picks a free one; endpoint_url
+The same parts as `strata serve`: Service(settings), and engine/api's start_listening, which
+both front ends share (Host allow-list for the bind, origins, key, handler cancellation), bound
+to settings.host:settings.port before the model loads (port 0 picks a free one; endpoint_url
 reports the real one).
 """
 
@@ -12,8 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-
-from strata.engine.service.listen import bind_sockets, bound_port, close_sockets
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +31,25 @@ class TrayServer:
         await self.service.stop()
 
 
-async def start_tray_server(settings: Any) -> TrayServer:
-    """Start Service(settings) and its HTTP API; raises with a one-line message on failure."""
-    from strata.engine.api.app import create_app
+async def start_tray_server(settings: Any, *, service: Any = None) -> TrayServer:
+    """Start Service(settings) (or `service`, for tests) and its HTTP API.
+
+    Raises StrataError with a one-line message when the address cannot be bound.
+    """
+    from strata.engine.api.listen import bind_sockets, close_sockets, start_listening
     from strata.engine.service.service import Service
 
-    sockets = bind_sockets(settings.host, settings.port)  # a busy port fails before any load
-    service = Service(settings)
+    advice = "--port or in Settings"
+    # Bound before the model loads: a port in use is an error at once, not after the load.
+    sockets = bind_sockets(settings.host, settings.port, port_advice=advice)
+    service = service if service is not None else Service(settings)
     try:
         await service.start()  # an engine that fails to load leaves the service up, "failed"
-        runner = web.AppRunner(create_app(service, api_key=settings.api_key),
-                               handle_signals=False)
-        await runner.setup()
-        for sock in sockets:
-            await web.SockSite(runner, sock).start()
+        listening = await start_listening(service, settings, port_advice=advice,
+                                          sockets=sockets)
     except BaseException:
         close_sockets(sockets)
         await service.stop()
         raise
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    url = f"http://{host}:{bound_port(sockets, settings.port)}/v1"
-    log.info("tray server listening at %s", url)
-    return TrayServer(service, runner, url)
+    log.info("tray server listening at %s", listening.endpoint_url)
+    return TrayServer(service, listening.runner, listening.endpoint_url)

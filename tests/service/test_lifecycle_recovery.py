@@ -48,7 +48,8 @@ async def test_kill_9_during_a_stream_then_while_idle_and_asleep_recovers(tiny_m
         await service.control("release_experts")
         pid = service.status()["engine_pid"]
         os.kill(pid, signal.SIGKILL)
-        await wait_for(lambda: service.status()["state"] == "failed")
+        # The crash is seen, and the engine restarts by itself (the failed state is brief).
+        await wait_for(lambda: service.status()["engine_crashes"] == 2)
         ids, _ = await answer(service, PROMPT)  # a finished request reset the crash count
         assert ids == expected_tokens(PROMPT, 6)
         status = service.status()
@@ -57,7 +58,7 @@ async def test_kill_9_during_a_stream_then_while_idle_and_asleep_recovers(tiny_m
         # Asleep: the next request loads a new process instead of waking a dead one.
         await service.control("sleep")
         os.kill(status["engine_pid"], signal.SIGKILL)
-        await wait_for(lambda: service.status()["state"] == "failed")
+        await wait_for(lambda: service.status()["engine_crashes"] == 3)
         ids, _ = await answer(service, PROMPT)
         assert ids == expected_tokens(PROMPT, 6) and service.status()["state"] == "loaded"
         assert service.status()["engine_crashes"] == 3

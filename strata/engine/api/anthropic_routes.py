@@ -31,15 +31,15 @@ from strata.engine.protocol import Usage
 log = logging.getLogger(__name__)
 
 
-def _prompt_ids(request: web.Request, body: dict, *, needs_max_tokens: bool
-                ) -> tuple[Any, GenerationParams, list[int]]:
+async def _prompt_ids(request: web.Request, body: dict, *, needs_max_tokens: bool
+                     ) -> tuple[Any, GenerationParams, list[int]]:
     assets = text_assets(request.app[SERVICE_KEY])
     params = parse_anthropic(body, needs_max_tokens=needs_max_tokens)
     messages = parse_messages(body, ANTHROPIC_ROLES)
     system = parse_anthropic_system(body)
     if system:
         messages = [{"role": "system", "content": system}, *messages]
-    return assets, params, encode_chat(assets, messages)
+    return assets, params, await encode_chat(request.app, assets, messages)
 
 
 def _stop_reason(generation: TextGeneration) -> str:
@@ -59,7 +59,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     """POST /v1/messages."""
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
-    assets, params, prompt_ids = _prompt_ids(request, body, needs_max_tokens=True)
+    assets, params, prompt_ids = await _prompt_ids(request, body, needs_max_tokens=True)
     generation = await start_text_generation(service, assets, prompt_ids, params)
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                "model": service.model_id}
@@ -119,5 +119,5 @@ async def _stream(request: web.Request, generation: TextGeneration, message: dic
 async def count_tokens(request: web.Request) -> web.Response:
     """POST /v1/messages/count_tokens: the prompt's token count, without generating."""
     body = await read_json_object(request)
-    _, _, prompt_ids = _prompt_ids(request, body, needs_max_tokens=False)
+    _, _, prompt_ids = await _prompt_ids(request, body, needs_max_tokens=False)
     return web.json_response({"input_tokens": len(prompt_ids)})

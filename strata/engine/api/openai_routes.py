@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from strata.engine.api import sse
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.params import OPENAI_ROLES, parse_messages, parse_openai
@@ -48,15 +49,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = parse_openai(body)
     messages = parse_messages(body, OPENAI_ROLES)
     assets = text_assets(service)
-    generation = await start_text_generation(service, assets, encode_chat(assets, messages),
-                                             params)
+    prompt_ids = await encode_chat(request.app, assets, messages)
+    generation = await start_text_generation(service, assets, prompt_ids, params)
     return await _respond(request, generation, params, "chatcmpl", "chat.completion",
                           "chat.completion.chunk", _chat_choice, _chat_message)
 
 
 def _chat_message(text: str, finish_reason: str | None) -> dict:
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-            "finish_reason": finish_reason}
+    # refusal is required by OpenAI's schema; a local model never refuses through this field.
+    return {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": None, "finish_reason": finish_reason}
 
 
 async def _respond(request: web.Request, generation: TextGeneration, params: Any, id_prefix: str,
@@ -125,14 +127,14 @@ async def _send_stream_error(request: web.Request, response: web.StreamResponse,
         await sse.send_data(response, "[DONE]")
 
 
-def _completion_prompt(assets: Any, prompt: Any) -> list[int]:
+async def _completion_prompt(app: web.Application, assets: Any, prompt: Any) -> list[int]:
     """A prompt string, a list of token ids, or a one-element list of either."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' is empty; send some text", param="prompt")
-        return list(assets.encode(prompt, add_special=True))
+        return list(await run_cpu(app, assets.encode, prompt, add_special=True))
     if (isinstance(prompt, list) and prompt
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
         if not all(0 <= t < assets.vocab_size for t in prompt):
@@ -151,7 +153,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.get("echo") not in (None, False) or body.get("suffix") is not None:
         raise bad_request("'echo' and 'suffix' are not supported; leave them out")
     assets = text_assets(service)
-    prompt_ids = _completion_prompt(assets, body.get("prompt"))
+    prompt_ids = await _completion_prompt(request.app, assets, body.get("prompt"))
     generation = await start_text_generation(service, assets, prompt_ids, params)
     return await _respond(request, generation, params, "cmpl", "text_completion",
                           "text_completion", _completion_choice,

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from strata.engine.service.facade import ServiceError
+from strata.engine.service.settings import API_KEY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ class BeforeLoadHook:
     async def _execute(self, reason: str) -> tuple[int | None, str | None]:
         """(exit code, error text or None) of one run, killing it past the timeout."""
         assert self.argv is not None
-        env = {**os.environ, "STRATA_BEFORE": reason}
+        # The hook has no use for the server's API key: it does not inherit it.
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | {"STRATA_BEFORE": reason}
         try:
             # A session of its own, so a timeout can end the command and anything it started.
             process = await asyncio.create_subprocess_exec(

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from aiohttp import web
 
 from strata.engine.service.facade import ServiceError
-from strata.engine.service.listen import bind_sockets, bound_port, close_sockets
 from strata.engine.service.rules import rules_engine_from_config
 from strata.engine.service.service import Service
 from strata.engine.service.settings import (
+    API_KEY_ENV,
     ServeSettings,
     SettingsError,
     default_config_file,
@@ -36,7 +35,6 @@ from strata.errors import StrataError
 from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 RULES_INTERVAL_S = 2.0
 
 
@@ -50,7 +48,22 @@ def serve_from_args(args: argparse.Namespace) -> int:
     settings = load_settings(config_file, overrides_from_args(args))
     config = read_config_tables(config_file)
     logging.basicConfig(level=logging.INFO, format="strata: %(message)s", stream=sys.stderr)
+    if getattr(args, "api_key", None):
+        log.warning("--api-key puts the key in the process list, where other users of this "
+                    "machine can read it; set %s or api-key in the config file instead",
+                    API_KEY_ENV)
+        hide_api_key_argument(sys.argv)
     return asyncio.run(serve(settings, config=config))
+
+
+def hide_api_key_argument(argv: list[str]) -> None:
+    """Blank the --api-key value in argv (in place), so no child process is handed it: spawned
+    engine processes get a copy of the parent's sys.argv."""
+    for i, arg in enumerate(argv):
+        if arg == "--api-key" and i + 1 < len(argv):
+            argv[i + 1] = "***"
+        elif arg.startswith("--api-key="):
+            argv[i] = "--api-key=***"
 
 
 def read_config_tables(config_file: str | Path | None) -> dict[str, Any]:
@@ -92,7 +105,8 @@ async def serve(
     gets the endpoint URL once the port is bound; `config` is the parsed config file, whose
     [[rules]] then run every rules_interval_s.
     """
-    from strata.engine.api.app import create_app  # the api layer depends on us, not the reverse
+    # the api layer depends on us, not the reverse
+    from strata.engine.api.listen import ListenError, bind_sockets, close_sockets, start_listening
 
     service = service if service is not None else Service(settings)
     stop_event = stop_event or asyncio.Event()
@@ -102,25 +116,21 @@ async def serve(
             loop.add_signal_handler(signum, stop_event.set)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
-    sockets = bind_sockets(settings.host, settings.port)  # a busy port fails before any load
-    runner: web.AppRunner | None = None
+    try:
+        sockets = bind_sockets(settings.host, settings.port)  # a busy port fails before any load
+    except ListenError as exc:
+        raise ServeError(str(exc)) from None
+    runner = None
     rules_task = None
     try:
         if not await start_interruptibly(service, stop_event):
             log.info("interrupted while loading; stopped")
             return 130
-        # Binding all interfaces is the user asking for LAN clients, whose Host headers vary.
-        allowed_hosts = ("*",) if settings.host in WILDCARD_HOSTS else (settings.host,)
-        # handler_cancellation: a client that goes away cancels its handler at once, so its
-        # generation stops even while it waits in the queue or in a long prefill.
-        runner = web.AppRunner(
-            create_app(service, api_key=settings.api_key, allowed_hosts=allowed_hosts),
-            handler_cancellation=True,
-        )
-        await runner.setup()
-        for sock in sockets:
-            await web.SockSite(runner, sock).start()
-        url = f"http://{_display_host(settings.host)}:{bound_port(sockets, settings.port)}/v1"
+        load_failure = _load_failure(service)
+        if load_failure is not None:  # a model that cannot load: say why and exit
+            raise ServeError(load_failure)
+        listening = await start_listening(service, settings, sockets=sockets)
+        runner, url = listening.runner, listening.endpoint_url
         status = service.status()
         log.info("serving %s at %s (engine %s)", service.model_id, url, status.get("state"))
         if on_listening is not None:
@@ -221,6 +231,18 @@ def format_size(num_bytes: int) -> str:
     return f"{num_bytes / MIB:.0f} MiB"
 
 
+def _load_failure(service: Any) -> str | None:
+    """Why the model could not be loaded at start-up (the engine state is failed), else None.
+
+    Waiting for VRAM is no failure (the state stays unloaded): the server serves and retries.
+    """
+    status = service.status()
+    if status.get("state") != "failed":
+        return None
+    reason = status.get("last_error") or "the engine failed to start"
+    return f"cannot load the model: {reason}"
+
+
 def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> asyncio.Task | None:
     """Run the config's rules on this loop, as the tray does; None when there are none."""
     if not config.get("rules"):
@@ -233,7 +255,3 @@ def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> 
     log.info("running %d rule(s) headless%s", len(rules.rules),
              "" if rules.is_enabled else " (turned off in [tray])")
     return asyncio.create_task(rules.run(interval_s), name="strata-rules")
-
-
-def _display_host(host: str) -> str:
-    return "127.0.0.1" if host in WILDCARD_HOSTS else (f"[{host}]" if ":" in host else host)
