@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -226,8 +227,10 @@ class Supervisor:
             target=engine_main, args=(child_conn, self.factory, self.engine_config),
             name="strata-engine", daemon=True,
         )
-        # start() pickles the config and writes spawn data; keep that off the loop.
-        await loop.run_in_executor(None, _start_without_sigint, process)
+        if _can_ignore_sigint():
+            _start_ignoring_sigint(process)  # on this (main) thread: only it may set handlers
+        else:  # start() pickles the config and writes spawn data; keep that off the loop
+            await loop.run_in_executor(None, process.start)
         child_conn.close()  # else the EOF that tells us the child died would never come
         self.num_starts += 1
         handle = EngineHandle(process=process, conn=parent_conn, ready=loop.create_future())
@@ -497,15 +500,18 @@ class Supervisor:
                 self._set_state("unloaded")
 
 
-def _start_without_sigint(process: multiprocessing.process.BaseProcess) -> None:
-    """process.start() with SIGINT blocked in this (executor) thread: the spawned child
-    inherits the mask through exec, so a terminal's Ctrl-C, which reaches the whole process
-    group, cannot kill it while Python starts up, before engine_main ignores SIGINT."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: Ctrl-C goes to the console group
-        process.start()
-        return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+def _can_ignore_sigint() -> bool:
+    return hasattr(signal, "SIGINT") and os.name == "posix" and (
+        threading.current_thread() is threading.main_thread())
+
+
+def _start_ignoring_sigint(process: multiprocessing.process.BaseProcess) -> None:
+    """process.start() with SIGINT ignored for the moment of the spawn: the child inherits an
+    ignored SIGINT through exec (a blocked one it does not keep) and Python leaves it ignored,
+    so a terminal's Ctrl-C, which reaches the whole process group, cannot kill the engine while
+    it starts; the host alone decides when the engine stops (`strata serve` under Ctrl-C)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         process.start()
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
