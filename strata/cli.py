@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from strata import __version__
+from strata.errors import StrataError
 
 
 def _model_path(arg: str | None) -> str:
     from strata.default_model import resolve_model_path
 
+    if arg is not None and not Path(arg).expanduser().exists():
+        raise StrataError(f"model {arg} not found: pass a .gguf file or a Hugging Face "
+                          "directory, or leave --model out for the default model")
     return resolve_model_path(arg)
 
 
@@ -20,8 +25,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from strata.engine.text import IncrementalDetokenizer, load_text_assets
 
     model_path = _model_path(args.model)
-    assets = load_text_assets(model_path)
-    if args.chat:
+    assets = load_text_assets(model_path)  # TextAssetsError: one line, no traceback
+    # An instruct model given a bare prompt mostly ends the turn at once (a blank line), so
+    # the chat template is the default wherever the model has one; --raw continues the text.
+    is_chat = not args.raw and (args.chat or bool(assets.chat_template))
+    if is_chat:
         prompt_ids = assets.encode_chat([{"role": "user", "content": args.prompt}])
     else:
         prompt_ids = assets.encode(args.prompt)
@@ -36,11 +44,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop_token_ids=tuple(assets.eos_token_ids),
     )
     detok = IncrementalDetokenizer(assets)
+    text = []
     for ids in engine.generate(prompt_ids, spec):
-        sys.stdout.write(detok.push(ids))
+        text.append(detok.push(ids))
+        sys.stdout.write(text[-1])
         sys.stdout.flush()
-    sys.stdout.write(detok.flush() + "\n")
+    text.append(detok.flush())
+    sys.stdout.write(text[-1] + "\n")
     usage = engine.last_usage
+    if not "".join(text).strip():  # say why the line is blank rather than leave a puzzle
+        print(f"strata: the model produced no text ({usage.completion_tokens if usage else 0} "
+              f"token(s), finish: {usage.finish_reason if usage else 'unknown'})"
+              + ("" if is_chat else "; it continues raw text: try --chat"),
+              file=sys.stderr)
     if args.verbose and usage is not None:
         print(
             f"[{usage.prompt_tokens} prompt tokens, {usage.completion_tokens} generated, "
@@ -93,10 +109,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(bench_args: list[str]) -> int:
-    from pathlib import Path
-
-    from strata.errors import StrataError
-
     # The suite lives in the checkout's bench/ (it needs the transformers peer and writes
     # reports next to the docs); it is not part of the installed wheel.
     bench_dir = Path(__file__).resolve().parent.parent / "bench"
@@ -108,7 +120,9 @@ def cmd_bench(bench_args: list[str]) -> int:
     sys.path.insert(0, str(bench_dir))
     import suite
 
-    parser = argparse.ArgumentParser(prog="strata bench", description=suite.__doc__.splitlines()[0])
+    # The suite's whole docstring: its first line alone stopped mid-sentence.
+    parser = argparse.ArgumentParser(prog="strata bench", description=suite.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     suite.add_bench_arguments(parser)
     suite.run_bench(parser.parse_args(bench_args))
     return 0
@@ -129,7 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="stream an answer to a prompt")
     gen.add_argument("prompt")
     gen.add_argument("--model", help="a .gguf file or a Hugging Face directory")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    mode = gen.add_mutually_exclusive_group()
+    mode.add_argument("--chat", action="store_true",
+                      help="wrap the prompt in the chat template (the default when the model "
+                      "has one; ChatML when it has none)")
+    mode.add_argument("--raw", action="store_true",
+                      help="continue the prompt as raw text, without the chat template")
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-p", type=float, default=1.0)

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Install Strata for one user (or system-wide with --prefix /usr/local) into its own virtualenv.
 #
-#   install.sh [--prefix DIR] [--python PY] [--system-site-packages] [--autostart]
+#   install.sh [--prefix DIR] [--python PY] [--system-site-packages] [--torch auto|cpu|cuda]
+#              [--autostart]
 #   install.sh --uninstall [--prefix DIR] [--purge-models]
+#
+# PyTorch is pinned to 2.13.0 (the version Strata is tested with). --torch picks its build:
+# auto (the default) takes the CUDA build where an NVIDIA driver is present (about 4 GB to
+# download with its CUDA libraries) and the CPU build elsewhere (about 200 MB, from PyTorch's
+# CPU index). Strata's other packages (Qt for the tray, aiohttp, tokenizers, ...) add a few
+# hundred MB.
 #
 # Layout under the prefix (default ~/.local):
 #   lib/strata/venv/              the virtualenv that holds Strata and its dependencies
@@ -23,13 +30,16 @@ python=""
 is_uninstall=0
 is_purge_models=0
 is_autostart=0
+torch_build="auto"
 venv_options=()
+TORCH_VERSION="2.13.0"
+TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
 
 die() { echo "install.sh: error: $*" >&2; exit 1; }
 say() { echo "install.sh: $*"; }
 
-usage() {
-    sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+usage() {  # the whole comment block at the top of this file
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"
 }
 
 while [ $# -gt 0 ]; do
@@ -40,6 +50,8 @@ while [ $# -gt 0 ]; do
         --python=*) python="${1#*=}"; shift ;;
         --system-site-packages) venv_options+=(--system-site-packages); shift ;;
         --autostart) is_autostart=1; shift ;;
+        --torch) [ $# -ge 2 ] || die "--torch needs auto, cpu or cuda"; torch_build="$2"; shift 2 ;;
+        --torch=*) torch_build="${1#*=}"; shift ;;
         --uninstall) is_uninstall=1; shift ;;
         --purge-models) is_purge_models=1; shift ;;
         -h|--help) usage; exit 0 ;;
@@ -51,8 +63,13 @@ done
 if [ "$is_purge_models" = 1 ] && [ "$is_uninstall" = 0 ]; then
     die "--purge-models only goes with --uninstall"
 fi
-mkdir -p "$prefix" || die "cannot create prefix $prefix; pick a writable --prefix"
-prefix="$(cd "$prefix" && pwd)"
+case "$torch_build" in
+    auto|cpu|cuda) ;;
+    *) die "--torch takes auto, cpu or cuda, not '$torch_build'" ;;
+esac
+# Absolute, without creating it: install records the folders it makes, so that --uninstall
+# removes a prefix it created and leaves no empty folders behind.
+prefix="$(realpath -m -- "$prefix")" || die "cannot resolve prefix $prefix"
 # A .desktop Exec line must hold the path; quoting covers spaces, nothing stranger.
 case "$prefix" in
     *[!A-Za-z0-9/._+\ -]*) die "prefix '$prefix' has characters a launcher cannot hold; pick one of letters, digits, / . _ + - and spaces" ;;
@@ -105,12 +122,32 @@ remove_installed_files() {
     for path in "${dirs[@]}"; do rmdir "$path" 2>/dev/null || true; done  # only if now empty
 }
 
+has_nvidia_driver() {
+    [ -e /proc/driver/nvidia/version ] || nvidia-smi -L >/dev/null 2>&1
+}
+
+install_torch() {  # the pinned PyTorch first, so that installing Strata keeps it
+    local build="$torch_build" index_args=()
+    if [ "$build" = auto ]; then
+        if has_nvidia_driver; then build=cuda; else build=cpu; fi
+    fi
+    if [ "$build" = cpu ]; then
+        index_args=(--index-url "$TORCH_CPU_INDEX")
+        say "installing PyTorch $TORCH_VERSION, CPU build (no NVIDIA driver found, or --torch cpu; about 200 MB to download)"
+    else
+        say "installing PyTorch $TORCH_VERSION, CUDA build (an NVIDIA driver is present, or --torch cuda; about 4 GB to download with its CUDA libraries)"
+    fi
+    "$venv/bin/python" -m pip install --disable-pip-version-check "${index_args[@]}" "torch==$TORCH_VERSION" \
+        || die "pip could not install torch==$TORCH_VERSION ($build build); see its message above"
+}
+
 uninstall() {
     [ -f "$manifest" ] || die "no Strata installation under $prefix ($manifest is missing); check --prefix"
     local models=""
     [ "$is_purge_models" = 1 ] && models="$(model_cache_dir)"
     if [ -f "$autostart_file" ] && grep -qF "$prefix/" "$autostart_file"; then
         rm -f "$autostart_file"
+        rmdir "$(dirname "$autostart_file")" 2>/dev/null || true  # only if that left it empty
         say "removed the login entry $autostart_file"
     fi
     remove_installed_files
@@ -167,6 +204,7 @@ install() {
     say "creating a virtualenv in $venv with $interpreter"
     "$interpreter" -m venv "${venv_options[@]}" "$venv" \
         || die "could not create a virtualenv; on Debian/Ubuntu: apt install python3-venv"
+    install_torch
     say "installing Strata from $source"
     "$venv/bin/python" -m pip install --disable-pip-version-check "$source" \
         || die "pip could not install $source; see its message above"

@@ -12,20 +12,12 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from strata.app import menu_model
 from strata.app.service_host import HostListener, ServiceHost, ThreadServiceHost  # noqa: F401
 from strata.engine.service.rules import Rule, RuleEvent
 
 log = logging.getLogger(__name__)
 
-_VERB = {
-    "release_experts": "Released experts",
-    "refill_experts": "Refilled experts",
-    "offload_session": "Offloaded the session",
-    "sleep": "Slept",
-    "wake": "Woke",
-    "unload": "Unloaded",
-    "load": "Loaded",
-}
 
 
 class ServiceBridge(QObject):
@@ -76,7 +68,7 @@ class ServiceBridge(QObject):
 
     def on_action(self, action: str, result: dict[str, Any] | None, error: str | None) -> None:
         if error is None:
-            self._log(_VERB.get(action, action))
+            self._log(menu_model.DONE_VERB.get(action, action))
             self.action_finished.emit(action, result or {})
         else:
             self._log(f"{action.replace('_', ' ')} failed: {error}")

@@ -54,24 +54,37 @@ def chart_values(status: dict[str, Any]) -> tuple[str, tuple[int, ...]] | None:
     return None
 
 
+def clock_text(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
 class Countdown(QProgressBar):
-    """An idle timer: fills down to zero, ticking locally between status updates."""
+    """An idle timer: fills down to zero, ticking locally between status updates; once it
+    has fired, says how long ago and when it runs again."""
 
     def __init__(self, label: str):
         super().__init__()
         self.label = label
         self.remaining_s: float | None = None
+        self.fired_ago_s: float | None = None
+        self.timeout_s: float | None = None
         self.received_s = 0.0
         self.total_s = 0.0
         self.setRange(0, 1000)
         self.tick()
 
-    def set_remaining(self, remaining_s: float | None, total_s: float | None = None) -> None:
+    def set_remaining(self, remaining_s: float | None, total_s: float | None = None,
+                      fired_ago_s: float | None = None) -> None:
+        """remaining_s: until it fires (None: not counting); total_s: its idle timeout (None:
+        off); fired_ago_s: seconds since it fired in this idle period (None: it has not)."""
         if remaining_s is not None and (self.remaining_s is None or remaining_s > self.total_s):
             self.total_s = float(remaining_s)  # a fresh countdown (the timer was reset)
         if total_s:
             self.total_s = float(total_s)
+        self.timeout_s = total_s
         self.remaining_s = None if remaining_s is None else float(remaining_s)
+        self.fired_ago_s = None if fired_ago_s is None else float(fired_ago_s)
         self.received_s = time.monotonic()
         self.tick()
 
@@ -82,13 +95,30 @@ class Countdown(QProgressBar):
 
     def tick(self) -> None:
         now_s = self.current_s()
-        if now_s is None:
-            self.setValue(0)
-            self.setFormat(f"{self.label}: off")
+        if now_s is not None:
+            self.setValue(int(1000 * now_s / self.total_s) if self.total_s else 0)
+            self.setFormat(f"{self.label} in {clock_text(now_s)}")
             return
-        self.setValue(int(1000 * now_s / self.total_s) if self.total_s else 0)
-        minutes, seconds = divmod(int(round(now_s)), 60)
-        self.setFormat(f"{self.label} in {minutes}:{seconds:02d}")
+        self.setValue(0)
+        if self.fired_ago_s is not None:
+            ago_s = self.fired_ago_s + time.monotonic() - self.received_s
+            again = f" · again {clock_text(self.timeout_s)} after the next request" \
+                if self.timeout_s else ""
+            self.setFormat(f"{self.label}: done {clock_text(ago_s)} ago{again}")
+        elif self.timeout_s:
+            self.setFormat(f"{self.label}: waits for the next request, then "
+                           f"{clock_text(self.timeout_s)}")
+        else:
+            self.setFormat(f"{self.label}: off")
+
+
+def activity_text(status: dict[str, Any]) -> str:
+    """The request activity line, from the service's counters."""
+    counters = status.get("counters") or {}  # absent while the server is starting or failed
+    return (f"last request {float(counters.get('tokens_per_second', 0.0)):.1f} tok/s · "
+            f"queue {menu_model.queue_length(status)} · "
+            f"{int(counters.get('cached_tokens_total', 0)):,} of "
+            f"{int(counters.get('prompt_tokens_total', 0)):,} prompt tokens from cache")
 
 
 class Dashboard(QWidget):
@@ -174,13 +204,10 @@ class Dashboard(QWidget):
         self._apply_levels(status)
         idle = status.get("idle") or {}
         totals = status.get("idle_timeouts") or {}
+        fired = status.get("idle_fired") or {}
         for key, bar in self.countdowns.items():
-            bar.set_remaining(idle.get(key), totals.get(key))
-        tokens_per_s = status.get("tokens_per_s")
-        self.activity.setText(
-            f"{float(tokens_per_s or 0):.1f} tok/s · queue {menu_model.queue_length(status)} · "
-            f"{status.get('cached_tokens', 0)} cached tokens"
-        )
+            bar.set_remaining(idle.get(key), totals.get(key), fired.get(key))
+        self.activity.setText(activity_text(status))
 
     def _apply_chart(self, status: dict[str, Any]) -> None:
         reading = chart_values(status)
@@ -220,7 +247,8 @@ class Dashboard(QWidget):
                 arena_bytes(status, arena, "released_bytes"),
             )
             where = "resident" if resident else ("released" if released else "empty")
-            label.setText(f"{where} · {gib_text(resident)} in VRAM · {gib_text(released)} released")
+            label.setText(f"{where} · {gib_text(resident)} in {menu_model.memory_word(status)} · "
+                          f"{gib_text(released)} released")
         frees = {
             "experts": arena_bytes(status, "experts"),
             "offload": arena_bytes(status, "kv"),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,8 @@ class TrayApp:
         self.bridge = ServiceBridge(self._new_host())
         self.tray = TrayController(self.bridge)
         self.dashboard = Dashboard(self.bridge)
-        self.settings_window = SettingsWindow(config_file)
+        self.settings_window = SettingsWindow(
+            config_file, running_endpoint=lambda: self.bridge.last_status.get("endpoint"))
         self.tray.dashboard_requested.connect(self.show_dashboard)
         self.tray.settings_requested.connect(self.settings_window.open_settings)
         self.tray.quit_requested.connect(app.quit)
@@ -114,9 +117,28 @@ class TrayApp:
         self.bridge.stop()
 
 
+def missing_display_reason(environ: Mapping[str, str] | None = None,
+                           platform: str | None = None) -> str | None:
+    """Why Qt will find no display here, or None. On Linux without DISPLAY or
+    WAYLAND_DISPLAY, Qt's xcb plugin aborts with a message about missing plugins instead."""
+    environ = os.environ if environ is None else environ
+    platform = sys.platform if platform is None else platform
+    qpa = environ.get("QT_QPA_PLATFORM", "").split(":")[0]
+    if not platform.startswith("linux") or (qpa and qpa not in ("xcb", "wayland")):
+        return None  # another OS, or a platform without a display (offscreen, vnc, ...)
+    if environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display: neither DISPLAY nor WAYLAND_DISPLAY is set; start it from a desktop "
+            "session, or run `strata serve` for the server without a tray")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `strata-tray` GUI script (pythonw on Windows: no console window)."""
     args = build_parser().parse_args(argv)
+    reason = missing_display_reason()
+    if reason is not None:
+        print(f"strata-tray: {reason}", file=sys.stderr)
+        return 1
     # Always a log file too: the tray usually runs under pythonw, with no console to read.
     setup_logging("tray", "%(asctime)s %(name)s: %(message)s", to_file=True)
     from strata.paths import config_path

@@ -12,9 +12,9 @@ from typing import Any
 
 from strata.units import GIB
 
-# service state -> icon name (strata/resources/icons/state-<name>.svg)
+# service state (levels.STATES, plus the host's "starting") -> icon name
+# (strata/resources/icons/state-<name>.svg)
 ICON_OF_STATE = {
-    "serving": "serving",
     "loaded": "serving",
     "busy": "busy",
     "experts_released": "released",
@@ -22,11 +22,12 @@ ICON_OF_STATE = {
     "sleeping": "sleeping",
     "unloaded": "unloaded",
     "failed": "error",
+    "loading": "busy",
+    "waking": "busy",
     "starting": "busy",
     "waiting_for_vram": "unloaded",  # a refused load is a state, not an error
 }
 STATE_LABEL = {
-    "serving": "Serving",
     "loaded": "Serving",
     "busy": "Busy",
     "experts_released": "Experts released",
@@ -34,10 +35,23 @@ STATE_LABEL = {
     "sleeping": "Sleeping",
     "unloaded": "Unloaded",
     "failed": "Error",
+    "loading": "Loading",
+    "waking": "Waking",
     "starting": "Starting",
     "waiting_for_vram": "Waiting for VRAM",
 }
-_UP_STATES = {"serving", "loaded", "experts_released", "session_offloaded"}
+_UP_STATES = {"loaded", "experts_released", "session_offloaded"}
+# A level action, done: for the dashboard's log.
+DONE_VERB = {
+    "release_experts": "Released experts",
+    "refill_experts": "Refilled experts",
+    "offload_session": "Offloaded the session",
+    "restore_session": "Restored the session",
+    "sleep": "Slept",
+    "wake": "Woke",
+    "unload": "Unloaded",
+    "load": "Loaded",
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +71,7 @@ def effective_state(status: Mapping[str, Any]) -> str:
 
 
 def queue_length(status: Mapping[str, Any]) -> int:
-    return int(status.get("queue_length", status.get("queue", 0)) or 0)
+    return int(status.get("queue_length") or 0)
 
 
 def arena_bytes(status: Mapping[str, Any], arena: str, key: str = "resident_bytes") -> int:
@@ -78,13 +92,19 @@ def gib_text(num_bytes: int) -> str:
     return f"{num_bytes / GIB:.1f} GiB"
 
 
+def memory_word(status: Mapping[str, Any]) -> str:
+    """What the model's bytes live in: "VRAM" on a GPU, "RAM" where the engine runs on the
+    CPU; "memory" before the host has said which."""
+    return str(status.get("memory_kind") or "memory")
+
+
 def lifecycle_actions(status: Mapping[str, Any]) -> list[ActionView]:
     """The four level toggles for this state, each enabled or disabled with a reason."""
     state = effective_state(status)
     if state == "busy":
         blocked = "a request is running; try again when it is done"
-    elif state == "starting":
-        blocked = "the engine is starting"
+    elif state in ("starting", "loading", "waking"):
+        blocked = f"the model is {state}"
     else:
         blocked = ""
 
@@ -146,7 +166,7 @@ def shrink_action(status: Mapping[str, Any]) -> tuple[ActionView, int] | None:
 def status_line(status: Mapping[str, Any]) -> str:
     """One line for the top of the menu: state, VRAM held, and why things are disabled."""
     state = effective_state(status)
-    line = f"{STATE_LABEL.get(state, state)} · {gib_text(held_bytes(status))} VRAM"
+    line = f"{STATE_LABEL.get(state, state)} · {gib_text(held_bytes(status))} {memory_word(status)}"
     if state == "failed" and status.get("last_error"):
         return f"{line} · {status['last_error']}"
     reasons = []
@@ -162,7 +182,8 @@ def tooltip(status: Mapping[str, Any]) -> str:
     return "\n".join(
         [
             f"Strata — {status.get('model') or 'no model'}",
-            f"{STATE_LABEL.get(state, state)}, {gib_text(held_bytes(status))} VRAM held",
+            f"{STATE_LABEL.get(state, state)}, {gib_text(held_bytes(status))} held in "
+            + memory_word(status),
             str(status.get("endpoint") or "endpoint not up yet"),
         ]
     )

@@ -108,6 +108,8 @@ class RulesEditor(QWidget):
         self.table.setCellWidget(row, 6, self._combo(MATCH_MODES, MATCH_TEXT, rule.match))
         # shrink_experts only: the MiB to leave free for the other program.
         self.table.setItem(row, 7, QTableWidgetItem(str(rule.keep_free_mib or "")))
+        # The default 100 px cut "other process VRAM >" and the other choices off.
+        self.table.resizeColumnsToContents()
 
     def set_rules(self, rules: list[Rule]) -> None:
         self.table.setRowCount(0)

@@ -2,7 +2,8 @@
 
 The same parts as `strata serve`: Service(settings), and engine/api's start_listening, which
 both front ends share (Host allow-list for the bind, origins, key, handler cancellation), bound
-to settings.host:settings.port (port 0 picks a free one; endpoint_url reports the real one).
+to settings.host:settings.port before the model loads (port 0 picks a free one; endpoint_url
+reports the real one).
 """
 
 from __future__ import annotations
@@ -35,15 +36,19 @@ async def start_tray_server(settings: Any, *, service: Any = None) -> TrayServer
 
     Raises StrataError with a one-line message when the address cannot be bound.
     """
-    from strata.engine.api.listen import ListenError, start_listening
+    from strata.engine.api.listen import bind_sockets, close_sockets, start_listening
     from strata.engine.service.service import Service
 
+    advice = "--port or in Settings"
+    # Bound before the model loads: a port in use is an error at once, not after the load.
+    sockets = bind_sockets(settings.host, settings.port, port_advice=advice)
     service = service if service is not None else Service(settings)
-    await service.start()  # an engine that fails to load leaves the service up, "failed"
     try:
-        listening = await start_listening(service, settings,
-                                          port_advice="--port or in Settings")
-    except ListenError:
+        await service.start()  # an engine that fails to load leaves the service up, "failed"
+        listening = await start_listening(service, settings, port_advice=advice,
+                                          sockets=sockets)
+    except BaseException:
+        close_sockets(sockets)
         await service.stop()
         raise
     log.info("tray server listening at %s", listening.endpoint_url)

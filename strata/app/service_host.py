@@ -17,8 +17,10 @@ from typing import Any, Protocol
 
 import psutil
 
+from strata.app.menu_model import DONE_VERB
 from strata.engine.service.rules import Rule, RuleEvent
 from strata.engine.service.rules_engine import RulesEngine
+from strata.engine.service.service import LevelEvent
 from strata.engine.service.telemetry import GpuTelemetry, read_ram
 from strata.errors import user_message
 
@@ -70,6 +72,11 @@ def describe_error(exc: BaseException) -> str:
     """One line for the user: the ServiceError/StrataError message, else type and text."""
     message = getattr(exc, "message", None) or user_message(exc)
     return str(message) if message else f"{type(exc).__name__}: {exc}"
+
+
+def _memory_kind(readings: dict[str, Any]) -> str:
+    """Before the service says (starting, failed): VRAM where the telemetry sees a GPU."""
+    return "VRAM" if readings.get("gpu") is not None else "RAM"
 
 
 @dataclass
@@ -161,7 +168,8 @@ class ThreadServiceHost:
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         self._ready.set()
-        self._publish({"state": "starting"})
+        readings = await asyncio.to_thread(self._readings)
+        self._publish({"state": "starting", **readings, "memory_kind": _memory_kind(readings)})
         self._settings = settings
         await self._start_server()
         status_task = asyncio.create_task(self._status_loop())
@@ -187,6 +195,7 @@ class ThreadServiceHost:
             return False
         self._start_error = None
         self._emit_log(f"serving at {self._server.endpoint_url}")
+        self._server.service.level_listeners.append(self._on_level_event)
         self._rules_engine = RulesEngine(
             self._server.service,
             self._rules,
@@ -220,7 +229,9 @@ class ThreadServiceHost:
             status = dict(self._server.service.status())  # on the loop: the service's own thread
             status["endpoint"] = self._server.endpoint_url
         status["rules_enabled"] = self._rules_enabled
-        status.update(await asyncio.to_thread(self._readings))
+        readings = await asyncio.to_thread(self._readings)
+        status.update(readings)
+        status.setdefault("memory_kind", _memory_kind(readings))  # the service's own wins
         return status
 
     async def _status_loop(self) -> None:
@@ -252,6 +263,16 @@ class ThreadServiceHost:
         self._call_listener("on_action", action, result or {}, None)
         self._publish(await self._snapshot())
         return result
+
+    def _on_level_event(self, event: LevelEvent) -> None:
+        """Log what the service did by itself (an idle timer); what the tray, a rule or an
+        API client asked for is logged where it was asked."""
+        if event.cause is None:
+            return
+        if event.is_ok:
+            self._emit_log(f"{event.cause}: {DONE_VERB.get(event.action, event.action).lower()}")
+        else:
+            self._emit_log(f"{event.cause}: {event.action.replace('_', ' ')} failed")
 
     def _on_rule_event(self, event: RuleEvent) -> None:
         self._call_listener("on_rule_event", event)

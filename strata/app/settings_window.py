@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,19 @@ IDLE_LABELS = {
     "sleep_idle_s": "Sleep after idle",
     "idle_unload_s": "Unload after idle",
 }
+# Every field the window edits, as the form names it (also in "takes effect on restart").
+FIELD_LABELS = {
+    "model": "Model",
+    "port": "Port",
+    "api_key": "API key",
+    **IDLE_LABELS,
+    "min_free_vram_mib": "VRAM guard: wait for free",
+    "vram_wait_s": "VRAM guard: wait at most",
+    "before_load": "Before-load command",
+    "snapshot_dir": "Snapshot directory",
+    "snapshot_ram_budget_bytes": "Snapshot RAM budget",
+    "snapshot_disk_budget_bytes": "Snapshot disk budget",
+}
 TRAY_TABLE = "tray"  # [tray] holds rules_enabled; settings.py skips it
 
 
@@ -63,15 +77,21 @@ class SettingsWindow(QDialog):
     saved = Signal(object)  # set of changed config keys ("rules", "rules_enabled", field names)
     restart_requested = Signal()
 
-    def __init__(self, config_file: Path, parent: QWidget | None = None):
+    def __init__(self, config_file: Path, parent: QWidget | None = None,
+                 running_endpoint: Callable[[], str | None] | None = None):
+        """running_endpoint: the URL the server answers at now (None while it is down), shown
+        next to the config file's port, which may differ (--port, or port 0)."""
         super().__init__(parent)
         self.config_file = Path(config_file)
+        self._running_endpoint = running_endpoint or (lambda: None)
         self.setWindowTitle("Strata settings")
         self.setWindowIcon(icon("app"))
         defaults = ServeSettings()
         self.model = QLineEdit()
         self.model.setPlaceholderText("embedded default: SmolLM2-135M-Instruct")
         self.port = QSpinBox(maximum=65535)
+        self.port.setSpecialValueText("any free port")
+        self.port_note = QLabel("")
         self.api_key = QLineEdit(echoMode=QLineEdit.EchoMode.Password)
         self.api_key.setPlaceholderText("none: anyone on this machine may connect")
         self.idle = {name: self._seconds_box(86400 * 7) for name in IDLE_FIELDS}
@@ -107,7 +127,12 @@ class SettingsWindow(QDialog):
         use_default.clicked.connect(self.model.clear)
         model_row.layout().addWidget(use_default)
         form.addRow("Model", model_row)
-        form.addRow("Port", self.port)
+        port_row = QWidget()
+        port_box = QHBoxLayout(port_row)
+        port_box.setContentsMargins(0, 0, 0, 0)
+        port_box.addWidget(self.port)
+        port_box.addWidget(self.port_note, 1)
+        form.addRow("Port", port_row)
         form.addRow("API key", self.api_key)
         for name, box in self.idle.items():
             form.addRow(IDLE_LABELS[name], box)
@@ -136,7 +161,7 @@ class SettingsWindow(QDialog):
         buttons.addWidget(save)
         buttons.addWidget(close)
         layout = QVBoxLayout(self)
-        layout.addWidget(QLabel(f"Saved to {self.config_file}"))
+        layout.addWidget(QLabel(f"Config file: {self.config_file}"))
         layout.addWidget(tabs)
         layout.addLayout(buttons)
         self.resize(640, 600)
@@ -177,6 +202,8 @@ class SettingsWindow(QDialog):
         d = self._defaults
         self.model.setText(str(values.get("model") or ""))
         self.port.setValue(int(values.get("port", d.port)))
+        endpoint = self._running_endpoint()
+        self.port_note.setText(f"running now at {endpoint}" if endpoint else "not running now")
         self.api_key.setText(str(values.get("api_key") or ""))
         for name, box in self.idle.items():
             box.setValue(float(values.get(name) or 0))
@@ -224,17 +251,23 @@ class SettingsWindow(QDialog):
             return False
         old = self._loaded
         config = {canonical_key(k): v for k, v in old.items() if k not in ("rules", TRAY_TABLE)}
-        old_values = dict(config)
+        old_values = self._effective(config)
         for name, value in values.items():
-            if value is None:
+            # Only what differs from the default goes into the file: an absent key is the
+            # default, and a later Strata's better default then reaches this user too.
+            if value is None or value == getattr(self._defaults, name):
                 config.pop(name, None)
             else:
                 config[name] = list(value) if isinstance(value, tuple) else value
         tray_table = {**old.get(TRAY_TABLE, {}), "rules_enabled": self.rules_enabled.isChecked()}
         config[TRAY_TABLE] = tray_table
         config["rules"] = [rule_to_table(r) for r in rules]
-        changed = {k for k in set(values) if old_values.get(k) != config.get(k)}
-        if old.get("rules", []) != config["rules"]:
+        if not config["rules"] and "rules" not in old:
+            del config["rules"]  # no rules, as before: nothing to write
+        if tray_table == {"rules_enabled": True} and TRAY_TABLE not in old:
+            del config[TRAY_TABLE]  # the default
+        changed = {k for k in values if old_values.get(k) != self._effective(config).get(k)}
+        if old.get("rules", []) != config.get("rules", []):
             changed.add("rules")
         if old.get(TRAY_TABLE, {}).get("rules_enabled", True) != tray_table["rules_enabled"]:
             changed.add("rules_enabled")
@@ -246,14 +279,27 @@ class SettingsWindow(QDialog):
             self._say(user_message(exc) or str(exc), is_error=True)
             return False
         self._loaded = read_config(self.config_file)
-        needs_restart = sorted(changed - {"rules", "rules_enabled"})
+        needs_restart = [FIELD_LABELS[k] for k in FIELD_LABELS if k in changed]
         if needs_restart:
-            self._say(f"Saved. {', '.join(needs_restart)} take effect when the server restarts.")
+            self._say(f"Saved to {self.config_file}. {', '.join(needs_restart)}: "
+                      "takes effect when the server restarts.")
         else:
-            self._say("Saved and applied.")
+            self._say(f"Saved to {self.config_file} and applied.")
         self.restart_button.setVisible(bool(needs_restart))
         self.saved.emit(changed)
         return True
+
+    def _effective(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The value each form field runs with under `config`: the file's, else the default
+        (a value the file spells differently, e.g. an int for a float, compares equal)."""
+        result = {}
+        for name in FIELD_LABELS:
+            try:
+                result[name] = check_setting(name, config[name]) if name in config \
+                    else getattr(self._defaults, name)
+            except Exception:  # an invalid value in the file: whatever the form saves differs
+                result[name] = config.get(name)
+        return result
 
     def _say(self, text: str, is_error: bool = False) -> None:
         self.message.setStyleSheet("color: #da3633" if is_error else "")

@@ -8,6 +8,7 @@ from typing import Any
 from strata.engine.protocol import Done, Error, TokenLogprob, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceError
 from strata.engine.text.sampling_defaults import SamplingDefaults
+from tests.fakes.status import counters, service_status
 
 CACHED_TOKENS = 3
 
@@ -40,9 +41,7 @@ class FakeService:
         self.token_delay_s = 0.0
         self.num_closed_early = 0
         self.closed_early = asyncio.Event()
-        self.counters = {"requests_total": 0, "prompt_tokens_total": 0,
-                         "completion_tokens_total": 0, "cached_tokens_total": 0,
-                         "tokens_per_second": 12.5}
+        self.counters = counters(tokens_per_second=12.5)
 
     def reply_ids(self) -> list[int]:
         return [*self.text.encode(self.reply_text, add_special=False), self.text.eos_token_ids[0]]
@@ -103,9 +102,9 @@ class FakeService:
         self.calls.append(("set_unload_idle", seconds))
 
     def status(self) -> dict[str, Any]:
-        return {"state": self.state, "model": self.model_id, "model_path": "/models/tiny",
-                "context_tokens": self.context_tokens, "queue_length": 0,
-                "counters": dict(self.counters)}
+        return service_status(model=self.model_id, state=self.state,
+                              model_path="/models/tiny", context_tokens=self.context_tokens,
+                              counters=dict(self.counters))
 
 
 def _slot_payload(action: str, slot: int, filename: str = "") -> dict[str, Any]:

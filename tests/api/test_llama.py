@@ -18,7 +18,8 @@ async def test_status_routes_never_call_generate_or_control(client, service):
 
 
 async def test_health_reflects_the_state(client, service):
-    assert await (await client.get("/health")).json() == {"status": "ok", "state": "loaded"}
+    assert await (await client.get("/health")).json() == {"status": "ok", "state": "loaded",
+                                                          "ram_mib": 0.0}
     service.state = "loading"
     resp = await client.get("/health")
     assert resp.status == 503 and (await resp.json())["status"] == "loading"

@@ -11,6 +11,14 @@ from strata.app.service_host import HostOptions, ThreadServiceHost
 from tests.app.fakes import FakeService, factory_for
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tokenizer directory the fake engine and the real Service accept as a model."""
+    from fakes.tiny_model import write_tiny_model_dir
+
+    return write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
+
+
 @pytest.fixture
 def fake_service() -> FakeService:
     return FakeService()
@@ -31,7 +39,8 @@ def make_bridge(qtbot, fake_service):
         bridge = ServiceBridge(host)
         bridges.append(bridge)
         bridge.start(settings=None)
-        qtbot.waitUntil(lambda: bridge.last_status.get("endpoint"), timeout=5000)
+        # bool(): waitUntil takes a callback returning None as an assertion that passed
+        qtbot.waitUntil(lambda: bool(bridge.last_status.get("endpoint")), timeout=5000)
         return bridge
 
     yield make

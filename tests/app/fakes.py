@@ -1,4 +1,8 @@
-"""A fake service implementing the facade's control/status, with levels that change its VRAM."""
+"""A fake service implementing the facade's control/status, with levels that change its VRAM.
+
+Its status() has the real Service.status() shape (status_schema.ServiceStatus), checked side
+by side with the real service in tests/service/test_status_schema.py.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.engine.service.facade import ServiceError
+from strata.engine.service.service import LevelEvent
+from tests.fakes.status import counters, service_status
 
 GIB = 1024**3
 FULL = {"weights": 4 * GIB, "experts": 10 * GIB, "kv": 1 * GIB}
@@ -18,20 +24,20 @@ _FREES = {
 }
 _STATE_AFTER = {
     "release_experts": "experts_released",
-    "refill_experts": "serving",
+    "refill_experts": "loaded",
     "offload_session": "session_offloaded",
     "sleep": "sleeping",
-    "wake": "serving",
+    "wake": "loaded",
     "unload": "unloaded",
-    "load": "serving",
-    "shrink_experts": "serving",  # the model keeps serving from the partial cache
+    "load": "loaded",
+    "shrink_experts": "loaded",  # the model keeps serving from the partial cache
 }
 
 
 class FakeService:
     """Records control() calls; status() looks like the real Service's, arenas included."""
 
-    def __init__(self, state: str = "serving", is_moe: bool = True):
+    def __init__(self, state: str = "loaded", is_moe: bool = True):
         self.state = state
         self.calls: list[str] = []
         self.call_options: list[dict[str, Any]] = []  # control()'s keyword arguments, per call
@@ -43,8 +49,16 @@ class FakeService:
             "sleep": None,
             "unload": None,
         }
+        self.idle_timeouts: dict[str, float | None] = dict(self.idle)
+        self.idle_fired: dict[str, float] = {}
+        self.memory_kind = "VRAM"
         self.is_busy = False
         self.is_stopped = False
+        self.level_listeners: list = []
+        self.counters = counters(requests_total=3, prompt_tokens_total=300,
+                                 completion_tokens_total=90, cached_tokens_total=128,
+                                 tokens_per_second=42.5, last_prompt_tokens=100,
+                                 last_completion_tokens=30, finish_reasons={"stop": 3})
 
     @property
     def model_id(self) -> str:
@@ -68,21 +82,42 @@ class FakeService:
         self.state = _STATE_AFTER[action]
         return {"action": action}
 
+    def fire_idle(self, key: str, action: str, timeout_s: float) -> None:
+        """What the real lifecycle does when an idle timer fires: go down, tell listeners."""
+        for arena in _FREES.get(action, ()):
+            self.released[arena] += self.resident[arena]
+            self.resident[arena] = 0
+        self.state = _STATE_AFTER[action]
+        self.idle[key] = None
+        self.idle_fired[key] = 0.0
+        for listener in self.level_listeners:
+            listener(LevelEvent(action, True, f"idle for {timeout_s:g} s"))
+
     def status(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "model": self.model_id,
-            "is_busy": self.is_busy,
-            "vram": {
+        is_up = self.state not in ("unloaded", "failed")
+        levels = {
+            "experts": "released" if self.released["experts"] else (
+                "resident" if self.resident["experts"] else "none"),
+            "session": "offloaded" if self.released["kv"] else "resident",
+            "weights": "sleeping" if self.state == "sleeping" else "resident",
+        } if is_up else {"experts": "none", "session": "none", "weights": "unloaded"}
+        return service_status(
+            model=self.model_id,
+            state=self.state,
+            levels=levels,
+            vram={
                 a: {"resident_bytes": self.resident[a], "released_bytes": self.released[a]}
                 for a in FULL
-            },
-            "idle": dict(self.idle),
-            "queue_length": 2,
-            "tokens_per_s": 42.5,
-            "cached_tokens": 128,
-            "last_error": None,
-        }
+            } if is_up else {},
+            memory_kind=self.memory_kind,
+            idle=dict(self.idle),
+            idle_timeouts=dict(self.idle_timeouts),
+            idle_fired=dict(self.idle_fired),
+            queue_length=2,
+            is_busy=self.is_busy,
+            active_request_id="req-0123456789abcdef" if self.is_busy else None,
+            counters=dict(self.counters),
+        )
 
 
 @dataclass

@@ -35,7 +35,9 @@ def test_gpu_readings_fill_chart_table_and_levels(qtbot, make_bridge, fake_servi
     assert dashboard.processes.item(0, 2).text() == "12,288 MiB"
     assert "Release experts (frees 10.0 GiB)" == dashboard.level_buttons["experts"].text()
     assert "Sleep (frees 15.0 GiB)" == dashboard.level_buttons["sleep"].text()
-    assert "42.5 tok/s · queue 2 · 128 cached tokens" == dashboard.activity.text()
+    assert dashboard.activity.text() == (
+        "last request 42.5 tok/s · queue 2 · 128 of 300 prompt tokens from cache")
+    assert dashboard.level_labels["weights"].text() == "resident · 4.0 GiB in VRAM · 0.0 GiB released"
     dashboard.resize(800, 700)
     assert not dashboard.chart.grab().isNull()  # paints without error
 
@@ -90,3 +92,67 @@ def test_countdown_restarts_its_scale_when_the_timer_resets(qtbot):
     assert bar.value() >= 995
     bar.set_remaining(None)
     assert bar.format() == "Sleep: off"
+
+
+def test_activity_reads_what_the_real_service_reports(qtbot, make_bridge, tiny_model_dir):
+    # The real Service, its fake engine in a real engine process: the activity line showed
+    # 0 tok/s for every real status, since it read keys only the tray's fake produced.
+    import asyncio
+
+    from fakes.services import answer, make_service
+
+    async def served_status() -> dict:
+        service = make_service(tiny_model_dir, engine={"token_delay_s": 0.01})
+        await service.start()
+        try:
+            await answer(service, [5, 6, 7], max_tokens=5)
+            await answer(service, [5, 6, 7, 8], max_tokens=5)  # reuses the first's prefix
+            return service.status()
+        finally:
+            await service.stop()
+
+    status = asyncio.run(served_status())
+    counters = status["counters"]
+    assert counters["tokens_per_second"] > 0 and counters["cached_tokens_total"] > 0
+    dashboard = Dashboard(make_bridge())
+    qtbot.addWidget(dashboard)
+    dashboard.bridge.host.stop(timeout_s=5)  # only the real status below, no fake polls
+    dashboard.apply_status(status)
+    assert dashboard.activity.text() == (
+        f"last request {counters['tokens_per_second']:.1f} tok/s · queue 0 · "
+        f"{counters['cached_tokens_total']} of {counters['prompt_tokens_total']} prompt "
+        "tokens from cache")
+
+
+def test_on_the_cpu_the_levels_and_menu_say_ram(qtbot, make_bridge, fake_service):
+    from strata.app.tray import TrayController
+
+    fake_service.memory_kind = "RAM"  # what the real service reports for a CPU engine
+    bridge = make_bridge()
+    dashboard, tray = Dashboard(bridge), TrayController(bridge)
+    qtbot.addWidget(dashboard)
+    qtbot.waitUntil(lambda: bridge.last_status.get("memory_kind") == "RAM")
+    assert dashboard.level_labels["weights"].text() == "resident · 4.0 GiB in RAM · 0.0 GiB released"
+    assert tray.status_action.text().startswith("Serving · 15.0 GiB RAM")
+    assert "15.0 GiB held in RAM" in tray.tray.toolTip()
+    assert "VRAM" not in tray.status_action.text() + tray.tray.toolTip()
+
+
+def test_an_idle_action_is_logged_and_its_timer_says_when_it_runs_again(
+        qtbot, make_bridge, fake_service):
+    fake_service.idle_timeouts["sleep"] = 300.0
+    fake_service.idle["sleep"] = 120.0
+    bridge = make_bridge()
+    dashboard = Dashboard(bridge)
+    qtbot.addWidget(dashboard)
+    bar = dashboard.countdowns["sleep"]
+    qtbot.waitUntil(lambda: bar.format().startswith("Sleep in "))
+    fake_service.fire_idle("sleep", "sleep", 300.0)  # as the lifecycle does, on its loop
+    qtbot.waitUntil(lambda: "idle for 300 s: slept" in dashboard.log.toPlainText())
+    qtbot.waitUntil(lambda: bar.format().startswith("Sleep: done 0:0"))
+    assert bar.format().endswith(" ago · again 5:00 after the next request")
+    assert dashboard.countdowns["unload"].format() == "Unload: off"
+    fake_service.idle_fired.clear()  # a request ended: the clock runs, others wait for it
+    fake_service.idle_timeouts["unload"] = 600.0
+    qtbot.waitUntil(lambda: dashboard.countdowns["unload"].format()
+                    == "Unload: waits for the next request, then 10:00")

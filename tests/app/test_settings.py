@@ -5,9 +5,11 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+from PySide6.QtWidgets import QLabel
 
+from strata.app.rules_editor import COLUMNS
 from strata.app.settings_window import SettingsWindow
-from strata.engine.service.rules import PRESETS, rules_from_config
+from strata.engine.service.rules import PRESETS, Rule, rules_from_config
 from strata.engine.service.settings import load_settings
 
 MIB = 1024**2
@@ -68,7 +70,10 @@ def test_settings_round_trip(qtbot, tmp_path):
     again.load()
     assert again.server_values() == window.server_values()
     assert again.rules_editor.rules() == window.rules_editor.rules()
-    assert "model, " in window.message.text() or "take effect" in window.message.text()
+    assert window.message.text() == (
+        f"Saved to {config}. Model, Port, API key, Sleep after idle, Unload after idle, "
+        "VRAM guard: wait for free, Before-load command, Snapshot RAM budget: takes effect "
+        "when the server restarts.")
     assert window.restart_button.isVisibleTo(window)
 
 
@@ -116,3 +121,57 @@ def test_the_rules_editor_keeps_the_match_mode_and_a_gpu_rules_ignore_list(qtbot
     window.rules_editor.table.item(3, 7).setText("lots")
     with pytest.raises(RuleConfigError, match="whole number of MiB"):
         window.rules_editor.rules()
+
+
+def test_a_save_writes_only_what_differs_from_the_defaults(qtbot, tmp_path):
+    config = tmp_path / "config.toml"  # a first run: no file yet
+    window = SettingsWindow(config)
+    qtbot.addWidget(window)
+    window.load()
+    texts = [label.text() for label in window.findChildren(QLabel)]
+    assert not any(text.startswith("Saved") for text in texts)  # nothing is saved yet
+    assert f"Config file: {config}" in texts
+    window.idle["sleep_idle_s"].setValue(120)
+    assert window.save(), window.message.text()
+    assert tomllib.loads(config.read_text()) == {"sleep_idle_s": 120.0}
+    assert window.message.text() == (
+        f"Saved to {config}. Sleep after idle: takes effect when the server restarts.")
+
+
+def test_saving_unchanged_settings_asks_for_no_restart(qtbot, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('port = 9000\nsleep-idle = 120\n')
+    window = SettingsWindow(config)
+    qtbot.addWidget(window)
+    window.load()
+    assert window.save(), window.message.text()
+    assert window.message.text() == f"Saved to {config} and applied."
+    assert not window.restart_button.isVisibleTo(window)
+    assert tomllib.loads(config.read_text()) == {"port": 9000, "sleep_idle_s": 120.0}
+    window.port.setValue(8080)  # back to the default: the key goes away
+    assert window.save()
+    assert tomllib.loads(config.read_text()) == {"sleep_idle_s": 120.0}
+    assert window.message.text().endswith(". Port: takes effect when the server restarts.")
+
+
+def test_the_running_port_is_shown_next_to_the_configured_one(qtbot, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("port = 8123\n")
+    endpoint = "http://127.0.0.1:9000/v1"  # e.g. strata-tray --port 9000
+    window = SettingsWindow(config, running_endpoint=lambda: endpoint)
+    qtbot.addWidget(window)
+    window.load()
+    assert window.port.value() == 8123
+    assert window.port_note.text() == f"running now at {endpoint}"
+
+
+def test_the_rules_table_shows_each_trigger_whole(qtbot, tmp_path):
+    window = SettingsWindow(tmp_path / "config.toml")
+    qtbot.addWidget(window)
+    window.load()
+    editor = window.rules_editor
+    editor.add_rule(Rule("big", "process_vram", "sleep", "restore", threshold_gib=8))
+    window.show()
+    for column in (2, 4, 5):  # the combo boxes
+        needed = editor.table.cellWidget(0, column).sizeHint().width()
+        assert editor.table.columnWidth(column) >= needed, COLUMNS[column]

@@ -30,7 +30,7 @@ def status_for(state: str, **extra) -> dict:
 @pytest.mark.parametrize(
     "state, enabled",
     [
-        ("serving", {"Release experts", "Offload session", "Sleep", "Unload"}),
+        ("loaded", {"Release experts", "Offload session", "Sleep", "Unload"}),
         ("experts_released", {"Refill experts", "Offload session", "Sleep", "Unload"}),
         ("sleeping", {"Wake", "Unload"}),
         ("unloaded", {"Load"}),
@@ -46,7 +46,7 @@ def test_menu_items_follow_the_state(qtbot, make_bridge, state, enabled):
     assert (
         tray.icon_name
         == {
-            "serving": "serving",
+            "loaded": "serving",
             "experts_released": "released",
             "sleeping": "sleeping",
             "unloaded": "unloaded",
@@ -59,10 +59,10 @@ def test_menu_items_follow_the_state(qtbot, make_bridge, state, enabled):
 
 def test_disabled_items_give_their_reason_in_the_status_line(qtbot, make_bridge):
     tray = TrayController(make_bridge())
-    tray.apply_status(status_for("serving", is_busy=True))
+    tray.apply_status(status_for("loaded", is_busy=True))
     assert enabled_labels(tray) == set()
     assert "a request is running" in tray.status_action.text()
-    dense = status_for("serving")
+    dense = status_for("loaded")
     dense["vram"]["experts"] = {"resident_bytes": 0, "released_bytes": 0}
     tray.apply_status(dense)
     assert "Release experts" not in enabled_labels(tray)
@@ -151,7 +151,7 @@ def test_shrink_shows_over_a_partial_expert_cache_and_keeps_half_of_it_free(
     from types import SimpleNamespace
 
     tray = TrayController(make_bridge())
-    status = status_for("serving")
+    status = status_for("loaded")
     tray.apply_status(status)
     assert not tray.shrink_action.isVisible()  # every expert wired in (or dense): no shrink
     experts_bytes = status["vram"]["experts"]["resident_bytes"]
@@ -164,3 +164,11 @@ def test_shrink_shows_over_a_partial_expert_cache_and_keeps_half_of_it_free(
     index = fake_service.calls.index("shrink_experts")
     assert fake_service.call_options[index] == {
         "keep_free_mib": (2 * GIB + experts_bytes // 2) >> 20}
+
+
+def test_every_state_the_service_reports_has_a_label_and_an_icon():
+    from strata.app.menu_model import ICON_OF_STATE, STATE_LABEL
+    from strata.engine.service.levels import STATES
+
+    # "starting" is the host's own word, before the service exists; no state a fake made up.
+    assert set(STATE_LABEL) == set(ICON_OF_STATE) == {*STATES, "starting"}

@@ -127,6 +127,7 @@ class FakeEngine:
         self.last_usage: Usage | None = None
         self._logprobs: list[TokenLogprob] = []
         self.slot_tokens: dict[int, list[int]] = {}  # resident KV, per slot
+        self.in_use: set[int] = set()  # slots generating now
         self.offloaded: dict[int, list[int]] = {}  # snapshots in "host RAM"
         self.context_tokens = config.context_tokens or 4096
         self.arenas: dict[str, FakeArena] = {}
@@ -214,6 +215,7 @@ class FakeEngine:
         generated: list[int] = []
         self._logprobs = []
         finish_reason = "cancelled"
+        self.in_use.add(slot)
         try:
             for token in expected_tokens(prompt, sampling.max_tokens, self.config.vocab_size):
                 if generated and CRASH_TOKEN in prompt:
@@ -233,6 +235,7 @@ class FakeEngine:
             else:
                 finish_reason = "length"
         finally:
+            self.in_use.discard(slot)
             self.slot_tokens[slot] = prompt + generated
             self._sync_kv()
             self.last_usage = Usage(len(prompt), len(generated), num_cached, finish_reason)
@@ -348,13 +351,15 @@ class FakeEngine:
         rows = []
         for slot in range(NUM_SLOTS):
             if slot in self.slot_tokens:
-                location, tokens = "resident", self.slot_tokens[slot]
+                location, tokens = "cpu", self.slot_tokens[slot]  # resident, on its device
             elif slot in self.offloaded:
                 location, tokens = "ram", self.offloaded[slot]
             else:
                 location, tokens = "empty", []
-            rows.append({"id": slot, "n_ctx": self.context_tokens, "n_tokens": len(tokens),
-                         "location": location})
+            # The real engine's row (Engine.slots_status), checked by test_status_schema.py.
+            rows.append({"id": slot, "n_tokens": len(tokens), "location": location,
+                         "bytes": len(tokens) * self.config.kv_bytes_per_token,
+                         "is_processing": slot in self.in_use, "n_ctx": self.context_tokens})
         return rows
 
     # ---- status --------------------------------------------------------------------------

@@ -89,7 +89,7 @@ async def test_status_polling_every_100_ms_does_not_keep_the_model_awake(
         assert 0.5 < slept_after_s < 2.0
         assert len(countdowns) >= 3 and countdowns == sorted(countdowns, reverse=True)
         health = await (await client.get("/health")).json()
-        assert health == {"status": "ok", "state": "sleeping", "vram_mib": 0.0}
+        assert health == {"status": "ok", "state": "sleeping", "ram_mib": 0.0}  # a CPU engine
         assert (await (await client.get("/props")).json())["is_sleeping"] is True
         models = await (await client.get("/v1/models")).json()
         assert models["data"][0]["status"] == "sleeping"
@@ -103,7 +103,7 @@ async def test_status_polling_every_100_ms_does_not_keep_the_model_awake(
                                                                "max_tokens": 4})
         assert response.status == 200, await response.text()
         assert service.status()["state"] == "loaded"
-        assert (await (await client.get("/health")).json())["vram_mib"] > 0
+        assert (await (await client.get("/health")).json())["ram_mib"] > 0
     finally:
         await service.stop()
 
@@ -133,5 +133,25 @@ async def test_a_timer_for_a_level_the_model_lacks_stays_off(tiny_model_dir):
         assert service.status()["idle"]["cache_release"] is None  # dense: no expert cache
         await wait_for_state(service, "sleeping", 5)
         assert service.status()["counters"]["level_failures"] == {}
+    finally:
+        await service.stop()
+
+
+async def test_a_fired_timer_says_when_and_a_listener_hears_the_cause(tiny_model_dir):
+    service = make_service(tiny_model_dir, sleep_idle_s=0.3)
+    events = []
+    service.level_listeners.append(events.append)
+    await service.start()
+    try:
+        await answer(service, PROMPT)
+        await wait_for_state(service, "sleeping", 10)
+        status = service.status()
+        assert status["idle"]["sleep"] is None  # not counting down: it fired
+        assert 0 <= status["idle_fired"]["sleep"] < 10
+        assert [(e.action, e.is_ok, e.cause) for e in events] == [
+            ("load", True, None), ("sleep", True, "idle for 0.3 s")]
+        await answer(service, PROMPT)  # the next request: the timer runs again
+        status = service.status()
+        assert status["idle_fired"] == {} and 0 < status["idle"]["sleep"] <= 0.3
     finally:
         await service.stop()

@@ -21,6 +21,7 @@ from strata.engine.service.rules import (
 )
 from strata.engine.service.rules_engine import RulesEngine, rules_engine_from_config
 from strata.engine.service.telemetry import GpuProcess, GpuSnapshot
+from tests.fakes.status import service_status
 
 OWN_PID = 1000
 
@@ -34,11 +35,9 @@ class LevelService:
         self.fail_with: ServiceError | None = None
 
     def status(self) -> dict:
-        return {
-            "vram": {
-                k: {"resident_bytes": v, "released_bytes": 0} for k, v in self.resident.items()
-            }
-        }
+        return service_status(model="tiny-moe", vram={
+            k: {"resident_bytes": v, "released_bytes": 0} for k, v in self.resident.items()
+        })
 
     async def control(self, action: str, **kw) -> dict:
         if self.fail_with is not None:

@@ -8,6 +8,7 @@ warns when the API is reachable from other machines without a key, and logs the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -25,6 +26,7 @@ from strata.errors import StrataError
 
 log = logging.getLogger(__name__)
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+_BACKLOG = 128  # aiohttp's default for TCPSite
 _FQDN_TIMEOUT_S = 2.0  # getfqdn asks DNS; a machine without a resolver must not stall start-up
 
 
@@ -102,9 +104,56 @@ def _client_host(bind_host: str) -> str:
     return f"[{bind_host}]" if ":" in bind_host else bind_host
 
 
-async def start_listening(service: Any, settings: Any, *, port_advice: str = "--port"
-                          ) -> Listening:
-    """Build the API over `service` with settings' key, hosts and origins; bind host:port.
+def bind_sockets(host: str, port: int, *, port_advice: str = "--port") -> list[socket.socket]:
+    """Listening sockets for every address of host:port, as TCPSite would bind them, made
+    before the model loads: a port in use is a one-line error at once, not after the load, and
+    nothing can take the port between a check and the bind. Port 0 picks one free port for
+    every address. A client that connects during the load waits in the backlog.
+
+    Raises ListenError (one line).
+    """
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
+                          ) from None
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, str]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address[0]) in seen:
+                continue
+            seen.add((family, address[0]))
+            if sockets:  # port 0: every address gets the port the first one got
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            # Listening at once makes the port ours: another server bound with SO_REUSEADDR
+            # could share it until one of us listens.
+            sock.listen(_BACKLOG)
+    except OSError as exc:
+        close_sockets(sockets)
+        raise ListenError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                          f"pick another port with {port_advice}") from None
+    return sockets
+
+
+def close_sockets(sockets: Iterable[socket.socket]) -> None:
+    """Close sockets (start-up failed or was interrupted; closing twice is harmless)."""
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+async def start_listening(service: Any, settings: Any, *, port_advice: str = "--port",
+                          sockets: list[socket.socket] | None = None) -> Listening:
+    """Build the API over `service` with settings' key, hosts and origins; bind host:port,
+    or serve on `sockets` that bind_sockets() bound before the model loaded.
 
     handler_cancellation: a client that goes away cancels its handler at once, so its
     generation stops even while it waits in the queue or in a long prefill.
@@ -116,7 +165,10 @@ async def start_listening(service: Any, settings: Any, *, port_advice: str = "--
     runner = web.AppRunner(app, handler_cancellation=True, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
+        if sockets is None:
+            await web.TCPSite(runner, settings.host, settings.port).start()
+        for sock in sockets or ():
+            await web.SockSite(runner, sock).start()
     except OSError as exc:
         await runner.cleanup()
         raise ListenError(f"cannot listen on {settings.host}:{settings.port} "

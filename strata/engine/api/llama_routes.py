@@ -31,7 +31,7 @@ def _status(request: web.Request) -> dict[str, Any]:
 
 async def health(request: web.Request) -> web.Response:
     """GET /health: ok while the server can answer (loaded, sleeping or unloaded-on-demand),
-    with the state and, when the service reports arenas, the VRAM held in MiB."""
+    with the state and the memory held in MiB: `vram_mib` on a GPU, `ram_mib` on the CPU."""
     status = _status(request)
     state = str(status.get("state", "unloaded"))
     word, http_status = _HEALTH.get(state, ("ok", 200))
@@ -39,7 +39,7 @@ async def health(request: web.Request) -> web.Response:
     vram = status.get("vram")
     if isinstance(vram, dict):
         held_bytes = sum(int((a or {}).get("resident_bytes") or 0) for a in vram.values())
-        body["vram_mib"] = round(held_bytes / MIB, 1)
+        body[f"{str(status['memory_kind']).lower()}_mib"] = round(held_bytes / MIB, 1)
     return web.json_response(body, status=http_status)
 
 

@@ -12,17 +12,17 @@ KNOWN_STATES = ("loaded", "busy", "experts_released", "session_offloaded", "slee
 # (metric name, type, help, keys to look for in status()["counters"] or status() itself).
 _METRICS = (
     ("strata_requests_total", "counter", "Generation requests served.",
-     ("requests_total", "requests", "num_requests")),
+     ("requests_total",)),
     ("strata_prompt_tokens_total", "counter", "Prompt tokens processed, cached ones included.",
-     ("prompt_tokens_total", "prompt_tokens")),
+     ("prompt_tokens_total",)),
     ("strata_completion_tokens_total", "counter", "Tokens generated.",
-     ("completion_tokens_total", "completion_tokens")),
+     ("completion_tokens_total",)),
     ("strata_cached_tokens_total", "counter", "Prompt tokens reused from a cache slot.",
-     ("cached_tokens_total", "cached_tokens")),
+     ("cached_tokens_total",)),
     ("strata_tokens_per_second", "gauge", "Decode speed of the last request.",
-     ("tokens_per_second", "last_tokens_per_second", "tokens_per_s")),
+     ("tokens_per_second",)),
     ("strata_queue_length", "gauge", "Requests waiting for the generation lane.",
-     ("queue_length", "queue", "num_queued")),
+     ("queue_length",)),
 )
 
 

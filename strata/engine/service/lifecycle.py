@@ -67,13 +67,14 @@ class Lifecycle:
         on_change: Any = None,
     ):
         """idle_timeouts_s: countdown key (cache_release, ...) -> seconds, None = off.
-        on_change(action, ok): called after each level change, for the counters."""
+        on_change(action, ok, cause=None): called after each level change (cause: why, when
+        the lifecycle went down by itself, e.g. "idle for 300 s"), for counters and listeners."""
         self.supervisor = supervisor
         self.guard = guard
         self.hook = hook
         self.keep_standby = keep_standby
         self.idle_timeouts_s = {key: idle_timeouts_s.get(key) for key, _, _ in IDLE_TIMERS}
-        self._on_change = on_change or (lambda action, ok: None)
+        self._on_change = on_change or (lambda action, ok, cause=None: None)
         self.lane = asyncio.Lock()
         self.num_waiting = 0  # requests queued for the lane
         self.active_request_id: str | None = None
@@ -87,7 +88,7 @@ class Lifecycle:
         self._is_sleeping = self._experts_released = self._session_offloaded = False
         self.idle_since_s: float | None = None  # monotonic end of the last activity
         self._idle_epoch = 0  # bumped by every activity: a timer fires once per idle period
-        self._fired: set[str] = set()
+        self._fired_s: dict[str, float] = {}  # timer key -> monotonic time it fired
         self._inapplicable: set[str] = set()  # timers the engine said do not apply, until load
         self._changed = asyncio.Event()
         self._timer_task: asyncio.Task | None = None
@@ -98,6 +99,7 @@ class Lifecycle:
         self._load_need_bytes: int | None = None
         self.shrinker = ExpertShrinker(guard.read_free_bytes)
         self._grow_task: asyncio.Task | None = None
+        self._is_stopping = False
         # A loaded engine that crashed (or was killed for a timeout) comes back by itself.
         self._restart_task: asyncio.Task | None = None
         self._supervisor_state = supervisor.state
@@ -153,7 +155,7 @@ class Lifecycle:
         for key, _, action in IDLE_TIMERS:
             timeout_s = self.idle_timeouts_s[key]
             if (timeout_s is None or not self.is_up() or key in self._inapplicable
-                    or key in self._fired or lv.is_level_reached(action, levels)):
+                    or key in self._fired_s or lv.is_level_reached(action, levels)):
                 countdowns[key] = None
             elif self.is_busy or self.transition or self.idle_since_s is None:
                 countdowns[key] = timeout_s  # the clock starts when the activity ends
@@ -164,6 +166,12 @@ class Lifecycle:
     def idle_countdowns(self) -> dict[str, float | None]:
         """Seconds until each idle timer fires; None when off, not applicable or reached."""
         return {k: None if v is None else round(v, 3) for k, v in self._countdowns_s().items()}
+
+    def idle_fired(self) -> dict[str, float]:
+        """Timers that fired in this idle period: seconds since each fired. They run again
+        once the next request (or load, wake) has ended."""
+        now_s = time.monotonic()
+        return {key: round(now_s - fired_s, 3) for key, fired_s in self._fired_s.items()}
 
     # ---- lifetime --------------------------------------------------------------------------
 
@@ -176,7 +184,7 @@ class Lifecycle:
         if key not in self.idle_timeouts_s:
             raise ValueError(f"no idle timer {key!r}")
         self.idle_timeouts_s[key] = seconds
-        self._fired.discard(key)
+        self._fired_s.pop(key, None)
         self._changed.set()
         self.start_timers()
 
@@ -190,6 +198,10 @@ class Lifecycle:
                 await self._restart_task
             self._restart_task = None
         if self._timer_task is not None:
+            # Python 3.11's wait_for swallows a cancel that lands as its inner wait completes
+            # (an unload just set _changed; cpython#86296): the flag ends the loop regardless.
+            self._is_stopping = True
+            self._changed.set()
             self._timer_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._timer_task
@@ -585,7 +597,7 @@ class Lifecycle:
         """A request ended or the model came back: every idle clock starts again."""
         self.idle_since_s = time.monotonic()
         self._idle_epoch += 1
-        self._fired.clear()
+        self._fired_s.clear()
         self._changed.set()
 
     def _next_due(self) -> tuple[str, str, float] | None:
@@ -603,7 +615,7 @@ class Lifecycle:
         return key, action, left_s
 
     async def _run_timers(self) -> None:
-        while True:
+        while not self._is_stopping:
             self._changed.clear()
             due = self._next_due()
             if due is None:
@@ -623,19 +635,21 @@ class Lifecycle:
 
     async def _fire(self, key: str, action: str) -> None:
         epoch = self._idle_epoch
-        self._fired.add(key)  # once per idle period, whatever the outcome
+        self._fired_s[key] = time.monotonic()  # once per idle period, whatever the outcome
         async with self.lane:
             if self.is_busy or epoch != self._idle_epoch:
                 return  # a request came while we waited: its end restarted the clock
-            log.info("idle for %g s: %s", self.idle_timeouts_s[key], action.replace("_", " "))
+            cause = f"idle for {self.idle_timeouts_s[key]:g} s"
+            log.info("%s: %s", cause, action.replace("_", " "))
             try:
                 await self._go_down(action)
-                self._on_change(action, True)
+                self._on_change(action, True, cause)
             except ServiceError as exc:
                 if exc.code == "not_applicable":
                     self._inapplicable.add(key)
+                    del self._fired_s[key]  # it never ran: do not report it as fired
                     log.info("idle %s does not apply: %s", action, exc.message)
                 else:
                     self.last_error = exc.message
-                    self._on_change(action, False)
+                    self._on_change(action, False, cause)
                     log.warning("idle %s failed: %s", action, exc.message)

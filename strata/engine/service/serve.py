@@ -11,6 +11,7 @@ import contextlib
 import logging
 import signal
 import sys
+import time
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,6 +33,7 @@ from strata.engine.service.settings import (
 from strata.engine.service.telemetry import GpuTelemetry
 from strata.errors import StrataError
 from strata.logs import setup_logging
+from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
 RULES_INTERVAL_S = 0.5  # the VRAM triggers; process triggers react to the watcher at once
@@ -105,7 +107,7 @@ async def serve(
     [[rules]] then run every rules_interval_s.
     """
     # the api layer depends on us, not the reverse
-    from strata.engine.api.listen import ListenError, start_listening
+    from strata.engine.api.listen import ListenError, bind_sockets, close_sockets, start_listening
 
     service = service if service is not None else Service(settings)
     stop_event = stop_event or asyncio.Event()
@@ -116,20 +118,19 @@ async def serve(
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     try:
-        await service.start()
-    except ServiceError as exc:
-        raise ServeError(exc.message) from None
-    load_failure = _load_failure(service)
-    if load_failure is not None:  # a model that cannot load: say why and exit, not serve errors
-        await service.stop()
-        raise ServeError(load_failure)
+        sockets = bind_sockets(settings.host, settings.port)  # a busy port fails before any load
+    except ListenError as exc:
+        raise ServeError(str(exc)) from None
     runner = None
     rules_task = None
     try:
-        try:
-            listening = await start_listening(service, settings)
-        except ListenError as exc:
-            raise ServeError(str(exc)) from None
+        if not await start_interruptibly(service, stop_event):
+            log.info("interrupted while loading; stopped")
+            return 130
+        load_failure = _load_failure(service)
+        if load_failure is not None:  # a model that cannot load: say why and exit
+            raise ServeError(load_failure)
+        listening = await start_listening(service, settings, sockets=sockets)
         runner, url = listening.runner, listening.endpoint_url
         status = service.status()
         log.info("serving %s at %s (engine %s)", service.model_id, url, status.get("state"))
@@ -145,8 +146,90 @@ async def serve(
                 await rules_task
         if runner is not None:
             await runner.cleanup()
+        close_sockets(sockets)
         await service.stop()
     return 0
+
+
+async def start_interruptibly(service: Any, stop_event: asyncio.Event) -> bool:
+    """service.start(), with "loading MODEL ..." progress; False when stop_event came first.
+
+    A stop (Ctrl-C) during the load cancels it at once; the caller's service.stop() then ends
+    the half-started engine process.
+    """
+    start = asyncio.create_task(service.start(), name="strata-start")
+    stopped = asyncio.create_task(stop_event.wait(), name="strata-stop-wait")
+    progress = asyncio.create_task(report_load_progress(service), name="strata-load-progress")
+    try:
+        await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        progress.cancel()
+        stopped.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await progress
+    if not start.done():
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ServiceError):
+            await start
+        return False
+    try:
+        start.result()
+    except ServiceError as exc:
+        raise ServeError(exc.message) from None
+    return True
+
+
+async def report_load_progress(service: Any, *, poll_s: float = 0.1, tick_s: float = 1.0,
+                               stream: Any = None) -> None:
+    """Print "loading MODEL (size) ..." once the load begins, then the seconds it has taken
+    every tick_s while it goes on (a quick load prints the first line only)."""
+    stream = stream or sys.stderr
+    while service.status().get("state") != "loading":
+        await asyncio.sleep(poll_s)
+    started_s = time.monotonic()
+    is_tty = stream.isatty()
+    print(f"strata: loading {_model_description(service)} ...", file=stream, flush=True)
+    last_print_s = started_s
+    try:
+        while True:
+            await asyncio.sleep(poll_s)
+            now_s = time.monotonic()
+            if now_s - last_print_s < (tick_s if is_tty else 5 * tick_s):
+                continue
+            last_print_s = now_s
+            text = f"strata: loading {service.model_id} ... {now_s - started_s:.0f} s"
+            # A terminal gets one line rewritten in place; a log file a line every 5 ticks.
+            print(f"\r{text}" if is_tty else text, end="" if is_tty else "\n", file=stream,
+                  flush=True)
+    finally:
+        if is_tty and last_print_s > started_s:
+            print(file=stream, flush=True)  # end the rewritten line
+
+
+def _model_description(service: Any) -> str:
+    """MODEL (size on disk, device), as far as the status knows them."""
+    parts = []
+    path = getattr(service, "model_path", None)
+    with contextlib.suppress(OSError, TypeError):
+        parts.append(format_size(model_size_bytes(Path(path))))
+    device = getattr(getattr(service, "settings", None), "device", None)
+    if device and device != "auto":
+        parts.append(str(device))
+    return f"{service.model_id} ({', '.join(parts)})" if parts else str(service.model_id)
+
+
+def model_size_bytes(path: Path) -> int:
+    """A model's size on disk: the file, or the files of a Hugging Face directory."""
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return path.stat().st_size
+
+
+def format_size(num_bytes: int) -> str:
+    """MiB, or GiB from 1 GiB on: the units the docs and the tray give model sizes in."""
+    if num_bytes >= GIB:
+        return f"{num_bytes / GIB:.1f} GiB"
+    return f"{num_bytes / MIB:.0f} MiB"
 
 
 def _load_failure(service: Any) -> str | None:
@@ -173,5 +256,3 @@ def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> 
     log.info("running %d rule(s) headless%s", len(rules.rules),
              "" if rules.is_enabled else " (turned off in [tray])")
     return asyncio.create_task(rules.run(interval_s), name="strata-rules")
-
-

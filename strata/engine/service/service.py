@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from strata.engine.service.lifecycle import (
 )
 from strata.engine.service.metrics import ServiceMetrics
 from strata.engine.service.settings import ServeSettings
+from strata.engine.service.status_schema import ServiceStatus
 from strata.engine.service.supervisor import Supervisor
 from strata.engine.service.vram_guard import FreeVramReader, VramGuard
 from strata.engine.text.sampling_defaults import (
@@ -51,6 +53,16 @@ log = logging.getLogger(__name__)
 
 SLOT_COMMANDS = {"slot_save": p.SaveSlot, "slot_restore": p.RestoreSlot, "slot_erase": p.EraseSlot}
 ACTIONS = (*UP_ACTIONS, *DOWN_ACTIONS, *SLOT_COMMANDS, "slots")
+
+
+@dataclass(frozen=True)
+class LevelEvent:
+    """A level change that happened: the action, whether it worked, and its cause when the
+    service went down by itself (an idle timer: "idle for 300 s"); None when asked."""
+
+    action: str
+    is_ok: bool
+    cause: str | None = None
 
 
 def _load_text_assets(model_path: str) -> Any:
@@ -119,6 +131,11 @@ class Service:
         load (default: the settings' standby_process, else on)."""
         self.settings = settings
         self.metrics = ServiceMetrics()
+        # Called on the service loop after every level change, by whoever asked or by an idle
+        # timer (cause says which): the tray logs the ones nobody clicked.
+        self.level_listeners: list[Callable[[LevelEvent], None]] = []
+        self._vram_reader = vram_reader
+        self._has_gpu: bool | None = None  # asked once, for the memory word of "auto"
         self._engine_factory = engine_factory
         self._engine_config = engine_config
         self._text = text_assets
@@ -150,6 +167,11 @@ class Service:
             return "default"
         path = Path(self._model_path)
         return path.stem if path.suffix == ".gguf" else path.name
+
+    @property
+    def model_path(self) -> str | None:
+        """The model file or directory, once resolved (start() resolves the default model)."""
+        return self._model_path
 
     @property
     def context_tokens(self) -> int:
@@ -215,7 +237,7 @@ class Service:
                 self._supervisor,
                 {key: getattr(self.settings, field) for key, field, _ in IDLE_TIMERS},
                 guard=self._guard, hook=self._hook, keep_standby=self._keep_standby,
-                on_change=self.metrics.record_level,
+                on_change=self._level_changed,
             )
         try:
             await self.lifecycle.level_action("load")
@@ -322,9 +344,29 @@ class Service:
         result = await lifecycle.level_action(action, **options)
         return {**self.status(), **result}
 
-    def status(self) -> dict[str, Any]:
+    def _level_changed(self, action: str, is_ok: bool, cause: str | None = None) -> None:
+        self.metrics.record_level(action, is_ok)
+        event = LevelEvent(action, is_ok, cause)
+        for listener in list(self.level_listeners):
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not fail the level change
+                log.exception("level listener failed")
+
+    def memory_kind(self) -> str:
+        """"VRAM" where the engine runs (or would run) on a GPU, "RAM" on the CPU."""
+        info = self._lifecycle.engine_info if self._lifecycle else {}
+        device = str(info.get("device") or self.settings.device)
+        if device == "auto":
+            if self._has_gpu is None:
+                self._has_gpu = self._vram_reader() is not None
+            device = "cuda" if self._has_gpu else "cpu"
+        return "VRAM" if device.startswith("cuda") else "RAM"
+
+    def status(self) -> ServiceStatus:
         """A snapshot for /v1/status, /health and /metrics; reads only what the last request or
-        level change left behind: it never wakes anything or restarts an idle clock."""
+        level change left behind: it never wakes anything or restarts an idle clock. Its shape
+        is status_schema.ServiceStatus, which the test fakes follow too."""
         supervisor_status = self._supervisor.status() if self._supervisor else {}
         lifecycle = self._lifecycle
         info = lifecycle.engine_info if lifecycle and lifecycle.is_up() else {}
@@ -333,8 +375,10 @@ class Service:
             "state": lifecycle.state() if lifecycle else "unloaded",
             "levels": lifecycle.levels() if lifecycle else None,
             "vram": lifecycle.vram() if lifecycle else {},
+            "memory_kind": self.memory_kind(),
             "idle": lifecycle.idle_countdowns() if lifecycle else {},
             "idle_timeouts": {key: getattr(self.settings, field) for key, field, _ in IDLE_TIMERS},
+            "idle_fired": lifecycle.idle_fired() if lifecycle else {},
             "model": self.model_id,
             "model_path": self._model_path,
             "context_tokens": self.context_tokens,

@@ -14,6 +14,8 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -234,11 +236,15 @@ class Supervisor:
             target=engine_main, args=(child_conn, self.factory, self.engine_config),
             name="strata-engine", daemon=True,
         )
-        # start() pickles the config and writes spawn data; keep that off the loop.
-        await loop.run_in_executor(None, process.start)
+        if _can_ignore_sigint():
+            _start_ignoring_sigint(process)  # on this (main) thread: only it may set handlers
+        else:  # start() pickles the config and writes spawn data; keep that off the loop
+            await loop.run_in_executor(None, process.start)
         child_conn.close()  # else the EOF that tells us the child died would never come
         self.num_starts += 1
         handle = EngineHandle(process=process, conn=parent_conn, ready=loop.create_future())
+        # A stop during start-up leaves nobody awaiting Ready; its error is expected then.
+        handle.ready.add_done_callback(lambda f: f.cancelled() or f.exception())
         threading.Thread(
             target=self._read_events, args=(handle, loop),
             name=f"strata-engine-reader-{handle.pid}", daemon=True,
@@ -260,9 +266,14 @@ class Supervisor:
 
     async def stop(self, timeout_s: float | None = None) -> None:
         """End the engine process: cancel streams, Unload, join; terminate, then kill if stuck."""
+        if timeout_s is None:
+            timeout_s = self.stop_timeout_s
         if self.state == "starting":
             self._stop_requested = True
-        await self._shut_down(self._handle, self.stop_timeout_s if timeout_s is None else timeout_s)
+            # A load in flight holds nothing to save, and the engine would answer Unload only
+            # after the load: end the process now (Ctrl-C during a load stops at once).
+            timeout_s = 0.0
+        await self._shut_down(self._handle, timeout_s)
         self.load_info = None
         if self.state != "failed" or self.retry_in_s == 0:  # failed stays visible while backing off
             self._set_state("unloaded")
@@ -282,7 +293,9 @@ class Supervisor:
         process = handle.process
         await loop.run_in_executor(None, process.join, timeout_s)
         if process.exitcode is None:
-            log.warning("engine process %d did not exit after Unload; terminating", handle.pid)
+            if timeout_s > 0:  # 0: a stop during a load, which terminates on purpose
+                log.warning("engine process %d did not exit after Unload; terminating",
+                            handle.pid)
             process.terminate()
             await loop.run_in_executor(None, process.join, 1.0)
         if process.exitcode is None:
@@ -494,3 +507,20 @@ class Supervisor:
             elif handle.is_exit_expected and self.state == "loaded":
                 self.load_info = None
                 self._set_state("unloaded")
+
+
+def _can_ignore_sigint() -> bool:
+    return hasattr(signal, "SIGINT") and os.name == "posix" and (
+        threading.current_thread() is threading.main_thread())
+
+
+def _start_ignoring_sigint(process: multiprocessing.process.BaseProcess) -> None:
+    """process.start() with SIGINT ignored for the moment of the spawn: the child inherits an
+    ignored SIGINT through exec (a blocked one it does not keep) and Python leaves it ignored,
+    so a terminal's Ctrl-C, which reaches the whole process group, cannot kill the engine while
+    it starts; the host alone decides when the engine stops (`strata serve` under Ctrl-C)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        process.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from strata.errors import StrataError
 
-class TextAssetsError(ValueError):
+
+class TextAssetsError(StrataError, ValueError):
     """A tokenizer or chat template that Strata cannot build from the model's files."""
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(StrataError, ValueError):
     """A chat template that failed to render: it raised, looped, or produced too much text."""

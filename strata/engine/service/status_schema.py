@@ -1,0 +1,83 @@
+"""The one shape of Service.status(): what /v1/status, /health, /metrics, the tray and the
+rules read. Test fakes of the service produce exactly this (tests/service/test_status_schema.py
+runs the real service and each fake side by side against it), so no reader needs a fallback
+for a key only a fake makes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class ArenaBytes(TypedDict):
+    """One arena's memory: what it holds now and what it gave back (to be refilled)."""
+
+    resident_bytes: int
+    released_bytes: int
+
+
+class SlotStatus(TypedDict):
+    """One cache slot as the engine reports it (Engine.slots_status)."""
+
+    id: int
+    n_tokens: int
+    location: str  # gpu | cpu (resident), ram | disk (a snapshot), empty
+    bytes: int
+    is_processing: bool
+    n_ctx: int
+
+
+class EngineProcessStatus(TypedDict):
+    """The engine process as the supervisor sees it."""
+
+    pid: int | None
+    state: str  # supervisor state: unloaded | starting | loaded | failed
+    standby_pid: int | None
+    engine_state: str | None  # the engine's own last word: loaded | sleeping
+    model_info: dict[str, Any] | None  # the engine's load info (model type, device, dtype, ...)
+
+
+class ServiceCounters(TypedDict):
+    """Totals since start (ServiceMetrics.snapshot); the activity the dashboard shows."""
+
+    requests_total: int
+    rejected_total: int
+    prompt_tokens_total: int
+    completion_tokens_total: int
+    cached_tokens_total: int
+    tokens_per_second: float  # decode speed of the last finished request
+    last_prompt_tokens: int
+    last_completion_tokens: int
+    finish_reasons: dict[str, int]
+    errors: dict[str, int]
+    level_changes: dict[str, int]
+    level_failures: dict[str, int]
+
+
+class ServiceStatus(TypedDict):
+    """Service.status(): every level's state, bytes, idle countdowns, slots, engine, counters."""
+
+    state: str  # one of levels.STATES
+    levels: dict[str, str] | None
+    vram: dict[str, ArenaBytes]  # {} while nothing is loaded
+    memory_kind: str  # "VRAM" on a GPU, "RAM" where the engine runs on the CPU
+    idle: dict[str, float | None]  # seconds until each idle timer fires; None when off
+    idle_timeouts: dict[str, float | None]
+    idle_fired: dict[str, float]  # timers that fired this idle period: seconds ago
+    model: str
+    model_path: str | None
+    context_tokens: int
+    queue_length: int
+    is_busy: bool
+    active_request_id: str | None
+    engine_pid: int | None
+    engine: EngineProcessStatus
+    slots: list[SlotStatus] | None
+    experts: dict[str, Any] | None
+    last_error: str | None
+    last_hook: dict[str, Any] | None
+    free_vram_bytes: int | None
+    retry_in_s: float
+    engine_starts: int
+    engine_crashes: int
+    counters: ServiceCounters

@@ -1,0 +1,56 @@
+"""`strata generate` / `strata info` on a first run: one-line errors, and a bare prompt that
+answers instead of printing a blank line (issue #17 item 22)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from strata.cli import main
+
+
+def strata(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "strata.cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("command", [("generate", "hi", "--model"), ("info",)])
+def test_a_missing_model_is_one_line_and_exit_2(command):
+    done = strata(*command, "/missing.gguf")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [(
+        "strata: error: model /missing.gguf not found: pass a .gguf file or a Hugging Face "
+        "directory, or leave --model out for the default model")]
+
+
+def test_a_file_that_is_no_model_is_one_line(tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    done = strata("generate", "hi", "--model", str(bad))
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("strata: error: ") and "notes.gguf" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_bare_prompt_to_an_instruct_model_answers(smollm2_gguf, capsys):
+    # Without the chat template SmolLM2-Instruct ended the turn at once: a blank line.
+    assert main(["generate", "What is the capital of France?", "--model", str(smollm2_gguf),
+                 "--device", "cpu", "--max-tokens", "12"]) == 0
+    out = capsys.readouterr()
+    assert "Paris" in out.out and out.err == ""
+
+
+def test_raw_and_chat_exclude_each_other():
+    done = strata("generate", "hi", "--raw", "--chat")
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr
+
+
+def test_bench_help_says_all_the_suite_does():
+    done = strata("bench", "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "against measured limits and a peer." in text
+    assert "Targets: DESIGN.md §8." in text and "--no-lifecycle" in text
