@@ -79,10 +79,13 @@ def mentions(pages: list[Path]) -> list[tuple[str, str, str | None, str]]:
     known = command_flags()
     found = []
     for page in pages:
-        in_fence = False
+        in_fence, fence_lang = False, ""
         for line in page.read_text(encoding="utf-8").splitlines():
             if _FENCE.match(line):
                 in_fence = not in_fence
+                fence_lang = line.strip()[3:].strip() if in_fence else ""
+                continue
+            if fence_lang in ("toml", "json"):  # config values: a flag there is another program's
                 continue
             segments = [line] if in_fence else _CODE_SPAN.findall(line)
             for segment in segments:

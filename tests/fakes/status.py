@@ -46,6 +46,7 @@ def service_status(*, model: str, state: str = "loaded", **changes: Any) -> dict
         "slots": None,
         "experts": None,
         "last_error": None,
+        "waiting_for_vram": None,
         "last_hook": None,
         "free_vram_bytes": None,
         "retry_in_s": 0.0,

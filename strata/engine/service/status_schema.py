@@ -75,6 +75,8 @@ class ServiceStatus(TypedDict):
     slots: list[SlotStatus] | None
     experts: dict[str, Any] | None
     last_error: str | None
+    # Set while a step back up is refused for want of VRAM: {"what", "reason"} (a state).
+    waiting_for_vram: dict[str, str] | None
     last_hook: dict[str, Any] | None
     free_vram_bytes: int | None
     retry_in_s: float
