@@ -27,6 +27,9 @@ class SamplingSpec:
     min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # An llguidance grammar (JSON text) the output must match: the engine masks the logits
+    # of every step with it (core/constraint.py). None: unconstrained.
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
