@@ -14,6 +14,7 @@ calls need), and it is what llama.cpp uses. Measured per-token mask cost in docs
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import llguidance
@@ -29,7 +30,8 @@ _ANY_JSON_OBJECT = {"type": "object"}
 def _checked(grammar: str, param: str, what: str) -> str:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        reason = messages[0] if messages else "unknown error"
+        reason = messages[0].strip().splitlines()[0] if messages else "unknown error"
+        reason = re.sub(r"^at \d+\(\d+\): ", "", reason)
         raise bad_request(f"{what} cannot be enforced by constrained decoding: {reason}; "
                           "remove that feature", param=param)
     return grammar

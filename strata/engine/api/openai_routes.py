@@ -13,13 +13,15 @@ from aiohttp import web
 from strata.engine.api import sse
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.keys import SERVICE_KEY
-from strata.engine.api.params import OPENAI_ROLES, parse_messages, parse_openai
-from strata.engine.api.textgen import (
-    TextGeneration,
-    encode_chat,
-    start_text_generation,
-    text_assets,
-)
+from strata.engine.api.chat_messages import parse_openai_messages
+from strata.engine.api.chat_output import ChatOutput
+from strata.engine.api.chat_plan import plan_chat, template_kwargs
+from strata.engine.api.openai_chat import chat_response, chat_stream
+from strata.engine.api.output_format import openai_output_grammar, openai_thinking
+from strata.engine.api.params import parse_openai
+from strata.engine.api.request_fields import OPENAI_CHAT, OPENAI_COMPLETIONS, refuse_unknown
+from strata.engine.api.textgen import TextGeneration, start_text_generation, text_assets
+from strata.engine.api.tool_spec import parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
 
@@ -42,21 +44,25 @@ def openai_usage(usage: Usage) -> dict[str, Any]:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions: tools, structured output and reasoning included."""
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
+    refuse_unknown(body, OPENAI_CHAT)
     params = parse_openai(body)
-    messages = parse_messages(body, OPENAI_ROLES)
+    tools = parse_openai_tools(body)
+    messages = parse_openai_messages(body)
+    output_grammar = openai_output_grammar(body)
     assets = text_assets(service)
-    generation = await start_text_generation(service, assets, encode_chat(assets, messages),
-                                             params)
-    return await _respond(request, generation, params, "chatcmpl", "chat.completion",
-                          "chat.completion.chunk", _chat_choice, _chat_message)
-
-
-def _chat_message(text: str, finish_reason: str | None) -> dict:
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-            "finish_reason": finish_reason}
+    plan = plan_chat(assets, messages, tools, output_grammar, openai_thinking(body),
+                     template_kwargs(body, assets.chat_template))
+    generation = await start_text_generation(service, assets, plan.prompt_ids, params,
+                                             plan.grammar)
+    output = ChatOutput(generation, plan, "call_")
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": service.model_id}
+    if params.is_stream:
+        return await chat_stream(request, output, head, params.include_usage, openai_usage)
+    return await chat_response(output, head, openai_usage)
 
 
 async def _respond(request: web.Request, generation: TextGeneration, params: Any, id_prefix: str,
@@ -76,13 +82,6 @@ async def _respond(request: web.Request, generation: TextGeneration, params: Any
                               "usage": openai_usage(generation.usage)})
 
 
-def _chat_choice(text: str | None, finish_reason: str | None, *, is_first: bool) -> dict:
-    delta: dict[str, Any] = {"role": "assistant", "content": ""} if is_first else {}
-    if text is not None:
-        delta["content"] = text
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-
-
 def _completion_choice(text: str | None, finish_reason: str | None, *, is_first: bool) -> dict:
     return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
 
@@ -93,8 +92,6 @@ async def _stream(request: web.Request, generation: TextGeneration, head: dict, 
     response = await sse.open_stream(request)
     head = {**head, "object": kind}
     try:
-        if kind == "chat.completion.chunk":  # the first chat chunk carries the role
-            await sse.send_data(response, {**head, "choices": [choice(None, None, is_first=True)]})
         async with contextlib.aclosing(generation.deltas()) as deltas:
             async for text in deltas:
                 await sse.send_data(response,
@@ -108,13 +105,13 @@ async def _stream(request: web.Request, generation: TextGeneration, head: dict, 
     except ConnectionError:
         log.info("client went away during %s; generation cancelled", request.path)
     except Exception as exc:  # noqa: BLE001 - logged there; the stream must end with an event
-        await _send_stream_error(request, response, exc)
+        await send_stream_error(request, response, exc)
     finally:
         await generation.close()
     return response
 
 
-async def _send_stream_error(request: web.Request, response: web.StreamResponse,
+async def send_stream_error(request: web.Request, response: web.StreamResponse,
                              exc: Exception) -> None:
     if not isinstance(exc, ApiError):
         log.error("stream %s failed", request.path, exc_info=exc)
@@ -147,12 +144,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
+    refuse_unknown(body, OPENAI_COMPLETIONS)
     params = parse_openai(body)
     if body.get("echo") not in (None, False) or body.get("suffix") is not None:
         raise bad_request("'echo' and 'suffix' are not supported; leave them out")
     assets = text_assets(service)
     prompt_ids = _completion_prompt(assets, body.get("prompt"))
-    generation = await start_text_generation(service, assets, prompt_ids, params)
+    generation = await start_text_generation(service, assets, prompt_ids, params,
+                                             openai_output_grammar(body))
     return await _respond(request, generation, params, "cmpl", "text_completion",
                           "text_completion", _completion_choice,
                           lambda text, finish: _completion_choice(text, finish, is_first=True))

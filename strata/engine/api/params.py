@@ -82,9 +82,6 @@ def _refuse_unsupported(body: dict) -> None:
     if body.get("logprobs") not in (None, False):
         raise bad_request("'logprobs' is not supported by Strata yet; leave it out",
                           param="logprobs")
-    if body.get("tools") not in (None, []):
-        raise bad_request("'tools' are not supported by Strata yet; send the request without "
-                          "tools", param="tools")
 
 
 def parse_openai(body: dict) -> GenerationParams:
