@@ -45,6 +45,7 @@ class ReasoningSplitter:
         self._state = "inside" if starts_inside else "start"  # start | inside | answer
         self._pending = ""
         self._strip_answer_start = False
+        self._strip_reasoning_start = True  # the newline templates put after <think>
 
     def feed(self, text: str) -> list[Reasoning | Answer]:
         self._pending += text
@@ -58,12 +59,17 @@ class ReasoningSplitter:
         if self._state == "start":
             stripped = self._pending.lstrip()
             if stripped.startswith(THINK_START):
-                self._pending, self._state = stripped[len(THINK_START):].lstrip("\n"), "inside"
+                self._pending, self._state = stripped[len(THINK_START):], "inside"
             elif not is_final and THINK_START.startswith(stripped):
                 return out  # maybe the opening tag: wait
             else:
                 self._state = "answer"
         if self._state == "inside":
+            if self._strip_reasoning_start:
+                self._pending = self._pending.lstrip("\n")
+                if not self._pending and not is_final:
+                    return out
+                self._strip_reasoning_start = False
             at = self._pending.find(THINK_END)
             if at >= 0:
                 reasoning = self._pending[:at].rstrip("\n")
