@@ -60,7 +60,9 @@ def plan_chat(assets: Any, messages: list[dict[str, Any]], tools: ToolRequest,
     if forced and output_grammar is not None:
         raise bad_request("a forced tool_choice and a structured output format cannot be "
                           "combined; send one of them", param="tool_choice")
-    grammar = output_grammar or (call_grammar(fmt, forced, tools.is_parallel) if forced else None)
+    # A named choice is one call of that tool; required may make several when parallel.
+    is_parallel = tools.is_parallel and tools.mode == "required"
+    grammar = output_grammar or (call_grammar(fmt, forced, is_parallel) if forced else None)
     kwargs = dict(kwargs)
     if "enable_thinking" in kwargs and thinking is None:
         thinking = bool(kwargs.pop("enable_thinking"))
