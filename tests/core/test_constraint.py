@@ -12,6 +12,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from strata.engine.api.grammar import gbnf_grammar, json_schema_grammar
 from strata.engine.core.engine import Engine, EngineConfig, EngineError
@@ -83,3 +85,50 @@ def test_gbnf_grammar_is_followed(engine, smollm2) -> None:
 def test_a_broken_grammar_is_an_engine_error(engine, smollm2) -> None:
     with pytest.raises(EngineError, match="grammar"):
         _run(engine, smollm2, '{"grammars": [{"lark_grammar": "start: nope"}]}')
+
+
+# ---- property: any schema of the supported subset gives output that validates ---------------
+
+_SCALARS = st.one_of(
+    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+              st.integers(-50, 50), st.integers(0, 100)),
+    st.just({"type": "boolean"}),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 6)),
+    st.builds(lambda items: {"type": "string", "enum": items},
+              st.lists(st.text("abcxyz", min_size=1, max_size=4), min_size=1, max_size=3,
+                       unique=True)),
+    st.builds(lambda lo: {"type": "number", "minimum": lo, "maximum": lo + 10},
+              st.integers(-5, 5)),
+    st.just({"type": "null"}),
+)
+
+
+def _objects(values):
+    return st.dictionaries(st.text("abcdefgh", min_size=1, max_size=5), values, min_size=1,
+                           max_size=3).flatmap(lambda props: st.builds(
+        # Closed objects: an open one lets the model add properties until max_tokens.
+        lambda required: {"type": "object", "properties": props, "required": sorted(required),
+                          "additionalProperties": False},
+        st.sets(st.sampled_from(sorted(props)))))
+
+
+_SCHEMAS = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        _objects(inner),
+        st.builds(lambda item, n: {"type": "array", "items": item, "maxItems": n},
+                  inner, st.integers(0, 2)),
+        st.builds(lambda a, b: {"anyOf": [a, b]}, inner, inner)),
+    max_leaves=4)
+
+
+# No shrinking: each example is a generation of seconds, and the failing schema is printed.
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck),
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(schema=_objects(_SCHEMAS), seed=st.integers(0, 2**16))
+def test_random_schemas_always_give_valid_json(engine, smollm2, schema, seed) -> None:
+    """Sampled (temperature 1), so the mask, not the model's taste, keeps the output valid."""
+    text, finish = _run(engine, smollm2, json_schema_grammar(schema, "schema"),
+                        temperature=1.0, seed=seed, max_tokens=160)
+    assert finish == "stop", (schema, text)
+    jsonschema.validate(json.loads(text), schema)
