@@ -39,6 +39,8 @@ class ChatOutput:
             if plan.thinks else None
         self._parser = ToolCallParser(plan.tool_format) if plan.tool_format else None
         self._max_calls = None if plan.tools.is_parallel else 1
+        # Mistral's templates refuse a history whose call ids are not 9 alphanumerics.
+        self._is_short_id = plan.tool_format == "mistral"
         self._id_prefix = id_prefix
         self.call_ids: list[str] = []
 
@@ -76,7 +78,8 @@ class ChatOutput:
         if self._max_calls is not None and piece.index >= self._max_calls:
             return False  # parallel_tool_calls false: the first call only
         if isinstance(piece, CallStart):
-            self.call_ids.append(f"{self._id_prefix}{uuid.uuid4().hex[:24]}")
+            self.call_ids.append(uuid.uuid4().hex[:9] if self._is_short_id
+                                 else f"{self._id_prefix}{uuid.uuid4().hex[:24]}")
         return True
 
     async def collect(self) -> ChatResult:
