@@ -210,6 +210,47 @@ class _CallObjects:
         self._reset()
 
 
+class _NamedArguments:
+    """Mistral's v11 form, `[TOOL_CALLS]name[ARGS]{...}`: a name, then one JSON value streamed
+    until it closes."""
+
+    def __init__(self, parser: ToolCallParser):
+        self._parser = parser
+        self.text = ""  # everything taken, given back as text if it is no call after all
+        self.name: str | None = None
+        self.index = -1
+        self.depth = 0
+        self.in_string = self.escape = False
+
+    def feed_char(self, char: str, events: list[Event]) -> str:
+        """'more', 'done' (the call ended) or 'text' (not a call: self.text is plain text)."""
+        self.text += char
+        if self.name is None:
+            if self.text.endswith("[ARGS]"):
+                self.name = self.text[:-len("[ARGS]")].rsplit("]", 1)[-1]
+                self.index = self._parser.next_index()
+                events.append(CallStart(self.index, self.name))
+                return "more"
+            is_name = char.isalnum() or char in "_.:-[]"
+            return "more" if is_name and len(self.text) <= 160 else "text"
+        events.append(CallArguments(self.index, char))
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif char == "\\":
+                self.escape = True
+            elif char == '"':
+                self.in_string = False
+            return "more"
+        if char == '"':
+            self.in_string = True
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]":
+            self.depth -= 1
+        return "done" if self.depth == 0 and char not in " \t\r\n" else "more"
+
+
 class ToolCallParser:
     """Feed text pieces, get TextPiece / CallStart / CallArguments events in order."""
 
@@ -219,6 +260,7 @@ class ToolCallParser:
         self._in_calls = False
         self._seen_text = False  # a non-blank character went out as text
         self._objects = _CallObjects(self)
+        self._named: _NamedArguments | None = None
         self.num_calls = 0
 
     def next_index(self) -> int:
@@ -230,18 +272,20 @@ class ToolCallParser:
         events: list[Event] = []
         self._pending += text
         self._run(events, is_final=False)
-        return events
+        return _merged(events)
 
     def finish(self) -> list[Event]:
         """Events for whatever was held back when the output ends."""
         events: list[Event] = []
         self._run(events, is_final=True)
-        if self._in_calls:
+        if self._named is not None and self._named.name is None:
+            events.append(TextPiece(self._named.text))
+        elif self._in_calls:
             self._objects.finish(events)
         elif self._pending:
             events.append(TextPiece(self._pending))
         self._pending = ""
-        return events
+        return _merged(events)
 
     def _run(self, events: list[Event], is_final: bool) -> None:
         while self._pending:
@@ -290,7 +334,20 @@ class ToolCallParser:
             elif not is_final:
                 limit = len(pending) - _partial_suffix(pending, end)
         for i in range(limit):
-            if not self._objects.feed_char(pending[i], events):
+            char = pending[i]
+            if self._named is not None or (self.format.name == "mistral" and char.isalpha()
+                                           and not self._objects.is_inside):
+                self._named = self._named or _NamedArguments(self)
+                state = self._named.feed_char(char, events)
+                if state == "done":
+                    self._named = None
+                elif state == "text":
+                    self._in_calls, self._seen_text = False, True
+                    self._pending = self._named.text + pending[i + 1:]
+                    self._named = None
+                    return True
+                continue
+            if not self._objects.feed_char(char, events):
                 self._in_calls = False  # something else follows: it is text again
                 self._seen_text = True
                 self._pending = self._objects.between + pending[i:]
@@ -303,6 +360,21 @@ class ToolCallParser:
             return True
         self._pending = pending[limit:]
         return False
+
+
+def _merged(events: list[Event]) -> list[Event]:
+    """Adjacent text pieces, or argument pieces of one call, joined."""
+    out: list[Event] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, TextPiece) and isinstance(last, TextPiece):
+            out[-1] = TextPiece(last.text + event.text)
+        elif (isinstance(event, CallArguments) and isinstance(last, CallArguments)
+              and last.index == event.index):
+            out[-1] = CallArguments(last.index, last.text + event.text)
+        else:
+            out.append(event)
+    return out
 
 
 def _partial_suffix(text: str, marker: str) -> int:
