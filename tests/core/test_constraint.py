@@ -132,3 +132,27 @@ def test_random_schemas_always_give_valid_json(engine, smollm2, schema, seed) ->
                         temperature=1.0, seed=seed, max_tokens=160)
     assert finish == "stop", (schema, text)
     jsonschema.validate(json.loads(text), schema)
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic"])
+def test_forced_call_grammar_output_parses_back_in_its_format(engine, smollm2, fmt) -> None:
+    """What the forced-call grammar lets the model write, the same format's parser reads."""
+    from strata.engine.api.tool_prompt import call_grammar
+    from strata.engine.api.tool_spec import Tool
+    from strata.engine.text.tool_calls import parse_all
+
+    params = {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}
+    tools = (Tool("get_weather", "", params), Tool("get_time", "", {"type": "object", "properties": {},
+                                                          "additionalProperties": False}))
+    text, finish = _run(engine, smollm2, call_grammar(fmt, tools, is_parallel=False),
+                        max_tokens=80)
+    assert finish == "stop", text
+    content, calls = parse_all(fmt, text)
+    assert content.strip() == "" and len(calls) == 1, text
+    if calls[0].name == "get_weather":
+        jsonschema.validate(json.loads(calls[0].arguments), params)
+    else:
+        assert calls[0].name == "get_time" and isinstance(json.loads(calls[0].arguments), dict)

@@ -100,6 +100,21 @@ def test_json_schema_response_format_validates(oai) -> None:
     jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
 
 
+def test_sdk_parse_with_a_pydantic_model(oai) -> None:
+    """openai's structured-output helper: a pydantic model in, a parsed instance out."""
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=16)
+        age: int = Field(ge=0, le=120)
+
+    reply = oai.chat.completions.parse(
+        model="default", max_tokens=60, temperature=0, response_format=Person,
+        messages=[{"role": "user", "content": "Invent a person."}])
+    person = reply.choices[0].message.parsed
+    assert isinstance(person, Person) and person.name
+
+
 def test_two_tool_agent_loop_answers(oai) -> None:
     """An agent loop: call each tool (forced by name), feed results back, then answer."""
     results = {"get_weather": "sunny, 21 C", "get_time": "14:05"}
