@@ -63,15 +63,21 @@ def mask_cost_us(model_path: str, num_tokens: int, schema: dict) -> list[float]:
     return times_us
 
 
-def decode_tok_s(label: str, model_path: str, num_tokens: int) -> tuple[float, float]:
-    """(unconstrained, constrained) decode tok/s of a preset on the GPU."""
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def decode_tok_s(label: str, model_path: str, num_tokens: int, device: torch.device,
+                 runs: int = 3) -> tuple[float, float]:
+    """(unconstrained, constrained) decode tok/s of a preset (CUDA graphs on a GPU; the CPU
+    runs the same steps eagerly, as a smoke test of this bench)."""
     from speed_rows import engine_model
 
     from strata.engine.core.fast import GraphDecoder
     from strata.engine.core.fast.constrained_decode import constrained_decode
     from strata.engine.core.kv_cache import KVCache
 
-    device = torch.device("cuda")
     model = engine_model(label, device)
     config = model.config
     decoder = GraphDecoder(model)
@@ -89,20 +95,20 @@ def decode_tok_s(label: str, model_path: str, num_tokens: int) -> tuple[float, f
         first = decoder.sample_first(logits, spec)
         if constraint is not None:
             constraint.consume(first)
-        torch.cuda.synchronize()
+        _sync(device)
         start = time.perf_counter()
         steps = (constrained_decode(decoder, kv, first, PROMPT_TOKENS, num_tokens, spec,
                                     constraint) if constrained else
                  decoder.decode(kv, first, PROMPT_TOKENS, num_tokens, spec,
                                 continue_request=True))
         count = sum(1 for _ in steps)
-        torch.cuda.synchronize()
+        _sync(device)
         return count / (time.perf_counter() - start)
 
     for constrained in (False, True):  # capture graphs, warm the matcher's tokenizer
         run(constrained)
-    plain = statistics.median(run(False) for _ in range(3))
-    masked = statistics.median(run(True) for _ in range(3))
+    plain = statistics.median(run(False) for _ in range(runs))
+    masked = statistics.median(run(True) for _ in range(runs))
     return plain, masked
 
 
@@ -111,6 +117,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["smollm2-135m", "llama3-8b"])
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu: a smoke test of the decode rows, not a figure")
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     model_path = str(default_model_path(fetch=True, progress=False))
     figures = []
@@ -118,9 +127,10 @@ def main() -> None:
         costs = sorted(mask_cost_us(model_path, args.tokens, schema))
         figures += [figure(f"mask, {name}, median", statistics.median(costs), "us"),
                     figure(f"mask, {name}, p99", costs[int(len(costs) * 0.99) - 1], "us")]
-    if torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" or args.device == "cpu" and "--device" in sys.argv:
         for label in args.models:
-            plain, masked = decode_tok_s(label, model_path, args.tokens)
+            plain, masked = decode_tok_s(label, model_path, args.tokens, device, args.runs)
             figures.append(figure(f"{label} decode, unconstrained", plain, "tok/s"))
             figures.append(figure(f"{label} decode, json_schema", masked, "tok/s", limit=plain,
                                   target=TARGET))

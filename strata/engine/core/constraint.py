@@ -27,7 +27,7 @@ def _tokenizer(model_path: str, vocab_size: int, stop_ids: tuple[int, ...]) -> l
 
     assets = load_text_assets(model_path)
     return llguidance.LLTokenizer(assets.tokenizer.to_str(), n_vocab=vocab_size,
-                                  eos_token=list(stop_ids))
+                                  eos_token=list(stop_ids) or None)  # None: the vocab's own
 
 
 class TokenConstraint:
