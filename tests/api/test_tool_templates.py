@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from strata.engine.api.chat_plan import plan_chat
-from strata.engine.api.tool_spec import Tool, ToolRequest
 from strata.engine.api.errors import ApiError
+from strata.engine.api.tool_spec import Tool, ToolRequest
 
 TEMPLATES = Path(__file__).parent.parent / "text" / "templates"
 WEATHER = Tool("get_weather", "Weather of a city", {
@@ -29,21 +29,21 @@ HISTORY = [
 
 # template -> (text the tools render as, text the call renders as, text the result renders as)
 EXPECTED = {
-    "qwen2.5-instruct.jinja": ('"name": "get_weather"', '<tool_call>\n{"name": "get_weather", '
-                               '"arguments": {"city": "Paris"}}\n</tool_call>',
+    "qwen2.5-instruct.jinja": ('"name": "get_weather"', ('<tool_call>\n{"name": "get_weather", '
+                               '"arguments": {"city": "Paris"}}\n</tool_call>'),
                                "<tool_response>\nsunny\n</tool_response>"),
-    "qwen3.jinja": ('"name": "get_weather"', '<tool_call>\n{"name": "get_weather", '
-                    '"arguments": {"city": "Paris"}}\n</tool_call>',
+    "qwen3.jinja": ('"name": "get_weather"', ('<tool_call>\n{"name": "get_weather", '
+                    '"arguments": {"city": "Paris"}}\n</tool_call>'),
                     "<tool_response>\nsunny\n</tool_response>"),
     "llama-3.1-instruct.jinja": ('"name": "get_weather"',
                                  '{"name": "get_weather", "parameters": {"city": "Paris"}}',
                                  # Llama's template writes a string result as JSON
                                  '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"'),
-    "mistral-nemo-instruct-2407.jinja": ('[AVAILABLE_TOOLS]', '[TOOL_CALLS][{"name": '
-                                         '"get_weather", "arguments": {"city": "Paris"}',
+    "mistral-nemo-instruct-2407.jinja": ('[AVAILABLE_TOOLS]', ('[TOOL_CALLS][{"name": '
+                                         '"get_weather", "arguments": {"city": "Paris"}'),
                                          '[TOOL_RESULTS]{"content": sunny'),
-    "smollm2-135m-instruct.jinja": ("<tools>", '<tool_call>\n{"name": "get_weather", '
-                                    '"arguments": {"city": "Paris"}}\n</tool_call>',
+    "smollm2-135m-instruct.jinja": ("<tools>", ('<tool_call>\n{"name": "get_weather", '
+                                    '"arguments": {"city": "Paris"}}\n</tool_call>'),
                                     "<tool_response>\nsunny\n</tool_response>"),
 }
 

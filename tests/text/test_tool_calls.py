@@ -29,15 +29,15 @@ TEMPLATES = Path(__file__).parent / "templates"
 # (format, output, expected text, expected [(name, arguments)])
 RECORDED = [
     ("hermes",  # Qwen2.5-7B-Instruct, two parallel calls after a sentence
-     'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+     ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
      '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": '
-     '{"zone": "Europe/Paris"}}\n</tool_call>',
+     '{"zone": "Europe/Paris"}}\n</tool_call>'),
      "Let me check.\n\n",
      [("get_weather", {"city": "Paris", "unit": "celsius"}),
       ("get_time", {"zone": "Europe/Paris"})]),
     ("hermes",  # Qwen3 after its thinking was split off; nested arguments with braces in strings
-     '<tool_call>\n{"name": "search", "arguments": {"q": "a } b { \\" c", "filters": '
-     '{"tags": ["x", "y"], "n": 3}}}\n</tool_call>',
+     ('<tool_call>\n{"name": "search", "arguments": {"q": "a } b { \\" c", "filters": '
+     '{"tags": ["x", "y"], "n": 3}}}\n</tool_call>'),
      "", [("search", {"q": 'a } b { " c', "filters": {"tags": ["x", "y"], "n": 3}})]),
     ("hermes", "Paris is the capital of France.", "Paris is the capital of France.", []),
     ("hermes", "a <tool_ b", "a <tool_ b", []),

@@ -117,7 +117,7 @@ async def message_stream(request: web.Request, output: ChatOutput, message: dict
         await blocks.send("message_stop", {})
     except ConnectionError:
         log.info("client went away during /v1/messages; generation cancelled")
-    except Exception as exc:  # noqa: BLE001 - the stream must end with an error event
+    except Exception as exc:
         if not isinstance(exc, ApiError):
             log.error("stream /v1/messages failed", exc_info=exc)
             exc = ApiError(500, "internal server error; the details are in the server log",

@@ -11,11 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from strata.engine.api import sse
-from strata.engine.api.errors import ApiError, bad_request, error_body
-from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.chat_output import ChatOutput
 from strata.engine.api.chat_plan import plan_chat, template_kwargs
+from strata.engine.api.errors import ApiError, bad_request, error_body
+from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.openai_chat import chat_response, chat_stream
 from strata.engine.api.output_format import openai_output_grammar, openai_thinking
 from strata.engine.api.params import parse_openai
