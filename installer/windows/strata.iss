@@ -1,18 +1,27 @@
 ; Inno Setup 6 script for Strata: a per-user installer with a Start-menu entry, an optional
-; "start at login" task and an uninstaller. NOT TESTED: written on Linux, where Inno Setup and
-; Windows were not available (see docs/getting-started.md).
+; "start at login" task and an uninstaller. NOT COMPILED OR RUN: written on Linux, where neither
+; Windows nor ISCC (a 32-bit program: wine32 could not be installed) was available; see
+; docs/getting-started.md.
 ;
 ; Build, from the repository root on Windows:
 ;   pip wheel --no-deps -w dist .
 ;   iscc installer\windows\strata.iss          -> dist\strata-setup.exe
 ;
-; The setup carries Strata's wheel and install.ps1; at install time install.ps1 creates a
-; virtualenv in {app}\venv with the user's Python 3.11+ (the `py` launcher), installs PyTorch
-; from PyTorch's CUDA index and then the wheel. Python itself is not bundled.
+; The setup carries Strata's wheel and install.ps1. Before any file is installed
+; (PrepareToInstall, [Code] below) install.ps1 stops a running Strata of this installation,
+; creates a virtualenv in {app}\venv with the user's Python 3.11+ (`py -0p`), installs PyTorch
+; (CUDA build where an NVIDIA driver is present) and then the wheel. A failing step stops the
+; setup with install.ps1's reason (exit code 7 when silent), so no shortcut or "Start now" can
+; point at a virtualenv that does not exist. Python itself is not bundled.
+;
+; ISCC /DPowerShell=... replaces powershell.exe (a test double that fails on purpose).
 
 #define AppName "Strata"
 #define AppVersion "0.1.0"
 #define Wheel "strata-" + AppVersion + "-py3-none-any.whl"
+#ifndef PowerShell
+  #define PowerShell "{sys}\WindowsPowerShell\v1.0\powershell.exe"
+#endif
 
 [Setup]
 AppId={{5B0C7E0A-3E7C-4B8E-9A59-7A4C2F1D6E21}
@@ -47,29 +56,77 @@ Source: "..\..\LICENSE"; DestDir: "{app}"; Flags: ignoreversion skipifsourcedoes
 Name: "{autoprograms}\Strata"; Filename: "{app}\venv\Scripts\pythonw.exe"; Parameters: "-m strata.app.main"; WorkingDir: "{app}"; IconFilename: "{app}\strata.ico"; Comment: "Local LLM server that shares the GPU"
 
 [Run]
-Filename: "powershell.exe"; \
-  Parameters: "-NoProfile -ExecutionPolicy Bypass -File ""{app}\install.ps1"" -Prefix ""{app}"" -Source ""{app}\{#Wheel}"" -NoShortcut {code:TaskSwitches}"; \
-  StatusMsg: "Installing Strata and PyTorch (several GB on the first install)..."; \
-  Flags: waituntilterminated
 Filename: "{app}\venv\Scripts\pythonw.exe"; Parameters: "-m strata.app.main"; \
   Description: "Start Strata now"; Flags: nowait postinstall skipifsilent
-
-[UninstallRun]
-; Removes the login entry and the virtualenv; Inno then removes the files it installed.
-Filename: "powershell.exe"; \
-  Parameters: "-NoProfile -ExecutionPolicy Bypass -File ""{app}\install.ps1"" -Uninstall -NoShortcut -Prefix ""{app}"""; \
-  RunOnceId: "StrataUninstall"; Flags: runhidden waituntilterminated
 
 [UninstallDelete]
 Type: filesandordirs; Name: "{app}\venv"
 Type: files; Name: "{app}\strata.ico"
 
 [Code]
-function TaskSwitches(Param: String): String;
+function TaskSwitches: String;
 begin
   Result := '';
   if WizardIsTaskSelected('autostart') then
     Result := Result + ' -Autostart';
   if WizardIsTaskSelected('cpuonly') then
     Result := Result + ' -CpuOnly';
+end;
+
+{ Runs install.ps1 and says why it failed: PowerShell could not start, or the script's own
+  reason (it writes it to -ErrorFile before exiting with 1), or its bare exit code. }
+function RunInstallScript(const Script, Arguments, What: String; var Reason: String): Boolean;
+var
+  ResultCode: Integer;
+  ErrorFile: String;
+  Message: AnsiString;
+begin
+  ErrorFile := ExpandConstant('{tmp}\install-error.txt');
+  DeleteFile(ErrorFile);
+  Log('Running ' + Script + ' ' + Arguments);
+  Result := False;
+  if not Exec(ExpandConstant('{#PowerShell}'),
+      '-NoProfile -ExecutionPolicy Bypass -File "' + Script + '" ' + Arguments +
+      ' -ErrorFile "' + ErrorFile + '"', '', SW_HIDE, ewWaitUntilTerminated, ResultCode) then
+    Reason := What + ' failed: PowerShell could not be started (' + SysErrorMessage(ResultCode) + ')'
+  else if ResultCode <> 0 then
+  begin
+    if LoadStringFromFile(ErrorFile, Message) and (Trim(String(Message)) <> '') then
+      Reason := What + ' failed: ' + Trim(String(Message))
+    else
+      Reason := What + ' failed with exit code ' + IntToStr(ResultCode);
+  end
+  else
+    Result := True;
+  if not Result then
+    Log(Reason);
+end;
+
+{ The whole installation of the virtualenv happens here, before Inno installs any file: a
+  non-empty result stops the setup with that message. }
+function PrepareToInstall(var NeedsRestart: Boolean): String;
+var
+  Reason: String;
+begin
+  Result := '';
+  ExtractTemporaryFile('install.ps1');
+  ExtractTemporaryFile('{#Wheel}');
+  if not RunInstallScript(ExpandConstant('{tmp}\install.ps1'),
+      '-Prefix "' + ExpandConstant('{app}') + '" -Source "' + ExpandConstant('{tmp}\{#Wheel}') +
+      '" -NoShortcut' + TaskSwitches, 'Installing Strata and PyTorch', Reason) then
+    Result := Reason;
+end;
+
+{ Uninstall: install.ps1 stops a running tray, removes the login entry and the virtualenv;
+  Inno then removes the files it installed. A failure is reported, not hidden. }
+procedure CurUninstallStepChanged(CurUninstallStep: TUninstallStep);
+var
+  Reason: String;
+begin
+  if CurUninstallStep = usUninstall then
+    if not RunInstallScript(ExpandConstant('{app}\install.ps1'),
+        '-Uninstall -NoShortcut -Prefix "' + ExpandConstant('{app}') + '"',
+        'Removing Strata''s virtualenv', Reason) then
+      SuppressibleMsgBox(Reason + '. Close Strata and delete ' + ExpandConstant('{app}') +
+        ' by hand.', mbError, MB_OK, IDOK);
 end;

@@ -26,6 +26,7 @@ from strata.app.tray import TrayController
 from strata.engine.service.rules import rules_from_config
 from strata.engine.service.settings import add_serve_arguments, load_settings, overrides_from_args
 from strata.errors import user_message
+from strata.logs import setup_logging
 
 log = logging.getLogger("strata.tray")
 
@@ -114,9 +115,10 @@ class TrayApp:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `strata-tray` console script."""
+    """Entry point of the `strata-tray` GUI script (pythonw on Windows: no console window)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # Always a log file too: the tray usually runs under pythonw, with no console to read.
+    setup_logging("tray", "%(asctime)s %(name)s: %(message)s", to_file=True)
     from strata.paths import config_path
 
     config_file = Path(args.config).expanduser() if args.config else config_path()

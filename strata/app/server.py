@@ -1,7 +1,8 @@
 """Start the real Service plus its aiohttp endpoint on the running loop, for the tray. Qt-free.
 
-The same parts as `strata serve`: Service(settings) and engine/api's create_app, bound to
-settings.host:settings.port (port 0 picks a free one; endpoint_url reports the real one).
+The same parts as `strata serve`: Service(settings), and engine/api's start_listening, which
+both front ends share (Host allow-list for the bind, origins, key, handler cancellation), bound
+to settings.host:settings.port (port 0 picks a free one; endpoint_url reports the real one).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-
-from strata.errors import StrataError
 
 log = logging.getLogger(__name__)
 
@@ -31,32 +30,21 @@ class TrayServer:
         await self.service.stop()
 
 
-def _bound_port(runner: web.AppRunner, fallback: int) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return fallback
+async def start_tray_server(settings: Any, *, service: Any = None) -> TrayServer:
+    """Start Service(settings) (or `service`, for tests) and its HTTP API.
 
-
-async def start_tray_server(settings: Any) -> TrayServer:
-    """Start Service(settings) and its HTTP API; raises with a one-line message on failure."""
-    from strata.engine.api.app import create_app
+    Raises StrataError with a one-line message when the address cannot be bound.
+    """
+    from strata.engine.api.listen import ListenError, start_listening
     from strata.engine.service.service import Service
 
-    service = Service(settings)
+    service = service if service is not None else Service(settings)
     await service.start()  # an engine that fails to load leaves the service up, "failed"
-    runner = web.AppRunner(create_app(service, api_key=settings.api_key), handle_signals=False)
-    await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port).start()
-    except OSError as exc:
-        await runner.cleanup()
+        listening = await start_listening(service, settings,
+                                          port_advice="--port or in Settings")
+    except ListenError:
         await service.stop()
-        raise StrataError(
-            f"cannot listen on {settings.host}:{settings.port} ({exc.strerror}); "
-            "pick another port with --port or in Settings"
-        ) from None
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
-    url = f"http://{host}:{_bound_port(runner, settings.port)}/v1"
-    log.info("tray server listening at %s", url)
-    return TrayServer(service, runner, url)
+        raise
+    log.info("tray server listening at %s", listening.endpoint_url)
+    return TrayServer(service, listening.runner, listening.endpoint_url)

@@ -11,6 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 PROTOCOL_VERSION = 1
+# The KV cache slots of a loaded model, 0..NUM_CACHE_SLOTS-1: one number for host and engine.
+NUM_CACHE_SLOTS = 4
+
+
+def slot_problem(slot: Any) -> str | None:
+    """Why `slot` is not a cache slot number (an int in 0..NUM_CACHE_SLOTS-1); None when it is."""
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < NUM_CACHE_SLOTS:
+        return f"cache slot must be 0..{NUM_CACHE_SLOTS - 1}, not {slot!r}"
+    return None
 
 
 # ---- commands (host -> engine) --------------------------------------------------------------

@@ -49,7 +49,7 @@ class FakeService:
         """The service's iterator, or (returns_coroutine) a coroutine that returns it."""
         self.calls.append(("generate", request))
         self.requests.append(request)
-        stream = FakeStream(self, self._events(request))
+        stream = FakeStream(self, self._events(request), request)
         if self.returns_coroutine:
             async def opened() -> FakeStream:
                 return stream
@@ -86,12 +86,27 @@ class FakeService:
         self.calls.append(("control", action, kwargs))
         if self.control_error is not None:
             raise self.control_error
+        if action.startswith("slot_"):  # the engine's llama.cpp payload, as Service nests it
+            return {"action": action, "result": _slot_payload(action, **kwargs), **self.status()}
         return {"action": action, "ok": True, **kwargs}
+
+    def set_unload_idle(self, seconds: float | None) -> None:
+        self.calls.append(("set_unload_idle", seconds))
 
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "model": self.model_id, "model_path": "/models/tiny",
                 "context_tokens": self.context_tokens, "queue_length": 0,
                 "counters": dict(self.counters)}
+
+
+def _slot_payload(action: str, slot: int, filename: str = "") -> dict[str, Any]:
+    """What core/slots.py answers for a slot of 3 tokens and 96 bytes."""
+    if action == "slot_erase":
+        return {"id_slot": slot, "n_erased": 3}
+    verb = action.removeprefix("slot_")
+    counts = {"save": ("n_saved", "n_written"), "restore": ("n_restored", "n_read")}[verb]
+    return {"id_slot": slot, "filename": filename, counts[0]: 3, counts[1]: 96,
+            "timings": {f"{verb}_ms": 1.5}}
 
 
 class FakeStream:
@@ -100,11 +115,19 @@ class FakeStream:
     unlike an async generator, nothing closes it when it is garbage collected.
     """
 
-    def __init__(self, service: FakeService, events):
+    def __init__(self, service: FakeService, events, request: GenerationRequest | None = None):
         self._service = service
         self._events = events
+        self._request = request
+        self._num_tokens = 0
         self._is_finished = False
         self._is_closed = False
+
+    def _report_final(self, final: Done | Error | None) -> None:
+        """As Service does: the final event to request.on_final, also after an early close
+        (then a cancelled Done with the usage so far, as the engine answers a Cancel)."""
+        if self._request is not None and self._request.on_final is not None:
+            self._request.on_final(final)
 
     def __aiter__(self) -> FakeStream:
         return self
@@ -118,14 +141,21 @@ class FakeStream:
         except BaseException:
             self._is_finished = True
             raise
+        if isinstance(event, Tokens):
+            self._num_tokens += len(event.token_ids)
         if isinstance(event, (Done, Error)):
             self._is_finished = True
+            self._report_final(event)
         return event
 
     def _record_cancel(self) -> None:
         if not self._is_finished and not self._is_closed:
             self._service.num_closed_early += 1
             self._service.closed_early.set()
+            if self._request is not None:
+                usage = Usage(len(self._request.prompt_ids), self._num_tokens, CACHED_TOKENS,
+                              "cancelled")
+                self._report_final(Done("req-cancelled", usage))
         self._is_finished = True
 
     async def aclose(self) -> None:

@@ -29,7 +29,7 @@ async def test_props(client, service, text_assets):
     body = await (await client.get("/props")).json()
     assert body["n_ctx"] == 512 and body["is_sleeping"] is True
     assert body["chat_template"] == text_assets.chat_template
-    assert body["model_path"] == "/models/tiny"
+    assert body["model_path"] == "tiny"  # the file name: the server's path is its own
 
 
 async def test_metrics_parse_as_prometheus_text(client, service):
@@ -82,10 +82,33 @@ async def test_level_routes_call_control(client, service, path, action):
 async def test_slot_actions(client, service):
     resp = await client.post("/slots/2?action=save", json={"filename": "chat-a.bin"})
     assert resp.status == 200
+    assert await resp.json() == {"id_slot": 2, "filename": "chat-a.bin", "n_saved": 3,
+                                 "n_written": 96, "timings": {"save_ms": 1.5}}
     resp = await client.post("/slots/2?action=restore", json={"filename": "chat-a.bin"})
-    assert resp.status == 200
+    assert resp.status == 200 and (await resp.json())["n_restored"] == 3
     resp = await client.post("/slots/3?action=erase")
-    assert resp.status == 200
+    assert resp.status == 200 and await resp.json() == {"id_slot": 3, "n_erased": 3}
     assert service.calls == [("control", "slot_save", {"slot": 2, "filename": "chat-a.bin"}),
                              ("control", "slot_restore", {"slot": 2, "filename": "chat-a.bin"}),
                              ("control", "slot_erase", {"slot": 3})]
+
+
+async def test_apply_template_is_the_chat_prompt(client, service):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    response = await client.post("/apply-template", json={"messages": messages})
+    assert response.status == 200
+    prompt = (await response.json())["prompt"]
+    assert prompt == service.text.apply_chat_template(messages)
+    assert not service.requests  # nothing generated
+    bad = await client.post("/apply-template", json={"messages": []})
+    assert bad.status == 400
+
+
+async def test_unprefixed_aliases_and_v1_health(client, service):
+    assert (await client.get("/v1/health")).status == 200
+    assert (await (await client.get("/models")).json())["data"][0]["id"] == service.model_id
+    chat = await client.post("/chat/completions",
+                             json={"messages": [{"role": "user", "content": "hi"}]})
+    assert (await chat.json())["choices"][0]["message"]["content"] == service.reply_text
+    done = await client.post("/completions", json={"prompt": "The", "max_tokens": 2})
+    assert (await done.json())["usage"]["completion_tokens"] == 2

@@ -16,7 +16,8 @@ async def test_chat_completion_returns_the_reply_and_usage(client, service, text
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["model"] == "tiny-test-model" and isinstance(body["created"], int)
     choice = body["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": service.reply_text}
+    assert choice["message"] == {"role": "assistant", "content": service.reply_text,
+                                 "refusal": None}
     assert choice["finish_reason"] == "stop"
     prompt_ids = service.requests[0].prompt_ids
     assert list(prompt_ids) == text_assets.encode_chat(

@@ -49,31 +49,36 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("template", sorted(EXPECTED))
-def test_family_template_renders_tools_calls_and_results(text_assets, template) -> None:
+async def test_family_template_renders_tools_calls_and_results(client, text_assets,
+                                                                template) -> None:
     assets = dataclasses.replace(text_assets, chat_template=(TEMPLATES / template).read_text())
-    plan = plan_chat(assets, HISTORY, ToolRequest((WEATHER,), names=frozenset({"get_weather"})),
-                     None, None, {})
+    plan = await plan_chat(client.app, assets, HISTORY,
+                           ToolRequest((WEATHER,), names=frozenset({"get_weather"})),
+                           None, None, {})
     rendered = assets.decode(plan.prompt_ids, skip_special=False)
     for needle in EXPECTED[template]:
         assert needle in rendered, (needle, rendered)
     assert plan.tool_format is not None
 
 
-def test_forced_call_on_a_thinking_template_turns_thinking_off(text_assets) -> None:
+async def test_forced_call_on_a_thinking_template_turns_thinking_off(client, text_assets
+                                                                      ) -> None:
     assets = dataclasses.replace(text_assets,
                                  chat_template=(TEMPLATES / "qwen3.jinja").read_text())
     tools = ToolRequest((WEATHER,), "named", "get_weather", True, frozenset({"get_weather"}))
-    plan = plan_chat(assets, HISTORY[:1], tools, None, None, {})
+    plan = await plan_chat(client.app, assets, HISTORY[:1], tools, None, None, {})
     assert plan.grammar is not None and not plan.thinks
     assert assets.decode(plan.prompt_ids, skip_special=False).endswith("<think>\n\n</think>\n\n")
     with pytest.raises(ApiError, match="thinking"):
-        plan_chat(assets, HISTORY[:1], tools, None, True, {})
+        await plan_chat(client.app, assets, HISTORY[:1], tools, None, True, {})
 
 
-def test_a_template_that_always_thinks_refuses_constrained_output(text_assets) -> None:
+async def test_a_template_that_always_thinks_refuses_constrained_output(client, text_assets
+                                                                         ) -> None:
     assets = dataclasses.replace(text_assets,
                                  chat_template=(TEMPLATES / "deepseek-r1.jinja").read_text())
-    plan = plan_chat(assets, HISTORY[:1], ToolRequest(), None, None, {})
+    plan = await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), None, None, {})
     assert plan.thinks and plan.starts_thinking
     with pytest.raises(ApiError, match="thinking"):
-        plan_chat(assets, HISTORY[:1], ToolRequest(), '{"grammars": []}', None, {})
+        await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), '{"grammars": []}',
+                        None, {})

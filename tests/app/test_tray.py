@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 
 import pytest
+from helpers.processes import kill_hard
 
 from strata.app.tray import TrayController
 from strata.engine.service.rules import Rule
@@ -139,7 +138,7 @@ def test_a_rule_action_fires_a_notification(qtbot, make_bridge, fake_service):
         assert note.args[1].startswith("Released 10.0 GiB for Marker app")
         assert fake_service.calls == ["release_experts"]
     finally:
-        os.kill(other_pid, signal.SIGKILL)
+        kill_hard(other_pid)
     qtbot.waitUntil(
         lambda: fake_service.calls == ["release_experts", "refill_experts"], timeout=10000
     )

@@ -56,6 +56,15 @@ def run(engine: Engine, prompt: list[int], slot: int = 0, spec: SamplingSpec = G
     return [t for ids in engine.generate(prompt, spec, slot=slot) for t in ids]
 
 
+def pages_return_to_os() -> bool:
+    """False under the Windows emulation, whose portable page fallback only zero-fills (real
+    Windows gives pages back by VirtualFree: tests/memory/test_os_pages.py); RSS checks apply
+    where it is True, the rest of each test everywhere."""
+    from strata.engine.core.memory import os_pages
+
+    return os_pages.reserve(os_pages.PAGE_SIZE_BYTES).releases_pages
+
+
 def anonymous_rss_bytes() -> int:
     """Resident memory minus file-backed pages, so library pages do not blur the figure."""
     info = psutil.Process().memory_info()

@@ -22,6 +22,7 @@ from tests.core.engine_memory_helpers import (
     anonymous_rss_bytes,
     data_ptrs,
     make_engine,
+    pages_return_to_os,
     run,
     save_big_expert_moe,
 )
@@ -54,8 +55,8 @@ def test_sleep_frees_weights_experts_and_kv_and_wake_restores_them(moe_dir, tmp_
         rss_after = anonymous_rss_bytes()
         assert result["freed_bytes"] == sum(resident.values())
         assert result["offloaded_slots"] == [0]
-        assert rss_before - rss_after > 0.8 * sum(resident.values()), (
-            rss_before / MIB, rss_after / MIB)
+        assert not pages_return_to_os() or rss_before - rss_after > 0.8 * sum(
+            resident.values()), (rss_before / MIB, rss_after / MIB)
         status = engine.status()
         assert status["state"] == "sleeping"
         assert all(a["resident_bytes"] == 0 for a in status["arenas"].values())

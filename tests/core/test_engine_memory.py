@@ -22,6 +22,7 @@ from tests.core.engine_memory_helpers import (
     arena,
     data_ptrs,
     make_engine,
+    pages_return_to_os,
     run,
     save_big_expert_moe,
 )
@@ -72,14 +73,15 @@ def test_release_returns_pages_and_refill_restores_every_byte(moe, reference) ->
     result = moe.release_experts()
     rss_after = anonymous_rss_bytes()
     assert result["freed_bytes"] >= ALL_EXPERTS_BYTES
-    assert rss_before - rss_after > 0.8 * ALL_EXPERTS_BYTES, (rss_before / MIB, rss_after / MIB)
+    assert not pages_return_to_os() or rss_before - rss_after > 0.8 * ALL_EXPERTS_BYTES, (
+        rss_before / MIB, rss_after / MIB)
     released = arena(moe, "experts")
     assert released["state"] == "released" and released["resident_bytes"] == 0
     assert released["released_bytes"] >= ALL_EXPERTS_BYTES
 
     refill = moe.refill_experts()
     assert refill["copied_bytes"] == ALL_EXPERTS_BYTES
-    assert anonymous_rss_bytes() - rss_after > 0.8 * ALL_EXPERTS_BYTES
+    assert not pages_return_to_os() or anonymous_rss_bytes() - rss_after > 0.8 * ALL_EXPERTS_BYTES
     assert torch.equal(expert_bytes(moe), before_bytes)
     assert data_ptrs(moe) == before_ptrs  # CUDA graphs captured before stay valid
     for i, prompt in enumerate(PROMPTS):
@@ -194,7 +196,7 @@ def test_kv_pages_follow_tokens_and_come_back_at_the_same_addresses(tmp_path) ->
         rss_before = anonymous_rss_bytes()
         assert engine.offload_session()["offloaded_slots"] == [0]
         assert arena(engine, "kv")["resident_bytes"] == 0
-        assert rss_before - anonymous_rss_bytes() > 0.8 * grown
+        assert not pages_return_to_os() or rss_before - anonymous_rss_bytes() > 0.8 * grown
         follow = prompt + answer + [5]
         again = run(engine, follow, slot=0)
         assert engine.last_usage.cached_tokens == len(prompt) + len(answer) - 1

@@ -39,6 +39,7 @@ def server_env(tmp_dir: Path) -> dict[str, str]:
     # The real cache: the default model is already there, so nothing is downloaded.
     env["STRATA_HOME"] = str(strata_home())
     env["STRATA_CONFIG"] = str(tmp_dir / "no-config.toml")  # absent: only flags apply
+    env.pop("STRATA_API_KEY", None)  # a key of the developer's own would lock the tests out
     # OpenMP threads spin while waiting for work; on a 2-core machine shared with other jobs
     # that spinning slows every decode step about 10x. Passive waiting costs nothing here.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
 import aiohttp
 import pytest
+from helpers.processes import KILLED_WORDS, kill_hard
 
 from tests.e2e.server import ServerProcess
 from tests.e2e.sse import chunk_text, sse_events
@@ -56,13 +55,13 @@ async def test_engine_killed_mid_stream_gives_an_error_event_then_recovers(
             events.append(data)
             pieces.append(chunk_text(data))
             if not is_killed and sum(1 for p in pieces if p) >= 2:
-                os.kill(old_pid, signal.SIGKILL)  # the engine, as a driver fault would
+                kill_hard(old_pid)  # the engine, as a driver fault would
                 is_killed = True
     assert is_killed, f"the stream ended before two pieces arrived: {events}"
     errors = [e for e in events if isinstance(e, dict) and "error" in e]
     assert len(errors) == 1, events[-3:]
     error = errors[0]["error"]
-    assert error["code"] == "engine_crashed" and "SIGKILL" in error["message"], error
+    assert error["code"] == "engine_crashed" and KILLED_WORDS in error["message"], error
     assert events[-1] == "[DONE]" and events[-2] is errors[0]
     # No chunk claimed a normal end: the client knows the answer is cut short.
     assert not any(isinstance(e, dict) and e.get("choices")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import anthropic
+import ollama
 import openai
 import pytest
 
+from strata.default_model import default_model_path
 from tests.e2e.server import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -135,3 +140,83 @@ def test_bad_cache_slot_is_refused_before_any_stream(oai: openai.OpenAI, model_i
     with pytest.raises(openai.BadRequestError, match="strata_cache_slot"):
         oai.chat.completions.create(model=model_id, messages=QUESTION, stream=True,
                                     extra_body={"strata_cache_slot": 9})
+
+
+def test_ollama_client_finds_and_chats_with_the_model(server: ServerProcess) -> None:
+    client = ollama.Client(host=server.base_url, timeout=120)
+    listed = client.list().models
+    assert len(listed) == 1 and listed[0].details.format == "gguf"
+    assert listed[0].details.quantization_level == "Q4_1"
+    assert listed[0].size == default_model_path(fetch=False).stat().st_size
+    name = listed[0].model
+    reply = client.chat(model=name, messages=QUESTION, stream=False,
+                        options={"temperature": 0, "num_predict": MAX_TOKENS})
+    assert "Paris" in reply.message.content, reply.message.content
+    assert reply.done_reason == "stop" and 0 < reply.eval_count < MAX_TOKENS
+    streamed = "".join(part.message.content for part in client.chat(
+        model=name, messages=QUESTION, stream=True,
+        options={"temperature": 0, "num_predict": MAX_TOKENS}))
+    assert streamed == reply.message.content
+    assert [m.model for m in client.ps().models] == [name]
+
+
+def test_responses_follow_up_reuses_the_cache(oai: openai.OpenAI, model_id: str) -> None:
+    first = oai.responses.create(model=model_id, input="What is the capital of France?",
+                                 temperature=0, max_output_tokens=MAX_TOKENS)
+    assert "Paris" in first.output_text, first.output_text
+    follow = oai.responses.create(model=model_id, input="And what is the capital of Italy?",
+                                  previous_response_id=first.id, temperature=0,
+                                  max_output_tokens=MAX_TOKENS)
+    assert "Rome" in follow.output_text, follow.output_text
+    # The whole first turn is a prefix of the follow-up, in the same slot: it is not re-read.
+    assert follow.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+
+
+def test_slot_save_and_restore_answer_llamacpp_payloads(oai: openai.OpenAI, model_id: str,
+                                                        server: ServerProcess) -> None:
+    """The real engine's answers, at top level as llama.cpp's clients read them; the API
+    tests' fake answers the same keys (tests/api/fake_service.py)."""
+    chat(oai, model_id, QUESTION, slot=2)
+    saved = _post_json(server, "/slots/2?action=save", {"filename": "e2e.slot"})
+    assert set(saved) == {"id_slot", "filename", "n_saved", "n_written", "timings"}
+    assert saved["id_slot"] == 2 and saved["n_saved"] > 10 and saved["n_written"] > 0
+    restored = _post_json(server, "/slots/3?action=restore", {"filename": "e2e.slot"})
+    assert set(restored) == {"id_slot", "filename", "n_restored", "n_read", "timings"}
+    assert restored["n_restored"] == saved["n_saved"]
+    erased = _post_json(server, "/slots/3?action=erase", None)
+    assert erased == {"id_slot": 3, "n_erased": saved["n_saved"]}
+
+
+def _post_json(server: ServerProcess, path: str, body: dict | None) -> dict:
+    request = urllib.request.Request(server.base_url + path, method="POST",
+                                     data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+async def test_a_browser_page_streams_from_an_allowed_origin_and_not_from_a_foreign_one(
+        server: ServerProcess, tmp_path):
+    """Real headless Chromium, real fetch(): CORS preflight and streaming, issue 17 item 2."""
+    from tests.e2e.browser import find_browser, open_page, page_server
+
+    browser = find_browser()
+    if browser is None:
+        pytest.skip("no Chromium on PATH (CI installs the Debian package chromium)")
+    before = server.status()["counters"]["requests_total"]
+    # localhost:* is a default allowed origin; 127.0.0.2 (another loopback address, so
+    # another site to the browser) stands in for a foreign site.
+    async with page_server(("127.0.0.1", "127.0.0.2")) as (ports, reports):
+        allowed = await open_page(
+            browser, f"http://localhost:{ports['127.0.0.1']}/page.html?target={server.base_url}",
+            reports, tmp_path / "profile-a")
+        foreign = await open_page(
+            browser, f"http://127.0.0.2:{ports['127.0.0.2']}/page.html?target={server.base_url}",
+            reports, tmp_path / "profile-b")
+    assert "error" not in allowed, allowed
+    assert allowed["status"] == 200  # readable at all: the response carried CORS headers
+    events = [line[6:] for line in allowed["body"].split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) >= 3, allowed["body"]
+    assert "TypeError" in foreign.get("error", ""), foreign  # the preflight was refused
+    assert "status" not in foreign
+    assert server.status()["counters"]["requests_total"] == before + 1

@@ -64,6 +64,7 @@ class FakeEngineConfig:
     kv_bytes_per_token: int = 64 * 1024
     oom_file: str | None = None  # while this file exists, wake and refill fail out_of_memory
     snapshot_dir: str | None = None  # where save_slot writes; None: a temp dir per engine
+    slot_delay_s: float = 0.0  # restore_slot sleeps this long first: a slot command that hangs
 
 
 def expected_tokens(prompt_ids: Sequence[int], max_tokens: int, vocab_size: int = 512) -> list[int]:
@@ -289,6 +290,7 @@ class FakeEngine:
 
     def restore_slot(self, slot: int, filename: str) -> dict:
         self._check_not_sleeping("restore a slot")
+        time.sleep(self.config.slot_delay_s)
         tokens = json.loads(self._slot_path(filename).read_bytes())["tokens"]
         self.offloaded.pop(slot, None)
         self.slot_tokens[slot] = list(tokens)

@@ -3,6 +3,7 @@ carries its icons and its console scripts run."""
 
 from __future__ import annotations
 
+import configparser
 import subprocess
 import sys
 import zipfile
@@ -33,7 +34,11 @@ def test_wheel_holds_the_package_and_its_icons_but_no_tests(wheel):
     assert not [n for n in names if n.startswith(("tests/", "bench/", "installer/"))]
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "strata = strata.cli:main" in scripts and "strata-tray = strata.app.main:main" in scripts
+    sections = configparser.ConfigParser()
+    sections.read_string(scripts)
+    assert dict(sections["console_scripts"]) == {"strata": "strata.cli:main"}
+    # A GUI script: pythonw on Windows, so the tray opens no console window at login.
+    assert dict(sections["gui_scripts"]) == {"strata-tray": "strata.app.main:main"}
 
 
 def test_wheel_installs_alone_and_runs(wheel, deps_overlay, tmp_path):

@@ -46,3 +46,21 @@ def test_autostart_uses_the_trays_own_run_value():
     assert '-Name "Strata"' in ps1
     autostart = (REPO_ROOT / "strata" / "app" / "autostart.py").read_text(encoding="utf-8")
     assert '"Strata"' in autostart
+
+
+def _iss_section(iss: str, name: str) -> str:
+    match = re.search(rf"^\[{name}\]\n(.*?)(?=^\[\w+\]\n|\Z)", iss, re.MULTILINE | re.DOTALL)
+    return match.group(1) if match else ""
+
+
+def test_inno_script_checks_install_ps1s_exit_code_before_installing_anything():
+    """[Run] ignored install.ps1's exit code and offered to start a virtualenv that did not
+    exist; [Code] now runs it in PrepareToInstall and stops the setup with its reason."""
+    iss = (WINDOWS / "strata.iss").read_text(encoding="utf-8")
+    for section in ("Run", "UninstallRun"):
+        assert "install.ps1" not in _iss_section(iss, section), section
+    code = _iss_section(iss, "Code")
+    assert "function PrepareToInstall(var NeedsRestart: Boolean): String;" in code
+    assert "if ResultCode <> 0 then" in code and "LoadStringFromFile(ErrorFile, Message)" in code
+    assert "Result := Reason;" in code  # a non-empty result stops the setup
+    assert "procedure CurUninstallStepChanged" in code and "-Uninstall" in code

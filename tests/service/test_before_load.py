@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 
@@ -34,6 +35,60 @@ def test_a_command_line_is_split_like_a_shell_without_running_one():
         "curl", "-X", "POST", "http://127.0.0.1:8188/free", "-d", '{"a": 1}']
     assert command_argv(["a b", "c"]) == ["a b", "c"]
     assert command_argv(None) is None and command_argv("  ") is None
+
+
+def test_on_windows_a_command_line_is_split_by_the_c_runtime_rules(monkeypatch):
+    """POSIX rules ate the backslashes of Windows paths; the C runtime's keep them."""
+    import subprocess
+
+    from strata.engine.service import before_load
+
+    monkeypatch.setattr(before_load, "_is_windows", lambda: True)
+    line = (r'"C:\Program Files\ComfyUI\free.exe" --url http://127.0.0.1:8188/free '
+            r'C:\Tools\a\b -d "{\"a\": 1}"')
+    argv = command_argv(line)
+    assert argv == [r"C:\Program Files\ComfyUI\free.exe", "--url", "http://127.0.0.1:8188/free",
+                    r"C:\Tools\a\b", "-d", '{"a": 1}']
+    # What subprocess hands CreateProcess parses back to the same argv in the child.
+    assert before_load.split_command(subprocess.list2cmdline(argv)) == argv
+
+
+def test_a_command_line_with_an_unbalanced_quote_is_refused_in_the_settings():
+    from strata.engine.service.settings import ServeSettings, SettingsError
+
+    with pytest.raises(SettingsError, match="'before_load'.*not a command line"):
+        ServeSettings(before_load="curl 'http://127.0.0.1:8188/free")
+
+
+async def test_a_timeout_kills_what_the_command_started_without_process_groups(
+    monkeypatch, tmp_path
+):
+    """Windows has no killpg: the command's descendants are found by parent id and killed."""
+    import os
+
+    import psutil
+
+    monkeypatch.delattr(os, "killpg", raising=False)  # already gone under Windows emulation
+    pid_file = tmp_path / "grandchild.pid"
+    hook = BeforeLoadHook(python_hook(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)"), timeout_s=2.0)
+    result = await hook.run("load")
+    assert not result.ok and "timed out" in result.error
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+                break  # killed, waiting for a reaper that a container may not have
+        except psutil.NoSuchProcess:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        psutil.Process(grandchild).kill()
+        pytest.fail("the command's child outlived the timeout")
 
 
 async def test_the_hook_reports_success_failure_timeout_and_a_missing_command(tmp_path):

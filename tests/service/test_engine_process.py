@@ -127,3 +127,39 @@ def test_a_factory_that_cannot_be_imported_fails_the_load_not_the_process():
         assert engine.recv().state == "standby"  # still serving
     finally:
         engine.process.kill()
+
+
+def test_generation_streams_where_select_cannot_poll_pipes(monkeypatch):
+    """Windows' select() takes sockets only (WinError 10038 on a pipe): tokens still stream."""
+    import select
+    import threading
+
+    from strata.engine.core import process
+
+    def windows_select(*args):
+        raise OSError(10038, "An operation was attempted on something that is not a socket")
+
+    monkeypatch.setattr(select, "select", windows_select)
+    monkeypatch.setattr(process, "_can_select_pipes", True)  # as if first tried on Windows
+    host, child = CTX.Pipe()
+    loop = process.EngineLoop(child, FAKE_ENGINE_FACTORY, FakeEngineConfig())
+    thread = threading.Thread(target=loop.run, daemon=True)
+    thread.start()
+    try:
+        assert isinstance(host.recv(), p.Ready)
+        host.send(p.Envelope(1, p.Load(model_path="fake-model", device="cpu")))
+        assert isinstance(host.recv(), p.Reply)
+        host.send(p.Envelope(2, p.Generate("w", (5, 6, 7), p.SamplingSpec(max_tokens=6))))
+        events = []
+        while not events or not isinstance(events[-1], (p.Done, p.Error)):
+            assert host.poll(10), "the engine loop answered nothing"
+            events.append(host.recv())
+        assert tokens_of(events) == expected_tokens((5, 6, 7), 6)
+        assert events[-1].usage == p.Usage(3, 6, 0, "length")
+        assert process._can_select_pipes is False  # tried once, then never again
+        host.send(p.Envelope(3, p.Unload()))
+        assert host.recv() == p.Reply(3, {"unloaded": True})
+        thread.join(10)
+        assert not thread.is_alive()
+    finally:
+        host.close()

@@ -4,8 +4,6 @@ sleep, and its end wakes it (the RulesEngine acting through Service.control)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -13,6 +11,7 @@ import uuid
 import psutil
 import pytest
 from fakes.services import make_service
+from helpers.processes import kill_hard
 
 from strata.engine.service.serve import serve
 
@@ -53,12 +52,12 @@ async def test_serve_runs_the_config_rules_headless(tiny_model_dir):
         assert urls and service.status()["state"] == "loaded"
         game_pid = start_detached(marker)
         await wait_for_state(service, "sleeping")
-        os.kill(game_pid, signal.SIGKILL)
+        kill_hard(game_pid)
         await wait_for_state(service, "loaded")
         changes = service.status()["counters"]["level_changes"]
         assert changes["sleep"] == 1 and changes["wake"] == 1
     finally:
         if game_pid is not None and psutil.pid_exists(game_pid):
-            os.kill(game_pid, signal.SIGKILL)
+            kill_hard(game_pid)
         stop.set()
         assert await asyncio.wait_for(server, 20) == 0

@@ -159,6 +159,19 @@ async def test_other_process_vram_trigger_ignores_our_own_pid():
     assert "next request" in events[-1].sentence
 
 
+async def test_process_vram_rule_says_once_when_the_driver_hides_per_process_vram(caplog):
+    """Windows' WDDM: NVML lists GPU processes without their VRAM, so the rule cannot fire."""
+    world = World()
+    engine, _ = make([Rule("hog", "process_vram", "sleep", "restore", threshold_gib=1)], world)
+    world.gpu_procs = [GpuProcess(99, "game.exe", None), GpuProcess(98, "blender.exe", None)]
+    with caplog.at_level(logging.WARNING, logger="strata.engine.service.rules"):
+        await engine.poll_once()
+        await engine.poll_once()
+    warnings = [r.getMessage() for r in caplog.records if "per-process VRAM" in r.getMessage()]
+    assert len(warnings) == 1 and "use a free_vram or process rule" in warnings[0]
+    assert engine.service.calls == []
+
+
 async def test_free_vram_trigger_has_hysteresis():
     world = World()
     rule = Rule("low", "free_vram", "release_experts", "restore", threshold_gib=4)

@@ -116,3 +116,30 @@ def test_byte_sizes():
     assert parse_bytes("2GB") == 2_000_000_000 and parse_bytes(1024) == 1024
     with pytest.raises(ValueError):
         parse_bytes("-1GiB")
+
+
+def test_allowed_hosts_and_origins_from_the_file_and_flags(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    path = write(tmp_path, 'allowed-hosts = ["host.docker.internal", "fe80::1"]\n'
+                           'allowed_origins = ["https://chat.example.com"]\n')
+    settings = load_settings(path, {})
+    assert settings.allowed_hosts == ("host.docker.internal", "fe80::1")
+    assert settings.allowed_origins == ("https://chat.example.com",)
+    args = parser.parse_args(["--config", str(path), "--allowed-hosts", "a.lan, b.lan,a.lan",
+                              "--allowed-origins", "http://10.0.0.5:*,app://*,null"])
+    settings = load_settings(args.config, overrides_from_args(args))
+    assert settings.allowed_hosts == ("a.lan", "b.lan")  # the flag wins; duplicates go
+    assert settings.allowed_origins == ("http://10.0.0.5:*", "app://*", "null")
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("allowed_hosts", ["http://a.lan"], "bare host name"),
+    ("allowed_hosts", ["a.lan:8080"], "bare host name"),
+    ("allowed_hosts", [3], "list of strings"),
+    ("allowed_origins", ["chat.example.com"], "must be an origin"),
+    ("allowed_origins", ["http://a b"], "contains a space"),
+])
+def test_bad_allowed_hosts_and_origins_are_refused(key, value, needle):
+    with pytest.raises(SettingsError, match=needle):
+        ServeSettings(**{key: value})

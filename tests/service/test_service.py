@@ -7,12 +7,11 @@ test leaves it usable, and generate() brings the engine back when a test took it
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
 import pytest
 import pytest_asyncio
 from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig, expected_tokens
+from helpers.processes import kill_hard
 
 from strata.engine.protocol import Done, Error, SamplingSpec, Tokens
 from strata.engine.service.facade import GenerationRequest, ServiceError
@@ -126,7 +125,7 @@ async def test_engine_killed_mid_stream_gives_an_error_then_recovers(service):
     async for event in service.generate(request([1, 2], max_tokens=10_000)):
         events.append(event)
         if len(events) == 1:
-            os.kill(pid, signal.SIGKILL)
+            kill_hard(pid)
     assert isinstance(events[-1], Error) and events[-1].code == "engine_crashed"
     assert service.status()["state"] == "failed"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 
 import pytest
 from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig, expected_tokens
+from helpers.processes import KILLED_WORDS, kill_hard
 
 from strata.engine import protocol as p
 from strata.engine.service.supervisor import EngineUnavailable, Supervisor
@@ -64,10 +64,10 @@ async def test_kill_mid_stream_fails_the_stream_and_the_next_request_restarts(ma
     async for event in supervisor.stream("r1", (1,), p.SamplingSpec(max_tokens=500)):
         events.append(event)
         if len(events) == 1:
-            os.kill(first_pid, signal.SIGKILL)
+            kill_hard(first_pid)
     assert isinstance(events[-1], p.Error) and events[-1].code == "engine_crashed"
-    assert "SIGKILL" in events[-1].message
-    assert supervisor.state == "failed" and "SIGKILL" in supervisor.last_error
+    assert KILLED_WORDS in events[-1].message
+    assert supervisor.state == "failed" and KILLED_WORDS in supervisor.last_error
 
     await supervisor.ensure_loaded()  # the first crash restarts at once
     assert supervisor.pid not in (None, first_pid)

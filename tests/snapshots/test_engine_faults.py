@@ -94,7 +94,7 @@ def unwritable_dir(tmp_path):
     directory = tmp_path / "tiny_fs"
     directory.mkdir()
     mounted = shutil.which("mount") is not None and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(directory)],
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(directory)],
         capture_output=True, check=False,
     ).returncode == 0
     if not mounted:

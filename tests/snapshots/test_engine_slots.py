@@ -99,6 +99,11 @@ def anonymous_rss_bytes() -> int:
 
 
 def test_rss_falls_after_offload(model_dir, tmp_path) -> None:
+    from strata.engine.core.memory import os_pages
+
+    if not os_pages.reserve(os_pages.PAGE_SIZE_BYTES).releases_pages:
+        pytest.skip("Windows emulation: neither madvise nor VirtualFree here, and the portable "
+                    "fallback only zero-fills (tests/memory/test_os_pages.py covers VirtualFree)")
     # 40 MiB per layer buffer: above glibc's largest mmap threshold, so a free really unmaps.
     context_tokens = 40 * 2**20 // (KV_BYTES_PER_TOKEN // 4)
     engine = make_engine(model_dir, tmp_path, context_tokens=context_tokens)

@@ -64,6 +64,17 @@ def test_the_disk_budget_drops_the_oldest_disk_snapshot(tmp_path) -> None:
     assert s.info(0) is None and s.info(1)["location"] == "disk"
 
 
+def test_a_kept_session_file_counts_against_the_disk_budget_and_goes_first(tmp_path) -> None:
+    s = store(tmp_path, ram_bytes=0, disk_bytes=70 * TOKEN_BYTES, persist=True)
+    s.put(0, snap(30))
+    assert s.take(0).num_tokens == 30  # slot 0 is resident again; its file is kept
+    kept_bytes = s.disk_bytes
+    assert kept_bytes > 30 * TOKEN_BYTES and s.info(0) is None
+    s.put(1, snap(30))  # both files do not fit: the kept copy goes, not slot 1's only one
+    assert os.listdir(tmp_path) == [f"slot1-{FINGERPRINT}.stkv"]
+    assert s.info(1)["location"] == "disk" and s.disk_bytes == s.info(1)["bytes"]
+
+
 def test_too_big_for_the_disk_budget_is_a_write_error_and_stores_nothing(tmp_path) -> None:
     s = store(tmp_path, ram_bytes=0, disk_bytes=10 * TOKEN_BYTES)
     with pytest.raises(SnapshotWriteError, match="snapshot-disk-budget"):
@@ -107,7 +118,16 @@ def test_persistent_files_are_found_again_by_slot_and_fingerprint(tmp_path) -> N
     assert again.info(2) == {"location": "disk", "n_tokens": 12,
                              "bytes": (tmp_path / f"slot2-{FINGERPRINT}.stkv").stat().st_size}
     assert again.take(2).token_ids == tuple(range(12))
-    assert os.listdir(tmp_path) == []  # taken back into a slot: the file is done
+    # Taken back into a slot, the file stays until a newer snapshot replaces it (a crash
+    # before then loses nothing); a third engine finds it again.
+    assert os.listdir(tmp_path) == [f"slot2-{FINGERPRINT}.stkv"]
+    assert store(tmp_path, persist=True).info(2)["n_tokens"] == 12
+    again.put(2, snap(20))
+    again.close()
+    third = store(tmp_path, persist=True)
+    assert third.take(2).token_ids == tuple(range(20))  # the newer snapshot replaced it
+    third.drop(2)  # erasing the slot deletes the file it kept
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_non_persistent_store_leaves_nothing_after_close(tmp_path) -> None:

@@ -13,8 +13,11 @@ MERGED_PIECES = [
 SINGLE_CHARS = list("▁abcdefghijklmnopqrstuvwxyzTHW.,!'")
 
 
-def write_spm_gguf(path: Path, add_bos: bool | None = None) -> Path:
-    """<unk>, <s>, </s>, 256 byte tokens, then merged pieces (best score first) and characters."""
+def write_spm_gguf(path: Path, add_bos: bool | None = None, arch: str = "llama") -> Path:
+    """<unk>, <s>, </s>, 256 byte tokens, then merged pieces (best score first) and characters.
+
+    arch: general.architecture (an unknown one makes a file the tokenizer reads and the
+    engine refuses)."""
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
     types += [gguf.TokenType.BYTE] * 256
@@ -27,7 +30,7 @@ def write_spm_gguf(path: Path, add_bos: bool | None = None) -> Path:
         tokens.append(char)
         types.append(gguf.TokenType.NORMAL)
         scores.append(-1000.0 - rank)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(64)
     writer.add_embedding_length(8)
     writer.add_block_count(1)

@@ -43,3 +43,38 @@ def test_kernel_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
     assert paths.kernel_cache_dir() == tmp_path / ".cache/strata/kernels"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
     assert paths.kernel_cache_dir() == tmp_path / "c" / "strata" / "kernels"
+
+
+def test_windows_uses_the_known_folders(monkeypatch):
+    """On Windows: data, cache and logs in %LOCALAPPDATA%\\Strata, config in %APPDATA%\\Strata."""
+    import ntpath
+
+    from platformdirs import windows
+
+    # On Linux platformdirs cannot ask the shell; resolve from the environment, as its own
+    # fallback does on Windows without ctypes.
+    monkeypatch.setattr(windows, "_RESOLVE_WIN_FOLDER", windows.get_win_folder_from_env_vars)
+    monkeypatch.setattr(paths, "_is_windows", lambda: True)
+    monkeypatch.setenv("LOCALAPPDATA", r"C:\Users\ann\AppData\Local")
+    monkeypatch.setenv("APPDATA", r"C:\Users\ann\AppData\Roaming")
+    for name in ("STRATA_HOME", "STRATA_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    def windows_path(path: Path) -> str:  # platformdirs joins with os.sep, "/" on Linux
+        return ntpath.normpath(str(path))
+
+    local = r"C:\Users\ann\AppData\Local\Strata"
+    assert windows_path(paths.strata_home()) == local
+    assert windows_path(paths.model_cache_dir()) == local + r"\models"
+    assert windows_path(paths.config_path()) == r"C:\Users\ann\AppData\Roaming\Strata\config.toml"
+    assert windows_path(paths.log_dir()) == local + r"\Logs"
+    assert windows_path(paths.kernel_cache_dir()) == local + r"\Cache\kernels"
+    monkeypatch.setenv("STRATA_HOME", "/elsewhere")  # the override still wins
+    assert paths.strata_home() == Path("/elsewhere")
+
+
+def test_linux_log_dir_is_the_xdg_state_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    assert paths.log_dir() == tmp_path / ".local/state/strata/logs"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "s"))
+    assert paths.log_dir() == tmp_path / "s" / "strata" / "logs"

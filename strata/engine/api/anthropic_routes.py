@@ -28,8 +28,8 @@ from strata.engine.protocol import Usage
 log = logging.getLogger(__name__)
 
 
-def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
-          ) -> tuple[Any, GenerationParams, ChatPlan]:
+async def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
+                ) -> tuple[Any, GenerationParams, ChatPlan]:
     assets = text_assets(request.app[SERVICE_KEY])
     params = parse_anthropic(body, needs_max_tokens=needs_max_tokens)
     tools = parse_anthropic_tools(body)
@@ -37,8 +37,10 @@ def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
     system = parse_anthropic_system(body)
     if system:
         messages = [{"role": "system", "content": system}, *messages]
-    plan = plan_chat(assets, messages, tools, anthropic_output_grammar(body),
-                     anthropic_thinking(body, params.max_tokens), {}, thinking_param="thinking")
+    plan = await plan_chat(request.app, assets, messages, tools,
+                           anthropic_output_grammar(body),
+                           anthropic_thinking(body, params.max_tokens), {},
+                           thinking_param="thinking")
     return assets, params, plan
 
 
@@ -54,7 +56,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
     refuse_unknown(body, ANTHROPIC_MESSAGES)
-    assets, params, plan = _plan(request, body, needs_max_tokens=True)
+    assets, params, plan = await _plan(request, body, needs_max_tokens=True)
     generation = await start_text_generation(service, assets, plan.prompt_ids, params,
                                              plan.grammar)
     output = ChatOutput(generation, plan, "toolu_")
@@ -71,5 +73,5 @@ async def count_tokens(request: web.Request) -> web.Response:
     """POST /v1/messages/count_tokens: the prompt's token count (tools included)."""
     body = await read_json_object(request)
     refuse_unknown(body, ANTHROPIC_COUNT_TOKENS)
-    _, _, plan = _plan(request, body, needs_max_tokens=False)
+    _, _, plan = await _plan(request, body, needs_max_tokens=False)
     return web.json_response({"input_tokens": len(plan.prompt_ids)})

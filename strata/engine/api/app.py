@@ -6,14 +6,21 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
+from strata.engine.api.cpu_pool import cpu_pool_context
 from strata.engine.api.errors import error_middleware
-from strata.engine.api.keys import SERVICE_KEY, SETTINGS_KEY, ApiSettings
+from strata.engine.api.keys import (
+    MAX_REQUEST_BYTES,
+    RESPONSES_KEY,
+    SERVICE_KEY,
+    SETTINGS_KEY,
+    ApiSettings,
+)
+from strata.engine.api.origins import DEFAULT_ALLOWED_ORIGINS
+from strata.engine.api.responses_store import ResponseStore
 from strata.engine.api.routes import setup_routes
-from strata.engine.api.security import security_middleware
+from strata.engine.api.security import add_cors_headers, security_middleware
+from strata.engine.protocol import NUM_CACHE_SLOTS
 from strata.engine.service.facade import ServiceFacade
-
-# Long prompts are big JSON: a 128k-token context is a few MiB of text.
-MAX_REQUEST_BYTES = 32 * 1024 * 1024
 
 
 def create_app(service: ServiceFacade, *, api_key: str | None = None,
@@ -22,7 +29,8 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     """Build the API app over a service.
 
     allowed_hosts: Host names accepted besides the loopback names ('*' accepts any).
-    allowed_origins: browser Origins (scheme://host:port) allowed to POST besides our own.
+    allowed_origins: browser Origins allowed to call the API (CORS) besides our own and
+    DEFAULT_ALLOWED_ORIGINS: exact origins or patterns (http://host:*, app://*, *).
     The caller owns the service's lifetime and the bind address.
     """
     app = web.Application(middlewares=[error_middleware, security_middleware],
@@ -30,6 +38,10 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     app[SERVICE_KEY] = service
     app[SETTINGS_KEY] = ApiSettings(api_key=api_key or None,
                                     allowed_hosts=tuple(allowed_hosts),
-                                    allowed_origins=tuple(o.rstrip("/") for o in allowed_origins))
+                                    allowed_origins=(*DEFAULT_ALLOWED_ORIGINS,
+                                                     *(o.rstrip("/") for o in allowed_origins)))
+    app.on_response_prepare.append(add_cors_headers)
+    app.cleanup_ctx.append(cpu_pool_context)
+    app[RESPONSES_KEY] = ResponseStore(NUM_CACHE_SLOTS)
     setup_routes(app)
     return app

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.textgen import encode_chat
 from strata.engine.api.tool_prompt import call_grammar, hermes_messages, template_reads_tools
@@ -50,10 +53,11 @@ def template_kwargs(body: dict, source: str | None, param: str = "chat_template_
     return dict(value)
 
 
-def plan_chat(assets: Any, messages: list[dict[str, Any]], tools: ToolRequest,
-              output_grammar: str | None, thinking: bool | None, kwargs: dict[str, Any],
-              thinking_param: str = "enable_thinking") -> ChatPlan:
-    """The prompt and output handling of one chat request (see the module doc)."""
+async def plan_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
+                    tools: ToolRequest, output_grammar: str | None, thinking: bool | None,
+                    kwargs: dict[str, Any], thinking_param: str = "enable_thinking") -> ChatPlan:
+    """The prompt and output handling of one chat request (see the module doc); templates
+    render on the app's CPU pool, off the event loop."""
     source = assets.chat_template
     fmt = detect_format(source)
     forced = tools.forced_tools
@@ -89,11 +93,12 @@ def plan_chat(assets: Any, messages: list[dict[str, Any]], tools: ToolRequest,
             extra["tools"] = [t.as_openai() for t in tools.tools]
     else:
         rendered = hermes_messages(messages, tools.tools)
-    prompt_ids = encode_chat(assets, rendered, **extra)
+    prompt_ids = await encode_chat(app, assets, rendered, **extra)
     starts_thinking = False
     if thinks:
         try:
-            starts_thinking = prompt_opens_thinking(assets.apply_chat_template(rendered, **extra))
+            starts_thinking = prompt_opens_thinking(
+                await run_cpu(app, assets.apply_chat_template, rendered, **extra))
         except ChatTemplateError:  # encode_chat rendered it already: cannot happen twice
             starts_thinking = False
     return ChatPlan(prompt_ids, grammar, fmt if tools.is_active else None, tools, thinks,

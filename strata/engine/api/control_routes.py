@@ -9,7 +9,7 @@ from aiohttp import web
 
 from strata.engine.api.errors import bad_request
 from strata.engine.api.keys import SERVICE_KEY
-from strata.engine.api.validation import NUM_CACHE_SLOTS, read_json_object
+from strata.engine.api.validation import parse_slot, read_json_object
 
 # Route path -> the service's action name.
 LEVEL_ACTIONS = {
@@ -45,17 +45,10 @@ def check_slot_filename(filename: Any) -> str:
     return filename
 
 
-def _slot_id(request: web.Request) -> int:
-    text = request.match_info["slot_id"]
-    if not text.isdigit() or not 0 <= int(text) < NUM_CACHE_SLOTS:
-        raise bad_request(f"slot {text[:20]!r} does not exist; slots are 0..{NUM_CACHE_SLOTS - 1}",
-                          param="id_slot")
-    return int(text)
-
-
 async def slot_action(request: web.Request) -> web.Response:
-    """POST /slots/{id}?action=save|restore|erase with {"filename": ...} for save/restore."""
-    slot = _slot_id(request)
+    """POST /slots/{id}?action=save|restore|erase with {"filename": ...} for save/restore;
+    answers llama.cpp's payload (id_slot, filename, n_saved|n_restored|n_erased, ...)."""
+    slot = parse_slot(request.match_info["slot_id"], "id_slot")
     name = request.query.get("action", "")
     if name not in _SLOT_ACTIONS:
         raise bad_request(f"action {name[:20]!r} is unknown; use ?action=save, restore or erase",
@@ -63,6 +56,10 @@ async def slot_action(request: web.Request) -> web.Response:
     body = await read_json_object(request, allow_empty=(name == "erase"))
     service = request.app[SERVICE_KEY]
     if name == "erase":
-        return _json(await service.control("slot_erase", slot=slot))
-    filename = check_slot_filename(body.get("filename"))
-    return _json(await service.control(_SLOT_ACTIONS[name], slot=slot, filename=filename))
+        answer = await service.control("slot_erase", slot=slot)
+    else:
+        filename = check_slot_filename(body.get("filename"))
+        answer = await service.control(_SLOT_ACTIONS[name], slot=slot, filename=filename)
+    # llama.cpp's payload at top level (id_slot, filename, n_saved, n_written, timings), which
+    # its clients read; the service's status around it is for the tray.
+    return web.json_response(answer["result"])

@@ -11,7 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
+from strata.engine.api.keys import MAX_REQUEST_BYTES
+from strata.engine.api.redact import redact_text
 from strata.engine.protocol import Error as ErrorEvent
+from strata.engine.service.error_codes import RETRY_AFTER_S, http_status
 from strata.engine.service.facade import ServiceError
 
 log = logging.getLogger(__name__)
@@ -21,6 +24,7 @@ _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
     413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error",
+    507: "server_error",
 }
 # Anthropic's error "type" per HTTP status (docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
@@ -28,11 +32,8 @@ _ANTHROPIC_TYPES = {
     404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
 }
-# Engine error codes (protocol.Error.code) to HTTP statuses.
-_EVENT_CODE_STATUS = {
-    "bad_request": 400, "not_applicable": 400, "busy": 409, "out_of_memory": 503,
-    "unavailable": 503, "cancelled": 503, "engine_crashed": 503, "internal": 500,
-}
+# A command that outlived its timeout: the engine is being dealt with; retry after this.
+TIMEOUT_RETRY_AFTER_S = RETRY_AFTER_S["engine_timeout"]
 
 
 class ApiError(Exception):
@@ -61,8 +62,8 @@ def from_service_error(exc: ServiceError) -> ApiError:
 
 def from_error_event(event: ErrorEvent) -> ApiError:
     """Map an engine Error event to an ApiError (unknown codes are server errors)."""
-    status = _EVENT_CODE_STATUS.get(event.code, 500)
-    return ApiError(status, event.message or f"the engine failed ({event.code})", event.code)
+    return ApiError(http_status(event.code), event.message or f"the engine failed ({event.code})",
+                    event.code, retry_after_s=RETRY_AFTER_S.get(event.code))
 
 
 def is_anthropic_path(path: str) -> bool:
@@ -70,23 +71,35 @@ def is_anthropic_path(path: str) -> bool:
     return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
-def error_body(error: ApiError, *, anthropic: bool) -> dict[str, Any]:
-    """The JSON body for an error in the shape the route's clients expect."""
+def is_ollama_path(path: str) -> bool:
+    """Routes that answer errors in Ollama's shape: {"error": "message"}."""
+    return path.startswith("/api/")
+
+
+def error_body(error: ApiError, *, anthropic: bool, ollama: bool = False) -> dict[str, Any]:
+    """The JSON body for an error in the shape the route's clients expect.
+
+    Server paths in the message become file names: the client sees 'chat.bin', not where the
+    server keeps it.
+    """
+    message = redact_text(error.message)
+    if ollama:
+        return {"error": message}
     if anthropic:
         kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": error.message}}
+        return {"type": "error", "error": {"type": kind, "message": message}}
     kind = _OPENAI_TYPES.get(error.status, "server_error")
-    return {"error": {"message": error.message, "type": kind, "param": error.param,
+    return {"error": {"message": message, "type": kind, "param": error.param,
                       "code": error.code}}
 
 
-def error_response(error: ApiError, *, anthropic: bool) -> web.Response:
+def error_response(error: ApiError, *, anthropic: bool, ollama: bool = False) -> web.Response:
     """A JSON error response, with Retry-After when the service said when to retry."""
     headers = {}
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
-    return web.json_response(error_body(error, anthropic=anthropic), status=error.status,
-                             headers=headers)
+    return web.json_response(error_body(error, anthropic=anthropic, ollama=ollama),
+                             status=error.status, headers=headers)
 
 
 def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiError:
@@ -97,27 +110,35 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> ApiErr
         return ApiError(405, f"method {request.method} is not allowed on {request.path}",
                         "method_not_allowed")
     if exc.status == 413:
-        return ApiError(413, "request body is too large; send a shorter request",
-                        "request_too_large")
+        limit_mib = MAX_REQUEST_BYTES / (1024 * 1024)
+        return ApiError(413, f"request body is larger than this server's {limit_mib:g} MiB "
+                        "limit; send a shorter request", "request_too_large")
     return ApiError(exc.status, exc.reason or "request failed", "http_error")
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Turn every exception a handler raises into a JSON error; log unexpected ones."""
-    anthropic = is_anthropic_path(request.path)
+    shape = {"anthropic": is_anthropic_path(request.path),
+             "ollama": is_ollama_path(request.path)}
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc, anthropic=anthropic)
+        return error_response(exc, **shape)
     except ServiceError as exc:
-        return error_response(from_service_error(exc), anthropic=anthropic)
+        return error_response(from_service_error(exc), **shape)
     except web.HTTPException as exc:
         if exc.status < 400:  # redirects and the like are answers, not errors
             raise
-        return error_response(_from_http_exception(exc, request), anthropic=anthropic)
+        return error_response(_from_http_exception(exc, request), **shape)
+    except TimeoutError:
+        # An engine command past its timeout: the server's fault, and worth a retry.
+        log.warning("%s %s: the engine did not answer in time", request.method, request.path)
+        error = ApiError(503, "the engine did not answer in time; it is busy or stuck, retry "
+                         "shortly", "engine_timeout", retry_after_s=TIMEOUT_RETRY_AFTER_S)
+        return error_response(error, **shape)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
         error = ApiError(500, "internal server error; the details are in the server log",
                          "internal")
-        return error_response(error, anthropic=anthropic)
+        return error_response(error, **shape)

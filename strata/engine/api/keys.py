@@ -6,9 +6,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from strata.engine.api.responses_store import ResponseStore
 from strata.engine.service.facade import ServiceFacade
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Long prompts are big JSON: a 128k-token context is about 1 MiB of text, tools included a few.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -22,3 +25,4 @@ class ApiSettings:
 
 SERVICE_KEY = web.AppKey("strata_service", ServiceFacade)
 SETTINGS_KEY = web.AppKey("strata_api_settings", ApiSettings)
+RESPONSES_KEY = web.AppKey("strata_responses", ResponseStore)

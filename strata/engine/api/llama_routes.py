@@ -10,13 +10,17 @@ from typing import Any
 
 from aiohttp import web
 
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
+from strata.engine.api.redact import file_name, redact
 from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import NUM_CACHE_SLOTS, get_bool, read_json_object
+from strata.engine.text.token_bytes import token_piece
 from strata.units import MIB
 
+_DUMP_SLICE = 65536  # token ids per json.dumps call when writing a /tokenize answer
 _HEALTH = {"loading": ("loading", 503), "starting": ("loading", 503),
            "failed": ("error", 503)}
 
@@ -40,7 +44,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def props(request: web.Request) -> web.Response:
-    """GET /props: context size, model path, chat template, whether the model sleeps."""
+    """GET /props: context size, model file name, chat template, whether the model sleeps."""
     service = request.app[SERVICE_KEY]
     status = _status(request)
     assets = text_assets(service)
@@ -48,7 +52,9 @@ async def props(request: web.Request) -> web.Response:
     return web.json_response({
         "n_ctx": n_ctx, "default_generation_settings": {"n_ctx": n_ctx},
         "total_slots": NUM_CACHE_SLOTS,
-        "model_path": str(status.get("model_path") or status.get("model") or service.model_id),
+        # llama.cpp's field, but the file name only: where the server keeps it is its own.
+        "model_path": file_name(str(status.get("model_path") or status.get("model")
+                                    or service.model_id)),
         "model_alias": service.model_id, "chat_template": assets.chat_template or "",
         "is_sleeping": status.get("state") == "sleeping", "state": status.get("state")})
 
@@ -60,12 +66,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def v1_status(request: web.Request) -> web.Response:
-    """GET /v1/status: the service's whole status snapshot."""
-    return web.json_response(_status(request), dumps=_dumps)
+    """GET /v1/status: the service's whole status snapshot, server paths as file names."""
+    return web.json_response(redact(_status(request)), dumps=_dumps)
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, default=str)  # paths and enums in the status become strings
+    # Enums (and any path redact() did not see) become strings, paths as file names.
+    return json.dumps(value, default=lambda v: redact(str(v)))
 
 
 async def slots(request: web.Request) -> web.Response:
@@ -73,7 +80,7 @@ async def slots(request: web.Request) -> web.Response:
     service = request.app[SERVICE_KEY]
     reported = _status(request).get("slots")
     if isinstance(reported, list):
-        return web.json_response(reported, dumps=_dumps)
+        return web.json_response(redact(reported), dumps=_dumps)
     return web.json_response([{"id": i, "n_ctx": service.context_tokens}
                               for i in range(NUM_CACHE_SLOTS)])
 
@@ -85,12 +92,25 @@ async def tokenize(request: web.Request) -> web.Response:
     if not isinstance(content, str):
         raise bad_request("'content' must be a string", param="content")
     add_special = get_bool(body, "add_special", False)
+    with_pieces = get_bool(body, "with_pieces", False)
     assets = text_assets(request.app[SERVICE_KEY])
-    ids = list(assets.encode(content, add_special=add_special))
-    if get_bool(body, "with_pieces", False):
-        return web.json_response({"tokens": [
-            {"id": i, "piece": assets.decode([i])} for i in ids]})
-    return web.json_response({"tokens": ids})
+    # Tokenizing and writing out a few MiB of text takes seconds: not on the event loop.
+    body_bytes = await run_cpu(request.app, _tokenize_body, assets, content, add_special,
+                               with_pieces)
+    return web.Response(body=body_bytes, content_type="application/json")
+
+
+def _tokenize_body(assets: Any, content: str, add_special: bool, with_pieces: bool) -> bytes:
+    ids = assets.encode(content, add_special=add_special)
+    if with_pieces:
+        # A piece that is half a UTF-8 character is its byte values, as llama.cpp sends it.
+        tokens: list[Any] = [{"id": i, "piece": token_piece(assets, i)} for i in ids]
+    else:
+        tokens = ids
+    # In slices: one json.dumps of millions of ids would hold the GIL (and the loop) for long.
+    parts = [json.dumps(tokens[i:i + _DUMP_SLICE])[1:-1]
+             for i in range(0, len(tokens), _DUMP_SLICE)]
+    return ('{"tokens": [' + ", ".join(p for p in parts if p) + "]}").encode()
 
 
 async def detokenize(request: web.Request) -> web.Response:
@@ -105,4 +125,4 @@ async def detokenize(request: web.Request) -> web.Response:
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary 0..{assets.vocab_size - 1}",
                           param="tokens")
-    return web.json_response({"content": assets.decode(tokens)})
+    return web.json_response({"content": await run_cpu(request.app, assets.decode, tokens)})

@@ -28,9 +28,10 @@ async def chat_response(output: ChatOutput, head: dict, usage) -> web.Response:
         result = await output.collect()
     finally:
         await output.generation.close()
+    # refusal is required by OpenAI's schema; a local model never refuses through this field.
     message: dict[str, Any] = {"role": "assistant",
                                "content": result.text if result.text or not result.calls
-                               else None}
+                               else None, "refusal": None}
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
     if result.calls:

@@ -14,6 +14,7 @@ from strata.engine.api import sse
 from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.chat_output import ChatOutput
 from strata.engine.api.chat_plan import plan_chat, template_kwargs
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.openai_chat import chat_response, chat_stream
@@ -53,8 +54,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = parse_openai_messages(body)
     output_grammar = openai_output_grammar(body)
     assets = text_assets(service)
-    plan = plan_chat(assets, messages, tools, output_grammar, openai_thinking(body),
-                     template_kwargs(body, assets.chat_template))
+    plan = await plan_chat(request.app, assets, messages, tools, output_grammar,
+                           openai_thinking(body), template_kwargs(body, assets.chat_template))
     generation = await start_text_generation(service, assets, plan.prompt_ids, params,
                                              plan.grammar)
     output = ChatOutput(generation, plan, "call_")
@@ -122,14 +123,14 @@ async def send_stream_error(request: web.Request, response: web.StreamResponse,
         await sse.send_data(response, "[DONE]")
 
 
-def _completion_prompt(assets: Any, prompt: Any) -> list[int]:
+async def _completion_prompt(app: web.Application, assets: Any, prompt: Any) -> list[int]:
     """A prompt string, a list of token ids, or a one-element list of either."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' is empty; send some text", param="prompt")
-        return list(assets.encode(prompt, add_special=True))
+        return list(await run_cpu(app, assets.encode, prompt, add_special=True))
     if (isinstance(prompt, list) and prompt
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
         if not all(0 <= t < assets.vocab_size for t in prompt):
@@ -149,7 +150,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.get("echo") not in (None, False) or body.get("suffix") is not None:
         raise bad_request("'echo' and 'suffix' are not supported; leave them out")
     assets = text_assets(service)
-    prompt_ids = _completion_prompt(assets, body.get("prompt"))
+    prompt_ids = await _completion_prompt(request.app, assets, body.get("prompt"))
     generation = await start_text_generation(service, assets, prompt_ids, params,
                                              openai_output_grammar(body))
     return await _respond(request, generation, params, "cmpl", "text_completion",

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from strata import __version__
+from strata.engine.api import openapi_ollama, openapi_responses
 from strata.engine.api.validation import MAX_STOP_STRINGS, NUM_CACHE_SLOTS
 
 _JSON = "application/json"
@@ -200,6 +201,7 @@ SCHEMAS: dict[str, Any] = {
     "Detokenize": _obj({"tokens": {"type": "array", "items": {"type": "integer"}}},
                        ("tokens",)),
     "Content": _obj({"content": {"type": "string"}}, ("content",)),
+    "Prompt": _obj({"prompt": {"type": "string"}}, ("prompt",)),
     "SlotFile": _obj({"filename": {"type": "string", "minLength": 1, "maxLength": 255,
                                    "description": "a plain name inside the snapshot directory"}},
                      ("filename",)),
@@ -219,12 +221,13 @@ def _ok(schema: str | None, text: str = "OK", *, stream: bool = False) -> dict:
     return {"description": text, "content": content}
 
 
-def _errors(*statuses: int, anthropic: bool = False) -> dict[str, Any]:
+def _errors(*statuses: int, anthropic: bool = False, ollama: bool = False) -> dict[str, Any]:
     words = {400: "Invalid request", 401: "Missing or wrong API key",
              403: "Foreign Host or cross-site Origin", 404: "Not found",
              409: "A request is running", 503: "Not enough VRAM or the engine is down; "
-             "see Retry-After"}
-    schema = _ref("AnthropicError" if anthropic else "Error")
+             "see Retry-After", 500: "A server-side fault, such as a read-only snapshot "
+             "directory", 507: "The server's disk is full"}
+    schema = _ref("AnthropicError" if anthropic else "OllamaError" if ollama else "Error")
     return {str(s): {"description": words[s], "content": {_JSON: {"schema": schema}}}
             for s in statuses}
 
@@ -233,7 +236,8 @@ def _op(summary: str, tag: str, ok: dict, *errors: int, body: dict | None = None
         anthropic: bool = False, open_access: bool = False) -> dict:
     op: dict[str, Any] = {"summary": summary, "tags": [tag],
                           "responses": {"200": ok, **_errors(401, 403, *errors,
-                                                             anthropic=anthropic)}}
+                                                             anthropic=anthropic,
+                                                             ollama=tag == "Ollama")}}
     if body is not None:
         op["requestBody"] = body
     if open_access:
@@ -275,6 +279,19 @@ def _paths() -> dict[str, Any]:
             body=_body("CountTokensRequest"), anthropic=True)},
         "/health": {"get": _op("Liveness; never wakes the model", "llama.cpp",
                                _ok("Health"), 503, open_access=True)},
+        "/v1/health": {"get": _op("Liveness (alias of /health)", "llama.cpp", _ok("Health"),
+                                  503, open_access=True)},
+        "/apply-template": {"post": _op("The chat template applied to messages, no generation",
+                                        "llama.cpp", _ok("Prompt"), 400,
+                                        body=_body("ChatCompletionRequest"))},
+        "/chat/completions": {"post": _op(
+            "Alias of /v1/chat/completions", "OpenAI",
+            _ok("ChatCompletion", stream_text, stream=True), 400, 503,
+            body=_body("ChatCompletionRequest"))},
+        "/completions": {"post": _op(
+            "Alias of /v1/completions", "OpenAI", _ok("Completion", stream_text, stream=True),
+            400, 503, body=_body("CompletionRequest"))},
+        "/models": {"get": _op("Alias of /v1/models", "OpenAI", _ok("ModelList"))},
         "/props": {"get": _op("Context size, chat template, is_sleeping", "llama.cpp",
                               _ok(None))},
         "/metrics": {"get": _op("Prometheus metrics", "llama.cpp", {
@@ -291,7 +308,8 @@ def _paths() -> dict[str, Any]:
                                   "Control", _ok("Status"))},
         "/slots/{slot_id}": {"post": {
             **_op("Save, restore or erase a slot's KV cache (llama.cpp-compatible)", "Control",
-                  _ok("ActionResult"), 400, 409, 503, body=_body("SlotFile", required=False)),
+                  _ok("ActionResult"), 400, 409, 500, 503, 507,
+                  body=_body("SlotFile", required=False)),
             "parameters": [
                 {**_path_param("slot_id", "integer"),
                  "schema": {"type": "integer", "minimum": 0, "maximum": NUM_CACHE_SLOTS - 1}},
@@ -299,6 +317,8 @@ def _paths() -> dict[str, Any]:
                  "schema": {"enum": ["save", "restore", "erase"]}}]}},
         "/openapi.json": {"get": _op("This document", "Meta", _ok(None))},
     }
+    paths.update(openapi_ollama.paths(_op, _ok, _body))
+    paths.update(openapi_responses.paths(_op, _ok, _body))
     for path, summary in LEVEL_SUMMARIES.items():
         paths[path] = {"post": _op(summary, "Control", _ok("ActionResult"), 400, 409, 503)}
     return paths
@@ -313,10 +333,11 @@ def _document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Strata", "version": __version__,
-                 "description": "Local LLM server: OpenAI, Anthropic and llama.cpp-style "
+                 "description": "Local LLM server: OpenAI, Anthropic, Ollama and llama.cpp-style "
                  "routes, plus control routes that give VRAM back in stages."},
         "paths": _paths(),
-        "components": {"schemas": SCHEMAS, "securitySchemes": {
+        "components": {"schemas": {**SCHEMAS, **openapi_ollama.SCHEMAS,
+                                       **openapi_responses.SCHEMAS}, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer"},
             "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
         # {} first: a key is needed only when the server was started with --api-key.

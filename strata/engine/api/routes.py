@@ -4,20 +4,36 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from strata.engine.api import anthropic_routes, control_routes, llama_routes, openai_routes
+from strata.engine.api import (
+    anthropic_routes,
+    control_routes,
+    llama_routes,
+    ollama_routes,
+    openai_routes,
+    responses_routes,
+    template_routes,
+)
 from strata.engine.api.openapi import openapi_json
 
 
 def setup_routes(app: web.Application) -> None:
-    """Register the OpenAI, Anthropic, llama.cpp-style and control routes on the app."""
+    """Register the OpenAI, Anthropic, Ollama, llama.cpp-style and control routes on the app."""
     app.router.add_routes([
         web.post("/v1/chat/completions", openai_routes.chat_completions),
         web.post("/v1/completions", openai_routes.completions),
         web.get("/v1/models", openai_routes.list_models),
         web.get("/v1/models/{model:.+}", openai_routes.get_model),
+        web.post("/v1/responses", responses_routes.create_response),
+        web.get("/v1/responses/{response_id}", responses_routes.get_response),
         web.post("/v1/messages", anthropic_routes.messages),
         web.post("/v1/messages/count_tokens", anthropic_routes.count_tokens),
         web.get("/health", llama_routes.health),
+        web.get("/v1/health", llama_routes.health),
+        web.post("/apply-template", template_routes.apply_template),
+        # llama.cpp serves the OpenAI routes without the /v1 prefix too; some clients use them.
+        web.post("/chat/completions", openai_routes.chat_completions),
+        web.post("/completions", openai_routes.completions),
+        web.get("/models", openai_routes.list_models),
         web.get("/props", llama_routes.props),
         web.get("/metrics", llama_routes.metrics),
         web.get("/v1/status", llama_routes.v1_status),
@@ -27,4 +43,10 @@ def setup_routes(app: web.Application) -> None:
         web.post("/slots/{slot_id}", control_routes.slot_action),
         *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
         web.get("/openapi.json", openapi_json),
+        web.get("/api/version", ollama_routes.version),
+        web.get("/api/tags", ollama_routes.tags),
+        web.get("/api/ps", ollama_routes.ps),
+        web.post("/api/show", ollama_routes.show),
+        web.post("/api/chat", ollama_routes.chat),
+        web.post("/api/generate", ollama_routes.generate),
     ])

@@ -11,6 +11,9 @@ import inspect
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from aiohttp import web
+
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, from_error_event
 from strata.engine.protocol import Done, Error, SamplingSpec, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceFacade
@@ -63,8 +66,9 @@ class TextGeneration:
     """
 
     def __init__(self, events: Any, first_event: Any, assets: Any, stops: Sequence[str],
-                 num_prompt_tokens: int):
+                 num_prompt_tokens: int, finals: list | None = None):
         self._events = events
+        self._finals = finals if finals is not None else []  # the engine's final event
         self._pending = first_event
         self._detokenizer = IncrementalDetokenizer(assets, skip_special=True)
         self._stops = tuple(stops)
@@ -76,13 +80,16 @@ class TextGeneration:
         self._is_closed = False
         self.finish_reason: str | None = None  # stop | length
         self.stop_sequence: str | None = None
+        self._is_stop_string_hit = False
         self.usage: Usage | None = None
 
     @classmethod
     async def start(cls, service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
                     sampling: SamplingSpec, stops: Sequence[str], slot: int) -> TextGeneration:
         """Queue the generation and wait for its first event."""
-        request = GenerationRequest(prompt_ids=tuple(prompt_ids), sampling=sampling, slot=slot)
+        finals: list = []
+        request = GenerationRequest(prompt_ids=tuple(prompt_ids), sampling=sampling, slot=slot,
+                                    on_final=finals.append)
         events = service.generate(request)
         if inspect.isawaitable(events):  # a coroutine returning the iterator, or an async gen
             events = await events
@@ -97,7 +104,7 @@ class TextGeneration:
         if isinstance(first, Error):
             await _aclose(events)
             raise from_error_event(first)
-        return cls(events, first, assets, stops, len(prompt_ids))
+        return cls(events, first, assets, stops, len(prompt_ids), finals)
 
     async def deltas(self) -> AsyncIterator[str]:
         """Non-empty text pieces in order; raises ApiError if the engine fails mid-way."""
@@ -143,12 +150,21 @@ class TextGeneration:
             (s for s in self._stops if self._raw_text.startswith(s, self._emitted_chars)), None)
         self.stop_sequence = found
         self.finish_reason = "stop"
-        # The engine's own count of cached tokens is lost with the cancel; report none.
+        self._is_stop_string_hit = True
+        # Completion tokens up to the hit; the cached count comes with the engine's Done,
+        # which arrives once close() has cancelled the rest (see _take_engine_usage).
         self.usage = Usage(self._num_prompt_tokens, self._num_completion_tokens, 0, "stop")
+
+    def _take_engine_usage(self, usage: Usage) -> None:
+        """A stop string ended the text: the engine's prompt and cached counts, ours for the
+        completion (tokens past the stop string were never shown)."""
+        self.usage = Usage(usage.prompt_tokens, self._num_completion_tokens,
+                           usage.cached_tokens, "stop")
 
     def _finish(self, usage: Usage) -> str:
         text = self._push(self._detokenizer.flush(), is_last=True)
         if self.finish_reason == "stop":  # a stop string hit in the last piece
+            self._take_engine_usage(usage)
             return text
         if usage.finish_reason == "cancelled":
             raise ApiError(503, "the generation was cancelled by the server (the model was "
@@ -162,17 +178,21 @@ class TextGeneration:
         if not self._is_closed:
             self._is_closed = True
             await _aclose(self._events)
+            final = self._finals[-1] if self._finals else None
+            if self._is_stop_string_hit and isinstance(final, Done):
+                self._take_engine_usage(final.usage)
 
     async def collect(self) -> str:
         """All the text at once, for non-streaming responses."""
         return "".join([piece async for piece in self.deltas()])
 
 
-def encode_chat(assets: Any, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
-    """Apply the model's chat template and tokenize; template failures are the client's 400.
-    extra (tools, enable_thinking, ...) reaches the template."""
+async def encode_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
+                      **extra: Any) -> list[int]:
+    """Apply the model's chat template and tokenize, off the event loop; template failures
+    are the client's 400. extra (tools, enable_thinking, ...) reaches the template."""
     try:
-        return list(assets.encode_chat(messages, **extra))
+        return list(await run_cpu(app, assets.encode_chat, messages, **extra))
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None

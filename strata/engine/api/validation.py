@@ -4,24 +4,41 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from aiohttp import web
 
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
+from strata.engine.protocol import NUM_CACHE_SLOTS, slot_problem
 
-NUM_CACHE_SLOTS = 4
+__all__ = ["NUM_CACHE_SLOTS"]  # re-exported: the routes read the slot count from here
+_MAX_SLOT_DIGITS = 6  # more digits than any slot count needs; int() of 4,301 digits raises
 MAX_STOP_STRINGS = 4
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
+_INLINE_PARSE_BYTES = 64 * 1024  # smaller bodies parse on the loop: quicker than a hand-off
+
+
 async def read_json_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
-    """The body as a JSON object; {} for an empty body when allow_empty."""
+    """The body as a JSON object; {} for an empty body when allow_empty.
+
+    Large bodies are parsed on the app's worker threads, off the event loop.
+    """
     raw = await request.read()
     if not raw.strip():
         if allow_empty:
             return {}
         raise bad_request("request body is empty; send a JSON object")
+    if len(raw) <= _INLINE_PARSE_BYTES:
+        return parse_json_object(raw)
+    return await run_cpu(request.app, parse_json_object, raw)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object of valid Unicode text, else a one-line 400."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
@@ -29,7 +46,35 @@ async def read_json_object(request: web.Request, *, allow_empty: bool = False) -
                           "send a JSON object") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, not {_json_type(body)}")
+    where = find_lone_surrogate(body)
+    if where is not None:
+        # JSON's \ud800 escapes decode to a lone UTF-16 surrogate, which is no Unicode text:
+        # the tokenizer and UTF-8 encoding would fail deep inside (a 500) instead.
+        raise bad_request(f"'{where}' contains a lone UTF-16 surrogate escape (such as "
+                          "\\ud800) that is not valid Unicode; send valid text",
+                          param=where.split("[")[0].split(".")[0], code="invalid_unicode")
     return body
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def find_lone_surrogate(value: Any) -> str | None:
+    """The path ('messages[0].content') of the first string or key holding a lone surrogate."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:  # iterative: a deeply nested body must not hit the recursion limit
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                if _SURROGATE.search(key):
+                    return f"{path}.{key!r}" if path else "body"
+                stack.append((f"{path}.{key}" if path else key, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -116,10 +161,37 @@ def get_stop_strings(body: dict, name: str, *, max_count: int = MAX_STOP_STRINGS
     return tuple(dict.fromkeys(items))
 
 
+def parse_slot(value: Any, param: str) -> int:
+    """A cache slot number from a JSON integer or a URL path segment, else a 400 naming param.
+
+    The one slot validator of every route: only ASCII digits count in a path ('²', Arabic-Indic
+    or full-width digits are refused, though str.isdigit() and int() take them).
+    """
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit() and len(value) <= _MAX_SLOT_DIGITS
+                and slot_problem(int(value)) is None):
+            raise bad_request(f"slot {value[:20]!r} does not exist; slots are "
+                              f"0..{NUM_CACHE_SLOTS - 1}", param=param)
+        return int(value)
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)  # some clients send 1.0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{param}' must be an integer, got {_json_type(value)}", param=param)
+    if slot_problem(value):
+        raise bad_request(f"'{param}' is {value}; slots are 0..{NUM_CACHE_SLOTS - 1}",
+                          param=param)
+    return value
+
+
 def get_cache_slot(body: dict) -> int:
     """strata_cache_slot (alias id_slot): which of the server's KV cache slots to use."""
     name = "strata_cache_slot" if body.get("strata_cache_slot") is not None else "id_slot"
-    return get_int(body, name, 0, minimum=0, maximum=NUM_CACHE_SLOTS - 1)
+    value = body.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, str):  # a JSON body carries numbers, not digit strings
+        raise bad_request(f"'{name}' must be an integer, got a string", param=name)
+    return parse_slot(value, name)
 
 
 def get_temperature(body: dict, *, maximum: float) -> float:

@@ -37,14 +37,13 @@ from strata.engine.core.sampling import Sampler
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
 from strata.engine.core.snapshots.kv_state import dtype_name
 from strata.engine.core.weight_source import FileWeights, RandomWeights, random_fingerprint
-from strata.engine.protocol import SamplingSpec, Usage
+from strata.engine.protocol import NUM_CACHE_SLOTS, SamplingSpec, Usage, slot_problem
 
 __all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMemory",
            "LevelNotApplicable", "common_prefix_length", "pick_device"]
 
 log = logging.getLogger(__name__)
 
-NUM_CACHE_SLOTS = 4
 DEFAULT_MAX_CONTEXT_TOKENS = 8192
 PREFILL_CHUNK_TOKENS = 512
 
@@ -197,6 +196,7 @@ class Engine:
             ttl_s=self.config.snapshot_ttl_s,
             fingerprint=fingerprint,
             layout=layout,
+            is_default_dir=not self.config.snapshot_dir,
         )
         return ArenaSlotManager(NUM_CACHE_SLOTS, self.config.kv_budget_bytes, self.kv_arena, store)
 
@@ -205,8 +205,9 @@ class Engine:
         return self.slots
 
     def _check_slot(self, slot: int) -> None:
-        if not isinstance(slot, int) or not 0 <= slot < NUM_CACHE_SLOTS:
-            raise EngineError(f"cache slot must be 0..{NUM_CACHE_SLOTS - 1}, not {slot}")
+        problem = slot_problem(slot)
+        if problem:
+            raise EngineError(problem)
 
     # ---- generation ---------------------------------------------------------------------------
 

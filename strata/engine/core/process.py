@@ -23,6 +23,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
+from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
+from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
 # OpenMP threads that spin while waiting burn the cores a game or another server needs, and
@@ -82,10 +84,28 @@ class _CommandRefused(Exception):
         self.code = code
 
 
+# Storage faults are the server's, not the client's: codes of their own, so the host answers
+# 5xx (507 for no space) rather than a 400 the client cannot fix.
+
+
+def storage_error_code(exc: BaseException | None) -> str | None:
+    """The storage code of an OSError in exc's cause chain (SnapshotWriteError wraps one)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNO_CODES:
+            return STORAGE_ERRNO_CODES[exc.errno]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def error_code(exc: BaseException, command: Any) -> str:
     """The protocol error code for an exception raised while running `command`."""
     if isinstance(exc, _CommandRefused):
         return exc.code
+    storage_code = None if isinstance(command, p.Load) else storage_error_code(exc)
+    if storage_code is not None:
+        return storage_code
     # An engine error may name its protocol code itself (e.g. code = "not_applicable" on a
     # dense model's release_experts, "out_of_memory" when VRAM could not be mapped).
     code = getattr(exc, "code", None)
@@ -104,6 +124,15 @@ def error_code(exc: BaseException, command: Any) -> str:
     if is_user_error:
         return "load_failed" if isinstance(command, p.Load) else "bad_request"
     return "internal"
+
+
+_can_select_pipes = sys.platform != "win32"
+
+
+def _stop_selecting_pipes(exc: BaseException) -> None:
+    global _can_select_pipes
+    _can_select_pipes = False
+    log.info("select() cannot poll the engine pipe here (%s); tokens go out every step", exc)
 
 
 class EngineLoop:
@@ -134,7 +163,16 @@ class EngineLoop:
             raise _HostGone() from exc
 
     def _pipe_is_writable(self) -> bool:
-        _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
+        # select() takes only sockets on Windows (WinError 10038 on a pipe), and there is no
+        # portable "room to write" test: there, send every step (send blocks only once the
+        # host is a whole pipe buffer behind).
+        if not _can_select_pipes:
+            return True
+        try:
+            _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
+        except (OSError, ValueError) as exc:
+            _stop_selecting_pipes(exc)
+            return True
         return bool(writable)
 
     # ---- main loop -------------------------------------------------------------------------
@@ -192,12 +230,14 @@ class EngineLoop:
         except _HostGone:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one command
-            # The traceback goes to the log; the host gets a one-line Error and the loop goes on.
-            traceback.print_exc(file=sys.stderr)
-            self.send(p.Error(
-                error_code(exc, command), one_line(exc),
-                request_id=request_id, command_id=command_id,
-            ))
+            # The host gets a one-line Error and the loop goes on. The log gets a traceback
+            # only for a bug (an unexpected exception); a client's error is one line.
+            code = error_code(exc, command)
+            if code == "internal":
+                traceback.print_exc(file=sys.stderr)
+            else:
+                log.info("%s refused (%s): %s", type(command).__name__, code, one_line(exc))
+            self.send(p.Error(code, one_line(exc), request_id=request_id, command_id=command_id))
         return True
 
     # ---- commands --------------------------------------------------------------------------
@@ -331,7 +371,7 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     """
     # Ctrl-C in a terminal reaches the whole process group; the host decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="engine: %(message)s")
+    setup_logging("engine", "engine: %(message)s")  # a rotating file where there is no stderr
     loop = EngineLoop(conn, factory, config)
     try:
         loop.run()

@@ -189,21 +189,32 @@ class SlotManager:
     def offload_session(self) -> dict[str, Any]:
         """Snapshot every resident idle slot and release its KV memory.
 
-        Tries them all; when one cannot be written it stays resident and SnapshotWriteError
-        names it after the others are done.
+        Tries them all; a slot that cannot be written stays resident (its memory is released
+        only once its write completed), and SnapshotWriteError names every such slot after the
+        others are done; its `failed_slots` lists them and `code` is the first failure's.
         """
-        results, errors = [], []
+        results, failures = [], []
         for slot in sorted(self.resident, key=lambda s: self.resident[s].last_used_s):
             if slot in self.in_use:
                 continue
             try:
                 results.append(self.offload(slot))
             except SnapshotWriteError as exc:
-                errors.append(f"slot {slot}: {exc}")
+                failures.append((slot, exc))
+            except OSError as exc:  # a raw errno that slipped past the store: still a write error
+                failures.append((slot, SnapshotWriteError.from_os_error(
+                    f"could not write slot {slot}'s KV snapshot", exc)))
         self.session_slots = [r["id_slot"] for r in results if r["location"] in ("ram", "disk")]
-        if errors:
-            self.last_error = errors[0]
-            raise SnapshotWriteError(f"offload kept {len(errors)} slot(s) in memory: {errors[0]}")
+        if failures:
+            failed_slots = [slot for slot, _ in failures]
+            first = failures[0][1]
+            self.last_error = f"slot {failed_slots[0]}: {first}"
+            done = [r["id_slot"] for r in results]
+            error = SnapshotWriteError(
+                f"offload kept slot(s) {', '.join(map(str, failed_slots))} in memory "
+                f"(offloaded: {', '.join(map(str, done)) or 'none'}): {first}", first.code)
+            error.failed_slots = failed_slots
+            raise error
         return {
             "offloaded_slots": [r["id_slot"] for r in results],
             "released_bytes": sum(r["released_bytes"] for r in results),

@@ -1,23 +1,31 @@
 """The before-load hook: a user command run before a load or wake, e.g. to ask ComfyUI to free.
 
-The command is an argv list (a string is split like a shell would, by shlex) and runs without
-a shell, so nothing in it is interpreted. Its outcome is kept for /v1/status (`last_hook`). A
-failure or timeout is logged and does not stop the load unless the hook is required.
+The command is an argv list, or a string split the way the platform's programs split their
+command line: shlex's POSIX rules on Linux, the Microsoft C runtime's on Windows (mslex: POSIX
+rules would eat the backslashes of C:\\Tools\\free.exe). It runs without a shell, so nothing in
+it is interpreted. Its outcome is kept for /v1/status (`last_hook`). A failure or timeout is
+logged and does not stop the load unless the hook is required; a timeout kills the command and
+every process it started.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shlex
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import psutil
+
 from strata.engine.service.facade import ServiceError
+from strata.engine.service.settings import API_KEY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +47,27 @@ class HookResult:
         return asdict(self)
 
 
+def _is_windows() -> bool:
+    return sys.platform == "win32"
+
+
+def split_command(command: str) -> list[str]:
+    """A command line as argv, by this platform's rules (see the module docstring).
+
+    Raises ValueError on an unbalanced quote."""
+    if _is_windows():
+        import mslex
+
+        # like_cmd=False: the string never goes through cmd.exe, so ^ and % are literal.
+        return mslex.split(command, like_cmd=False)
+    return shlex.split(command)
+
+
 def command_argv(command: str | Sequence[str] | None) -> list[str] | None:
-    """The hook command as argv: a string is split with shlex, a list is taken as it is."""
+    """The hook command as argv: a string is split by split_command, a list taken as it is."""
     if command is None:
         return None
-    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    argv = split_command(command) if isinstance(command, str) else [str(a) for a in command]
     return argv or None
 
 
@@ -101,9 +125,10 @@ class BeforeLoadHook:
     async def _execute(self, reason: str) -> tuple[int | None, str | None]:
         """(exit code, error text or None) of one run, killing it past the timeout."""
         assert self.argv is not None
-        env = {**os.environ, "STRATA_BEFORE": reason}
+        # The hook has no use for the server's API key: it does not inherit it.
+        env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | {"STRATA_BEFORE": reason}
         try:
-            # A session of its own, so a timeout can end the command and anything it started.
+            # A session of its own (POSIX), so a timeout can end the command's process group.
             process = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
@@ -128,14 +153,24 @@ class BeforeLoadHook:
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
         if process.returncode is not None:
             return
-        try:
-            if hasattr(os, "killpg"):
-                os.killpg(process.pid, signal.SIGKILL)  # its own group: start_new_session
-            else:
-                process.kill()
-        except ProcessLookupError:
-            pass
+        _kill_tree(process.pid)
         try:
             await asyncio.wait_for(process.communicate(), _KILL_GRACE_S)
         except (TimeoutError, ValueError):
             log.warning("the before-load command (pid %d) did not exit after a kill", process.pid)
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill a process and everything it started: its process group where there are groups,
+    and its descendants by parent id (Windows, and children that left the group)."""
+    try:
+        parent = psutil.Process(pid)
+        victims = [parent, *parent.children(recursive=True)]  # listed before the parent dies
+    except psutil.Error:
+        victims = []
+    if hasattr(os, "killpg") and hasattr(signal, "SIGKILL"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # its own group: start_new_session
+    for victim in victims:
+        with contextlib.suppress(psutil.Error):
+            victim.kill()  # TerminateProcess on Windows; psutil checks the pid was not reused

@@ -6,8 +6,8 @@ use a fake engine behind the same Supervisor, so the routes never know which one
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from strata.engine.protocol import Done, Error, SamplingSpec, Tokens
@@ -29,6 +29,9 @@ class GenerationRequest:
     prompt_ids: tuple[int, ...]
     sampling: SamplingSpec
     slot: int = 0
+    # Called with the engine's final event once the generation is over, also when the caller
+    # closed the iterator early (a stop string): that Done carries the real usage.
+    on_final: Callable[[Done | Error | None], None] | None = field(default=None, compare=False)
 
 
 class ServiceFacade(Protocol):
@@ -53,6 +56,9 @@ class ServiceFacade(Protocol):
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         """A lifecycle action by name (load, unload, sleep, wake, release_experts, ...)."""
+
+    def set_unload_idle(self, seconds: float | None) -> None:
+        """Unload after this many idle seconds from now on (None: never); Ollama's keep_alive."""
 
     def status(self) -> dict[str, Any]:
         """A snapshot for /v1/status, /health, /metrics; never wakes anything."""

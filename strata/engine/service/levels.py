@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from strata.engine.service.error_codes import RETRY_AFTER_S as CODE_RETRY_AFTER_S
+from strata.engine.service.error_codes import STORAGE_ADVICE, http_status
 from strata.engine.service.facade import ServiceError
 from strata.engine.service.supervisor import EngineCommandError
 from strata.engine.service.vram_guard import RETRY_AFTER_S
@@ -108,4 +110,9 @@ def service_error(action: str, exc: EngineCommandError) -> ServiceError:
         return ServiceError(400, exc.code, f"{what} failed: {message}")
     if exc.code in ("engine_crashed", "not_running"):
         return ServiceError(503, "engine_unavailable", f"{what} failed: {message}")
-    return ServiceError(500, exc.code or "internal", f"{what} failed in the engine: {message}")
+    if exc.code in STORAGE_ADVICE:
+        return ServiceError(http_status(exc.code), exc.code,
+                            f"{what} failed: {message} ({STORAGE_ADVICE[exc.code]})")
+    return ServiceError(http_status(exc.code), exc.code or "internal",
+                        f"{what} failed in the engine: {message}",
+                        retry_after_s=CODE_RETRY_AFTER_S.get(exc.code or ""))

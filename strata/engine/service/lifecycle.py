@@ -44,6 +44,7 @@ _COMMANDS = {
     "sleep": p.Sleep, "wake": p.Wake,
 }
 STATUS_TIMEOUT_S = 10.0
+RESTART_RETRY_MIN_S = 1.0  # between restart attempts that failed without a backoff (hook, VRAM)
 
 
 class Lifecycle:
@@ -84,6 +85,10 @@ class Lifecycle:
         self._inapplicable: set[str] = set()  # timers the engine said do not apply, until load
         self._changed = asyncio.Event()
         self._timer_task: asyncio.Task | None = None
+        # A loaded engine that crashed (or was killed for a timeout) comes back by itself.
+        self._restart_task: asyncio.Task | None = None
+        self._supervisor_state = supervisor.state
+        supervisor.state_listeners.append(self._on_supervisor_state)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -151,8 +156,22 @@ class Lifecycle:
         if self._timer_task is None and any(v is not None for v in self.idle_timeouts_s.values()):
             self._timer_task = asyncio.create_task(self._run_timers(), name="strata-idle-timers")
 
+    def set_idle_timeout(self, key: str, seconds: float | None) -> None:
+        """Change one idle timer (cache_release, ..., unload) at run time; None turns it off."""
+        if key not in self.idle_timeouts_s:
+            raise ValueError(f"no idle timer {key!r}")
+        self.idle_timeouts_s[key] = seconds
+        self._fired.discard(key)
+        self._changed.set()
+        self.start_timers()
+
     async def stop(self) -> None:
         """Stop the timers and end the engine and standby processes."""
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._restart_task
+            self._restart_task = None
         if self._timer_task is not None:
             self._timer_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -350,12 +369,45 @@ class Lifecycle:
     async def _unload(self) -> dict[str, Any]:
         supervisor = self.supervisor
         was_running = supervisor.pid is not None or supervisor.state != "unloaded"
+        restart = self._restart_task
+        if restart is not None and restart is not asyncio.current_task():
+            restart.cancel()  # unloaded on purpose: no restart after an earlier crash
         await supervisor.stop()
         self.engine_info, self.engine_state, self._engine_pid = {}, None, None
         self._is_sleeping = self._experts_released = self._session_offloaded = False
         standby_pid = await supervisor.start_standby() if self.keep_standby else None
         self._changed.set()
         return {"changed": was_running, "standby_pid": standby_pid}
+
+    # ---- restarts after a crash ------------------------------------------------------------
+
+    def _on_supervisor_state(self, state: str) -> None:
+        """A loaded engine that fails (crash, OOM kill, killed for a timeout) is restarted
+        now, with the supervisor's backoff, so /health recovers without waiting for a client."""
+        was_loaded, self._supervisor_state = self._supervisor_state == "loaded", state
+        if state != "failed" or not was_loaded:
+            return
+        if self._restart_task is None or self._restart_task.done():
+            self._restart_task = asyncio.get_running_loop().create_task(
+                self._restart_after_crash(), name="strata-engine-restart")
+
+    async def _restart_after_crash(self) -> None:
+        supervisor = self.supervisor
+        while supervisor.state == "failed":
+            await asyncio.sleep(supervisor.retry_in_s)
+            async with self.lane:
+                if supervisor.state != "failed":
+                    return  # a request brought it back, or it was unloaded
+                log.info("restarting the engine after: %s", supervisor.last_error)
+                try:
+                    await self._load()
+                    return
+                except ServiceError as exc:
+                    log.warning("the engine did not restart: %s", exc.message)
+                except Exception:  # a bug here must not end the restarts
+                    log.exception("restarting the engine failed")
+            if supervisor.retry_in_s == 0:
+                await asyncio.sleep(RESTART_RETRY_MIN_S)
 
     # ---- engine ----------------------------------------------------------------------------
 

@@ -240,6 +240,16 @@ class RulesEngine:
     own_pids: Callable[[], set[int]] = lambda: {os.getpid()}
     is_enabled: bool = True
     _episodes: dict[str, _Episode] = field(default_factory=dict)
+    _has_warned_blind: bool = False
+
+    def _warn_if_blind(self, processes: list[Any], own: set[int]) -> None:
+        # Under Windows' WDDM, NVML lists GPU processes without their VRAM: such a rule can
+        # never fire, which a user should hear once rather than wait for.
+        others = [p for p in processes if p.pid not in own]
+        if others and all(p.used_bytes is None for p in others) and not self._has_warned_blind:
+            self._has_warned_blind = True
+            log.warning("the driver reports no per-process VRAM here (Windows WDDM): "
+                        "process_vram rules cannot fire; use a free_vram or process rule")
 
     def set_rules(self, rules: list[Rule]) -> None:
         """Replace the rules; episodes of rules that are gone are dropped without restoring."""
@@ -278,6 +288,7 @@ class RulesEngine:
                     None,
                 )
                 cause = f"{hog.name} uses {gib(hog.used_bytes)}" if hog else None
+                self._warn_if_blind(gpu.processes, own)
             elif gpu is not None and rule.trigger == "free_vram":
                 episode = self._episodes.get(rule.name)
                 # Hysteresis: the episode ends only when taking our bytes back still leaves the

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from aiohttp import web
 
 from strata.engine.service.facade import ServiceError
 from strata.engine.service.rules import rules_engine_from_config
 from strata.engine.service.service import Service
 from strata.engine.service.settings import (
+    API_KEY_ENV,
     ServeSettings,
     SettingsError,
     default_config_file,
@@ -31,9 +31,9 @@ from strata.engine.service.settings import (
 )
 from strata.engine.service.telemetry import GpuTelemetry
 from strata.errors import StrataError
+from strata.logs import setup_logging
 
 log = logging.getLogger(__name__)
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 RULES_INTERVAL_S = 2.0
 
 
@@ -46,8 +46,23 @@ def serve_from_args(args: argparse.Namespace) -> int:
     config_file = getattr(args, "config", None)
     settings = load_settings(config_file, overrides_from_args(args))
     config = read_config_tables(config_file)
-    logging.basicConfig(level=logging.INFO, format="strata: %(message)s", stream=sys.stderr)
+    setup_logging("serve", "strata: %(message)s")  # a rotating file when run without a console
+    if getattr(args, "api_key", None):
+        log.warning("--api-key puts the key in the process list, where other users of this "
+                    "machine can read it; set %s or api-key in the config file instead",
+                    API_KEY_ENV)
+        hide_api_key_argument(sys.argv)
     return asyncio.run(serve(settings, config=config))
+
+
+def hide_api_key_argument(argv: list[str]) -> None:
+    """Blank the --api-key value in argv (in place), so no child process is handed it: spawned
+    engine processes get a copy of the parent's sys.argv."""
+    for i, arg in enumerate(argv):
+        if arg == "--api-key" and i + 1 < len(argv):
+            argv[i + 1] = "***"
+        elif arg.startswith("--api-key="):
+            argv[i] = "--api-key=***"
 
 
 def read_config_tables(config_file: str | Path | None) -> dict[str, Any]:
@@ -89,7 +104,8 @@ async def serve(
     gets the endpoint URL once the port is bound; `config` is the parsed config file, whose
     [[rules]] then run every rules_interval_s.
     """
-    from strata.engine.api.app import create_app  # the api layer depends on us, not the reverse
+    # the api layer depends on us, not the reverse
+    from strata.engine.api.listen import ListenError, start_listening
 
     service = service if service is not None else Service(settings)
     stop_event = stop_event or asyncio.Event()
@@ -103,23 +119,18 @@ async def serve(
         await service.start()
     except ServiceError as exc:
         raise ServeError(exc.message) from None
-    # Binding all interfaces is the user asking for LAN clients, whose Host headers vary.
-    allowed_hosts = ("*",) if settings.host in WILDCARD_HOSTS else (settings.host,)
-    # handler_cancellation: a client that goes away cancels its handler at once, so its
-    # generation stops even while it waits in the queue or in a long prefill.
-    runner = web.AppRunner(
-        create_app(service, api_key=settings.api_key, allowed_hosts=allowed_hosts),
-        handler_cancellation=True,
-    )
-    await runner.setup()
+    load_failure = _load_failure(service)
+    if load_failure is not None:  # a model that cannot load: say why and exit, not serve errors
+        await service.stop()
+        raise ServeError(load_failure)
+    runner = None
     rules_task = None
     try:
         try:
-            await web.TCPSite(runner, settings.host, settings.port).start()
-        except OSError as exc:
-            raise ServeError(f"cannot listen on {settings.host}:{settings.port} "
-                             f"({exc.strerror}); pick another port with --port") from None
-        url = f"http://{_display_host(settings.host)}:{_bound_port(runner, settings.port)}/v1"
+            listening = await start_listening(service, settings)
+        except ListenError as exc:
+            raise ServeError(str(exc)) from None
+        runner, url = listening.runner, listening.endpoint_url
         status = service.status()
         log.info("serving %s at %s (engine %s)", service.model_id, url, status.get("state"))
         if on_listening is not None:
@@ -132,9 +143,22 @@ async def serve(
             rules_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await rules_task
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
         await service.stop()
     return 0
+
+
+def _load_failure(service: Any) -> str | None:
+    """Why the model could not be loaded at start-up (the engine state is failed), else None.
+
+    Waiting for VRAM is no failure (the state stays unloaded): the server serves and retries.
+    """
+    status = service.status()
+    if status.get("state") != "failed":
+        return None
+    reason = status.get("last_error") or "the engine failed to start"
+    return f"cannot load the model: {reason}"
 
 
 def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> asyncio.Task | None:
@@ -151,12 +175,3 @@ def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> 
     return asyncio.create_task(rules.run(interval_s), name="strata-rules")
 
 
-def _display_host(host: str) -> str:
-    return "127.0.0.1" if host in WILDCARD_HOSTS else (f"[{host}]" if ":" in host else host)
-
-
-def _bound_port(runner: web.AppRunner, fallback: int) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return fallback

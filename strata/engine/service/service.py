@@ -9,6 +9,7 @@ host, so tokenizing works while the engine is unloaded.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -38,7 +39,6 @@ from strata.engine.service.vram_guard import FreeVramReader, VramGuard
 
 log = logging.getLogger(__name__)
 
-NUM_CACHE_SLOTS = 4
 SLOT_COMMANDS = {"slot_save": p.SaveSlot, "slot_restore": p.RestoreSlot, "slot_erase": p.EraseSlot}
 ACTIONS = (*UP_ACTIONS, *DOWN_ACTIONS, *SLOT_COMMANDS, "slots")
 
@@ -210,8 +210,8 @@ class Service:
                        f"{self.context_tokens}; shorten it or start with a larger --context")
         elif sampling.max_tokens < 1:
             problem = f"max_tokens must be >= 1, not {sampling.max_tokens}"
-        elif not 0 <= request.slot < NUM_CACHE_SLOTS:
-            problem = f"cache slot must be 0..{NUM_CACHE_SLOTS - 1}, not {request.slot}"
+        else:
+            problem = p.slot_problem(request.slot)
         if problem:
             self.metrics.num_rejected += 1
             raise ServiceError(400, "bad_request", problem)
@@ -239,6 +239,8 @@ class Service:
                 ended_s = time.perf_counter()
                 decode_s = ended_s - first_token_s[0] if first_token_s else 0.0
                 self.metrics.record(final, ended_s - started_s, decode_s)
+                if request.on_final is not None:
+                    request.on_final(final)
 
             events = supervisor.stream(
                 request_id, request.prompt_ids, request.sampling, request.slot, on_end=on_end
@@ -252,6 +254,12 @@ class Service:
             await lifecycle.end_request()
 
     # ---- control and status ----------------------------------------------------------------
+
+    def set_unload_idle(self, seconds: float | None) -> None:
+        """Unload after this many idle seconds from now on (None: never); Ollama's keep_alive."""
+        self.settings = dataclasses.replace(self.settings, idle_unload_s=seconds)
+        if self._lifecycle is not None:
+            self._lifecycle.set_idle_timeout("unload", seconds)
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         """A lifecycle action: load, unload, sleep, wake, release_experts, refill_experts
@@ -321,9 +329,9 @@ class Service:
 def _slot_command(action: str, kwargs: dict[str, Any]) -> Any:
     """The engine command for a slot action, its arguments checked (400 when wrong)."""
     slot = kwargs.get("slot")
-    if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < NUM_CACHE_SLOTS:
-        raise ServiceError(400, "bad_request",
-                           f"{action} needs slot=0..{NUM_CACHE_SLOTS - 1}, got {slot!r}")
+    problem = p.slot_problem(slot)
+    if problem:
+        raise ServiceError(400, "bad_request", f"{action}: {problem}")
     if action == "slot_erase":
         return p.EraseSlot(slot)
     filename = kwargs.get("filename")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 from strata.errors import StrataError
 from strata.units import GIB
 
+# The API key may come from the environment, so that it need not be on a command line.
+API_KEY_ENV = "STRATA_API_KEY"
 IDLE_FIELDS = ("cache_release_idle_s", "session_offload_idle_s", "sleep_idle_s", "idle_unload_s")
 EXPERT_CACHE_WORDS = ("auto", "off", "all")
 DEVICES = ("auto", "cpu", "cuda")
@@ -38,6 +39,10 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8080  # 0: any free port
     api_key: str | None = None
+    # Host names (besides loopback and, on a wider bind, the machine's own) and browser
+    # Origins (besides the local defaults) the API accepts.
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
     context_tokens: int = 0  # 0: the model's own context length (capped by the engine)
     device: str = "auto"
     cache_release_idle_s: float | None = None  # idle timers: None = off
@@ -62,11 +67,13 @@ class ServeSettings:
 
     @property
     def before_load_argv(self) -> list[str] | None:
-        """The before-load command as an argv list (a string is split like a shell would)."""
+        """The before-load command as an argv list (a string split by the platform's rules)."""
         if self.before_load is None:
             return None
         if isinstance(self.before_load, str):
-            return shlex.split(self.before_load)
+            from strata.engine.service.before_load import split_command
+
+            return split_command(self.before_load)
         return list(self.before_load)
 
 
@@ -121,6 +128,8 @@ def check_setting(name: str, value: Any) -> Any:
         if not isinstance(value, str) or not value.strip():
             raise _type_error(name, "a non-empty string", value)
         return os.path.expanduser(value) if name != "api_key" else value
+    if name in ("allowed_hosts", "allowed_origins"):
+        return _check_name_list(name, value)
     if name == "host":
         if not isinstance(value, str) or not value.strip():
             raise _type_error(name, "a host name or address", value)
@@ -149,6 +158,13 @@ def check_setting(name: str, value: Any) -> Any:
         if value is None:
             return None
         if isinstance(value, str) and value.strip():
+            from strata.engine.service.before_load import split_command
+
+            try:
+                split_command(value)
+            except ValueError as exc:  # an unbalanced quote: refused now, not at the first load
+                raise SettingsError(f"'before_load' {value!r} is not a command line: {exc}; "
+                                    "quote it evenly or give an argv list") from None
             return value
         if isinstance(value, (list, tuple)) and value and all(
             isinstance(v, str) and v for v in value
@@ -184,6 +200,25 @@ def check_setting(name: str, value: Any) -> Any:
             f"'expert_cache' must be auto, off, all or a number of expert slots >= 1, got {value!r}"
         )
     raise SettingsError(f"unknown setting {name!r}; known settings: {', '.join(SETTING_NAMES)}")
+
+
+def _check_name_list(name: str, value: Any) -> tuple[str, ...]:
+    """A list of host names or origins, from a TOML list or a comma-separated string."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise _type_error(name, "a list of strings (or one comma-separated string)", value)
+    items = tuple(dict.fromkeys(v.strip() for v in value if v.strip()))
+    for item in items:
+        if any(c.isspace() for c in item):
+            raise SettingsError(f"{name!r}: {item!r} contains a space; separate entries by commas")
+        if name == "allowed_hosts" and ("/" in item or item.count(":") == 1):
+            raise SettingsError(f"'allowed_hosts': {item!r} must be a bare host name or address "
+                                "(no scheme, port or path), e.g. host.docker.internal")
+        if name == "allowed_origins" and item not in ("*", "null") and "://" not in item:
+            raise SettingsError(f"'allowed_origins': {item!r} must be an origin such as "
+                                "http://localhost:3000, a pattern such as app://*, or null")
+    return items
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
@@ -225,10 +260,13 @@ def load_settings(config_file: Path | None, overrides: dict[str, Any]) -> ServeS
     """Settings from a TOML file (None: the standard one if it exists) and overrides.
 
     Overrides are field names (or flag names) to values; None values are ignored, so argparse
-    defaults never override the file. Raises SettingsError with a one-line message.
+    defaults never override the file. $STRATA_API_KEY, when set, wins over the file's api-key
+    (a flag wins over both). Raises SettingsError with a one-line message.
     """
     path = Path(config_file).expanduser() if config_file is not None else default_config_file()
     values = _read_config_file(path) if path is not None else {}
+    if os.environ.get(API_KEY_ENV, "").strip():
+        values["api_key"] = check_setting("api_key", os.environ[API_KEY_ENV].strip())
     for key, value in overrides.items():
         if value is None:
             continue
@@ -265,7 +303,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--config", metavar="FILE", help="TOML config file (default: ~/.config/strata/config.toml)")
     add("--host", help="address to bind (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on (default 8080, 0: any free port)")
-    add("--api-key", dest="api_key", help="require this key (Bearer or x-api-key)")
+    add("--api-key", dest="api_key",
+        help="require this key (Bearer or x-api-key); visible to other users in the process "
+        "list, so prefer the config file or STRATA_API_KEY")
+    add("--allowed-hosts", dest="allowed_hosts", metavar="NAMES",
+        help="comma-separated Host names to accept besides loopback and this machine's own "
+        "(e.g. host.docker.internal)")
+    add("--allowed-origins", dest="allowed_origins", metavar="ORIGINS",
+        help="comma-separated browser origins allowed to call the API besides the local ones "
+        "(e.g. https://chat.example.com, http://10.0.0.5:*)")
     add("--context", dest="context_tokens", type=int, metavar="TOKENS",
         help="context length in tokens (default: the model's own, capped)")
     add("--device", choices=DEVICES, help="where the engine runs (default auto)")

@@ -10,6 +10,7 @@ context) can wait behind the one that exited, so the next load skips seconds of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing
@@ -328,11 +329,32 @@ class Supervisor:
         """Send a control command to the running engine and return its Reply or Status.
 
         Never starts the engine: raises EngineCommandError("not_running") when it is down.
+        A command that runs past its timeout means a wedged engine (every later command would
+        queue behind it): the process is killed, so it restarts, and EngineCommandError
+        ("engine_timeout") is raised. A GetStatus while a generation or another command runs is
+        exempt: it waits behind that work (a long prefill step, a sleep writing snapshots),
+        which has its own timeout.
         """
         handle = self._handle
         if handle is None or not handle.is_alive:
             raise EngineCommandError("not_running", "the engine is not running; load it first")
-        return await self._command(handle, command, timeout_s or self.command_timeout_s)
+        timeout_s = timeout_s or self.command_timeout_s
+        try:
+            return await self._command(handle, command, timeout_s)
+        except TimeoutError:
+            name = type(command).__name__
+            if isinstance(command, p.GetStatus) and (handle.streams or handle.waiters):
+                raise
+            reason = f"did not answer {name} within {timeout_s:g} s"
+            log.error("engine process %d %s; killing it to restart", handle.pid, reason)
+            if self._handle is handle:
+                self.kill(reason)
+                # Seen as failed (and restarting) before the caller answers its client.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(handle.exited.wait(), self.stop_timeout_s)
+            raise EngineCommandError(
+                "engine_timeout", f"the engine {reason}; it is restarting, retry shortly"
+            ) from None
 
     async def stream(
         self,

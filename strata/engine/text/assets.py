@@ -71,7 +71,9 @@ class TextAssets:
 
     def encode(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids of text; add_special adds BOS when the model wants it."""
-        return self.tokenizer.encode(text, add_special_tokens=add_special).ids
+        # encode_batch releases the GIL while it works (encode does not), so a long text
+        # tokenized on a worker thread leaves the server's event loop free.
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special)[0].ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         """Text of token ids; skip_special drops control tokens."""

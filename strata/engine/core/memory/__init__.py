@@ -7,7 +7,8 @@ Modules (import them directly; this package imports nothing, so the host process
 - arena_set.py    ArenaSet: every arena by name, with byte accounting for /v1/status
 - backend.py      the backend protocol, backend_for(device), cuda_available()
 - cuda_vmm.py     CUDA virtual memory management backend (cuda.bindings.driver)
-- cpu_mmap.py     the CPU twin over anonymous mmap + madvise(MADV_DONTNEED)
+- cpu_mmap.py     the CPU twin over OS pages (os_pages.py)
+- os_pages.py     reserve/commit/decommit: mmap+madvise, VirtualAlloc on Windows, a fallback
 - host_copy.py    HostCopy: host mirror of an arena, pinned once, chunked side-stream copies
 - expert_cache.py ExpertCache residency table (LRU) and size_slots for --expert-cache
 - expert_store.py ExpertStore: host copy of all experts + VRAM slots, fetch on demand

@@ -1,7 +1,8 @@
 """What an arena needs from the memory underneath it: reserve, map/unmap chunks, view as torch.
 
 Two implementations: `CudaVmmBackend` (cuda_vmm.py, CUDA virtual memory management) and
-`CpuMmapBackend` (cpu_mmap.py, anonymous mmap + madvise). `backend_for(device)` picks one.
+`CpuMmapBackend` (cpu_mmap.py, OS pages from os_pages.py: mmap + madvise, or VirtualAlloc on
+Windows). `backend_for(device)` picks one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Reservation:
     base_address: int
     size_bytes: int
     base_tensor: torch.Tensor
-    handle: Any = None  # backend-private (the mmap object on CPU)
+    handle: Any = None  # backend-private (the os_pages range on CPU)
 
 
 class ArenaBackend(Protocol):

@@ -8,7 +8,6 @@ release. Copies run in chunks of >= 16 MiB on a side stream, where they reach th
 from __future__ import annotations
 
 import logging
-import mmap
 import time
 import warnings
 import weakref
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.engine.core.memory import os_pages
 from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.backend import cuda_available
 from strata.units import MIB
@@ -88,12 +88,12 @@ class HostCopy:
             raise ValueError(f"{name}: size_bytes must be positive, got {size_bytes}")
         self.name = name
         self.size_bytes = size_bytes
-        # Its own anonymous mapping: page-aligned, and no page shared with other allocations
-        # that someone else might register for pinning too.
-        self._mmap = mmap.mmap(-1, size_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # Its own pages (anonymous mmap, VirtualAlloc on Windows): page-aligned, and no page
+        # shared with other allocations that someone else might register for pinning too.
+        self._pages = os_pages.allocate(size_bytes)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self._buffer = torch.frombuffer(self._mmap, dtype=torch.uint8)
+            self._buffer = torch.frombuffer(self._pages.buffer, dtype=torch.uint8)
         self.is_pinned = False
         self.pin_note = "not pinned"
         # Where kernels on the device read this buffer (mapped over PCIe once pinned); on the
@@ -211,7 +211,4 @@ class HostCopy:
             self._unpin()
             self.is_pinned = False
         del self._buffer
-        try:
-            self._mmap.close()
-        except BufferError:
-            log.debug("%s still viewed by tensors; freed by GC", self.name)
+        self._pages.close()  # the memory goes once no tensor views it any more

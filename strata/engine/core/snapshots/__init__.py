@@ -4,8 +4,10 @@
                  from_state, nbytes
 - format.py      the checked snapshot file: write (temp + fsync + rename) and verified read
 - store.py       SnapshotStore: RAM first, then files, within byte budgets
+- safe_files.py  private files (0600, O_EXCL temp names) in a private directory (0700);
+                 reads refuse FIFOs, devices and symlinks
 - fingerprint.py model_fingerprint: which model a snapshot belongs to
-- errors.py      SnapshotInvalid(reason), SnapshotWriteError, SnapshotNameError
+- errors.py      SnapshotInvalid(reason), SnapshotWriteError(code), SnapshotNameError
 """
 
 from strata.engine.core.snapshots.errors import (

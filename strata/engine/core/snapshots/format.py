@@ -5,9 +5,9 @@
 
 The header holds the model fingerprint, the layout, the token count, the sha256 of the token
 ids, created/expires (wall clock) and each region's offset, size and crc32. Named files are
-written to a temporary name in the same directory, flushed, fsync'd and renamed, so a reader
-sees either the old file or the complete new one. Reading verifies all of it and raises one
-`SnapshotInvalid(reason)`.
+written to a private temporary file (0600, O_EXCL, unpredictable name) in the same directory,
+flushed, fsync'd and renamed, so a reader sees either the old file or the complete new one.
+Reading verifies all of it and raises one `SnapshotInvalid(reason)`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from strata.engine.core.snapshots.errors import SnapshotInvalid, SnapshotWriteError
 from strata.engine.core.snapshots.kv_state import KVLayout, KVSnapshot, check_metadata, region_names
+from strata.engine.core.snapshots.safe_files import create_temp, open_regular
 
 MAGIC = b"STRATAKV"
 FORMAT_VERSION = 1
@@ -81,23 +82,25 @@ def write_to(f: BinaryIO, snapshot: KVSnapshot, slot: int | None = None) -> int:
 def write_file(path: Path, snapshot: KVSnapshot, slot: int | None = None) -> int:
     """Write `path` atomically (temp name in the same directory, fsync, rename); bytes written.
 
+    The directory must exist and be private (safe_files.prepare_dir); the temp file is
+    created 0600 with O_EXCL|O_NOFOLLOW under an unpredictable name, so the file is 0600 too.
     Raises SnapshotWriteError (one line, with the OS reason) and leaves no temp file behind.
     """
     path = Path(path)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp: Path | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temp, "wb") as f:
+        f, temp = create_temp(path.parent, path.name)
+        with f:
             written = write_to(f, snapshot, slot)
         os.replace(temp, path)
+        temp = None
         _fsync_dir(path.parent)
         return written
     except OSError as exc:
-        _remove_quietly(temp)
-        raise SnapshotWriteError(
-            f"could not write KV snapshot {path}: {exc.strerror or exc}; free disk space or "
-            "check the snapshot directory's permissions (--snapshot-dir)"
-        ) from exc
+        if temp is not None:
+            _remove_quietly(temp)
+        raise SnapshotWriteError.from_os_error(f"could not write KV snapshot {path.name}",
+                                               exc) from exc
 
 
 def _remove_quietly(path: Path) -> None:
@@ -220,20 +223,21 @@ def _decode_payload(
 
 
 def read_file(path: Path, fingerprint: str, layout: KVLayout, now_s: float) -> KVSnapshot:
-    """Open, read and verify a named snapshot file; raises SnapshotInvalid(reason)."""
+    """Open, read and verify a named snapshot file; raises SnapshotInvalid(reason).
+
+    Only a regular file is read: a FIFO, device or symlink is refused without blocking."""
+    path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return read_from(f, fingerprint, layout, now_s)
-    except FileNotFoundError as exc:
-        raise SnapshotInvalid("missing", f"{path} does not exist") from exc
     except OSError as exc:
-        raise SnapshotInvalid("missing", f"{path} cannot be read: {exc.strerror}") from exc
+        raise SnapshotInvalid("missing", f"{path.name} cannot be read: {exc.strerror}") from exc
 
 
 def peek_header(path: Path) -> dict[str, Any] | None:
     """The verified header of a file, or None when it is not a readable snapshot."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(Path(path)) as f:
             return read_header(f, os.fstat(f.fileno()).st_size)[0]
     except (OSError, SnapshotInvalid):
         return None

@@ -4,7 +4,10 @@ RAM holds up to `ram_budget_bytes`; past it the least recently stored RAM snapsh
 to disk. Disk holds up to `disk_budget_bytes`; past it the oldest disk snapshot is deleted (its
 slot starts over). Without `persist`, disk snapshots are anonymous temporary files that the OS
 deletes when they are closed or the process dies; with it they are named files
-`slot{N}-{fingerprint}.stkv` that a restarted engine of the same model finds again.
+`slot{N}-{fingerprint}.stkv` that a restarted engine of the same model finds again. A
+persisted file stays on disk after its slot is restored, until a newer snapshot of that slot
+replaces it or the slot is erased, so an engine that crashes or is OOM-killed loses nothing.
+Files are 0600 in a 0700 directory (safe_files.py).
 
 A `put` that cannot store its snapshot raises SnapshotWriteError and stores nothing, so the
 caller still holds the KV it meant to release: memory is released only after a write completed.
@@ -26,12 +29,14 @@ from typing import BinaryIO
 
 from strata.engine.core.snapshots import format as fmt
 from strata.engine.core.snapshots.errors import (
+    NO_SPACE_CODE,
     SnapshotInvalid,
     SnapshotNameError,
     SnapshotWriteError,
 )
 from strata.engine.core.snapshots.host_pool import HostPool
 from strata.engine.core.snapshots.kv_state import KVLayout, KVSnapshot
+from strata.engine.core.snapshots.safe_files import prepare_dir
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +87,10 @@ class SnapshotStore:
         fingerprint: str,
         layout: KVLayout,
         clock: Callable[[], float] = time.time,
+        is_default_dir: bool = False,
     ):
+        """is_default_dir: disk_dir is Strata's own default, whose mode may be tightened to
+        0700; a directory the user named is checked, never changed."""
         for name, value in (("ram_budget_bytes", ram_budget_bytes),
                             ("disk_budget_bytes", disk_budget_bytes), ("ttl_s", ttl_s)):
             if value < 0:
@@ -96,7 +104,11 @@ class SnapshotStore:
         self.layout = layout
         self.clock = clock
         self.last_error: str | None = None
+        self.is_default_dir = is_default_dir
         self._entries: dict[int, _Entry] = {}
+        # Persisted files of slots that were restored: (path, bytes), kept until replaced or
+        # erased; they count against the disk budget and are the first to go when it is full.
+        self._kept_paths: dict[int, tuple[Path, int]] = {}
         self._order = itertools.count()
         # RAM snapshots captured for this model land in pinned blocks of this pool; its
         # capacity is the RAM budget, and a block returns when its snapshot is dropped.
@@ -124,7 +136,9 @@ class SnapshotStore:
 
     @property
     def disk_bytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values() if e.location == DISK)
+        """Bytes of snapshot files on disk, the kept files of restored slots included."""
+        kept_bytes = sum(nbytes for _, nbytes in self._kept_paths.values())
+        return sum(e.nbytes for e in self._entries.values() if e.location == DISK) + kept_bytes
 
     # ---- storing and taking ----------------------------------------------------------------
 
@@ -133,7 +147,9 @@ class SnapshotStore:
 
         Raises SnapshotWriteError when it could not be stored; nothing is stored for `key` then.
         """
-        self.drop(key)
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._discard(entry)
         entry = _Entry(key, RAM, snapshot.num_tokens, snapshot.nbytes, next(self._order),
                        snapshot=snapshot)
         try:
@@ -179,15 +195,22 @@ class SnapshotStore:
                 return entry.snapshot
             if entry.file is not None:
                 return fmt.read_from(entry.file, self.fingerprint, self.layout, now_s)
-            return fmt.read_file(entry.path, self.fingerprint, self.layout, now_s)
+            snapshot = fmt.read_file(entry.path, self.fingerprint, self.layout, now_s)
+            # The file outlives the restore: a crash before the next snapshot loses nothing.
+            self._kept_paths[key], entry.path = (entry.path, entry.nbytes), None
+            return snapshot
         finally:
             self._discard(entry)
 
     def drop(self, key: int) -> None:
-        """Forget the snapshot of `key`, freeing its RAM or deleting its file."""
+        """Forget the snapshot of `key`, freeing its RAM or deleting its file (also the file
+        a restored persistent slot kept)."""
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._discard(entry)
+        kept = self._kept_paths.pop(key, None)
+        if kept is not None:
+            self._unlink(kept[0])
 
     def _spill(self, entry: _Entry) -> None:
         """Move a RAM entry to disk; on failure it stays in RAM and SnapshotWriteError is raised."""
@@ -196,41 +219,57 @@ class SnapshotStore:
         if estimate_bytes > self.disk_budget_bytes:
             raise SnapshotWriteError(
                 f"a KV snapshot of {estimate_bytes / _MIB:.1f} MiB does not fit the snapshot disk "
-                f"budget of {self.disk_budget_bytes / _MIB:.1f} MiB; raise --snapshot-disk-budget"
+                f"budget of {self.disk_budget_bytes / _MIB:.1f} MiB; raise --snapshot-disk-budget",
+                NO_SPACE_CODE,
             )
         self._evict_disk(self.disk_budget_bytes - estimate_bytes, keep=entry)
-        if self.is_persistent:
-            path = self.disk_dir / self._session_name(entry.key)
-            written = fmt.write_file(path, snapshot, slot=entry.key)
-            entry.path = path
-        else:
-            entry.file, written = self._write_anonymous(snapshot, entry.key)
+        self.prepare_dir()
+        try:
+            if self.is_persistent:
+                path = self.disk_dir / self._session_name(entry.key)
+                written = fmt.write_file(path, snapshot, slot=entry.key)
+                entry.path = path
+                self._kept_paths.pop(entry.key, None)  # the same name: replaced just now
+            else:
+                entry.file, written = self._write_anonymous(snapshot, entry.key)
+        except OSError as exc:  # a raw errno from anywhere in the write is still a write error
+            raise SnapshotWriteError.from_os_error(
+                f"could not write slot {entry.key}'s KV snapshot", exc) from exc
         entry.location, entry.nbytes, entry.snapshot = DISK, written, None
         self._evict_disk(self.disk_budget_bytes, keep=entry)
 
     def _write_anonymous(self, snapshot: KVSnapshot, key: int) -> tuple[BinaryIO, int]:
         f = None
         try:
-            self.disk_dir.mkdir(parents=True, exist_ok=True)
             # Delete-on-close: on Linux an O_TMPFILE with no name, so even a crash leaves nothing.
             f = tempfile.TemporaryFile(dir=self.disk_dir, prefix="strata-kv-")  # noqa: SIM115 - kept open on purpose
             return f, fmt.write_to(f, snapshot, slot=key)
         except OSError as exc:
             if f is not None:
                 f.close()
-            raise SnapshotWriteError(
-                f"could not write a KV snapshot into {self.disk_dir}: {exc.strerror or exc}; free "
-                "disk space or check the snapshot directory (--snapshot-dir)"
-            ) from exc
+            raise SnapshotWriteError.from_os_error(
+                f"could not write a KV snapshot into {self.disk_dir.name}", exc) from exc
+
+    def prepare_dir(self) -> None:
+        """Create the snapshot directory 0700 and refuse it when others could write there;
+        raises SnapshotWriteError (storage_error)."""
+        prepare_dir(self.disk_dir, is_strata_own=self.is_default_dir)
 
     def _evict_disk(self, limit_bytes: int, keep: _Entry) -> None:
         """Delete the oldest disk snapshots (not `keep`) until disk use is within limit_bytes."""
         while True:
             victims = [e for e in self._entries.values() if e.location == DISK and e is not keep]
+            # A kept file of keep's own slot is about to be replaced: not counted.
+            kept = [k for k in self._kept_paths if k != keep.key]
             # `keep` may not be registered yet (a put in progress): count it once either way.
-            used_bytes = sum(e.nbytes for e in victims) + (keep.nbytes if keep.location == DISK else 0)
+            used_bytes = (sum(e.nbytes for e in victims) + (keep.nbytes if keep.location == DISK else 0)
+                          + sum(self._kept_paths[k][1] for k in kept))
             if used_bytes <= limit_bytes:
                 return
+            if kept:  # its slot is resident: only the copy that survives a crash goes
+                log.info("snapshot disk budget full: deleting slot %d's kept session file", kept[0])
+                self._unlink(self._kept_paths.pop(kept[0])[0])
+                continue
             if not victims:
                 return
             victim = min(victims, key=lambda e: e.order)
@@ -243,10 +282,15 @@ class SnapshotStore:
             entry.file.close()
             entry.file = None
         if entry.path is not None:
-            try:
-                entry.path.unlink(missing_ok=True)
-            except OSError as exc:
-                log.warning("could not delete snapshot %s: %s", entry.path, exc)
+            self._unlink(entry.path)
+            entry.path = None
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("could not delete snapshot %s: %s", path, exc)
 
     # ---- persisted session files -----------------------------------------------------------
 
@@ -256,6 +300,13 @@ class SnapshotStore:
     def _adopt_persisted(self) -> None:
         """Register the session files a previous engine of this model left behind."""
         pattern = re.compile(rf"slot(\d+)-{re.escape(self.fingerprint)}\.stkv")
+        if not self.disk_dir.is_dir():
+            return  # no directory yet: nothing was persisted
+        try:
+            self.prepare_dir()
+        except SnapshotWriteError as exc:
+            log.warning("persisted sessions not read: %s", exc)
+            return
         try:
             paths = sorted(self.disk_dir.iterdir(), key=lambda p: p.stat().st_mtime)
         except OSError:
@@ -278,11 +329,14 @@ class SnapshotStore:
 
     def save_named(self, filename: str, snapshot: KVSnapshot) -> int:
         """Write `snapshot` to `filename` in the snapshot directory; returns bytes written."""
-        return fmt.write_file(self.named_path(filename), snapshot)
+        path = self.named_path(filename)
+        self.prepare_dir()
+        return fmt.write_file(path, snapshot)
 
     def load_named(self, filename: str) -> tuple[KVSnapshot, int]:
         """Read and verify `filename` from the snapshot directory; (snapshot, bytes read)."""
         path = self.named_path(filename)
+        self.prepare_dir()
         snapshot = fmt.read_file(path, self.fingerprint, self.layout, self.clock())
         return snapshot, path.stat().st_size
 

@@ -1,0 +1,129 @@
+"""Request bodies of OpenAI's Responses API (`POST /v1/responses`) in Strata's native terms.
+
+Fields Strata honours are parsed; fields it cannot honour yet (tools, structured output,
+reasoning, images, background runs) are a 400 naming the field, never silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strata.engine.api import validation as v
+from strata.engine.api.errors import bad_request
+from strata.engine.api.params import GenerationParams
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_TEXT_PARTS = ("input_text", "output_text", "text")
+# Honoured as OpenAI defines them, or carrying no behaviour a local server could have.
+_ACCEPTED = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
+    "previous_response_id", "store", "metadata", "user", "parallel_tool_calls", "tool_choice",
+    "tools", "text", "truncation", "stream_options", "seed", "top_k", "min_p",
+    "strata_cache_slot", "id_slot", "reasoning", "include", "background", "service_tier",
+})
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    """What a /v1/responses request asks for."""
+
+    params: GenerationParams
+    instructions: str | None
+    input_messages: tuple[dict[str, str], ...]
+    previous_response_id: str | None
+    is_stored: bool
+    metadata: dict[str, Any]
+    has_slot: bool  # the request named a cache slot itself
+
+
+def _refuse(body: dict) -> None:
+    unknown = sorted(set(body) - _ACCEPTED)
+    if unknown:
+        raise bad_request(f"{', '.join(map(repr, unknown))} is not supported by Strata's "
+                          "Responses API; leave it out", param=unknown[0])
+    if body.get("tools"):
+        raise bad_request("'tools' are not supported by Strata's Responses API yet; send the "
+                          "request without tools", param="tools")
+    if body.get("tool_choice") not in (None, "auto", "none"):
+        raise bad_request("'tool_choice' needs tools, which are not supported yet",
+                          param="tool_choice")
+    text_format = (v.get_object(body, "text").get("format") or {"type": "text"})
+    if not isinstance(text_format, dict) or text_format.get("type") != "text":
+        raise bad_request("'text.format' other than {'type': 'text'} (structured output) is "
+                          "not supported yet", param="text.format")
+    if body.get("reasoning") not in (None, {}):
+        raise bad_request("'reasoning' is not supported: this server does not split reasoning "
+                          "out yet", param="reasoning")
+    for name in ("include", "background"):
+        if body.get(name):
+            raise bad_request(f"{name!r} is not supported by Strata; leave it out", param=name)
+    if body.get("truncation") not in (None, "disabled"):
+        raise bad_request("'truncation' must be 'disabled': Strata does not drop input to fit "
+                          "the context", param="truncation")
+    if body.get("service_tier") not in (None, "auto", "default"):
+        raise bad_request("'service_tier' must be 'auto' or 'default'", param="service_tier")
+
+
+def _content_text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content must be a string or a list of text parts",
+                          param="input")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise bad_request(f"{where} has a content part of type {kind!r}; only text parts "
+                              "are supported", param="input")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def parse_input(value: Any) -> tuple[dict[str, str], ...]:
+    """'input': a string (one user message) or a list of message items."""
+    if isinstance(value, str):
+        if not value:
+            raise bad_request("'input' is empty; send some text", param="input")
+        return ({"role": "user", "content": value},)
+    if not isinstance(value, list) or not value:
+        raise bad_request("'input' must be a non-empty string or list of messages",
+                          param="input")
+    messages = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict) or item.get("type", "message") != "message":
+            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
+            raise bad_request(f"{where} is an item of type {kind!r}; only messages are "
+                              "supported", param="input")
+        role = item.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"{where} has unknown role {role!r}; use one of "
+                              f"{', '.join(_ROLES)}", param="input")
+        messages.append({"role": _ROLES[role], "content": _content_text(item.get("content"),
+                                                                        where)})
+    return tuple(messages)
+
+
+def parse_responses(body: dict) -> ResponsesRequest:
+    """Validate a /v1/responses body; every problem is a 400 naming its field."""
+    _refuse(body)
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise bad_request("'instructions' must be a string", param="instructions")
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise bad_request("'previous_response_id' must be a string",
+                          param="previous_response_id")
+    metadata = v.get_object(body, "metadata")
+    has_slot = body.get("strata_cache_slot") is not None or body.get("id_slot") is not None
+    params = GenerationParams(
+        max_tokens=v.get_int(body, "max_output_tokens", None, minimum=1),
+        temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
+        top_k=v.get_top_k(body), min_p=v.get_min_p(body), seed=v.get_seed(body), stops=(),
+        is_stream=v.get_bool(body, "stream"), include_usage=True, slot=v.get_cache_slot(body))
+    return ResponsesRequest(
+        params=params, instructions=instructions, input_messages=parse_input(body.get("input")),
+        previous_response_id=previous, is_stored=v.get_bool(body, "store", True),
+        metadata=metadata, has_slot=has_slot)

@@ -1,0 +1,1 @@
+"""The model library: what is on disk (catalog) and how more gets there (pull)."""

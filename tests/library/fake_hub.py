@@ -1,0 +1,63 @@
+"""A local stand-in for the Hugging Face hub: the routes huggingface_hub calls to list a model's
+files and download them (model info with file metadata, HEAD and ranged GET of resolve URLs)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class FakeHub:
+    """repos: repo id -> {file name: bytes}. corrupt: file names served with other bytes than
+    the hash the listing advertises. requests: (method, path) of every request."""
+
+    repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    corrupt: set[str] = field(default_factory=set)
+    requests: list[tuple[str, str]] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/api/models/{owner}/{repo}", self.model_info)
+        app.router.add_get("/api/models/{owner}/{repo}/revision/{rev}", self.model_info)
+        app.router.add_get("/{owner}/{repo}/resolve/{rev}/{name:.+}", self.resolve)
+        return app
+
+    def _files(self, request: web.Request) -> tuple[str, dict[str, bytes]]:
+        self.requests.append((request.method, request.path))
+        repo = f"{request.match_info['owner']}/{request.match_info['repo']}"
+        if repo not in self.repos:
+            raise web.HTTPNotFound(headers={"X-Error-Code": "RepoNotFound"},
+                                   text='{"error": "Repository not found"}')
+        return repo, self.repos[repo]
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        repo, files = self._files(request)
+        siblings = [{"rfilename": name, "size": len(data),
+                     "blobId": hashlib.sha1(data).hexdigest(),
+                     "lfs": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                             "pointerSize": 134}}
+                    for name, data in files.items()]
+        return web.json_response({"_id": repo, "id": repo, "modelId": repo, "sha": COMMIT,
+                                  "private": False, "siblings": siblings})
+
+    async def resolve(self, request: web.Request) -> web.Response:
+        _, files = self._files(request)
+        name = request.match_info["name"]
+        if name not in files:
+            raise web.HTTPNotFound(headers={"X-Error-Code": "EntryNotFound"})
+        data = files[name]
+        headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+                   "Accept-Ranges": "bytes"}
+        if name in self.corrupt:
+            data = bytes(reversed(data))
+        start = 0
+        if request.method == "GET" and request.http_range.start is not None:
+            start = request.http_range.start
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            return web.Response(body=data[start:], status=206, headers=headers)
+        return web.Response(body=data, headers=headers)

@@ -1,0 +1,84 @@
+"""`strata pull`, `strata list` and `strata rm` against a local hub over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from strata.cli import main
+from strata.library.catalog import find, scan
+from strata.library.pull import PullError, pull
+from tests.text.spm_gguf import write_spm_gguf
+
+from .fake_hub import FakeHub
+
+
+@pytest.fixture
+def gguf_bytes(tmp_path_factory) -> bytes:
+    return write_spm_gguf(tmp_path_factory.mktemp("spm") / "m.gguf").read_bytes()
+
+
+@pytest.fixture
+async def hub(aiohttp_server, gguf_bytes, monkeypatch):
+    fake = FakeHub(repos={
+        "acme/tiny-GGUF": {"tiny-Q8_0.gguf": gguf_bytes, "tiny-Q4_K_M.gguf": gguf_bytes + b"4",
+                           "README.md": b"# tiny"},
+        "acme/tiny-hf": {"config.json": json.dumps({"model_type": "llama"}).encode(),
+                         "model.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ",
+                         "tokenizer.json": b"{}", "README.md": b"# tiny", "pic.png": b"x"},
+    })
+    server = await aiohttp_server(fake.app())
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.port}")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    return fake
+
+
+async def test_pull_one_quantization_into_the_library(hub, tmp_path, gguf_bytes):
+    path = await asyncio.to_thread(pull, "acme/tiny-GGUF:Q4_K_M", tmp_path, progress=False)
+    assert path == tmp_path / "acme/tiny-GGUF/tiny-Q4_K_M.gguf"
+    assert path.read_bytes() == gguf_bytes + b"4"
+    assert not (tmp_path / "acme/tiny-GGUF/tiny-Q8_0.gguf").exists()
+    entry = find("tiny-Q4_K_M", tmp_path)
+    assert entry.format == "gguf" and entry.size_bytes == len(gguf_bytes) + 1
+    assert any(method == "GET" and "resolve" in path for method, path in hub.requests)
+
+
+async def test_pull_a_hugging_face_directory(hub, tmp_path):
+    path = await asyncio.to_thread(pull, "acme/tiny-hf", tmp_path, progress=False)
+    assert sorted(p.name for p in path.iterdir() if p.is_file()) == [
+        "config.json", "model.safetensors", "tokenizer.json"]
+    assert "acme/tiny-hf" in [e.name for e in scan(tmp_path)]
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("acme/tiny-GGUF", "several GGUF files"),
+    ("acme/tiny-GGUF:Q5_K_M", "matches none"),
+    ("acme/missing", "was not found"),
+    ("not-a-repo", "OWNER/REPO"),
+])
+async def test_refusals_name_the_choices(hub, tmp_path, spec, words):
+    with pytest.raises(PullError, match=words):
+        await asyncio.to_thread(pull, spec, tmp_path, progress=False)
+    assert not list(tmp_path.rglob("*.gguf"))
+
+
+async def test_a_corrupted_download_is_deleted(hub, tmp_path):
+    hub.corrupt.add("tiny-Q8_0.gguf")
+    with pytest.raises(PullError, match="SHA-256"):
+        await asyncio.to_thread(pull, "acme/tiny-GGUF:tiny-Q8_0.gguf", tmp_path, progress=False)
+    assert not list(tmp_path.rglob("*.gguf"))
+
+
+async def test_cli_pull_list_rm(hub, tmp_path, capsys):
+    code = await asyncio.to_thread(main, ["pull", "acme/tiny-GGUF:Q8_0", "--models-dir",
+                                          str(tmp_path)])
+    assert code == 0
+    assert await asyncio.to_thread(main, ["list", "--models-dir", str(tmp_path)]) == 0
+    listing = capsys.readouterr().out
+    assert "tiny-Q8_0" in listing and "SmolLM2-135M-Instruct.Q4_1" in listing
+    assert await asyncio.to_thread(main, ["rm", "tiny-Q8_0", "--models-dir", str(tmp_path)]) == 0
+    assert not (tmp_path / "acme").exists()  # the emptied folders go too
+    assert await asyncio.to_thread(main, ["rm", "tiny-Q8_0", "--models-dir", str(tmp_path)]) == 2
+    assert "no model 'tiny-Q8_0'" in capsys.readouterr().err
