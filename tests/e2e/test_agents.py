@@ -202,3 +202,13 @@ def test_langchain_agent_runs_two_tools_and_answers(server: ServerProcess) -> No
     answer = llm.invoke(messages)
     assert runs == ["get_weather", "get_time"]
     assert isinstance(answer.content, str) and answer.content.strip()
+
+
+def test_ollama_format_schema_validates(server: ServerProcess) -> None:
+    """Ollama's client with `format` as a JSON schema: the answer is JSON that validates."""
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server.base_url, timeout=300)
+    name = client.list().models[0].model
+    reply = client.chat(model=name, format=PERSON, options={"num_predict": 60, "seed": 5},
+                        messages=[{"role": "user", "content": "Invent a person."}])
+    jsonschema.validate(json.loads(reply.message.content), PERSON)
