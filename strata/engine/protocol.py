@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-PROTOCOL_VERSION = 2  # 2: SamplingSpec penalties, logit_bias, num_logprobs; Tokens.logprobs
+PROTOCOL_VERSION = 3  # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts
 # The KV cache slots of a loaded model, 0..NUM_CACHE_SLOTS-1: one number for host and engine.
 NUM_CACHE_SLOTS = 4
 
@@ -36,6 +36,9 @@ class SamplingSpec:
     min_p: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # An llguidance grammar (JSON text) the output must match: the engine masks the logits
+    # of every step with it (core/constraint.py). None: unconstrained.
+    grammar: str | None = None
     # Penalties over the last penalty_last_n tokens of prompt and output (-1: all of them),
     # as llama.cpp applies them: repeat divides a seen token's positive logit (multiplies a
     # negative one); frequency subtracts per occurrence, presence once.

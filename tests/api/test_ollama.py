@@ -96,8 +96,8 @@ async def test_keep_alive_zero_unloads_after_the_answer(host, service, name):
      "model 'llama3:latest' not found"),
     ({"messages": [{"role": "user", "content": "hi"}], "options": {"num_gpu": 1}},
      "options 'num_gpu' are not supported"),
-    ({"messages": [{"role": "user", "content": "hi"}], "format": "json"},
-     "'format' is not supported"),
+    ({"messages": [{"role": "user", "content": "hi"}], "format": {"not": {"type": "string"}}},
+     "not"),
     ({"messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]},
      "has 'images'"),
     ({"messages": [{"role": "user", "content": "hi"}], "keep_alive": "soon"},
@@ -137,3 +137,21 @@ async def test_a_failure_mid_stream_ends_with_an_error_line(client, service):
     ("250ms", 0.25), ("10", 10.0), (2.5, 2.5)])
 def test_keep_alive_durations(value, seconds):
     assert parse_keep_alive(value) == seconds
+
+
+@pytest.mark.parametrize("fmt", ["json", {"type": "object", "properties": {
+    "a": {"type": "integer"}}, "required": ["a"]}])
+async def test_format_is_enforced_by_a_grammar(client, service, fmt) -> None:
+    """Ollama's `format` reaches the engine as a grammar (before: a 400)."""
+    resp = await client.post("/api/chat", json={
+        "model": service.model_id, "stream": False, "format": fmt,
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200, await resp.text()
+    assert service.requests[-1].sampling.grammar is not None
+
+
+async def test_an_unknown_format_is_a_400(client, service) -> None:
+    resp = await client.post("/api/chat", json={
+        "model": service.model_id, "format": "xml",
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 400 and "'format' must be" in (await resp.json())["error"]

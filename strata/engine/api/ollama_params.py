@@ -32,6 +32,20 @@ class OllamaRequest:
     model: str
     keep_alive_s: float | None  # None: not given; < 0: forever; 0: unload when done
     context_tokens: int | None  # num_ctx, when the request caps the context
+    grammar: str | None = None  # `format`: JSON or a JSON schema, by constrained decoding
+
+
+def _format_grammar(value: object) -> str | None:
+    """Ollama's `format`: "json" (any JSON object) or a JSON schema; enforced, never hinted."""
+    from strata.engine.api.grammar import json_object_grammar, json_schema_grammar
+
+    if value in (None, ""):
+        return None
+    if value == "json":
+        return json_object_grammar("format")
+    if isinstance(value, dict):
+        return json_schema_grammar(value, "format")
+    raise bad_request("'format' must be \"json\" or a JSON schema object", param="format")
 
 
 def parse_keep_alive(value: object) -> float | None:
@@ -85,7 +99,7 @@ def _stops(options: dict) -> tuple[str, ...]:
 def parse_ollama(body: dict, *, refuse: tuple[str, ...] = ()) -> OllamaRequest:
     """The common fields of /api/chat and /api/generate; `refuse` names fields this route
     does not honour, each a 400 when present with a non-empty value."""
-    for name in ("format", "tools", "images", *refuse):
+    for name in ("tools", "images", *refuse):
         if body.get(name) not in (None, "", [], {}, False):
             raise bad_request(f"{name!r} is not supported by Strata's Ollama API yet; "
                               "send the request without it", param=name)
@@ -105,7 +119,8 @@ def parse_ollama(body: dict, *, refuse: tuple[str, ...] = ()) -> OllamaRequest:
         include_usage=True, slot=v.get_cache_slot(body), penalties=parse_penalties(options))
     return OllamaRequest(params=params, model=model,
                          keep_alive_s=parse_keep_alive(body.get("keep_alive")),
-                         context_tokens=v.get_int(options, "num_ctx", None, minimum=1))
+                         context_tokens=v.get_int(options, "num_ctx", None, minimum=1),
+                         grammar=_format_grammar(body.get("format")))
 
 
 def parse_ollama_messages(body: dict) -> list[dict[str, str]]:

@@ -228,7 +228,8 @@ async def _answer(request: web.Request, parsed: OllamaRequest, prompt_ids: list[
                                parsed.context_tokens))
     await _apply_keep_alive(service, parsed)
     started_ns = time.monotonic_ns()
-    generation = await start_text_generation(service, assets, prompt_ids, parsed.params)
+    generation = await start_text_generation(service, assets, prompt_ids, parsed.params,
+                                             parsed.grammar)
     clock = _Clock(started_ns)
     if parsed.params.is_stream:
         response = await _stream(request, generation, parsed, field, clock)

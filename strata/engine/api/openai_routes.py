@@ -11,29 +11,24 @@ from typing import Any
 from aiohttp import web
 
 from strata.engine.api import sse
+from strata.engine.api.chat_messages import parse_openai_messages
+from strata.engine.api.chat_plan import plan_chat, template_kwargs
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.keys import SERVICE_KEY
-from strata.engine.api.openai_logprobs import chat_logprobs, completion_logprobs, summed_usage
-from strata.engine.api.params import (
-    OPENAI_ROLES,
-    parse_messages,
-    parse_openai,
-    parse_openai_completion,
-)
-from strata.engine.api.textgen import (
-    TextGeneration,
-    encode_chat,
-    start_text_generation,
-    text_assets,
-)
+from strata.engine.api.openai_chat import chat_response, chat_stream
+from strata.engine.api.openai_logprobs import completion_logprobs, summed_usage
+from strata.engine.api.output_format import openai_output_grammar, openai_thinking
+from strata.engine.api.params import parse_openai, parse_openai_completion
+from strata.engine.api.textgen import TextGeneration, start_text_generation, text_assets
+from strata.engine.api.tool_spec import parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
 
 log = logging.getLogger(__name__)
 STARTED_AT_S = int(time.time())
 _MODEL_STATUS = {"sleeping": "sleeping", "unloaded": "unloaded", "loading": "unloaded",
-                 "failed": "unloaded", "stopped": "unloaded", "waiting_for_vram": "unloaded"}
+                 "failed": "unloaded", "stopped": "unloaded"}
 
 
 def model_status(state: str) -> str:
@@ -49,28 +44,31 @@ def openai_usage(usage: Usage) -> dict[str, Any]:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions: tools, structured output, reasoning, logprobs and n."""
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
     params = parse_openai(body)
-    messages = parse_messages(body, OPENAI_ROLES)
+    tools = parse_openai_tools(body)
+    messages = parse_openai_messages(body)
+    output_grammar = openai_output_grammar(body)
     assets = text_assets(service)
-    prompt_ids = await encode_chat(request.app, assets, messages)
-    return await _respond(request, assets, prompt_ids, params, "chatcmpl",
-                          "chat.completion", "chat.completion.chunk", _chat_choice,
-                          _chat_message, lambda assets, records, _: chat_logprobs(assets, records))
+    plan = await plan_chat(request.app, assets, messages, tools, output_grammar,
+                           openai_thinking(body), template_kwargs(body, assets.chat_template))
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": service.model_id}
 
+    def start(index: int):
+        return start_text_generation(service, assets, plan.prompt_ids, params, plan.grammar,
+                                     choice=index)
 
-def _chat_message(text: str, finish_reason: str | None, *, index: int = 0,
-                  logprobs: dict | None = None) -> dict:
-    # refusal is required by OpenAI's schema; a local model never refuses through this field.
-    return {"index": index, "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": logprobs, "finish_reason": finish_reason}
+    if params.is_stream:
+        return await chat_stream(request, start, plan, params, assets, head, openai_usage)
+    return await chat_response(start, plan, params, assets, head, openai_usage)
 
 
 async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], params: Any,
                    id_prefix: str, kind: str, chunk_kind: str, chunk_choice, final_choice,
-                   format_logprobs) -> web.StreamResponse:
+                   format_logprobs, grammar: str | None = None) -> web.StreamResponse:
     """The answer of a chat or text completion: an SSE stream of chunks, or one JSON object.
 
     n > 1 choices run one after another on the same cache slot, so the later ones reuse the
@@ -80,7 +78,8 @@ async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], par
             "model": service.model_id}
 
     def start(index: int):
-        return start_text_generation(service, assets, prompt_ids, params, choice=index)
+        return start_text_generation(service, assets, prompt_ids, params, grammar,
+                                     choice=index)
 
     def logprobs_of(generation: TextGeneration, text_offset: int = 0) -> dict | None:
         if params.num_logprobs is None:
@@ -103,14 +102,6 @@ async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], par
         usages.append(generation.usage)
     return web.json_response({**head, "object": kind, "choices": choices,
                               "usage": openai_usage(summed_usage(usages))})
-
-
-def _chat_choice(text: str | None, finish_reason: str | None, *, is_first: bool,
-                 index: int = 0, logprobs: dict | None = None) -> dict:
-    delta: dict[str, Any] = {"role": "assistant", "content": ""} if is_first else {}
-    if text is not None:
-        delta["content"] = text
-    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _completion_choice(text: str | None, finish_reason: str | None, *, is_first: bool = True,
@@ -140,7 +131,7 @@ async def _stream(request: web.Request, first: TextGeneration, start, params: An
     except ConnectionError:
         log.info("client went away during %s; generation cancelled", request.path)
     except Exception as exc:  # noqa: BLE001 - logged there; the stream must end with an event
-        await _send_stream_error(request, response, exc)
+        await send_stream_error(request, response, exc)
     finally:
         await generation.close()
     return response
@@ -148,10 +139,7 @@ async def _stream(request: web.Request, first: TextGeneration, start, params: An
 
 async def _stream_choice(response: web.StreamResponse, generation: TextGeneration, head: dict,
                          kind: str, choice, index: int, logprobs_of) -> None:
-    """One choice's chunks: the role first (chat), its text deltas, its finish reason."""
-    if kind == "chat.completion.chunk":  # the first chat chunk carries the role
-        await sse.send_data(response, {**head, "choices": [
-            choice(None, None, is_first=True, index=index)]})
+    """One text completion choice's chunks: its text deltas, then its finish reason."""
     text_offset = 0
     async with contextlib.aclosing(generation.deltas()) as deltas:
         async for text in deltas:
@@ -164,7 +152,7 @@ async def _stream_choice(response: web.StreamResponse, generation: TextGeneratio
     await sse.send_data(response, {**head, "choices": [final]})
 
 
-async def _send_stream_error(request: web.Request, response: web.StreamResponse,
+async def send_stream_error(request: web.Request, response: web.StreamResponse,
                              exc: Exception) -> None:
     if not isinstance(exc, ApiError):
         log.error("stream %s failed", request.path, exc_info=exc)
@@ -204,7 +192,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = await _completion_prompt(request.app, assets, body.get("prompt"))
     return await _respond(request, assets, prompt_ids, params, "cmpl", "text_completion",
                           "text_completion", _completion_choice, _completion_choice,
-                          completion_logprobs)
+                          completion_logprobs, openai_output_grammar(body))
 
 
 def _model_object(request: web.Request) -> dict[str, Any]:

@@ -80,6 +80,46 @@ _OPENAI_SAMPLING = {
     "store": {"const": False, "description": "no completions are stored"},
     "stream_options": _obj({"include_usage": {"type": "boolean", "default": False}}),
 }
+_OUTPUT = {  # structured output: enforced by constrained decoding (docs/api.md)
+    "response_format": _obj({"type": {"enum": ["text", "json_object", "json_schema"]},
+                             "json_schema": _obj({"name": {"type": "string"},
+                                                  "schema": {"type": "object"},
+                                                  "strict": {"type": "boolean"}})},
+                            ("type",)),
+    "json_schema": {"type": "object", "description": "llama.cpp: a JSON schema to enforce"},
+    "grammar": {"type": "string", "description": "llama.cpp: a GBNF grammar to enforce"},
+}
+_FUNCTION_TOOL = _obj({"type": {"const": "function"}, "function": _obj({
+    "name": {"type": "string"}, "description": {"type": "string"},
+    "parameters": {"type": "object"}}, ("name",))}, ("type", "function"))
+_CHAT_EXTRA = {
+    **_OUTPUT,
+    "tools": {"type": "array", "items": _FUNCTION_TOOL},
+    "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, _obj({
+        "type": {"const": "function"}, "function": _obj({"name": {"type": "string"}})})]},
+    "parallel_tool_calls": {"type": "boolean", "default": True},
+    "chat_template_kwargs": {"type": "object"},
+    "enable_thinking": {"type": "boolean"},
+}
+_TOOL_CALL = _obj({"id": {"type": "string"}, "type": {"const": "function"},
+                   "function": _obj({"name": {"type": "string"},
+                                     "arguments": {"type": "string"}})})
+_BLOCKS = {"oneOf": [{"type": "string"}, {"type": "array", "items": _obj(
+    {"type": {"enum": ["text", "tool_use", "tool_result", "thinking", "redacted_thinking"]}},
+    ("type",))}]}
+_ANTHROPIC_EXTRA = {
+    "tools": {"type": "array", "items": _obj({"name": {"type": "string"},
+                                              "description": {"type": "string"},
+                                              "input_schema": {"type": "object"}},
+                                             ("name",))},
+    "tool_choice": _obj({"type": {"enum": ["auto", "any", "tool", "none"]},
+                         "name": {"type": "string"},
+                         "disable_parallel_tool_use": {"type": "boolean"}}, ("type",)),
+    "thinking": _obj({"type": {"enum": ["enabled", "disabled", "adaptive"]},
+                      "budget_tokens": {"type": "integer", "minimum": 1024}}, ("type",)),
+    "output_config": _obj({"format": _obj({"type": {"const": "json_schema"},
+                                           "schema": {"type": "object"}})}),
+}
 _USAGE = _obj({"prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
                "total_tokens": {"type": "integer"},
                "prompt_tokens_details": _obj({"cached_tokens": {
@@ -89,7 +129,7 @@ _ANTHROPIC_USAGE = _obj({
     "output_tokens": {"type": "integer"},
     "cache_read_input_tokens": {"type": "integer"},
     "cache_creation_input_tokens": {"type": "integer"}})
-_FINISH = {"enum": ["stop", "length", None]}
+_FINISH = {"enum": ["stop", "length", "tool_calls", None]}
 
 SCHEMAS: dict[str, Any] = {
     "Error": _obj({"error": _obj({"message": {"type": "string"}, "type": {"type": "string"},
@@ -99,12 +139,15 @@ SCHEMAS: dict[str, Any] = {
     "AnthropicError": _obj({"type": {"const": "error"}, "error": _obj(
         {"type": {"type": "string"}, "message": {"type": "string"}}, ("type", "message"))},
         ("type", "error")),
-    "ChatMessage": _obj({"role": {"enum": ["system", "developer", "user", "assistant"]},
-                         "content": {"oneOf": [_STRING_OR_TEXT_PARTS, {"type": "null"}]}},
+    "ChatMessage": _obj({"role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+                         "content": {"oneOf": [_STRING_OR_TEXT_PARTS, {"type": "null"}]},
+                         "tool_calls": {"type": "array", "items": _TOOL_CALL},
+                         "tool_call_id": {"type": "string"},
+                         "reasoning_content": {"type": "string"}},
                         ("role",)),
     "ChatCompletionRequest": _obj({
         "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-        **_OPENAI_SAMPLING, "logprobs": {"type": "boolean", "default": False},
+        **_OPENAI_SAMPLING, **_CHAT_EXTRA, "logprobs": {"type": "boolean", "default": False},
         "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}},
         ("messages",), additionalProperties=False),
     "ChatCompletion": _obj({
@@ -112,14 +155,17 @@ SCHEMAS: dict[str, Any] = {
         "created": {"type": "integer"}, "model": {"type": "string"},
         "choices": {"type": "array", "items": _obj({
             "index": {"type": "integer"},
-            "message": _obj({"role": {"const": "assistant"}, "content": {"type": "string"}}),
+            "message": _obj({"role": {"const": "assistant"},
+                             "content": {"type": ["string", "null"]},
+                             "reasoning_content": {"type": "string"},
+                             "tool_calls": {"type": "array", "items": _TOOL_CALL}}),
             "logprobs": {"type": ["object", "null"]},
             "finish_reason": _FINISH})},
         "usage": _USAGE}),
     "CompletionRequest": _obj({
         "prompt": {"oneOf": [{"type": "string", "minLength": 1},
                              {"type": "array", "minItems": 1, "items": {"type": "integer"}}]},
-        **_OPENAI_SAMPLING, "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
+        **_OPENAI_SAMPLING, **_OUTPUT, "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
         "echo": {"const": False}, "suffix": {"type": "null"}, "best_of": {"const": 1}},
         ("prompt",),
         additionalProperties=False),
@@ -164,7 +210,7 @@ SCHEMAS: dict[str, Any] = {
     "MessagesRequest": _obj({
         "model": {"type": "string", "description": "ignored: one model is served"},
         "messages": {"type": "array", "minItems": 1, "items": _obj({
-            "role": {"enum": ["user", "assistant"]}, "content": _STRING_OR_TEXT_PARTS},
+            "role": {"enum": ["user", "assistant"]}, "content": _BLOCKS},
             ("role", "content"))},
         "system": _STRING_OR_TEXT_PARTS,
         "max_tokens": {"type": "integer", "minimum": 1},
@@ -173,16 +219,19 @@ SCHEMAS: dict[str, Any] = {
         "metadata": {"type": "object", "description": "a label; does not change the output"},
         "stop_sequences": {"type": "array", "maxItems": 64,
                            "items": {"type": "string", "minLength": 1}},
-        **_SAMPLING}, ("messages", "max_tokens"), additionalProperties=False),
+        **_SAMPLING, **_ANTHROPIC_EXTRA}, ("messages", "max_tokens"), additionalProperties=False),
     "Message": _obj({
         "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
         "model": {"type": "string"},
-        "content": {"type": "array", "items": _obj({"type": {"const": "text"},
-                                                    "text": {"type": "string"}})},
-        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence"]},
+        "content": {"type": "array", "items": _obj({
+            "type": {"enum": ["text", "thinking", "tool_use"]}, "text": {"type": "string"},
+            "thinking": {"type": "string"}, "id": {"type": "string"},
+            "name": {"type": "string"}, "input": {"type": "object"}})},
+        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
         "stop_sequence": {"type": ["string", "null"]}, "usage": _ANTHROPIC_USAGE}),
     "CountTokensRequest": _obj({"messages": {"type": "array", "minItems": 1},
-                                "system": _STRING_OR_TEXT_PARTS}, ("messages",)),
+                                "system": _STRING_OR_TEXT_PARTS, **_ANTHROPIC_EXTRA},
+                               ("messages",)),
     "TokenCount": _obj({"input_tokens": {"type": "integer"}}, ("input_tokens",)),
     "Health": _obj({"status": {"enum": ["ok", "loading", "error"]},
                     "state": {"type": "string"}}, ("status", "state")),

@@ -1,48 +1,51 @@
-"""Which request fields each route honours; any other field is a 400 naming it.
+"""Which request fields each route honours; any other field is a 400 naming it (DESIGN §6).
 
-"Accepted and ignored is worse than refused" (DESIGN §6): a client that sends `tools` or
-`response_format` and gets prose back has been lied to. Each set below lists what the route
-really acts on, plus fields that only label a request (`user`, `metadata`), whose output does
-not depend on them. Extend a set only together with the code that honours the field.
+"Accepted and ignored is worse than refused": a client that sends a field and gets an answer
+that ignored it has been lied to. Each set lists what the route really acts on (its parsers
+refuse values they cannot honour, e.g. best_of other than 1), plus fields that only label a
+request (`user`, `metadata`), whose output does not depend on them. Extend a set only together
+with the code that honours the field; docs/api.md lists each one.
 """
 
 from __future__ import annotations
 
 from strata.engine.api.errors import bad_request
 
-_SLOT = {"strata_cache_slot", "id_slot"}
-_OPENAI_SAMPLING = {
-    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
+_SLOT = frozenset({"strata_cache_slot", "id_slot"})
+_LABELS = frozenset({"model", "user", "metadata", "store"})
+_OPENAI_SAMPLING = _SLOT | _LABELS | frozenset({
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
     "stream_options", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "repeat_penalty", "repeat_last_n", "logit_bias", "logprobs", "user", "metadata", "store",
-    *_SLOT,
-}
-OPENAI_CHAT_FIELDS = frozenset({
-    *_OPENAI_SAMPLING, "messages", "max_completion_tokens", "top_logprobs",
-})
-OPENAI_COMPLETION_FIELDS = frozenset({*_OPENAI_SAMPLING, "prompt", "echo", "suffix", "best_of"})
-ANTHROPIC_MESSAGES_FIELDS = frozenset({
-    "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
-    "stop_sequences", "stream", "metadata", *_SLOT,
-})
-ANTHROPIC_COUNT_TOKENS_FIELDS = frozenset({"model", "messages", "system"})
+    "repeat_penalty", "repeat_last_n", "logit_bias", "logprobs"})
+# Structured output by constrained decoding (grammar.py, output_format.py).
+_OUTPUT = frozenset({"response_format", "json_schema", "grammar"})
 
-# Fields clients commonly send that Strata does not do yet, with what to do instead.
+OPENAI_CHAT_FIELDS = _OPENAI_SAMPLING | _OUTPUT | frozenset({
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+    "parallel_tool_calls", "functions", "function_call", "chat_template_kwargs",
+    "enable_thinking"})
+OPENAI_COMPLETION_FIELDS = _OPENAI_SAMPLING | _OUTPUT | frozenset({
+    "prompt", "echo", "suffix", "best_of"})
+ANTHROPIC_MESSAGES_FIELDS = _SLOT | frozenset({
+    "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
+    "stop_sequences", "stream", "metadata", "tools", "tool_choice", "thinking",
+    "output_config", "output_format"})
+ANTHROPIC_COUNT_TOKENS_FIELDS = frozenset({
+    "model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
+    "output_format"})
+
+# Fields clients commonly send that Strata does not do, with what to do instead.
 _HINTS = {
-    "tools": "send the request without tools",
-    "tool_choice": "send the request without tools",
-    "functions": "send the request without functions",
-    "function_call": "send the request without functions",
-    "response_format": "ask for the format in the prompt instead",
-    "thinking": "this model has no thinking mode here; leave it out",
+    "reasoning_effort": "turn thinking on or off with enable_thinking or chat_template_kwargs",
     "mirostat": "use temperature, top_k, top_p and min_p",
     "typical_p": "use top_p or min_p",
 }
 
 
 def refuse_unknown_fields(body: dict, allowed: frozenset[str], route: str) -> None:
-    """400 naming the first field of body that `route` does not honour."""
-    for name in body:
-        if name not in allowed:
+    """400 naming the first field of body that `route` does not honour; null and false count
+    as absent (clients send `store: false` and the like, which ask for nothing)."""
+    for name, value in body.items():
+        if name not in allowed and value is not None and value is not False:
             hint = _HINTS.get(name, "leave it out")
             raise bad_request(f"'{name}' is not supported by {route}; {hint}", param=name)

@@ -6,6 +6,7 @@ same on /v1/chat/completions, /v1/completions and /v1/messages.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -213,24 +214,27 @@ class TextGeneration:
         return "".join([piece async for piece in self.deltas()])
 
 
-async def encode_chat(app: web.Application, assets: Any,
-                      messages: list[dict[str, str]]) -> list[int]:
+async def encode_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
+                      **extra: Any) -> list[int]:
     """Apply the model's chat template and tokenize, off the event loop; template failures
-    are the client's 400."""
+    are the client's 400. extra (tools, enable_thinking, ...) reaches the template."""
     try:
-        return list(await run_cpu(app, assets.encode_chat, messages))
+        return list(await run_cpu(app, assets.encode_chat, messages, **extra))
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None
 
 
 async def start_text_generation(service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
-                                params: Any, choice: int = 0) -> TextGeneration:
+                                params: Any, grammar: str | None = None,
+                                choice: int = 0) -> TextGeneration:
     """Check the prompt fits, then start a generation with the request's GenerationParams,
-    its sampling fields left out filled from the service's defaults. choice: which of the
-    request's n choices (its seed is offset by it)."""
+    its sampling fields left out filled from the service's defaults; grammar (api/grammar.py)
+    constrains the output. choice: which of the request's n choices (its seed is offset)."""
     max_tokens = check_fits_context(len(prompt_ids), params.max_tokens, service.context_tokens)
     sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids),
                                service.sampling_defaults, assets.vocab_size, choice)
+    if grammar is not None:
+        sampling = dataclasses.replace(sampling, grammar=grammar)
     return await TextGeneration.start(service, assets, prompt_ids, sampling, params.stops,
                                       params.slot)

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from strata.engine.core.constraint import TokenConstraint, build_constraint
 from strata.engine.core.engine_config import EngineConfig
 from strata.engine.core.engine_errors import (
     EngineBusy,
@@ -257,6 +258,7 @@ class Engine:
         self.memory.check_resident()  # the service brings released arenas back first
         stop_ids = set(config.eos_token_ids) | set(sampling.stop_token_ids)
         max_new = min(sampling.max_tokens, self.context_tokens - len(prompt))
+        constraint = self._constraint(sampling, stop_ids)
         num_generated = num_cached = 0
         finish_reason = "cancelled"
         self._logprobs = []
@@ -269,7 +271,7 @@ class Engine:
             num_cached = min(common_prefix_length(state.tokens, prompt), len(prompt) - 1)
             del state.tokens[num_cached:]
             steps = (self._fast_tokens if self.fast is not None else self._plain_tokens)(
-                state, prompt[num_cached:], sampling, max_new
+                state, prompt[num_cached:], sampling, max_new, constraint
             )
             with contextlib.closing(steps):
                 for token, record in steps:
@@ -277,7 +279,8 @@ class Engine:
                     if record is not None:
                         self._logprobs.append(record)
                     yield [token]
-                    if token in stop_ids:
+                    # A grammar that is complete and allows no end token ends the output too.
+                    if token in stop_ids or (constraint is not None and constraint.is_stopped):
                         finish_reason = "stop"
                         break
                 else:
@@ -296,21 +299,35 @@ class Engine:
         records, self._logprobs = self._logprobs, []
         return records
 
+    def _constraint(self, sampling: SamplingSpec, stop_ids: set[int]) -> TokenConstraint | None:
+        """The request's grammar matcher (core/constraint.py), or None when unconstrained."""
+        if sampling.grammar is None:
+            return None
+        model_path = None if self.config.random_weights else self.config.model_path
+        return build_constraint(sampling.grammar, model_path, self.model_config.vocab_size,
+                                sorted(stop_ids), self.device)
+
     def _plain_tokens(
-        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int
+        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int,
+        constraint: TokenConstraint | None = None,
     ) -> Iterator[tuple[int, TokenLogprob | None]]:
         """Prefill new_ids, then sample and feed back one token per step (eager torch)."""
         history = [*state.tokens, *new_ids]
         sampler = Sampler(sampling, self.device, self.model_config.vocab_size, history)
         logits = self._forward(state, new_ids)
         for step in range(max_new):
+            if constraint is not None:
+                logits = constraint.mask(logits)
             token = int(sampler(logits))
+            if constraint is not None:
+                constraint.consume(token)
             yield token, sampler.last_logprob
             if step + 1 < max_new:
                 logits = self._forward(state, [token])
 
     def _fast_tokens(
-        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int
+        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int,
+        constraint: TokenConstraint | None = None,
     ) -> Iterator[tuple[int, TokenLogprob | None]]:
         """The GPU path: fused prefill, then decode steps replayed from captured CUDA graphs.
 
@@ -324,13 +341,23 @@ class Engine:
         self._grow_kv(state, max(start + len(new_ids) + max_new, reach))
         logits = self.fast.prefill(state.kv, ids, start)
         state.tokens.extend(new_ids)
+        if constraint is not None:
+            logits = constraint.mask(logits)
         token = self.fast.sample_first(logits, sampling, state.tokens)
+        if constraint is not None:
+            constraint.consume(token)
         yield token, self.fast.last_logprob
         if max_new <= 1:
             return
-        steps = self.fast.decode(
-            state.kv, token, len(state.tokens), max_new - 1, sampling, continue_request=True
-        )
+        if constraint is not None:
+            from strata.engine.core.fast.constrained_decode import constrained_decode
+
+            steps = constrained_decode(self.fast, state.kv, token, len(state.tokens),
+                                       max_new - 1, sampling, constraint)
+        else:
+            steps = self.fast.decode(
+                state.kv, token, len(state.tokens), max_new - 1, sampling, continue_request=True
+            )
         for next_token in steps:
             state.tokens.append(token)
             token = next_token

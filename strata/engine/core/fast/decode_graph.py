@@ -40,6 +40,8 @@ from strata.engine.protocol import SamplingSpec
 log = logging.getLogger(__name__)
 
 DEFAULT_MIN_BUCKET_TOKENS = 256
+# The graph key of a step that stops at the logits (constrained decoding samples outside).
+LOGITS_KEY = ("logits",)
 # Warm-up runs before capture: compiles Inductor kernels, creates cuBLAS workspaces.
 WARMUP_STEPS = 2
 
@@ -150,6 +152,8 @@ class GraphDecoder:
         self.token_in = torch.zeros(1, dtype=torch.long, device=self.device)
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)
         self.token_out = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.logits_out = torch.zeros(model.config.vocab_size, dtype=torch.float32,
+                                      device=self.device)  # [V], read by constrained_decode
         self._key_positions: dict[int, torch.Tensor] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
@@ -198,6 +202,10 @@ class GraphDecoder:
         logits = decode_step(
             self.model, kv, self.token_in, self.position, self._keys(bucket), ops, self.moe_impl,
         )
+        if key == LOGITS_KEY:  # a constrained request samples after the graph, with its mask
+            self.logits_out.copy_(logits[0])
+            self.position.add_(1)
+            return
         token = self.sampler.sample(logits, key)  # [1]
         self.token_out.copy_(token)
         self.token_in.copy_(token)

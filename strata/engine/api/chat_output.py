@@ -1,0 +1,106 @@
+"""A chat generation's text as typed pieces: reasoning, answer text, tool calls.
+
+The same pieces feed both dialects, streamed or whole: OpenAI's reasoning_content, content and
+tool_calls deltas; Anthropic's thinking, text and tool_use blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.engine.api.chat_plan import ChatPlan
+from strata.engine.api.textgen import TextGeneration
+from strata.engine.text.reasoning import Answer, Reasoning, ReasoningSplitter
+from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece, ToolCallParser
+
+Piece = Reasoning | TextPiece | CallStart | CallArguments
+
+
+@dataclass
+class ChatResult:
+    """Everything at once, for non-streaming responses."""
+
+    reasoning: str = ""
+    text: str = ""
+    calls: list[dict[str, str]] = field(default_factory=list)  # id, name, arguments (JSON text)
+
+
+class ChatOutput:
+    """Split a TextGeneration's deltas per its ChatPlan; `pieces()` streams, `collect()` whole."""
+
+    def __init__(self, generation: TextGeneration, plan: ChatPlan, id_prefix: str):
+        self.generation = generation
+        self._splitter = ReasoningSplitter(starts_inside=plan.starts_thinking) \
+            if plan.thinks else None
+        self._parser = ToolCallParser(plan.tool_format) if plan.tool_format else None
+        self._max_calls = None if plan.tools.is_parallel else 1
+        # Mistral's templates refuse a history whose call ids are not 9 alphanumerics.
+        self._is_short_id = plan.tool_format == "mistral"
+        self._id_prefix = id_prefix
+        self.call_ids: list[str] = []
+
+    @property
+    def has_calls(self) -> bool:
+        return bool(self.call_ids)
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Pieces in order; call ids are in call_ids[index] once a CallStart went out."""
+        async with contextlib.aclosing(self.generation.deltas()) as deltas:
+            async for text in deltas:
+                for piece in self._split(text, is_final=False):
+                    yield piece
+        for piece in self._split("", is_final=True):
+            yield piece
+
+    def _split(self, text: str, is_final: bool) -> list[Piece]:
+        out: list[Piece] = []
+        parts = [Answer(text)] if self._splitter is None else (
+            self._splitter.finish() if is_final else self._splitter.feed(text))
+        for part in parts:
+            if isinstance(part, Reasoning):
+                out.append(part)
+            elif self._parser is None:
+                out.append(TextPiece(part.text))
+            else:
+                out.extend(self._parser.feed(part.text))
+        if is_final and self._parser is not None:
+            out.extend(self._parser.finish())
+        return [p for p in out if self._keep(p)]
+
+    def _keep(self, piece: Piece) -> bool:
+        if isinstance(piece, TextPiece | Reasoning):
+            return bool(piece.text)
+        if self._max_calls is not None and piece.index >= self._max_calls:
+            return False  # parallel_tool_calls false: the first call only
+        if isinstance(piece, CallStart):
+            self.call_ids.append(uuid.uuid4().hex[:9] if self._is_short_id
+                                 else f"{self._id_prefix}{uuid.uuid4().hex[:24]}")
+        return True
+
+    async def collect(self) -> ChatResult:
+        """The whole output, for a non-streaming response."""
+        result = ChatResult()
+        async for piece in self.pieces():
+            if isinstance(piece, Reasoning):
+                result.reasoning += piece.text
+            elif isinstance(piece, TextPiece):
+                result.text += piece.text
+            elif isinstance(piece, CallStart):
+                result.calls.append({"id": self.call_ids[piece.index], "name": piece.name,
+                                     "arguments": ""})
+            else:
+                result.calls[piece.index]["arguments"] += piece.text
+        return result
+
+
+def arguments_object(arguments: str) -> Any:
+    """A call's arguments text as a value (Anthropic's tool_use input); {} when it is cut off."""
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return {}

@@ -1,0 +1,105 @@
+"""From parsed chat messages, tools and output format to a prompt and how to read the output.
+
+Decides, per request: the prompt (tools rendered by the model's template, or Strata's Hermes
+prompt), the grammar the engine enforces (a response format, or a forced tool call), which
+tool-call format to parse, and whether reasoning is split out, honouring or refusing (400) a
+request for thinking the model's template cannot give.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from strata.engine.api.cpu_pool import run_cpu
+from strata.engine.api.errors import bad_request
+from strata.engine.api.textgen import encode_chat
+from strata.engine.api.tool_prompt import call_grammar, hermes_messages, template_reads_tools
+from strata.engine.api.tool_spec import ToolRequest
+from strata.engine.text import ChatTemplateError
+from strata.engine.text.reasoning import prompt_opens_thinking, template_thinks, template_uses
+from strata.engine.text.tool_calls import detect_format
+
+# Template variables Strata sets itself; chat_template_kwargs may not replace them.
+_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    prompt_ids: list[int]
+    grammar: str | None  # llguidance grammar for the engine, or None
+    tool_format: str | None  # parse calls in this format; None: the output is all text
+    tools: ToolRequest
+    thinks: bool  # split <think> reasoning out of the output
+    starts_thinking: bool  # the prompt opened the think block
+
+
+def template_kwargs(body: dict, source: str | None, param: str = "chat_template_kwargs"
+                    ) -> dict[str, Any]:
+    """chat_template_kwargs: variables for the template; each must be one the template reads."""
+    value = body.get(param)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"'{param}' must be an object", param=param)
+    for name in value:
+        if name in _RESERVED:
+            raise bad_request(f"'{param}' may not set {name!r}; Strata sets it", param=param)
+        if not template_uses(source, name):
+            raise bad_request(f"'{param}' sets {name!r}, which this model's chat template does "
+                              "not use; leave it out", param=param)
+    return dict(value)
+
+
+async def plan_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
+                    tools: ToolRequest, output_grammar: str | None, thinking: bool | None,
+                    kwargs: dict[str, Any], thinking_param: str = "enable_thinking") -> ChatPlan:
+    """The prompt and output handling of one chat request (see the module doc); templates
+    render on the app's CPU pool, off the event loop."""
+    source = assets.chat_template
+    fmt = detect_format(source)
+    forced = tools.forced_tools
+    if forced and output_grammar is not None:
+        raise bad_request("a forced tool_choice and a structured output format cannot be "
+                          "combined; send one of them", param="tool_choice")
+    # A named choice is one call of that tool; required may make several when parallel.
+    is_parallel = tools.is_parallel and tools.mode == "required"
+    grammar = output_grammar or (call_grammar(fmt, forced, is_parallel) if forced else None)
+    kwargs = dict(kwargs)
+    if "enable_thinking" in kwargs and thinking is None:
+        thinking = bool(kwargs.pop("enable_thinking"))
+    thinks = template_thinks(source)
+    can_switch = template_uses(source, "enable_thinking")
+    if thinking is not None and thinks and can_switch:
+        kwargs["enable_thinking"] = thinking
+    elif thinking is True and not thinks:
+        raise bad_request(f"'{thinking_param}' asks for thinking, but this model does not "
+                          "think (its template writes no <think> block)", param=thinking_param)
+    elif thinking is False and thinks:
+        raise bad_request(f"'{thinking_param}' turns thinking off, but this model's template "
+                          "always thinks", param=thinking_param)
+    if grammar is not None and thinks:
+        if thinking is True or not can_switch:
+            raise bad_request("constrained output (a JSON schema, grammar or forced tool call) "
+                              "cannot be combined with thinking; turn thinking off",
+                              param=thinking_param)
+        kwargs["enable_thinking"] = False
+    thinks = thinks and kwargs.get("enable_thinking") is not False
+    rendered, extra = messages, dict(kwargs)
+    if template_reads_tools(source):
+        if tools.tools:
+            extra["tools"] = [t.as_openai() for t in tools.tools]
+    else:
+        rendered = hermes_messages(messages, tools.tools)
+    prompt_ids = await encode_chat(app, assets, rendered, **extra)
+    starts_thinking = False
+    if thinks:
+        try:
+            starts_thinking = prompt_opens_thinking(
+                await run_cpu(app, assets.apply_chat_template, rendered, **extra))
+        except ChatTemplateError:  # encode_chat rendered it already: cannot happen twice
+            starts_thinking = False
+    return ChatPlan(prompt_ids, grammar, fmt if tools.is_active else None, tools, thinks,
+                    starts_thinking)

@@ -1,0 +1,88 @@
+"""Tools into the prompt, and the grammar of a forced call in the model's own format.
+
+A template that reads `tools` renders them itself. One that does not (SmolLM2's) gets the
+Hermes-style prompt Qwen2.5's template writes: the tools as JSON in a system message, calls as
+<tool_call> blocks, results as <tool_response> blocks in a user turn; the output is then parsed
+as Hermes (text/tool_calls.detect_format says so for such templates).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from strata.engine.api.grammar import lark_grammar, lark_json, lark_literal
+from strata.engine.api.tool_spec import Tool
+
+MAX_PARALLEL_CALLS = 8  # a forced, parallel choice: enough for any sane request, and a bound
+
+_HERMES_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tools}"
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
+
+
+def template_reads_tools(template_source: str | None) -> bool:
+    """Whether a chat template renders the `tools` variable itself."""
+    return "tools" in (template_source or "")
+
+
+def hermes_messages(messages: list[dict[str, Any]], tools: tuple[Tool, ...]
+                    ) -> list[dict[str, str]]:
+    """messages with tools, calls and results written out as Hermes-style text."""
+    out: list[dict[str, str]] = []
+    if tools:
+        listing = "".join("\n" + json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
+        prompt = _HERMES_PROMPT.format(tools=listing)
+        if messages and messages[0]["role"] == "system":
+            prompt = f"{messages[0]['content']}\n\n{prompt}"
+            messages = messages[1:]
+        out.append({"role": "system", "content": prompt})
+    for message in messages:
+        role, content = message["role"], message.get("content") or ""
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if out and out[-1].get("_tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool_results": "1"})
+            continue
+        if role == "assistant" and message.get("tool_calls"):
+            blocks = [json.dumps({"name": c["function"]["name"],
+                                  "arguments": c["function"]["arguments"]}, ensure_ascii=False)
+                      for c in message["tool_calls"]]
+            calls = "\n".join(f"<tool_call>\n{b}\n</tool_call>" for b in blocks)
+            content = f"{content}\n{calls}" if content else calls
+        out.append({"role": role, "content": content})
+    return [{"role": m["role"], "content": m["content"]} for m in out]
+
+
+def _call_schema(tool: Tool, argument_key: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"const": tool.name},
+                                             argument_key: tool.parameters},
+            "required": ["name", argument_key], "additionalProperties": False}
+
+
+def call_grammar(format_name: str, tools: tuple[Tool, ...], is_parallel: bool) -> str:
+    """The grammar of one (or, parallel, up to MAX_PARALLEL_CALLS) calls of tools, written the
+    way format_name's parser reads them; a 400 naming the tool whose schema cannot be enforced."""
+    key = "parameters" if format_name == "llama3" else "arguments"
+    for tool in tools:  # check each tool alone, so the error names it
+        lark_grammar(f"start: {lark_json(_call_schema(tool, key))}", "tools",
+                     f"the parameters of tool {tool.name!r}")
+    schemas = [_call_schema(t, key) for t in tools]
+    one = lark_json(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
+    more = MAX_PARALLEL_CALLS - 1 if is_parallel else 0
+    if format_name == "hermes":
+        call, separator, head, tail = (
+            f"{lark_literal('<tool_call>' + chr(10))} {one} {lark_literal(chr(10) + '</tool_call>')}",
+            lark_literal("\n"), "", "")
+    elif format_name == "mistral":
+        call, separator, head, tail = one, lark_literal(", "), lark_literal("["), lark_literal("]")
+    else:
+        call, separator, head, tail = one, lark_literal("; "), "", ""
+    repeat = f" ({separator} call){{0,{more}}}" if more else ""
+    lark = f"start: {head} call{repeat} {tail}\ncall: {call}\n"
+    return lark_grammar(lark, "tool_choice", "the forced tool call")

@@ -1,0 +1,104 @@
+"""Reasoning split out of a thinking model's output (Qwen3, DeepSeek-R1: `<think>...</think>`).
+
+The model's text before `</think>` is its reasoning (OpenAI's `reasoning_content`, Anthropic's
+thinking blocks); what follows is the answer. A template that opens the think block itself
+(DeepSeek-R1's generation prompt ends in `<think>\\n`) starts the output inside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+def template_thinks(template_source: str | None) -> bool:
+    """Whether a chat template belongs to a model that writes <think> blocks."""
+    return THINK_END in (template_source or "")
+
+
+def template_uses(template_source: str | None, variable: str) -> bool:
+    """Whether a chat template reads a variable (enable_thinking, ...), so setting it acts."""
+    return variable in (template_source or "")
+
+
+def prompt_opens_thinking(prompt_text: str) -> bool:
+    """The rendered prompt ends inside an open think block."""
+    tail = prompt_text.rstrip()
+    return tail.endswith(THINK_START)
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    text: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+
+
+class ReasoningSplitter:
+    """Feed text pieces; get Reasoning and Answer pieces in order."""
+
+    def __init__(self, *, starts_inside: bool = False):
+        self._state = "inside" if starts_inside else "start"  # start | inside | answer
+        self._pending = ""
+        self._strip_answer_start = False
+        self._strip_reasoning_start = True  # the newline templates put after <think>
+
+    def feed(self, text: str) -> list[Reasoning | Answer]:
+        self._pending += text
+        return self._run(is_final=False)
+
+    def finish(self) -> list[Reasoning | Answer]:
+        return self._run(is_final=True)
+
+    def _run(self, is_final: bool) -> list[Reasoning | Answer]:
+        out: list[Reasoning | Answer] = []
+        if self._state == "start":
+            stripped = self._pending.lstrip()
+            if stripped.startswith(THINK_START):
+                self._pending, self._state = stripped[len(THINK_START):], "inside"
+            elif not is_final and THINK_START.startswith(stripped):
+                return out  # maybe the opening tag: wait
+            else:
+                self._state = "answer"
+        if self._state == "inside":
+            if self._strip_reasoning_start:
+                self._pending = self._pending.lstrip("\n")
+                if not self._pending and not is_final:
+                    return out
+                self._strip_reasoning_start = False
+            at = self._pending.find(THINK_END)
+            if at >= 0:
+                reasoning = self._pending[:at].rstrip("\n")
+                if reasoning:
+                    out.append(Reasoning(reasoning))
+                self._pending, self._state = self._pending[at + len(THINK_END):], "answer"
+                self._strip_answer_start = True
+            else:
+                keep = 0 if is_final else _held(self._pending)
+                piece = self._pending[:len(self._pending) - keep]
+                if piece:
+                    out.append(Reasoning(piece))
+                self._pending = self._pending[len(self._pending) - keep:]
+                return out
+        if self._state == "answer":
+            if self._strip_answer_start:  # the blank lines a template puts after </think>
+                self._pending = self._pending.lstrip("\n")
+                if not self._pending and not is_final:
+                    return out
+                self._strip_answer_start = False
+            if self._pending:
+                out.append(Answer(self._pending))
+            self._pending = ""
+        return out
+
+
+def _held(text: str) -> int:
+    """Characters at the end that could begin </think> or be newlines before it."""
+    for size in range(min(len(THINK_END) - 1, len(text)), 0, -1):
+        if THINK_END.startswith(text[-size:]):
+            return size + (len(text[:-size]) - len(text[:-size].rstrip("\n")))
+    return len(text) - len(text.rstrip("\n"))

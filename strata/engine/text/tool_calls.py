@@ -1,0 +1,407 @@
+"""Tool calls parsed out of a model's text, incrementally, in the format of its family.
+
+A parser is fed the text as it streams and returns events: plain text (everything around the
+calls is kept), the start of a call (its name, as soon as it is known) and pieces of its
+arguments (JSON text, in order, as they arrive). Non-streaming responses feed everything at
+once and get the same result. Formats (FORMATS): Hermes `<tool_call>{...}</tool_call>` (Qwen2.5,
+Qwen3, and the prompt Strata writes for templates without tools), Llama 3.1+ JSON
+(`{"name", "parameters"}`, optionally after `<|python_tag|>`), Mistral `[TOOL_CALLS][{...}]`,
+and a generic fallback that takes a JSON object with a name at the start of the output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+_ARGUMENT_KEYS = ("arguments", "parameters")
+_SEPARATORS = " \t\r\n,;[]"
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    index: int
+    text: str  # a piece of the arguments' JSON text
+
+
+Event = TextPiece | CallStart | CallArguments
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a family writes calls: markers around them, and whether bare JSON at the start of
+    the output is a call."""
+
+    name: str
+    start: str | None  # text that opens calls
+    end: str | None  # text that closes them; None: they run to the end of the output
+    json_at_start: bool  # '{' or '[' as the first thing in the output opens calls
+
+
+FORMATS = {
+    "hermes": ToolFormat("hermes", "<tool_call>", "</tool_call>", False),
+    "llama3": ToolFormat("llama3", "<|python_tag|>", None, True),
+    "mistral": ToolFormat("mistral", "[TOOL_CALLS]", None, True),
+    "generic": ToolFormat("generic", None, None, True),
+}
+
+
+def detect_format(template_source: str | None) -> str:
+    """The call format a chat template teaches its model; hermes when it has no tools."""
+    source = template_source or ""
+    if "<tool_call>" in source:
+        return "hermes"
+    if "[TOOL_CALLS]" in source:
+        return "mistral"
+    if "<|python_tag|>" in source or "ipython" in source:
+        return "llama3"
+    if "tools" not in source:
+        return "hermes"  # Strata renders a Hermes-style tool prompt itself (api/tool_prompt.py)
+    return "generic"
+
+
+class _CallObjects:
+    """Scans JSON objects (separated by commas, semicolons or whitespace, maybe in a list) and
+    turns each with a "name" into call events, streaming its arguments as they arrive."""
+
+    def __init__(self, parser: ToolCallParser):
+        self._parser = parser
+        self._reset()
+
+    def _reset(self) -> None:
+        self.raw = ""  # the current object's text
+        self.between = ""  # separators since the last object, given back if text follows
+        self.depth = 0
+        self.in_string = self.escape = False
+        self.key: str | None = None
+        self.key_buffer: str | None = None
+        self.expect_key = True
+        self.value_start: int | None = None  # where the current depth-1 value began in raw
+        self.name: str | None = None
+        self.index: int | None = None
+        self.arguments_at: int | None = None  # start of the arguments value in raw
+        self.arguments_sent = 0
+        self.arguments_done: str | None = None
+
+    @property
+    def is_inside(self) -> bool:
+        return self.depth > 0
+
+    def feed_char(self, char: str, events: list[Event]) -> bool:
+        """Take one character; False when it cannot belong to the calls (back to text)."""
+        if self.depth == 0:
+            if char == "{":
+                self._reset()
+                self.raw, self.depth = "{", 1
+                return True
+            if char in _SEPARATORS:
+                self.between += char
+                return True
+            return False
+        self.raw += char
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif char == "\\":
+                self.escape = True
+            elif char == '"':
+                self.in_string = False
+                if self.depth == 1 and self.key_buffer is not None:
+                    self.key, self.key_buffer = json.loads(self.key_buffer + '"'), None
+                    return True
+            if self.key_buffer is not None:
+                self.key_buffer += char
+            self._stream_arguments(events)
+            return True
+        if char == '"':
+            self.in_string = True
+            if self.depth == 1 and self.expect_key:
+                self.key_buffer, self.expect_key = '"', False
+                return True
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]":
+            self.depth -= 1
+        if self.depth == 1 and char == ":" and self.value_start is None:
+            self.value_start = len(self.raw)
+            if self.key in _ARGUMENT_KEYS:
+                self.arguments_at = self.value_start
+        elif (self.depth == 1 and char == ",") or self.depth == 0:
+            end = len(self.raw) - 1
+            self._end_value(end, events)
+            if self.depth == 0:
+                self._end_object(events)
+                return True
+            self.expect_key = True
+        self._stream_arguments(events)
+        return True
+
+    def _end_value(self, end: int, events: list[Event]) -> None:
+        if self.value_start is None:
+            return
+        text = self.raw[self.value_start:end].strip()
+        if self.key == "name" and self.name is None:
+            try:
+                name = json.loads(text)
+            except ValueError:
+                name = None
+            if isinstance(name, str) and name:
+                self.name = name
+                self._start_call(events)
+        elif self.key in _ARGUMENT_KEYS and self.arguments_done is None:
+            self.arguments_done = text
+            self._stream_arguments(events)
+        self.value_start = None
+        self.key = None
+
+    def _start_call(self, events: list[Event]) -> None:
+        self.index = self._parser.next_index()
+        events.append(CallStart(self.index, self.name))
+        self._stream_arguments(events)  # arguments that came before the name
+
+    def _stream_arguments(self, events: list[Event]) -> None:
+        if self.index is None or self.arguments_at is None:
+            return
+        if self.arguments_done is not None:
+            text = self.arguments_done
+            if text.startswith('"'):  # arguments sent as a JSON string of JSON
+                if self.arguments_sent == 0:
+                    try:
+                        text = json.loads(text)
+                    except ValueError:
+                        pass
+                    events.append(CallArguments(self.index, text))
+                    self.arguments_sent = len(self.arguments_done)
+                return
+            rest = text[self.arguments_sent:]
+        else:
+            partial = self.raw[self.arguments_at:].lstrip()
+            if not partial[:1] in ("{", "["):
+                return  # a string or scalar: sent whole when it ends
+            lead = len(self.raw[self.arguments_at:]) - len(partial)
+            # Hold back the last character: it may be the comma or brace after the value.
+            rest = self.raw[self.arguments_at + lead + self.arguments_sent:-1]
+        if rest:
+            events.append(CallArguments(self.index, rest))
+            self.arguments_sent += len(rest)
+
+    def _end_object(self, events: list[Event]) -> None:
+        if self.name is None:  # not a call: keep its text
+            events.append(TextPiece(self.raw))
+        elif self.arguments_done is None:
+            events.append(CallArguments(self.index, "{}"))
+        self._reset()
+
+    def finish(self, events: list[Event]) -> None:
+        """The output ended inside an object: keep it as text unless a call had started."""
+        if self.depth > 0 and self.name is None:
+            events.append(TextPiece(self.raw))
+        self._reset()
+
+
+class _NamedArguments:
+    """Mistral's v11 form, `[TOOL_CALLS]name[ARGS]{...}`: a name, then one JSON value streamed
+    until it closes."""
+
+    def __init__(self, parser: ToolCallParser):
+        self._parser = parser
+        self.text = ""  # everything taken, given back as text if it is no call after all
+        self.name: str | None = None
+        self.index = -1
+        self.depth = 0
+        self.in_string = self.escape = False
+
+    def feed_char(self, char: str, events: list[Event]) -> str:
+        """'more', 'done' (the call ended) or 'text' (not a call: self.text is plain text)."""
+        self.text += char
+        if self.name is None:
+            if self.text.endswith("[ARGS]"):
+                self.name = self.text[:-len("[ARGS]")].rsplit("]", 1)[-1]
+                self.index = self._parser.next_index()
+                events.append(CallStart(self.index, self.name))
+                return "more"
+            is_name = char.isalnum() or char in "_.:-[]"
+            return "more" if is_name and len(self.text) <= 160 else "text"
+        events.append(CallArguments(self.index, char))
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+            elif char == "\\":
+                self.escape = True
+            elif char == '"':
+                self.in_string = False
+            return "more"
+        if char == '"':
+            self.in_string = True
+        elif char in "{[":
+            self.depth += 1
+        elif char in "}]":
+            self.depth -= 1
+        return "done" if self.depth == 0 and char not in " \t\r\n" else "more"
+
+
+class ToolCallParser:
+    """Feed text pieces, get TextPiece / CallStart / CallArguments events in order."""
+
+    def __init__(self, format_name: str):
+        self.format = FORMATS[format_name]
+        self._pending = ""
+        self._in_calls = False
+        self._seen_text = False  # a non-blank character went out as text
+        self._objects = _CallObjects(self)
+        self._named: _NamedArguments | None = None
+        self.num_calls = 0
+
+    def next_index(self) -> int:
+        self.num_calls += 1
+        return self.num_calls - 1
+
+    def feed(self, text: str) -> list[Event]:
+        """Events for one more piece of the output."""
+        events: list[Event] = []
+        self._pending += text
+        self._run(events, is_final=False)
+        return _merged(events)
+
+    def finish(self) -> list[Event]:
+        """Events for whatever was held back when the output ends."""
+        events: list[Event] = []
+        self._run(events, is_final=True)
+        if self._named is not None and self._named.name is None:
+            events.append(TextPiece(self._named.text))
+        elif self._in_calls:
+            self._objects.finish(events)
+        elif self._pending:
+            events.append(TextPiece(self._pending))
+        self._pending = ""
+        return _merged(events)
+
+    def _run(self, events: list[Event], is_final: bool) -> None:
+        while self._pending:
+            progressed = self._calls(events, is_final) if self._in_calls \
+                else self._text(events, is_final)
+            if not progressed:
+                return
+
+    def _text(self, events: list[Event], is_final: bool) -> bool:
+        fmt, pending = self.format, self._pending
+        if fmt.json_at_start and not self._seen_text:
+            stripped = pending.lstrip()
+            if not stripped:
+                return False
+            is_marker = bool(fmt.start) and (stripped.startswith(fmt.start) or (
+                fmt.start.startswith(stripped) and not is_final))
+            if is_marker and not stripped.startswith(fmt.start):
+                return False  # maybe the marker: wait for more
+            if stripped[0] in "{[" and not is_marker:
+                self._pending, self._in_calls = stripped, True
+                return True
+        start = fmt.start
+        at = pending.find(start) if start else -1
+        if at >= 0:
+            self._emit_text(pending[:at], events)
+            self._pending, self._in_calls = pending[at + len(start):], True
+            return True
+        keep = 0 if is_final or not start else _partial_suffix(pending, start)
+        if not fmt.json_at_start or self._seen_text or pending.strip():
+            self._emit_text(pending[:len(pending) - keep], events)
+            self._pending = pending[len(pending) - keep:]
+        return False
+
+    def _emit_text(self, text: str, events: list[Event]) -> None:
+        if text:
+            events.append(TextPiece(text))
+            self._seen_text = self._seen_text or bool(text.strip())
+
+    def _calls(self, events: list[Event], is_final: bool) -> bool:
+        end, pending = self.format.end, self._pending
+        limit = len(pending)
+        if end:
+            at = pending.find(end)
+            if at >= 0:
+                limit = at
+            elif not is_final:
+                limit = len(pending) - _partial_suffix(pending, end)
+        for i in range(limit):
+            char = pending[i]
+            if self._named is not None or (self.format.name == "mistral" and char.isalpha()
+                                           and not self._objects.is_inside):
+                self._named = self._named or _NamedArguments(self)
+                state = self._named.feed_char(char, events)
+                if state == "done":
+                    self._named = None
+                elif state == "text":
+                    self._in_calls, self._seen_text = False, True
+                    self._pending = self._named.text + pending[i + 1:]
+                    self._named = None
+                    return True
+                continue
+            if not self._objects.feed_char(char, events):
+                self._in_calls = False  # something else follows: it is text again
+                self._seen_text = True
+                self._pending = self._objects.between + pending[i:]
+                self._objects.between = ""
+                return True
+        if end and limit < len(pending) and pending.startswith(end, limit):
+            self._objects.finish(events)
+            self._in_calls = False
+            self._pending = pending[limit + len(end):]
+            return True
+        self._pending = pending[limit:]
+        return False
+
+
+def _merged(events: list[Event]) -> list[Event]:
+    """Adjacent text pieces, or argument pieces of one call, joined."""
+    out: list[Event] = []
+    for event in events:
+        last = out[-1] if out else None
+        if isinstance(event, TextPiece) and isinstance(last, TextPiece):
+            out[-1] = TextPiece(last.text + event.text)
+        elif (isinstance(event, CallArguments) and isinstance(last, CallArguments)
+              and last.index == event.index):
+            out[-1] = CallArguments(last.index, last.text + event.text)
+        else:
+            out.append(event)
+    return out
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of text that could be the start of marker."""
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-size:]):
+            return size
+    return 0
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: str
+
+
+def parse_all(format_name: str, text: str) -> tuple[str, list[ParsedCall]]:
+    """The whole output at once: its text (calls removed) and its calls."""
+    parser = ToolCallParser(format_name)
+    events = parser.feed(text) + parser.finish()
+    texts: list[str] = []
+    calls: list[ParsedCall] = []
+    for event in events:
+        if isinstance(event, TextPiece):
+            texts.append(event.text)
+        elif isinstance(event, CallStart):
+            calls.append(ParsedCall(event.name, ""))
+        else:
+            calls[event.index].arguments += event.text
+    return "".join(texts), calls

@@ -1,0 +1,84 @@
+"""Tools and tool histories rendered by real templates of each family (tests/text/templates).
+
+The model's own template must receive the tools and the calls/results of the history in
+Hugging Face's convention, and render what the family was trained on; templates without tools
+get Strata's Hermes prompt. Checked on the rendered text, through plan_chat as requests do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from strata.engine.api.chat_plan import plan_chat
+from strata.engine.api.errors import ApiError
+from strata.engine.api.tool_spec import Tool, ToolRequest
+
+TEMPLATES = Path(__file__).parent.parent / "text" / "templates"
+WEATHER = Tool("get_weather", "Weather of a city", {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{
+        "id": "abc123XYZ", "type": "function",
+        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "sunny", "tool_call_id": "abc123XYZ", "name": "get_weather"},
+]
+
+# template -> (text the tools render as, text the call renders as, text the result renders as)
+EXPECTED = {
+    "qwen2.5-instruct.jinja": ('"name": "get_weather"', ('<tool_call>\n{"name": "get_weather", '
+                               '"arguments": {"city": "Paris"}}\n</tool_call>'),
+                               "<tool_response>\nsunny\n</tool_response>"),
+    "qwen3.jinja": ('"name": "get_weather"', ('<tool_call>\n{"name": "get_weather", '
+                    '"arguments": {"city": "Paris"}}\n</tool_call>'),
+                    "<tool_response>\nsunny\n</tool_response>"),
+    "llama-3.1-instruct.jinja": ('"name": "get_weather"',
+                                 '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+                                 # Llama's template writes a string result as JSON
+                                 '<|start_header_id|>ipython<|end_header_id|>\n\n"sunny"'),
+    "mistral-nemo-instruct-2407.jinja": ('[AVAILABLE_TOOLS]', ('[TOOL_CALLS][{"name": '
+                                         '"get_weather", "arguments": {"city": "Paris"}'),
+                                         '[TOOL_RESULTS]{"content": sunny'),
+    "smollm2-135m-instruct.jinja": ("<tools>", ('<tool_call>\n{"name": "get_weather", '
+                                    '"arguments": {"city": "Paris"}}\n</tool_call>'),
+                                    "<tool_response>\nsunny\n</tool_response>"),
+}
+
+
+@pytest.mark.parametrize("template", sorted(EXPECTED))
+async def test_family_template_renders_tools_calls_and_results(client, text_assets,
+                                                                template) -> None:
+    assets = dataclasses.replace(text_assets, chat_template=(TEMPLATES / template).read_text())
+    plan = await plan_chat(client.app, assets, HISTORY,
+                           ToolRequest((WEATHER,), names=frozenset({"get_weather"})),
+                           None, None, {})
+    rendered = assets.decode(plan.prompt_ids, skip_special=False)
+    for needle in EXPECTED[template]:
+        assert needle in rendered, (needle, rendered)
+    assert plan.tool_format is not None
+
+
+async def test_forced_call_on_a_thinking_template_turns_thinking_off(client, text_assets
+                                                                      ) -> None:
+    assets = dataclasses.replace(text_assets,
+                                 chat_template=(TEMPLATES / "qwen3.jinja").read_text())
+    tools = ToolRequest((WEATHER,), "named", "get_weather", True, frozenset({"get_weather"}))
+    plan = await plan_chat(client.app, assets, HISTORY[:1], tools, None, None, {})
+    assert plan.grammar is not None and not plan.thinks
+    assert assets.decode(plan.prompt_ids, skip_special=False).endswith("<think>\n\n</think>\n\n")
+    with pytest.raises(ApiError, match="thinking"):
+        await plan_chat(client.app, assets, HISTORY[:1], tools, None, True, {})
+
+
+async def test_a_template_that_always_thinks_refuses_constrained_output(client, text_assets
+                                                                         ) -> None:
+    assets = dataclasses.replace(text_assets,
+                                 chat_template=(TEMPLATES / "deepseek-r1.jinja").read_text())
+    plan = await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), None, None, {})
+    assert plan.thinks and plan.starts_thinking
+    with pytest.raises(ApiError, match="thinking"):
+        await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), '{"grammars": []}',
+                        None, {})

@@ -1,0 +1,124 @@
+"""Tool-call parsers of each family, on outputs in each family's format, whole and streamed.
+
+The outputs are what the families' chat templates teach (tests/text/templates/ holds the real
+templates): Qwen2.5/Qwen3 and Strata's own prompt write Hermes <tool_call> blocks, Llama 3.1+
+writes a JSON object with "parameters", Mistral a [TOOL_CALLS] list. Streaming must give the same
+calls and text as parsing the whole output, however the text is split.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from strata.engine.text.tool_calls import (
+    CallArguments,
+    CallStart,
+    TextPiece,
+    ToolCallParser,
+    detect_format,
+    parse_all,
+)
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# (format, output, expected text, expected [(name, arguments)])
+RECORDED = [
+    ("hermes",  # Qwen2.5-7B-Instruct, two parallel calls after a sentence
+     ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+     '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": '
+     '{"zone": "Europe/Paris"}}\n</tool_call>'),
+     "Let me check.\n\n",
+     [("get_weather", {"city": "Paris", "unit": "celsius"}),
+      ("get_time", {"zone": "Europe/Paris"})]),
+    ("hermes",  # Qwen3 after its thinking was split off; nested arguments with braces in strings
+     ('<tool_call>\n{"name": "search", "arguments": {"q": "a } b { \\" c", "filters": '
+     '{"tags": ["x", "y"], "n": 3}}}\n</tool_call>'),
+     "", [("search", {"q": 'a } b { " c', "filters": {"tags": ["x", "y"], "n": 3}})]),
+    ("hermes", "Paris is the capital of France.", "Paris is the capital of France.", []),
+    ("hermes", "a <tool_ b", "a <tool_ b", []),
+    ("llama3",  # Llama 3.1 JSON tool calling
+     '{"name": "get_weather", "parameters": {"city": "Paris"}}', "",
+     [("get_weather", {"city": "Paris"})]),
+    ("llama3",  # Llama 3.2: several calls separated by semicolons
+     '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}', "",
+     [("a", {"x": 1}), ("b", {})]),
+    ("llama3", "The answer is 4.", "The answer is 4.", []),
+    ("mistral",  # Mistral v3 (7B-Instruct-v0.3): arguments given as an object
+     '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', "",
+     [("get_weather", {"city": "Paris"})]),
+    ("mistral",  # the [TOOL_CALLS] control token removed by the detokenizer
+     '[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "neg", "arguments": {"a": 3}}]',
+     "", [("add", {"a": 1, "b": 2}), ("neg", {"a": 3})]),
+    ("mistral",  # Mistral Small 3.2 (v11 tokenizer): name, [ARGS], arguments; two calls
+     '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "q": "a}\\"b"}[TOOL_CALLS]get_time[ARGS]{}',
+     "", [("get_weather", {"city": "Paris", "q": 'a}"b'}), ("get_time", {})]),
+    ("mistral", "Bonjour! Paris is sunny.", "Bonjour! Paris is sunny.", []),
+    ("generic",  # arguments as a JSON string, name after arguments
+     '{"arguments": "{\\"city\\": \\"Rome\\"}", "name": "get_weather"}', "",
+     [("get_weather", {"city": "Rome"})]),
+    ("generic", '{"a": 1} is JSON', '{"a": 1} is JSON', []),
+    ("generic", "Hi {\"name\": \"x\"}", "Hi {\"name\": \"x\"}", []),
+]
+
+
+def _collect(events) -> tuple[str, list[tuple[str, dict]]]:
+    text, calls = "", []
+    for event in events:
+        if isinstance(event, TextPiece):
+            text += event.text
+        elif isinstance(event, CallStart):
+            assert event.index == len(calls)
+            calls.append([event.name, ""])
+        else:
+            assert isinstance(event, CallArguments)
+            calls[event.index][1] += event.text
+    return text, [(name, json.loads(args)) for name, args in calls]
+
+
+@pytest.mark.parametrize(("fmt", "output", "text", "calls"), RECORDED)
+def test_whole_output(fmt, output, text, calls) -> None:
+    got_text, got_calls = parse_all(fmt, output)
+    assert got_text == text
+    assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls
+
+
+@pytest.mark.parametrize(("fmt", "output", "text", "calls"), RECORDED)
+def test_streamed_one_character_at_a_time(fmt, output, text, calls) -> None:
+    parser = ToolCallParser(fmt)
+    events = [e for char in output for e in parser.feed(char)] + parser.finish()
+    assert _collect(events) == (text, calls)
+
+
+def test_arguments_stream_in_pieces_after_the_name() -> None:
+    parser = ToolCallParser("hermes")
+    first = parser.feed('<tool_call>\n{"name": "f", "arguments": {"city": "Pa')
+    assert first[0] == CallStart(0, "f")
+    assert "".join(e.text for e in first[1:]).startswith('{"city": "P')
+    rest = parser.feed('ris"}}\n</tool_call>') + parser.finish()
+    assert "".join(e.text for e in first[1:] + rest) == '{"city": "Paris"}'
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=st.sampled_from(RECORDED), cuts=st.lists(st.integers(0, 400), max_size=12))
+def test_any_split_gives_the_whole_result(case, cuts) -> None:
+    fmt, output, text, calls = case
+    points = sorted({c % (len(output) + 1) for c in cuts})
+    pieces = [output[a:b] for a, b in zip([0, *points], [*points, len(output)])]
+    parser = ToolCallParser(fmt)
+    events = [e for piece in pieces for e in parser.feed(piece)] + parser.finish()
+    assert _collect(events) == (text, calls)
+
+
+@pytest.mark.parametrize(("template", "fmt"), [
+    ("qwen2.5-instruct.jinja", "hermes"), ("qwen3.jinja", "hermes"),
+    ("hermes-3-llama-3.1-tool-use.jinja", "hermes"), ("llama-3.1-instruct.jinja", "llama3"),
+    ("mistral-nemo-instruct-2407.jinja", "mistral"),
+    ("mistral-small-3.2-instruct-2506.jinja", "mistral"), ("smollm2-135m-instruct.jinja", "hermes")])
+def test_format_is_detected_from_the_real_template(template, fmt) -> None:
+    path = TEMPLATES / template
+    assert detect_format(path.read_text()) == fmt
