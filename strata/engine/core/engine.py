@@ -30,6 +30,7 @@ from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.loader import load_model_config
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.model_config import ModelConfig
+from strata.engine.core.quant.weight import count_parameters
 from strata.engine.core.random_weights import DEFAULT_STD, random_weights_config
 from strata.engine.core.residency import ASLEEP, ModelMemory
 from strata.engine.core.sampling import Sampler
@@ -170,7 +171,7 @@ class Engine:
             "context_tokens": self.context_tokens,
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "parameter_count": sum(p.numel() for p in self.model.parameters()),
+            "parameter_count": count_parameters(self.model),
             "load_time_s": round(self.load_time_s, 3),
             "expert_cache": self.memory.expert_mode,
         }

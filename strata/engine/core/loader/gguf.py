@@ -161,9 +161,33 @@ def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.nda
     return values
 
 
+class GGUFBlocks(DeferredTensor):
+    """A quantized GGUF tensor: read() dequantizes it to float32 like any DeferredTensor, and
+    `read_blocks()` gives its GGML blocks as stored, uint8 [rows, row_bytes] (llama Q/K rows
+    un-permuted: a row's blocks move with it), for weights that stay quantized."""
+
+    def __init__(self, tensor: ReaderTensor, shape: tuple[int, ...], rope_heads: int | None,
+                 make):
+        super().__init__(shape, torch.float32, make)
+        self.qtype = tensor.tensor_type
+        self.gguf_name = tensor.name
+        self._tensor = tensor
+        self._rope_heads = rope_heads
+
+    def read_blocks(self) -> torch.Tensor:
+        """The blocks, uint8 [rows, row_bytes]; a view of the mapped file where no rows move."""
+        blocks = self._tensor.data.reshape(self.shape[0], -1)
+        if self._rope_heads is not None:
+            blocks = np.ascontiguousarray(unpermute_rope_rows(blocks, self._rope_heads))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            return torch.from_numpy(blocks)
+
+
 def _gguf_tensor(tensor: ReaderTensor, rope_heads: int | None) -> DeferredTensor:
     """One GGUF tensor, read when asked for: F32/F16 as views of the mapped file in their own
-    dtype, other types dequantized to float32; llama Q/K rows un-permuted (rope_heads)."""
+    dtype, other types dequantized to float32 (GGUFBlocks, which also gives the blocks as
+    stored); llama Q/K rows un-permuted (rope_heads)."""
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists ne[0] first
     native_dtype = _NATIVE_DTYPES.get(tensor.tensor_type)
 
@@ -180,6 +204,8 @@ def _gguf_tensor(tensor: ReaderTensor, rope_heads: int | None) -> DeferredTensor
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
             return torch.from_numpy(values)
 
+    if native_dtype is None and tensor.tensor_type != GGMLQuantizationType.BF16 and len(shape) == 2:
+        return GGUFBlocks(tensor, shape, rope_heads, read)
     return DeferredTensor(shape, native_dtype or torch.float32, read)
 
 
