@@ -64,6 +64,12 @@ def fusion_order(names: Sequence[str]) -> list[str]:
     return ordered
 
 
+def same_group(name: str, other: str) -> bool:
+    """Whether two tensor names belong to one fusion group (q/k/v of a layer, gate/up)."""
+    a, b = _group_of(name), _group_of(other)
+    return a is not None and b is not None and a[0] == b[0]
+
+
 def adjacent_view(arena: Arena, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """One arena view [sum of dim 0, *rest] spanning tensors that lie back to back, else None.
 

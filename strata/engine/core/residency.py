@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
-from strata.engine.core.fused_views import attach_fused_views, fusion_order
+from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
 from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
 from strata.engine.core.memory.backend import ArenaBackend, round_up
@@ -195,16 +195,20 @@ class ModelMemory:
         names = fusion_order(names)
         layout = {name: (block_shape(blocks[name], shapes[name]), torch.uint8)
                   if name in blocks else (shapes[name], self.dtype) for name in names}
+        # Blocks of one fusion group lie end to end (whole rows of even bytes), so one view
+        # spans them whatever their size; every other tensor starts 256-byte aligned.
+        align = {name: 2 if name in blocks and i and names[i - 1] in blocks
+                 and same_group(name, names[i - 1]) else TENSOR_ALIGN_BYTES
+                 for i, name in enumerate(names)}
         size_bytes = 0
-        for shape, dtype in layout.values():
-            size_bytes = round_up(size_bytes, TENSOR_ALIGN_BYTES) + (
+        for name, (shape, dtype) in layout.items():
+            size_bytes = round_up(size_bytes, align[name]) + (
                 torch.Size(shape).numel() * dtype.itemsize)
         self.weights = self.arenas.add(
             Arena("weights", max(size_bytes, 1), self.backend, WEIGHTS_CHUNK_BYTES)
         )
         self.weights.map()
-        views = {name: self.weights.allocate(*layout[name], TENSOR_ALIGN_BYTES)
-                 for name in names}
+        views = {name: self.weights.allocate(*layout[name], align[name]) for name in names}
         if not getattr(source, "fills_host", False):
             for name in names:  # made on the device (random weights)
                 source.fill(name, views[name])

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType
 
 from strata.engine.core.loader import open_tensors
 from strata.engine.core.loader.gguf import GGUFBlocks
-from strata.engine.core.loader.lazy import LazyTensor, as_lazy
+from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, as_lazy
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import check_tensors
 from strata.engine.core.random_weights import DEFAULT_STD
@@ -54,9 +54,11 @@ class FileWeights:
         self._tensors.pop(name).copy_to(dst)
 
     def quant_type(self, name: str) -> GGMLQuantizationType | None:
-        """The GGML type of a quantized GGUF tensor (one whose blocks `fill_blocks` can copy),
-        else None (a float tensor, or stacked experts)."""
+        """The GGML type of a quantized GGUF tensor (for stacked experts, of their parts), else
+        None (a float tensor)."""
         lazy = self._tensors.get(name)
+        if isinstance(lazy, StackedTensor):  # experts: the type they are stored in
+            lazy = lazy.parts[0]
         return lazy.qtype if isinstance(lazy, GGUFBlocks) else None
 
     def fill_blocks(self, name: str, dst: torch.Tensor) -> None:

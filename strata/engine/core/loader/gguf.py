@@ -163,7 +163,7 @@ def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.nda
 
 class GGUFBlocks(DeferredTensor):
     """A quantized GGUF tensor: read() dequantizes it to float32 like any DeferredTensor, and
-    `read_blocks()` gives its GGML blocks as stored, uint8 [rows, row_bytes] (llama Q/K rows
+    `read_blocks()` gives its GGML blocks as stored, uint8 [..., rows, row_bytes] (llama Q/K rows
     un-permuted: a row's blocks move with it), for weights that stay quantized."""
 
     def __init__(self, tensor: ReaderTensor, shape: tuple[int, ...], rope_heads: int | None,
@@ -175,8 +175,9 @@ class GGUFBlocks(DeferredTensor):
         self._rope_heads = rope_heads
 
     def read_blocks(self) -> torch.Tensor:
-        """The blocks, uint8 [rows, row_bytes]; a view of the mapped file where no rows move."""
-        blocks = self._tensor.data.reshape(self.shape[0], -1)
+        """The blocks, uint8 [..., rows, row_bytes]; a view of the mapped file where no rows
+        move."""
+        blocks = self._tensor.data.reshape(*self.shape[:-1], -1)
         if self._rope_heads is not None:
             blocks = np.ascontiguousarray(unpermute_rope_rows(blocks, self._rope_heads))
         with warnings.catch_warnings():
@@ -204,7 +205,7 @@ def _gguf_tensor(tensor: ReaderTensor, rope_heads: int | None) -> DeferredTensor
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
             return torch.from_numpy(values)
 
-    if native_dtype is None and tensor.tensor_type != GGMLQuantizationType.BF16 and len(shape) == 2:
+    if native_dtype is None and tensor.tensor_type != GGMLQuantizationType.BF16:
         return GGUFBlocks(tensor, shape, rope_heads, read)
     return DeferredTensor(shape, native_dtype or torch.float32, read)
 

@@ -29,10 +29,13 @@ except ImportError:
 MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel; more: dequantize
 # IQ4_NL / IQ4_XS's non-linear grid (ggml's kvalues_iq4nl).
 IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
-# (BLOCK_N, BLOCK_K, num_warps); the first is the interpreter's choice. BLOCK_K is a multiple
-# of every block size (256), so no block straddles two tiles.
+# (BLOCK_N, BLOCK_K, num_warps) candidates autotuned on CUDA. BLOCK_K is a multiple of every
+# block size (256), so no block straddles two tiles.
 MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 8))
+# The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
+INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
+INTERPRETER_DEQUANT_BLOCK_N = 128
 
 _tables: dict[torch.device, torch.Tensor] = {}
 
@@ -97,6 +100,11 @@ if triton is not None:
     )
 
 
+def _matmul_candidates() -> tuple:
+    configs = (INTERPRETER_MATMUL_CONFIG,) if moe_triton._is_interpreting() else MATMUL_CONFIGS
+    return tuple((n, k, w, None) for n, k, w in configs)
+
+
 def _check(raw: torch.Tensor, num_cols: int) -> None:
     if raw.dtype != torch.uint8 or raw.dim() != 2 or not raw.is_contiguous():
         raise ValueError(f"quantized blocks must be a contiguous uint8 [rows, row_bytes] "
@@ -115,12 +123,13 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
         out = torch.empty(num_rows, num_cols, dtype=dtype, device=raw.device)
     if num_rows == 0:
         return out
-    grid = (triton.cdiv(num_rows, DEQUANT_BLOCK_N), triton.cdiv(num_cols, DEQUANT_BLOCK_K))
+    block_n = INTERPRETER_DEQUANT_BLOCK_N if moe_triton._is_interpreting() else DEQUANT_BLOCK_N
+    grid = (triton.cdiv(num_rows, block_n), triton.cdiv(num_cols, DEQUANT_BLOCK_K))
     # No contraction: d * q + m rounds twice, as numpy does, so values equal gguf-py's.
     _dequant_kernel[grid](
         raw, raw.view(torch.float16), grid_table(raw.device), out, num_rows,
         K=num_cols, ROW_BYTES=row_bytes, QTYPE=int(qtype),
-        BLOCK_N=DEQUANT_BLOCK_N, BLOCK_K=DEQUANT_BLOCK_K, enable_fp_fusion=False,
+        BLOCK_N=block_n, BLOCK_K=DEQUANT_BLOCK_K, enable_fp_fusion=False,
     )
     return out
 
@@ -140,8 +149,7 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     # tl.dot needs 16 rows; one token keeps the float32 multiply-and-sum.
     block_m = 1 if num_tokens == 1 else 16
     moe_triton.launch(
-        _matmul_tuned, lambda rows: (triton.cdiv(num_rows, rows),),
-        tuple((n, k, w, None) for n, k, w in MATMUL_CONFIGS),
+        _matmul_tuned, lambda rows: (triton.cdiv(num_rows, rows),), _matmul_candidates(),
         x, raw, raw.view(torch.float16), grid_table(raw.device),
         bias if bias is not None else x, out, num_tokens, x.stride(0), out.stride(0),
         N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1], QTYPE=int(qtype),
