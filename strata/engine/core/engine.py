@@ -30,7 +30,8 @@ from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.loader import load_model_config
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.quant.weight import count_parameters
+from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
+from strata.engine.core.quant.weight import count_parameters, count_quantized, scratch_bytes
 from strata.engine.core.random_weights import DEFAULT_STD, random_weights_config
 from strata.engine.core.residency import ASLEEP, ModelMemory
 from strata.engine.core.sampling import Sampler
@@ -45,7 +46,6 @@ __all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMe
 log = logging.getLogger(__name__)
 
 NUM_CACHE_SLOTS = 4
-DEFAULT_MAX_CONTEXT_TOKENS = 8192
 PREFILL_CHUNK_TOKENS = 512
 
 
@@ -162,7 +162,22 @@ class Engine:
         # Any forward over released memory becomes a Python error, not a GPU fault.
         self.model.register_forward_pre_hook(lambda module, args: self.memory.check_resident())
         self.load_time_s = time.perf_counter() - started_s
+        self._log_memory(config)
         return self.info()
+
+    def _log_memory(self, config: ModelConfig) -> None:
+        """One line: what the model holds on its device (the figure `strata info` estimates)."""
+        weights = self.memory.weights.reserved_bytes
+        experts = self.memory.experts.arena.reserved_bytes if self.memory.experts else 0
+        kv = kv_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                      self.context_tokens) * self.dtype.itemsize // 2
+        workspace = scratch_bytes()
+        mib = 1 << 20
+        log.info("model holds %.0f MiB on %s: weights %.0f MiB (%d tensors in GGML blocks), "
+                 "experts %.0f MiB, KV %.0f MiB for one slot at %d tokens, workspace %.0f MiB",
+                 (weights + experts + kv + workspace) / mib, self.device, weights / mib,
+                 count_quantized(self.model), experts / mib, kv / mib, self.context_tokens,
+                 workspace / mib)
 
     def info(self) -> dict:
         config = self._require_model()

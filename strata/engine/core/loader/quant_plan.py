@@ -19,6 +19,7 @@ KERNEL_QUANT_TYPES = (
 )  # fmt: skip
 FLOAT_TYPES = ("F32", "F16", "BF16")
 COMPUTE_ITEMSIZE_BYTES = 2  # bf16 on a GPU: what a float or dequantized tensor costs
+DEFAULT_MAX_CONTEXT_TOKENS = 8192  # the engine's context when none is configured (capped)
 
 # Tensors a linear layer or the embedding reads (canonical HF names): they may stay quantized.
 # Stacked experts and routers are read by the grouped MoE kernels, which take bf16 for now.
@@ -48,7 +49,7 @@ class VramEstimate:
     """What a model will hold on a GPU once loaded, in bytes."""
 
     weights_bytes: int  # as stored for kept blocks, bf16 for the rest
-    kv_bytes: int  # at the configured context, every cache slot's share of it
+    kv_bytes: int  # one cache slot filled to the configured context (others map as they grow)
     workspace_bytes: int  # the dequantization scratch of the prefill path
     quantized_tensors: int  # how many tensors stay in their blocks
     dequantized_tensors: int  # quantized in the file, dequantized at load (no kernel)
@@ -56,6 +57,13 @@ class VramEstimate:
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.workspace_bytes
+
+
+def default_context_tokens(model_context_tokens: int) -> int:
+    """The context the engine takes when none is configured: the model's own, capped."""
+    if model_context_tokens <= 0:
+        return DEFAULT_MAX_CONTEXT_TOKENS
+    return min(model_context_tokens, DEFAULT_MAX_CONTEXT_TOKENS)
 
 
 def kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, context_tokens: int) -> int:

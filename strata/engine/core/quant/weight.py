@@ -190,6 +190,11 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight]) -> 
         setattr(parent, attr, new)
 
 
+def count_quantized(model: nn.Module) -> int:
+    """How many of the model's weights are held as GGML blocks."""
+    return sum(isinstance(m, QuantizedLinear | QuantizedEmbedding) for m in model.modules())
+
+
 def count_parameters(model: nn.Module) -> int:
     """Float parameters plus the values quantized weights hold."""
     quantized = sum(m.weight.numel() for m in model.modules()
