@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 
+import psutil
 import torch
 
 from strata.engine.core.engine_config import EngineConfig
@@ -32,7 +33,11 @@ from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
 from strata.engine.core.quant.weight import count_parameters, count_quantized, scratch_bytes
-from strata.engine.core.random_weights import DEFAULT_STD, random_weights_config
+from strata.engine.core.random_weights import (
+    DEFAULT_STD,
+    parameter_bytes,
+    random_weights_config,
+)
 from strata.engine.core.residency import ASLEEP, ModelMemory
 from strata.engine.core.sampling import Sampler
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
@@ -66,6 +71,21 @@ def pick_device(requested: str) -> torch.device:
     if requested == "cuda":
         raise EngineError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
     return torch.device("cpu")
+
+
+def compute_dtype(device: torch.device, config: ModelConfig) -> torch.dtype:
+    """bf16 on GPUs (half the bytes per token read). On the CPU float32 (exact parity, and
+    faster for a small model's decode), unless float32 weights would take more than half the
+    RAM: then bf16, which halves them and multiplies large matrices faster on CPUs with bf16
+    instructions (bench/diag_cpu_dtype.py, docs/benchmarks.md)."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    ram_bytes = psutil.virtual_memory().total
+    if parameter_bytes(config, torch.float32) > ram_bytes // 2:
+        log.info("float32 weights would take over half of the %.0f GiB of RAM: bf16 instead",
+                 ram_bytes / (1 << 30))
+        return torch.bfloat16
+    return torch.float32
 
 
 def make_fast_decoder(model: torch.nn.Module, device: torch.device, step_hook=None):
@@ -131,8 +151,6 @@ class Engine:
         started_s = time.perf_counter()
         self.close()
         self.device = pick_device(self.config.device)
-        # bf16 on GPUs (half the bytes per token read); float32 on the CPU for exact parity.
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         backend = self._backend or backend_for(self.device)
         self.device = backend.device  # cuda:N: views and new tensors agree on the index
         if self.config.random_weights:
@@ -143,6 +161,7 @@ class Engine:
             config = load_model_config(self.config.model_path)
             source = FileWeights.open(self.config.model_path, config)
             fingerprint = model_fingerprint(self.config.model_path, config)
+        self.dtype = compute_dtype(self.device, config)
         self.memory = ModelMemory(backend, self.dtype)
         try:
             self.model = self.memory.build(config, source, self.config.expert_cache)

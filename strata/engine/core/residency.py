@@ -40,6 +40,7 @@ from strata.engine.core.quant.weight import (
     keeps_quantized_blocks,
     prefill_scratch_numel,
     reserve_scratch,
+    warm_up_quantized,
 )
 from strata.units import GIB, MIB
 
@@ -154,6 +155,11 @@ class ModelMemory:
             # Prefill dequantizes one matrix at a time into this buffer: sized now, before
             # any CUDA graph is captured, for the largest one a prefill multiplies.
             reserve_scratch(self.device, self.dtype, prefill_scratch_numel(model))
+            if self.device.type == "cuda":
+                t0 = time.perf_counter()
+                variants = warm_up_quantized(model)
+                log.info("quantized kernels ready: %d variants in %.1f s", variants,
+                         time.perf_counter() - t0)
         if self.expert_mode == "slots":
             for layer in by_layer:
                 model.model.layers[layer].mlp.expert_weights = SlotExperts(self.experts, layer)

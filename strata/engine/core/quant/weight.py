@@ -190,6 +190,38 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight]) -> 
         setattr(parent, attr, new)
 
 
+@torch.inference_mode()
+def warm_up_quantized(model: nn.Module) -> int:
+    """Compile (and on CUDA autotune) every quantized kernel variant this model will launch,
+    with zeros, before any CUDA graph is captured: a graph cannot hold a compile or a timing
+    run. Covers 1 and 2..16 tokens, the prefill's dequantization, embedding rows, with and
+    without bias. Returns how many variants ran."""
+    seen: set[tuple] = set()
+    for name, module in model.named_modules():
+        uses = []
+        if isinstance(module, QuantizedLinear):
+            uses.append((module.weight, module.bias, name != "lm_head"))
+        elif isinstance(module, QuantizedEmbedding):
+            module(torch.zeros(1, dtype=torch.long, device=module.weight.device))
+            # A tied head multiplies by the embedding's blocks, one token at a time.
+            uses.append((module.weight, None, False))
+        if isinstance(getattr(module, "qkv_weight", None), QuantizedWeight):
+            uses.append((module.qkv_weight, module.qkv_bias, True))
+        if isinstance(getattr(module, "gate_up_weight", None), QuantizedWeight):
+            uses.append((module.gate_up_weight, None, True))
+        for weight, bias, prefills in uses:
+            key = (weight.qtype, weight.shape, bias is not None, prefills)
+            if key in seen:
+                continue
+            seen.add(key)
+            for num_tokens in (1, kernels.MAX_DECODE_TOKENS):
+                qlinear(torch.zeros(num_tokens, weight.shape[1], dtype=weight.dtype,
+                                    device=weight.device), weight, bias)
+            if prefills:
+                weight.dequantize(_scratch_matrix(weight))
+    return len(seen)
+
+
 def count_quantized(model: nn.Module) -> int:
     """How many of the model's weights are held as GGML blocks."""
     return sum(isinstance(m, QuantizedLinear | QuantizedEmbedding) for m in model.modules())
