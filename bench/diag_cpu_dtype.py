@@ -40,7 +40,8 @@ def main() -> int:
                 for dtype in (torch.float32, torch.bfloat16):
                     w = torch.randn(n, k).to(dtype)
                     x = torch.randn(tokens, k).to(dtype)
-                    times[str(dtype).removeprefix("torch.")] = best_s(lambda: F.linear(x, w))
+                    times[str(dtype).removeprefix("torch.")] = best_s(
+                        lambda x=x, w=w: F.linear(x, w))
                 rows.append({"threads": threads, "weight": label, "tokens": tokens,
                              "float32_ms": round(times["float32"] * 1e3, 3),
                              "bf16_ms": round(times["bfloat16"] * 1e3, 3),

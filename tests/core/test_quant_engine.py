@@ -19,17 +19,17 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
 )
 
-from strata.engine.core.engine import Engine, EngineConfig  # noqa: E402
-from strata.engine.core.fast import GraphDecoder  # noqa: E402
-from strata.engine.core.kv_cache import KVCache  # noqa: E402
-from strata.engine.core.quant.weight import (  # noqa: E402
+from strata.engine.core.engine import Engine, EngineConfig
+from strata.engine.core.fast import GraphDecoder
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.quant.weight import (
     QuantizedEmbedding,
     QuantizedLinear,
     QuantizedWeight,
 )
-from strata.engine.protocol import SamplingSpec  # noqa: E402
-from tests.helpers.gguf_writer import write_gguf_from_hf  # noqa: E402
-from tests.helpers.tiny_models import make_tiny_hf_config  # noqa: E402
+from strata.engine.protocol import SamplingSpec
+from tests.helpers.gguf_writer import write_gguf_from_hf
+from tests.helpers.tiny_models import make_tiny_hf_config
 
 PROMPT = [(7 * i + 3) % 300 for i in range(23)]  # > 16 tokens: the prefill's dequantize path
 NUM_NEW = 12
@@ -127,8 +127,8 @@ def test_quantized_experts_fall_back_to_dequantized_with_one_log_line(tmp_path, 
         engine = _engine(path, monkeypatch, quantized=True)
     try:
         lines = [r.getMessage() for r in caplog.records if "experts of" in r.getMessage()]
-        assert lines == ["experts of 2 layers (Q8_0) are dequantized to float32: the grouped "
-                         "expert kernels read no quantized blocks yet"]
+        assert lines == [("experts of 2 layers (Q8_0) are dequantized to float32: the grouped "
+                          "expert kernels read no quantized blocks yet")]
         layer = engine.model.model.layers[0]
         assert isinstance(layer.self_attn.o_proj, QuantizedLinear)
         assert layer.mlp.experts.gate_proj.dtype == torch.float32

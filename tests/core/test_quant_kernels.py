@@ -22,17 +22,17 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
 )
 
-import gguf  # noqa: E402
-from gguf import GGMLQuantizationType as QT  # noqa: E402
+import gguf
+from gguf import GGMLQuantizationType as QT
 
-from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES  # noqa: E402
-from strata.engine.core.quant import kernels  # noqa: E402
-from strata.engine.core.quant.weight import (  # noqa: E402
+from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
+from strata.engine.core.quant import kernels
+from strata.engine.core.quant.weight import (
     QuantizedEmbedding,
     QuantizedWeight,
     qlinear,
 )
-from tests.helpers.quant_blocks import gguf_quantized, random_blocks  # noqa: E402
+from tests.helpers.quant_blocks import gguf_quantized, random_blocks
 
 DEFAULT_MODEL = Path.home() / ".local/share/strata/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 ALL_TYPES = [QT[name] for name in KERNEL_QUANT_TYPES]

@@ -29,9 +29,9 @@ from strata.engine.core.engine_errors import (
 )
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.loader import load_model_config
+from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
 from strata.engine.core.quant.weight import count_parameters, count_quantized, scratch_bytes
 from strata.engine.core.random_weights import (
     DEFAULT_STD,

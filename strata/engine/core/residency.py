@@ -21,6 +21,7 @@ import torch
 
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
+from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES, is_quantizable
 from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
 from strata.engine.core.memory.backend import ArenaBackend, round_up
@@ -33,7 +34,6 @@ from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import build_model
 from strata.engine.core.models.registry import model_module
 from strata.engine.core.models.switch import SlotLayout, SparseMoE
-from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES, is_quantizable
 from strata.engine.core.quant.weight import (
     QuantizedWeight,
     block_shape,

@@ -15,7 +15,6 @@ import zlib
 from collections.abc import Iterator, Mapping
 
 import torch
-
 from gguf import GGMLQuantizationType
 
 from strata.engine.core.loader import open_tensors
@@ -126,7 +125,7 @@ class RandomWeights:
 
     def quant_type(self, name: str) -> None:
         """Random weights are float."""
-        return None
+        return
 
     def _generator(self, name: str, device: torch.device) -> torch.Generator:
         generator = torch.Generator(device=device)

@@ -1,4 +1,5 @@
-"""GGUF (llama.cpp) models: config from metadata, tensors dequantized to float32 in HF layout."""
+"""GGUF (llama.cpp) models: config from metadata, tensors in HF layout, dequantized to float32
+or, for weights that stay quantized, as their GGML blocks (GGUFBlocks)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,16 @@ from strata.engine.core.loader.gguf_rope import (
     rope_scaling_from_metadata,
 )
 from strata.engine.core.loader.lazy import DeferredTensor, LazyTensor, StackedTensor, materialize
+from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import field_value, open_gguf
 
-# The types Strata dequantizes; the gguf package knows more (IQ*), but its numpy kernels for
-# those are slow and untested here, so they are refused with a clear message instead.
+# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats.
+# The gguf package knows more (the low-bit IQ*), but its numpy kernels for those are slow and
+# untested here, so they are refused with a clear message instead.
 SUPPORTED_QUANT_TYPES = frozenset(
-    GGMLQuantizationType[name]
-    for name in (
-        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-    )
-)  # fmt: skip
+    GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", *KERNEL_QUANT_TYPES)
+)
 
 # Types torch reads straight from the mapped file, in their own dtype.
 _NATIVE_DTYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16}

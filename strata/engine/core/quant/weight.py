@@ -185,7 +185,7 @@ def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight]) -> 
         elif isinstance(old, nn.Embedding):
             new = QuantizedEmbedding(weight)
         else:
-            raise ValueError(f"{name} belongs to a {type(old).__name__}, which has no "
+            raise TypeError(f"{name} belongs to a {type(old).__name__}, which has no "
                              "quantized form")
         setattr(parent, attr, new)
 
