@@ -30,8 +30,10 @@ MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel; more:
 # IQ4_NL / IQ4_XS's non-linear grid (ggml's kvalues_iq4nl).
 IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 # (BLOCK_N, BLOCK_K, num_warps) candidates autotuned on CUDA. BLOCK_K is a multiple of every
-# block size (256), so no block straddles two tiles.
+# block size (256), so no block straddles two tiles. One token: few rows per program, so a
+# small matrix still spreads over every SM; 2..16 tokens: tl.dot needs 16 rows or more.
 MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 8))
+DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
@@ -93,16 +95,21 @@ if triton is not None:
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
                  v.to(out_ptr.dtype.element_ty), mask=ok)
 
-    _matmul_tuned = moe_triton.tuned(
-        _matmul_kernel,
-        tuple((n, k, w, None) for n, k, w in MATMUL_CONFIGS),
-        key=("N", "K", "QTYPE", "BLOCK_M"),
-    )
+    def _candidates(configs) -> tuple:
+        return tuple((n, k, w, None) for n, k, w in configs)
+
+    # One tuned launcher per path: their candidate tiles differ (tl.dot's 16-row minimum).
+    _matmul_tuned = {
+        path: moe_triton.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
+        for path, configs in (("sum", MATMUL_CONFIGS), ("dot", DOT_MATMUL_CONFIGS))
+    }
 
 
-def _matmul_candidates() -> tuple:
-    configs = (INTERPRETER_MATMUL_CONFIG,) if moe_triton._is_interpreting() else MATMUL_CONFIGS
-    return tuple((n, k, w, None) for n, k, w in configs)
+def _matmul_candidates(path: str) -> tuple:
+    if moe_triton._is_interpreting():
+        return ((*INTERPRETER_MATMUL_CONFIG, None),)
+    return tuple((n, k, w, None)
+                 for n, k, w in (MATMUL_CONFIGS if path == "sum" else DOT_MATMUL_CONFIGS))
 
 
 def _check(raw: torch.Tensor, num_cols: int) -> None:
@@ -148,8 +155,10 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
     # tl.dot needs 16 rows; one token keeps the float32 multiply-and-sum.
     block_m = 1 if num_tokens == 1 else 16
+    path = "sum" if block_m == 1 else "dot"
     moe_triton.launch(
-        _matmul_tuned, lambda rows: (triton.cdiv(num_rows, rows),), _matmul_candidates(),
+        _matmul_tuned[path], lambda rows: (triton.cdiv(num_rows, rows),),
+        _matmul_candidates(path),
         x, raw, raw.view(torch.float16), grid_table(raw.device),
         bias if bias is not None else x, out, num_tokens, x.stride(0), out.stride(0),
         N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1], QTYPE=int(qtype),
