@@ -31,8 +31,14 @@ from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.loader import load_model_config
 from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
+from strata.engine.core.memory.budget import BudgetedBackend
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.quant.weight import count_parameters, count_quantized, scratch_bytes
+from strata.engine.core.quant.weight import (
+    count_parameters,
+    count_quantized,
+    release_scratch,
+    scratch_bytes,
+)
 from strata.engine.core.random_weights import (
     DEFAULT_STD,
     parameter_bytes,
@@ -152,6 +158,8 @@ class Engine:
         self.close()
         self.device = pick_device(self.config.device)
         backend = self._backend or backend_for(self.device)
+        if self.config.vram_budget_bytes:
+            backend = BudgetedBackend(backend, self.config.vram_budget_bytes)
         self.device = backend.device  # cuda:N: views and new tensors agree on the index
         if self.config.random_weights:
             config = random_weights_config(self.config.random_weights)
@@ -499,6 +507,7 @@ class Engine:
         if self.memory is not None:
             memory, self.memory = self.memory, None
             memory.close()
+        release_scratch()  # the quantized prefill's dequantization buffer
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -25,6 +25,7 @@ from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES, is_quantiza
 from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
 from strata.engine.core.memory.backend import ArenaBackend, round_up
+from strata.engine.core.memory.budget import budget_free_bytes
 from strata.engine.core.memory.expert_cache import size_slots
 from strata.engine.core.memory.expert_promotion import ExpertPromotion
 from strata.engine.core.memory.expert_store import ExpertStore
@@ -251,13 +252,17 @@ class ModelMemory:
             torch.Size(shapes[n][1:]).numel() * self.dtype.itemsize for n in names
         )
         total = num_layers * config.num_experts
-        if spec == "all" or (spec == "auto" and self.device.type != "cuda"):
+        budget_free = budget_free_bytes(self.backend)
+        if spec == "all" or (spec == "auto" and self.device.type != "cuda" and budget_free is None):
             return total
         free_bytes = 0
-        if spec == "auto":
+        if spec == "auto" and self.device.type == "cuda":
             free_bytes = read_free_vram_bytes(self.device.index or 0)
             if free_bytes is None:
                 free_bytes = torch.cuda.mem_get_info(self.device)[0]
+        if spec == "auto" and budget_free is not None:  # --vram-budget: what it leaves
+            free_bytes = budget_free if self.device.type != "cuda" else min(free_bytes,
+                                                                             budget_free)
         # One layer's prefill chunk can route to every expert of that layer at once.
         return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
                           min_slots=config.num_experts)
@@ -361,7 +366,15 @@ class ModelMemory:
         return arena.reserved_bytes - arena.resident_bytes
 
     def check_free_vram(self, what: str, needed_bytes: int) -> None:
-        """Refuse before mapping anything when NVML says the GPU lacks needed_bytes."""
+        """Refuse before mapping anything when NVML says the GPU lacks needed_bytes, or the
+        --vram-budget does not leave them."""
+        budget_free = budget_free_bytes(self.backend)
+        if budget_free is not None and 0 < budget_free < needed_bytes:
+            raise EngineOutOfMemory(
+                f"{what} needs {needed_bytes / MIB:.0f} MiB but the VRAM budget leaves "
+                f"{budget_free / MIB:.0f} MiB: raise --vram-budget or release something first",
+                needed_bytes - budget_free,
+            )
         if self.device.type != "cuda" or needed_bytes <= 0:
             return
         free_bytes = read_free_vram_bytes(self.device.index or 0)
