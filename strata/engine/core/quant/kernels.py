@@ -23,6 +23,8 @@ from strata.engine.core.quant import dequant_tile as dt
 try:
     import triton
     import triton.language as tl
+
+    from strata.engine.core.fast.pdl import wait as pdl_wait
 except ImportError:
     triton = None
 
@@ -56,9 +58,10 @@ if triton is not None:
     def _matmul_kernel(
         x_ptr, w_ptr, wh_ptr, table_ptr, b_ptr, out_ptr, num_tokens, stride_x, stride_out,
         N: tl.constexpr, K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
-        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
+        pdl_wait(USE_PDL)  # moe_triton.launch passes it; launched without PDL for now
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < N
         row_off = (rows.to(tl.int64) * ROW_BYTES)[:, None]  # [BN, 1]
