@@ -28,7 +28,7 @@ try:
 except ImportError:
     triton = None
 
-MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel; more: dequantize
+MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel (weight.py's too)
 # IQ4_NL / IQ4_XS's non-linear grid (ggml's kvalues_iq4nl).
 IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 # (BLOCK_N, BLOCK_K, num_warps) candidates autotuned on CUDA. BLOCK_K is a multiple of every

@@ -16,18 +16,29 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
-from strata.engine.core.fast import moe_triton
-from strata.engine.core.quant import kernels
+if TYPE_CHECKING:
+    from types import ModuleType
 
 log = logging.getLogger(__name__)
 
 _scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+# Tokens up to which qlinear takes the fused kernel (kernels.MAX_DECODE_TOKENS, checked there).
+MAX_DECODE_TOKENS = 16
+
+
+def _kernels() -> ModuleType:
+    """quant/kernels.py, imported on first use: importing it decorates Triton kernels, which
+    must wait until a test has chosen the CPU interpreter (models/build.py imports this)."""
+    from strata.engine.core.quant import kernels
+
+    return kernels
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,12 +71,12 @@ class QuantizedWeight:
 
     def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The whole matrix [N, K] in the compute dtype."""
-        return kernels.dequantize(self.raw, self.qtype, self.shape[1], self.dtype, out)
+        return _kernels().dequantize(self.raw, self.qtype, self.shape[1], self.dtype, out)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [T] dequantized, [T, K]: an embedding lookup reads only those blocks."""
         picked = self.raw.index_select(0, ids)  # [T, row_bytes]
-        return kernels.dequantize(picked, self.qtype, self.shape[1], self.dtype)
+        return _kernels().dequantize(picked, self.qtype, self.shape[1], self.dtype)
 
 
 def is_quantized(weight: object) -> bool:
@@ -83,6 +94,8 @@ def keeps_quantized_blocks(device: torch.device) -> bool:
     """Whether quantized weights stay in their blocks on `device`: on CUDA unless
     STRATA_QUANTIZED=0; on the CPU only with STRATA_QUANTIZED=1 and the Triton interpreter
     (tests of the same kernels), since the CPU path dequantizes at load."""
+    from strata.engine.core.fast import moe_triton
+
     setting = os.environ.get("STRATA_QUANTIZED")
     if setting == "0" or not moe_triton.is_usable(device):
         return False
@@ -132,8 +145,8 @@ def qlinear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = Non
     """F.linear(x, W, bias) for x [..., K] and W held as blocks; out in x's dtype."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.shape[1])  # [M, K]
-    if x2.shape[0] <= kernels.MAX_DECODE_TOKENS:
-        out = kernels.quant_matmul(x2, w.raw, w.qtype, w.shape[0], bias)
+    if x2.shape[0] <= MAX_DECODE_TOKENS:
+        out = _kernels().quant_matmul(x2, w.raw, w.qtype, w.shape[0], bias)
     else:
         out = F.linear(x2, w.dequantize(_scratch_matrix(w)).to(x.dtype), bias)
     return out.view(*lead, w.shape[0])
@@ -214,7 +227,7 @@ def warm_up_quantized(model: nn.Module) -> int:
             if key in seen:
                 continue
             seen.add(key)
-            for num_tokens in (1, kernels.MAX_DECODE_TOKENS):
+            for num_tokens in (1, MAX_DECODE_TOKENS):
                 qlinear(torch.zeros(num_tokens, weight.shape[1], dtype=weight.dtype,
                                     device=weight.device), weight, bias)
             if prefills:
