@@ -70,7 +70,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from strata.engine.core.loader import inspect_model
     from strata.engine.core.model_info import format_model_info
 
-    print(format_model_info(inspect_model(_model_path(args.model))))
+    print(format_model_info(inspect_model(_model_path(args.model), args.context)))
     return 0
 
 
@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", help="describe a model file")
     info.add_argument("model", nargs="?")
+    info.add_argument("--context", type=int, default=0, metavar="TOKENS",
+                      help="context for the VRAM estimate (default: the model's, capped at 8192)")
     info.set_defaults(func=cmd_info)
 
     pull = sub.add_parser("pull", help="fetch a model from the Hugging Face hub (HF_ENDPOINT, "

@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 
+import psutil
 import torch
 
 from strata.engine.core.constraint import TokenConstraint, build_constraint
@@ -29,9 +30,21 @@ from strata.engine.core.engine_errors import (
 )
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.loader import load_model_config
+from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
+from strata.engine.core.memory.budget import BudgetedBackend
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.random_weights import DEFAULT_STD, random_weights_config
+from strata.engine.core.quant.weight import (
+    count_parameters,
+    count_quantized,
+    release_scratch,
+    scratch_bytes,
+)
+from strata.engine.core.random_weights import (
+    DEFAULT_STD,
+    parameter_bytes,
+    random_weights_config,
+)
 from strata.engine.core.residency import ASLEEP, ModelMemory
 from strata.engine.core.sampling import Sampler
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
@@ -50,7 +63,6 @@ __all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMe
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_CONTEXT_TOKENS = 8192
 PREFILL_CHUNK_TOKENS = 512
 
 
@@ -71,6 +83,21 @@ def pick_device(requested: str) -> torch.device:
     if requested == "cuda":
         raise EngineError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
     return torch.device("cpu")
+
+
+def compute_dtype(device: torch.device, config: ModelConfig) -> torch.dtype:
+    """bf16 on GPUs (half the bytes per token read). On the CPU float32 (exact parity, and
+    faster for a small model's decode), unless float32 weights would take more than half the
+    RAM: then bf16, which halves them and multiplies large matrices faster on CPUs with bf16
+    instructions (bench/diag_cpu_dtype.py, docs/benchmarks.md)."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    ram_bytes = psutil.virtual_memory().total
+    if parameter_bytes(config, torch.float32) > ram_bytes // 2:
+        log.info("float32 weights would take over half of the %.0f GiB of RAM: bf16 instead",
+                 ram_bytes / (1 << 30))
+        return torch.bfloat16
+    return torch.float32
 
 
 def make_fast_decoder(model: torch.nn.Module, device: torch.device, step_hook=None):
@@ -137,9 +164,9 @@ class Engine:
         started_s = time.perf_counter()
         self.close()
         self.device = pick_device(self.config.device)
-        # bf16 on GPUs (half the bytes per token read); float32 on the CPU for exact parity.
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         backend = self._backend or backend_for(self.device)
+        if self.config.vram_budget_bytes:
+            backend = BudgetedBackend(backend, self.config.vram_budget_bytes)
         self.device = backend.device  # cuda:N: views and new tensors agree on the index
         if self.config.random_weights:
             config = random_weights_config(self.config.random_weights)
@@ -149,6 +176,7 @@ class Engine:
             config = load_model_config(self.config.model_path)
             source = FileWeights.open(self.config.model_path, config)
             fingerprint = model_fingerprint(self.config.model_path, config)
+        self.dtype = compute_dtype(self.device, config)
         self.memory = ModelMemory(backend, self.dtype)
         try:
             self.model = self.memory.build(config, source, self.config.expert_cache)
@@ -168,7 +196,22 @@ class Engine:
         # Any forward over released memory becomes a Python error, not a GPU fault.
         self.model.register_forward_pre_hook(lambda module, args: self.memory.check_resident())
         self.load_time_s = time.perf_counter() - started_s
+        self._log_memory(config)
         return self.info()
+
+    def _log_memory(self, config: ModelConfig) -> None:
+        """One line: what the model holds on its device (the figure `strata info` estimates)."""
+        weights = self.memory.weights.reserved_bytes
+        experts = self.memory.experts.arena.reserved_bytes if self.memory.experts else 0
+        kv = kv_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                      self.context_tokens) * self.dtype.itemsize // 2
+        workspace = scratch_bytes()
+        mib = 1 << 20
+        log.info("model holds %.0f MiB on %s: weights %.0f MiB (%d tensors in GGML blocks), "
+                 "experts %.0f MiB, KV %.0f MiB for one slot at %d tokens, workspace %.0f MiB",
+                 (weights + experts + kv + workspace) / mib, self.device, weights / mib,
+                 count_quantized(self.model), experts / mib, kv / mib, self.context_tokens,
+                 workspace / mib)
 
     def info(self) -> dict:
         config = self._require_model()
@@ -177,7 +220,7 @@ class Engine:
             "context_tokens": self.context_tokens,
             "device": self.device.type,
             "dtype": str(self.dtype).removeprefix("torch."),
-            "parameter_count": sum(p.numel() for p in self.model.parameters()),
+            "parameter_count": count_parameters(self.model),
             "load_time_s": round(self.load_time_s, 3),
             "expert_cache": self.memory.expert_mode,
         }
@@ -531,6 +574,7 @@ class Engine:
         if self.memory is not None:
             memory, self.memory = self.memory, None
             memory.close()
+        release_scratch()  # the quantized prefill's dequantization buffer
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -22,6 +22,8 @@ class EngineConfig:
     # A preset name or config.json path: build seeded random weights of that shape instead of
     # reading model_path (then only a label), for benchmarks of real-sized models.
     random_weights: str | None = None
+    # Bytes every arena together may map (--vram-budget); 0: no cap beyond the GPU's own.
+    vram_budget_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -29,6 +31,6 @@ class EngineConfig:
         if self.context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, not {self.context_tokens}")
         for name in ("kv_budget_bytes", "snapshot_ram_budget_bytes",
-                     "snapshot_disk_budget_bytes", "snapshot_ttl_s"):
+                     "snapshot_disk_budget_bytes", "snapshot_ttl_s", "vram_budget_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")

@@ -9,7 +9,8 @@ address survives release/refill/sleep/wake, so CUDA graphs captured over it stay
 Convention: after `attach_fused_views` every Attention has `qkv_weight`, `qkv_bias`,
 `qkv_sizes` and every dense SwiGLU has `gate_up_weight`, each None where the group is not
 adjacent; models built elsewhere (build_random_model) have none of them. Readers go through
-`fused_qkv` / `fused_gate_up`, which treat absent and None alike. They are plain attributes,
+`fused_qkv` / `fused_gate_up`, which treat absent and None alike. Weights held as GGML
+blocks fuse the same way when the group shares one type: the view then is a QuantizedWeight. They are plain attributes,
 not parameters or buffers: state_dict and named_parameters never see them.
 """
 
@@ -23,6 +24,7 @@ import torch
 
 if TYPE_CHECKING:
     from strata.engine.core.memory.arena import Arena
+    from strata.engine.core.quant.weight import QuantizedWeight
 
 # name -> (group key, rank in the group); a group is laid out in rank order.
 _GROUP_PATTERNS = (
@@ -62,6 +64,12 @@ def fusion_order(names: Sequence[str]) -> list[str]:
     return ordered
 
 
+def same_group(name: str, other: str) -> bool:
+    """Whether two tensor names belong to one fusion group (q/k/v of a layer, gate/up)."""
+    a, b = _group_of(name), _group_of(other)
+    return a is not None and b is not None and a[0] == b[0]
+
+
 def adjacent_view(arena: Arena, tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """One arena view [sum of dim 0, *rest] spanning tensors that lie back to back, else None.
 
@@ -83,9 +91,27 @@ def adjacent_view(arena: Arena, tensors: Sequence[torch.Tensor]) -> torch.Tensor
     return arena.tensor(offset_bytes, (rows, *first.shape[1:]), first.dtype)
 
 
+def adjacent_weight(arena: Arena, weights: Sequence) -> torch.Tensor | QuantizedWeight | None:
+    """adjacent_view for float weights; for QuantizedWeights of one GGML type, the blocks'
+    view wrapped as one QuantizedWeight (a row's blocks follow the previous row's), else None."""
+    # Imported here: quant.weight imports fast/, whose forward.py imports this module.
+    from strata.engine.core.quant.weight import QuantizedWeight
+
+    if not any(isinstance(w, QuantizedWeight) for w in weights):
+        return adjacent_view(arena, weights)
+    first = weights[0]
+    if not all(isinstance(w, QuantizedWeight) and w.qtype == first.qtype
+               and w.shape[1] == first.shape[1] for w in weights):
+        return None  # mixed types (Q4_K_M puts some v / down in Q6_K): separate products
+    raw = adjacent_view(arena, [w.raw for w in weights])
+    if raw is None:
+        return None
+    return QuantizedWeight(first.qtype, (raw.shape[0], first.shape[1]), raw, first.dtype)
+
+
 def _fuse_attention(attn, arena: Arena) -> None:
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    weight = adjacent_view(arena, [p.weight for p in projs])
+    weight = adjacent_weight(arena, [p.weight for p in projs])
     has_bias = projs[0].bias is not None
     bias = adjacent_view(arena, [p.bias for p in projs]) if has_bias else None
     if weight is None or (has_bias and bias is None):
@@ -113,7 +139,8 @@ def attach_fused_views(model: torch.nn.Module, arena: Arena) -> dict[str, int]:
             counts["qkv"] += layer.self_attn.qkv_weight is not None
         mlp = layer.mlp
         if isinstance(mlp, SwiGLU):  # MoE experts are stacked elsewhere: never fused here
-            mlp.gate_up_weight = adjacent_view(arena, [mlp.gate_proj.weight, mlp.up_proj.weight])
+            mlp.gate_up_weight = adjacent_weight(arena, [mlp.gate_proj.weight,
+                                                          mlp.up_proj.weight])
             counts["gate_up"] += mlp.gate_up_weight is not None
     return counts
 

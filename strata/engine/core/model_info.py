@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from strata.engine.core.loader.quant_plan import VramEstimate
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -19,6 +21,8 @@ class ModelInfo:
     has_chat_template: bool = False
     file_bytes: int = 0
     is_supported: bool = True  # False when Strata cannot run this architecture
+    vram: VramEstimate | None = None  # on a GPU, at vram_context_tokens (GGUF files only)
+    vram_context_tokens: int = 0
 
 
 def _human_count(n: int) -> str:
@@ -50,5 +54,12 @@ def format_model_info(info: ModelInfo) -> str:
         ("chat template", "yes" if info.has_chat_template else "no"),
         ("size on disk", _human_bytes(info.file_bytes)),
     ]
+    if info.vram is not None:
+        v = info.vram
+        rows.append(("VRAM on a GPU", (
+            f"{_human_bytes(v.total_bytes)}: weights {_human_bytes(v.weights_bytes)} "
+            f"({v.quantized_tensors} tensors kept in GGML blocks, the rest bf16), KV "
+            f"{_human_bytes(v.kv_bytes)} at {info.vram_context_tokens:,} tokens, workspace "
+            f"{_human_bytes(v.workspace_bytes)}")))
     width = max(len(label) for label, _ in rows) + 1
     return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows)

@@ -20,10 +20,12 @@ from typing import Any
 import torch
 
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
-from strata.engine.core.fused_views import attach_fused_views, fusion_order
+from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
+from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES, is_quantizable
 from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
 from strata.engine.core.memory.backend import ArenaBackend, round_up
+from strata.engine.core.memory.budget import budget_free_bytes
 from strata.engine.core.memory.expert_cache import size_slots
 from strata.engine.core.memory.expert_promotion import ExpertPromotion
 from strata.engine.core.memory.expert_store import ExpertStore
@@ -33,6 +35,14 @@ from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import build_model
 from strata.engine.core.models.registry import model_module
 from strata.engine.core.models.switch import SlotLayout, SparseMoE
+from strata.engine.core.quant.weight import (
+    QuantizedWeight,
+    block_shape,
+    keeps_quantized_blocks,
+    prefill_scratch_numel,
+    reserve_scratch,
+    warm_up_quantized,
+)
 from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
@@ -118,7 +128,10 @@ class ModelMemory:
             in_store = set()
         dense = [n for n in shapes if n not in in_store]
 
-        views = self._fill_weights(dense, shapes, source)
+        blocks = self._kept_blocks(dense, source, by_layer)
+        views = self._fill_weights(dense, shapes, source, blocks)
+        quantized = {name: QuantizedWeight(qtype, shapes[name], views.pop(name), self.dtype)
+                     for name, qtype in blocks.items()}
         placeholders: set[str] = set()
         if self.expert_mode == "store":
             layers = source.experts(by_layer, shapes, self.dtype)
@@ -135,9 +148,19 @@ class ModelMemory:
             else:
                 self.expert_mode = "slots"
                 placeholders = in_store
-        model = build_model(config, views, self.device, self.dtype, placeholders=placeholders)
+        model = build_model(config, views, self.device, self.dtype, placeholders=placeholders,
+                            quantized=quantized)
         fused = attach_fused_views(model, self.weights)
         log.debug("fused views: %d qkv, %d gate_up", fused["qkv"], fused["gate_up"])
+        if quantized:
+            # Prefill dequantizes one matrix at a time into this buffer: sized now, before
+            # any CUDA graph is captured, for the largest one a prefill multiplies.
+            reserve_scratch(self.device, self.dtype, prefill_scratch_numel(model))
+            if self.device.type == "cuda":
+                t0 = time.perf_counter()
+                variants = warm_up_quantized(model)
+                log.info("quantized kernels ready: %d variants in %.1f s", variants,
+                         time.perf_counter() - t0)
         if self.expert_mode == "slots":
             for layer in by_layer:
                 model.model.layers[layer].mlp.expert_weights = SlotExperts(self.experts, layer)
@@ -145,28 +168,74 @@ class ModelMemory:
                 self.promotion = ExpertPromotion(self.experts)
         return model
 
+    def _kept_blocks(self, names: list[str], source: Any,
+                     by_layer: dict[int, tuple[str, str, str]]) -> dict[str, Any]:
+        """name -> GGML type of the tensors that stay in their blocks in the weights arena;
+        a quantized tensor no kernel reads here is dequantized, with one log line."""
+        if not keeps_quantized_blocks(self.device):
+            return {}
+        kept = {}
+        for name in names:
+            qtype = source.quant_type(name)
+            if qtype is None:
+                continue
+            if qtype.name in KERNEL_QUANT_TYPES and is_quantizable(name):
+                kept[name] = qtype
+            elif ".mlp.experts." not in name:
+                log.info("tensor %s (%s) has no quantized kernel here: dequantized to %s",
+                         name, qtype.name, str(self.dtype).removeprefix("torch."))
+        expert_types = sorted({source.quant_type(n).name for names in by_layer.values()
+                               for n in names if source.quant_type(n) is not None})
+        if expert_types:
+            log.info("experts of %d layers (%s) are dequantized to %s: the grouped expert "
+                     "kernels read no quantized blocks yet", len(by_layer),
+                     ", ".join(expert_types), str(self.dtype).removeprefix("torch."))
+        return kept
+
     def _fill_weights(
-        self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any
+        self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any,
+        blocks: dict[str, Any],
     ) -> dict[str, torch.Tensor]:
+        """Lay every dense tensor out in the weights arena (kept blocks as uint8 [rows,
+        row_bytes]), fill it and its host copy; the views by name."""
         # q, k, v (and gate, up) back to back, so one arena view can span each group.
         names = fusion_order(names)
-        itemsize = self.dtype.itemsize
+        layout = {name: (block_shape(blocks[name], shapes[name]), torch.uint8)
+                  if name in blocks else (shapes[name], self.dtype) for name in names}
+        # Blocks of one fusion group lie end to end (whole rows of even bytes), so one view
+        # spans them whatever their size; every other tensor starts 256-byte aligned.
+        align = {name: 2 if name in blocks and i and names[i - 1] in blocks
+                 and same_group(name, names[i - 1]) else TENSOR_ALIGN_BYTES
+                 for i, name in enumerate(names)}
         size_bytes = 0
-        for name in names:
-            numel = 1
-            for dim in shapes[name]:
-                numel *= dim
-            size_bytes = round_up(size_bytes, TENSOR_ALIGN_BYTES) + numel * itemsize
+        for name, (shape, dtype) in layout.items():
+            size_bytes = round_up(size_bytes, align[name]) + (
+                torch.Size(shape).numel() * dtype.itemsize)
         self.weights = self.arenas.add(
             Arena("weights", max(size_bytes, 1), self.backend, WEIGHTS_CHUNK_BYTES)
         )
         self.weights.map()
-        views = {}
+        views = {name: self.weights.allocate(*layout[name], align[name]) for name in names}
+        if not getattr(source, "fills_host", False):
+            for name in names:  # made on the device (random weights)
+                source.fill(name, views[name])
+            # Filled as ordinary memory, pinned once (never per release): see host_copy.py.
+            HostCopy.snapshot(self.weights, self.weights.allocated_bytes)
+            return views
+        # From a file: the host copy is filled from it (blocks as stored, floats cast), pinned
+        # once, then copied up in large chunks. No float copy of a kept tensor exists anywhere.
+        host = HostCopy(max(self.weights.allocated_bytes, 1), name="host copy of weights")
         for name in names:
-            views[name] = self.weights.allocate(shapes[name], self.dtype, TENSOR_ALIGN_BYTES)
-            source.fill(name, views[name])
-        # Filled as ordinary memory, pinned once (never per release): see host_copy.py.
-        HostCopy.snapshot(self.weights, self.weights.allocated_bytes)
+            offset = views[name].data_ptr() - self.weights.base_address
+            dst = host.tensor(offset, *layout[name])
+            if name in blocks:
+                source.fill_blocks(name, dst)
+            else:
+                source.fill(name, dst)
+        if self.device.type == "cuda":
+            host.pin(self.device.index or 0)
+        host.copy_to(self.weights)
+        self.weights.attach_host_copy(host)
         return views
 
     def _expert_slots(
@@ -183,13 +252,17 @@ class ModelMemory:
             torch.Size(shapes[n][1:]).numel() * self.dtype.itemsize for n in names
         )
         total = num_layers * config.num_experts
-        if spec == "all" or (spec == "auto" and self.device.type != "cuda"):
+        budget_free = budget_free_bytes(self.backend)
+        if spec == "all" or (spec == "auto" and self.device.type != "cuda" and budget_free is None):
             return total
         free_bytes = 0
-        if spec == "auto":
+        if spec == "auto" and self.device.type == "cuda":
             free_bytes = read_free_vram_bytes(self.device.index or 0)
             if free_bytes is None:
                 free_bytes = torch.cuda.mem_get_info(self.device)[0]
+        if spec == "auto" and budget_free is not None:  # --vram-budget: what it leaves
+            free_bytes = budget_free if self.device.type != "cuda" else min(free_bytes,
+                                                                             budget_free)
         # One layer's prefill chunk can route to every expert of that layer at once.
         try:
             return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
@@ -324,7 +397,15 @@ class ModelMemory:
         return arena.reserved_bytes - arena.resident_bytes
 
     def check_free_vram(self, what: str, needed_bytes: int) -> None:
-        """Refuse before mapping anything when NVML says the GPU lacks needed_bytes."""
+        """Refuse before mapping anything when NVML says the GPU lacks needed_bytes, or the
+        --vram-budget does not leave them."""
+        budget_free = budget_free_bytes(self.backend)
+        if budget_free is not None and 0 < budget_free < needed_bytes:
+            raise EngineOutOfMemory(
+                f"{what} needs {needed_bytes / MIB:.0f} MiB but the VRAM budget leaves "
+                f"{budget_free / MIB:.0f} MiB: raise --vram-budget or release something first",
+                needed_bytes - budget_free,
+            )
         if self.device.type != "cuda" or needed_bytes <= 0:
             return
         free_bytes = read_free_vram_bytes(self.device.index or 0)

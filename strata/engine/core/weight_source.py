@@ -15,9 +15,11 @@ import zlib
 from collections.abc import Iterator, Mapping
 
 import torch
+from gguf import GGMLQuantizationType
 
 from strata.engine.core.loader import open_tensors
-from strata.engine.core.loader.lazy import LazyTensor, as_lazy
+from strata.engine.core.loader.gguf import GGUFBlocks
+from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, as_lazy
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import check_tensors
 from strata.engine.core.random_weights import DEFAULT_STD
@@ -29,7 +31,10 @@ ExpertNames = tuple[str, str, str]
 class FileWeights:
     """A model file's canonical tensors, unread (loader/lazy.py): each is read from the mapped
     file in its own dtype when asked for and cast once by the copy into place, so the host
-    never holds more than one tensor (or one layer's stacked experts) beyond the page cache."""
+    never holds more than one tensor (or one layer's stacked experts) beyond the page cache.
+    Quantized GGUF tensors can also hand over their blocks as stored (`fill_blocks`)."""
+
+    fills_host = True  # the engine fills the host copy from the file, then copies it up
 
     def __init__(self, tensors: Mapping[str, LazyTensor | torch.Tensor]):
         self._tensors: dict[str, LazyTensor] = {name: as_lazy(t) for name, t in tensors.items()}
@@ -46,6 +51,18 @@ class FileWeights:
     def fill(self, name: str, dst: torch.Tensor) -> None:
         """Copy tensor `name` into dst (casting to its dtype and device), then drop the source."""
         self._tensors.pop(name).copy_to(dst)
+
+    def quant_type(self, name: str) -> GGMLQuantizationType | None:
+        """The GGML type of a quantized GGUF tensor (for stacked experts, of their parts), else
+        None (a float tensor)."""
+        lazy = self._tensors.get(name)
+        if isinstance(lazy, StackedTensor):  # experts: the type they are stored in
+            lazy = lazy.parts[0]
+        return lazy.qtype if isinstance(lazy, GGUFBlocks) else None
+
+    def fill_blocks(self, name: str, dst: torch.Tensor) -> None:
+        """Copy tensor `name`'s GGML blocks as stored into dst (uint8 [rows, row_bytes])."""
+        dst.copy_(self._tensors.pop(name).read_blocks())
 
     def experts(
         self,
@@ -101,8 +118,14 @@ class RandomWeights:
         self.seed = seed
         self.std = std
 
+    fills_host = False  # made on the device: the host copy is taken from the arena
+
     def check(self, expected: dict[str, tuple[int, ...]]) -> None:
         """Random weights have every tensor the model expects, by construction."""
+
+    def quant_type(self, name: str) -> None:
+        """Random weights are float."""
+        return
 
     def _generator(self, name: str, device: torch.device) -> torch.Generator:
         generator = torch.Generator(device=device)

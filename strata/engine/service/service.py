@@ -86,6 +86,7 @@ def _build_engine_config(settings: ServeSettings, model_path: str) -> Any:
         persist_sessions=settings.persist_sessions,
         snapshot_ttl_s=settings.snapshot_ttl_s,
         expert_cache=str(settings.expert_cache),
+        vram_budget_bytes=settings.vram_budget_bytes,
     )
 
 

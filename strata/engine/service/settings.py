@@ -67,6 +67,7 @@ class ServeSettings:
     min_p: float | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
+    vram_budget_bytes: int = 0  # all the engine's arenas together; 0: the GPU's own size
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -98,6 +99,7 @@ FLAG_NAMES = {
     "snapshot-disk-budget": "snapshot_disk_budget_bytes",
     "snapshot-ttl": "snapshot_ttl_s",
     "kv-budget": "kv_budget_bytes",
+    "vram-budget": "vram_budget_bytes",
 }
 _KEY_TO_FIELD = {name: name for name in SETTING_NAMES} | {
     flag.replace("-", "_"): name for flag, name in FLAG_NAMES.items()
@@ -186,7 +188,8 @@ def check_setting(name: str, value: Any) -> Any:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             raise _type_error(name, "a number of seconds >= 0", value)
         return float(value)
-    if name in ("snapshot_ram_budget_bytes", "snapshot_disk_budget_bytes", "kv_budget_bytes"):
+    if name in ("snapshot_ram_budget_bytes", "snapshot_disk_budget_bytes", "kv_budget_bytes",
+                "vram_budget_bytes"):
         if not isinstance(value, (int, str)) or isinstance(value, bool):
             raise _type_error(name, "a size such as 4GiB or a number of bytes", value)
         try:
@@ -391,6 +394,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--kv-budget", dest="kv_budget_bytes", type=_size, metavar="SIZE",
         help="VRAM for the KV of resident cache slots; past it the least recently used slot "
         "is snapshotted (0: no limit)")
+    add("--vram-budget", dest="vram_budget_bytes", type=_size, metavar="SIZE",
+        help="VRAM the engine may map in all (weights, experts, KV), e.g. 16GiB to act as "
+        "a 16 GiB card; the expert cache sizes itself inside it (0: no limit)")
     add("--expert-cache", dest="expert_cache", metavar="auto|off|all|N",
         help="MoE expert cache: auto, off, all, or a number of expert slots")
     sampling_help = "default {} for requests that leave it out (default: the model's, else {})"

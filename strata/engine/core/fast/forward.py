@@ -25,15 +25,26 @@ from strata.engine.core.fused_views import fused_gate_up, fused_qkv
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
 
+# A module, not names: quant.weight imports fast/ (for Triton's helpers), which imports this.
+from strata.engine.core.quant import weight as qweight
+
 
 def head_weight(model) -> torch.Tensor:
     """The output projection [V, H]: lm_head, or the embedding table of a tied model."""
     return model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+def project_head(x: torch.Tensor, model) -> torch.Tensor:
+    """Logits [T, V] float32 for x [T, H], whatever form the head's weight takes."""
+    return qweight.apply_linear(x, head_weight(model)).float()
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None,
            ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
-    """F.linear, or for one token with ops.dense_kernels and a small weight, decode_dense.gemv."""
+    """F.linear, or for one token with ops.dense_kernels and a small weight, decode_dense.gemv;
+    a weight held as GGML blocks takes its own branch, qlinear (quant/weight.py)."""
+    if isinstance(weight, qweight.QuantizedWeight):
+        return qweight.qlinear(x, weight, bias)
     if ops.dense_kernels and x.shape[0] == 1 and decode_dense.use_gemv(weight):
         return decode_dense.gemv(x, weight, bias, use_pdl=ops.pdl)
     return F.linear(x, weight, bias)
@@ -99,6 +110,7 @@ def _takes_prologue(x: torch.Tensor, weight: torch.Tensor, ops: PointwiseOps) ->
     """Whether the step before a product of one token x by weight runs in the GEMV's prologue
     (decode_dense.use_prologue: where saving its launch pays)."""
     return (ops.dense_kernels and ops.gemv_prologues and x.shape[0] == 1
+            and not isinstance(weight, qweight.QuantizedWeight)
             and decode_dense.use_prologue(weight))
 
 
@@ -181,4 +193,4 @@ def decode_step(
                              ops)
         h, y = _norm_mlp(layer.mlp, h, y, layer.post_attention_layernorm, ops, moe_impl)
     _, x = _norm_token(h, y, model.model.norm, ops)
-    return F.linear(x, head_weight(model)).float()  # [1, V]
+    return project_head(x, model)  # [1, V]

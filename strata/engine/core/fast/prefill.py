@@ -11,9 +11,8 @@ the last chunk attends and runs its MLP for that one token, and the head sees on
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from strata.engine.core.fast.forward import head_weight, mlp_forward, qkv
+from strata.engine.core.fast.forward import mlp_forward, project_head, qkv
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.fast.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
@@ -127,4 +126,4 @@ def prefill(
             else:  # the last chunk's last layer: only the last row needs the final norm
                 final = model.model.norm
                 _, x = ops.add_rms_norm(h, y, final.weight, final.eps)  # [1, H] both
-    return F.linear(x[-1:], head_weight(model)).float()[0]  # [V]
+    return project_head(x[-1:], model)[0]  # [V]

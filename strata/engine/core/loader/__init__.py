@@ -81,9 +81,10 @@ def load_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str,
     return materialize(open_tensors(path, config))
 
 
-def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
-    """Format, architecture, size and quantization of a model, without reading tensor data."""
+def inspect_model(path: str | os.PathLike[str], context_tokens: int = 0) -> ModelInfo:
+    """Format, architecture, size and quantization of a model, without reading tensor data;
+    for a GGUF file also the VRAM it will hold at context_tokens (0: the engine's default)."""
     from strata.engine.core.loader.inspect import inspect_gguf, inspect_hf
 
     p = Path(path)
-    return inspect_gguf(p) if detect_format(p) == "gguf" else inspect_hf(p)
+    return inspect_gguf(p, context_tokens) if detect_format(p) == "gguf" else inspect_hf(p)

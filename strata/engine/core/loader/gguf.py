@@ -1,4 +1,5 @@
-"""GGUF (llama.cpp) models: config from metadata, tensors dequantized to float32 in HF layout."""
+"""GGUF (llama.cpp) models: config from metadata, tensors in HF layout, dequantized to float32
+or, for weights that stay quantized, as their GGML blocks (GGUFBlocks)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,16 @@ from strata.engine.core.loader.gguf_rope import (
     rope_scaling_from_metadata,
 )
 from strata.engine.core.loader.lazy import DeferredTensor, LazyTensor, StackedTensor, materialize
+from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import field_value, open_gguf
 
-# The types Strata dequantizes; the gguf package knows more (IQ*), but its numpy kernels for
-# those are slow and untested here, so they are refused with a clear message instead.
+# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats.
+# The gguf package knows more (the low-bit IQ*), but its numpy kernels for those are slow and
+# untested here, so they are refused with a clear message instead.
 SUPPORTED_QUANT_TYPES = frozenset(
-    GGMLQuantizationType[name]
-    for name in (
-        "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-    )
-)  # fmt: skip
+    GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", *KERNEL_QUANT_TYPES)
+)
 
 # Types torch reads straight from the mapped file, in their own dtype.
 _NATIVE_DTYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16}
@@ -161,9 +160,34 @@ def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.nda
     return values
 
 
+class GGUFBlocks(DeferredTensor):
+    """A quantized GGUF tensor: read() dequantizes it to float32 like any DeferredTensor, and
+    `read_blocks()` gives its GGML blocks as stored, uint8 [..., rows, row_bytes] (llama Q/K rows
+    un-permuted: a row's blocks move with it), for weights that stay quantized."""
+
+    def __init__(self, tensor: ReaderTensor, shape: tuple[int, ...], rope_heads: int | None,
+                 make):
+        super().__init__(shape, torch.float32, make)
+        self.qtype = tensor.tensor_type
+        self.gguf_name = tensor.name
+        self._tensor = tensor
+        self._rope_heads = rope_heads
+
+    def read_blocks(self) -> torch.Tensor:
+        """The blocks, uint8 [..., rows, row_bytes]; a view of the mapped file where no rows
+        move."""
+        blocks = self._tensor.data.reshape(*self.shape[:-1], -1)
+        if self._rope_heads is not None:
+            blocks = np.ascontiguousarray(unpermute_rope_rows(blocks, self._rope_heads))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            return torch.from_numpy(blocks)
+
+
 def _gguf_tensor(tensor: ReaderTensor, rope_heads: int | None) -> DeferredTensor:
     """One GGUF tensor, read when asked for: F32/F16 as views of the mapped file in their own
-    dtype, other types dequantized to float32; llama Q/K rows un-permuted (rope_heads)."""
+    dtype, other types dequantized to float32 (GGUFBlocks, which also gives the blocks as
+    stored); llama Q/K rows un-permuted (rope_heads)."""
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists ne[0] first
     native_dtype = _NATIVE_DTYPES.get(tensor.tensor_type)
 
@@ -180,6 +204,8 @@ def _gguf_tensor(tensor: ReaderTensor, rope_heads: int | None) -> DeferredTensor
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
             return torch.from_numpy(values)
 
+    if native_dtype is None and tensor.tensor_type != GGMLQuantizationType.BF16:
+        return GGUFBlocks(tensor, shape, rope_heads, read)
     return DeferredTensor(shape, native_dtype or torch.float32, read)
 
 

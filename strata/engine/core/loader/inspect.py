@@ -9,29 +9,55 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from strata.engine.core.loader.gguf_names import GGUF_ARCHITECTURES
+from strata.engine.core.loader.quant_plan import (
+    VramEstimate,
+    default_context_tokens,
+    estimate_vram,
+    kv_bytes,
+)
 from strata.engine.core.model_config import SUPPORTED_MODEL_TYPES, ModelFormatError
 from strata.engine.core.model_info import ModelInfo
 from strata.engine.gguf_file import field_value, open_gguf
 
 
-def inspect_gguf(path: Path) -> ModelInfo:
-    """Info for a GGUF file; an unsupported architecture is reported, not refused."""
+def _gguf_vram(reader, arch: str, context_tokens: int) -> VramEstimate | None:
+    """What the file will hold on a GPU at context_tokens; None without the shape metadata."""
+    layers = field_value(reader, f"{arch}.block_count")
+    heads = field_value(reader, f"{arch}.attention.head_count")
+    hidden = field_value(reader, f"{arch}.embedding_length")
+    if not (layers and heads and hidden):
+        return None
+    kv_heads = field_value(reader, f"{arch}.attention.head_count_kv") or heads
+    head_dim = field_value(reader, f"{arch}.attention.key_length") or int(hidden) // int(heads)
+    kv = kv_bytes(int(layers), int(kv_heads), int(head_dim), context_tokens)
+    tensors = [(t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes),
+                int(t.shape[-1]) if len(t.shape) > 1 else 1) for t in reader.tensors]
+    return estimate_vram(tensors, kv)
+
+
+def inspect_gguf(path: Path, context_tokens: int = 0) -> ModelInfo:
+    """Info for a GGUF file; an unsupported architecture is reported, not refused.
+    context_tokens: the context the VRAM estimate assumes (0: the engine's default)."""
     reader = open_gguf(path)
     arch = str(field_value(reader, "general.architecture", "unknown"))
     model_type = GGUF_ARCHITECTURES.get(arch, arch)
     if arch == "llama" and (field_value(reader, "llama.expert_count") or 0) > 0:
         model_type = "mixtral"
     template = field_value(reader, "tokenizer.chat_template")
+    model_context = int(field_value(reader, f"{arch}.context_length", 0) or 0)
+    context_tokens = context_tokens or default_context_tokens(model_context)
     return ModelInfo(
         path=str(path),
         format="gguf",
         model_type=model_type,
         parameter_count=sum(int(t.n_elements) for t in reader.tensors),
         quant_types=dict(Counter(t.tensor_type.name for t in reader.tensors)),
-        context_tokens=int(field_value(reader, f"{arch}.context_length", 0) or 0),
+        context_tokens=model_context,
         has_chat_template=bool(template),
         file_bytes=path.stat().st_size,
         is_supported=model_type in SUPPORTED_MODEL_TYPES,
+        vram=_gguf_vram(reader, arch, context_tokens),
+        vram_context_tokens=context_tokens,
     )
 
 

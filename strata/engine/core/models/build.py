@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import torch
 
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.core.models.registry import model_module
+from strata.engine.core.quant.weight import QuantizedWeight, install_quantized
 
 
 def check_tensors(expected: dict[str, tuple[int, ...]], tensors: dict[str, torch.Tensor]) -> None:
@@ -38,6 +39,7 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     placeholders: Collection[str] = (),
+    quantized: Mapping[str, QuantizedWeight] | None = None,
 ) -> torch.nn.Module:
     """The architecture's Model on `device` in `dtype`, its parameters taken from `tensors`.
 
@@ -46,6 +48,8 @@ def build_model(
     already of `dtype` on `device` (e.g. a view into a memory arena) is taken over as it is.
     `placeholders` name parameters that stay on the meta device because someone else supplies
     them at run time (an expert cache's provider); a forward that reads one fails loudly.
+    `quantized` names weights held as GGML blocks: their Linear / Embedding modules become
+    quantized twins (quant/weight.py) and read them through qlinear.
     """
     device = torch.device(device)
     with torch.device("meta"):
@@ -54,12 +58,15 @@ def build_model(
     unknown = sorted(set(placeholders) - set(expected))
     if unknown:
         raise ValueError(f"placeholders {unknown} are not parameters of {config.model_type}")
-    check_tensors({n: s for n, s in expected.items() if n not in placeholders}, tensors)
+    quantized = dict(quantized or {})
+    check_tensors({n: s for n, s in expected.items() if n not in placeholders},
+                  {**tensors, **quantized})
+    install_quantized(model, quantized)
     # .to() returns the same tensor when dtype and device already match: no copy then.
     state = {
         name: tensors[name].to(device=device, dtype=dtype)
         for name in expected
-        if name not in placeholders
+        if name not in placeholders and name not in quantized
     }
     model.load_state_dict(state, strict=False, assign=True)
     # Buffers (the non-persistent RoPE tables, built on the CPU) move; the parameters are

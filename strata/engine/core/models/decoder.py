@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.layers import Attention, RMSNorm, RotaryEmbedding
+from strata.engine.core.quant.weight import apply_linear
 
 
 class DecoderLayer(nn.Module):
@@ -95,7 +95,7 @@ class DecoderLM(nn.Module):
             h = h[-1:]
         h = self.model.norm(h)
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, head).float()  # [T, V]
+        return apply_linear(h, head).float()  # [T, V]
 
 
 def drop_unused_tensors(tensors: dict, config: ModelConfig) -> dict:

@@ -1,0 +1,68 @@
+"""Bandwidth of the quantized decode kernels on the GPU (issue 19): one token (and 16) times a
+Llama-3-8B-shaped weight in each GGML type, against cuBLAS on the same weight in bf16.
+
+Prints one row per (type, shape, tokens) with microseconds, GB/s of blocks read and the
+fraction of the HBM bandwidth given (--hbm-gb-s, 4300 for an H200), then the JSON.
+
+    python bench/diag_quant_gemv.py [--types Q4_K,Q6_K,Q8_0,Q4_1] [--hbm-gb-s 4300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+SHAPES = {"qkv [6144, 4096]": (6144, 4096), "o [4096, 4096]": (4096, 4096),
+          "gate_up [28672, 4096]": (28672, 4096), "down [4096, 14336]": (4096, 14336)}
+
+
+def _time_us(fn, repeats: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeats
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_1,Q4_0,Q5_K")
+    parser.add_argument("--hbm-gb-s", type=float, default=4300.0)
+    args = parser.parse_args()
+    from strata.engine.core.quant.weight import QuantizedWeight, qlinear
+
+    rows = []
+    for type_name in args.types.split(","):
+        qtype = GGMLQuantizationType[type_name]
+        block_size, block_bytes = GGML_QUANT_SIZES[qtype]
+        for label, (n, k) in SHAPES.items():
+            raw = torch.randint(0, 256, (n, k // block_size * block_bytes), dtype=torch.uint8,
+                                device="cuda")
+            # Finite fp16 fields: small random bytes everywhere keep every scale finite.
+            raw &= 0x3F
+            weight = QuantizedWeight(qtype, (n, k), raw, torch.bfloat16)
+            dense = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            for tokens in (1, 16):
+                x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+                quant_us = _time_us(lambda x=x, w=weight: qlinear(x, w))
+                dense_us = _time_us(lambda x=x, d=dense: torch.nn.functional.linear(x, d))
+                gb_s = raw.numel() / quant_us / 1e3
+                rows.append({"type": type_name, "weight": label, "tokens": tokens,
+                             "quant_us": round(quant_us, 2), "bf16_cublas_us": round(dense_us, 2),
+                             "blocks_gb_s": round(gb_s, 1),
+                             "fraction_of_hbm": round(gb_s / args.hbm_gb_s, 3)})
+                print(rows[-1])
+    print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                      "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""Which GGUF tensors stay quantized on the GPU, and the VRAM a model will hold (torch-free).
+
+Shared by the engine's loader (what to keep as raw blocks) and `strata info` (the host side,
+which must not import torch): one list of the types Strata has kernels for, one rule for
+which tensors use them, one estimate of the bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# GGML types with a Strata kernel (quant/kernels.py): their blocks stay as stored. Every other
+# quantized type is dequantized at load, for that tensor alone, with a log line.
+KERNEL_QUANT_TYPES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+    "IQ4_NL", "IQ4_XS",
+)  # fmt: skip
+FLOAT_TYPES = ("F32", "F16", "BF16")
+COMPUTE_ITEMSIZE_BYTES = 2  # bf16 on a GPU: what a float or dequantized tensor costs
+DEFAULT_MAX_CONTEXT_TOKENS = 8192  # the engine's context when none is configured (capped)
+
+# Tensors a linear layer or the embedding reads (canonical HF names): they may stay quantized.
+# Stacked experts and routers are read by the grouped MoE kernels, which take bf16 for now.
+_QUANTIZABLE = re.compile(
+    r"^(model\.embed_tokens\.weight|lm_head\.weight|"
+    r"model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight|"
+    r"model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight)$"
+)
+# The same in GGUF names, for `strata info` (which reads no config to map names).
+_QUANTIZABLE_GGUF = re.compile(
+    r"^(token_embd|output|blk\.\d+\.(attn_[qkv]|attn_output|ffn_gate|ffn_up|ffn_down))\.weight$"
+)
+
+
+def is_quantizable(canonical_name: str) -> bool:
+    """Whether a canonical tensor is read only through qlinear / the quantized embedding."""
+    return _QUANTIZABLE.match(canonical_name) is not None
+
+
+def keeps_blocks(gguf_name: str, type_name: str) -> bool:
+    """Whether a GGUF tensor of this type stays in its blocks on the GPU."""
+    return type_name in KERNEL_QUANT_TYPES and _QUANTIZABLE_GGUF.match(gguf_name) is not None
+
+
+@dataclass(frozen=True)
+class VramEstimate:
+    """What a model will hold on a GPU once loaded, in bytes."""
+
+    weights_bytes: int  # as stored for kept blocks, bf16 for the rest
+    kv_bytes: int  # one cache slot filled to the configured context (others map as they grow)
+    workspace_bytes: int  # the dequantization scratch of the prefill path
+    quantized_tensors: int  # how many tensors stay in their blocks
+    dequantized_tensors: int  # quantized in the file, dequantized at load (no kernel)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.workspace_bytes
+
+
+def default_context_tokens(model_context_tokens: int) -> int:
+    """The context the engine takes when none is configured: the model's own, capped."""
+    if model_context_tokens <= 0:
+        return DEFAULT_MAX_CONTEXT_TOKENS
+    return min(model_context_tokens, DEFAULT_MAX_CONTEXT_TOKENS)
+
+
+def kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, context_tokens: int) -> int:
+    """K and V of every layer for context_tokens positions, in bf16."""
+    return 2 * num_layers * num_kv_heads * head_dim * context_tokens * COMPUTE_ITEMSIZE_BYTES
+
+
+def estimate_vram(
+    tensors: list[tuple[str, str, int, int, int]], kv_total_bytes: int
+) -> VramEstimate:
+    """tensors: (gguf name, type name, elements, stored bytes, rows) per tensor."""
+    weights = workspace = kept = dequantized = 0
+    for name, type_name, numel, nbytes, _rows in tensors:
+        if keeps_blocks(name, type_name):
+            weights += nbytes
+            kept += 1
+            if not name.startswith(("token_embd", "output")):  # rows, or one token: no scratch
+                workspace = max(workspace, numel * COMPUTE_ITEMSIZE_BYTES)
+        else:
+            weights += numel * COMPUTE_ITEMSIZE_BYTES
+            dequantized += type_name not in FLOAT_TYPES
+    return VramEstimate(weights, kv_total_bytes, workspace, kept, dequantized)

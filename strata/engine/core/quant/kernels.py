@@ -1,0 +1,170 @@
+"""Triton kernels over GGUF blocks: a skinny GEMM for decode and a dequantizer for prefill.
+
+- `quant_matmul(x, w)`: x [M, K] (M <= MAX_DECODE_TOKENS) times the quantized W [N, K]^T.
+  Each program owns BLOCK_N output rows and walks K in BLOCK_K columns, dequantizing each
+  tile of blocks once in registers (dequant_tile.py) and reusing it for all M tokens: one
+  token by a float32 multiply-and-sum, several by tl.dot on the compute dtype. Every block
+  is read from memory once per call.
+- `dequantize(raw, qtype, K, dtype)`: the whole matrix (or gathered rows: the embedding) in
+  the compute dtype, with floating-point contraction off so it equals gguf-py's dequantizer
+  bit for bit before the final rounding; prefill multiplies the result with cuBLAS.
+
+On CUDA the tiles are autotuned per matrix shape (moe_triton.tuned); under TRITON_INTERPRET=1
+(the CPU tests) the first candidate runs: the same kernels, through the interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.engine.core.fast import moe_triton
+from strata.engine.core.quant import dequant_tile as dt
+
+try:
+    import triton
+    import triton.language as tl
+
+    from strata.engine.core.fast.pdl import wait as pdl_wait
+except ImportError:
+    triton = None
+
+MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel (weight.py's too)
+# IQ4_NL / IQ4_XS's non-linear grid (ggml's kvalues_iq4nl).
+IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+# (BLOCK_N, BLOCK_K, num_warps) candidates autotuned on CUDA. BLOCK_K is a multiple of every
+# block size (256), so no block straddles two tiles. One token: few rows per program, so a
+# small matrix still spreads over every SM; 2..16 tokens: tl.dot needs 16 rows or more.
+MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 8))
+DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
+# The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
+INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
+DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
+INTERPRETER_DEQUANT_BLOCK_N = 128
+
+_tables: dict[torch.device, torch.Tensor] = {}
+
+
+def grid_table(device: torch.device) -> torch.Tensor:
+    """The IQ4 grid as int8 on `device` (one per device, made once)."""
+    table = _tables.get(device)
+    if table is None:
+        table = _tables[device] = torch.tensor(IQ4_GRID, dtype=torch.int8, device=device)
+    return table
+
+
+if triton is not None:
+
+    @triton.jit
+    def _matmul_kernel(
+        x_ptr, w_ptr, wh_ptr, table_ptr, b_ptr, out_ptr, num_tokens, stride_x, stride_out,
+        N: tl.constexpr, K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    ):
+        pdl_wait(USE_PDL)  # moe_triton.launch passes it; launched without PDL for now
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        row_ok = rows < N
+        row_off = (rows.to(tl.int64) * ROW_BYTES)[:, None]  # [BN, 1]
+        toks = tl.arange(0, BLOCK_M)
+        tok_ok = toks < num_tokens
+        acc = tl.zeros((BLOCK_M, BLOCK_ROWS), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_COLS):
+            cols = k0 + tl.arange(0, BLOCK_COLS)
+            col_ok = cols < K
+            w = dt.dequant_tile(w_ptr, wh_ptr, table_ptr, row_off, cols[None, :],
+                                row_ok[:, None] & col_ok[None, :], QTYPE)  # [BN, BK]
+            x = tl.load(x_ptr + toks[:, None] * stride_x + cols[None, :],
+                        mask=tok_ok[:, None] & col_ok[None, :], other=0.0)  # [BM, BK]
+            if BLOCK_M == 1:
+                acc += tl.sum(w * x.to(tl.float32), axis=1)[None, :]
+            else:
+                acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)))
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + toks[:, None] * stride_out + rows[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
+
+    @triton.jit
+    def _dequant_kernel(
+        w_ptr, wh_ptr, table_ptr, out_ptr, num_rows,
+        K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        ok = (rows < num_rows)[:, None] & (cols < K)[None, :]
+        row_off = (rows.to(tl.int64) * ROW_BYTES)[:, None]
+        v = dt.dequant_tile(w_ptr, wh_ptr, table_ptr, row_off, cols[None, :], ok, QTYPE)
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
+                 v.to(out_ptr.dtype.element_ty), mask=ok)
+
+    def _candidates(configs) -> tuple:
+        return tuple((n, k, w, None) for n, k, w in configs)
+
+    # One tuned launcher per path: their candidate tiles differ (tl.dot's 16-row minimum).
+    _matmul_tuned = {
+        path: moe_triton.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
+        for path, configs in (("sum", MATMUL_CONFIGS), ("dot", DOT_MATMUL_CONFIGS))
+    }
+
+
+def _matmul_candidates(path: str) -> tuple:
+    if moe_triton._is_interpreting():
+        return ((*INTERPRETER_MATMUL_CONFIG, None),)
+    return tuple((n, k, w, None)
+                 for n, k, w in (MATMUL_CONFIGS if path == "sum" else DOT_MATMUL_CONFIGS))
+
+
+def _check(raw: torch.Tensor, num_cols: int) -> None:
+    if raw.dtype != torch.uint8 or raw.dim() != 2 or not raw.is_contiguous():
+        raise ValueError(f"quantized blocks must be a contiguous uint8 [rows, row_bytes] "
+                         f"tensor, got {raw.dtype} {tuple(raw.shape)}")
+    if raw.shape[1] % 2:
+        raise ValueError(f"a row of {raw.shape[1]} bytes cannot hold whole GGML blocks")
+    del num_cols
+
+
+def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """W [rows, num_cols] in dtype from its blocks raw [rows, row_bytes]; into out if given."""
+    _check(raw, num_cols)
+    num_rows, row_bytes = raw.shape
+    if out is None:
+        out = torch.empty(num_rows, num_cols, dtype=dtype, device=raw.device)
+    if num_rows == 0:
+        return out
+    block_n = INTERPRETER_DEQUANT_BLOCK_N if moe_triton._is_interpreting() else DEQUANT_BLOCK_N
+    grid = (triton.cdiv(num_rows, block_n), triton.cdiv(num_cols, DEQUANT_BLOCK_K))
+    # No contraction: d * q + m rounds twice, as numpy does, so values equal gguf-py's.
+    _dequant_kernel[grid](
+        raw, raw.view(torch.float16), grid_table(raw.device), out, num_rows,
+        K=num_cols, ROW_BYTES=row_bytes, QTYPE=int(qtype),
+        BLOCK_N=block_n, BLOCK_K=DEQUANT_BLOCK_K, enable_fp_fusion=False,
+    )
+    return out
+
+
+def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias) for W [num_rows, K] in blocks raw; [M, num_rows] in x's dtype.
+    M <= MAX_DECODE_TOKENS."""
+    num_tokens, num_cols = x.shape
+    _check(raw, num_cols)
+    if not 0 < num_tokens <= MAX_DECODE_TOKENS or raw.shape[0] != num_rows:
+        raise ValueError(f"quant_matmul takes 1..{MAX_DECODE_TOKENS} tokens and a weight of "
+                         f"{num_rows} rows; got x {tuple(x.shape)}, blocks {tuple(raw.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
+    # tl.dot needs 16 rows; one token keeps the float32 multiply-and-sum.
+    block_m = 1 if num_tokens == 1 else 16
+    path = "sum" if block_m == 1 else "dot"
+    moe_triton.launch(
+        _matmul_tuned[path], lambda rows: (triton.cdiv(num_rows, rows),),
+        _matmul_candidates(path),
+        x, raw, raw.view(torch.float16), grid_table(raw.device),
+        bias if bias is not None else x, out, num_tokens, x.stride(0), out.stride(0),
+        N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1], QTYPE=int(qtype),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m,
+    )
+    return out

@@ -1,0 +1,247 @@
+"""Quantized weights in GGUF block format, and the one function linear layers call: qlinear.
+
+A QuantizedWeight is a view of raw blocks [N, row_bytes] (uint8, usually in the weights
+arena) with its GGML type and logical shape [N, K]. `qlinear(x, w, bias)` multiplies:
+- up to MAX_DECODE_TOKENS rows of x: the fused dequant-GEMM (kernels.quant_matmul), reading
+  each block once;
+- more (prefill): the weight is dequantized into a scratch buffer reused by every layer, then
+  multiplied by torch (cuBLAS on a GPU).
+The scratch is reserved at load for the largest quantized matrix (`reserve_scratch`), so a
+prefill captured in a CUDA graph never allocates; it grows outside graphs if ever needed.
+`apply_linear` takes a float tensor or a QuantizedWeight alike, for code that reads `.weight`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from torch import nn
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+_scratch: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+# Tokens up to which qlinear takes the fused kernel (kernels.MAX_DECODE_TOKENS, checked there).
+MAX_DECODE_TOKENS = 16
+
+
+def _kernels() -> ModuleType:
+    """quant/kernels.py, imported on first use: importing it decorates Triton kernels, which
+    must wait until a test has chosen the CPU interpreter (models/build.py imports this)."""
+    from strata.engine.core.quant import kernels
+
+    return kernels
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedWeight:
+    """A [N, K] matrix held as GGML blocks; products come out in `dtype` (the compute dtype)."""
+
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int]  # logical [N, K]
+    raw: torch.Tensor  # uint8 [N, row_bytes]
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        block_size, block_bytes = GGML_QUANT_SIZES[self.qtype]
+        rows, cols = self.shape
+        expected = (rows, cols // block_size * block_bytes)
+        if cols % block_size or tuple(self.raw.shape) != expected or self.raw.dtype != torch.uint8:
+            raise ValueError(f"{self.qtype.name} blocks for a [{rows}, {cols}] matrix must be "
+                             f"uint8 {expected}, got {self.raw.dtype} {tuple(self.raw.shape)}")
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.numel()
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def dequantize(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The whole matrix [N, K] in the compute dtype."""
+        return _kernels().dequantize(self.raw, self.qtype, self.shape[1], self.dtype, out)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ids [T] dequantized, [T, K]: an embedding lookup reads only those blocks."""
+        picked = self.raw.index_select(0, ids)  # [T, row_bytes]
+        return _kernels().dequantize(picked, self.qtype, self.shape[1], self.dtype)
+
+
+def is_quantized(weight: object) -> bool:
+    return isinstance(weight, QuantizedWeight)
+
+
+def block_shape(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, int]:
+    """The uint8 [rows, row_bytes] a [rows, cols] matrix of qtype takes as GGML blocks."""
+    block_size, block_bytes = GGML_QUANT_SIZES[qtype]
+    rows, cols = shape
+    return rows, cols // block_size * block_bytes
+
+
+def keeps_quantized_blocks(device: torch.device) -> bool:
+    """Whether quantized weights stay in their blocks on `device`: on CUDA unless
+    STRATA_QUANTIZED=0; on the CPU only with STRATA_QUANTIZED=1 and the Triton interpreter
+    (tests of the same kernels), since the CPU path dequantizes at load."""
+    from strata.engine.core.fast import moe_triton
+
+    setting = os.environ.get("STRATA_QUANTIZED")
+    if setting == "0" or not moe_triton.is_usable(device):
+        return False
+    return device.type == "cuda" or setting == "1"
+
+
+def prefill_scratch_numel(model: nn.Module) -> int:
+    """The most values a prefill dequantizes at once: the largest quantized matrix a layer
+    multiplies, fused views included (the head and embeddings never need the scratch)."""
+    largest = 0
+    for name, module in model.named_modules():
+        for attr in ("weight", "qkv_weight", "gate_up_weight"):
+            weight = getattr(module, attr, None)
+            if isinstance(weight, QuantizedWeight) and name not in ("lm_head",
+                                                                    "model.embed_tokens"):
+                largest = max(largest, weight.numel())
+    return largest
+
+
+def reserve_scratch(device: torch.device, dtype: torch.dtype, numel: int) -> None:
+    """Make the prefill scratch hold at least numel values (called at load, before graphs)."""
+    key = (torch.device(device), dtype)
+    current = _scratch.get(key)
+    if current is None or current.numel() < numel:
+        _scratch[key] = torch.empty(numel, dtype=dtype, device=device)
+
+
+def release_scratch() -> None:
+    """Drop every scratch buffer (unload; torch's allocator then frees it)."""
+    _scratch.clear()
+
+
+def scratch_bytes() -> int:
+    return sum(t.numel() * t.element_size() for t in _scratch.values())
+
+
+def _scratch_matrix(w: QuantizedWeight) -> torch.Tensor:
+    numel = w.numel()
+    key = (w.device, w.dtype)
+    if key not in _scratch or _scratch[key].numel() < numel:
+        log.debug("quantized prefill scratch grows to %d values", numel)
+        reserve_scratch(w.device, w.dtype, numel)
+    return _scratch[key][:numel].view(w.shape)
+
+
+def qlinear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) for x [..., K] and W held as blocks; out in x's dtype."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, w.shape[1])  # [M, K]
+    if x2.shape[0] <= MAX_DECODE_TOKENS:
+        out = _kernels().quant_matmul(x2, w.raw, w.qtype, w.shape[0], bias)
+    else:
+        out = F.linear(x2, w.dequantize(_scratch_matrix(w)).to(x.dtype), bias)
+    return out.view(*lead, w.shape[0])
+
+
+def apply_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for a float weight, qlinear for a QuantizedWeight."""
+    if isinstance(weight, QuantizedWeight):
+        return qlinear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class QuantizedLinear(nn.Module):
+    """nn.Linear over a QuantizedWeight; the bias (if any) stays a float parameter."""
+
+    def __init__(self, weight: QuantizedWeight, has_bias: bool, bias_device="meta"):
+        super().__init__()
+        self.weight = weight  # a plain attribute: not a parameter, never in state_dict
+        self.out_features, self.in_features = weight.shape
+        self.bias = (nn.Parameter(torch.empty(weight.shape[0], device=bias_device),
+                                  requires_grad=False) if has_bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return qlinear(x, self.weight, self.bias)
+
+
+class QuantizedEmbedding(nn.Module):
+    """nn.Embedding over a QuantizedWeight: a lookup dequantizes the rows it reads."""
+
+    def __init__(self, weight: QuantizedWeight):
+        super().__init__()
+        self.weight = weight
+        self.num_embeddings, self.embedding_dim = weight.shape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight.rows(ids.reshape(-1)).view(*ids.shape, self.embedding_dim)
+
+
+def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight]) -> None:
+    """Swap the nn.Linear / nn.Embedding owning each `<module>.weight` name for its quantized
+    twin (on a model still on the meta device, before its other tensors are assigned)."""
+    for name, weight in weights.items():
+        module_name = name.removesuffix(".weight")
+        parent_name, _, attr = module_name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, attr)
+        if isinstance(old, nn.Linear):
+            new: nn.Module = QuantizedLinear(weight, old.bias is not None)
+        elif isinstance(old, nn.Embedding):
+            new = QuantizedEmbedding(weight)
+        else:
+            raise TypeError(f"{name} belongs to a {type(old).__name__}, which has no "
+                             "quantized form")
+        setattr(parent, attr, new)
+
+
+@torch.inference_mode()
+def warm_up_quantized(model: nn.Module) -> int:
+    """Compile (and on CUDA autotune) every quantized kernel variant this model will launch,
+    with zeros, before any CUDA graph is captured: a graph cannot hold a compile or a timing
+    run. Covers 1 and 2..16 tokens, the prefill's dequantization, embedding rows, with and
+    without bias. Returns how many variants ran."""
+    seen: set[tuple] = set()
+    for name, module in model.named_modules():
+        uses = []
+        if isinstance(module, QuantizedLinear):
+            uses.append((module.weight, module.bias, name != "lm_head"))
+        elif isinstance(module, QuantizedEmbedding):
+            module(torch.zeros(1, dtype=torch.long, device=module.weight.device))
+            # A tied head multiplies by the embedding's blocks, one token at a time.
+            uses.append((module.weight, None, False))
+        if isinstance(getattr(module, "qkv_weight", None), QuantizedWeight):
+            uses.append((module.qkv_weight, module.qkv_bias, True))
+        if isinstance(getattr(module, "gate_up_weight", None), QuantizedWeight):
+            uses.append((module.gate_up_weight, None, True))
+        for weight, bias, prefills in uses:
+            key = (weight.qtype, weight.shape, bias is not None, prefills)
+            if key in seen:
+                continue
+            seen.add(key)
+            for num_tokens in (1, MAX_DECODE_TOKENS):
+                qlinear(torch.zeros(num_tokens, weight.shape[1], dtype=weight.dtype,
+                                    device=weight.device), weight, bias)
+            if prefills:
+                weight.dequantize(_scratch_matrix(weight))
+    return len(seen)
+
+
+def count_quantized(model: nn.Module) -> int:
+    """How many of the model's weights are held as GGML blocks."""
+    return sum(isinstance(m, QuantizedLinear | QuantizedEmbedding) for m in model.modules())
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Float parameters plus the values quantized weights hold."""
+    quantized = sum(m.weight.numel() for m in model.modules()
+                    if isinstance(m, QuantizedLinear | QuantizedEmbedding))
+    return quantized + sum(p.numel() for p in model.parameters())

@@ -1,0 +1,63 @@
+"""Which tensors keep their GGML blocks, and the VRAM `strata info` says a model will hold."""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+
+from strata.engine.core.loader import inspect_model
+from strata.engine.core.loader.quant_plan import (
+    is_quantizable,
+    keeps_blocks,
+    kv_bytes,
+)
+from strata.engine.core.model_info import format_model_info
+from tests.helpers.gguf_writer import write_gguf_from_hf
+from tests.helpers.tiny_models import make_tiny_hf_config
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("model.layers.3.self_attn.q_proj.weight", True),
+    ("model.layers.3.self_attn.o_proj.weight", True),
+    ("model.layers.0.mlp.down_proj.weight", True),
+    ("model.embed_tokens.weight", True),
+    ("lm_head.weight", True),
+    ("model.layers.0.mlp.experts.gate_proj", False),  # grouped expert kernels: bf16 for now
+    ("model.layers.0.mlp.router.weight", False),
+    ("model.layers.0.self_attn.q_proj.bias", False),
+    ("model.norm.weight", False),
+])
+def test_which_canonical_tensors_may_stay_quantized(name: str, expected: bool) -> None:
+    assert is_quantizable(name) is expected
+
+
+def test_gguf_names_follow_the_same_rule() -> None:
+    assert keeps_blocks("blk.0.attn_v.weight", "Q6_K")
+    assert keeps_blocks("token_embd.weight", "Q8_0")
+    assert not keeps_blocks("blk.0.ffn_gate_exps.weight", "Q4_K")
+    assert not keeps_blocks("blk.0.attn_norm.weight", "F32")
+    assert not keeps_blocks("blk.0.attn_q.weight", "IQ2_XXS")  # no kernel: dequantized
+
+
+def test_info_shows_the_vram_a_quantized_file_will_hold(tmp_path) -> None:
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(make_tiny_hf_config("llama"))
+    path = write_gguf_from_hf(model, None, tmp_path / "m.gguf", "Q8_0")
+    reader = gguf.GGUFReader(str(path))
+    blocks = sum(int(t.n_bytes) for t in reader.tensors if t.tensor_type.name == "Q8_0")
+    floats = sum(int(t.n_elements) for t in reader.tensors if t.tensor_type.name == "F32")
+    info = inspect_model(path, context_tokens=128)
+    vram = info.vram
+    assert vram.quantized_tensors == 16 and vram.dequantized_tensors == 0
+    assert vram.weights_bytes == blocks + 2 * floats  # blocks as stored, norms in bf16
+    assert vram.kv_bytes == kv_bytes(2, 2, 16, 128) == 2 * 2 * 2 * 16 * 128 * 2
+    assert vram.workspace_bytes == 96 * 64 * 2  # the largest layer matrix, bf16
+    assert vram.total_bytes == vram.weights_bytes + vram.kv_bytes + vram.workspace_bytes
+    text = format_model_info(info)
+    assert "VRAM on a GPU:" in text and "16 tensors kept in GGML blocks" in text
+    assert "at 128 tokens" in text
+    # Without a context: the engine's default, the model's own (256) under the 8192 cap.
+    assert inspect_model(path).vram_context_tokens == 256

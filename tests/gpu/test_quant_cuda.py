@@ -1,0 +1,114 @@
+"""Quantized GGUF weights on the GPU: the compiled Triton kernels against gguf-py and torch,
+and the default model (Q4_1) through the quantized CUDA path against the dequantized one.
+
+The CPU twins (tests/core/test_quant_kernels.py, test_quant_engine.py) run the same kernels
+through Triton's interpreter in float32; here they run compiled, in bf16, autotuned.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
+from strata.engine.protocol import SamplingSpec
+from tests.gpu.gpu_helpers import MIB, nvml_used_bytes
+from tests.helpers.quant_blocks import random_blocks
+
+pytestmark = pytest.mark.gpu
+
+ALL_TYPES = [QT[name] for name in KERNEL_QUANT_TYPES]
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_cuda_dequantize_equals_gguf_py(qtype: QT) -> None:
+    """Bit for bit in float32 (contraction off), and after rounding to bf16."""
+    from strata.engine.core.quant import kernels
+
+    raw = random_blocks(qtype, rows=64, cols=2048, seed=int(qtype))
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+    blocks = torch.from_numpy(raw).cuda()
+    got32 = kernels.dequantize(blocks, qtype, 2048, torch.float32).cpu()
+    np.testing.assert_array_equal(got32.numpy(), expected.numpy())
+    got16 = kernels.dequantize(blocks, qtype, 2048, torch.bfloat16).cpu()
+    assert torch.equal(got16, expected.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) -> None:
+    """bf16 activations, float32 accumulation: within 2% of the output's scale (tl.dot rounds
+    the weights to bf16 for 2..16 tokens, as the dequantized bf16 model does)."""
+    from strata.engine.core.quant.weight import QuantizedWeight, qlinear
+
+    rows, cols = 384, 2048
+    raw = random_blocks(qtype, rows, cols, seed=7, scale=0.01)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype)).cuda()
+    weight = QuantizedWeight(qtype, (rows, cols), torch.from_numpy(raw).cuda(), torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    bias = torch.randn(rows, device="cuda", generator=gen).bfloat16()
+    for num_tokens in [*range(1, 17), 100]:
+        x = torch.randn(num_tokens, cols, device="cuda", generator=gen).bfloat16()
+        expected = torch.nn.functional.linear(x.float(), dense, bias.float())
+        got = qlinear(x, weight, bias)
+        assert got.dtype == torch.bfloat16 and got.shape == (num_tokens, rows)
+        error = (got.float() - expected).abs().max().item()
+        scale = expected.abs().max().item()
+        assert error <= 2e-2 * scale, (num_tokens, error, scale)
+
+
+def _engine(model_path, monkeypatch, quantized: bool):
+    from strata.engine.core.engine import Engine, EngineConfig
+
+    monkeypatch.setenv("STRATA_QUANTIZED", "1" if quantized else "0")
+    engine = Engine(EngineConfig(model_path=str(model_path), device="cuda", context_tokens=1024))
+    engine.load()
+    return engine
+
+
+def _greedy(engine, prompt: list[int], num_tokens: int) -> list[int]:
+    spec = SamplingSpec(max_tokens=num_tokens, temperature=0.0)
+    return [t for step in engine.generate(prompt, spec) for t in step]
+
+
+def test_default_model_quantized_on_cuda_answers_like_the_dequantized_path(
+        smollm2_gguf, smollm2, monkeypatch) -> None:
+    from strata.engine.core.quant.weight import QuantizedLinear
+    from strata.engine.text import IncrementalDetokenizer
+
+    prompt = smollm2.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    torch.cuda.init()
+    baseline = nvml_used_bytes()
+    dequantized = _engine(smollm2_gguf, monkeypatch, quantized=False)
+    try:
+        held_dequantized = nvml_used_bytes() - baseline
+        expected = _greedy(dequantized, prompt, 32)
+        dense_bytes = dequantized.memory.weights.reserved_bytes
+    finally:
+        dequantized.close()
+    baseline = nvml_used_bytes()
+    engine = _engine(smollm2_gguf, monkeypatch, quantized=True)
+    try:
+        held = nvml_used_bytes() - baseline
+        assert isinstance(engine.model.model.layers[0].mlp.down_proj, QuantizedLinear)
+        assert engine.fast is not None  # the CUDA-graph decoder runs over the blocks
+        file_bytes = smollm2_gguf.stat().st_size
+        weights = engine.memory.weights.reserved_bytes
+        # Blocks as stored (norms in bf16, 2 MiB mapping granularity): about the file.
+        assert weights <= 1.1 * file_bytes and weights < 0.5 * dense_bytes, (weights, file_bytes)
+        # NVML after load (graphs, scratch and workspaces included on both sides): the
+        # quantized engine holds what the dequantized one held less the weights it saves.
+        saved = dense_bytes - weights
+        assert held <= held_dequantized - 0.8 * saved, (held / MIB, held_dequantized / MIB)
+        got = _greedy(engine, prompt, 32)
+        if got != expected:
+            first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
+            pytest.fail(f"greedy tokens diverge at {first}: {got[first]} != {expected[first]} "
+                        f"(quantized {got[:first + 1]}; dequantized {expected[:first + 1]})")
+        detokenizer = IncrementalDetokenizer(smollm2, skip_special=True)
+        text = "".join(detokenizer.push([t]) for t in got) + detokenizer.flush()
+        assert "Paris" in text, text
+    finally:
+        engine.close()

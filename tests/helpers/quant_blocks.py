@@ -1,0 +1,40 @@
+"""GGML blocks for kernel tests: random valid blocks of any type, or gguf-py's own quantization.
+
+Random bytes are valid blocks of every type Strata has a kernel for, as long as the fp16
+fields (d, dmin, m) are finite: so the bytes are random and those fields overwritten with
+random finite halves of both signs.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+# Byte offsets of the fp16 fields inside each block (ggml-common.h's block structs).
+HALF_OFFSETS = {
+    QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
+    QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
+    QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
+}  # fmt: skip
+
+
+def random_blocks(qtype: QT, rows: int, cols: int, seed: int, scale: float = 1.0) -> np.ndarray:
+    """uint8 [rows, row_bytes]: random blocks with finite fp16 fields of about `scale`."""
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // block_size, block_bytes), dtype=np.uint8)
+    for offset in HALF_OFFSETS[qtype]:
+        halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
+
+
+def gguf_quantized(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Rows of random values at scales from 1e-3 to 1e2 (and one zero row), quantized by
+    gguf-py: uint8 [rows, row_bytes]."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((rows, cols)).astype(np.float32)
+    values *= np.logspace(-3, 2, rows, dtype=np.float32)[:, None]
+    values[0] = 0.0
+    return gguf.quants.quantize(values, qtype)
