@@ -120,8 +120,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu: a smoke test of the decode rows, not a figure")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tokenizer", default=None,
+                        help="a GGUF with the default model's vocabulary (weights not needed), "
+                        "for a machine without the model; default: the default model")
     args = parser.parse_args()
-    model_path = str(default_model_path(fetch=True, progress=False))
+    model_path = args.tokenizer or str(default_model_path(fetch=True, progress=False))
     figures = []
     for name, schema in (("strings", SCHEMA), ("maxLength strings", BOUNDED_SCHEMA)):
         costs = sorted(mask_cost_us(model_path, args.tokens, schema))
