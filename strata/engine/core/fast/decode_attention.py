@@ -23,6 +23,7 @@ import torch
 
 from strata.engine.core.fast import pdl
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
+from strata.engine.core.quant.weight import compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ def check_fused(attn, kv_dtype: torch.dtype, device: torch.device, num_keys: int
     """
     if not is_usable(device):
         return f"Triton cannot run on {device}"
-    dtype = next(attn.parameters()).dtype
+    dtype = compute_dtype(attn)  # attention of QuantizedLinears has no parameters
     if kv_dtype != dtype:
         return f"KV cache dtype {kv_dtype} differs from the weights' {dtype}"
     gen = torch.Generator(device="cpu").manual_seed(0)

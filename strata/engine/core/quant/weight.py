@@ -245,3 +245,16 @@ def count_parameters(model: nn.Module) -> int:
     quantized = sum(m.weight.numel() for m in model.modules()
                     if isinstance(m, QuantizedLinear | QuantizedEmbedding))
     return quantized + sum(p.numel() for p in model.parameters())
+
+
+def compute_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype a module computes in: its first float weight's, or a quantized weight's
+    compute dtype (a module of QuantizedLinears, e.g. a Llama attention block, has no
+    parameters at all)."""
+    for sub in module.modules():
+        weight = getattr(sub, "weight", None)
+        if isinstance(weight, QuantizedWeight):
+            return weight.dtype
+        if isinstance(weight, torch.Tensor) and weight.is_floating_point():
+            return weight.dtype
+    raise ValueError(f"{type(module).__name__} has no weight to take a dtype from")
