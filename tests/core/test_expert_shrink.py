@@ -81,6 +81,7 @@ def test_an_auto_expert_cache_without_room_is_out_of_memory_not_a_bad_model(monk
 
     memory = residency.ModelMemory.__new__(residency.ModelMemory)
     memory.device, memory.dtype = torch.device("cuda", 0), torch.bfloat16  # no GPU touched
+    memory.backend = None  # no --vram-budget: only the free VRAM read below counts
     monkeypatch.setattr(residency, "read_free_vram_bytes", lambda index: 512 * MIB)
     config = ModelConfig(model_type="qwen3_moe", vocab_size=10, hidden_size=64,
                          intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
