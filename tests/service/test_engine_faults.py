@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import time
 
 import aiohttp
 import pytest
 from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig
+from helpers.processes import kill_hard
 
 from strata.engine.service.serve import serve
 from strata.engine.service.service import Service
@@ -71,7 +70,7 @@ async def test_health_recovers_by_itself_after_the_engine_is_killed(tiny_model_d
     async with http_server(tiny_model_dir) as (base, service), aiohttp.ClientSession() as session:
         assert (await health(session, base))[0] == 200
         pid = service.status()["engine_pid"]
-        os.kill(pid, signal.SIGKILL)
+        kill_hard(pid)
         for _ in range(200):  # the supervisor notices the exit
             if service.status()["engine_crashes"] == 1:
                 break

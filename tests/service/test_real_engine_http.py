@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from fakes.tiny_model import write_tiny_model_dir
+from helpers.processes import kill_hard
 
 from strata.engine.service.serve import serve
 from strata.engine.service.service import Service
@@ -113,7 +113,7 @@ async def test_a_persisted_session_survives_a_sigkill_of_the_engine(server):
     assert sorted(os.listdir(settings.snapshot_dir)) == files  # kept until replaced
 
     pid = service.status()["engine_pid"]
-    os.kill(pid, signal.SIGKILL)  # as the OOM killer would
+    kill_hard(pid)  # as the OOM killer would (TerminateProcess on Windows)
     deadline_s = time.monotonic() + 120
     while service.status()["engine_pid"] in (None, pid) or service.status()["engine"]["state"] != "loaded":
         assert time.monotonic() < deadline_s, service.status()

@@ -73,6 +73,8 @@ async def test_a_long_load_prints_the_model_then_the_seconds_so_far():
     assert "\r" not in stream.getvalue()
 
 
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="a terminal's Ctrl-C reaches the "
+                    "process group (killpg), which Windows lacks; there Ctrl+Break is another path")
 @pytest.mark.slow
 def test_ctrl_c_during_the_load_stops_at_once_without_a_traceback(tmp_path):
     try:
