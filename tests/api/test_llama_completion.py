@@ -59,7 +59,8 @@ async def test_streamed_completion_ends_with_the_final_object(client, service):
     ({"prompt": "hi", "cache_prompt": False}, "'cache_prompt': false"),
     ({"prompt": "hi", "n_probs": 21}, "'n_probs' is 21"),
     ({"prompt": "hi", "logit_bias": [[1]]}, "[token id, bias]"),
-    ({"prompt": ""}, "'prompt' must be"),
+    ({"prompt": ""}, "'prompt' is empty"),
+    ({"prompt": 5}, "'prompt' must be"),
     ({"prompt": "hi", "id_slot": 4}, "'id_slot' is 4"),
 ])
 async def test_bad_completion_requests(client, service, body, needle):

@@ -22,7 +22,12 @@ from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.params import GenerationParams
 from strata.engine.api.request_fields import refuse_unknown_fields
 from strata.engine.api.sampling_params import MAX_TOP_LOGPROBS, parse_penalties
-from strata.engine.api.textgen import TextGeneration, start_text_generation, text_assets
+from strata.engine.api.textgen import (
+    TextGeneration,
+    prompt_token_ids,
+    start_text_generation,
+    text_assets,
+)
 from strata.engine.protocol import TokenLogprob
 from strata.engine.text.token_bytes import token_bytes
 
@@ -86,19 +91,6 @@ def parse_completion(body: dict) -> GenerationParams:
         num_logprobs=v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None)
 
 
-def _prompt(assets: Any, prompt: Any) -> list[int]:
-    if isinstance(prompt, str) and prompt:
-        return list(assets.encode(prompt, add_special=True))
-    if (isinstance(prompt, list) and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        if not all(0 <= t < assets.vocab_size for t in prompt):
-            raise bad_request(f"'prompt' has token ids outside 0..{assets.vocab_size - 1}",
-                              param="prompt")
-        return prompt
-    raise bad_request("'prompt' must be a non-empty string or list of token ids",
-                      param="prompt")
-
-
 def completion_probabilities(assets: Any, records: Sequence[TokenLogprob]) -> list[dict]:
     """llama.cpp's completion_probabilities entries: id, token, bytes, logprob, top_logprobs."""
     def entry(token_id: int, logprob: float) -> dict:
@@ -133,8 +125,8 @@ async def completion(request: web.Request) -> web.StreamResponse:
     body = await v.read_json_object(request)
     params = parse_completion(body)
     assets = text_assets(service)
-    generation = await start_text_generation(service, assets, _prompt(assets, body.get("prompt")),
-                                             params)
+    prompt_ids = await prompt_token_ids(request.app, assets, body.get("prompt"))
+    generation = await start_text_generation(service, assets, prompt_ids, params)
     if not params.is_stream:
         try:
             text = await generation.collect()

@@ -13,14 +13,18 @@ from aiohttp import web
 from strata.engine.api import sse
 from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.chat_plan import plan_chat, template_kwargs
-from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.openai_chat import chat_response, chat_stream
 from strata.engine.api.openai_logprobs import completion_logprobs, summed_usage
 from strata.engine.api.output_format import openai_output_grammar, openai_thinking
 from strata.engine.api.params import parse_openai, parse_openai_completion
-from strata.engine.api.textgen import TextGeneration, start_text_generation, text_assets
+from strata.engine.api.textgen import (
+    TextGeneration,
+    prompt_token_ids,
+    start_text_generation,
+    text_assets,
+)
 from strata.engine.api.tool_spec import parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
@@ -163,24 +167,6 @@ async def send_stream_error(request: web.Request, response: web.StreamResponse,
         await sse.send_data(response, "[DONE]")
 
 
-async def _completion_prompt(app: web.Application, assets: Any, prompt: Any) -> list[int]:
-    """A prompt string, a list of token ids, or a one-element list of either."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("'prompt' is empty; send some text", param="prompt")
-        return list(await run_cpu(app, assets.encode, prompt, add_special=True))
-    if (isinstance(prompt, list) and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
-        if not all(0 <= t < assets.vocab_size for t in prompt):
-            raise bad_request(f"'prompt' has token ids outside 0..{assets.vocab_size - 1}",
-                              param="prompt")
-        return prompt
-    raise bad_request("'prompt' must be a non-empty string or list of token ids; batches of "
-                      "prompts are not supported", param="prompt")
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
     service = request.app[SERVICE_KEY]
@@ -189,7 +175,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if body.get("echo") not in (None, False) or body.get("suffix") is not None:
         raise bad_request("'echo' and 'suffix' are not supported; leave them out")
     assets = text_assets(service)
-    prompt_ids = await _completion_prompt(request.app, assets, body.get("prompt"))
+    prompt_ids = await prompt_token_ids(request.app, assets, body.get("prompt"))
     return await _respond(request, assets, prompt_ids, params, "cmpl", "text_completion",
                           "text_completion", _completion_choice, _completion_choice,
                           completion_logprobs, openai_output_grammar(body))

@@ -225,6 +225,24 @@ async def encode_chat(app: web.Application, assets: Any, messages: list[dict[str
                           param="messages") from None
 
 
+async def prompt_token_ids(app: web.Application, assets: Any, prompt: Any) -> list[int]:
+    """A prompt string, a list of token ids, or a one-element list of either."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' is empty; send some text", param="prompt")
+        return list(await run_cpu(app, assets.encode, prompt, add_special=True))
+    if (isinstance(prompt, list) and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        if not all(0 <= t < assets.vocab_size for t in prompt):
+            raise bad_request(f"'prompt' has token ids outside 0..{assets.vocab_size - 1}",
+                              param="prompt")
+        return prompt
+    raise bad_request("'prompt' must be a non-empty string or list of token ids; batches of "
+                      "prompts are not supported", param="prompt")
+
+
 async def start_text_generation(service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
                                 params: Any, grammar: str | None = None,
                                 choice: int = 0) -> TextGeneration:
