@@ -113,3 +113,9 @@ async def test_unprefixed_aliases_and_v1_health(client, service):
     assert (await chat.json())["choices"][0]["message"]["content"] == service.reply_text
     done = await client.post("/completions", json={"prompt": "The", "max_tokens": 2})
     assert (await done.json())["usage"]["completion_tokens"] == 2
+
+
+async def test_props_says_the_build_and_the_modalities(client):
+    props = await (await client.get("/props")).json()
+    assert props["build_info"].startswith("strata ")
+    assert props["modalities"] == {"vision": False, "audio": False}

@@ -60,8 +60,9 @@ def check(name: str, payload: dict) -> None:
 
 
 async def test_chat_completion(client):
-    check("CreateChatCompletionResponse",
-          await (await client.post("/v1/chat/completions", json=CHAT)).json())
+    answer = await (await client.post("/v1/chat/completions", json=CHAT)).json()
+    check("CreateChatCompletionResponse", answer)
+    assert answer["system_fingerprint"].startswith("fp_strata_")
 
 
 async def test_chat_completion_chunks(client):

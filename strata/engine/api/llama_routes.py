@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from strata import __version__ as STRATA_VERSION
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.keys import SERVICE_KEY
@@ -54,7 +55,8 @@ async def props(request: web.Request) -> web.Response:
     return web.json_response({
         "n_ctx": n_ctx, "default_generation_settings": {
             "n_ctx": n_ctx, "params": defaults.params(), "sources": dict(defaults.sources)},
-        "total_slots": NUM_CACHE_SLOTS,
+        "total_slots": NUM_CACHE_SLOTS, "build_info": f"strata {STRATA_VERSION}",
+        "modalities": {"vision": False, "audio": False},  # text in, text out
         # llama.cpp's field, but the file name only: where the server keeps it is its own.
         "model_path": file_name(str(status.get("model_path") or status.get("model")
                                     or service.model_id)),

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from strata import __version__ as STRATA_VERSION
 from strata.engine.api import sse
 from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.chat_plan import plan_chat, template_kwargs
@@ -31,6 +32,8 @@ from strata.engine.protocol import Usage
 
 log = logging.getLogger(__name__)
 STARTED_AT_S = int(time.time())
+# OpenAI's "backend configuration" tag: the server build (seeded outputs may differ across it).
+SYSTEM_FINGERPRINT = f"fp_strata_{STRATA_VERSION}"
 _MODEL_STATUS = {"sleeping": "sleeping", "unloaded": "unloaded", "loading": "unloaded",
                  "failed": "unloaded", "stopped": "unloaded"}
 
@@ -59,7 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     plan = await plan_chat(request.app, assets, messages, tools, output_grammar,
                            openai_thinking(body), template_kwargs(body, assets.chat_template))
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": service.model_id}
+            "model": service.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
 
     def start(index: int):
         return start_text_generation(service, assets, plan.prompt_ids, params, plan.grammar,
@@ -79,7 +82,7 @@ async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], par
     prompt's K/V (prefilled once) and each draws with its own seed (seed + index)."""
     service = request.app[SERVICE_KEY]
     head = {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": service.model_id}
+            "model": service.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
 
     def start(index: int):
         return start_text_generation(service, assets, prompt_ids, params, grammar,
