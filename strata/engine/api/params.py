@@ -28,9 +28,6 @@ from strata.engine.text.sampling_defaults import SamplingDefaults
 
 NO_PENALTIES = Penalties()
 LLAMA_CPP_DEFAULTS = SamplingDefaults()
-OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user",
-                "assistant": "assistant"}
-ANTHROPIC_ROLES = {"user": "user", "assistant": "assistant"}
 
 
 @dataclass(frozen=True)
@@ -97,26 +94,6 @@ def _text_of(content: Any, where: str, *, allow_null: bool = False) -> str:
                               param="messages")
         texts.append(part["text"])
     return "\n".join(texts)
-
-
-def parse_messages(body: dict, roles: dict[str, str]) -> list[dict[str, str]]:
-    """'messages' as [{'role', 'content'}] with roles mapped for the chat template."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of messages", param="messages")
-    parsed = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad_request(f"{where} must be an object with 'role' and 'content'",
-                              param="messages")
-        role = message.get("role")
-        if not isinstance(role, str) or role not in roles:
-            raise bad_request(f"{where} has unknown role {role!r}; use one of "
-                              f"{', '.join(roles)}", param="messages")
-        content = _text_of(message.get("content"), where, allow_null=(role == "assistant"))
-        parsed.append({"role": roles[role], "content": content})
-    return parsed
 
 
 def _max_tokens_name(body: dict) -> str:
