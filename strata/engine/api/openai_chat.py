@@ -84,7 +84,7 @@ async def chat_stream(request: web.Request, start: StartChoice, plan: ChatPlan, 
                       assets: Any, head: dict, usage) -> web.StreamResponse:
     """chat.completion.chunk events, each choice's tagged with its index, then usage and
     [DONE]; a failure after the headers ends with an error event."""
-    from strata.engine.api.openai_routes import send_stream_error
+    from strata.engine.api.openai_routes import end_stream, send_stream_error
 
     output = ChatOutput(await start(0), plan, "call_")  # fails as JSON before any header
     response = await sse.open_stream(request)
@@ -109,10 +109,7 @@ async def chat_stream(request: web.Request, start: StartChoice, plan: ChatPlan, 
             await sse.send_data(response, chunk(index, {}, finish_reason(output),
                                                 _logprobs(output, params, assets)))
             usages.append(output.generation.usage)
-        if params.include_usage:
-            await sse.send_data(response, {**head, "choices": [],
-                                           "usage": usage(summed_usage(usages))})
-        await sse.send_data(response, "[DONE]")
+        await end_stream(response, head, usages if params.include_usage else None, usage)
     except ConnectionError:
         log.info("client went away during %s; generation cancelled", request.path)
     except Exception as exc:  # noqa: BLE001 - logged there; the stream must end with an event

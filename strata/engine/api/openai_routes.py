@@ -131,10 +131,8 @@ async def _stream(request: web.Request, first: TextGeneration, start, params: An
                 generation = await start(index)
             await _stream_choice(response, generation, head, kind, choice, index, logprobs_of)
             usages.append(generation.usage)
-        if params.include_usage:
-            await sse.send_data(response, {**head, "choices": [],
-                                           "usage": openai_usage(summed_usage(usages))})
-        await sse.send_data(response, "[DONE]")
+        await end_stream(response, head, usages if params.include_usage else None,
+                         openai_usage)
     except ConnectionError:
         log.info("client went away during %s; generation cancelled", request.path)
     except Exception as exc:  # noqa: BLE001 - logged there; the stream must end with an event
@@ -157,6 +155,15 @@ async def _stream_choice(response: web.StreamResponse, generation: TextGeneratio
     final = choice(None, generation.finish_reason, is_first=False, index=index,
                    logprobs=logprobs_of(generation, text_offset))
     await sse.send_data(response, {**head, "choices": [final]})
+
+
+async def end_stream(response: web.StreamResponse, head: dict, usages: list | None,
+                     usage) -> None:
+    """The end of an OpenAI stream: the usage chunk of all choices (when asked), then [DONE]."""
+    if usages is not None:
+        await sse.send_data(response, {**head, "choices": [],
+                                       "usage": usage(summed_usage(usages))})
+    await sse.send_data(response, "[DONE]")
 
 
 async def send_stream_error(request: web.Request, response: web.StreamResponse,

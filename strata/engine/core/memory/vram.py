@@ -119,15 +119,7 @@ def _process_name(nvml: Any, pid: int) -> str:
 def gpu_processes(device_index: int = 0) -> list[GpuProcess]:
     """Processes holding memory on the GPU (compute and graphics), largest first; [] w/o NVML."""
     nvml = _load_nvml()
-    if nvml is None:
-        return []
-    try:
-        handle = _device_handle(nvml, device_index)
-        entries = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        entries += list(nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
-    except nvml.NVMLError as exc:
-        log.warning("NVML could not list processes of GPU %d: %s", device_index, exc)
-        return []
+    entries = _running_processes(nvml, device_index, logging.WARNING)
     used_by_pid: dict[int, int | None] = {}
     for entry in entries:
         used = getattr(entry, "usedGpuMemory", None)
@@ -144,7 +136,13 @@ def gpu_processes(device_index: int = 0) -> list[GpuProcess]:
 def gpu_pids(device_index: int = 0) -> list[int]:
     """Pids of the processes using the GPU (compute and graphics), without naming them: cheap
     enough for the rules' gpu_process watcher to call ten times a second; [] without NVML."""
-    nvml = _load_nvml()
+    entries = _running_processes(_load_nvml(), device_index, logging.DEBUG)
+    return sorted({int(entry.pid) for entry in entries})
+
+
+def _running_processes(nvml, device_index: int, failure_level: int) -> list:
+    """NVML's compute and graphics process entries of the GPU; [] without NVML or on error
+    (logged at failure_level: the ten-times-a-second watcher stays quiet)."""
     if nvml is None:
         return []
     try:
@@ -152,6 +150,6 @@ def gpu_pids(device_index: int = 0) -> list[int]:
         entries = list(nvml.nvmlDeviceGetComputeRunningProcesses(handle))
         entries += list(nvml.nvmlDeviceGetGraphicsRunningProcesses(handle))
     except nvml.NVMLError as exc:
-        log.debug("NVML could not list processes of GPU %d: %s", device_index, exc)
+        log.log(failure_level, "NVML could not list processes of GPU %d: %s", device_index, exc)
         return []
-    return sorted({int(entry.pid) for entry in entries})
+    return entries
