@@ -19,7 +19,7 @@ KIND=${3:-cuda}
 native=ON
 [ -n "${CUDA_ROOT:-}" ] && native=OFF
 args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=$native
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=${LLAMA_BUILD_EXAMPLES:-OFF} -DLLAMA_BUILD_SERVER=OFF
       -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_HTML=OFF -DLLAMA_CURL=OFF)
 if [ -n "${CUDA_ROOT:-}" ]; then
   export PATH="$CUDA_ROOT/bin:$PATH"
@@ -33,5 +33,8 @@ case "$KIND" in
 esac
 cmake -S "$SRC" -B "$BUILD" "${args[@]}" > "$BUILD.configure.log" 2>&1 || {
   tail -20 "$BUILD.configure.log" >&2; exit 1; }
-cmake --build "$BUILD" --target llama-bench -j "$(nproc)"
-echo "$BUILD/bin/llama-bench"
+# LLAMA_TARGETS: more tools from the same build, e.g. "llama-bench llama-batched-bench" for the
+# batching peer (issue 22); the first one's path is printed.
+read -r -a targets <<< "${LLAMA_TARGETS:-llama-bench}"
+cmake --build "$BUILD" --target "${targets[@]}" -j "$(nproc)"
+echo "$BUILD/bin/${targets[0]}"
