@@ -10,15 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-PROTOCOL_VERSION = 3  # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts
-# The KV cache slots of a loaded model, 0..NUM_CACHE_SLOTS-1: one number for host and engine.
+# 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
+# 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel)
+PROTOCOL_VERSION = 4
+# The default number of KV cache slots of a loaded model (--slots N changes it): slots are
+# 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
 NUM_CACHE_SLOTS = 4
 
 
-def slot_problem(slot: Any) -> str | None:
-    """Why `slot` is not a cache slot number (an int in 0..NUM_CACHE_SLOTS-1); None when it is."""
-    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < NUM_CACHE_SLOTS:
-        return f"cache slot must be 0..{NUM_CACHE_SLOTS - 1}, not {slot!r}"
+def slot_problem(slot: Any, num_slots: int = NUM_CACHE_SLOTS) -> str | None:
+    """Why `slot` is not a cache slot number (an int in 0..num_slots-1); None when it is."""
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < num_slots:
+        return f"cache slot must be 0..{num_slots - 1}, not {slot!r}"
     return None
 
 
@@ -74,7 +77,9 @@ class Generate:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingSpec
-    slot: int = 0
+    # None: the engine picks the slot whose cached tokens share the longest prefix with the
+    # prompt (above a threshold), else the least recently used idle slot (DESIGN §5).
+    slot: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ class Tokens:
 class Done:
     request_id: str
     usage: Usage
+    slot: int | None = None  # the cache slot the sequence used; None if it never got one
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,30 @@ class EngineConfig:
     random_weights: str | None = None
     # Bytes every arena together may map (--vram-budget); 0: no cap beyond the GPU's own.
     vram_budget_bytes: int = 0
+    # Continuous batching (DESIGN §5): KV cache slots (--slots), sequences decoding together
+    # (--parallel; 0: one per slot), and the prompt tokens prefilled per step between decode
+    # steps, so a long prompt delays running streams by at most one chunk.
+    num_slots: int = 4
+    parallel: int = 0
+    prefill_chunk_tokens: int = 512
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, not {self.num_slots}")
+        if not 0 <= self.parallel <= self.num_slots:
+            raise ValueError(f"parallel must be 0..num_slots ({self.num_slots}), not {self.parallel}")
+        if self.prefill_chunk_tokens < 16:
+            raise ValueError(f"prefill_chunk_tokens must be >= 16, not {self.prefill_chunk_tokens}")
         if self.context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, not {self.context_tokens}")
         for name in ("kv_budget_bytes", "snapshot_ram_budget_bytes",
                      "snapshot_disk_budget_bytes", "snapshot_ttl_s", "vram_budget_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
+
+    @property
+    def num_parallel(self) -> int:
+        """Sequences that decode together: parallel, or one per slot when it is 0."""
+        return self.parallel or self.num_slots
