@@ -69,7 +69,9 @@ class Load:
 
 @dataclass(frozen=True)
 class Unload:
-    pass
+    # A file name with "{slot}": every slot's history is written there after the VRAM is
+    # given back (a rule's unload keeps the conversation); the Reply lists "kept_slots".
+    keep_sessions_as: str | None = None
 
 
 @dataclass(frozen=True)

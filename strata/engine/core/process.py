@@ -211,8 +211,8 @@ class EngineLoop:
         request_id = command.request_id if isinstance(command, p.Generate) else None
         try:
             if isinstance(command, p.Unload):
-                self._close_engine(for_exit=True)
-                self.send(p.Reply(command_id, {"unloaded": True}))
+                kept = self._close_engine(for_exit=True, keep_sessions_as=command.keep_sessions_as)
+                self.send(p.Reply(command_id, {"unloaded": True, "kept_slots": kept}))
                 return False
             if isinstance(command, p.Generate):
                 self.generate(command)
@@ -359,13 +359,27 @@ class EngineLoop:
                 usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")
                 self.send(p.Done(request_id, usage))
 
-    def _close_engine(self, for_exit: bool = False) -> None:
+    def _close_engine(self, for_exit: bool = False, keep_sessions_as: str | None = None,
+                      ) -> list[int]:
         """Close the engine; for_exit: the process ends next, so the engine may take its
-        fast path (close_for_exit: VRAM back at once, host memory left to the exit)."""
-        if self.engine is not None:
-            engine, self.engine, self.load_info = self.engine, None, None
-            close = getattr(engine, "close_for_exit", None) if for_exit else None
-            (close or engine.close)()
+        fast path (close_for_exit: VRAM back at once, host memory left to the exit).
+        Returns the slots kept as keep_sessions_as files."""
+        if self.engine is None:
+            return []
+        engine, self.engine, self.load_info = self.engine, None, None
+        close = getattr(engine, "close_for_exit", None) if for_exit else None
+        if close is None:
+            engine.close()
+            return []
+        # close_for_exit destroys the CUDA context: the engine's tensors must never be freed
+        # after it (a pinned tensor's destructor records an event on the dead context and
+        # torch calls terminate: issue 18's unload row), so they live until os._exit.
+        _KEPT_UNTIL_EXIT.append(engine)
+        kept = close(keep_sessions_as) if keep_sessions_as else close()
+        return list(kept or [])
+
+
+_KEPT_UNTIL_EXIT: list[Any] = []  # engines closed for exit: never garbage-collected
 
 
 def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config: Any = None) -> None:

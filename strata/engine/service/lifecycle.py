@@ -447,22 +447,6 @@ class Lifecycle:
             log.info("%s", exc.message)  # working as designed: one line, no traceback
             raise
 
-    async def _keep_sessions(self) -> None:
-        """Save every slot with a session to a file, so the next load restores it."""
-        if self.supervisor.pid is None or self._is_sleeping or self.engine_state == "sleeping":
-            return  # asleep, the KV is not mapped: the sessions live only in the snapshots
-        await self._refresh()
-        slots = self.engine_info.get("slots") or []
-        for row in slots:
-            slot, num_tokens = row.get("id"), int(row.get("n_tokens") or 0)
-            if not isinstance(slot, int) or num_tokens <= 0:
-                continue
-            try:
-                await self.supervisor.command(p.SaveSlot(slot, KEPT_SLOT_FILE.format(slot=slot)))
-                self._kept_slots.append(slot)
-            except (EngineCommandError, TimeoutError) as exc:
-                log.warning("slot %d's session is not kept over the unload: %s", slot, exc)
-
     async def _restore_kept_slots(self) -> None:
         kept, self._kept_slots = self._kept_slots, []
         for slot in kept:
@@ -523,12 +507,14 @@ class Lifecycle:
         supervisor = self.supervisor
         self.shrinker.clear()
         was_running = supervisor.pid is not None or supervisor.state != "unloaded"
-        if keep_sessions:
-            await self._keep_sessions()
         restart = self._restart_task
         if restart is not None and restart is not asyncio.current_task():
             restart.cancel()  # unloaded on purpose: no restart after an earlier crash
-        await supervisor.stop()
+        # A rule's unload keeps the conversations: the engine writes them to files once its
+        # VRAM is back (the game must not wait for the disk), and the next load restores them.
+        kept = await supervisor.stop(keep_sessions_as=KEPT_SLOT_FILE if keep_sessions else None)
+        if keep_sessions:
+            self._kept_slots = list(kept)
         self.engine_info, self.engine_state, self._engine_pid = {}, None, None
         self._is_sleeping = self._experts_released = self._session_offloaded = False
         standby_pid = await supervisor.start_standby() if self.keep_standby else None

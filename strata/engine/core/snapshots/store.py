@@ -342,8 +342,10 @@ class SnapshotStore:
 
     # ---- lifetime --------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Persistent: write RAM snapshots to their files. Otherwise: free RAM, delete files."""
+    def close(self, free_host_memory: bool = True) -> None:
+        """Persistent: write RAM snapshots to their files. Otherwise: free RAM, delete files.
+        free_host_memory=False leaves the pinned pool to the process exit (the CUDA context
+        may already be gone, and unregistering needs it)."""
         for entry in sorted(self._entries.values(), key=lambda e: e.order):
             if self.is_persistent and entry.location == RAM:
                 try:
@@ -355,4 +357,5 @@ class SnapshotStore:
                 self._discard(entry)
             entry.snapshot = None  # its pool block returns once no one else holds it
         self._entries.clear()
-        self.host_pool.close()
+        if free_host_memory:
+            self.host_pool.close()
