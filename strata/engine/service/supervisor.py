@@ -78,6 +78,7 @@ class Supervisor:
         self._standby: EngineHandle | None = None  # spawned, no model: the next load uses it
         self._command_ids = itertools.count(1)
         self._bring_up_lock = asyncio.Lock()
+        self.last_exit_code: int | None = None  # of the last model-holding engine process
         self._stop_requested = False  # stop() came while starting: the failure is no crash
         self._context = multiprocessing.get_context("spawn")  # fork would copy CUDA/threads
 
@@ -494,6 +495,8 @@ class Supervisor:
 
     def _on_exit(self, handle: EngineHandle, exit_code: int | None) -> None:
         handle.is_alive = False
+        if handle is self._handle:
+            self.last_exit_code = exit_code  # 0 after a clean Unload; an abort is a bug
         reason = handle.kill_reason or describe_exit(exit_code)
         message = f"the engine process (pid {handle.pid}) {reason}"
         if not handle.ready.done():
