@@ -97,6 +97,32 @@ def live_cuda_tensors(limit: int) -> list[dict]:
     return rows[:limit]
 
 
+def graph_holders() -> list[str]:
+    """Each live CUDAGraph (its private pool holds memory) and who refers to it."""
+    import torch
+
+    rows = []
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.cuda.CUDAGraph):
+            holders = [type(r).__name__ for r in gc.get_referrers(obj)][:4]
+            for ref in gc.get_referrers(obj):
+                if isinstance(ref, dict):
+                    holders += [type(r).__name__ for r in gc.get_referrers(ref)][:3]
+            rows.append(",".join(holders))
+    return rows
+
+
+def pool_segments() -> dict[str, float]:
+    """Reserved MiB per allocator pool: (0, 0) is the default pool, others are graph pools."""
+    import torch
+
+    pools: dict[str, float] = {}
+    for segment in torch.cuda.memory_snapshot():
+        key = str(segment.get("segment_pool_id"))
+        pools[key] = pools.get(key, 0.0) + segment["total_size"] / MIB
+    return pools
+
+
 def part_sleep(args, out):
     import torch
 
@@ -118,7 +144,8 @@ def part_sleep(args, out):
            "freed_bytes": result.get("freed_bytes"),
            "torch_allocated_mib": torch.cuda.memory_allocated() / MIB,
            "torch_reserved_mib": torch.cuda.memory_reserved() / MIB,
-           "live_tensors": live_cuda_tensors(args.top)}
+           "live_tensors": live_cuda_tensors(8), "graphs": graph_holders(),
+           "pools_mib": pool_segments()}
     torch.cuda.empty_cache()
     row["after_empty_cache_mib"] = process_used_mib()
     out.put(row)

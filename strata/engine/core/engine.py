@@ -11,8 +11,10 @@ lifecycle levels release and bring back at the same addresses.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
+import pkgutil
 import time
 from collections.abc import Iterator, Sequence
 
@@ -157,6 +159,21 @@ class Engine:
         self._logprobs: list[TokenLogprob] = []  # of tokens yielded, until take_logprobs()
 
     # ---- loading ------------------------------------------------------------------------------
+
+    @staticmethod
+    def warm_imports(config: EngineConfig | None = None) -> list[str]:
+        """For a standby process: import the modules a GPU load imports on its critical path
+        (torch.compile's dynamo and inductor, the fast decoder, the kernels) without creating a
+        CUDA context, so the next load pays only for the model. Nothing on the CPU."""
+        if getattr(config, "device", "auto") == "cpu" or not torch.cuda.is_available():
+            return []
+        names = ["torch._dynamo", "torch._inductor.compile_fx"]
+        for package in ("strata.engine.core.fast", "strata.engine.core.quant"):
+            module = importlib.import_module(package)
+            names += [info.name for info in pkgutil.iter_modules(module.__path__, package + ".")]
+        for name in names:
+            importlib.import_module(name)
+        return names
 
     def load(self) -> dict:
         """Read the model into arenas, build it over them, size the context. Returns what was

@@ -189,6 +189,14 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - reported on Load, where the host listens
             traceback.print_exc(file=sys.stderr)
             self._factory_error = exc
+        # Then what a GPU load would import on its critical path (torch.compile's compiler,
+        # the kernels), still without a CUDA context (issue 18: load from standby).
+        warm_imports = getattr(self._factory, "warm_imports", None)
+        if warm_imports is not None and not self.conn.poll(0):
+            try:
+                warm_imports(self.config)
+            except Exception:  # noqa: BLE001 - the load imports them again and reports it
+                log.warning("warming the standby's imports failed", exc_info=True)
         while True:
             envelope = self.pending.popleft() if self.pending else self.recv()
             if not self.handle(envelope):
@@ -291,6 +299,7 @@ class EngineLoop:
             "is_factory_imported": self._factory is not None,
             "is_torch_imported": torch is not None,
             "is_cuda_initialized": is_cuda_initialized,
+            "is_compiler_imported": "torch._dynamo" in sys.modules,
         }
 
     def level_command(self, command: Any, command_id: int) -> p.Event:
@@ -390,6 +399,11 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     """
     # Ctrl-C in a terminal reaches the whole process group; the host decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Torch's caching allocator keeps a whole segment while any block in it lives: small
+    # buffers left from a prefill held 390 MiB through a sleep (issue 18). Expandable segments
+    # give back every page no live tensor uses. Set before torch is imported; a user's own
+    # setting wins.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     setup_logging("engine", "engine: %(message)s")  # a rotating file where there is no stderr
     loop = EngineLoop(conn, factory, config)
     try:
