@@ -66,3 +66,7 @@ class ServiceFacade(Protocol):
 
     def status(self) -> dict[str, Any]:
         """A snapshot for /v1/status, /health, /metrics; never wakes anything."""
+
+    @property
+    def state_listeners(self) -> list[Callable[[], None]]:
+        """Called on the service loop whenever status() may have changed; no one polls."""
