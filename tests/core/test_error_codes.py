@@ -40,10 +40,10 @@ def test_a_class_name_alone_maps_to_nothing():
     class WeirdNotApplicable(RuntimeError):
         pass
 
-    class StrataError(RuntimeError):  # noqa: N818 - the name, not the class
+    class StrataError(RuntimeError):  # the name, not the class
         pass
 
-    class ArenaMapError(RuntimeError):  # noqa: N818
+    class ArenaMapError(RuntimeError):
         pass
 
     for fake in (SomeOutOfMemoryError, WeirdNotApplicable, StrataError, ArenaMapError):
