@@ -24,6 +24,7 @@ from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
+from strata.errors import StrataError
 from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
@@ -101,32 +102,29 @@ def storage_error_code(exc: BaseException | None) -> str | None:
 
 
 def error_code(exc: BaseException, command: Any) -> str:
-    """The protocol error code for an exception raised while running `command`."""
-    if isinstance(exc, _CommandRefused):
-        return exc.code
+    """The protocol error code for an exception raised while running `command`: the `code` the
+    exception carries (EngineError subclasses, ArenaMapError, ...), else by its type, never by
+    its class name (tests/core/test_process_errors.py checks)."""
     storage_code = None if isinstance(command, p.Load) else storage_error_code(exc)
-    if storage_code is not None:
+    if storage_code is not None and not isinstance(exc, _CommandRefused):
         return storage_code
-    # An engine error may name its protocol code itself (e.g. code = "not_applicable" on a
-    # dense model's release_experts, "out_of_memory" when VRAM could not be mapped).
     code = getattr(exc, "code", None)
     if isinstance(code, str) and code.isidentifier() and code.islower():
         return code
-    name = type(exc).__name__
-    # ArenaMapError: a load whose arenas could not be mapped (another program holds the VRAM)
-    # is a refusal the host retries, not a failed model.
-    if "OutOfMemory" in name or isinstance(exc, MemoryError) or name == "ArenaMapError":
+    if isinstance(exc, (MemoryError, *_torch_out_of_memory_types())):
         return "out_of_memory"
-    if "NotApplicable" in name:
-        return "not_applicable"
     # The engine's own user-facing errors (StrataError) and bad model files (ModelFormatError,
     # a ValueError) are the caller's to fix, not bugs.
-    is_user_error = any(c.__name__ == "StrataError" for c in type(exc).__mro__) or isinstance(
-        exc, (ValueError, OSError)
-    )
-    if is_user_error:
+    if isinstance(exc, (StrataError, ValueError, OSError)):
         return "load_failed" if isinstance(command, p.Load) else "bad_request"
     return "internal"
+
+
+def _torch_out_of_memory_types() -> tuple[type[BaseException], ...]:
+    """torch's CUDA out-of-memory error, when torch is imported (a standby may not have it)."""
+    torch = sys.modules.get("torch")
+    error = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    return (error,) if isinstance(error, type) else ()
 
 
 _can_select_pipes = sys.platform != "win32"
@@ -230,7 +228,7 @@ class EngineLoop:
             elif isinstance(command, p.GetStatus):
                 self.send(self.status_event(command_id))
             elif isinstance(command, p.Load):
-                self.send(p.Reply(command_id, self.load(command)))
+                self.send(p.Reply(command_id, self.load(command), self.engine_status()))
             elif type(command) in _LEVEL_METHODS:
                 self.send(self.level_command(command, command_id))
             else:
@@ -282,20 +280,21 @@ class EngineLoop:
         return self.config
 
     def status_event(self, command_id: int | None) -> p.Status:
-        if self.engine is None:
-            return p.Status("standby", self._standby_info(), command_id=command_id)
-        info = dict(self.engine.status() or {})
-        state = str(info.pop("state", "loaded"))
-        info["pid"] = os.getpid()
-        return p.Status(state, info, command_id=command_id)
+        return p.Status(self.engine_status(), command_id=command_id)
 
-    def _standby_info(self) -> dict[str, Any]:
+    def engine_status(self) -> p.EngineStatus:
+        """The engine's status, typed once here for every host reader."""
+        if self.engine is None:
+            return p.EngineStatus(p.EngineState.STANDBY, os.getpid(),
+                                  standby=self._standby_info())
+        return p.EngineStatus.of_engine(self.engine.status(), os.getpid())
+
+    def _standby_info(self) -> dict[str, bool]:
         """What a process without a model has ready: the engine module (torch) imported, and
         whether CUDA was touched (it must not be: a standby holds no VRAM)."""
         torch = sys.modules.get("torch")
         is_cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
         return {
-            "pid": os.getpid(),
             "is_factory_imported": self._factory is not None,
             "is_torch_imported": torch is not None,
             "is_cuda_initialized": is_cuda_initialized,
@@ -309,7 +308,8 @@ class EngineLoop:
             reason = "no model is loaded" if self.engine is None else "this engine has no such level"
             return p.Error("not_applicable", f"{name} does not apply: {reason}", command_id=command_id)
         fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
-        return p.Reply(command_id, dict(method(**fields) or {}))
+        result = dict(method(**fields) or {})
+        return p.Reply(command_id, result, self.engine_status())
 
     def generate(self, command: p.Generate) -> None:
         rid = command.request_id

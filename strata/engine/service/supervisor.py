@@ -36,7 +36,6 @@ __all__ = ["EngineCommandError", "EngineUnavailable", "Supervisor", "describe_ex
 
 log = logging.getLogger(__name__)
 
-STATES = ("unloaded", "starting", "loaded", "failed")
 OUT_OF_MEMORY_RETRY_S = 5.0  # Retry-After of a load the engine refused for want of VRAM
 
 
