@@ -108,7 +108,7 @@ def test_process_serves_commands_in_order_and_survives_failures():
         assert 1 <= events[-1].usage.completion_tokens < 1000
 
         cid = engine.send(p.Unload())
-        assert engine.recv() == p.Reply(cid, {"unloaded": True})
+        assert engine.recv() == p.Reply(cid, {"unloaded": True, "kept_slots": []})
         engine.process.join(10)
         assert engine.process.exitcode == 0
     finally:
@@ -185,7 +185,7 @@ def test_generation_streams_where_select_cannot_poll_pipes(monkeypatch):
         assert events[-1].usage == p.Usage(3, 6, 0, "length")
         assert process._can_select_pipes is False  # tried once, then never again
         host.send(p.Envelope(3, p.Unload()))
-        assert host.recv() == p.Reply(3, {"unloaded": True})
+        assert host.recv() == p.Reply(3, {"unloaded": True, "kept_slots": []})
         thread.join(10)
         assert not thread.is_alive()
     finally:
