@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from strata import __version__
 from strata.app.bridge import ServiceBridge, SignalLogHandler
-from strata.app.config_file import read_config
+from strata.engine.service.config_file import read_config
 from strata.app.dashboard import Dashboard
 from strata.app.icons import icon
 from strata.app.self_check import SelfCheck

@@ -24,11 +24,16 @@ from PySide6.QtWidgets import (
 )
 
 from strata.app import autostart
-from strata.app.config_file import read_config, write_config
+from strata.engine.service.config_file import read_config, write_config
 from strata.app.icons import icon
 from strata.app.rules_editor import RulesEditor
 from strata.engine.service.rules import rule_to_table, rules_from_config
-from strata.engine.service.settings import FLAG_NAMES, IDLE_FIELDS, ServeSettings, check_setting
+from strata.engine.service.settings import (
+    IDLE_FIELDS,
+    ServeSettings,
+    check_setting,
+    field_for_key,
+)
 from strata.errors import user_message
 from strata.units import MIB
 
@@ -56,8 +61,7 @@ TRAY_TABLE = "tray"  # [tray] holds rules_enabled; settings.py skips it
 
 def canonical_key(key: str) -> str:
     """A config key as the ServeSettings field it sets (config files may use flag names)."""
-    name = key.replace("-", "_")
-    return FLAG_NAMES.get(key.replace("_", "-"), name)
+    return field_for_key(key) or key.replace("-", "_")
 
 
 def _path_row(edit: QLineEdit, pick) -> QWidget:
