@@ -24,9 +24,9 @@ from PySide6.QtWidgets import (
 )
 
 from strata.app import autostart
-from strata.engine.service.config_file import read_config, write_config
 from strata.app.icons import icon
 from strata.app.rules_editor import RulesEditor
+from strata.engine.service.config_file import read_config, write_config
 from strata.engine.service.rules import rule_to_table, rules_from_config
 from strata.engine.service.settings import (
     IDLE_FIELDS,
