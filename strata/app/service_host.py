@@ -288,7 +288,8 @@ def _failing_factory(message: str) -> ServerFactory:
     return factory
 
 
-def tray_service_host(config_file: str | None, overrides: dict[str, Any],
+def tray_service_host(config_file: str | None, overrides: dict[str, Any], *,
+                      options: HostOptions | None = None,
                       **host_options: Any) -> tuple[ThreadServiceHost, Any]:
     """The tray's service host and settings, built by the same Host (one read of the config
     file) as `strata serve`; a config that cannot be read shows as the error state, with
@@ -297,11 +298,13 @@ def tray_service_host(config_file: str | None, overrides: dict[str, Any],
         root = Host.from_config(config_file, overrides, port_advice="--port or in Settings",
                                 **host_options)
     except StrataError as exc:  # the settings' and config file's errors: one line
-        return ThreadServiceHost(_failing_factory(user_message(exc) or str(exc))), None
+        message = user_message(exc) or str(exc)
+        return ThreadServiceHost(_failing_factory(message), options=options), None
     try:
         rules = root.rules
     except StrataError as exc:
         log.error("rules not loaded: %s", user_message(exc) or exc)
         rules = []
-    host = ThreadServiceHost(root.start_server, rules=rules, rules_enabled=root.rules_enabled)
+    host = ThreadServiceHost(root.start_server, rules=rules, rules_enabled=root.rules_enabled,
+                             options=options)
     return host, root.settings

@@ -100,8 +100,8 @@ def _file_values(data: Mapping[str, Any], where: str) -> dict[str, Any]:
         if name is None:
             raise SettingsError(f"{where}: unknown key {key!r}; known keys: "
                                 f"{', '.join(CONFIG_KEYS)}")
-        try:
-            values[name] = check_setting(name, value)
+        try:  # the message names the key as the file spells it
+            values[name] = BY_NAME[name].kind.check(key, value)
         except SettingsError as exc:
             raise SettingsError(f"{where}: {exc}") from None
     return values

@@ -109,9 +109,9 @@ class ServeSettings:
         None, Text(path="file"), "GGUF file or Hugging Face directory (unset: the embedded SmolLM2-135M)",
         goes=Goes.SERVICE, metavar="PATH", label="Model",
         placeholder="embedded default: SmolLM2-135M-Instruct")
-    host: str = setting("127.0.0.1", HostAddress(), "address to bind",
-                        goes=Goes.API)
-    port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)", goes=Goes.API, label="Port")
+    host: str = setting("127.0.0.1", HostAddress(), "address to bind", goes=Goes.API)
+    port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)",
+                        goes=Goes.API, label="Port", placeholder="any free port")
     api_key: str | None = setting(
         None, Text(is_secret=True), "require this key (Bearer or x-api-key); visible to other "
         "users in the process list, so prefer the config file or STRATA_API_KEY",
