@@ -176,7 +176,8 @@ def add_setting_argument(parser: argparse.ArgumentParser, name: str, *, default:
         raise ValueError(f"setting {name!r} has no flag")
     shown = default_text(spec)
     text = help or spec.help + (f" (default {shown})" if shown else "")
-    options: dict[str, Any] = {"dest": spec.name, "default": default, "help": text.replace("%", "%%")}
+    options: dict[str, Any] = {"dest": spec.name, "default": default,
+                               "help": text.replace("%", "%%")}
     if isinstance(spec.kind, Boolean):
         options["action"] = argparse.BooleanOptionalAction
     elif isinstance(spec.kind, Choice):

@@ -106,8 +106,8 @@ class ServeSettings:
     """Everything `strata serve` and the tray need to run the server. Validated on creation."""
 
     model: str | None = setting(
-        None, Text(path="file"), "GGUF file or Hugging Face directory (unset: the embedded SmolLM2-135M)",
-        goes=Goes.SERVICE, metavar="PATH", label="Model",
+        None, Text(path="file"), "GGUF file or Hugging Face directory (unset: the embedded "
+        "SmolLM2-135M)", goes=Goes.SERVICE, metavar="PATH", label="Model",
         placeholder="embedded default: SmolLM2-135M-Instruct")
     host: str = setting("127.0.0.1", HostAddress(), "address to bind", goes=Goes.API)
     port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)",
