@@ -20,8 +20,9 @@ def _model_path(arg: str | None) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from strata.engine.core.engine import Engine, EngineConfig
+    from strata.engine.core.engine import Engine
     from strata.engine.protocol import SamplingSpec
+    from strata.engine.service.settings import engine_config_for, settings_from_config
     from strata.engine.text import IncrementalDetokenizer, load_text_assets
 
     model_path = _model_path(args.model)
@@ -33,7 +34,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt_ids = assets.encode_chat([{"role": "user", "content": args.prompt}])
     else:
         prompt_ids = assets.encode(args.prompt)
-    engine = Engine(EngineConfig(model_path=model_path, device=args.device))
+    engine = Engine(engine_config_for(settings_from_config({}, {"device": args.device}),
+                                      model_path))
     engine.load()
     spec = SamplingSpec(
         max_tokens=args.max_tokens,
@@ -70,7 +72,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from strata.engine.core.loader import inspect_model
     from strata.engine.core.model_info import format_model_info
 
-    print(format_model_info(inspect_model(_model_path(args.model), args.context)))
+    print(format_model_info(inspect_model(_model_path(args.model), args.context_tokens)))
     return 0
 
 
@@ -103,7 +105,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from strata.engine.service.serve import serve_from_args
+    from strata.host.serve import serve_from_args
 
     return serve_from_args(args)
 
@@ -136,6 +138,10 @@ def _models_dir_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The server's flags, and those the other commands share with it, come from the settings
+    # schema (torch-free, cheap to import).
+    from strata.engine.service.settings import add_serve_arguments, add_setting_argument
+
     parser = argparse.ArgumentParser(prog="strata", description=__doc__)
     parser.add_argument("--version", action="version", version=f"strata {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -154,14 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int)
-    gen.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_setting_argument(gen, "device", default="auto")
     gen.add_argument("-v", "--verbose", action="store_true")
     gen.set_defaults(func=cmd_generate)
 
     info = sub.add_parser("info", help="describe a model file")
     info.add_argument("model", nargs="?")
-    info.add_argument("--context", type=int, default=0, metavar="TOKENS",
-                      help="context for the VRAM estimate (default: the model's, capped at 8192)")
+    add_setting_argument(info, "context_tokens", default=0, help="context for the VRAM "
+                         "estimate (default: the model's, capped at 8192)")
     info.set_defaults(func=cmd_info)
 
     pull = sub.add_parser("pull", help="fetch a model from the Hugging Face hub (HF_ENDPOINT, "
@@ -188,12 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=None)  # main() hands everything after `bench` to the suite
 
     serve = sub.add_parser("serve", help="run the OpenAI/Anthropic-compatible server")
-    try:
-        from strata.engine.service.settings import add_serve_arguments
-
-        add_serve_arguments(serve)
-    except ImportError:  # pragma: no cover - the service package is always shipped
-        pass
+    add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     return parser
 

@@ -18,6 +18,7 @@ FORBIDDEN = {
     "engine/protocol.py": {"PySide6", "torch", "aiohttp"},
     "engine/gguf_file.py": {"PySide6", "torch", "aiohttp"},
     "library": {"PySide6", "torch", "aiohttp"},
+    "host": {"PySide6", "torch"},
 }
 
 
@@ -55,6 +56,18 @@ def test_only_app_imports_qt() -> None:
         if "app" not in path.relative_to(ROOT).parts[:1] and "PySide6" in imported_modules(path)
     ]
     assert not offenders, f"Qt imported outside strata/app: {offenders}"
+
+
+def test_the_service_leaves_the_api_to_the_composition_root() -> None:
+    """engine/service never imports engine/api: the root (strata/host) hands it the service."""
+    offenders = []
+    for path in files_of("engine/service"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                          if n.startswith("strata.engine.api")]
+    assert not offenders, "; ".join(offenders)
 
 
 def test_checker_catches_a_forbidden_import(tmp_path: Path) -> None:

@@ -9,25 +9,22 @@ import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
 from strata import __version__
 from strata.app.bridge import ServiceBridge, SignalLogHandler
-from strata.app.config_file import read_config
 from strata.app.dashboard import Dashboard
 from strata.app.icons import icon
 from strata.app.self_check import SelfCheck
-from strata.app.server import start_tray_server
-from strata.app.service_host import ThreadServiceHost
+from strata.app.service_host import ThreadServiceHost, tray_service_host
 from strata.app.settings_window import SettingsWindow
 from strata.app.single_instance import SingleInstance, ask_running_instance, server_name
 from strata.app.tray import TrayController
+from strata.engine.service.config_file import read_config
 from strata.engine.service.rules import rules_from_config
-from strata.engine.service.settings import add_serve_arguments, load_settings, overrides_from_args
-from strata.errors import user_message
+from strata.engine.service.settings import add_serve_arguments, overrides_from_args
 from strata.logs import setup_logging
 
 log = logging.getLogger("strata.tray")
@@ -41,13 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-file", help=argparse.SUPPRESS)
     parser.add_argument("--artifacts-dir", help=argparse.SUPPRESS)
     return parser
-
-
-def _failing_factory(message: str):
-    async def factory(settings: Any):
-        raise RuntimeError(message)  # shown as the tray's error state; Settings can fix it
-
-    return factory
 
 
 class TrayApp:
@@ -67,23 +57,10 @@ class TrayApp:
         self.settings_window.restart_requested.connect(self.restart_server)
         app.aboutToQuit.connect(self.shutdown)
 
-    def _settings(self) -> tuple[Any, str | None]:
-        try:
-            return load_settings(self.args.config, overrides_from_args(self.args)), None
-        except Exception as exc:
-            return None, user_message(exc) or str(exc)
-
     def _new_host(self) -> ThreadServiceHost:
-        self.settings, error = self._settings()
-        try:
-            config = read_config(self.config_file)
-            rules = rules_from_config(config.get("rules", []))
-            rules_enabled = bool(config.get("tray", {}).get("rules_enabled", True))
-        except Exception as exc:
-            log.error("rules not loaded: %s", user_message(exc) or exc)
-            rules, rules_enabled = [], True
-        factory = start_tray_server if error is None else _failing_factory(error)
-        return ThreadServiceHost(factory, rules=rules, rules_enabled=rules_enabled)
+        thread_host, self.settings = tray_service_host(self.args.config,
+                                                       overrides_from_args(self.args))
+        return thread_host
 
     def start(self) -> None:
         self.bridge.start(self.settings)

@@ -15,14 +15,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import psutil
-
 from strata.app.menu_model import DONE_VERB
 from strata.engine.service.rules import Rule, RuleEvent
 from strata.engine.service.rules_engine import RulesEngine
 from strata.engine.service.service import LevelEvent
 from strata.engine.service.telemetry import GpuTelemetry, read_ram
-from strata.errors import user_message
+from strata.errors import StrataError, user_message
+from strata.host.root import Host, own_pids
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +56,6 @@ class ServiceHost(Protocol):
         self, rules: list[Rule] | None = None, is_enabled: bool | None = None
     ) -> None: ...
     def stop(self, timeout_s: float = 30.0) -> None: ...
-
-
-def own_pids() -> set[int]:
-    """This process and its children (the engine process): what counts as Strata's."""
-    me = psutil.Process()
-    try:
-        return {me.pid, *(child.pid for child in me.children(recursive=True))}
-    except psutil.Error:
-        return {me.pid}
 
 
 def describe_error(exc: BaseException) -> str:
@@ -311,3 +301,32 @@ class ThreadServiceHost:
                 getattr(self._listener, method)(*args)
             except Exception:
                 log.exception("listener %s failed", method)
+
+
+def _failing_factory(message: str) -> ServerFactory:
+    async def factory(settings: Any) -> RunningServer:
+        raise RuntimeError(message)  # shown as the tray's error state; Settings can fix it
+
+    return factory
+
+
+def tray_service_host(config_file: str | None, overrides: dict[str, Any], *,
+                      options: HostOptions | None = None,
+                      **host_options: Any) -> tuple[ThreadServiceHost, Any]:
+    """The tray's service host and settings, built by the same Host (one read of the config
+    file) as `strata serve`; a config that cannot be read shows as the error state, with
+    settings None. host_options go to Host (tests pass make_service)."""
+    try:
+        root = Host.from_config(config_file, overrides, port_advice="--port or in Settings",
+                                **host_options)
+    except StrataError as exc:  # the settings' and config file's errors: one line
+        message = user_message(exc) or str(exc)
+        return ThreadServiceHost(_failing_factory(message), options=options), None
+    try:
+        rules = root.rules
+    except StrataError as exc:
+        log.error("rules not loaded: %s", user_message(exc) or exc)
+        rules = []
+    host = ThreadServiceHost(root.start_server, rules=rules, rules_enabled=root.rules_enabled,
+                             options=options)
+    return host, root.settings

@@ -10,65 +10,43 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
-    QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
     QPushButton,
-    QSpinBox,
     QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
 from strata.app import autostart
-from strata.app.config_file import read_config, write_config
 from strata.app.icons import icon
 from strata.app.rules_editor import RulesEditor
+from strata.app.setting_editors import SettingEditor, editor_for
+from strata.engine.service.config_file import read_config, write_config
 from strata.engine.service.rules import rule_to_table, rules_from_config
-from strata.engine.service.settings import FLAG_NAMES, IDLE_FIELDS, ServeSettings, check_setting
+from strata.engine.service.settings import (
+    BY_NAME,
+    IDLE_FIELDS,
+    SETTINGS,
+    ServeSettings,
+    check_setting,
+    field_for_key,
+)
 from strata.errors import user_message
-from strata.units import MIB
 
-IDLE_LABELS = {
-    "cache_release_idle_s": "Release experts after idle",
-    "session_offload_idle_s": "Offload session after idle",
-    "sleep_idle_s": "Sleep after idle",
-    "idle_unload_s": "Unload after idle",
-}
-# Every field the window edits, as the form names it (also in "takes effect on restart").
-FIELD_LABELS = {
-    "model": "Model",
-    "port": "Port",
-    "api_key": "API key",
-    **IDLE_LABELS,
-    "min_free_vram_mib": "VRAM guard: wait for free",
-    "vram_wait_s": "VRAM guard: wait at most",
-    "before_load": "Before-load command",
-    "snapshot_dir": "Snapshot directory",
-    "snapshot_ram_budget_bytes": "Snapshot RAM budget",
-    "snapshot_disk_budget_bytes": "Snapshot disk budget",
-}
+# Every field the window edits, as the form names it (also in "takes effect on restart"):
+# the settings the schema gives a label, in the schema's order.
+FIELD_LABELS = {spec.name: spec.label for spec in SETTINGS if spec.label}
+IDLE_LABELS = {name: FIELD_LABELS[name] for name in IDLE_FIELDS}
 TRAY_TABLE = "tray"  # [tray] holds rules_enabled; settings.py skips it
 
 
 def canonical_key(key: str) -> str:
     """A config key as the ServeSettings field it sets (config files may use flag names)."""
-    name = key.replace("-", "_")
-    return FLAG_NAMES.get(key.replace("_", "-"), name)
-
-
-def _path_row(edit: QLineEdit, pick) -> QWidget:
-    row = QWidget()
-    layout = QHBoxLayout(row)
-    layout.setContentsMargins(0, 0, 0, 0)
-    layout.addWidget(edit)
-    browse = QPushButton("Browse…")
-    browse.clicked.connect(pick)
-    layout.addWidget(browse)
-    return row
+    return field_for_key(key) or key.replace("-", "_")
 
 
 class SettingsWindow(QDialog):
@@ -86,22 +64,17 @@ class SettingsWindow(QDialog):
         self._running_endpoint = running_endpoint or (lambda: None)
         self.setWindowTitle("Strata settings")
         self.setWindowIcon(icon("app"))
-        defaults = ServeSettings()
-        self.model = QLineEdit()
-        self.model.setPlaceholderText("embedded default: SmolLM2-135M-Instruct")
-        self.port = QSpinBox(maximum=65535)
-        self.port.setSpecialValueText("any free port")
+        # One editor per labelled setting, built from the schema; each input is also an
+        # attribute named after its setting (window.port, window.sleep_idle_s, ...).
+        self.editors: dict[str, SettingEditor] = {
+            name: editor_for(BY_NAME[name], self._pick_path) for name in FIELD_LABELS
+        }
+        for name, editor in self.editors.items():
+            setattr(self, name, editor.input)
+        self.idle = {name: self.editors[name].input for name in IDLE_FIELDS}
+        self.snapshot_ram_mib = self.editors["snapshot_ram_budget_bytes"].input
+        self.snapshot_disk_mib = self.editors["snapshot_disk_budget_bytes"].input
         self.port_note = QLabel("")
-        self.api_key = QLineEdit(echoMode=QLineEdit.EchoMode.Password)
-        self.api_key.setPlaceholderText("none: anyone on this machine may connect")
-        self.idle = {name: self._seconds_box(86400 * 7) for name in IDLE_FIELDS}
-        self.min_free_vram_mib = QSpinBox(maximum=1024 * 1024, suffix=" MiB")
-        self.vram_wait_s = QDoubleSpinBox(maximum=3600, suffix=" s", decimals=1)
-        self.before_load = QLineEdit()
-        self.before_load.setPlaceholderText('e.g. curl -X POST http://127.0.0.1:8188/free -d "{}"')
-        self.snapshot_dir = QLineEdit()
-        self.snapshot_ram_mib = QSpinBox(maximum=1024 * 1024, suffix=" MiB")
-        self.snapshot_disk_mib = QSpinBox(maximum=64 * 1024 * 1024, suffix=" MiB")
         self.autostart = QCheckBox("Start Strata when I log in")
         self.rules_enabled = QCheckBox("Rules enabled")
         self.rules_editor = RulesEditor()
@@ -110,38 +83,30 @@ class SettingsWindow(QDialog):
         self.restart_button = QPushButton("Restart server now")
         self.restart_button.setVisible(False)
         self.restart_button.clicked.connect(self.restart_requested)
-        self._defaults = defaults
+        self._defaults = ServeSettings()
         self._loaded: dict[str, Any] = {}
         self._build()
 
-    def _seconds_box(self, maximum_s: int) -> QDoubleSpinBox:
-        box = QDoubleSpinBox(maximum=maximum_s, suffix=" s", decimals=0)
-        box.setSpecialValueText("off")  # 0 shows as "off", like the config's absent key
-        return box
+    def _row(self, name: str) -> QWidget:
+        """The form row of a setting, with the extras of the model and port rows."""
+        row = self.editors[name].row
+        if name == "model":
+            use_default = QPushButton("Use default model")
+            use_default.clicked.connect(self.editors["model"].input.clear)
+            row.layout().addWidget(use_default)
+        elif name == "port":
+            row = QWidget()
+            box = QHBoxLayout(row)
+            box.setContentsMargins(0, 0, 0, 0)
+            box.addWidget(self.editors["port"].input)
+            box.addWidget(self.port_note, 1)
+        return row
 
     def _build(self) -> None:
         server = QWidget()
         form = QFormLayout(server)
-        model_row = _path_row(self.model, self._pick_model)
-        use_default = QPushButton("Use default model")
-        use_default.clicked.connect(self.model.clear)
-        model_row.layout().addWidget(use_default)
-        form.addRow("Model", model_row)
-        port_row = QWidget()
-        port_box = QHBoxLayout(port_row)
-        port_box.setContentsMargins(0, 0, 0, 0)
-        port_box.addWidget(self.port)
-        port_box.addWidget(self.port_note, 1)
-        form.addRow("Port", port_row)
-        form.addRow("API key", self.api_key)
-        for name, box in self.idle.items():
-            form.addRow(IDLE_LABELS[name], box)
-        form.addRow("VRAM guard: wait for free", self.min_free_vram_mib)
-        form.addRow("VRAM guard: wait at most", self.vram_wait_s)
-        form.addRow("Before-load command", self.before_load)
-        form.addRow("Snapshot directory", _path_row(self.snapshot_dir, self._pick_snapshot_dir))
-        form.addRow("Snapshot RAM budget", self.snapshot_ram_mib)
-        form.addRow("Snapshot disk budget", self.snapshot_disk_mib)
+        for name, label in FIELD_LABELS.items():
+            form.addRow(label, self._row(name))
         form.addRow("", self.autostart)
         rules = QWidget()
         rules_box = QVBoxLayout(rules)
@@ -166,22 +131,18 @@ class SettingsWindow(QDialog):
         layout.addLayout(buttons)
         self.resize(640, 600)
 
-    def _pick_model(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self,
-            "Choose a model",
-            self.model.text(),
-            "GGUF models (*.gguf);;Hugging Face config (config.json)",
-        )
-        if path:  # a chosen config.json means its directory
-            self.model.setText(str(Path(path).parent) if path.endswith("config.json") else path)
-
-    def _pick_snapshot_dir(self) -> None:
-        path = QFileDialog.getExistingDirectory(
-            self, "Snapshot directory", self.snapshot_dir.text()
-        )
+    def _pick_path(self, edit: QLineEdit, kind: str) -> None:
+        """Browse for a model file (a chosen config.json means its directory) or a folder."""
+        if kind == "dir":
+            path = QFileDialog.getExistingDirectory(self, "Choose a folder", edit.text())
+        else:
+            path, _ = QFileDialog.getOpenFileName(
+                self, "Choose a model", edit.text(),
+                "GGUF models (*.gguf);;Hugging Face config (config.json)")
+            if path.endswith("config.json"):
+                path = str(Path(path).parent)
         if path:
-            self.snapshot_dir.setText(path)
+            edit.setText(path)
 
     def open_settings(self) -> None:
         """Reload the fields from the config file, then show the window."""
@@ -199,24 +160,10 @@ class SettingsWindow(QDialog):
             raw = {}
         self._loaded = raw
         values = {canonical_key(k): v for k, v in raw.items() if k not in ("rules", TRAY_TABLE)}
-        d = self._defaults
-        self.model.setText(str(values.get("model") or ""))
-        self.port.setValue(int(values.get("port", d.port)))
+        for name, editor in self.editors.items():
+            editor.set(values.get(name))
         endpoint = self._running_endpoint()
         self.port_note.setText(f"running now at {endpoint}" if endpoint else "not running now")
-        self.api_key.setText(str(values.get("api_key") or ""))
-        for name, box in self.idle.items():
-            box.setValue(float(values.get(name) or 0))
-        self.min_free_vram_mib.setValue(int(values.get("min_free_vram_mib", d.min_free_vram_mib)))
-        self.vram_wait_s.setValue(float(values.get("vram_wait_s", d.vram_wait_s)))
-        before = values.get("before_load") or ""
-        self.before_load.setText(before if isinstance(before, str) else " ".join(before))
-        self.snapshot_dir.setText(str(values.get("snapshot_dir") or ""))
-        for box, name in (
-            (self.snapshot_ram_mib, "snapshot_ram_budget_bytes"),
-            (self.snapshot_disk_mib, "snapshot_disk_budget_bytes"),
-        ):
-            box.setValue(int(check_setting(name, values.get(name, getattr(d, name))) // MIB))
         self.autostart.setChecked(autostart.is_autostart_enabled())
         self.rules_enabled.setChecked(bool(raw.get(TRAY_TABLE, {}).get("rules_enabled", True)))
         try:
@@ -228,18 +175,7 @@ class SettingsWindow(QDialog):
 
     def server_values(self) -> dict[str, Any]:
         """The ServeSettings fields as the form has them; None means "absent from the file"."""
-        return {
-            "model": self.model.text().strip() or None,
-            "port": self.port.value(),
-            "api_key": self.api_key.text() or None,
-            **{name: (box.value() or None) for name, box in self.idle.items()},
-            "min_free_vram_mib": self.min_free_vram_mib.value(),
-            "vram_wait_s": self.vram_wait_s.value(),
-            "before_load": self.before_load.text().strip() or None,
-            "snapshot_dir": self.snapshot_dir.text().strip() or None,
-            "snapshot_ram_budget_bytes": self.snapshot_ram_mib.value() * MIB,
-            "snapshot_disk_budget_bytes": self.snapshot_disk_mib.value() * MIB,
-        }
+        return {name: editor.get() for name, editor in self.editors.items()}
 
     def save(self) -> bool:
         """Validate and write the config file; apply autostart now; emit saved(changed keys)."""
@@ -279,7 +215,8 @@ class SettingsWindow(QDialog):
             self._say(user_message(exc) or str(exc), is_error=True)
             return False
         self._loaded = read_config(self.config_file)
-        needs_restart = [FIELD_LABELS[k] for k in FIELD_LABELS if k in changed]
+        needs_restart = [label for name, label in FIELD_LABELS.items()
+                         if name in changed and BY_NAME[name].needs_restart]
         if needs_restart:
             self._say(f"Saved to {self.config_file}. {', '.join(needs_restart)}: "
                       "takes effect when the server restarts.")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata.app.config_file import ConfigFileError, dumps, read_config, write_config
+from strata.engine.service.config_file import ConfigFileError, dumps, read_config, write_config
 
 scalars = st.one_of(
     st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(), st.floats(allow_nan=False)

@@ -1,18 +1,19 @@
 """docs/configuration.md cannot drift from the code: its table lists every `strata serve` flag
-(add_serve_arguments), every config key (ServeSettings' fields) and their real defaults."""
+(add_serve_arguments), every config key (the settings schema's) and their real defaults, and
+its environment table every variable the schema reads."""
 
 from __future__ import annotations
 
 import argparse
 import re
 import tomllib
-from dataclasses import fields
 
 import pytest
 from doc_examples import DOCS_DIR
 
 from strata.engine.service.rules import RuleConfigError, rule_from_table
 from strata.engine.service.settings import (
+    SETTINGS,
     ServeSettings,
     SettingsError,
     add_serve_arguments,
@@ -81,8 +82,8 @@ def test_the_table_lists_every_config_key_once():
         assert key.replace("-", "_") in (field_name, flags[0][2:].replace("-", "_")), key
         fields_by_key[key] = field_name
     names = sorted(fields_by_key.values())
-    assert names == sorted(f.name for f in fields(ServeSettings)), \
-        "each ServeSettings field needs exactly one row with its config key"
+    assert names == sorted(s.name for s in SETTINGS if s.key is not None), \
+        "each setting with a config key needs exactly one row with that key"
 
 
 @pytest.mark.parametrize("flags,key,cell", [pytest.param(*row, id=row[0][0])
@@ -97,6 +98,13 @@ def test_documented_default_is_the_real_default(flags, key, cell, tmp_path):
         path = tmp_path / "config.toml"
         path.write_text(f"{key} = {_CODE.findall(cell)[0]}\n", encoding="utf-8")
         assert getattr(load_settings(path, {}), field_name) == real
+
+
+def test_every_environment_variable_is_documented():
+    documented = {code.split("=")[0] for cells in _table_rows("`STRATA_")
+                  for code in _CODE.findall(cells[0])}
+    expected = {s.env for s in SETTINGS if s.env}
+    assert expected - documented == set(), "environment variables missing from the docs"
 
 
 def test_an_undocumented_key_is_refused(tmp_path):

@@ -8,8 +8,8 @@ import json
 import sys
 
 from strata.engine.service.before_load import BeforeLoadHook
-from strata.engine.service.serve import hide_api_key_argument
 from strata.engine.service.settings import load_settings
+from strata.host.serve import hide_api_key_argument
 
 
 def test_the_key_comes_from_the_environment_or_the_config_file(tmp_path, monkeypatch):

@@ -13,9 +13,9 @@ import pytest
 from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig
 from helpers.processes import kill_hard
 
-from strata.engine.service.serve import serve
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
+from strata.host.serve import serve
 
 pytestmark = pytest.mark.timeout(90)
 

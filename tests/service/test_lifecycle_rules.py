@@ -13,7 +13,7 @@ import pytest
 from fakes.services import make_service
 from helpers.processes import kill_hard
 
-from strata.engine.service.serve import serve
+from strata.host.serve import serve
 
 pytestmark = pytest.mark.timeout(120)
 

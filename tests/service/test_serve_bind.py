@@ -3,7 +3,7 @@ names and addresses, loopback and --allowed-hosts, never '*'), warns without an 
 the real bound address. `strata serve` and the tray bind through the same function, so the tray
 gets the same checks and cancels the handler of a client that went away.
 
-Real serve()/start_tray_server, Service, Supervisor and engine process loop (fake engine).
+Real serve()/Host.start_server (the tray's), Service, Supervisor and engine process loop (fake engine).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import psutil
 import pytest
 from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig
 
-from strata.app.server import start_tray_server
-from strata.engine.service.serve import serve
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
+from strata.host.root import Host
+from strata.host.serve import serve
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -99,7 +99,7 @@ async def test_the_tray_binds_like_serve(tiny_model_dir):
     settings = ServeSettings(model=str(tiny_model_dir), host="0.0.0.0", port=0,
                              allowed_hosts=("host.docker.internal",))
     service = _service(tiny_model_dir, settings, token_delay_s=0.05)
-    tray = await start_tray_server(settings, service=service)
+    tray = await Host(settings).start_server(service=service)
     try:
         base = tray.endpoint_url.removesuffix("/v1")
         await _check_hosts(base, int(base.rsplit(":", 1)[1]))

@@ -15,9 +15,9 @@ import pytest
 from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig
 
 from strata.default_model import DefaultModelError, default_model_path
-from strata.engine.service.serve import ServeError, report_load_progress, serve
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
+from strata.host.serve import ServeError, report_load_progress, serve
 from tests.e2e.server import server_command, server_env
 
 pytestmark = pytest.mark.timeout(120)

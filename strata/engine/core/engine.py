@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import pkgutil
 import time
 from collections.abc import Iterator, Sequence
@@ -102,28 +101,26 @@ def compute_dtype(device: torch.device, config: ModelConfig) -> torch.dtype:
     return torch.float32
 
 
-def make_fast_decoder(model: torch.nn.Module, device: torch.device, step_hook=None):
-    """The CUDA-graph decoder for a model on a GPU; None on the CPU or with STRATA_FAST=0.
-    step_hook: a partial expert cache's promotion (ModelMemory.promotion), or None."""
-    if device.type != "cuda" or os.environ.get("STRATA_FAST", "1") == "0":
+def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: EngineConfig,
+                      step_hook=None):
+    """The CUDA-graph decoder for a model on a GPU; None on the CPU or with fast_decode off.
+    config's fast_* fields force pieces on or off; step_hook: a partial expert cache's
+    promotion (ModelMemory.promotion), or None."""
+    if device.type != "cuda" or not config.fast_decode:
         return None
     from strata.engine.core.fast.decode_graph import GraphDecoder
 
-    def flag(name: str) -> bool | None:  # unset: the decoder decides; "0"/"1": off/on
-        value = os.environ.get(name)
-        return None if value is None else value == "1"
-
     decoder = GraphDecoder(
         model,
-        use_cuda_graphs=flag("STRATA_FAST_GRAPHS"),
-        compile_pointwise=flag("STRATA_FAST_COMPILE"),
-        fused_attention=flag("STRATA_FAST_ATTENTION"),
-        dense_kernels=flag("STRATA_FAST_DENSE"),
+        use_cuda_graphs=config.fast_cuda_graphs,
+        compile_pointwise=config.fast_compile_pointwise,
+        fused_attention=config.fast_fused_attention,
+        dense_kernels=config.fast_dense_kernels,
         step_hook=step_hook,
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
-    tuned = decoder.tune_prefill(graphs=flag("STRATA_FAST_PREFILL_GRAPHS") is not False)
+    tuned = decoder.tune_prefill(graphs=config.fast_prefill_graphs)
     if tuned["warm_up_s"]:
         log.info("prefill kernels compiled in %.1f s", tuned["warm_up_s"])
     if seconds := tuned["ops_s"]:
@@ -197,7 +194,8 @@ class Engine:
         self.memory = ModelMemory(backend, self.dtype)
         try:
             self.model = self.memory.build(config, source, self.config.expert_cache)
-            self.fast = make_fast_decoder(self.model, self.device, self.memory.promotion)
+            self.fast = make_fast_decoder(self.model, self.device, self.config,
+                                          self.memory.promotion)
             del source
             self.model_config = config
             self.context_tokens = self.config.context_tokens or min(

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+EXPERT_CACHE_WORDS = ("auto", "off", "all")
+_EXPERT_CACHE_SIZE = re.compile(r"\d+(?:\.\d+)?\s*(mib|gib)")
+
+
+def parse_expert_cache(spec: str | int) -> str:
+    """The one vocabulary of --expert-cache, for the settings and the engine alike: auto,
+    off, all, a number of expert slots >= 1, or a size such as 8192MiB or 8GiB. Returns it
+    normalized (lower case, no spaces around); ValueError otherwise."""
+    text = str(spec).strip().lower()
+    if text in EXPERT_CACHE_WORDS or (text.isdigit() and int(text) >= 1) \
+            or _EXPERT_CACHE_SIZE.fullmatch(text):
+        return text
+    raise ValueError(
+        f"expert_cache {spec!r} is not understood: use auto, off, all, a slot count or a size"
+    )
 
 
 @dataclass(frozen=True)
@@ -30,8 +47,20 @@ class EngineConfig:
     num_slots: int = 4
     parallel: int = 0
     prefill_chunk_tokens: int = 512
+    # The fast decode path on CUDA (DESIGN §8): fast_decode False decodes and prefills with
+    # the plain torch path. The next four force one piece on or off (None: the engine decides):
+    # CUDA graphs, torch.compile'd element-wise groups, the Triton decode attention, the Triton
+    # projections and norms of one token. fast_prefill_graphs False prefills fresh prompts as
+    # called, without graphs. Settings (STRATA_FAST* in the environment) set these.
+    fast_decode: bool = True
+    fast_cuda_graphs: bool | None = None
+    fast_compile_pointwise: bool | None = None
+    fast_fused_attention: bool | None = None
+    fast_dense_kernels: bool | None = None
+    fast_prefill_graphs: bool = True
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "expert_cache", parse_expert_cache(self.expert_cache))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.num_slots < 1:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from strata.engine.core.engine_config import parse_expert_cache
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
 from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES, is_quantizable
@@ -84,16 +85,6 @@ def expert_names(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
         for i, layer in enumerate(model.model.layers)
         if isinstance(layer.mlp, SparseMoE)
     }
-
-
-def parse_expert_cache(spec: str) -> str:
-    """Normalise --expert-cache: auto | off | all | N | <size>MiB|GiB; ValueError otherwise."""
-    text = str(spec).strip().lower()
-    if text in ("auto", "off", "all") or text.isdigit() or text.endswith(("mib", "gib")):
-        return text
-    raise ValueError(
-        f"expert_cache {spec!r} is not understood: use auto, off, all, a slot count or a size"
-    )
 
 
 class ModelMemory:

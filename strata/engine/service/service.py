@@ -33,7 +33,7 @@ from strata.engine.service.facade import GenerationRequest, ServiceError
 from strata.engine.service.levels import DOWN_ACTIONS, UP_ACTIONS, Action, State
 from strata.engine.service.lifecycle import IDLE_TIMERS, Lifecycle, slot_row
 from strata.engine.service.metrics import ServiceMetrics
-from strata.engine.service.settings import ServeSettings
+from strata.engine.service.settings import ServeSettings, engine_config_for
 from strata.engine.service.status_schema import ServiceStatus
 from strata.engine.service.supervisor import Supervisor
 from strata.engine.service.vram_guard import FreeVramReader, VramGuard
@@ -64,25 +64,6 @@ def _load_text_assets(model_path: str) -> Any:
     from strata.engine.text import load_text_assets  # host-side, torch-free
 
     return load_text_assets(model_path)
-
-
-def _build_engine_config(settings: ServeSettings, model_path: str) -> Any:
-    # Imported here: engine.py imports torch, which the host needs only when it builds this.
-    from strata.engine.core.engine_config import EngineConfig
-
-    return EngineConfig(
-        model_path=model_path,
-        device=settings.device,
-        context_tokens=settings.context_tokens,
-        kv_budget_bytes=settings.kv_budget_bytes,
-        snapshot_dir=settings.snapshot_dir,
-        snapshot_ram_budget_bytes=settings.snapshot_ram_budget_bytes,
-        snapshot_disk_budget_bytes=settings.snapshot_disk_budget_bytes,
-        persist_sessions=settings.persist_sessions,
-        snapshot_ttl_s=settings.snapshot_ttl_s,
-        expert_cache=str(settings.expert_cache),
-        vram_budget_bytes=settings.vram_budget_bytes,
-    )
 
 
 def model_sampling_defaults(settings: ServeSettings, model_path: str | None) -> SamplingDefaults:
@@ -226,7 +207,7 @@ class Service:
                 None, model_sampling_defaults, self.settings, self._model_path)
         if self._engine_config is None:
             self._engine_config = await loop.run_in_executor(
-                None, _build_engine_config, self.settings, self._model_path
+                None, engine_config_for, self.settings, self._model_path
             )
         if self._supervisor is None:
             self._supervisor = Supervisor(

@@ -1,4 +1,5 @@
-"""Read and write the TOML config file that `strata serve` reads. Qt-free.
+"""The TOML config file: the one reader (for `strata serve` and the tray alike) and the writer
+(the tray's Settings window).
 
 tomllib only reads, so this writes TOML itself: scalar and list keys at the top, then tables
 and arrays of tables (`[[rules]]`). Writes go to a temp file and are renamed into place.
@@ -13,24 +14,30 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from strata.errors import StrataError
+from strata.engine.service.settings_kinds import SettingsError
 
 
-class ConfigFileError(StrataError):
+class ConfigFileError(SettingsError):
     """The config file cannot be read or written; the message says which and how to fix it."""
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """The parsed config file; {} when it does not exist yet."""
+def read_config(path: Path, *, must_exist: bool = False) -> dict[str, Any]:
+    """The parsed config file; {} when it does not exist yet, unless must_exist (a file named
+    on the command line)."""
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
+        if must_exist:
+            raise ConfigFileError(f"config file {path} does not exist; create it or drop "
+                                  "--config") from None
         return {}
+    except OSError as exc:
+        raise ConfigFileError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigFileError(
             f"config file {path} is not valid TOML ({exc}); fix or delete it"
-        ) from exc
+        ) from None
 
 
 def _key(name: str) -> str:

@@ -1,4 +1,4 @@
-"""`strata serve`: settings -> Service -> the HTTP API, until SIGINT/SIGTERM.
+"""`strata serve`: the Host's parts (host/root.py) until SIGINT/SIGTERM, without a tray.
 
 The config file's [[rules]] run headless here too, through the same RulesEngine as the tray.
 """
@@ -12,26 +12,16 @@ import logging
 import signal
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from strata.engine.api.listen import ListenError, close_sockets
 from strata.engine.service.facade import ServiceError
-from strata.engine.service.rules_engine import rules_engine_from_config
-from strata.engine.service.service import Service
-from strata.engine.service.settings import (
-    API_KEY_ENV,
-    ServeSettings,
-    SettingsError,
-    default_config_file,
-    load_settings,
-    overrides_from_args,
-)
+from strata.engine.service.settings import API_KEY_ENV, ServeSettings, overrides_from_args
 from strata.engine.service.telemetry import GpuTelemetry
 from strata.errors import StrataError
+from strata.host.root import Host
 from strata.logs import setup_logging
 from strata.units import GIB, MIB
 
@@ -45,16 +35,14 @@ class ServeError(StrataError):
 
 def serve_from_args(args: argparse.Namespace) -> int:
     """Entry of `strata serve`: read the settings, run the server until interrupted."""
-    config_file = getattr(args, "config", None)
-    settings = load_settings(config_file, overrides_from_args(args))
-    config = read_config_tables(config_file)
+    host = Host.from_config(getattr(args, "config", None), overrides_from_args(args))
     setup_logging("serve", "strata: %(message)s")  # a rotating file when run without a console
     if getattr(args, "api_key", None):
         log.warning("--api-key puts the key in the process list, where other users of this "
                     "machine can read it; set %s or api-key in the config file instead",
                     API_KEY_ENV)
         hide_api_key_argument(sys.argv)
-    return asyncio.run(serve(settings, config=config))
+    return asyncio.run(serve_host(host))
 
 
 def hide_api_key_argument(argv: list[str]) -> None:
@@ -67,30 +55,6 @@ def hide_api_key_argument(argv: list[str]) -> None:
             argv[i] = "--api-key=***"
 
 
-def read_config_tables(config_file: str | Path | None) -> dict[str, Any]:
-    """The whole config file as a dict (for its [[rules]] and [tray] tables); {} without one.
-
-    load_settings has already checked that the file exists and parses.
-    """
-    path = Path(config_file).expanduser() if config_file is not None else default_config_file()
-    if path is None:
-        return {}
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"cannot read config file {path}: {exc}") from None
-
-
-def own_pids() -> set[int]:
-    """This process and its children (engine and standby): the VRAM that is Strata's own."""
-    me = psutil.Process()
-    pids = {me.pid}
-    with contextlib.suppress(psutil.Error):
-        pids.update(child.pid for child in me.children(recursive=True))
-    return pids
-
-
 async def serve(
     settings: ServeSettings,
     *,
@@ -100,16 +64,28 @@ async def serve(
     config: Mapping[str, Any] | None = None,
     rules_interval_s: float = RULES_INTERVAL_S,
 ) -> int:
-    """Start the service and its API on settings.host:port; stop on SIGINT/SIGTERM or stop_event.
+    """serve_host() for settings and a parsed config file (its [[rules]] and [tray])."""
+    return await serve_host(Host(settings, config or {}), service=service,
+                            stop_event=stop_event, on_listening=on_listening,
+                            rules_interval_s=rules_interval_s)
 
-    `service` replaces Service(settings) (tests run a fake engine through it); on_listening
-    gets the endpoint URL once the port is bound; `config` is the parsed config file, whose
-    [[rules]] then run every rules_interval_s.
+
+async def serve_host(
+    host: Host,
+    *,
+    service: Any = None,
+    stop_event: asyncio.Event | None = None,
+    on_listening: Callable[[str], None] | None = None,
+    rules_interval_s: float = RULES_INTERVAL_S,
+) -> int:
+    """Start the host's service and its API on settings.host:port; stop on SIGINT/SIGTERM or
+    stop_event.
+
+    `service` replaces host.build_service() (tests run a fake engine through it);
+    on_listening gets the endpoint URL once the port is bound; the config's [[rules]] run
+    every rules_interval_s.
     """
-    # the api layer depends on us, not the reverse
-    from strata.engine.api.listen import ListenError, bind_sockets, close_sockets, start_listening
-
-    service = service if service is not None else Service(settings)
+    service = service if service is not None else host.build_service()
     stop_event = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -118,7 +94,7 @@ async def serve(
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             pass
     try:
-        sockets = bind_sockets(settings.host, settings.port)  # a busy port fails before any load
+        sockets = host.bind()  # a busy port fails before any load
     except ListenError as exc:
         raise ServeError(str(exc)) from None
     runner = None
@@ -130,13 +106,13 @@ async def serve(
         load_failure = _load_failure(service)
         if load_failure is not None:  # a model that cannot load: say why and exit
             raise ServeError(load_failure)
-        listening = await start_listening(service, settings, sockets=sockets)
+        listening = await host.listen(service, sockets)
         runner, url = listening.runner, listening.endpoint_url
         status = service.status()
         log.info("serving %s at %s (engine %s)", service.model_id, url, status.get("state"))
         if on_listening is not None:
             on_listening(url)
-        rules_task = _start_rules(service, config or {}, rules_interval_s)
+        rules_task = _start_rules(host, service, rules_interval_s)
         await stop_event.wait()
         log.info("stopping")
     finally:
@@ -244,15 +220,13 @@ def _load_failure(service: Any) -> str | None:
     return f"cannot load the model: {reason}"
 
 
-def _start_rules(service: Any, config: Mapping[str, Any], interval_s: float) -> asyncio.Task | None:
+def _start_rules(host: Host, service: Any, interval_s: float) -> asyncio.Task | None:
     """Run the config's rules on this loop, as the tray does; None when there are none."""
-    if not config.get("rules"):
+    if not host.config.get("rules"):
         return None
     telemetry = GpuTelemetry()
-    rules = rules_engine_from_config(
-        service, config, vram_reader=telemetry.read, own_pids=own_pids,
-        on_event=lambda event: log.info("rule %s", event.sentence),
-    )
+    rules = host.rules_engine(service, vram_reader=telemetry.read,
+                              on_event=lambda event: log.info("rule %s", event.sentence))
     log.info("running %d rule(s) headless%s", len(rules.rules),
              "" if rules.is_enabled else " (turned off in [tray])")
     return asyncio.create_task(rules.run(interval_s), name="strata-rules")
