@@ -22,7 +22,7 @@ from strata.host import root
 from strata.host.serve import serve_host
 
 pytestmark = pytest.mark.timeout(90)
-FAST_POLL = HostOptions(poll_interval_s=0.05, rules_interval_s=0.1)
+FAST_POLL = HostOptions(telemetry_interval_s=0.05, rules_interval_s=0.1)
 
 
 class Listener:
