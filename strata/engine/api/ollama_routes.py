@@ -196,22 +196,23 @@ async def _load_or_unload(service: Any, parsed: OllamaRequest) -> web.Response:
     action = "unload" if parsed.keep_alive_s == 0 else "load"
     if action == "load":
         await service.control("load")
-        await _apply_keep_alive(service, parsed)
+        apply_keep_alive(service, parsed.keep_alive_s)
     else:
         await service.control("unload")
     return web.json_response({"model": parsed.model, "created_at": _now(), "response": "",
                               "done": True, "done_reason": action})
 
 
-async def _apply_keep_alive(service: Any, parsed: OllamaRequest) -> None:
-    if parsed.keep_alive_s is None or parsed.keep_alive_s == 0:
-        return  # 0 unloads after the answer (_after)
-    service.set_unload_idle(None if parsed.keep_alive_s < 0 else parsed.keep_alive_s)
+def apply_keep_alive(service: Any, keep_alive_s: float | None) -> None:
+    """keep_alive (seconds; < 0 forever) becomes the unload idle timer from now on."""
+    if keep_alive_s is None or keep_alive_s == 0:
+        return  # 0 unloads after the answer (after_answer)
+    service.set_unload_idle(None if keep_alive_s < 0 else keep_alive_s)
 
 
-async def _after(service: Any, parsed: OllamaRequest) -> None:
+async def after_answer(service: Any, keep_alive_s: float | None) -> None:
     """keep_alive 0: unload once the answer is out, as Ollama does."""
-    if parsed.keep_alive_s != 0:
+    if keep_alive_s != 0:
         return
     try:
         await service.control("unload")
@@ -226,7 +227,7 @@ async def _answer(request: web.Request, parsed: OllamaRequest, prompt_ids: list[
         check_fits_context(len(prompt_ids), parsed.params.max_tokens,
                            min(parsed.context_tokens, service.context_tokens or
                                parsed.context_tokens))
-    await _apply_keep_alive(service, parsed)
+    apply_keep_alive(service, parsed.keep_alive_s)
     started_ns = time.monotonic_ns()
     generation = await start_text_generation(service, assets, prompt_ids, parsed.params,
                                              parsed.grammar)
@@ -240,7 +241,7 @@ async def _answer(request: web.Request, parsed: OllamaRequest, prompt_ids: list[
             await generation.close()
         response = web.json_response(
             {**_head(parsed, field, text), **_final(generation, clock)})
-    await _after(service, parsed)
+    await after_answer(service, parsed.keep_alive_s)
     return response
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from strata import __version__
-from strata.engine.api import openapi_ollama, openapi_responses
+from strata.engine.api import openapi_embeddings, openapi_ollama, openapi_responses
 from strata.engine.api.validation import MAX_STOP_STRINGS, NUM_CACHE_SLOTS
 
 _JSON = "application/json"
@@ -375,6 +375,7 @@ def _paths() -> dict[str, Any]:
     }
     paths.update(openapi_ollama.paths(_op, _ok, _body))
     paths.update(openapi_responses.paths(_op, _ok, _body))
+    paths.update(openapi_embeddings.paths(_op, _ok, _body))
     for path, summary in LEVEL_SUMMARIES.items():
         paths[path] = {"post": _op(summary, "Control", _ok("ActionResult"), 400, 409, 503)}
     return paths
@@ -393,7 +394,8 @@ def _document() -> dict[str, Any]:
                  "routes, plus control routes that give VRAM back in stages."},
         "paths": _paths(),
         "components": {"schemas": {**SCHEMAS, **openapi_ollama.SCHEMAS,
-                                       **openapi_responses.SCHEMAS}, "securitySchemes": {
+                                       **openapi_responses.SCHEMAS,
+                                       **openapi_embeddings.SCHEMAS}, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer"},
             "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
         # {} first: a key is needed only when the server was started with --api-key.

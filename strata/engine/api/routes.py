@@ -7,6 +7,7 @@ from aiohttp import web
 from strata.engine.api import (
     anthropic_routes,
     control_routes,
+    embedding_routes,
     llama_completion,
     llama_routes,
     ollama_routes,
@@ -52,4 +53,9 @@ def setup_routes(app: web.Application) -> None:
         web.post("/api/show", ollama_routes.show),
         web.post("/api/chat", ollama_routes.chat),
         web.post("/api/generate", ollama_routes.generate),
+        web.post("/v1/embeddings", embedding_routes.openai_embeddings),
+        web.post("/embeddings", embedding_routes.openai_embeddings),
+        web.post("/embedding", embedding_routes.llama_embedding),
+        web.post("/api/embed", embedding_routes.ollama_embed),
+        web.post("/api/embeddings", embedding_routes.ollama_embeddings),
     ])
