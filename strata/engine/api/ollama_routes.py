@@ -46,7 +46,10 @@ _TAG = ":latest"
 
 
 def _served_name(service: Any) -> str:
-    return f"{service.model_id}{_TAG}"
+    """Ollama's name of the served model: tagged ':latest' unless the name (an --alias such
+    as 'coder:7b') has a tag of its own."""
+    name = service.model_id
+    return name if ":" in name else f"{name}{_TAG}"
 
 
 def check_model(service: Any, name: Any) -> None:

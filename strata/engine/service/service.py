@@ -169,6 +169,9 @@ class Service:
 
     @property
     def model_id(self) -> str:
+        """The served model's name: --alias, else its file or directory name."""
+        if self.settings.alias:
+            return self.settings.alias
         if not self._model_path:
             return "default"
         path = Path(self._model_path)

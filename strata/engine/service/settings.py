@@ -36,6 +36,7 @@ class ServeSettings:
     """Everything `strata serve` and the tray need to run the server. Validated on creation."""
 
     model: str | None = None  # None: the embedded default model
+    alias: str | None = None  # the model's name in the API; None: from its file name
     host: str = "127.0.0.1"
     port: int = 8080  # 0: any free port
     api_key: str | None = None
@@ -137,6 +138,12 @@ def check_setting(name: str, value: Any) -> Any:
         if not isinstance(value, str) or not value.strip():
             raise _type_error(name, "a non-empty string", value)
         return os.path.expanduser(value) if name != "api_key" else value
+    if name == "alias":
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+            raise _type_error(name, "a model name without spaces", value)
+        return value
     if name in ("allowed_hosts", "allowed_origins"):
         return _check_name_list(name, value)
     if name == "host":
@@ -349,6 +356,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the server flags; every one defaults to None so only the given ones override."""
     add = parser.add_argument
     add("--model", metavar="PATH", help="GGUF file or Hugging Face directory (default: SmolLM2-135M)")
+    add("--alias", metavar="NAME",
+        help="the model's name in /v1/models, /api/tags and /props (default: its file name)")
     add("--config", metavar="FILE", help="TOML config file (default: ~/.config/strata/config.toml)")
     add("--host", help="address to bind (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on (default 8080, 0: any free port)")
