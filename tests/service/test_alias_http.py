@@ -6,7 +6,7 @@ import pytest
 from fakes.services import make_service
 
 from strata.engine.api import create_app
-from strata.engine.service.settings import SettingsError, ServeSettings
+from strata.engine.service.settings import ServeSettings, SettingsError
 
 pytestmark = pytest.mark.timeout(120)
 
