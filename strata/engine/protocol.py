@@ -171,6 +171,23 @@ class GetStatus:
     pass
 
 
+# How Embed pools a sequence's final hidden states (after the final norm) into one vector.
+POOLINGS = ("last", "mean")
+
+
+@dataclass(frozen=True)
+class Embed:
+    """Embed each token sequence into one L2-normalized vector of hidden_size floats.
+
+    Runs the model over the tokens without reading or writing any cache slot; answered by an
+    Embeddings event with this command's id. pooling: "last" (the last token's hidden state,
+    the only one a causal model computes over the whole input) or "mean" (of all tokens).
+    """
+
+    token_ids: tuple[tuple[int, ...], ...]
+    pooling: str = "last"
+
+
 @dataclass(frozen=True)
 class Envelope:
     """A command with the id its reply carries, so the host can match answers to asks."""
@@ -182,7 +199,7 @@ class Envelope:
 
 Command = Union[
     Load, Unload, Generate, Cancel, ReleaseExperts, RefillExperts, ResizeExperts, OffloadSession,
-    RestoreSession, Sleep, Wake, SaveSlot, RestoreSlot, EraseSlot, GetStatus,
+    RestoreSession, Sleep, Wake, SaveSlot, RestoreSlot, EraseSlot, GetStatus, Embed,
 ]
 
 
@@ -328,6 +345,15 @@ class Reply:
 
 
 @dataclass(frozen=True)
+class Embeddings:
+    """The answer to Embed: one vector per sequence, in order, and the tokens it ran."""
+
+    command_id: int
+    vectors: tuple[tuple[float, ...], ...]
+    num_tokens: int
+
+
+@dataclass(frozen=True)
 class Status:
     """The engine's status; sent on GetStatus."""
 
@@ -343,7 +369,7 @@ class Ready:
     version: int = PROTOCOL_VERSION
 
 
-Event = Union[Tokens, Done, Error, Reply, Status, Ready]
+Event = Union[Tokens, Done, Error, Reply, Status, Ready, Embeddings]
 
 COMMAND_TYPES = Command.__args__  # type: ignore[attr-defined]
 EVENT_TYPES = Event.__args__  # type: ignore[attr-defined]

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
-from strata.engine.protocol import Done, Error, TokenLogprob, Tokens, Usage
+from strata.engine.protocol import Done, Embeddings, Error, TokenLogprob, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceError
 from strata.engine.text.sampling_defaults import SamplingDefaults
 from tests.fakes.status import counters, service_status
 
 CACHED_TOKENS = 3
+EMBEDDING_SIZE = 8
 
 
 class FakeService:
@@ -83,6 +85,20 @@ class FakeService:
             return ()
         top = tuple(((token + j) % self.text.vocab_size, -0.25 - j) for j in range(num_top))
         return (TokenLogprob(token, -0.25, top),)
+
+    async def embed(self, token_ids, pooling: str) -> Embeddings:
+        """As the engine answers Embed: one unit vector of EMBEDDING_SIZE floats per sequence,
+        here a function of the ids, so equal inputs give equal vectors."""
+        self.calls.append(("embed", [list(ids) for ids in token_ids], pooling))
+        if self.start_error is not None:
+            raise self.start_error
+        vectors = []
+        for ids in token_ids:
+            raw = [float((sum(ids) * (j + 1) + len(ids)) % 7 - 3) or 1.0
+                   for j in range(EMBEDDING_SIZE)]
+            length = math.sqrt(sum(x * x for x in raw))
+            vectors.append(tuple(x / length for x in raw))
+        return Embeddings(0, tuple(vectors), sum(len(ids) for ids in token_ids))
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(("control", action, kwargs))

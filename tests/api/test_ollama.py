@@ -30,7 +30,7 @@ async def test_listing_routes(host, service, name):
     assert listed.models[0].size > 0
     shown = await client.show(name)
     assert shown.template == service.text.chat_template
-    assert shown.capabilities == ["completion"]
+    assert shown.capabilities == ["completion", "tools"]  # no <think> in its template
     running = await client.ps()
     assert [m.model for m in running.models] == [name]
     service.state = "unloaded"

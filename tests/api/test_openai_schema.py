@@ -97,3 +97,26 @@ async def test_response_stream_events(client):
     for name, data in events:
         assert data["type"] == name
         check(event_schema(name), data)
+
+
+async def test_response_with_function_calls(aiohttp_client, service):
+    """Function call items and their stream events, on Qwen3's template and its call format."""
+    import dataclasses
+
+    from strata.engine.api import create_app
+
+    from .test_responses_tools import CALL_TEXT, TEMPLATES, WEATHER
+
+    service.text = dataclasses.replace(service.text,
+                                       chat_template=(TEMPLATES / "qwen3.jinja").read_text())
+    service.context_tokens, service.reply_text = 8192, CALL_TEXT
+    client = await aiohttp_client(create_app(service))
+    body = {"input": "Weather?", "tools": [WEATHER], "max_output_tokens": 200}
+    answer = await (await client.post("/v1/responses", json=body)).json()
+    assert [item["type"] for item in answer["output"]] == ["function_call"] * 2
+    check("Response", answer)
+    events = parse_sse(await (await client.post("/v1/responses",
+                                                 json={**body, "stream": True})).text())
+    assert "response.function_call_arguments.delta" in [name for name, _ in events]
+    for name, data in events:
+        check(event_schema(name), data)

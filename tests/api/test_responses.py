@@ -81,7 +81,9 @@ async def test_a_failure_mid_stream_ends_with_error_and_failed(oai, service):
 
 
 @pytest.mark.parametrize(("extra", "field"), [
-    ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "call_id"),
     ({"text": {"format": {"type": "json_object"}}}, "text.format"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"previous_response_id": "resp_missing"}, "previous_response_id"),

@@ -212,3 +212,38 @@ def test_ollama_format_schema_validates(server: ServerProcess) -> None:
     reply = client.chat(model=name, format=PERSON, options={"num_predict": 60, "seed": 5},
                         messages=[{"role": "user", "content": "Invent a person."}])
     jsonschema.validate(json.loads(reply.message.content), PERSON)
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": t["function"]["name"],
+                    "description": t["function"]["description"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]
+
+
+def test_responses_required_tool_choice_gives_a_valid_call_and_takes_its_output(oai) -> None:
+    first = oai.responses.create(model="default", input=ASK[0]["content"],
+                                 tools=RESPONSES_TOOLS, tool_choice="required",
+                                 parallel_tool_calls=False, max_output_tokens=60,
+                                 temperature=0)
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert call.call_id.startswith("call_") and call.status == "completed"
+    _check_call(call.name, call.arguments)
+    follow = oai.responses.create(
+        model="default", previous_response_id=first.id, tools=RESPONSES_TOOLS,
+        tool_choice="none", max_output_tokens=8, temperature=0,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert follow.status in ("completed", "incomplete") and follow.output[0].type == "message"
+    assert follow.usage.input_tokens_details.cached_tokens > 0  # the first turn's slot
+
+
+def test_responses_named_tool_choice_streams_a_valid_call(oai) -> None:
+    stream = oai.responses.create(model="default", input=ASK[0]["content"],
+                                  tools=RESPONSES_TOOLS, max_output_tokens=60, temperature=0,
+                                  tool_choice={"type": "function", "name": "get_time"},
+                                  stream=True)
+    events = list(stream)
+    deltas = "".join(e.delta for e in events
+                     if e.type == "response.function_call_arguments.delta")
+    (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert done.arguments == deltas
+    _check_call("get_time", done.arguments)
+    assert events[-1].type == "response.completed"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -12,10 +13,17 @@ from strata.engine.api.anthropic_chat import message_response, message_stream
 from strata.engine.api.chat_messages import parse_anthropic_messages
 from strata.engine.api.chat_output import ChatOutput
 from strata.engine.api.chat_plan import ChatPlan, plan_chat
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.output_format import anthropic_output_grammar, anthropic_thinking
 from strata.engine.api.params import GenerationParams, parse_anthropic, parse_anthropic_system
-from strata.engine.api.textgen import start_text_generation, text_assets
+from strata.engine.api.textgen import (
+    TextGeneration,
+    check_fits_context,
+    start_text_generation,
+    text_assets,
+)
+from strata.engine.api.thinking_budget import CLOSE_TEXT, BudgetedGeneration
 from strata.engine.api.tool_spec import parse_anthropic_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
@@ -51,8 +59,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
     assets, params, plan = await _plan(request, body, needs_max_tokens=True)
-    generation = await start_text_generation(service, assets, plan.prompt_ids, params,
-                                             plan.grammar)
+    budget = _thinking_budget(body)
+    if budget is not None and plan.thinks:
+        generation = await _budgeted(request, params, plan, budget)
+    else:
+        generation = await start_text_generation(service, assets, plan.prompt_ids, params,
+                                                 plan.grammar)
     output = ChatOutput(generation, plan, "toolu_")
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                "model": service.model_id}
@@ -61,6 +73,32 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return await message_stream(request, output, message, len(plan.prompt_ids), _usage,
                                     text_first=plain)
     return await message_response(output, message, _usage)
+
+
+def _thinking_budget(body: dict) -> int | None:
+    """thinking.budget_tokens when thinking is enabled (anthropic_thinking checked it)."""
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        return int(thinking["budget_tokens"])
+    return None
+
+
+async def _budgeted(request: web.Request, params: GenerationParams, plan: ChatPlan,
+                    budget_tokens: int) -> BudgetedGeneration:
+    """A generation whose reasoning ends after budget_tokens (thinking_budget.py)."""
+    service = request.app[SERVICE_KEY]
+    assets = text_assets(service)
+    max_tokens = check_fits_context(len(plan.prompt_ids), params.max_tokens,
+                                    service.context_tokens)
+    close_ids = list(await run_cpu(request.app, assets.encode, CLOSE_TEXT, False))
+
+    async def start_part(prompt_ids: list[int], num_tokens: int) -> TextGeneration:
+        return await start_text_generation(service, assets, prompt_ids,
+                                           dataclasses.replace(params, max_tokens=num_tokens),
+                                           plan.grammar)
+
+    return await BudgetedGeneration.start(start_part, plan.prompt_ids, budget_tokens,
+                                          max_tokens, close_ids)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -17,7 +17,7 @@ _OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user",
                  "assistant": "assistant", "tool": "tool"}
 
 
-def _arguments(raw: Any, where: str) -> dict[str, Any]:
+def call_arguments(raw: Any, where: str) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     try:
@@ -30,7 +30,7 @@ def _arguments(raw: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _call(call_id: str, name: str, arguments: dict) -> dict[str, Any]:
+def tool_call(call_id: str, name: str, arguments: dict) -> dict[str, Any]:
     return {"id": call_id, "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
@@ -65,7 +65,7 @@ def parse_openai_messages(body: dict) -> list[dict[str, Any]]:
                                       param="messages")
                 call_id = str(call.get("id") or f"call_{i}_{j}")
                 names_by_id[call_id] = function["name"]
-                out_calls.append(_call(call_id, function["name"], _arguments(
+                out_calls.append(tool_call(call_id, function["name"], call_arguments(
                     function.get("arguments", "{}"), f"{where}.tool_calls[{j}]")))
             if out_calls:
                 out["tool_calls"] = out_calls
@@ -124,8 +124,8 @@ def parse_anthropic_messages(body: dict) -> list[dict[str, Any]]:
                     raise bad_request(f"{here} tool_use needs an 'id' and a 'name'",
                                       param="messages")
                 names_by_id[block["id"]] = block["name"]
-                calls.append(_call(block["id"], block["name"],
-                                   _arguments(block.get("input", {}), here)))
+                calls.append(tool_call(block["id"], block["name"],
+                                   call_arguments(block.get("input", {}), here)))
             elif kind == "tool_result" and role == "user":
                 call_id = block.get("tool_use_id")
                 if not isinstance(call_id, str):

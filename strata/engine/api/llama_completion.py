@@ -68,9 +68,10 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     return tuple(bias)
 
 
-def parse_completion(body: dict) -> GenerationParams:
+def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
+                     route: str = "/completion") -> GenerationParams:
     """The fields of llama.cpp's /completion as GenerationParams (n_predict is max_tokens)."""
-    refuse_unknown_fields(body, COMPLETION_FIELDS, "/completion")
+    refuse_unknown_fields(body, fields, route)
     if body.get("cache_prompt") is False:
         raise bad_request("'cache_prompt': false is not supported; Strata always reuses the "
                           "slot's cached prefix", param="cache_prompt")
@@ -126,6 +127,13 @@ async def completion(request: web.Request) -> web.StreamResponse:
     params = parse_completion(body)
     assets = text_assets(service)
     prompt_ids = await prompt_token_ids(request.app, assets, body.get("prompt"))
+    return await answer_completion(request, assets, prompt_ids, params)
+
+
+async def answer_completion(request: web.Request, assets: Any, prompt_ids: list[int],
+                            params: GenerationParams) -> web.StreamResponse:
+    """Generate from prompt_ids and answer in /completion's shape (also /infill's)."""
+    service = request.app[SERVICE_KEY]
     generation = await start_text_generation(service, assets, prompt_ids, params)
     if not params.is_stream:
         try:
@@ -145,10 +153,10 @@ async def completion(request: web.Request) -> web.StreamResponse:
                                                                 service.model_id),
                                        **_probabilities(generation, params, assets)})
     except ConnectionError:
-        log.info("client went away during /completion; generation cancelled")
+        log.info("client went away during %s; generation cancelled", request.path)
     except Exception as exc:  # the stream must end with an error event
         if not isinstance(exc, ApiError):
-            log.error("stream /completion failed", exc_info=exc)
+            log.error("stream %s failed", request.path, exc_info=exc)
             exc = ApiError(500, "internal server error; the details are in the server log",
                            "internal")
         with contextlib.suppress(ConnectionError):

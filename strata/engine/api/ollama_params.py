@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from strata.engine.api import validation as v
+from strata.engine.api.chat_messages import call_arguments, tool_call
 from strata.engine.api.errors import bad_request
 from strata.engine.api.params import GenerationParams
 from strata.engine.api.sampling_params import parse_penalties
 
-OLLAMA_ROLES = {"system": "system", "user": "user", "assistant": "assistant"}
+OLLAMA_ROLES = ("system", "user", "assistant", "tool")
 # Ollama option -> what Strata does with it (documented in docs/api.md).
 SUPPORTED_OPTIONS = frozenset({"num_predict", "temperature", "top_k", "top_p", "min_p", "seed",
                                "stop", "num_ctx", "repeat_penalty", "repeat_last_n",
@@ -99,13 +101,10 @@ def _stops(options: dict) -> tuple[str, ...]:
 def parse_ollama(body: dict, *, refuse: tuple[str, ...] = ()) -> OllamaRequest:
     """The common fields of /api/chat and /api/generate; `refuse` names fields this route
     does not honour, each a 400 when present with a non-empty value."""
-    for name in ("tools", "images", *refuse):
+    for name in ("images", *refuse):
         if body.get(name) not in (None, "", [], {}, False):
-            raise bad_request(f"{name!r} is not supported by Strata's Ollama API yet; "
+            raise bad_request(f"{name!r} is not supported by Strata's Ollama API; "
                               "send the request without it", param=name)
-    if body.get("think") not in (None, False):
-        raise bad_request("'think' is not supported: this server does not split reasoning "
-                          "out yet; send think=false or leave it out", param="think")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required; GET /api/tags lists the models",
@@ -123,25 +122,77 @@ def parse_ollama(body: dict, *, refuse: tuple[str, ...] = ()) -> OllamaRequest:
                          grammar=_format_grammar(body.get("format")))
 
 
-def parse_ollama_messages(body: dict) -> list[dict[str, str]]:
-    """/api/chat messages; images and tool calls are refused by name until Strata has them."""
+def parse_ollama_think(body: dict) -> bool | None:
+    """`think`: true or false turns a thinking model's reasoning on or off (it comes back as
+    message.thinking); None leaves the template's default. Effort levels are refused."""
+    think = body.get("think")
+    if think is not None and not isinstance(think, bool):
+        raise bad_request("'think' must be true or false; effort levels ('high', 'medium', "
+                          "'low') are not supported", param="think")
+    return think
+
+
+def _tool_calls(message: dict, where: str, index: int) -> list[dict[str, Any]]:
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls must be a list", param="messages")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request(f"{where}.tool_calls[{j}] needs a function with a name",
+                              param="messages")
+        call_id = str(call.get("id") or f"call_{index}_{j}")
+        out.append(tool_call(call_id, function["name"], call_arguments(
+            function.get("arguments", {}), f"{where}.tool_calls[{j}]")))
+    return out
+
+
+def parse_ollama_messages(body: dict) -> list[dict[str, Any]]:
+    """/api/chat messages in the form chat templates read: assistant `tool_calls` (arguments
+    an object, as Ollama sends them) and `thinking`, `tool` results matched to the call they
+    answer (by tool_call_id, else the first unanswered call of that tool_name). Images are a
+    400 naming the field."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages", param="messages")
-    parsed = []
+    parsed: list[dict[str, Any]] = []
+    unanswered: list[tuple[str, str]] = []  # (call id, tool name), oldest first
     for i, message in enumerate(messages):
+        where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'",
+            raise bad_request(f"{where} must be an object with 'role' and 'content'",
                               param="messages")
-        for name in ("images", "tool_calls"):
-            if message.get(name):
-                raise bad_request(f"messages[{i}] has {name!r}, which Strata does not "
-                                  "support yet", param="messages")
-        role, content = message.get("role"), message.get("content", "")
+        if message.get("images"):
+            raise bad_request(f"{where} has 'images', which Strata does not support: it "
+                              "serves text models", param="messages")
+        role, content = message.get("role"), message.get("content")
         if role not in OLLAMA_ROLES:
-            raise bad_request(f"messages[{i}] has unknown role {role!r}; use one of "
+            raise bad_request(f"{where} has unknown role {role!r}; use one of "
                               f"{', '.join(OLLAMA_ROLES)}", param="messages")
-        if not isinstance(content, str):
-            raise bad_request(f"messages[{i}].content must be a string", param="messages")
-        parsed.append({"role": OLLAMA_ROLES[role], "content": content})
+        if content is not None and not isinstance(content, str):
+            raise bad_request(f"{where}.content must be a string", param="messages")
+        out: dict[str, Any] = {"role": role, "content": content or ""}
+        if role == "assistant":
+            calls = _tool_calls(message, where, i)
+            if calls:
+                out["tool_calls"] = calls
+                unanswered += [(c["id"], c["function"]["name"]) for c in calls]
+            if isinstance(message.get("thinking"), str) and message["thinking"]:
+                out["reasoning_content"] = message["thinking"]
+        elif role == "tool":
+            out["tool_call_id"], out["name"] = _answered_call(message, unanswered, i)
+        parsed.append(out)
     return parsed
+
+
+def _answered_call(message: dict, unanswered: list[tuple[str, str]], index: int
+                   ) -> tuple[str, str]:
+    """(call id, tool name) a tool message answers; taken off the unanswered list."""
+    name = message.get("tool_name") or message.get("name")
+    call_id = message.get("tool_call_id")
+    for pending in unanswered:
+        if pending[0] == call_id or (call_id is None and name in (None, pending[1])):
+            unanswered.remove(pending)
+            return pending
+    return str(call_id or f"call_{index}"), str(name or "")

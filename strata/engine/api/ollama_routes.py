@@ -1,7 +1,8 @@
 """Ollama-compatible routes, so apps that only know Ollama's API find and use Strata.
 
-/api/version, /api/tags, /api/show, /api/ps, /api/chat and /api/generate. Streaming answers
-are NDJSON (one JSON object a line), as Ollama sends them; errors are `{"error": "..."}`.
+/api/version, /api/tags, /api/show, /api/ps, /api/chat (tools and `think` included) and
+/api/generate (answers in ollama_chat.py); embeddings are in embedding_routes.py. Streaming
+answers are NDJSON (one JSON object a line), as Ollama sends them; errors are `{"error": "..."}`.
 `keep_alive` maps onto Strata's unload idle timer (docs/api.md, "Ollama API").
 """
 
@@ -11,30 +12,32 @@ import asyncio
 import datetime as dt
 import functools
 import hashlib
-import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from strata import __version__ as STRATA_VERSION
+from strata.engine.api.chat_output import ChatOutput
+from strata.engine.api.chat_plan import ChatPlan, plan_chat
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.keys import SERVICE_KEY
-from strata.engine.api.ollama_params import OllamaRequest, parse_ollama, parse_ollama_messages
-from strata.engine.api.openai_routes import model_status
-from strata.engine.api.textgen import (
-    TextGeneration,
-    check_fits_context,
-    encode_chat,
-    start_text_generation,
-    text_assets,
+from strata.engine.api.ollama_chat import Clock, answer_stream, answer_whole, now
+from strata.engine.api.ollama_params import (
+    OllamaRequest,
+    parse_ollama,
+    parse_ollama_messages,
+    parse_ollama_think,
 )
+from strata.engine.api.openai_routes import model_status
+from strata.engine.api.textgen import check_fits_context, start_text_generation, text_assets
+from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.service.facade import ServiceError
 from strata.engine.service.levels import resident_bytes
+from strata.engine.text.reasoning import template_thinks
 
 log = logging.getLogger(__name__)
 # The Ollama API level these routes follow; apps compare it against their minimum.
@@ -42,12 +45,11 @@ OLLAMA_API_VERSION = "0.12.0"
 _TAG = ":latest"
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
-
-
 def _served_name(service: Any) -> str:
-    return f"{service.model_id}{_TAG}"
+    """Ollama's name of the served model: tagged ':latest' unless the name (an --alias such
+    as 'coder:7b') has a tag of its own."""
+    name = service.model_id
+    return name if ":" in name else f"{name}{_TAG}"
 
 
 def check_model(service: Any, name: Any) -> None:
@@ -153,26 +155,34 @@ async def show(request: web.Request) -> web.Response:
         "model_info": {"general.architecture": family,
                        "general.parameter_count": facts["parameter_count"],
                        f"{family}.context_length": service.context_tokens},
-        "capabilities": ["completion"]})
+        "capabilities": _capabilities(assets.chat_template)})
+
+
+def _capabilities(template: str | None) -> list[str]:
+    """Ollama's capability words: every model gets tools (a template that cannot render them
+    gets Strata's Hermes prompt), and thinking where its template writes a think block."""
+    return ["completion", "tools", *(["thinking"] if template_thinks(template) else [])]
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
-    """POST /api/chat."""
+    """POST /api/chat: tools, tool results and `think` included."""
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
     parsed = parse_ollama(body)
     check_model(service, parsed.model)
+    tools = parse_openai_tools({"tools": body.get("tools")})
     messages = parse_ollama_messages(body)
     assets = text_assets(service)
-    prompt_ids = await encode_chat(request.app, assets, messages)
-    return await _answer(request, parsed, prompt_ids, assets, "message")
+    plan = await plan_chat(request.app, assets, messages, tools, parsed.grammar,
+                           parse_ollama_think(body), {}, thinking_param="think")
+    return await _answer(request, parsed, plan, assets, "message")
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """POST /api/generate; an empty prompt only loads (or, with keep_alive 0, unloads)."""
     service = request.app[SERVICE_KEY]
     body = await read_json_object(request)
-    parsed = parse_ollama(body, refuse=("suffix", "template", "context"))
+    parsed = parse_ollama(body, refuse=("tools", "suffix", "template", "context"))
     check_model(service, parsed.model)
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):
@@ -180,38 +190,45 @@ async def generate(request: web.Request) -> web.StreamResponse:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise bad_request("'system' must be a string", param="system")
+    think = parse_ollama_think(body)
     if not prompt:
         return await _load_or_unload(service, parsed)
     assets = text_assets(service)
     if body.get("raw"):
+        if think is not None:
+            raise bad_request("'think' needs the chat template, which 'raw' leaves out",
+                              param="think")
         prompt_ids = await run_cpu(request.app, assets.encode, prompt, True)
+        plan = ChatPlan(list(prompt_ids), parsed.grammar, None, ToolRequest(), False, False)
     else:
         messages = [{"role": "system", "content": system}] if system else []
-        prompt_ids = await encode_chat(request.app, assets,
-                                       [*messages, {"role": "user", "content": prompt}])
-    return await _answer(request, parsed, prompt_ids, assets, "response")
+        plan = await plan_chat(request.app, assets,
+                               [*messages, {"role": "user", "content": prompt}],
+                               ToolRequest(), parsed.grammar, think, {}, thinking_param="think")
+    return await _answer(request, parsed, plan, assets, "response")
 
 
 async def _load_or_unload(service: Any, parsed: OllamaRequest) -> web.Response:
     action = "unload" if parsed.keep_alive_s == 0 else "load"
     if action == "load":
         await service.control("load")
-        await _apply_keep_alive(service, parsed)
+        apply_keep_alive(service, parsed.keep_alive_s)
     else:
         await service.control("unload")
-    return web.json_response({"model": parsed.model, "created_at": _now(), "response": "",
+    return web.json_response({"model": parsed.model, "created_at": now(), "response": "",
                               "done": True, "done_reason": action})
 
 
-async def _apply_keep_alive(service: Any, parsed: OllamaRequest) -> None:
-    if parsed.keep_alive_s is None or parsed.keep_alive_s == 0:
-        return  # 0 unloads after the answer (_after)
-    service.set_unload_idle(None if parsed.keep_alive_s < 0 else parsed.keep_alive_s)
+def apply_keep_alive(service: Any, keep_alive_s: float | None) -> None:
+    """keep_alive (seconds; < 0 forever) becomes the unload idle timer from now on."""
+    if keep_alive_s is None or keep_alive_s == 0:
+        return  # 0 unloads after the answer (after_answer)
+    service.set_unload_idle(None if keep_alive_s < 0 else keep_alive_s)
 
 
-async def _after(service: Any, parsed: OllamaRequest) -> None:
+async def after_answer(service: Any, keep_alive_s: float | None) -> None:
     """keep_alive 0: unload once the answer is out, as Ollama does."""
-    if parsed.keep_alive_s != 0:
+    if keep_alive_s != 0:
         return
     try:
         await service.control("unload")
@@ -219,81 +236,21 @@ async def _after(service: Any, parsed: OllamaRequest) -> None:
         log.info("keep_alive 0: the model stays loaded: %s", exc.message)
 
 
-async def _answer(request: web.Request, parsed: OllamaRequest, prompt_ids: list[int],
+async def _answer(request: web.Request, parsed: OllamaRequest, plan: ChatPlan,
                   assets: Any, field: str) -> web.StreamResponse:
     service = request.app[SERVICE_KEY]
     if parsed.context_tokens is not None:
-        check_fits_context(len(prompt_ids), parsed.params.max_tokens,
+        check_fits_context(len(plan.prompt_ids), parsed.params.max_tokens,
                            min(parsed.context_tokens, service.context_tokens or
                                parsed.context_tokens))
-    await _apply_keep_alive(service, parsed)
-    started_ns = time.monotonic_ns()
-    generation = await start_text_generation(service, assets, prompt_ids, parsed.params,
-                                             parsed.grammar)
-    clock = _Clock(started_ns)
+    apply_keep_alive(service, parsed.keep_alive_s)
+    clock = Clock()
+    generation = await start_text_generation(service, assets, plan.prompt_ids, parsed.params,
+                                             plan.grammar)
+    output = ChatOutput(generation, plan, "call_")
     if parsed.params.is_stream:
-        response = await _stream(request, generation, parsed, field, clock)
+        response = await answer_stream(request, output, parsed, field, clock)
     else:
-        try:
-            text = await generation.collect()
-        finally:
-            await generation.close()
-        response = web.json_response(
-            {**_head(parsed, field, text), **_final(generation, clock)})
-    await _after(service, parsed)
-    return response
-
-
-class _Clock:
-    """Ollama's durations (ns): prompt evaluation until the first piece, then evaluation."""
-
-    def __init__(self, started_ns: int):
-        self.started_ns = started_ns
-        self.first_ns: int | None = None
-
-    def tick(self) -> None:
-        if self.first_ns is None:
-            self.first_ns = time.monotonic_ns()
-
-
-def _head(parsed: OllamaRequest, field: str, text: str) -> dict[str, Any]:
-    piece: Any = {"role": "assistant", "content": text} if field == "message" else text
-    return {"model": parsed.model, "created_at": _now(), field: piece}
-
-
-def _final(generation: TextGeneration, clock: _Clock) -> dict[str, Any]:
-    end_ns = time.monotonic_ns()
-    first_ns = clock.first_ns or end_ns
-    usage = generation.usage
-    return {"done": True, "done_reason": generation.finish_reason or "stop",
-            "total_duration": end_ns - clock.started_ns, "load_duration": 0,
-            "prompt_eval_count": usage.prompt_tokens if usage else 0,
-            "prompt_eval_duration": first_ns - clock.started_ns,
-            "eval_count": usage.completion_tokens if usage else 0,
-            "eval_duration": end_ns - first_ns}
-
-
-async def _write_line(response: web.StreamResponse, payload: dict[str, Any]) -> None:
-    await response.write((json.dumps(payload, ensure_ascii=False) + "\n").encode())
-
-
-async def _stream(request: web.Request, generation: TextGeneration, parsed: OllamaRequest,
-                  field: str, clock: _Clock) -> web.StreamResponse:
-    """NDJSON lines; a failure after the headers ends with an `{"error": ...}` line."""
-    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await response.prepare(request)
-    try:
-        async for text in generation.deltas():
-            clock.tick()
-            await _write_line(response, {**_head(parsed, field, text), "done": False})
-        await _write_line(response, {**_head(parsed, field, ""), **_final(generation, clock)})
-    except ConnectionError:
-        log.info("client went away during %s; generation cancelled", request.path)
-    except ApiError as exc:
-        await _write_line(response, {"error": exc.message})
-    except Exception:  # the stream must end with an error line
-        log.exception("stream %s failed", request.path)
-        await _write_line(response, {"error": "internal server error; see the server log"})
-    finally:
-        await generation.close()
+        response = await answer_whole(output, parsed, field, clock)
+    await after_answer(service, parsed.keep_alive_s)
     return response

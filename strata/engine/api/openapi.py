@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from strata import __version__
-from strata.engine.api import openapi_ollama, openapi_responses
+from strata.engine.api import openapi_embeddings, openapi_ollama, openapi_responses
 from strata.engine.api.validation import MAX_STOP_STRINGS, NUM_CACHE_SLOTS
 
 _JSON = "application/json"
@@ -260,6 +260,16 @@ SCHEMAS: dict[str, Any] = {
                          description="What was done, and the status snapshot after it"),
 }
 
+# /infill takes /completion's fields, its prompt (text after the middle token) optional.
+SCHEMAS["LlamaInfillRequest"] = {
+    **SCHEMAS["LlamaCompletionRequest"], "required": [], "properties": {
+        **SCHEMAS["LlamaCompletionRequest"]["properties"],
+        "prompt": {"type": "string", "description": "text after the middle token"},
+        "input_prefix": {"type": "string"}, "input_suffix": {"type": "string"},
+        "input_extra": {"type": "array", "items": _obj({"filename": {"type": "string"},
+                                                        "text": {"type": "string"}}),
+                        "description": "other files, each after the file separator token"}}}
+
 
 def _body(schema: str, required: bool = True) -> dict:
     return {"required": required, "content": {_JSON: {"schema": _ref(schema)}}}
@@ -323,6 +333,10 @@ def _paths() -> dict[str, Any]:
             "llama.cpp text completion (n_predict, n_probs)", "llama.cpp",
             _ok("LlamaCompletion", stream_text, stream=True), 400, 503,
             body=_body("LlamaCompletionRequest"))},
+        "/infill": {"post": _op(
+            "llama.cpp fill-in-the-middle (the model's FIM tokens; 400 without them)",
+            "llama.cpp", _ok("LlamaCompletion", stream_text, stream=True), 400, 503,
+            body=_body("LlamaInfillRequest"))},
         "/v1/models": {"get": _op("The served model and its status", "OpenAI",
                                   _ok("ModelList"))},
         "/v1/models/{model}": {"get": {**_op("One model", "OpenAI", _ok("Model"), 404),
@@ -375,6 +389,7 @@ def _paths() -> dict[str, Any]:
     }
     paths.update(openapi_ollama.paths(_op, _ok, _body))
     paths.update(openapi_responses.paths(_op, _ok, _body))
+    paths.update(openapi_embeddings.paths(_op, _ok, _body))
     for path, summary in LEVEL_SUMMARIES.items():
         paths[path] = {"post": _op(summary, "Control", _ok("ActionResult"), 400, 409, 503)}
     return paths
@@ -393,7 +408,8 @@ def _document() -> dict[str, Any]:
                  "routes, plus control routes that give VRAM back in stages."},
         "paths": _paths(),
         "components": {"schemas": {**SCHEMAS, **openapi_ollama.SCHEMAS,
-                                       **openapi_responses.SCHEMAS}, "securitySchemes": {
+                                       **openapi_responses.SCHEMAS,
+                                       **openapi_embeddings.SCHEMAS}, "securitySchemes": {
             "bearer": {"type": "http", "scheme": "bearer"},
             "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
         # {} first: a key is needed only when the server was started with --api-key.

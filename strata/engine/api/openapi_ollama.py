@@ -29,26 +29,44 @@ _DETAILS = _obj({"format": {"type": "string"}, "family": {"type": "string"},
 _TIMINGS = {name: {"type": "integer"} for name in (
     "total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
     "eval_count", "eval_duration")}
+_THINK = "think"
+_THINK_SCHEMA = {"type": "boolean", "description": "split a thinking model's reasoning into "
+                 "`thinking` (true) or turn thinking off (false)"}
+_TOOL_CALL = _obj({"id": {"type": "string"}, "function": _obj({
+    "index": {"type": "integer"}, "name": {"type": "string"},
+    "arguments": {"type": "object"}}, ("name", "arguments"))}, ("function",))
 
 SCHEMAS: dict[str, Any] = {
     "OllamaError": _obj({"error": {"type": "string"}}, ("error",)),
-    "OllamaChatRequest": _obj({**_COMMON, "messages": {"type": "array", "minItems": 1,
-                                                       "items": _obj({
-                                                           "role": {"enum": ["system", "user",
-                                                                             "assistant"]},
-                                                           "content": {"type": "string"}},
-                                                           ("role", "content"))}},
-                              ("model", "messages")),
-    "OllamaGenerateRequest": _obj({**_COMMON, "prompt": {"type": "string"},
+    "OllamaChatRequest": _obj({**_COMMON, _THINK: _THINK_SCHEMA, "messages": {
+        "type": "array", "minItems": 1, "items": _obj({
+            "role": {"enum": ["system", "user", "assistant", "tool"]},
+            "content": {"type": "string"}, "thinking": {"type": "string"},
+            "tool_calls": {"type": "array", "items": _TOOL_CALL},
+            "tool_name": {"type": "string"}, "tool_call_id": {"type": "string"}},
+            ("role",))},
+        "tools": {"type": "array", "items": _obj({"type": {"const": "function"},
+                                                  "function": _obj({
+                                                      "name": {"type": "string"},
+                                                      "description": {"type": "string"},
+                                                      "parameters": {"type": "object"}},
+                                                      ("name",))}, ("type", "function"))}},
+        ("model", "messages")),
+    "OllamaGenerateRequest": _obj({**_COMMON, _THINK: _THINK_SCHEMA,
+                                   "prompt": {"type": "string"},
                                    "system": {"type": "string"}, "raw": {"type": "boolean"}},
                                   ("model",)),
     "OllamaChat": _obj({"model": {"type": "string"}, "created_at": {"type": "string"},
                         "message": _obj({"role": {"const": "assistant"},
-                                         "content": {"type": "string"}}),
+                                         "content": {"type": "string"},
+                                         "thinking": {"type": "string"},
+                                         "tool_calls": {"type": "array",
+                                                        "items": _TOOL_CALL}}),
                         "done": {"type": "boolean"}, "done_reason": {"type": "string"},
                         **_TIMINGS}),
     "OllamaGenerate": _obj({"model": {"type": "string"}, "created_at": {"type": "string"},
-                            "response": {"type": "string"}, "done": {"type": "boolean"},
+                            "response": {"type": "string"}, "thinking": {"type": "string"},
+                            "done": {"type": "boolean"},
                             "done_reason": {"type": "string"}, **_TIMINGS}),
     "OllamaModels": _obj({"models": {"type": "array", "items": _obj({
         "name": {"type": "string"}, "model": {"type": "string"}, "size": {"type": "integer"},

@@ -11,12 +11,33 @@ _MESSAGE = {"type": "object", "properties": {
     "type": {"const": "message"}, "role": {"enum": ["system", "developer", "user", "assistant"]},
     "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}},
     "required": ["role", "content"]}
+_FUNCTION_CALL = {"type": "object", "properties": {
+    "type": {"const": "function_call"}, "call_id": {"type": "string"},
+    "name": {"type": "string"}, "arguments": {"type": "string", "description": "JSON text"}},
+    "required": ["type", "call_id", "name", "arguments"]}
+_CALL_OUTPUT = {"type": "object", "properties": {
+    "type": {"const": "function_call_output"}, "call_id": {"type": "string"},
+    "output": {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}},
+    "required": ["type", "call_id", "output"]}
+_TOOL = {"type": "object", "properties": {
+    "type": {"const": "function"}, "name": {"type": "string"},
+    "description": {"type": "string"}, "parameters": {"type": "object"},
+    "strict": {"type": "boolean", "description": "the schema is enforced when tool_choice "
+               "forces the call; in auto mode arguments come back as the model wrote them"}},
+    "required": ["type", "name"]}
 
 SCHEMAS: dict[str, Any] = {
     "ResponsesRequest": {"type": "object", "required": ["input"], "properties": {
         "model": {"type": "string"},
         "input": {"oneOf": [{"type": "string", "minLength": 1},
-                            {"type": "array", "minItems": 1, "items": _MESSAGE}]},
+                            {"type": "array", "minItems": 1, "items": {
+                                "oneOf": [_MESSAGE, _FUNCTION_CALL, _CALL_OUTPUT]}}]},
+        "tools": {"type": "array", "items": _TOOL},
+        "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, {
+            "type": "object", "properties": {"type": {"const": "function"},
+                                             "name": {"type": "string"}},
+            "required": ["type", "name"]}]},
+        "parallel_tool_calls": {"type": "boolean", "default": True},
         "instructions": {"type": "string"},
         "previous_response_id": {"type": "string",
                                  "description": "continue a stored response in its cache slot"},
@@ -29,7 +50,8 @@ SCHEMAS: dict[str, Any] = {
     "Response": {"type": "object", "additionalProperties": True, "properties": {
         "id": {"type": "string"}, "object": {"const": "response"},
         "status": {"enum": ["completed", "incomplete", "in_progress"]},
-        "output": {"type": "array", "items": {"type": "object"}},
+        "output": {"type": "array", "items": {"type": "object", "properties": {
+            "type": {"enum": ["message", "function_call"]}}}},
         "usage": {"type": ["object", "null"]}}},
 }
 
@@ -38,7 +60,7 @@ def paths(op, ok, body) -> dict[str, Any]:
     """The /v1/responses paths, built with openapi.py's helpers."""
     stream_text = "The response; text/event-stream when stream is true"
     return {
-        "/v1/responses": {"post": op("OpenAI Responses: text in, text out", "OpenAI",
+        "/v1/responses": {"post": op("OpenAI Responses: text and function calls", "OpenAI",
                                      ok("Response", stream_text, stream=True), 400, 503,
                                      body=body("ResponsesRequest"))},
         "/v1/responses/{response_id}": {"get": {

@@ -33,6 +33,11 @@ ANTHROPIC_MESSAGES_FIELDS = _SLOT | frozenset({
 ANTHROPIC_COUNT_TOKENS_FIELDS = frozenset({
     "model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
     "output_format"})
+OPENAI_EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+LLAMA_EMBEDDING_FIELDS = frozenset({"model", "content", "input", "embd_normalize"})
+OLLAMA_EMBED_FIELDS = frozenset({"model", "input", "truncate", "options", "keep_alive",
+                                 "dimensions"})
+OLLAMA_EMBEDDINGS_FIELDS = frozenset({"model", "prompt", "options", "keep_alive"})
 
 # Fields clients commonly send that Strata does not do, with what to do instead.
 _HINTS = {

@@ -1,7 +1,8 @@
 """Request bodies of OpenAI's Responses API (`POST /v1/responses`) in Strata's native terms.
 
-Fields Strata honours are parsed; fields it cannot honour yet (tools, structured output,
-reasoning, images, background runs) are a 400 naming the field, never silently dropped.
+Fields Strata honours are parsed (function tools included, through the chat tools' parser);
+fields it cannot honour yet (structured output, reasoning, images, hosted tools, background
+runs) are a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.engine.api import validation as v
+from strata.engine.api.chat_messages import call_arguments, tool_call
 from strata.engine.api.errors import bad_request
 from strata.engine.api.params import GenerationParams
+from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -30,11 +33,12 @@ class ResponsesRequest:
 
     params: GenerationParams
     instructions: str | None
-    input_messages: tuple[dict[str, str], ...]
+    input_messages: tuple[dict[str, Any], ...]
     previous_response_id: str | None
     is_stored: bool
     metadata: dict[str, Any]
     has_slot: bool  # the request named a cache slot itself
+    tools: ToolRequest
 
 
 def _refuse(body: dict) -> None:
@@ -42,19 +46,13 @@ def _refuse(body: dict) -> None:
     if unknown:
         raise bad_request(f"{', '.join(map(repr, unknown))} is not supported by Strata's "
                           "Responses API; leave it out", param=unknown[0])
-    if body.get("tools"):
-        raise bad_request("'tools' are not supported by Strata's Responses API yet; send the "
-                          "request without tools", param="tools")
-    if body.get("tool_choice") not in (None, "auto", "none"):
-        raise bad_request("'tool_choice' needs tools, which are not supported yet",
-                          param="tool_choice")
     text_format = (v.get_object(body, "text").get("format") or {"type": "text"})
     if not isinstance(text_format, dict) or text_format.get("type") != "text":
         raise bad_request("'text.format' other than {'type': 'text'} (structured output) is "
                           "not supported yet", param="text.format")
     if body.get("reasoning") not in (None, {}):
         raise bad_request("'reasoning' is not supported: this server does not split reasoning "
-                          "out yet", param="reasoning")
+                          "out of Responses output yet", param="reasoning")
     for name in ("include", "background"):
         if body.get(name):
             raise bad_request(f"{name!r} is not supported by Strata; leave it out", param=name)
@@ -63,6 +61,37 @@ def _refuse(body: dict) -> None:
                           "the context", param="truncation")
     if body.get("service_tier") not in (None, "auto", "default"):
         raise bad_request("'service_tier' must be 'auto' or 'default'", param="service_tier")
+
+
+def parse_responses_tools(body: dict) -> ToolRequest:
+    """Responses-shaped function tools ({type, name, description, parameters, strict}) and
+    tool_choice ("auto" | "none" | "required" | {type: function, name}), through the chat
+    tools' parser. `strict` is accepted: a forced call's arguments are constrained to the
+    schema; in auto mode the model's arguments come back as it wrote them."""
+    raw = body.get("tools")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise bad_request("'tools' must be a list of tools", param="tools")
+    tools = []
+    for i, tool in enumerate(raw):
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        if kind != "function":
+            raise bad_request(f"tools[{i}] has type {kind!r}; only 'function' tools are "
+                              "supported (no hosted tools on a local server)", param="tools")
+        strict = tool.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise bad_request(f"tools[{i}].strict must be true or false", param="tools")
+        tools.append({"type": "function", "function": {
+            key: tool.get(key) for key in ("name", "description", "parameters")}})
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise bad_request("'tool_choice' must be 'auto', 'none', 'required' or "
+                              "{'type': 'function', 'name': ...}", param="tool_choice")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return parse_openai_tools({"tools": tools, "tool_choice": choice,
+                               "parallel_tool_calls": body.get("parallel_tool_calls")})
 
 
 def _content_text(content: Any, where: str) -> str:
@@ -81,8 +110,23 @@ def _content_text(content: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def parse_input(value: Any) -> tuple[dict[str, str], ...]:
-    """'input': a string (one user message) or a list of message items."""
+def _function_call(item: dict, where: str) -> dict[str, Any]:
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise bad_request(f"{where} (function_call) needs a string {key!r}", param="input")
+    return tool_call(item["call_id"], item["name"], call_arguments(item["arguments"], where))
+
+
+def _output_text(output: Any, where: str) -> str:
+    if isinstance(output, str):
+        return output
+    return _content_text(output, where)
+
+
+def parse_input(value: Any) -> tuple[dict[str, Any], ...]:
+    """'input': a string (one user message) or a list of items: messages, function_call
+    (a call the model made) and function_call_output (its result), as chat templates read
+    them: calls on an assistant message, results as `tool` messages."""
     if isinstance(value, str):
         if not value:
             raise bad_request("'input' is empty; send some text", param="input")
@@ -90,13 +134,28 @@ def parse_input(value: Any) -> tuple[dict[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise bad_request("'input' must be a non-empty string or list of messages",
                           param="input")
-    messages = []
+    messages: list[dict[str, Any]] = []
     for i, item in enumerate(value):
         where = f"input[{i}]"
-        if not isinstance(item, dict) or item.get("type", "message") != "message":
-            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-            raise bad_request(f"{where} is an item of type {kind!r}; only messages are "
-                              "supported", param="input")
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "function_call":
+            call = _function_call(item, where)
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            continue
+        if kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise bad_request(f"{where} (function_call_output) needs the 'call_id' it "
+                                  "answers", param="input")
+            messages.append({"role": "tool", "content": _output_text(item.get("output"), where),
+                             "tool_call_id": item["call_id"]})
+            continue
+        if kind != "message":
+            raise bad_request(f"{where} is an item of type {kind!r}; only messages, "
+                              "function_call and function_call_output are supported",
+                              param="input")
         role = item.get("role")
         if role not in _ROLES:
             raise bad_request(f"{where} has unknown role {role!r}; use one of "
@@ -104,6 +163,15 @@ def parse_input(value: Any) -> tuple[dict[str, str], ...]:
         messages.append({"role": _ROLES[role], "content": _content_text(item.get("content"),
                                                                         where)})
     return tuple(messages)
+
+
+def name_tool_results(messages: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """Each tool result with the name of the call it answers (templates print it), looked up
+    over the whole conversation, earlier turns included."""
+    names = {call["id"]: call["function"]["name"]
+             for m in messages for call in m.get("tool_calls", ())}
+    return tuple({**m, "name": names.get(m["tool_call_id"], "")} if m["role"] == "tool" else m
+                 for m in messages)
 
 
 def parse_responses(body: dict) -> ResponsesRequest:
@@ -126,4 +194,4 @@ def parse_responses(body: dict) -> ResponsesRequest:
     return ResponsesRequest(
         params=params, instructions=instructions, input_messages=parse_input(body.get("input")),
         previous_response_id=previous, is_stored=v.get_bool(body, "store", True),
-        metadata=metadata, has_slot=has_slot)
+        metadata=metadata, has_slot=has_slot, tools=parse_responses_tools(body))

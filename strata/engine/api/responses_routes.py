@@ -1,6 +1,7 @@
 """OpenAI's Responses API: POST /v1/responses (stream and not), GET /v1/responses/{id}.
 
-Text in, text out, with `instructions` and `previous_response_id`: a follow-up continues the
+Text in, text and function calls out, with `instructions`, function tools (through the chat
+tools' machinery: plan_chat, ChatOutput) and `previous_response_id`: a follow-up continues the
 stored conversation in the cache slot it ran in, so only the new turn is prefilled.
 """
 
@@ -16,18 +17,22 @@ from typing import Any
 from aiohttp import web
 
 from strata.engine.api import sse
+from strata.engine.api.chat_messages import tool_call
+from strata.engine.api.chat_output import ChatOutput, ChatResult, arguments_object
+from strata.engine.api.chat_plan import plan_chat
 from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.keys import RESPONSES_KEY, SERVICE_KEY
-from strata.engine.api.responses_params import ResponsesRequest, parse_responses
-from strata.engine.api.responses_store import MAX_STORED_RESPONSES, StoredResponse
-from strata.engine.api.textgen import (
-    TextGeneration,
-    encode_chat,
-    start_text_generation,
-    text_assets,
+from strata.engine.api.responses_params import (
+    ResponsesRequest,
+    name_tool_results,
+    parse_responses,
 )
+from strata.engine.api.responses_store import MAX_STORED_RESPONSES, StoredResponse
+from strata.engine.api.textgen import start_text_generation, text_assets
+from strata.engine.api.tool_spec import ToolRequest
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
+from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece
 
 log = logging.getLogger(__name__)
 
@@ -55,42 +60,83 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def _call_item(item_id: str, call_id: str, name: str, arguments: str,
+               status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def _tools_echo(tools: ToolRequest) -> list[dict[str, Any]]:
+    return [{"type": "function", "name": t.name, "description": t.description,
+             "parameters": t.parameters, "strict": False} for t in tools.tools]
+
+
+def _choice_echo(tools: ToolRequest) -> Any:
+    return {"type": "function", "name": tools.named} if tools.mode == "named" else tools.mode
+
+
 class _Response:
     """The response object as it grows: in progress, then completed or incomplete."""
 
     def __init__(self, request: web.Request, parsed: ResponsesRequest, slot: int):
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.item_id = f"msg_{uuid.uuid4().hex}"
         self.parsed = parsed
         self.slot = slot
+        tools = parsed.tools
         self.body: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": int(time.time()),
             "status": "in_progress", "error": None, "incomplete_details": None,
             "instructions": parsed.instructions,
             "max_output_tokens": parsed.params.max_tokens,
             "model": request.app[SERVICE_KEY].model_id, "output": [],
-            "parallel_tool_calls": True, "previous_response_id": parsed.previous_response_id,
+            "parallel_tool_calls": tools.is_parallel,
+            "previous_response_id": parsed.previous_response_id,
             "reasoning": {"effort": None, "summary": None}, "store": parsed.is_stored,
             "temperature": parsed.params.temperature, "text": {"format": {"type": "text"}},
-            "tool_choice": "auto", "tools": [], "top_p": parsed.params.top_p,
-            "truncation": "disabled", "metadata": parsed.metadata, "completed_at": None}
+            "tool_choice": _choice_echo(tools), "tools": _tools_echo(tools),
+            "top_p": parsed.params.top_p, "truncation": "disabled",
+            "metadata": parsed.metadata, "completed_at": None}
 
-    def finish(self, generation: TextGeneration, text: str) -> dict[str, Any]:
-        is_cut = generation.finish_reason == "length"
+    @staticmethod
+    def item_status(output: ChatOutput) -> str:
+        return "incomplete" if output.generation.finish_reason == "length" else "completed"
+
+    def finish(self, output: ChatOutput, items: list[dict[str, Any]]) -> dict[str, Any]:
+        is_cut = output.generation.finish_reason == "length"
         self.body.update(
             completed_at=None if is_cut else int(time.time()),
             status="incomplete" if is_cut else "completed",
             incomplete_details={"reason": "max_output_tokens"} if is_cut else None,
-            output=[_message_item(self.item_id, text, "incomplete" if is_cut else "completed")],
-            usage=_usage(generation.usage))
+            output=items, usage=_usage(output.generation.usage))
         return self.body
 
 
+def _output_items(output: ChatOutput, result: ChatResult) -> list[dict[str, Any]]:
+    """The message (when there is text, or nothing else), then each function call."""
+    status = _Response.item_status(output)
+    items = []
+    if result.text.strip() or not result.calls:
+        items.append(_message_item(f"msg_{uuid.uuid4().hex}", result.text, status))
+    items += [_call_item(f"fc_{uuid.uuid4().hex}", c["id"], c["name"], c["arguments"], status)
+              for c in result.calls]
+    return items
+
+
+def _assistant_turn(text: str, calls: list[dict[str, str]]) -> dict[str, Any]:
+    """The answer as the next turn's history: text and the calls, as templates read them."""
+    # Whitespace around calls is no message: the history a client would send back has none.
+    message: dict[str, Any] = {"role": "assistant", "content": text if text.strip() else ""}
+    if calls:
+        message["tool_calls"] = [tool_call(c["id"], c["name"], arguments_object(c["arguments"]))
+                                 for c in calls]
+    return message
+
+
 def _conversation(request: web.Request, parsed: ResponsesRequest
-                  ) -> tuple[tuple[dict[str, str], ...], int]:
+                  ) -> tuple[tuple[dict[str, Any], ...], int]:
     """(messages without the instructions, slot) for this turn."""
     store = request.app[RESPONSES_KEY]
-    history: tuple[dict[str, str], ...] = ()
+    history: tuple[dict[str, Any], ...] = ()
     slot = parsed.params.slot if parsed.has_slot else store.new_slot()
     if parsed.previous_response_id is not None:
         previous = store.get(parsed.previous_response_id)
@@ -101,7 +147,7 @@ def _conversation(request: web.Request, parsed: ResponsesRequest
                               param="previous_response_id")
         history = previous.messages
         slot = parsed.params.slot if parsed.has_slot else previous.slot
-    return (*history, *parsed.input_messages), slot
+    return name_tool_results((*history, *parsed.input_messages)), slot
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -112,28 +158,32 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     messages, slot = _conversation(request, parsed)
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     assets = text_assets(service)
-    prompt_ids = await encode_chat(request.app, assets, [*system, *messages])
+    plan = await plan_chat(request.app, assets, [*system, *messages], parsed.tools, None, None,
+                           {})
+    # Reasoning stays in the text until Responses gets its reasoning items (see docs/api.md).
+    plan = dataclasses.replace(plan, thinks=False, starts_thinking=False)
     params = dataclasses.replace(parsed.params, slot=slot)
     request.app[RESPONSES_KEY].touch(slot)
-    generation = await start_text_generation(service, assets, prompt_ids, params)
+    generation = await start_text_generation(service, assets, plan.prompt_ids, params,
+                                             plan.grammar)
+    output = ChatOutput(generation, plan, "call_")
     response = _Response(request, parsed, slot)
     if parsed.params.is_stream:
-        return await _stream(request, generation, response, messages)
+        return await _stream(request, output, response, messages)
     try:
-        text = await generation.collect()
+        result = await output.collect()
     finally:
         await generation.close()
-    final = response.finish(generation, text)
-    _store(request, response, messages, text)
+    final = response.finish(output, _output_items(output, result))
+    _store(request, response, messages, _assistant_turn(result.text, result.calls))
     return web.json_response(final)
 
 
-def _store(request: web.Request, response: _Response, messages: tuple[dict[str, str], ...],
-           text: str) -> None:
+def _store(request: web.Request, response: _Response, messages: tuple[dict[str, Any], ...],
+           answer: dict[str, Any]) -> None:
     if response.parsed.is_stored:
         request.app[RESPONSES_KEY].put(response.id, StoredResponse(
-            messages=(*messages, {"role": "assistant", "content": text}), slot=response.slot,
-            body=dict(response.body)))
+            messages=(*messages, answer), slot=response.slot, body=dict(response.body)))
 
 
 async def get_response(request: web.Request) -> web.Response:
@@ -145,11 +195,91 @@ async def get_response(request: web.Request) -> web.Response:
     return web.json_response(stored.body)
 
 
-async def _stream(request: web.Request, generation: TextGeneration, response: _Response,
-                  messages: tuple[dict[str, str], ...]) -> web.StreamResponse:
-    """OpenAI's event order: created, in_progress, item and part added, text deltas, the
-    matching done events, completed. A failure after the headers ends with an `error` event
-    and `response.failed`, as OpenAI sends them (the SDK yields both, it does not raise)."""
+class _Items:
+    """Output items of a stream, opened and closed as the kind of piece changes, with their
+    events in OpenAI's order: a message's item and part added, text deltas, text and part
+    and item done; a function call's item added, argument deltas, arguments and item done."""
+
+    def __init__(self, send: Any, output: ChatOutput):
+        self.send = send
+        self.output = output
+        self.items: list[dict[str, Any]] = []  # finished, in output order
+        self.open: dict[str, Any] | None = None  # the item receiving pieces
+        self.open_text = ""
+        self.pending_space = ""  # whitespace between calls opens no message of its own
+        self.text = ""
+        self.calls: list[dict[str, str]] = []
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.open["id"], "output_index": len(self.items)}
+
+    async def open_message(self) -> None:
+        await self.close()
+        self.open, self.open_text = _message_item(f"msg_{uuid.uuid4().hex}", None,
+                                                  "in_progress"), ""
+        await self.send("response.output_item.added", output_index=len(self.items),
+                        item=dict(self.open))
+        await self.send("response.content_part.added", **self._where(), content_index=0,
+                        part=_text_part(""))
+
+    async def text_piece(self, text: str) -> None:
+        self.text += text
+        if self.open is None or self.open["type"] != "message":
+            if not (self.pending_space + text).strip():
+                self.pending_space += text
+                return
+            text, self.pending_space = self.pending_space + text, ""
+            await self.open_message()
+        self.open_text += text
+        await self.send("response.output_text.delta", **self._where(), content_index=0,
+                        delta=text, logprobs=[])
+
+    async def call_start(self, piece: CallStart) -> None:
+        await self.close()
+        self.pending_space = ""
+        call = {"id": self.output.call_ids[piece.index], "name": piece.name, "arguments": ""}
+        self.calls.append(call)
+        self.open = _call_item(f"fc_{uuid.uuid4().hex}", call["id"], piece.name, "",
+                               "in_progress")
+        await self.send("response.output_item.added", output_index=len(self.items),
+                        item=dict(self.open))
+
+    async def arguments(self, piece: CallArguments) -> None:
+        if self.open is None or self.open["type"] != "function_call":
+            return
+        self.open["arguments"] += piece.text
+        self.calls[-1]["arguments"] += piece.text
+        await self.send("response.function_call_arguments.delta", **self._where(),
+                        delta=piece.text)
+
+    async def close(self) -> None:
+        """Finish the open item with its done events."""
+        if self.open is None:
+            return
+        where, item = self._where(), self.open
+        status = _Response.item_status(self.output)
+        if item["type"] == "message":
+            text = self.open_text
+            await self.send("response.output_text.done", **where, content_index=0, text=text,
+                            logprobs=[])
+            await self.send("response.content_part.done", **where, content_index=0,
+                            part=_text_part(text))
+            done = _message_item(item["id"], text, status)
+        else:
+            await self.send("response.function_call_arguments.done", **where,
+                            name=item["name"], arguments=item["arguments"])
+            done = {**item, "status": status}
+        await self.send("response.output_item.done", output_index=where["output_index"],
+                        item=done)
+        self.items.append(done)
+        self.open = None
+
+
+async def _stream(request: web.Request, output: ChatOutput, response: _Response,
+                  messages: tuple[dict[str, Any], ...]) -> web.StreamResponse:
+    """OpenAI's event order: created, in_progress, then each output item's events (_Items),
+    completed. A failure after the headers ends with an `error` event and `response.failed`,
+    as OpenAI sends them (the SDK yields both, it does not raise)."""
     stream = await sse.open_stream(request)
     sequence = 0
 
@@ -159,24 +289,23 @@ async def _stream(request: web.Request, generation: TextGeneration, response: _R
                                             **payload})
         sequence += 1
 
-    where = {"item_id": response.item_id, "output_index": 0, "content_index": 0}
+    items = _Items(send, output)
     try:
         await send("response.created", response=dict(response.body))
         await send("response.in_progress", response=dict(response.body))
-        await send("response.output_item.added", output_index=0,
-                   item=_message_item(response.item_id, None, "in_progress"))
-        await send("response.content_part.added", **where, part=_text_part(""))
-        pieces = []
-        async with contextlib.aclosing(generation.deltas()) as deltas:
-            async for text in deltas:
-                pieces.append(text)
-                await send("response.output_text.delta", **where, delta=text, logprobs=[])
-        text = "".join(pieces)
-        final = response.finish(generation, text)
-        await send("response.output_text.done", **where, text=text, logprobs=[])
-        await send("response.content_part.done", **where, part=_text_part(text))
-        await send("response.output_item.done", output_index=0, item=final["output"][0])
-        _store(request, response, messages, text)
+        async with contextlib.aclosing(output.pieces()) as pieces:
+            async for piece in pieces:
+                if isinstance(piece, TextPiece):
+                    await items.text_piece(piece.text)
+                elif isinstance(piece, CallStart):
+                    await items.call_start(piece)
+                elif isinstance(piece, CallArguments):
+                    await items.arguments(piece)
+        if not items.items and items.open is None:  # nothing came out: one empty message
+            await items.open_message()
+        await items.close()
+        final = response.finish(output, items.items)
+        _store(request, response, messages, _assistant_turn(items.text, items.calls))
         await send(f"response.{final['status']}", response=final)
     except ConnectionError:
         log.info("client went away during /v1/responses; generation cancelled")
@@ -191,5 +320,5 @@ async def _stream(request: web.Request, generation: TextGeneration, response: _R
             await send("error", code=exc.code, message=exc.message, param=exc.param)
             await send("response.failed", response=failed)
     finally:
-        await generation.close()
+        await output.generation.close()
     return stream

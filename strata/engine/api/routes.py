@@ -7,6 +7,8 @@ from aiohttp import web
 from strata.engine.api import (
     anthropic_routes,
     control_routes,
+    embedding_routes,
+    infill_routes,
     llama_completion,
     llama_routes,
     ollama_routes,
@@ -42,6 +44,7 @@ def setup_routes(app: web.Application) -> None:
         web.post("/tokenize", llama_routes.tokenize),
         web.post("/detokenize", llama_routes.detokenize),
         web.post("/completion", llama_completion.completion),
+        web.post("/infill", infill_routes.infill),
         web.post("/slots/{slot_id}", control_routes.slot_action),
         *(web.post(path, control_routes.level_action) for path in control_routes.LEVEL_ACTIONS),
         web.post("/cache/shrink", control_routes.shrink_experts),
@@ -52,4 +55,9 @@ def setup_routes(app: web.Application) -> None:
         web.post("/api/show", ollama_routes.show),
         web.post("/api/chat", ollama_routes.chat),
         web.post("/api/generate", ollama_routes.generate),
+        web.post("/v1/embeddings", embedding_routes.openai_embeddings),
+        web.post("/embeddings", embedding_routes.openai_embeddings),
+        web.post("/embedding", embedding_routes.llama_embedding),
+        web.post("/api/embed", embedding_routes.ollama_embed),
+        web.post("/api/embeddings", embedding_routes.ollama_embeddings),
     ])

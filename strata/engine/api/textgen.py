@@ -70,6 +70,7 @@ class TextGeneration:
         self._matcher = StopMatcher(list(stops))
         self._num_prompt_tokens = num_prompt_tokens
         self._num_completion_tokens = 0
+        self.token_ids: list[int] = []  # every token read, so a continuation can extend them
         self._raw_text = ""  # everything pushed to the matcher, to name the stop that hit
         self._emitted_chars = 0
         self._is_closed = False
@@ -112,6 +113,7 @@ class TextGeneration:
                 self._pending = None
                 if isinstance(event, Tokens):
                     self._num_completion_tokens += len(event.token_ids)
+                    self.token_ids += event.token_ids
                     self._logprobs += [r for r in event.logprobs
                                        if r.token_id not in self._silent_ids]
                     text = self._push(self._detokenizer.push(list(event.token_ids)))

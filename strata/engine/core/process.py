@@ -231,6 +231,8 @@ class EngineLoop:
                 self.send(p.Reply(command_id, self.load(command), self.engine_status()))
             elif type(command) in _LEVEL_METHODS:
                 self.send(self.level_command(command, command_id))
+            elif isinstance(command, p.Embed):
+                self.send(self.embed(command, command_id))
             else:
                 self.send(p.Error(
                     "bad_request", f"unknown command {type(command).__name__}",
@@ -310,6 +312,13 @@ class EngineLoop:
         fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
         result = dict(method(**fields) or {})
         return p.Reply(command_id, result, self.engine_status())
+
+    def embed(self, command: p.Embed, command_id: int) -> p.Embeddings:
+        if self.engine is None:
+            raise _CommandRefused("not_loaded", "no model is loaded: send Load first")
+        from strata.engine.core.embedding import embed  # torch: imported in the engine only
+
+        return embed(self.engine, command, command_id)
 
     def generate(self, command: p.Generate) -> None:
         rid = command.request_id

@@ -6,11 +6,11 @@ use a fake engine behind the same Supervisor, so the routes never know which one
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from strata.engine.protocol import Done, Error, SamplingSpec, Tokens
+from strata.engine.protocol import Done, Embeddings, Error, SamplingSpec, Tokens
 
 if TYPE_CHECKING:  # the tokenizer library stays out of the facade's import
     from strata.engine.text.assets import TextAssets
@@ -61,6 +61,10 @@ class ServiceFacade(Protocol):
         Raises ServiceError before the first event when it cannot start (503 engine failed,
         400 bad request). Closing the iterator early cancels the generation in the engine.
         """
+
+    async def embed(self, token_ids: Sequence[Sequence[int]], pooling: str) -> Embeddings:
+        """One L2-normalized vector per token sequence (pooling: protocol.POOLINGS); brings
+        the engine up first, as generate does. Raises ServiceError (400, 503)."""
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         """A lifecycle action by name (load, unload, sleep, wake, release_experts, ...)."""

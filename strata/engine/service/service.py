@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +29,11 @@ from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
 from strata.engine.protocol import Done, Error, Tokens
 from strata.engine.service.before_load import DEFAULT_TIMEOUT_S, BeforeLoadHook
+from strata.engine.service.engine_handle import EngineCommandError
 from strata.engine.service.facade import GenerationRequest, ServiceError
 from strata.engine.service.levels import DOWN_ACTIONS, UP_ACTIONS, Action, State
 from strata.engine.service.lifecycle import IDLE_TIMERS, Lifecycle, slot_row
+from strata.engine.service.lifecycle_return import engine_level_error
 from strata.engine.service.metrics import ServiceMetrics
 from strata.engine.service.settings import ServeSettings, engine_config_for
 from strata.engine.service.status_schema import ServiceStatus
@@ -48,6 +50,9 @@ log = logging.getLogger(__name__)
 
 SLOT_COMMANDS = {"slot_save": p.SaveSlot, "slot_restore": p.RestoreSlot, "slot_erase": p.EraseSlot}
 ACTIONS = (*UP_ACTIONS, *DOWN_ACTIONS, *SLOT_COMMANDS, "slots")
+# Added to the command timeout per token an Embed runs: a CPU forward of a 7B model takes
+# about this long per token, and a wedged engine is still caught.
+EMBED_S_PER_TOKEN = 0.05
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,9 @@ class Service:
 
     @property
     def model_id(self) -> str:
+        """The served model's name: --alias, else its file or directory name."""
+        if self.settings.alias:
+            return self.settings.alias
         if not self._model_path:
             return "default"
         path = Path(self._model_path)
@@ -291,6 +299,30 @@ class Service:
                     if not first_token_s and isinstance(event, Tokens):
                         first_token_s.append(time.perf_counter())
                     yield event
+        finally:
+            await lifecycle.end_request()
+
+    async def embed(self, token_ids: Sequence[Sequence[int]], pooling: str) -> p.Embeddings:
+        """Embed each token sequence (protocol.Embed) on the one lane, bringing the engine up
+        first as a generation does. Raises ServiceError: 400 for a bad input, 503 when the
+        engine cannot come up or fails."""
+        sequences = tuple(tuple(ids) for ids in token_ids)
+        if not sequences or not all(sequences):  # the engine checks ids and lengths
+            self.metrics.num_rejected += 1
+            raise ServiceError(400, "bad_request", "nothing to embed: every input needs a token")
+        lifecycle = self.lifecycle
+        try:
+            await lifecycle.begin_request(f"embed-{uuid.uuid4().hex[:16]}")
+        except ServiceError:
+            self.metrics.num_rejected += 1
+            raise
+        # A long batch on a CPU runs for a while; the supervisor kills an engine past this.
+        timeout_s = self.supervisor.command_timeout_s + EMBED_S_PER_TOKEN * sum(
+            map(len, sequences))
+        try:
+            return await self.supervisor.command(p.Embed(sequences, pooling), timeout_s)
+        except EngineCommandError as exc:
+            raise engine_level_error("embed", exc) from None
         finally:
             await lifecycle.end_request()
 

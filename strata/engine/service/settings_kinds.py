@@ -93,6 +93,21 @@ class Text(Kind):
 
 
 @dataclass(frozen=True)
+class ModelName(Kind):
+    """A model's name as clients send it: non-empty, no white space; None when unset."""
+
+    metavar: str | None = "NAME"
+    sample: Any = "my-model"
+
+    def check(self, name: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value):
+            raise type_error(name, "a model name without spaces", value)
+        return value
+
+
+@dataclass(frozen=True)
 class HostAddress(Kind):
     """The address to bind: a host name or address, never empty."""
 

@@ -23,6 +23,7 @@ from strata.engine.service.settings_kinds import (
     HostAddress,
     Integer,
     Kind,
+    ModelName,
     NameList,
     Sampling,
     Seconds,
@@ -109,6 +110,10 @@ class ServeSettings:
         None, Text(path="file"), "GGUF file or Hugging Face directory (unset: the embedded "
         "SmolLM2-135M)", goes=Goes.SERVICE, metavar="PATH", label="Model",
         placeholder="embedded default: SmolLM2-135M-Instruct")
+    alias: str | None = setting(
+        None, ModelName(), "the model's name in /v1/models, /api/tags and /props (default: "
+        "its file name)", goes=Goes.SERVICE, label="Model name",
+        placeholder="the model file's name")
     host: str = setting("127.0.0.1", HostAddress(), "address to bind", goes=Goes.API)
     port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)",
                         goes=Goes.API, label="Port", placeholder="any free port")

@@ -1,0 +1,83 @@
+"""Embeddings: a sequence's final hidden states (after the final norm), pooled to one vector.
+
+Runs the loaded model eagerly over each sequence with a KV buffer of its own, so no cache slot
+is read or written: an embedding never evicts a chat's cached prefix. The vectors are
+L2-normalized, as OpenAI's are (cosine similarity is then a dot product).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from strata.engine import protocol as p
+from strata.engine.core.engine_errors import EngineError
+from strata.engine.core.kv_cache import KVCache
+
+# Tokens per forward: bounds the activations ([T, intermediate]) of a long input, as the
+# engine's prefill does; the K/V of earlier chunks stay in the sequence's own buffer.
+CHUNK_TOKENS = 512
+
+
+@torch.inference_mode()
+def final_hidden_states(model: Any, token_ids: torch.Tensor, start_pos: int,
+                        kv: KVCache) -> torch.Tensor:
+    """Hidden states [T, H] of token_ids [T] at start_pos.., with the model's final norm: the
+    decoder's forward without the vocabulary projection. Writes those positions' K/V to kv."""
+    positions = torch.arange(start_pos, start_pos + token_ids.shape[0], device=token_ids.device)
+    cos, sin = model.rope(positions)  # [T, D] each
+    h = model.model.embed_tokens(token_ids)  # [T, H]
+    for i, layer in enumerate(model.model.layers):
+        h = layer(h, start_pos, kv.k[i], kv.v[i], cos, sin)
+    return model.model.norm(h)  # [T, H]
+
+
+@torch.inference_mode()
+def embed_sequence(model: Any, token_ids: Sequence[int], pooling: str, device: torch.device,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """One sequence's pooled, L2-normalized embedding [H] (float32)."""
+    kv = KVCache.for_config(model.config, len(token_ids), dtype=dtype, device=device)
+    total = torch.zeros(model.config.hidden_size, dtype=torch.float32, device=device)
+    last = total
+    for start in range(0, len(token_ids), CHUNK_TOKENS):
+        chunk = torch.tensor(token_ids[start : start + CHUNK_TOKENS], dtype=torch.long,
+                             device=device)  # [T]
+        hidden = final_hidden_states(model, chunk, start, kv).float()  # [T, H]
+        total += hidden.sum(dim=0)
+        last = hidden[-1]
+    pooled = last if pooling == "last" else total / len(token_ids)
+    return F.normalize(pooled, dim=0)
+
+
+def check_embed(command: p.Embed, vocab_size: int, max_tokens: int) -> None:
+    """EngineError (bad_request) for a command the model cannot run."""
+    if command.pooling not in p.POOLINGS:
+        raise EngineError(f"pooling must be one of {', '.join(p.POOLINGS)}, "
+                          f"not {command.pooling!r}")
+    if not command.token_ids:
+        raise EngineError("nothing to embed: send at least one sequence")
+    for i, ids in enumerate(command.token_ids):
+        if not ids:
+            raise EngineError(f"sequence {i} is empty: send at least one token")
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise EngineError(f"sequence {i} has token ids outside 0..{vocab_size - 1}")
+        if len(ids) > max_tokens:
+            raise EngineError(f"sequence {i} is {len(ids)} tokens, the context is "
+                              f"{max_tokens}")
+
+
+def embed(engine: Any, command: p.Embed, command_id: int) -> p.Embeddings:
+    """Answer an Embed with the loaded Engine's model; EngineError when it cannot run now."""
+    model = engine.model
+    if model is None:
+        raise EngineError("no model is loaded: load one first")
+    engine.memory.check_resident()  # asleep or experts released: an error, never a GPU fault
+    check_embed(command, model.config.vocab_size, engine.context_tokens)
+    vectors = [embed_sequence(model, ids, command.pooling, engine.device, engine.dtype)
+               for ids in command.token_ids]
+    stacked = torch.stack(vectors).cpu()  # [N, H]: one copy to the host
+    return p.Embeddings(command_id, tuple(tuple(row) for row in stacked.tolist()),
+                        sum(len(ids) for ids in command.token_ids))
