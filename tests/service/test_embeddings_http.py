@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from fakes.tiny_model import write_tiny_model_dir
 
-from strata.engine.service.serve import serve
+from strata.host.serve import serve
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
 from tests.snapshots.helpers import VOCAB, save_tiny_llama
