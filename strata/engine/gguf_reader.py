@@ -114,7 +114,8 @@ class _LazyNumbers:
 
 class GGUFMetadata(Mapping[str, Any]):
     """The key/value metadata in file order, as plain Python values: int, float, bool, str, or
-    a list of them (nested arrays stay nested). Arrays are decoded on first read and kept."""
+    a list of them (nested arrays stay nested). Arrays are decoded on first read and kept, so
+    filter on the keys before reading values: `.items()` decodes the vocabulary too."""
 
     def __init__(self, raw: dict[str, Any]) -> None:
         self._raw = raw

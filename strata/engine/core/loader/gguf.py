@@ -64,11 +64,9 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     reader = open_gguf(path)
     arch = gguf_architecture(reader, path)
     prefix = arch + "."
-    meta = {
-        key[len(prefix) :]: value
-        for key, value in reader.metadata.items()
-        if key.startswith(prefix)
-    }
+    # Keys, then values: .items() would decode every array, the vocabulary included.
+    meta = {key[len(prefix) :]: reader.metadata[key] for key in reader.metadata
+            if key.startswith(prefix)}
     tensors = {t.name: t for t in reader.tensors}
 
     def required(key: str) -> Any:
