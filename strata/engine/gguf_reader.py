@@ -184,11 +184,7 @@ class GGUFFile:
     data_offset: int  # where the tensor data starts
     metadata: GGUFMetadata
     tensors: list[TensorInfo]
-    _buffer: mmap.mmap = field(repr=False, compare=False)
-
-    @property
-    def file_bytes(self) -> int:
-        return len(self._buffer)
+    _buffer: mmap.mmap = field(repr=False, compare=False)  # kept open while the file is used
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
