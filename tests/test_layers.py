@@ -17,6 +17,7 @@ FORBIDDEN = {
     "engine/text": {"PySide6", "torch", "aiohttp"},
     "engine/protocol.py": {"PySide6", "torch", "aiohttp"},
     "engine/gguf_file.py": {"PySide6", "torch", "aiohttp"},
+    "engine/gguf_reader.py": {"PySide6", "torch", "aiohttp"},
     "library": {"PySide6", "torch", "aiohttp"},
     "host": {"PySide6", "torch"},
 }

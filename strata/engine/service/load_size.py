@@ -58,7 +58,7 @@ class StoredSize:
 
 
 def _gguf_size(path: Path) -> StoredSize:
-    from strata.engine.gguf_file import field_value, open_gguf  # numpy + gguf, no torch
+    from strata.engine.gguf_file import open_gguf  # numpy + gguf constants, no torch
 
     reader = open_gguf(path)
     dense = experts = 0
@@ -69,8 +69,8 @@ def _gguf_size(path: Path) -> StoredSize:
             sparse_layers.add(tensor.name.split(".")[1])
         else:
             dense += int(tensor.n_bytes)
-    arch = field_value(reader, "general.architecture", "")
-    num_experts = int(field_value(reader, f"{arch}.expert_count", 0) or 0)
+    arch = reader.metadata.get("general.architecture", "")
+    num_experts = int(reader.metadata.get(f"{arch}.expert_count", 0) or 0)
     return StoredSize(dense, experts, len(sparse_layers), num_experts)
 
 

@@ -48,8 +48,9 @@ class GGUFVocab:
 
 def read_gguf_vocab(path: str | Path) -> GGUFVocab:
     """Read the tokenizer metadata of a GGUF file (never its tensors)."""
-    # Imported here so HF-only users skip gguf; the reader is the loader's cached one.
-    from strata.engine.gguf_file import field_value, open_gguf
+    # Imported here so HF-only users skip gguf; the file is the loader's cached one.
+    from strata.engine.gguf_file import open_gguf
+    from strata.engine.gguf_reader import GGUFFormatError
     from strata.errors import StrataError
 
     try:
@@ -58,7 +59,10 @@ def read_gguf_vocab(path: str | Path) -> GGUFVocab:
         raise TextAssetsError(f"cannot read {path} as GGUF ({exc})") from None
 
     def value(key: str, default=None):
-        return field_value(reader, key, default)
+        try:  # string arrays are decoded here, on first read
+            return reader.metadata.get(key, default)
+        except GGUFFormatError as exc:
+            raise TextAssetsError(f"cannot read {path} as GGUF ({exc})") from None
 
     model = value("tokenizer.ggml.model")
     tokens = value("tokenizer.ggml.tokens")

@@ -95,12 +95,12 @@ def read_model_sampling(model_path: str | Path | None) -> dict[str, float | int]
         if data.get("do_sample") is False:  # transformers then decodes greedily
             values["temperature"] = 0.0
         return _checked(values)
-    from strata.engine.gguf_file import field_value, is_gguf_file, open_gguf
+    from strata.engine.gguf_file import is_gguf_file, open_gguf
 
     if not is_gguf_file(path):
         return {}
     reader = open_gguf(path)
-    values = {name: field_value(reader, key) for key, name in GGUF_SAMPLING_KEYS.items()}
+    values = {name: reader.metadata.get(key) for key, name in GGUF_SAMPLING_KEYS.items()}
     return _checked({k: v for k, v in values.items() if v is not None})
 
 

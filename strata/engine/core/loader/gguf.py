@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from strata.engine.core.loader.gguf_names import (
@@ -26,7 +26,8 @@ from strata.engine.core.loader.gguf_rope import (
 from strata.engine.core.loader.lazy import DeferredTensor, LazyTensor, StackedTensor, materialize
 from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
-from strata.engine.gguf_file import field_value, open_gguf
+from strata.engine.gguf_file import open_gguf
+from strata.engine.gguf_reader import GGUFFile, TensorInfo
 
 # The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats.
 # The gguf package knows more (the low-bit IQ*), but its numpy kernels for those are slow and
@@ -46,9 +47,9 @@ def _float32_value(value: float) -> float:
     return float(str(np.float32(value)))
 
 
-def gguf_architecture(reader: GGUFReader, path: str | os.PathLike[str]) -> str:
+def gguf_architecture(reader: GGUFFile, path: str | os.PathLike[str]) -> str:
     """The file's `general.architecture`, checked against the architectures Strata runs."""
-    arch = field_value(reader, "general.architecture")
+    arch = reader.metadata.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ModelFormatError(
             f"{path} has architecture {arch!r}, which Strata cannot run; supported GGUF "
@@ -63,11 +64,9 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     reader = open_gguf(path)
     arch = gguf_architecture(reader, path)
     prefix = arch + "."
-    meta = {
-        f.name[len(prefix) :]: f.contents()
-        for f in reader.fields.values()
-        if f.name.startswith(prefix)
-    }
+    # Keys, then values: .items() would decode every array, the vocabulary included.
+    meta = {key[len(prefix) :]: reader.metadata[key] for key in reader.metadata
+            if key.startswith(prefix)}
     tensors = {t.name: t for t in reader.tensors}
 
     def required(key: str) -> Any:
@@ -91,9 +90,9 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         freqs = dequantize_tensor(freqs_tensor.name, freqs_tensor.tensor_type, freqs_tensor.data)
         rope_scaling = llama3_scaling_from_freqs(freqs, rope_theta, head_dim)
 
-    token_field = reader.get_field("tokenizer.ggml.tokens")
+    num_tokens = reader.metadata.array_len("tokenizer.ggml.tokens")
     embed_rows = int(tensors["token_embd.weight"].shape[1]) if "token_embd.weight" in tensors else 0
-    vocab_size = len(token_field.data) if token_field is not None else embed_rows
+    vocab_size = num_tokens if num_tokens is not None else embed_rows
     if embed_rows and vocab_size != embed_rows:
         raise ModelFormatError(
             f"{path} has {vocab_size} tokens but token_embd.weight has {embed_rows} rows: the "
@@ -103,10 +102,10 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     eos_ids: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
         # llama.cpp stops on any end-of-generation token; Llama 3 chat ends turns with eot.
-        value = field_value(reader, f"tokenizer.ggml.{key}")
+        value = reader.metadata.get(f"tokenizer.ggml.{key}")
         if value is not None and int(value) not in eos_ids:
             eos_ids.append(int(value))
-    bos = field_value(reader, "tokenizer.ggml.bos_token_id")
+    bos = reader.metadata.get("tokenizer.ggml.bos_token_id")
 
     dense_layers = tuple(
         i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
@@ -165,7 +164,7 @@ class GGUFBlocks(DeferredTensor):
     `read_blocks()` gives its GGML blocks as stored, uint8 [..., rows, row_bytes] (llama Q/K rows
     un-permuted: a row's blocks move with it), for weights that stay quantized."""
 
-    def __init__(self, tensor: ReaderTensor, shape: tuple[int, ...], rope_heads: int | None,
+    def __init__(self, tensor: TensorInfo, shape: tuple[int, ...], rope_heads: int | None,
                  make):
         super().__init__(shape, torch.float32, make)
         self.qtype = tensor.tensor_type
@@ -184,11 +183,11 @@ class GGUFBlocks(DeferredTensor):
             return torch.from_numpy(blocks)
 
 
-def _gguf_tensor(tensor: ReaderTensor, rope_heads: int | None) -> DeferredTensor:
+def _gguf_tensor(tensor: TensorInfo, rope_heads: int | None) -> DeferredTensor:
     """One GGUF tensor, read when asked for: F32/F16 as views of the mapped file in their own
     dtype, other types dequantized to float32 (GGUFBlocks, which also gives the blocks as
     stored); llama Q/K rows un-permuted (rope_heads)."""
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists ne[0] first
+    shape = tuple(reversed(tensor.shape))  # GGUF lists ne[0] first
     native_dtype = _NATIVE_DTYPES.get(tensor.tensor_type)
 
     def read() -> torch.Tensor:

@@ -17,18 +17,19 @@ from strata.engine.core.loader.quant_plan import (
 )
 from strata.engine.core.model_config import SUPPORTED_MODEL_TYPES, ModelFormatError
 from strata.engine.core.model_info import ModelInfo
-from strata.engine.gguf_file import field_value, open_gguf
+from strata.engine.gguf_file import open_gguf
+from strata.engine.gguf_reader import GGUFFile
 
 
-def _gguf_vram(reader, arch: str, context_tokens: int) -> VramEstimate | None:
+def _gguf_vram(reader: GGUFFile, arch: str, context_tokens: int) -> VramEstimate | None:
     """What the file will hold on a GPU at context_tokens; None without the shape metadata."""
-    layers = field_value(reader, f"{arch}.block_count")
-    heads = field_value(reader, f"{arch}.attention.head_count")
-    hidden = field_value(reader, f"{arch}.embedding_length")
+    layers = reader.metadata.get(f"{arch}.block_count")
+    heads = reader.metadata.get(f"{arch}.attention.head_count")
+    hidden = reader.metadata.get(f"{arch}.embedding_length")
     if not (layers and heads and hidden):
         return None
-    kv_heads = field_value(reader, f"{arch}.attention.head_count_kv") or heads
-    head_dim = field_value(reader, f"{arch}.attention.key_length") or int(hidden) // int(heads)
+    kv_heads = reader.metadata.get(f"{arch}.attention.head_count_kv") or heads
+    head_dim = reader.metadata.get(f"{arch}.attention.key_length") or int(hidden) // int(heads)
     kv = kv_bytes(int(layers), int(kv_heads), int(head_dim), context_tokens)
     tensors = [(t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes),
                 int(t.shape[-1]) if len(t.shape) > 1 else 1) for t in reader.tensors]
@@ -39,12 +40,12 @@ def inspect_gguf(path: Path, context_tokens: int = 0) -> ModelInfo:
     """Info for a GGUF file; an unsupported architecture is reported, not refused.
     context_tokens: the context the VRAM estimate assumes (0: the engine's default)."""
     reader = open_gguf(path)
-    arch = str(field_value(reader, "general.architecture", "unknown"))
+    arch = str(reader.metadata.get("general.architecture", "unknown"))
     model_type = GGUF_ARCHITECTURES.get(arch, arch)
-    if arch == "llama" and (field_value(reader, "llama.expert_count") or 0) > 0:
+    if arch == "llama" and (reader.metadata.get("llama.expert_count") or 0) > 0:
         model_type = "mixtral"
-    template = field_value(reader, "tokenizer.chat_template")
-    model_context = int(field_value(reader, f"{arch}.context_length", 0) or 0)
+    template = reader.metadata.get("tokenizer.chat_template")
+    model_context = int(reader.metadata.get(f"{arch}.context_length", 0) or 0)
     context_tokens = context_tokens or default_context_tokens(model_context)
     return ModelInfo(
         path=str(path),
