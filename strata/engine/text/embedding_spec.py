@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from strata.engine.core.model_config import ModelFormatError
-from strata.engine.gguf_file import field_value, is_gguf_file, open_gguf
+from strata.engine.gguf_file import is_gguf_file, open_gguf
 
 DEFAULT_POOLING = "last"
 _GGUF_POOLING = {1: "mean", 3: "last"}  # llama.cpp's LLAMA_POOLING_TYPE_MEAN, _LAST
@@ -46,9 +46,10 @@ def embedding_spec(source: str) -> EmbeddingSpec:
 
 def _gguf_spec(path: Path) -> EmbeddingSpec:
     reader = open_gguf(path)
-    arch = str(field_value(reader, "general.architecture", ""))
-    pooling = _GGUF_POOLING.get(field_value(reader, f"{arch}.pooling_type"), DEFAULT_POOLING)
-    return EmbeddingSpec(int(field_value(reader, f"{arch}.embedding_length", 0) or 0), pooling)
+    meta = reader.metadata
+    arch = str(meta.get("general.architecture", ""))
+    pooling = _GGUF_POOLING.get(meta.get(f"{arch}.pooling_type"), DEFAULT_POOLING)
+    return EmbeddingSpec(int(meta.get(f"{arch}.embedding_length", 0) or 0), pooling)
 
 
 def _hf_spec(directory: Path) -> EmbeddingSpec:
