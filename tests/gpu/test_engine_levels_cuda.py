@@ -109,12 +109,12 @@ def test_decode_graph_captured_before_a_release_replays_after_the_refill(moe) ->
     kv = moe.kv_arena.make_kv(3, 512)  # slot 3 is not used by the other tests
     spec = SamplingSpec(max_tokens=16, temperature=0.0)
     before = list(decoder.generate(kv, PROMPT, spec, 16))
-    num_graphs = len(decoder._graphs)
+    num_graphs = len(decoder.runner.graphs)
     moe.release_experts()
     moe.refill_experts()
     after = list(decoder.generate(kv, PROMPT, spec, 16))
     assert after == before
-    assert len(decoder._graphs) == num_graphs  # the same graphs replayed, none captured anew
+    assert len(decoder.runner.graphs) == num_graphs  # the same graphs replayed, none captured anew
     moe.kv_arena.release_slot(3)
 
 
