@@ -70,7 +70,7 @@ class TrayApp:
     def _settings(self) -> tuple[Any, str | None]:
         try:
             return load_settings(self.args.config, overrides_from_args(self.args)), None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any settings error becomes the tray's message
             return None, user_message(exc) or str(exc)
 
     def _new_host(self) -> ThreadServiceHost:
@@ -79,7 +79,7 @@ class TrayApp:
             config = read_config(self.config_file)
             rules = rules_from_config(config.get("rules", []))
             rules_enabled = bool(config.get("tray", {}).get("rules_enabled", True))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - bad rules must not keep the tray from starting
             log.error("rules not loaded: %s", user_message(exc) or exc)
             rules, rules_enabled = [], True
         factory = start_tray_server if error is None else _failing_factory(error)

@@ -257,7 +257,7 @@ class ThreadServiceHost:
             return None
         try:
             result = await self._server.service.control(action, **kwargs)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure is reported to the listener, not raised into Qt
             self._call_listener("on_action", action, None, describe_error(exc))
             return None
         self._call_listener("on_action", action, result or {}, None)

@@ -66,7 +66,8 @@ class _CheckedReader(GGUFReader):
             try:
                 block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
             except (ValueError, KeyError):
-                raise _UnknownTypeError(bytes(name_data).decode("utf-8", "replace"), type_id)
+                raise _UnknownTypeError(bytes(name_data).decode("utf-8", "replace"),
+                                        type_id) from None
             n_elements = int(np.prod(dims.astype(np.uint64), dtype=np.uint64))
             tensor_end = start_offs + int(offset_tensor[0]) + n_elements * type_size // block_size
             end_bytes = max(end_bytes, tensor_end)

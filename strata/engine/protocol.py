@@ -8,7 +8,7 @@ PROTOCOL_VERSION means host and engine from different builds refuse to talk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel)
@@ -151,14 +151,15 @@ class Envelope:
     """A command with the id its reply carries, so the host can match answers to asks."""
 
     command_id: int
-    command: "Command"
+    command: Command
     version: int = PROTOCOL_VERSION
 
 
-Command = Union[
-    Load, Unload, Generate, Cancel, ReleaseExperts, RefillExperts, ResizeExperts, OffloadSession,
-    RestoreSession, Sleep, Wake, SaveSlot, RestoreSlot, EraseSlot, GetStatus,
-]
+Command = (
+    Load | Unload | Generate | Cancel | ReleaseExperts | RefillExperts | ResizeExperts
+    | OffloadSession | RestoreSession | Sleep | Wake | SaveSlot | RestoreSlot | EraseSlot
+    | GetStatus
+)
 
 
 # ---- events (engine -> host) ----------------------------------------------------------------
@@ -231,7 +232,7 @@ class Ready:
     version: int = PROTOCOL_VERSION
 
 
-Event = Union[Tokens, Done, Error, Reply, Status, Ready]
+Event = Tokens | Done | Error | Reply | Status | Ready
 
 COMMAND_TYPES = Command.__args__  # type: ignore[attr-defined]
 EVENT_TYPES = Event.__args__  # type: ignore[attr-defined]

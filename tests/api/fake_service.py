@@ -16,10 +16,11 @@ CACHED_TOKENS = 3
 class FakeService:
     """Answers every generation with `reply_text` tokenized by the real tokenizer, then EOS.
 
-    Knobs: returns_coroutine (generate is a coroutine returning the iterator), fail_after (emit an Error event after N tokens), start_error (raise before the
-    first event), first_error (an Error event as the first event), is_endless (emit tokens
-    until closed), token_delay_s. Every call is recorded in `calls`; `num_closed_early` counts
-    generations that the API closed before they finished.
+    Knobs: returns_coroutine (generate is a coroutine returning the iterator), fail_after (emit an
+    Error event after N tokens), start_error (raise before the first event), first_error (an Error
+    event as the first event), is_endless (emit tokens until closed), token_delay_s. Every call is
+    recorded in `calls`; `num_closed_early` counts generations that the API closed before they
+    finished.
     """
 
     def __init__(self, text: Any, *, reply_text: str = "Hello world! The answer is 42.",

@@ -184,7 +184,7 @@ async def report_load_progress(service: Any, *, poll_s: float = 0.1, tick_s: flo
     """Print "loading MODEL (size) ..." once the load begins, then the seconds it has taken
     every tick_s while it goes on (a quick load prints the first line only)."""
     stream = stream or sys.stderr
-    while service.status().get("state") != "loading":
+    while service.status().get("state") != "loading":  # noqa: ASYNC110 - no event for a load starting
         await asyncio.sleep(poll_s)
     started_s = time.monotonic()
     is_tty = stream.isatty()

@@ -229,7 +229,7 @@ class Arena:
     def _runs(self, indices: list[int]) -> Iterator[tuple[int, int]]:
         """(offset, nbytes) of each contiguous run of chunk indices (sorted ascending)."""
         run: list[int] = []
-        for i in indices + [-1]:
+        for i in [*indices, -1]:
             if run and i != run[-1] + 1:
                 yield run[0] * self.chunk_bytes, sum(self._chunk_size(j) for j in run)
                 run = []
