@@ -176,7 +176,8 @@ class ThreadServiceHost:
         await self._stop_event.wait()
         status_task.cancel()
         if self._server is not None:
-            self._rules_task.cancel()
+            if self._rules_task is not None:
+                self._rules_task.cancel()
             try:
                 await self._server.stop()
             except Exception:

@@ -54,7 +54,7 @@ class SingleInstance(QObject):
             socket = self.server.nextPendingConnection()
             # The message may already be here, or arrive later: wait briefly, read once.
             is_ready = socket.bytesAvailable() or socket.waitForReadyRead(1000)
-            if is_ready and bytes(socket.readAll()).startswith(SHOW_DASHBOARD.strip()):
+            if is_ready and bytes(socket.readAll().data()).startswith(SHOW_DASHBOARD.strip()):
                 self.show_requested.emit()
             socket.disconnectFromServer()
             socket.deleteLater()

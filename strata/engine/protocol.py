@@ -234,5 +234,5 @@ class Ready:
 
 Event = Tokens | Done | Error | Reply | Status | Ready
 
-COMMAND_TYPES = Command.__args__  # type: ignore[attr-defined]
-EVENT_TYPES = Event.__args__  # type: ignore[attr-defined]
+COMMAND_TYPES = Command.__args__
+EVENT_TYPES = Event.__args__

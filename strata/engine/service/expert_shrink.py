@@ -27,8 +27,8 @@ MAX_SHRINK_ROUNDS = 3
 Command = Callable[[Any], Awaitable[Any]]
 
 
-def cache_info(engine_info: Mapping[str, Any]) -> dict[str, int] | None:
-    """{num_slots, max_slots, bytes_per_expert, min_slots} of a partial expert cache, or None."""
+def cache_info(engine_info: Mapping[str, Any]) -> dict[str, Any] | None:
+    """{num_slots, max_slots, bytes_per_expert, mode} of a partial expert cache, or None."""
     experts = engine_info.get("experts")
     if not isinstance(experts, Mapping) or not experts.get("bytes_per_expert"):
         return None

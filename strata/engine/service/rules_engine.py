@@ -278,7 +278,13 @@ class RulesEngine:
             return []
         self._bind()
         events: list[RuleEvent] = []
-        on_event, self.on_event = self.on_event, lambda e: (events.append(e), on_event(e))
+        on_event = self.on_event
+
+        def record(event: RuleEvent) -> None:
+            events.append(event)
+            on_event(event)
+
+        self.on_event = record
         try:
             vram_rules = self._active_rules(("process_vram", "free_vram"))
             try:

@@ -211,7 +211,8 @@ def _model_description(service: Any) -> str:
     parts = []
     path = getattr(service, "model_path", None)
     with contextlib.suppress(OSError, TypeError):
-        parts.append(format_size(model_size_bytes(Path(path))))
+        if path is not None:
+            parts.append(format_size(model_size_bytes(Path(path))))
     device = getattr(getattr(service, "settings", None), "device", None)
     if device and device != "auto":
         parts.append(str(device))
