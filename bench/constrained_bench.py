@@ -131,7 +131,7 @@ def main() -> None:
         figures += [figure(f"mask, {name}, median", statistics.median(costs), "us"),
                     figure(f"mask, {name}, p99", costs[int(len(costs) * 0.99) - 1], "us")]
     device = torch.device(args.device)
-    if device.type == "cuda" or args.device == "cpu" and "--device" in sys.argv:
+    if device.type == "cuda" or (args.device == "cpu" and "--device" in sys.argv):
         for label in args.models:
             plain, masked = decode_tok_s(label, model_path, args.tokens, device, args.runs)
             figures.append(figure(f"{label} decode, unconstrained", plain, "tok/s"))

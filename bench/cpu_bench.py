@@ -5,8 +5,8 @@
 Measures: load time (text assets, engine load), prompt processing tok/s (a cold prompt of
 --prompt-tokens), time to first token and decode tok/s of the chat request that
 bench/http_bench.py sends through the real server, and the memory-bandwidth roofline of decode
-(every fp32 weight is read once per token, at the measured read bandwidth). Prints a table and writes JSON (hardware, versions,
-figure, limit, ratio), like bench/arena_bench.py.
+(every fp32 weight is read once per token, at the measured read bandwidth). Prints a table and
+writes JSON (hardware, versions, figure, limit, ratio), like bench/arena_bench.py.
 """
 
 from __future__ import annotations

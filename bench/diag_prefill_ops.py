@@ -88,7 +88,9 @@ def main() -> int:
                 profile_host(decoder, kv, prompt)
             for name, ops in variants:
                 decoder.prefill_ops = ops
-                run = (lambda d=decoder, kv=kv, p=prompt: d.prefill(kv, p, 0))
+                def run(d=decoder, kv=kv, p=prompt):
+                    return d.prefill(kv, p, 0)
+
                 seconds = best_wall_s(run, 5)
                 print(f"{label} {num_tokens} tok {name}: {seconds * 1e3:.2f} ms "
                       f"({num_tokens / seconds:.0f} tok/s)"

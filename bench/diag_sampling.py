@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speed_rows import engine_model  # noqa: E402  (bench/speed_rows.py)
+from speed_rows import engine_model
 
-from strata.engine.core.fast import GraphDecoder  # noqa: E402
-from strata.engine.core.kv_cache import KVCache  # noqa: E402
-from strata.engine.protocol import SamplingSpec  # noqa: E402
+from strata.engine.core.fast import GraphDecoder
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.protocol import SamplingSpec
 
 DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
 MODES = {

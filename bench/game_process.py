@@ -3,11 +3,12 @@
     python bench/game_process.py --bytes N --hold-s S --out result.json [--api cuda|torch]
 
 With --api cuda (default) it uses the CUDA driver API directly (cuda-python), so its first
-allocation comes about 0.3 s after the process starts, as a real game's does; --api torch
-imports torch first (seconds); --api none allocates nothing (the scenario's CPU dry run). The first allocation is tried once and recorded, then retried
-every 20 ms for up to 10 s (a game that retries); the result JSON has the wall-clock times of
-each, which the scenario compares with the time it started the process. --bytes 0 only creates
-the context (the scenario measures what a context costs).
+allocation comes about 0.3 s after the process starts, as a real game's does; --api torch imports
+torch first (seconds); --api none allocates nothing (the scenario's CPU dry run). The first
+allocation is tried once and recorded, then retried every 20 ms for up to 10 s (a game that
+retries); the result JSON has the wall-clock times of each, which the scenario compares with the
+time it started the process. --bytes 0 only creates the context (the scenario measures what a
+context costs).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.api == "none":  # a CPU dry run of the scenario: nothing to allocate on
-        alloc = lambda num_bytes: b""
+        def alloc(num_bytes: int) -> bytes:
+            return b""
     else:
         alloc = cuda_allocator() if args.api == "cuda" else torch_allocator()
     context_at = time.time()

@@ -7,14 +7,14 @@ does the model come back, with the conversation's cache, when the game exits?
 
 Serves a random-weights Qwen3-30B-A3B with --layers layers through the real Service and engine
 process, with a process rule (rules_engine.py, the process watcher) whose pattern matches
-bench/game_process.py. For each action: a conversation's first turn (the cold prompt), then a
-"game" process starts and allocates what fits only once the action has released its memory
-(free VRAM - the game's own CUDA context + half of what the action frees), holds it while a
-request arrives, and exits. With shrink_experts the rule keeps what the game maps free and the
-model must keep answering while the game holds it. Recorded: time from the game's start to the engine's VRAM released
-(NVML, per process), whether the game's first allocation succeeded, the answer to the request
-meanwhile, time from the game's exit to the model back, and the follow-up turn's cached tokens
-and time to first token against the cold prompt. Prints a table, writes JSON.
+bench/game_process.py. For each action: a conversation's first turn (the cold prompt), then a "game"
+process starts and allocates what fits only once the action has released its memory (free VRAM - the
+game's own CUDA context + half of what the action frees), holds it while a request arrives, and
+exits. With shrink_experts the rule keeps what the game maps free and the model must keep answering
+while the game holds it. Recorded: time from the game's start to the engine's VRAM released (NVML,
+per process), whether the game's first allocation succeeded, the answer to the request meanwhile,
+time from the game's exit to the model back, and the follow-up turn's cached tokens and time to
+first token against the cold prompt. Prints a table, writes JSON.
 Targets (issue 18): release <= 300 ms, first allocation ok, back <= 2 s (unload: <= its load);
 asleep, the engine holds at most its CUDA context + 64 MiB (compare engine_held_during_mib of
 the sleep row with game_context_bytes, a bare driver context).

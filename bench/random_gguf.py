@@ -111,11 +111,9 @@ def write_random_gguf(preset: str | ModelConfig, path: str | Path, seed: int = 0
     pool = np.random.default_rng(seed).standard_normal(POOL_VALUES, dtype=np.float32)
     pool = (pool * WEIGHT_STD).astype(np.float16)
     total = 0
-    for name, shape in shapes.items():
-        if len(shape) == 1:
-            values = np.ones(shape, dtype=np.float32)
-        else:
-            values = np.resize(pool, shape)  # the pool repeated cyclically
+    for shape in shapes.values():
+        # Norms are ones; every other tensor is the pool repeated cyclically.
+        values = np.ones(shape, dtype=np.float32) if len(shape) == 1 else np.resize(pool, shape)
         writer.write_tensor_data(values)
         total += values.nbytes
     writer.close()

@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     is_bench = bool(argv) and argv[0] == "bench"
     args = None if is_bench else parser.parse_args(argv)
     try:
-        return cmd_bench(argv[1:]) if is_bench else args.func(args)
+        return cmd_bench(argv[1:]) if args is None else args.func(args)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # one line for the user, never a traceback

@@ -89,6 +89,8 @@ def set_autostart(is_enabled: bool, command: list[str] | None = None) -> None:
 
 
 def _set_windows(is_enabled: bool, command: list[str]) -> None:
+    if sys.platform != "win32":  # winreg exists only there (so mypy reads this on Windows only)
+        raise AutostartError("the Run key in the registry exists only on Windows")
     import subprocess
     import winreg
 

@@ -44,7 +44,7 @@ class ServiceBridge(QObject):
         self._log(f"{action.replace('_', ' ')} requested")
         try:
             self.host.call(action, **kwargs)
-        except Exception as exc:  # host not started or already stopped
+        except Exception as exc:  # noqa: BLE001 - host not started or already stopped
             self.action_failed.emit(action, str(exc))
 
     def set_rules_enabled(self, is_enabled: bool) -> None:
@@ -95,5 +95,5 @@ class SignalLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self.bridge.on_log(f"{record.levelname.lower()}: {record.getMessage()}")
-        except Exception:  # a log handler must never raise into the caller
+        except Exception:  # noqa: BLE001 - a log handler must never raise into the caller
             self.handleError(record)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
@@ -120,13 +122,25 @@ class RulesEditor(QWidget):
         for row in sorted({index.row() for index in self.table.selectedIndexes()}, reverse=True):
             self.table.removeRow(row)
 
+    def _text(self, row: int, column: int) -> str:
+        item = self.table.item(row, column)
+        return item.text() if item is not None else ""
+
+    def _is_checked(self, row: int, column: int) -> bool:
+        item = self.table.item(row, column)
+        return item is not None and item.checkState() == Qt.CheckState.Checked
+
+    def _choice(self, row: int, column: int) -> Any:
+        """The current data of the combo box in a cell (every choice column holds one)."""
+        return cast(QComboBox, self.table.cellWidget(row, column)).currentData()
+
     def rules(self) -> list[Rule]:
         """The rules as edited; RuleConfigError names the first bad row."""
         result = []
         for row in range(self.table.rowCount()):
-            trigger = self.table.cellWidget(row, 2).currentData()
-            what = (self.table.item(row, 3).text() if self.table.item(row, 3) else "").strip()
-            name = self.table.item(row, 1).text().strip() or f"rule {row + 1}"
+            trigger = self._choice(row, 2)
+            what = self._text(row, 3).strip()
+            name = self._text(row, 1).strip() or f"rule {row + 1}"
             patterns: tuple[str, ...] = ()
             ignore: tuple[str, ...] = ()
             threshold_gib = 0.0
@@ -142,7 +156,7 @@ class RulesEditor(QWidget):
                         f"rule {name!r} (row {row + 1}): {what!r} is not a number "
                         "of GiB; type e.g. 4"
                     ) from None
-            keep_text = (self.table.item(row, 7).text() if self.table.item(row, 7) else "").strip()
+            keep_text = self._text(row, 7).strip()
             if keep_text and not keep_text.isdigit():
                 raise RuleConfigError(f"rule {name!r} (row {row + 1}): keep free {keep_text!r} "
                                       "is not a whole number of MiB; type e.g. 8192")
@@ -150,12 +164,12 @@ class RulesEditor(QWidget):
                 Rule(
                     name,
                     trigger,
-                    self.table.cellWidget(row, 4).currentData(),
-                    self.table.cellWidget(row, 5).currentData(),
+                    self._choice(row, 4),
+                    self._choice(row, 5),
                     patterns,
                     threshold_gib,
-                    self.table.item(row, 0).checkState() == Qt.CheckState.Checked,
-                    match=self.table.cellWidget(row, 6).currentData(),
+                    self._is_checked(row, 0),
+                    match=self._choice(row, 6),
                     ignore=ignore,
                     keep_free_mib=int(keep_text or 0),
                 )

@@ -65,11 +65,8 @@ class SelfCheck(QObject):
         ):
             # One picture per level the dashboard lives through (dashboard-sleeping.png, ...),
             # taken once the chart has caught up with the change.
-            name = f"dashboard-{state}.png"
-            QTimer.singleShot(
-                1500,
-                lambda: self.tray_app.dashboard.grab().save(str(self.artifacts_dir / name)),
-            )
+            path = self.artifacts_dir / f"dashboard-{state}.png"
+            QTimer.singleShot(1500, lambda: self.tray_app.dashboard.grab().save(str(path)))
         if report != self.last_written:
             tmp = self.ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(report), encoding="utf-8")
@@ -77,20 +74,22 @@ class SelfCheck(QObject):
             self.last_written = report
 
     def _grab_menu(self) -> None:
+        artifacts_dir = self.artifacts_dir
+        if artifacts_dir is None:  # connected only when there is one
+            return
         menu = self.tray_app.tray.menu
-        menu.grab().save(str(self.artifacts_dir / "tray-menu.png"))
+        menu.grab().save(str(artifacts_dir / "tray-menu.png"))
         screen = QGuiApplication.primaryScreen()
         if screen is not None:  # the whole screen shows the menu next to the tray icon
-            screen.grabWindow(0).save(str(self.artifacts_dir / "screen-with-menu.png"))
+            screen.grabWindow(0).save(str(artifacts_dir / "screen-with-menu.png"))
         menu.hide()
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self.tray_app.dashboard and event.type() == QEvent.Type.Show:
+        artifacts_dir = self.artifacts_dir  # installed only when there is one
+        grab = self.tray_app.dashboard.grab  # before `is` narrows the dashboard to a QObject
+        if (artifacts_dir is not None and watched is self.tray_app.dashboard
+                and event.type() == QEvent.Type.Show):
             # let a few status updates fill the chart before the picture
-            QTimer.singleShot(
-                2500,
-                lambda: self.tray_app.dashboard.grab().save(
-                    str(self.artifacts_dir / "dashboard.png")
-                ),
-            )
+            path = artifacts_dir / "dashboard.png"
+            QTimer.singleShot(2500, lambda: grab().save(str(path)))
         return False

@@ -169,7 +169,8 @@ class ThreadServiceHost:
         await self._stop_event.wait()
         telemetry_task.cancel()
         if self._server is not None:
-            self._rules_task.cancel()
+            if self._rules_task is not None:
+                self._rules_task.cancel()
             try:
                 await self._server.stop()
             except Exception:
@@ -269,7 +270,7 @@ class ThreadServiceHost:
             return None
         try:
             result = await self._server.service.control(action, **kwargs)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure is reported to the listener, not raised into Qt
             self._call_listener("on_action", action, None, describe_error(exc))
             return None
         self._call_listener("on_action", action, result or {}, None)

@@ -155,7 +155,7 @@ class SettingsWindow(QDialog):
         """Fill the fields from the config file (defaults for absent keys)."""
         try:
             raw = read_config(self.config_file)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - an unreadable file is shown in the window, not raised
             self._say(user_message(exc) or str(exc), is_error=True)
             raw = {}
         self._loaded = raw
@@ -168,7 +168,7 @@ class SettingsWindow(QDialog):
         self.rules_enabled.setChecked(bool(raw.get(TRAY_TABLE, {}).get("rules_enabled", True)))
         try:
             self.rules_editor.set_rules(rules_from_config(raw.get("rules", [])))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - invalid rules are shown in the window, not raised
             self._say(
                 f"rules in the config file are invalid: {user_message(exc) or exc}", is_error=True
             )
@@ -182,7 +182,7 @@ class SettingsWindow(QDialog):
         try:
             values = {k: check_setting(k, v) for k, v in self.server_values().items()}
             rules = self.rules_editor.rules()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any invalid field is shown in the window
             self._say(user_message(exc) or str(exc), is_error=True)
             return False
         old = self._loaded
@@ -211,7 +211,7 @@ class SettingsWindow(QDialog):
             write_config(self.config_file, config)
             if self.autostart.isChecked() != autostart.is_autostart_enabled():
                 autostart.set_autostart(self.autostart.isChecked())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to save is shown in the window
             self._say(user_message(exc) or str(exc), is_error=True)
             return False
         self._loaded = read_config(self.config_file)
@@ -234,7 +234,7 @@ class SettingsWindow(QDialog):
             try:
                 result[name] = check_setting(name, config[name]) if name in config \
                     else getattr(self._defaults, name)
-            except Exception:  # an invalid value in the file: whatever the form saves differs
+            except Exception:  # noqa: BLE001 - an invalid value in the file: whatever the form saves differs
                 result[name] = config.get(name)
         return result
 

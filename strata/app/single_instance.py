@@ -53,9 +53,9 @@ class SingleInstance(QObject):
         while self.server.hasPendingConnections():
             socket = self.server.nextPendingConnection()
             # The message may already be here, or arrive later: wait briefly, read once.
-            if socket.bytesAvailable() or socket.waitForReadyRead(1000):
-                if bytes(socket.readAll()).startswith(SHOW_DASHBOARD.strip()):
-                    self.show_requested.emit()
+            is_ready = socket.bytesAvailable() or socket.waitForReadyRead(1000)
+            if is_ready and bytes(socket.readAll().data()).startswith(SHOW_DASHBOARD.strip()):
+                self.show_requested.emit()
             socket.disconnectFromServer()
             socket.deleteLater()
 

@@ -160,7 +160,7 @@ async def report_load_progress(service: Any, *, poll_s: float = 0.1, tick_s: flo
     """Print "loading MODEL (size) ..." once the load begins, then the seconds it has taken
     every tick_s while it goes on (a quick load prints the first line only)."""
     stream = stream or sys.stderr
-    while service.status().get("state") != "loading":
+    while service.status().get("state") != "loading":  # noqa: ASYNC110 - no event for a load starting
         await asyncio.sleep(poll_s)
     started_s = time.monotonic()
     is_tty = stream.isatty()
@@ -187,7 +187,8 @@ def _model_description(service: Any) -> str:
     parts = []
     path = getattr(service, "model_path", None)
     with contextlib.suppress(OSError, TypeError):
-        parts.append(format_size(model_size_bytes(Path(path))))
+        if path is not None:
+            parts.append(format_size(model_size_bytes(Path(path))))
     device = getattr(getattr(service, "settings", None), "device", None)
     if device and device != "auto":
         parts.append(str(device))

@@ -68,7 +68,7 @@ async def test_anthropic_sdk(base_url, service):
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == "answer"
     count = await client.messages.count_tokens(model="m", messages=messages)
     assert count.input_tokens > 0
-    with pytest.raises(anthropic.BadRequestError, match="'temperature' is 1.5"):
+    with pytest.raises(anthropic.BadRequestError, match=r"'temperature' is 1.5"):
         await client.messages.create(model="m", max_tokens=5, messages=messages,
                                      extra_body={"temperature": 1.5})
     await client.close()

@@ -33,8 +33,8 @@ def test_gpu_readings_fill_chart_table_and_levels(qtbot, make_bridge, fake_servi
     assert dashboard.processes.rowCount() == 2
     assert dashboard.processes.item(0, 1).text() == "blender"
     assert dashboard.processes.item(0, 2).text() == "12,288 MiB"
-    assert "Release experts (frees 10.0 GiB)" == dashboard.level_buttons["experts"].text()
-    assert "Sleep (frees 15.0 GiB)" == dashboard.level_buttons["sleep"].text()
+    assert dashboard.level_buttons["experts"].text() == "Release experts (frees 10.0 GiB)"
+    assert dashboard.level_buttons["sleep"].text() == "Sleep (frees 15.0 GiB)"
     assert dashboard.activity.text() == (
         "last request 42.5 tok/s · queue 2 · 128 of 300 prompt tokens from cache")
     assert dashboard.level_labels["weights"].text() == "resident · 4.0 GiB in VRAM · 0.0 GiB released"

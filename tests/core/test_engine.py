@@ -66,7 +66,7 @@ def test_slots_are_independent(tiny_llama) -> None:
     a, b = list(range(10, 40)), list(range(200, 230))
     run(engine, a, slot=0)
     run(engine, b, slot=3)
-    run(engine, a + [5], slot=0)
+    run(engine, [*a, 5], slot=0)
     assert engine.last_usage.cached_tokens == len(a)
 
 
@@ -113,5 +113,5 @@ def test_bad_prompts_are_refused(tiny_llama, prompt, message) -> None:
 
 def test_bad_slot_is_refused(tiny_llama) -> None:
     engine, _ = tiny_llama
-    with pytest.raises(EngineError, match="cache slot must be 0..3"):
+    with pytest.raises(EngineError, match=r"cache slot must be 0..3"):
         run(engine, [1, 2, 3], slot=4)

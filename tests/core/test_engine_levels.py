@@ -87,7 +87,7 @@ def test_wake_without_memory_stays_asleep_and_succeeds_later(tiny_moe_dir, tmp_p
         # Room for the weights but not the experts: wake must undo the weights too.
         weights = engine.memory.weights.reserved_bytes
         backend.max_resident_bytes = backend.resident_bytes + weights
-        with pytest.raises(EngineOutOfMemory, match="waking the model failed: .* MiB"):
+        with pytest.raises(EngineOutOfMemory, match=r"waking the model failed: .* MiB"):
             engine.wake()
         assert engine.status()["state"] == "sleeping"
         assert all(a["resident_bytes"] == 0 for a in engine.status()["arenas"].values())

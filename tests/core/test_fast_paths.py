@@ -22,9 +22,9 @@ needs_interpreter = pytest.mark.skipif(
 )
 
 from strata.engine.core.fast import GraphDecoder, kv_buckets, prefill
-from strata.engine.core.fast.decode_graph import bucket_for
 from strata.engine.core.fast.graph_sampler import GraphSampler, exponential_noise, sampling_key
 from strata.engine.core.fast.moe_grouped import experts_bmm, route, select_moe_impl
+from strata.engine.core.fast.static_step import bucket_for
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.random_weights import (
@@ -157,7 +157,7 @@ def naive_attention(q, keys, values):
 @pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
 def test_flash_attention_matches_naive_gqa(num_tokens, num_keys, num_kv_heads) -> None:
     """Causal from 0, lower-right after cached keys, one query: same math as repeated heads."""
-    from strata.engine.core.fast.prefill_attention import flash_attention, repeat_kv_heads
+    from strata.engine.core.kernels.prefill_attention import flash_attention, repeat_kv_heads
 
     gen = torch.Generator().manual_seed(num_tokens * 100 + num_keys)
     q = torch.randn(4, num_tokens, 16, generator=gen)
@@ -445,7 +445,8 @@ def test_compiled_op_runs_eagerly_past_the_recompile_limit(caplog) -> None:
     function, with one warning, instead of failing the request."""
     import torch._dynamo
 
-    from strata.engine.core.fast.pointwise import _eager_unless_compiled, _own_code, rms_norm
+    from strata.engine.core.fast.compiled import _eager_unless_compiled, _own_code
+    from strata.engine.core.fast.pointwise import rms_norm
 
     fresh = _own_code(rms_norm)  # a code object no other test compiled
     op = _eager_unless_compiled(

@@ -18,7 +18,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from strata.engine.core.fast import GraphDecoder, decode_graph
+from strata.engine.core.fast import GraphDecoder, static_step
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.random_weights import build_random_model
@@ -70,14 +70,14 @@ def test_fresh_decoder_continues_over_restored_kv(monkeypatch) -> None:
     expected, ref_logits = reference(model, prompt, 8)
 
     seen: list[torch.Tensor] = []  # each decode step's logits [V]
-    step = decode_graph.decode_step
+    step = static_step.decode_step
 
     def recording_step(*args, **kwargs):
         logits = step(*args, **kwargs)
         seen.append(logits[0].clone())
         return logits
 
-    monkeypatch.setattr(decode_graph, "decode_step", recording_step)
+    monkeypatch.setattr(static_step, "decode_step", recording_step)
     decoder = fresh_decoder(model)  # first call: a prefill at start_pos > 0, then decode
     got = list(decoder.generate(kv_b, prompt[num_cached:], GREEDY, 8, start_pos=num_cached))
     assert got == expected
@@ -113,7 +113,7 @@ def test_prefill_warm_up_compiles_what_later_prompts_run() -> None:
 def test_prefill_keeps_the_faster_element_wise_groups() -> None:
     """The load-time choice times one full chunk each way, keeps one, and either prefills
     what the eager decoder does; without compiled groups there is nothing to choose."""
-    from strata.engine.core.fast.decode_graph import faster_prefill_ops
+    from strata.engine.core.fast.tuning import faster_prefill_ops
 
     model = build_random_model(CONFIG, "cpu", torch.float32, seed=7, std=0.15)
     decoder = GraphDecoder(model, use_cuda_graphs=False, compile_pointwise=True,
@@ -133,7 +133,7 @@ def test_prefill_keeps_the_faster_element_wise_groups() -> None:
 
 
 def test_eager_prefill_groups_need_a_clear_margin() -> None:
-    from strata.engine.core.fast.decode_graph import faster_prefill_ops
+    from strata.engine.core.fast.tuning import faster_prefill_ops
 
     # One 4096-token chunk on an H200 (docs/bench-results/diag-prefill-ops-h200.txt).
     assert faster_prefill_ops({"compiled": 0.0411, "eager": 0.0342}) == "eager"  # SmolLM2

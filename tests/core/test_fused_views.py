@@ -181,7 +181,7 @@ def _fast_logits(model, ops: PointwiseOps = EAGER_OPS) -> list[torch.Tensor]:
 def _reference_logits(model) -> list[torch.Tensor]:
     kv = KVCache.for_config(model.config, 32)
     with torch.inference_mode():
-        logits = model(torch.tensor(PROMPT + [5, 17, 42]), 0, kv)
+        logits = model(torch.tensor([*PROMPT, 5, 17, 42]), 0, kv)
     return [logits[len(PROMPT) - 1 + i] for i in range(4)]
 
 

@@ -106,9 +106,7 @@ def test_canonical_names_for_moe_files(tmp_path):
         expert_shape = (config.num_experts, config.moe_intermediate_size, 64)
         assert tensors[f"{prefix}.experts.gate_proj"].shape == expert_shape
         assert tensors[f"{prefix}.experts.up_proj"].shape == expert_shape
-        assert tensors[f"{prefix}.experts.down_proj"].shape == expert_shape[::2] + (
-            expert_shape[1],
-        )
+        assert tensors[f"{prefix}.experts.down_proj"].shape == (*expert_shape[::2], expert_shape[1])
         assert not [n for n in tensors if "block_sparse_moe" in n or ".experts.0." in n]
 
 

@@ -142,7 +142,7 @@ def test_check_runs_on_headers_before_any_read(tmp_path, monkeypatch):
     config = load_hf_config(directory)
     source = FileWeights.open(directory, config)
     tracker = ReadTracker(monkeypatch)
-    with pytest.raises(Exception, match="missing tensor model.extra.weight"):
+    with pytest.raises(Exception, match=r"missing tensor model.extra.weight"):
         source.check({"model.extra.weight": (1,)})
     assert not tracker.alive
 

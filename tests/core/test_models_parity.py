@@ -171,7 +171,7 @@ def test_moe_layers_take_expert_weights_from_a_provider(tmp_path):
     torch.testing.assert_close(logits, expected, atol=ATOL, rtol=0)
     for provider in providers:
         (ids,) = provider.requested  # one batched request per layer and call
-        assert ids == sorted(set(ids)) and 0 <= ids[0] and ids[-1] < config.num_experts
+        assert ids == sorted(set(ids)) and ids[0] >= 0 and ids[-1] < config.num_experts
 
     # Different weights from the provider must change the output: it is really used.
     for layer in moe_layers:

@@ -107,7 +107,7 @@ def run_curl(command: Command, server, tmp_path) -> None:
     status_text, _, content_type = result.stdout.partition(" ")
     status, body = int(status_text), body_path.read_text(errors="replace")
     path = next(urlsplit(a).path for a in argv if a.startswith("http"))
-    is_lifecycle = path in LIFECYCLE_PATHS or path.startswith("/slots/") and "-X" in argv
+    is_lifecycle = path in LIFECYCLE_PATHS or (path.startswith("/slots/") and "-X" in argv)
     if is_lifecycle and (400 <= status < 500 or status == 503):
         error = json.loads(body)["error"]
         assert error["message"] and error["type"] and error["code"], f"{where}: {body}"

@@ -110,5 +110,5 @@ def test_curl_examples_pass_and_fail_as_they_should(little_server, tmp_path):
     run_curl(_curl("curl -X POST http://127.0.0.1:8080/sleep"), little_server, tmp_path)
     with pytest.raises(AssertionError, match="HTTP 404"):
         run_curl(_curl("curl http://127.0.0.1:8080/v1/nothing"), little_server, tmp_path)
-    with pytest.raises(AssertionError, match="must call http://127.0.0.1:8080"):
+    with pytest.raises(AssertionError, match=r"must call http://127.0.0.1:8080"):
         run_curl(_curl("curl http://example.org/"), little_server, tmp_path)

@@ -56,7 +56,7 @@ def test_graph_replay_equals_eager_step(name, moe_impl, compiled) -> None:
     for spec in (GREEDY, SamplingSpec(temperature=0.8, top_p=0.9, top_k=50, seed=11)):
         assert run(graphed, spec) == run(eager, spec)
     # Positions 40..99: buckets 64 and 128, for each of the two sampling keys.
-    assert {(key[1], key[2][0]) for key in graphed._graphs} == {
+    assert {(key[1], key[2][0]) for key in graphed.runner.graphs} == {
         (64, "greedy"), (128, "greedy"), (64, "sample"), (128, "sample")}
 
 
@@ -78,7 +78,8 @@ def test_fast_path_tracks_the_reference_forward(name) -> None:
 @pytest.mark.parametrize("compiled", [False, True])
 def test_prefill_chunks_match_reference_on_cuda(name, compiled) -> None:
     """Chunks of 64 and a last one of 8 (dynamic shapes when compiled): logits and K/V."""
-    from strata.engine.core.fast.pointwise import EAGER_OPS, compiled_ops
+    from strata.engine.core.fast.compiled import compiled_ops
+    from strata.engine.core.fast.pointwise import EAGER_OPS
 
     model = model_for(name)
     ops = compiled_ops(dynamic=True) if compiled else EAGER_OPS
@@ -136,7 +137,7 @@ def test_moe_prefill_groups_rows_on_cuda() -> None:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_prefill_attention_is_fused_and_exact_on_cuda(dtype) -> None:
     """GQA lower-right attention on flash (bf16) or efficient (fp32) matches repeated heads."""
-    from strata.engine.core.fast.prefill_attention import flash_attention
+    from strata.engine.core.kernels.prefill_attention import flash_attention
 
     q = torch.randn(8, 64, 32, device="cuda", dtype=dtype)
     keys = torch.randn(2, 200, 32, device="cuda", dtype=dtype)
@@ -150,7 +151,7 @@ def test_prefill_attention_is_fused_and_exact_on_cuda(dtype) -> None:
 
 def test_first_chunk_attention_on_cudnn_matches_on_cuda() -> None:
     """A full chunk at position 0 (T == S, causal) takes cuDNN where it runs; same result."""
-    from strata.engine.core.fast import prefill_attention
+    from strata.engine.core.kernels import prefill_attention
 
     q = torch.randn(32, 300, 128, device="cuda", dtype=torch.bfloat16)
     # Keys as the engine passes them: a transposed view of the [S, Hkv, D] cache.
@@ -207,7 +208,8 @@ def test_pdl_chain_computes_what_serial_launches_compute(name) -> None:
 def test_fused_views_on_vmm_arena_match_separate_projections(model_type) -> None:
     """One GEMM over the arena's [q;k;v] / [gate;up] views (bf16, graphs, compiled ops, fused
     attention) vs the same model with the views detached, and vs the reference forward."""
-    from strata.engine.core.fast.pointwise import EAGER_OPS, compiled_ops
+    from strata.engine.core.fast.compiled import compiled_ops
+    from strata.engine.core.fast.pointwise import EAGER_OPS
     from strata.engine.core.fused_views import detach_fused_views, fused_gate_up, fused_qkv
     from strata.engine.core.memory.backend import backend_for
     from strata.engine.core.residency import ModelMemory
@@ -269,7 +271,7 @@ def test_router_topk_matches_torch_on_cuda() -> None:
 def test_load_warm_up_then_full_chunks_on_cuda(name) -> None:
     """The load-time warm-up (compiled groups, cuDNN's full-chunk plan) runs on CUDA; then a
     prompt of full chunks (cuDNN) and a short one (flash) match the reference forward."""
-    from strata.engine.core.fast import prefill_attention
+    from strata.engine.core.kernels import prefill_attention
 
     model = model_for(name)
     decoder = GraphDecoder(model, prefill_chunk_tokens=64)

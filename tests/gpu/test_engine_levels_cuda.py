@@ -109,12 +109,12 @@ def test_decode_graph_captured_before_a_release_replays_after_the_refill(moe) ->
     kv = moe.kv_arena.make_kv(3, 512)  # slot 3 is not used by the other tests
     spec = SamplingSpec(max_tokens=16, temperature=0.0)
     before = list(decoder.generate(kv, PROMPT, spec, 16))
-    num_graphs = len(decoder._graphs)
+    num_graphs = len(decoder.runner.graphs)
     moe.release_experts()
     moe.refill_experts()
     after = list(decoder.generate(kv, PROMPT, spec, 16))
     assert after == before
-    assert len(decoder._graphs) == num_graphs  # the same graphs replayed, none captured anew
+    assert len(decoder.runner.graphs) == num_graphs  # the same graphs replayed, none captured anew
     moe.kv_arena.release_slot(3)
 
 
@@ -223,7 +223,8 @@ async def test_unload_returns_vram_to_the_baseline(tmp_path) -> None:
         assert nvml_used_bytes() > baseline + 64 * MIB  # a CUDA context and the model
         await service.control("unload")
         deadline = time.monotonic() + 10
-        while nvml_used_bytes() > baseline + 16 * MIB and time.monotonic() < deadline:
+        # A poll: NVML has no event for freed memory.
+        while nvml_used_bytes() > baseline + 16 * MIB and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         assert nvml_used_bytes() <= baseline + 16 * MIB, (nvml_used_bytes() - baseline) / MIB
     finally:

@@ -1,7 +1,8 @@
-"""The game scenario on a real GPU (bench/game_scenario.py, smaller): for each action a rule
-gives the VRAM back to a "game" process that needs it, requests meanwhile get a clean 503 with
-Retry-After (or, with shrink_experts, an answer from the partial cache), the model comes back when the game exits, and the follow-up turn reuses the
-conversation's cache. Times are recorded by the bench, not asserted here."""
+"""The game scenario on a real GPU (bench/game_scenario.py, smaller): for each action a rule gives
+the VRAM back to a "game" process that needs it, requests meanwhile get a clean 503 with Retry-After
+(or, with shrink_experts, an answer from the partial cache), the model comes back when the game
+exits, and the follow-up turn reuses the conversation's cache. Times are recorded by the bench, not
+asserted here."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def test_graph_replay_equals_eager_step_with_new_parameters(spec: SamplingSpec) 
     assert got_records == want_records
     if spec.num_logprobs is not None:
         assert all(len(r.top) == spec.num_logprobs for r in got_records)
-    assert all(key[2] == sampling_key(spec) for key in graphed._graphs)
+    assert all(key[2] == sampling_key(spec) for key in graphed.runner.graphs)
     # A plain request after it replays graphs without the extras (and is not penalised).
     plain, _ = decode(graphed, SamplingSpec(temperature=0.0))
     assert plain == decode(eager, SamplingSpec(temperature=0.0))[0]

@@ -46,6 +46,6 @@ def shape_problems(value: Any, hint: Any, where: str = "status") -> list[str]:
     if hint is type(None):
         return [] if value is None else [f"{where}: {value!r} is not None"]
     allowed = (int, float) if hint is float else (hint,)
-    if isinstance(value, bool) and hint is not bool or not isinstance(value, allowed):
+    if (isinstance(value, bool) and hint is not bool) or not isinstance(value, allowed):
         return [f"{where}: {value!r} is {type(value).__name__}, not {hint.__name__}"]
     return []

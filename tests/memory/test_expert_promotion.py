@@ -127,7 +127,7 @@ def test_release_refill_and_bad_input(backend):
     _route(store, promotion, {0: [0, E]})  # a router can never write this: a clear error
     with pytest.raises(ValueError, match=r"expert ids \[8\] are outside 0..7"):
         promotion.before_step()
-    with pytest.raises(ValueError, match="num_experts_per_tok must be in 1..8"):
+    with pytest.raises(ValueError, match=r"num_experts_per_tok must be in 1..8"):
         ExpertStore({0: tuple(torch.zeros(E, 2, 2) for _ in range(3))}, E, backend,
                     num_experts_per_tok=0)
     with pytest.raises(ValueError, match="hit and miss counts"):

@@ -56,7 +56,7 @@ def test_on_windows_a_command_line_is_split_by_the_c_runtime_rules(monkeypatch):
 def test_a_command_line_with_an_unbalanced_quote_is_refused_in_the_settings():
     from strata.engine.service.settings import ServeSettings, SettingsError
 
-    with pytest.raises(SettingsError, match="'before_load'.*not a command line"):
+    with pytest.raises(SettingsError, match=r"'before_load'.*not a command line"):
         ServeSettings(before_load="curl 'http://127.0.0.1:8188/free")
 
 

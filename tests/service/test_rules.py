@@ -176,7 +176,7 @@ async def test_process_vram_rule_says_once_when_the_driver_hides_per_process_vra
 async def test_free_vram_trigger_has_hysteresis():
     world = World()
     rule = Rule("low", "free_vram", "release_experts", "restore", threshold_gib=4)
-    engine, events = make([rule], world)
+    engine, _events = make([rule], world)
     world.free_bytes = 2 * GIB
     await engine.poll_once()
     assert engine.service.calls == ["release_experts"]
@@ -190,7 +190,7 @@ async def test_free_vram_trigger_has_hysteresis():
 
 async def test_crashed_lister_is_logged_and_the_loop_goes_on(caplog):
     world = World()
-    engine, events = make([PRESETS["comfyui"]], world)
+    engine, _events = make([PRESETS["comfyui"]], world)
     world.lister_error = PermissionError("psutil: access denied")
     with caplog.at_level(logging.ERROR):
         task = asyncio.create_task(engine.run(interval_s=0.01))
@@ -232,7 +232,7 @@ async def test_busy_retries_and_not_applicable_reports_once():
 
 async def test_disabled_engine_does_nothing():
     world = World()
-    engine, events = make([PRESETS["comfyui"]], world)
+    engine, _events = make([PRESETS["comfyui"]], world)
     engine.set_enabled(False)
     world.procs.append(COMFY)
     await engine.poll_once()

@@ -106,7 +106,7 @@ async def test_a_cancelled_consumer_task_frees_the_lane(service):
     got_first = asyncio.Event()
 
     async def consume():
-        async for event in service.generate(request([3], max_tokens=10_000)):
+        async for _event in service.generate(request([3], max_tokens=10_000)):
             got_first.set()
 
     task = asyncio.create_task(consume())

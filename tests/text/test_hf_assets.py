@@ -71,7 +71,7 @@ def test_no_template_falls_back_to_chatml_and_no_bos(tmp_path):
 
 def test_directory_without_tokenizer_json(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(TextAssetsError, match="no tokenizer.json"):
+    with pytest.raises(TextAssetsError, match=r"no tokenizer.json"):
         load_text_assets(tmp_path)
     (tmp_path / "tokenizer.json").write_text("{broken")
     with pytest.raises(TextAssetsError, match="cannot load"):

@@ -10,8 +10,8 @@ Convention: after `attach_fused_views` every Attention has `qkv_weight`, `qkv_bi
 `qkv_sizes` and every dense SwiGLU has `gate_up_weight`, each None where the group is not
 adjacent; models built elsewhere (build_random_model) have none of them. Readers go through
 `fused_qkv` / `fused_gate_up`, which treat absent and None alike. Weights held as GGML
-blocks fuse the same way when the group shares one type: the view then is a QuantizedWeight. They are plain attributes,
-not parameters or buffers: state_dict and named_parameters never see them.
+blocks fuse the same way when the group shares one type: the view then is a QuantizedWeight.
+They are plain attributes, not parameters or buffers: state_dict and named_parameters never see them.
 """
 
 from __future__ import annotations

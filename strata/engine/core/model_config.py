@@ -60,7 +60,7 @@ class ModelConfig:
         return self.num_experts > 0
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dict."""
         model_type = d.get("model_type", "")
         if model_type not in SUPPORTED_MODEL_TYPES:

@@ -48,7 +48,8 @@ class SlotManager:
         copy is on the host, so unmapping overlaps the remaining copies.
         """
         if num_slots <= 0 or kv_budget_bytes < 0:
-            raise ValueError(f"need num_slots > 0 and kv_budget_bytes >= 0, not {num_slots}, {kv_budget_bytes}")
+            raise ValueError(f"need num_slots > 0 and kv_budget_bytes >= 0, not {num_slots}, "
+                             f"{kv_budget_bytes}")
         self.num_slots = num_slots
         self.kv_budget_bytes = kv_budget_bytes
         self.make_kv = make_kv

@@ -277,7 +277,13 @@ class RulesEngine:
             return []
         self._bind()
         events: list[RuleEvent] = []
-        on_event, self.on_event = self.on_event, lambda e: (events.append(e), on_event(e))
+        on_event = self.on_event
+
+        def record(event: RuleEvent) -> None:
+            events.append(event)
+            on_event(event)
+
+        self.on_event = record
         try:
             vram_rules = self._active_rules(("process_vram", "free_vram"))
             try:
@@ -295,7 +301,8 @@ class RulesEngine:
     async def settle(self, timeout_s: float = 30.0) -> None:
         """Wait until every driver waits for a change (or sleeps in a backoff)."""
         async with asyncio.timeout(timeout_s):
-            while any(s.changed.is_set() or not s.idle.is_set() for s in self._states.values()):
+            # A poll: each driver has two events, and this waits for all of them.
+            while any(s.changed.is_set() or not s.idle.is_set() for s in self._states.values()):  # noqa: ASYNC110
                 await asyncio.sleep(0.005)
 
     async def run(self, interval_s: float = VRAM_INTERVAL_S) -> None:

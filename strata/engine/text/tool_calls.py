@@ -187,7 +187,7 @@ class _CallObjects:
             rest = text[self.arguments_sent:]
         else:
             partial = self.raw[self.arguments_at:].lstrip()
-            if not partial[:1] in ("{", "["):
+            if partial[:1] not in ("{", "["):
                 return  # a string or scalar: sent whole when it ends
             lead = len(self.raw[self.arguments_at:]) - len(partial)
             # Hold back the last character: it may be the comma or brace after the value.

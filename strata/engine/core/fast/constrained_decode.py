@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import torch
 
 from strata.engine.core.constraint import TokenConstraint
-from strata.engine.core.fast.decode_graph import LOGITS_KEY, GraphDecoder, bucket_for, kv_buckets
+from strata.engine.core.fast.decode_graph import GraphDecoder
 from strata.engine.core.fast.graph_sampler import sampling_key
+from strata.engine.core.fast.static_step import LOGITS_KEY, bucket_for, kv_buckets
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.protocol import SamplingSpec
 
@@ -33,26 +34,18 @@ def constrained_decode(decoder: GraphDecoder, kv: KVCache, first_token: int, sta
         raise ValueError(f"decoding {max_new_tokens} tokens from position {start_pos} does not "
                          f"fit the KV cache of {kv.max_tokens} tokens: ask for fewer tokens")
     key = sampling_key(spec)
-    decoder.token_in.fill_(first_token)
-    decoder.position.fill_(start_pos)
+    step, runner = decoder.step, decoder.runner
+    step.start(first_token, start_pos)
     buckets = kv_buckets(kv.max_tokens, decoder.min_bucket_tokens)
-    hook = decoder.step_hook
     for i in range(max_new_tokens):
-        if hook is not None:
-            hook.before_step()
-        bucket = bucket_for(start_pos + i, buckets)
-        if decoder.use_cuda_graphs:
-            decoder._graph(kv, bucket, LOGITS_KEY).replay()
-        else:
-            decoder._step(kv, bucket, LOGITS_KEY)
-        if hook is not None:
-            hook.after_step()
+        # The runner calls the step hook around the step, as decoding does.
+        runner.run_step(kv, bucket_for(start_pos + i, buckets), LOGITS_KEY)
         constraint.fill_bitmask()  # host work, while the GPU runs the step just queued
-        logits = decoder.logits_out.masked_fill(~constraint.allowed(), float("-inf"))  # [V]
-        token = decoder.sampler.sample(logits[None], key)  # [1]
-        decoder.token_in.copy_(token)
+        logits = step.logits_out.masked_fill(~constraint.allowed(), float("-inf"))  # [V]
+        token = step.sampler.sample(logits[None], key)  # [1]
+        step.token_in.copy_(token)
         token_id = int(token.item())
         constraint.consume(token_id)
         if spec.num_logprobs is not None:
-            decoder.last_logprob = decoder.sampler.read_logprob(token_id)
+            decoder.last_logprob = step.sampler.read_logprob(token_id)
         yield token_id

@@ -1,8 +1,8 @@
 """One token's attention in two Triton launches instead of seven small torch kernels.
 
 The torch decode attention is q/k norm+RoPE (2 kernels), two `index_copy_` into the cache,
-QK^T, masked softmax, PV: seven launches a layer, each a few microseconds inside a CUDA graph
-while the layer's weights take ~10-20 us to read. Here:
+QK^T, masked softmax, PV: seven launches a layer, together costing as much as reading the
+layer's weights (figures: docs/benchmarks.md, "Figures behind the fast path"). Here:
 
 1. `_split_kernel`, grid (kv heads, key splits): every program norms and rotates its query
    group and the new key itself (a few hundred FLOPs), scans SPLIT_KEYS cache slots with an
@@ -21,8 +21,8 @@ import logging
 
 import torch
 
-from strata.engine.core.fast import pdl
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
+from strata.engine.core.kernels import launch, pdl
 from strata.engine.core.quant.weight import compute_dtype
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ try:
     import triton
     import triton.language as tl
 
-    from strata.engine.core.fast.pdl import wait as pdl_wait
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:  # optional: the reference path needs only torch
     triton = None
 
@@ -86,8 +86,9 @@ if triton is not None:
         g = tl.arange(0, GROUP_PAD)
         g_ok = g < GROUP
         q_off = (head * GROUP + g)[:, None] * HEAD_DIM
-        q = _norm_rope(tl.load(q_ptr + q_off + cols[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32),
-                       tl.load(q_ptr + q_off + partner[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32),
+        q_rows = tl.load(q_ptr + q_off + cols[None, :], mask=g_ok[:, None], other=0.0)
+        q_partners = tl.load(q_ptr + q_off + partner[None, :], mask=g_ok[:, None], other=0.0)
+        q = _norm_rope(q_rows.to(tl.float32), q_partners.to(tl.float32),
                        qn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM)
         q = (q * scale).to(k_cache.dtype.element_ty)
         m_i = tl.full([GROUP_PAD], _EMPTY_MAX, tl.float32)
@@ -136,9 +137,7 @@ if triton is not None:
 
 def is_usable(device: torch.device) -> bool:
     """Triton importable and this device able to run it (CUDA, or the CPU interpreter)."""
-    from strata.engine.core.fast import moe_triton
-
-    return triton is not None and moe_triton.is_usable(device)
+    return triton is not None and launch.is_usable(device)
 
 
 def split_plan(num_keys: int) -> tuple[int, int]:
@@ -188,7 +187,8 @@ def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, 
 
 
 def reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position,
-                               key_positions: torch.Tensor, ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
+                               key_positions: torch.Tensor,
+                               ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
     """The torch twin of fused_decode_attention (same arguments, same result); [1, Hq*D]."""
     q = q.view(1, attn.num_heads, attn.head_dim)
     k = k.view(1, attn.num_kv_heads, attn.head_dim)

@@ -1,8 +1,7 @@
 """One token's projections and norms as Triton kernels that chain by PDL (pdl.py).
 
 For one token, cuBLAS runs Qwen3-30B-A3B's o_proj (2048 x 4096) as a split-K GEMM plus a
-reduce kernel, 8.9 us for 16.8 MB, and every projection and norm is a separate launch with its
-own ramp-up. Here:
+reduce kernel, and every projection and norm is a separate launch with its own ramp-up. Here:
 
 - `gemv`: out = W @ x (+ bias) for x [1, K], W [N, K]. Each program owns BLOCK_ROWS output rows
   and reads the first column tile of its rows before waiting for x, so with PDL the weight
@@ -11,8 +10,8 @@ own ramp-up. Here:
   pointwise.add_rms_norm (the reference) rounds.
 - `norm_gemv` and `silu_mul_gemv`: the same GEMV with the step before it done in its prologue,
   for weights up to PROLOGUE_MAX_WEIGHT_BYTES (`use_prologue`), so a small dense layer is 6
-  launches, not 9. A small model's decode step is bound by its launches, about 2 us each
-  whatever their size (SmolLM2: 284 kernels, 591 us against a 66 us roofline). Every program
+  launches, not 9. A small model's decode step is bound by its launches, which cost about
+  the same whatever their size (docs/benchmarks.md, "Figures behind the fast path"). Every program
   recomputes the norm's statistics over the whole token (a few KB from L2); the first one
   writes h + y.
 
@@ -24,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.fast import moe_triton, pdl, pointwise
+from strata.engine.core.fast import pointwise
+from strata.engine.core.kernels import launch, pdl
 from strata.units import MIB
 
 try:
@@ -32,7 +32,7 @@ try:
     import triton.language as tl
 
     from strata.engine.core.fast.moe_triton import tile_dot
-    from strata.engine.core.fast.pdl import wait as pdl_wait
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:  # optional: the torch path needs neither
     triton = None
 
@@ -44,9 +44,9 @@ GEMV_CONFIGS = ((1, 2048, 4, None), (2, 1024, 4, None), (2, 2048, 8, None), (4, 
 # What a GEMV's prologue makes of its input before multiplying (see _token_tile).
 PLAIN, SILU_MUL, NORM = 0, 1, 2
 # Weights up to this size take the step before them into their GEMV's prologue. Reading 8 MiB
-# takes ~2 us at HBM speed, about what a launch costs, so dropping a launch pays (SmolLM2 decode
-# +7% to +18% in three H200 runs). Past it, every program's recomputed norm costs more than the
-# launch it saves (Qwen3-30B-A3B's 21 MB qkv: -2.5%; Llama-3-8B's 50 MB: -1%).
+# at HBM speed takes about what a launch costs, so dropping a launch pays; past it, every
+# program's recomputed norm costs more than the launch it saves (measured on three models:
+# docs/benchmarks.md, "Figures behind the fast path").
 PROLOGUE_MAX_WEIGHT_BYTES = 8 * MIB
 
 
@@ -77,7 +77,7 @@ if triton is not None:
             v = (gate * tl.sigmoid(gate) * up).to(x_ptr.dtype.element_ty)
         elif PROLOGUE == _NORM:
             h = _residual(x_ptr, y_ptr, cols, ok, HAS_RESIDUAL)
-            if HAS_RESIDUAL:
+            if HAS_RESIDUAL:  # noqa: SIM102 - a constexpr test, folded when the kernel compiles
                 if store_h:  # a branch, not a mask: Triton 3.9's interpreter rejects ok & store_h
                     tl.store(h_out_ptr + cols, h, mask=ok)
             normed = (h.to(tl.float32) * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)
@@ -148,7 +148,7 @@ if triton is not None:
         tl.store(x_out_ptr + cols, (weight * normed).to(x_out_ptr.dtype.element_ty), mask=ok)
 
     # Keyed by the prologue too: a norm or an activation in front changes the best tiles.
-    _gemv_tuned = moe_triton.tuned(_gemv_kernel, GEMV_CONFIGS,
+    _gemv_tuned = launch.tuned(_gemv_kernel, GEMV_CONFIGS,
                                    key=("num_rows", "num_cols", "PROLOGUE"))
 
 
@@ -211,7 +211,7 @@ def _launch_gemv(prologue: int, x: torch.Tensor, weight: torch.Tensor,
     Unused pointers get `weight`: the kernel never reads them."""
     num_rows, num_cols = weight.shape
     out = torch.empty(1, num_rows, dtype=x.dtype, device=x.device)
-    moe_triton.launch(
+    launch.launch(
         _gemv_tuned, lambda rows: (triton.cdiv(num_rows, rows),), GEMV_CONFIGS,
         x.contiguous(), weight, bias if bias is not None else weight, out,
         y.contiguous() if y is not None else weight,
@@ -253,7 +253,7 @@ def check_kernels(model: torch.nn.Module, use_pdl: bool) -> str:
     """
     norm = model.model.layers[0].post_attention_layernorm
     device, dtype = norm.weight.device, norm.weight.dtype
-    if not moe_triton.is_usable(device):  # False without Triton too
+    if not launch.is_usable(device):  # False without Triton too
         return f"Triton cannot run on {device}"
     hidden = norm.weight.shape[0]
     gen = torch.Generator(device="cpu").manual_seed(0)

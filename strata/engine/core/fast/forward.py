@@ -24,8 +24,6 @@ from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_n
 from strata.engine.core.fused_views import fused_gate_up, fused_qkv
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
-
-# A module, not names: quant.weight imports fast/ (for Triton's helpers), which imports this.
 from strata.engine.core.quant import weight as qweight
 
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.kernels import launch
 from strata.engine.core.models.switch import SlotLayout, SparseMoE
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,7 @@ MOE_IMPLS = ("triton", "bmm", "loop")
 
 def triton_available(device: torch.device) -> bool:
     """Whether the Triton kernels can run for tensors on `device` (CUDA, or the interpreter)."""
-    from strata.engine.core.fast import moe_triton
-
-    return moe_triton.is_usable(device)
+    return launch.is_usable(device)
 
 
 def select_moe_impl(requested: str, device: torch.device) -> str:

@@ -12,7 +12,7 @@ sorted by expert once; expert e owns the contiguous rows offsets[e-1]:offsets[e]
 Each row's routing weight scales its activation [R, I] before the down projection (I is
 narrower than H: 768 against 2048 for Qwen3-30B-A3B); then each token gathers its k rows
 through the inverse of the sort and sums them in float32 (one fused kernel when the ops are
-compiled; a scatter back to token order first cost 200 us a layer at 4096 tokens on an H200).
+compiled; a scatter back to token order first was slower: docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int):
 
     ids [T, k]; sorted row r is flat row order[r], i.e. token order[r] // k; expert e owns
     sorted rows offsets[e-1]..offsets[e]-1. No host sync: the offsets come from a search in
-    the sorted ids (bincount asks the host for the output size, a sync per layer that let the
-    GPU idle 25 ms per 4096-token Qwen3-30B-A3B chunk). Keys are sorted at their narrowest
+    the sorted ids (bincount asks the host for the output size, a sync per layer that left the
+    GPU idle). Keys are sorted at their narrowest
     integer type: one radix pass for up to 256 experts instead of eight for int64.
     """
     flat = ids.reshape(-1)  # [T*k]

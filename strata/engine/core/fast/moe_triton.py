@@ -2,7 +2,7 @@
 
 1. `router_topk`: the router's logits (64 programs), then softmax, top-k and renormalisation
    by whichever program finishes last (a completion counter): one launch where a cuBLAS
-   product and a selection kernel took two, about 10 us a layer with the gap between them.
+   product and a selection kernel took two, with a gap between them.
 2. `grouped_gate_up`: silu(gate[e] @ x) * (up[e] @ x) for the k experts; gate and up rows are
    read in the same program.
 3. `grouped_down_sum`: sum_j w_j * down[e_j] @ act_j; every program owns output rows and
@@ -17,77 +17,31 @@ tests) the first candidate runs.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from strata.engine.core.fast import pdl
+from strata.engine.core.kernels import pdl
+from strata.engine.core.kernels.launch import launch, tuned
 
 try:
     import triton
     import triton.language as tl
 
-    from strata.engine.core.fast.pdl import wait as pdl_wait
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
 
 # (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL) candidates; the first is the CPU interpreter's choice.
-# From a cold-L2 sweep on an H200 for Qwen3-30B-A3B (8 of 128 experts, I=768, H=2048; each
-# replay reads other experts, as a decode step does; docs/bench-results/sweep-moe-h200-cold.json):
-# gate/up 1 x 2048 with 4 warps 13.4 us (3.75 TB/s) against 15.8 us for the warm sweep's pick
-# 4 x 1024; down 1 x 1024 with 4 warps 10.5 us (2.4 TB/s). Unrolling the column loop changed
-# nothing measurable; at these sizes a launch's fixed ramp-up and tail weigh as much as the
-# bytes. The runners-up stay as candidates for other shapes; autotuning picks per shape.
+# The first of each is the fastest of a cold-L2 sweep for Qwen3-30B-A3B (each replay reads
+# other experts, as a decode step does; docs/benchmarks.md, "Figures behind the fast path").
+# Unrolling the column loop changed nothing measurable; at these sizes a launch's fixed
+# ramp-up and tail weigh as much as the bytes. The runners-up stay as candidates for other
+# shapes; autotuning picks per shape.
 GATE_UP_CONFIGS = ((1, 2048, 4, False), (2, 1024, 2, False), (2, 512, 2, False),
                    (4, 512, 2, True))
 DOWN_SUM_CONFIGS = ((1, 1024, 4, False), (4, 1024, 4, False), (2, 1024, 4, False),
                     (4, 256, 4, False))
 # Matrix sizes are constexpr: fixed per model, they give static loop bounds (and the CPU
 # interpreter cannot take a runtime loop bound with numpy 2).
-
-
-def _is_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def is_usable(device: torch.device) -> bool:
-    """Triton imported and able to run here (a CUDA device, or the CPU interpreter)."""
-    if triton is None:
-        return False
-    if device.type == "cuda":
-        return True
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _block_kwargs(rows: int, cols: int, unroll: bool | None) -> dict:
-    # unroll None: the kernel has no UNROLL parameter (decode_dense.py's).
-    return {"BLOCK_ROWS": rows, "BLOCK_COLS": cols, **({} if unroll is None else {"UNROLL": unroll})}
-
-
-def tuned(kernel, candidates, key: tuple[str, ...] = ("num_rows", "num_cols")):
-    """The kernel autotuned over candidates (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None)
-    on CUDA, keyed by the arguments named in key (matrix shape); as is when interpreting."""
-    if _is_interpreting():
-        return kernel
-    configs = [triton.Config(_block_kwargs(r, c, u), num_warps=w) for r, c, w, u in candidates]
-    # Kernels only store (no accumulation into outputs), so timing reruns are harmless. The
-    # slot-table variant shares the stacked one's pick (not in the key): same block shapes,
-    # same summation order, so a partial cache decodes bit for bit like all-resident.
-    # cache_results: the picks go to Triton's disk cache, so a later load (a new engine
-    # process) does not time every candidate again.
-    return triton.autotune(configs=configs, key=list(key), cache_results=True)(kernel)
-
-
-def launch(kernel, grid_for_rows, candidates, *args, use_pdl: bool = False, **kwargs) -> None:
-    """Launch a `tuned` kernel with a grid over its rows; the first candidate when interpreting.
-    use_pdl: pass the kernel's USE_PDL and launch it as a PDL secondary (pdl.py)."""
-    kwargs.update(pdl.launch_options(use_pdl))
-    if _is_interpreting():
-        rows, cols, warps, unroll = candidates[0]
-        kernel[grid_for_rows(rows)](*args, **kwargs, **_block_kwargs(rows, cols, unroll),
-                                    num_warps=warps)
-    else:
-        kernel[lambda meta: grid_for_rows(meta["BLOCK_ROWS"])](*args, **kwargs)
 
 
 if triton is not None:
@@ -245,7 +199,7 @@ def _check_stacked(name: str, weight: torch.Tensor) -> None:
 # Router rows per program: 128 experts over 64 one-warp programs put a 2048-wide router's
 # 512 KB in flight on 64 SMs; the last program to finish then selects the top k. One warp:
 # the selection's reductions are then register shuffles, without shared-memory barriers
-# (with 4 warps the kernel took 10 us on an H200, most of it in the selection). Each program
+# (with 4 warps most of the kernel's time went to the selection). Each program
 # loads its rows whole, so that with PDL they are in flight before x is ready.
 ROUTER_ROWS = 2
 _counters: dict[torch.device, torch.Tensor] = {}

@@ -2,23 +2,20 @@
 
 Decoding one token is bound by the weight reads of the matrix-vector products; what else costs
 time is the number of tiny kernels between them. A prefill chunk's GEMMs are large, but eagerly
-its norms, RoPE and MoE gathers were 5000 kernels per 4096 tokens of Qwen3-30B-A3B, about half
-the chunk's time (H200 profile). Each function here is a group of element-wise ops that
+its norms, RoPE and MoE gathers are thousands of small kernels per chunk, a large share of its
+time (docs/benchmarks.md, "Figures behind the fast path"). Each function here is a group of
+element-wise ops that
 Inductor fuses into one kernel. The eager versions are the numerical reference and the
 fallback when compiling is off or fails.
 """
 
 from __future__ import annotations
 
-import logging
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-log = logging.getLogger(__name__)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,8 +94,8 @@ def sum_rows(rows: torch.Tensor, index: torch.Tensor, group: int) -> torch.Tenso
 
     rows [R, H], index [R]: gathers each token's `group` expert rows and adds them up.
     Written as `group` gathers added in turn, not a gather then a sum over a middle axis:
-    compiled, that is one element-wise kernel; the reduction form compiled to a kernel 10x
-    slower than the two eager ones (633 us at 4096 tokens of Qwen3-30B-A3B on an H200).
+    compiled, that is one element-wise kernel; the reduction form compiled to a kernel far
+    slower than the two eager ones (docs/benchmarks.md, "Figures behind the fast path").
     """
     index = index.view(-1, group)  # [T, group]
     total = rows.index_select(0, index[:, 0]).float()
@@ -120,7 +117,7 @@ class PointwiseOps:
     silu_mul_scale: Callable = silu_mul_scale
     sum_rows: Callable = sum_rows
     # A whole MoE block for many tokens (moe_prefill.grouped_block), compiled: not element-wise,
-    # but each compiled call costs ~100 us of host time, and a prefill chunk of a MoE model
+    # but each compiled call costs many eager ops' host time, and a prefill chunk of a MoE model
     # is bound by host time once its GEMMs are grouped. None: the eager sorted path.
     moe_block: Callable | None = None
     is_compiled: bool = False
@@ -136,70 +133,3 @@ class PointwiseOps:
 
 
 EAGER_OPS = PointwiseOps()
-_DYNAMIC_COPIES: dict[Callable, Callable] = {}
-
-
-def _eager_unless_compiled(compiled: Callable, eager: Callable) -> Callable:
-    """compiled, until torch.compile cannot give a variant (its recompile limit, which
-    fullgraph makes an error, or an op this build cannot compile): from then on eager, with
-    one warning, instead of failing requests."""
-    from torch._dynamo.exc import BackendCompilerFailed, FailOnRecompileLimitHit, Unsupported
-
-    current = [compiled]
-
-    def call(*args):
-        try:
-            return current[0](*args)
-        except (FailOnRecompileLimitHit, BackendCompilerFailed, Unsupported) as exc:
-            if current[0] is eager:
-                raise
-            log.warning("%s: torch.compile gave no variant (%s); running it eagerly",
-                        eager.__name__, str(exc).splitlines()[0][:200])
-            current[0] = eager
-            return eager(*args)
-
-    return call
-
-
-def _own_code(fn: Callable) -> Callable:
-    """fn with a code object of its own.
-
-    torch.compile keeps its compiled variants on the code object, with one recompile limit
-    (8) for all of them, whichever torch.compile wrapper made them. The static decode
-    variants and the dynamic prefill ones of one function would share that limit; the bench,
-    which builds three models in one process, hit it. A copy keeps the two apart.
-    """
-    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__,
-                              fn.__defaults__, fn.__closure__)
-    copy.__qualname__ = f"{fn.__qualname__}_dynamic"
-    return copy
-
-
-def compiled_ops(dynamic: bool = False) -> PointwiseOps:
-    """PointwiseOps fused by torch.compile; each function compiles on its first call.
-
-    dynamic=False (decode): shapes are fixed per model and bucket, so no guards on sizes; the
-    caller must warm up before CUDA-graph capture. dynamic=True (prefill): the token count
-    varies with every prompt's last chunk, so one compile serves every count.
-    """
-
-    from strata.engine.core.fast.moe_prefill import grouped_block  # it imports this module
-
-    def compile_one(fn: Callable) -> Callable:
-        if dynamic:
-            if fn not in _DYNAMIC_COPIES:
-                _DYNAMIC_COPIES[fn] = _own_code(fn)
-            fn = _DYNAMIC_COPIES[fn]
-        return _eager_unless_compiled(torch.compile(fn, dynamic=dynamic, fullgraph=True), fn)
-
-    return PointwiseOps(
-        rms_norm=compile_one(rms_norm),
-        add_rms_norm=compile_one(add_rms_norm),
-        qk_norm_rope=compile_one(qk_norm_rope),
-        masked_softmax=compile_one(masked_softmax),
-        silu_mul=compile_one(silu_mul),
-        silu_mul_scale=compile_one(silu_mul_scale),
-        sum_rows=compile_one(sum_rows),
-        moe_block=compile_one(grouped_block) if dynamic else None,  # only prefill groups rows
-        is_compiled=True,
-    )

@@ -14,7 +14,7 @@ import torch
 
 from strata.engine.core.fast.forward import mlp_forward, project_head, qkv
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
-from strata.engine.core.fast.prefill_attention import flash_attention
+from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
 
 # Fewer, larger chunks: a 4096-token MoE prefill in two chunks spent more time launching
@@ -79,7 +79,7 @@ def prefill(
     Writes K/V for every position. Logits for the last token only spare a [T, vocab] float32
     tensor (2 GiB for 4k tokens of a 128k vocabulary). moe_impl "loop" keeps the reference
     MoE module; any other value takes the sorted grouped path where experts are resident.
-    ops: the element-wise groups, eager or compiled with dynamic shapes (compiled_ops).
+    ops: the element-wise groups, eager or compiled with dynamic shapes (compiled.compiled_ops).
     last_index: a device tensor [1] naming the row whose logits are returned, for a prompt
     padded to a fixed length in one chunk (prefill_graph.py); rows after it only write K/V
     that later tokens overwrite, and causality keeps them out of the rows before.

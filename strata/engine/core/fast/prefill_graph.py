@@ -1,17 +1,17 @@
 """A fresh prompt's prefill replayed from a CUDA graph: short prefills are the host's time.
 
-Called from Python, a prefill chunk costs the host about the same whatever its length: on an
-H200, 25 ms for SmolLM2-135M, 42 ms for Llama-3-8B and 59 ms for Qwen3-30B-A3B (compiled
-groups), while their GPU work for 512 tokens is 1.9, 12.8 and 16.2 ms; replayed from a graph,
-that is all the prefill costs (bench/diag_prefill_ops.py --replay). So a prompt that starts
+Called from Python, a prefill chunk costs the host about the same whatever its length, and
+for a short prompt far more than its GPU work; replayed from a graph, the GPU work is all the
+prefill costs (bench/diag_prefill_ops.py --replay; figures: docs/benchmarks.md, "Figures
+behind the fast path"). So a prompt that starts
 a slot (position 0) and fits one chunk is padded to a power-of-two bucket and replayed from
 that bucket's graph. The rows past the prompt write K/V that decoding overwrites before reading,
 and causal attention keeps them out of the prompt's rows; the logits come from the prompt's
 last row, named by a device tensor (prefill's last_index).
 
 Padding costs GPU work, so buckets stop where a replay would outlast the host's share of a
-called prefill (`graph_tokens`, measured at load by GraphDecoder.plan_prefill_graphs): all of
-a chunk for SmolLM2, 1024 tokens for Llama-3-8B. A prompt after cached tokens or longer than
+called prefill (`graph_tokens`, measured at load by tuning.plan_prefill_graphs): all of a
+chunk for a small model, less for a larger one. A prompt after cached tokens or longer than
 that, and an MoE prefill with experts not all resident (the expert loop asks the host which
 experts run), run as called. A bucket's graph is captured on its first prompt, right after that
 prompt ran as called (its logits are the answer, and the run has warmed every kernel up).

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Protocol, Self
 
 import torch
 
@@ -24,9 +24,6 @@ from strata.engine.core.memory.backend import (
     cuda_available,
     round_up,
 )
-
-if TYPE_CHECKING:
-    from strata.engine.core.memory.host_copy import HostCopy
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -43,6 +40,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 256 * MIB
+
+
+class HostContent(Protocol):
+    """What refill() copies back from: host_copy.HostCopy (which builds on Arena, so the arena
+    names only what it calls)."""
+
+    size_bytes: int
+
+    def copy_to(self, arena: Arena, offset_bytes: int = 0, nbytes: int | None = None) -> Any:
+        """Copy [offset, offset + nbytes) into the mapped arena; the result has .nbytes."""
+
+
 MAPPED, PARTIAL, RELEASED = "mapped", "partial", "released"
 
 
@@ -105,7 +114,7 @@ class Arena:
         self._handles: list[Any] = [None] * num_chunks
         self._held_content = [False] * num_chunks  # unmapped by a release, not never mapped
         self._allocated_bytes = 0
-        self.host_copy: HostCopy | None = None
+        self.host_copy: HostContent | None = None
         self._is_closed = False
 
     # ---- state ----------------------------------------------------------------------------
@@ -223,7 +232,7 @@ class Arena:
     def _runs(self, indices: list[int]) -> Iterator[tuple[int, int]]:
         """(offset, nbytes) of each contiguous run of chunk indices (sorted ascending)."""
         run: list[int] = []
-        for i in indices + [-1]:
+        for i in [*indices, -1]:
             if run and i != run[-1] + 1:
                 yield run[0] * self.chunk_bytes, sum(self._chunk_size(j) for j in run)
                 run = []
@@ -268,7 +277,7 @@ class Arena:
             self._held_content[i] = True
         return sum(self._chunk_size(i) for i in whole)
 
-    def attach_host_copy(self, host_copy: HostCopy) -> None:
+    def attach_host_copy(self, host_copy: HostContent) -> None:
         """Use host_copy as the content that refill() restores."""
         if host_copy.size_bytes > self.reserved_bytes:
             raise ValueError(

@@ -8,34 +8,19 @@ Windows). `backend_for(device)` picks one.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+# Defined apart (reservation.py) for the implementations; importers of backend get them here.
+from strata.engine.core.memory.reservation import BackendOutOfMemory, Reservation
 from strata.units import MIB
+
+__all__ = ["MIB", "ArenaBackend", "BackendOutOfMemory", "Reservation", "backend_for",
+           "cuda_available", "round_up"]
 
 log = logging.getLogger(__name__)
 
-
-
-class BackendOutOfMemory(Exception):
-    """The backend could not get physical memory for a chunk (another process holds it)."""
-
-    def __init__(self, requested_bytes: int, detail: str):
-        super().__init__(f"out of memory mapping {requested_bytes / MIB:.0f} MiB: {detail}")
-        self.requested_bytes = requested_bytes
-        self.detail = detail
-
-
-@dataclass
-class Reservation:
-    """A reserved address range and a uint8 tensor [size_bytes] viewing all of it, zero-copy."""
-
-    base_address: int
-    size_bytes: int
-    base_tensor: torch.Tensor
-    handle: Any = None  # backend-private (the os_pages range on CPU)
 
 
 class ArenaBackend(Protocol):

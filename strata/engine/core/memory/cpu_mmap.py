@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from strata.engine.core.memory import os_pages
-from strata.engine.core.memory.backend import BackendOutOfMemory, Reservation
+from strata.engine.core.memory.reservation import BackendOutOfMemory, Reservation
 from strata.units import MIB
 
 log = logging.getLogger(__name__)

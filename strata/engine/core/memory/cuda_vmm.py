@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from cuda.bindings import driver as cu
 
-from strata.engine.core.memory.backend import BackendOutOfMemory, Reservation
+from strata.engine.core.memory.reservation import BackendOutOfMemory, Reservation
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from strata.engine.core.fast.prefill_attention import flash_attention
+from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")

@@ -9,7 +9,7 @@
   the compute dtype, with floating-point contraction off so it equals gguf-py's dequantizer
   bit for bit before the final rounding; prefill multiplies the result with cuBLAS.
 
-On CUDA the tiles are autotuned per matrix shape (moe_triton.tuned); under TRITON_INTERPRET=1
+On CUDA the tiles are autotuned per matrix shape (kernels/launch.py); under TRITON_INTERPRET=1
 (the CPU tests) the first candidate runs: the same kernels, through the interpreter.
 """
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.fast import moe_triton
+from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
 
 try:
     import triton
     import triton.language as tl
 
-    from strata.engine.core.fast.pdl import wait as pdl_wait
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:
     triton = None
 
@@ -61,7 +61,7 @@ if triton is not None:
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
-        pdl_wait(USE_PDL)  # moe_triton.launch passes it; launched without PDL for now
+        pdl_wait(USE_PDL)  # launch.launch passes it; launched without PDL for now
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < N
         row_off = (rows.to(tl.int64) * ROW_BYTES)[:, None]  # [BN, 1]
@@ -103,13 +103,13 @@ if triton is not None:
 
     # One tuned launcher per path: their candidate tiles differ (tl.dot's 16-row minimum).
     _matmul_tuned = {
-        path: moe_triton.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
+        path: launch.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
         for path, configs in (("sum", MATMUL_CONFIGS), ("dot", DOT_MATMUL_CONFIGS))
     }
 
 
 def _matmul_candidates(path: str) -> tuple:
-    if moe_triton._is_interpreting():
+    if launch.is_interpreting():
         return ((*INTERPRETER_MATMUL_CONFIG, None),)
     return tuple((n, k, w, None)
                  for n, k, w in (MATMUL_CONFIGS if path == "sum" else DOT_MATMUL_CONFIGS))
@@ -133,7 +133,7 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
         out = torch.empty(num_rows, num_cols, dtype=dtype, device=raw.device)
     if num_rows == 0:
         return out
-    block_n = INTERPRETER_DEQUANT_BLOCK_N if moe_triton._is_interpreting() else DEQUANT_BLOCK_N
+    block_n = INTERPRETER_DEQUANT_BLOCK_N if launch.is_interpreting() else DEQUANT_BLOCK_N
     grid = (triton.cdiv(num_rows, block_n), triton.cdiv(num_cols, DEQUANT_BLOCK_K))
     # No contraction: d * q + m rounds twice, as numpy does, so values equal gguf-py's.
     _dequant_kernel[grid](
@@ -159,7 +159,7 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     # tl.dot needs 16 rows; one token keeps the float32 multiply-and-sum.
     block_m = 1 if num_tokens == 1 else 16
     path = "sum" if block_m == 1 else "dot"
-    moe_triton.launch(
+    launch.launch(
         _matmul_tuned[path], lambda rows: (triton.cdiv(num_rows, rows),),
         _matmul_candidates(path),
         x, raw, raw.view(torch.float16), grid_table(raw.device),

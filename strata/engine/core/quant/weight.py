@@ -94,10 +94,10 @@ def keeps_quantized_blocks(device: torch.device) -> bool:
     """Whether quantized weights stay in their blocks on `device`: on CUDA unless
     STRATA_QUANTIZED=0; on the CPU only with STRATA_QUANTIZED=1 and the Triton interpreter
     (tests of the same kernels), since the CPU path dequantizes at load."""
-    from strata.engine.core.fast import moe_triton
+    from strata.engine.core.kernels import launch
 
     setting = os.environ.get("STRATA_QUANTIZED")
-    if setting == "0" or not moe_triton.is_usable(device):
+    if setting == "0" or not launch.is_usable(device):
         return False
     return device.type == "cuda" or setting == "1"
 

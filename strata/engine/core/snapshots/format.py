@@ -46,7 +46,7 @@ def encode(snapshot: KVSnapshot, slot: int | None = None) -> tuple[bytes, list[m
     """The file prefix + header, and the payload pieces in file order."""
     tokens = _token_bytes(snapshot.token_ids)
     pieces = [memoryview(tokens)] + [_tensor_bytes(t) for t in snapshot.regions]
-    names = ["tokens"] + region_names(snapshot.layout.num_layers)
+    names = ["tokens", *region_names(snapshot.layout.num_layers)]
     regions, offset = [], 0
     for name, piece in zip(names, pieces, strict=True):
         regions.append({"name": name, "offset": offset, "nbytes": piece.nbytes,
@@ -185,7 +185,7 @@ def _decode_payload(
     header: dict[str, Any], payload: bytearray, layout: KVLayout, num_tokens: int
 ) -> KVSnapshot:
     view = memoryview(payload)
-    expected_names = ["tokens"] + region_names(layout.num_layers)
+    expected_names = ["tokens", *region_names(layout.num_layers)]
     region_bytes = num_tokens * layout.region_bytes_per_token
     if [r.get("name") for r in header["regions"]] != expected_names:
         raise SnapshotInvalid("corrupt", "the region table does not match the layout")

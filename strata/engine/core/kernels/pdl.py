@@ -1,10 +1,11 @@
 """Programmatic dependent launch (PDL) for the decode step's Triton kernels.
 
-A decode step of a MoE model is ~500 kernels of 2-14 us inside one CUDA graph. Each kernel
-spends 2-3 us ramping up (launch, first loads in flight) and draining, while the previous one
-drains: about as long as its bytes take. With PDL (Hopper and later) the next kernel launches
-while the previous one is still running, reads what cannot have changed (its weights), and
-waits at `wait()` for the previous kernel's writes.
+A decode step of a MoE model is hundreds of short kernels inside one CUDA graph. Each kernel
+spends about as long ramping up (launch, first loads in flight) and draining as its bytes
+take, while the previous one drains (docs/benchmarks.md, "Figures behind the fast path").
+With PDL (Hopper and later) the next kernel launches while the previous one is still running,
+reads what cannot have changed (its weights), and waits at `wait()` for the previous kernel's
+writes.
 
 The contract every kernel taking USE_PDL follows, so that waits chain (a kernel completes only
 after its own wait, hence after all kernels before it):

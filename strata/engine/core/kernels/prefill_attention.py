@@ -5,11 +5,11 @@ tensors of an unbatched model silently take the math kernel, which materialises 
 per head (20 GiB for a 32k prompt in 2k chunks). So everything here is 4-D with N = 1.
 
 - A chunk at position 0 (T == S) is plain `is_causal=True`. A full-size one goes to cuDNN's
-  kernel where it runs: on an H200 it took 0.27 ms for 4096 tokens of 32 query / 8 kv heads
-  against 0.51 ms for flash (`bench/diag_attention.py`). But cuDNN builds a plan for every new
-  length, 45-75 ms each, and chat prompts come in every length; so only the prefill's fixed
-  chunk length takes it (`prefer_cudnn`), and the load warms that one plan up. For a chunk
-  after cached tokens cuDNN was slower (1.78 against 1.31 ms over 8192 keys): flash.
+  kernel where it runs: it beat flash there (`bench/diag_attention.py`; figures:
+  docs/benchmarks.md, "Figures behind the fast path"). But cuDNN builds a plan for every new
+  length, far longer than a chunk's attention, and chat prompts come in every length; so only
+  the prefill's fixed chunk length takes it (`prefer_cudnn`), and the load warms that one plan
+  up. For a chunk after cached tokens cuDNN was slower: flash.
 - A chunk after cached tokens needs the causal diagonal aligned bottom-right: query i sits at
   S - T + i. SDPA's `causal_lower_right` bias sends that straight to the flash kernel, whose
   causal flag means lower-right (torch.nn.attention.bias, CausalBias._dispatch).

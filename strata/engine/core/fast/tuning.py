@@ -1,0 +1,181 @@
+"""What a load checks and measures before the first request, so requests pay for none of it.
+
+- Decode kernels (`decode_kernels`): the Triton attention, projections and norms are turned on
+  only where they match torch on this device, and PDL only where the GPU has it.
+- Prefill (`warm_up_prefill`, `choose_prefill_ops`, `plan_prefill_graphs`): compile the
+  element-wise groups now, keep them for called prefills only where they beat eager ones
+  here, and replay fresh prompts from graphs up to the length where that beats calling them.
+  Figures behind each choice: docs/benchmarks.md, "Decode and prefill speed".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from strata.engine.core.fast import decode_dense
+from strata.engine.core.fast.decode_attention import check_fused
+from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast.prefill_graph import MIN_BUCKET_TOKENS, PrefillGraphs, graph_tokens
+from strata.engine.core.fast.prefill_runner import PrefillRunner
+from strata.engine.core.kernels import pdl
+from strata.engine.core.kernels.prefill_attention import flash_attention
+from strata.engine.core.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+# Eager prefill groups replace compiled ones only when this much faster: the two timings are
+# taken back to back on a GPU that other programs may be using.
+EAGER_PREFILL_MARGIN = 0.05
+
+
+def decode_kernels(model: torch.nn.Module, device: torch.device, ops: PointwiseOps, *,
+                   fused_attention: bool, dense_kernels: bool,
+                   ) -> tuple[PointwiseOps, list[str]]:
+    """ops with the Triton decode attention and/or projection kernels turned on where asked
+    and where they match torch here; and a note for each one left off."""
+    notes = []
+    if fused_attention:
+        attn = model.model.layers[0].self_attn
+        reason = check_fused(attn, next(model.parameters()).dtype, device)
+        if reason:
+            log.warning("fused decode attention off (%s); decoding with torch attention", reason)
+            notes.append("torch attention")
+        else:
+            ops = dataclasses.replace(ops, fused_attention=True)
+    if dense_kernels:
+        use_pdl = pdl.is_supported(device)
+        reason = decode_dense.check_kernels(model, use_pdl)
+        if reason:
+            log.warning("Triton projections and norms off (%s); decoding with torch", reason)
+            notes.append("torch projections")
+        else:
+            ops = dataclasses.replace(ops, dense_kernels=True, pdl=use_pdl)
+    return ops, notes
+
+
+def faster_prefill_ops(seconds: dict[str, float]) -> str:
+    """"eager" when its chunk took at least EAGER_PREFILL_MARGIN less time than compiled's."""
+    return "eager" if seconds["eager"] < seconds["compiled"] * (1 - EAGER_PREFILL_MARGIN) \
+        else "compiled"
+
+
+@torch.inference_mode()
+def warm_up_prefill(prefiller: PrefillRunner, num_tokens: int = 23) -> float:
+    """Compile the prefill's element-wise groups now (one short prefill into a scratch cache),
+    so the first request does not pay it; on CUDA also build cuDNN's plan for a full chunk's
+    attention. Returns the seconds spent (0 when nothing is compiled).
+
+    One pass covers every later prompt: the groups compile for any token count (and
+    separately for the one-row last layer), and the MoE blocks of the later layers compile
+    once the first layer has shown that grouped GEMMs run here. num_tokens is a prime so that
+    it equals no model dimension: torch.compile assumes sizes that are equal when it compiles
+    stay equal ("duck sizing"), and 16 tokens with head_dim 16 compiled a variant that no
+    other length could use."""
+    if not prefiller.ops.is_compiled:
+        return 0.0
+    started_s = time.perf_counter()
+    model, device = prefiller.model, prefiller.device
+    config = model.config
+    dtype = next(model.parameters()).dtype
+    kv = KVCache.for_config(config, num_tokens, dtype, device)
+    ids = torch.arange(num_tokens, device=device) % config.vocab_size
+    prefiller.called(kv, ids, 0)
+    if device.type == "cuda":
+        # cuDNN builds a plan per new length: build the full chunk's now.
+        attn = model.model.layers[0].self_attn
+        chunk, head_dim = prefiller.chunk_tokens, attn.head_dim
+
+        # Laid out as attention_prefill passes them ([T, heads, D] transposed), in case
+        # cuDNN keys its plans on strides as well as shapes.
+        def rows(num_heads: int) -> torch.Tensor:
+            return torch.zeros(chunk, num_heads, head_dim, dtype=dtype,
+                               device=device).transpose(0, 1)
+
+        keys = rows(attn.num_kv_heads)
+        flash_attention(rows(attn.num_heads), keys, keys, prefer_cudnn=True)
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started_s
+
+
+@torch.inference_mode()
+def choose_prefill_ops(prefiller: PrefillRunner, repeats: int = 2) -> dict[str, float]:
+    """Keep the compiled prefill groups only where they beat eager ones here.
+
+    A compiled call costs more host time than an eager op, so for a small model the host
+    decides and for a large one the fused kernels do (bench/diag_prefill_ops.py). One full
+    chunk each way, best of `repeats` after a warm run; the MoE block stays compiled either
+    way. Returns the seconds of each ({} when nothing is compiled) and leaves the prefiller's
+    ops at the faster (`faster_prefill_ops`)."""
+    if not prefiller.ops.is_compiled:
+        return {}
+    compiled = prefiller.ops
+    eager = dataclasses.replace(EAGER_OPS, moe_block=compiled.moe_block)
+    kv, ids = _scratch_chunk(prefiller)
+    seconds: dict[str, float] = {}
+    for name, ops in (("compiled", compiled), ("eager", eager)):
+        prefiller.ops = ops
+        seconds[name] = _best_s(prefiller.device, partial(prefiller.called, kv, ids, 0),
+                                repeats + 1)
+    prefiller.ops = eager if faster_prefill_ops(seconds) == "eager" else compiled
+    del kv
+    if prefiller.device.type == "cuda":
+        torch.cuda.empty_cache()  # the probe's cache and activations go back
+    return seconds
+
+
+@torch.inference_mode()
+def plan_prefill_graphs(prefiller: PrefillRunner, use_cuda_graphs: bool,
+                        repeats: int = 2) -> dict[str, float]:
+    """Measure where replaying a fresh prompt's prefill from a graph beats calling it, and
+    turn prefill graphs on up to that length (prefill_graph.py).
+
+    Times a full chunk replayed from a graph and a MIN_BUCKET_TOKENS prompt called (the
+    host's time; its GPU work is small), best of `repeats` after a warm run, in a scratch
+    cache whose graph and pool are dropped after. Returns both and the longest prompt that
+    takes a graph (graph_tokens); {} where graphs are off or cannot run."""
+    prefiller.graphs = None
+    if not use_cuda_graphs or not prefiller.is_capturable:
+        return {}
+    kv, ids = _scratch_chunk(prefiller)
+    chunk = ids.shape[0]
+    probe = PrefillGraphs(prefiller.padded, prefiller.device, chunk)
+    replay_s = _best_s(prefiller.device, partial(probe.run, kv, ids), repeats + 1)
+    if not probe.max_tokens:  # the capture failed (logged): called prefills only
+        return {}
+    host_s = _best_s(prefiller.device,
+                     partial(prefiller.called, kv, ids[:MIN_BUCKET_TOKENS], 0), repeats + 1)
+    probe.clear()
+    del kv
+    torch.cuda.empty_cache()
+    max_tokens = graph_tokens(host_s, replay_s, chunk)
+    prefiller.enable_graphs(max_tokens)
+    return {"chunk_replay_s": replay_s, "host_s": host_s, "graph_tokens": max_tokens}
+
+
+def _scratch_chunk(prefiller: PrefillRunner) -> tuple[KVCache, torch.Tensor]:
+    """A KV cache for one full chunk and a chunk of token ids, for timing probes."""
+    config = prefiller.model.config
+    dtype = next(prefiller.model.parameters()).dtype
+    chunk = min(prefiller.chunk_tokens, config.max_position_embeddings)
+    kv = KVCache.for_config(config, chunk, dtype, prefiller.device)
+    return kv, torch.arange(chunk, device=prefiller.device) % config.vocab_size
+
+
+def _best_s(device: torch.device, fn: Callable[[], object], runs: int) -> float:
+    """Wall seconds of the fastest of `runs` calls of fn, each between device syncs."""
+    best_s = float("inf")
+    for _ in range(runs):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started_s = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best_s = min(best_s, time.perf_counter() - started_s)
+    return best_s

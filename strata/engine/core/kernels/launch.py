@@ -1,0 +1,65 @@
+"""Launching Triton kernels: autotuned on CUDA, the first candidate under the CPU interpreter.
+
+Candidates are (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None) tuples. On CUDA a kernel is
+autotuned once per matrix shape; under TRITON_INTERPRET=1 (the CPU tests) the first candidate
+runs: the same kernels, through the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from strata.engine.core.kernels import pdl
+
+try:
+    import triton
+except ImportError:  # Triton is optional: the torch paths need only torch.
+    triton = None
+
+
+def is_interpreting() -> bool:
+    """Triton runs through its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def is_usable(device: torch.device) -> bool:
+    """Triton imported and able to run here (a CUDA device, or the CPU interpreter)."""
+    if triton is None:
+        return False
+    if device.type == "cuda":
+        return True
+    return is_interpreting()
+
+
+def _block_kwargs(rows: int, cols: int, unroll: bool | None) -> dict:
+    # unroll None: the kernel has no UNROLL parameter (decode_dense.py's).
+    unrolled = {} if unroll is None else {"UNROLL": unroll}
+    return {"BLOCK_ROWS": rows, "BLOCK_COLS": cols, **unrolled}
+
+
+def tuned(kernel, candidates, key: tuple[str, ...] = ("num_rows", "num_cols")):
+    """The kernel autotuned over candidates (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None)
+    on CUDA, keyed by the arguments named in key (matrix shape); as is when interpreting."""
+    if is_interpreting():
+        return kernel
+    configs = [triton.Config(_block_kwargs(r, c, u), num_warps=w) for r, c, w, u in candidates]
+    # Kernels only store (no accumulation into outputs), so timing reruns are harmless. The
+    # slot-table variant shares the stacked one's pick (not in the key): same block shapes,
+    # same summation order, so a partial cache decodes bit for bit like all-resident.
+    # cache_results: the picks go to Triton's disk cache, so a later load (a new engine
+    # process) does not time every candidate again.
+    return triton.autotune(configs=configs, key=list(key), cache_results=True)(kernel)
+
+
+def launch(kernel, grid_for_rows, candidates, *args, use_pdl: bool = False, **kwargs) -> None:
+    """Launch a `tuned` kernel with a grid over its rows; the first candidate when interpreting.
+    use_pdl: pass the kernel's USE_PDL and launch it as a PDL secondary (pdl.py)."""
+    kwargs.update(pdl.launch_options(use_pdl))
+    if is_interpreting():
+        rows, cols, warps, unroll = candidates[0]
+        kernel[grid_for_rows(rows)](*args, **kwargs, **_block_kwargs(rows, cols, unroll),
+                                    num_warps=warps)
+    else:
+        kernel[lambda meta: grid_for_rows(meta["BLOCK_ROWS"])](*args, **kwargs)
