@@ -126,7 +126,8 @@ class GGUFMetadata(Mapping[str, Any]):
             try:
                 value = value.decode()
             except UnicodeDecodeError as e:
-                raise GGUFFormatError(f"metadata {key} holds a string that is not UTF-8 ({e})")
+                raise GGUFFormatError(
+                    f"metadata {key} holds a string that is not UTF-8 ({e})") from None
             self._raw[key] = value
         return value
 

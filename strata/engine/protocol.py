@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any, Union
+from typing import Any, get_args
 
 # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
@@ -193,14 +193,15 @@ class Envelope:
     """A command with the id its reply carries, so the host can match answers to asks."""
 
     command_id: int
-    command: "Command"
+    command: Command
     version: int = PROTOCOL_VERSION
 
 
-Command = Union[
-    Load, Unload, Generate, Cancel, ReleaseExperts, RefillExperts, ResizeExperts, OffloadSession,
-    RestoreSession, Sleep, Wake, SaveSlot, RestoreSlot, EraseSlot, GetStatus, Embed,
-]
+Command = (
+    Load | Unload | Generate | Cancel | ReleaseExperts | RefillExperts | ResizeExperts
+    | OffloadSession | RestoreSession | Sleep | Wake | SaveSlot | RestoreSlot | EraseSlot
+    | GetStatus | Embed
+)
 
 
 # ---- events (engine -> host) ----------------------------------------------------------------
@@ -291,7 +292,7 @@ def _typed_row(cls: type, row: Mapping[str, Any]) -> Any:
             raise TypeError(f"{cls.__name__} row {dict(row)!r} lacks {f.name!r}")
         value = row[f.name]
         wanted = bool if f.name.startswith("is_") else int if f.name in _INT_FIELDS else str
-        if not isinstance(value, wanted) or wanted is int and isinstance(value, bool):
+        if not isinstance(value, wanted) or (wanted is int and isinstance(value, bool)):
             raise TypeError(f"{cls.__name__}.{f.name} is {value!r}, not {wanted.__name__}")
         values[f.name] = value
     return cls(**values)
@@ -369,7 +370,7 @@ class Ready:
     version: int = PROTOCOL_VERSION
 
 
-Event = Union[Tokens, Done, Error, Reply, Status, Ready, Embeddings]
+Event = Tokens | Done | Error | Reply | Status | Ready | Embeddings
 
-COMMAND_TYPES = Command.__args__  # type: ignore[attr-defined]
-EVENT_TYPES = Event.__args__  # type: ignore[attr-defined]
+COMMAND_TYPES = get_args(Command)
+EVENT_TYPES = get_args(Event)

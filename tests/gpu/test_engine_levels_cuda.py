@@ -255,7 +255,7 @@ async def test_a_rule_unload_frees_vram_exits_cleanly_and_keeps_the_session(tmp_
         await service.control("unload", keep_sessions=True)
         assert service.supervisor.last_exit_code == 0
         deadline = time.monotonic() + 10
-        while nvml_used_bytes() > baseline + 16 * MIB and time.monotonic() < deadline:
+        while nvml_used_bytes() > baseline + 16 * MIB and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         assert nvml_used_bytes() <= baseline + 16 * MIB, (nvml_used_bytes() - baseline) / MIB
         assert sorted(p.name for p in (tmp_path / "snapshots").glob("strata-kept-slot*"))

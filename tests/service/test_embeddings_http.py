@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from fakes.tiny_model import write_tiny_model_dir
 
-from strata.host.serve import serve
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
+from strata.host.serve import serve
 from tests.snapshots.helpers import VOCAB, save_tiny_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="module")]

@@ -193,7 +193,7 @@ class EngineLoop:
         if warm_imports is not None and not self.conn.poll(0):
             try:
                 warm_imports(self.config)
-            except Exception:  # noqa: BLE001 - the load imports them again and reports it
+            except Exception:
                 log.warning("warming the standby's imports failed", exc_info=True)
         while True:
             envelope = self.pending.popleft() if self.pending else self.recv()
