@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from strata.engine.service.facade import ServiceError
-from strata.engine.service.settings import API_KEY_ENV
+from strata.engine.service.env_names import API_KEY_ENV
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from strata.engine.core.engine_config import EngineConfig
+from strata.engine.service.env_names import API_KEY_ENV
 from strata.engine.service.settings_kinds import (
     Boolean,
     Choice,
@@ -120,7 +121,7 @@ class ServeSettings:
     api_key: str | None = setting(
         None, Text(is_secret=True), "require this key (Bearer or x-api-key); visible to other "
         "users in the process list, so prefer the config file or STRATA_API_KEY",
-        goes=Goes.API, env="STRATA_API_KEY", metavar="KEY", label="API key",
+        goes=Goes.API, env=API_KEY_ENV, metavar="KEY", label="API key",
         placeholder="none: anyone on this machine may connect")
     # Host names (besides loopback and, on a wider bind, the machine's own) and browser
     # Origins (besides the local defaults) the API accepts.
