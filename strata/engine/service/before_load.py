@@ -24,8 +24,8 @@ from typing import Any
 
 import psutil
 
-from strata.engine.service.facade import ServiceError
 from strata.engine.service.env_names import API_KEY_ENV
+from strata.engine.service.facade import ServiceError
 
 log = logging.getLogger(__name__)
 
