@@ -308,6 +308,10 @@ class Engine:
         every decoding sequence. Returns the news of each request that has some."""
         return self.scheduler.step() if self.scheduler is not None else []
 
+    def cancel_all(self) -> list[SequenceEvent]:
+        """Cancel every waiting and running request; their final events."""
+        return self.scheduler.cancel_all() if self.scheduler is not None else []
+
     @property
     def has_work(self) -> bool:
         """Whether any request runs or waits (step() has something to do)."""
