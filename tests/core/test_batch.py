@@ -207,3 +207,37 @@ def test_bad_requests_are_refused_at_add(llama_path) -> None:
     with pytest.raises(EngineError, match="already running or waiting"):
         engine.add("a", [3, 4], GREEDY, None)
     engine.close()
+
+
+def test_a_sequence_moves_between_the_graph_decoder_and_the_batch(llama_path) -> None:
+    """The GraphDecoder with graphs off runs on the CPU the step its CUDA graphs capture: a
+    sequence alone decodes there, moves to the batched forward while another decodes, and
+    back once that one ends, its tokens those of a run alone."""
+    from strata.engine.core.fast import GraphDecoder
+
+    engine = load(llama_path, num_slots=4, prefill_chunk_tokens=16)
+    engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False, compile_pointwise=False)
+    long_prompt, short_prompt = list(range(10, 50)), list(range(70, 89))
+    long_spec = SamplingSpec(max_tokens=30, repeat_penalty=1.3, num_logprobs=1)
+    short_spec = SamplingSpec(max_tokens=5)
+    expected_long = alone(engine, long_prompt, long_spec, 0)
+    expected_short = alone(engine, short_prompt, short_spec, 1)
+    engine.add("long", long_prompt, long_spec, 0)
+    got, records = {"long": [], "short": []}, []
+    paths = []  # per step: is the graph decoder's stream open?
+    while engine.has_work:
+        if len(got["long"]) == 10 and not got["short"] and engine.batch_status()["running"] == 1:
+            engine.add("short", short_prompt, short_spec, 1)
+        for event in engine.step():
+            got[event.request_id] += event.token_ids
+            if event.request_id == "long":
+                records += event.logprobs
+        paths.append(engine._runner.stream is not None)
+    assert_same_or_near_tie(engine, long_prompt, expected_long, got["long"])
+    assert got["short"] == expected_short
+    assert [r.token_id for r in records] == got["long"]
+    # Prefill (3 chunks), alone on the decoder, batched while both decoded, on the decoder
+    # again after, closed at the end.
+    runs = [paths[0]] + [b for a, b in zip(paths, paths[1:]) if a != b]
+    assert runs == [False, True, False, True, False] and paths[:4] == [False] * 3 + [True]
+    engine.close()
