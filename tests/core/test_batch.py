@@ -7,6 +7,8 @@ a long prompt is prefilled a chunk per step while another sequence keeps decodin
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from strata.engine.core.batch.sequence import Phase
@@ -238,6 +240,6 @@ def test_a_sequence_moves_between_the_graph_decoder_and_the_batch(llama_path) ->
     assert [r.token_id for r in records] == got["long"]
     # Prefill (3 chunks), alone on the decoder, batched while both decoded, on the decoder
     # again after, closed at the end.
-    runs = [paths[0]] + [b for a, b in zip(paths, paths[1:]) if a != b]
+    runs = [paths[0]] + [b for a, b in itertools.pairwise(paths) if a != b]
     assert runs == [False, True, False, True, False] and paths[:4] == [False] * 3 + [True]
     engine.close()

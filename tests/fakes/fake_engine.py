@@ -346,7 +346,8 @@ class FakeEngine:
                 continue
             except Exception as exc:  # noqa: BLE001 - as the engine: this request fails
                 self._running.remove(seq)
-                events.append(SequenceEvent(seq.request_id, error=exc, slot=seq.slot))
+                events.append(SequenceEvent(seq.request_id, usage=seq.result["usage"],
+                                            error=exc, slot=seq.slot))
                 continue
             events.append(SequenceEvent(seq.request_id, (token,),
                                         (record,) if record is not None else (), slot=seq.slot))

@@ -8,6 +8,7 @@ near-tie of the two tokens' logits (batch_helpers.assert_same_or_near_tie).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_sequence_moves_between_the_graph_and_the_batched_path(engine) -> None
     assert_same_or_near_tie(engine, short_prompt, expected_short, got["short"], BF16_NEAR_TIE)
     # Prefill, graphs alone, batched while both decoded, graphs again once the short one
     # ended, closed at the end.
-    runs = [paths[0]] + [b for a, b in zip(paths, paths[1:]) if a != b]
+    runs = [paths[0]] + [b for a, b in itertools.pairwise(paths) if a != b]
     assert runs == [False, True, False, True, False]
     engine.erase_slot(0), engine.erase_slot(1)
 

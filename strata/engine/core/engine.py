@@ -346,7 +346,7 @@ class Engine:
             while not is_finished:
                 for event in self.step():
                     if event.error is not None:
-                        is_finished = True
+                        self.last_usage, is_finished = event.usage, True
                         raise event.error
                     self._logprobs.extend(event.logprobs)
                     if event.usage is not None:

@@ -14,9 +14,10 @@ from strata.engine.protocol import TokenLogprob, Usage
 class SequenceEvent:
     """One request's news from a step (or a cancel): tokens, then possibly its end.
 
-    A finished sequence has `usage` (finish_reason stop | length | cancelled) or, when it
-    failed, `error` (the exception; the request gets an Error, not a Done). `slot` is the cache
-    slot it ran in, None if it never got one.
+    A finished sequence has `usage` (finish_reason stop | length | cancelled); one that failed
+    has `error` too (the exception; the request gets an Error, not a Done; its usage says
+    "cancelled" and what it had made). `slot` is the cache slot it ran in, None if it never
+    got one.
     """
 
     request_id: str

@@ -2,7 +2,13 @@
 
 Eager torch on the CPU and for a batch on the GPU (`DecoderLM.forward_decode_batch`: linear
 layers on [B, hidden], attention per sequence); the CUDA-graph decoder (fast/) for a sequence
-that runs alone, and its fused prefill for every prompt chunk on the GPU.
+that decodes alone, and its fused prefill for every prompt chunk on the GPU.
+
+Not yet: CUDA graphs for a batch. A batch of B > 1 on the GPU runs eagerly, the host launching
+every kernel of the step and the MoE loop asking which experts run. The next step is a graph
+per bucket of B (1, 2, 4, 8, 16) over static token/position buffers and a batched decode
+attention that reads each row's own KV range by address, in a file of its own beside
+fast/decode_graph.py, chosen here when B > 1.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class BatchScheduler:
                 self._start(seq)
             except Exception as exc:  # noqa: BLE001 - this request fails, the batch goes on
                 seq.phase = Phase.FINISHED
-                events.append(SequenceEvent(seq.request_id, error=exc))
+                events.append(SequenceEvent(seq.request_id, usage=seq.usage(), error=exc))
                 continue
             self.running.append(seq)
 
@@ -180,4 +180,4 @@ class BatchScheduler:
 
     def _fail(self, seq: Sequence, exc: Exception) -> SequenceEvent:
         self._leave(seq)
-        return SequenceEvent(seq.request_id, error=exc, slot=seq.slot)
+        return SequenceEvent(seq.request_id, usage=seq.usage(), error=exc, slot=seq.slot)
