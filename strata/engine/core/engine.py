@@ -1,7 +1,8 @@
 """The synchronous engine core: load a model, generate tokens, reuse cached prefixes.
 
 No threads and no I/O loop here (STYLE §6): the engine process (process.py) and the CLI wrap
-it. Each cache slot keeps the token history whose K/V are in its cache, so a prompt that
+it. Requests share a continuous batch (batch/: add, step, cancel), each in a cache slot of its
+own, one forward per step for every decoding sequence. Each cache slot keeps the token history whose K/V are in its cache, so a prompt that
 extends the previous one only prefills the new tokens. Slots live in a SlotManager (slots.py):
 resident while the KV budget allows, else snapshotted to RAM or disk and restored on return.
 Every weight, expert and KV byte lives in a memory arena (residency.py, kv_arena.py) that the
