@@ -19,10 +19,13 @@ import os
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from strata.engine.core.batch.events import SequenceEvent
+from strata.engine.core.batch.slot_choice import IdleSlot, choose_slot
 from strata.engine.protocol import SamplingSpec, TokenLogprob, Usage
 from strata.errors import StrataError
 
@@ -73,6 +76,19 @@ def expected_tokens(prompt_ids: Sequence[int], max_tokens: int, vocab_size: int 
     """The tokens FakeEngine generates for a prompt when no stop or EOS token interferes."""
     base = sum(prompt_ids)
     return [(base + i) % vocab_size for i in range(max_tokens)]
+
+
+@dataclass(eq=False)
+class _FakeSequence:
+    """One request in the fake's batch: its token generator and where its usage lands."""
+
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingSpec
+    requested_slot: int | None
+    slot: int | None = None
+    steps: Iterator[tuple[int, TokenLogprob | None]] | None = None
+    result: dict = field(default_factory=dict)  # "usage", set when its generator ends
 
 
 class FakeArena:
@@ -135,6 +151,11 @@ class FakeEngine:
         self.num_expert_slots = NUM_EXPERT_SLOTS
         self._snapshot_dir: Path | None = None
         self._is_temp_dir = False
+        self.num_slots = getattr(config, "num_slots", NUM_SLOTS)
+        self.num_parallel = getattr(config, "parallel", 0) or self.num_slots
+        self._waiting: deque[_FakeSequence] = deque()
+        self._running: list[_FakeSequence] = []
+        self._last_used: dict[int, float] = {}
 
     @property
     def is_moe(self) -> bool:
@@ -197,6 +218,21 @@ class FakeEngine:
     def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int = 0
     ) -> Iterator[list[int]]:
+        """One request alone, as Engine.generate."""
+        self._check_request(prompt_ids, sampling)
+        result: dict = {}
+        self._logprobs = []
+        steps = self._tokens(list(prompt_ids), sampling, slot, result)
+        try:
+            for token, record in steps:
+                if record is not None:
+                    self._logprobs.append(record)
+                yield [token]
+        finally:
+            steps.close()
+            self.last_usage = result.get("usage")
+
+    def _check_request(self, prompt_ids: Sequence[int], sampling: SamplingSpec) -> None:
         if not self.is_loaded:
             raise RuntimeError("generate before load")
         if getattr(sampling, "grammar", None) is not None:
@@ -204,9 +240,12 @@ class FakeEngine:
             # answer what the real one never can. Tests of grammars use the real engine.
             raise ValueError("the fake engine cannot constrain output to a grammar")
         self._check_mapped()
-        prompt = list(prompt_ids)
-        if not prompt:
+        if not list(prompt_ids):
             raise ValueError("the prompt is empty: send at least one token")
+
+    def _tokens(self, prompt: list[int], sampling: SamplingSpec, slot: int, result: dict
+                ) -> Iterator[tuple[int, TokenLogprob | None]]:
+        """The request's (token, logprob record) steps; result["usage"] once it ends."""
         if slot in self.offloaded:  # the engine restores an offloaded session by itself
             self.slot_tokens[slot] = self.offloaded.pop(slot)
         history = self.slot_tokens.get(slot, [])
@@ -217,7 +256,6 @@ class FakeEngine:
         if self.config.eos_token_id is not None:
             stop_ids.add(self.config.eos_token_id)
         generated: list[int] = []
-        self._logprobs = []
         finish_reason = "cancelled"
         self.in_use.add(slot)
         try:
@@ -230,9 +268,10 @@ class FakeEngine:
                 if self.is_moe:
                     self.expert_hits += 1
                 generated.append(token)
+                record = None
                 if sampling.num_logprobs is not None:
-                    self._logprobs.append(self._logprob(token, sampling.num_logprobs))
-                yield [token]
+                    record = self._logprob(token, sampling.num_logprobs)
+                yield token, record
                 if token in stop_ids:
                     finish_reason = "stop"
                     break
@@ -241,8 +280,78 @@ class FakeEngine:
         finally:
             self.in_use.discard(slot)
             self.slot_tokens[slot] = prompt + generated
+            self._last_used[slot] = time.monotonic()
             self._sync_kv()
-            self.last_usage = Usage(len(prompt), len(generated), num_cached, finish_reason)
+            result["usage"] = Usage(len(prompt), len(generated), num_cached, finish_reason)
+
+    # ---- the batch API, as Engine's (core/batch): add, cancel, step ------------------------
+
+    def add(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec,
+            slot: int | None = None) -> None:
+        self._check_request(prompt_ids, sampling)
+        if slot is not None and not 0 <= slot < self.num_slots:
+            raise FakeEngineError(f"cache slot must be 0..{self.num_slots - 1}, not {slot}")
+        self._waiting.append(_FakeSequence(request_id, list(prompt_ids), sampling, slot))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting)
+
+    def batch_status(self) -> dict:
+        return {"running": len(self._running), "waiting": len(self._waiting),
+                "parallel": self.num_parallel}
+
+    def cancel(self, request_id: str) -> SequenceEvent | None:
+        for seq in self._waiting:
+            if seq.request_id == request_id:
+                self._waiting.remove(seq)
+                return SequenceEvent(request_id, usage=Usage(len(seq.prompt), 0, 0, "cancelled"))
+        for seq in self._running:
+            if seq.request_id == request_id:
+                self._running.remove(seq)
+                seq.steps.close()
+                return SequenceEvent(request_id, usage=seq.result["usage"], slot=seq.slot)
+        return None
+
+    def cancel_all(self) -> list[SequenceEvent]:
+        ids = [s.request_id for s in (*self._running, *self._waiting)]
+        return [event for rid in ids if (event := self.cancel(rid)) is not None]
+
+    def step(self) -> list[SequenceEvent]:
+        """Admit what fits (slot chosen like the engine's), then one token per request."""
+        held = {s.slot for s in self._running}
+        while len(self._running) < self.num_parallel:
+            seq = next((s for s in self._waiting if s.requested_slot not in held), None)
+            if seq is None:
+                break
+            self._waiting.remove(seq)
+            seq.slot = seq.requested_slot
+            if seq.slot is None:
+                idle = [IdleSlot(i, self.slot_tokens.get(i, self.offloaded.get(i, [])),
+                                 len(self.slot_tokens.get(i, self.offloaded.get(i, []))),
+                                 self._last_used.get(i, 0.0))
+                        for i in range(self.num_slots) if i not in held]
+                seq.slot = choose_slot(seq.prompt, idle)
+            held.add(seq.slot)
+            seq.steps = self._tokens(seq.prompt, seq.sampling, seq.slot, seq.result)
+            self._running.append(seq)
+        events = []
+        for seq in list(self._running):
+            try:
+                token, record = next(seq.steps)
+            except StopIteration:
+                self._running.remove(seq)
+                events.append(SequenceEvent(seq.request_id, usage=seq.result["usage"],
+                                            slot=seq.slot))
+                continue
+            except Exception as exc:  # noqa: BLE001 - as the engine: this request fails
+                self._running.remove(seq)
+                events.append(SequenceEvent(seq.request_id, usage=seq.result["usage"],
+                                            error=exc, slot=seq.slot))
+                continue
+            events.append(SequenceEvent(seq.request_id, (token,),
+                                        (record,) if record is not None else (), slot=seq.slot))
+        return events
 
     # ---- levels --------------------------------------------------------------------------
 
@@ -353,7 +462,7 @@ class FakeEngine:
 
     def slots_status(self) -> list[dict]:
         rows = []
-        for slot in range(NUM_SLOTS):
+        for slot in range(self.num_slots):
             if slot in self.slot_tokens:
                 location, tokens = "cpu", self.slot_tokens[slot]  # resident, on its device
             elif slot in self.offloaded:
@@ -363,7 +472,8 @@ class FakeEngine:
             # The real engine's row (Engine.slots_status), checked by test_status_schema.py.
             rows.append({"id": slot, "n_tokens": len(tokens), "location": location,
                          "bytes": len(tokens) * self.config.kv_bytes_per_token,
-                         "is_processing": slot in self.in_use, "n_ctx": self.context_tokens})
+                         "is_processing": slot in self.in_use, "is_running": slot in self.in_use,
+                         "n_ctx": self.context_tokens})
         return rows
 
     # ---- status --------------------------------------------------------------------------
@@ -389,6 +499,8 @@ class FakeEngine:
             **self.info(),
             "arenas": {name: arena.status() for name, arena in self.arenas.items()},
             "slots": self.slots_status(),
+            "num_slots": self.num_slots,
+            "batch": self.batch_status(),
             "experts": experts,
         }
 

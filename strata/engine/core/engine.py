@@ -1,8 +1,10 @@
 """The synchronous engine core: load a model, generate tokens, reuse cached prefixes.
 
 No threads and no I/O loop here (STYLE §6): the engine process (process.py) and the CLI wrap
-it. Each cache slot keeps the token history whose K/V are in its cache, so a prompt that
-extends the previous one only prefills the new tokens. Slots live in a SlotManager (slots.py):
+it. Requests share a continuous batch (batch/: add, step, cancel), each in a cache slot of its
+own, one forward per step for every decoding sequence. Each cache slot keeps the token history
+whose K/V are in its cache, so a prompt that extends the previous one only prefills the new
+tokens. Slots live in a SlotManager (slots.py):
 resident while the KV budget allows, else snapshotted to RAM or disk and restored on return.
 Every weight, expert and KV byte lives in a memory arena (residency.py, kv_arena.py) that the
 lifecycle levels release and bring back at the same addresses.
@@ -10,8 +12,8 @@ lifecycle levels release and bring back at the same addresses.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
+import itertools
 import logging
 import pkgutil
 import time
@@ -20,6 +22,11 @@ from collections.abc import Iterator, Sequence
 import psutil
 import torch
 
+from strata.engine.core.batch.events import SequenceEvent
+from strata.engine.core.batch.runner import BatchRunner
+from strata.engine.core.batch.scheduler import BatchScheduler
+from strata.engine.core.batch.sequence import Sequence as BatchSequence
+from strata.engine.core.batch.slot_choice import common_prefix_length
 from strata.engine.core.constraint import TokenConstraint, build_constraint
 from strata.engine.core.engine_config import EngineConfig
 from strata.engine.core.engine_errors import (
@@ -47,33 +54,15 @@ from strata.engine.core.random_weights import (
     random_weights_config,
 )
 from strata.engine.core.residency import ASLEEP, ModelMemory
-from strata.engine.core.sampling import Sampler
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
 from strata.engine.core.snapshots.kv_state import dtype_name
 from strata.engine.core.weight_source import FileWeights, RandomWeights, random_fingerprint
-from strata.engine.protocol import (
-    NUM_CACHE_SLOTS,
-    SamplingSpec,
-    TokenLogprob,
-    Usage,
-    slot_problem,
-)
+from strata.engine.protocol import SamplingSpec, TokenLogprob, Usage, slot_problem
 
 __all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMemory",
            "LevelNotApplicable", "common_prefix_length", "pick_device"]
 
 log = logging.getLogger(__name__)
-
-PREFILL_CHUNK_TOKENS = 512
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def pick_device(requested: str) -> torch.device:
@@ -135,7 +124,8 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
 
 
 class Engine:
-    """Loads one model and generates from it, one request at a time."""
+    """Loads one model and generates from it: requests join a continuous batch (add, step,
+    cancel; batch/scheduler.py), or run one at a time through generate()."""
 
     def __init__(self, config: EngineConfig, backend: ArenaBackend | None = None):
         """backend: the arenas' memory (default: CUDA VMM on a GPU, mmap on the CPU); tests pass
@@ -143,7 +133,9 @@ class Engine:
         self.config = config
         self.model_config: ModelConfig | None = None
         self.model: torch.nn.Module | None = None
-        self.fast = None  # GraphDecoder on CUDA (fast/decode_graph.py), None: eager torch
+        self.scheduler: BatchScheduler | None = None  # set by load
+        self._runner: BatchRunner | None = None
+        self._fast = None
         self.device = torch.device("cpu")
         self.dtype = torch.float32
         self.context_tokens = 0
@@ -154,6 +146,20 @@ class Engine:
         self.last_usage: Usage | None = None
         self.load_time_s = 0.0
         self._logprobs: list[TokenLogprob] = []  # of tokens yielded, until take_logprobs()
+        self._generate_ids = itertools.count()
+
+    @property
+    def fast(self):
+        """The GraphDecoder on CUDA (fast/decode_graph.py); None: eager torch. Tests swap it
+        in on the CPU (graphs off), so the batch runner follows whatever is set here."""
+        return self._fast
+
+    @fast.setter
+    def fast(self, decoder) -> None:
+        self._fast = decoder
+        if self._runner is not None:
+            self._runner.close_stream()
+            self._runner.fast = decoder
 
     # ---- loading ------------------------------------------------------------------------------
 
@@ -202,9 +208,14 @@ class Engine:
                 config.max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS
             )
             self.kv_arena = KVArena(config, self.context_tokens, self.dtype, backend,
-                                    NUM_CACHE_SLOTS)
+                                    self.config.num_slots)
             self.memory.arenas.add(self.kv_arena.arena)
             self.slots = self._build_slots(config, fingerprint)
+            self._runner = BatchRunner(self.model, self.fast, self.device, config.vocab_size,
+                                       self._grow_kv, self.memory.check_resident)
+            self.scheduler = BatchScheduler(self._runner, self.slots, self._checkout,
+                                            self.config.num_parallel,
+                                            self.config.prefill_chunk_tokens)
         except BaseException:
             self.close()
             raise
@@ -263,45 +274,25 @@ class Engine:
             layout=layout,
             is_default_dir=not self.config.snapshot_dir,
         )
-        return ArenaSlotManager(NUM_CACHE_SLOTS, self.config.kv_budget_bytes, self.kv_arena, store)
+        return ArenaSlotManager(self.config.num_slots, self.config.kv_budget_bytes,
+                                self.kv_arena, store)
 
     def _require_slots(self) -> ArenaSlotManager:
         self._require_model()
         return self.slots
 
     def _check_slot(self, slot: int) -> None:
-        problem = slot_problem(slot)
+        problem = slot_problem(slot, self.config.num_slots)
         if problem:
             raise EngineError(problem)
 
-    # ---- generation ---------------------------------------------------------------------------
+    # ---- generation: the batch API (STYLE §6) --------------------------------------------------
 
-    @torch.inference_mode()
-    def _forward(self, state: SlotCache, token_ids: Sequence[int]) -> torch.Tensor:
-        """Run tokens after the slot's cached ones; returns the logits of the last one."""
-        logits = None
-        for start in range(0, len(token_ids), PREFILL_CHUNK_TOKENS):
-            chunk = token_ids[start : start + PREFILL_CHUNK_TOKENS]
-            self._grow_kv(state, len(state.tokens) + len(chunk))
-            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)  # [T]
-            logits = self.model(ids, len(state.tokens), state.kv, last_only=True)[-1]  # [V]
-            state.tokens.extend(chunk)
-        return logits
-
-    def _grow_kv(self, state: SlotCache, num_tokens: int) -> None:
-        """Map the slot's KV pages for num_tokens positions before anything writes them."""
-        with kv_mapping(f"the KV cache could not grow to {num_tokens} tokens"):
-            state.kv.ensure_tokens(num_tokens)
-
-    def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int = 0
-    ) -> Iterator[list[int]]:
-        """Yield new token ids step by step; close the iterator to cancel.
-
-        Stops at an end-of-sequence or stop token (which is yielded), at max_tokens, or at the
-        end of the context. `last_usage` holds the usage once the iterator is finished. With
-        sampling.num_logprobs, take_logprobs() returns the records of the tokens yielded so far.
-        """
+    def add(self, request_id: str, prompt_ids: Sequence[int], sampling: SamplingSpec,
+            slot: int | None = None) -> None:
+        """Queue a request; `step()` runs it. slot None: the scheduler picks the slot whose
+        cache shares the longest prefix with the prompt, else the least recently used idle
+        one (batch/slot_choice.py). Raises EngineError for a request that cannot run."""
         config = self._require_model()
         prompt = list(prompt_ids)
         if not prompt:
@@ -312,52 +303,86 @@ class Engine:
             )
         if max(prompt) >= config.vocab_size or min(prompt) < 0:
             raise EngineError(f"token ids must be in 0..{config.vocab_size - 1}")
-        self._check_slot(slot)
+        if slot is not None:
+            self._check_slot(slot)
+        if self.scheduler.has_request(request_id):
+            raise EngineError(f"request {request_id!r} is already running or waiting")
         self.memory.check_resident()  # the service brings released arenas back first
-        stop_ids = set(config.eos_token_ids) | set(sampling.stop_token_ids)
-        max_new = min(sampling.max_tokens, self.context_tokens - len(prompt))
-        constraint = self._constraint(sampling, stop_ids)
-        num_generated = num_cached = 0
-        finish_reason = "cancelled"
+        stop_ids = frozenset(config.eos_token_ids) | frozenset(sampling.stop_token_ids)
+        self.scheduler.add(BatchSequence(
+            request_id, prompt, sampling, slot, stop_ids,
+            max_new=min(sampling.max_tokens, self.context_tokens - len(prompt)),
+            constraint=self._constraint(sampling, stop_ids),
+        ))
+
+    def cancel(self, request_id: str) -> SequenceEvent | None:
+        """End a waiting or running request now (its slot is free again); its final event
+        (finish_reason cancelled), or None when no such request waits or runs."""
+        return self.scheduler.cancel(request_id) if self.scheduler is not None else None
+
+    def step(self) -> list[SequenceEvent]:
+        """One batch step: admit waiting requests, prefill one chunk, decode one token for
+        every decoding sequence. Returns the news of each request that has some."""
+        return self.scheduler.step() if self.scheduler is not None else []
+
+    def cancel_all(self) -> list[SequenceEvent]:
+        """Cancel every waiting and running request; their final events."""
+        return self.scheduler.cancel_all() if self.scheduler is not None else []
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any request runs or waits (step() has something to do)."""
+        return self.scheduler is not None and self.scheduler.has_work
+
+    def batch_status(self) -> dict:
+        """{"running", "waiting", "parallel"}: the batch now, for /v1/status."""
+        scheduler = self.scheduler
+        return {"running": len(scheduler.running) if scheduler else 0,
+                "waiting": len(scheduler.waiting) if scheduler else 0,
+                "parallel": self.config.num_parallel}
+
+    def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int | None = 0
+    ) -> Iterator[list[int]]:
+        """One request on its own: yield new token ids step by step; close to cancel.
+
+        Stops at an end-of-sequence or stop token (which is yielded), at max_tokens, or at the
+        end of the context. `last_usage` holds the usage once the iterator is finished. With
+        sampling.num_logprobs, take_logprobs() returns the records of the tokens yielded so far.
+        For callers that run one request at a time (the CLI, tests, benchmarks); the engine
+        process drives add / step / cancel instead.
+        """
+        self._require_model()
+        if self.scheduler.has_work:
+            raise EngineBusy("generate() runs one request alone; other requests are queued")
+        request_id = f"generate-{next(self._generate_ids)}"
         self._logprobs = []
-        # Restores the slot's snapshot if it has one; a snapshot that fails verification leaves
-        # an empty history, so the prefix below is 0 and the prompt is prefilled from scratch.
-        state = self._checkout(slot)
+        self.add(request_id, prompt_ids, sampling, slot)
+        is_finished = False
         try:
-            # Reuse the longest common prefix; always recompute at least the last prompt token,
-            # since its logits are what the first sampled token comes from.
-            num_cached = min(common_prefix_length(state.tokens, prompt), len(prompt) - 1)
-            del state.tokens[num_cached:]
-            steps = (self._fast_tokens if self.fast is not None else self._plain_tokens)(
-                state, prompt[num_cached:], sampling, max_new, constraint
-            )
-            with contextlib.closing(steps):
-                for token, record in steps:
-                    num_generated += 1
-                    if record is not None:
-                        self._logprobs.append(record)
-                    yield [token]
-                    # A grammar that is complete and allows no end token ends the output too.
-                    if token in stop_ids or (constraint is not None and constraint.is_stopped):
-                        finish_reason = "stop"
-                        break
-                else:
-                    finish_reason = "length"  # max_tokens, or the end of the context
+            while not is_finished:
+                for event in self.step():
+                    if event.error is not None:
+                        self.last_usage, is_finished = event.usage, True
+                        raise event.error
+                    self._logprobs.extend(event.logprobs)
+                    if event.usage is not None:
+                        self.last_usage, is_finished = event.usage, True
+                    if event.token_ids:
+                        yield list(event.token_ids)
         finally:
-            self.slots.checkin(slot)
-            self.last_usage = Usage(
-                prompt_tokens=len(prompt),
-                completion_tokens=num_generated,
-                cached_tokens=num_cached,
-                finish_reason=finish_reason,
-            )
+            if not is_finished:
+                event = self.cancel(request_id)
+                if event is not None:
+                    self.last_usage = event.usage
 
     def take_logprobs(self) -> list[TokenLogprob]:
         """The logprob records of the tokens yielded since the last call (num_logprobs)."""
         records, self._logprobs = self._logprobs, []
         return records
 
-    def _constraint(self, sampling: SamplingSpec, stop_ids: set[int]) -> TokenConstraint | None:
+    def _constraint(self, sampling: SamplingSpec, stop_ids: frozenset[int]
+                    ) -> TokenConstraint | None:
         """The request's grammar matcher (core/constraint.py), or None when unconstrained."""
         if sampling.grammar is None:
             return None
@@ -365,61 +390,10 @@ class Engine:
         return build_constraint(sampling.grammar, model_path, self.model_config.vocab_size,
                                 sorted(stop_ids), self.device)
 
-    def _plain_tokens(
-        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int,
-        constraint: TokenConstraint | None = None,
-    ) -> Iterator[tuple[int, TokenLogprob | None]]:
-        """Prefill new_ids, then sample and feed back one token per step (eager torch)."""
-        history = [*state.tokens, *new_ids]
-        sampler = Sampler(sampling, self.device, self.model_config.vocab_size, history)
-        logits = self._forward(state, new_ids)
-        for step in range(max_new):
-            if constraint is not None:
-                logits = constraint.mask(logits)
-            token = int(sampler(logits))
-            if constraint is not None:
-                constraint.consume(token)
-            yield token, sampler.last_logprob
-            if step + 1 < max_new:
-                logits = self._forward(state, [token])
-
-    def _fast_tokens(
-        self, state: SlotCache, new_ids: list[int], sampling: SamplingSpec, max_new: int,
-        constraint: TokenConstraint | None = None,
-    ) -> Iterator[tuple[int, TokenLogprob | None]]:
-        """The GPU path: fused prefill, then decode steps replayed from captured CUDA graphs.
-
-        Token i+1 is already enqueued when token i is yielded; a token's K/V counts as valid
-        (joins state.tokens) only once the step that fed it has run.
-        """
-        start = len(state.tokens)
-        # Graphs write K/V without asking: map every page this request can reach up front.
-        ids = torch.tensor(new_ids, dtype=torch.long, device=self.device)
-        reach = self.fast.prefill_reach(state.kv, len(new_ids), start)
-        self._grow_kv(state, max(start + len(new_ids) + max_new, reach))
-        logits = self.fast.prefill(state.kv, ids, start)
-        state.tokens.extend(new_ids)
-        if constraint is not None:
-            logits = constraint.mask(logits)
-        token = self.fast.sample_first(logits, sampling, state.tokens)
-        if constraint is not None:
-            constraint.consume(token)
-        yield token, self.fast.last_logprob
-        if max_new <= 1:
-            return
-        if constraint is not None:
-            from strata.engine.core.fast.constrained_decode import constrained_decode
-
-            steps = constrained_decode(self.fast, state.kv, token, len(state.tokens),
-                                       max_new - 1, sampling, constraint)
-        else:
-            steps = self.fast.decode(
-                state.kv, token, len(state.tokens), max_new - 1, sampling, continue_request=True
-            )
-        for next_token in steps:
-            state.tokens.append(token)
-            token = next_token
-            yield token, self.fast.last_logprob
+    def _grow_kv(self, state: SlotCache, num_tokens: int) -> None:
+        """Map the slot's KV pages for num_tokens positions before anything writes them."""
+        with kv_mapping(f"the KV cache could not grow to {num_tokens} tokens"):
+            state.kv.ensure_tokens(num_tokens)
 
     def _checkout(self, slot: int) -> SlotCache:
         # On failure the snapshot went back to the store: nothing is lost.
@@ -437,6 +411,8 @@ class Engine:
             "arenas": arena_status["arenas"],
             "arena_totals": arena_status["totals"],
             "slots": self.slots_status(),
+            "num_slots": self.config.num_slots,
+            "batch": self.batch_status(),
             "experts": self.memory.status(),
         }
 
@@ -471,7 +447,7 @@ class Engine:
         slots = self._require_slots()
         if self.memory.is_sleeping:
             return {"freed_bytes": 0}
-        if slots.in_use:
+        if slots.in_use or self.has_work:
             raise EngineBusy("a generation is running: sleep after it ends")
         resident_before = self._resident_bytes()
         offloaded = slots.offload_session()
@@ -564,8 +540,19 @@ class Engine:
             slots, self.slots = self.slots, None
             slots.close()
 
+    def _end_requests(self) -> None:
+        """Every request ends (its slot checked in) and the decode stream closes."""
+        if self.scheduler is not None:
+            self.scheduler.cancel_all()
+        self.scheduler = None
+        if self._runner is not None:
+            self._runner.close_stream()
+        self._runner = None
+
     def _drop_model(self) -> None:
-        """Slots first (persistent snapshots are written there), then the model's references."""
+        """Requests end, then slots (persistent snapshots are written there), then the model's
+        references."""
+        self._end_requests()
         self._close_slots()
         self.model = self.fast = self.kv_arena = None
 
@@ -578,6 +565,7 @@ class Engine:
         keep_sessions_as: a file name with "{slot}" for every slot with a history (a rule's
         unload; the next load restores them). Returns the slots so kept. The host copies are
         left to the exit: unpinning them first made an 8B unload take 1.5 s."""
+        self._end_requests()
         slots, self.slots = self.slots, None
         if slots is not None:
             slots.offload_for_exit(keep=keep_sessions_as is not None)

@@ -1,8 +1,11 @@
 """The engine process: reads typed commands from the pipe, runs the Engine, writes events.
 
-The Supervisor (engine/service/supervisor.py) spawns `engine_main`. There is one generation
-lane: while a Generate runs, Cancel and GetStatus are answered between decode steps and every
-other command waits in a queue until the generation ends. A failing command answers an Error
+The Supervisor (engine/service/supervisor.py) spawns `engine_main`. Generations share one
+continuous batch: each Generate joins the engine's scheduler (add), and while any request runs
+or waits the loop alternates between reading what arrived (without blocking) and one engine
+step, sending each request's Tokens and its Done. Cancel and GetStatus are answered between
+steps; every other command (levels, slots, load) waits in a queue until the batch drains, and
+Generates that arrive after such a command wait behind it. A failing command answers an Error
 and the loop goes on; only Unload, or the host closing the pipe, ends the process.
 """
 
@@ -145,7 +148,9 @@ class EngineLoop:
         self.config = config
         self.engine: Any = None
         self.load_info: dict[str, Any] | None = None
-        self.pending: deque[p.Envelope] = deque()  # commands that arrived during a generation
+        self.pending: deque[p.Envelope] = deque()  # commands waiting for the batch to drain
+        # Per request: tokens (and their logprob records) made while the pipe was full.
+        self.unsent: dict[str, tuple[list[int], list[p.TokenLogprob]]] = {}
         self._factory: Callable[[Any], Any] | None = None
         self._factory_error: BaseException | None = None
 
@@ -196,9 +201,32 @@ class EngineLoop:
             except Exception:
                 log.warning("warming the standby's imports failed", exc_info=True)
         while True:
-            envelope = self.pending.popleft() if self.pending else self.recv()
-            if not self.handle(envelope):
+            if self._is_batch_running():
+                self._read_during_batch()
+                self._step()
+            elif self.pending:
+                if not self.handle(self.pending.popleft()):
+                    return
+            elif not self.handle(self.recv()):
                 return
+
+    def _is_batch_running(self) -> bool:
+        return self.engine is not None and self.engine.has_work
+
+    def _read_during_batch(self) -> None:
+        """Take in what arrived since the last step, without waiting: Cancel and GetStatus at
+        once, Generates join the batch unless a command waits before them, the rest waits."""
+        while self.pending and isinstance(getattr(self.pending[0], "command", None), p.Generate):
+            self.handle(self.pending.popleft())  # the command they waited behind has run
+        while self.conn.poll(0):
+            envelope = self.recv()
+            command = getattr(envelope, "command", None)
+            is_now = isinstance(command, (p.Cancel, p.GetStatus)) or (
+                isinstance(command, p.Generate) and not self.pending)
+            if is_now:
+                self.handle(envelope)
+            else:
+                self.pending.append(envelope)
 
     def handle(self, envelope: Any) -> bool:
         """Run one command; False when the process should exit (after Unload)."""
@@ -221,10 +249,9 @@ class EngineLoop:
                 self.send(p.Reply(command_id, {"unloaded": True, "kept_slots": kept}))
                 return False
             if isinstance(command, p.Generate):
-                self.generate(command)
+                self.admit(command)
             elif isinstance(command, p.Cancel):
-                # Nothing runs (the generation it meant already ended): no answer is owed.
-                pass
+                self.cancel(command.request_id)
             elif isinstance(command, p.GetStatus):
                 self.send(self.status_event(command_id))
             elif isinstance(command, p.Load):
@@ -320,62 +347,71 @@ class EngineLoop:
 
         return embed(self.engine, command, command_id)
 
-    def generate(self, command: p.Generate) -> None:
-        rid = command.request_id
+    # ---- the batch ---------------------------------------------------------------------------
+
+    def admit(self, command: p.Generate) -> None:
+        """The request joins the engine's batch; a request it refuses answers an Error."""
         if self.engine is None:
-            self.send(p.Error("not_loaded", "no model is loaded: send Load first", request_id=rid))
+            self.send(p.Error("not_loaded", "no model is loaded: send Load first",
+                              request_id=command.request_id))
             return
-        steps = self.engine.generate(command.prompt_ids, command.sampling, command.slot)
-        buffered: list[int] = []
-        logprobs: list[p.TokenLogprob] = []  # one per buffered token when the request asked
-        is_cancelled = False
-        try:
-            for new_ids in steps:
-                buffered.extend(new_ids)
-                logprobs.extend(self.engine.take_logprobs())
-                # Tokens made while the host is slow to read ride along with the next send.
-                if buffered and self._pipe_is_writable():
-                    self.send(p.Tokens(rid, tuple(buffered), tuple(logprobs)))
-                    buffered, logprobs = [], []
-                if self._poll_during_generation(rid):
-                    is_cancelled = True
-                    break
-        finally:
-            steps.close()  # runs the engine's cleanup, which sets last_usage
-        if buffered:
-            self.send(p.Tokens(rid, tuple(buffered), tuple(logprobs)))
-        usage = self.engine.last_usage
-        if usage is None:
-            usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")
-        if is_cancelled and usage.finish_reason != "cancelled":
-            usage = dataclasses.replace(usage, finish_reason="cancelled")
-        self.send(p.Done(rid, usage))
+        self.engine.add(command.request_id, command.prompt_ids, command.sampling, command.slot)
 
-    def _poll_during_generation(self, request_id: str) -> bool:
-        """Read what arrived since the last step; True when this generation is cancelled."""
-        is_cancelled = False
-        while self.conn.poll(0):
-            envelope = self.recv()
-            command = getattr(envelope, "command", None)
-            if isinstance(command, p.Cancel):
-                if command.request_id == request_id:
-                    is_cancelled = True
-                else:
-                    self._cancel_queued(command.request_id)
-            elif isinstance(command, p.GetStatus):
-                self.send(self.status_event(envelope.command_id))
-            else:
-                self.pending.append(envelope)
-        return is_cancelled
-
-    def _cancel_queued(self, request_id: str) -> None:
-        """A Cancel for a Generate still waiting in the queue: drop it, answer Done(cancelled)."""
-        for envelope in list(self.pending):
+    def cancel(self, request_id: str) -> None:
+        """End a running or waiting request with Done(cancelled); a request that already
+        ended owes no answer."""
+        event = self.engine.cancel(request_id) if self.engine is not None else None
+        if event is not None:
+            self._send_event(event)
+            return
+        for envelope in list(self.pending):  # a Generate still queued behind a level command
             command = envelope.command
             if isinstance(command, p.Generate) and command.request_id == request_id:
                 self.pending.remove(envelope)
                 usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")
-                self.send(p.Done(request_id, usage))
+                self.send(p.Done(request_id, usage, slot=None))
+
+    def _step(self) -> None:
+        """One engine step; its tokens go out while the pipe takes them (else they ride along
+        with the next send), each finished request gets its Done or Error."""
+        try:
+            events = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - a bug in the step itself: every request fails
+            traceback.print_exc(file=sys.stderr)
+            failed = [e.request_id for e in self.engine.cancel_all()]
+            for request_id in failed:
+                self._flush(request_id)
+                self.send(p.Error("internal", one_line(exc), request_id=request_id))
+            return
+        for event in events:
+            self._send_event(event)
+        if self.unsent and self._pipe_is_writable():
+            for request_id in list(self.unsent):
+                self._flush(request_id)
+
+    def _send_event(self, event: Any) -> None:
+        """A SequenceEvent (core/batch/events.py): buffer its tokens; at its end flush them
+        and send Done, or Error when it failed."""
+        if event.token_ids:
+            tokens, logprobs = self.unsent.setdefault(event.request_id, ([], []))
+            tokens.extend(event.token_ids)
+            logprobs.extend(event.logprobs)
+        if event.error is not None:
+            self._flush(event.request_id)
+            code = error_code(event.error, None)
+            if code == "internal":
+                traceback.print_exception(event.error, file=sys.stderr)
+            else:
+                log.info("Generate refused (%s): %s", code, one_line(event.error))
+            self.send(p.Error(code, one_line(event.error), request_id=event.request_id))
+        elif event.usage is not None:
+            self._flush(event.request_id)
+            self.send(p.Done(event.request_id, event.usage, slot=event.slot))
+
+    def _flush(self, request_id: str) -> None:
+        tokens, logprobs = self.unsent.pop(request_id, ((), ()))
+        if tokens:
+            self.send(p.Tokens(request_id, tuple(tokens), tuple(logprobs)))
 
     def _close_engine(self, for_exit: bool = False, keep_sessions_as: str | None = None,
                       ) -> list[int]:

@@ -26,9 +26,11 @@ class Sampler:
     """Samples one token per call from [V] logits according to a SamplingSpec."""
 
     def __init__(self, spec: SamplingSpec, device: torch.device, vocab_size: int | None = None,
-                 history: Sequence[int] = ()):
+                 history: Sequence[int] = (), seed_offset: int = 0):
         """vocab_size and history (the prompt's token ids) are needed for logit_bias and
-        penalties: the penalty window starts with the prompt's last tokens."""
+        penalties: the penalty window starts with the prompt's last tokens. seed_offset: a
+        sampler that takes over a running sequence (continuous batching) after that many
+        tokens starts a seeded stream of its own, not the first tokens' draws again."""
         self.spec = spec
         self.is_greedy = spec.temperature <= 0.0 or spec.top_k == 1
         self.last_logprob: TokenLogprob | None = None  # of the last token, with num_logprobs
@@ -47,7 +49,7 @@ class Sampler:
         if not self.is_greedy:
             self._generator = torch.Generator(device=device)
             if spec.seed is not None:
-                self._generator.manual_seed(spec.seed)
+                self._generator.manual_seed((spec.seed + seed_offset) % (1 << 63))
             else:
                 self._generator.seed()
 

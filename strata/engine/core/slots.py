@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from strata.engine.core.batch.slot_choice import IdleSlot
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.snapshots.errors import SnapshotInvalid, SnapshotWriteError
 from strata.engine.core.snapshots.kv_state import KVSnapshot, SlotCache
@@ -57,7 +58,12 @@ class SlotManager:
         self.release_region = release_region
         self.store = store
         self.resident: dict[int, SlotCache] = {}
-        self.in_use: set[int] = set()  # slots with a generation open: never evicted
+        # Slots with a sequence running: never evicted, offloaded or erased under it. Several
+        # at once under continuous batching, each over its own KV range.
+        self.in_use: set[int] = set()
+        # Of each slot stored as a snapshot: its token ids and when it was last used, so that
+        # slot choice (batch/slot_choice.py) sees a stored conversation as well as a resident one.
+        self._stored: dict[int, tuple[tuple[int, ...], float]] = {}
         self.last_restore: dict[str, Any] | None = None  # what the last checkout restored
         self.last_error: str | None = None
         self.session_slots: list[int] = []  # what the last offload_session stored, LRU first
@@ -83,6 +89,23 @@ class SlotManager:
         self.in_use.discard(slot)
         if slot in self.resident:
             self.resident[slot].last_used_s = time.monotonic()
+
+    def idle_slots(self) -> list[IdleSlot]:
+        """Every slot no sequence holds, with the token ids it caches (resident or stored)."""
+        rows = []
+        for slot in range(self.num_slots):
+            if slot in self.in_use:
+                continue
+            cache, info = self.resident.get(slot), self.store.info(slot)
+            if cache is not None:
+                rows.append(IdleSlot(slot, cache.tokens, len(cache.tokens), cache.last_used_s))
+            elif info is not None:
+                # A file of an earlier run: its ids are unknown until a restore reads it.
+                tokens, last_used_s = self._stored.get(slot, ((), 0.0))
+                rows.append(IdleSlot(slot, tokens, max(info["n_tokens"], 1), last_used_s))
+            else:
+                rows.append(IdleSlot(slot, (), 0, 0.0))
+        return rows
 
     def _bring_in(self, slot: int) -> SlotCache:
         started_s = time.perf_counter()
@@ -178,6 +201,7 @@ class SlotManager:
                 self._release(slot)  # some regions may be gone: the history cannot stay resident
             raise
         location = self.store.put(slot, snapshot)  # raises before anything is released
+        self._stored[slot] = (tuple(cache.tokens), cache.last_used_s)
         # Release only now that the snapshot is complete (the rest, with early release).
         self._release(slot)
         return {"id_slot": slot, "released_bytes": released_bytes, "location": location,
@@ -289,7 +313,8 @@ class SlotManager:
         return info["location"] if info else "empty"
 
     def status(self) -> list[dict[str, Any]]:
-        """Per slot: id, n_tokens, location (gpu|cpu: resident; ram, disk, empty), bytes."""
+        """Per slot: id, n_tokens, location (gpu|cpu: resident; ram, disk, empty), bytes, and
+        whether a sequence runs in it (is_running; is_processing is the older name)."""
         rows = []
         for slot in range(self.num_slots):
             cache, info = self.resident.get(slot), self.store.info(slot)
@@ -297,8 +322,9 @@ class SlotManager:
                 n_tokens, nbytes = len(cache.tokens), cache.nbytes
             else:
                 n_tokens, nbytes = (info["n_tokens"], info["bytes"]) if info else (0, 0)
+            is_running = slot in self.in_use
             rows.append({"id": slot, "n_tokens": n_tokens, "location": self._location(slot),
-                         "bytes": nbytes, "is_processing": slot in self.in_use})
+                         "bytes": nbytes, "is_processing": is_running, "is_running": is_running})
         return rows
 
     @property

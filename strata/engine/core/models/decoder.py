@@ -6,7 +6,7 @@ names map onto the canonical (Hugging Face) ones; the skeleton and forward live 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -29,6 +29,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, start_pos, k_cache, v_cache, cos, sin) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), start_pos, k_cache, v_cache, cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def decode_batch(self, h, positions, k_caches, v_caches, cos, sin) -> torch.Tensor:
+        """One token of each of B sequences: h [B, H]; attention per sequence (layers.py)."""
+        h = h + self.self_attn.decode_batch(self.input_layernorm(h), positions, k_caches,
+                                            v_caches, cos, sin)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -93,6 +99,34 @@ class DecoderLM(nn.Module):
             h = layer(h, start_pos, kv.k[i], kv.v[i], cos, sin)
         if last_only:
             h = h[-1:]
+        return self._logits(h)
+
+    def forward_decode_batch(
+        self, input_ids: torch.Tensor, positions: Sequence[int], kvs: Sequence[KVCache]
+    ) -> torch.Tensor:
+        """Logits [B, vocab] (float32) for one new token of each of B sequences.
+
+        input_ids [B]: sequence b's token goes to position positions[b] of its own cache
+        kvs[b], whose positions before it hold that sequence's K/V. The linear, norm and MLP
+        (or MoE) layers run on all B rows at once; attention runs per sequence.
+        """
+        if input_ids.dim() != 1 or input_ids.shape[0] != len(positions) or \
+                len(positions) != len(kvs) or not kvs:
+            raise ValueError(f"a batched decode step needs one token, position and KV cache per "
+                             f"sequence, got {tuple(input_ids.shape)}, {len(positions)}, {len(kvs)}")
+        for position, kv in zip(positions, kvs):
+            if not 0 <= position < kv.max_tokens:
+                raise ValueError(f"position {position} does not fit the KV cache of "
+                                 f"{kv.max_tokens} tokens")
+        cos, sin = self.rope(torch.tensor(list(positions), device=input_ids.device))  # [B, D]
+        h = self.model.embed_tokens(input_ids)  # [B, H]
+        for i, layer in enumerate(self.model.layers):
+            h = layer.decode_batch(h, positions, [kv.k[i] for kv in kvs],
+                                   [kv.v[i] for kv in kvs], cos, sin)
+        return self._logits(h)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and vocabulary projection: h [T, H] -> logits [T, V] float32."""
         h = self.model.norm(h)
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return apply_linear(h, head).float()  # [T, V]

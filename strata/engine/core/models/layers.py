@@ -2,11 +2,14 @@
 
 Tensors are unbatched: one sequence of T tokens, `x [T, hidden]`. Attention writes its K/V
 into the layer's KVCache buffers and attends over every cached position up to the newest.
+`Attention.decode_batch` is the one exception: one new token of each of B sequences, each
+attending over its own cache.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -119,20 +122,55 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         end_pos = start_pos + num_tokens
+        q, k, v = self._project(x, cos, sin)
+        k_cache[start_pos:end_pos] = k
+        v_cache[start_pos:end_pos] = v
+        out = self._attend(q, k_cache, v_cache, end_pos)  # [Hq, T, D]
+        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
+
+    def decode_batch(
+        self,
+        x: torch.Tensor,
+        positions: Sequence[int],
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """One new token per sequence: x [B, hidden], row b at positions[b] of its own caches.
+
+        The projections run on all B rows at once; attention runs per sequence, each over its
+        own cached positions only, so sequences never see each other's keys."""
+        batch = x.shape[0]
+        q, k, v = self._project(x, cos, sin)  # [B, H, D] each
+        outs = []
+        for b, position in enumerate(positions):
+            k_caches[b][position] = k[b]
+            v_caches[b][position] = v[b]
+            outs.append(self._attend(q[b : b + 1], k_caches[b], v_caches[b], position + 1))
+        out = torch.cat(outs, dim=1)  # [Hq, B, D]
+        return self.o_proj(out.transpose(0, 1).reshape(batch, -1))
+
+    def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, Hq, D], k and v [T, Hkv, D] of rows x [T, hidden], RoPE applied per row."""
+        num_tokens = x.shape[0]
         q = self.q_proj(x).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache[start_pos:end_pos] = k
-        v_cache[start_pos:end_pos] = v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    @staticmethod
+    def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                end_pos: int) -> torch.Tensor:
+        """Causal attention of q [T, Hq, D] (the last T of end_pos positions): [Hq, T, D]."""
         keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
         values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
         # 4-D fused kernels with a lower-right causal mask: the 3-D / explicit-mask form of SDPA
         # falls to the math kernel, which materialises [heads, T, S] scores (20 GiB at 32k).
-        out = flash_attention(q.transpose(0, 1), keys, values)  # [Hq, T, D]
-        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))
+        return flash_attention(q.transpose(0, 1), keys, values)  # [Hq, T, D]
 
 
 class SwiGLU(nn.Module):

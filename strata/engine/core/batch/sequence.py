@@ -1,0 +1,76 @@
+"""One request inside the batch: its prompt, slot, sampling state and progress."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from strata.engine.protocol import SamplingSpec, Usage
+
+if TYPE_CHECKING:
+    from strata.engine.core.constraint import TokenConstraint
+    from strata.engine.core.sampling import Sampler
+    from strata.engine.core.snapshots.kv_state import SlotCache
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # in the FIFO: no slot yet
+    PREFILL = "prefill"  # holds its slot; prompt tokens still to run, a chunk per step
+    DECODE = "decode"  # one token per step in the batched forward (or the graph decoder)
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request from add() to its end. The cache's `tokens` are the ids whose K/V are valid;
+    `pending` is the last sampled token, which the next decode step feeds."""
+
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingSpec
+    requested_slot: int | None  # None: the scheduler chooses (batch/slot_choice.py)
+    stop_ids: frozenset[int]
+    max_new: int  # max_tokens, capped by the room left in the context
+    constraint: TokenConstraint | None = None
+    phase: Phase = Phase.WAITING
+    slot: int | None = None
+    cache: SlotCache | None = None
+    # The eager sampler; None while the graph decoder's sampler holds this sequence's state.
+    sampler: Sampler | None = None
+    num_cached: int = 0  # prompt tokens reused from the slot
+    generated: list[int] = field(default_factory=list)
+    pending: int | None = None
+    finish_reason: str = "cancelled"
+
+    @property
+    def num_prefilled(self) -> int:
+        """Prompt tokens whose K/V are in the cache (the reused prefix included)."""
+        return min(len(self.cache.tokens), len(self.prompt)) if self.cache is not None else 0
+
+    @property
+    def position(self) -> int:
+        """Where the next token fed goes: the number of valid cached tokens."""
+        return len(self.cache.tokens)
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens this sequence may still sample."""
+        return self.max_new - len(self.generated)
+
+    def take_token(self, token: int) -> bool:
+        """Record a sampled token; True when it ends the sequence (stop id, grammar, length)."""
+        self.generated.append(token)
+        self.pending = token
+        if token in self.stop_ids or (self.constraint is not None and self.constraint.is_stopped):
+            self.finish_reason = "stop"  # a complete grammar that allows no end token stops too
+            return True
+        if self.num_remaining <= 0:
+            self.finish_reason = "length"  # max_tokens, or the end of the context
+            return True
+        return False
+
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=len(self.prompt), completion_tokens=len(self.generated),
+                     cached_tokens=self.num_cached, finish_reason=self.finish_reason)
+

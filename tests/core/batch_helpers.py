@@ -1,0 +1,78 @@
+"""Running requests through the engine's batch API, and checking batched against alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from strata.engine.core.engine import Engine
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.protocol import SamplingSpec, Usage
+
+# A divergence between batched and alone greedy tokens is accepted only where the two
+# candidates' logits differ by less than this: float rounding of a different matmul shape.
+NEAR_TIE_LOGIT = 1e-3
+
+
+class Collected:
+    """Every request's tokens, usage and slot, collected from step events."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.usage: dict[str, Usage] = {}
+        self.slot: dict[str, int | None] = {}
+        self.logprobs: dict[str, list] = {}
+
+    def take(self, events) -> None:
+        for event in events:
+            if event.error is not None:
+                raise event.error
+            self.tokens.setdefault(event.request_id, []).extend(event.token_ids)
+            self.logprobs.setdefault(event.request_id, []).extend(event.logprobs)
+            if event.usage is not None:
+                self.usage[event.request_id] = event.usage
+                self.slot[event.request_id] = event.slot
+
+
+def run_batch(engine: Engine, requests: dict[str, tuple[Sequence[int], SamplingSpec, int | None]],
+              max_steps: int = 10_000) -> Collected:
+    """Add every request, then step until the batch drains."""
+    collected = Collected()
+    for request_id, (prompt, spec, slot) in requests.items():
+        engine.add(request_id, prompt, spec, slot)
+    for _ in range(max_steps):
+        if not engine.has_work:
+            return collected
+        collected.take(engine.step())
+    raise AssertionError("the batch did not drain")
+
+
+def alone(engine: Engine, prompt: Sequence[int], spec: SamplingSpec, slot: int) -> list[int]:
+    """The request's tokens run on its own, from an empty slot (erased after)."""
+    engine.erase_slot(slot)
+    tokens = [t for ids in engine.generate(prompt, spec, slot=slot) for t in ids]
+    engine.erase_slot(slot)
+    return tokens
+
+
+@torch.inference_mode()
+def reference_logits(engine: Engine, ids: Sequence[int]) -> torch.Tensor:
+    """Logits [V] after ids, from the model's own forward over a scratch cache."""
+    kv = KVCache.for_config(engine.model_config, len(ids), engine.dtype, engine.device)
+    return engine.model(torch.tensor(list(ids), device=engine.device), 0, kv,
+                        last_only=True)[-1].float().cpu()
+
+
+def assert_same_or_near_tie(engine: Engine, prompt: Sequence[int], expected: list[int],
+                            got: list[int], near_tie: float = NEAR_TIE_LOGIT) -> None:
+    """Greedy tokens agree, or the first divergence is a near-tie in the logits (shown):
+    the two tokens' logits differ by less than near_tie times the largest logit."""
+    if got == expected:
+        return
+    j = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    assert j is not None, f"lengths differ: {len(expected)} alone, {len(got)} batched"
+    logits = reference_logits(engine, [*prompt, *expected[:j]])
+    gap = abs(float(logits[expected[j]] - logits[got[j]]))
+    assert gap < near_tie * max(1.0, float(logits.abs().max())), (
+        f"diverged at token {j}: alone {expected[j]}, batched {got[j]}, logit gap {gap:.4g}")
