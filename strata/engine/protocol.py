@@ -277,10 +277,20 @@ class SlotStatus:
     bytes: int
     is_processing: bool
     n_ctx: int
+    is_running: bool  # a sequence of the batch decodes in it (is_processing: the older name)
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """The engine's continuous batch: sequences running, waiting in its FIFO, and its width."""
+
+    running: int
+    waiting: int
+    parallel: int
 
 
 _INT_FIELDS = ("reserved_bytes", "resident_bytes", "released_bytes", "id", "n_tokens", "bytes",
-               "n_ctx")
+               "n_ctx", "running", "waiting", "parallel")
 
 
 def _typed_row(cls: type, row: Mapping[str, Any]) -> Any:
@@ -311,6 +321,8 @@ class EngineStatus:
     slots: tuple[SlotStatus, ...] = ()
     experts: dict[str, Any] | None = None  # the expert cache's counters; None without one
     standby: dict[str, bool] = field(default_factory=dict)  # a standby's import state
+    num_slots: int = 0  # cache slots of the loaded model (--slots); 0 without a model
+    batch: BatchCounts | None = None
 
     @classmethod
     def of_engine(cls, report: Mapping[str, Any], pid: int) -> EngineStatus:
@@ -322,7 +334,10 @@ class EngineStatus:
         slots = tuple(_typed_row(SlotStatus, row) for row in report.pop("slots", None) or ())
         experts = report.pop("experts", None)
         report.pop("arena_totals", None)  # the sum of arenas: derived, not carried
-        return cls(state, pid, report, arenas, slots, experts)
+        num_slots = int(report.pop("num_slots", 0) or 0)
+        batch_row = report.pop("batch", None)
+        batch = _typed_row(BatchCounts, batch_row) if batch_row is not None else None
+        return cls(state, pid, report, arenas, slots, experts, num_slots=num_slots, batch=batch)
 
     @property
     def device(self) -> str | None:

@@ -65,9 +65,9 @@ def test_concurrent_generates_share_one_batch(tmp_path) -> None:
         conn.send(p.Envelope(21, p.Cancel("g4")))  # still waiting: Done without a slot
         conn.send(p.Envelope(22, p.SaveSlot(0, "after.bin")))  # waits for the drain
         pump(lambda: 20 in replies and "g4" in done)
-        batch = replies[20].info["batch"]
-        assert batch["parallel"] == 3 and batch["running"] + batch["waiting"] == 5
-        assert replies[20].info["num_slots"] == 4
+        batch = replies[20].engine.batch
+        assert batch.parallel == 3 and batch.running + batch.waiting == 5
+        assert replies[20].engine.num_slots == 4
         assert done["g4"].slot is None and done["g4"].usage.finish_reason == "cancelled"
         pump(lambda: 22 in replies)
         assert all(f"g{i}" in done for i in range(4))  # SaveSlot answered after the drain
