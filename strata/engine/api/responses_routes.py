@@ -58,11 +58,11 @@ def _text_part(text: str) -> dict[str, Any]:
 class _Response:
     """The response object as it grows: in progress, then completed or incomplete."""
 
-    def __init__(self, request: web.Request, parsed: ResponsesRequest, slot: int):
+    def __init__(self, request: web.Request, parsed: ResponsesRequest):
         self.id = f"resp_{uuid.uuid4().hex}"
         self.item_id = f"msg_{uuid.uuid4().hex}"
         self.parsed = parsed
-        self.slot = slot
+        self.slot: int | None = None  # where the engine ran it, once finished
         self.body: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": int(time.time()),
             "status": "in_progress", "error": None, "incomplete_details": None,
@@ -76,6 +76,7 @@ class _Response:
             "truncation": "disabled", "metadata": parsed.metadata, "completed_at": None}
 
     def finish(self, generation: TextGeneration, text: str) -> dict[str, Any]:
+        self.slot = generation.slot
         is_cut = generation.finish_reason == "length"
         self.body.update(
             completed_at=None if is_cut else int(time.time()),
@@ -87,11 +88,12 @@ class _Response:
 
 
 def _conversation(request: web.Request, parsed: ResponsesRequest
-                  ) -> tuple[tuple[dict[str, str], ...], int]:
-    """(messages without the instructions, slot) for this turn."""
+                  ) -> tuple[tuple[dict[str, str], ...], int | None]:
+    """(messages without the instructions, slot) for this turn: the request's slot, else the
+    one the previous response ran in, else None (the engine picks)."""
     store = request.app[RESPONSES_KEY]
     history: tuple[dict[str, str], ...] = ()
-    slot = parsed.params.slot if parsed.has_slot else store.new_slot()
+    slot = parsed.params.slot
     if parsed.previous_response_id is not None:
         previous = store.get(parsed.previous_response_id)
         if previous is None:
@@ -100,7 +102,7 @@ def _conversation(request: web.Request, parsed: ResponsesRequest
                               f"{MAX_STORED_RESPONSES}) until it restarts",
                               param="previous_response_id")
         history = previous.messages
-        slot = parsed.params.slot if parsed.has_slot else previous.slot
+        slot = slot if slot is not None else previous.slot
     return (*history, *parsed.input_messages), slot
 
 
@@ -114,9 +116,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     assets = text_assets(service)
     prompt_ids = await encode_chat(request.app, assets, [*system, *messages])
     params = dataclasses.replace(parsed.params, slot=slot)
-    request.app[RESPONSES_KEY].touch(slot)
     generation = await start_text_generation(service, assets, prompt_ids, params)
-    response = _Response(request, parsed, slot)
+    response = _Response(request, parsed)
     if parsed.params.is_stream:
         return await _stream(request, generation, response, messages)
     try:

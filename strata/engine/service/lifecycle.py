@@ -1,9 +1,9 @@
 """Lifecycle: the levels of DESIGN §4 (release experts, offload session, sleep, unload), coming
 back from them, and the idle timers that go down by themselves.
 
-One asyncio lock (`lane`) serializes generations and level changes, FIFO: a request that
-arrives during a level change waits for it and then runs. Going down while a request runs or
-waits is refused (409); coming back waits its turn. Every step back up runs the before-load
+The admission gate (admission.py) lets up to `parallel` generations run at once and makes level
+changes run alone, FIFO: a request that arrives during a level change waits for it and then
+runs. Going down while a request runs or waits is refused (409); coming back waits its turn. Every step back up runs the before-load
 hook (load, wake) and the free-VRAM guard (load, wake, refill) first, so a failure is a clean
 ServiceError before any event, and the level stays where it was.
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.service import levels as lv
+from strata.engine.service.admission import AdmissionGate
 from strata.engine.service.before_load import BeforeLoadHook
 from strata.engine.service.expert_shrink import GROW_INTERVAL_S, ExpertShrinker, cache_info
 from strata.engine.service.facade import ServiceError
@@ -54,7 +55,7 @@ RESTART_RETRY_MIN_S = 1.0  # between restart attempts that failed without a back
 
 
 class Lifecycle:
-    """Levels, the lane they share with generations, and the idle timers, over a Supervisor."""
+    """Levels, the gate they share with generations, and the idle timers, over a Supervisor."""
 
     def __init__(
         self,
@@ -65,19 +66,21 @@ class Lifecycle:
         hook: BeforeLoadHook,
         keep_standby: bool = True,
         on_change: Any = None,
+        parallel: int = 1,
+        max_queue: int = 64,
     ):
         """idle_timeouts_s: countdown key (cache_release, ...) -> seconds, None = off.
         on_change(action, ok, cause=None): called after each level change (cause: why, when
-        the lifecycle went down by itself, e.g. "idle for 300 s"), for counters and listeners."""
+        the lifecycle went down by itself, e.g. "idle for 300 s"), for counters and listeners.
+        parallel: generations sent to the engine at once; max_queue: how many more may wait."""
         self.supervisor = supervisor
         self.guard = guard
         self.hook = hook
         self.keep_standby = keep_standby
         self.idle_timeouts_s = {key: idle_timeouts_s.get(key) for key, _, _ in IDLE_TIMERS}
         self._on_change = on_change or (lambda action, ok, cause=None: None)
-        self.lane = asyncio.Lock()
-        self.num_waiting = 0  # requests queued for the lane
-        self.active_request_id: str | None = None
+        self.gate = AdmissionGate(parallel, max_queue)
+        self._bring_back_lock = asyncio.Lock()  # requests that arrive together come back once
         self.transition: str | None = None  # loading | waking while coming back
         self.engine_state: str | None = None  # the last engine Status: state and info
         self.engine_info: dict[str, Any] = {}
@@ -109,8 +112,21 @@ class Lifecycle:
 
     @property
     def is_busy(self) -> bool:
-        """A request runs or waits for the lane."""
-        return self.active_request_id is not None or self.num_waiting > 0
+        """A request runs or waits for the gate."""
+        return self.gate.is_busy
+
+    @property
+    def num_running(self) -> int:
+        return self.gate.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.gate.num_waiting
+
+    @property
+    def active_request_id(self) -> str | None:
+        """The generation running longest, or None."""
+        return self.gate.oldest_request_id
 
     def is_up(self) -> bool:
         return self.supervisor.state == "loaded" and self.supervisor.pid is not None
@@ -212,35 +228,30 @@ class Lifecycle:
     # ---- requests --------------------------------------------------------------------------
 
     async def begin_request(self, request_id: str) -> None:
-        """Wait for the lane, then bring back what a generation needs (load, wake, refill).
+        """Wait for a place at the gate, then bring back what a generation needs (load, wake,
+        refill).
 
-        Raises ServiceError (the lane released) when that fails; otherwise the caller must
-        call end_request() when the generation is over.
+        Raises ServiceError (503 queue_full, or the place released) when that fails;
+        otherwise the caller must call end_request(request_id) when the generation is over.
         """
-        self.num_waiting += 1
-        try:
-            await self.lane.acquire()
-        finally:
-            self.num_waiting -= 1
-        self.active_request_id = request_id
+        await self.gate.admit(request_id)
         self._changed.set()
         try:
-            await self._bring_back(need_experts=True)
+            async with self._bring_back_lock:
+                await self._bring_back(need_experts=True)
         except BaseException:
-            self.active_request_id = None
+            self.gate.release(request_id)
             self._mark_activity()
-            self.lane.release()
             raise
 
-    async def end_request(self) -> None:
+    async def end_request(self, request_id: str) -> None:
         """The generation is over: refresh the cached status, restart the idle clock."""
         try:
             self._session_offloaded = False  # the engine restored it to generate
             await self._refresh()
         finally:
-            self.active_request_id = None
+            self.gate.release(request_id)
             self._mark_activity()
-            self.lane.release()
 
     # ---- actions ---------------------------------------------------------------------------
 
@@ -255,10 +266,11 @@ class Lifecycle:
         keep_free_mib: shrink_experts' target of free VRAM."""
         action = ALIASES.get(action, action)
         if action in DOWN_ACTIONS and self.is_busy:
-            raise ServiceError(409, "busy", f"a request is running; {action.replace('_', ' ')} "
-                               "again when it has finished")
+            raise ServiceError(409, "busy", f"{self.num_running} requests run and "
+                               f"{self.num_waiting} wait; {action.replace('_', ' ')} again when "
+                               "they have finished")
         before_bytes = lv.resident_bytes(self.vram())
-        async with self.lane:
+        async with self.gate.exclusive():
             self._vram_wait_s = vram_wait_s
             try:
                 if action == "unload":
@@ -287,7 +299,7 @@ class Lifecycle:
 
     async def slot_action(self, action: str, command: Any) -> dict[str, Any]:
         """SaveSlot / RestoreSlot / EraseSlot on the engine, bringing the weights back first."""
-        async with self.lane:
+        async with self.gate.exclusive():
             await self._bring_back(need_experts=False)
             try:
                 reply = await self.supervisor.command(command)
@@ -505,9 +517,9 @@ class Lifecycle:
         try:
             while self.shrinker.keep_free_bytes is not None:
                 await asyncio.sleep(GROW_INTERVAL_S)
-                if self.is_busy or self.transition or self.lane.locked() or not self.is_up():
+                if self.gate.is_in_use or self.transition or not self.is_up():
                     continue
-                async with self.lane:
+                async with self.gate.exclusive():
                     if await self.shrinker.grow_step(self.supervisor.command, self.engine_info):
                         self.shrinker.clear()
                     await self._refresh()
@@ -551,7 +563,7 @@ class Lifecycle:
         supervisor = self.supervisor
         while supervisor.state == "failed":
             await asyncio.sleep(supervisor.retry_in_s)
-            async with self.lane:
+            async with self.gate.exclusive():
                 if supervisor.state != "failed":
                     return  # a request brought it back, or it was unloaded
                 log.info("restarting the engine after: %s", supervisor.last_error)
@@ -636,7 +648,7 @@ class Lifecycle:
     async def _fire(self, key: str, action: str) -> None:
         epoch = self._idle_epoch
         self._fired_s[key] = time.monotonic()  # once per idle period, whatever the outcome
-        async with self.lane:
+        async with self.gate.exclusive():
             if self.is_busy or epoch != self._idle_epoch:
                 return  # a request came while we waited: its end restarted the clock
             cause = f"idle for {self.idle_timeouts_s[key]:g} s"

@@ -23,6 +23,7 @@ API_KEY_ENV = "STRATA_API_KEY"
 IDLE_FIELDS = ("cache_release_idle_s", "session_offload_idle_s", "sleep_idle_s", "idle_unload_s")
 EXPERT_CACHE_WORDS = ("auto", "off", "all")
 DEVICES = ("auto", "cpu", "cuda")
+MAX_SLOTS = 256  # cache slots (and parallel sequences) a server may be given
 # Tables of the same config file that belong to other parts (the tray's rules and window).
 OTHER_SECTIONS = ("rules", "tray")
 
@@ -68,10 +69,16 @@ class ServeSettings:
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
     vram_budget_bytes: int = 0  # all the engine's arenas together; 0: the GPU's own size
+    slots: int = 4  # KV cache slots, 0..slots-1
+    parallel: int = 0  # sequences decoded together; 0: one per slot
+    max_queue: int = 64  # generations that may wait beyond those; past it 503
 
     def __post_init__(self) -> None:
         for f in fields(self):
             object.__setattr__(self, f.name, check_setting(f.name, getattr(self, f.name)))
+        if self.parallel > self.slots:
+            raise SettingsError(f"'parallel' ({self.parallel}) cannot exceed 'slots' "
+                                f"({self.slots}): each running sequence needs a slot")
 
     @property
     def before_load_argv(self) -> list[str] | None:
@@ -100,6 +107,7 @@ FLAG_NAMES = {
     "snapshot-ttl": "snapshot_ttl_s",
     "kv-budget": "kv_budget_bytes",
     "vram-budget": "vram_budget_bytes",
+    "max-queue": "max_queue",
 }
 _KEY_TO_FIELD = {name: name for name in SETTING_NAMES} | {
     flag.replace("-", "_"): name for flag, name in FLAG_NAMES.items()
@@ -148,6 +156,14 @@ def check_setting(name: str, value: Any) -> Any:
             raise _type_error(name, "an integer", value)
         if value < 0 or (name == "port" and value > 65535):
             limit = "0..65535" if name == "port" else ">= 0"
+            raise SettingsError(f"{name!r} must be {limit}, got {value}")
+        return value
+    if name in ("slots", "parallel", "max_queue"):
+        if not _is_int(value):
+            raise _type_error(name, "an integer", value)
+        low, high = (1 if name == "slots" else 0), (None if name == "max_queue" else MAX_SLOTS)
+        if value < low or (high is not None and value > high):
+            limit = f">= {low}" if high is None else f"{low}..{high}"
             raise SettingsError(f"{name!r} must be {limit}, got {value}")
         return value
     if name == "device":
@@ -397,6 +413,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--vram-budget", dest="vram_budget_bytes", type=_size, metavar="SIZE",
         help="VRAM the engine may map in all (weights, experts, KV), e.g. 16GiB to act as "
         "a 16 GiB card; the expert cache sizes itself inside it (0: no limit)")
+    add("--slots", dest="slots", type=int, metavar="N",
+        help="KV cache slots, each keeping one conversation's prefix (default 4)")
+    add("--parallel", dest="parallel", type=int, metavar="N",
+        help="sequences decoded together, at most --slots (default 0: one per slot)")
+    add("--max-queue", dest="max_queue", type=int, metavar="N",
+        help="requests that may wait for a place beyond those; past it 503 (default 64)")
     add("--expert-cache", dest="expert_cache", metavar="auto|off|all|N",
         help="MoE expert cache: auto, off, all, or a number of expert slots")
     sampling_help = "default {} for requests that leave it out (default: the model's, else {})"

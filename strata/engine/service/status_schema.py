@@ -24,6 +24,7 @@ class SlotStatus(TypedDict):
     location: str  # gpu | cpu (resident), ram | disk (a snapshot), empty
     bytes: int
     is_processing: bool
+    is_running: bool  # a running sequence holds the slot (batching engine, protocol 4)
     n_ctx: int
 
 
@@ -35,6 +36,25 @@ class EngineProcessStatus(TypedDict):
     standby_pid: int | None
     engine_state: str | None  # the engine's own last word: loaded | sleeping
     model_info: dict[str, Any] | None  # the engine's load info (model type, device, dtype, ...)
+
+
+class Histogram(TypedDict):
+    """Prometheus-style cumulative buckets (latency.Histogram.snapshot)."""
+
+    le_s: list[float]  # bucket upper bounds in seconds
+    counts: list[int]  # observations <= each bound
+    sum_s: float
+    count: int
+
+
+class BatchStatus(TypedDict):
+    """Generations at the admission gate (admission.py) and the slots they share."""
+
+    running: int  # sent to the engine, up to parallel
+    waiting: int  # queued on the host, up to max_queue
+    parallel: int
+    max_queue: int
+    num_slots: int
 
 
 class ServiceCounters(TypedDict):
@@ -52,6 +72,10 @@ class ServiceCounters(TypedDict):
     errors: dict[str, int]
     level_changes: dict[str, int]
     level_failures: dict[str, int]
+    # From arrival (queue wait included) to the first token, between tokens, to the end.
+    ttft_s: Histogram
+    inter_token_s: Histogram
+    request_s: Histogram
 
 
 class ServiceStatus(TypedDict):
@@ -67,7 +91,8 @@ class ServiceStatus(TypedDict):
     model: str
     model_path: str | None
     context_tokens: int
-    queue_length: int
+    queue_length: int  # generations waiting: batch["waiting"]
+    batch: BatchStatus
     is_busy: bool
     active_request_id: str | None
     engine_pid: int | None
