@@ -26,7 +26,7 @@ QUESTIONS = ("What is the capital of France?", "Name three primary colours.",
              "How many legs does a spider have?", "What is 12 times 12?",
              "Who wrote Hamlet?", "What gas do plants take in?",
              "Spell the word 'banana' backwards.", "What is the boiling point of water?")
-# A long shared opening, so that re-reading it would show in cached_tokens.
+# A long opening, so that re-reading it would show in cached_tokens.
 HANDBOOK = " ".join(f"Rule {i}: answer briefly, politely and truthfully, in plain words."
                     for i in range(1, 31))
 
@@ -105,8 +105,9 @@ async def test_parallel_greedy_streams_equal_each_request_run_alone(client, serv
 
 
 async def test_alternating_conversations_without_a_slot_keep_their_caches(client):
+    # They differ from their first words: one slot for both would reuse almost nothing.
     conversations = {
-        name: [{"role": "system", "content": f"{HANDBOOK} You are assistant {name}."}]
+        name: [{"role": "system", "content": f"You are assistant {name}{name * 8}. {HANDBOOK}"}]
         for name in ("A", "B")}
     turns = ("Say hello.", "Now say goodbye.", "And thank you.")
     cached: dict[str, list[tuple[int, int]]] = {"A": [], "B": []}

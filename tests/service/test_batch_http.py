@@ -196,24 +196,24 @@ async def test_a_level_change_during_generations_is_409_and_unload_waits_its_tur
 
 
 async def test_idle_timers_start_after_the_last_sequence_ends(tiny_model_dir):
-    async with serving(tiny_model_dir, engine={"token_delay_s": 0.02},
-                       sleep_idle_s=0.3) as (service, base):
-        async with aiohttp.ClientSession() as session:
-            short = asyncio.create_task(stream_tokens(session, base, [60], 2))
-            long = asyncio.create_task(stream_tokens(session, base, [61], 40))  # ~0.8 s
-            await short
-            await asyncio.sleep(0.4)  # past the timeout after the short one ended
-            assert not long.done()
-            status = service.status()
-            assert status["state"] == "busy" and status["idle"]["sleep"] == 0.3  # not counting
-            await long
-            ended_s = time.monotonic()
-            await wait_until(lambda: service.status()["state"] == "sleeping", timeout_s=5.0)
-            assert time.monotonic() - ended_s >= 0.25  # a full timeout after the last one
+    async with (serving(tiny_model_dir, engine={"token_delay_s": 0.02},
+                        sleep_idle_s=0.3) as (service, base),
+                aiohttp.ClientSession() as session):
+        short = asyncio.create_task(stream_tokens(session, base, [60], 2))
+        long = asyncio.create_task(stream_tokens(session, base, [61], 40))  # ~0.8 s
+        await short
+        await asyncio.sleep(0.4)  # past the timeout after the short one ended
+        assert not long.done()
+        status = service.status()
+        assert status["state"] == "busy" and status["idle"]["sleep"] == 0.3  # not counting
+        await long
+        ended_s = time.monotonic()
+        await wait_until(lambda: service.status()["state"] == "sleeping", timeout_s=5.0)
+        assert time.monotonic() - ended_s >= 0.25  # a full timeout after the last one
 
 
 async def test_requests_without_a_slot_let_the_engine_pick_a_free_one(tiny_model_dir):
-    async with serving(tiny_model_dir, engine={"num_slots": 6}) as (service, base):
+    async with serving(tiny_model_dir, engine={"num_slots": 6}) as (_, base):
         async with aiohttp.ClientSession() as session:
             conversations = [list(range(start, start + 20)) for start in (100, 200, 300)]
             for prompt in conversations:
