@@ -192,7 +192,7 @@ class Dashboard(QWidget):
         state = menu_model.effective_state(status)
         self.header.setText(
             f"<b>{status.get('model') or 'no model'}</b> · "
-            f"{menu_model.STATE_LABEL.get(state, state)} · "
+            f"{menu_model.STATE_LABEL[state]} · "
             f"{status.get('endpoint') or 'endpoint not up'}"
             + (
                 f"<br><font color='#da3633'>{status['last_error']}</font>"

@@ -10,48 +10,57 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from strata.engine.service.levels import Action, State, allowed_actions
 from strata.units import GIB
 
-# service state (levels.STATES, plus the host's "starting") -> icon name
-# (strata/resources/icons/state-<name>.svg)
+# service state -> icon name (strata/resources/icons/state-<name>.svg)
 ICON_OF_STATE = {
-    "loaded": "serving",
-    "busy": "busy",
-    "experts_released": "released",
-    "session_offloaded": "offloaded",
-    "sleeping": "sleeping",
-    "unloaded": "unloaded",
-    "failed": "error",
-    "loading": "busy",
-    "waking": "busy",
-    "starting": "busy",
-    "waiting_for_vram": "unloaded",  # a refused load is a state, not an error
+    State.LOADED: "serving",
+    State.BUSY: "busy",
+    State.EXPERTS_RELEASED: "released",
+    State.SESSION_OFFLOADED: "offloaded",
+    State.SLEEPING: "sleeping",
+    State.UNLOADED: "unloaded",
+    State.FAILED: "error",
+    State.LOADING: "busy",
+    State.WAKING: "busy",
+    State.STARTING: "busy",
+    State.WAITING_FOR_VRAM: "unloaded",  # a refused load is a state, not an error
 }
 STATE_LABEL = {
-    "loaded": "Serving",
-    "busy": "Busy",
-    "experts_released": "Experts released",
-    "session_offloaded": "Session offloaded",
-    "sleeping": "Sleeping",
-    "unloaded": "Unloaded",
-    "failed": "Error",
-    "loading": "Loading",
-    "waking": "Waking",
-    "starting": "Starting",
-    "waiting_for_vram": "Waiting for VRAM",
+    State.LOADED: "Serving",
+    State.BUSY: "Busy",
+    State.EXPERTS_RELEASED: "Experts released",
+    State.SESSION_OFFLOADED: "Session offloaded",
+    State.SLEEPING: "Sleeping",
+    State.UNLOADED: "Unloaded",
+    State.FAILED: "Error",
+    State.LOADING: "Loading",
+    State.WAKING: "Waking",
+    State.STARTING: "Starting",
+    State.WAITING_FOR_VRAM: "Waiting for VRAM",
 }
-_UP_STATES = {"loaded", "experts_released", "session_offloaded"}
 # A level action, done: for the dashboard's log.
 DONE_VERB = {
-    "release_experts": "Released experts",
-    "refill_experts": "Refilled experts",
-    "offload_session": "Offloaded the session",
-    "restore_session": "Restored the session",
-    "sleep": "Slept",
-    "wake": "Woke",
-    "unload": "Unloaded",
-    "load": "Loaded",
+    Action.RELEASE_EXPERTS: "Released experts",
+    Action.REFILL_EXPERTS: "Refilled experts",
+    Action.OFFLOAD_SESSION: "Offloaded the session",
+    Action.RESTORE_SESSION: "Restored the session",
+    Action.SLEEP: "Slept",
+    Action.WAKE: "Woke",
+    Action.UNLOAD: "Unloaded",
+    Action.LOAD: "Loaded",
 }
+# The four toggles: (shown when the first applies, else the second), with their labels.
+_TOGGLES = (
+    ((Action.REFILL_EXPERTS, "Refill experts"), (Action.RELEASE_EXPERTS, "Release experts")),
+    (None, (Action.OFFLOAD_SESSION, "Offload session")),
+    ((Action.WAKE, "Wake"), (Action.SLEEP, "Sleep")),
+    ((Action.LOAD, "Load"), (Action.UNLOAD, "Unload")),
+)
+# The state in which a toggle shows its first action.
+_FIRST_WHEN = {Action.REFILL_EXPERTS: (State.EXPERTS_RELEASED,), Action.WAKE: (State.SLEEPING,),
+               Action.LOAD: (State.UNLOADED, State.FAILED)}
 
 
 @dataclass(frozen=True)
@@ -64,10 +73,10 @@ class ActionView:
     reason: str = ""  # why it is disabled, for the status line and tooltip
 
 
-def effective_state(status: Mapping[str, Any]) -> str:
+def effective_state(status: Mapping[str, Any]) -> State:
     """The state to show: the service's, with a running request shown as busy."""
-    state = str(status.get("state", "starting"))
-    return "busy" if status.get("is_busy") and state in _UP_STATES else state
+    state = State(status["state"])
+    return State.BUSY if status.get("is_busy") and state.is_up else state
 
 
 def queue_length(status: Mapping[str, Any]) -> int:
@@ -83,11 +92,6 @@ def held_bytes(status: Mapping[str, Any]) -> int:
     return sum(arena_bytes(status, a) for a in (status.get("vram") or {}))
 
 
-def has_experts(status: Mapping[str, Any]) -> bool:
-    """True when the model has an expert cache (resident or released)."""
-    return bool(arena_bytes(status, "experts") or arena_bytes(status, "experts", "released_bytes"))
-
-
 def gib_text(num_bytes: int) -> str:
     return f"{num_bytes / GIB:.1f} GiB"
 
@@ -99,50 +103,16 @@ def memory_word(status: Mapping[str, Any]) -> str:
 
 
 def lifecycle_actions(status: Mapping[str, Any]) -> list[ActionView]:
-    """The four level toggles for this state, each enabled or disabled with a reason."""
+    """The four level toggles for this state, each enabled or disabled with a reason, as
+    levels.allowed_actions decides."""
     state = effective_state(status)
-    if state == "busy":
-        blocked = "a request is running; try again when it is done"
-    elif state in ("starting", "loading", "waking"):
-        blocked = f"the model is {state}"
-    else:
-        blocked = ""
-
-    def view(action: str, label: str, ok: bool, why: str) -> ActionView:
-        if blocked:
-            return ActionView(action, label, False, blocked)
-        return ActionView(action, label, ok, "" if ok else why)
-
-    is_up = state in _UP_STATES
-    if state == "experts_released":
-        experts = view("refill_experts", "Refill experts", True, "")
-    else:
-        no_experts = (
-            "dense model: no expert cache"
-            if "vram" in status
-            else "the service reports no expert cache"
-        )
-        experts = view(
-            "release_experts",
-            "Release experts",
-            is_up and has_experts(status),
-            no_experts if is_up else f"model is {STATE_LABEL.get(state, state).lower()}",
-        )
-    offload = view(
-        "offload_session",
-        "Offload session",
-        is_up and state != "session_offloaded" and arena_bytes(status, "kv") > 0,
-        "no session in VRAM" if is_up else f"model is {STATE_LABEL.get(state, state).lower()}",
-    )
-    if state == "sleeping":
-        sleep = view("wake", "Wake", True, "")
-    else:
-        sleep = view("sleep", "Sleep", is_up, "nothing loaded to put to sleep")
-    if state in ("unloaded", "failed"):
-        load = view("load", "Load", True, "")
-    else:
-        load = view("unload", "Unload", is_up or state == "sleeping", "")
-    return [experts, offload, sleep, load]
+    allowed = allowed_actions(state, status.get("vram") or {})
+    views = []
+    for first, second in _TOGGLES:
+        action, label = first if first and state in _FIRST_WHEN[first[0]] else second
+        decision = allowed[action]
+        views.append(ActionView(action, label, decision.is_allowed, decision.reason))
+    return views
 
 
 def shrink_action(status: Mapping[str, Any]) -> tuple[ActionView, int] | None:
@@ -153,7 +123,7 @@ def shrink_action(status: Mapping[str, Any]) -> tuple[ActionView, int] | None:
     gpu = status.get("gpu")
     free_bytes = getattr(gpu, "free_bytes", None)
     if (experts.get("mode") != "slots" or free_bytes is None
-            or effective_state(status) not in _UP_STATES):
+            or not effective_state(status).is_up):
         return None
     half_bytes = arena_bytes(status, "experts") // 2
     if half_bytes <= 0:
@@ -166,7 +136,7 @@ def shrink_action(status: Mapping[str, Any]) -> tuple[ActionView, int] | None:
 def status_line(status: Mapping[str, Any]) -> str:
     """One line for the top of the menu: state, VRAM held, and why things are disabled."""
     state = effective_state(status)
-    line = f"{STATE_LABEL.get(state, state)} · {gib_text(held_bytes(status))} {memory_word(status)}"
+    line = f"{STATE_LABEL[state]} · {gib_text(held_bytes(status))} {memory_word(status)}"
     if state == "failed" and status.get("last_error"):
         return f"{line} · {status['last_error']}"
     reasons = []
@@ -182,7 +152,7 @@ def tooltip(status: Mapping[str, Any]) -> str:
     return "\n".join(
         [
             f"Strata — {status.get('model') or 'no model'}",
-            f"{STATE_LABEL.get(state, state)}, {gib_text(held_bytes(status))} held in "
+            f"{STATE_LABEL[state]}, {gib_text(held_bytes(status))} held in "
             + memory_word(status),
             str(status.get("endpoint") or "endpoint not up yet"),
         ]

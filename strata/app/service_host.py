@@ -81,7 +81,9 @@ def _memory_kind(readings: dict[str, Any]) -> str:
 
 @dataclass
 class HostOptions:
-    poll_interval_s: float = 0.5
+    # The service's state comes by event (service.state_listeners); only the GPU and RAM
+    # readings of the chart, which have no events, are read on this tick.
+    telemetry_interval_s: float = 1.0
     rules_interval_s: float = 0.5  # VRAM triggers; process triggers react at once
 
 
@@ -111,6 +113,7 @@ class ThreadServiceHost:
         self._start_error: str | None = None
         self._settings: Any = None
         self._rules_task: asyncio.Task | None = None
+        self._is_publish_due = False  # a state event's publish is scheduled
 
     # ---- Qt thread side -----------------------------------------------------------------
 
@@ -172,9 +175,9 @@ class ThreadServiceHost:
         self._publish({"state": "starting", **readings, "memory_kind": _memory_kind(readings)})
         self._settings = settings
         await self._start_server()
-        status_task = asyncio.create_task(self._status_loop())
+        telemetry_task = asyncio.create_task(self._telemetry_loop())
         await self._stop_event.wait()
-        status_task.cancel()
+        telemetry_task.cancel()
         if self._server is not None:
             self._rules_task.cancel()
             try:
@@ -196,6 +199,8 @@ class ThreadServiceHost:
         self._start_error = None
         self._emit_log(f"serving at {self._server.endpoint_url}")
         self._server.service.level_listeners.append(self._on_level_event)
+        self._server.service.state_listeners.append(self._on_state_event)
+        self._on_state_event()  # what it is now
         self._rules_engine = RulesEngine(
             self._server.service,
             self._rules,
@@ -234,13 +239,30 @@ class ThreadServiceHost:
         status.setdefault("memory_kind", _memory_kind(readings))  # the service's own wins
         return status
 
-    async def _status_loop(self) -> None:
+    def _on_state_event(self) -> None:
+        """The service's state may have changed: publish once, soon, on the loop (from any
+        thread); several changes in one step of the loop make one publish."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._schedule_publish)
+
+    def _schedule_publish(self) -> None:
+        if not self._is_publish_due:
+            self._is_publish_due = True
+            self._loop.create_task(self._publish_state())
+
+    async def _publish_state(self) -> None:
+        self._is_publish_due = False
+        try:
+            self._publish(await self._snapshot())
+        except Exception:
+            log.exception("status publish failed")
+
+    async def _telemetry_loop(self) -> None:
+        """GPU and RAM readings for the chart (NVML has no events), with the status they go
+        beside."""
         while True:
-            try:
-                self._publish(await self._snapshot())
-            except Exception:
-                log.exception("status poll failed")
-            await asyncio.sleep(self._options.poll_interval_s)
+            await asyncio.sleep(self._options.telemetry_interval_s)
+            await self._publish_state()
 
     async def _control(self, action: str, kwargs: dict[str, Any]) -> dict[str, Any] | None:
         if self._server is None and action == "load":  # the server never came up: retry it

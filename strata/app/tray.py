@@ -72,7 +72,7 @@ class TrayController(QObject):
     def apply_status(self, status: dict[str, Any]) -> None:
         """Icon, tooltip, status line and each action's label/enabled state for this status."""
         state = menu_model.effective_state(status)
-        name = menu_model.ICON_OF_STATE.get(state, "error")
+        name = menu_model.ICON_OF_STATE[state]
         if name != self.icon_name:
             self.tray.setIcon(icon(name))
             self.icon_name = name

@@ -7,11 +7,16 @@ PROTOCOL_VERSION means host and engine from different builds refuse to talk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import ntpath
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from typing import Any, Union
 
 # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
-# 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel)
+# 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
+# a typed EngineStatus in Status and in every level Reply
 PROTOCOL_VERSION = 4
 # The default number of KV cache slots of a loaded model (--slots N changes it): slots are
 # 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
@@ -22,6 +27,24 @@ def slot_problem(slot: Any, num_slots: int = NUM_CACHE_SLOTS) -> str | None:
     """Why `slot` is not a cache slot number (an int in 0..num_slots-1); None when it is."""
     if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < num_slots:
         return f"cache slot must be 0..{num_slots - 1}, not {slot!r}"
+    return None
+
+
+# Longest name a slot file may have (a file system's usual limit).
+MAX_FILENAME_CHARS = 255
+
+
+def filename_problem(filename: Any) -> str | None:
+    """Why `filename` is not a plain file name inside the snapshot directory (a path part,
+    traversal, a drive, NUL, empty or too long); None when it is. The one check, read by the
+    HTTP edge, the service and the engine's snapshot store."""
+    if not isinstance(filename, str) or not filename.strip():
+        return "the slot file name is empty"
+    if ("/" in filename or "\\" in filename or ".." in filename or "\0" in filename
+            or ntpath.isabs(filename) or ntpath.splitdrive(filename)[0]
+            or os.path.isabs(filename) or len(filename) > MAX_FILENAME_CHARS):
+        return (f"slot file name {filename[:80]!r} is not a plain name (no '/', '\\', '..', "
+                f"drive or NUL, at most {MAX_FILENAME_CHARS} characters)")
     return None
 
 
@@ -69,7 +92,9 @@ class Load:
 
 @dataclass(frozen=True)
 class Unload:
-    pass
+    # A file name with "{slot}": every slot's history is written there after the VRAM is
+    # given back (a rule's unload keeps the conversation); the Reply lists "kept_slots".
+    keep_sessions_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -206,20 +231,107 @@ class Error:
     command_id: int | None = None
 
 
+class EngineState(StrEnum):
+    """What an engine process holds (str-valued: it reads and serializes as the word)."""
+
+    STANDBY = "standby"  # a process without a model (torch imported, no CUDA context)
+    LOADED = "loaded"
+    SLEEPING = "sleeping"  # the model's memory released, host copies kept
+
+
+@dataclass(frozen=True)
+class ArenaStatus:
+    """One memory arena as the engine reports it."""
+
+    state: str  # mapped | partial | released
+    reserved_bytes: int
+    resident_bytes: int
+    released_bytes: int
+
+
+@dataclass(frozen=True)
+class SlotStatus:
+    """One KV cache slot (Engine.slots_status); /v1/status shows it as a dict of these keys."""
+
+    id: int
+    n_tokens: int
+    location: str  # gpu | cpu (resident), ram | disk (a snapshot), empty
+    bytes: int
+    is_processing: bool
+    n_ctx: int
+
+
+_INT_FIELDS = ("reserved_bytes", "resident_bytes", "released_bytes", "id", "n_tokens", "bytes",
+               "n_ctx")
+
+
+def _typed_row(cls: type, row: Mapping[str, Any]) -> Any:
+    """cls's fields read from an engine's plain row; a missing key or a wrong type raises
+    TypeError (the engine and its test fake must report the same shape)."""
+    values = {}
+    for f in fields(cls):
+        if f.name not in row:
+            raise TypeError(f"{cls.__name__} row {dict(row)!r} lacks {f.name!r}")
+        value = row[f.name]
+        wanted = bool if f.name.startswith("is_") else int if f.name in _INT_FIELDS else str
+        if not isinstance(value, wanted) or wanted is int and isinstance(value, bool):
+            raise TypeError(f"{cls.__name__}.{f.name} is {value!r}, not {wanted.__name__}")
+        values[f.name] = value
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """The engine's state, typed: every host reader (levels, VRAM, slots) reads this, never a
+    dict. Sent in Status (GetStatus) and with every level Reply, so a level change needs no
+    second round trip."""
+
+    state: EngineState
+    pid: int
+    model: dict[str, Any] = field(default_factory=dict)  # Engine.info(): model_type, device, ...
+    arenas: dict[str, ArenaStatus] = field(default_factory=dict)
+    slots: tuple[SlotStatus, ...] = ()
+    experts: dict[str, Any] | None = None  # the expert cache's counters; None without one
+    standby: dict[str, bool] = field(default_factory=dict)  # a standby's import state
+
+    @classmethod
+    def of_engine(cls, report: Mapping[str, Any], pid: int) -> EngineStatus:
+        """From Engine.status()'s plain dict (state, info keys, arenas, slots, experts)."""
+        report = dict(report)
+        state = EngineState(report.pop("state", EngineState.LOADED))
+        arenas = {str(name): _typed_row(ArenaStatus, row)
+                  for name, row in (report.pop("arenas", None) or {}).items()}
+        slots = tuple(_typed_row(SlotStatus, row) for row in report.pop("slots", None) or ())
+        experts = report.pop("experts", None)
+        report.pop("arena_totals", None)  # the sum of arenas: derived, not carried
+        return cls(state, pid, report, arenas, slots, experts)
+
+    @property
+    def device(self) -> str | None:
+        """cpu | cuda (the model's device), None without a model."""
+        device = self.model.get("device")
+        return str(device) if device is not None else None
+
+    def resident_bytes(self) -> int:
+        """Memory held over all arenas."""
+        return sum(a.resident_bytes for a in self.arenas.values())
+
+
 @dataclass(frozen=True)
 class Reply:
-    """The answer to a control command (Load, Sleep, ...): what it did, in plain values."""
+    """The answer to a control command (Load, Sleep, ...): what it did, in plain values, and
+    for the level commands (Load, ReleaseExperts, Sleep, ...) the engine's status after it."""
 
     command_id: int
     result: dict[str, Any] = field(default_factory=dict)
+    engine: EngineStatus | None = None
 
 
 @dataclass(frozen=True)
 class Status:
-    """Engine-side state: arenas, slots, model; sent on GetStatus and after level changes."""
+    """The engine's status; sent on GetStatus."""
 
-    state: str  # standby (no model) | loading | loaded | sleeping | failed
-    info: dict[str, Any] = field(default_factory=dict)
+    engine: EngineStatus
     command_id: int | None = None  # the GetStatus it answers; None when sent unasked
 
 

@@ -16,7 +16,7 @@ CACHED_TOKENS = 3
 class FakeService:
     """Answers every generation with `reply_text` tokenized by the real tokenizer, then EOS.
 
-    Knobs: returns_coroutine (generate is a coroutine returning the iterator), fail_after (emit an Error event after N tokens), start_error (raise before the
+    Knobs: fail_after (emit an Error event after N tokens), start_error (raise before the
     first event), first_error (an Error event as the first event), is_endless (emit tokens
     until closed), token_delay_s. Every call is recorded in `calls`; `num_closed_early` counts
     generations that the API closed before they finished.
@@ -38,7 +38,6 @@ class FakeService:
         self.first_error: Error | None = None
         self.control_error: BaseException | None = None
         self.is_endless = False
-        self.returns_coroutine = False
         self.token_delay_s = 0.0
         self.num_closed_early = 0
         self.done_slots: list[int] = []  # Done.slot of each generation, in order
@@ -49,15 +48,10 @@ class FakeService:
         return [*self.text.encode(self.reply_text, add_special=False), self.text.eos_token_ids[0]]
 
     def generate(self, request: GenerationRequest):
-        """The service's iterator, or (returns_coroutine) a coroutine that returns it."""
+        """The service's iterator (as Service.generate, an async generator, hands out)."""
         self.calls.append(("generate", request))
         self.requests.append(request)
-        stream = FakeStream(self, self._events(request), request)
-        if self.returns_coroutine:
-            async def opened() -> FakeStream:
-                return stream
-            return opened()
-        return stream
+        return FakeStream(self, self._events(request), request)
 
     async def _events(self, request: GenerationRequest):
         if self.start_error is not None:

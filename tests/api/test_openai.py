@@ -143,7 +143,3 @@ async def test_models_lists_the_model_with_its_state(client, service):
     assert (await client.get("/v1/models/other")).status == 404
 
 
-async def test_generate_may_be_a_coroutine_returning_the_iterator(client, service):
-    service.returns_coroutine = True
-    body = await (await client.post("/v1/chat/completions", json=CHAT)).json()
-    assert body["choices"][0]["message"]["content"] == service.reply_text

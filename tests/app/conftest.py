@@ -34,7 +34,7 @@ def make_bridge(qtbot, fake_service):
             factory_for(service or fake_service),
             rules=rules,
             rules_enabled=rules_enabled,
-            options=HostOptions(poll_interval_s=0.05, rules_interval_s=0.1),
+            options=HostOptions(telemetry_interval_s=0.05, rules_interval_s=0.1),
         )
         bridge = ServiceBridge(host)
         bridges.append(bridge)

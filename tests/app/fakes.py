@@ -55,6 +55,7 @@ class FakeService:
         self.is_busy = False
         self.is_stopped = False
         self.level_listeners: list = []
+        self.state_listeners: list = []  # called on the loop when status() changed, as Service
         self.counters = counters(requests_total=3, prompt_tokens_total=300,
                                  completion_tokens_total=90, cached_tokens_total=128,
                                  tokens_per_second=42.5, last_prompt_tokens=100,
@@ -72,6 +73,7 @@ class FakeService:
             raise ServiceError(400, "not_applicable", f"unknown action {action!r}")
         self.calls.append(action)
         self.call_options.append(dict(kwargs))
+        held_before = sum(self.resident.values())
         for arena in _FREES.get(action, ()):
             self.released[arena] += self.resident[arena]
             self.resident[arena] = 0
@@ -80,7 +82,15 @@ class FakeService:
                 self.resident[arena] += num_bytes
                 self.released[arena] = 0
         self.state = _STATE_AFTER[action]
-        return {"action": action}
+        self.changed()
+        # Service.control()'s answer: the status after, the action, what it freed.
+        return {**self.status(), "action": action, "changed": True,
+                "freed_bytes": max(0, held_before - sum(self.resident.values()))}
+
+    def changed(self) -> None:
+        """Tell the state listeners, as the real lifecycle does after every change."""
+        for listener in list(self.state_listeners):
+            listener()
 
     def fire_idle(self, key: str, action: str, timeout_s: float) -> None:
         """What the real lifecycle does when an idle timer fires: go down, tell listeners."""
@@ -92,6 +102,7 @@ class FakeService:
         self.idle_fired[key] = 0.0
         for listener in self.level_listeners:
             listener(LevelEvent(action, True, f"idle for {timeout_s:g} s"))
+        self.changed()
 
     def status(self) -> dict[str, Any]:
         is_up = self.state not in ("unloaded", "failed")

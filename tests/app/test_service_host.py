@@ -18,7 +18,7 @@ def test_load_retries_a_failed_start_and_quit_stops_the_server(qtbot):
             raise StrataError("port 8080 is in use; pick another port")
         return FakeRunningServer(service)
 
-    bridge = ServiceBridge(ThreadServiceHost(factory, options=HostOptions(poll_interval_s=0.05)))
+    bridge = ServiceBridge(ThreadServiceHost(factory, options=HostOptions(telemetry_interval_s=0.05)))
     bridge.start(settings="s")
     qtbot.waitUntil(lambda: bridge.last_status.get("state") == "failed")
     assert "port 8080 is in use" in bridge.last_status["last_error"]

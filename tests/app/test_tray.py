@@ -168,7 +168,7 @@ def test_shrink_shows_over_a_partial_expert_cache_and_keeps_half_of_it_free(
 
 def test_every_state_the_service_reports_has_a_label_and_an_icon():
     from strata.app.menu_model import ICON_OF_STATE, STATE_LABEL
-    from strata.engine.service.levels import STATES
+    from strata.engine.service.levels import SERVICE_STATES as STATES
 
     # "starting" is the host's own word, before the service exists; no state a fake made up.
     assert set(STATE_LABEL) == set(ICON_OF_STATE) == {*STATES, "starting"}

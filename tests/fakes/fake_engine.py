@@ -431,6 +431,17 @@ class FakeEngine:
             "experts": experts,
         }
 
+    def close_for_exit(self, keep_sessions_as: str | None = None) -> list[int]:
+        """Engine.close_for_exit: every slot's history to keep_sessions_as (with "{slot}")."""
+        kept = []
+        if keep_sessions_as is not None:
+            for slot in range(NUM_SLOTS):
+                if self.slot_tokens.get(slot) or self.offloaded.get(slot):
+                    self.save_slot(slot, keep_sessions_as.format(slot=slot))
+                    kept.append(slot)
+        self.close()
+        return kept
+
     def close(self) -> None:
         self.is_loaded = False
         self.slot_tokens.clear()

@@ -228,3 +228,70 @@ async def test_unload_returns_vram_to_the_baseline(tmp_path) -> None:
         assert nvml_used_bytes() <= baseline + 16 * MIB, (nvml_used_bytes() - baseline) / MIB
     finally:
         await service.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_a_rule_unload_frees_vram_exits_cleanly_and_keeps_the_session(tmp_path) -> None:
+    """issue 18: the engine wrote the sessions before it gave VRAM back (491 ms) and then
+    aborted at exit ("CUDA error: context is destroyed"); the session must survive."""
+    from strata.engine.service.facade import GenerationRequest
+    from strata.engine.service.service import Service
+    from strata.engine.service.settings import ServeSettings
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    model_dir, _ = make_tiny_hf_model("qwen3_moe", tmp_path)
+    baseline = nvml_used_bytes()
+    config = EngineConfig(model_path=str(model_dir), device="cuda",
+                          snapshot_dir=str(tmp_path / "snapshots"), context_tokens=512)
+    service = Service(ServeSettings(model=str(model_dir), device="cuda"), engine_config=config,
+                      text_assets=SimpleNamespace(), keep_standby=False,
+                      engine_factory="strata.engine.core.engine:Engine")
+    await service.start()
+    try:
+        prompt = tuple(PROMPT[:200])
+        events = [e async for e in service.generate(GenerationRequest(prompt, GREEDY, 0))]
+        out = [t for e in events if isinstance(e, Tokens) for t in e.token_ids]
+        await service.control("unload", keep_sessions=True)
+        assert service.supervisor.last_exit_code == 0
+        deadline = time.monotonic() + 10
+        while nvml_used_bytes() > baseline + 16 * MIB and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert nvml_used_bytes() <= baseline + 16 * MIB, (nvml_used_bytes() - baseline) / MIB
+        assert sorted(p.name for p in (tmp_path / "snapshots").glob("strata-kept-slot*"))
+        await service.control("load")
+        follow_up = GenerationRequest(prompt + tuple(out) + (5, 6), GREEDY, 0)
+        events = [e async for e in service.generate(follow_up)]
+        assert isinstance(events[-1], Done)
+        assert events[-1].usage.cached_tokens >= len(prompt)
+    finally:
+        await service.stop()
+
+
+@pytest.mark.timeout(240)
+async def test_the_standby_imports_the_compiler_without_a_cuda_context(tmp_path) -> None:
+    """issue 18 item 6: the standby has torch.compile's compiler and the kernels imported, so
+    a load from it pays for the model, not for imports; it still holds no VRAM."""
+    from strata.engine.service.service import Service
+    from strata.engine.service.settings import ServeSettings
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    model_dir, _ = make_tiny_hf_model("llama", tmp_path)
+    config = EngineConfig(model_path=str(model_dir), device="cuda",
+                          snapshot_dir=str(tmp_path / "snapshots"), context_tokens=256)
+    service = Service(ServeSettings(model=str(model_dir), device="cuda"), engine_config=config,
+                      text_assets=SimpleNamespace(), keep_standby=True,
+                      engine_factory="strata.engine.core.engine:Engine")
+    await service.start()
+    try:
+        await service.control("unload")
+        standby = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            standby = await service.supervisor.standby_status()
+            if standby.info.get("is_compiler_imported"):
+                break
+            await asyncio.sleep(0.5)
+        assert standby.info["is_compiler_imported"], standby.info
+        assert not standby.info["is_cuda_initialized"]
+    finally:
+        await service.stop()

@@ -1,6 +1,9 @@
 """The batching contract of the engine process (BATCH_CONTRACT.md, protocol 4), fake and real
 engine side by side: Generates that overlap all end with their own Done, Done.slot names the
-slot a sequence used (the engine picks it for slot None), and the status reports the batch."""
+slot a sequence used (the engine picks it for slot None), and the status reports the batch.
+
+The status fields (EngineStatus.num_slots, .batch, SlotStatus.is_running) are the contract's;
+protocol.EngineStatus carries them once the engine side adds them."""
 
 from __future__ import annotations
 
@@ -57,13 +60,12 @@ def finals_of(engine: RawEngine, request_ids: set[str]) -> dict[str, p.Done | p.
 
 def test_the_status_reports_the_slots_and_the_batch(engine):
     engine.send(p.GetStatus())
-    info = engine.recv(timeout_s=30).info
-    assert info["num_slots"] == 3
-    batch = info["batch"]
-    assert set(batch) == {"running", "waiting", "parallel"}
+    status = engine.recv(timeout_s=30).engine
+    assert status.num_slots == 3
+    batch = status.batch
     assert (batch["running"], batch["waiting"], batch["parallel"]) == (0, 0, 3)
-    assert [row["id"] for row in info["slots"]] == [0, 1, 2]
-    assert all(row["is_running"] is False for row in info["slots"])
+    assert [row.id for row in status.slots] == [0, 1, 2]
+    assert all(row.is_running is False for row in status.slots)
 
 
 def test_overlapping_generates_each_end_and_done_names_the_slot(engine):
@@ -90,6 +92,6 @@ def test_a_cancelled_sequence_ends_with_done_cancelled_and_its_slot(engine):
     assert finals["drop"].usage.finish_reason == "cancelled"
     assert finals["keep"].usage.finish_reason in ("length", "stop")
     engine.send(p.GetStatus())
-    status = engine.recv(timeout_s=30)
-    assert status.info["batch"]["running"] == 0
-    assert not any(row["is_running"] for row in status.info["slots"])
+    status = engine.recv(timeout_s=30).engine
+    assert status.batch["running"] == 0
+    assert not any(row.is_running for row in status.slots)

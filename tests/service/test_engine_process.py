@@ -55,7 +55,7 @@ def test_process_serves_commands_in_order_and_survives_failures():
 
         cid = engine.send(p.GetStatus())
         status = engine.recv()
-        assert (status.state, status.command_id) == ("standby", cid)
+        assert (status.engine.state, status.command_id) == ("standby", cid)
 
         engine.send(p.Generate("early", (1, 2), p.SamplingSpec(max_tokens=3)))
         error = engine.recv()
@@ -86,7 +86,7 @@ def test_process_serves_commands_in_order_and_survives_failures():
         while len(order) < 3:
             event = engine.recv()
             if isinstance(event, p.Status):
-                order.append(("status", event.command_id, event.state))
+                order.append(("status", event.command_id, event.engine.state))
             elif isinstance(event, p.Reply):
                 order.append(("reply", event.command_id))
             elif isinstance(event, p.Done):
@@ -124,7 +124,7 @@ def test_a_factory_that_cannot_be_imported_fails_the_load_not_the_process():
         assert (error.code, error.command_id) == ("internal", cid)
         assert "no_such_module_xyz" in error.message
         engine.send(p.GetStatus())
-        assert engine.recv().state == "standby"  # still serving
+        assert engine.recv().engine.state == "standby"  # still serving
     finally:
         engine.process.kill()
 

@@ -77,8 +77,8 @@ async def test_unload_leaves_a_standby_process_that_the_next_load_uses(tiny_mode
         assert not psutil.pid_exists(first_pid) or psutil.Process(first_pid).status() == "zombie"
         assert psutil.Process(standby_pid).is_running()
         standby = await service.supervisor.standby_status()
-        assert standby.state == "standby" and standby.info["is_factory_imported"]
-        assert not standby.info["is_cuda_initialized"]
+        assert standby.engine.state == "standby" and standby.engine.standby["is_factory_imported"]
+        assert not standby.engine.standby["is_cuda_initialized"]
 
         ids, _ = await answer(service, PROMPT)
         assert ids == expected_tokens(PROMPT, 6)

@@ -89,11 +89,14 @@ class Levels:
             self.refuse_restores -= 1
             raise ServiceError(503, "insufficient_vram", "cannot load the model yet: 10 MiB "
                                "missing", retry_after_s=5)
+        held_before = self.held_bytes
         if action == "load":
             changed, self.held_bytes = self.held_bytes == 0, 8 * GIB
         else:
             changed, self.held_bytes = self.held_bytes > 0, 0
-        return {"changed": changed}
+        # Service.control()'s answer: the action, whether it changed anything, what it freed.
+        return {"action": action, "changed": changed,
+                "freed_bytes": max(0, held_before - self.held_bytes)}
 
     def actions(self) -> list[str]:
         return [a for a, _ in self.calls]

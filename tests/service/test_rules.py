@@ -49,11 +49,14 @@ class LevelService:
             "sleep": ["weights", "experts", "kv"],
             "unload": ["weights", "experts", "kv"],
         }
+        held_before = sum(self.resident.values())
         for arena in freeing.get(action, []):
             self.resident[arena] = 0
         if action in ("wake", "load", "refill_experts"):
             self.resident.update(weights=4 * GIB, experts=10 * GIB, kv=GIB)
-        return {"ok": True}
+        # Service.control()'s answer: the action, whether it changed anything, what it freed.
+        return {"action": action, "changed": True,
+                "freed_bytes": max(0, held_before - sum(self.resident.values()))}
 
 
 class World:

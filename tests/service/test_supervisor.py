@@ -44,7 +44,7 @@ async def test_start_load_stream_and_clean_stop(make_supervisor):
     assert token_ids(events) == expected_tokens((3, 4), 7)
     assert events[-1] == p.Done("r1", p.Usage(2, 7, 0, "length"))
     status = await supervisor.command(p.GetStatus())
-    assert status.state == "loaded" and status.info["slots"][0]["n_tokens"] == 9
+    assert status.engine.state == "loaded" and status.engine.slots[0].n_tokens == 9
 
     assert await supervisor.ensure_loaded() == info  # already up: no second process
     assert supervisor.pid == pid and supervisor.num_starts == 1

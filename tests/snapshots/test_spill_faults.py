@@ -14,8 +14,7 @@ from strata.engine.api.errors import from_error_event
 from strata.engine.core.process import error_code
 from strata.engine.core.snapshots import SnapshotWriteError
 from strata.engine.core.snapshots import format as fmt
-from strata.engine.service.levels import service_error
-from strata.engine.service.supervisor import EngineCommandError
+from strata.engine.service.error_codes import level_error
 from tests.snapshots.helpers import VOCAB, locations, make_engine, run
 
 NUM_TOKENS = 357  # one slot's snapshot is about 185 KB: a 300 KiB disk holds one
@@ -88,6 +87,6 @@ def test_a_failed_write_is_a_server_side_error_code(number, code, http_status) -
     # The engine process answers with the code, the lifecycle and the HTTP layer map it.
     for command in (p.SaveSlot(0, "a.bin"), p.OffloadSession(), p.Sleep()):
         assert error_code(exc, command) == code
-    answer = service_error("slot_save", EngineCommandError(code, str(exc)))
+    answer = level_error("slot_save", code, str(exc))
     assert (answer.status, answer.code) == (http_status, code)
     assert from_error_event(p.Error(code, str(exc))).status == http_status

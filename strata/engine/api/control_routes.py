@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ntpath
 from typing import Any
 
 from aiohttp import web
@@ -10,6 +9,7 @@ from aiohttp import web
 from strata.engine.api.errors import bad_request
 from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.validation import parse_slot, read_json_object
+from strata.engine.protocol import filename_problem
 
 # Route path -> the service's action name.
 LEVEL_ACTIONS = {
@@ -18,7 +18,6 @@ LEVEL_ACTIONS = {
     "/session/offload": "offload_session",
 }
 _SLOT_ACTIONS = {"save": "slot_save", "restore": "slot_restore", "erase": "slot_erase"}
-MAX_FILENAME_CHARS = 255
 
 
 def _json(result: Any) -> web.Response:
@@ -48,12 +47,10 @@ async def shrink_experts(request: web.Request) -> web.Response:
 
 
 def check_slot_filename(filename: Any) -> str:
-    """A plain file name inside the snapshot directory: no path parts, no traversal."""
+    """A plain file name inside the snapshot directory (protocol.filename_problem), else 400."""
     if not isinstance(filename, str) or not filename:
         raise bad_request("'filename' must be a non-empty string", param="filename")
-    if ("/" in filename or "\\" in filename or ".." in filename or "\0" in filename
-            or ntpath.isabs(filename) or ntpath.splitdrive(filename)[0]
-            or len(filename) > MAX_FILENAME_CHARS):
+    if filename_problem(filename) is not None:
         raise bad_request(f"'filename' {filename[:80]!r} must be a plain file name (no '/', "
                           "'\\', '..', drive or NUL, at most 255 characters); slots are saved "
                           "inside the snapshot directory", param="filename")

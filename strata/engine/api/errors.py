@@ -14,7 +14,7 @@ from aiohttp import web
 from strata.engine.api.keys import MAX_REQUEST_BYTES
 from strata.engine.api.redact import redact_text
 from strata.engine.protocol import Error as ErrorEvent
-from strata.engine.service.error_codes import RETRY_AFTER_S, http_status
+from strata.engine.service.error_codes import http_status, retry_after_s
 from strata.engine.service.facade import ServiceError
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ _ANTHROPIC_TYPES = {
     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
 }
 # A command that outlived its timeout: the engine is being dealt with; retry after this.
-TIMEOUT_RETRY_AFTER_S = RETRY_AFTER_S["engine_timeout"]
+TIMEOUT_RETRY_AFTER_S = retry_after_s("engine_timeout")
 
 
 class ApiError(Exception):
@@ -63,7 +63,7 @@ def from_service_error(exc: ServiceError) -> ApiError:
 def from_error_event(event: ErrorEvent) -> ApiError:
     """Map an engine Error event to an ApiError (unknown codes are server errors)."""
     return ApiError(http_status(event.code), event.message or f"the engine failed ({event.code})",
-                    event.code, retry_after_s=RETRY_AFTER_S.get(event.code))
+                    event.code, retry_after_s=retry_after_s(event.code))
 
 
 def is_anthropic_path(path: str) -> bool:

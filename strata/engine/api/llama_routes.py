@@ -18,12 +18,11 @@ from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
 from strata.engine.api.redact import file_name, redact
 from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import get_bool, read_json_object
+from strata.engine.service.levels import State, resident_bytes
 from strata.engine.text.token_bytes import token_piece
 from strata.units import MIB
 
 _DUMP_SLICE = 65536  # token ids per json.dumps call when writing a /tokenize answer
-_HEALTH = {"loading": ("loading", 503), "starting": ("loading", 503),
-           "failed": ("error", 503)}
 
 
 def _status(request: web.Request) -> dict[str, Any]:
@@ -34,13 +33,11 @@ async def health(request: web.Request) -> web.Response:
     """GET /health: ok while the server can answer (loaded, sleeping or unloaded-on-demand),
     with the state and the memory held in MiB: `vram_mib` on a GPU, `ram_mib` on the CPU."""
     status = _status(request)
-    state = str(status.get("state", "unloaded"))
-    word, http_status = _HEALTH.get(state, ("ok", 200))
+    state = State(status["state"])
+    word, http_status = state.health
     body: dict[str, Any] = {"status": word, "state": state}
-    vram = status.get("vram")
-    if isinstance(vram, dict):
-        held_bytes = sum(int((a or {}).get("resident_bytes") or 0) for a in vram.values())
-        body[f"{str(status['memory_kind']).lower()}_mib"] = round(held_bytes / MIB, 1)
+    held_bytes = resident_bytes(status["vram"])
+    body[f"{str(status['memory_kind']).lower()}_mib"] = round(held_bytes / MIB, 1)
     return web.json_response(body, status=http_status)
 
 

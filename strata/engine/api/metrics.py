@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from strata.engine.service.levels import SERVICE_STATES
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-KNOWN_STATES = ("loaded", "busy", "experts_released", "session_offloaded", "sleeping",
-                "unloaded", "loading", "waking", "waiting_for_vram", "failed")
+KNOWN_STATES = SERVICE_STATES
 
 # (metric name, type, help, keys to look for in status()["counters"] or status() itself).
 _METRICS = (

@@ -29,18 +29,17 @@ from strata.engine.api.textgen import (
 from strata.engine.api.tool_spec import parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
+from strata.engine.service.levels import State
 
 log = logging.getLogger(__name__)
 STARTED_AT_S = int(time.time())
 # OpenAI's "backend configuration" tag: the server build (seeded outputs may differ across it).
 SYSTEM_FINGERPRINT = f"fp_strata_{STRATA_VERSION}"
-_MODEL_STATUS = {"sleeping": "sleeping", "unloaded": "unloaded", "loading": "unloaded",
-                 "failed": "unloaded", "stopped": "unloaded"}
 
 
 def model_status(state: str) -> str:
     """The /v1/models status word (loaded | sleeping | unloaded) for a service state."""
-    return _MODEL_STATUS.get(state, "loaded")
+    return State(state).model_status
 
 
 def openai_usage(usage: Usage) -> dict[str, Any]:
@@ -193,7 +192,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 def _model_object(request: web.Request) -> dict[str, Any]:
     service = request.app[SERVICE_KEY]
-    state = str(service.status().get("state", "unloaded"))
+    state = State(service.status()["state"])
     return {"id": service.model_id, "object": "model", "created": STARTED_AT_S,
             "owned_by": "strata", "status": model_status(state),
             "context_tokens": service.context_tokens}

@@ -7,32 +7,32 @@ same on /v1/chat/completions, /v1/completions and /v1/messages.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, from_error_event
+from strata.engine.api.params import GenerationParams
 from strata.engine.api.validation import check_slot
 from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
-from strata.engine.service.facade import GenerationRequest, ServiceFacade
+from strata.engine.service.facade import GenerationRequest, ServiceError, ServiceFacade
 from strata.engine.text import ChatTemplateError, IncrementalDetokenizer, StopMatcher
+from strata.engine.text.assets import TextAssets
 from strata.engine.text.token_bytes import token_text
 
+Event = Tokens | Done | Error
+Events = AsyncGenerator[Event, None]  # what ServiceFacade.generate hands out
 
-def text_assets(service: ServiceFacade) -> Any:
-    """The model's TextAssets, or a 503 when the service has none to give."""
+
+def text_assets(service: ServiceFacade) -> TextAssets:
+    """The model's TextAssets, or a 503 when the service has none to give (not started)."""
     try:
-        assets = service.text
-    except Exception as exc:  # noqa: BLE001 - any failure to read the tokenizer is a 503
+        return service.text
+    except ServiceError as exc:
         raise ApiError(503, f"the model's tokenizer is not available: {exc}",
                        "tokenizer_unavailable") from None
-    if assets is None:
-        raise ApiError(503, "the model's tokenizer is not available yet; retry shortly",
-                       "tokenizer_unavailable")
-    return assets
 
 
 def check_fits_context(num_prompt_tokens: int, max_tokens: int | None,
@@ -54,12 +54,6 @@ def check_fits_context(num_prompt_tokens: int, max_tokens: int | None,
     return max_tokens
 
 
-async def _aclose(iterator: Any) -> None:
-    close = getattr(iterator, "aclose", None)
-    if close is not None:
-        await close()
-
-
 class TextGeneration:
     """One running generation as text deltas; usage and finish reason once it has ended.
 
@@ -67,13 +61,13 @@ class TextGeneration:
     to start (ServiceError, an Error event) surfaces before any response header is sent.
     """
 
-    def __init__(self, events: Any, first_event: Any, assets: Any, stops: Sequence[str],
-                 num_prompt_tokens: int, finals: list | None = None):
+    def __init__(self, events: Events, first_event: Event, assets: TextAssets,
+                 stops: Sequence[str], num_prompt_tokens: int,
+                 finals: list[Done | Error | None] | None = None):
         self._events = events
         self._finals = finals if finals is not None else []  # the engine's final event
-        self._pending = first_event
+        self._pending: Event | None = first_event
         self._detokenizer = IncrementalDetokenizer(assets, skip_special=True)
-        self._stops = tuple(stops)
         self._matcher = StopMatcher(list(stops))
         self._num_prompt_tokens = num_prompt_tokens
         self._num_completion_tokens = 0
@@ -91,26 +85,24 @@ class TextGeneration:
         self._assets = assets
 
     @classmethod
-    async def start(cls, service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
+    async def start(cls, service: ServiceFacade, assets: TextAssets, prompt_ids: Sequence[int],
                     sampling: SamplingSpec, stops: Sequence[str],
                     slot: int | None) -> TextGeneration:
         """Queue the generation and wait for its first event."""
-        finals: list = []
+        finals: list[Done | Error | None] = []
         request = GenerationRequest(prompt_ids=tuple(prompt_ids), sampling=sampling, slot=slot,
                                     on_final=finals.append)
         events = service.generate(request)
-        if inspect.isawaitable(events):  # a coroutine returning the iterator, or an async gen
-            events = await events
         try:
             first = await anext(events)
         except StopAsyncIteration:
             raise ApiError(500, "the engine ended the generation without a result; retry",
                            "internal") from None
         except BaseException:
-            await _aclose(events)
+            await events.aclose()
             raise
         if isinstance(first, Error):
-            await _aclose(events)
+            await events.aclose()
             raise from_error_event(first)
         return cls(events, first, assets, stops, len(prompt_ids), finals)
 
@@ -127,17 +119,14 @@ class TextGeneration:
                     text = self._push(self._detokenizer.push(list(event.token_ids)))
                 elif isinstance(event, Done):
                     text = self._finish(event.usage)
-                elif isinstance(event, Error):
-                    raise from_error_event(event)
                 else:
-                    raise ApiError(500, f"unexpected engine event {type(event).__name__}",
-                                   "internal")
+                    raise from_error_event(event)
                 if text:
                     yield text
         finally:
             await self.close()
 
-    async def _next(self) -> Any:
+    async def _next(self) -> Event:
         try:
             return await anext(self._events)
         except StopAsyncIteration:
@@ -151,14 +140,11 @@ class TextGeneration:
             emit += self._matcher.flush()
         self._emitted_chars += len(emit)
         if hit:
-            self._on_stop_hit(hit)
+            self._on_stop_hit()
         return emit
 
-    def _on_stop_hit(self, hit: Any) -> None:
-        # The matcher may answer the stop string itself or just True; find it in the raw text.
-        found = hit if isinstance(hit, str) else next(
-            (s for s in self._stops if self._raw_text.startswith(s, self._emitted_chars)), None)
-        self.stop_sequence = found
+    def _on_stop_hit(self) -> None:
+        self.stop_sequence = self._matcher.matched
         self.finish_reason = "stop"
         self._is_stop_string_hit = True
         self._trim_logprobs()
@@ -212,7 +198,7 @@ class TextGeneration:
         """Close the service's iterator, which cancels the generation in the engine."""
         if not self._is_closed:
             self._is_closed = True
-            await _aclose(self._events)
+            await self._events.aclose()
             final = self._finals[-1] if self._finals else None
             if self._is_stop_string_hit and isinstance(final, Done):
                 self._take_engine_usage(final.usage)
@@ -222,7 +208,7 @@ class TextGeneration:
         return "".join([piece async for piece in self.deltas()])
 
 
-async def encode_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
+async def encode_chat(app: web.Application, assets: TextAssets, messages: list[dict[str, Any]],
                       **extra: Any) -> list[int]:
     """Apply the model's chat template and tokenize, off the event loop; template failures
     are the client's 400. extra (tools, enable_thinking, ...) reaches the template."""
@@ -233,7 +219,7 @@ async def encode_chat(app: web.Application, assets: Any, messages: list[dict[str
                           param="messages") from None
 
 
-async def prompt_token_ids(app: web.Application, assets: Any, prompt: Any) -> list[int]:
+async def prompt_token_ids(app: web.Application, assets: TextAssets, prompt: Any) -> list[int]:
     """A prompt string, a list of token ids, or a one-element list of either."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -251,8 +237,9 @@ async def prompt_token_ids(app: web.Application, assets: Any, prompt: Any) -> li
                       "prompts are not supported", param="prompt")
 
 
-async def start_text_generation(service: ServiceFacade, assets: Any, prompt_ids: Sequence[int],
-                                params: Any, grammar: str | None = None,
+async def start_text_generation(service: ServiceFacade, assets: TextAssets,
+                                prompt_ids: Sequence[int], params: GenerationParams,
+                                grammar: str | None = None,
                                 choice: int = 0) -> TextGeneration:
     """Check the prompt fits, then start a generation with the request's GenerationParams,
     its sampling fields left out filled from the service's defaults; grammar (api/grammar.py)

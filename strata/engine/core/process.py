@@ -24,6 +24,7 @@ from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
+from strata.errors import StrataError
 from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
@@ -101,32 +102,29 @@ def storage_error_code(exc: BaseException | None) -> str | None:
 
 
 def error_code(exc: BaseException, command: Any) -> str:
-    """The protocol error code for an exception raised while running `command`."""
-    if isinstance(exc, _CommandRefused):
-        return exc.code
+    """The protocol error code for an exception raised while running `command`: the `code` the
+    exception carries (EngineError subclasses, ArenaMapError, ...), else by its type, never by
+    its class name (tests/core/test_process_errors.py checks)."""
     storage_code = None if isinstance(command, p.Load) else storage_error_code(exc)
-    if storage_code is not None:
+    if storage_code is not None and not isinstance(exc, _CommandRefused):
         return storage_code
-    # An engine error may name its protocol code itself (e.g. code = "not_applicable" on a
-    # dense model's release_experts, "out_of_memory" when VRAM could not be mapped).
     code = getattr(exc, "code", None)
     if isinstance(code, str) and code.isidentifier() and code.islower():
         return code
-    name = type(exc).__name__
-    # ArenaMapError: a load whose arenas could not be mapped (another program holds the VRAM)
-    # is a refusal the host retries, not a failed model.
-    if "OutOfMemory" in name or isinstance(exc, MemoryError) or name == "ArenaMapError":
+    if isinstance(exc, (MemoryError, *_torch_out_of_memory_types())):
         return "out_of_memory"
-    if "NotApplicable" in name:
-        return "not_applicable"
     # The engine's own user-facing errors (StrataError) and bad model files (ModelFormatError,
     # a ValueError) are the caller's to fix, not bugs.
-    is_user_error = any(c.__name__ == "StrataError" for c in type(exc).__mro__) or isinstance(
-        exc, (ValueError, OSError)
-    )
-    if is_user_error:
+    if isinstance(exc, (StrataError, ValueError, OSError)):
         return "load_failed" if isinstance(command, p.Load) else "bad_request"
     return "internal"
+
+
+def _torch_out_of_memory_types() -> tuple[type[BaseException], ...]:
+    """torch's CUDA out-of-memory error, when torch is imported (a standby may not have it)."""
+    torch = sys.modules.get("torch")
+    error = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+    return (error,) if isinstance(error, type) else ()
 
 
 _can_select_pipes = sys.platform != "win32"
@@ -189,6 +187,14 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - reported on Load, where the host listens
             traceback.print_exc(file=sys.stderr)
             self._factory_error = exc
+        # Then what a GPU load would import on its critical path (torch.compile's compiler,
+        # the kernels), still without a CUDA context (issue 18: load from standby).
+        warm_imports = getattr(self._factory, "warm_imports", None)
+        if warm_imports is not None and not self.conn.poll(0):
+            try:
+                warm_imports(self.config)
+            except Exception:  # noqa: BLE001 - the load imports them again and reports it
+                log.warning("warming the standby's imports failed", exc_info=True)
         while True:
             envelope = self.pending.popleft() if self.pending else self.recv()
             if not self.handle(envelope):
@@ -211,8 +217,8 @@ class EngineLoop:
         request_id = command.request_id if isinstance(command, p.Generate) else None
         try:
             if isinstance(command, p.Unload):
-                self._close_engine(for_exit=True)
-                self.send(p.Reply(command_id, {"unloaded": True}))
+                kept = self._close_engine(for_exit=True, keep_sessions_as=command.keep_sessions_as)
+                self.send(p.Reply(command_id, {"unloaded": True, "kept_slots": kept}))
                 return False
             if isinstance(command, p.Generate):
                 self.generate(command)
@@ -222,7 +228,7 @@ class EngineLoop:
             elif isinstance(command, p.GetStatus):
                 self.send(self.status_event(command_id))
             elif isinstance(command, p.Load):
-                self.send(p.Reply(command_id, self.load(command)))
+                self.send(p.Reply(command_id, self.load(command), self.engine_status()))
             elif type(command) in _LEVEL_METHODS:
                 self.send(self.level_command(command, command_id))
             else:
@@ -274,23 +280,25 @@ class EngineLoop:
         return self.config
 
     def status_event(self, command_id: int | None) -> p.Status:
-        if self.engine is None:
-            return p.Status("standby", self._standby_info(), command_id=command_id)
-        info = dict(self.engine.status() or {})
-        state = str(info.pop("state", "loaded"))
-        info["pid"] = os.getpid()
-        return p.Status(state, info, command_id=command_id)
+        return p.Status(self.engine_status(), command_id=command_id)
 
-    def _standby_info(self) -> dict[str, Any]:
+    def engine_status(self) -> p.EngineStatus:
+        """The engine's status, typed once here for every host reader."""
+        if self.engine is None:
+            return p.EngineStatus(p.EngineState.STANDBY, os.getpid(),
+                                  standby=self._standby_info())
+        return p.EngineStatus.of_engine(self.engine.status(), os.getpid())
+
+    def _standby_info(self) -> dict[str, bool]:
         """What a process without a model has ready: the engine module (torch) imported, and
         whether CUDA was touched (it must not be: a standby holds no VRAM)."""
         torch = sys.modules.get("torch")
         is_cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
         return {
-            "pid": os.getpid(),
             "is_factory_imported": self._factory is not None,
             "is_torch_imported": torch is not None,
             "is_cuda_initialized": is_cuda_initialized,
+            "is_compiler_imported": "torch._dynamo" in sys.modules,
         }
 
     def level_command(self, command: Any, command_id: int) -> p.Event:
@@ -300,7 +308,8 @@ class EngineLoop:
             reason = "no model is loaded" if self.engine is None else "this engine has no such level"
             return p.Error("not_applicable", f"{name} does not apply: {reason}", command_id=command_id)
         fields = {f.name: getattr(command, f.name) for f in dataclasses.fields(command)}
-        return p.Reply(command_id, dict(method(**fields) or {}))
+        result = dict(method(**fields) or {})
+        return p.Reply(command_id, result, self.engine_status())
 
     def generate(self, command: p.Generate) -> None:
         rid = command.request_id
@@ -359,13 +368,27 @@ class EngineLoop:
                 usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")
                 self.send(p.Done(request_id, usage))
 
-    def _close_engine(self, for_exit: bool = False) -> None:
+    def _close_engine(self, for_exit: bool = False, keep_sessions_as: str | None = None,
+                      ) -> list[int]:
         """Close the engine; for_exit: the process ends next, so the engine may take its
-        fast path (close_for_exit: VRAM back at once, host memory left to the exit)."""
-        if self.engine is not None:
-            engine, self.engine, self.load_info = self.engine, None, None
-            close = getattr(engine, "close_for_exit", None) if for_exit else None
-            (close or engine.close)()
+        fast path (close_for_exit: VRAM back at once, host memory left to the exit).
+        Returns the slots kept as keep_sessions_as files."""
+        if self.engine is None:
+            return []
+        engine, self.engine, self.load_info = self.engine, None, None
+        close = getattr(engine, "close_for_exit", None) if for_exit else None
+        if close is None:
+            engine.close()
+            return []
+        # close_for_exit destroys the CUDA context: the engine's tensors must never be freed
+        # after it (a pinned tensor's destructor records an event on the dead context and
+        # torch calls terminate: issue 18's unload row), so they live until os._exit.
+        _KEPT_UNTIL_EXIT.append(engine)
+        kept = close(keep_sessions_as) if keep_sessions_as else close()
+        return list(kept or [])
+
+
+_KEPT_UNTIL_EXIT: list[Any] = []  # engines closed for exit: never garbage-collected
 
 
 def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config: Any = None) -> None:
@@ -376,6 +399,11 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     """
     # Ctrl-C in a terminal reaches the whole process group; the host decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Torch's caching allocator keeps a whole segment while any block in it lives: small
+    # buffers left from a prefill held 390 MiB through a sleep (issue 18). Expandable segments
+    # give back every page no live tensor uses. Set before torch is imported; a user's own
+    # setting wins.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     setup_logging("engine", "engine: %(message)s")  # a rotating file where there is no stderr
     loop = EngineLoop(conn, factory, config)
     try:

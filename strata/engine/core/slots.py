@@ -304,6 +304,38 @@ class SlotManager:
     def resident_bytes(self) -> int:
         return sum(c.nbytes for c in self.resident.values())
 
+    def offload_for_exit(self, keep: bool) -> None:
+        """The process exits next: with keep or a persistent store, every history goes to a
+        snapshot (RAM first); then all KV is released. finish_for_exit() writes the files."""
+        if keep or self.store.is_persistent:
+            for slot in list(self.resident):
+                self.in_use.discard(slot)
+                try:
+                    self.offload(slot)
+                except SnapshotWriteError as exc:
+                    log.warning("slot %d's history is lost at exit: %s", slot, exc)
+        for slot in list(self.resident):
+            self._release(slot)
+        self.in_use.clear()
+
+    def finish_for_exit(self, keep_sessions_as: str | None) -> list[int]:
+        """After offload_for_exit, with no GPU needed (the context may be gone): write each
+        stored history to keep_sessions_as.format(slot=N); persistent sessions to their files.
+        The host memory is left to the exit. Returns the slots kept."""
+        kept: list[int] = []
+        if keep_sessions_as is not None:
+            for slot in range(self.num_slots):
+                try:
+                    snapshot = self.store.take(slot)
+                    if snapshot is None:
+                        continue
+                    self.store.save_named(keep_sessions_as.format(slot=slot), snapshot)
+                    kept.append(slot)
+                except (SnapshotInvalid, SnapshotWriteError, OSError) as exc:
+                    log.warning("slot %d's session is not kept over the unload: %s", slot, exc)
+        self.store.close(free_host_memory=False)
+        return kept
+
     def close(self) -> None:
         """Release all KV; with a persistent store, histories are written to disk first."""
         if self.store.is_persistent:

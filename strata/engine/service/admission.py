@@ -16,7 +16,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from strata.engine.service.facade import ServiceError
@@ -38,7 +38,9 @@ class _Waiter:
 class AdmissionGate:
     """Generations share the gate (up to `parallel`); level changes hold it alone; FIFO."""
 
-    def __init__(self, parallel: int, max_queue: int):
+    def __init__(self, parallel: int, max_queue: int,
+                 on_change: Callable[[], None] | None = None):
+        """on_change: called whenever the running or waiting generations may have changed."""
         if parallel < 1:
             raise ValueError(f"parallel must be >= 1, not {parallel}")
         if max_queue < 0:
@@ -50,6 +52,7 @@ class AdmissionGate:
         self._num_waiting = 0  # generations among the waiters
         self._is_exclusive = False  # a level change holds the gate
         self._mean_duration_s: float | None = None
+        self._on_change = on_change or (lambda: None)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -93,6 +96,7 @@ class AdmissionGate:
         """
         if not self._waiters and self._can_share():
             self._running[request_id] = time.monotonic()
+            self._on_change()
             return
         if self._num_waiting >= self.max_queue:
             retry_s = self.retry_after_s()
@@ -111,6 +115,7 @@ class AdmissionGate:
             self._mean_duration_s = duration_s if mean_s is None else (
                 mean_s + _MEAN_WEIGHT * (duration_s - mean_s))
         self._admit_waiters()
+        self._on_change()
 
     # ---- level changes ---------------------------------------------------------------------
 
@@ -126,6 +131,7 @@ class AdmissionGate:
         finally:
             self._is_exclusive = False
             self._admit_waiters()
+            self._on_change()
 
     # ---- queue -----------------------------------------------------------------------------
 
@@ -137,6 +143,7 @@ class AdmissionGate:
         self._waiters.append(waiter)
         if request_id is not None:
             self._num_waiting += 1
+            self._on_change()
         try:
             await waiter.future
         except BaseException:  # cancelled: the client went away, or the server stops
@@ -148,6 +155,7 @@ class AdmissionGate:
                 else:
                     self._running.pop(request_id, None)
             self._admit_waiters()
+            self._on_change()
             raise
 
     def _dequeue(self, waiter: _Waiter) -> None:

@@ -27,9 +27,9 @@ MAX_SHRINK_ROUNDS = 3
 Command = Callable[[Any], Awaitable[Any]]
 
 
-def cache_info(engine_info: Mapping[str, Any]) -> dict[str, int] | None:
-    """{num_slots, max_slots, bytes_per_expert, min_slots} of a partial expert cache, or None."""
-    experts = engine_info.get("experts")
+def cache_info(experts: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """{num_slots, max_slots, bytes_per_expert, min_slots} of a partial expert cache (the
+    engine status' experts), or None."""
     if not isinstance(experts, Mapping) or not experts.get("bytes_per_expert"):
         return None
     max_slots = int(experts.get("max_slots") or experts.get("num_slots") or 0)
@@ -50,10 +50,11 @@ class ExpertShrinker:
         self.read_free_bytes = read_free_bytes
         self.keep_free_bytes: int | None = None  # the target while shrunk; None: not shrunk
 
-    async def shrink(self, command: Command, refresh: Callable[[], Awaitable[Mapping]],
+    async def shrink(self, command: Command, experts: Mapping[str, Any] | None,
                      keep_free_bytes: int) -> dict[str, Any]:
-        """Resize so keep_free_bytes are free (as far as a partial cache can go)."""
-        info = cache_info(await refresh())
+        """Resize so keep_free_bytes are free (as far as a partial cache can go); `experts`:
+        the engine status' expert cache now. `command` keeps the status its replies carry."""
+        info = cache_info(experts)
         if info is None or info["mode"] != "slots":
             raise ServiceError(400, "not_applicable", "shrink experts does not apply: the "
                                "model has no partial expert cache (a dense model, the cache "
@@ -72,7 +73,6 @@ class ExpertShrinker:
             target = info["num_slots"] - slots_to_free(deficit, info["bytes_per_expert"])
             reply = await command(p.ResizeExperts(max(target, 1)))
             result = dict(reply.result)
-            await refresh()  # the status (and any reading made from it) sees the new size
             freed_bytes += int(result.get("freed_bytes") or 0)
             rounds += 1
             if int(result.get("num_slots", info["num_slots"])) >= info["num_slots"]:
@@ -85,10 +85,10 @@ class ExpertShrinker:
                 "free_mib": None if free_after is None else free_after // MIB,
                 "is_target_met": free_after is not None and free_after >= keep_free_bytes}
 
-    async def grow_step(self, command: Command, info: Mapping[str, Any] | None) -> bool:
+    async def grow_step(self, command: Command, experts: Mapping[str, Any] | None) -> bool:
         """Map back as many slots as leave the target free; True when the cache is whole
         again (the grower can stop)."""
-        cache = cache_info(info or {})
+        cache = cache_info(experts)
         if cache is None or self.keep_free_bytes is None:
             return True
         if cache["num_slots"] >= cache["max_slots"]:

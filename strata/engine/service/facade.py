@@ -6,11 +6,14 @@ use a fake engine behind the same Supervisor, so the routes never know which one
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from strata.engine.protocol import Done, Error, SamplingSpec, Tokens
+
+if TYPE_CHECKING:  # the tokenizer library stays out of the facade's import
+    from strata.engine.text.assets import TextAssets
 
 
 class ServiceError(Exception):
@@ -38,8 +41,9 @@ class ServiceFacade(Protocol):
     """The surface the API routes and the tray use."""
 
     @property
-    def text(self) -> Any:
-        """TextAssets of the configured model (tokenizer, chat template); works unloaded."""
+    def text(self) -> TextAssets:
+        """TextAssets of the configured model (tokenizer, chat template); works unloaded.
+        Raises ServiceError (503 not_started) before the service has read them."""
 
     @property
     def model_id(self) -> str: ...
@@ -55,12 +59,12 @@ class ServiceFacade(Protocol):
     def sampling_defaults(self) -> Any:
         """SamplingDefaults (engine/text/sampling_defaults.py) for fields a request leaves out."""
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Tokens | Done | Error]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Tokens | Done | Error, None]:
         """Queue a generation (up to `parallel` run at once, the rest wait FIFO), bring the
         engine up first if it is down.
 
         Raises ServiceError before the first event when it cannot start (503 engine failed or
-        queue full, 400 bad request). Closing the iterator early cancels the generation in the engine.
+        queue full, 400 bad request). Closing the iterator early cancels the generation.
         """
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
@@ -71,3 +75,7 @@ class ServiceFacade(Protocol):
 
     def status(self) -> dict[str, Any]:
         """A snapshot for /v1/status, /health, /metrics; never wakes anything."""
+
+    @property
+    def state_listeners(self) -> list[Callable[[], None]]:
+        """Called on the service loop whenever status() may have changed; no one polls."""

@@ -237,14 +237,6 @@ class RuleEvent:
     is_ok: bool = True
 
 
-
-
-def held_vram_bytes(status: Mapping[str, Any]) -> int:
-    """Bytes Strata holds on the GPU now, summed over the arenas of a status() dict."""
-    arenas = status.get("vram") or {}
-    return sum(int((a or {}).get("resident_bytes") or 0) for a in arenas.values())
-
-
 def gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.1f} GiB"
 

@@ -36,7 +36,6 @@ from strata.engine.service.rules import (
     Rule,
     RuleEvent,
     gib,
-    held_vram_bytes,
     rule_hits,
     rules_from_config,
 )
@@ -361,14 +360,13 @@ class RulesEngine:
             log.exception("a rule-event listener failed")
 
     async def _control(self, action: str, **options: Any) -> dict[str, Any]:
-        return dict(await self.service.control(action, **options) or {})
+        return dict(await self.service.control(action, **options))
 
     async def _fire(self, state: _RuleState) -> None:
         rule = state.rule
         while state.num_new and state.keys:
             state.num_new = 0
             self._restore_epoch += 1  # a restore waiting in its backoff gives up
-            before = held_vram_bytes(self.service.status())
             options: dict[str, Any] = {}
             if rule.action == "unload":
                 options["keep_sessions"] = True  # the conversation survives the unload
@@ -392,13 +390,12 @@ class RulesEngine:
                         f"{rule.name}: could not {rule.action.replace('_', ' ')} "
                         f"({getattr(exc, 'message', exc)})", is_ok=False))
                 return
-            if not result.get("changed", True):
+            if not result["changed"]:
                 log.debug("rule %s: %s changed nothing (%s)", rule.name, rule.action,
                           result.get("reason"))
                 continue
             state.is_applied = True
-            after = held_vram_bytes(self.service.status())
-            freed = int(result.get("freed_bytes") or max(0, before - after))
+            freed = int(result["freed_bytes"])  # the lifecycle computed it, once
             state.freed_bytes += freed
             reason = f"for {state.cause}" if rule.trigger in PROCESS_TRIGGERS \
                 else f"because {state.cause}"

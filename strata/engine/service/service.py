@@ -29,13 +29,8 @@ from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
 from strata.engine.protocol import Done, Error, Tokens
 from strata.engine.service.before_load import DEFAULT_TIMEOUT_S, BeforeLoadHook
 from strata.engine.service.facade import GenerationRequest, ServiceError
-from strata.engine.service.lifecycle import (
-    ALIASES,
-    DOWN_ACTIONS,
-    IDLE_TIMERS,
-    UP_ACTIONS,
-    Lifecycle,
-)
+from strata.engine.service.levels import DOWN_ACTIONS, UP_ACTIONS, Action, State
+from strata.engine.service.lifecycle import IDLE_TIMERS, Lifecycle, slot_row
 from strata.engine.service.metrics import ServiceMetrics
 from strata.engine.service.settings import ServeSettings
 from strata.engine.service.status_schema import ServiceStatus
@@ -136,6 +131,9 @@ class Service:
         # Called on the service loop after every level change, by whoever asked or by an idle
         # timer (cause says which): the tray logs the ones nobody clicked.
         self.level_listeners: list[Callable[[LevelEvent], None]] = []
+        # Called on the service loop whenever status() may have changed (a level, a request
+        # starting or ending, the engine process): the tray re-reads status() then.
+        self.state_listeners: list[Callable[[], None]] = []
         self._vram_reader = vram_reader
         self._has_gpu: bool | None = None  # asked once, for the memory word of "auto"
         self._engine_factory = engine_factory
@@ -249,8 +247,9 @@ class Service:
                 on_change=self._level_changed, parallel=self._engine_config.num_parallel,
                 max_queue=self.settings.max_queue,
             )
+            self._lifecycle.state_listeners.append(self._state_changed)
         try:
-            await self.lifecycle.level_action("load")
+            await self.lifecycle.level_action(Action.LOAD)
         except ServiceError as exc:
             if exc.code == "insufficient_vram":  # working as designed: it loads when VRAM frees
                 log.info("the model waits for VRAM: %s", exc.message)
@@ -336,18 +335,18 @@ class Service:
         (with the reason), 503 when the model cannot come back (Retry-After when VRAM is short).
         """
         lifecycle = self.lifecycle
-        action = ALIASES.get(action, action)
         if action == "slots":
             return {"action": "slots", "slots": await lifecycle.read_slots()}
         if action in SLOT_COMMANDS:
             command = _slot_command(action, kwargs, self.num_slots)
             result = await lifecycle.slot_action(action, command)
             return {"action": action, "result": result, **self.status()}
-        if action not in ACTIONS:
+        level = Action.parse(action)
+        if level is None:
             raise ServiceError(400, "not_applicable",
                                f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
-        options = _level_options(action, kwargs)
-        result = await lifecycle.level_action(action, **options)
+        options = _level_options(level, kwargs)
+        result = await lifecycle.level_action(level, **options)
         return {**self.status(), **result}
 
     def _level_changed(self, action: str, is_ok: bool, cause: str | None = None) -> None:
@@ -364,10 +363,18 @@ class Service:
         return int(config.num_parallel) if config is not None else (
             self.settings.parallel or self.settings.slots)
 
+    def _state_changed(self) -> None:
+        for listener in list(self.state_listeners):
+            try:
+                listener()
+            except Exception:  # a listener's bug must not fail the service
+                log.exception("state listener failed")
+
     def memory_kind(self) -> str:
         """"VRAM" where the engine runs (or would run) on a GPU, "RAM" on the CPU."""
-        info = self._lifecycle.engine_info if self._lifecycle else {}
-        device = str(info.get("device") or self.settings.device)
+        engine = self._lifecycle.engine if self._lifecycle else None
+        device = str(engine.device if engine is not None and engine.device
+                     else self.settings.device)
         if device == "auto":
             if self._has_gpu is None:
                 self._has_gpu = self._vram_reader() is not None
@@ -380,11 +387,11 @@ class Service:
         is status_schema.ServiceStatus, which the test fakes follow too."""
         supervisor_status = self._supervisor.status() if self._supervisor else {}
         lifecycle = self._lifecycle
-        info = lifecycle.engine_info if lifecycle and lifecycle.is_up() else {}
-        slots = info.get("slots")
+        engine = lifecycle.engine if lifecycle and lifecycle.is_up() else None
+        slots = [slot_row(slot) for slot in engine.slots] if engine is not None else []
         return {
-            "state": lifecycle.state() if lifecycle else "unloaded",
-            "levels": lifecycle.levels() if lifecycle else None,
+            "state": lifecycle.state() if lifecycle else State.UNLOADED,
+            "levels": lifecycle.levels().as_dict() if lifecycle else None,
             "vram": lifecycle.vram() if lifecycle else {},
             "memory_kind": self.memory_kind(),
             "idle": lifecycle.idle_countdowns() if lifecycle else {},
@@ -405,11 +412,11 @@ class Service:
                 "pid": supervisor_status.get("pid"),
                 "state": supervisor_status.get("state", "unloaded"),
                 "standby_pid": supervisor_status.get("standby_pid"),
-                "engine_state": lifecycle.engine_state if lifecycle else None,
+                "engine_state": engine_state(lifecycle.engine) if lifecycle else None,
                 "model_info": supervisor_status.get("engine"),
             },
-            "slots": slots if isinstance(slots, list) and slots else None,
-            "experts": info.get("experts"),
+            "slots": slots or None,
+            "experts": engine.experts if engine is not None else None,
             "last_error": (lifecycle.last_error if lifecycle else None)
             or supervisor_status.get("last_error"),
             "last_hook": self._hook.status(),
@@ -422,7 +429,14 @@ class Service:
         }
 
 
-def _level_options(action: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+def engine_state(engine: p.EngineStatus | None) -> str | None:
+    """The engine's own last word (loaded | sleeping); None when it holds no model."""
+    if engine is None or engine.state is p.EngineState.STANDBY:
+        return None
+    return engine.state
+
+
+def _level_options(action: Action, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The options a level action takes (the rules pass them): vram_wait_s on the way up,
     keep_sessions on unload; anything else is a 400 naming it."""
     allowed = {"unload": {"keep_sessions"}, "shrink_experts": {"keep_free_mib"}}.get(
@@ -453,8 +467,7 @@ def _slot_command(action: str, kwargs: dict[str, Any], num_slots: int) -> Any:
     if action == "slot_erase":
         return p.EraseSlot(slot)
     filename = kwargs.get("filename")
-    if not isinstance(filename, str) or not filename or "/" in filename or "\\" in filename \
-            or ".." in filename:
+    if p.filename_problem(filename) is not None:
         raise ServiceError(400, "bad_request",
                            f"{action} needs a plain file name in the snapshot directory, "
                            f"got {filename!r}")

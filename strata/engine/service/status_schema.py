@@ -24,7 +24,6 @@ class SlotStatus(TypedDict):
     location: str  # gpu | cpu (resident), ram | disk (a snapshot), empty
     bytes: int
     is_processing: bool
-    is_running: bool  # a running sequence holds the slot (batching engine, protocol 4)
     n_ctx: int
 
 
@@ -34,7 +33,7 @@ class EngineProcessStatus(TypedDict):
     pid: int | None
     state: str  # supervisor state: unloaded | starting | loaded | failed
     standby_pid: int | None
-    engine_state: str | None  # the engine's own last word: loaded | sleeping
+    engine_state: str | None  # the engine's own last word: loaded | sleeping (EngineState)
     model_info: dict[str, Any] | None  # the engine's load info (model type, device, dtype, ...)
 
 
@@ -81,7 +80,7 @@ class ServiceCounters(TypedDict):
 class ServiceStatus(TypedDict):
     """Service.status(): every level's state, bytes, idle countdowns, slots, engine, counters."""
 
-    state: str  # one of levels.STATES
+    state: str  # a levels.State
     levels: dict[str, str] | None
     vram: dict[str, ArenaBytes]  # {} while nothing is loaded
     memory_kind: str  # "VRAM" on a GPU, "RAM" where the engine runs on the CPU

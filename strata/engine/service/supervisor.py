@@ -36,7 +36,6 @@ __all__ = ["EngineCommandError", "EngineUnavailable", "Supervisor", "describe_ex
 
 log = logging.getLogger(__name__)
 
-STATES = ("unloaded", "starting", "loaded", "failed")
 OUT_OF_MEMORY_RETRY_S = 5.0  # Retry-After of a load the engine refused for want of VRAM
 
 
@@ -78,6 +77,7 @@ class Supervisor:
         self._standby: EngineHandle | None = None  # spawned, no model: the next load uses it
         self._command_ids = itertools.count(1)
         self._bring_up_lock = asyncio.Lock()
+        self.last_exit_code: int | None = None  # of the last model-holding engine process
         self._stop_requested = False  # stop() came while starting: the failure is no crash
         self._context = multiprocessing.get_context("spawn")  # fork would copy CUDA/threads
 
@@ -264,8 +264,12 @@ class Supervisor:
                 "reinstall Strata"
             )
 
-    async def stop(self, timeout_s: float | None = None) -> None:
-        """End the engine process: cancel streams, Unload, join; terminate, then kill if stuck."""
+    async def stop(self, timeout_s: float | None = None,
+                   keep_sessions_as: str | None = None) -> list[int]:
+        """End the engine process: cancel streams, Unload, join; terminate, then kill if stuck.
+
+        keep_sessions_as: the engine writes every slot's history to that file name ("{slot}"
+        in it) once its VRAM is free; returns the slots it kept."""
         if timeout_s is None:
             timeout_s = self.stop_timeout_s
         if self.state == "starting":
@@ -273,20 +277,24 @@ class Supervisor:
             # A load in flight holds nothing to save, and the engine would answer Unload only
             # after the load: end the process now (Ctrl-C during a load stops at once).
             timeout_s = 0.0
-        await self._shut_down(self._handle, timeout_s)
+        kept = await self._shut_down(self._handle, timeout_s, keep_sessions_as)
         self.load_info = None
         if self.state != "failed" or self.retry_in_s == 0:  # failed stays visible while backing off
             self._set_state("unloaded")
+        return kept
 
-    async def _shut_down(self, handle: EngineHandle | None, timeout_s: float) -> None:
+    async def _shut_down(self, handle: EngineHandle | None, timeout_s: float,
+                         keep_sessions_as: str | None = None) -> list[int]:
+        kept: list[int] = []
         if handle is None:
-            return
+            return kept
         handle.is_exit_expected = True
         if handle.is_alive:
             for request_id in list(handle.streams):
                 self._try_send(handle, p.Cancel(request_id))
             try:
-                await self._command(handle, p.Unload(), timeout_s)
+                reply = await self._command(handle, p.Unload(keep_sessions_as), timeout_s)
+                kept = list(getattr(reply, "result", {}).get("kept_slots") or [])
             except (EngineCommandError, TimeoutError):
                 pass  # dead or stuck: the join below ends it either way
         loop = asyncio.get_running_loop()
@@ -307,6 +315,7 @@ class Supervisor:
             log.warning("engine reader of pid %d did not report the exit", handle.pid)
         if self._handle is handle:
             self._handle = None
+        return kept
 
     def kill(self, reason: str) -> None:
         """Kill the engine at once (it is stuck); its requests fail and the next one restarts."""
@@ -485,6 +494,8 @@ class Supervisor:
 
     def _on_exit(self, handle: EngineHandle, exit_code: int | None) -> None:
         handle.is_alive = False
+        if handle is self._handle:
+            self.last_exit_code = exit_code  # 0 after a clean Unload; an abort is a bug
         reason = handle.kill_reason or describe_exit(exit_code)
         message = f"the engine process (pid {handle.pid}) {reason}"
         if not handle.ready.done():

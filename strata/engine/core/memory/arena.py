@@ -59,7 +59,10 @@ class ArenaFullError(ArenaError):
 
 
 class ArenaMapError(ArenaError):
-    """Mapping failed for lack of memory; nothing of the attempt stays mapped."""
+    """Mapping failed for lack of memory; nothing of the attempt stays mapped. A load that
+    meets it is a refusal the host retries (another program holds the VRAM), not a bad model."""
+
+    code = "out_of_memory"  # the protocol error the engine process answers
 
     def __init__(self, message: str, arena_name: str, missing_bytes: int):
         super().__init__(message)

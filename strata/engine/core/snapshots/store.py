@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import ntpath
 import os
 import re
 import tempfile
@@ -37,11 +36,11 @@ from strata.engine.core.snapshots.errors import (
 from strata.engine.core.snapshots.host_pool import HostPool
 from strata.engine.core.snapshots.kv_state import KVLayout, KVSnapshot
 from strata.engine.core.snapshots.safe_files import prepare_dir
+from strata.engine.protocol import filename_problem
 
 log = logging.getLogger(__name__)
 
 RAM, DISK = "ram", "disk"
-MAX_FILENAME_CHARS = 255
 _MIB = 1 << 20
 
 
@@ -58,19 +57,14 @@ class _Entry:
 
 
 def check_filename(filename: object) -> str:
-    """A plain file name for an explicit slot save; raises SnapshotNameError otherwise."""
+    """A plain file name for an explicit slot save (protocol.filename_problem, the one check);
+    raises SnapshotNameError otherwise."""
+    problem = filename_problem(filename)
+    if problem is None:
+        return str(filename)
     if not isinstance(filename, str) or not filename.strip():
         raise SnapshotNameError("the slot file name is empty: pass a plain name such as 'chat1.bin'")
-    is_unsafe = (
-        "/" in filename or "\\" in filename or ".." in filename or "\0" in filename
-        or ntpath.isabs(filename) or bool(ntpath.splitdrive(filename)[0]) or os.path.isabs(filename)
-    )
-    if is_unsafe or len(filename) > MAX_FILENAME_CHARS:
-        raise SnapshotNameError(
-            f"slot file name {filename[:80]!r} is not a plain name (no '/', '\\', '..', drive or "
-            f"NUL, at most {MAX_FILENAME_CHARS} characters): slots are saved inside the snapshot directory"
-        )
-    return filename
+    raise SnapshotNameError(f"{problem}: slots are saved inside the snapshot directory")
 
 
 class SnapshotStore:
@@ -342,8 +336,10 @@ class SnapshotStore:
 
     # ---- lifetime --------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Persistent: write RAM snapshots to their files. Otherwise: free RAM, delete files."""
+    def close(self, free_host_memory: bool = True) -> None:
+        """Persistent: write RAM snapshots to their files. Otherwise: free RAM, delete files.
+        free_host_memory=False leaves the pinned pool to the process exit (the CUDA context
+        may already be gone, and unregistering needs it)."""
         for entry in sorted(self._entries.values(), key=lambda e: e.order):
             if self.is_persistent and entry.location == RAM:
                 try:
@@ -355,4 +351,5 @@ class SnapshotStore:
                 self._discard(entry)
             entry.snapshot = None  # its pool block returns once no one else holds it
         self._entries.clear()
-        self.host_pool.close()
+        if free_host_memory:
+            self.host_pool.close()
