@@ -29,6 +29,7 @@ class FakeService:
         self.text = text
         self.model_id = model_id
         self.context_tokens = context_tokens
+        self.num_slots = 4
         self.sampling_defaults = SamplingDefaults()  # a model without its own: llama.cpp's
         self.reply_text = reply_text
         self.state = "loaded"
@@ -41,6 +42,7 @@ class FakeService:
         self.is_endless = False
         self.token_delay_s = 0.0
         self.num_closed_early = 0
+        self.done_slots: list[int] = []  # Done.slot of each generation, in order
         self.closed_early = asyncio.Event()
         self.counters = counters(tokens_per_second=12.5)
 
@@ -77,7 +79,11 @@ class FakeService:
         reason = "length" if num_emitted == request.sampling.max_tokens else "stop"
         self.counters["requests_total"] += 1
         self.counters["completion_tokens_total"] += num_emitted
-        yield Done(rid, Usage(len(request.prompt_ids), num_emitted, CACHED_TOKENS, reason))
+        # As the engine: a request without a slot gets one (here the next in turn: LRU).
+        slot = request.slot if request.slot is not None else (
+            (len(self.requests) - 1) % self.num_slots)
+        self.done_slots.append(slot)
+        yield Done(rid, Usage(len(request.prompt_ids), num_emitted, CACHED_TOKENS, reason), slot)
 
     def _logprobs(self, token: int, num_top: int | None) -> tuple[TokenLogprob, ...]:
         # As the real engine: one record per token when asked, with num_top alternatives.

@@ -76,7 +76,7 @@ async def test_slot_ids_in_range_work(client, service):
 
 
 @pytest.mark.parametrize("value,needle", [
-    (4, "'id_slot' is 4"), (-1, "'id_slot' is -1"), ("1", "must be an integer"),
+    (4, "'id_slot' is 4"), (-2, "'id_slot' is -2"), ("1", "must be an integer"),
     (True, "must be an integer"), (1.5, "must be an integer"), (1e300, "slots are 0..3"),
 ])
 async def test_body_slot_uses_the_same_validator(client, service, value, needle):
@@ -86,13 +86,46 @@ async def test_body_slot_uses_the_same_validator(client, service, value, needle)
     assert service.calls == []
 
 
-def test_one_slot_count_for_host_and_engine():
-    from strata.engine import protocol
-    from strata.engine.api import validation
-    from strata.engine.service import service
+@pytest.mark.parametrize("body", [{}, {"id_slot": -1}, {"id_slot": None}],
+                         ids=["no slot field", "id_slot -1", "id_slot null"])
+async def test_a_request_without_a_slot_lets_the_engine_pick(client, service, body):
+    resp = await client.post("/v1/chat/completions", json={"messages": USER, **body})
+    assert resp.status == 200, await resp.text()
+    assert service.requests[-1].slot is None
 
-    assert validation.NUM_CACHE_SLOTS is protocol.NUM_CACHE_SLOTS
-    assert not hasattr(service, "NUM_CACHE_SLOTS")
+
+async def test_strata_cache_slot_minus_one_is_refused(client, service):
+    resp = await client.post("/v1/chat/completions",
+                             json={"messages": USER, "strata_cache_slot": -1})
+    assert resp.status == 400 and "'strata_cache_slot' is -1" in await resp.text()
+
+
+async def test_slot_ids_follow_the_configured_slot_count(client, service):
+    # The server's --slots, not protocol.NUM_CACHE_SLOTS: 6 slots take 5, refuse 6.
+    service.num_slots = 6
+    for route, body in (("/v1/chat/completions", {"messages": USER}),
+                        ("/v1/messages", {"messages": USER, "max_tokens": 4}),
+                        ("/completion", {"prompt": "hi"}),
+                        ("/api/chat", {"model": "tiny-test-model", "messages": USER,
+                                       "stream": False})):
+        for name in ("strata_cache_slot", "id_slot"):
+            if route == "/completion" and name == "strata_cache_slot":
+                continue  # llama.cpp's route takes id_slot only
+            ok = await client.post(route, json={**body, name: 5})
+            assert ok.status == 200, (route, name, await ok.text())
+            assert service.requests[-1].slot == 5
+            refused = await client.post(route, json={**body, name: 6})
+            assert refused.status == 400, (route, name)
+            assert "slots are 0..5" in await refused.text()
+    assert (await client.post("/slots/5?action=erase")).status == 200
+    assert (await client.post("/slots/6?action=erase")).status == 400
+    props = await (await client.get("/props")).json()
+    assert props["total_slots"] == 6
+    document = await (await client.get("/openapi.json")).json()
+    chat = document["components"]["schemas"]
+    maxima = {s["properties"][f]["maximum"] for s in chat.values() if isinstance(s, dict)
+              for f in ("strata_cache_slot", "id_slot") if f in s.get("properties", {})}
+    assert maxima == {5}
 
 
 async def test_odd_bytes_in_the_query_are_a_400(client, service):

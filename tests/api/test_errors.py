@@ -73,7 +73,7 @@ CASES = [
     ("POST", CHAT, {"messages": USER, "stream_options": 1}, 400, "must be an object"),
     ("POST", CHAT, {"messages": USER, "strata_cache_slot": 4}, 400,
      "'strata_cache_slot' is 4"),
-    ("POST", CHAT, {"messages": USER, "id_slot": -1}, 400, "'id_slot' is -1"),
+    ("POST", CHAT, {"messages": USER, "id_slot": -2}, 400, "'id_slot' is -2"),
     ("POST", CHAT, {"messages": USER, "logprobs": "yes"}, 400, "true or false"),
     ("POST", CHAT, {"messages": LONG}, 400, "the context is 512 tokens"),
     ("POST", CHAT, {"messages": USER, "max_tokens": 600}, 400, "the context is 512 tokens"),

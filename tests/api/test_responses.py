@@ -60,9 +60,10 @@ async def test_follow_up_continues_the_conversation_in_its_slot(oai, service):
     follow = await oai.responses.create(model="m", input="And why?",
                                         previous_response_id=first.id)
     first_request, other_request, follow_request = service.requests
-    # The follow-up's prompt starts with the first turn's prompt, in the same slot, while
-    # the other conversation went to another slot.
-    assert follow_request.slot == first_request.slot != other_request.slot
+    # New conversations name no slot (the engine picks); the follow-up runs in the slot the
+    # engine reported for the first turn (Done.slot), not the other conversation's.
+    assert first_request.slot is None and other_request.slot is None
+    assert follow_request.slot == service.done_slots[0] != service.done_slots[1]
     assert follow_request.prompt_ids[:len(first_request.prompt_ids)] == \
         first_request.prompt_ids
     history = service.text.decode(list(follow_request.prompt_ids), skip_special=False)

@@ -94,7 +94,9 @@ async def test_n_choices_each_with_its_index_seed_and_usage(client, service):
     body = await (await client.post(CHAT, json={"messages": USER, "n": 3, "seed": 10})).json()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert [r.sampling.seed for r in service.requests] == [10, 11, 12]
-    assert {r.slot for r in service.requests} == {0}  # one slot: the prompt's K/V is shared
+    # No slot named: the engine picks, and one after another the same prompt finds the slot
+    # whose cached prefix it shares, so the prompt's K/V is prefilled once.
+    assert {r.slot for r in service.requests} == {None}
     num_reply = len(service.reply_ids())
     assert body["usage"]["completion_tokens"] == 3 * num_reply
     assert body["usage"]["prompt_tokens"] == len(service.requests[0].prompt_ids)

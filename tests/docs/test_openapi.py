@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from aiohttp import web
@@ -59,9 +60,12 @@ def test_path_parameters_are_declared():
 
 
 async def test_served_at_openapi_json_with_the_request_host(aiohttp_client):
-    client = await aiohttp_client(create_app(object()))  # the route never touches the service
+    # The route reads only the server's slot count (--slots) from the service.
+    client = await aiohttp_client(create_app(SimpleNamespace(num_slots=6)))
     response = await client.get("/openapi.json")
     assert response.status == 200
     document = await response.json()
     assert document["servers"] == [{"url": f"http://{client.host}:{client.port}"}]
+    slot_param = document["paths"]["/slots/{slot_id}"]["post"]["parameters"][0]
+    assert slot_param["schema"]["maximum"] == 5
     assert "/v1/chat/completions" in document["paths"]

@@ -33,7 +33,8 @@ CRASH_TOKEN = 999_999  # the engine process calls os._exit(1) after the first ne
 RAISE_TOKEN = 999_998  # generate raises RuntimeError after the first new token
 CRASH_EXIT_CODE = 1
 MIB = 1 << 20
-NUM_SLOTS = 4
+NUM_SLOTS = 4  # the default of EngineConfig.num_slots
+MIN_PREFIX_TOKENS = 16  # a slot is picked by prefix when it shares >= max(16, half the prompt)
 NUM_EXPERT_SLOTS = 64  # the fake MoE's expert cache, like a partial one (slots mode)
 NUM_EXPERTS = 8  # per layer: the fewest slots a resize keeps, as the engine's floor
 MODULE_IMPORTED_AT_S = time.time()  # about when this engine process started importing
@@ -70,6 +71,12 @@ class FakeEngineConfig:
     oom_file: str | None = None  # while this file exists, load, wake and refill fail out_of_memory
     snapshot_dir: str | None = None  # where save_slot writes; None: a temp dir per engine
     slot_delay_s: float = 0.0  # restore_slot sleeps this long first: a slot command that hangs
+    num_slots: int = NUM_SLOTS  # as EngineConfig: --slots
+    parallel: int = 0  # as EngineConfig: --parallel, 0 = one per slot
+
+    @property
+    def num_parallel(self) -> int:
+        return self.parallel or self.num_slots
 
 
 def expected_tokens(prompt_ids: Sequence[int], max_tokens: int, vocab_size: int = 512) -> list[int]:
@@ -144,6 +151,9 @@ class FakeEngine:
         self._logprobs: list[TokenLogprob] = []
         self.slot_tokens: dict[int, list[int]] = {}  # resident KV, per slot
         self.in_use: set[int] = set()  # slots generating now
+        self.last_used: dict[int, int] = {}  # slot -> tick of its last use, for LRU
+        self._tick = 0
+        self.last_slot: int | None = None  # the slot the last generation ran in (Done.slot)
         self.offloaded: dict[int, list[int]] = {}  # snapshots in "host RAM"
         self.context_tokens = config.context_tokens or 4096
         self.arenas: dict[str, FakeArena] = {}
@@ -177,7 +187,7 @@ class FakeEngine:
             self.arenas["experts"] = FakeArena("experts", self.config.expert_bytes)
             self.arenas["experts"].set_resident(self.config.expert_bytes)
             self.num_expert_slots = NUM_EXPERT_SLOTS
-        kv_reserved = NUM_SLOTS * self.context_tokens * self.config.kv_bytes_per_token
+        kv_reserved = self.config.num_slots * self.context_tokens * self.config.kv_bytes_per_token
         self.arenas["kv"] = FakeArena("kv", kv_reserved)
         self.is_loaded = True
         return self.info()
@@ -215,8 +225,28 @@ class FakeEngine:
         records, self._logprobs = self._logprobs, []
         return records
 
+    def pick_slot(self, prompt: Sequence[int]) -> int:
+        """As the batching engine picks for Generate.slot None: the idle slot sharing the
+        longest prefix with the prompt if it is >= max(16, half the prompt), else the least
+        recently used idle slot."""
+        idle = [s for s in range(self.config.num_slots) if s not in self.in_use]
+        if not idle:
+            raise FakeEngineError("every slot is running a sequence")
+
+        def shared(slot: int) -> int:
+            history = self.slot_tokens.get(slot, self.offloaded.get(slot, []))
+            n = 0
+            while n < min(len(history), len(prompt)) and history[n] == prompt[n]:
+                n += 1
+            return n
+
+        best = max(idle, key=lambda s: (shared(s), -self.last_used.get(s, -1)))
+        if shared(best) >= max(MIN_PREFIX_TOKENS, len(prompt) // 2):
+            return best
+        return min(idle, key=lambda s: self.last_used.get(s, -1))
+
     def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int = 0
+        self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int | None = 0
     ) -> Iterator[list[int]]:
         """One request alone, as Engine.generate."""
         self._check_request(prompt_ids, sampling)

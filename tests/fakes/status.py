@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from strata.engine.service.latency import LatencyHistograms
+
 IDLE_KEYS = ("cache_release", "session_offload", "sleep", "unload")
 
 
@@ -17,7 +19,8 @@ def counters(**changes: Any) -> dict[str, Any]:
         "requests_total": 0, "rejected_total": 0, "prompt_tokens_total": 0,
         "completion_tokens_total": 0, "cached_tokens_total": 0, "tokens_per_second": 0.0,
         "last_prompt_tokens": 0, "last_completion_tokens": 0, "finish_reasons": {},
-        "errors": {}, "level_changes": {}, "level_failures": {}, **changes,
+        "errors": {}, "level_changes": {}, "level_failures": {},
+        **LatencyHistograms().snapshot(), **changes,
     }
 
 
@@ -37,6 +40,7 @@ def service_status(*, model: str, state: str = "loaded", **changes: Any) -> dict
         "model_path": f"/models/{model}.gguf",
         "context_tokens": 4096,
         "queue_length": 0,
+        "batch": {"running": 0, "waiting": 0, "parallel": 4, "max_queue": 64, "num_slots": 4},
         "is_busy": False,
         "active_request_id": None,
         "engine_pid": 4242 if is_up else None,
@@ -56,4 +60,7 @@ def service_status(*, model: str, state: str = "loaded", **changes: Any) -> dict
     }
     unknown = set(changes) - set(status)
     assert not unknown, f"not in the real status: {sorted(unknown)}"
+    if "batch" not in changes:  # a fake that says it is busy or has a queue: the batch agrees
+        status["batch"] = {**status["batch"], "waiting": changes.get("queue_length", 0),
+                           "running": int(bool(changes.get("is_busy")))}
     return {**status, **changes}

@@ -63,24 +63,33 @@ async def test_generate_streams_tokens_and_counts_usage(service, tiny_model_dir)
     assert status["model"] == tiny_model_dir.name and status["context_tokens"] == 4096
 
 
-async def test_concurrent_requests_run_one_at_a_time_in_arrival_order(service):
-    finished: list[int] = []
-    queue_lengths: list[int] = []
+async def test_requests_beyond_parallel_wait_and_start_in_arrival_order(tiny_model_dir):
+    service = make_service(tiny_model_dir, token_delay_s=0.005, num_slots=2)  # parallel 2
+    await service.start()
+    started: list[int] = []
+    batches: list[dict] = []
 
     async def run(i: int) -> list:
-        events = await drain(service.generate(request([100 + i], max_tokens=5 + i)))
-        finished.append(i)
+        events = []
+        async for event in service.generate(request([100 + i], max_tokens=5 + i, slot=None)):
+            if not events:
+                started.append(i)
+            events.append(event)
         return events
 
-    tasks = []
-    for i in range(5):
-        tasks.append(asyncio.create_task(run(i)))
-        await asyncio.sleep(0)  # let it reach the lane's queue, so arrival order is i
-    await asyncio.sleep(0.01)
-    queue_lengths.append(service.status()["queue_length"])
-    results = await asyncio.gather(*tasks)
-    assert finished == [0, 1, 2, 3, 4]
-    assert queue_lengths[0] >= 3  # one runs, the rest wait
+    try:
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.create_task(run(i)))
+            await asyncio.sleep(0)  # let it reach the gate's queue, so arrival order is i
+        await asyncio.sleep(0.01)
+        batches.append(service.status()["batch"])
+        results = await asyncio.gather(*tasks)
+    finally:
+        await service.stop()
+    assert started == [0, 1, 2, 3, 4]
+    assert batches[0]["running"] == 2 and batches[0]["waiting"] == 3  # two run, three wait
+    assert batches[0]["parallel"] == 2 and batches[0]["num_slots"] == 2
     for i, events in enumerate(results):
         assert token_ids(events) == expected_tokens([100 + i], 5 + i)  # none lost or mixed
         assert len({e.request_id for e in events}) == 1

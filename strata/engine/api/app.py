@@ -19,7 +19,6 @@ from strata.engine.api.origins import DEFAULT_ALLOWED_ORIGINS
 from strata.engine.api.responses_store import ResponseStore
 from strata.engine.api.routes import setup_routes
 from strata.engine.api.security import add_cors_headers, security_middleware
-from strata.engine.protocol import NUM_CACHE_SLOTS
 from strata.engine.service.facade import ServiceFacade
 
 
@@ -42,6 +41,6 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
                                                      *(o.rstrip("/") for o in allowed_origins)))
     app.on_response_prepare.append(add_cors_headers)
     app.cleanup_ctx.append(cpu_pool_context)
-    app[RESPONSES_KEY] = ResponseStore(NUM_CACHE_SLOTS)
+    app[RESPONSES_KEY] = ResponseStore()
     setup_routes(app)
     return app

@@ -60,13 +60,13 @@ def check_slot_filename(filename: Any) -> str:
 async def slot_action(request: web.Request) -> web.Response:
     """POST /slots/{id}?action=save|restore|erase with {"filename": ...} for save/restore;
     answers llama.cpp's payload (id_slot, filename, n_saved|n_restored|n_erased, ...)."""
-    slot = parse_slot(request.match_info["slot_id"], "id_slot")
+    service = request.app[SERVICE_KEY]
+    slot = parse_slot(request.match_info["slot_id"], "id_slot", service.num_slots)
     name = request.query.get("action", "")
     if name not in _SLOT_ACTIONS:
         raise bad_request(f"action {name[:20]!r} is unknown; use ?action=save, restore or erase",
                           param="action")
     body = await read_json_object(request, allow_empty=(name == "erase"))
-    service = request.app[SERVICE_KEY]
     if name == "erase":
         answer = await service.control("slot_erase", slot=slot)
     else:

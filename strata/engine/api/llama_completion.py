@@ -81,13 +81,14 @@ def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
                           "or a number of tokens, or /tokenize to count a prompt",
                           param="n_predict")
     seed = v.get_int(body, "seed", -1)
-    slot = v.get_int(body, "id_slot", -1, minimum=-1, maximum=v.NUM_CACHE_SLOTS - 1)
+    slot = v.get_int(body, "id_slot", -1, minimum=-1)  # -1: any slot (the engine picks)
     return GenerationParams(
         max_tokens=None if n_predict == -1 else n_predict,
         temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
         top_k=v.get_top_k(body), min_p=v.get_min_p(body),
         seed=None if seed == -1 else v.get_seed(body), stops=v.get_stop_strings(body, "stop"),
-        is_stream=v.get_bool(body, "stream"), include_usage=False, slot=max(slot, 0),
+        is_stream=v.get_bool(body, "stream"), include_usage=False,
+        slot=None if slot == -1 else slot, slot_param="id_slot",
         penalties=parse_penalties(body), logit_bias=_logit_bias(body),
         num_logprobs=v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None)
 
@@ -107,10 +108,19 @@ def _final(generation: TextGeneration, params: GenerationParams, model: str) -> 
     usage = generation.usage
     stop_type = ("word" if generation.stop_sequence is not None
                  else "limit" if generation.finish_reason == "length" else "eos")
-    return {"stop": True, "model": model, "id_slot": params.slot, "stop_type": stop_type,
+    return {"stop": True, "model": model, "id_slot": _slot(generation, params),
+            "stop_type": stop_type,
             "stopping_word": generation.stop_sequence or "",
             "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens,
             "tokens_cached": usage.cached_tokens, "truncated": False}
+
+
+def _slot(generation: TextGeneration, params: GenerationParams) -> int:
+    """The slot the engine used (llama.cpp answers it), else the one asked, else -1."""
+    for slot in (generation.slot, params.slot):
+        if slot is not None:
+            return slot
+    return -1
 
 
 def _probabilities(generation: TextGeneration, params: GenerationParams, assets: Any) -> dict:
@@ -147,7 +157,7 @@ async def answer_completion(request: web.Request, assets: Any, prompt_ids: list[
         async with contextlib.aclosing(generation.deltas()) as deltas:
             async for text in deltas:
                 await sse.send_data(response, {"content": text, "stop": False,
-                                               "id_slot": params.slot,
+                                               "id_slot": _slot(generation, params),
                                                **_probabilities(generation, params, assets)})
         await sse.send_data(response, {"content": "", **_final(generation, params,
                                                                 service.model_id),

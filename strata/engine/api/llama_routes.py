@@ -17,7 +17,7 @@ from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
 from strata.engine.api.redact import file_name, redact
 from strata.engine.api.textgen import text_assets
-from strata.engine.api.validation import NUM_CACHE_SLOTS, get_bool, read_json_object
+from strata.engine.api.validation import get_bool, read_json_object
 from strata.engine.service.levels import State, resident_bytes
 from strata.engine.text.token_bytes import token_piece
 from strata.units import MIB
@@ -52,7 +52,7 @@ async def props(request: web.Request) -> web.Response:
     return web.json_response({
         "n_ctx": n_ctx, "default_generation_settings": {
             "n_ctx": n_ctx, "params": defaults.params(), "sources": dict(defaults.sources)},
-        "total_slots": NUM_CACHE_SLOTS, "build_info": f"strata {STRATA_VERSION}",
+        "total_slots": service.num_slots, "build_info": f"strata {STRATA_VERSION}",
         "modalities": {"vision": False, "audio": False},  # text in, text out
         # llama.cpp's field, but the file name only: where the server keeps it is its own.
         "model_path": file_name(str(status.get("model_path") or status.get("model")
@@ -84,7 +84,7 @@ async def slots(request: web.Request) -> web.Response:
     if isinstance(reported, list):
         return web.json_response(redact(reported), dumps=_dumps)
     return web.json_response([{"id": i, "n_ctx": service.context_tokens}
-                              for i in range(NUM_CACHE_SLOTS)])
+                              for i in range(service.num_slots)])
 
 
 async def tokenize(request: web.Request) -> web.Response:

@@ -22,8 +22,22 @@ _METRICS = (
      ("cached_tokens_total",)),
     ("strata_tokens_per_second", "gauge", "Decode speed of the last request.",
      ("tokens_per_second",)),
-    ("strata_queue_length", "gauge", "Requests waiting for the generation lane.",
+    ("strata_queue_length", "gauge", "Requests waiting for a place to generate.",
      ("queue_length",)),
+)
+# (metric name, help, key in status()["batch"])
+_BATCH_GAUGES = (
+    ("strata_requests_running", "Generations running in the engine's batch.", "running"),
+    ("strata_requests_waiting", "Generations waiting in the host's queue.", "waiting"),
+)
+# (metric name, help, key in status()["counters"]): latency.LatencyHistograms' snapshots.
+_HISTOGRAMS = (
+    ("strata_time_to_first_token_seconds",
+     "From a request's arrival (queue wait included) to its first token.", "ttft_s"),
+    ("strata_inter_token_latency_seconds", "Between consecutive tokens of a stream.",
+     "inter_token_s"),
+    ("strata_request_duration_seconds", "From a request's arrival to its last event.",
+     "request_s"),
 )
 
 
@@ -62,8 +76,28 @@ def render_metrics(status: dict[str, Any]) -> str:
               "# TYPE strata_state gauge"]
     for known in dict.fromkeys((*KNOWN_STATES, state)):
         lines.append(f'strata_state{{state="{_escape_label(known)}"}} {int(known == state)}')
+    batch = status.get("batch") if isinstance(status.get("batch"), dict) else {}
+    for name, help_text, key in _BATCH_GAUGES:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
+                  f"{name} {_format(_number(batch.get(key)) or 0.0)}"]
+    counters = status.get("counters") if isinstance(status.get("counters"), dict) else {}
+    for name, help_text, key in _HISTOGRAMS:
+        lines += _histogram_lines(name, help_text, counters.get(key))
     lines += _arena_lines(status)
     return "\n".join(lines) + "\n"
+
+
+def _histogram_lines(name: str, help_text: str, histogram: Any) -> list[str]:
+    """A Prometheus histogram: cumulative _bucket{le=...} lines, +Inf, _sum and _count."""
+    if not isinstance(histogram, dict):
+        return []
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    for bound_s, count in zip(histogram["le_s"], histogram["counts"], strict=True):
+        lines.append(f'{name}_bucket{{le="{_format(float(bound_s))}"}} {count}')
+    lines += [f'{name}_bucket{{le="+Inf"}} {histogram["count"]}',
+              f"{name}_sum {_format(float(histogram['sum_s']))}",
+              f"{name}_count {histogram['count']}"]
+    return lines
 
 
 def _arena_lines(status: dict[str, Any]) -> list[str]:

@@ -115,7 +115,7 @@ def parse_ollama(body: dict, *, refuse: tuple[str, ...] = ()) -> OllamaRequest:
         temperature=v.get_temperature(options, maximum=2.0), top_p=v.get_top_p(options),
         top_k=v.get_top_k(options), min_p=v.get_min_p(options), seed=v.get_seed(options),
         stops=_stops(options), is_stream=v.get_bool(body, "stream", True),
-        include_usage=True, slot=v.get_cache_slot(body), penalties=parse_penalties(options))
+        include_usage=True, **v.get_cache_slot(body), penalties=parse_penalties(options))
     return OllamaRequest(params=params, model=model,
                          keep_alive_s=parse_keep_alive(body.get("keep_alive")),
                          context_tokens=v.get_int(options, "num_ctx", None, minimum=1),

@@ -14,7 +14,9 @@ from aiohttp import web
 
 from strata import __version__
 from strata.engine.api import openapi_embeddings, openapi_ollama, openapi_responses
-from strata.engine.api.validation import MAX_STOP_STRINGS, NUM_CACHE_SLOTS
+from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.validation import MAX_STOP_STRINGS
+from strata.engine.protocol import NUM_CACHE_SLOTS
 
 _JSON = "application/json"
 
@@ -39,8 +41,11 @@ _STRING_OR_TEXT_PARTS = {"oneOf": [
     {"type": "string"},
     {"type": "array", "items": _obj({"type": {"const": "text"}, "text": {"type": "string"}},
                                     ("type", "text"))}]}
-_SLOT = {"type": "integer", "minimum": 0, "maximum": NUM_CACHE_SLOTS - 1, "default": 0,
-         "description": "KV cache slot: each keeps its own conversation prefix for reuse"}
+_SLOT = {"type": "integer", "minimum": 0, "maximum": NUM_CACHE_SLOTS - 1,
+         "description": "KV cache slot: each keeps its own conversation prefix for reuse; "
+         "left out, the server picks the slot sharing the longest prefix"}
+# Where the slot ids' maximum is, set per server from its configured --slots.
+_SLOT_FIELDS = ("strata_cache_slot", "id_slot")
 _STOPS = {"oneOf": [{"type": "string", "minLength": 1},
                     {"type": "array", "maxItems": MAX_STOP_STRINGS,
                      "items": {"type": "string", "minLength": 1}}]}
@@ -417,14 +422,32 @@ def _document() -> dict[str, Any]:
     }
 
 
-def openapi_document(server_url: str | None = None) -> dict[str, Any]:
-    """The OpenAPI 3.1 document; server_url (e.g. http://127.0.0.1:8080) fills `servers`."""
+def openapi_document(server_url: str | None = None,
+                     num_slots: int = NUM_CACHE_SLOTS) -> dict[str, Any]:
+    """The OpenAPI 3.1 document; server_url (e.g. http://127.0.0.1:8080) fills `servers`,
+    num_slots (the server's --slots) the slot ids' maximum."""
     document = copy.deepcopy(_document())
     if server_url:
         document["servers"] = [{"url": server_url}]
+    _set_slot_maximum(document, num_slots - 1)
     return document
+
+
+def _set_slot_maximum(node: Any, maximum: int) -> None:
+    """Every slot id field and /slots/{slot_id} parameter gets this maximum."""
+    if isinstance(node, list):
+        for item in node:
+            _set_slot_maximum(item, maximum)
+    elif isinstance(node, dict):
+        if node.get("name") == "slot_id" and isinstance(node.get("schema"), dict):
+            node["schema"]["maximum"] = maximum
+        for key, value in node.items():
+            if key in _SLOT_FIELDS and isinstance(value, dict) and "maximum" in value:
+                value["maximum"] = maximum
+            _set_slot_maximum(value, maximum)
 
 
 async def openapi_json(request: web.Request) -> web.Response:
     """GET /openapi.json."""
-    return web.json_response(openapi_document(f"{request.scheme}://{request.host}"))
+    num_slots = request.app[SERVICE_KEY].num_slots
+    return web.json_response(openapi_document(f"{request.scheme}://{request.host}", num_slots))

@@ -44,11 +44,12 @@ class GenerationParams:
     stops: tuple[str, ...]
     is_stream: bool
     include_usage: bool
-    slot: int
+    slot: int | None  # None: the engine picks (the longest cached prefix, else LRU)
     penalties: Penalties = NO_PENALTIES
     logit_bias: tuple[tuple[int, float], ...] = ()
     num_logprobs: int | None = None  # None: no logprobs; k: the top k alternatives too
     n: int = 1  # choices of the one prompt
+    slot_param: str = "strata_cache_slot"  # the field the slot came in, for its 400
 
     def sampling(self, max_tokens: int, eos_token_ids: tuple[int, ...],
                  defaults: SamplingDefaults = LLAMA_CPP_DEFAULTS, vocab_size: int | None = None,
@@ -112,7 +113,7 @@ def _parse_openai_common(body: dict, num_logprobs: int | None) -> GenerationPara
         temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
         top_k=v.get_top_k(body), min_p=v.get_min_p(body), seed=v.get_seed(body),
         stops=v.get_stop_strings(body, "stop"), is_stream=v.get_bool(body, "stream"),
-        include_usage=v.get_bool(stream_options, "include_usage"), slot=v.get_cache_slot(body),
+        include_usage=v.get_bool(stream_options, "include_usage"), **v.get_cache_slot(body),
         penalties=parse_penalties(body), logit_bias=parse_logit_bias(body),
         num_logprobs=num_logprobs, n=parse_n(body))
 
@@ -154,4 +155,4 @@ def parse_anthropic(body: dict, *, needs_max_tokens: bool = True) -> GenerationP
         max_tokens=max_tokens, temperature=v.get_temperature(body, maximum=1.0),
         top_p=v.get_top_p(body), top_k=v.get_top_k(body), min_p=None, seed=None,
         stops=v.get_stop_strings(body, "stop_sequences", max_count=64),
-        is_stream=v.get_bool(body, "stream"), include_usage=True, slot=v.get_cache_slot(body))
+        is_stream=v.get_bool(body, "stream"), include_usage=True, **v.get_cache_slot(body))

@@ -37,7 +37,6 @@ class ResponsesRequest:
     previous_response_id: str | None
     is_stored: bool
     metadata: dict[str, Any]
-    has_slot: bool  # the request named a cache slot itself
     tools: ToolRequest
 
 
@@ -185,13 +184,12 @@ def parse_responses(body: dict) -> ResponsesRequest:
         raise bad_request("'previous_response_id' must be a string",
                           param="previous_response_id")
     metadata = v.get_object(body, "metadata")
-    has_slot = body.get("strata_cache_slot") is not None or body.get("id_slot") is not None
     params = GenerationParams(
         max_tokens=v.get_int(body, "max_output_tokens", None, minimum=1),
         temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
         top_k=v.get_top_k(body), min_p=v.get_min_p(body), seed=v.get_seed(body), stops=(),
-        is_stream=v.get_bool(body, "stream"), include_usage=True, slot=v.get_cache_slot(body))
+        is_stream=v.get_bool(body, "stream"), include_usage=True, **v.get_cache_slot(body))
     return ResponsesRequest(
         params=params, instructions=instructions, input_messages=parse_input(body.get("input")),
         previous_response_id=previous, is_stored=v.get_bool(body, "store", True),
-        metadata=metadata, has_slot=has_slot, tools=parse_responses_tools(body))
+        metadata=metadata, tools=parse_responses_tools(body))

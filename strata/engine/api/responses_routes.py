@@ -78,10 +78,10 @@ def _choice_echo(tools: ToolRequest) -> Any:
 class _Response:
     """The response object as it grows: in progress, then completed or incomplete."""
 
-    def __init__(self, request: web.Request, parsed: ResponsesRequest, slot: int):
+    def __init__(self, request: web.Request, parsed: ResponsesRequest):
         self.id = f"resp_{uuid.uuid4().hex}"
         self.parsed = parsed
-        self.slot = slot
+        self.slot: int | None = None  # where the engine ran it, once finished
         tools = parsed.tools
         self.body: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": int(time.time()),
@@ -102,6 +102,7 @@ class _Response:
         return "incomplete" if output.generation.finish_reason == "length" else "completed"
 
     def finish(self, output: ChatOutput, items: list[dict[str, Any]]) -> dict[str, Any]:
+        self.slot = output.generation.slot
         is_cut = output.generation.finish_reason == "length"
         self.body.update(
             completed_at=None if is_cut else int(time.time()),
@@ -133,11 +134,12 @@ def _assistant_turn(text: str, calls: list[dict[str, str]]) -> dict[str, Any]:
 
 
 def _conversation(request: web.Request, parsed: ResponsesRequest
-                  ) -> tuple[tuple[dict[str, Any], ...], int]:
-    """(messages without the instructions, slot) for this turn."""
+                  ) -> tuple[tuple[dict[str, Any], ...], int | None]:
+    """(messages without the instructions, slot) for this turn: the request's slot, else the
+    one the previous response ran in, else None (the engine picks)."""
     store = request.app[RESPONSES_KEY]
     history: tuple[dict[str, Any], ...] = ()
-    slot = parsed.params.slot if parsed.has_slot else store.new_slot()
+    slot = parsed.params.slot
     if parsed.previous_response_id is not None:
         previous = store.get(parsed.previous_response_id)
         if previous is None:
@@ -146,7 +148,7 @@ def _conversation(request: web.Request, parsed: ResponsesRequest
                               f"{MAX_STORED_RESPONSES}) until it restarts",
                               param="previous_response_id")
         history = previous.messages
-        slot = parsed.params.slot if parsed.has_slot else previous.slot
+        slot = slot if slot is not None else previous.slot
     return name_tool_results((*history, *parsed.input_messages)), slot
 
 
@@ -163,11 +165,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     # Reasoning stays in the text until Responses gets its reasoning items (see docs/api.md).
     plan = dataclasses.replace(plan, thinks=False, starts_thinking=False)
     params = dataclasses.replace(parsed.params, slot=slot)
-    request.app[RESPONSES_KEY].touch(slot)
     generation = await start_text_generation(service, assets, plan.prompt_ids, params,
                                              plan.grammar)
     output = ChatOutput(generation, plan, "call_")
-    response = _Response(request, parsed, slot)
+    response = _Response(request, parsed)
     if parsed.params.is_stream:
         return await _stream(request, output, response, messages)
     try:

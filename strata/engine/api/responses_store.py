@@ -1,9 +1,9 @@
 """Stored responses of /v1/responses: the conversation behind each id, and its cache slot.
 
-`previous_response_id` continues a stored conversation in the slot it ran in, so the follow-up
-turn's prompt starts with the tokens that slot already holds and only the new turn is
-prefilled. A new conversation takes the least recently used slot, so two conversations that
-alternate keep their caches instead of evicting each other.
+`previous_response_id` continues a stored conversation in the slot it ran in (the engine's
+Done.slot), so the follow-up turn's prompt starts with the tokens that slot already holds and
+only the new turn is prefilled. A new conversation names no slot: the engine picks the least
+recently used idle one, so conversations that alternate keep their caches.
 """
 
 from __future__ import annotations
@@ -21,16 +21,15 @@ class StoredResponse:
     """A finished response: the whole conversation including its answer, and its slot."""
 
     messages: tuple[dict[str, str], ...]
-    slot: int
+    slot: int | None  # the slot the engine ran it in; None if it never got one
     body: dict[str, Any]  # the response object, for GET /v1/responses/{id}
 
 
 class ResponseStore:
     """In-memory, bounded (oldest dropped first), per server process."""
 
-    def __init__(self, num_slots: int, max_entries: int = MAX_STORED_RESPONSES):
+    def __init__(self, max_entries: int = MAX_STORED_RESPONSES):
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._slot_order = list(range(num_slots))  # least recently used first
         self._max_entries = max_entries
 
     def get(self, response_id: str) -> StoredResponse | None:
@@ -41,13 +40,3 @@ class ResponseStore:
         self._entries.move_to_end(response_id)
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
-
-    def new_slot(self) -> int:
-        """The least recently used slot, for a conversation that has none yet."""
-        return self._slot_order[0]
-
-    def touch(self, slot: int) -> None:
-        """A response ran in `slot`: it becomes the most recently used."""
-        if slot in self._slot_order:
-            self._slot_order.remove(slot)
-            self._slot_order.append(slot)

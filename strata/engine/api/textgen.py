@@ -15,6 +15,7 @@ from aiohttp import web
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, from_error_event
 from strata.engine.api.params import GenerationParams
+from strata.engine.api.validation import check_slot
 from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
 from strata.engine.service.facade import GenerationRequest, ServiceError, ServiceFacade
 from strata.engine.text import ChatTemplateError, IncrementalDetokenizer, StopMatcher
@@ -86,7 +87,8 @@ class TextGeneration:
 
     @classmethod
     async def start(cls, service: ServiceFacade, assets: TextAssets, prompt_ids: Sequence[int],
-                    sampling: SamplingSpec, stops: Sequence[str], slot: int) -> TextGeneration:
+                    sampling: SamplingSpec, stops: Sequence[str],
+                    slot: int | None) -> TextGeneration:
         """Queue the generation and wait for its first event."""
         finals: list[Done | Error | None] = []
         request = GenerationRequest(prompt_ids=tuple(prompt_ids), sampling=sampling, slot=slot,
@@ -182,6 +184,12 @@ class TextGeneration:
         self._logprobs = kept
         self._num_logprobs_taken = min(self._num_logprobs_taken, len(kept))
 
+    @property
+    def slot(self) -> int | None:
+        """The cache slot the engine ran this in (Done.slot), once it has ended."""
+        final = self._finals[-1] if self._finals else None
+        return final.slot if isinstance(final, Done) else None
+
     def take_logprobs(self) -> list[TokenLogprob]:
         """Logprob records of the tokens read since the last call (when the request asked)."""
         records = self._logprobs[self._num_logprobs_taken:]
@@ -238,6 +246,8 @@ async def start_text_generation(service: ServiceFacade, assets: TextAssets,
     """Check the prompt fits, then start a generation with the request's GenerationParams,
     its sampling fields left out filled from the service's defaults; grammar (api/grammar.py)
     constrains the output. choice: which of the request's n choices (its seed is offset)."""
+    if params.slot is not None:  # the configured slots (--slots), known only here
+        check_slot(params.slot, params.slot_param, service.num_slots)
     max_tokens = check_fits_context(len(prompt_ids), params.max_tokens, service.context_tokens)
     sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids),
                                service.sampling_defaults, assets.vocab_size, choice)

@@ -11,9 +11,8 @@ from aiohttp import web
 
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
-from strata.engine.protocol import NUM_CACHE_SLOTS, slot_problem
+from strata.engine.protocol import slot_problem
 
-__all__ = ["NUM_CACHE_SLOTS"]  # re-exported: the routes read the slot count from here
 _MAX_SLOT_DIGITS = 6  # more digits than any slot count needs; int() of 4,301 digits raises
 MAX_STOP_STRINGS = 4
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
@@ -161,37 +160,58 @@ def get_stop_strings(body: dict, name: str, *, max_count: int = MAX_STOP_STRINGS
     return tuple(dict.fromkeys(items))
 
 
-def parse_slot(value: Any, param: str) -> int:
+def parse_slot(value: Any, param: str, num_slots: int) -> int:
     """A cache slot number from a JSON integer or a URL path segment, else a 400 naming param.
 
-    The one slot validator of every route: only ASCII digits count in a path ('²', Arabic-Indic
-    or full-width digits are refused, though str.isdigit() and int() take them).
+    The one slot validator of every route, against the server's configured slots (--slots):
+    only ASCII digits count in a path ('²', Arabic-Indic or full-width digits are refused,
+    though str.isdigit() and int() take them).
     """
     if isinstance(value, str):
         if not (value.isascii() and value.isdigit() and len(value) <= _MAX_SLOT_DIGITS
-                and slot_problem(int(value)) is None):
+                and slot_problem(int(value), num_slots) is None):
             raise bad_request(f"slot {value[:20]!r} does not exist; slots are "
-                              f"0..{NUM_CACHE_SLOTS - 1}", param=param)
+                              f"0..{num_slots - 1}", param=param)
         return int(value)
-    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)  # some clients send 1.0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{param}' must be an integer, got {_json_type(value)}", param=param)
-    if slot_problem(value):
-        raise bad_request(f"'{param}' is {value}; slots are 0..{NUM_CACHE_SLOTS - 1}",
-                          param=param)
+    value = _slot_integer(value, param)
+    check_slot(value, param, num_slots)
     return value
 
 
-def get_cache_slot(body: dict) -> int:
-    """strata_cache_slot (alias id_slot): which of the server's KV cache slots to use."""
+def check_slot(slot: int, param: str, num_slots: int) -> None:
+    """A 400 naming param when slot is not one of the server's 0..num_slots-1."""
+    if slot_problem(slot, num_slots):
+        raise bad_request(f"'{param}' is {slot}; slots are 0..{num_slots - 1} (--slots)",
+                          param=param)
+
+
+def _slot_integer(value: Any, param: str) -> int:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)  # some clients send 1.0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{param}' must be an integer, got {_json_type(value)}", param=param)
+    return value
+
+
+def get_cache_slot(body: dict) -> dict[str, Any]:
+    """strata_cache_slot (alias id_slot): {"slot", "slot_param"} for GenerationParams.
+
+    slot None (the field left out, or llama.cpp's id_slot -1) lets the engine pick the slot
+    sharing the longest prefix with the prompt. The range is checked against the server's
+    slots when the generation starts (textgen), where the configured count is known.
+    """
     name = "strata_cache_slot" if body.get("strata_cache_slot") is not None else "id_slot"
     value = body.get(name)
     if value is None:
-        return 0
+        return {"slot": None, "slot_param": name}
     if isinstance(value, str):  # a JSON body carries numbers, not digit strings
         raise bad_request(f"'{name}' must be an integer, got a string", param=name)
-    return parse_slot(value, name)
+    value = _slot_integer(value, name)
+    if value == -1 and name == "id_slot":  # llama.cpp's "any slot"
+        return {"slot": None, "slot_param": name}
+    if value < 0:
+        raise bad_request(f"'{name}' is {value}; slots are 0..N-1 (--slots N)", param=name)
+    return {"slot": value, "slot_param": name}
 
 
 def get_temperature(body: dict, *, maximum: float) -> float | None:

@@ -31,7 +31,7 @@ class ServiceError(Exception):
 class GenerationRequest:
     prompt_ids: tuple[int, ...]
     sampling: SamplingSpec
-    slot: int = 0
+    slot: int | None = None  # None: the engine picks (longest cached prefix, else LRU)
     # Called with the engine's final event once the generation is over, also when the caller
     # closed the iterator early (a stop string): that Done carries the real usage.
     on_final: Callable[[Done | Error | None], None] | None = field(default=None, compare=False)
@@ -52,14 +52,19 @@ class ServiceFacade(Protocol):
     def context_tokens(self) -> int: ...
 
     @property
+    def num_slots(self) -> int:
+        """Cache slots of the model (--slots): valid slot ids are 0..num_slots-1."""
+
+    @property
     def sampling_defaults(self) -> Any:
         """SamplingDefaults (engine/text/sampling_defaults.py) for fields a request leaves out."""
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[Tokens | Done | Error, None]:
-        """Queue a generation (one lane, FIFO), bring the engine up first if it is down.
+        """Queue a generation (up to `parallel` run at once, the rest wait FIFO), bring the
+        engine up first if it is down.
 
-        Raises ServiceError before the first event when it cannot start (503 engine failed,
-        400 bad request). Closing the iterator early cancels the generation in the engine.
+        Raises ServiceError before the first event when it cannot start (503 engine failed or
+        queue full, 400 bad request). Closing the iterator early cancels the generation.
         """
 
     async def embed(self, token_ids: Sequence[Sequence[int]], pooling: str) -> Embeddings:

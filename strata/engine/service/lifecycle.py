@@ -1,10 +1,11 @@
-"""Lifecycle: the levels of DESIGN §4 (release experts, offload session, sleep, unload), the lane
+"""Lifecycle: the levels of DESIGN §4 (release experts, offload session, sleep, unload), the gate
 that generations and level changes share, and the state they leave.
 
-One asyncio lock (`lane`) serializes generations and level changes, FIFO: a request that
-arrives during a level change waits for it and then runs. Going down while a request runs or
-waits is refused (409); coming back waits its turn (lifecycle_return.py: hook and VRAM guard
-first). The idle timers (lifecycle_idle.py) fire through the lane too.
+The admission gate (admission.py) lets up to `parallel` generations run at once and makes level
+changes run alone, FIFO: a request that arrives during a level change waits for it and then
+runs. Going down while a request runs or waits is refused (409); coming back waits its turn
+(lifecycle_return.py: hook and VRAM guard first). The idle timers (lifecycle_idle.py) fire
+through the gate too.
 
 The engine's own typed status (protocol.EngineStatus, carried by every level reply) is the only
 record of the levels: nothing here keeps a flag beside it. Status reads only read what the last
@@ -23,6 +24,7 @@ from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.service import levels as lv
+from strata.engine.service.admission import AdmissionGate
 from strata.engine.service.before_load import BeforeLoadHook
 from strata.engine.service.expert_shrink import GROW_INTERVAL_S, ExpertShrinker, cache_info
 from strata.engine.service.facade import ServiceError
@@ -41,7 +43,7 @@ RESTART_RETRY_MIN_S = 1.0  # between restart attempts that failed without a back
 
 
 class Lifecycle(ComingBack):
-    """Levels, the lane they share with generations, and the idle timers, over a Supervisor."""
+    """Levels, the gate they share with generations, and the idle timers, over a Supervisor."""
 
     def __init__(
         self,
@@ -52,10 +54,13 @@ class Lifecycle(ComingBack):
         hook: BeforeLoadHook,
         keep_standby: bool = True,
         on_change: Any = None,
+        parallel: int = 1,
+        max_queue: int = 64,
     ):
         """idle_timeouts_s: countdown key (cache_release, ...) -> seconds, None = off.
         on_change(action, ok, cause=None): called after each level change (cause: why, when
-        the lifecycle went down by itself, e.g. "idle for 300 s"), for counters and listeners."""
+        the lifecycle went down by itself, e.g. "idle for 300 s"), for counters and listeners.
+        parallel: generations sent to the engine at once; max_queue: how many more may wait."""
         self.supervisor = supervisor
         self.guard = guard
         self.hook = hook
@@ -64,9 +69,8 @@ class Lifecycle(ComingBack):
         # Called (on the loop, no arguments) whenever the state, the levels or the activity
         # may have changed: the tray re-reads status() then instead of polling it.
         self.state_listeners: list[Callable[[], None]] = []
-        self.lane = asyncio.Lock()
-        self.num_waiting = 0  # requests queued for the lane
-        self.active_request_id: str | None = None
+        self.gate = AdmissionGate(parallel, max_queue, on_change=self._notify)
+        self._bring_back_lock = asyncio.Lock()  # requests that arrive together come back once
         self.transition: str | None = None  # loading | waking while coming back
         self.engine: p.EngineStatus | None = None  # the engine's last status, typed
         self.last_error: str | None = None
@@ -88,8 +92,21 @@ class Lifecycle(ComingBack):
 
     @property
     def is_busy(self) -> bool:
-        """A request runs or waits for the lane."""
-        return self.active_request_id is not None or self.num_waiting > 0
+        """A request runs or waits for the gate."""
+        return self.gate.is_busy
+
+    @property
+    def num_running(self) -> int:
+        return self.gate.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.gate.num_waiting
+
+    @property
+    def active_request_id(self) -> str | None:
+        """The generation running longest, or None."""
+        return self.gate.oldest_request_id
 
     def _is_paused(self) -> bool:
         """The idle clocks wait: a request or a step back up is under way."""
@@ -163,35 +180,28 @@ class Lifecycle(ComingBack):
     # ---- requests --------------------------------------------------------------------------
 
     async def begin_request(self, request_id: str) -> None:
-        """Wait for the lane, then bring back what a generation needs (load, wake, refill).
+        """Wait for a place at the gate, then bring back what a generation needs (load, wake,
+        refill).
 
-        Raises ServiceError (the lane released) when that fails; otherwise the caller must
-        call end_request() when the generation is over.
+        Raises ServiceError (503 queue_full, or the place released) when that fails;
+        otherwise the caller must call end_request(request_id) when the generation is over.
         """
-        self.num_waiting += 1
-        self._notify()
+        await self.gate.admit(request_id)
         try:
-            await self.lane.acquire()
-        finally:
-            self.num_waiting -= 1
-        self.active_request_id = request_id
-        self._notify()
-        try:
-            await self._bring_back(need_experts=True)
+            async with self._bring_back_lock:
+                await self._bring_back(need_experts=True)
         except BaseException:
-            self.active_request_id = None
+            self.gate.release(request_id)
             self._mark_activity()
-            self.lane.release()
             raise
 
-    async def end_request(self) -> None:
+    async def end_request(self, request_id: str) -> None:
         """The generation is over: refresh the cached status, restart the idle clock."""
         try:
             await self._refresh()  # the engine restored an offloaded session to generate
         finally:
-            self.active_request_id = None
+            self.gate.release(request_id)
             self._mark_activity()
-            self.lane.release()
 
     # ---- actions ---------------------------------------------------------------------------
 
@@ -205,10 +215,11 @@ class Lifecycle(ComingBack):
         slots' sessions first and the next load restores them (a rule's unload).
         keep_free_mib: shrink_experts' target of free VRAM."""
         if action.is_down and self.is_busy:
-            raise ServiceError(409, "busy", f"a request is running; {action.replace('_', ' ')} "
-                               "again when it has finished")
+            raise ServiceError(409, "busy", f"{self.num_running} requests run and "
+                               f"{self.num_waiting} wait; {action.replace('_', ' ')} again when "
+                               "they have finished")
         before = self._engine_now()
-        async with self.lane:
+        async with self.gate.exclusive():
             self._vram_wait_s = vram_wait_s
             try:
                 if action is Action.UNLOAD:
@@ -238,7 +249,7 @@ class Lifecycle(ComingBack):
 
     async def slot_action(self, action: str, command: Any) -> dict[str, Any]:
         """SaveSlot / RestoreSlot / EraseSlot on the engine, bringing the weights back first."""
-        async with self.lane:
+        async with self.gate.exclusive():
             await self._bring_back(need_experts=False)
             try:
                 reply = await self.supervisor.command(command)
@@ -319,9 +330,9 @@ class Lifecycle(ComingBack):
         try:
             while self.shrinker.keep_free_bytes is not None:
                 await asyncio.sleep(GROW_INTERVAL_S)
-                if self.is_busy or self.transition or self.lane.locked() or not self.is_up():
+                if self.gate.is_in_use or self.transition or not self.is_up():
                     continue
-                async with self.lane:
+                async with self.gate.exclusive():
                     experts = self.engine.experts if self.engine is not None else None
                     if await self.shrinker.grow_step(self._command, experts):
                         self.shrinker.clear()
@@ -366,7 +377,7 @@ class Lifecycle(ComingBack):
         supervisor = self.supervisor
         while supervisor.state == "failed":
             await asyncio.sleep(supervisor.retry_in_s)
-            async with self.lane:
+            async with self.gate.exclusive():
                 if supervisor.state != "failed":
                     return  # a request brought it back, or it was unloaded
                 log.info("restarting the engine after: %s", supervisor.last_error)
@@ -383,8 +394,8 @@ class Lifecycle(ComingBack):
     # ---- idle timers -----------------------------------------------------------------------
 
     async def _fire_idle(self, action: Action, cause: str, is_stale: Callable[[], bool]) -> None:
-        """An idle timer is due: go down, unless a request came while it waited for the lane."""
-        async with self.lane:
+        """An idle timer is due: go down, unless a request came while it waited for the gate."""
+        async with self.gate.exclusive():
             if self.is_busy or is_stale():
                 return  # a request came while we waited: its end restarted the clock
             log.info("%s: %s", cause, action.replace("_", " "))

@@ -1,7 +1,7 @@
 """The idle timers of DESIGN §4: each level goes down by itself after its idle seconds.
 
 Only the clocks live here: when each timer is due, which fired in this idle period, and the
-task that waits for the next one. Firing goes through the lifecycle (its lane, its level
+task that waits for the next one. Firing goes through the lifecycle (its gate, its level
 change), which this file never touches.
 """
 

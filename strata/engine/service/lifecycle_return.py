@@ -2,7 +2,7 @@
 and the free-VRAM guard, so a failure is a clean ServiceError before any event and the level
 stays where it was; and the sessions a rule's unload keeps over it.
 
-A part of Lifecycle (lifecycle.py), split out by job; it runs under the caller's lane and never
+A part of Lifecycle (lifecycle.py), split out by job; it runs under the caller's gate and never
 takes it itself.
 """
 

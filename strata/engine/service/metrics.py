@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.engine.protocol import Done, Error
+from strata.engine.service.latency import LatencyHistograms, RequestClock
 
 
 @dataclass
@@ -28,16 +29,19 @@ class ServiceMetrics:
     error_codes: Counter = field(default_factory=Counter)  # engine_crashed, internal, ...
     level_changes: Counter = field(default_factory=Counter)  # sleep, wake, ... that changed
     level_failures: Counter = field(default_factory=Counter)  # ... that failed
+    latency: LatencyHistograms = field(default_factory=LatencyHistograms)
+
+    def start_request(self) -> RequestClock:
+        """A clock for a request that just arrived (its queue wait counts)."""
+        return RequestClock(self.latency)
 
     def record_level(self, action: str, is_ok: bool) -> None:
         """Count a level change (by the API, the tray, a rule or an idle timer)."""
         (self.level_changes if is_ok else self.level_failures)[action] += 1
 
-    def record(self, final: Done | Error | None, total_s: float, decode_s: float) -> None:
-        """Count a request that reached the engine, by its last event.
-
-        total_s runs from sending Generate to the last event, decode_s from the first token.
-        """
+    def record(self, final: Done | Error | None, clock: RequestClock) -> None:
+        """Count a request that reached the engine, by its last event; its clock ends here."""
+        total_s, decode_s = clock.end()
         self.num_requests += 1
         if isinstance(final, Done):
             usage = final.usage
@@ -73,4 +77,5 @@ class ServiceMetrics:
             "errors": dict(self.error_codes),
             "level_changes": dict(self.level_changes),
             "level_failures": dict(self.level_failures),
+            **self.latency.snapshot(),
         }

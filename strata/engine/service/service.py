@@ -1,8 +1,8 @@
 """The Service: what the API and the tray talk to (ServiceFacade), over the Supervisor.
 
-One generation lane, FIFO, shared with level changes (engine/service/lifecycle.py): requests
-queue on an asyncio.Lock (which wakes waiters in arrival order) and each brings back what it
-needs first (load, wake, refill). Text assets (tokenizer, chat template) are loaded on the
+Generations run up to `parallel` at once behind one FIFO, which level changes share and run
+alone in (engine/service/admission.py); each request brings back what it needs first (load,
+wake, refill). Text assets (tokenizer, chat template) are loaded on the
 host, so tokenizing works while the engine is unloaded.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
@@ -169,6 +168,13 @@ class Service:
         return self.settings.context_tokens
 
     @property
+    def num_slots(self) -> int:
+        """Cache slots of the model, 0..num_slots-1: what the engine runs with (--slots)."""
+        if self._engine_config is not None:
+            return int(self._engine_config.num_slots)
+        return self.settings.slots
+
+    @property
     def sampling_defaults(self) -> SamplingDefaults:
         """What requests that leave sampling fields out get: settings, model, llama.cpp."""
         if self._sampling_defaults is None:
@@ -225,7 +231,8 @@ class Service:
                 self._supervisor,
                 {key: getattr(self.settings, field) for key, field, _ in IDLE_TIMERS},
                 guard=self._guard, hook=self._hook, keep_standby=self._keep_standby,
-                on_change=self._level_changed,
+                on_change=self._level_changed, parallel=self._engine_config.num_parallel,
+                max_queue=self.settings.max_queue,
             )
             self._lifecycle.state_listeners.append(self._state_changed)
         try:
@@ -259,35 +266,31 @@ class Service:
                        f"{self.context_tokens}; shorten it or start with a larger --context")
         elif sampling.max_tokens < 1:
             problem = f"max_tokens must be >= 1, not {sampling.max_tokens}"
-        else:
-            problem = p.slot_problem(request.slot)
+        elif request.slot is not None:
+            problem = p.slot_problem(request.slot, self.num_slots)
         if problem:
             self.metrics.num_rejected += 1
             raise ServiceError(400, "bad_request", problem)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Tokens | Done | Error]:
-        """Queue a generation on the one lane; bring the engine up first; yield its events.
+        """Queue a generation at the gate; bring the engine up first; yield its events.
 
-        Raises ServiceError before any event when the request is invalid (400) or the engine
-        cannot come up (503). Closing the iterator early cancels the generation and waits for
-        the engine to confirm, so the next request finds it idle.
+        Raises ServiceError before any event when the request is invalid (400), the queue is
+        full (503 queue_full, with Retry-After) or the engine cannot come up (503). Closing the
+        iterator early cancels the generation and waits for the engine to confirm.
         """
         supervisor, lifecycle = self.supervisor, self.lifecycle
         self._check_request(request)
         request_id = f"req-{uuid.uuid4().hex[:16]}"
+        clock = self.metrics.start_request()  # from arrival: the queue wait counts
         try:
             await lifecycle.begin_request(request_id)  # load / wake / refill first
         except ServiceError:
             self.metrics.num_rejected += 1
             raise
         try:
-            started_s = time.perf_counter()
-            first_token_s: list[float] = []
-
             def on_end(final: Done | Error | None) -> None:
-                ended_s = time.perf_counter()
-                decode_s = ended_s - first_token_s[0] if first_token_s else 0.0
-                self.metrics.record(final, ended_s - started_s, decode_s)
+                self.metrics.record(final, clock)
                 if request.on_final is not None:
                     request.on_final(final)
 
@@ -296,11 +299,11 @@ class Service:
             )
             async with aclosing(events):
                 async for event in events:
-                    if not first_token_s and isinstance(event, Tokens):
-                        first_token_s.append(time.perf_counter())
+                    if isinstance(event, Tokens):
+                        clock.tokens(len(event.token_ids))
                     yield event
         finally:
-            await lifecycle.end_request()
+            await lifecycle.end_request(request_id)
 
     async def embed(self, token_ids: Sequence[Sequence[int]], pooling: str) -> p.Embeddings:
         """Embed each token sequence (protocol.Embed) on the one lane, bringing the engine up
@@ -346,7 +349,7 @@ class Service:
         if action == "slots":
             return {"action": "slots", "slots": await lifecycle.read_slots()}
         if action in SLOT_COMMANDS:
-            command = _slot_command(action, kwargs)
+            command = _slot_command(action, kwargs, self.num_slots)
             result = await lifecycle.slot_action(action, command)
             return {"action": action, "result": result, **self.status()}
         level = Action.parse(action)
@@ -365,6 +368,11 @@ class Service:
                 listener(event)
             except Exception:  # a listener's bug must not fail the level change
                 log.exception("level listener failed")
+
+    def _parallel(self) -> int:
+        config = self._engine_config
+        return int(config.num_parallel) if config is not None else (
+            self.settings.parallel or self.settings.slots)
 
     def _state_changed(self) -> None:
         for listener in list(self.state_listeners):
@@ -404,6 +412,10 @@ class Service:
             "model_path": self._model_path,
             "context_tokens": self.context_tokens,
             "queue_length": lifecycle.num_waiting if lifecycle else 0,
+            "batch": {"running": lifecycle.num_running if lifecycle else 0,
+                      "waiting": lifecycle.num_waiting if lifecycle else 0,
+                      "parallel": lifecycle.gate.parallel if lifecycle else self._parallel(),
+                      "max_queue": self.settings.max_queue, "num_slots": self.num_slots},
             "is_busy": lifecycle.is_busy if lifecycle else False,
             "active_request_id": lifecycle.active_request_id if lifecycle else None,
             "engine_pid": supervisor_status.get("pid"),
@@ -457,10 +469,10 @@ def _level_options(action: Action, kwargs: dict[str, Any]) -> dict[str, Any]:
     return dict(kwargs)
 
 
-def _slot_command(action: str, kwargs: dict[str, Any]) -> Any:
+def _slot_command(action: str, kwargs: dict[str, Any], num_slots: int) -> Any:
     """The engine command for a slot action, its arguments checked (400 when wrong)."""
     slot = kwargs.get("slot")
-    problem = p.slot_problem(slot)
+    problem = p.slot_problem(slot, num_slots)
     if problem:
         raise ServiceError(400, "bad_request", f"{action}: {problem}")
     if action == "slot_erase":

@@ -37,6 +37,25 @@ class EngineProcessStatus(TypedDict):
     model_info: dict[str, Any] | None  # the engine's load info (model type, device, dtype, ...)
 
 
+class Histogram(TypedDict):
+    """Prometheus-style cumulative buckets (latency.Histogram.snapshot)."""
+
+    le_s: list[float]  # bucket upper bounds in seconds
+    counts: list[int]  # observations <= each bound
+    sum_s: float
+    count: int
+
+
+class BatchStatus(TypedDict):
+    """Generations at the admission gate (admission.py) and the slots they share."""
+
+    running: int  # sent to the engine, up to parallel
+    waiting: int  # queued on the host, up to max_queue
+    parallel: int
+    max_queue: int
+    num_slots: int
+
+
 class ServiceCounters(TypedDict):
     """Totals since start (ServiceMetrics.snapshot); the activity the dashboard shows."""
 
@@ -52,6 +71,10 @@ class ServiceCounters(TypedDict):
     errors: dict[str, int]
     level_changes: dict[str, int]
     level_failures: dict[str, int]
+    # From arrival (queue wait included) to the first token, between tokens, to the end.
+    ttft_s: Histogram
+    inter_token_s: Histogram
+    request_s: Histogram
 
 
 class ServiceStatus(TypedDict):
@@ -67,7 +90,8 @@ class ServiceStatus(TypedDict):
     model: str
     model_path: str | None
     context_tokens: int
-    queue_length: int
+    queue_length: int  # generations waiting: batch["waiting"]
+    batch: BatchStatus
     is_busy: bool
     active_request_id: str | None
     engine_pid: int | None

@@ -392,7 +392,7 @@ class Supervisor:
         request_id: str,
         prompt_ids: Sequence[int],
         sampling: p.SamplingSpec,
-        slot: int = 0,
+        slot: int | None = None,
         on_end: Callable[[p.Done | p.Error | None], None] | None = None,
     ) -> AsyncIterator[p.Tokens | p.Done | p.Error]:
         """Run one Generate and yield its events, ending with Done or Error.
