@@ -34,7 +34,6 @@ RAISE_TOKEN = 999_998  # generate raises RuntimeError after the first new token
 CRASH_EXIT_CODE = 1
 MIB = 1 << 20
 NUM_SLOTS = 4  # the default of EngineConfig.num_slots
-MIN_PREFIX_TOKENS = 16  # a slot is picked by prefix when it shares >= max(16, half the prompt)
 NUM_EXPERT_SLOTS = 64  # the fake MoE's expert cache, like a partial one (slots mode)
 NUM_EXPERTS = 8  # per layer: the fewest slots a resize keeps, as the engine's floor
 MODULE_IMPORTED_AT_S = time.time()  # about when this engine process started importing
@@ -151,9 +150,6 @@ class FakeEngine:
         self._logprobs: list[TokenLogprob] = []
         self.slot_tokens: dict[int, list[int]] = {}  # resident KV, per slot
         self.in_use: set[int] = set()  # slots generating now
-        self.last_used: dict[int, int] = {}  # slot -> tick of its last use, for LRU
-        self._tick = 0
-        self.last_slot: int | None = None  # the slot the last generation ran in (Done.slot)
         self.offloaded: dict[int, list[int]] = {}  # snapshots in "host RAM"
         self.context_tokens = config.context_tokens or 4096
         self.arenas: dict[str, FakeArena] = {}
@@ -224,26 +220,6 @@ class FakeEngine:
         """As Engine.take_logprobs: the records of the tokens yielded since the last call."""
         records, self._logprobs = self._logprobs, []
         return records
-
-    def pick_slot(self, prompt: Sequence[int]) -> int:
-        """As the batching engine picks for Generate.slot None: the idle slot sharing the
-        longest prefix with the prompt if it is >= max(16, half the prompt), else the least
-        recently used idle slot."""
-        idle = [s for s in range(self.config.num_slots) if s not in self.in_use]
-        if not idle:
-            raise FakeEngineError("every slot is running a sequence")
-
-        def shared(slot: int) -> int:
-            history = self.slot_tokens.get(slot, self.offloaded.get(slot, []))
-            n = 0
-            while n < min(len(history), len(prompt)) and history[n] == prompt[n]:
-                n += 1
-            return n
-
-        best = max(idle, key=lambda s: (shared(s), -self.last_used.get(s, -1)))
-        if shared(best) >= max(MIN_PREFIX_TOKENS, len(prompt) // 2):
-            return best
-        return min(idle, key=lambda s: self.last_used.get(s, -1))
 
     def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int | None = 0
