@@ -139,7 +139,7 @@ def test_an_explicit_slot_waits_while_a_running_sequence_holds_it(llama_path) ->
     engine.add("a", first, SamplingSpec(max_tokens=6), 2)
     engine.step()
     engine.step()
-    follow_up = first + [9, 9]
+    follow_up = [*first, 9, 9]
     engine.add("b", follow_up, SamplingSpec(max_tokens=3), 2)
     is_a_done, steps_b_waited, usage_b = False, 0, None
     while engine.has_work:
@@ -203,7 +203,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_another_decodes(llama_path) 
 
 def test_bad_requests_are_refused_at_add(llama_path) -> None:
     engine = load(llama_path, num_slots=2)
-    with pytest.raises(EngineError, match="cache slot must be 0..1"):
+    with pytest.raises(EngineError, match=r"cache slot must be 0\.\.1"):
         engine.add("a", [1, 2], GREEDY, 2)
     engine.add("a", [1, 2], GREEDY, None)
     with pytest.raises(EngineError, match="already running or waiting"):

@@ -14,13 +14,13 @@ def idle(slot: int, tokens, last_used_s: float = 1.0) -> IdleSlot:
 
 
 def test_the_longest_shared_prefix_wins() -> None:
-    slots = [idle(0, PROMPT[:60], 5.0), idle(1, PROMPT[:90] + [7], 1.0), idle(2, [], 0.0)]
+    slots = [idle(0, PROMPT[:60], 5.0), idle(1, [*PROMPT[:90], 7], 1.0), idle(2, [], 0.0)]
     assert choose_slot(PROMPT, slots) == 1
 
 
 def test_a_prefix_under_the_threshold_goes_to_an_empty_slot_then_the_lru_one() -> None:
     assert reuse_threshold(100) == 50 and reuse_threshold(10) == 16
-    short_prefix = PROMPT[:49] + [999]
+    short_prefix = [*PROMPT[:49], 999]
     assert choose_slot(PROMPT, [idle(0, short_prefix, 1.0), idle(3, [], 0.0)]) == 3
     assert choose_slot(PROMPT, [idle(0, short_prefix, 9.0), idle(2, [5, 6], 3.0)]) == 2
 

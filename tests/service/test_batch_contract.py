@@ -63,7 +63,7 @@ def test_the_status_reports_the_slots_and_the_batch(engine):
     status = engine.recv(timeout_s=30).engine
     assert status.num_slots == 3
     batch = status.batch
-    assert (batch["running"], batch["waiting"], batch["parallel"]) == (0, 0, 3)
+    assert (batch.running, batch.waiting, batch.parallel) == (0, 0, 3)
     assert [row.id for row in status.slots] == [0, 1, 2]
     assert all(row.is_running is False for row in status.slots)
 
@@ -93,5 +93,5 @@ def test_a_cancelled_sequence_ends_with_done_cancelled_and_its_slot(engine):
     assert finals["keep"].usage.finish_reason in ("length", "stop")
     engine.send(p.GetStatus())
     status = engine.recv(timeout_s=30).engine
-    assert status.batch["running"] == 0
+    assert status.batch.running == 0
     assert not any(row.is_running for row in status.slots)

@@ -25,6 +25,7 @@ class SlotStatus(TypedDict):
     bytes: int
     is_processing: bool
     n_ctx: int
+    is_running: bool  # a sequence of the batch decodes in it
 
 
 class EngineProcessStatus(TypedDict):
