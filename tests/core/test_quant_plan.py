@@ -37,7 +37,8 @@ def test_gguf_names_follow_the_same_rule() -> None:
     assert keeps_blocks("token_embd.weight", "Q8_0")
     assert not keeps_blocks("blk.0.ffn_gate_exps.weight", "Q4_K")
     assert not keeps_blocks("blk.0.attn_norm.weight", "F32")
-    assert not keeps_blocks("blk.0.attn_q.weight", "IQ2_XXS")  # no kernel: dequantized
+    assert keeps_blocks("blk.0.attn_q.weight", "IQ2_XXS")
+    assert not keeps_blocks("blk.0.attn_q.weight", "TQ2_0")  # no kernel: dequantized
 
 
 def test_info_shows_the_vram_a_quantized_file_will_hold(tmp_path) -> None:

@@ -16,6 +16,7 @@ KERNEL_QUANT_TYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
     "IQ4_NL", "IQ4_XS",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
 )  # fmt: skip
 FLOAT_TYPES = ("F32", "F16", "BF16")
 COMPUTE_ITEMSIZE_BYTES = 2  # bf16 on a GPU: what a float or dequantized tensor costs
