@@ -226,8 +226,9 @@ class ModelMemory:
                 t is not None and t.name in KERNEL_QUANT_TYPES for t in types.values()):
             return types
         if keeps_quantized_blocks(self.device):
-            log.info("experts of %d layers (%s) are dequantized to %s: not every expert "
-                     "tensor has a quantized kernel", len(by_layer), ", ".join(
+            log.info("experts of %d layers (%s) are dequantized to %s: one expert store "
+                     "holds blocks only when every expert tensor has a quantized kernel",
+                     len(by_layer), ", ".join(
                          sorted({t.name if t else "float" for t in types.values()})),
                      str(self.dtype).removeprefix("torch."))
         return {}
