@@ -26,7 +26,9 @@ INTERPRETER_GATHER_BLOCK_N = 128  # the interpreter pays per program, not per va
 
 if triton is not None:
 
-    @triton.jit
+    # Per-layer offsets and strides: never specialized, so a new layer never compiles again
+    # (a CUDA graph capture cannot hold a compile).
+    @triton.jit(do_not_specialize=["host_offset", "stride_expert"])
     def _gather_kernel(
         w_ptr, wh_ptr, lut_ptr, ids_ptr, table_ptr, host_offset, out_ptr, stride_expert,
         N: tl.constexpr, K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
