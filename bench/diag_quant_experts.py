@@ -17,17 +17,28 @@ import argparse
 import json
 
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from bench.diag_quant_gemv import _time_us
+
+def _time_us(fn, repeats: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeats
 
 
 def _random_experts(qtype, num_experts: int, rows: int, cols: int):
     from strata.engine.core.quant.experts import QuantizedExperts
-    from tests.helpers.quant_blocks import random_blocks
 
-    raw = random_blocks(qtype, num_experts * rows, cols, seed=int(qtype), scale=0.01)
-    blocks = torch.from_numpy(raw).cuda().view(num_experts, rows, -1)
+    block_size, block_bytes = GGML_QUANT_SIZES[qtype]
+    blocks = torch.randint(0, 256, (num_experts, rows, cols // block_size * block_bytes),
+                           dtype=torch.uint8, device="cuda")
+    blocks &= 0x3F  # small bytes everywhere: every fp16 scale finite (diag_quant_gemv.py)
     return QuantizedExperts(qtype, (num_experts, rows, cols), blocks, torch.bfloat16)
 
 

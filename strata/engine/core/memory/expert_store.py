@@ -167,7 +167,7 @@ class ExpertStore:
             formats = []
             for w in weights:
                 qtype = getattr(w, "qtype", None)
-                experts, rows, row_bytes = w.shape
+                experts, _, row_bytes = w.shape
                 if qtype is None or experts != self.num_experts or w.dtype != torch.uint8:
                     raise ValueError(f"layer {layer}: quantized experts must all be uint8 "
                                      f"[{self.num_experts}, N, row_bytes] blocks with a qtype")
