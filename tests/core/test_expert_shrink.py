@@ -89,8 +89,10 @@ def test_an_auto_expert_cache_without_room_is_out_of_memory_not_a_bad_model(monk
                          num_experts_per_tok=2, moe_intermediate_size=32)
     names = ("g", "u", "d")
     shapes = {"g": (8, 32, 64), "u": (8, 32, 64), "d": (8, 64, 32)}
+    per_expert = memory._bytes_per_expert(shapes, {0: names, 1: names}, {})
+    assert per_expert == 3 * 32 * 64 * 2  # bf16
     with pytest.raises(EngineOutOfMemory) as refused:
-        memory._expert_slots("auto", config, 2, shapes, {0: names, 1: names})
+        memory._expert_slots("auto", config, 2, per_expert)
     assert error_code(refused.value, p.Load("m")) == "out_of_memory"
     with pytest.raises(ValueError):  # an explicit count below one layer's experts: a setting
-        memory._expert_slots("4", config, 2, shapes, {0: names, 1: names})
+        memory._expert_slots("4", config, 2, per_expert)

@@ -151,7 +151,8 @@ _QUANTIZABLE = {  # type -> largest allowed RMS error relative to the data's RMS
     "F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2,
     "Q5_0": 0.06, "Q5_1": 0.06, "Q4_0": 0.12, "Q4_1": 0.12,
 }  # fmt: skip
-_NOT_QUANTIZABLE_HERE = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+_NOT_QUANTIZABLE_HERE = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+                         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 
 
 def test_supported_set_is_the_documented_one():
@@ -285,18 +286,18 @@ def test_truncated_header(llama_gguf):
 
 
 def test_unsupported_quant_type_is_named(tmp_path):
-    model = hf_model("llama", intermediate_size=256)  # IQ2_XXS needs 256-wide rows
+    model = hf_model("llama", intermediate_size=256)  # TQ2_0 needs 256-wide rows
     path = write_gguf_from_hf(
         model,
         None,
         tmp_path / "m.gguf",
         "F16",
-        qtype_overrides={"blk.0.ffn_down.weight": "IQ2_XXS"},
+        qtype_overrides={"blk.0.ffn_down.weight": "TQ2_0"},
     )
-    assert inspect_model(path).quant_types["IQ2_XXS"] == 1  # info works without dequantizing
+    assert inspect_model(path).quant_types["TQ2_0"] == 1  # info works without dequantizing
     message = _one_line_error(load_gguf_tensors, path, load_gguf_config(path))
     assert message == (
-        "tensor blk.0.ffn_down.weight uses quant type IQ2_XXS, which Strata cannot dequantize; "
+        "tensor blk.0.ffn_down.weight uses quant type TQ2_0, which Strata cannot dequantize; "
         "use a Q4_K_M, Q8_0 or F16 file"
     )
 

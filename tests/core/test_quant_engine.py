@@ -125,16 +125,19 @@ def test_fast_schedule_on_quantized_weights_matches_the_reference(tmp_path, monk
         engine.close()
 
 
-def test_quantized_experts_fall_back_to_dequantized_with_one_log_line(tmp_path, monkeypatch,
-                                                                      caplog) -> None:
-    path = _gguf(tmp_path, "qwen3_moe", "Q8_0")
+def test_experts_of_mixed_float_and_block_types_fall_back_with_one_log_line(
+        tmp_path, monkeypatch, caplog) -> None:
+    """One store holds blocks or floats: an F16 expert tensor among Q8_0 ones dequantizes
+    the experts (tests/core/test_quant_experts.py covers experts kept as blocks)."""
+    path = _gguf(tmp_path, "qwen3_moe", "Q8_0", {"blk.1.ffn_down_exps.weight": "F16"})
     expected, _ = _dequantized_run(path, monkeypatch)
     with caplog.at_level(logging.INFO, logger="strata.engine.core.residency"):
         engine = _engine(path, monkeypatch, quantized=True)
     try:
         lines = [r.getMessage() for r in caplog.records if "experts of" in r.getMessage()]
-        assert lines == [("experts of 2 layers (Q8_0) are dequantized to float32: the grouped "
-                          "expert kernels read no quantized blocks yet")]
+        assert lines == [("experts of 2 layers (Q8_0, float) are dequantized to float32: one "
+                          "expert store holds blocks only when every expert tensor has a "
+                          "quantized kernel")]
         layer = engine.model.model.layers[0]
         assert isinstance(layer.self_attn.o_proj, QuantizedLinear)
         assert layer.mlp.experts.gate_proj.dtype == torch.float32

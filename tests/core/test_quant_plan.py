@@ -23,7 +23,7 @@ from tests.helpers.tiny_models import make_tiny_hf_config
     ("model.layers.0.mlp.down_proj.weight", True),
     ("model.embed_tokens.weight", True),
     ("lm_head.weight", True),
-    ("model.layers.0.mlp.experts.gate_proj", False),  # grouped expert kernels: bf16 for now
+    ("model.layers.0.mlp.experts.gate_proj", True),  # dequantized per step (quant/experts.py)
     ("model.layers.0.mlp.router.weight", False),
     ("model.layers.0.self_attn.q_proj.bias", False),
     ("model.norm.weight", False),
@@ -35,9 +35,11 @@ def test_which_canonical_tensors_may_stay_quantized(name: str, expected: bool) -
 def test_gguf_names_follow_the_same_rule() -> None:
     assert keeps_blocks("blk.0.attn_v.weight", "Q6_K")
     assert keeps_blocks("token_embd.weight", "Q8_0")
-    assert not keeps_blocks("blk.0.ffn_gate_exps.weight", "Q4_K")
+    assert keeps_blocks("blk.0.ffn_gate_exps.weight", "Q4_K")
+    assert keeps_blocks("blk.0.ffn_down.3.weight", "Q4_0")  # old per-expert Mixtral files
     assert not keeps_blocks("blk.0.attn_norm.weight", "F32")
-    assert not keeps_blocks("blk.0.attn_q.weight", "IQ2_XXS")  # no kernel: dequantized
+    assert keeps_blocks("blk.0.attn_q.weight", "IQ2_XXS")
+    assert not keeps_blocks("blk.0.attn_q.weight", "TQ2_0")  # no kernel: dequantized
 
 
 def test_info_shows_the_vram_a_quantized_file_will_hold(tmp_path) -> None:
@@ -61,3 +63,22 @@ def test_info_shows_the_vram_a_quantized_file_will_hold(tmp_path) -> None:
     assert "at 128 tokens" in text
     # Without a context: the engine's default, the model's own (256) under the 8192 cap.
     assert inspect_model(path).vram_context_tokens == 256
+
+
+def test_info_counts_quantized_experts_as_stored(tmp_path) -> None:
+    """Stacked experts stay in their blocks on a GPU: stored bytes, and the workspace holds
+    one projection of a layer's experts dequantized (what a prefill multiplies)."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(make_tiny_hf_config("qwen3_moe"))
+    path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0")
+    reader = gguf.GGUFReader(str(path))
+    experts = [t for t in reader.tensors if "_exps." in t.name]
+    assert len(experts) == 6 and all(t.tensor_type.name == "Q8_0" for t in experts)
+    assert all(keeps_blocks(t.name, "Q8_0") for t in experts)
+    vram = inspect_model(path, context_tokens=128).vram
+    expected = sum(int(t.n_bytes) if keeps_blocks(t.name, t.tensor_type.name)
+                   else int(t.n_elements) * 2 for t in reader.tensors)
+    assert vram.weights_bytes == expected
+    assert vram.workspace_bytes == 8 * 32 * 64 * 2  # [E, I, H] of one projection, bf16

@@ -15,6 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from strata.engine.core.loader.gguf_rope import llama3_freqs
+from tests.helpers.quant_blocks import random_blocks
 
 _ARCH_FOR_MODEL_TYPE = {
     "llama": "llama",
@@ -36,7 +37,7 @@ def permute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 def _encode(values: np.ndarray, qtype: QT, rng: np.random.Generator) -> tuple[np.ndarray, QT]:
     """Quantize with the gguf package; 1-D tensors stay F32 and rows that do not fill whole
     blocks fall back to F16, as the converter does. Types the gguf package cannot quantize
-    (K-quants, IQ*) get random raw blocks of the right size: only the layout is exercised."""
+    (K-quants, IQ*) get random valid blocks (finite scales about 0.02) of the right size."""
     if values.ndim == 1 or qtype == QT.F32:
         return values.astype(np.float32), QT.F32
     block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -46,7 +47,10 @@ def _encode(values: np.ndarray, qtype: QT, rng: np.random.Generator) -> tuple[np
         return gguf.quants.quantize(values, qtype), qtype
     except NotImplementedError:
         byte_shape = (*values.shape[:-1], values.shape[-1] // block_size * type_size)
-        return rng.integers(0, 256, size=byte_shape, dtype=np.uint8), qtype
+        rows = int(np.prod(values.shape[:-1]))
+        blocks = random_blocks(qtype, rows, values.shape[-1], int(rng.integers(1 << 31)),
+                               scale=0.02)
+        return blocks.reshape(byte_shape), qtype
 
 
 def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]:

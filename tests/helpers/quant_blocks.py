@@ -16,7 +16,10 @@ HALF_OFFSETS = {
     QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,),
     QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,),
     QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
+    QT.IQ2_XXS: (0,), QT.IQ2_XS: (0,), QT.IQ2_S: (0,), QT.IQ3_XXS: (0,), QT.IQ3_S: (0,),
+    QT.IQ1_S: (0,), QT.IQ1_M: (),
 }  # fmt: skip
+IQ1_M_SCALES_OFFSET = 48  # IQ1_M's d is the top nibbles of its 4 uint16 scales there
 
 
 def random_blocks(qtype: QT, rows: int, cols: int, seed: int, scale: float = 1.0) -> np.ndarray:
@@ -27,6 +30,13 @@ def random_blocks(qtype: QT, rows: int, cols: int, seed: int, scale: float = 1.0
     for offset in HALF_OFFSETS[qtype]:
         halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
         blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    if qtype == QT.IQ1_M:
+        bits = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16).view(np.uint16)
+        scales = blocks[:, :, IQ1_M_SCALES_OFFSET:].copy().view(np.uint16)  # [rows, n, 4]
+        for i in range(4):
+            nibble = ((bits >> (4 * i)) & 15).astype(np.uint16)
+            scales[:, :, i] = (scales[:, :, i] & 0x0FFF) | (nibble << 12)
+        blocks[:, :, IQ1_M_SCALES_OFFSET:] = scales.view(np.uint8)
     return blocks.reshape(rows, -1)
 
 

@@ -7,6 +7,8 @@
 - "experts": an ExpertStore. `all` keeps every expert resident and the model's stacked expert
   parameters are views of its slots (no per-call copy, CUDA-graph friendly); `N` slots is an
   LRU cache whose misses are copied in from the host copy through a provider per layer.
+Quantized GGUF tensors with a kernel stay in their blocks in both (and in the host copies);
+experts do when every expert tensor of the model has a kernel (quant/experts.py).
 Addresses never change: release and refill map and unmap physical memory under fixed views.
 """
 
@@ -36,6 +38,7 @@ from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import build_model
 from strata.engine.core.models.registry import model_module
 from strata.engine.core.models.switch import SlotLayout, SparseMoE
+from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
 from strata.engine.core.quant.weight import (
     QuantizedWeight,
     block_shape,
@@ -64,18 +67,31 @@ class SlotExperts:
     one-token decode also the slot table layout (None where the GPU cannot read the host
     copy in place: then decode takes the loop through `get`)."""
 
-    def __init__(self, store: ExpertStore, layer: int):
+    def __init__(self, store: ExpertStore, layer: int, dtype: torch.dtype):
         self.store = store
         self.layer = layer
+        # Quantized: the slots as this layer's QuantizedExperts (its types and row bytes).
+        self.quantized = (quantized_experts(store, layer, store.slot_weights, dtype)
+                          if store.is_quantized else None)
         offsets = store.host_offsets(layer)
+        weights = self.quantized or store.slot_weights
         self.layout = None if offsets is None else SlotLayout(
-            *store.slot_weights, store.table[layer], offsets, store.step_ids[layer]
+            *weights, store.table[layer], offsets, store.step_ids[layer]
         )
 
     def get(self, expert_ids: Sequence[int]):
         slots = self.store.fetch_slots(self.layer, expert_ids)
+        if self.quantized is not None:  # dequantized one at a time, on use
+            return tuple(ExpertMatrices(w, slots) for w in self.quantized)
         gate, up, down = self.store.slot_weights
         return [gate[s] for s in slots], [up[s] for s in slots], [down[s] for s in slots]
+
+
+def quantized_experts(store: ExpertStore, layer: int, weights: Sequence[torch.Tensor],
+                      dtype: torch.dtype) -> tuple[QuantizedExperts, ...]:
+    """A quantized store's [n, stride] rows (slots) as layer's gate, up, down QuantizedExperts."""
+    return tuple(QuantizedExperts(fmt.qtype, (w.shape[0], *fmt.shape), w, dtype)
+                 for w, fmt in zip(store.blocks(layer, weights), store.formats[layer]))
 
 
 def expert_names(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
@@ -119,14 +135,21 @@ class ModelMemory:
             in_store = set()
         dense = [n for n in shapes if n not in in_store]
 
-        blocks = self._kept_blocks(dense, source, by_layer)
+        expert_blocks = self._kept_expert_blocks(source, by_layer)
+        blocks = self._kept_blocks(dense, source)
+        if self.expert_mode == "off":  # experts in the weights arena, as blocks where kept
+            blocks.update(expert_blocks)
         views = self._fill_weights(dense, shapes, source, blocks)
-        quantized = {name: QuantizedWeight(qtype, shapes[name], views.pop(name), self.dtype)
+        quantized = {name: _quantized(qtype, shapes[name], views.pop(name), self.dtype)
                      for name, qtype in blocks.items()}
         placeholders: set[str] = set()
         if self.expert_mode == "store":
-            layers = source.experts(by_layer, shapes, self.dtype)
-            num_slots = self._expert_slots(spec, config, len(by_layer), shapes, by_layer)
+            if expert_blocks:
+                layers = source.experts(by_layer, shapes, self.dtype, quantized=True)
+            else:
+                layers = source.experts(by_layer, shapes, self.dtype)
+            per_expert = self._bytes_per_expert(shapes, by_layer, expert_blocks)
+            num_slots = self._expert_slots(spec, config, len(by_layer), per_expert)
             self.experts = ExpertStore(
                 layers, num_slots, self.backend, num_layers=config.num_hidden_layers,
                 chunk_bytes=WEIGHTS_CHUNK_BYTES, num_experts_per_tok=config.num_experts_per_tok,
@@ -135,7 +158,9 @@ class ModelMemory:
             self.arenas.add(self.experts.arena)
             if self.experts.is_all_resident:
                 self.expert_mode = "all"
-                views.update(self._resident_expert_views(by_layer))
+                resident = self._resident_expert_views(by_layer)
+                target = quantized if self.experts.is_quantized else views
+                target.update(resident)
             else:
                 self.expert_mode = "slots"
                 placeholders = in_store
@@ -143,45 +168,72 @@ class ModelMemory:
                             quantized=quantized)
         fused = attach_fused_views(model, self.weights)
         log.debug("fused views: %d qkv, %d gate_up", fused["qkv"], fused["gate_up"])
-        if quantized:
-            # Prefill dequantizes one matrix at a time into this buffer: sized now, before
-            # any CUDA graph is captured, for the largest one a prefill multiplies.
-            reserve_scratch(self.device, self.dtype, prefill_scratch_numel(model))
-            if self.device.type == "cuda":
-                t0 = time.perf_counter()
-                variants = warm_up_quantized(model)
-                log.info("quantized kernels ready: %d variants in %.1f s", variants,
-                         time.perf_counter() - t0)
         if self.expert_mode == "slots":
             for layer in by_layer:
-                model.model.layers[layer].mlp.expert_weights = SlotExperts(self.experts, layer)
+                model.model.layers[layer].mlp.expert_weights = SlotExperts(
+                    self.experts, layer, self.dtype)
             if self.experts.host.device_address is not None:
                 self.promotion = ExpertPromotion(self.experts)
+        if quantized or expert_blocks:
+            # Prefill dequantizes one matrix (or one projection of a layer's resident experts)
+            # at a time into this buffer: sized now, before any CUDA graph is captured.
+            reserve_scratch(self.device, self.dtype, max(prefill_scratch_numel(model),
+                                                         expert_scratch_numel(model)))
+            if self.device.type == "cuda":
+                t0 = time.perf_counter()
+                variants = warm_up_quantized(model) + warm_up_experts(model)
+                log.info("quantized kernels ready: %d variants in %.1f s", variants,
+                         time.perf_counter() - t0)
         return model
 
-    def _kept_blocks(self, names: list[str], source: Any,
-                     by_layer: dict[int, tuple[str, str, str]]) -> dict[str, Any]:
-        """name -> GGML type of the tensors that stay in their blocks in the weights arena;
-        a quantized tensor no kernel reads here is dequantized, with one log line."""
+    def _kept_blocks(self, names: list[str], source: Any) -> dict[str, Any]:
+        """name -> GGML type of the dense tensors that stay in their blocks in the weights
+        arena; a quantized tensor no kernel reads here is dequantized, with one log line."""
         if not keeps_quantized_blocks(self.device):
             return {}
         kept = {}
         for name in names:
             qtype = source.quant_type(name)
-            if qtype is None:
+            if qtype is None or ".mlp.experts." in name:  # experts: _kept_expert_blocks
                 continue
             if qtype.name in KERNEL_QUANT_TYPES and is_quantizable(name):
                 kept[name] = qtype
-            elif ".mlp.experts." not in name:
+            else:
                 log.info("tensor %s (%s) has no quantized kernel here: dequantized to %s",
                          name, qtype.name, str(self.dtype).removeprefix("torch."))
-        expert_types = sorted({source.quant_type(n).name for names in by_layer.values()
-                               for n in names if source.quant_type(n) is not None})
-        if expert_types:
-            log.info("experts of %d layers (%s) are dequantized to %s: the grouped expert "
-                     "kernels read no quantized blocks yet", len(by_layer),
-                     ", ".join(expert_types), str(self.dtype).removeprefix("torch."))
         return kept
+
+    def _kept_expert_blocks(self, source: Any,
+                            by_layer: dict[int, tuple[str, str, str]]) -> dict[str, Any]:
+        """name -> GGML type of every stacked expert tensor, when all stay in their blocks:
+        the store's slots hold any layer's experts, so it holds blocks or floats, not both.
+        Otherwise {} and one log line naming the types dequantized."""
+        names = [n for layer_names in by_layer.values() for n in layer_names]
+        types = {name: source.quant_type(name) for name in names}
+        quantized = sorted({t.name for t in types.values() if t is not None})
+        if not quantized:
+            return {}
+        if keeps_quantized_blocks(self.device) and all(
+                t is not None and t.name in KERNEL_QUANT_TYPES for t in types.values()):
+            return types
+        if keeps_quantized_blocks(self.device):
+            log.info("experts of %d layers (%s) are dequantized to %s: one expert store "
+                     "holds blocks only when every expert tensor has a quantized kernel",
+                     len(by_layer), ", ".join(
+                         sorted({t.name if t else "float" for t in types.values()})),
+                     str(self.dtype).removeprefix("torch."))
+        return {}
+
+    def _bytes_per_expert(self, shapes: dict[str, tuple[int, ...]],
+                          by_layer: dict[int, tuple[str, str, str]],
+                          blocks: dict[str, Any]) -> int:
+        """What one expert slot holds: gate, up and down in the compute dtype, or as blocks
+        of the largest type any layer stores that projection in (expert_store.py)."""
+        if not blocks:
+            names = next(iter(by_layer.values()))
+            return sum(torch.Size(shapes[n][1:]).numel() * self.dtype.itemsize for n in names)
+        return sum(max(torch.Size(block_shape(blocks[names[p]], shapes[names[p]][1:])).numel()
+                       for names in by_layer.values()) for p in range(3))
 
     def _fill_weights(
         self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any,
@@ -230,18 +282,9 @@ class ModelMemory:
         return views
 
     def _expert_slots(
-        self,
-        spec: str,
-        config: ModelConfig,
-        num_layers: int,
-        shapes: dict[str, tuple[int, ...]],
-        by_layer: dict[int, tuple[str, str, str]],
+        self, spec: str, config: ModelConfig, num_layers: int, bytes_per_expert: int,
     ) -> int:
         """Slots for the store: every expert for all (and auto when they fit), else N >= E."""
-        names = next(iter(by_layer.values()))
-        bytes_per_expert = sum(
-            torch.Size(shapes[n][1:]).numel() * self.dtype.itemsize for n in names
-        )
         total = num_layers * config.num_experts
         budget_free = budget_free_bytes(self.backend)
         if spec == "all" or (spec == "auto" and self.device.type != "cuda" and budget_free is None):
@@ -271,14 +314,16 @@ class ModelMemory:
     ) -> dict[str, torch.Tensor]:
         """The stacked [E, ...] parameters of each layer as slices of the store's slots."""
         store, num_experts = self.experts, self.experts.num_experts
-        views = {}
+        views: dict[str, Any] = {}
         for layer, names in by_layer.items():
             first = store.cache.slot_of(layer, 0)
             slots = [store.cache.slot_of(layer, e) for e in range(num_experts)]
             if first is None or slots != list(range(first, first + num_experts)):
                 raise RuntimeError(f"layer {layer}'s experts are not in consecutive slots")
-            for name, stacked in zip(names, store.slot_weights):
-                views[name] = stacked[first : first + num_experts]
+            stacks = [w[first : first + num_experts] for w in store.slot_weights]
+            if store.is_quantized:
+                stacks = quantized_experts(store, layer, stacks, self.dtype)
+            views.update(zip(names, stacks))
         return views
 
     # ---- levels -------------------------------------------------------------------------
@@ -423,6 +468,49 @@ class ModelMemory:
         if self.experts is not None:
             self.experts.host.close()
         self.weights = self.experts = self.promotion = None
+
+
+def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,
+               dtype: torch.dtype) -> QuantizedWeight | QuantizedExperts:
+    """A kept tensor's blocks as the quantized type its readers take: stacked experts [E, N, K]
+    or a matrix [N, K]."""
+    if len(shape) == 3:
+        return QuantizedExperts(qtype, shape, raw, dtype)  # type: ignore[arg-type]
+    return QuantizedWeight(qtype, shape, raw, dtype)  # type: ignore[arg-type]
+
+
+def expert_scratch_numel(model: torch.nn.Module) -> int:
+    """The most values a prefill dequantizes at once for resident quantized experts: one
+    projection of one layer, every expert (slot-cached experts are dequantized one by one)."""
+    return max((w.numel() for m in model.modules() if isinstance(m, SparseMoE)
+                for w in (m.experts.gate_proj, m.experts.up_proj, m.experts.down_proj)
+                if isinstance(w, QuantizedExperts)), default=0)
+
+
+def warm_up_experts(model: torch.nn.Module) -> int:
+    """Compile the expert dequantizer for every variant decode and prefill launch, before any
+    CUDA graph is captured; returns how many ran."""
+    from strata.engine.core.fast.moe_grouped import slot_layout
+    from strata.engine.core.quant.expert_kernels import dequantize_all, gather_dequantize
+
+    seen: set[tuple] = set()
+    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
+        layout = slot_layout(moe)
+        stacks = (layout.gate, layout.up, layout.down) if layout else (
+            moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
+        for p, w in enumerate(stacks):
+            key = (w.qtype if isinstance(w, QuantizedExperts) else None, w.shape[1:], layout
+                   is None)
+            if not isinstance(w, QuantizedExperts) or key in seen:
+                continue
+            seen.add(key)
+            ids = torch.zeros(moe.top_k, dtype=torch.long, device=w.device)
+            if layout is None:
+                gather_dequantize(w, ids)
+                dequantize_all(w)
+            else:
+                gather_dequantize(w, ids, layout.table, layout.host_offsets[p])
+    return len(seen)
 
 
 def _out_of_memory(what: str, exc: ArenaMapError) -> EngineOutOfMemory:

@@ -22,6 +22,7 @@ from strata.engine.core.loader.gguf import GGUFBlocks
 from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, as_lazy
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import check_tensors
+from strata.engine.core.quant.weight import block_shape
 from strata.engine.core.random_weights import DEFAULT_STD
 
 ExpertTriple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down
@@ -61,33 +62,38 @@ class FileWeights:
         return lazy.qtype if isinstance(lazy, GGUFBlocks) else None
 
     def fill_blocks(self, name: str, dst: torch.Tensor) -> None:
-        """Copy tensor `name`'s GGML blocks as stored into dst (uint8 [rows, row_bytes])."""
-        dst.copy_(self._tensors.pop(name).read_blocks())
+        """Copy tensor `name`'s GGML blocks as stored into dst (uint8 [..., rows, row_bytes])."""
+        _copy_blocks(self._tensors.pop(name), dst)
 
     def experts(
         self,
         names_by_layer: dict[int, ExpertNames],
         shapes: dict[str, tuple[int, ...]],
         dtype: torch.dtype,
+        quantized: bool = False,
     ) -> Mapping[int, ExpertTriple]:
-        """A layer -> (gate, up, down) mapping of unread handles that report `dtype` and copy
-        themselves (cast) into ExpertStore's host copy: each expert is read from the file once."""
-        return _LazyFileExperts(self._tensors, names_by_layer, dtype)
+        """A layer -> (gate, up, down) mapping of unread handles that copy themselves into
+        ExpertStore's host copy, each expert read from the file once: cast to `dtype`, or
+        (quantized) as their GGML blocks, reporting qtype and uint8 [E, N, row_bytes]."""
+        return _LazyFileExperts(self._tensors, names_by_layer, dtype, quantized)
 
 
 class _LazyFileExperts(Mapping):
     def __init__(
-        self, tensors: dict[str, LazyTensor], names: dict[int, ExpertNames], dtype: torch.dtype
+        self, tensors: dict[str, LazyTensor], names: dict[int, ExpertNames], dtype: torch.dtype,
+        quantized: bool = False,
     ):
         self._tensors = tensors
         self._names = names
         self._dtype = dtype
+        self._quantized = quantized
 
     def __getitem__(self, layer: int) -> ExpertTriple:
         # Handles, not tensors: ExpertStore checks their shapes and dtype (headers only), then
         # has each one copy itself into its host-copy view, so every byte is read from the file
         # once and no stacked [E, ...] tensor exists besides the host copy.
-        return tuple(_CastOnCopy(self._tensors[name], self._dtype)  # type: ignore[return-value]
+        kind = _BlocksOnCopy if self._quantized else _CastOnCopy
+        return tuple(kind(self._tensors[name], self._dtype)  # type: ignore[return-value]
                      for name in self._names[layer])
 
     def __iter__(self) -> Iterator[int]:
@@ -107,6 +113,33 @@ class _CastOnCopy:
 
     def copy_to(self, dst: torch.Tensor) -> None:
         self.lazy.copy_to(dst)
+
+
+class _BlocksOnCopy:
+    """A stacked quantized GGUF tensor's blocks as stored: what ExpertStore keeps."""
+
+    def __init__(self, lazy: LazyTensor, dtype: torch.dtype):
+        part = lazy.parts[0] if isinstance(lazy, StackedTensor) else lazy
+        if not isinstance(part, GGUFBlocks):
+            raise TypeError(f"{type(part).__name__} has no GGML blocks")
+        self.lazy = lazy
+        self.qtype = part.qtype
+        self.logical_shape = tuple(lazy.shape)
+        self.shape = block_shape(self.qtype, self.logical_shape)
+        self.dtype = torch.uint8
+
+    def copy_to(self, dst: torch.Tensor) -> None:
+        _copy_blocks(self.lazy, dst)
+
+
+def _copy_blocks(lazy: LazyTensor, dst: torch.Tensor) -> None:
+    """A GGUF tensor's blocks into dst; stacked per-expert tensors (old Mixtral files) part by
+    part into dst's rows."""
+    if isinstance(lazy, StackedTensor):
+        for row, part in zip(dst, lazy.parts):
+            _copy_blocks(part, row)
+        return
+    dst.copy_(lazy.read_blocks())
 
 
 class RandomWeights:

@@ -32,6 +32,7 @@ from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.kernels import launch
 from strata.engine.core.models.switch import SlotLayout, SparseMoE
+from strata.engine.core.quant.experts import is_quantized_experts
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def is_grouped_capable(moe: SparseMoE, impl: str = "triton") -> bool:
     """Whether one token's experts can run without asking the host which: stacked resident
     parameters (any grouped impl), or a partial cache's slot table (the Triton kernels)."""
     if moe.expert_weights is None:
-        return True
+        # bmm index_selects float stacks; quantized experts are dequantized by Triton.
+        return impl == "triton" or not is_quantized_experts(moe.experts.gate_proj)
     return impl == "triton" and slot_layout(moe) is not None
 
 
@@ -108,6 +110,11 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
         offsets, out_ids = layout.host_offsets, layout.step_ids
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
                                           out_ids=out_ids, use_pdl=use_pdl)
+    if is_quantized_experts(gate):  # the k routed experts dequantized first, then as float
+        from strata.engine.core.quant.expert_kernels import dequantize_routed
+
+        gate, up, down, ids = dequantize_routed(gate, up, down, ids, table, offsets)
+        table, offsets = None, (0, 0, 0)
     act = moe_triton.grouped_gate_up(x[0], gate, up, ids, table, offsets[:2],
                                      use_pdl=use_pdl)  # [k, I]
     return moe_triton.grouped_down_sum(act, down, ids, weights, table, offsets[2],

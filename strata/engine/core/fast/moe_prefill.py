@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, sum_rows
+from strata.engine.core.quant.experts import ExpertMatrices, is_quantized_experts
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,18 @@ def _looped(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torc
     return out
 
 
+def _grouped_quantized(rows: torch.Tensor, gate, up, down, offsets: torch.Tensor,
+                       row_weights: torch.Tensor, ops: PointwiseOps):
+    """_grouped over quantized experts: each projection of every expert is dequantized into
+    the one prefill scratch just before its grouped GEMM (stream order keeps it safe)."""
+    from strata.engine.core.quant.expert_kernels import dequantize_all
+
+    gate_rows = torch._grouped_mm(rows, dequantize_all(gate).transpose(-2, -1), offs=offsets)
+    up_rows = torch._grouped_mm(rows, dequantize_all(up).transpose(-2, -1), offs=offsets)
+    act = ops.silu_mul_scale(gate_rows, up_rows, row_weights)
+    return torch._grouped_mm(act, dequantize_all(down).transpose(-2, -1), offs=offsets)
+
+
 def _sorted_rows(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int):
     """(order, offsets, rows [T*k, H], row weights [T*k]): each routed (token, slot) row of
     x and its routing weight, grouped by expert (see sort_by_expert)."""
@@ -129,10 +142,12 @@ def experts_sorted(
     stacked = moe.experts
     experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
     order, offsets, rows, row_weights = _sorted_rows(x, weights, ids, stacked.gate_proj.shape[0])
+    quantized = is_quantized_experts(stacked.gate_proj)
     y = None
     if grouped_mm_supported(x):
         try:
-            y = _grouped(rows, *experts, offsets, row_weights, ops)
+            grouped = _grouped_quantized if quantized else _grouped
+            y = grouped(rows, *experts, offsets, row_weights, ops)
             _grouped_mm_works = True
         except RuntimeError as exc:
             if _grouped_mm_works:  # it worked before: this is a real error, not a capability
@@ -141,6 +156,8 @@ def experts_sorted(
             log.warning("torch._grouped_mm refused the MoE prefill (%s); looping over experts",
                         exc)
     if y is None:
+        if quantized:  # one expert's matrix dequantized at a time
+            experts = tuple(ExpertMatrices(w) for w in experts)
         y = _looped(rows, *experts, offsets, row_weights, ops)
     return ops.sum_rows(y, _inverse(order), top_k)
 
@@ -148,8 +165,9 @@ def experts_sorted(
 def moe_block(moe, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
     """The MoE block of many tokens x [T, H] with resident experts: the compiled grouped
     block once grouped GEMMs are known to run here, else route + experts_sorted."""
-    if ops.moe_block is not None and _grouped_mm_works and grouped_mm_supported(x):
-        stacked = moe.experts
+    stacked = moe.experts
+    if (ops.moe_block is not None and _grouped_mm_works and grouped_mm_supported(x)
+            and not is_quantized_experts(stacked.gate_proj)):
         return ops.moe_block(x, moe.router.weight, stacked.gate_proj, stacked.up_proj,
                              stacked.down_proj, moe.top_k, moe.norm_topk_prob)
     weights, ids = route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)

@@ -29,9 +29,9 @@ from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import open_gguf
 from strata.engine.gguf_reader import GGUFFile, TensorInfo
 
-# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats.
-# The gguf package knows more (the low-bit IQ*), but its numpy kernels for those are slow and
-# untested here, so they are refused with a clear message instead.
+# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats; the
+# CPU path dequantizes them with gguf-py (the kernels' test oracle). The gguf package knows a
+# few more (TQ1_0, TQ2_0, MXFP4, ...), refused with a clear message instead.
 SUPPORTED_QUANT_TYPES = frozenset(
     GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", *KERNEL_QUANT_TYPES)
 )

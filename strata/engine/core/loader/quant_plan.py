@@ -16,21 +16,25 @@ KERNEL_QUANT_TYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
     "IQ4_NL", "IQ4_XS",
+    "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
 )  # fmt: skip
 FLOAT_TYPES = ("F32", "F16", "BF16")
 COMPUTE_ITEMSIZE_BYTES = 2  # bf16 on a GPU: what a float or dequantized tensor costs
 DEFAULT_MAX_CONTEXT_TOKENS = 8192  # the engine's context when none is configured (capped)
 
-# Tensors a linear layer or the embedding reads (canonical HF names): they may stay quantized.
-# Stacked experts and routers are read by the grouped MoE kernels, which take bf16 for now.
+# Tensors a linear layer, the embedding or the expert matmuls read (canonical HF names): they
+# may stay quantized. Routers, norms and biases stay float.
 _QUANTIZABLE = re.compile(
     r"^(model\.embed_tokens\.weight|lm_head\.weight|"
     r"model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight|"
-    r"model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight)$"
+    r"model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight|"
+    r"model\.layers\.\d+\.mlp\.experts\.(gate|up|down)_proj)$"
 )
-# The same in GGUF names, for `strata info` (which reads no config to map names).
+# The same in GGUF names, for `strata info` (which reads no config to map names): stacked
+# experts (ffn_*_exps) and the per-expert tensors of old Mixtral files (ffn_*.E) included.
 _QUANTIZABLE_GGUF = re.compile(
-    r"^(token_embd|output|blk\.\d+\.(attn_[qkv]|attn_output|ffn_gate|ffn_up|ffn_down))\.weight$"
+    r"^(token_embd|output|blk\.\d+\.(attn_[qkv]|attn_output|ffn_gate|ffn_up|ffn_down|"
+    r"ffn_(gate|up|down)_exps|ffn_(gate|up|down)\.\d+))\.weight$"
 )
 
 
@@ -50,7 +54,9 @@ class VramEstimate:
 
     weights_bytes: int  # as stored for kept blocks, bf16 for the rest
     kv_bytes: int  # one cache slot filled to the configured context (others map as they grow)
-    workspace_bytes: int  # the dequantization scratch of the prefill path
+    # The prefill's dequantization scratch: the largest matrix, or one projection of a
+    # layer's experts (all of them, as resident experts are multiplied).
+    workspace_bytes: int
     quantized_tensors: int  # how many tensors stay in their blocks
     dequantized_tensors: int  # quantized in the file, dequantized at load (no kernel)
 

@@ -2,6 +2,10 @@
 
 The host copy holds, per MoE layer, the stacked projections gate [E, I, H], up [E, I, H] and
 down [E, H, I]. The slot arena holds gate/up/down of N experts; `ExpertCache` decides which.
+Quantized experts (sources with a GGML `qtype`) are held as their blocks: each projection is
+then a uint8 [E, stride] row per expert, stride the largest any layer's type needs (a Q4_K_M
+file mixes Q4_K and Q6_K down projections), so any layer's expert fits any slot and copies
+move blocks as stored; `blocks(layer, weights)` views them as [.., N, row_bytes].
 A device slot table [layers, E] (slot, or -1) mirrors that decision for decode kernels that
 read a missing expert in place from the host copy (fast/moe_triton.py); expert_promotion.py
 moves the experts decode steps used into slots between steps.
@@ -24,6 +28,20 @@ from strata.engine.core.memory.expert_cache import ExpertCache
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """How one layer's projection is stored when quantized: GGML type, logical [N, K] of one
+    expert, and the bytes of one of its rows of blocks."""
+
+    qtype: Any
+    shape: tuple[int, int]
+    row_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.shape[0] * self.row_bytes
 
 
 @dataclass(frozen=True)
@@ -51,6 +69,12 @@ def contiguous_runs(
     return runs
 
 
+def _as_blocks(rows: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """uint8 [n, stride] as [n, N, row_bytes] blocks of fmt (a view; padding left out)."""
+    return rows.as_strided((rows.shape[0], fmt.shape[0], fmt.row_bytes),
+                           (rows.stride(0), fmt.row_bytes, 1))
+
+
 class ExpertStore:
     """Host copy of all experts plus a VRAM slot arena; `fetch` returns what a step needs."""
 
@@ -68,9 +92,16 @@ class ExpertStore:
             raise ValueError("ExpertStore needs the experts of at least one MoE layer")
         gate, up, down = next(iter(layers.values()))
         self.num_experts = gate.shape[0]
-        self._shapes = (tuple(gate.shape[1:]), tuple(up.shape[1:]), tuple(down.shape[1:]))
-        self.dtype = gate.dtype
+        # layer -> (gate, up, down) BlockFormat when the experts stay quantized, else empty.
+        self.formats: dict[int, tuple[BlockFormat, ...]] = {}
+        if getattr(gate, "qtype", None) is not None:
+            self._init_formats(layers)
+        else:
+            self._shapes = (tuple(gate.shape[1:]), tuple(up.shape[1:]), tuple(down.shape[1:]))
+            self.dtype = gate.dtype
         for layer, weights in layers.items():
+            if self.formats:
+                continue  # checked by _init_formats
             shapes = tuple(tuple(w.shape[1:]) for w in weights)
             if (
                 shapes != self._shapes
@@ -101,9 +132,11 @@ class ExpertStore:
         offset = 0
         for layer in self.layer_ids:
             views = []
-            for shape, source in zip(self._shapes, layers[layer]):
+            for p, (shape, source) in enumerate(zip(self._shapes, layers[layer])):
                 view = self.host.tensor(offset, (self.num_experts, *shape), self.dtype)
-                as_lazy(source).copy_to(view)  # a tensor, or a file's handle read once
+                # A tensor, or a file's handle read once; blocks into their padded rows.
+                dst = _as_blocks(view, self.formats[layer][p]) if self.formats else view
+                as_lazy(source).copy_to(dst)
                 views.append(view)
                 offset += view.numel() * self.dtype.itemsize
             self._host_layers[layer] = views
@@ -126,6 +159,37 @@ class ExpertStore:
         self.step_ids = torch.zeros(num_layers, num_experts_per_tok, dtype=torch.long,
                                     device=self.device)
         self.preload()
+
+    def _init_formats(self, layers: dict[int, ExpertWeights]) -> None:
+        """Quantized sources: each projection's BlockFormat per layer, one stride for all."""
+        logical = None
+        for layer, weights in layers.items():
+            formats = []
+            for w in weights:
+                qtype = getattr(w, "qtype", None)
+                experts, _, row_bytes = w.shape
+                if qtype is None or experts != self.num_experts or w.dtype != torch.uint8:
+                    raise ValueError(f"layer {layer}: quantized experts must all be uint8 "
+                                     f"[{self.num_experts}, N, row_bytes] blocks with a qtype")
+                formats.append(BlockFormat(qtype, tuple(w.logical_shape[1:]), row_bytes))
+            shapes = tuple(f.shape for f in formats)
+            if logical is not None and shapes != logical:
+                raise ValueError(f"layer {layer}: expert shapes {shapes} differ from {logical}")
+            logical = shapes
+            self.formats[layer] = tuple(formats)
+        self.dtype = torch.uint8
+        self._shapes = tuple(  # type: ignore[assignment]
+            (max(self.formats[layer][p].nbytes for layer in layers),) for p in range(3))
+
+    @property
+    def is_quantized(self) -> bool:
+        return bool(self.formats)
+
+    def blocks(self, layer: int, weights: Sequence[torch.Tensor]) -> ExpertWeights:
+        """Quantized stores: each of weights' [n, stride] uint8 (slots or a layer's host copy)
+        viewed as layer's [n, N, row_bytes] blocks; experts stay `stride` bytes apart."""
+        return tuple(_as_blocks(w, f)  # type: ignore[return-value]
+                     for w, f in zip(weights, self.formats[layer]))
 
     @staticmethod
     def _numel(shape: tuple[int, ...]) -> int:
@@ -156,7 +220,8 @@ class ExpertStore:
             if address is None:
                 return None
             delta = address - slots.data_ptr()
-            if delta % self.dtype.itemsize:
+            # Blocks are read with their fp16 fields as halves: an even distance keeps them so.
+            if delta % max(self.dtype.itemsize, 2 if self.formats else 1):
                 raise RuntimeError(f"layer {layer}'s host copy is not {self.dtype} aligned")
             offsets.append(delta // self.dtype.itemsize)
         return tuple(offsets)  # type: ignore[return-value]

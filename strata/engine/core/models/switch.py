@@ -2,7 +2,8 @@
 
 Expert weights are stacked per layer: gate/up [E, I, H], down [E, H, I]. The layer asks an
 `ExpertWeights` provider for the experts a call needs; the default one indexes the stacked
-parameters, an expert cache can supply views into its own slots instead.
+parameters, an expert cache can supply views into its own slots instead. Quantized experts
+(quant/experts.py) replace the three parameters; indexing them dequantizes one expert.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import nn
 
 from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, narrowed
 from strata.engine.core.model_config import ModelFormatError
+from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
 # j-th id's matrix. A stacked tensor [k, ...] and a list of k views both qualify.
@@ -42,11 +44,12 @@ class SlotLayout:
     gate/up [N, I, H] and down [N, H, I] are the cache's slots (shared by every layer); table
     [E] int32 holds expert e's slot, or -1: then expert e is read in place from the host
     copy, whose [E, ...] tensors start host_offsets (gate, up, down) elements past the slot
-    weights' bases. The router writes the step's ids into step_ids [k] for the cache."""
+    weights' bases. The router writes the step's ids into step_ids [k] for the cache.
+    Quantized experts: gate/up/down are QuantizedExperts over the slots, offsets in bytes."""
 
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate: torch.Tensor | QuantizedExperts
+    up: torch.Tensor | QuantizedExperts
+    down: torch.Tensor | QuantizedExperts
     table: torch.Tensor
     host_offsets: tuple[int, int, int]
     step_ids: torch.Tensor
@@ -62,6 +65,9 @@ class StackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
 
     def get(self, expert_ids: Sequence[int]) -> ExpertBatch:
+        if isinstance(self.gate_proj, QuantizedExperts):  # dequantized one at a time, on use
+            return tuple(ExpertMatrices(w, expert_ids)  # type: ignore[return-value]
+                         for w in (self.gate_proj, self.up_proj, self.down_proj))
         # Lists of views rather than index_select: no copy of the expert weights per call.
         return (
             [self.gate_proj[e] for e in expert_ids],

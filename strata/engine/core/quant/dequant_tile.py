@@ -3,7 +3,8 @@
 `dequant_tile(w_ptr, wh_ptr, table_ptr, row_off, cols, ok, QTYPE)` gives W[rows, cols] for a
 [rows, cols] tile of a matrix stored as GGML blocks, each row `row_bytes` of blocks laid end to
 end (the file's layout, unchanged). w_ptr reads the bytes, wh_ptr the same memory as float16
-(every block's fp16 fields sit at even offsets), table_ptr the IQ4 non-linear grid (int8 [16]).
+(every block's fp16 fields sit at even offsets), table_ptr the lookup table of lookup.py (int8:
+IQ4 levels, sign patterns and the I-quant grids at the LUT_* offsets below).
 Each value is computed in float32 in the order gguf-py's numpy dequantizer uses, so with
 floating-point contraction off (the dequantize kernel) the result equals it bit for bit.
 
@@ -12,7 +13,11 @@ Layouts follow ggml's block structs (ggml-common.h): QK elements per block, fiel
   Q5_1 [d, m, qh4, qs16] 24 B, Q8_0 [d, qs32] 34 B, IQ4_NL [d, qs16] 18 B (32 values each);
   Q2_K [scales16, qs64, d, dmin] 84 B, Q3_K [hmask32, qs64, scales12, d] 110 B,
   Q4_K [d, dmin, scales12, qs128] 144 B, Q5_K [d, dmin, scales12, qh32, qs128] 176 B,
-  Q6_K [ql128, qh64, scales16, d] 210 B, IQ4_XS [d, scales_h2, scales_l4, qs128] 136 B (256).
+  Q6_K [ql128, qh64, scales16, d] 210 B, IQ4_XS [d, scales_h2, scales_l4, qs128] 136 B,
+  IQ2_XXS [d, qs64] 66 B, IQ2_XS [d, qs64, scales8] 74 B, IQ2_S [d, qs32, signs32, qh8,
+  scales8] 82 B, IQ3_XXS [d, qs64, scales_signs32] 98 B, IQ3_S [d, qs64, qh8, signs32,
+  scales4] 110 B, IQ1_S [d, qs32, qh16] 50 B, IQ1_M [qs32, qh16, scales8 (d in their top
+  nibbles)] 56 B (256 values each).
 """
 
 from __future__ import annotations
@@ -27,8 +32,30 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 IQ4_NL, IQ4_XS = 20, 23
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M = 16, 17, 18, 19, 21, 22, 29
+
+# Offsets into the lookup table (lookup.py builds it; int8 entries).
+LUT_IQ4 = 0  # 16 levels
+LUT_KSIGNS = 16  # 128 sign patterns (bytes: mask with 255)
+LUT_IQ2_XXS = 144  # 256 x 8
+LUT_IQ2_XS = 2192  # 512 x 8
+LUT_IQ2_S = 6288  # 1024 x 8
+LUT_IQ3_XXS = 14480  # 256 x 4
+LUT_IQ3_S = 15504  # 512 x 4
+LUT_IQ1_S = 17552  # 2048 x 8, shared by IQ1_M
+LUT_SIZE = 33936
+IQ1_DELTA = 0.125
 
 if triton is not None:
+    # Globals a jitted function reads must be constexpr.
+    _KSIGNS = tl.constexpr(LUT_KSIGNS)
+    _GRID_IQ2_XXS = tl.constexpr(LUT_IQ2_XXS)
+    _GRID_IQ2_XS = tl.constexpr(LUT_IQ2_XS)
+    _GRID_IQ2_S = tl.constexpr(LUT_IQ2_S)
+    _GRID_IQ3_XXS = tl.constexpr(LUT_IQ3_XXS)
+    _GRID_IQ3_S = tl.constexpr(LUT_IQ3_S)
+    _GRID_IQ1_S = tl.constexpr(LUT_IQ1_S)
+    _DELTA = tl.constexpr(IQ1_DELTA)
 
     @triton.jit
     def _byte(w_ptr, offset, ok):
@@ -47,6 +74,103 @@ if triton is not None:
     def _nibble32(w_ptr, qs, j, ok):
         """Value j of a 32-value block's 16 packed bytes: low nibbles first, then high."""
         return (_byte(w_ptr, qs + (j % 16), ok) >> ((j // 16) * 4)) & 15
+
+    @triton.jit
+    def _lut(table_ptr, index, ok):
+        return tl.load(table_ptr + index, mask=ok, other=0).to(tl.int32)
+
+    @triton.jit
+    def _sign(flag):
+        """-1.0 where a sign bit is set, else 1.0."""
+        return tl.where(flag != 0, -1.0, 1.0)
+
+    @triton.jit
+    def _ksign_bit(w_ptr, table_ptr, packed, l, j, ok):
+        """Value j's sign bit from the l-th 7-bit pattern index packed in the 4 bytes at
+        `packed` (IQ2_XXS, IQ3_XXS); the two bytes holding bits 7l..7l+6 are read."""
+        bit = 7 * l
+        word = _byte(w_ptr, packed + bit // 8, ok) | (_byte(w_ptr, packed + bit // 8 + 1, ok) << 8)
+        pattern = _lut(table_ptr, _KSIGNS + ((word >> (bit % 8)) & 127), ok) & 255
+        return (pattern >> (j % 8)) & 1
+
+    @triton.jit
+    def _iquant(w_ptr, wh_ptr, table_ptr, row_off, cols, ok, QTYPE: tl.constexpr):
+        """The 256-value I-quants, each in gguf-py's order of float operations."""
+        j = cols % 256
+        e = j % 8
+        if QTYPE == 16:  # IQ2_XXS: per 32 values 4 grid bytes, then 4 x 7 sign bits + scale
+            blk = row_off + (cols // 256) * 66
+            sub = blk + 2 + (j // 32) * 8
+            grid = _lut(table_ptr, _GRID_IQ2_XXS + _byte(w_ptr, sub + (j % 32) // 8, ok) * 8 + e, ok)
+            scale = _byte(w_ptr, sub + 7, ok) >> 4
+            db = (_half(wh_ptr, blk, ok) * (0.5 + scale.to(tl.float32))) * 0.25
+            sign = _ksign_bit(w_ptr, table_ptr, sub + 4, (j % 32) // 8, j, ok)
+            v = (db * grid.to(tl.float32)) * _sign(sign)
+        elif QTYPE == 17:  # IQ2_XS: uint16 per 8 values (9-bit grid, 7-bit signs), 4-bit scales
+            blk = row_off + (cols // 256) * 74
+            q_at = blk + 2 + (j // 8) * 2
+            q = _byte(w_ptr, q_at, ok) | (_byte(w_ptr, q_at + 1, ok) << 8)
+            grid = _lut(table_ptr, _GRID_IQ2_XS + (q & 511) * 8 + e, ok)
+            pattern = _lut(table_ptr, _KSIGNS + (q >> 9), ok) & 255
+            scale = (_byte(w_ptr, blk + 66 + j // 32, ok) >> (((j // 16) % 2) * 4)) & 15
+            db = (_half(wh_ptr, blk, ok) * (0.5 + scale.to(tl.float32))) * 0.25
+            v = (db * grid.to(tl.float32)) * _sign((pattern >> e) & 1)
+        elif QTYPE == 22:  # IQ2_S: 10-bit grid index (qs + 2 bits of qh), explicit sign bits
+            blk = row_off + (cols // 256) * 82
+            g = j // 8
+            high = (_byte(w_ptr, blk + 66 + g // 4, ok) >> ((g % 4) * 2)) & 3
+            index = _byte(w_ptr, blk + 2 + g, ok) | (high << 8)
+            grid = _lut(table_ptr, _GRID_IQ2_S + index * 8 + e, ok)
+            sign = (_byte(w_ptr, blk + 34 + g, ok) >> e) & 1
+            scale = (_byte(w_ptr, blk + 74 + j // 32, ok) >> (((j // 16) % 2) * 4)) & 15
+            db = (_half(wh_ptr, blk, ok) * (0.5 + scale.to(tl.float32))) * 0.25
+            v = (db * grid.to(tl.float32)) * _sign(sign)
+        elif QTYPE == 18:  # IQ3_XXS: a grid byte per 4 values; per 32, signs + scale in 4 bytes
+            blk = row_off + (cols // 256) * 98
+            grid = _lut(table_ptr, _GRID_IQ3_XXS + _byte(w_ptr, blk + 2 + j // 4, ok) * 4 + j % 4,
+                        ok)
+            packed = blk + 66 + (j // 32) * 4
+            scale = _byte(w_ptr, packed + 3, ok) >> 4
+            db = (_half(wh_ptr, blk, ok) * (0.5 + scale.to(tl.float32))) * 0.5
+            sign = _ksign_bit(w_ptr, table_ptr, packed, (j % 32) // 8, j, ok)
+            v = (db * grid.to(tl.float32)) * _sign(sign)
+        elif QTYPE == 21:  # IQ3_S: 9-bit grid index per 4 values, sign bits, odd scales
+            blk = row_off + (cols // 256) * 110
+            g = j // 4
+            high = (_byte(w_ptr, blk + 66 + g // 8, ok) >> (g % 8)) & 1
+            index = _byte(w_ptr, blk + 2 + g, ok) | (high << 8)
+            grid = _lut(table_ptr, _GRID_IQ3_S + index * 4 + j % 4, ok)
+            sign = (_byte(w_ptr, blk + 74 + j // 8, ok) >> e) & 1
+            scale = (_byte(w_ptr, blk + 106 + j // 64, ok) >> (((j // 32) % 2) * 4)) & 15
+            db = _half(wh_ptr, blk, ok) * (1 + 2 * scale).to(tl.float32)
+            v = (db * grid.to(tl.float32)) * _sign(sign)
+        elif QTYPE == 19:  # IQ1_S: 11-bit grid index of {-1, 0, 1}, a shared +-delta per 32
+            blk = row_off + (cols // 256) * 50
+            qh_at = blk + 34 + (j // 32) * 2
+            qh = _byte(w_ptr, qh_at, ok) | (_byte(w_ptr, qh_at + 1, ok) << 8)
+            dl = _half(wh_ptr, blk, ok) * (2 * ((qh >> 12) & 7) + 1).to(tl.float32)
+            delta = tl.where((qh & 0x8000) != 0, -_DELTA, _DELTA)
+            g = j // 8
+            index = _byte(w_ptr, blk + 2 + g, ok) | (((qh >> ((g % 4) * 3)) & 7) << 8)
+            grid = _lut(table_ptr, _GRID_IQ1_S + index * 8 + e, ok)
+            v = dl * (grid.to(tl.float32) + delta)
+        else:  # IQ1_M (29): IQ1_S's grid, 3-bit scales per 16, d split over 4 nibbles
+            blk = row_off + (cols // 256) * 56
+            sc = blk + 48
+            bits = (((_byte(w_ptr, sc + 1, ok) >> 4)) | ((_byte(w_ptr, sc + 3, ok) >> 4) << 4)
+                    | ((_byte(w_ptr, sc + 5, ok) >> 4) << 8) | ((_byte(w_ptr, sc + 7, ok) >> 4) << 12))
+            d = bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            s = j // 16
+            word_at = sc + (s // 4) * 2
+            word = _byte(w_ptr, word_at, ok) | (_byte(w_ptr, word_at + 1, ok) << 8)
+            dl = d * (2 * ((word >> ((s % 4) * 3)) & 7) + 1).to(tl.float32)
+            g = j // 8
+            qh = (_byte(w_ptr, blk + 32 + g // 2, ok) >> ((g % 2) * 4)) & 15
+            index = _byte(w_ptr, blk + g, ok) | ((qh & 7) << 8)
+            grid = _lut(table_ptr, _GRID_IQ1_S + index * 8 + e, ok)
+            delta = tl.where((qh & 8) != 0, -_DELTA, _DELTA)
+            v = dl * (grid.to(tl.float32) + delta)
+        return v
 
     @triton.jit
     def _k4_scale_min(w_ptr, scales, s, ok):
@@ -142,7 +266,7 @@ if triton is not None:
             hbit = (_byte(w_ptr, blk + j % 32, ok) >> (j // 32)) & 1
             q = q - ((1 - hbit) << 2)  # a clear mask bit subtracts 4
             v = (_half(wh_ptr, blk + 108, ok) * sc.to(tl.float32)) * q.to(tl.float32)
-        else:  # IQ4_XS (23): 8 sub-blocks of 32, 6-bit signed scales, IQ4_NL's grid
+        elif QTYPE == 23:  # IQ4_XS: 8 sub-blocks of 32, 6-bit signed scales, IQ4_NL's grid
             blk = row_off + (cols // 256) * 136
             j = cols % 256
             s = j // 32
@@ -152,4 +276,6 @@ if triton is not None:
             q = _nibble32(w_ptr, blk + 8 + s * 16, j % 32, ok)
             grid = tl.load(table_ptr + q, mask=ok, other=0).to(tl.float32)
             v = (_half(wh_ptr, blk, ok) * sc.to(tl.float32)) * grid
+        else:
+            v = _iquant(w_ptr, wh_ptr, table_ptr, row_off, cols, ok, QTYPE)
         return v

@@ -19,6 +19,7 @@ import torch
 
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
+from strata.engine.core.quant.lookup import lookup_table
 
 try:
     import triton
@@ -29,8 +30,6 @@ except ImportError:
     triton = None
 
 MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel (weight.py's too)
-# IQ4_NL / IQ4_XS's non-linear grid (ggml's kvalues_iq4nl).
-IQ4_GRID = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 # (BLOCK_N, BLOCK_K, num_warps) candidates autotuned on CUDA. BLOCK_K is a multiple of every
 # block size (256), so no block straddles two tiles. One token: few rows per program, so a
 # small matrix still spreads over every SM; 2..16 tokens: tl.dot needs 16 rows or more.
@@ -40,16 +39,6 @@ DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
 INTERPRETER_DEQUANT_BLOCK_N = 128
-
-_tables: dict[torch.device, torch.Tensor] = {}
-
-
-def grid_table(device: torch.device) -> torch.Tensor:
-    """The IQ4 grid as int8 on `device` (one per device, made once)."""
-    table = _tables.get(device)
-    if table is None:
-        table = _tables[device] = torch.tensor(IQ4_GRID, dtype=torch.int8, device=device)
-    return table
 
 
 if triton is not None:
@@ -137,7 +126,7 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
     grid = (triton.cdiv(num_rows, block_n), triton.cdiv(num_cols, DEQUANT_BLOCK_K))
     # No contraction: d * q + m rounds twice, as numpy does, so values equal gguf-py's.
     _dequant_kernel[grid](
-        raw, raw.view(torch.float16), grid_table(raw.device), out, num_rows,
+        raw, raw.view(torch.float16), lookup_table(raw.device), out, num_rows,
         K=num_cols, ROW_BYTES=row_bytes, QTYPE=int(qtype),
         BLOCK_N=block_n, BLOCK_K=DEQUANT_BLOCK_K, enable_fp_fusion=False,
     )
@@ -162,7 +151,7 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     launch.launch(
         _matmul_tuned[path], lambda rows: (triton.cdiv(num_rows, rows),),
         _matmul_candidates(path),
-        x, raw, raw.view(torch.float16), grid_table(raw.device),
+        x, raw, raw.view(torch.float16), lookup_table(raw.device),
         bias if bias is not None else x, out, num_tokens, x.stride(0), out.stride(0),
         N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1], QTYPE=int(qtype),
         HAS_BIAS=bias is not None, BLOCK_M=block_m,

@@ -83,11 +83,10 @@ def is_quantized(weight: object) -> bool:
     return isinstance(weight, QuantizedWeight)
 
 
-def block_shape(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, int]:
-    """The uint8 [rows, row_bytes] a [rows, cols] matrix of qtype takes as GGML blocks."""
+def block_shape(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The uint8 [..., rows, row_bytes] a [..., rows, cols] tensor of qtype takes as blocks."""
     block_size, block_bytes = GGML_QUANT_SIZES[qtype]
-    rows, cols = shape
-    return rows, cols // block_size * block_bytes
+    return (*shape[:-1], shape[-1] // block_size * block_bytes)
 
 
 def keeps_quantized_blocks(device: torch.device) -> bool:
@@ -132,13 +131,19 @@ def scratch_bytes() -> int:
     return sum(t.numel() * t.element_size() for t in _scratch.values())
 
 
-def _scratch_matrix(w: QuantizedWeight) -> torch.Tensor:
-    numel = w.numel()
-    key = (w.device, w.dtype)
+def scratch_tensor(device: torch.device, dtype: torch.dtype,
+                   shape: tuple[int, ...]) -> torch.Tensor:
+    """A view of the prefill scratch of `shape`; the next user overwrites it."""
+    numel = torch.Size(shape).numel()
+    key = (torch.device(device), dtype)
     if key not in _scratch or _scratch[key].numel() < numel:
         log.debug("quantized prefill scratch grows to %d values", numel)
-        reserve_scratch(w.device, w.dtype, numel)
-    return _scratch[key][:numel].view(w.shape)
+        reserve_scratch(device, dtype, numel)
+    return _scratch[key][:numel].view(shape)
+
+
+def _scratch_matrix(w: QuantizedWeight) -> torch.Tensor:
+    return scratch_tensor(w.device, w.dtype, w.shape)
 
 
 def qlinear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -185,14 +190,19 @@ class QuantizedEmbedding(nn.Module):
         return self.weight.rows(ids.reshape(-1)).view(*ids.shape, self.embedding_dim)
 
 
-def install_quantized(model: nn.Module, weights: dict[str, QuantizedWeight]) -> None:
+def install_quantized(model: nn.Module, weights: dict) -> None:
     """Swap the nn.Linear / nn.Embedding owning each `<module>.weight` name for its quantized
-    twin (on a model still on the meta device, before its other tensors are assigned)."""
+    twin, and put stacked experts' blocks (quant/experts.py) in place of their parameter (on a
+    model still on the meta device, before its other tensors are assigned)."""
     for name, weight in weights.items():
         module_name = name.removesuffix(".weight")
         parent_name, _, attr = module_name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, attr)
+        if isinstance(old, nn.Parameter) and not isinstance(weight, QuantizedWeight):
+            del parent._parameters[attr]  # a plain attribute from now on, never in state_dict
+            setattr(parent, attr, weight)
+            continue
         if isinstance(old, nn.Linear):
             new: nn.Module = QuantizedLinear(weight, old.bias is not None)
         elif isinstance(old, nn.Embedding):
@@ -235,15 +245,24 @@ def warm_up_quantized(model: nn.Module) -> int:
     return len(seen)
 
 
+def _quantized_expert_stacks(model: nn.Module) -> list:
+    from strata.engine.core.quant.experts import QuantizedExperts
+
+    return [w for m in model.modules() for w in vars(m).values()
+            if isinstance(w, QuantizedExperts)]
+
+
 def count_quantized(model: nn.Module) -> int:
-    """How many of the model's weights are held as GGML blocks."""
-    return sum(isinstance(m, QuantizedLinear | QuantizedEmbedding) for m in model.modules())
+    """How many of the model's weights (stacked experts included) are held as GGML blocks."""
+    return (sum(isinstance(m, QuantizedLinear | QuantizedEmbedding) for m in model.modules())
+            + len(_quantized_expert_stacks(model)))
 
 
 def count_parameters(model: nn.Module) -> int:
     """Float parameters plus the values quantized weights hold."""
     quantized = sum(m.weight.numel() for m in model.modules()
                     if isinstance(m, QuantizedLinear | QuantizedEmbedding))
+    quantized += sum(w.numel() for w in _quantized_expert_stacks(model))
     return quantized + sum(p.numel() for p in model.parameters())
 
 

@@ -1,0 +1,101 @@
+"""MoE experts held as GGML blocks, and how the expert matmuls read them: dequantized on use.
+
+A QuantizedExperts is one projection (gate, up or down) of a layer's E experts: raw uint8
+[E, N, row_bytes], rows contiguous, experts `expert_stride` bytes apart (an expert store pads
+every layer's experts to the largest type any layer uses, so one slot fits them all). The
+expert matmuls themselves stay float; what they need is dequantized just before:
+
+- one token (decode, CUDA-graph safe): `gather_dequantize` (expert_kernels.py) dequantizes the k routed experts,
+  whose ids stay in device memory, into [k, N, K] (through a partial cache's slot table: a
+  missing expert is read in place from the pinned host copy); the grouped kernels then run
+  over those k matrices with ids 0..k-1.
+- many tokens (prefill): `dequantize_all` (expert_kernels.py) fills the prefill scratch with all E experts of one
+  projection at a time; the grouped GEMMs follow each one.
+- the reference loop: `ExpertMatrices` dequantizes one expert when indexed.
+
+A faster design reads the blocks inside the grouped kernels (dequant_tile in moe_triton's
+row dots), as quant_matmul does for dense weights: k experts' quantized bytes once, instead
+of writing and reading them again in the compute dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from strata.engine.core.quant.weight import QuantizedWeight
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedExperts:
+    """A [E, N, K] stack of expert matrices held as GGML blocks; values come out in `dtype`."""
+
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int, int]  # logical [E, N, K]
+    raw: torch.Tensor  # uint8 [E, N, row_bytes], rows contiguous
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        block_size, block_bytes = GGML_QUANT_SIZES[self.qtype]
+        experts, rows, cols = self.shape
+        row_bytes = cols // block_size * block_bytes
+        raw = self.raw
+        if (cols % block_size or raw.dtype != torch.uint8
+                or tuple(raw.shape) != (experts, rows, row_bytes)
+                or raw.stride()[1:] != (row_bytes, 1) or raw.stride(0) % 2):
+            raise ValueError(f"{self.qtype.name} blocks of {experts} [{rows}, {cols}] experts "
+                             f"must be uint8 ({experts}, {rows}, {row_bytes}) with contiguous "
+                             f"rows, got {raw.dtype} {tuple(raw.shape)} strides {raw.stride()}")
+
+    @property
+    def num_experts(self) -> int:
+        return self.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    @property
+    def expert_stride(self) -> int:
+        """Bytes from one expert's blocks to the next's."""
+        return self.raw.stride(0)
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw[0].numel() * self.num_experts
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1] * self.shape[2]
+
+    def expert(self, index: int) -> QuantizedWeight:
+        """Expert `index`'s matrix [N, K] as a QuantizedWeight (a view)."""
+        return QuantizedWeight(self.qtype, self.shape[1:], self.raw[index], self.dtype)
+
+    def narrow(self, first: int, count: int) -> QuantizedExperts:
+        """Experts first..first+count-1 (a view)."""
+        return QuantizedExperts(self.qtype, (count, *self.shape[1:]),
+                                self.raw[first : first + count], self.dtype)
+
+
+def is_quantized_experts(weight: object) -> bool:
+    return isinstance(weight, QuantizedExperts)
+
+
+class ExpertMatrices(Sequence):
+    """The matrices of experts ids[j] (default: every expert), each dequantized when indexed:
+    the reference loop uses one at a time, so one matrix per projection exists at once."""
+
+    def __init__(self, experts: QuantizedExperts, ids: Sequence[int] | None = None):
+        self.experts = experts
+        self.ids = list(range(experts.num_experts)) if ids is None else list(ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, j):  # type: ignore[override]
+        if isinstance(j, slice):
+            raise TypeError("ExpertMatrices are indexed one expert at a time")
+        return self.experts.expert(self.ids[j]).dequantize()
