@@ -85,7 +85,7 @@ if triton is not None:
         return tl.where(flag != 0, -1.0, 1.0)
 
     @triton.jit
-    def _ksign_bit(w_ptr, table_ptr, packed, l, j, ok):
+    def _ksign_bit(w_ptr, table_ptr, packed, l, j, ok):  # noqa: E741 - l: the paper-style index
         """Value j's sign bit from the l-th 7-bit pattern index packed in the 4 bytes at
         `packed` (IQ2_XXS, IQ3_XXS); the two bytes holding bits 7l..7l+6 are read."""
         bit = 7 * l
