@@ -6,7 +6,8 @@ every layer's experts to the largest type any layer uses, so one slot fits them 
 expert matmuls themselves stay float; what they need is dequantized just before:
 
 - one token (decode, CUDA-graph safe): `gather_dequantize` (expert_kernels.py) dequantizes
-  the k routed experts, whose ids stay in device memory, into [k, N, K] (through a partial cache's slot table: a
+  the k routed experts, whose ids stay in device memory, into [k, N, K] (through a partial
+  cache's slot table: a
   missing expert is read in place from the pinned host copy); the grouped kernels then run
   over those k matrices with ids 0..k-1.
 - many tokens (prefill): `dequantize_all` (expert_kernels.py) fills the prefill scratch with
