@@ -1,0 +1,146 @@
+"""Continuous batching on one GPU: aggregate decode tok/s by concurrent streams, and the time to
+first token of a short request while a long prompt prefills (issue 22).
+
+    python bench/batch_bench.py --model llama3-8b --random --streams 1 2 4 8 16 --json out.json
+
+Drives Engine.add/step directly (what the engine process does), so the figures are the
+engine's, not HTTP's. For each stream count: N requests with distinct prompts start together;
+decode tok/s is the tokens made after every sequence has its first token over that time.
+Then a long prompt (--long-tokens) is added, and after its first prefill chunk a short request;
+its TTFT is compared with one chunk's prefill time and its own prefill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+
+
+def engine_for(args):
+    from strata.engine.core.engine import Engine
+    from strata.engine.core.engine_config import EngineConfig
+
+    extra = {"random_weights": args.model} if args.random else {}
+    engine = Engine(EngineConfig(model_path=args.model, device=args.device, num_slots=args.slots,
+                                 context_tokens=args.long_tokens + 1024,
+                                 prefill_chunk_tokens=args.chunk_tokens, **extra))
+    engine.load()
+    return engine
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def prompt(vocab: int, seed: int, length: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % (vocab - 2) + 1 for i in range(length)]
+
+
+def run_streams(engine, num_streams: int, args) -> dict:
+    from strata.engine.protocol import SamplingSpec
+
+    vocab = engine.model_config.vocab_size
+    spec = SamplingSpec(max_tokens=args.max_tokens, temperature=0.0, stop_token_ids=())
+    for i in range(num_streams):
+        engine.erase_slot(i)
+        engine.add(f"s{i}", prompt(vocab, 1000 * num_streams + i, args.prompt_tokens), spec, i)
+    started: set[str] = set()
+    num_tokens = 0
+    decode_start_s = None
+    while engine.has_work:
+        events = engine.step()
+        for event in events:
+            if event.token_ids and event.request_id not in started:
+                started.add(event.request_id)
+            elif decode_start_s is not None:
+                num_tokens += len(event.token_ids)
+        if decode_start_s is None and len(started) == num_streams:
+            sync()
+            decode_start_s = time.perf_counter()
+    sync()
+    elapsed_s = time.perf_counter() - decode_start_s
+    return {"streams": num_streams, "decode_tokens": num_tokens, "decode_s": round(elapsed_s, 3),
+            "aggregate_tok_s": round(num_tokens / elapsed_s, 1),
+            "per_stream_tok_s": round(num_tokens / elapsed_s / num_streams, 1)}
+
+
+def run_ttft(engine, args) -> dict:
+    from strata.engine.protocol import SamplingSpec
+
+    vocab = engine.model_config.vocab_size
+    for i in range(2):
+        engine.erase_slot(i)
+    engine.add("long", prompt(vocab, 7, args.long_tokens), SamplingSpec(max_tokens=8), 0)
+    engine.step()  # the long prompt's first chunk
+    sync()
+    chunk_start_s = time.perf_counter()
+    engine.step()  # a second chunk alone: one chunk's time
+    sync()
+    chunk_s = time.perf_counter() - chunk_start_s
+    short = prompt(vocab, 11, args.short_tokens)
+    sync()
+    added_s = time.perf_counter()
+    engine.add("short", short, SamplingSpec(max_tokens=4), 1)
+    ttft_s = None
+    while engine.has_work:
+        for event in engine.step():
+            if event.request_id == "short" and event.token_ids and ttft_s is None:
+                sync()
+                ttft_s = time.perf_counter() - added_s
+        if ttft_s is not None:
+            engine.cancel("long")
+    engine.step()
+    alone_start_s = time.perf_counter()
+    engine.erase_slot(1)
+    engine.add("alone", short, SamplingSpec(max_tokens=1), 1)
+    while engine.has_work:
+        engine.step()
+    sync()
+    alone_s = time.perf_counter() - alone_start_s
+    return {"long_tokens": args.long_tokens, "chunk_tokens": args.chunk_tokens,
+            "chunk_s": round(chunk_s, 4), "short_ttft_s": round(ttft_s, 4),
+            "short_alone_s": round(alone_s, 4),
+            "ttft_vs_chunk_plus_own": round(ttft_s / (chunk_s + alone_s), 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama3-8b")
+    parser.add_argument("--random", action="store_true", help="--model names a random preset")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--slots", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--long-tokens", type=int, default=32768)
+    parser.add_argument("--short-tokens", type=int, default=32)
+    parser.add_argument("--chunk-tokens", type=int, default=512)
+    parser.add_argument("--device", default="cuda", help="cpu for a dry run")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    import torch
+
+    engine = engine_for(args)
+    rows = [run_streams(engine, 1, args)]  # warm-up: graphs, kernels
+    rows = [run_streams(engine, n, args) for n in args.streams]
+    one = rows[0]["aggregate_tok_s"] if rows and rows[0]["streams"] == 1 else None
+    for row in rows:
+        row["vs_one_stream"] = round(row["aggregate_tok_s"] / one, 2) if one else None
+        print(json.dumps(row), flush=True)
+    ttft = run_ttft(engine, args)
+    print(json.dumps(ttft), flush=True)
+    result = {"model": args.model, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+              "streams": rows, "ttft_during_long_prefill": ttft}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
