@@ -136,7 +136,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     ttft = run_ttft(engine, args)
     print(json.dumps(ttft), flush=True)
-    result = {"model": args.model, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    result = {"model": args.model, "gpu": gpu, "torch": torch.__version__,
               "streams": rows, "ttft_during_long_prefill": ttft}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
