@@ -201,6 +201,28 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_another_decodes(llama_path) 
     engine.close()
 
 
+def test_a_short_prompt_is_prefilled_before_a_long_one_it_arrives_behind(llama_path) -> None:
+    """issue 22: a short request during a long prefill waits one chunk, not the whole prompt."""
+    engine = load(llama_path, num_slots=2, prefill_chunk_tokens=16)
+    long_prompt = [(3 * i) % 300 + 7 for i in range(100)]
+    short = list(range(5, 15))
+    expected_short = alone(engine, short, GREEDY, 1)
+    engine.add("long", long_prompt, GREEDY, 0)
+    engine.step()  # the long prompt's first chunk
+    engine.add("short", short, GREEDY, 1)
+    events = engine.step()  # the short prompt fits this step's chunk: its first token now
+    assert [e.request_id for e in events if e.token_ids] == ["short"]
+    seq = next(s for s in engine.scheduler.running if s.request_id == "long")
+    assert seq.num_prefilled == 16 + (16 - len(short))  # the rest of the chunk went on
+    got_short = list(events[0].token_ids)
+    while engine.has_work:
+        for event in engine.step():
+            if event.request_id == "short":
+                got_short += event.token_ids
+    assert got_short == expected_short
+    engine.close()
+
+
 def test_bad_requests_are_refused_at_add(llama_path) -> None:
     engine = load(llama_path, num_slots=2)
     with pytest.raises(EngineError, match=r"cache slot must be 0\.\.1"):

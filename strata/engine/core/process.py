@@ -195,7 +195,7 @@ class EngineLoop:
         # Then what a GPU load would import on its critical path (torch.compile's compiler,
         # the kernels), still without a CUDA context (issue 18: load from standby).
         warm_imports = getattr(self._factory, "warm_imports", None)
-        if warm_imports is not None and not self.conn.poll(0):
+        if warm_imports is not None:
             try:
                 warm_imports(self.config)
             except Exception:

@@ -2,9 +2,10 @@
 
 Up to `num_parallel` sequences run, each in a slot of its own; the rest wait in FIFO order
 (one whose explicit slot a running sequence holds waits for it, and lets later ones pass).
-A step runs at most one prefill chunk (`chunk_tokens` prompt tokens, shared in order among
-the sequences still prefilling), then one decode step for every sequence that was decoding,
-so a long prompt delays the running streams by at most one chunk per step.
+A step runs at most one prefill chunk (`chunk_tokens` prompt tokens, shared among the
+sequences still prefilling, the shortest remainder first), then one decode step for every
+sequence that was decoding, so a long prompt delays the running streams by at most one chunk
+per step, and a short prompt that arrives meanwhile is not queued behind it.
 """
 
 from __future__ import annotations
@@ -123,7 +124,11 @@ class BatchScheduler:
 
     def _prefill(self, events: list[SequenceEvent]) -> None:
         budget = self.chunk_tokens
-        for seq in [s for s in self.running if s.phase is Phase.PREFILL]:
+        # Shortest remainder first: a short prompt that arrives during a 32k prefill gets its
+        # tokens in the next step instead of after the long one (its TTFT: one chunk + its own).
+        prefilling = sorted((s for s in self.running if s.phase is Phase.PREFILL),
+                            key=lambda s: len(s.prompt) - s.num_prefilled)
+        for seq in prefilling:
             if budget <= 0:
                 return
             start = seq.num_prefilled

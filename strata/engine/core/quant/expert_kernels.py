@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.fast import moe_triton
+from strata.engine.core.kernels.launch import is_interpreting
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.lookup import lookup_table
@@ -68,7 +68,7 @@ def gather_dequantize(experts: QuantizedExperts, ids: torch.Tensor,
     if host_offset % 2:
         raise ValueError("the host copy must sit an even number of bytes from the slots")
     raw = experts.raw
-    block_n = (INTERPRETER_GATHER_BLOCK_N if moe_triton._is_interpreting() else GATHER_BLOCK_N)
+    block_n = (INTERPRETER_GATHER_BLOCK_N if is_interpreting() else GATHER_BLOCK_N)
     grid = (num_ids, triton.cdiv(rows, block_n), triton.cdiv(cols, GATHER_BLOCK_K))
     # No contraction: the values equal gguf-py's before the final rounding (kernels.py).
     _gather_kernel[grid](
