@@ -45,6 +45,13 @@ class TextDeltas(Protocol):
     async def close(self) -> None: ...
 
 
+def ended_usage(generation: TextDeltas) -> Usage:
+    """The usage of a generation whose deltas() ran to the end (it is set when it ends)."""
+    if generation.usage is None:
+        raise ApiError(500, "the generation ended without a usage count", "internal")
+    return generation.usage
+
+
 def text_assets(service: ServiceFacade) -> TextAssets:
     """The model's TextAssets, or a 503 when the service has none to give (not started)."""
     try:
