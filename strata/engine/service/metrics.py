@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from strata.engine.protocol import Done, Error
+from strata.engine.service.status_schema import ServiceCounters
 
 
 @dataclass
@@ -58,7 +58,7 @@ class ServiceMetrics:
         else:
             self.error_codes["no_answer"] += 1
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ServiceCounters:
         """The counters as a JSON-ready dict."""
         return {
             "requests_total": self.num_requests,

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,7 +265,8 @@ class Service:
             self.metrics.num_rejected += 1
             raise ServiceError(400, "bad_request", problem)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Tokens | Done | Error]:
+    async def generate(self, request: GenerationRequest
+                       ) -> AsyncGenerator[Tokens | Done | Error, None]:
         """Queue a generation on the one lane; bring the engine up first; yield its events.
 
         Raises ServiceError before any event when the request is invalid (400) or the engine
@@ -463,6 +464,7 @@ def _slot_command(action: str, kwargs: dict[str, Any]) -> Any:
     problem = p.slot_problem(slot)
     if problem:
         raise ServiceError(400, "bad_request", f"{action}: {problem}")
+    assert isinstance(slot, int)  # slot_problem passes only ints
     if action == "slot_erase":
         return p.EraseSlot(slot)
     filename = kwargs.get("filename")
