@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from strata.engine.service.settings import Setting
-from strata.engine.service.settings_kinds import Command, Integer, Seconds, Size, Text
+from strata.engine.service.settings_kinds import Command, Integer, ModelName, Seconds, Size, Text
 from strata.units import MIB
 
 WEEK_S = 7 * 86400
@@ -123,7 +123,7 @@ def _spin_box(spec: Setting) -> QSpinBox | QDoubleSpinBox:
 def editor_for(spec: Setting, pick_path: Callable[[QLineEdit, str], None]) -> SettingEditor:
     """The editor for a setting the window shows; pick_path(edit, "file"|"dir") browses."""
     kind = spec.kind
-    if isinstance(kind, (Text, Command)):
+    if isinstance(kind, (Text, Command, ModelName)):
         edit = QLineEdit()
         if spec.placeholder:
             edit.setPlaceholderText(spec.placeholder)
