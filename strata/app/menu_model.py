@@ -41,7 +41,7 @@ STATE_LABEL = {
     State.WAITING_FOR_VRAM: "Waiting for VRAM",
 }
 # A level action, done: for the dashboard's log.
-DONE_VERB = {
+DONE_VERB: dict[str, str] = {  # Action is a StrEnum: its plain words look the verbs up too
     Action.RELEASE_EXPERTS: "Released experts",
     Action.REFILL_EXPERTS: "Refilled experts",
     Action.OFFLOAD_SESSION: "Offloaded the session",

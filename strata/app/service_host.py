@@ -239,6 +239,7 @@ class ThreadServiceHost:
     def _schedule_publish(self) -> None:
         if not self._is_publish_due:
             self._is_publish_due = True
+            assert self._loop is not None  # _on_state_event scheduled this call on that loop
             self._loop.create_task(self._publish_state())
 
     async def _publish_state(self) -> None:

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from strata.engine.service.settings import Setting
-from strata.engine.service.settings_kinds import Command, Integer, Seconds, Size, Text
+from strata.engine.service.settings_kinds import Command, Integer, ModelName, Seconds, Size, Text
 from strata.units import MIB
 
 WEEK_S = 7 * 86400
@@ -43,6 +43,11 @@ class SettingEditor:
 
 
 class TextEditor(SettingEditor):
+    input: QLineEdit
+
+    def __init__(self, spec: Setting, input_widget: QLineEdit, row: QWidget | None = None):
+        super().__init__(spec, input_widget, row)
+
     def get(self) -> Any:
         text = self.input.text()
         if getattr(self.spec.kind, "is_secret", False):  # a key is taken as typed
@@ -58,6 +63,12 @@ class TextEditor(SettingEditor):
 class NumberEditor(SettingEditor):
     """Integers, seconds (an idle timer's 0 is "off", None in the file) and sizes (in MiB)."""
 
+    input: QSpinBox | QDoubleSpinBox
+
+    def __init__(self, spec: Setting, input_widget: QSpinBox | QDoubleSpinBox,
+                 row: QWidget | None = None):
+        super().__init__(spec, input_widget, row)
+
     def get(self) -> Any:
         value = self.input.value()
         if isinstance(self.spec.kind, Size):
@@ -72,6 +83,7 @@ class NumberEditor(SettingEditor):
         if isinstance(self.spec.kind, Size):
             self.input.setValue(int(self.spec.check(value) // MIB))
         elif isinstance(self.spec.kind, Seconds):
+            assert isinstance(self.input, QDoubleSpinBox)  # _spin_box gives seconds a double box
             self.input.setValue(float(value or 0))
         else:
             self.input.setValue(int(value))
@@ -111,7 +123,7 @@ def _spin_box(spec: Setting) -> QSpinBox | QDoubleSpinBox:
 def editor_for(spec: Setting, pick_path: Callable[[QLineEdit, str], None]) -> SettingEditor:
     """The editor for a setting the window shows; pick_path(edit, "file"|"dir") browses."""
     kind = spec.kind
-    if isinstance(kind, (Text, Command)):
+    if isinstance(kind, (Text, Command, ModelName)):
         edit = QLineEdit()
         if spec.placeholder:
             edit.setPlaceholderText(spec.placeholder)
@@ -119,7 +131,8 @@ def editor_for(spec: Setting, pick_path: Callable[[QLineEdit, str], None]) -> Se
             edit.setEchoMode(QLineEdit.EchoMode.Password)
         row = None
         if isinstance(kind, Text) and kind.path:
-            row = path_row(edit, lambda: pick_path(edit, kind.path))
+            path = kind.path  # a local, so the lambda sees it as a str, not str | None
+            row = path_row(edit, lambda: pick_path(edit, path))
         return TextEditor(spec, edit, row)
     if isinstance(kind, (Integer, Seconds, Size)):
         return NumberEditor(spec, _spin_box(spec))

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 from strata.app import autostart
 from strata.app.icons import icon
 from strata.app.rules_editor import RulesEditor
-from strata.app.setting_editors import SettingEditor, editor_for
+from strata.app.setting_editors import SettingEditor, TextEditor, editor_for
 from strata.engine.service.config_file import read_config, write_config
 from strata.engine.service.rules import rule_to_table, rules_from_config
 from strata.engine.service.settings import (
@@ -91,9 +91,12 @@ class SettingsWindow(QDialog):
         """The form row of a setting, with the extras of the model and port rows."""
         row = self.editors[name].row
         if name == "model":
+            # A path setting: a line edit, in a row (path_row) whose layout takes the button.
+            editor, layout = self.editors["model"], row.layout()
+            assert isinstance(editor, TextEditor) and layout is not None
             use_default = QPushButton("Use default model")
-            use_default.clicked.connect(self.editors["model"].input.clear)
-            row.layout().addWidget(use_default)
+            use_default.clicked.connect(editor.input.clear)
+            layout.addWidget(use_default)
         elif name == "port":
             row = QWidget()
             box = QHBoxLayout(row)

@@ -18,6 +18,7 @@ from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.output_format import anthropic_output_grammar, anthropic_thinking
 from strata.engine.api.params import GenerationParams, parse_anthropic, parse_anthropic_system
 from strata.engine.api.textgen import (
+    TextDeltas,
     TextGeneration,
     check_fits_context,
     start_text_generation,
@@ -60,6 +61,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     assets, params, plan = await _plan(request, body, needs_max_tokens=True)
     budget = _thinking_budget(body)
+    generation: TextDeltas
     if budget is not None and plan.thinks:
         generation = await _budgeted(request, params, plan, budget)
     else:

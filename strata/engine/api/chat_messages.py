@@ -72,12 +72,12 @@ def parse_openai_messages(body: dict) -> list[dict[str, Any]]:
             if isinstance(message.get("reasoning_content"), str):
                 out["reasoning_content"] = message["reasoning_content"]
         elif role == "tool":
-            call_id = message.get("tool_call_id")
-            if not isinstance(call_id, str):
+            answered_id = message.get("tool_call_id")
+            if not isinstance(answered_id, str):
                 raise bad_request(f"{where} (role tool) needs the 'tool_call_id' it answers",
                                   param="messages")
-            out["tool_call_id"] = call_id
-            out["name"] = names_by_id.get(call_id, "")
+            out["tool_call_id"] = answered_id
+            out["name"] = names_by_id.get(answered_id, "")
         parsed.append(out)
     return parsed
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
 from strata.engine.api.chat_plan import ChatPlan
-from strata.engine.api.textgen import TextGeneration
+from strata.engine.api.textgen import TextDeltas
 from strata.engine.text.reasoning import Answer, Reasoning, ReasoningSplitter
 from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece, ToolCallParser
 
@@ -33,7 +33,7 @@ class ChatResult:
 class ChatOutput:
     """Split a TextGeneration's deltas per its ChatPlan; `pieces()` streams, `collect()` whole."""
 
-    def __init__(self, generation: TextGeneration, plan: ChatPlan, id_prefix: str):
+    def __init__(self, generation: TextDeltas, plan: ChatPlan, id_prefix: str):
         self.generation = generation
         self._splitter = ReasoningSplitter(starts_inside=plan.starts_thinking) \
             if plan.thinks else None
@@ -48,7 +48,7 @@ class ChatOutput:
     def has_calls(self) -> bool:
         return bool(self.call_ids)
 
-    async def pieces(self) -> AsyncIterator[Piece]:
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
         """Pieces in order; call ids are in call_ids[index] once a CallStart went out."""
         async with contextlib.aclosing(self.generation.deltas()) as deltas:
             async for text in deltas:

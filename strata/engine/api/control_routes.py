@@ -27,7 +27,9 @@ def _json(result: Any) -> web.Response:
 async def level_action(request: web.Request) -> web.Response:
     """POST /load, /unload, /sleep, /wake, /cache/release, /cache/refill, /session/offload."""
     await read_json_object(request, allow_empty=True)  # a body, if any, must still be JSON
-    action = LEVEL_ACTIONS[request.match_info.route.resource.canonical]
+    resource = request.match_info.route.resource
+    assert resource is not None  # routes.py adds this handler on a path: it has a resource
+    action = LEVEL_ACTIONS[resource.canonical]
     return _json(await request.app[SERVICE_KEY].control(action))
 
 

@@ -185,7 +185,8 @@ async def ollama_embed(request: web.Request) -> web.Response:
     apply_keep_alive(service, keep_alive_s)
     if raw in (None, "", []):  # as Ollama: no input only loads the model
         await service.control("load")
-        vectors, num_tokens = [], 0
+        vectors: list[list[float]] = []
+        num_tokens = 0
     else:
         vectors, num_tokens = await _embed(request, body, _inputs(raw, "input"), "input",
                                            truncate=truncate, limit=limit)

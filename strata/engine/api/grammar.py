@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from strata.engine.api.errors import bad_request
 
+if TYPE_CHECKING:  # only in llguidance's stubs
+    from llguidance._lib import JsonCompileOptions
+
 # Compact JSON: flexible whitespace lets a small model emit newlines until max_tokens.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
+                                     "key_separator": ": "}
 _ANY_JSON_OBJECT = {"type": "object"}
 
 

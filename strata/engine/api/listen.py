@@ -119,7 +119,7 @@ def bind_sockets(host: str, port: int, *, port_advice: str = "--port") -> list[s
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
                           ) from None
     sockets: list[socket.socket] = []
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, str | int]] = set()  # (family, host); getaddrinfo types it str | int
     try:
         for family, kind, proto, _, address in infos:
             if (family, address[0]) in seen:

@@ -24,6 +24,7 @@ from strata.engine.api.request_fields import refuse_unknown_fields
 from strata.engine.api.sampling_params import MAX_TOP_LOGPROBS, parse_penalties
 from strata.engine.api.textgen import (
     TextGeneration,
+    ended_usage,
     prompt_token_ids,
     start_text_generation,
     text_assets,
@@ -105,7 +106,7 @@ def completion_probabilities(assets: Any, records: Sequence[TokenLogprob]) -> li
 
 
 def _final(generation: TextGeneration, params: GenerationParams, model: str) -> dict:
-    usage = generation.usage
+    usage = ended_usage(generation)
     stop_type = ("word" if generation.stop_sequence is not None
                  else "limit" if generation.finish_reason == "length" else "eos")
     return {"stop": True, "model": model, "id_slot": _slot(generation, params),

@@ -76,11 +76,13 @@ def render_metrics(status: dict[str, Any]) -> str:
               "# TYPE strata_state gauge"]
     for known in dict.fromkeys((*KNOWN_STATES, state)):
         lines.append(f'strata_state{{state="{_escape_label(known)}"}} {int(known == state)}')
-    batch = status.get("batch") if isinstance(status.get("batch"), dict) else {}
+    batch_value = status.get("batch")
+    batch = batch_value if isinstance(batch_value, dict) else {}
     for name, help_text, key in _BATCH_GAUGES:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
                   f"{name} {_format(_number(batch.get(key)) or 0.0)}"]
-    counters = status.get("counters") if isinstance(status.get("counters"), dict) else {}
+    counters_value = status.get("counters")
+    counters = counters_value if isinstance(counters_value, dict) else {}
     for name, help_text, key in _HISTOGRAMS:
         lines += _histogram_lines(name, help_text, counters.get(key))
     lines += _arena_lines(status)

@@ -18,7 +18,7 @@ from strata.engine.api import sse
 from strata.engine.api.chat_output import ChatOutput
 from strata.engine.api.chat_plan import ChatPlan
 from strata.engine.api.openai_logprobs import chat_logprobs, summed_usage
-from strata.engine.api.textgen import TextGeneration
+from strata.engine.api.textgen import TextGeneration, ended_usage
 from strata.engine.text.reasoning import Reasoning
 from strata.engine.text.tool_calls import CallStart, TextPiece
 
@@ -63,7 +63,7 @@ async def chat_response(start: StartChoice, plan: ChatPlan, params: Any, assets:
         choices.append({"index": index, "message": message,
                         "logprobs": _logprobs(output, params, assets),
                         "finish_reason": finish_reason(output)})
-        usages.append(output.generation.usage)
+        usages.append(ended_usage(output.generation))
     return web.json_response({**head, "object": "chat.completion", "choices": choices,
                               "usage": usage(summed_usage(usages))})
 
@@ -108,7 +108,7 @@ async def chat_stream(request: web.Request, start: StartChoice, plan: ChatPlan, 
                                                                            assets)))
             await sse.send_data(response, chunk(index, {}, finish_reason(output),
                                                 _logprobs(output, params, assets)))
-            usages.append(output.generation.usage)
+            usages.append(ended_usage(output.generation))
         await end_stream(response, head, usages if params.include_usage else None, usage)
     except ConnectionError:
         log.info("client went away during %s; generation cancelled", request.path)

@@ -212,6 +212,7 @@ class _Items:
         self.calls: list[dict[str, str]] = []
 
     def _where(self) -> dict[str, Any]:
+        assert self.open is not None  # asked only while an item receives pieces
         return {"item_id": self.open["id"], "output_index": len(self.items)}
 
     async def open_message(self) -> None:

@@ -7,8 +7,8 @@ same on /v1/chat/completions, /v1/completions and /v1/messages.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -24,6 +24,36 @@ from strata.engine.text.token_bytes import token_text
 
 Event = Tokens | Done | Error
 Events = AsyncGenerator[Event, None]  # what ServiceFacade.generate hands out
+
+
+class TextDeltas(Protocol):
+    """What the answer writers read from a generation: a TextGeneration, or a
+    BudgetedGeneration (thinking_budget.py) that chains two of them."""
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+    @property
+    def stop_sequence(self) -> str | None: ...
+
+    @property
+    def usage(self) -> Usage | None: ...
+
+    @property
+    def slot(self) -> int | None: ...
+
+    def deltas(self) -> AsyncGenerator[str, None]: ...
+
+    def take_logprobs(self) -> list[TokenLogprob]: ...
+
+    async def close(self) -> None: ...
+
+
+def ended_usage(generation: TextDeltas) -> Usage:
+    """The usage of a generation whose deltas() ran to the end (it is set when it ends)."""
+    if generation.usage is None:
+        raise ApiError(500, "the generation ended without a usage count", "internal")
+    return generation.usage
 
 
 def text_assets(service: ServiceFacade) -> TextAssets:
@@ -107,7 +137,7 @@ class TextGeneration:
             raise from_error_event(first)
         return cls(events, first, assets, stops, len(prompt_ids), finals)
 
-    async def deltas(self) -> AsyncIterator[str]:
+    async def deltas(self) -> AsyncGenerator[str, None]:
         """Non-empty text pieces in order; raises ApiError if the engine fails mid-way."""
         try:
             while self.finish_reason is None:

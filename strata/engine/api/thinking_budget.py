@@ -10,11 +10,10 @@ a target; here it is a limit, the way llama.cpp's reasoning budget ends thinking
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from strata.engine.api.textgen import TextGeneration
-from strata.engine.protocol import Usage
+from strata.engine.protocol import TokenLogprob, Usage
 from strata.engine.text.reasoning import THINK_END
 
 CLOSE_TEXT = f"\n{THINK_END}\n\n"  # what Qwen3 and DeepSeek-R1 write between thought and answer
@@ -53,10 +52,15 @@ class BudgetedGeneration:
     def stop_sequence(self) -> str | None:
         return self._current.stop_sequence
 
-    def take_logprobs(self) -> list[Any]:
+    @property
+    def slot(self) -> int | None:
+        """The cache slot of the last part (both run in one: the second extends the first)."""
+        return self._current.slot
+
+    def take_logprobs(self) -> list[TokenLogprob]:
         return self._current.take_logprobs()
 
-    async def deltas(self) -> AsyncIterator[str]:
+    async def deltas(self) -> AsyncGenerator[str, None]:
         async for text in self._first.deltas():
             self._text += text
             yield text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import Any, overload
 
 from aiohttp import web
 
@@ -86,6 +86,12 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+@overload  # with an int default the value is never None
+def get_int(body: dict, name: str, default: int, *, minimum: int | None = None,
+            maximum: int | None = None) -> int: ...
+@overload
+def get_int(body: dict, name: str, default: None = None, *, minimum: int | None = None,
+            maximum: int | None = None) -> int | None: ...
 def get_int(body: dict, name: str, default: int | None = None, *, minimum: int | None = None,
             maximum: int | None = None) -> int | None:
     """An optional integer field (JSON null means absent); booleans are refused."""

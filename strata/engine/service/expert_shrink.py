@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from strata.engine import protocol as p
 from strata.engine.service.facade import ServiceError
@@ -27,8 +27,15 @@ MAX_SHRINK_ROUNDS = 3
 Command = Callable[[Any], Awaitable[Any]]
 
 
-def cache_info(experts: Mapping[str, Any] | None) -> dict[str, int] | None:
-    """{num_slots, max_slots, bytes_per_expert, min_slots} of a partial expert cache (the
+class CacheInfo(TypedDict):
+    num_slots: int
+    max_slots: int
+    bytes_per_expert: int
+    mode: str | None  # "slots" for a partial cache that can be resized
+
+
+def cache_info(experts: Mapping[str, Any] | None) -> CacheInfo | None:
+    """{num_slots, max_slots, bytes_per_expert, mode} of a partial expert cache (the
     engine status' experts), or None."""
     if not isinstance(experts, Mapping) or not experts.get("bytes_per_expert"):
         return None

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import bisect
 import time
-from typing import Any
+
+from strata.engine.service import status_schema as schema
 
 # Bucket upper bounds in seconds (Prometheus `le`), from a fast GPU to a shared CPU.
 TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -30,7 +31,7 @@ class Histogram:
         self.sum_s += value_s * times
         self.count += times
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> schema.Histogram:
         """{"le_s": bounds, "counts": cumulative count per bound, "sum_s", "count"}."""
         cumulative, total = [], 0
         for count in self._counts[:-1]:
@@ -48,7 +49,7 @@ class LatencyHistograms:
         self.inter_token = Histogram(INTER_TOKEN_BUCKETS_S)
         self.request = Histogram(REQUEST_BUCKETS_S)
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
+    def snapshot(self) -> dict[str, schema.Histogram]:
         return {"ttft_s": self.ttft.snapshot(), "inter_token_s": self.inter_token.snapshot(),
                 "request_s": self.request.snapshot()}
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from strata.engine import protocol as p
+from strata.engine.service.status_schema import ArenaBytes
 
 
 class State(StrEnum):
@@ -191,7 +192,7 @@ def idle_state(levels: Levels) -> State:
     return State.LOADED
 
 
-def vram_by_arena(engine: p.EngineStatus | None) -> dict[str, dict[str, int]]:
+def vram_by_arena(engine: p.EngineStatus | None) -> dict[str, ArenaBytes]:
     """{arena: {resident_bytes, released_bytes}}; {} without a loaded engine."""
     if engine is None:
         return {}
@@ -200,7 +201,7 @@ def vram_by_arena(engine: p.EngineStatus | None) -> dict[str, dict[str, int]]:
             for name, arena in engine.arenas.items()}
 
 
-def resident_bytes(vram: Mapping[str, Mapping[str, int]]) -> int:
+def resident_bytes(vram: Mapping[str, ArenaBytes]) -> int:
     """Memory held over all arenas of a status()["vram"]."""
     return sum(int(a.get("resident_bytes") or 0) for a in vram.values())
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.service import levels as lv
+from strata.engine.service import status_schema as schema
 from strata.engine.service.admission import AdmissionGate
 from strata.engine.service.before_load import BeforeLoadHook
 from strata.engine.service.expert_shrink import GROW_INTERVAL_S, ExpertShrinker, cache_info
@@ -142,7 +142,7 @@ class Lifecycle(ComingBack):
             return State.BUSY
         return lv.idle_state(self.levels())
 
-    def vram(self) -> dict[str, dict[str, int]]:
+    def vram(self) -> dict[str, schema.ArenaBytes]:
         """Bytes per arena as the engine last reported them; {} while nothing is loaded."""
         return lv.vram_by_arena(self._engine_now())
 
@@ -259,7 +259,7 @@ class Lifecycle(ComingBack):
             self._mark_activity()
         return dict(reply.result)
 
-    async def read_slots(self) -> list[dict[str, Any]] | None:
+    async def read_slots(self) -> list[schema.SlotStatus] | None:
         """The engine's slots now (GetStatus is answered even mid-generation), else the cache."""
         engine = self.engine
         if self.supervisor.pid is not None:
@@ -466,6 +466,8 @@ class Lifecycle(ComingBack):
         self.engine = status.engine
 
 
-def slot_row(slot: p.SlotStatus) -> dict[str, Any]:
-    """A slot as /v1/status and the slots action show it (status_schema.SlotStatus)."""
-    return dataclasses.asdict(slot)
+def slot_row(slot: p.SlotStatus) -> schema.SlotStatus:
+    """A slot as /v1/status and the slots action show it."""
+    return schema.SlotStatus(id=slot.id, n_tokens=slot.n_tokens, location=slot.location,
+                             bytes=slot.bytes, is_processing=slot.is_processing,
+                             n_ctx=slot.n_ctx, is_running=slot.is_running)

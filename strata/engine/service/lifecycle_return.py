@@ -46,12 +46,19 @@ class ComingBack:
     _kept_slots: list[int]
     _load_need_bytes: int | None
 
-    def is_up(self) -> bool: ...
-    def levels(self) -> Levels: ...
+    # Lifecycle's methods (it overrides each), declared for the type checker.
+    def is_up(self) -> bool:
+        raise NotImplementedError
+
+    def levels(self) -> Levels:
+        raise NotImplementedError
+
     def _notify(self) -> None: ...
     def _mark_activity(self) -> None: ...
     async def _refresh(self) -> None: ...
-    async def _engine_level(self, action: Action) -> dict[str, Any]: ...
+
+    async def _engine_level(self, action: Action) -> dict[str, Any]:
+        raise NotImplementedError
 
     async def _bring_back(self, *, need_experts: bool) -> None:
         if not self.is_up():

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from strata.engine.protocol import Done, Error
 from strata.engine.service.latency import LatencyHistograms, RequestClock
+from strata.engine.service.status_schema import ServiceCounters
 
 
 @dataclass
@@ -62,8 +62,9 @@ class ServiceMetrics:
         else:
             self.error_codes["no_answer"] += 1
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> ServiceCounters:
         """The counters as a JSON-ready dict."""
+        latency = self.latency.snapshot()
         return {
             "requests_total": self.num_requests,
             "rejected_total": self.num_rejected,
@@ -77,5 +78,7 @@ class ServiceMetrics:
             "errors": dict(self.error_codes),
             "level_changes": dict(self.level_changes),
             "level_failures": dict(self.level_failures),
-            **self.latency.snapshot(),
+            "ttft_s": latency["ttft_s"],
+            "inter_token_s": latency["inter_token_s"],
+            "request_s": latency["request_s"],
         }

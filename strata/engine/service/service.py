@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,7 +272,8 @@ class Service:
             self.metrics.num_rejected += 1
             raise ServiceError(400, "bad_request", problem)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Tokens | Done | Error]:
+    async def generate(self, request: GenerationRequest
+                       ) -> AsyncGenerator[Tokens | Done | Error, None]:
         """Queue a generation at the gate; bring the engine up first; yield its events.
 
         Raises ServiceError before any event when the request is invalid (400), the queue is
@@ -314,8 +315,9 @@ class Service:
             self.metrics.num_rejected += 1
             raise ServiceError(400, "bad_request", "nothing to embed: every input needs a token")
         lifecycle = self.lifecycle
+        request_id = f"embed-{uuid.uuid4().hex[:16]}"
         try:
-            await lifecycle.begin_request(f"embed-{uuid.uuid4().hex[:16]}")
+            await lifecycle.begin_request(request_id)
         except ServiceError:
             self.metrics.num_rejected += 1
             raise
@@ -327,7 +329,7 @@ class Service:
         except EngineCommandError as exc:
             raise engine_level_error("embed", exc) from None
         finally:
-            await lifecycle.end_request()
+            await lifecycle.end_request(request_id)
 
     # ---- control and status ----------------------------------------------------------------
 
@@ -475,6 +477,7 @@ def _slot_command(action: str, kwargs: dict[str, Any], num_slots: int) -> Any:
     problem = p.slot_problem(slot, num_slots)
     if problem:
         raise ServiceError(400, "bad_request", f"{action}: {problem}")
+    assert isinstance(slot, int)  # slot_problem passes only ints
     if action == "slot_erase":
         return p.EraseSlot(slot)
     filename = kwargs.get("filename")

@@ -70,7 +70,9 @@ def environment_values(environ: Mapping[str, str] | None = None) -> dict[str, An
     environ = os.environ if environ is None else environ
     values = {}
     for spec in SETTINGS:
-        text = environ.get(spec.env, "").strip() if spec.env else ""
+        if not spec.env:
+            continue
+        text = environ.get(spec.env, "").strip()
         if text:
             values[spec.name] = spec.kind.from_env(spec.env, text)
     return values

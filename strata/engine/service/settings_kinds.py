@@ -50,9 +50,13 @@ class Kind:
     """A setting's shape. check() validates and normalizes a value from a file, a flag or code;
     from_flag() turns a flag's text into the value check() takes (ValueError: not parseable)."""
 
-    metavar: str | None = None
     # A value a config file may hold, other than the default (tests set every key with it).
     sample: Any = None
+
+    @property
+    def metavar(self) -> str | None:
+        """The flag's value in --help; read-only, so a kind may compute it from its fields."""
+        return None
 
     def check(self, name: str, value: Any) -> Any:
         raise NotImplementedError
@@ -221,11 +225,11 @@ class Choice(Kind):
     options: tuple[str, ...] = ()
 
     @property
-    def metavar(self) -> str | None:  # type: ignore[override]
+    def metavar(self) -> str | None:
         return "|".join(self.options)
 
     @property
-    def sample(self) -> Any:  # type: ignore[override]
+    def sample(self) -> Any:
         return self.options[-1]
 
     def check(self, name: str, value: Any) -> Any:
@@ -243,11 +247,11 @@ class NameList(Kind):
     is_origins: bool = False
 
     @property
-    def metavar(self) -> str | None:  # type: ignore[override]
+    def metavar(self) -> str | None:
         return "ORIGINS" if self.is_origins else "NAMES"
 
     @property
-    def sample(self) -> Any:  # type: ignore[override]
+    def sample(self) -> Any:
         return ["http://a.lan:3000"] if self.is_origins else ["a.lan"]
 
     def check(self, name: str, value: Any) -> Any:

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from strata.engine import protocol as p
@@ -394,7 +394,7 @@ class Supervisor:
         sampling: p.SamplingSpec,
         slot: int | None = None,
         on_end: Callable[[p.Done | p.Error | None], None] | None = None,
-    ) -> AsyncIterator[p.Tokens | p.Done | p.Error]:
+    ) -> AsyncGenerator[p.Tokens | p.Done | p.Error, None]:
         """Run one Generate and yield its events, ending with Done or Error.
 
         Closing the iterator early sends Cancel and waits (cancel_timeout_s) for the engine's
