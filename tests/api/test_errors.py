@@ -149,12 +149,12 @@ async def test_invalid_slot_on_stream_fails_before_sse_headers(client, service):
 
 
 async def test_service_error_keeps_its_status_and_retry_after(client, service):
-    service.start_error = ServiceError(503, "vram_short", "need 2048 MiB more VRAM",
+    service.start_error = ServiceError("insufficient_vram", "need 2048 MiB more VRAM",
                                        retry_after_s=2.5)
     resp = await client.post(CHAT, json={"messages": USER, "stream": True})
     assert resp.status == 503 and resp.headers["Retry-After"] == "3"
     body = await resp.json()
-    assert body["error"]["code"] == "vram_short"
+    assert body["error"]["code"] == "insufficient_vram"
     assert "2048 MiB" in body["error"]["message"]
     resp = await client.post(MSG, json={"messages": USER, "max_tokens": 3})
     assert resp.status == 503
@@ -169,7 +169,7 @@ async def test_error_event_before_any_token_is_a_plain_http_error(client, servic
 
 
 async def test_control_conflict_and_unexpected_exception(client, service):
-    service.control_error = ServiceError(409, "busy", "a request is running")
+    service.control_error = ServiceError("busy", "a request is running")
     resp = await client.post("/unload")
     assert resp.status == 409 and (await resp.json())["error"]["code"] == "busy"
     service.control_error = RuntimeError("secret internal detail")

@@ -68,9 +68,9 @@ class FakeService:
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         await asyncio.sleep(0)
         if self.is_busy:
-            raise ServiceError(409, "busy", "a request is running")
+            raise ServiceError("busy", "a request is running")
         if action not in _STATE_AFTER:
-            raise ServiceError(400, "not_applicable", f"unknown action {action!r}")
+            raise ServiceError("not_applicable", f"unknown action {action!r}")
         self.calls.append(action)
         self.call_options.append(dict(kwargs))
         held_before = sum(self.resident.values())

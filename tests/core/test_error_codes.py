@@ -60,3 +60,22 @@ def test_one_table_answers_every_route():
     assert (oom.status, oom.code, oom.retry_after_s) == (503, "insufficient_vram", 5.0)
     assert oom.message == ("wake failed, the GPU has too little free memory: 3 MiB missing; "
                            "close other GPU apps and retry")
+
+
+def test_every_service_error_code_is_in_the_one_table() -> None:
+    """issue 21 move 4: a ServiceError's HTTP status comes from error_codes.CODES; a code
+    missing there would answer 500, so every code the host raises must be listed."""
+    import ast
+    from pathlib import Path
+
+    from strata.engine.service.error_codes import CODES
+
+    root = Path(__file__).resolve().parents[2] / "strata"
+    raised = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ServiceError"
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                raised.add(node.args[0].value)
+    assert raised, "no ServiceError found: the scan is broken"
+    assert raised <= set(CODES), sorted(raised - set(CODES))

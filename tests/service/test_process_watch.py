@@ -87,7 +87,7 @@ class Levels:
         self.calls.append((action, options))
         if action == "load" and self.refuse_restores > 0:
             self.refuse_restores -= 1
-            raise ServiceError(503, "insufficient_vram", "cannot load the model yet: 10 MiB "
+            raise ServiceError("insufficient_vram", "cannot load the model yet: 10 MiB "
                                "missing", retry_after_s=5)
         held_before = self.held_bytes
         if action == "load":

@@ -214,10 +214,10 @@ async def test_busy_retries_and_not_applicable_reports_once():
     service = LevelService()
     engine, events = make([PRESETS["comfyui"]], world, service)
     world.procs.append(COMFY)
-    service.fail_with = ServiceError(409, "busy", "a request is running")
+    service.fail_with = ServiceError("busy", "a request is running")
     await engine.poll_once()
     assert events == []  # busy: not fired; the driver tries again every BUSY_RETRY_S
-    service.fail_with = ServiceError(400, "not_applicable", "no expert cache")
+    service.fail_with = ServiceError("not_applicable", "no expert cache")
     for _ in range(100):
         if events:
             break

@@ -42,12 +42,8 @@ from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.memory.budget import BudgetedBackend
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.quant.weight import (
-    count_parameters,
-    count_quantized,
-    release_scratch,
-    scratch_bytes,
-)
+from strata.engine.core.quant.census import count_parameters, count_quantized
+from strata.engine.core.quant.weight import release_scratch, scratch_bytes
 from strata.engine.core.random_weights import (
     DEFAULT_STD,
     parameter_bytes,

@@ -100,8 +100,7 @@ class AdmissionGate:
             return
         if self._num_waiting >= self.max_queue:
             retry_s = self.retry_after_s()
-            raise ServiceError(
-                503, "queue_full", f"the server is busy: {self.num_running} requests run and "
+            raise ServiceError("queue_full", f"the server is busy: {self.num_running} requests run and "
                 f"{self._num_waiting} wait (max_queue {self.max_queue}); retry in {retry_s:g} s",
                 retry_after_s=retry_s)
         await self._wait(request_id)

@@ -102,7 +102,7 @@ class BeforeLoadHook:
     async def run(self, reason: str) -> HookResult | None:
         """Run the command (reason: load | wake); None when no command is configured.
 
-        Raises ServiceError(503, "before_load_failed") when it fails and the hook is required.
+        Raises ServiceError("before_load_failed") when it fails and the hook is required.
         """
         if self.argv is None:
             return None
@@ -115,8 +115,7 @@ class BeforeLoadHook:
             return result
         log.warning("before-load command %s (before %s)", error, reason)
         if self.is_required:
-            raise ServiceError(
-                503, "before_load_failed",
+            raise ServiceError("before_load_failed",
                 f"the before-load command {self.argv[0]!r} {error}; fix it, or drop "
                 "--before-load-required to load anyway",
             )

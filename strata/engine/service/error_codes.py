@@ -10,7 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata.engine.service.facade import ServiceError
+
+class ServiceError(Exception):
+    """A failure the API answers with an HTTP error: `code` is a short machine word, and its
+    HTTP status comes from CODES (one table), never from the raiser. retry_after_s: a
+    Retry-After of the raiser's own (the guard's estimate), else the code's."""
+
+    def __init__(self, code: str, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    @property
+    def status(self) -> int:
+        return http_status(self.code)
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,7 @@ CODES = {
     "engine_unavailable": ErrorCode(503),
     "not_started": ErrorCode(503),
     "model_unavailable": ErrorCode(503),
+    "queue_full": ErrorCode(503),  # past --max-queue waiting requests; the gate's Retry-After
     "before_load_failed": ErrorCode(503),
     "bad_model": ErrorCode(400),
 }
@@ -82,5 +97,4 @@ def level_error(action: str, code: str | None, message: str) -> ServiceError:
     answered = entry.level_code or code or "internal"
     text = entry.level_message.format(what=action.replace("_", " "), message=message,
                                       advice=advice)
-    return ServiceError(http_status(answered), answered, text, retry_after_s=retry_after_s(
-        answered))
+    return ServiceError(answered, text, retry_after_s=retry_after_s(answered))

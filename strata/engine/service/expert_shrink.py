@@ -63,7 +63,7 @@ class ExpertShrinker:
         the engine status' expert cache now. `command` keeps the status its replies carry."""
         info = cache_info(experts)
         if info is None or info["mode"] != "slots":
-            raise ServiceError(400, "not_applicable", "shrink experts does not apply: the "
+            raise ServiceError("not_applicable", "shrink experts does not apply: the "
                                "model has no partial expert cache (a dense model, the cache "
                                "off, or every expert fit at load: start with --expert-cache N)")
         self.keep_free_bytes = keep_free_bytes
@@ -72,7 +72,7 @@ class ExpertShrinker:
         while rounds < MAX_SHRINK_ROUNDS:
             free_bytes = await self.read_free_bytes()
             if free_bytes is None:
-                raise ServiceError(400, "not_applicable", "shrink experts needs NVML to see "
+                raise ServiceError("not_applicable", "shrink experts needs NVML to see "
                                    "free VRAM; use release_experts instead")
             deficit = keep_free_bytes - free_bytes
             if deficit <= 0 or info["num_slots"] <= 0:

@@ -11,20 +11,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from strata.engine.protocol import Done, Embeddings, Error, SamplingSpec, Tokens
+from strata.engine.service.error_codes import ServiceError as ServiceError  # re-exported
 
 if TYPE_CHECKING:  # the tokenizer library stays out of the facade's import
     from strata.engine.text.assets import TextAssets
-
-
-class ServiceError(Exception):
-    """A failure the API maps to an HTTP status: code is a short machine word."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)

@@ -215,7 +215,7 @@ class Lifecycle(ComingBack):
         slots' sessions first and the next load restores them (a rule's unload).
         keep_free_mib: shrink_experts' target of free VRAM."""
         if action.is_down and self.is_busy:
-            raise ServiceError(409, "busy", f"{self.num_running} requests run and "
+            raise ServiceError("busy", f"{self.num_running} requests run and "
                                f"{self.num_waiting} wait; {action.replace('_', ' ')} again when "
                                "they have finished")
         before = self._engine_now()
@@ -446,8 +446,7 @@ class Lifecycle(ComingBack):
         except EngineCommandError as exc:
             raise engine_level_error(action, exc) from None
         except TimeoutError:
-            raise ServiceError(
-                503, "engine_timeout", f"the engine did not answer {action.replace('_', ' ')} "
+            raise ServiceError("engine_timeout", f"the engine did not answer {action.replace('_', ' ')} "
                 f"within {self.supervisor.command_timeout_s:.0f} s; see the log and retry"
             ) from None
         return dict(reply.result)

@@ -83,10 +83,10 @@ class ComingBack:
                     if self.keep_standby:
                         await supervisor.start_standby()
                     self.waiting_for_vram = {"what": "load the model", "reason": str(exc)}
-                    raise ServiceError(503, "insufficient_vram", f"cannot load the model yet: "
+                    raise ServiceError("insufficient_vram", f"cannot load the model yet: "
                                        f"{exc}; waiting for VRAM, retry later",
                                        retry_after_s=exc.retry_after_s) from None
-                raise ServiceError(503, "engine_unavailable", str(exc),
+                raise ServiceError("engine_unavailable", str(exc),
                                    retry_after_s=exc.retry_after_s) from None
             if self.engine is None or self.engine.pid != supervisor.pid:
                 self.timers.forget_inapplicable()  # a new process: every level applies again

@@ -142,7 +142,7 @@ class Service:
     def text(self) -> Any:
         """TextAssets of the configured model; loaded by start(), usable while unloaded."""
         if self._text is None:
-            raise ServiceError(503, "not_started", "the service has not started; call start()")
+            raise ServiceError("not_started", "the service has not started; call start()")
         return self._text
 
     @property
@@ -184,13 +184,13 @@ class Service:
     @property
     def supervisor(self) -> Supervisor:
         if self._supervisor is None:
-            raise ServiceError(503, "not_started", "the service has not started; call start()")
+            raise ServiceError("not_started", "the service has not started; call start()")
         return self._supervisor
 
     @property
     def lifecycle(self) -> Lifecycle:
         if self._lifecycle is None:
-            raise ServiceError(503, "not_started", "the service has not started; call start()")
+            raise ServiceError("not_started", "the service has not started; call start()")
         return self._lifecycle
 
     # ---- lifetime --------------------------------------------------------------------------
@@ -207,13 +207,12 @@ class Service:
             try:
                 self._model_path = await loop.run_in_executor(None, resolve_model_path, None)
             except (RuntimeError, OSError) as exc:  # DefaultModelError is a RuntimeError
-                raise ServiceError(503, "model_unavailable", _one_line(exc)) from None
+                raise ServiceError("model_unavailable", _one_line(exc)) from None
         if self._text is None:
             try:
                 self._text = await loop.run_in_executor(None, self._text_loader, self._model_path)
             except (ValueError, OSError) as exc:  # TextAssetsError is a ValueError
-                raise ServiceError(
-                    400, "bad_model", f"cannot read the tokenizer of {self._model_path}: "
+                raise ServiceError("bad_model", f"cannot read the tokenizer of {self._model_path}: "
                     f"{_one_line(exc)}"
                 ) from None
         if self._sampling_defaults is None:  # reads the model file: off the event loop
@@ -270,7 +269,7 @@ class Service:
             problem = p.slot_problem(request.slot, self.num_slots)
         if problem:
             self.metrics.num_rejected += 1
-            raise ServiceError(400, "bad_request", problem)
+            raise ServiceError("bad_request", problem)
 
     async def generate(self, request: GenerationRequest
                        ) -> AsyncGenerator[Tokens | Done | Error, None]:
@@ -313,7 +312,7 @@ class Service:
         sequences = tuple(tuple(ids) for ids in token_ids)
         if not sequences or not all(sequences):  # the engine checks ids and lengths
             self.metrics.num_rejected += 1
-            raise ServiceError(400, "bad_request", "nothing to embed: every input needs a token")
+            raise ServiceError("bad_request", "nothing to embed: every input needs a token")
         lifecycle = self.lifecycle
         request_id = f"embed-{uuid.uuid4().hex[:16]}"
         try:
@@ -356,7 +355,7 @@ class Service:
             return {"action": action, "result": result, **self.status()}
         level = Action.parse(action)
         if level is None:
-            raise ServiceError(400, "not_applicable",
+            raise ServiceError("not_applicable",
                                f"unknown action {action!r}; use one of {', '.join(ACTIONS)}")
         options = _level_options(level, kwargs)
         result = await lifecycle.level_action(level, **options)
@@ -456,18 +455,18 @@ def _level_options(action: Action, kwargs: dict[str, Any]) -> dict[str, Any]:
         action, {"vram_wait_s"} if action in UP_ACTIONS else set())
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
-        raise ServiceError(400, "bad_request",
+        raise ServiceError("bad_request",
                            f"{action} does not take {', '.join(unknown)}")
     wait_s = kwargs.get("vram_wait_s")
     if wait_s is not None and (isinstance(wait_s, bool) or not isinstance(wait_s, (int, float))
                                or wait_s < 0):
-        raise ServiceError(400, "bad_request", f"vram_wait_s must be >= 0 s, got {wait_s!r}")
+        raise ServiceError("bad_request", f"vram_wait_s must be >= 0 s, got {wait_s!r}")
     keep_free_mib = kwargs.get("keep_free_mib", 0 if action != "shrink_experts" else None)
     if isinstance(keep_free_mib, bool) or not isinstance(keep_free_mib, int) or keep_free_mib < 0:
-        raise ServiceError(400, "bad_request", "shrink_experts needs keep_free_mib, the MiB of "
+        raise ServiceError("bad_request", "shrink_experts needs keep_free_mib, the MiB of "
                            f"VRAM to keep free (an integer >= 0), got {keep_free_mib!r}")
     if not isinstance(kwargs.get("keep_sessions", False), bool):
-        raise ServiceError(400, "bad_request", "keep_sessions must be true or false")
+        raise ServiceError("bad_request", "keep_sessions must be true or false")
     return dict(kwargs)
 
 
@@ -476,13 +475,13 @@ def _slot_command(action: str, kwargs: dict[str, Any], num_slots: int) -> Any:
     slot = kwargs.get("slot")
     problem = p.slot_problem(slot, num_slots)
     if problem:
-        raise ServiceError(400, "bad_request", f"{action}: {problem}")
+        raise ServiceError("bad_request", f"{action}: {problem}")
     assert isinstance(slot, int)  # slot_problem passes only ints
     if action == "slot_erase":
         return p.EraseSlot(slot)
     filename = kwargs.get("filename")
     if p.filename_problem(filename) is not None:
-        raise ServiceError(400, "bad_request",
+        raise ServiceError("bad_request",
                            f"{action} needs a plain file name in the snapshot directory, "
                            f"got {filename!r}")
     return SLOT_COMMANDS[action](slot, filename)

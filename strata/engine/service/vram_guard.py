@@ -71,7 +71,7 @@ class VramGuard:
 
         `what` names the step for the message ("load the model", "wake"); wait_s overrides
         the configured wait (0: look once, as a rule's restore does between its retries).
-        Raises ServiceError(503, "insufficient_vram") with retry_after_s when it never fits.
+        Raises ServiceError("insufficient_vram") with retry_after_s when it never fits.
         """
         total_bytes = max(0, int(need_bytes)) + self.min_free_vram_mib * MIB
         if total_bytes <= 0:
@@ -105,8 +105,7 @@ class VramGuard:
             parts.append(f"{self.min_free_vram_mib} MiB reserve")
         waited = f" after waiting {wait_s:g} s" if wait_s > 0 else ""
         advice = " or lower --min-free-vram-mib" if self.min_free_vram_mib else ""
-        return ServiceError(
-            503, "insufficient_vram",
+        return ServiceError("insufficient_vram",
             f"cannot {what} yet: needs {math.ceil(total_bytes / MIB)} MiB free "
             f"({' + '.join(parts)}), {free_mib} MiB free{waited}: {missing_mib} MiB missing; "
             f"waiting for VRAM: retry later, close other GPU apps{advice}",

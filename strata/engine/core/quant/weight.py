@@ -245,27 +245,6 @@ def warm_up_quantized(model: nn.Module) -> int:
     return len(seen)
 
 
-def _quantized_expert_stacks(model: nn.Module) -> list:
-    from strata.engine.core.quant.experts import QuantizedExperts
-
-    return [w for m in model.modules() for w in vars(m).values()
-            if isinstance(w, QuantizedExperts)]
-
-
-def count_quantized(model: nn.Module) -> int:
-    """How many of the model's weights (stacked experts included) are held as GGML blocks."""
-    return (sum(isinstance(m, QuantizedLinear | QuantizedEmbedding) for m in model.modules())
-            + len(_quantized_expert_stacks(model)))
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Float parameters plus the values quantized weights hold."""
-    quantized = sum(m.weight.numel() for m in model.modules()
-                    if isinstance(m, QuantizedLinear | QuantizedEmbedding))
-    quantized += sum(w.numel() for w in _quantized_expert_stacks(model))
-    return quantized + sum(p.numel() for p in model.parameters())
-
-
 def compute_dtype(module: nn.Module) -> torch.dtype:
     """The dtype a module computes in: its first float weight's, or a quantized weight's
     compute dtype (a module of QuantizedLinears, e.g. a Llama attention block, has no
