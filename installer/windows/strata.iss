@@ -1,7 +1,7 @@
 ; Inno Setup 6 script for Strata: a per-user installer with a Start-menu entry, an optional
-; "start at login" task and an uninstaller. NOT COMPILED OR RUN: written on Linux, where neither
-; Windows nor ISCC (a 32-bit program: wine32 could not be installed) was available; see
-; docs/getting-started.md.
+; "start at login" task and an uninstaller. NOT RUN ON WINDOWS. Compiled with ISCC and run
+; silently under wine in CI (tests/installer/test_inno_wine.py), with a stand-in for PowerShell
+; (wine has none), so install.ps1 itself is not run there; see docs/getting-started.md.
 ;
 ; Build, from the repository root on Windows:
 ;   pip wheel --no-deps -w dist .
@@ -14,7 +14,8 @@
 ; setup with install.ps1's reason (exit code 7 when silent), so no shortcut or "Start now" can
 ; point at a virtualenv that does not exist. Python itself is not bundled.
 ;
-; ISCC /DPowerShell=... replaces powershell.exe (a test double that fails on purpose).
+; ISCC /DPowerShell=... replaces powershell.exe (the test's double, which succeeds or fails on
+; purpose).
 
 #define AppName "Strata"
 #define AppVersion "0.1.0"

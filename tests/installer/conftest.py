@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -60,3 +61,15 @@ def default_model_file() -> Path:
     from strata.default_model import default_model_path
 
     return default_model_path(fetch=True, progress=False)
+
+
+@pytest.fixture(scope="session")
+def wheel(source_copy, tmp_path_factory) -> Path:
+    """Strata's wheel, built from the copy of the checkout (the wheel and Inno Setup tests)."""
+    out = tmp_path_factory.mktemp("wheel")
+    # --no-build-isolation: the project venv already has setuptools, so this works offline.
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-q", "-w", str(out), str(source_copy)],
+                   check=True)
+    (built,) = out.glob("strata-*.whl")
+    return built

@@ -7,24 +7,12 @@ import configparser
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 from install_helpers import REPO_ROOT, base_python, isolated_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ICONS = sorted(p.name for p in (REPO_ROOT / "strata/resources/icons").glob("*.svg"))
-
-
-@pytest.fixture(scope="module")
-def wheel(source_copy, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    # --no-build-isolation: the project venv already has setuptools, so this works offline.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-q", "-w", str(out), str(source_copy)],
-                   check=True)
-    (built,) = out.glob("strata-*.whl")
-    return built
 
 
 def test_wheel_holds_the_package_and_its_icons_but_no_tests(wheel):
