@@ -42,7 +42,7 @@ async def test_start_load_stream_and_clean_stop(make_supervisor):
 
     events = await drain(supervisor.stream("r1", (3, 4), p.SamplingSpec(max_tokens=7)))
     assert token_ids(events) == expected_tokens((3, 4), 7)
-    assert events[-1] == p.Done("r1", p.Usage(2, 7, 0, "length"))
+    assert events[-1] == p.Done("r1", p.Usage(2, 7, 0, "length"), slot=0)
     status = await supervisor.command(p.GetStatus())
     assert status.engine.state == "loaded" and status.engine.slots[0].n_tokens == 9
 

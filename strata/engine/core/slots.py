@@ -64,6 +64,10 @@ class SlotManager:
         # Of each slot stored as a snapshot: its token ids and when it was last used, so that
         # slot choice (batch/slot_choice.py) sees a stored conversation as well as a resident one.
         self._stored: dict[int, tuple[tuple[int, ...], float]] = {}
+        for slot in range(num_slots):  # persisted sessions of an earlier engine
+            tokens = store.stored_tokens(slot)
+            if tokens:
+                self._stored[slot] = (tokens, 0.0)
         self.last_restore: dict[str, Any] | None = None  # what the last checkout restored
         self.last_error: str | None = None
         self.session_slots: list[int] = []  # what the last offload_session stored, LRU first

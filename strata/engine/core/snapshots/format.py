@@ -234,6 +234,27 @@ def read_file(path: Path, fingerprint: str, layout: KVLayout, now_s: float) -> K
         raise SnapshotInvalid("missing", f"{path.name} cannot be read: {exc.strerror}") from exc
 
 
+def peek_tokens(path: Path) -> tuple[int, ...] | None:
+    """The token ids a snapshot file holds (its first payload region, checked against the
+    header's hash), without reading the KV; None when they cannot be read. Slot choice uses
+    them to match a persisted session before anything restores it."""
+    try:
+        with open_regular(Path(path)) as f:
+            header, payload_start = read_header(f, os.fstat(f.fileno()).st_size)
+            region = header["regions"][0]
+            num_tokens = int(header["num_tokens"])
+            if region.get("name") != "tokens" or int(region["nbytes"]) != 4 * num_tokens:
+                return None
+            f.seek(payload_start + int(region["offset"]))
+            piece = f.read(4 * num_tokens)
+    except (OSError, SnapshotInvalid, KeyError, IndexError, TypeError, ValueError):
+        return None
+    if len(piece) != 4 * num_tokens or hashlib.sha256(piece).hexdigest() != header.get(
+            "tokens_sha256"):
+        return None
+    return struct.unpack(f"<{num_tokens}i", piece)
+
+
 def peek_header(path: Path) -> dict[str, Any] | None:
     """The verified header of a file, or None when it is not a readable snapshot."""
     try:

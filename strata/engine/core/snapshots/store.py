@@ -117,6 +117,14 @@ class SnapshotStore:
         now_s = self.clock()
         return now_s, (now_s + self.ttl_s if self.ttl_s > 0 else None)
 
+    def stored_tokens(self, key: int) -> tuple[int, ...] | None:
+        """The token ids of a snapshot kept in a named file (a persisted session of an
+        earlier engine), read without its KV; None otherwise."""
+        entry = self._entries.get(key)
+        if entry is None or entry.path is None:
+            return None
+        return fmt.peek_tokens(entry.path)
+
     def info(self, key: int) -> dict | None:
         """{"location", "n_tokens", "bytes"} of the snapshot stored for `key`, or None."""
         entry = self._entries.get(key)
