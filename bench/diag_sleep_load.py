@@ -32,13 +32,11 @@ MIB = 1 << 20
 
 def process_used_mib() -> float | None:
     """NVML's used VRAM of this process on GPU 0 (None where NVML does not say)."""
-    import pynvml
+    from strata.engine.core.memory.vram import gpu_processes
 
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-        if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
-            return proc.usedGpuMemory / MIB
+    for process in gpu_processes(0):
+        if process.pid == os.getpid() and process.used_bytes is not None:
+            return process.used_bytes / MIB
     return None
 
 

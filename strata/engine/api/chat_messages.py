@@ -35,18 +35,23 @@ def tool_call(call_id: str, name: str, arguments: dict) -> dict[str, Any]:
             "function": {"name": name, "arguments": arguments}}
 
 
-def parse_openai_messages(body: dict) -> list[dict[str, Any]]:
-    """/v1/chat/completions 'messages' with tool calls and tool results."""
+def _message_objects(body: dict) -> list[tuple[str, dict]]:
+    """'messages' of either API as (where, message object) pairs: a non-empty list of objects."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list of messages", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad_request(f"messages[{i}] must be an object with 'role' and 'content'",
+                              param="messages")
+    return [(f"messages[{i}]", message) for i, message in enumerate(messages)]
+
+
+def parse_openai_messages(body: dict) -> list[dict[str, Any]]:
+    """/v1/chat/completions 'messages' with tool calls and tool results."""
     parsed: list[dict[str, Any]] = []
     names_by_id: dict[str, str] = {}
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad_request(f"{where} must be an object with 'role' and 'content'",
-                              param="messages")
+    for i, (where, message) in enumerate(_message_objects(body)):
         role = message.get("role")
         if not isinstance(role, str) or role not in _OPENAI_ROLES:
             raise bad_request(f"{where} has unknown role {role!r}; use one of "
@@ -92,16 +97,9 @@ def _tool_result_text(block: dict, where: str) -> str:
 
 def parse_anthropic_messages(body: dict) -> list[dict[str, Any]]:
     """/v1/messages 'messages' (text, tool_use, tool_result and thinking blocks) and 'system'."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list of messages", param="messages")
     parsed: list[dict[str, Any]] = []
     names_by_id: dict[str, str] = {}
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise bad_request(f"{where} must be an object with 'role' and 'content'",
-                              param="messages")
+    for where, message in _message_objects(body):
         if message.get("role") not in ("user", "assistant"):
             raise bad_request(f"{where} has unknown role {message.get('role')!r}; use one of "
                               "user, assistant (the system prompt goes in 'system')",

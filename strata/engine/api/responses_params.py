@@ -14,7 +14,7 @@ from strata.engine.api import validation as v
 from strata.engine.api.chat_messages import call_arguments, tool_call
 from strata.engine.api.errors import bad_request
 from strata.engine.api.params import GenerationParams
-from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
+from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools, tool_list
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -67,13 +67,8 @@ def parse_responses_tools(body: dict) -> ToolRequest:
     tool_choice ("auto" | "none" | "required" | {type: function, name}), through the chat
     tools' parser. `strict` is accepted: a forced call's arguments are constrained to the
     schema; in auto mode the model's arguments come back as it wrote them."""
-    raw = body.get("tools")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise bad_request("'tools' must be a list of tools", param="tools")
     tools = []
-    for i, tool in enumerate(raw):
+    for i, tool in enumerate(tool_list(body)):
         kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
         if kind != "function":
             raise bad_request(f"tools[{i}] has type {kind!r}; only 'function' tools are "

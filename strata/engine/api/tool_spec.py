@@ -73,19 +73,24 @@ def _unique(tools: list[Tool], param: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def tool_list(body: dict) -> list:
+    """The request's 'tools': a list (absent: empty); each API checks its items."""
+    raw = body.get("tools")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise bad_request("'tools' must be a list of tools", param="tools")
+    return raw
+
+
 def parse_openai_tools(body: dict) -> ToolRequest:
     """tools, tool_choice and parallel_tool_calls of /v1/chat/completions."""
     for legacy in ("functions", "function_call"):
         if body.get(legacy) is not None:
             raise bad_request(f"'{legacy}' is the deprecated form; send 'tools' and "
                               "'tool_choice' instead", param=legacy)
-    raw = body.get("tools")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise bad_request("'tools' must be a list of tools", param="tools")
     tools = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(tool_list(body)):
         where = f"tools[{i}]"
         if not isinstance(item, dict) or item.get("type") != "function":
             kind = item.get("type") if isinstance(item, dict) else None
@@ -131,13 +136,8 @@ def _check_choice(mode: str, named: str | None, names: frozenset[str]) -> tuple[
 
 def parse_anthropic_tools(body: dict) -> ToolRequest:
     """tools and tool_choice of /v1/messages (custom tools; server tools are refused)."""
-    raw = body.get("tools")
-    if raw is None:
-        raw = []
-    if not isinstance(raw, list):
-        raise bad_request("'tools' must be a list of tools", param="tools")
     tools = []
-    for i, item in enumerate(raw):
+    for i, item in enumerate(tool_list(body)):
         where = f"tools[{i}]"
         if not isinstance(item, dict):
             raise bad_request(f"{where} must be an object", param="tools")

@@ -564,7 +564,7 @@ class Engine:
         self._end_requests()
         slots, self.slots = self.slots, None
         if slots is not None:
-            slots.offload_for_exit(keep=keep_sessions_as is not None)
+            slots.release_all_kv(keep=keep_sessions_as is not None)
         self.model = self.fast = self.kv_arena = None
         if self.memory is not None:
             self.memory.arenas.close()

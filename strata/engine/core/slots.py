@@ -335,22 +335,22 @@ class SlotManager:
     def resident_bytes(self) -> int:
         return sum(c.nbytes for c in self.resident.values())
 
-    def offload_for_exit(self, keep: bool) -> None:
-        """The process exits next: with keep or a persistent store, every history goes to a
-        snapshot (RAM first); then all KV is released. finish_for_exit() writes the files."""
+    def release_all_kv(self, keep: bool) -> None:
+        """Release every slot's KV (an unload or close); with keep or a persistent store each
+        history goes to a snapshot first (RAM first; finish_for_exit() writes named files)."""
         if keep or self.store.is_persistent:
             for slot in list(self.resident):
                 self.in_use.discard(slot)
                 try:
                     self.offload(slot)
                 except SnapshotWriteError as exc:
-                    log.warning("slot %d's history is lost at exit: %s", slot, exc)
+                    log.warning("slot %d's history is lost: %s", slot, exc)
         for slot in list(self.resident):
             self._release(slot)
         self.in_use.clear()
 
     def finish_for_exit(self, keep_sessions_as: str | None) -> list[int]:
-        """After offload_for_exit, with no GPU needed (the context may be gone): write each
+        """After release_all_kv, with no GPU needed (the context may be gone): write each
         stored history to keep_sessions_as.format(slot=N); persistent sessions to their files.
         The host memory is left to the exit. Returns the slots kept."""
         kept: list[int] = []
@@ -369,14 +369,5 @@ class SlotManager:
 
     def close(self) -> None:
         """Release all KV; with a persistent store, histories are written to disk first."""
-        if self.store.is_persistent:
-            for slot in list(self.resident):
-                self.in_use.discard(slot)
-                try:
-                    self.offload(slot)
-                except SnapshotWriteError as exc:
-                    log.warning("slot %d's history is lost at close: %s", slot, exc)
-        for slot in list(self.resident):
-            self._release(slot)
-        self.in_use.clear()
+        self.release_all_kv(keep=False)
         self.store.close()
