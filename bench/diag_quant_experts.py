@@ -18,18 +18,11 @@ import json
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from limits import time_s  # bench/limits.py, next to this file
 
 
 def _time_us(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / repeats
+    return time_s(fn, repeats) * 1e6  # limits.py: CUDA events after one warm-up
 
 
 def _random_experts(qtype, num_experts: int, rows: int, cols: int):

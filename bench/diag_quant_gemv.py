@@ -14,21 +14,14 @@ import json
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from limits import time_s  # bench/limits.py, next to this file
 
 SHAPES = {"qkv [6144, 4096]": (6144, 4096), "o [4096, 4096]": (4096, 4096),
           "gate_up [28672, 4096]": (28672, 4096), "down [4096, 14336]": (4096, 14336)}
 
 
 def _time_us(fn, repeats: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / repeats
+    return time_s(fn, repeats) * 1e6  # limits.py: CUDA events after one warm-up
 
 
 def main() -> int:
