@@ -3,7 +3,6 @@ process on a tiny llama (CPU); vectors checked against transformers' own hidden 
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import aiohttp
@@ -17,7 +16,7 @@ from fakes.tiny_model import write_tiny_model_dir
 
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
-from strata.host.serve import serve
+from tests.helpers.serving import serving
 from tests.snapshots.helpers import VOCAB, save_tiny_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="module")]
@@ -34,17 +33,8 @@ async def server(tmp_path_factory):
     settings = ServeSettings(model=str(model_dir), port=0, device="cpu", context_tokens=256,
                              snapshot_dir=str(tmp_path_factory.mktemp("snapshots")))
     service = Service(settings)
-    stop, urls = asyncio.Event(), []
-    task = asyncio.create_task(serve(settings, service=service, stop_event=stop,
-                                     on_listening=urls.append))
-    for _ in range(2400):
-        if urls or task.done():
-            break
-        await asyncio.sleep(0.05)
-    assert urls, "the server did not start"
-    yield urls[0].removesuffix("/v1"), service, model_dir
-    stop.set()
-    assert await asyncio.wait_for(task, 60) == 0
+    async with serving(settings, service) as base_url:
+        yield base_url, service, model_dir
 
 
 @pytest.fixture(scope="module")

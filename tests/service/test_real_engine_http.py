@@ -17,7 +17,7 @@ from helpers.processes import kill_hard
 
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
-from strata.host.serve import serve
+from tests.helpers.serving import serving
 from tests.snapshots.helpers import VOCAB, save_tiny_llama
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="module")]
@@ -35,17 +35,8 @@ async def server(tmp_path_factory):
         persist_sessions=True, snapshot_ram_budget_bytes=0,  # an offload writes the file
         snapshot_dir=str(tmp_path_factory.mktemp("snapshots")))
     service = Service(settings)
-    stop, urls = asyncio.Event(), []
-    task = asyncio.create_task(serve(settings, service=service, stop_event=stop,
-                                     on_listening=urls.append))
-    for _ in range(2400):
-        if urls or task.done():
-            break
-        await asyncio.sleep(0.05)
-    assert urls, "the server did not start"
-    yield urls[0].removesuffix("/v1"), service, settings
-    stop.set()
-    assert await asyncio.wait_for(task, 60) == 0
+    async with serving(settings, service) as base_url:
+        yield base_url, service, settings
 
 
 async def complete(base: str, **body) -> dict:

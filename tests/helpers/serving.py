@@ -1,0 +1,27 @@
+"""`strata serve`'s serve() on the test's event loop, for tests that talk HTTP to a Service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from strata.host.serve import serve
+
+
+@contextlib.asynccontextmanager
+async def serving(settings, service) -> AsyncIterator[str]:
+    """Run serve(settings, service) until the block ends; yields the base URL (no /v1)."""
+    stop, urls = asyncio.Event(), []
+    task = asyncio.create_task(serve(settings, service=service, stop_event=stop,
+                                     on_listening=urls.append))
+    for _ in range(2400):
+        if urls or task.done():
+            break
+        await asyncio.sleep(0.05)
+    assert urls, "the server did not start"
+    try:
+        yield urls[0].removesuffix("/v1")
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(task, 60) == 0
