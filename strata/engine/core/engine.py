@@ -171,13 +171,16 @@ class Engine:
 
     @staticmethod
     def warm_imports(config: EngineConfig | None = None) -> list[str]:
-        """For a standby process: import the modules a GPU load imports on its critical path
-        (torch.compile's dynamo and inductor, the fast decoder, the kernels) without creating a
-        CUDA context, so the next load pays only for the model. Nothing on the CPU."""
-        if getattr(config, "device", "auto") == "cpu" or not torch.cuda.is_available():
-            return []
-        names = ["torch._dynamo", "torch._inductor.compile_fx"]
-        for package in ("strata.engine.core.fast", "strata.engine.core.quant"):
+        """For a standby process: import the modules a load imports on its critical path
+        without creating a CUDA context, so the next load pays only for the model: the
+        loaders and model files (whose attention imports torch._dynamo: seconds), and for a
+        GPU load torch.compile's inductor, the fast decoder and the kernels."""
+        packages = ["strata.engine.core.loader", "strata.engine.core.models"]
+        names: list[str] = []
+        if getattr(config, "device", "auto") != "cpu" and torch.cuda.is_available():
+            names += ["torch._dynamo", "torch._inductor.compile_fx"]
+            packages += ["strata.engine.core.fast", "strata.engine.core.quant"]
+        for package in packages:
             module = importlib.import_module(package)
             names += [info.name for info in pkgutil.iter_modules(module.__path__, package + ".")]
         for name in names:
