@@ -99,3 +99,18 @@ def test_a_cpu_engine_load_reports_its_phases(tmp_path) -> None:
         assert engine.status()["load_phases_s"] == phases  # /v1/status carries it too
     finally:
         engine.close()
+
+
+def test_a_cpu_standby_warms_what_a_cpu_load_imports() -> None:
+    """The model files' attention imports torch._dynamo (seconds): a CPU standby imports
+    the loaders and models ahead, and nothing for the GPU (no compiler keys, no kernels)."""
+    import sys
+
+    from strata.engine.core.engine import Engine, EngineConfig
+
+    names = Engine.warm_imports(EngineConfig(model_path="unused", device="cpu"))
+    assert "strata.engine.core.models.llama" in names
+    assert "strata.engine.core.loader.gguf" in names
+    assert all(name in sys.modules for name in names)
+    assert not any(name.startswith("strata.engine.core.fast") for name in names)
+    assert "torch_key" not in names

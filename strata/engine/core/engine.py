@@ -174,7 +174,8 @@ class Engine:
         """For a standby process: import the modules a load imports on its critical path
         without creating a CUDA context, so the next load pays only for the model: the
         loaders and model files (whose attention imports torch._dynamo: seconds), and for a
-        GPU load torch.compile's inductor, the fast decoder and the kernels."""
+        GPU load torch.compile's inductor, the fast decoder and the kernels, and the source
+        hashes torch.compile and Triton key their caches with (fast/compiler_keys.py)."""
         packages = ["strata.engine.core.loader", "strata.engine.core.models"]
         names: list[str] = []
         if getattr(config, "device", "auto") != "cpu" and torch.cuda.is_available():
@@ -185,6 +186,10 @@ class Engine:
             names += [info.name for info in pkgutil.iter_modules(module.__path__, package + ".")]
         for name in names:
             importlib.import_module(name)
+        if "torch._dynamo" in names:
+            from strata.engine.core.fast.compiler_keys import warm_compiler_keys
+
+            names += warm_compiler_keys()  # seconds of hashing, no CUDA context needed
         return names
 
     def load(self) -> dict:
