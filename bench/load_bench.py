@@ -106,7 +106,7 @@ def phase_table(runs: list[dict[str, dict]]) -> str:
             phases = row["phases_s"]
             cells = " ".join(f"{phases.get(n, 0.0):>12.3f}" for n in names)
             lines.append(f"{index:>3} {scenario:22} {row['ready_s']:>7.2f} "
-                         f"{row['first_token_s']:>7.2f} {str(row['tuning']):9} {cells}")
+                         f"{row['first_token_s']:>7.2f} {row['tuning']!s:9} {cells}")
     return "\n".join(lines)
 
 

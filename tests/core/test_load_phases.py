@@ -62,18 +62,16 @@ def test_a_phase_that_raises_still_counts(clock) -> None:
 
 
 def test_an_unknown_phase_is_an_error() -> None:
-    with pytest.raises(ValueError, match="unknown load phase 'typo'"):
-        with LoadPhases().phase("typo"):
-            pass
+    with pytest.raises(ValueError, match="unknown load phase 'typo'"), LoadPhases().phase("typo"):
+        pass
 
 
 def test_outside_a_load_a_phase_records_nothing(clock) -> None:
     with load_phases.phase("tune"):  # a bench or a test calling part of a load alone
         clock.advance(1)
     phases = LoadPhases()
-    with load_phases.recording(phases):
-        with load_phases.phase("tune"):
-            clock.advance(2)
+    with load_phases.recording(phases), load_phases.phase("tune"):
+        clock.advance(2)
     with load_phases.phase("tune"):
         clock.advance(4)
     assert phases.seconds["tune"] == 2

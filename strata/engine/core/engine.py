@@ -22,12 +22,12 @@ from collections.abc import Iterator, Sequence
 import psutil
 import torch
 
+from strata.engine.core import load_phases
 from strata.engine.core.batch.events import SequenceEvent
 from strata.engine.core.batch.runner import BatchRunner
 from strata.engine.core.batch.scheduler import BatchScheduler
 from strata.engine.core.batch.sequence import Sequence as BatchSequence
 from strata.engine.core.batch.slot_choice import common_prefix_length
-from strata.engine.core import load_phases
 from strata.engine.core.constraint import TokenConstraint, build_constraint
 from strata.engine.core.engine_config import EngineConfig
 from strata.engine.core.engine_errors import (
@@ -38,8 +38,8 @@ from strata.engine.core.engine_errors import (
     kv_mapping,
 )
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
-from strata.engine.core.loader import load_model_config
 from strata.engine.core.load_phases import LoadPhases
+from strata.engine.core.loader import load_model_config
 from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.memory.budget import BudgetedBackend
