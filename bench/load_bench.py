@@ -1,11 +1,13 @@
 """How fast a model is ready: in a fresh engine process, in a standby one, and back after an
 unload (issue 18 item 6), through the real Supervisor and engine processes.
 
-    python bench/load_bench.py [MODEL_PATH] [--runs 3] [--context-tokens 4096]
-                               [--env NAME=VALUE ...] --json load.json
+    python bench/load_bench.py [MODEL_PATH | --preset smollm2-135m] [--runs 3]
+                               [--context-tokens 4096] [--env NAME=VALUE ...] --json load.json
 
 MODEL_PATH: a GGUF file or Hugging Face directory (default: the embedded default model, which
-must be downloaded: `strata pull`). Each run measures, in order:
+must be downloaded: `strata pull`). --preset NAME instead writes that random-weight preset as
+an f16 GGUF (random_gguf.py) into a temporary directory, for a machine without the model.
+Each run measures, in order:
 - fresh: spawn an engine process (import torch, ...), load, to ready (the Load reply) and to
   the first token of a 16-token prompt;
 - unload -> load back: unload (the process exits), a standby process started right behind
@@ -27,6 +29,7 @@ import asyncio
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -160,21 +163,43 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", help="GGUF file or HF directory (default: the "
                         "embedded default model)")
+    parser.add_argument("--preset", help="bench a random-weight preset written as a GGUF "
+                        "(e.g. smollm2-135m, the default model's shape) instead")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--context-tokens", type=int, default=4096)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set for the engine processes (repeatable)")
+    parser.add_argument("--kernel-cache", metavar="DIR", help="the engines' kernel cache "
+                        "(compiled kernels, autotune picks, tuning results) under DIR; an empty "
+                        "DIR makes the first run compile and tune everything")
     parser.add_argument("--json", help="write the report here")
     args = parser.parse_args()
-    if args.model is None:
-        from strata.default_model import default_model_path
+    if args.model and args.preset:
+        parser.error("give a MODEL_PATH or --preset, not both")
+    with tempfile.TemporaryDirectory(prefix="strata-load-bench-") as work_dir:
+        if args.preset:
+            from random_gguf import write_random_gguf  # next to this file
 
-        args.model = str(default_model_path(fetch=False))
+            args.model = str(Path(work_dir) / f"{args.preset}.gguf")
+            write_random_gguf(args.preset, args.model)
+        elif args.model is None:
+            from strata.default_model import default_model_path
+
+            args.model = str(default_model_path(fetch=False))
+        return bench(args)
+
+
+def bench(args: argparse.Namespace) -> int:
+    if args.kernel_cache:  # as strata.paths.kernel_cache_dir and process.py would set them
+        kernels = Path(args.kernel_cache).resolve() / "strata" / "kernels"
+        os.environ.update(XDG_CACHE_HOME=str(kernels.parents[1]),
+                          TORCHINDUCTOR_CACHE_DIR=str(kernels / "inductor"),
+                          TRITON_CACHE_DIR=str(kernels / "triton"))
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            parser.error(f"--env takes NAME=VALUE, not {item!r}")
+            raise SystemExit(f"--env takes NAME=VALUE, not {item!r}")
         os.environ[name] = value  # spawned engine processes inherit it
     config = EngineConfig(model_path=args.model, device=args.device,
                           context_tokens=args.context_tokens)
@@ -184,8 +209,9 @@ def main() -> int:
         print(f"  run {index + 1} of {args.runs} done", flush=True)
     figures = summary_figures(runs)
     report = {"benchmark": "load", "hardware": hardware(),
-              "params": {"model": args.model, "runs": args.runs,
-                         "context_tokens": args.context_tokens, "env": args.env},
+              "params": {"model": args.preset or args.model, "runs": args.runs,
+                         "context_tokens": args.context_tokens, "env": args.env,
+                         "kernel_cache": args.kernel_cache},
               "figures": figures, "runs": runs}
     print(" | ".join(f"{k} {v}" for k, v in report["hardware"].items()))
     print(phase_table(runs))
