@@ -216,7 +216,7 @@ class Engine:
             if self.config.vram_budget_bytes:
                 backend = BudgetedBackend(backend, self.config.vram_budget_bytes)
             self.device = backend.device  # cuda:N: views and new tensors agree on the index
-        phases.device = self.device
+            phases.device = self.device  # a CUDA context not made yet is made at phase end
         with phases.phase("read_file"):
             if self.config.random_weights:
                 config = random_weights_config(self.config.random_weights)

@@ -71,8 +71,7 @@ class LoadPhases:
             return
         import torch
 
-        if torch.cuda.is_initialized():
-            torch.cuda.synchronize(device)
+        torch.cuda.synchronize(device)  # in cuda_init: creates the context, if nothing had
 
     def breakdown_s(self) -> dict[str, float]:
         """{"<phase>_s": seconds}, every phase in load order, rounded to the millisecond."""
@@ -103,8 +102,3 @@ def phase(name: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
     return _active.phase(name)
 
-
-def set_device(device) -> None:
-    """Tell the active load its device once it is known (phases then synchronize on CUDA)."""
-    if _active is not None:
-        _active.device = device

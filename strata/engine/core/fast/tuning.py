@@ -189,7 +189,8 @@ def tune_prefill(prefiller: PrefillRunner, use_cuda_graphs: bool,
     key = tuning_key(prefiller, use_cuda_graphs) if store is not None else None
     stored = store.read(key) if store is not None else None
     if stored is not None and apply_stored(prefiller, use_cuda_graphs, stored):
-        return {"warm_up_s": warm_up_s, **stored, "source": "stored"}
+        return {"warm_up_s": warm_up_s, "ops_s": stored["ops_s"], "graphs": stored["graphs"],
+                "source": "stored"}
     with load_phases.phase("tune"):
         ops_s = choose_prefill_ops(prefiller, repeats)
     with load_phases.phase("capture_graphs"):
