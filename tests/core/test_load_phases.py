@@ -88,8 +88,8 @@ def test_a_cpu_engine_load_reports_its_phases(tmp_path) -> None:
     try:
         phases = info["load_phases_s"]
         assert set(phases) == {f"{name}_s" for name in PHASE_NAMES} | {"other_s"}
-        assert phases["read_file_s"] > 0 and phases["map_weights_s"] > 0
-        assert phases["build_model_s"] > 0 and phases["kv_and_slots_s"] > 0
+        assert phases["map_weights_s"] > 0  # the rest of a tiny model's may round to 0 ms
+        assert min(phases.values()) >= 0
         # The CPU has no fast decoder: nothing compiled, tuned or captured.
         assert phases["compile_s"] == phases["tune_s"] == phases["capture_graphs_s"] == 0.0
         assert info["tuning"] == "none"
