@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from strata.engine.core.engine import EngineConfig
+from strata.engine.core.fast.tuning_store import TuningStore
 from strata.engine.core.load_phases import PHASE_NAMES
 from strata.engine.protocol import Done, SamplingSpec, Tokens
 from strata.engine.service.supervisor import Supervisor
@@ -45,3 +46,5 @@ async def test_a_second_load_in_a_fresh_process_tunes_nothing(tmp_path) -> None:
     assert set(phases) == {f"{name}_s" for name in PHASE_NAMES} | {"other_s"}
     assert phases["tune_s"] == 0.0 and phases["capture_graphs_s"] == 0.0, phases
     assert phases["cuda_init_s"] > 0 and phases["map_weights_s"] > 0, phases
+    # Where the engine processes keep it (they share this process's environment).
+    assert list(TuningStore().directory.glob("prefill-*.json"))

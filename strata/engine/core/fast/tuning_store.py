@@ -14,6 +14,7 @@ log line, and the load tunes again and overwrites it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -103,7 +104,7 @@ class TuningStore:
                     os.fsync(handle.fileno())
                 os.replace(temp, path)
             except BaseException:
-                with _suppress_os_error():
+                with contextlib.suppress(OSError):
                     os.unlink(temp)
                 raise
         except OSError as exc:
@@ -129,14 +130,6 @@ def _parse(text: str, key: TuningKey) -> tuple[str, dict[str, Any] | None]:
     if not isinstance(result, dict):
         return "no result object", None
     return "", result
-
-
-class _suppress_os_error:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        return exc_type is not None and issubclass(exc_type, OSError)
 
 
 # ---- the key's parts ----------------------------------------------------------------------
