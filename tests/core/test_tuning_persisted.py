@@ -107,7 +107,7 @@ def test_nothing_to_tune_writes_nothing(model, tmp_path) -> None:
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
-def test_without_a_store_every_load_measures(model, monkeypatch) -> None:
+def test_without_a_store_every_load_measures(model) -> None:
     decoder = decoder_for(model)
     assert decoder.tune_prefill()["source"] == "measured"
     assert decoder_for(model).tune_prefill()["source"] == "measured"
