@@ -1,0 +1,136 @@
+"""The batched decode step of fast/batch_graph.py on the CPU, float32: bucket choice, padding
+rows that write nothing, the step's logits and K/V equal to the eager batched forward, the
+batched attention kernels (Triton's CPU interpreter) equal to their torch twin, and an engine
+whose batches run through the step giving each sequence its tokens alone. The GPU test
+(tests/gpu/test_batch_graph_cuda.py) replays the same step from CUDA graphs in bf16."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Must precede the first Triton import (see test_fast_paths.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+needs_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled")
+
+from strata.engine.core.fast.batch_attention import PAD_POSITION, check_batch_attention
+from strata.engine.core.fast.batch_graph import BatchDecoder, batch_bucket
+from strata.engine.core.fast.pointwise import EAGER_OPS
+from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.random_weights import build_random_model
+from tests.helpers.fast_configs import TINY_CONFIGS
+
+MAX_TOKENS = 300
+
+
+def tiny_model(name: str):
+    return build_random_model(TINY_CONFIGS[name], "cpu", torch.float32, seed=1, std=0.15)
+
+
+def test_batch_buckets() -> None:
+    assert [batch_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16)] == [1, 2, 4, 4, 8, 8, 16, 16]
+    for bad in (0, 17):
+        with pytest.raises(ValueError):
+            batch_bucket(bad)
+
+
+def filled_caches(model, lengths: list[int]) -> list[KVCache]:
+    """One cache per sequence, prefilled with a prompt of that length."""
+    caches = []
+    for i, length in enumerate(lengths):
+        kv = KVCache.for_config(model.config, MAX_TOKENS)
+        prompt = torch.tensor([(11 * i + 5 * j) % 90 + 3 for j in range(length)])
+        with torch.inference_mode():
+            model(prompt, 0, kv)
+        caches.append(kv)
+    return caches
+
+
+def clones(caches: list[KVCache]) -> list[KVCache]:
+    out = []
+    for kv in caches:
+        copy = KVCache(kv.num_layers, kv.num_kv_heads, kv.head_dim, kv.max_tokens, kv.dtype)
+        for dst, src in zip((*copy.k, *copy.v), (*kv.k, *kv.v)):
+            dst.copy_(src)
+        out.append(copy)
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "mixtral"])
+def test_a_padded_step_equals_the_eager_batched_forward(name: str) -> None:
+    model = tiny_model(name)
+    lengths = [5, 40, 17]  # three rows: padded to the bucket of 4
+    caches = filled_caches(model, lengths)
+    expected_caches = clones(caches)
+    tokens = [7, 19, 33]
+    decoder = BatchDecoder(model, EAGER_OPS, "bmm", use_cuda_graphs=False,
+                           fused_attention=False, min_bucket_tokens=16)
+    got = decoder.forward(tokens, lengths, caches).clone()
+    with torch.inference_mode():
+        expected = model.forward_decode_batch(torch.tensor(tokens), lengths, expected_caches)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert got.shape == (3, model.config.vocab_size)
+    assert decoder._buffers[4].host_positions[3] == PAD_POSITION
+    for kv, ref, length in zip(caches, expected_caches, lengths):
+        for mine, theirs in zip((*kv.k, *kv.v), (*ref.k, *ref.v)):
+            # The new row written, nothing after it touched.
+            torch.testing.assert_close(mine[: length + 1], theirs[: length + 1], rtol=1e-4,
+                                       atol=1e-4)
+            assert not mine[length + 1 :].any()
+
+
+def test_a_batch_of_one_and_of_sixteen() -> None:
+    model = tiny_model("llama")
+    decoder = BatchDecoder(model, EAGER_OPS, "bmm", use_cuda_graphs=False,
+                           fused_attention=False, min_bucket_tokens=16)
+    lengths = [3 + 2 * i for i in range(16)]
+    caches = filled_caches(model, lengths)
+    expected_caches = clones(caches)
+    tokens = list(range(20, 36))
+    got = decoder.forward(tokens, lengths, caches).clone()
+    with torch.inference_mode():
+        expected = model.forward_decode_batch(torch.tensor(tokens), lengths, expected_caches)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    one = decoder.forward([5], [lengths[0] + 1], caches[:1])
+    assert one.shape == (1, model.config.vocab_size)
+    with pytest.raises(ValueError, match=r"1\.\.16"):
+        decoder.forward([*tokens, 1], [*lengths, 1], caches + caches[:1])
+    with pytest.raises(ValueError, match="does not fit"):
+        decoder.forward([1], [MAX_TOKENS], caches[:1])
+
+
+def test_graphs_need_the_fused_attention() -> None:
+    with pytest.raises(ValueError, match="batched attention kernels"):
+        BatchDecoder(tiny_model("llama"), EAGER_OPS, "bmm", use_cuda_graphs=True,
+                     fused_attention=False)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_the_batched_attention_kernels_match_their_torch_twin(name: str) -> None:
+    """Rows in caches of their own (found by offset from one base) and a padding row."""
+    attn = tiny_model(name).model.layers[0].self_attn
+    assert check_batch_attention(attn, torch.float32, torch.device("cpu"), num_keys=80) == ""
+
+
+@needs_interpreter
+def test_the_fused_step_equals_the_torch_step() -> None:
+    """The step with the batched kernels (what a graph captures) against the torch one."""
+    model = tiny_model("qwen3")
+    lengths = [4, 30]
+    caches = filled_caches(model, lengths)
+    expected_caches = clones(caches)
+    fused = BatchDecoder(model, EAGER_OPS, "bmm", use_cuda_graphs=False, fused_attention=True,
+                         min_bucket_tokens=16)
+    eager = BatchDecoder(model, EAGER_OPS, "bmm", use_cuda_graphs=False, fused_attention=False,
+                         min_bucket_tokens=16)
+    got = fused.forward([9, 10], lengths, caches).clone()
+    expected = eager.forward([9, 10], lengths, expected_caches)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    for kv, ref in zip(caches, expected_caches):
+        for mine, theirs in zip((*kv.k, *kv.v), (*ref.k, *ref.v)):
+            torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
