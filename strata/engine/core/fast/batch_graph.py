@@ -110,7 +110,9 @@ class BatchBuffers:
         host[1, :num] = torch.tensor(list(positions), dtype=torch.long)
         host[2:, :num] = torch.tensor([kv_rows.offsets(kv) for kv in kvs],
                                       dtype=torch.long).T
-        self.device_ids.copy_(host, non_blocking=True)
+        # Blocking: the host refills this staging buffer for the next step (or the next group
+        # of a batch over 16 rows) right away, and the step's tokens are awaited anyway.
+        self.device_ids.copy_(host)
         self.kvs = [*kvs, *[None] * (self.rows - num)]
         self.host_positions = [*positions, *[batch_attention.PAD_POSITION] * (self.rows - num)]
 
