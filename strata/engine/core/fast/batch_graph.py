@@ -76,6 +76,8 @@ class KVRows:
                 if delta % size:
                     raise ValueError("a KV cache is not aligned to its dtype")
                 found.append(delta // size)
+        if len(self._cached) >= 256:  # slots' caches are few; never grow without bound
+            self._cached.clear()
         self._cached[id(kv)] = (kv, found)
         return found
 
