@@ -134,3 +134,37 @@ def test_the_fused_step_equals_the_torch_step() -> None:
     for kv, ref in zip(caches, expected_caches):
         for mine, theirs in zip((*kv.k, *kv.v), (*ref.k, *ref.v)):
             torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_divergence_is_excused_only_by_a_tie_in_logits_or_routing(tmp_path) -> None:
+    """batch_helpers' oracle: a far-apart pick after confident routing fails (and says so);
+    a model without experts has no routing margin."""
+    from strata.engine.core.engine import Engine, EngineConfig
+    from tests.core.batch_helpers import (
+        NEAR_TIE_ROUTING,
+        assert_same_or_near_tie,
+        reference_logits,
+        routing_margin,
+    )
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    for variant in ("llama", "qwen3_moe"):
+        path, _ = make_tiny_hf_model(variant, tmp_path / variant)
+        engine = Engine(EngineConfig(model_path=str(path), device="cpu"))
+        engine.load()
+        try:
+            prompts = [[(5 * s + 3 * j) % 300 + 5 for j in range(12)] for s in range(20)]
+            margins = [routing_margin(engine, p, len(p) - 1) for p in prompts]
+            if variant == "llama":
+                assert margins == [None] * len(prompts)
+                prompt = prompts[0]
+            else:
+                assert all(0.0 <= m <= 1.0 for m in margins)
+                prompt = next(p for p, m in zip(prompts, margins) if m >= NEAR_TIE_ROUTING)
+            logits = reference_logits(engine, prompt)
+            best, worst = int(logits.argmax()), int(logits.argmin())
+            assert_same_or_near_tie(engine, prompt, [best], [best])
+            with pytest.raises(AssertionError, match="smallest router margin"):
+                assert_same_or_near_tie(engine, prompt, [best], [worst])
+        finally:
+            engine.close()

@@ -19,7 +19,11 @@ from tests.core.batch_helpers import alone, assert_same_or_near_tie, run_batch
 from tests.helpers.tiny_models import make_tiny_hf_model
 
 pytestmark = pytest.mark.gpu
-BF16_NEAR_TIE = 2e-2  # of the largest logit
+# Of the largest logit: the replayed step and the single-stream decoder round bf16 in other
+# orders (cuBLAS over B rows against one-row GEMVs); test_replayed_step_logits_... bounds the
+# difference by 3% of the logits' scale. Measured: a three-way tie (4.40/4.28/4.23 in float32)
+# split 0.125 apart at 2.1%. MoE routing ties: batch_helpers.NEAR_TIE_ROUTING.
+BF16_NEAR_TIE = 3e-2
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3_moe"])
