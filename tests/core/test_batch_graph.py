@@ -23,6 +23,7 @@ from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.random_weights import build_random_model
 from tests.helpers.fast_configs import TINY_CONFIGS
+from tests.helpers.tiny_models import make_tiny_hf_model
 
 MAX_TOKENS = 300
 
@@ -146,7 +147,6 @@ def test_a_divergence_is_excused_only_by_a_tie_in_logits_or_routing(tmp_path) ->
         reference_logits,
         routing_margin,
     )
-    from tests.helpers.tiny_models import make_tiny_hf_model
 
     for variant in ("llama", "qwen3_moe"):
         path, _ = make_tiny_hf_model(variant, tmp_path / variant)
@@ -168,3 +168,40 @@ def test_a_divergence_is_excused_only_by_a_tie_in_logits_or_routing(tmp_path) ->
                 assert_same_or_near_tie(engine, prompt, [best], [worst])
         finally:
             engine.close()
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen3_moe"])
+def test_an_engine_batching_through_the_step_equals_each_sequence_alone(tmp_path,
+                                                                        variant) -> None:
+    """The runner's path for batches on the GPU, eagerly on the CPU: 18 sequences (groups of
+    16 and 2), greedy and seeded-sampled ones side by side, one cancelled mid-run."""
+    from strata.engine.core.engine import Engine, EngineConfig
+    from strata.engine.protocol import SamplingSpec
+    from tests.core.batch_helpers import alone, run_batch
+
+    path, _ = make_tiny_hf_model(variant, tmp_path)
+    engine = Engine(EngineConfig(model_path=str(path), device="cpu", num_slots=18,
+                                 prefill_chunk_tokens=64))
+    engine.load()
+    try:
+        step = BatchDecoder(engine.model, EAGER_OPS, "bmm", use_cuda_graphs=False,
+                            fused_attention=False, min_bucket_tokens=16)
+        engine._runner.batch = step
+        chats = [[(13 * i + 7 * j) % 300 + 5 for j in range(3 + i)] for i in range(18)]
+        specs = [SamplingSpec(max_tokens=6) if i % 3 else
+                 SamplingSpec(max_tokens=6, temperature=0.9, seed=i, repeat_penalty=1.2)
+                 for i in range(18)]
+        expected = [alone(engine, p, s, i) for i, (p, s) in enumerate(zip(chats, specs))]
+        got = run_batch(engine, {f"r{i}": (p, s, i) for i, (p, s) in
+                                 enumerate(zip(chats, specs))})
+        assert [got.tokens[f"r{i}"] for i in range(18)] == expected
+        assert 16 in step._buffers and 2 in step._buffers  # 18 rows: groups of 16 and 2
+        engine.add("a", chats[0], SamplingSpec(max_tokens=8), 0)
+        engine.add("b", chats[1], SamplingSpec(max_tokens=8), 1)
+        engine.step(), engine.step()
+        assert engine.cancel("a").usage.finish_reason == "cancelled"
+        rest = run_batch(engine, {})
+        # Step 1 prefilled both and drew their first tokens, step 2 decoded one more each.
+        assert len(rest.tokens["b"]) == 6 and rest.usage["b"].finish_reason == "length"
+    finally:
+        engine.close()
