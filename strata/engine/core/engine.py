@@ -564,6 +564,8 @@ class Engine:
         its cached blocks (issue 18: sleep held 1.2-1.5 GiB)."""
         if self.fast is not None:
             self.fast.clear()
+        if self._runner is not None:
+            self._runner.clear_graphs()  # the batch graphs' pool likewise
         self._empty_device_cache()
         if self.device.type == "cuda":
             clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
