@@ -12,6 +12,7 @@ the rules keep working on it unchanged; model_pool_control.py has the all-model 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
@@ -49,9 +50,6 @@ from strata.paths import model_cache_dir, snapshot_dir
 from strata.units import MIB
 
 log = logging.getLogger(__name__)
-# An unknown name rescans the models directory, at most this often (a client retrying a typo
-# must not read every model's header each time).
-RESCAN_MIN_INTERVAL_S = 2.0
 BUDGET_RETRY_AFTER_S = 5.0
 
 
@@ -89,7 +87,7 @@ class ModelPool:
         self._sizes: dict[str, MemberSize] = {}
         self._room_lock = asyncio.Lock()  # one bring-up (room, then load/wake) at a time
         self._create_lock = asyncio.Lock()
-        self._last_scan_s = -math.inf
+        self._files: frozenset[tuple[str, int]] = frozenset()  # what the last scan saw
         self.taken_down: list[str] = []  # what the last all-model down action took down
         self.is_gpu = False
         self._default_service = self._make_service(settings, vram_reader=vram_reader)
@@ -172,12 +170,29 @@ class ModelPool:
                     parameter_count=spec.entry.parameter_count)
             return index, sizes
 
-        self._last_scan_s = time.monotonic()
+        self._files = await asyncio.to_thread(self._library_files)
         index, sizes = await asyncio.to_thread(read)
         self._index = index
         self._sizes.update(sizes)
         self._notify()
         return self.models()
+
+    def _library_files(self) -> frozenset[tuple[str, int]]:
+        """The model files under the directory with their mtimes: a listing, no header read."""
+        root = self.models_dir
+        if not root.is_dir():
+            return frozenset()
+        found = set()
+        for pattern in ("*.gguf", "config.json", "*.safetensors"):
+            for path in root.rglob(pattern):
+                with contextlib.suppress(OSError):
+                    found.add((str(path), path.stat().st_mtime_ns))
+        return frozenset(found)
+
+    def _library_changed(self) -> bool:
+        """Whether a model file came, went or changed since the last scan. An unknown name
+        rescans only then: a client retrying a typo must not read every header each time."""
+        return self._library_files() != self._files
 
     def find(self, name: str | None) -> ModelSpec | None:
         return self._index.find(name) if self._index is not None else None
@@ -188,7 +203,7 @@ class ModelPool:
         once, then gets the default model when --model-fallback is "default" (unless strict),
         else raises ModelNotFound."""
         spec = self.find(name)
-        if spec is None and time.monotonic() - self._last_scan_s >= RESCAN_MIN_INTERVAL_S:
+        if spec is None and await asyncio.to_thread(self._library_changed):
             await self.rescan()
             spec = self.find(name)
         if spec is None:

@@ -10,7 +10,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
 from strata.engine import protocol as p
-from strata.engine.service.facade import GenerationRequest
+from strata.engine.service.facade import GenerationRequest, ServiceError
 from strata.engine.service.levels import UP_ACTIONS, State
 from strata.engine.service.model_pool_names import ModelSpec
 from strata.engine.service.model_pool_size import MemberSize, observed_size
@@ -135,25 +135,31 @@ class PooledModel:
     # ---- what the pool reads ---------------------------------------------------------------
 
     def state(self) -> State | None:
-        """The model's State; None before its engine was ever started (state "available")."""
+        """The model's State; None until an engine process was started for it (its tokenizer
+        may have been read: state "available")."""
         try:
-            return self.service.lifecycle.state()
-        except Exception:  # noqa: BLE001 - not started: ServiceError("not_started")
+            state = self.service.lifecycle.state()
+        except ServiceError:  # not started
             return None
+        if state is State.UNLOADED and self.service.supervisor.num_starts == 0:
+            return None
+        return state
 
     @property
     def size(self) -> MemberSize:
         """Bytes once loaded: the engine's own account once it reported one, else the estimate."""
         try:
             vram = self.service.lifecycle.vram()
-        except Exception:  # noqa: BLE001 - not started
+        except ServiceError:  # not started
             vram = {}
         if vram:
             seen = observed_size(vram)
             if seen is not None:
                 workspace = self.pool.workspace_bytes
                 self.observed = MemberSize(seen.full_bytes + workspace, seen.expert_bytes)
-        return self.observed or self.estimate
+        if self.observed is None or self.observed.full_bytes < self.estimate.full_bytes:
+            return self.estimate  # an engine that has not grown its KV yet reports less
+        return self.observed
 
     def held_bytes(self) -> int:
         return self.size.held_bytes(self.state(), is_gpu=self.pool.is_gpu)

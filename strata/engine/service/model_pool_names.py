@@ -152,5 +152,5 @@ def build_index(models_dir: Path, configured: list[Configured], default_path: Pa
                             "its aliases are ignored", item.name, models_dir)
                 continue
             specs[found.name] = replace(found, aliases=(*found.aliases, *item.aliases))
-    ordered = [specs.pop(default_name)] + sorted(specs.values(), key=lambda s: s.name.lower())
+    ordered = [specs.pop(default_name), *sorted(specs.values(), key=lambda s: s.name.lower())]
     return ModelIndex(ordered)

@@ -8,8 +8,10 @@ loaded, what its engine reported (resident + released, every arena) replaces the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -21,6 +23,9 @@ _FLOAT32_BYTES = 4
 _BF16_BYTES = 2
 # A sleeping engine on a GPU still holds its CUDA context and cuBLAS workspace.
 SLEEPING_GPU_BYTES = 512 * 1024 * 1024
+# The first token of a slot maps one page each of K and V in every layer (DESIGN §5: pages of
+# 2 MiB multiples); a model is no use without that.
+KV_PAGE_BYTES = 2 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,18 +56,42 @@ def estimate_size(model_path: str, *, is_gpu: bool, expert_cache: Any = "auto",
                   parameter_count: int = 0) -> MemberSize:
     """What loading model_path will map (0 when it cannot be told from its headers)."""
     size = stored_size(model_path)
+    kv_bytes = 2 * KV_PAGE_BYTES * _num_layers(model_path)
     if is_gpu:
         if size is None:
             return MemberSize(0)
         experts = size.expert_cache_bytes(str(expert_cache))
-        return MemberSize(size.dense_bytes + experts + LOAD_WORKSPACE_BYTES, experts)
-    num_params = parameter_count
+        return MemberSize(size.dense_bytes + experts + kv_bytes + LOAD_WORKSPACE_BYTES, experts)
+    num_params = parameter_count or _parameter_count(model_path)
     if not num_params and size is not None:  # no count from the header: from the bytes
         num_params = (size.dense_bytes + size.expert_bytes) // _BF16_BYTES
     width = _FLOAT32_BYTES
     if num_params * _FLOAT32_BYTES > psutil.virtual_memory().total // 2:
         width = _BF16_BYTES  # engine.compute_dtype's choice on the CPU
-    return MemberSize(num_params * width)
+    return MemberSize(num_params * width + kv_bytes)
+
+
+def _num_layers(model_path: str) -> int:
+    """The model's layer count from its header (0 when it cannot be read)."""
+    path = Path(model_path)
+    try:
+        if path.is_dir():
+            return int(json.loads((path / "config.json").read_text())["num_hidden_layers"])
+        from strata.engine.gguf_file import open_gguf  # numpy + gguf constants, no torch
+
+        metadata = open_gguf(path).metadata
+        return int(metadata.get(f"{metadata.get('general.architecture', '')}.block_count", 0))
+    except Exception:  # noqa: BLE001 - unreadable: no KV counted; the engine's own report will
+        return 0
+
+
+def _parameter_count(model_path: str) -> int:
+    from strata.engine.core.loader import inspect_model  # host-safe: reads headers only
+
+    try:
+        return int(inspect_model(Path(model_path)).parameter_count)
+    except Exception:  # noqa: BLE001 - unreadable: the bytes stand in
+        return 0
 
 
 def observed_size(vram: Mapping[str, Mapping[str, int]]) -> MemberSize | None:
