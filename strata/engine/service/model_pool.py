@@ -72,14 +72,17 @@ class ModelPool:
 
     def __init__(self, settings: ServeSettings, models_config: Any = None, *,
                  service_factory: Callable[..., Service] = Service,
-                 vram_reader: Callable[[], int | None] = read_free_vram_bytes):
+                 vram_reader: Callable[[], int | None] = read_free_vram_bytes,
+                 estimate: Callable[..., MemberSize] = estimate_size):
         """models_config: the config file's [models] table; service_factory(settings,
         keep_standby=..., vram_reader=...) builds each model's Service (tests pass a fake
-        engine through it)."""
+        engine through it); estimate(path, is_gpu=, expert_cache=, parameter_count=) sizes a
+        model before its engine reports (model_pool_size.estimate_size)."""
         self.settings = settings
         self._configured = configured_models(models_config)  # ModelsConfigError: say it now
         self._make_service = service_factory
         self._reader = vram_reader
+        self._estimate = estimate
         self.level_listeners: list[Callable[[LevelEvent], None]] = []
         self.state_listeners: list[Callable[[], None]] = []
         self._members: dict[str, PooledModel] = {}
@@ -157,7 +160,7 @@ class ModelPool:
         default_path = Path(self._default_service.model_path or "")
         default_name = self._default_service.model_id
         models_dir, configured = self.models_dir, self._configured
-        settings, is_gpu = self.settings, self.is_gpu
+        settings, is_gpu, estimate = self.settings, self.is_gpu, self._estimate
 
         def read() -> tuple[ModelIndex, dict[str, MemberSize]]:
             index = build_index(models_dir, configured, default_path, default_name)
@@ -165,7 +168,7 @@ class ModelPool:
             for spec in index.specs:
                 if spec.name in self._sizes or not spec.entry.is_downloaded:
                     continue
-                sizes[spec.name] = estimate_size(
+                sizes[spec.name] = estimate(
                     str(spec.path), is_gpu=is_gpu, expert_cache=settings.expert_cache,
                     parameter_count=spec.entry.parameter_count)
             return index, sizes

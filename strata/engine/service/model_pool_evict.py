@@ -1,9 +1,9 @@
 """Which other models go down, and how far, so that one more fits: a pure plan, tested alone.
 
-The shallowest level first across the models, least recently used first within a level: a
-released expert cache comes back faster than a sleeping model, a sleeping one faster than an
-unloaded one. A model serving a request is never chosen. (Ollama's scheduler evicts whole
-models LRU first; the levels let Strata give back less.)
+Least recently used first, as Ollama's scheduler evicts; each model goes only as far down as
+frees what is still missing (a released expert cache comes back faster than a sleeping model,
+a sleeping one faster than an unloaded one), else as far as frees the most, and the next one
+follows. A model serving a request is never chosen.
 """
 
 from __future__ import annotations
@@ -53,21 +53,22 @@ def plan_eviction(candidates: Iterable[Candidate], need_bytes: int) -> Plan:
     """The steps that free at least need_bytes from the candidates (need <= 0: none)."""
     if need_bytes <= 0:
         return Plan((), True, 0)
-    idle = sorted((c for c in candidates if not c.is_busy), key=lambda c: c.last_used_s)
-    held = {c.name: c.held_bytes for c in idle}
     steps: list[Step] = []
     missing = need_bytes
-    for action in EVICTION_LADDER:
-        for candidate in idle:
-            after = candidate.after.get(action)
-            if after is None or after >= held[candidate.name]:
-                continue  # does not apply, or frees nothing more than a step already taken
-            freed = held[candidate.name] - after
-            steps.append(Step(candidate.name, action, freed))
-            held[candidate.name] = after
-            missing -= freed
-            if missing <= 0:
-                return Plan(tuple(steps), True, 0)
+    for candidate in sorted((c for c in candidates if not c.is_busy),
+                            key=lambda c: c.last_used_s):
+        levels = [(action, candidate.held_bytes - after) for action in EVICTION_LADDER
+                  if (after := candidate.after.get(action)) is not None
+                  and after < candidate.held_bytes]
+        if not levels:
+            continue
+        # The shallowest level that frees what is missing, else the one that frees the most.
+        action, freed = next(((a, f) for a, f in levels if f >= missing),
+                             max(levels, key=lambda level: level[1]))
+        steps.append(Step(candidate.name, action, freed))
+        missing -= freed
+        if missing <= 0:
+            return Plan(tuple(steps), True, 0)
     return Plan(tuple(steps), False, missing)
 
 
