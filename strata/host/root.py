@@ -21,14 +21,14 @@ from aiohttp import web
 
 from strata.engine.api.listen import Listening, bind_sockets, close_sockets, start_listening
 from strata.engine.service.config_file import read_config
+from strata.engine.service.model_pool import ModelPool
 from strata.engine.service.rules import Rule, rules_from_config
 from strata.engine.service.rules_engine import RulesEngine
-from strata.engine.service.model_pool import ModelPool
 from strata.engine.service.settings import ServeSettings, config_file_path, settings_from_config
 
 log = logging.getLogger(__name__)
-TRAY_TABLE = "tray"
-MODELS_TABLE = "models"  # [models.NAME] path, aliases: models besides --models-dir's  # [tray] rules_enabled: whether the [[rules]] run, in the tray and serve
+TRAY_TABLE = "tray"  # [tray] rules_enabled: whether the [[rules]] run, in the tray and serve
+MODELS_TABLE = "models"  # [models.NAME] path, aliases: models besides --models-dir's
 
 
 def own_pids() -> set[int]:
