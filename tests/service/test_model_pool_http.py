@@ -76,9 +76,9 @@ async def states(base: str) -> dict[str, str]:
     return {model["id"]: model["status"] for model in listing["data"]}
 
 
-async def complete(base: str, model: str | None) -> dict:
+async def complete(base: str, model: str | None, **extra) -> dict:
     body = {"prompt": "Hello", "max_tokens": NUM_TOKENS, "temperature": 0,
-            **({"model": model} if model else {})}
+            **({"model": model} if model else {}), **extra}
     status, answer = await post(base, "/v1/completions", body)
     assert status == 200, answer
     return answer
@@ -99,7 +99,7 @@ async def test_alternating_requests_load_on_demand_and_evict_under_the_budget(po
     assert answer["model"] == default
     assert await states(base) == {default: "loaded", TINY: "sleeping"}
 
-    answer = await complete(base, "gpt-4o-mini")  # the configured alias
+    answer = await complete(base, "gpt-4o-mini", ttl=600)  # the configured alias, a keep-alive
     assert answer["model"] == TINY
     assert await states(base) == {default: "sleeping", TINY: "loaded"}
     rows = {row["name"]: row for row in pool.status()["models"]}
@@ -109,8 +109,12 @@ async def test_alternating_requests_load_on_demand_and_evict_under_the_budget(po
     # Ollama's names: ':latest', and /api/ps lists the models that hold memory.
     status, answer = await post(base, "/api/generate", {
         "model": f"{default}:latest", "prompt": "Hi", "raw": True, "stream": False,
-        "options": {"num_predict": NUM_TOKENS, "temperature": 0}})
+        "keep_alive": "7m", "options": {"num_predict": NUM_TOKENS, "temperature": 0}})
     assert status == 200 and answer["done"], answer
+    # Each model keeps its own keep-alive: Ollama's keep_alive here, LM Studio's ttl above.
+    timeouts = {name: pool.member(name).status()["idle_timeouts"]["unload"]
+                for name in (default, TINY)}
+    assert timeouts == {default: 420, TINY: 600}
     running = {m["name"]: m for m in (await get(base, "/api/ps"))["models"]}
     assert running[f"{default}:latest"]["size_vram"] > 0
     assert running[f"{TINY}:latest"]["size_vram"] == 0  # asleep: holds no memory

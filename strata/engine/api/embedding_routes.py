@@ -19,7 +19,7 @@ from aiohttp import web
 from strata.engine.api import validation as v
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
-from strata.engine.api.model_routing import service_of
+from strata.engine.api.model_routing import apply_ttl, service_of
 from strata.engine.api.ollama_params import parse_keep_alive
 from strata.engine.api.ollama_routes import after_answer, apply_keep_alive, check_model
 from strata.engine.api.request_fields import (
@@ -122,6 +122,7 @@ async def openai_embeddings(request: web.Request) -> web.Response:
     service = service_of(request)
     body = await read_json_object(request)
     refuse_unknown_fields(body, OPENAI_EMBEDDING_FIELDS, "/v1/embeddings")
+    apply_ttl(service, body)
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
         raise bad_request("'encoding_format' must be 'float' or 'base64'",

@@ -84,6 +84,18 @@ async def model_middleware(request: web.Request, handler: Any) -> web.StreamResp
     return await handler(request)
 
 
+def apply_ttl(service: Any, body: dict[str, Any]) -> None:
+    """LM Studio's `ttl` on an OpenAI request: the requested model unloads after that many
+    idle seconds from now on (its own unload timer, as Ollama's keep_alive sets it)."""
+    ttl = body.get("ttl")
+    if ttl is None:
+        return
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < 1e9:
+        raise ApiError(400, "'ttl' must be the seconds idle before the model unloads, a "
+                       f"number > 0, got {ttl!r:.40}", param="ttl")
+    service.set_unload_idle(float(ttl))
+
+
 def service_of(request: web.Request) -> Any:
     """The service that answers this request: its model's, else the app's (default) one."""
     found = request.get(MODEL_SERVICE_KEY)

@@ -16,7 +16,7 @@ from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.chat_plan import plan_chat, template_kwargs
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.model_list import openai_model_by_name, openai_models
-from strata.engine.api.model_routing import model_pool, service_of
+from strata.engine.api.model_routing import apply_ttl, model_pool, service_of
 from strata.engine.api.openai_chat import chat_response, chat_stream
 from strata.engine.api.openai_logprobs import completion_logprobs, summed_usage
 from strata.engine.api.output_format import openai_output_grammar, openai_thinking
@@ -55,6 +55,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = service_of(request)
     body = await read_json_object(request)
     params = parse_openai(body)
+    apply_ttl(service, body)
     tools = parse_openai_tools(body)
     messages = parse_openai_messages(body)
     output_grammar = openai_output_grammar(body)
@@ -182,6 +183,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     service = service_of(request)
     body = await read_json_object(request)
     params = parse_openai_completion(body)
+    apply_ttl(service, body)
     if body.get("echo") not in (None, False) or body.get("suffix") is not None:
         raise bad_request("'echo' and 'suffix' are not supported; leave them out")
     assets = text_assets(service)
