@@ -30,8 +30,10 @@ from strata.engine.service.model_pool_names import (
 from strata.engine.service.model_pool_size import SLEEPING_GPU_BYTES, MemberSize
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
+from strata.engine.service.status_schema import PoolStatus
 from strata.library.catalog import ModelEntry
 from strata.units import MIB
+from tests.helpers.status_shape import shape_problems
 
 # ---- the plan -----------------------------------------------------------------------------
 
@@ -241,4 +243,4 @@ async def test_rules_and_buttons_act_on_every_resident_model_and_bring_them_back
         await pool.control("load", model="nope")
     status = pool.status()
     assert status["default_model"] == "a" and status["model"] == "a"
-    assert {"models", "vram_budget_bytes", "state", "counters"} <= set(status)
+    assert shape_problems(status, PoolStatus) == []  # ServiceStatus's keys and the pool's
