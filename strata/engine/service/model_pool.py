@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -25,15 +24,9 @@ from typing import Any
 from strata.engine import protocol as p
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.service.facade import GenerationRequest, ServiceError
-from strata.engine.service.levels import Action, State
+from strata.engine.service.levels import State
 from strata.engine.service.load_size import LOAD_WORKSPACE_BYTES
 from strata.engine.service.model_pool_control import control_all
-from strata.engine.service.model_pool_evict import (
-    Candidate,
-    budget_need_bytes,
-    free_need_bytes,
-    plan_eviction,
-)
 from strata.engine.service.model_pool_member import PooledModel
 from strata.engine.service.model_pool_names import (
     ModelIndex,
@@ -41,16 +34,15 @@ from strata.engine.service.model_pool_names import (
     build_index,
     configured_models,
 )
+from strata.engine.service.model_pool_room import make_room
 from strata.engine.service.model_pool_size import MemberSize, estimate_size
 from strata.engine.service.service import LevelEvent, Service
 from strata.engine.service.settings import ServeSettings
 from strata.engine.service.settings_kinds import SettingsError
 from strata.engine.service.status_schema import ModelRow
 from strata.paths import model_cache_dir, snapshot_dir
-from strata.units import MIB
 
 log = logging.getLogger(__name__)
-BUDGET_RETRY_AFTER_S = 5.0
 
 
 class ModelNotFound(ServiceError):
@@ -112,6 +104,10 @@ class ModelPool:
     def workspace_bytes(self) -> int:
         """What a loaded engine holds besides its arenas (CUDA context, cuBLAS)."""
         return LOAD_WORKSPACE_BYTES if self.is_gpu else 0
+
+    async def read_free_vram_bytes(self) -> int | None:
+        """Free VRAM now (NVML, off the loop); None where it cannot be read."""
+        return await asyncio.to_thread(self._reader)
 
     @property
     def default(self) -> PooledModel:
@@ -258,64 +254,9 @@ class ModelPool:
         if action is None and member.is_serving():
             return {}
         async with self._room_lock:
-            await self._make_room(member)
+            await make_room(self, member)
             member.last_used_s = time.monotonic()
             return await member.service.control(action or "load", **kwargs)
-
-    async def _make_room(self, member: PooledModel) -> None:
-        target_bytes, held_bytes = member.size.full_bytes, member.held_bytes()
-        others = [m for m in self._members.values() if m is not member]
-        budget = self.budget_bytes
-        if budget:
-            if target_bytes > budget:
-                raise ServiceError("insufficient_vram", f"{member.name} needs "
-                                   f"{_mib(target_bytes)} MiB, more than the whole VRAM budget "
-                                   f"of {_mib(budget)} MiB; raise --vram-budget")
-            need = budget_need_bytes(budget, target_bytes, held_bytes,
-                                     [o.held_bytes() for o in others])
-        elif self.is_gpu:
-            free_bytes = await asyncio.to_thread(self._reader)
-            if free_bytes is None:
-                return
-            need = free_need_bytes(free_bytes, target_bytes, held_bytes,
-                                   self.settings.min_free_vram_mib * MIB)
-        else:
-            return  # the CPU without a budget: RAM is the OS's to manage
-        if need <= 0:
-            return
-        plan = plan_eviction([_candidate(o, self.is_gpu) for o in others
-                              if o.state() is not None], need)
-        if not plan.is_enough:
-            if budget:
-                raise self._no_room(member, plan.shortfall_bytes)
-            return  # the guard waits for VRAM that other apps may still free
-        for step in plan.steps:
-            await self._take_down(self._members[step.name], step.action, member.name)
-        if budget:
-            still = budget_need_bytes(budget, target_bytes, held_bytes,
-                                      [o.held_bytes() for o in others])
-            if still > 0:
-                raise self._no_room(member, still)
-
-    async def _take_down(self, victim: PooledModel, action: Action, for_name: str) -> None:
-        victim.eviction_cause = f"to make room for {for_name}"
-        try:
-            result = await victim.service.control(action.value)
-            log.info("%s: %s %s, %d MiB freed", victim.eviction_cause, action.replace("_", " "),
-                     victim.name, _mib(int(result.get("freed_bytes") or 0)))
-        except ServiceError as exc:  # it started serving meanwhile, or the level does not apply
-            log.info("could not %s %s to make room for %s: %s", action.replace("_", " "),
-                     victim.name, for_name, exc.message)
-        finally:
-            victim.eviction_cause = None
-
-    def _no_room(self, member: PooledModel, missing_bytes: int) -> ServiceError:
-        busy = [m.name for m in self._members.values() if m is not member and m.is_busy]
-        why = f"; busy: {', '.join(busy)}" if busy else ""
-        return ServiceError(
-            "insufficient_vram", f"cannot load {member.name} within the VRAM budget of "
-            f"{_mib(self.budget_bytes)} MiB: {_mib(missing_bytes)} MiB missing while the other "
-            f"models serve requests{why}; retry later", retry_after_s=BUDGET_RETRY_AFTER_S)
 
     # ---- events ----------------------------------------------------------------------------
 
@@ -445,21 +386,3 @@ class ModelPool:
     @property
     def members(self) -> list[PooledModel]:
         return list(self._members.values())
-
-
-def _mib(num_bytes: int) -> int:
-    return math.ceil(num_bytes / MIB)
-
-
-def _candidate(member: PooledModel, is_gpu: bool) -> Candidate:
-    """How the planner sees another model: what each level would leave it holding."""
-    state, size = member.state(), member.size
-    held = size.held_bytes(state, is_gpu=is_gpu)
-    after: dict[Action, int] = {}
-    if state in (State.LOADED, State.SESSION_OFFLOADED) and size.expert_bytes:
-        after[Action.RELEASE_EXPERTS] = size.held_bytes(State.EXPERTS_RELEASED, is_gpu=is_gpu)
-    if state in (State.LOADED, State.SESSION_OFFLOADED, State.EXPERTS_RELEASED):
-        after[Action.SLEEP] = size.held_bytes(State.SLEEPING, is_gpu=is_gpu)
-    if state not in (None, State.UNLOADED, State.FAILED):
-        after[Action.UNLOAD] = 0
-    return Candidate(member.name, held, member.last_used_s or 0.0, member.is_busy, after)

@@ -29,6 +29,12 @@ class Pool(Protocol):
 
     is_gpu: bool
     taken_down: list[str]
+    settings: Any  # ServeSettings
+
+    @property
+    def budget_bytes(self) -> int: ...
+
+    async def read_free_vram_bytes(self) -> int | None: ...
 
     @property
     def workspace_bytes(self) -> int: ...

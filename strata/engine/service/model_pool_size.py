@@ -18,6 +18,7 @@ import psutil
 
 from strata.engine.service.levels import State
 from strata.engine.service.load_size import LOAD_WORKSPACE_BYTES, stored_size
+from strata.engine.service.status_schema import ArenaBytes
 
 _FLOAT32_BYTES = 4
 _BF16_BYTES = 2
@@ -94,13 +95,12 @@ def _parameter_count(model_path: str) -> int:
         return 0
 
 
-def observed_size(vram: Mapping[str, Mapping[str, int]]) -> MemberSize | None:
+def observed_size(vram: Mapping[str, ArenaBytes]) -> MemberSize | None:
     """A loaded engine's own account (status()["vram"]): every arena's resident + released
     bytes; None when it reported nothing."""
     if not vram:
         return None
-    total = sum(int(a.get("resident_bytes", 0)) + int(a.get("released_bytes", 0))
-                for a in vram.values())
-    experts = vram.get("experts") or {}
-    expert_bytes = int(experts.get("resident_bytes", 0)) + int(experts.get("released_bytes", 0))
+    total = sum(a["resident_bytes"] + a["released_bytes"] for a in vram.values())
+    experts = vram.get("experts")
+    expert_bytes = experts["resident_bytes"] + experts["released_bytes"] if experts else 0
     return MemberSize(total, expert_bytes) if total else None
