@@ -4,6 +4,7 @@ order in which models go down under a budget and the all-model actions of the ru
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -244,3 +245,10 @@ async def test_rules_and_buttons_act_on_every_resident_model_and_bring_them_back
     status = pool.status()
     assert status["default_model"] == "a" and status["model"] == "a"
     assert shape_problems(status, PoolStatus) == []  # ServiceStatus's keys and the pool's
+
+
+async def test_two_models_asked_at_once_take_turns_at_making_room(pool):
+    await asyncio.gather(ask(pool, "b"), ask(pool, "c"), ask(pool, "b"))
+    found = states(pool)
+    assert found["a"] == "sleeping" and State(found["b"]).is_up and State(found["c"]).is_up
+    assert sum(row["vram_bytes"] for row in pool.models()) <= pool.budget_bytes
