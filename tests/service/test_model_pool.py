@@ -117,6 +117,19 @@ def test_configured_models_are_checked():
             configured_models(bad)
 
 
+def test_the_config_files_models_tables_are_not_settings(tmp_path):
+    from strata.engine.service.settings import load_settings
+    from strata.host.root import Host
+
+    path = tmp_path / "config.toml"
+    path.write_text('models-dir = "/srv/models"\nmodel-fallback = "default"\n'
+                    '[models.coder]\npath = "/srv/c.gguf"\naliases = ["gpt-4o-mini"]\n')
+    settings = load_settings(path, {})
+    assert settings.models_dir == "/srv/models" and settings.model_fallback == "default"
+    host = Host.from_config(path, {})
+    assert configured_models(host.config["models"])[0].aliases == ("gpt-4o-mini",)
+
+
 def write_model_dir(path: Path) -> Path:
     """An HF-style directory: tokenizer files, a config and an empty safetensors file."""
     write_tiny_model_dir(path)
