@@ -157,7 +157,11 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
     engine_pid = status["engine_pid"]
     frees = sum(status["vram"].get(a, {}).get("resident_bytes", 0) for a in FREES[action])
     free_before = read_free_vram_bytes(0) or 0
-    game_bytes = max(MIB, free_before - context_bytes + frees // 2)
+    # The game needs half of what the action frees; with shrink_experts a quarter: shrinking
+    # keeps at least one layer's experts (in a 4-layer model that is a quarter of them) and
+    # frees whole arena chunks, so half plus the game's context and the margin did not fit.
+    needs_freed = frees // (4 if action == "shrink_experts" else 2)
+    game_bytes = max(MIB, free_before - context_bytes + needs_freed)
     events = []
     # shrink_experts keeps free what the game maps (its context and allocation) + a margin.
     keep_free_mib = (game_bytes + context_bytes) // MIB + 256 if action == "shrink_experts" \
@@ -189,7 +193,7 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
         during.pop("ids", None)
         await asyncio.to_thread(game.wait)
         exited = time.time()
-        released = vram.released_at(engine_pid, started, engine_used - frees // 2) \
+        released = vram.released_at(engine_pid, started, engine_used - needs_freed) \
             if vram.nvml else None
     def is_whole() -> bool:
         status = service.status()

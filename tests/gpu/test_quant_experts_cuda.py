@@ -5,7 +5,9 @@ release / refill / shrink) against the dequantized path.
 
 The CPU twins: tests/core/test_quant_experts.py (interpreter, float32). Here bf16: the
 dequantized reference is the same engine with STRATA_QUANTIZED=0, whose experts hold the
-same values rounded to bf16, so greedy tokens must match.
+same values rounded to bf16; the products sum in another order (the grouped gather kernel
+against the reference's per-expert matmuls), so greedy tokens must match or part at a near-tie
+of the reference's own logits, which the assertion shows.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from strata.engine.protocol import SamplingSpec
+from tests.core.batch_helpers import BF16_NEAR_TIE, assert_same_or_near_tie
 from tests.helpers.quant_blocks import random_blocks
 
 pytestmark = pytest.mark.gpu
@@ -125,12 +128,19 @@ def test_cuda_quantized_experts_decode_like_the_dequantized_path(
             assert isinstance(engine.model.model.layers[0].mlp.experts.gate_proj,
                               QuantizedExperts)
         assert engine.fast is not None
-        assert _greedy(engine) == expected
+        runs = [_greedy(engine)]
         if expert_cache != "auto":
             engine.release_experts()
             engine.refill_experts()
-            assert _greedy(engine) == expected
+            runs.append(_greedy(engine))
             engine.resize_experts(8)
-            assert _greedy(engine) == expected
+            runs.append(_greedy(engine))
     finally:
         engine.close()
+    if any(got != expected for got in runs):
+        reference = _engine(path, monkeypatch, quantized=False, expert_cache=expert_cache)
+        try:
+            for got in runs:
+                assert_same_or_near_tie(reference, PROMPT, expected, got, BF16_NEAR_TIE)
+        finally:
+            reference.close()

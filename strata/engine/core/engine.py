@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 import psutil
 import torch
 
+from strata.engine.core import load_phases
 from strata.engine.core.batch.events import SequenceEvent
 from strata.engine.core.batch.runner import BatchRunner
 from strata.engine.core.batch.scheduler import BatchScheduler
@@ -37,6 +38,7 @@ from strata.engine.core.engine_errors import (
     kv_mapping,
 )
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
+from strata.engine.core.load_phases import LoadPhases
 from strata.engine.core.loader import load_model_config
 from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
@@ -87,13 +89,16 @@ def compute_dtype(device: torch.device, config: ModelConfig) -> torch.dtype:
 
 
 def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: EngineConfig,
-                      step_hook=None):
-    """The CUDA-graph decoder for a model on a GPU; None on the CPU or with fast_decode off.
+                      step_hook=None, store=None):
+    """(the CUDA-graph decoder for a model on a GPU, where its prefill tuning came from:
+    "stored" | "measured" | "none"); (None, "none") on the CPU or with fast_decode off.
     config's fast_* fields force pieces on or off; step_hook: a partial expert cache's
-    promotion (ModelMemory.promotion), or None."""
+    promotion (ModelMemory.promotion), or None; store: where tuning results are kept
+    (default: the kernel cache's, tuning_store.py)."""
     if device.type != "cuda" or not config.fast_decode:
-        return None
+        return None, "none"
     from strata.engine.core.fast.decode_graph import GraphDecoder
+    from strata.engine.core.fast.tuning_store import TuningStore
 
     decoder = GraphDecoder(
         model,
@@ -105,18 +110,21 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
-    tuned = decoder.tune_prefill(graphs=config.fast_prefill_graphs)
+    tuned = decoder.tune_prefill(graphs=config.fast_prefill_graphs,
+                                 store=store if store is not None else TuningStore())
     if tuned["warm_up_s"]:
         log.info("prefill kernels compiled in %.1f s", tuned["warm_up_s"])
+    timed = "an earlier load" if tuned["source"] == "stored" else "this load"
     if seconds := tuned["ops_s"]:
-        log.info("prefill element-wise groups: %s (one chunk: compiled %.1f ms, eager %.1f ms)",
-                 "compiled" if decoder.prefill_ops.is_compiled else "eager",
-                 seconds["compiled"] * 1e3, seconds["eager"] * 1e3)
+        log.info("prefill element-wise groups: %s (one chunk, timed by %s: compiled %.1f ms, "
+                 "eager %.1f ms)", "compiled" if decoder.prefill_ops.is_compiled else "eager",
+                 timed, seconds["compiled"] * 1e3, seconds["eager"] * 1e3)
     if graphs := tuned["graphs"]:
-        log.info("prefill graphs for fresh prompts of up to %d tokens (a chunk replayed in "
-                 "%.1f ms; a called prefill's host time %.1f ms)", graphs["graph_tokens"],
-                 graphs["chunk_replay_s"] * 1e3, graphs["host_s"] * 1e3)
-    return decoder
+        log.info("prefill graphs for fresh prompts of up to %d tokens (timed by %s: a chunk "
+                 "replayed in %.1f ms; a called prefill's host time %.1f ms)",
+                 graphs["graph_tokens"], timed, graphs["chunk_replay_s"] * 1e3,
+                 graphs["host_s"] * 1e3)
+    return decoder, tuned["source"]
 
 
 class Engine:
@@ -141,6 +149,8 @@ class Engine:
         self._backend = backend
         self.last_usage: Usage | None = None
         self.load_time_s = 0.0
+        self.load_phases_s: dict[str, float] = {}  # seconds per phase of the last load
+        self.tuning_source = "none"  # the prefill tuning: none | stored | measured
         self._logprobs: list[TokenLogprob] = []  # of tokens yielded, until take_logprobs()
         self._generate_ids = itertools.count()
 
@@ -161,65 +171,94 @@ class Engine:
 
     @staticmethod
     def warm_imports(config: EngineConfig | None = None) -> list[str]:
-        """For a standby process: import the modules a GPU load imports on its critical path
-        (torch.compile's dynamo and inductor, the fast decoder, the kernels) without creating a
-        CUDA context, so the next load pays only for the model. Nothing on the CPU."""
-        if getattr(config, "device", "auto") == "cpu" or not torch.cuda.is_available():
-            return []
-        names = ["torch._dynamo", "torch._inductor.compile_fx"]
-        for package in ("strata.engine.core.fast", "strata.engine.core.quant"):
+        """For a standby process: import the modules a load imports on its critical path
+        without creating a CUDA context, so the next load pays only for the model: the
+        loaders and model files (whose attention imports torch._dynamo: seconds), and for a
+        GPU load torch.compile's inductor, the fast decoder and the kernels, and the source
+        hashes torch.compile and Triton key their caches with (fast/compiler_keys.py)."""
+        packages = ["strata.engine.core.loader", "strata.engine.core.models"]
+        names: list[str] = []
+        if getattr(config, "device", "auto") != "cpu" and torch.cuda.is_available():
+            names += ["torch._dynamo", "torch._inductor.compile_fx"]
+            packages += ["strata.engine.core.fast", "strata.engine.core.quant"]
+        for package in packages:
             module = importlib.import_module(package)
             names += [info.name for info in pkgutil.iter_modules(module.__path__, package + ".")]
         for name in names:
             importlib.import_module(name)
+        if "torch._dynamo" in names:
+            from strata.engine.core.fast.compiler_keys import warm_compiler_keys
+
+            names += warm_compiler_keys()  # seconds of hashing, no CUDA context needed
         return names
 
     def load(self) -> dict:
         """Read the model into arenas, build it over them, size the context. Returns what was
-        loaded."""
+        loaded, with the seconds of each phase (load_phases.py) in "load_phases_s"."""
         started_s = time.perf_counter()
         self.close()
-        self.device = pick_device(self.config.device)
-        backend = self._backend or backend_for(self.device)
-        if self.config.vram_budget_bytes:
-            backend = BudgetedBackend(backend, self.config.vram_budget_bytes)
-        self.device = backend.device  # cuda:N: views and new tensors agree on the index
-        if self.config.random_weights:
-            config = random_weights_config(self.config.random_weights)
-            source = RandomWeights(self.device)
-            fingerprint = random_fingerprint(config, source.seed, DEFAULT_STD)
-        else:
-            config = load_model_config(self.config.model_path)
-            source = FileWeights.open(self.config.model_path, config)
-            fingerprint = model_fingerprint(self.config.model_path, config)
+        phases = LoadPhases()
+        with load_phases.recording(phases):
+            self._load(phases)
+        self.load_time_s = time.perf_counter() - started_s
+        self.load_phases_s = {**phases.breakdown_s(),
+                              "other_s": round(self.load_time_s - sum(phases.seconds.values()),
+                                               3)}
+        log.info("loaded in %.2f s (%s); prefill tuning %s", self.load_time_s,
+                 phases.summary(), self.tuning_source)
+        self._log_memory(self.model_config)
+        return self.info()
+
+    def _load(self, phases: LoadPhases) -> None:
+        with phases.phase("cuda_init"):
+            self.device = pick_device(self.config.device)
+            backend = self._backend or backend_for(self.device)
+            if self.config.vram_budget_bytes:
+                backend = BudgetedBackend(backend, self.config.vram_budget_bytes)
+            self.device = backend.device  # cuda:N: views and new tensors agree on the index
+            phases.device = self.device  # a CUDA context not made yet is made at phase end
+        with phases.phase("read_file"):
+            if self.config.random_weights:
+                config = random_weights_config(self.config.random_weights)
+                source = RandomWeights(self.device)
+                fingerprint = random_fingerprint(config, source.seed, DEFAULT_STD)
+            else:
+                config = load_model_config(self.config.model_path)
+                source = FileWeights.open(self.config.model_path, config)
+                fingerprint = model_fingerprint(self.config.model_path, config)
         self.dtype = compute_dtype(self.device, config)
         self.memory = ModelMemory(backend, self.dtype)
         try:
-            self.model = self.memory.build(config, source, self.config.expert_cache)
-            self.fast = make_fast_decoder(self.model, self.device, self.config,
-                                          self.memory.promotion)
+            with phases.phase("map_weights"):  # residency marks build_model and warm_up
+                self.model = self.memory.build(config, source, self.config.expert_cache)
+            with phases.phase("decoder_setup"):  # tuning.py marks its own phases
+                self.fast, self.tuning_source = make_fast_decoder(
+                    self.model, self.device, self.config, self.memory.promotion)
             del source
-            self.model_config = config
-            self.context_tokens = self.config.context_tokens or min(
-                config.max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS
-            )
-            self.kv_arena = KVArena(config, self.context_tokens, self.dtype, backend,
-                                    self.config.num_slots)
-            self.memory.arenas.add(self.kv_arena.arena)
-            self.slots = self._build_slots(config, fingerprint)
-            self._runner = BatchRunner(self.model, self.fast, self.device, config.vocab_size,
-                                       self._grow_kv, self.memory.check_resident)
-            self.scheduler = BatchScheduler(self._runner, self.slots, self._checkout,
-                                            self.config.num_parallel,
-                                            self.config.prefill_chunk_tokens)
+            with phases.phase("kv_and_slots"):
+                self._build_kv_and_batch(config, backend, fingerprint)
         except BaseException:
             self.close()
             raise
         # Any forward over released memory becomes a Python error, not a GPU fault.
         self.model.register_forward_pre_hook(lambda module, args: self.memory.check_resident())
-        self.load_time_s = time.perf_counter() - started_s
-        self._log_memory(config)
-        return self.info()
+
+    def _build_kv_and_batch(self, config: ModelConfig, backend: ArenaBackend,
+                            fingerprint: str) -> None:
+        """The KV arena sized for the context, the slots over it, the batch scheduler."""
+        self.model_config = config
+        self.context_tokens = self.config.context_tokens or min(
+            config.max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS
+        )
+        self.kv_arena = KVArena(config, self.context_tokens, self.dtype, backend,
+                                self.config.num_slots)
+        self.memory.arenas.add(self.kv_arena.arena)
+        self.slots = self._build_slots(config, fingerprint)
+        self._runner = BatchRunner(self.model, self.fast, self.device, config.vocab_size,
+                                   self._grow_kv, self.memory.check_resident)
+        self.scheduler = BatchScheduler(self._runner, self.slots, self._checkout,
+                                        self.config.num_parallel,
+                                        self.config.prefill_chunk_tokens)
 
     def _log_memory(self, config: ModelConfig) -> None:
         """One line: what the model holds on its device (the figure `strata info` estimates)."""
@@ -244,6 +283,8 @@ class Engine:
             "dtype": str(self.dtype).removeprefix("torch."),
             "parameter_count": count_parameters(self.model),
             "load_time_s": round(self.load_time_s, 3),
+            "load_phases_s": dict(self.load_phases_s),
+            "tuning": self.tuning_source,
             "expert_cache": self.memory.expert_mode,
         }
 
@@ -523,6 +564,8 @@ class Engine:
         its cached blocks (issue 18: sleep held 1.2-1.5 GiB)."""
         if self.fast is not None:
             self.fast.clear()
+        if self._runner is not None:
+            self._runner.clear_graphs()  # the batch graphs' pool likewise
         self._empty_device_cache()
         if self.device.type == "cuda":
             clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)

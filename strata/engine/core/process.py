@@ -37,6 +37,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The engine compiles its prefill kernels at load (20 s of a 47 s load on an H200 host with
 # an empty cache); kept in Strata's cache instead of /tmp, later loads find them compiled.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(kernel_cache_dir() / "inductor"))
+# Triton's compiled kernels (Strata's own and inductor's) and its autotune picks
+# (kernels/launch.py: cache_results) go beside them, so they share one cache's lifetime with
+# the tuning results (fast/tuning_store.py) rather than ~/.triton's. A user's setting wins.
+os.environ.setdefault("TRITON_CACHE_DIR", str(kernel_cache_dir() / "triton"))
 
 DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
 

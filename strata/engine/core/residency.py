@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from strata.engine.core import load_phases
 from strata.engine.core.engine_config import parse_expert_cache
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
@@ -164,9 +165,10 @@ class ModelMemory:
             else:
                 self.expert_mode = "slots"
                 placeholders = in_store
-        model = build_model(config, views, self.device, self.dtype, placeholders=placeholders,
-                            quantized=quantized)
-        fused = attach_fused_views(model, self.weights)
+        with load_phases.phase("build_model"):
+            model = build_model(config, views, self.device, self.dtype,
+                                placeholders=placeholders, quantized=quantized)
+            fused = attach_fused_views(model, self.weights)
         log.debug("fused views: %d qkv, %d gate_up", fused["qkv"], fused["gate_up"])
         if self.expert_mode == "slots":
             for layer in by_layer:
@@ -175,6 +177,11 @@ class ModelMemory:
             if self.experts.host.device_address is not None:
                 self.promotion = ExpertPromotion(self.experts)
         if quantized or expert_blocks:
+            self._warm_up_quantized(model)
+        return model
+
+    def _warm_up_quantized(self, model: torch.nn.Module) -> None:
+        with load_phases.phase("warm_up"):
             # Prefill dequantizes one matrix (or one projection of a layer's resident experts)
             # at a time into this buffer: sized now, before any CUDA graph is captured.
             reserve_scratch(self.device, self.dtype, max(prefill_scratch_numel(model),
@@ -184,7 +191,6 @@ class ModelMemory:
                 variants = warm_up_quantized(model) + warm_up_experts(model)
                 log.info("quantized kernels ready: %d variants in %.1f s", variants,
                          time.perf_counter() - t0)
-        return model
 
     def _kept_blocks(self, names: list[str], source: Any) -> dict[str, Any]:
         """name -> GGML type of the dense tensors that stay in their blocks in the weights

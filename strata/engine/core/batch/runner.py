@@ -1,27 +1,32 @@
 """Runs the model for the scheduler: prefill chunks, the batched decode step, sampling.
 
-Eager torch on the CPU and for a batch on the GPU (`DecoderLM.forward_decode_batch`: linear
-layers on [B, hidden], attention per sequence); the CUDA-graph decoder (fast/) for a sequence
-that decodes alone, and its fused prefill for every prompt chunk on the GPU.
+On the GPU a sequence that decodes alone steps through the CUDA-graph decoder (fast/), and a
+batch of B > 1 replays a graph per bucket of B (fast/batch_graph.py: padded to 1, 2, 4, 8 or
+16 rows, each row attending over its own slot's KV by address); prompt chunks take the fast
+prefill. Eager torch (`DecoderLM.forward_decode_batch`: linear layers on [B, hidden],
+attention per sequence) on the CPU, and on the GPU where a step cannot live in a graph (a
+partial expert cache's MoE loop asks the host which experts run) or the batched attention
+kernels failed their check.
 
-Not yet: CUDA graphs for a batch. A batch of B > 1 on the GPU runs eagerly, the host launching
-every kernel of the step and the MoE loop asking which experts run. The next step is a graph
-per bucket of B (1, 2, 4, 8, 16) over static token/position buffers and a batched decode
-attention that reads each row's own KV range by address, in a file of its own beside
-fast/decode_graph.py, chosen here when B > 1.
+Sampling stays per sequence (its own sampler, grammar, penalties, seed); the rows that are
+plain greedy take one argmax over the batch, so a greedy step syncs with the host once.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
 
 from strata.engine.core.batch.fast_stream import FastStream
 from strata.engine.core.batch.sequence import Sequence
+from strata.engine.core.quant.weight import compute_dtype
 from strata.engine.core.sampling import Sampler
 from strata.engine.core.snapshots.kv_state import SlotCache
-from strata.engine.protocol import TokenLogprob
+from strata.engine.protocol import SamplingSpec, TokenLogprob
+
+log = logging.getLogger(__name__)
 
 GrowKV = Callable[[SlotCache, int], None]
 Sampled = tuple[int, TokenLogprob | None]
@@ -35,12 +40,63 @@ class BatchRunner:
         """fast: the GraphDecoder on CUDA, None elsewhere. grow_kv(cache, n) maps a slot's KV
         pages for n positions; check_resident raises when the model's memory is released."""
         self.model = model
-        self.fast = fast
+        self._fast = fast
+        self._batch = None  # fast/batch_graph.BatchDecoder, built on the first batch
+        self._has_batch_decoder = False  # _batch was decided (it may be None: eager)
         self.device = device
         self.vocab_size = vocab_size
         self.grow_kv = grow_kv
         self.check_resident = check_resident
         self.stream: FastStream | None = None
+
+    @property
+    def fast(self):
+        """The GraphDecoder, or None; a new one drops the batch decoder built over the old."""
+        return self._fast
+
+    @fast.setter
+    def fast(self, decoder) -> None:
+        self.close_stream()
+        self._fast = decoder
+        self.batch = None
+        self._has_batch_decoder = False
+
+    @property
+    def batch(self):
+        """The BatchDecoder that batches of B > 1 run through, or None: eager torch."""
+        if not self._has_batch_decoder:
+            self._batch = self._make_batch_decoder()
+            self._has_batch_decoder = True
+        return self._batch
+
+    @batch.setter
+    def batch(self, decoder) -> None:
+        """Set by tests (an eager BatchDecoder on the CPU); None: eager torch."""
+        if self._batch is not None:
+            self._batch.clear()
+        self._batch = decoder
+        self._has_batch_decoder = True
+
+    def _make_batch_decoder(self):
+        fast = self._fast
+        if fast is None or not fast.use_cuda_graphs or not fast.prefiller.is_capturable:
+            return None  # the CPU; graphs off; or an MoE step that asks the host (the loop)
+        from strata.engine.core.fast.batch_attention import check_batch_attention
+        from strata.engine.core.fast.batch_graph import BatchDecoder
+
+        attn = self.model.model.layers[0].self_attn
+        problem = check_batch_attention(attn, compute_dtype(attn), self.device)  # KV's too
+        if problem:
+            log.warning("batched decode attention kernels unusable (%s): batches run eagerly",
+                        problem)
+            return None
+        return BatchDecoder(self.model, fast.ops, fast.moe_impl, use_cuda_graphs=True,
+                            fused_attention=True, min_bucket_tokens=fast.min_bucket_tokens)
+
+    def clear_graphs(self) -> None:
+        """Drop the batch graphs and their pool (sleep); the next batch captures again."""
+        if self._batch is not None:
+            self._batch.clear()
 
     # ---- prefill ----------------------------------------------------------------------------
 
@@ -97,8 +153,12 @@ class BatchRunner:
             return [self.stream.next_token()]
         self.close_stream()
         logits = self._forward(seqs)  # [B, V]
+        greedy = self._greedy_tokens(seqs, logits)
         results: list[Sampled | Exception] = []
         for b, seq in enumerate(seqs):
+            if b in greedy:
+                results.append((greedy[b], None))
+                continue
             try:
                 step_logits = logits[b]
                 if seq.constraint is not None:
@@ -112,23 +172,54 @@ class BatchRunner:
         return results
 
     @torch.inference_mode()
+    def _greedy_tokens(self, seqs: list[Sequence], logits: torch.Tensor) -> dict[int, int]:
+        """Row -> token for the sequences that sample plain greedy (no grammar, penalty, bias
+        or logprobs): one argmax and one host sync for all of them."""
+        rows = [b for b, seq in enumerate(seqs)
+                if seq.constraint is None and is_plain_greedy(seq.sampling)]
+        if not rows:
+            return {}
+        for b in rows:
+            if seqs[b].sampler is None:  # what the graph decoder takes over from later
+                seqs[b].sampler = Sampler(seqs[b].sampling, self.device, self.vocab_size,
+                                          [*seqs[b].prompt, *seqs[b].generated],
+                                          seed_offset=len(seqs[b].generated))
+        picked = logits if len(rows) == len(seqs) else logits[rows]
+        return dict(zip(rows, torch.argmax(picked, dim=-1).tolist(), strict=True))
+
+    @torch.inference_mode()
     def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
         """Feed every pending token at its sequence's position; logits [B, V]."""
         self.check_resident()
         for seq in seqs:
             self.grow_kv(seq.cache, seq.position + 1)
-        ids = torch.tensor([seq.pending for seq in seqs], dtype=torch.long,
-                           device=self.device)  # [B]
-        if len(seqs) == 1:
+        if len(seqs) > 1 and self.batch is not None:
+            logits = self._forward_graphs(seqs)  # [B, V]
+        elif len(seqs) == 1:
             # Alone (on the CPU, or graphs off): the per-sequence forward, as before batching.
             seq = seqs[0]
+            ids = torch.tensor([seq.pending], dtype=torch.long, device=self.device)  # [1]
             logits = self.model(ids, seq.position, seq.cache.kv, last_only=True)  # [1, V]
         else:
+            ids = torch.tensor([seq.pending for seq in seqs], dtype=torch.long,
+                               device=self.device)  # [B]
             logits = self.model.forward_decode_batch(
                 ids, [seq.position for seq in seqs], [seq.cache.kv for seq in seqs])  # [B, V]
         for seq in seqs:
             seq.cache.tokens.append(seq.pending)
         return logits
+
+    def _forward_graphs(self, seqs: list[Sequence]) -> torch.Tensor:
+        """The batch decoder's step, in groups of its largest bucket; logits [B, V]."""
+        from strata.engine.core.fast.batch_graph import MAX_BATCH_ROWS
+
+        parts = []
+        for first in range(0, len(seqs), MAX_BATCH_ROWS):
+            group = seqs[first : first + MAX_BATCH_ROWS]
+            logits = self.batch.forward([s.pending for s in group], [s.position for s in group],
+                                        [s.cache.kv for s in group])  # a view of its buffer
+            parts.append(logits if len(seqs) <= MAX_BATCH_ROWS else logits.clone())
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     @torch.inference_mode()
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> Sampled:
@@ -150,3 +241,9 @@ class BatchRunner:
         if self.stream is not None:
             stream, self.stream = self.stream, None
             stream.close()
+
+
+def is_plain_greedy(spec: SamplingSpec) -> bool:
+    """Greedy with nothing that changes the logits or asks for more than the token."""
+    return ((spec.temperature <= 0.0 or spec.top_k == 1) and not spec.has_penalties
+            and not spec.logit_bias and spec.num_logprobs is None)

@@ -164,13 +164,13 @@ class GraphDecoder:
 
     # ---- load-time tuning (tuning.py) ---------------------------------------------------------
 
-    def tune_prefill(self, graphs: bool = True) -> dict:
+    def tune_prefill(self, graphs: bool = True, store: tuning.TuningStore | None = None) -> dict:
         """What a load does before the first request: compile (warm_up_prefill), keep the
         faster element-wise groups for called prefills (choose_prefill_ops), then turn on
-        prefill graphs where they pay (plan_prefill_graphs; graphs=False: never). Returns
-        what each found."""
-        return {"warm_up_s": self.warm_up_prefill(), "ops_s": self.choose_prefill_ops(),
-                "graphs": self.plan_prefill_graphs() if graphs else {}}
+        prefill graphs where they pay (plan_prefill_graphs; graphs=False: never). With a
+        store the timings of an earlier load on this GPU and model are reused (tuning.py's
+        tune_prefill). Returns what each found and where it came from ("source")."""
+        return tuning.tune_prefill(self.prefiller, self.use_cuda_graphs and graphs, store)
 
     def warm_up_prefill(self, num_tokens: int = 23) -> float:
         """tuning.warm_up_prefill: compile the prefill groups now; the seconds spent."""

@@ -6,6 +6,9 @@
   element-wise groups now, keep them for called prefills only where they beat eager ones
   here, and replay fresh prompts from graphs up to the length where that beats calling them.
   Figures behind each choice: docs/benchmarks.md, "Decode and prefill speed".
+- `tune_prefill` runs the three in order; given a TuningStore (tuning_store.py) it keeps the
+  timings per GPU and model on disk, and a later load on the same GPU, software and model
+  decides from them without timing anything again (issue 18 item 6).
 """
 
 from __future__ import annotations
@@ -18,11 +21,18 @@ from functools import partial
 
 import torch
 
+from strata.engine.core import load_phases
 from strata.engine.core.fast import decode_dense
 from strata.engine.core.fast.decode_attention import check_fused
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.fast.prefill_graph import MIN_BUCKET_TOKENS, PrefillGraphs, graph_tokens
 from strata.engine.core.fast.prefill_runner import PrefillRunner
+from strata.engine.core.fast.tuning_store import (
+    TuningKey,
+    TuningStore,
+    device_identity,
+    model_identity,
+)
 from strata.engine.core.kernels import pdl
 from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
@@ -42,7 +52,8 @@ def decode_kernels(model: torch.nn.Module, device: torch.device, ops: PointwiseO
     notes = []
     if fused_attention:
         attn = model.model.layers[0].self_attn
-        reason = check_fused(attn, next(model.parameters()).dtype, device)
+        with load_phases.phase("check_kernels"):
+            reason = check_fused(attn, next(model.parameters()).dtype, device)
         if reason:
             log.warning("fused decode attention off (%s); decoding with torch attention", reason)
             notes.append("torch attention")
@@ -50,7 +61,8 @@ def decode_kernels(model: torch.nn.Module, device: torch.device, ops: PointwiseO
             ops = dataclasses.replace(ops, fused_attention=True)
     if dense_kernels:
         use_pdl = pdl.is_supported(device)
-        reason = decode_dense.check_kernels(model, use_pdl)
+        with load_phases.phase("check_kernels"):
+            reason = decode_dense.check_kernels(model, use_pdl)
         if reason:
             log.warning("Triton projections and norms off (%s); decoding with torch", reason)
             notes.append("torch projections")
@@ -158,11 +170,98 @@ def plan_prefill_graphs(prefiller: PrefillRunner, use_cuda_graphs: bool,
     return {"chunk_replay_s": replay_s, "host_s": host_s, "graph_tokens": max_tokens}
 
 
+def tune_prefill(prefiller: PrefillRunner, use_cuda_graphs: bool,
+                 store: TuningStore | None = None, repeats: int = 2) -> dict:
+    """What a load does for prefill before the first request: compile the groups
+    (warm_up_prefill), then choose the element-wise groups (choose_prefill_ops) and plan the
+    prefill graphs (plan_prefill_graphs, only where use_cuda_graphs).
+
+    With a store, the timings come from the file kept for this GPU, software and model when
+    there is a valid one (no timing run at all), and are written there when measured.
+    Returns {"warm_up_s", "ops_s", "graphs", "source"}: source is "stored", "measured", or
+    "none" (nothing to tune: no compiled groups and no graphs)."""
+    with load_phases.phase("compile"):
+        warm_up_s = warm_up_prefill(prefiller)
+    wants_graphs = use_cuda_graphs and prefiller.is_capturable
+    if not prefiller.ops.is_compiled and not wants_graphs:
+        prefiller.graphs = None
+        return {"warm_up_s": warm_up_s, "ops_s": {}, "graphs": {}, "source": "none"}
+    key = tuning_key(prefiller, use_cuda_graphs) if store is not None else None
+    stored = store.read(key) if store is not None else None
+    if stored is not None and apply_stored(prefiller, use_cuda_graphs, stored):
+        return {"warm_up_s": warm_up_s, "ops_s": stored["ops_s"], "graphs": stored["graphs"],
+                "source": "stored"}
+    with load_phases.phase("tune"):
+        ops_s = choose_prefill_ops(prefiller, repeats)
+    with load_phases.phase("capture_graphs"):
+        graphs = plan_prefill_graphs(prefiller, use_cuda_graphs, repeats)
+    if store is not None:
+        store.write(key, {"ops_s": ops_s, "graphs": graphs})
+    return {"warm_up_s": warm_up_s, "ops_s": ops_s, "graphs": graphs, "source": "measured"}
+
+
+def tuning_key(prefiller: PrefillRunner, use_cuda_graphs: bool) -> TuningKey:
+    """The key of this prefiller's timings: its device, its model's content, and the settings
+    that change what choose_prefill_ops and plan_prefill_graphs measure."""
+    settings = {"chunk_tokens": _chunk_len(prefiller), "moe_impl": prefiller.moe_impl,
+                "is_compiled": prefiller.ops.is_compiled,
+                "is_capturable": prefiller.is_capturable,
+                "use_cuda_graphs": bool(use_cuda_graphs),
+                "has_moe_block": prefiller.ops.moe_block is not None}
+    return TuningKey(device_identity(prefiller.device), model_identity(prefiller.model),
+                     settings)
+
+
+def apply_stored(prefiller: PrefillRunner, use_cuda_graphs: bool, stored: dict) -> bool:
+    """Set the prefiller's ops and graphs from stored timings, decided as a measurement
+    would (faster_prefill_ops, graph_tokens); False (nothing changed, logged) for timings
+    of the wrong shape."""
+    ops_s, graphs = stored.get("ops_s"), stored.get("graphs")
+    problem = _stored_problem(ops_s, graphs, prefiller.ops.is_compiled,
+                              use_cuda_graphs and prefiller.is_capturable)
+    if problem:
+        log.info("stored prefill timings ignored (%s); tuning again", problem)
+        return False
+    if ops_s:
+        compiled = prefiller.ops
+        eager = dataclasses.replace(EAGER_OPS, moe_block=compiled.moe_block)
+        prefiller.ops = eager if faster_prefill_ops(ops_s) == "eager" else compiled
+    prefiller.graphs = None
+    if graphs:
+        max_tokens = graph_tokens(graphs["host_s"], graphs["chunk_replay_s"],
+                                  _chunk_len(prefiller))
+        prefiller.enable_graphs(max_tokens)
+        graphs["graph_tokens"] = max_tokens
+    return True
+
+
+def _stored_problem(ops_s, graphs, is_compiled: bool, wants_graphs: bool) -> str:
+    """'' when stored timings have the shape a measurement here would give; else why not."""
+    def is_seconds(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(ops_s, dict) or not isinstance(graphs, dict):
+        return "ops_s and graphs must be objects"
+    if is_compiled != bool(ops_s):
+        return "prefill op timings do not match whether the groups are compiled"
+    if ops_s and not all(is_seconds(ops_s.get(name)) for name in ("compiled", "eager")):
+        return "prefill op timings are not seconds"
+    if graphs and (not wants_graphs or not all(
+            is_seconds(graphs.get(name)) for name in ("chunk_replay_s", "host_s"))):
+        return "prefill graph timings are not seconds or graphs are off"
+    return ""
+
+
+def _chunk_len(prefiller: PrefillRunner) -> int:
+    """The probes' chunk: a full prefill chunk, or the whole context where that is shorter."""
+    return min(prefiller.chunk_tokens, prefiller.model.config.max_position_embeddings)
+
+
 def _scratch_chunk(prefiller: PrefillRunner) -> tuple[KVCache, torch.Tensor]:
     """A KV cache for one full chunk and a chunk of token ids, for timing probes."""
     config = prefiller.model.config
     dtype = next(prefiller.model.parameters()).dtype
-    chunk = min(prefiller.chunk_tokens, config.max_position_embeddings)
+    chunk = _chunk_len(prefiller)
     kv = KVCache.for_config(config, chunk, dtype, prefiller.device)
     return kv, torch.arange(chunk, device=prefiller.device) % config.vocab_size
 
