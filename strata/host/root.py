@@ -21,13 +21,14 @@ from aiohttp import web
 
 from strata.engine.api.listen import Listening, bind_sockets, close_sockets, start_listening
 from strata.engine.service.config_file import read_config
+from strata.engine.service.model_pool import ModelPool
 from strata.engine.service.rules import Rule, rules_from_config
 from strata.engine.service.rules_engine import RulesEngine
-from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings, config_file_path, settings_from_config
 
 log = logging.getLogger(__name__)
 TRAY_TABLE = "tray"  # [tray] rules_enabled: whether the [[rules]] run, in the tray and serve
+MODELS_TABLE = "models"  # [models.NAME] path, aliases: models besides --models-dir's
 
 
 def own_pids() -> set[int]:
@@ -64,7 +65,7 @@ class Host:
 
     settings: ServeSettings
     config: Mapping[str, Any] = field(default_factory=dict)
-    make_service: Callable[[ServeSettings], Any] = Service
+    make_service: Callable[[ServeSettings], Any] | None = None  # None: a ModelPool
     port_advice: str = "--port"
 
     @classmethod
@@ -88,7 +89,11 @@ class Host:
         return bool((self.config.get(TRAY_TABLE) or {}).get("rules_enabled", True))
 
     def build_service(self) -> Any:
-        return self.make_service(self.settings)
+        """The ModelPool over the settings and the config's [models] tables (make_service
+        replaces it: tests build one Service over a fake engine)."""
+        if self.make_service is not None:
+            return self.make_service(self.settings)
+        return ModelPool(self.settings, self.config.get(MODELS_TABLE))
 
     def bind(self) -> list[socket.socket]:
         """Bind host:port before the model loads: a port in use fails at once, not after."""

@@ -14,7 +14,7 @@ from strata.engine.api.chat_messages import parse_anthropic_messages
 from strata.engine.api.chat_output import ChatOutput
 from strata.engine.api.chat_plan import ChatPlan, plan_chat
 from strata.engine.api.cpu_pool import run_cpu
-from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.model_routing import service_of
 from strata.engine.api.output_format import anthropic_output_grammar, anthropic_thinking
 from strata.engine.api.params import GenerationParams, parse_anthropic, parse_anthropic_system
 from strata.engine.api.textgen import (
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 async def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
                 ) -> tuple[Any, GenerationParams, ChatPlan]:
-    assets = text_assets(request.app[SERVICE_KEY])
+    assets = text_assets(service_of(request))
     params = parse_anthropic(body, needs_max_tokens=needs_max_tokens)
     tools = parse_anthropic_tools(body)
     messages = parse_anthropic_messages(body)
@@ -57,7 +57,7 @@ def _usage(usage: Usage) -> dict[str, int]:
 
 async def messages(request: web.Request) -> web.StreamResponse:
     """POST /v1/messages: tools, structured output and thinking included."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     assets, params, plan = await _plan(request, body, needs_max_tokens=True)
     budget = _thinking_budget(body)
@@ -88,7 +88,7 @@ def _thinking_budget(body: dict) -> int | None:
 async def _budgeted(request: web.Request, params: GenerationParams, plan: ChatPlan,
                     budget_tokens: int) -> BudgetedGeneration:
     """A generation whose reasoning ends after budget_tokens (thinking_budget.py)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     assets = text_assets(service)
     max_tokens = check_fits_context(len(plan.prompt_ids), params.max_tokens,
                                     service.context_tokens)

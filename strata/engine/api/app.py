@@ -15,6 +15,7 @@ from strata.engine.api.keys import (
     SETTINGS_KEY,
     ApiSettings,
 )
+from strata.engine.api.model_routing import model_middleware
 from strata.engine.api.origins import DEFAULT_ALLOWED_ORIGINS
 from strata.engine.api.responses_store import ResponseStore
 from strata.engine.api.routes import setup_routes
@@ -32,7 +33,9 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     DEFAULT_ALLOWED_ORIGINS: exact origins or patterns (http://host:*, app://*, *).
     The caller owns the service's lifetime and the bind address.
     """
-    app = web.Application(middlewares=[error_middleware, security_middleware],
+    # The model is resolved after the key and origin checks: an unknown name is no clue for a
+    # caller without the key.
+    app = web.Application(middlewares=[error_middleware, security_middleware, model_middleware],
                           client_max_size=MAX_REQUEST_BYTES)
     app[SERVICE_KEY] = service
     app[SETTINGS_KEY] = ApiSettings(api_key=api_key or None,

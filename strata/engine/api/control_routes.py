@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from strata.engine.api.errors import bad_request
-from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.model_routing import service_of
 from strata.engine.api.validation import parse_slot, read_json_object
 from strata.engine.protocol import filename_problem
 
@@ -26,25 +26,30 @@ def _json(result: Any) -> web.Response:
 
 async def level_action(request: web.Request) -> web.Response:
     """POST /load, /unload, /sleep, /wake, /cache/release, /cache/refill, /session/offload."""
-    await read_json_object(request, allow_empty=True)  # a body, if any, must still be JSON
+    body = await read_json_object(request, allow_empty=True)  # a body, if any, is JSON
     resource = request.match_info.route.resource
     assert resource is not None  # routes.py adds this handler on a path: it has a resource
+    unknown = sorted(set(body) - {"model"})
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(unknown)}; {resource.canonical} takes "
+                          "only 'model' (absent: the default model)", param=unknown[0])
     action = LEVEL_ACTIONS[resource.canonical]
-    return _json(await request.app[SERVICE_KEY].control(action))
+    service = service_of(request)  # the body's model (model_routing.py)
+    return _json({**await service.control(action), "model": service.model_id})
 
 
 async def shrink_experts(request: web.Request) -> web.Response:
     """POST /cache/shrink {"keep_free_mib": N}: fewer expert slots until N MiB are free."""
     body = await read_json_object(request)
-    unknown = sorted(set(body) - {"keep_free_mib"})
+    unknown = sorted(set(body) - {"keep_free_mib", "model"})
     if unknown:
         raise bad_request(f"unknown field(s) {', '.join(unknown)}; /cache/shrink takes "
-                          "keep_free_mib", param=unknown[0])
+                          "keep_free_mib (and model)", param=unknown[0])
     keep_free_mib = body.get("keep_free_mib")
     if isinstance(keep_free_mib, bool) or not isinstance(keep_free_mib, int) or keep_free_mib < 0:
         raise bad_request("'keep_free_mib' must be the MiB of VRAM to keep free, an integer "
                           ">= 0", param="keep_free_mib")
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     return _json(await service.control("shrink_experts", keep_free_mib=keep_free_mib))
 
 
@@ -62,7 +67,7 @@ def check_slot_filename(filename: Any) -> str:
 async def slot_action(request: web.Request) -> web.Response:
     """POST /slots/{id}?action=save|restore|erase with {"filename": ...} for save/restore;
     answers llama.cpp's payload (id_slot, filename, n_saved|n_restored|n_erased, ...)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     slot = parse_slot(request.match_info["slot_id"], "id_slot", service.num_slots)
     name = request.query.get("action", "")
     if name not in _SLOT_ACTIONS:

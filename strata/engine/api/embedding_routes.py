@@ -19,7 +19,7 @@ from aiohttp import web
 from strata.engine.api import validation as v
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
-from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.model_routing import apply_ttl, service_of
 from strata.engine.api.ollama_params import parse_keep_alive
 from strata.engine.api.ollama_routes import after_answer, apply_keep_alive, check_model
 from strata.engine.api.request_fields import (
@@ -100,7 +100,7 @@ async def _embed(request: web.Request, body: dict, items: Sequence[str | list[in
                  name: str, *, truncate: bool = False, limit: int | None = None
                  ) -> tuple[list[list[float]], int]:
     """(vectors, tokens run) of the inputs."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     assets = text_assets(service)
     spec = embedding_spec(assets.source)
     _check_dimensions(body, spec.dimensions)
@@ -119,9 +119,10 @@ def _base64(vector: list[float]) -> str:
 
 async def openai_embeddings(request: web.Request) -> web.Response:
     """POST /v1/embeddings (and /embeddings): input, encoding_format, dimensions."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     refuse_unknown_fields(body, OPENAI_EMBEDDING_FIELDS, "/v1/embeddings")
+    apply_ttl(service, body)
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
         raise bad_request("'encoding_format' must be 'float' or 'base64'",
@@ -174,10 +175,10 @@ def _ollama_limit(body: dict) -> int | None:
 
 async def ollama_embed(request: web.Request) -> web.Response:
     """POST /api/embed: input (string or list), truncate (default true), dimensions."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     refuse_unknown_fields(body, OLLAMA_EMBED_FIELDS, "/api/embed")
-    check_model(service, body.get("model"))
+    check_model(request, service, body.get("model"))
     keep_alive_s = parse_keep_alive(body.get("keep_alive"))
     limit, truncate = _ollama_limit(body), v.get_bool(body, "truncate", True)
     started_ns = time.monotonic_ns()
@@ -198,10 +199,10 @@ async def ollama_embed(request: web.Request) -> web.Response:
 
 async def ollama_embeddings(request: web.Request) -> web.Response:
     """POST /api/embeddings (Ollama's older route): prompt -> embedding."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     refuse_unknown_fields(body, OLLAMA_EMBEDDINGS_FIELDS, "/api/embeddings")
-    check_model(service, body.get("model"))
+    check_model(request, service, body.get("model"))
     keep_alive_s = parse_keep_alive(body.get("keep_alive"))
     limit = _ollama_limit(body)
     prompt = body.get("prompt")

@@ -15,12 +15,12 @@ from aiohttp import web
 from strata.engine.api import validation as v
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
-from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.llama_completion import (
     COMPLETION_FIELDS,
     answer_completion,
     parse_completion,
 )
+from strata.engine.api.model_routing import service_of
 from strata.engine.api.textgen import text_assets
 from strata.engine.text.fim import FimTokens, fim_tokens
 
@@ -66,7 +66,7 @@ def infill_prompt(assets: Any, fim: FimTokens, prefix: str, suffix: str, prompt:
 
 async def infill(request: web.Request) -> web.StreamResponse:
     """POST /infill."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await v.read_json_object(request)
     params = parse_completion(body, INFILL_FIELDS, "/infill")
     prefix, suffix = _text(body, "input_prefix"), _text(body, "input_suffix")

@@ -18,7 +18,7 @@ from aiohttp import web
 from strata.engine.api import sse
 from strata.engine.api import validation as v
 from strata.engine.api.errors import ApiError, bad_request, error_body
-from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.model_routing import service_of
 from strata.engine.api.params import GenerationParams
 from strata.engine.api.request_fields import refuse_unknown_fields
 from strata.engine.api.sampling_params import MAX_TOP_LOGPROBS, parse_penalties
@@ -133,7 +133,7 @@ def _probabilities(generation: TextGeneration, params: GenerationParams, assets:
 
 async def completion(request: web.Request) -> web.StreamResponse:
     """POST /completion (llama.cpp's native text completion)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await v.read_json_object(request)
     params = parse_completion(body)
     assets = text_assets(service)
@@ -144,7 +144,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
 async def answer_completion(request: web.Request, assets: Any, prompt_ids: list[int],
                             params: GenerationParams) -> web.StreamResponse:
     """Generate from prompt_ids and answer in /completion's shape (also /infill's)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     generation = await start_text_generation(service, assets, prompt_ids, params)
     if not params.is_stream:
         try:

@@ -13,8 +13,8 @@ from aiohttp import web
 from strata import __version__ as STRATA_VERSION
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
-from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
+from strata.engine.api.model_routing import service_of
 from strata.engine.api.redact import file_name, redact
 from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import get_bool, read_json_object
@@ -26,7 +26,7 @@ _DUMP_SLICE = 65536  # token ids per json.dumps call when writing a /tokenize an
 
 
 def _status(request: web.Request) -> dict[str, Any]:
-    return dict(request.app[SERVICE_KEY].status())
+    return dict(service_of(request).status())
 
 
 async def health(request: web.Request) -> web.Response:
@@ -44,7 +44,7 @@ async def health(request: web.Request) -> web.Response:
 async def props(request: web.Request) -> web.Response:
     """GET /props: context size, model file name, chat template, whether the model sleeps,
     and the sampling defaults with where each comes from (settings, the model, llama.cpp)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     status = _status(request)
     assets = text_assets(service)
     n_ctx = service.context_tokens
@@ -79,7 +79,7 @@ def _dumps(value: Any) -> str:
 
 async def slots(request: web.Request) -> web.Response:
     """GET /slots: the cache slots as the service reports them (one entry per slot)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     reported = _status(request).get("slots")
     if isinstance(reported, list):
         return web.json_response(redact(reported), dumps=_dumps)
@@ -95,7 +95,7 @@ async def tokenize(request: web.Request) -> web.Response:
         raise bad_request("'content' must be a string", param="content")
     add_special = get_bool(body, "add_special", False)
     with_pieces = get_bool(body, "with_pieces", False)
-    assets = text_assets(request.app[SERVICE_KEY])
+    assets = text_assets(service_of(request))
     # Tokenizing and writing out a few MiB of text takes seconds: not on the event loop.
     body_bytes = await run_cpu(request.app, _tokenize_body, assets, content, add_special,
                                with_pieces)
@@ -122,7 +122,7 @@ async def detokenize(request: web.Request) -> web.Response:
     if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise bad_request("'tokens' must be a list of integer token ids", param="tokens")
-    assets = text_assets(request.app[SERVICE_KEY])
+    assets = text_assets(service_of(request))
     bad = [t for t in tokens if not 0 <= t < assets.vocab_size]
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary 0..{assets.vocab_size - 1}",

@@ -86,7 +86,20 @@ def render_metrics(status: dict[str, Any]) -> str:
     for name, help_text, key in _HISTOGRAMS:
         lines += _histogram_lines(name, help_text, counters.get(key))
     lines += _arena_lines(status)
+    lines += _model_lines(status.get("models"))
     return "\n".join(lines) + "\n"
+
+
+def _model_lines(models: Any) -> list[str]:
+    """A ModelPool's models (status()["models"]): the bytes each holds, 1 for each resident."""
+    if not isinstance(models, list) or not models:
+        return []
+    lines = ["# HELP strata_model_memory_bytes Memory a model of the pool holds (estimated).",
+             "# TYPE strata_model_memory_bytes gauge"]
+    lines += [f'strata_model_memory_bytes{{model="{_escape_label(str(row["name"]))}",'
+              f'state="{_escape_label(str(row["state"]))}"}} {_format(float(row["vram_bytes"]))}'
+              for row in models]
+    return lines
 
 
 def _histogram_lines(name: str, help_text: str, histogram: Any) -> list[str]:

@@ -23,7 +23,8 @@ from strata.engine.api.chat_output import ChatOutput
 from strata.engine.api.chat_plan import ChatPlan, plan_chat
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request
-from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.model_list import ollama_ps, ollama_tags
+from strata.engine.api.model_routing import model_pool, service_of
 from strata.engine.api.ollama_chat import Clock, answer_stream, answer_whole, now
 from strata.engine.api.ollama_params import (
     OllamaRequest,
@@ -52,8 +53,11 @@ def _served_name(service: Any) -> str:
     return name if ":" in name else f"{name}{_TAG}"
 
 
-def check_model(service: Any, name: Any) -> None:
-    """404 in Ollama's words unless `name` is the served model (with or without ':latest')."""
+def check_model(request: web.Request, service: Any, name: Any) -> None:
+    """404 in Ollama's words unless `name` is the served model (with or without ':latest').
+    A ModelPool's resolver (model_routing.py) has already found the model by that name."""
+    if model_pool(request.app) is not None:
+        return
     if name not in (service.model_id, _served_name(service)):
         raise ApiError(404, f"model '{name}' not found; this server runs "
                        f"'{_served_name(service)}' (GET /api/tags)", "model_not_found")
@@ -114,7 +118,10 @@ async def version(request: web.Request) -> web.Response:
 
 async def tags(request: web.Request) -> web.Response:
     """GET /api/tags: the models this server can run."""
-    service = request.app[SERVICE_KEY]
+    pool = model_pool(request.app)
+    if pool is not None:
+        return web.json_response(ollama_tags(pool))
+    service = service_of(request)
     facts = await _facts(service)
     name = _served_name(service)
     return web.json_response({"models": [{
@@ -123,8 +130,11 @@ async def tags(request: web.Request) -> web.Response:
 
 
 async def ps(request: web.Request) -> web.Response:
-    """GET /api/ps: the model while it holds memory (loaded or sleeping), with its VRAM."""
-    service = request.app[SERVICE_KEY]
+    """GET /api/ps: the models while they hold memory (loaded or sleeping), with their VRAM."""
+    pool = model_pool(request.app)
+    if pool is not None:
+        return web.json_response(ollama_ps(pool))
+    service = service_of(request)
     status = service.status()
     if model_status(str(status.get("state", "unloaded"))) == "unloaded":
         return web.json_response({"models": []})
@@ -142,9 +152,9 @@ async def ps(request: web.Request) -> web.Response:
 
 async def show(request: web.Request) -> web.Response:
     """POST /api/show: details, chat template and capabilities of the model."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
-    check_model(service, body.get("model", body.get("name")))
+    check_model(request, service, body.get("model", body.get("name")))
     facts = await _facts(service)
     assets = text_assets(service)
     family = facts["family"]
@@ -166,10 +176,10 @@ def _capabilities(template: str | None) -> list[str]:
 
 async def chat(request: web.Request) -> web.StreamResponse:
     """POST /api/chat: tools, tool results and `think` included."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     parsed = parse_ollama(body)
-    check_model(service, parsed.model)
+    check_model(request, service, parsed.model)
     tools = parse_openai_tools({"tools": body.get("tools")})
     messages = parse_ollama_messages(body)
     assets = text_assets(service)
@@ -180,10 +190,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """POST /api/generate; an empty prompt only loads (or, with keep_alive 0, unloads)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     parsed = parse_ollama(body, refuse=("tools", "suffix", "template", "context"))
-    check_model(service, parsed.model)
+    check_model(request, service, parsed.model)
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):
         raise bad_request("'prompt' must be a string", param="prompt")
@@ -238,7 +248,7 @@ async def after_answer(service: Any, keep_alive_s: float | None) -> None:
 
 async def _answer(request: web.Request, parsed: OllamaRequest, plan: ChatPlan,
                   assets: Any, field: str) -> web.StreamResponse:
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     if parsed.context_tokens is not None:
         check_fits_context(len(plan.prompt_ids), parsed.params.max_tokens,
                            min(parsed.context_tokens, service.context_tokens or

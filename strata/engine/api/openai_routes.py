@@ -15,7 +15,8 @@ from strata.engine.api import sse
 from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.chat_plan import plan_chat, template_kwargs
 from strata.engine.api.errors import ApiError, bad_request, error_body
-from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.model_list import openai_model_by_name, openai_models
+from strata.engine.api.model_routing import apply_ttl, model_pool, service_of
 from strata.engine.api.openai_chat import chat_response, chat_stream
 from strata.engine.api.openai_logprobs import completion_logprobs, summed_usage
 from strata.engine.api.output_format import openai_output_grammar, openai_thinking
@@ -51,9 +52,10 @@ def openai_usage(usage: Usage) -> dict[str, Any]:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions: tools, structured output, reasoning, logprobs and n."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     params = parse_openai(body)
+    apply_ttl(service, body)
     tools = parse_openai_tools(body)
     messages = parse_openai_messages(body)
     output_grammar = openai_output_grammar(body)
@@ -79,7 +81,7 @@ async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], par
 
     n > 1 choices run one after another on the same cache slot, so the later ones reuse the
     prompt's K/V (prefilled once) and each draws with its own seed (seed + index)."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     head = {"id": f"{id_prefix}-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": service.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
 
@@ -178,9 +180,10 @@ async def send_stream_error(request: web.Request, response: web.StreamResponse,
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     params = parse_openai_completion(body)
+    apply_ttl(service, body)
     if body.get("echo") not in (None, False) or body.get("suffix") is not None:
         raise bad_request("'echo' and 'suffix' are not supported; leave them out")
     assets = text_assets(service)
@@ -191,7 +194,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 def _model_object(request: web.Request) -> dict[str, Any]:
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     state = State(service.status()["state"])
     return {"id": service.model_id, "object": "model", "created": STARTED_AT_S,
             "owned_by": "strata", "status": model_status(state),
@@ -199,12 +202,19 @@ def _model_object(request: web.Request) -> dict[str, Any]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """GET /v1/models: the one configured model and whether it is loaded."""
+    """GET /v1/models: every model of the library and its state (model_list.py)."""
+    pool = model_pool(request.app)
+    if pool is not None:
+        return web.json_response(openai_models(pool, STARTED_AT_S))
     return web.json_response({"object": "list", "data": [_model_object(request)]})
 
 
 async def get_model(request: web.Request) -> web.Response:
-    """GET /v1/models/{model}."""
+    """GET /v1/models/{model}: by any name the model answers to."""
+    pool = model_pool(request.app)
+    if pool is not None:
+        return web.json_response(openai_model_by_name(pool, request.match_info["model"],
+                                                      STARTED_AT_S))
     model = _model_object(request)
     if request.match_info["model"] != model["id"]:
         raise ApiError(404, f"model {request.match_info['model']!r} is not served here; "

@@ -13,7 +13,9 @@ from strata.engine.api.errors import bad_request
 
 _SLOT = frozenset({"strata_cache_slot", "id_slot"})
 _LABELS = frozenset({"model", "user", "metadata", "store"})
-_OPENAI_SAMPLING = _SLOT | _LABELS | frozenset({
+# LM Studio's per-request keep-alive of the requested model (model_routing.apply_ttl).
+_TTL = frozenset({"ttl"})
+_OPENAI_SAMPLING = _SLOT | _LABELS | _TTL | frozenset({
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
     "stream_options", "n", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "repeat_penalty", "repeat_last_n", "logit_bias", "logprobs"})
@@ -33,7 +35,8 @@ ANTHROPIC_MESSAGES_FIELDS = _SLOT | frozenset({
 ANTHROPIC_COUNT_TOKENS_FIELDS = frozenset({
     "model", "messages", "system", "tools", "tool_choice", "thinking", "output_config",
     "output_format"})
-OPENAI_EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user"})
+OPENAI_EMBEDDING_FIELDS = _TTL | frozenset({"model", "input", "encoding_format", "dimensions",
+                                            "user"})
 LLAMA_EMBEDDING_FIELDS = frozenset({"model", "content", "input", "embd_normalize"})
 OLLAMA_EMBED_FIELDS = frozenset({"model", "input", "truncate", "options", "keep_alive",
                                  "dimensions"})

@@ -21,7 +21,8 @@ from strata.engine.api.chat_messages import tool_call
 from strata.engine.api.chat_output import ChatOutput, ChatResult, arguments_object
 from strata.engine.api.chat_plan import plan_chat
 from strata.engine.api.errors import ApiError, bad_request
-from strata.engine.api.keys import RESPONSES_KEY, SERVICE_KEY
+from strata.engine.api.keys import RESPONSES_KEY
+from strata.engine.api.model_routing import service_of
 from strata.engine.api.responses_params import (
     ResponsesRequest,
     name_tool_results,
@@ -88,7 +89,7 @@ class _Response:
             "status": "in_progress", "error": None, "incomplete_details": None,
             "instructions": parsed.instructions,
             "max_output_tokens": parsed.params.max_tokens,
-            "model": request.app[SERVICE_KEY].model_id, "output": [],
+            "model": service_of(request).model_id, "output": [],
             "parallel_tool_calls": tools.is_parallel,
             "previous_response_id": parsed.previous_response_id,
             "reasoning": {"effort": None, "summary": None}, "store": parsed.is_stored,
@@ -154,7 +155,7 @@ def _conversation(request: web.Request, parsed: ResponsesRequest
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     """POST /v1/responses."""
-    service = request.app[SERVICE_KEY]
+    service = service_of(request)
     body = await read_json_object(request)
     parsed = parse_responses(body)
     messages, slot = _conversation(request, parsed)

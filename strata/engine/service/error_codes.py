@@ -76,6 +76,7 @@ CODES = {
     "queue_full": ErrorCode(503),  # past --max-queue waiting requests; the gate's Retry-After
     "before_load_failed": ErrorCode(503),
     "bad_model": ErrorCode(400),
+    "model_not_found": ErrorCode(404),  # a request's `model` names no model of the pool
 }
 _UNKNOWN = ErrorCode(500)
 

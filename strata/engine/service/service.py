@@ -62,6 +62,7 @@ class LevelEvent:
     action: str
     is_ok: bool
     cause: str | None = None
+    model: str | None = None  # the model's name when a ModelPool passes it on
 
 
 def _load_text_assets(model_path: str) -> Any:
@@ -195,8 +196,9 @@ class Service:
 
     # ---- lifetime --------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Resolve the model, load its text assets, spawn the engine and load the model.
+    async def start(self, *, load: bool = True) -> None:
+        """Resolve the model, load its text assets, spawn the engine and load the model
+        (load=False: everything but the load, which the first request or `load` does).
 
         Raises ServiceError when the model cannot be used at all (missing default model,
         unreadable tokenizer). An engine that fails to load leaves the service up in the
@@ -234,6 +236,9 @@ class Service:
                 max_queue=self.settings.max_queue,
             )
             self._lifecycle.state_listeners.append(self._state_changed)
+        if not load:
+            self.lifecycle.start_timers()
+            return
         try:
             await self.lifecycle.level_action(Action.LOAD)
         except ServiceError as exc:

@@ -52,8 +52,9 @@ __all__ = [
 API_KEY_ENV = BY_NAME["api_key"].env
 IDLE_FIELDS = tuple(s.name for s in SETTINGS if isinstance(s.kind, Seconds) and s.kind.is_timer)
 SAMPLING_KEYS = tuple(s.name for s in SETTINGS if isinstance(s.kind, Sampling))
-# Tables of the same config file that belong to other parts (the rules and the tray window).
-OTHER_SECTIONS = ("rules", "tray")
+# Tables of the same config file that belong to other parts (the rules, the tray window and
+# the model pool's [models.NAME] tables).
+OTHER_SECTIONS = ("rules", "tray", "models")
 
 
 def default_config_file() -> Path | None:

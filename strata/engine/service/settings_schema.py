@@ -36,6 +36,7 @@ from strata.engine.service.settings_kinds import (
 from strata.units import GIB
 
 DEVICES = ("auto", "cpu", "cuda")
+MODEL_FALLBACKS = ("off", "default")
 _SPEC = "strata_setting"
 _DERIVED = "derived"  # flag/key from the field name: sleep_idle_s -> --sleep-idle-s
 
@@ -115,6 +116,15 @@ class ServeSettings:
         None, ModelName(), "the model's name in /v1/models, /api/tags and /props (default: "
         "its file name)", goes=Goes.SERVICE, label="Model name",
         placeholder="the model file's name")
+    # The model library (DESIGN §6b): requests pick a model by name (model_pool.py).
+    models_dir: str | None = setting(
+        None, Text(path="dir"), "directory of GGUF files and Hugging Face directories that "
+        "requests may name (unset: STRATA_HOME/models, where `strata pull` puts them)",
+        goes=Goes.SERVICE, env="STRATA_MODELS_DIR", metavar="DIR", label="Models directory")
+    model_fallback: str = setting(
+        "off", Choice(MODEL_FALLBACKS), "what a request naming an unknown model gets: off "
+        "(404), default (the default model answers; for apps with a fixed model name)",
+        goes=Goes.SERVICE)
     host: str = setting("127.0.0.1", HostAddress(), "address to bind", goes=Goes.API)
     port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)",
                         goes=Goes.API, label="Port", placeholder="any free port")

@@ -108,3 +108,32 @@ class ServiceStatus(TypedDict):
     engine_starts: int
     engine_crashes: int
     counters: ServiceCounters
+
+
+class ModelRow(TypedDict):
+    """One model of the pool (ModelPool.models()): the library's facts, its state and bytes."""
+
+    name: str  # what requests send as `model`
+    aliases: list[str]
+    path: str
+    format: str  # gguf | hf
+    size_bytes: int  # on disk
+    quantization: str
+    architecture: str
+    parameter_count: int
+    context_tokens: int  # the model's own; 0 unknown
+    is_default: bool  # the model the server was started with (absent `model` means it)
+    is_downloaded: bool
+    state: str  # a levels.State, or "available": no engine was ever started for it
+    is_resident: bool  # holds memory now (a sleeping model does not count)
+    vram_bytes: int  # estimated bytes it holds now
+    load_bytes: int  # estimated bytes it holds once loaded
+    last_used_s: float | None  # seconds since its last request or load; None: never
+
+
+class PoolStatus(ServiceStatus):
+    """ModelPool.status(): the default model's ServiceStatus plus every model's row."""
+
+    models: list[ModelRow]
+    default_model: str
+    vram_budget_bytes: int  # --vram-budget; 0: free VRAM decides
