@@ -33,6 +33,14 @@ class PullError(StrataError, RuntimeError):
     """The model could not be fetched; the message says why and what to pick instead."""
 
 
+class RepoNotFoundError(PullError):
+    """The hub has no such repository (or it is private and no token was given)."""
+
+
+class DownloadError(PullError):
+    """The hub listed the model but a file did not arrive (network, disk, hub error)."""
+
+
 class PullCancelled(PullError):
     """The caller stopped the pull (its `cancel` event was set); the partial file is gone."""
 
@@ -75,10 +83,13 @@ def _remote_files(repo: str, endpoint: str | None, token: str | None) -> list[Re
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(repo, files_metadata=True)
     except RepositoryNotFoundError:
-        raise PullError(f"{repo} was not found on {endpoint or 'the hub'} (or it is private: "
+        raise RepoNotFoundError(f"{repo} was not found on {endpoint or 'the hub'} (or it is private: "
                         "set HF_TOKEN)") from None
     except HfHubHTTPError as exc:
-        raise PullError(f"the hub did not list {repo}: {str(exc).splitlines()[0]}") from None
+        raise DownloadError(f"the hub did not list {repo}: {str(exc).splitlines()[0]}") from None
+    except _transport_errors() as exc:
+        raise DownloadError(f"cannot reach {endpoint or 'the hub'} to list {repo}: {exc}; "
+                            "check the network or HF_ENDPOINT") from None
     files = []
     for sibling in info.siblings or []:
         lfs = sibling.lfs
@@ -118,6 +129,18 @@ def choose_files(repo: str, selector: str | None, files: list[RemoteFile], *,
         raise PullError(f"{repo} has several GGUF files; pick one as {repo}:FILE or "
                         f"{repo}:Q4_K_M ({choices})")
     raise PullError(f"{repo} has neither GGUF files nor config.json with safetensors weights")
+
+
+@functools.cache
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The HTTP client's network errors: huggingface_hub 1.x uses httpx, 2.x httpx2."""
+    errors = []
+    for module in ("httpx", "httpx2"):
+        try:
+            errors.append(__import__(module).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
 
 
 def _tag_pattern(quantization: str) -> re.Pattern[str]:
@@ -185,10 +208,10 @@ def pull(spec: str, models_dir: Path | None = None, *, progress: bool = True,
             local = Path(hf_hub_download(repo, file.name, local_dir=target, endpoint=endpoint,
                                          token=token, tqdm_class=bar))
         except HfHubHTTPError as exc:
-            raise PullError(f"downloading {file.name} of {repo} failed: "
-                            f"{str(exc).splitlines()[0]}") from None
-        except OSError as exc:  # the disk filled up, the connection dropped for good
-            raise PullError(f"downloading {file.name} of {repo} failed: {exc}") from None
+            raise DownloadError(f"downloading {file.name} of {repo} failed: "
+                                f"{str(exc).splitlines()[0]}") from None
+        except (OSError, *_transport_errors()) as exc:  # a full disk, a connection gone
+            raise DownloadError(f"downloading {file.name} of {repo} failed: {exc}") from None
         if file.sha256:
             size_bytes = local.stat().st_size
             if on_progress is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 
 import pytest
@@ -11,29 +10,6 @@ import pytest
 from strata.cli import main
 from strata.library.catalog import find, scan
 from strata.library.pull import PullCancelled, PullError, PullProgress, pull
-from tests.text.spm_gguf import write_spm_gguf
-
-from .fake_hub import FakeHub
-
-
-@pytest.fixture
-def gguf_bytes(tmp_path_factory) -> bytes:
-    return write_spm_gguf(tmp_path_factory.mktemp("spm") / "m.gguf").read_bytes()
-
-
-@pytest.fixture
-async def hub(aiohttp_server, gguf_bytes, monkeypatch):
-    fake = FakeHub(repos={
-        "acme/tiny-GGUF": {"tiny-Q8_0.gguf": gguf_bytes, "tiny-Q4_K_M.gguf": gguf_bytes + b"4",
-                           "README.md": b"# tiny"},
-        "acme/tiny-hf": {"config.json": json.dumps({"model_type": "llama"}).encode(),
-                         "model.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ",
-                         "tokenizer.json": b"{}", "README.md": b"# tiny", "pic.png": b"x"},
-    })
-    server = await aiohttp_server(fake.app())
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.port}")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    return fake
 
 
 async def test_pull_one_quantization_into_the_library(hub, tmp_path, gguf_bytes):
@@ -83,14 +59,6 @@ async def test_cli_pull_list_rm(hub, tmp_path, capsys):
     assert not (tmp_path / "acme").exists()  # the emptied folders go too
     assert await asyncio.to_thread(main, ["rm", "tiny-Q8_0", "--models-dir", str(tmp_path)]) == 2
     assert "no model 'tiny-Q8_0'" in capsys.readouterr().err
-
-
-@pytest.fixture
-def small_chunks(monkeypatch):
-    """huggingface_hub reads 10 MiB at a time; 1 KiB makes a tiny file arrive in many updates."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1024)
 
 
 async def test_progress_reaches_the_file_size_then_verifies(hub, tmp_path, gguf_bytes,
