@@ -40,8 +40,10 @@ class ServiceBridge(QObject):
         self.host.start(settings, self)
 
     def request(self, action: str, **kwargs: Any) -> None:
-        """Ask the service for a lifecycle action; the answer comes as action_finished/failed."""
-        self._log(f"{action.replace('_', ' ')} requested")
+        """Ask the service for a lifecycle action (model=NAME: that model of the pool); the
+        answer comes as action_finished/failed."""
+        model = f" {kwargs['model']}" if kwargs.get("model") else ""
+        self._log(f"{action.replace('_', ' ')}{model} requested")
         try:
             self.host.call(action, **kwargs)
         except Exception as exc:  # noqa: BLE001 - host not started or already stopped
@@ -68,7 +70,8 @@ class ServiceBridge(QObject):
 
     def on_action(self, action: str, result: dict[str, Any] | None, error: str | None) -> None:
         if error is None:
-            self._log(menu_model.DONE_VERB.get(action, action))
+            model = (result or {}).get("model")  # the pool's answer names the model it acted on
+            self._log(menu_model.DONE_VERB.get(action, action) + (f" {model}" if model else ""))
             self.action_finished.emit(action, result or {})
         else:
             self._log(f"{action.replace('_', ' ')} failed: {error}")
