@@ -49,6 +49,13 @@ class ServiceBridge(QObject):
         except Exception as exc:  # noqa: BLE001 - host not started or already stopped
             self.action_failed.emit(action, str(exc))
 
+    def rescan(self, _path: str = "") -> None:
+        """A model arrived in the library (a pull): the pool lists it (status_changed)."""
+        try:
+            self.host.rescan()
+        except Exception as exc:  # noqa: BLE001 - host not started or already stopped
+            self._log(f"rescan failed: {exc}")
+
     def set_rules_enabled(self, is_enabled: bool) -> None:
         self.host.set_rules(is_enabled=is_enabled)
         self._log(f"rules {'on' if is_enabled else 'off'}")

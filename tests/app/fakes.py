@@ -1,10 +1,10 @@
 """A fake service implementing the facade's control/status, with levels that change its VRAM.
 
 Its status() has the real Service.status() shape (status_schema.ServiceStatus), checked side
-by side with the real service in tests/service/test_status_schema.py. Given `library`, it is
-a fake of the model pool (POOL_CONTRACT.md): status() adds the pool's keys (models,
-default_model, vram_budget_bytes) and control() takes model=NAME; tests/app/test_pool_shape.py
-checks those against the real pool.
+by side with the real service in tests/service/test_status_schema.py. FakePool is the model
+pool's fake (POOL_CONTRACT.md): status() adds the pool's keys (models, default_model,
+vram_budget_bytes), control() takes model=NAME, and it has models_dir and rescan();
+tests/app/test_pool_shape.py checks those against the real pool.
 """
 
 from __future__ import annotations
@@ -58,19 +58,10 @@ _ROW_AFTER = {"load": ("loaded", True), "wake": ("loaded", True), "sleep": ("sle
 
 
 class FakeService:
-    """Records control() calls; status() looks like the real Service's, arenas included.
+    """Records control() calls; status() looks like the real Service's, arenas included."""
 
-    library: names of the pool's other models (the default, model_id, comes first); None is
-    a plain single-model Service."""
-
-    def __init__(self, state: str = "loaded", is_moe: bool = True,
-                 library: tuple[str, ...] | None = None, models_dir: Path | None = None):
+    def __init__(self, state: str = "loaded", is_moe: bool = True):
         self.state = state
-        self.is_pool = library is not None
-        self.rows = {name: model_row(name) for name in library or ()}
-        self.models_dir = models_dir or Path("/models")
-        self.num_rescans = 0
-        self.vram_budget_bytes = 0
         self.calls: list[str] = []
         self.call_options: list[dict[str, Any]] = []  # control()'s keyword arguments, per call
         self.resident = dict(FULL) if is_moe else {"weights": 4 * GIB, "experts": 0, "kv": GIB}
@@ -103,9 +94,6 @@ class FakeService:
             raise ServiceError("busy", "a request is running")
         if action not in _STATE_AFTER:
             raise ServiceError("not_applicable", f"unknown action {action!r}")
-        model = kwargs.get("model")
-        if model is not None and model != self.model_id:
-            return self._control_row(action, model, kwargs)
         self.calls.append(action)
         self.call_options.append(dict(kwargs))
         held_before = sum(self.resident.values())
@@ -120,31 +108,7 @@ class FakeService:
         self.changed()
         # Service.control()'s answer: the status after, the action, what it freed.
         return {**self.status(), "action": action, "changed": True,
-                "freed_bytes": max(0, held_before - sum(self.resident.values())),
-                **({"model": model} if model is not None else {})}
-
-    def _control_row(self, action: str, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """A pool's model=NAME action on one of its other models."""
-        if model not in self.rows:
-            raise ServiceError("model_not_found", f"model '{model}' not found")
-        if action not in _ROW_AFTER:
-            raise ServiceError("not_applicable", f"{action} of {model} is not faked")
-        self.calls.append(action)
-        self.call_options.append(dict(kwargs))
-        state, holds = _ROW_AFTER[action]
-        row = self.rows[model]
-        row.update(state=state, is_resident=holds, vram_bytes=row["load_bytes"] if holds else 0,
-                   last_used_s=0.0 if holds else row["last_used_s"])
-        self.changed()
-        return {**self.status(), "action": action, "model": model,
-                "results": {model: {"action": action, "changed": True}}}
-
-    async def rescan(self) -> list[dict[str, Any]]:
-        """The pool re-reads its models directory; a test adds rows to self.rows first."""
-        await asyncio.sleep(0)
-        self.num_rescans += 1
-        self.changed()
-        return self.status()["models"]
+                "freed_bytes": max(0, held_before - sum(self.resident.values()))}
 
     def changed(self) -> None:
         """Tell the state listeners, as the real lifecycle does after every change."""
@@ -171,7 +135,7 @@ class FakeService:
             "session": "offloaded" if self.released["kv"] else "resident",
             "weights": "sleeping" if self.state == "sleeping" else "resident",
         } if is_up else {"experts": "none", "session": "none", "weights": "unloaded"}
-        status = service_status(
+        return service_status(
             model=self.model_id,
             state=self.state,
             levels=levels,
@@ -188,11 +152,58 @@ class FakeService:
             active_request_id="req-0123456789abcdef" if self.is_busy else None,
             counters=dict(self.counters),
         )
-        if not self.is_pool:
-            return status
+
+
+class FakePool(FakeService):
+    """The model pool's fake: the default model is the FakeService underneath, `library`
+    names the other models, each with a row whose state control(action, model=NAME) moves."""
+
+    def __init__(self, library: tuple[str, ...] = (), models_dir: Path | None = None,
+                 **options: Any):
+        super().__init__(**options)
+        self.rows = {name: model_row(name) for name in library}
+        self.models_dir = models_dir or Path("/models")
+        self.num_rescans = 0
+        self.vram_budget_bytes = 0
+
+    async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
+        model = kwargs.get("model")
+        if model is not None and model != self.model_id:
+            await asyncio.sleep(0)
+            return self._control_row(action, model, kwargs)
+        result = await super().control(action, **kwargs)
+        return {**result, **({"model": model} if model is not None else {})}
+
+    def _control_row(self, action: str, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A pool's model=NAME action on one of its other models."""
+        if model not in self.rows:
+            raise ServiceError("model_not_found", f"model '{model}' not found")
+        if action not in _ROW_AFTER:
+            raise ServiceError("not_applicable", f"{action} of {model} is not faked")
+        self.calls.append(action)
+        self.call_options.append(dict(kwargs))
+        state, holds = _ROW_AFTER[action]
+        row = self.rows[model]
+        row.update(state=state, is_resident=holds, vram_bytes=row["load_bytes"] if holds else 0,
+                   last_used_s=0.0 if holds else row["last_used_s"])
+        self.changed()
+        return {**self.status(), "action": action, "model": model,
+                "results": {model: {"action": action, "changed": True}}}
+
+    async def rescan(self) -> list[dict[str, Any]]:
+        """The pool re-reads its models directory; a test adds rows to self.rows first."""
+        await asyncio.sleep(0)
+        self.num_rescans += 1
+        self.changed()
+        return self.status()["models"]
+
+    def status(self) -> dict[str, Any]:
+        status = super().status()
+        is_up = self.state not in ("unloaded", "failed")
         default = model_row(
-            self.model_id, is_default=True, state=self.state, is_resident=is_up and
-            self.state != "sleeping", vram_bytes=sum(self.resident.values()) if is_up else 0,
+            self.model_id, is_default=True, state=self.state,
+            is_resident=is_up and self.state != "sleeping",
+            vram_bytes=sum(self.resident.values()) if is_up else 0,
             load_bytes=sum(FULL.values()), last_used_s=1.0 if is_up else None)
         return {**status, "models": [default, *self.rows.values()],
                 "default_model": self.model_id, "vram_budget_bytes": self.vram_budget_bytes}

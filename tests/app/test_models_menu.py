@@ -7,13 +7,13 @@ from __future__ import annotations
 from strata.app.dashboard import Dashboard
 from strata.app.models_view import model_views
 from strata.app.tray import TrayController
-from tests.app.fakes import GIB, FakeService, model_row
+from tests.app.fakes import GIB, FakePool, model_row
 
 LIBRARY = ("qwen-0.5b", "embed-small")
 
 
-def pool(**options) -> FakeService:
-    return FakeService(library=LIBRARY, **options)
+def pool(**options) -> FakePool:
+    return FakePool(library=LIBRARY, **options)
 
 
 def titles(tray: TrayController) -> dict[str, str]:

@@ -4,7 +4,10 @@ files and download them (model info with file metadata, HEAD and ranged GET of r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -80,3 +83,24 @@ class FakeHub:
             raise
         await response.write_eof()
         return response
+
+
+@contextlib.contextmanager
+def hub_in_thread(hub: FakeHub) -> Iterator[str]:
+    """Serve hub on 127.0.0.1 from a thread with its own loop, for tests without one (Qt);
+    yields the endpoint URL (for HF_ENDPOINT)."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(hub.app())
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, name="fake-hub", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
