@@ -37,3 +37,11 @@ def small_chunks(monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1024)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tokenizer directory the fake engine and the real Service accept as a model."""
+    from fakes.tiny_model import write_tiny_model_dir
+
+    return write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))

@@ -6,6 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from strata.engine.api import create_app
@@ -173,3 +174,33 @@ def test_names(name, spec, preferred):
 def test_names_refused(name):
     with pytest.raises(ApiError):
         hub_spec(name)
+
+
+async def test_a_pulled_model_is_listed_by_the_real_pool(hub, tmp_path, tiny_model_dir):
+    """`strata serve` over the real ModelPool (fake engine): after /api/pull the pool rescans,
+    so /api/tags lists the new model at once."""
+    model_pool = pytest.importorskip("strata.engine.service.model_pool")
+    from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig
+
+    from strata.engine.service.service import Service
+    from strata.engine.service.settings import ServeSettings
+    from tests.helpers.serving import serving
+
+    def make_service(settings, **options):
+        return Service(settings, engine_factory=FAKE_ENGINE_FACTORY,
+                       engine_config=FakeEngineConfig(model_path=str(tiny_model_dir)),
+                       **options)
+
+    settings = ServeSettings(model=str(tiny_model_dir), port=0, device="cpu",
+                             context_tokens=256, models_dir=str(tmp_path / "library"),
+                             snapshot_dir=str(tmp_path / "snapshots"))
+    pool = model_pool.ModelPool(settings, service_factory=make_service)
+    async with serving(settings, pool) as base_url, aiohttp.ClientSession() as session:
+        async with session.post(f"{base_url}/api/pull",
+                                json={"model": "hf.co/acme/tiny-GGUF:Q8_0"}) as response:
+            lines = ndjson(await response.text())
+        assert lines[-1] == {"status": "success"}
+        async with session.get(f"{base_url}/api/tags") as response:
+            names = [m["name"] for m in (await response.json())["models"]]
+    assert any(name.startswith("tiny-Q8_0") for name in names), names
+    assert (tmp_path / "library/acme/tiny-GGUF/tiny-Q8_0.gguf").is_file()
