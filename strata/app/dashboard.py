@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QPlainTextEdit,
     QProgressBar,
@@ -146,6 +147,8 @@ class Dashboard(QWidget):
         self.models = QTableWidget(0, len(MODEL_COLUMNS))
         self.models.setHorizontalHeaderLabels(list(MODEL_COLUMNS))
         self.models.horizontalHeader().setStretchLastSection(True)
+        self.models.horizontalHeader().setSectionResizeMode(
+            0, QHeaderView.ResizeMode.ResizeToContents)  # model names are long
         self.models.verticalHeader().setVisible(False)
         self.models.setMaximumHeight(160)
         self.models_budget = QLabel("")
@@ -258,6 +261,7 @@ class Dashboard(QWidget):
         """The library's models: state, VRAM held, size on disk, last use (the pool's rows)."""
         rows = model_rows(status)
         self.models_box.setVisible(bool(rows))
+        self.models.horizontalHeaderItem(2).setText(menu_model.memory_word(status))
         self.models.setRowCount(len(rows))
         for index, row in enumerate(rows):
             name = f"{row['name']} (default)" if row["is_default"] else str(row["name"])

@@ -102,6 +102,7 @@ def test_the_dashboard_table_shows_state_vram_and_the_budget(qtbot, make_bridge)
         ["embed-small", "Available", "0.0 GiB", "not downloaded", "never"],
     ]
     assert dashboard.models_budget.text() == "Models hold 15.0 GiB · budget 20.0 GiB"
+    assert dashboard.models.horizontalHeaderItem(2).text() == "VRAM"  # "RAM" on the CPU
     bridge.request("load", model="qwen-0.5b")
     qtbot.waitUntil(lambda: dashboard.models.item(1, 1).text() == "Serving")
     assert dashboard.models.item(1, 2).text() == "1.0 GiB"
