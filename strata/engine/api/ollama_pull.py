@@ -160,8 +160,14 @@ def _api_error(exc: PullError) -> ApiError:
 
 
 async def _after_success(service: Any) -> None:
-    if isinstance(service, ModelLibrary):
-        await service.rescan()  # the pool lists the new model (and /api/tags with it)
+    """The pool lists the new model (and /api/tags with it). The file is in place whatever
+    happens here, and the pool rescans on a name it does not know: a failure is only logged."""
+    if not isinstance(service, ModelLibrary):
+        return
+    try:
+        await service.rescan()
+    except Exception:
+        log.exception("rescan after a pull failed")
 
 
 async def pull_model(request: web.Request) -> web.StreamResponse:
