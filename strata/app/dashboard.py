@@ -261,7 +261,8 @@ class Dashboard(QWidget):
         """The library's models: state, VRAM held, size on disk, last use (the pool's rows)."""
         rows = model_rows(status)
         self.models_box.setVisible(bool(rows))
-        self.models.horizontalHeaderItem(2).setText(menu_model.memory_word(status))
+        self.models.setHorizontalHeaderLabels(
+            [menu_model.memory_word(status) if c == "VRAM" else c for c in MODEL_COLUMNS])
         self.models.setRowCount(len(rows))
         for index, row in enumerate(rows):
             name = f"{row['name']} (default)" if row["is_default"] else str(row["name"])

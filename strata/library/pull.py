@@ -119,8 +119,8 @@ def choose_files(repo: str, selector: str | None, files: list[RemoteFile], *,
             raise PullError(f"{selector!r} {what} of {repo}'s GGUF files ({names}); "
                             f"name one as {repo}:FILE")
         return _whole(repo, picked[0])
-    names = {f.name for f in files}
-    if "config.json" in names and any(n.endswith(".safetensors") for n in names):
+    file_names = {f.name for f in files}
+    if "config.json" in file_names and any(n.endswith(".safetensors") for n in file_names):
         return [f for f in files if _is_hf_file(f.name)]
     if len(ggufs) == 1:
         return _whole(repo, ggufs[0])
@@ -134,7 +134,7 @@ def choose_files(repo: str, selector: str | None, files: list[RemoteFile], *,
 @functools.cache
 def _transport_errors() -> tuple[type[Exception], ...]:
     """The HTTP client's network errors: huggingface_hub 1.x uses httpx, 2.x httpx2."""
-    errors = []
+    errors: list[type[Exception]] = []
     for module in ("httpx", "httpx2"):
         try:
             errors.append(__import__(module).TransportError)
@@ -198,6 +198,7 @@ def pull(spec: str, models_dir: Path | None = None, *, progress: bool = True,
                          preferred=preferred)
     target = (models_dir or model_cache_dir()) / repo
     target.mkdir(parents=True, exist_ok=True)
+    network_errors: tuple[type[Exception], ...] = (OSError, *_transport_errors())
     for index, file in enumerate(files):
         _check_cancel(cancel)
         report = functools.partial(PullProgress, file, file_index=index, num_files=len(files))
@@ -210,7 +211,7 @@ def pull(spec: str, models_dir: Path | None = None, *, progress: bool = True,
         except HfHubHTTPError as exc:
             raise DownloadError(f"downloading {file.name} of {repo} failed: "
                                 f"{str(exc).splitlines()[0]}") from None
-        except (OSError, *_transport_errors()) as exc:  # a full disk, a connection gone
+        except network_errors as exc:  # a full disk, a connection gone for good
             raise DownloadError(f"downloading {file.name} of {repo} failed: {exc}") from None
         if file.sha256:
             size_bytes = local.stat().st_size
