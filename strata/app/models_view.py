@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from strata.app.menu_model import STATE_LABEL, ActionView, gib_text
+from strata.app.menu_model import STATE_LABEL, ActionView, gib_text, memory_word
 from strata.engine.service.levels import Action, State
 
 # A library model no engine was ever started for: the pool's word beside the service states.
@@ -86,7 +86,10 @@ def budget_text(status: Mapping[str, Any]) -> str:
     """The dashboard's line under the table: what the models hold against the budget."""
     held = sum(int(row["vram_bytes"]) for row in model_rows(status))
     budget = int(status.get("vram_budget_bytes") or 0)
-    limit = f"budget {gib_text(budget)}" if budget else "budget: the free VRAM"
+    if budget:
+        limit = f"budget {gib_text(budget)}"
+    else:  # --vram-budget 0: the GPU's free VRAM decides; on the CPU nothing does
+        limit = "budget: the free VRAM" if memory_word(status) == "VRAM" else "no budget"
     return f"Models hold {gib_text(held)} · {limit}"
 
 

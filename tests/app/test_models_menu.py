@@ -5,7 +5,7 @@ test_pool_shape.py): states, the default's check, load/wake/unload per model."""
 from __future__ import annotations
 
 from strata.app.dashboard import Dashboard
-from strata.app.models_view import model_views
+from strata.app.models_view import budget_text, model_views
 from strata.app.tray import TrayController
 from tests.app.fakes import GIB, FakePool, model_row
 
@@ -108,6 +108,16 @@ def test_the_dashboard_table_shows_state_vram_and_the_budget(qtbot, make_bridge)
     assert dashboard.models.item(1, 2).text() == "1.0 GiB"
     assert dashboard.models_budget.text() == "Models hold 16.0 GiB · budget 20.0 GiB"
     assert not dashboard.models_box.isHidden()
+    service.vram_budget_bytes = 0
+    bridge.request("unload", model="qwen-0.5b")
+    qtbot.waitUntil(lambda: dashboard.models_budget.text() ==
+                    "Models hold 15.0 GiB · budget: the free VRAM")
+
+
+def test_the_budget_line_on_the_cpu():
+    status = {"models": [model_row("a", vram_bytes=GIB)], "vram_budget_bytes": 0,
+              "memory_kind": "RAM"}
+    assert budget_text(status) == "Models hold 1.0 GiB · no budget"
 
 
 def test_the_dashboard_hides_the_table_without_a_pool(qtbot, make_bridge):
