@@ -40,12 +40,21 @@ class ServiceBridge(QObject):
         self.host.start(settings, self)
 
     def request(self, action: str, **kwargs: Any) -> None:
-        """Ask the service for a lifecycle action; the answer comes as action_finished/failed."""
-        self._log(f"{action.replace('_', ' ')} requested")
+        """Ask the service for a lifecycle action (model=NAME: that model of the pool); the
+        answer comes as action_finished/failed."""
+        model = f" {kwargs['model']}" if kwargs.get("model") else ""
+        self._log(f"{action.replace('_', ' ')}{model} requested")
         try:
             self.host.call(action, **kwargs)
         except Exception as exc:  # noqa: BLE001 - host not started or already stopped
             self.action_failed.emit(action, str(exc))
+
+    def rescan(self, _path: str = "") -> None:
+        """A model arrived in the library (a pull): the pool lists it (status_changed)."""
+        try:
+            self.host.rescan()
+        except Exception as exc:  # noqa: BLE001 - host not started or already stopped
+            self._log(f"rescan failed: {exc}")
 
     def set_rules_enabled(self, is_enabled: bool) -> None:
         self.host.set_rules(is_enabled=is_enabled)
@@ -68,7 +77,8 @@ class ServiceBridge(QObject):
 
     def on_action(self, action: str, result: dict[str, Any] | None, error: str | None) -> None:
         if error is None:
-            self._log(menu_model.DONE_VERB.get(action, action))
+            model = (result or {}).get("model")  # the pool's answer names the model it acted on
+            self._log(menu_model.DONE_VERB.get(action, action) + (f" {model}" if model else ""))
             self.action_finished.emit(action, result or {})
         else:
             self._log(f"{action.replace('_', ' ')} failed: {error}")

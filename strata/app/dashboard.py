@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QPlainTextEdit,
     QProgressBar,
@@ -24,6 +25,7 @@ from strata.app import menu_model
 from strata.app.bridge import ServiceBridge
 from strata.app.icons import icon
 from strata.app.menu_model import arena_bytes, gib_text
+from strata.app.models_view import budget_text, last_used_text, model_rows, state_label
 from strata.app.vram_chart import StackedChart
 
 GPU_SERIES = [
@@ -34,6 +36,7 @@ GPU_SERIES = [
     ("free", "#6e7681"),
 ]
 RAM_SERIES = [("Strata (RSS)", "#2ea043"), ("other", "#da3633"), ("available", "#6e7681")]
+MODEL_COLUMNS = ("Model", "State", "VRAM", "On disk", "Last used")
 COUNTDOWNS = [
     ("cache_release", "Release experts"),
     ("session_offload", "Offload session"),
@@ -140,6 +143,15 @@ class Dashboard(QWidget):
         self.processes.setHorizontalHeaderLabels(["PID", "Process", "VRAM"])
         self.processes.horizontalHeader().setStretchLastSection(True)
         self.processes.setMaximumHeight(140)
+        self.models_box = QGroupBox("Models")
+        self.models = QTableWidget(0, len(MODEL_COLUMNS))
+        self.models.setHorizontalHeaderLabels(list(MODEL_COLUMNS))
+        self.models.horizontalHeader().setStretchLastSection(True)
+        self.models.horizontalHeader().setSectionResizeMode(
+            0, QHeaderView.ResizeMode.ResizeToContents)  # model names are long
+        self.models.verticalHeader().setVisible(False)
+        self.models.setMaximumHeight(160)
+        self.models_budget = QLabel("")
         self.level_labels: dict[str, QLabel] = {}
         self.level_buttons: dict[str, QPushButton] = {}
         self.countdowns = {key: Countdown(label) for key, label in COUNTDOWNS}
@@ -165,6 +177,10 @@ class Dashboard(QWidget):
         box.addWidget(self.chart_note)
         box.addWidget(self.processes)
         layout.addWidget(memory, 3)
+        models_layout = QVBoxLayout(self.models_box)
+        models_layout.addWidget(self.models)
+        models_layout.addWidget(self.models_budget)
+        layout.addWidget(self.models_box)
         levels = QGroupBox("Levels")
         grid = QGridLayout(levels)
         for row, arena in enumerate(("weights", "experts", "kv")):
@@ -201,6 +217,7 @@ class Dashboard(QWidget):
             )
         )
         self._apply_chart(status)
+        self._apply_models(status)
         self._apply_levels(status)
         idle = status.get("idle") or {}
         totals = status.get("idle_timeouts") or {}
@@ -239,6 +256,23 @@ class Dashboard(QWidget):
                 )
             ):
                 self.processes.setItem(row, col, QTableWidgetItem(text))
+
+    def _apply_models(self, status: dict[str, Any]) -> None:
+        """The library's models: state, VRAM held, size on disk, last use (the pool's rows)."""
+        rows = model_rows(status)
+        self.models_box.setVisible(bool(rows))
+        self.models.setHorizontalHeaderLabels(
+            [menu_model.memory_word(status) if c == "VRAM" else c for c in MODEL_COLUMNS])
+        self.models.setRowCount(len(rows))
+        for index, row in enumerate(rows):
+            name = f"{row['name']} (default)" if row["is_default"] else str(row["name"])
+            on_disk = gib_text(int(row["size_bytes"])) if row["is_downloaded"] \
+                else "not downloaded"
+            cells = (name, state_label(str(row["state"])), gib_text(int(row["vram_bytes"])),
+                     on_disk, last_used_text(row["last_used_s"]))
+            for column, text in enumerate(cells):
+                self.models.setItem(index, column, QTableWidgetItem(text))
+        self.models_budget.setText(budget_text(status) if rows else "")
 
     def _apply_levels(self, status: dict[str, Any]) -> None:
         for arena, label in self.level_labels.items():

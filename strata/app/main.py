@@ -49,12 +49,14 @@ class TrayApp:
         self.tray = TrayController(self.bridge)
         self.dashboard = Dashboard(self.bridge)
         self.settings_window = SettingsWindow(
-            config_file, running_endpoint=lambda: self.bridge.last_status.get("endpoint"))
+            config_file, running_endpoint=lambda: self.bridge.last_status.get("endpoint"),
+            models_dir=lambda: self.bridge.host.models_dir)
         self.tray.dashboard_requested.connect(self.show_dashboard)
         self.tray.settings_requested.connect(self.settings_window.open_settings)
         self.tray.quit_requested.connect(app.quit)
         self.settings_window.saved.connect(self._settings_saved)
         self.settings_window.restart_requested.connect(self.restart_server)
+        self.settings_window.pulled.connect(self.bridge.rescan)
         app.aboutToQuit.connect(self.shutdown)
 
     def _new_host(self) -> ThreadServiceHost:
@@ -91,6 +93,7 @@ class TrayApp:
     def shutdown(self) -> None:
         """Quit: stop accepting requests, end the engine process, then let Qt exit."""
         self.tray.tray.hide()
+        self.settings_window.pull_panel.runner.cancel()  # a pull in flight stops at its next chunk
         self.bridge.stop()
 
 

@@ -54,6 +54,8 @@ class SelfCheck(QObject):
             "endpoint": status.get("endpoint"),
             "last_error": status.get("last_error"),
             "status_line": self.tray_app.tray.status_action.text(),
+            "models_menu": [entry.menu.title()
+                            for entry in self.tray_app.tray.models_menu.entries.values()],
             "dashboard_visible": self.tray_app.dashboard.isVisible(),
         }
         state = report["state"]

@@ -13,6 +13,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from strata.app.menu_model import DONE_VERB
@@ -22,6 +23,7 @@ from strata.engine.service.service import LevelEvent
 from strata.engine.service.telemetry import GpuTelemetry, read_ram
 from strata.errors import StrataError, user_message
 from strata.host.root import Host, own_pids
+from strata.paths import model_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,9 @@ class ServiceHost(Protocol):
         self, rules: list[Rule] | None = None, is_enabled: bool | None = None
     ) -> None: ...
     def stop(self, timeout_s: float = 30.0) -> None: ...
+    def rescan(self) -> None: ...
+    @property
+    def models_dir(self) -> Path: ...
 
 
 def describe_error(exc: BaseException) -> str:
@@ -146,6 +151,19 @@ class ThreadServiceHost:
     @property
     def endpoint_url(self) -> str | None:
         return self._server.endpoint_url if self._server is not None else None
+
+    @property
+    def models_dir(self) -> Path:
+        """Where a pull puts models: the pool's library (POOL_CONTRACT.md); a single-model
+        Service, or no server, has none: the model cache."""
+        service = self._server.service if self._server is not None else None
+        return getattr(service, "models_dir", None) or model_cache_dir()
+
+    def rescan(self) -> None:
+        """Have the pool re-read its library (after a pull); its rows come as a status."""
+        if self._loop is None:
+            raise RuntimeError("ServiceHost.rescan before start()")
+        asyncio.run_coroutine_threadsafe(self._rescan(), self._loop)
 
     # ---- worker thread side -------------------------------------------------------------
 
@@ -278,15 +296,30 @@ class ThreadServiceHost:
         self._publish(await self._snapshot())
         return result
 
+    async def _rescan(self) -> None:
+        rescan = getattr(self._server.service, "rescan", None) if self._server else None
+        if rescan is None:  # a single-model Service lists no library
+            return
+        try:
+            await rescan()
+        except Exception as exc:  # noqa: BLE001 - reported in the log, never raised into Qt
+            self._emit_log(f"rescan of the models failed: {describe_error(exc)}")
+            return
+        self._publish(await self._snapshot())
+
     def _on_level_event(self, event: LevelEvent) -> None:
         """Log what the service did by itself (an idle timer); what the tray, a rule or an
         API client asked for is logged where it was asked."""
         if event.cause is None:
             return
+        # The pool's events name their model (POOL_CONTRACT.md); a single Service's do not.
+        model = getattr(event, "model", None)
+        what = f" {model}" if model else ""
         if event.is_ok:
-            self._emit_log(f"{event.cause}: {DONE_VERB.get(event.action, event.action).lower()}")
+            self._emit_log(f"{event.cause}: "
+                           f"{DONE_VERB.get(event.action, event.action).lower()}{what}")
         else:
-            self._emit_log(f"{event.cause}: {event.action.replace('_', ' ')} failed")
+            self._emit_log(f"{event.cause}: {event.action.replace('_', ' ')}{what} failed")
 
     def _on_rule_event(self, event: RuleEvent) -> None:
         self._call_listener("on_rule_event", event)

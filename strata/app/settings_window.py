@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 
 from strata.app import autostart
 from strata.app.icons import icon
+from strata.app.pull_panel import PullPanel
 from strata.app.rules_editor import RulesEditor
 from strata.app.setting_editors import SettingEditor, TextEditor, editor_for
 from strata.engine.service.config_file import read_config, write_config
@@ -54,11 +55,14 @@ class SettingsWindow(QDialog):
 
     saved = Signal(object)  # set of changed config keys ("rules", "rules_enabled", field names)
     restart_requested = Signal()
+    pulled = Signal(str)  # a model arrived in the library (its path): the server rescans
 
     def __init__(self, config_file: Path, parent: QWidget | None = None,
-                 running_endpoint: Callable[[], str | None] | None = None):
+                 running_endpoint: Callable[[], str | None] | None = None,
+                 models_dir: Callable[[], Path] | None = None):
         """running_endpoint: the URL the server answers at now (None while it is down), shown
-        next to the config file's port, which may differ (--port, or port 0)."""
+        next to the config file's port, which may differ (--port, or port 0).
+        models_dir: the library the running server reads, where the Models tab pulls to."""
         super().__init__(parent)
         self.config_file = Path(config_file)
         self._running_endpoint = running_endpoint or (lambda: None)
@@ -78,6 +82,8 @@ class SettingsWindow(QDialog):
         self.autostart = QCheckBox("Start Strata when I log in")
         self.rules_enabled = QCheckBox("Rules enabled")
         self.rules_editor = RulesEditor()
+        self.pull_panel = PullPanel(models_dir)
+        self.pull_panel.pulled.connect(self.pulled)
         self.message = QLabel("")
         self.message.setWordWrap(True)
         self.restart_button = QPushButton("Restart server now")
@@ -118,6 +124,7 @@ class SettingsWindow(QDialog):
         tabs = QTabWidget()
         tabs.addTab(server, "Server")
         tabs.addTab(rules, "Rules")
+        tabs.addTab(self.pull_panel, "Models")
         save = QPushButton("Save")
         save.setDefault(True)
         save.clicked.connect(self.save)

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 from strata.app import menu_model
 from strata.app.bridge import ServiceBridge
 from strata.app.icons import icon
+from strata.app.models_menu import ModelsMenu
 from strata.engine.service.rules import RuleEvent
 
 LEVEL_SLOTS = ("experts", "offload", "sleep", "load")  # the four toggles, in menu order
@@ -33,6 +34,8 @@ class TrayController(QObject):
         self.menu.setToolTipsVisible(True)
         self.status_action = self.menu.addAction("Starting…")
         self.status_action.setEnabled(False)
+        self.models_menu = ModelsMenu(bridge, self.menu)
+        self.menu.addMenu(self.models_menu)
         self.menu.addSeparator()
         self.level_actions: dict[str, QAction] = {}
         for slot in LEVEL_SLOTS:
@@ -78,6 +81,7 @@ class TrayController(QObject):
             self.icon_name = name
         self.tray.setToolTip(menu_model.tooltip(status))
         self.status_action.setText(menu_model.status_line(status))
+        self.models_menu.apply_status(status)
         for slot, view in zip(LEVEL_SLOTS, menu_model.lifecycle_actions(status)):
             action = self.level_actions[slot]
             action.setText(view.label)

@@ -1,13 +1,17 @@
 """A fake service implementing the facade's control/status, with levels that change its VRAM.
 
 Its status() has the real Service.status() shape (status_schema.ServiceStatus), checked side
-by side with the real service in tests/service/test_status_schema.py.
+by side with the real service in tests/service/test_status_schema.py. FakePool is the model
+pool's fake (POOL_CONTRACT.md): status() adds the pool's keys (models, default_model,
+vram_budget_bytes), control() takes model=NAME, and it has models_dir and rescan();
+tests/app/test_pool_shape.py checks those against the real pool.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from strata.engine.service.facade import ServiceError
@@ -32,6 +36,25 @@ _STATE_AFTER = {
     "load": "loaded",
     "shrink_experts": "loaded",  # the model keeps serving from the partial cache
 }
+
+
+def model_row(name: str, **changes: Any) -> dict[str, Any]:
+    """One of the pool's rows (status_schema.ModelRow): an available GGUF, with `changes`."""
+    row = {
+        "name": name, "aliases": [], "path": f"/models/{name}.gguf", "format": "gguf",
+        "size_bytes": GIB // 2, "quantization": "Q4_K", "architecture": "llama",
+        "parameter_count": 500_000_000, "context_tokens": 8192, "is_default": False,
+        "is_downloaded": True, "state": "available", "is_resident": False, "vram_bytes": 0,
+        "load_bytes": GIB, "last_used_s": None,
+    }
+    unknown = set(changes) - set(row)
+    assert not unknown, f"not in the pool's rows: {sorted(unknown)}"
+    return {**row, **changes}
+
+
+# A model's state after a model=NAME action, and whether it then holds its load_bytes.
+_ROW_AFTER = {"load": ("loaded", True), "wake": ("loaded", True), "sleep": ("sleeping", False),
+              "unload": ("unloaded", False)}
 
 
 class FakeService:
@@ -129,6 +152,61 @@ class FakeService:
             active_request_id="req-0123456789abcdef" if self.is_busy else None,
             counters=dict(self.counters),
         )
+
+
+class FakePool(FakeService):
+    """The model pool's fake: the default model is the FakeService underneath, `library`
+    names the other models, each with a row whose state control(action, model=NAME) moves."""
+
+    def __init__(self, library: tuple[str, ...] = (), models_dir: Path | None = None,
+                 **options: Any):
+        super().__init__(**options)
+        self.rows = {name: model_row(name) for name in library}
+        self.models_dir = models_dir or Path("/models")
+        self.num_rescans = 0
+        self.vram_budget_bytes = 0
+
+    async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
+        model = kwargs.get("model")
+        if model is not None and model != self.model_id:
+            await asyncio.sleep(0)
+            return self._control_row(action, model, kwargs)
+        result = await super().control(action, **kwargs)
+        return {**result, **({"model": model} if model is not None else {})}
+
+    def _control_row(self, action: str, model: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A pool's model=NAME action on one of its other models."""
+        if model not in self.rows:
+            raise ServiceError("model_not_found", f"model '{model}' not found")
+        if action not in _ROW_AFTER:
+            raise ServiceError("not_applicable", f"{action} of {model} is not faked")
+        self.calls.append(action)
+        self.call_options.append(dict(kwargs))
+        state, holds = _ROW_AFTER[action]
+        row = self.rows[model]
+        row.update(state=state, is_resident=holds, vram_bytes=row["load_bytes"] if holds else 0,
+                   last_used_s=0.0 if holds else row["last_used_s"])
+        self.changed()
+        return {**self.status(), "action": action, "model": model,
+                "results": {model: {"action": action, "changed": True}}}
+
+    async def rescan(self) -> list[dict[str, Any]]:
+        """The pool re-reads its models directory; a test adds rows to self.rows first."""
+        await asyncio.sleep(0)
+        self.num_rescans += 1
+        self.changed()
+        return self.status()["models"]
+
+    def status(self) -> dict[str, Any]:
+        status = super().status()
+        is_up = self.state not in ("unloaded", "failed")
+        default = model_row(
+            self.model_id, is_default=True, state=self.state,
+            is_resident=is_up and self.state != "sleeping",
+            vram_bytes=sum(self.resident.values()) if is_up else 0,
+            load_bytes=sum(FULL.values()), last_used_s=1.0 if is_up else None)
+        return {**status, "models": [default, *self.rows.values()],
+                "default_model": self.model_id, "vram_budget_bytes": self.vram_budget_bytes}
 
 
 @dataclass

@@ -7,6 +7,7 @@ tray menu and the dashboard go to test-artifacts/.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -173,6 +174,10 @@ def test_real_tray_shows_icon_menu_and_dashboard(x_display, tmp_path):
                 report["endpoint"].removesuffix("/v1") + "/health", timeout=10
             ) as r:
                 assert r.status == 200  # the tray hosts the real HTTP endpoint
+            if importlib.util.find_spec("strata.engine.service.model_pool"):
+                # the pool's library in the Models menu: the default model first, serving
+                models = wait_for(lambda: read_json(ready).get("models_menu"), 20, "models")
+                assert models[0].startswith(f"{Path(model).stem} — Serving"), models
         else:
             assert report["icon"] == "error" and "missing.gguf" in report["last_error"]
         # Right-click the icon where the tray says it is: the menu pops up and is captured.

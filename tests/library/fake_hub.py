@@ -3,7 +3,11 @@ files and download them (model info with file metadata, HEAD and ranged GET of r
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -14,11 +18,16 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 @dataclass
 class FakeHub:
     """repos: repo id -> {file name: bytes}. corrupt: file names served with other bytes than
-    the hash the listing advertises. requests: (method, path) of every request."""
+    the hash the listing advertises. requests: (method, path) of every request.
+    chunk_bytes/chunk_delay_s: send downloads in pieces with a pause between, as a slow link
+    does, so a test can stop a pull halfway."""
 
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     corrupt: set[str] = field(default_factory=set)
     requests: list[tuple[str, str]] = field(default_factory=list)
+    chunk_bytes: int = 0
+    chunk_delay_s: float = 0.0
+    num_aborted: int = 0  # downloads the client broke off
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -45,7 +54,7 @@ class FakeHub:
         return web.json_response({"_id": repo, "id": repo, "modelId": repo, "sha": COMMIT,
                                   "private": False, "siblings": siblings})
 
-    async def resolve(self, request: web.Request) -> web.Response:
+    async def resolve(self, request: web.Request) -> web.StreamResponse:
         _, files = self._files(request)
         name = request.match_info["name"]
         if name not in files:
@@ -55,9 +64,43 @@ class FakeHub:
                    "Accept-Ranges": "bytes"}
         if name in self.corrupt:
             data = bytes(reversed(data))
-        start = 0
+        status = 200
         if request.method == "GET" and request.http_range.start is not None:
             start = request.http_range.start
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            return web.Response(body=data[start:], status=206, headers=headers)
-        return web.Response(body=data, headers=headers)
+            data, status = data[start:], 206
+        if request.method != "GET" or not self.chunk_bytes:
+            return web.Response(body=data, status=status, headers=headers)
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_length = len(data)
+        await response.prepare(request)
+        try:
+            for offset in range(0, len(data), self.chunk_bytes):
+                await response.write(data[offset:offset + self.chunk_bytes])
+                await asyncio.sleep(self.chunk_delay_s)
+        except (ConnectionError, asyncio.CancelledError):
+            self.num_aborted += 1
+            raise
+        await response.write_eof()
+        return response
+
+
+@contextlib.contextmanager
+def hub_in_thread(hub: FakeHub) -> Iterator[str]:
+    """Serve hub on 127.0.0.1 from a thread with its own loop, for tests without one (Qt);
+    yields the endpoint URL (for HF_ENDPOINT)."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(hub.app())
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, name="fake-hub", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

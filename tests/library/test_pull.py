@@ -3,36 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import threading
 
 import pytest
 
 from strata.cli import main
 from strata.library.catalog import find, scan
-from strata.library.pull import PullError, pull
-from tests.text.spm_gguf import write_spm_gguf
-
-from .fake_hub import FakeHub
-
-
-@pytest.fixture
-def gguf_bytes(tmp_path_factory) -> bytes:
-    return write_spm_gguf(tmp_path_factory.mktemp("spm") / "m.gguf").read_bytes()
-
-
-@pytest.fixture
-async def hub(aiohttp_server, gguf_bytes, monkeypatch):
-    fake = FakeHub(repos={
-        "acme/tiny-GGUF": {"tiny-Q8_0.gguf": gguf_bytes, "tiny-Q4_K_M.gguf": gguf_bytes + b"4",
-                           "README.md": b"# tiny"},
-        "acme/tiny-hf": {"config.json": json.dumps({"model_type": "llama"}).encode(),
-                         "model.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ",
-                         "tokenizer.json": b"{}", "README.md": b"# tiny", "pic.png": b"x"},
-    })
-    server = await aiohttp_server(fake.app())
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.port}")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    return fake
+from strata.library.pull import PullCancelled, PullError, PullProgress, pull
 
 
 async def test_pull_one_quantization_into_the_library(hub, tmp_path, gguf_bytes):
@@ -82,3 +59,52 @@ async def test_cli_pull_list_rm(hub, tmp_path, capsys):
     assert not (tmp_path / "acme").exists()  # the emptied folders go too
     assert await asyncio.to_thread(main, ["rm", "tiny-Q8_0", "--models-dir", str(tmp_path)]) == 2
     assert "no model 'tiny-Q8_0'" in capsys.readouterr().err
+
+
+async def test_progress_reaches_the_file_size_then_verifies(hub, tmp_path, gguf_bytes,
+                                                             small_chunks):
+    hub.chunk_bytes = 1024
+    reports: list[PullProgress] = []
+    await asyncio.to_thread(pull, "acme/tiny-GGUF:Q8_0", tmp_path, progress=False,
+                            on_progress=reports.append)
+    downloading = [r for r in reports if r.phase == "downloading"]
+    assert downloading[0].completed_bytes == 0
+    assert downloading[-1].completed_bytes == downloading[-1].total_bytes == len(gguf_bytes)
+    completed = [r.completed_bytes for r in downloading]
+    assert completed == sorted(completed) and len(set(completed)) > 2  # it moved, in steps
+    assert reports[-1].phase == "verifying" and reports[-1].file.name == "tiny-Q8_0.gguf"
+    assert {(r.file_index, r.num_files) for r in reports} == {(0, 1)}
+
+
+async def test_a_directory_reports_each_file(hub, tmp_path):
+    reports: list[PullProgress] = []
+    await asyncio.to_thread(pull, "acme/tiny-hf", tmp_path, progress=False,
+                            on_progress=reports.append)
+    assert sorted({r.file.name for r in reports}) == [
+        "config.json", "model.safetensors", "tokenizer.json"]
+    assert {r.num_files for r in reports} == {3}
+
+
+async def test_cancel_stops_mid_file_and_a_later_pull_completes(hub, tmp_path, gguf_bytes,
+                                                                small_chunks):
+    hub.chunk_bytes, hub.chunk_delay_s = 1024, 0.01
+    cancel = threading.Event()
+
+    def stop_halfway(report: PullProgress) -> None:
+        if report.completed_bytes >= 2048:
+            cancel.set()
+
+    with pytest.raises(PullCancelled):
+        await asyncio.to_thread(pull, "acme/tiny-GGUF:Q8_0", tmp_path, progress=False,
+                                on_progress=stop_halfway, cancel=cancel)
+    assert not (tmp_path / "acme/tiny-GGUF/tiny-Q8_0.gguf").exists()
+    # huggingface_hub >= 2 keeps no partial file (a process-unique temporary file each time)
+    assert not [p for p in tmp_path.rglob("*.incomplete")]
+    path = await asyncio.to_thread(pull, "acme/tiny-GGUF:Q8_0", tmp_path, progress=False)
+    assert path.read_bytes() == gguf_bytes
+
+
+async def test_a_preferred_quantization_picks_among_several(hub, tmp_path, gguf_bytes):
+    path = await asyncio.to_thread(pull, "acme/tiny-GGUF", tmp_path, progress=False,
+                                   preferred="Q4_K_M")
+    assert path.name == "tiny-Q4_K_M.gguf"

@@ -292,7 +292,8 @@ def _errors(*statuses: int, anthropic: bool = False, ollama: bool = False) -> di
              403: "Foreign Host or cross-site Origin", 404: "Not found",
              409: "A request is running", 503: "Not enough VRAM or the engine is down; "
              "see Retry-After", 500: "A server-side fault, such as a read-only snapshot "
-             "directory", 507: "The server's disk is full"}
+             "directory", 502: "The Hugging Face hub did not deliver (network, hub error)",
+             507: "The server's disk is full"}
     schema = _ref("AnthropicError" if anthropic else "OllamaError" if ollama else "Error")
     return {str(s): {"description": words[s], "content": {_JSON: {"schema": schema}}}
             for s in statuses}

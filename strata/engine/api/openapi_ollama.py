@@ -73,6 +73,17 @@ SCHEMAS: dict[str, Any] = {
         "digest": {"type": "string"}, "details": _DETAILS,
         "size_vram": {"type": "integer"}, "expires_at": {"type": "string"}})}}, ("models",)),
     "OllamaShowRequest": _obj({"model": {"type": "string"}}, ("model",)),
+    "OllamaPullRequest": _obj({
+        "model": {"type": "string", "description": "hf.co/OWNER/REPO:QUANT (Q4_K_M when "
+                  "untagged) or OWNER/REPO[:FILE] of the Hugging Face hub; Ollama's own "
+                  "registry names are refused"},
+        "name": {"type": "string", "description": "older spelling of model"},
+        "insecure": {"const": False}, "stream": _COMMON["stream"]}),
+    "OllamaPullProgress": _obj({
+        "status": {"type": "string", "description": "pulling manifest | pulling FILE | "
+                   "verifying sha256 digest | success"},
+        "digest": {"type": "string"}, "total": {"type": "integer"},
+        "completed": {"type": "integer"}, "error": {"type": "string"}}, ("status",)),
 }
 
 
@@ -91,4 +102,9 @@ def paths(op, ok, body) -> dict[str, Any]:
         "/api/generate": {"post": op("Ollama generate; an empty prompt loads or unloads",
                                      "Ollama", ok("OllamaGenerate", stream_text), 400, 404,
                                      503, body=body("OllamaGenerateRequest"))},
+        "/api/pull": {"post": op("Fetch a model from the Hugging Face hub into the library",
+                                 "Ollama", ok("OllamaPullProgress", "The final object; "
+                                              "application/x-ndjson progress lines when "
+                                              "stream is true"), 400, 404, 502,
+                                 body=body("OllamaPullRequest"))},
     }
