@@ -67,6 +67,10 @@ def test_decode_matches_reference(name: str, moe_impl: str) -> None:
         pytest.skip("the MoE implementation only matters for MoE models")
     if moe_impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton CPU interpreter not enabled")
+    if moe_impl == "triton" and name == "mixtral":
+        # Mixtral's routing feeds the same grouped kernels as Qwen3-MoE's; under the CPU
+        # interpreter a second MoE costs CI minutes and adds nothing (the GPU tests run both).
+        pytest.skip("the Triton experts run interpreted for one MoE model: qwen3_moe")
     model = tiny_model(name)
     prompt = [(7 * i + 3) % 96 for i in range(21)]
     # max 40 tokens with buckets of 8: the decode crosses buckets 32 -> 40 (the last, not 2^k).
@@ -427,9 +431,12 @@ def test_gemv_refuses_what_it_cannot_run() -> None:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
 def test_decode_with_dense_kernels_matches_reference(name: str) -> None:
-    """The whole Triton decode step (projections, norms, attention, experts) vs the reference."""
+    """The whole Triton decode step (projections, norms, attention, experts) vs the reference.
+
+    One dense and one MoE model: interpreted, each costs a minute of CI; the GPU tests
+    (tests/gpu/test_decode_fast.py) run the same kernels on every architecture."""
     model = tiny_model(name)
     prompt = [(7 * i + 3) % 96 for i in range(21)]
     expected, _ = reference_greedy(model, prompt, 12, 40)
