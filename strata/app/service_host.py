@@ -312,8 +312,7 @@ class ThreadServiceHost:
         API client asked for is logged where it was asked."""
         if event.cause is None:
             return
-        # The pool's events name their model (POOL_CONTRACT.md); a single Service's do not.
-        model = getattr(event, "model", None)
+        model = event.model  # None from a single-model Service
         what = f" {model}" if model else ""
         if event.is_ok:
             self._emit_log(f"{event.cause}: "
