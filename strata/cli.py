@@ -84,7 +84,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         return 0
     from strata.library.pull import pull
 
-    print(pull(args.model, args.models_dir))
+    print(pull(args.model, _library_dir(args)))
     return 0
 
 
@@ -92,14 +92,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     from strata.library.catalog import scan
     from strata.library.table import format_table
 
-    print(format_table(scan(args.models_dir)))
+    print(format_table(scan(_library_dir(args))))
     return 0
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
     from strata.library.catalog import remove
 
-    entry = remove(args.model, args.models_dir)
+    entry = remove(args.model, _library_dir(args))
     print(f"removed {entry.name} ({entry.path})")
     return 0
 
@@ -134,7 +134,20 @@ def _models_dir_argument(parser: argparse.ArgumentParser) -> None:
     from pathlib import Path
 
     parser.add_argument("--models-dir", type=Path, default=None,
-                        help="the model library (default: STRATA_HOME/models)")
+                        help="the model library (default: the server's: $STRATA_MODELS_DIR, "
+                             "else the config file's models-dir, else STRATA_HOME/models)")
+
+
+def _library_dir(args: argparse.Namespace) -> Path | None:
+    """The directory `strata serve` would serve models from, so pull, list and rm work on
+    the same library: the flag, else the settings (environment, config file); None: the
+    catalog's default (STRATA_HOME/models)."""
+    if args.models_dir is not None:
+        return args.models_dir
+    from strata.engine.service.settings import load_settings
+
+    configured = load_settings(None, {}).models_dir
+    return Path(configured).expanduser() if configured else None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -108,3 +108,22 @@ async def test_a_preferred_quantization_picks_among_several(hub, tmp_path, gguf_
     path = await asyncio.to_thread(pull, "acme/tiny-GGUF", tmp_path, progress=False,
                                    preferred="Q4_K_M")
     assert path.name == "tiny-Q4_K_M.gguf"
+
+
+@pytest.mark.parametrize("source", ["environment", "config file"])
+async def test_cli_uses_the_servers_library_without_the_flag(hub, tmp_path, monkeypatch,
+                                                              capsys, source):
+    """pull, list and rm work on the directory `strata serve` serves from."""
+    library = tmp_path / "library"
+    monkeypatch.setenv("STRATA_CONFIG", str(tmp_path / "config.toml"))
+    if source == "environment":
+        monkeypatch.setenv("STRATA_MODELS_DIR", str(library))
+    else:
+        monkeypatch.delenv("STRATA_MODELS_DIR", raising=False)
+        (tmp_path / "config.toml").write_text(f'models-dir = "{library.as_posix()}"\n')
+    assert await asyncio.to_thread(main, ["pull", "acme/tiny-GGUF:Q8_0"]) == 0
+    assert (library / "acme/tiny-GGUF/tiny-Q8_0.gguf").is_file()
+    assert await asyncio.to_thread(main, ["list"]) == 0
+    assert "tiny-Q8_0" in capsys.readouterr().out
+    assert await asyncio.to_thread(main, ["rm", "tiny-Q8_0"]) == 0
+    assert not (library / "acme").exists()
