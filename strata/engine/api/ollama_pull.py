@@ -16,12 +16,12 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
 from strata.engine.api.errors import ApiError, bad_request
-from strata.engine.api.model_routing import model_pool
+from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.request_fields import refuse_unknown_fields
 from strata.engine.api.validation import read_json_object
 from strata.library.pull import (
@@ -34,9 +34,6 @@ from strata.library.pull import (
 )
 from strata.paths import model_cache_dir
 
-if TYPE_CHECKING:
-    from strata.engine.service.model_pool import ModelPool
-
 log = logging.getLogger(__name__)
 OLLAMA_PULL_FIELDS = frozenset({"model", "name", "insecure", "stream"})
 _HUB_HOSTS = ("hf.co/", "huggingface.co/")
@@ -44,6 +41,16 @@ _HUB_HOSTS = ("hf.co/", "huggingface.co/")
 _OLLAMA_DEFAULT_QUANT = "Q4_K_M"
 _PROGRESS_INTERVAL_S = 0.1  # a progress line per file at most this often (the last one always)
 _EXAMPLE = "hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M"
+
+
+@runtime_checkable
+class ModelLibrary(Protocol):
+    """The model pool's side of a pull: where models go, and a rescan that lists the new one.
+    A single-model Service has neither; its pulls go to the model cache."""
+
+    models_dir: Path
+
+    async def rescan(self) -> Any: ...
 
 
 def hub_spec(name: Any) -> tuple[str, str | None]:
@@ -152,14 +159,13 @@ def _api_error(exc: PullError) -> ApiError:
     return ApiError(400, str(exc), "invalid_request")
 
 
-async def _after_success(pool: ModelPool | None) -> None:
+async def _after_success(service: Any) -> None:
     """The pool lists the new model (and /api/tags with it). The file is in place whatever
-    happens here, and the pool rescans on a name it does not know: a failure is only logged.
-    A single-model Service (pool None) lists no library."""
-    if pool is None:
+    happens here, and the pool rescans on a name it does not know: a failure is only logged."""
+    if not isinstance(service, ModelLibrary):
         return
     try:
-        await pool.rescan()
+        await service.rescan()
     except Exception:
         log.exception("rescan after a pull failed")
 
@@ -168,32 +174,31 @@ async def pull_model(request: web.Request) -> web.StreamResponse:
     """POST /api/pull {"model", "stream"}: NDJSON progress, or the final object."""
     body = await read_json_object(request)
     spec, preferred, is_stream = _parse(body)
-    pool = model_pool(request.app)
-    models_dir = pool.models_dir if pool is not None else model_cache_dir()
+    service = request.app[SERVICE_KEY]
+    models_dir = service.models_dir if isinstance(service, ModelLibrary) else model_cache_dir()
     job = PullJob(spec, models_dir, preferred)
     try:
         if is_stream:
-            return await _stream(request, job, pool)
+            return await _stream(request, job, service)
         try:
             async for _ in job.lines():
                 pass
         except PullError as exc:
             raise _api_error(exc) from None
-        await _after_success(pool)
+        await _after_success(service)
         return web.json_response({"status": "success"})
     finally:
         job.cancel()  # the handler was cancelled (client gone, server stopping): stop too
 
 
-async def _stream(request: web.Request, job: PullJob,
-                  pool: ModelPool | None) -> web.StreamResponse:
+async def _stream(request: web.Request, job: PullJob, service: Any) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
     try:
         await _write(response, {"status": "pulling manifest"})
         async for line in job.lines():
             await _write(response, line)
-        await _after_success(pool)
+        await _after_success(service)
         await _write(response, {"status": "success"})
     except ConnectionError:
         log.info("client went away during the pull of %s; stopped", job.spec)
