@@ -38,9 +38,8 @@ MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 
 DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
 # The planes kernel (types in gemv_planes.PLANE_LANES): whole groups of packed bytes per
 # program, so wider K tiles; a few rows per program keep every SM busy on a 4096-row matrix.
-PLANES_CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 512, 4), (2, 2048, 8),
-                  (8, 1024, 8))
-PLANES_DOT_CONFIGS = ((16, 256, 4), (16, 512, 4), (32, 256, 4), (32, 512, 8), (64, 256, 8))
+PLANES_CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 1024, 8))
+PLANES_DOT_CONFIGS = ((16, 512, 4), (32, 256, 4), (32, 512, 8))
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
