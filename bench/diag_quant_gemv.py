@@ -29,6 +29,7 @@ def main() -> int:
     parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_1,Q4_0,Q5_K")
     parser.add_argument("--hbm-gb-s", type=float, default=4300.0)
     args = parser.parse_args()
+    from strata.engine.core.quant import kernels
     from strata.engine.core.quant.weight import QuantizedWeight, qlinear
 
     rows = []
@@ -47,10 +48,13 @@ def main() -> int:
                 quant_us = _time_us(lambda x=x, w=weight: qlinear(x, w))
                 dense_us = _time_us(lambda x=x, d=dense: torch.nn.functional.linear(x, d))
                 gb_s = raw.numel() / quant_us / 1e3
+                path = ("_planes_tuned" if qtype in kernels.gp.PLANE_LANES else "_matmul_tuned")
+                tuner = getattr(kernels, path)["sum" if tokens == 1 else "dot"]
                 rows.append({"type": type_name, "weight": label, "tokens": tokens,
                              "quant_us": round(quant_us, 2), "bf16_cublas_us": round(dense_us, 2),
                              "blocks_gb_s": round(gb_s, 1),
-                             "fraction_of_hbm": round(gb_s / args.hbm_gb_s, 3)})
+                             "fraction_of_hbm": round(gb_s / args.hbm_gb_s, 3),
+                             "config": str(getattr(tuner, "best_config", ""))})
                 print(rows[-1])
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "rows": rows}))

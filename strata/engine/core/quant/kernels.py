@@ -19,6 +19,7 @@ import torch
 
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
+from strata.engine.core.quant import gemv_planes as gp
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -35,10 +36,18 @@ MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel (weigh
 # small matrix still spreads over every SM; 2..16 tokens: tl.dot needs 16 rows or more.
 MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 8))
 DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
+# The planes kernel (types in gemv_planes.PLANE_LANES): whole groups of packed bytes per
+# program, so wider K tiles; a few rows per program keep every SM busy on a 4096-row matrix.
+PLANES_CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 1024, 8))
+PLANES_DOT_CONFIGS = ((16, 512, 4), (32, 256, 4), (32, 512, 8))
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
 INTERPRETER_DEQUANT_BLOCK_N = 128
+
+
+def _candidates(configs) -> tuple:
+    return tuple((n, k, w, None) for n, k, w in configs)
 
 
 if triton is not None:
@@ -74,6 +83,59 @@ if triton is not None:
                  acc.to(out_ptr.dtype.element_ty), mask=tok_ok[:, None] & row_ok[None, :])
 
     @triton.jit
+    def _planes_kernel(
+        x_ptr, w_ptr, wh_ptr, b_ptr, out_ptr, num_tokens, stride_x, stride_out, N, K,
+        ROW_BYTES, QTYPE: tl.constexpr, LANES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+        USE_PDL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    ):
+        """The decode GEMM over whole groups of packed bytes (gemv_planes.py): one token
+        multiplies and adds in float32 into a [rows, groups, lanes] accumulator summed once
+        at the end; 2..16 tokens take tl.dot on each plane rounded to the compute dtype."""
+        pdl_wait(USE_PDL)
+        # Shapes are runtime values (Triton still specializes multiples of 16, which gives
+        # the loads their alignment): one compile per type and tile serves every matrix.
+        GROUPS: tl.constexpr = BLOCK_COLS // (2 * LANES)
+        num_groups = K // (2 * LANES)
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        row_ok = rows < N
+        row_off = (rows.to(tl.int64) * ROW_BYTES)[:, None, None]  # [BN, 1, 1]
+        lane = tl.arange(0, LANES)[None, None, :]  # [1, 1, L]
+        if BLOCK_M == 1:
+            acc = tl.zeros((BLOCK_ROWS, GROUPS, LANES), dtype=tl.float32)
+        else:
+            toks = tl.arange(0, BLOCK_M)
+            tok_ok = (toks < num_tokens)[:, None, None]
+            x_rows = x_ptr + toks[:, None, None] * stride_x  # [BM, 1, 1]
+            acc = tl.zeros((BLOCK_M, BLOCK_ROWS), dtype=tl.float32)
+        for g0 in range(0, num_groups, GROUPS):
+            group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
+            group_ok = group < num_groups
+            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
+                                             row_ok[:, None, None] & group_ok, QTYPE)
+            if BLOCK_M == 1:
+                x0 = tl.load(x_ptr + cols0, mask=group_ok, other=0.0).to(tl.float32)
+                x1 = tl.load(x_ptr + cols1, mask=group_ok, other=0.0).to(tl.float32)
+                acc += w0 * x0 + w1 * x1
+            else:
+                x0 = tl.load(x_rows + cols0, mask=tok_ok & group_ok, other=0.0)
+                x1 = tl.load(x_rows + cols1, mask=tok_ok & group_ok, other=0.0)
+                dtype = x_ptr.dtype.element_ty
+                acc += tl.dot(tl.reshape(x0, (BLOCK_M, GROUPS * LANES)),
+                              tl.trans(tl.reshape(w0.to(dtype), (BLOCK_ROWS, GROUPS * LANES))))
+                acc += tl.dot(tl.reshape(x1, (BLOCK_M, GROUPS * LANES)),
+                              tl.trans(tl.reshape(w1.to(dtype), (BLOCK_ROWS, GROUPS * LANES))))
+        if BLOCK_M == 1:
+            total = tl.sum(tl.sum(acc, axis=2), axis=1)[None, :]  # [1, BN]
+            toks = tl.arange(0, 1)
+        else:
+            total = acc
+        if HAS_BIAS:
+            total += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + toks[:, None] * stride_out + rows[None, :],
+                 total.to(out_ptr.dtype.element_ty), mask=(toks < num_tokens)[:, None]
+                 & row_ok[None, :])
+
+    @triton.jit
     def _dequant_kernel(
         w_ptr, wh_ptr, table_ptr, out_ptr, num_rows,
         K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
@@ -87,21 +149,21 @@ if triton is not None:
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
                  v.to(out_ptr.dtype.element_ty), mask=ok)
 
-    def _candidates(configs) -> tuple:
-        return tuple((n, k, w, None) for n, k, w in configs)
-
     # One tuned launcher per path: their candidate tiles differ (tl.dot's 16-row minimum).
     _matmul_tuned = {
         path: launch.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
         for path, configs in (("sum", MATMUL_CONFIGS), ("dot", DOT_MATMUL_CONFIGS))
     }
+    _planes_tuned = {
+        path: launch.tuned(_planes_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
+        for path, configs in (("sum", PLANES_CONFIGS), ("dot", PLANES_DOT_CONFIGS))
+    }
 
 
-def _matmul_candidates(path: str) -> tuple:
+def _matmul_candidates(configs: tuple) -> tuple:
     if launch.is_interpreting():
         return ((*INTERPRETER_MATMUL_CONFIG, None),)
-    return tuple((n, k, w, None)
-                 for n, k, w in (MATMUL_CONFIGS if path == "sum" else DOT_MATMUL_CONFIGS))
+    return _candidates(configs)
 
 
 def _check(raw: torch.Tensor, num_cols: int) -> None:
@@ -148,9 +210,20 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     # tl.dot needs 16 rows; one token keeps the float32 multiply-and-sum.
     block_m = 1 if num_tokens == 1 else 16
     path = "sum" if block_m == 1 else "dot"
+    grid = lambda rows: (triton.cdiv(num_rows, rows),)  # noqa: E731
+    lanes = gp.PLANE_LANES.get(int(qtype))
+    if lanes is not None:
+        launch.launch(
+            _planes_tuned[path], grid,
+            _matmul_candidates(PLANES_CONFIGS if path == "sum" else PLANES_DOT_CONFIGS),
+            x, raw, raw.view(torch.float16), bias if bias is not None else x, out, num_tokens,
+            x.stride(0), out.stride(0), N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1],
+            QTYPE=int(qtype), LANES=lanes, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+        )
+        return out
     launch.launch(
-        _matmul_tuned[path], lambda rows: (triton.cdiv(num_rows, rows),),
-        _matmul_candidates(path),
+        _matmul_tuned[path], grid,
+        _matmul_candidates(MATMUL_CONFIGS if path == "sum" else DOT_MATMUL_CONFIGS),
         x, raw, raw.view(torch.float16), lookup_table(raw.device),
         bias if bias is not None else x, out, num_tokens, x.stride(0), out.stride(0),
         N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1], QTYPE=int(qtype),

@@ -1,0 +1,143 @@
+"""The decode kernel's view of GGUF blocks: groups of packed bytes read once, two value planes.
+
+`planes(w_ptr, wh_ptr, row_off, group, lane, ok, QTYPE)` reads, for [R, G] groups of a
+matrix in GGML blocks, each group's run of `PLANE_LANES[QTYPE]` consecutive packed bytes
+(one vectorizable load per row and group) and its scales (one load per group, not per value),
+and returns two planes of float32 weights [R, G, L] with the columns [1, G, L] they multiply:
+the low and high nibbles of a byte (4- and 5-bit types, Q6_K), or the two halves of a Q8_0
+block. A group covers 2 * L columns. Weights equal dequant_tile.py's up to float rounding
+order; the tests compare products within a tolerance, the dequantizer stays the bit-exact one.
+
+Small integers become floats by the exponent trick (OR into 2**23's bits, subtract 2**23):
+two full-rate instructions instead of an int-to-float conversion, which runs at a quarter of
+the FMA rate on recent GPUs and would bound a 4-bit GEMV below the memory bandwidth.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # Triton is optional: without it no tensor stays quantized
+    triton = None
+
+# Packed bytes per group (the plane length L) for each GGML type with a planes path; other
+# types take dequant_tile.py's generic decode kernel. Q4_K/Q5_K: a pair of 32-value
+# sub-blocks per 32 bytes; the others: 16 bytes (Q6_K: 16 of a 32-byte run).
+PLANE_LANES = {2: 16, 3: 16, 6: 16, 7: 16, 8: 16, 12: 32, 13: 32, 14: 16}
+
+if triton is not None:
+    _MAGIC = tl.constexpr(0x4B000000)  # float32 bits of 2**23
+
+    @triton.jit
+    def _float(q, offset: tl.constexpr):
+        """q - offset as float32, exactly, for int32 0 <= q < 2**23."""
+        return (q | _MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + offset)
+
+    @triton.jit
+    def _bytes(w_ptr, offset, ok):
+        return tl.load(w_ptr + offset, mask=ok, other=0).to(tl.int32)
+
+    @triton.jit
+    def _half(wh_ptr, offset, ok):
+        return tl.load(wh_ptr + offset // 2, mask=ok, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _k4_scale_min(w_ptr, scales, s, ok):
+        """Sub-block s's 6-bit scale and min of a Q4_K/Q5_K block (12 packed bytes)."""
+        low = s < 4
+        a = _bytes(w_ptr, scales + s, ok)
+        b = _bytes(w_ptr, scales + s + 4, ok)
+        c = _bytes(w_ptr, scales + tl.where(low, s, s - 4), ok)
+        sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
+        mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
+        return sc.to(tl.float32), mn.to(tl.float32)
+
+    @triton.jit
+    def planes(w_ptr, wh_ptr, row_off, group, lane, ok, QTYPE: tl.constexpr):
+        """(w0, cols0, w1, cols1): row_off [R, 1, 1] int64 byte offsets of the rows, group
+        [1, G, 1] group indices within a row, lane [1, 1, L], ok [R, G, 1] the mask."""
+        if QTYPE == 12 or QTYPE == 13:  # Q4_K, Q5_K: group = sub-blocks 2p (low), 2p+1 (high)
+            blk = group // 4
+            p = group % 4
+            if QTYPE == 12:
+                base = row_off + blk * 144
+                q = _bytes(w_ptr, base + 16 + p * 32 + lane, ok)
+                q0 = q & 15
+                q1 = q >> 4
+            else:
+                base = row_off + blk * 176
+                q = _bytes(w_ptr, base + 48 + p * 32 + lane, ok)
+                qh = _bytes(w_ptr, base + 16 + lane, ok)
+                q0 = (q & 15) | (((qh >> (2 * p)) & 1) << 4)
+                q1 = (q >> 4) | (((qh >> (2 * p + 1)) & 1) << 4)
+            d = _half(wh_ptr, base, ok)
+            dmin = _half(wh_ptr, base + 2, ok)
+            sc0, mn0 = _k4_scale_min(w_ptr, base + 4, 2 * p, ok)
+            sc1, mn1 = _k4_scale_min(w_ptr, base + 4, 2 * p + 1, ok)
+            w0 = (d * sc0) * _float(q0, 0) - dmin * mn0
+            w1 = (d * sc1) * _float(q1, 0) - dmin * mn1
+            cols0 = blk * 256 + p * 64 + lane
+            cols1 = cols0 + 32
+        elif QTYPE == 14:  # Q6_K: group = (half h, 32-byte run c, 16-lane u); k = c and c + 2
+            blk = group // 8
+            r = group % 8
+            h = r // 4
+            c = (r // 2) % 2
+            u = r % 2
+            base = row_off + blk * 210
+            ql = _bytes(w_ptr, base + h * 64 + c * 32 + u * 16 + lane, ok)
+            qh = _bytes(w_ptr, base + 128 + h * 32 + u * 16 + lane, ok)
+            q0 = (ql & 15) | (((qh >> (2 * c)) & 3) << 4)
+            q1 = (ql >> 4) | (((qh >> (2 * c + 4)) & 3) << 4)
+            d = _half(wh_ptr, base + 208, ok)
+            sc0 = _bytes(w_ptr, base + 192 + h * 8 + c * 2 + u, ok)
+            sc1 = _bytes(w_ptr, base + 196 + h * 8 + c * 2 + u, ok)
+            sc0 = (sc0 - ((sc0 >> 7) << 8)).to(tl.float32)  # int8
+            sc1 = (sc1 - ((sc1 >> 7) << 8)).to(tl.float32)
+            w0 = (d * sc0) * _float(q0, 32)
+            w1 = (d * sc1) * _float(q1, 32)
+            cols0 = blk * 256 + h * 128 + c * 32 + u * 16 + lane
+            cols1 = cols0 + 64
+        elif QTYPE == 8:  # Q8_0: group = block, the two 16-byte halves of its 32 int8
+            base = row_off + group * 34
+            d = _half(wh_ptr, base, ok)
+            w0 = d * _float(_bytes(w_ptr, base + 2 + lane, ok) ^ 128, 128)
+            w1 = d * _float(_bytes(w_ptr, base + 18 + lane, ok) ^ 128, 128)
+            cols0 = group * 32 + lane
+            cols1 = cols0 + 16
+        else:  # Q4_0, Q4_1, Q5_0, Q5_1: group = block, low nibbles then high nibbles
+            if QTYPE == 2:
+                base = row_off + group * 18
+                qs = base + 2
+            elif QTYPE == 3:
+                base = row_off + group * 20
+                qs = base + 4
+            elif QTYPE == 6:
+                base = row_off + group * 22
+                qs = base + 6
+            else:
+                base = row_off + group * 24
+                qs = base + 8
+            q = _bytes(w_ptr, qs + lane, ok)
+            q0 = q & 15
+            q1 = q >> 4
+            if QTYPE == 6 or QTYPE == 7:  # the fifth bits: a little-endian uint32 before qs
+                qh = (_bytes(w_ptr, qs - 4, ok) | (_bytes(w_ptr, qs - 3, ok) << 8)
+                      | (_bytes(w_ptr, qs - 2, ok) << 16) | (_bytes(w_ptr, qs - 1, ok) << 24))
+                q0 = q0 | (((qh >> lane) & 1) << 4)
+                q1 = q1 | (((qh >> (lane + 16)) & 1) << 4)
+            d = _half(wh_ptr, base, ok)
+            if QTYPE == 2:
+                w0 = d * _float(q0, 8)
+                w1 = d * _float(q1, 8)
+            elif QTYPE == 6:
+                w0 = d * _float(q0, 16)
+                w1 = d * _float(q1, 16)
+            else:
+                m = _half(wh_ptr, base + 2, ok)
+                w0 = d * _float(q0, 0) + m
+                w1 = d * _float(q1, 0) + m
+            cols0 = group * 32 + lane
+            cols1 = cols0 + 16
+        return w0, cols0, w1, cols1
