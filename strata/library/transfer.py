@@ -213,7 +213,9 @@ def _get_rest(source: Source, part: _Part, on_bytes: BytesCallback,
     from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
-    headers = dict(source.headers)
+    # identity: a range counts bytes of the file, not of a gzip of it (CDNs ignore a range
+    # on a compressed answer)
+    headers = {**source.headers, "Accept-Encoding": "identity"}
     if part.done_bytes:
         headers["Range"] = f"bytes={part.done_bytes}-"
     # no retries on exceptions inside: one raised while reading the body cannot be retried by
@@ -235,7 +237,7 @@ def _get_rest(source: Source, part: _Part, on_bytes: BytesCallback,
             log.info("%s: the server ignored the range; starting again", source.label)
             part.restart()
             on_bytes(0)
-        for chunk in response.iter_bytes(constants.DOWNLOAD_CHUNK_SIZE):
+        for chunk in response.iter_raw():  # as it arrives: a chunk held back would be lost
             check_cancel(cancel)
             part.append(chunk)
             if source.size_bytes is not None and part.done_bytes > source.size_bytes:

@@ -34,6 +34,8 @@ class FakeHub:
     drop_after_bytes: dict[str, int] = field(default_factory=dict)
     ranges: list[tuple[str, str | None]] = field(default_factory=list)
     served_bytes: dict[str, int] = field(default_factory=dict)
+    honours_ranges: bool = True  # False: a Range header is ignored (200, the whole file)
+    is_broken: bool = False  # True: every GET's connection breaks before a byte of the body
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -73,7 +75,8 @@ class FakeHub:
         status = 200
         if request.method == "GET":
             self.ranges.append((name, request.headers.get("Range")))
-        if request.method == "GET" and request.http_range.start is not None:
+        if request.method == "GET" and self.honours_ranges and \
+                request.http_range.start is not None:
             start = request.http_range.start
             if start >= len(data):
                 raise web.HTTPRequestRangeNotSatisfiable(
@@ -82,7 +85,7 @@ class FakeHub:
             data, status = data[start:], 206
         if request.method != "GET":
             return web.Response(body=data, status=status, headers=headers)
-        drop_at = self.drop_after_bytes.pop(name, None)
+        drop_at = 0 if self.is_broken else self.drop_after_bytes.pop(name, None)
         response = web.StreamResponse(status=status, headers=headers)
         response.content_length = len(data)
         await response.prepare(request)
@@ -109,7 +112,7 @@ class FakeHub:
         await response.write(piece)
         self.served_bytes[name] = self.served_bytes.get(name, 0) + len(piece)
         assert request.transport is not None
-        request.transport.abort()
+        request.transport.close()  # flushes what was written, then closes: the body stops short
 
 
 @contextlib.contextmanager
