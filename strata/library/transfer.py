@@ -36,6 +36,7 @@ _MAX_ATTEMPTS = 5  # in a row without a byte arriving; an attempt that made prog
 _RETRY_WAIT_S = 0.5  # doubled after each failed attempt, up to _MAX_RETRY_WAIT_S
 _MAX_RETRY_WAIT_S = 8.0
 _HASH_CHUNK_BYTES = 8 << 20
+_LOCK_WAIT_S = 2.0  # a pull that was just cancelled lets go of the part within a chunk
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 BytesCallback = Callable[[int], None]  # completed bytes of the file so far
@@ -121,11 +122,14 @@ def fetch(source: Source, target: Path, name: str, *, on_bytes: BytesCallback,
     """
     from filelock import FileLock, Timeout  # a dependency of huggingface_hub
 
+    dest = target / name
+    if _is_in_place(source, dest, on_bytes, on_verify, cancel):
+        return dest
     part = part_path(target, name)
     record_path = part.with_name(part.name + ".json")
     lock_path = part.with_name(part.name + ".lock")
     part.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_path), timeout=0)
+    lock = FileLock(str(lock_path), timeout=_LOCK_WAIT_S)
     try:
         lock.acquire()
     except Timeout:
@@ -146,11 +150,31 @@ def fetch(source: Source, target: Path, name: str, *, on_bytes: BytesCallback,
             writer.close()
         if source.sha256 and on_verify is not None:
             on_verify()
-        return _finish(source, writer, target / name, record_path)
+        return _finish(source, writer, dest, record_path)
     finally:
         lock.release()
-        lock_path.unlink(missing_ok=True)
-        _remove_empty(part.parent, target / PARTIAL_DIR)
+        # the lock file goes with its part only: unlinked earlier, a second pull could lock a
+        # new file while the first still holds the old one
+        if not part.exists():
+            lock_path.unlink(missing_ok=True)
+            _remove_empty(part.parent, target / PARTIAL_DIR)
+
+
+def _is_in_place(source: Source, dest: Path, on_bytes: BytesCallback,
+                 on_verify: Callable[[], None] | None, cancel: threading.Event | None) -> bool:
+    """Whether dest already holds the file (a pull run again): same size and SHA-256. A file
+    the hub keeps no SHA-256 for is small (outside LFS) and fetched again."""
+    if not source.sha256 or not dest.is_file() or dest.stat().st_size != source.size_bytes:
+        return False
+    on_bytes(source.size_bytes)
+    if on_verify is not None:
+        on_verify()
+    digest = hashlib.sha256()
+    with open(dest, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            check_cancel(cancel)
+            digest.update(chunk)
+    return digest.hexdigest() == source.sha256
 
 
 def _discard_stale(source: Source, part_path: Path, record_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from filelock import FileLock
 
 from strata.engine.api import create_app
 from strata.engine.api.errors import ApiError
@@ -120,10 +121,8 @@ async def test_a_client_that_leaves_stops_the_download_and_the_next_pull_resumes
     assert hub.num_aborted == 1  # the hub saw the download broken off, not finished
     target = library.models_dir / "acme/tiny-GGUF"
     part = target / ".strata-partial/tiny-Q8_0.gguf.part"
-    for _ in range(100):  # the worker stops at its next chunk and lets go of the part
-        if not (part.parent / "tiny-Q8_0.gguf.part.lock").exists():
-            break
-        await asyncio.sleep(0.05)
+    with FileLock(f"{part}.lock", timeout=5):  # the worker has let go of the part
+        pass
     assert not (target / "tiny-Q8_0.gguf").exists()
     part_bytes = part.stat().st_size
     assert 0 < part_bytes < len(gguf_bytes)  # the part stays for the next pull

@@ -137,11 +137,13 @@ async def test_a_range_past_the_end_starts_again(hub, tmp_path, gguf_bytes):
     assert path.read_bytes() == gguf_bytes
 
 
-async def test_a_second_pull_of_the_same_file_is_refused_while_one_runs(hub, tmp_path):
+async def test_a_second_pull_of_the_same_file_is_refused_while_one_runs(hub, tmp_path,
+                                                                        monkeypatch):
     from filelock import FileLock
 
     part = part_of(tmp_path)
     part.parent.mkdir(parents=True)
+    monkeypatch.setattr(transfer, "_LOCK_WAIT_S", 0.1)
     with FileLock(str(part) + ".lock"), pytest.raises(PullError, match="another pull"):
         await asyncio.to_thread(pull, SPEC, tmp_path, progress=False)
 
@@ -154,3 +156,17 @@ async def test_a_connection_that_keeps_failing_ends_with_the_part_kept(hub, tmp_
     with pytest.raises(DownloadError, match="part is kept, pull again to resume"):
         await asyncio.to_thread(pull, SPEC, tmp_path, progress=False)
     assert part_of(tmp_path).read_bytes() == gguf_bytes[:1000]
+
+
+async def test_a_file_already_in_place_is_checked_not_fetched(hub, tmp_path, gguf_bytes):
+    await asyncio.to_thread(pull, SPEC, tmp_path, progress=False)
+    hub.ranges.clear()
+    reports: list[PullProgress] = []
+    await asyncio.to_thread(pull, SPEC, tmp_path, progress=False, on_progress=reports.append)
+    assert hub.ranges == []
+    assert [r.phase for r in reports] == ["downloading", "verifying"]
+    path = tmp_path / "acme/tiny-GGUF" / NAME
+    path.write_bytes(bytes(reversed(gguf_bytes)))  # same size, other bytes: fetched again
+    await asyncio.to_thread(pull, SPEC, tmp_path, progress=False)
+    assert hub.ranges == [(NAME, None)]
+    assert path.read_bytes() == gguf_bytes
