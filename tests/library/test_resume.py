@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import sys
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -169,4 +172,28 @@ async def test_a_file_already_in_place_is_checked_not_fetched(hub, tmp_path, ggu
     path.write_bytes(bytes(reversed(gguf_bytes)))  # same size, other bytes: fetched again
     await asyncio.to_thread(pull, SPEC, tmp_path, progress=False)
     assert hub.ranges == [(NAME, None)]
+    assert path.read_bytes() == gguf_bytes
+
+
+async def test_a_killed_pull_resumes(hub, tmp_path, gguf_bytes):
+    """`strata pull` killed mid-file (SIGKILL: no cleanup ran) leaves a part the next uses."""
+    hub.chunk_bytes, hub.chunk_delay_s = 512, 0.05
+    code = ("import sys; from pathlib import Path; from strata.library.pull import pull; "
+            "pull(sys.argv[1], Path(sys.argv[2]), progress=False)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", code, SPEC,
+                                                   str(tmp_path), env=env)
+    part = part_of(tmp_path)
+    deadline_s = time.monotonic() + 30
+    while not (part.exists() and part.stat().st_size >= 2048):
+        assert time.monotonic() < deadline_s and process.returncode is None
+        await asyncio.sleep(0.02)
+    process.kill()
+    await process.wait()
+    part_bytes = part.stat().st_size
+    assert part_bytes < len(gguf_bytes)
+    hub.ranges.clear()
+    hub.chunk_delay_s = 0.0
+    path = await asyncio.to_thread(pull, SPEC, tmp_path, progress=False)
+    assert hub.ranges == [(NAME, f"bytes={part_bytes}-")]
     assert path.read_bytes() == gguf_bytes
