@@ -1,48 +1,35 @@
 """`strata pull REPO[:FILE]`: fetch a GGUF file or a Hugging Face model from the hub.
 
-huggingface_hub does the transfer (it is what the hub's own tools use: retries that resume a
-dropped connection, HF_ENDPOINT and HF_TOKEN honoured, progress bars), so Strata only chooses
-the files and checks each file's SHA-256 against the hub's record of it. Callers without a
-console (the Ollama API's /api/pull, the tray) follow a pull through `on_progress` and stop it
-through `cancel`.
+huggingface_hub lists the repository (each file's size and SHA-256), builds the URLs and the
+headers (HF_ENDPOINT, HF_TOKEN) and keeps the HTTP session; transfer.py moves the bytes, so an
+interrupted pull resumes on the next one and each file is checked against the hub's SHA-256.
+Callers without a console (the Ollama API's /api/pull, the tray) follow a pull through
+`on_progress` and stop it through `cancel`.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from strata.errors import StrataError
+from strata.library.pull_errors import DownloadError, PullCancelled, PullError, RepoNotFoundError
+from strata.library.transfer import Source, check_cancel, fetch, transport_errors
 from strata.paths import model_cache_dir
+
+__all__ = ["DownloadError", "PullCancelled", "PullError", "PullProgress", "RemoteFile",
+           "RepoNotFoundError", "choose_files", "parse_spec", "pull"]
 
 # What a Hugging Face directory needs to load; weights, tokenizer and templates.
 HF_PATTERNS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "chat_template.jinja", "*.safetensors",
                "*.safetensors.index.json")
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
-_HASH_CHUNK_BYTES = 8 << 20
-
-
-class PullError(StrataError, RuntimeError):
-    """The model could not be fetched; the message says why and what to pick instead."""
-
-
-class RepoNotFoundError(PullError):
-    """The hub has no such repository (or it is private and no token was given)."""
-
-
-class DownloadError(PullError):
-    """The hub listed the model but a file did not arrive (network, disk, hub error)."""
-
-
-class PullCancelled(PullError):
-    """The caller stopped the pull (its `cancel` event was set); the partial file is gone."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +37,7 @@ class RemoteFile:
     name: str
     size_bytes: int | None
     sha256: str | None  # the hub records it for files kept in LFS
+    blob_id: str | None = None  # the git blob id: what a file outside LFS is known by
 
 
 @dataclass(frozen=True)
@@ -76,7 +64,9 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     return repo, (selector or None)
 
 
-def _remote_files(repo: str, endpoint: str | None, token: str | None) -> list[RemoteFile]:
+def _remote_files(repo: str, endpoint: str | None,
+                  token: str | None) -> tuple[str | None, list[RemoteFile]]:
+    """The commit the listing is of, and the repository's files."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
@@ -87,15 +77,16 @@ def _remote_files(repo: str, endpoint: str | None, token: str | None) -> list[Re
                         "set HF_TOKEN)") from None
     except HfHubHTTPError as exc:
         raise DownloadError(f"the hub did not list {repo}: {str(exc).splitlines()[0]}") from None
-    except _transport_errors() as exc:
+    except transport_errors() as exc:
         raise DownloadError(f"cannot reach {endpoint or 'the hub'} to list {repo}: {exc}; "
                             "check the network or HF_ENDPOINT") from None
     files = []
     for sibling in info.siblings or []:
         lfs = sibling.lfs
         files.append(RemoteFile(sibling.rfilename, sibling.size,
-                                getattr(lfs, "sha256", None) if lfs else None))
-    return files
+                                getattr(lfs, "sha256", None) if lfs else None,
+                                sibling.blob_id))
+    return info.sha, files
 
 
 def choose_files(repo: str, selector: str | None, files: list[RemoteFile], *,
@@ -131,18 +122,6 @@ def choose_files(repo: str, selector: str | None, files: list[RemoteFile], *,
     raise PullError(f"{repo} has neither GGUF files nor config.json with safetensors weights")
 
 
-@functools.cache
-def _transport_errors() -> tuple[type[Exception], ...]:
-    """The HTTP client's network errors: huggingface_hub 1.x uses httpx, 2.x httpx2."""
-    errors: list[type[Exception]] = []
-    for module in ("httpx", "httpx2"):
-        try:
-            errors.append(__import__(module).TransportError)
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errors)
-
-
 def _tag_pattern(quantization: str) -> re.Pattern[str]:
     """Q4_K_M as a whole word of a file name (not the Q4_K_M of IQ4_K_M...)."""
     return re.compile(rf"(?<![A-Za-z0-9]){re.escape(quantization)}(?![A-Za-z0-9])",
@@ -162,91 +141,77 @@ def _is_hf_file(name: str) -> bool:
     return "/" not in name and any(fnmatch(name, pattern) for pattern in HF_PATTERNS)
 
 
-def _sha256(path: Path, cancel: threading.Event | None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK_BYTES):
-            _check_cancel(cancel)
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _check_cancel(cancel: threading.Event | None) -> None:
-    if cancel is not None and cancel.is_set():
-        raise PullCancelled("the pull was cancelled")
-
-
 def pull(spec: str, models_dir: Path | None = None, *, progress: bool = True,
          on_progress: ProgressCallback | None = None, cancel: threading.Event | None = None,
          preferred: str | None = None) -> Path:
     """Fetch spec into models_dir/OWNER/REPO; returns the GGUF file or the directory.
 
     The endpoint is HF_ENDPOINT (default huggingface.co) and the token HF_TOKEN, as for every
-    Hugging Face tool. A file whose SHA-256 differs from the hub's record is deleted and
-    reported. progress: huggingface_hub's console bar; on_progress: called (on this thread)
-    as bytes arrive; cancel: set it from another thread to stop with PullCancelled between
-    chunks (huggingface_hub deletes the partial file; files already complete stay).
-    preferred: see choose_files.
+    Hugging Face tool. A file stopped halfway (cancel, a dropped connection, a killed process)
+    resumes on the next pull (transfer.py); a file whose SHA-256 differs from the hub's record
+    is deleted and reported. progress: a console bar per file; on_progress: called (on this
+    thread) as bytes arrive, from the resumed offset on; cancel: set it from another thread to
+    stop with PullCancelled between chunks (the part stays for the next pull; files already
+    complete stay). preferred: see choose_files.
     """
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
 
     repo, selector = parse_spec(spec)
     endpoint = os.environ.get("HF_ENDPOINT") or None
     token = os.environ.get("HF_TOKEN") or None
-    files = choose_files(repo, selector, _remote_files(repo, endpoint, token),
-                         preferred=preferred)
+    commit, listed = _remote_files(repo, endpoint, token)
+    files = choose_files(repo, selector, listed, preferred=preferred)
     target = (models_dir or model_cache_dir()) / repo
     target.mkdir(parents=True, exist_ok=True)
-    network_errors: tuple[type[Exception], ...] = (OSError, *_transport_errors())
+    headers = build_hf_headers(token=token, library_name="strata")
     for index, file in enumerate(files):
-        _check_cancel(cancel)
+        check_cancel(cancel)
+        # pinned to the listed commit, so the bytes are those of the SHA-256 it records
+        url = hf_hub_url(repo, file.name, revision=commit, endpoint=endpoint)
+        source = Source(url, headers, identity=file.sha256 or file.blob_id or f"{commit}:{url}",
+                        size_bytes=file.size_bytes, sha256=file.sha256,
+                        label=f"{file.name} of {repo}")
         report = functools.partial(PullProgress, file, file_index=index, num_files=len(files))
-        if on_progress is not None:
-            on_progress(report("downloading", 0, file.size_bytes))
-        bar = _bar_class(progress, on_progress, report, cancel)
-        try:
-            local = Path(hf_hub_download(repo, file.name, local_dir=target, endpoint=endpoint,
-                                         token=token, tqdm_class=bar))
-        except HfHubHTTPError as exc:
-            raise DownloadError(f"downloading {file.name} of {repo} failed: "
-                                f"{str(exc).splitlines()[0]}") from None
-        except network_errors as exc:  # a full disk, a connection gone for good
-            raise DownloadError(f"downloading {file.name} of {repo} failed: {exc}") from None
-        if file.sha256:
-            size_bytes = local.stat().st_size
-            if on_progress is not None:
-                on_progress(report("verifying", size_bytes, size_bytes))
-            if _sha256(local, cancel) != file.sha256:
-                local.unlink()
-                raise PullError(f"{file.name} of {repo} arrived corrupted (SHA-256 differs from "
-                                "the hub's); it was deleted, pull again")
+        size_bytes = file.size_bytes or 0
+        verified = functools.partial(on_progress, report("verifying", size_bytes, size_bytes)) \
+            if on_progress else None
+        with _Progress(file, progress, on_progress, report) as on_bytes:
+            fetch(source, target, file.name, on_bytes=on_bytes, on_verify=verified,
+                  cancel=cancel)
     if len(files) == 1 and files[0].name.endswith(".gguf"):
         return target / files[0].name
     return target
 
 
-def _bar_class(progress: bool, on_progress: ProgressCallback | None,
-               report: Callable[..., PullProgress], cancel: threading.Event | None) -> type | None:
-    """The tqdm class huggingface_hub draws its bar with: its own (progress, nobody listening),
-    else one that reports each chunk to on_progress and stops on cancel, drawn or not."""
-    if progress and on_progress is None and cancel is None:
-        return None
-    from huggingface_hub.utils import tqdm as hf_tqdm
+class _Progress:
+    """Byte counts of one file to the console bar (tqdm, as huggingface_hub draws it) and to
+    on_progress."""
 
-    class Reporting(hf_tqdm):
-        def __init__(self, *args, **kwargs):
-            if not progress:
-                kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
-            self.done_bytes = int(kwargs.get("initial") or 0)  # counted here: a disabled bar
-            self.total_bytes = kwargs.get("total")  # keeps no count of its own
+    def __init__(self, file: RemoteFile, progress: bool, on_progress: ProgressCallback | None,
+                 report: Callable[..., PullProgress]):
+        self.file = file
+        self.progress = progress
+        self.on_progress = on_progress
+        self.report = report
+        self.bar: Any = None
 
-        def update(self, n=1):
-            _check_cancel(cancel)  # raised inside the download loop, which then stops
-            self.done_bytes += int(n or 0)
-            if on_progress is not None:
-                on_progress(report("downloading", self.done_bytes, self.total_bytes))
-            return super().update(n)
+    def __enter__(self) -> Callable[[int], None]:
+        return self.on_bytes
 
-    return Reporting
+    def on_bytes(self, done_bytes: int) -> None:
+        if self.progress:
+            if self.bar is None:
+                from huggingface_hub.utils import tqdm as hf_tqdm
+
+                self.bar = hf_tqdm(total=self.file.size_bytes, initial=done_bytes, unit="B",
+                                   unit_scale=True, unit_divisor=1024,
+                                   desc=Path(self.file.name).name)
+            else:
+                self.bar.update(done_bytes - self.bar.n)
+        if self.on_progress is not None:
+            self.on_progress(self.report("downloading", done_bytes, self.file.size_bytes))
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.close()

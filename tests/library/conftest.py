@@ -31,14 +31,6 @@ async def hub(aiohttp_server, gguf_bytes, monkeypatch):
     return fake
 
 
-@pytest.fixture
-def small_chunks(monkeypatch):
-    """huggingface_hub reads 10 MiB at a time; 1 KiB makes a tiny file arrive in many updates."""
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1024)
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tokenizer directory the fake engine and the real Service accept as a model."""

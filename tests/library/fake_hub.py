@@ -1,5 +1,6 @@
 """A local stand-in for the Hugging Face hub: the routes huggingface_hub calls to list a model's
-files and download them (model info with file metadata, HEAD and ranged GET of resolve URLs)."""
+files and download them (model info with file metadata, HEAD and ranged GET of resolve URLs,
+answered as the hub's CDN answers them: 206 with Content-Range, 416 past the end)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ class FakeHub:
     """repos: repo id -> {file name: bytes}. corrupt: file names served with other bytes than
     the hash the listing advertises. requests: (method, path) of every request.
     chunk_bytes/chunk_delay_s: send downloads in pieces with a pause between, as a slow link
-    does, so a test can stop a pull halfway."""
+    does, so a test can stop a pull halfway. drop_after_bytes: {file name: n}: the next GET of
+    that file breaks its connection after n bytes of body (once). ranges: (file name, Range
+    header or None) of every GET; served_bytes: body bytes sent per file name."""
 
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     corrupt: set[str] = field(default_factory=set)
@@ -28,6 +31,11 @@ class FakeHub:
     chunk_bytes: int = 0
     chunk_delay_s: float = 0.0
     num_aborted: int = 0  # downloads the client broke off
+    drop_after_bytes: dict[str, int] = field(default_factory=dict)
+    ranges: list[tuple[str, str | None]] = field(default_factory=list)
+    served_bytes: dict[str, int] = field(default_factory=dict)
+    honours_ranges: bool = True  # False: a Range header is ignored (200, the whole file)
+    is_broken: bool = False  # True: every GET's connection breaks before a byte of the body
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -65,24 +73,46 @@ class FakeHub:
         if name in self.corrupt:
             data = bytes(reversed(data))
         status = 200
-        if request.method == "GET" and request.http_range.start is not None:
+        if request.method == "GET":
+            self.ranges.append((name, request.headers.get("Range")))
+        if request.method == "GET" and self.honours_ranges and \
+                request.http_range.start is not None:
             start = request.http_range.start
+            if start >= len(data):
+                raise web.HTTPRequestRangeNotSatisfiable(
+                    headers={"Content-Range": f"bytes */{len(data)}"})
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             data, status = data[start:], 206
-        if request.method != "GET" or not self.chunk_bytes:
+        if request.method != "GET":
             return web.Response(body=data, status=status, headers=headers)
+        drop_at = 0 if self.is_broken else self.drop_after_bytes.pop(name, None)
         response = web.StreamResponse(status=status, headers=headers)
         response.content_length = len(data)
         await response.prepare(request)
+        step = self.chunk_bytes or len(data) or 1
         try:
-            for offset in range(0, len(data), self.chunk_bytes):
-                await response.write(data[offset:offset + self.chunk_bytes])
-                await asyncio.sleep(self.chunk_delay_s)
+            for offset in range(0, len(data), step):
+                piece = data[offset:offset + step]
+                if drop_at is not None and offset + len(piece) >= drop_at:
+                    await self._drop(request, response, name, piece[:drop_at - offset])
+                    return response
+                await response.write(piece)
+                self.served_bytes[name] = self.served_bytes.get(name, 0) + len(piece)
+                if self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
         except (ConnectionError, asyncio.CancelledError):
             self.num_aborted += 1
             raise
         await response.write_eof()
         return response
+
+    async def _drop(self, request: web.Request, response: web.StreamResponse, name: str,
+                    piece: bytes) -> None:
+        """Send piece, then cut the connection mid-body, as a network failure does."""
+        await response.write(piece)
+        self.served_bytes[name] = self.served_bytes.get(name, 0) + len(piece)
+        assert request.transport is not None
+        request.transport.close()  # flushes what was written, then closes: the body stops short
 
 
 @contextlib.contextmanager
