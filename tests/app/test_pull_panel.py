@@ -41,10 +41,7 @@ def window(qtbot, tmp_path):
 
 def test_a_pull_fills_the_bar_and_lands_in_the_library(qtbot, hub, window, gguf_bytes,
                                                        monkeypatch):
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 1024)  # many progress steps
-    hub.chunk_bytes, hub.chunk_delay_s = 1024, 0.02
+    hub.chunk_bytes, hub.chunk_delay_s = 1024, 0.02  # many progress steps
     panel = window.pull_panel
     seen: list[str] = []
     panel.runner.progress.connect(lambda report: seen.append(panel.bar.format()))
@@ -62,9 +59,6 @@ def test_a_pull_fills_the_bar_and_lands_in_the_library(qtbot, hub, window, gguf_
 
 
 def test_cancel_stops_the_download(qtbot, hub, window, monkeypatch):
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 512)
     hub.chunk_bytes, hub.chunk_delay_s = 512, 0.1  # long enough to cancel halfway
     panel = window.pull_panel
     panel.spec.setText("acme/tiny-GGUF:Q8_0")
