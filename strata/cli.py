@@ -138,16 +138,14 @@ def _models_dir_argument(parser: argparse.ArgumentParser) -> None:
                              "else the config file's models-dir, else STRATA_HOME/models)")
 
 
-def _library_dir(args: argparse.Namespace) -> Path | None:
+def _library_dir(args: argparse.Namespace) -> Path:
     """The directory `strata serve` would serve models from, so pull, list and rm work on
-    the same library: the flag, else the settings (environment, config file); None: the
-    catalog's default (STRATA_HOME/models)."""
+    the same library: the flag, else the settings' (environment, config file, default)."""
     if args.models_dir is not None:
         return args.models_dir
     from strata.engine.service.settings import load_settings
 
-    configured = load_settings(None, {}).models_dir
-    return Path(configured).expanduser() if configured else None
+    return load_settings(None, {}).library_dir
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,11 +15,10 @@ import pytest
 
 from strata.engine.core.engine import Engine, EngineConfig
 from strata.engine.protocol import SamplingSpec
-from tests.core.batch_helpers import alone, assert_same_or_near_tie, run_batch
+from tests.core.batch_helpers import BF16_NEAR_TIE, alone, assert_same_or_near_tie, run_batch
 from tests.helpers.tiny_models import make_tiny_hf_model
 
 pytestmark = pytest.mark.gpu
-BF16_NEAR_TIE = 2e-2  # of the largest logit
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3_moe"])

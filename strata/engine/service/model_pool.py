@@ -40,7 +40,7 @@ from strata.engine.service.service import LevelEvent, Service
 from strata.engine.service.settings import ServeSettings
 from strata.engine.service.settings_kinds import SettingsError
 from strata.engine.service.status_schema import ModelRow
-from strata.paths import model_cache_dir, snapshot_dir
+from strata.paths import snapshot_dir
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +92,8 @@ class ModelPool:
 
     @property
     def models_dir(self) -> Path:
-        """--models-dir, else the model cache (where `strata pull` puts models)."""
-        configured = self.settings.models_dir
-        return Path(configured).expanduser() if configured else model_cache_dir()
+        """--models-dir, else the model cache (ServeSettings.library_dir)."""
+        return self.settings.library_dir
 
     @property
     def budget_bytes(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from strata.engine.core.engine_config import EngineConfig
@@ -33,6 +34,7 @@ from strata.engine.service.settings_kinds import (
     Switch,
     Text,
 )
+from strata.paths import model_cache_dir
 from strata.units import GIB
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -225,6 +227,12 @@ class ServeSettings:
         if self.parallel > self.slots:
             raise SettingsError(f"'parallel' must be 0..slots ({self.slots}), "
                                 f"got {self.parallel}")
+
+    @property
+    def library_dir(self) -> Path:
+        """The model library: models_dir, else the model cache (where `strata pull` puts
+        models). The pool serves from it; `strata pull/list/rm` work on it."""
+        return Path(self.models_dir).expanduser() if self.models_dir else model_cache_dir()
 
     @property
     def before_load_argv(self) -> list[str] | None:
