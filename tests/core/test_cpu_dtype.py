@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from strata.engine.core import engine as engine_module
-from strata.engine.core.engine import compute_dtype
+from strata.engine.core import engine_setup as engine_module
+from strata.engine.core.engine_setup import compute_dtype
 from strata.engine.core.random_weights import parameter_bytes, random_weights_config
 
 

@@ -19,7 +19,6 @@ import pkgutil
 import time
 from collections.abc import Iterator, Sequence
 
-import psutil
 import torch
 
 from strata.engine.core import load_phases
@@ -37,6 +36,7 @@ from strata.engine.core.engine_errors import (
     LevelNotApplicable,
     kv_mapping,
 )
+from strata.engine.core.engine_setup import compute_dtype, make_fast_decoder, pick_device
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.load_phases import LoadPhases
 from strata.engine.core.loader import load_model_config
@@ -48,7 +48,6 @@ from strata.engine.core.quant.census import count_parameters, count_quantized
 from strata.engine.core.quant.weight import release_scratch, scratch_bytes
 from strata.engine.core.random_weights import (
     DEFAULT_STD,
-    parameter_bytes,
     random_weights_config,
 )
 from strata.engine.core.residency import ASLEEP, ModelMemory
@@ -61,70 +60,6 @@ __all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMe
            "LevelNotApplicable", "common_prefix_length", "pick_device"]
 
 log = logging.getLogger(__name__)
-
-
-def pick_device(requested: str) -> torch.device:
-    if requested == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if requested == "cuda":
-        raise EngineError("device cuda was asked for but no CUDA GPU is available; use --device cpu")
-    return torch.device("cpu")
-
-
-def compute_dtype(device: torch.device, config: ModelConfig) -> torch.dtype:
-    """bf16 on GPUs (half the bytes per token read). On the CPU float32 (exact parity, and
-    faster for a small model's decode), unless float32 weights would take more than half the
-    RAM: then bf16, which halves them and multiplies large matrices faster on CPUs with bf16
-    instructions (bench/diag_cpu_dtype.py, docs/benchmarks.md)."""
-    if device.type == "cuda":
-        return torch.bfloat16
-    ram_bytes = psutil.virtual_memory().total
-    if parameter_bytes(config, torch.float32) > ram_bytes // 2:
-        log.info("float32 weights would take over half of the %.0f GiB of RAM: bf16 instead",
-                 ram_bytes / (1 << 30))
-        return torch.bfloat16
-    return torch.float32
-
-
-def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: EngineConfig,
-                      step_hook=None, store=None):
-    """(the CUDA-graph decoder for a model on a GPU, where its prefill tuning came from:
-    "stored" | "measured" | "none"); (None, "none") on the CPU or with fast_decode off.
-    config's fast_* fields force pieces on or off; step_hook: a partial expert cache's
-    promotion (ModelMemory.promotion), or None; store: where tuning results are kept
-    (default: the kernel cache's, tuning_store.py)."""
-    if device.type != "cuda" or not config.fast_decode:
-        return None, "none"
-    from strata.engine.core.fast.decode_graph import GraphDecoder
-    from strata.engine.core.fast.tuning_store import TuningStore
-
-    decoder = GraphDecoder(
-        model,
-        use_cuda_graphs=config.fast_cuda_graphs,
-        compile_pointwise=config.fast_compile_pointwise,
-        fused_attention=config.fast_fused_attention,
-        dense_kernels=config.fast_dense_kernels,
-        step_hook=step_hook,
-    )
-    if decoder.note:
-        log.info("fast decode: %s", decoder.note)
-    tuned = decoder.tune_prefill(graphs=config.fast_prefill_graphs,
-                                 store=store if store is not None else TuningStore())
-    if tuned["warm_up_s"]:
-        log.info("prefill kernels compiled in %.1f s", tuned["warm_up_s"])
-    timed = "an earlier load" if tuned["source"] == "stored" else "this load"
-    if seconds := tuned["ops_s"]:
-        log.info("prefill element-wise groups: %s (one chunk, timed by %s: compiled %.1f ms, "
-                 "eager %.1f ms)", "compiled" if decoder.prefill_ops.is_compiled else "eager",
-                 timed, seconds["compiled"] * 1e3, seconds["eager"] * 1e3)
-    if graphs := tuned["graphs"]:
-        log.info("prefill graphs for fresh prompts of up to %d tokens (timed by %s: a chunk "
-                 "replayed in %.1f ms; a called prefill's host time %.1f ms)",
-                 graphs["graph_tokens"], timed, graphs["chunk_replay_s"] * 1e3,
-                 graphs["host_s"] * 1e3)
-    return decoder, tuned["source"]
 
 
 class Engine:

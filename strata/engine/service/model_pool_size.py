@@ -2,7 +2,7 @@
 
 On a GPU a load maps what load_size.py says (weights as stored, the expert cache per its policy,
 a workspace). On the CPU the engine computes in float32 (bf16 past half the RAM,
-engine.compute_dtype), so GGUF blocks are widened: the estimate follows. Once a model has been
+engine_setup.compute_dtype), so GGUF blocks are widened: the estimate follows. Once a model has been
 loaded, what its engine reported (resident + released, every arena) replaces the estimate.
 """
 
@@ -68,7 +68,7 @@ def estimate_size(model_path: str, *, is_gpu: bool, expert_cache: Any = "auto",
         num_params = (size.dense_bytes + size.expert_bytes) // _BF16_BYTES
     width = _FLOAT32_BYTES
     if num_params * _FLOAT32_BYTES > psutil.virtual_memory().total // 2:
-        width = _BF16_BYTES  # engine.compute_dtype's choice on the CPU
+        width = _BF16_BYTES  # engine_setup.compute_dtype's choice on the CPU
     return MemberSize(num_params * width + kv_bytes)
 
 
