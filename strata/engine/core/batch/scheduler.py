@@ -3,7 +3,8 @@
 Up to `num_parallel` sequences run, each in a slot of its own; the rest wait in FIFO order
 (one whose explicit slot a running sequence holds waits for it, and lets later ones pass).
 A step runs at most one prefill chunk (`chunk_tokens` prompt tokens, shared among the
-sequences still prefilling, the shortest remainder first), then one decode step for every
+sequences still prefilling, the shortest remainder first; once a prompt got its first token,
+only prompts that finish within the rest of the chunk join the step), then one decode step for every
 sequence that was decoding, so a long prompt delays the running streams by at most one chunk
 per step, and a short prompt that arrives meanwhile is not queued behind it.
 """
@@ -128,8 +129,12 @@ class BatchScheduler:
         # tokens in the next step instead of after the long one (its TTFT: one chunk + its own).
         prefilling = sorted((s for s in self.running if s.phase is Phase.PREFILL),
                             key=lambda s: len(s.prompt) - s.num_prefilled)
+        gave_first_token = False
         for seq in prefilling:
-            if budget <= 0:
+            remaining = len(seq.prompt) - seq.num_prefilled
+            if budget <= 0 or (gave_first_token and remaining > budget):
+                # A first token made in this step is not held back for a partial chunk of a
+                # longer prompt: the step ends and delivers it (TTFT: its own prefill only).
                 return
             start = seq.num_prefilled
             chunk = seq.prompt[start : start + budget]
@@ -147,6 +152,7 @@ class BatchScheduler:
                 events.append(self._fail(seq, exc))
                 continue
             seq.phase = Phase.DECODE
+            gave_first_token = True
             events.append(self._emit(seq, token, record))
 
     def _decode(self, decoding: list[Sequence], events: list[SequenceEvent]) -> None:
