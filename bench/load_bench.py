@@ -1,7 +1,7 @@
 """How fast a model is ready: in a fresh engine process, in a standby one, and back after an
 unload (issue 18 item 6), through the real Supervisor and engine processes.
 
-    python bench/load_bench.py [MODEL_PATH | --preset smollm2-135m] [--runs 3]
+    python bench/load_bench.py [MODEL_PATH | --preset smollm2-135m] [--runs 3] [--timeout 110]
                                [--context-tokens 4096] [--env NAME=VALUE ...] --json load.json
 
 MODEL_PATH: a GGUF file or Hugging Face directory (default: the embedded default model, which
@@ -13,10 +13,14 @@ Each run measures, in order:
 - unload -> load back: unload (the process exits), a standby process started right behind
   it as the server does, and load into it at once, from the unload's start to ready/token;
 - standby: unload, start a standby, wait until it has imported everything it will
-  (`is_compiler_imported`), then load into it, to ready and to the first token.
+  (`is_warm`), then load into it, to ready and to the first token.
+Each scenario's row prints as soon as it is measured; --timeout S starts no further run once
+the next would likely end past S seconds (the report covers the runs made).
 The engine reports each load's seconds per phase (cuda_init, read_file, map_weights, ...;
 load_phases.py) and whether its prefill tuning was measured or read from the kernel cache
-(fast/tuning_store.py); the table prints them per row. The first run of a machine may fill
+(fast/tuning_store.py), whether its prefill groups compiled at load or after it ("deferred":
+fast/deferred_compile.py) and whether the decode kernels were checked or their verdicts read;
+the table prints them per row. The first run of a machine may fill
 the kernel caches; later runs show what a user's loads cost. --env sets a variable for the
 engine processes (e.g. TORCH_CACHING_PRECOMPILE=1 to try torch's experimental precompile
 cache). Target: ready <= 2 s from the standby; unload -> load back <= the fresh load.
@@ -60,16 +64,31 @@ async def timed_load(supervisor: Supervisor, started_s: float) -> dict:
     await first_token(supervisor)
     return {"ready_s": ready_s, "first_token_s": time.perf_counter() - started_s,
             "tuning": info.get("tuning"), "load_time_s": info.get("load_time_s"),
+            "compile": info.get("compile"), "kernel_check": info.get("kernel_check"),
             "phases_s": info.get("load_phases_s", {})}
 
 
-async def wait_for_warm_standby(supervisor: Supervisor) -> float:
-    """Seconds until the standby has imported what it will: it answers its first GetStatus
-    only after those imports (process.py: EngineLoop.run)."""
+async def wait_for_warm_standby(supervisor: Supervisor, timeout_s: float = 120.0) -> float:
+    """Seconds until the standby has imported what it will (`is_warm`: its imports run on a
+    thread while it already answers, process.py)."""
     started_s = time.perf_counter()
-    if await supervisor.standby_status() is None:
-        raise SystemExit("the standby process exited; see the engine's log above")
+    while time.perf_counter() - started_s < timeout_s:
+        status = await supervisor.standby_status()
+        if status is None:
+            raise SystemExit("the standby process exited; see the engine's log above")
+        if status.engine.standby.get("is_warm", True):
+            break
+        await asyncio.sleep(0.1)
     return time.perf_counter() - started_s
+
+
+def print_row(scenario: str, row: dict) -> None:
+    """One scenario's figures as soon as they are measured (a run cut short still shows)."""
+    phases = {k.removesuffix("_s"): v for k, v in row["phases_s"].items() if v >= 0.005}
+    print(f"    {scenario}: ready {row['ready_s']:.2f} s, first token "
+          f"{row['first_token_s']:.2f} s, tuning {row['tuning']}, compile {row['compile']}, "
+          f"kernel check {row['kernel_check']}; phases "
+          + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
 
 
 async def one_run(config: EngineConfig) -> dict[str, dict]:
@@ -77,6 +96,7 @@ async def one_run(config: EngineConfig) -> dict[str, dict]:
     rows: dict[str, dict] = {}
     try:
         rows["fresh"] = await timed_load(supervisor, time.perf_counter())
+        print_row("fresh", rows["fresh"])
 
         started_s = time.perf_counter()
         await supervisor.stop()
@@ -84,13 +104,15 @@ async def one_run(config: EngineConfig) -> dict[str, dict]:
         await supervisor.start_standby()
         rows["unload -> load back"] = {**await timed_load(supervisor, started_s),
                                        "unload_s": unload_s}
+        print_row("unload -> load back", rows["unload -> load back"])
 
         await supervisor.stop()
         await supervisor.start_standby()
         warm_s = await wait_for_warm_standby(supervisor)
-        await asyncio.sleep(1.0)  # an idle standby, as a user's would be
+        await asyncio.sleep(0.5)  # an idle standby, as a user's would be
         rows["standby"] = {**await timed_load(supervisor, time.perf_counter()),
                            "standby_imports_s": warm_s}
+        print_row("standby", rows["standby"])
     finally:
         await supervisor.stop()
         await supervisor.stop_standby()
@@ -166,6 +188,9 @@ def main() -> int:
     parser.add_argument("--preset", help="bench a random-weight preset written as a GGUF "
                         "(e.g. smollm2-135m, the default model's shape) instead")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=110.0, metavar="S",
+                        help="start no further run once the next would likely end past S "
+                        "seconds (each run's rows print as they are measured)")
     parser.add_argument("--context-tokens", type=int, default=4096)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -204,12 +229,18 @@ def bench(args: argparse.Namespace) -> int:
     config = EngineConfig(model_path=args.model, device=args.device,
                           context_tokens=args.context_tokens)
     runs = []
+    started_s = time.perf_counter()
     for index in range(args.runs):
+        if runs and time.perf_counter() - started_s > args.timeout * (1 - 1 / (len(runs) + 1)):
+            # The next run would likely end past the budget: report what was measured.
+            print(f"  stopping after {len(runs)} runs: --timeout {args.timeout:.0f} s",
+                  flush=True)
+            break
+        print(f"  run {index + 1} of {args.runs}", flush=True)
         runs.append(asyncio.run(one_run(config)))
-        print(f"  run {index + 1} of {args.runs} done", flush=True)
     figures = summary_figures(runs)
     report = {"benchmark": "load", "hardware": hardware(),
-              "params": {"model": args.preset or args.model, "runs": args.runs,
+              "params": {"model": args.preset or args.model, "runs": len(runs),
                          "context_tokens": args.context_tokens, "env": args.env,
                          "kernel_cache": args.kernel_cache},
               "figures": figures, "runs": runs}

@@ -110,15 +110,21 @@ class Engine:
         without creating a CUDA context, so the next load pays only for the model: the
         loaders and model files (whose attention imports torch._dynamo: seconds), and for a
         GPU load torch.compile's inductor, the fast decoder and the kernels, and the source
-        hashes torch.compile and Triton key their caches with (fast/compiler_keys.py)."""
+        hashes torch.compile and Triton key their caches with (fast/compiler_keys.py).
+
+        The process runs this on a thread while it serves (process.py), so what a load needs
+        first comes first: Strata's modules (none imports the compiler), then the compiler,
+        which a load that has run before needs only after it is ready."""
         packages = ["strata.engine.core.loader", "strata.engine.core.models"]
-        names: list[str] = []
+        compiler: list[str] = []
         if getattr(config, "device", "auto") != "cpu" and torch.cuda.is_available():
-            names += ["torch._dynamo", "torch._inductor.compile_fx"]
+            compiler = ["torch._dynamo", "torch._inductor.compile_fx"]
             packages += ["strata.engine.core.fast", "strata.engine.core.quant"]
+        names: list[str] = []
         for package in packages:
             module = importlib.import_module(package)
             names += [info.name for info in pkgutil.iter_modules(module.__path__, package + ".")]
+        names += compiler
         for name in names:
             importlib.import_module(name)
         if "torch._dynamo" in names:
@@ -220,6 +226,12 @@ class Engine:
             "load_time_s": round(self.load_time_s, 3),
             "load_phases_s": dict(self.load_phases_s),
             "tuning": self.tuning_source,
+            # When the prefill groups compile (none | at_load | deferred: after the load,
+            # deferred_compile.py) and whether that is done; where the decode kernels'
+            # verdicts came from (none | checked | stored).
+            "compile": self.fast.compile if self.fast is not None else "none",
+            "compile_state": self.fast.deferred.state if self.fast is not None else "none",
+            "kernel_check": self.fast.kernel_check if self.fast is not None else "none",
             "expert_cache": self.memory.expert_mode,
         }
 
@@ -305,6 +317,27 @@ class Engine:
     def has_work(self) -> bool:
         """Whether any request runs or waits (step() has something to do)."""
         return self.scheduler is not None and self.scheduler.has_work
+
+    @property
+    def has_deferred_work(self) -> bool:
+        """Whether the load left work to run once idle (run_deferred_step): compiling the
+        prefill groups, checking the decode kernels (fast/deferred_compile.py). False while
+        a request runs or waits, and while asleep or with the experts released (a warm-up
+        prefill reads them)."""
+        if self.fast is None or not self.fast.has_deferred_work or self.has_work:
+            return False
+        try:
+            self.memory.check_resident()
+        except EngineError:
+            return False
+        return True
+
+    def run_deferred_step(self) -> str:
+        """Run one short step of the load's deferred work (the caller checks
+        has_deferred_work first); its name. Raises what the step raised: the work then ends,
+        and the engine keeps serving as it did (eager prefill groups)."""
+        self.memory.check_resident()
+        return self.fast.run_deferred_step()
 
     def batch_status(self) -> dict:
         """{"running", "waiting", "parallel"}: the batch now, for /v1/status."""

@@ -45,14 +45,20 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
                       step_hook=None, store=None):
     """(the CUDA-graph decoder for a model on a GPU, where its prefill tuning came from:
     "stored" | "measured" | "none"); (None, "none") on the CPU or with fast_decode off.
-    config's fast_* fields force pieces on or off; step_hook: a partial expert cache's
-    promotion (ModelMemory.promotion), or None; store: where tuning results are kept
-    (default: the kernel cache's, tuning_store.py)."""
-    if device.type != "cuda" or not config.fast_decode:
+    config's fast_* fields force pieces on or off; on the CPU, fast_compile_pointwise=True
+    builds the decoder too (eagerly, no graphs: what CPU tests of the load's compile use).
+    step_hook: a partial expert cache's promotion (ModelMemory.promotion), or None; store:
+    where tuning results are kept (default: the kernel cache's, tuning_store.py).
+
+    A load whose timings and kernel verdicts are stored leaves the compiling until it is
+    ready (deferred_compile.py): the decoder's `has_deferred_work`."""
+    is_forced_on_cpu = device.type == "cpu" and config.fast_compile_pointwise is True
+    if (device.type != "cuda" and not is_forced_on_cpu) or not config.fast_decode:
         return None, "none"
     from strata.engine.core.fast.decode_graph import GraphDecoder
     from strata.engine.core.fast.tuning_store import TuningStore
 
+    store = store if store is not None else TuningStore()
     decoder = GraphDecoder(
         model,
         use_cuda_graphs=config.fast_cuda_graphs,
@@ -60,11 +66,14 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
         fused_attention=config.fast_fused_attention,
         dense_kernels=config.fast_dense_kernels,
         step_hook=step_hook,
+        store=store,
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
-    tuned = decoder.tune_prefill(graphs=config.fast_prefill_graphs,
-                                 store=store if store is not None else TuningStore())
+    tuned = decoder.tune_prefill(graphs=config.fast_prefill_graphs, store=store,
+                                 defer_compile=True)
+    if tuned["compile"] == "deferred":
+        log.info("prefill groups compile after the load is ready; eager until then")
     if tuned["warm_up_s"]:
         log.info("prefill kernels compiled in %.1f s", tuned["warm_up_s"])
     timed = "an earlier load" if tuned["source"] == "stored" else "this load"

@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -43,6 +44,9 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(kernel_cache_dir() / "induc
 os.environ.setdefault("TRITON_CACHE_DIR", str(kernel_cache_dir() / "triton"))
 
 DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
+# How long the loop waits for a command before it runs a step of a load's deferred work
+# (engine.has_deferred_work): a request sent right after the Load reply runs first.
+DEFERRED_WORK_IDLE_S = 0.25
 
 # Commands answered by an engine method of this name when the engine has one (lifecycle work
 # adds them); an engine without it answers not_applicable.
@@ -157,6 +161,7 @@ class EngineLoop:
         self.unsent: dict[str, tuple[list[int], list[p.TokenLogprob]]] = {}
         self._factory: Callable[[Any], Any] | None = None
         self._factory_error: BaseException | None = None
+        self._warming: threading.Thread | None = None  # the standby's imports (run)
 
     # ---- pipe ------------------------------------------------------------------------------
 
@@ -196,14 +201,15 @@ class EngineLoop:
         except Exception as exc:  # noqa: BLE001 - reported on Load, where the host listens
             traceback.print_exc(file=sys.stderr)
             self._factory_error = exc
-        # Then what a GPU load would import on its critical path (torch.compile's compiler,
-        # the kernels), still without a CUDA context (issue 18: load from standby).
+        # Then what a GPU load would import (torch.compile's compiler, the kernels), still
+        # without a CUDA context, on a thread of its own: a Load that comes meanwhile starts
+        # at once instead of waiting seconds for the compiler (issue 18: load from standby),
+        # and a load that has run before needs no compiler until it is ready.
         warm_imports = getattr(self._factory, "warm_imports", None)
         if warm_imports is not None:
-            try:
-                warm_imports(self.config)
-            except Exception:
-                log.warning("warming the standby's imports failed", exc_info=True)
+            self._warming = threading.Thread(target=self._warm_imports, args=(warm_imports,),
+                                             name="strata-warm-imports", daemon=True)
+            self._warming.start()
         while True:
             if self._is_batch_running():
                 self._read_during_batch()
@@ -211,8 +217,45 @@ class EngineLoop:
             elif self.pending:
                 if not self.handle(self.pending.popleft()):
                     return
+            elif self._has_deferred_work():
+                # What the load left for later runs a step at a time once nothing has come
+                # for a moment, so a request right after the load runs first.
+                if self._poll(DEFERRED_WORK_IDLE_S):
+                    if not self.handle(self.recv()):
+                        return
+                elif not self._is_warming():  # compiling needs the compiler imported
+                    self._run_deferred_step()
             elif not self.handle(self.recv()):
                 return
+
+    def _warm_imports(self, warm_imports: Callable[[Any], Any]) -> None:
+        try:
+            warm_imports(self.config)
+        except Exception:  # an optimisation: the load imports what it needs
+            log.warning("warming the standby's imports failed", exc_info=True)
+
+    def _is_warming(self) -> bool:
+        return self._warming is not None and self._warming.is_alive()
+
+    def _has_deferred_work(self) -> bool:
+        return bool(getattr(self.engine, "has_deferred_work", False))
+
+    def _poll(self, timeout_s: float) -> bool:
+        try:
+            return self.conn.poll(timeout_s)
+        except (EOFError, ConnectionResetError, OSError) as exc:
+            raise _HostGone() from exc
+
+    def _run_deferred_step(self) -> None:
+        """One step of the engine's deferred load work; a failing step ends that work with a
+        log line (the engine keeps serving as it did: eager prefill groups)."""
+        try:
+            name = self.engine.run_deferred_step()
+        except Exception:  # never fail the process for an optimisation
+            log.warning("work deferred from the load failed; prefill stays eager",
+                        exc_info=True)
+            return
+        log.debug("deferred load work: %s", name)
 
     def _is_batch_running(self) -> bool:
         return self.engine is not None and self.engine.has_work
@@ -324,7 +367,8 @@ class EngineLoop:
 
     def _standby_info(self) -> dict[str, bool]:
         """What a process without a model has ready: the engine module (torch) imported, and
-        whether CUDA was touched (it must not be: a standby holds no VRAM)."""
+        whether CUDA was touched (it must not be: a standby holds no VRAM), and whether its
+        warm-up imports (the compiler, the kernels: a thread of their own) are done."""
         torch = sys.modules.get("torch")
         is_cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
         return {
@@ -332,6 +376,7 @@ class EngineLoop:
             "is_torch_imported": torch is not None,
             "is_cuda_initialized": is_cuda_initialized,
             "is_compiler_imported": "torch._dynamo" in sys.modules,
+            "is_warm": self._factory is not None and not self._is_warming(),
         }
 
     def level_command(self, command: Any, command_id: int) -> p.Event:

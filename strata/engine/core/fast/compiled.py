@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import types
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -29,18 +30,29 @@ log = logging.getLogger(__name__)
 _DYNAMIC_COPIES: dict[Callable, Callable] = {}
 
 
-def _eager_unless_compiled(compiled: Callable, eager: Callable) -> Callable:
-    """compiled, until torch.compile cannot give a variant (its recompile limit, which
-    fullgraph makes an error, or an op this build cannot compile): from then on eager, with
-    one warning, instead of failing requests."""
-    from torch._dynamo.exc import BackendCompilerFailed, FailOnRecompileLimitHit, Unsupported
+def _eager_unless_compiled(make_compiled: Callable[[], Callable], eager: Callable) -> Callable:
+    """make_compiled()'s function, until torch.compile cannot give a variant (its recompile
+    limit, which fullgraph makes an error, or an op this build cannot compile): from then on
+    eager, with one warning, instead of failing requests.
 
-    current = [compiled]
+    torch.compile is called on the first call, not here: it imports torch._dynamo (seconds),
+    which a load whose compiling is deferred (deferred_compile.py) must not wait for."""
+    current: list[Callable | None] = [None]
+    no_variant: list[tuple[type[BaseException], ...]] = [()]
 
     def call(*args):
+        if current[0] is None:
+            from torch._dynamo.exc import (
+                BackendCompilerFailed,
+                FailOnRecompileLimitHit,
+                Unsupported,
+            )
+
+            no_variant[0] = (FailOnRecompileLimitHit, BackendCompilerFailed, Unsupported)
+            current[0] = make_compiled()
         try:
             return current[0](*args)
-        except (FailOnRecompileLimitHit, BackendCompilerFailed, Unsupported) as exc:
+        except no_variant[0] as exc:
             if current[0] is eager:
                 raise
             log.warning("%s: torch.compile gave no variant (%s); running it eagerly",
@@ -77,7 +89,8 @@ def compiled_ops(dynamic: bool = False) -> PointwiseOps:
             if fn not in _DYNAMIC_COPIES:
                 _DYNAMIC_COPIES[fn] = _own_code(fn)
             fn = _DYNAMIC_COPIES[fn]
-        return _eager_unless_compiled(torch.compile(fn, dynamic=dynamic, fullgraph=True), fn)
+        return _eager_unless_compiled(
+            partial(torch.compile, fn, dynamic=dynamic, fullgraph=True), fn)
 
     return PointwiseOps(
         rms_norm=compile_one(rms_norm),

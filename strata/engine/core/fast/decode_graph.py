@@ -13,14 +13,17 @@ eagerly, which is what CPU tests check.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 import torch
 
-from strata.engine.core.fast import tuning
+from strata.engine.core.fast import kernel_checks, tuning
 from strata.engine.core.fast.compiled import compiled_ops
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
+from strata.engine.core.fast.deferred_compile import DeferredWork
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
 from strata.engine.core.fast.moe_grouped import is_grouped_capable, select_moe_impl
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
@@ -35,6 +38,8 @@ from strata.engine.core.fast.static_step import (
     bucket_for,
     kv_buckets,
 )
+from strata.engine.core.fast.tuning_store import TuningStore
+from strata.engine.core.kernels import pdl
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.protocol import SamplingSpec, TokenLogprob
@@ -61,9 +66,11 @@ class GraphDecoder:
         fused_attention: bool | None = None,
         dense_kernels: bool | None = None,
         step_hook: StepHook | None = None,
+        store: TuningStore | None = None,
     ):
         """step_hook: called around every decode step; used only by the grouped MoE paths
-        (a partial expert cache's promotion; its loop path moves experts itself)."""
+        (a partial expert cache's promotion; its loop path moves experts itself). store:
+        where the decode kernels' verdicts are kept (kernel_checks.py); None: always check."""
         self.model = model
         self.device = next(model.parameters()).device
         is_cuda = self.device.type == "cuda"
@@ -87,10 +94,17 @@ class GraphDecoder:
         if compile_pointwise if compile_pointwise is not None else is_cuda:
             ops = compiled_ops()
             prefill_ops = compiled_ops(dynamic=True)  # chunk lengths vary per prompt
-        ops, notes = tuning.decode_kernels(
-            model, self.device, ops,
-            fused_attention=fused_attention if fused_attention is not None else is_cuda,
-            dense_kernels=dense_kernels if dense_kernels is not None else is_cuda)
+        self._kernels_asked = {
+            "fused_attention": fused_attention if fused_attention is not None else is_cuda,
+            "dense_kernels": dense_kernels if dense_kernels is not None else is_cuda}
+        ops, notes, self.kernel_check = kernel_checks.decode_kernels(
+            model, self.device, ops, **self._kernels_asked, store=store)
+        # Work left for after the load is ready (deferred_compile.py); a load that read the
+        # kernels' verdicts checks them again there, which also loads them.
+        self.deferred = DeferredWork()
+        if self.kernel_check == "stored":
+            self.deferred.add([("check decode kernels", partial(self._recheck_kernels, store))])
+        self.compile = "none"  # the prefill groups: none | at_load | deferred
         for text in notes:
             self._add_note(text)
         self.min_bucket_tokens = min_bucket_tokens
@@ -164,13 +178,54 @@ class GraphDecoder:
 
     # ---- load-time tuning (tuning.py) ---------------------------------------------------------
 
-    def tune_prefill(self, graphs: bool = True, store: tuning.TuningStore | None = None) -> dict:
+    def tune_prefill(self, graphs: bool = True, store: TuningStore | None = None,
+                     defer_compile: bool = False) -> dict:
         """What a load does before the first request: compile (warm_up_prefill), keep the
         faster element-wise groups for called prefills (choose_prefill_ops), then turn on
         prefill graphs where they pay (plan_prefill_graphs; graphs=False: never). With a
         store the timings of an earlier load on this GPU and model are reused (tuning.py's
-        tune_prefill). Returns what each found and where it came from ("source")."""
-        return tuning.tune_prefill(self.prefiller, self.use_cuda_graphs and graphs, store)
+        tune_prefill), and with defer_compile too the compiling is left to
+        run_deferred_step. Returns what each found, where it came from ("source") and when
+        the groups compile ("compile")."""
+        tuned = tuning.tune_prefill(self.prefiller, self.use_cuda_graphs and graphs, store,
+                                    defer_compile=defer_compile)
+        self.deferred.add(tuned.pop("deferred"))
+        self.compile = tuned["compile"]
+        return tuned
+
+    @property
+    def has_deferred_work(self) -> bool:
+        """Whether the load left work for later (run_deferred_step)."""
+        return self.deferred.has_steps
+
+    def run_deferred_step(self) -> str:
+        """Run the next step of the load's deferred work; its name. Not during a request."""
+        return self.deferred.run_next()
+
+    def _recheck_kernels(self, store: TuningStore | None) -> None:
+        """Check the decode kernels whose verdicts the load read; one that fails now is
+        turned off (its decode graphs dropped) and the new verdicts stored."""
+        ops = self.ops
+        use_pdl = bool(self._kernels_asked["dense_kernels"]) and pdl.is_supported(self.device)
+        verdicts = kernel_checks.check(self.model, self.device, **self._kernels_asked,
+                                       use_pdl=use_pdl)
+        off: dict[str, bool] = {}
+        if ops.fused_attention and verdicts.attention:
+            off["fused_attention"] = False
+            self._add_note("torch attention")
+        if ops.dense_kernels and verdicts.dense:
+            off.update(dense_kernels=False, pdl=False)
+            self._add_note("torch projections")
+        if not off:
+            return
+        log.warning("decode kernels failed their check after the load (%s): turned off",
+                    "; ".join(v for v in (verdicts.attention, verdicts.dense) if v))
+        self.clear()  # graphs captured with them
+        self.ops = dataclasses.replace(ops, **off)
+        if store is not None:
+            key = kernel_checks.verdicts_key(self.model, self.device, **self._kernels_asked,
+                                             use_pdl=use_pdl)
+            store.write(key, verdicts.as_json())
 
     def warm_up_prefill(self, num_tokens: int = 23) -> float:
         """tuning.warm_up_prefill: compile the prefill groups now; the seconds spent."""

@@ -72,6 +72,20 @@ class PrefillRunner:
                              f"tokens, not {max_tokens}")
         self.graphs = PrefillGraphs(self.padded, self.device, max_tokens) if max_tokens else None
 
+    @property
+    def graph_ops(self) -> PointwiseOps:
+        """The element-wise groups prefill graphs capture (compiled, unless compiling was
+        deferred and has not finished: deferred_compile.py)."""
+        return self._graph_ops
+
+    def set_ops(self, ops: PointwiseOps, graph_ops: PointwiseOps) -> None:
+        """Called prefills run ops and graphs capture graph_ops from now on; graphs captured
+        with other ops are dropped (the next fresh prompt captures again)."""
+        self.ops = ops
+        if graph_ops is not self._graph_ops:
+            self._graph_ops = graph_ops
+            self.drop_graphs()
+
     def drop_graphs(self) -> None:
         """Give the prefill graphs' memory pool back; the next fresh prompt captures again."""
         if self.graphs is not None:

@@ -1,14 +1,14 @@
 """What a load checks and measures before the first request, so requests pay for none of it.
 
-- Decode kernels (`decode_kernels`): the Triton attention, projections and norms are turned on
-  only where they match torch on this device, and PDL only where the GPU has it.
+- Decode kernels: kernel_checks.py (checked at a first load, the verdicts stored).
 - Prefill (`warm_up_prefill`, `choose_prefill_ops`, `plan_prefill_graphs`): compile the
   element-wise groups now, keep them for called prefills only where they beat eager ones
   here, and replay fresh prompts from graphs up to the length where that beats calling them.
   Figures behind each choice: docs/benchmarks.md, "Decode and prefill speed".
 - `tune_prefill` runs the three in order; given a TuningStore (tuning_store.py) it keeps the
   timings per GPU and model on disk, and a later load on the same GPU, software and model
-  decides from them without timing anything again (issue 18 item 6).
+  decides from them without timing anything again (issue 18 item 6); such a load may also
+  leave the compiling to after it is ready (`defer_compile`, deferred_compile.py).
 """
 
 from __future__ import annotations
@@ -22,19 +22,17 @@ from functools import partial
 import torch
 
 from strata.engine.core import load_phases
-from strata.engine.core.fast import decode_dense
-from strata.engine.core.fast.decode_attention import check_fused
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast import deferred_compile
+from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.fast.prefill_graph import MIN_BUCKET_TOKENS, PrefillGraphs, graph_tokens
 from strata.engine.core.fast.prefill_runner import PrefillRunner
+from strata.engine.core.fast.prefill_warm import warm_cudnn_plan, warm_prefill_pass
 from strata.engine.core.fast.tuning_store import (
     TuningKey,
     TuningStore,
     device_identity,
     model_identity,
 )
-from strata.engine.core.kernels import pdl
-from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -44,40 +42,12 @@ log = logging.getLogger(__name__)
 EAGER_PREFILL_MARGIN = 0.05
 
 
-def decode_kernels(model: torch.nn.Module, device: torch.device, ops: PointwiseOps, *,
-                   fused_attention: bool, dense_kernels: bool,
-                   ) -> tuple[PointwiseOps, list[str]]:
-    """ops with the Triton decode attention and/or projection kernels turned on where asked
-    and where they match torch here; and a note for each one left off."""
-    notes = []
-    if fused_attention:
-        attn = model.model.layers[0].self_attn
-        with load_phases.phase("check_kernels"):
-            reason = check_fused(attn, next(model.parameters()).dtype, device)
-        if reason:
-            log.warning("fused decode attention off (%s); decoding with torch attention", reason)
-            notes.append("torch attention")
-        else:
-            ops = dataclasses.replace(ops, fused_attention=True)
-    if dense_kernels:
-        use_pdl = pdl.is_supported(device)
-        with load_phases.phase("check_kernels"):
-            reason = decode_dense.check_kernels(model, use_pdl)
-        if reason:
-            log.warning("Triton projections and norms off (%s); decoding with torch", reason)
-            notes.append("torch projections")
-        else:
-            ops = dataclasses.replace(ops, dense_kernels=True, pdl=use_pdl)
-    return ops, notes
-
-
 def faster_prefill_ops(seconds: dict[str, float]) -> str:
     """"eager" when its chunk took at least EAGER_PREFILL_MARGIN less time than compiled's."""
     return "eager" if seconds["eager"] < seconds["compiled"] * (1 - EAGER_PREFILL_MARGIN) \
         else "compiled"
 
 
-@torch.inference_mode()
 def warm_up_prefill(prefiller: PrefillRunner, num_tokens: int = 23) -> float:
     """Compile the prefill's element-wise groups now (one short prefill into a scratch cache),
     so the first request does not pay it; on CUDA also build cuDNN's plan for a full chunk's
@@ -92,26 +62,8 @@ def warm_up_prefill(prefiller: PrefillRunner, num_tokens: int = 23) -> float:
     if not prefiller.ops.is_compiled:
         return 0.0
     started_s = time.perf_counter()
-    model, device = prefiller.model, prefiller.device
-    config = model.config
-    dtype = next(model.parameters()).dtype
-    kv = KVCache.for_config(config, num_tokens, dtype, device)
-    ids = torch.arange(num_tokens, device=device) % config.vocab_size
-    prefiller.called(kv, ids, 0)
-    if device.type == "cuda":
-        # cuDNN builds a plan per new length: build the full chunk's now.
-        attn = model.model.layers[0].self_attn
-        chunk, head_dim = prefiller.chunk_tokens, attn.head_dim
-
-        # Laid out as attention_prefill passes them ([T, heads, D] transposed), in case
-        # cuDNN keys its plans on strides as well as shapes.
-        def rows(num_heads: int) -> torch.Tensor:
-            return torch.zeros(chunk, num_heads, head_dim, dtype=dtype,
-                               device=device).transpose(0, 1)
-
-        keys = rows(attn.num_kv_heads)
-        flash_attention(rows(attn.num_heads), keys, keys, prefer_cudnn=True)
-        torch.cuda.synchronize(device)
+    warm_prefill_pass(prefiller, prefiller.ops, num_tokens)
+    warm_cudnn_plan(prefiller)
     return time.perf_counter() - started_s
 
 
@@ -171,33 +123,46 @@ def plan_prefill_graphs(prefiller: PrefillRunner, use_cuda_graphs: bool,
 
 
 def tune_prefill(prefiller: PrefillRunner, use_cuda_graphs: bool,
-                 store: TuningStore | None = None, repeats: int = 2) -> dict:
+                 store: TuningStore | None = None, repeats: int = 2,
+                 defer_compile: bool = False) -> dict:
     """What a load does for prefill before the first request: compile the groups
     (warm_up_prefill), then choose the element-wise groups (choose_prefill_ops) and plan the
     prefill graphs (plan_prefill_graphs, only where use_cuda_graphs).
 
     With a store, the timings come from the file kept for this GPU, software and model when
-    there is a valid one (no timing run at all), and are written there when measured.
-    Returns {"warm_up_s", "ops_s", "graphs", "source"}: source is "stored", "measured", or
-    "none" (nothing to tune: no compiled groups and no graphs)."""
-    with load_phases.phase("compile"):
-        warm_up_s = warm_up_prefill(prefiller)
+    there is a valid one (no timing run at all), and are written there when measured. With
+    stored timings and defer_compile, nothing compiles either: the prefill runs the same ops
+    eagerly until the returned "deferred" steps have compiled them (deferred_compile.py).
+    Returns {"warm_up_s", "ops_s", "graphs", "source", "compile", "deferred"}: source is
+    "stored", "measured", or "none" (nothing to tune: no compiled groups and no graphs);
+    compile is "at_load", "deferred" or "none"; deferred: (name, step) pairs to run later."""
+    compiled = prefiller.ops
     wants_graphs = use_cuda_graphs and prefiller.is_capturable
-    if not prefiller.ops.is_compiled and not wants_graphs:
+    if not compiled.is_compiled and not wants_graphs:
         prefiller.graphs = None
-        return {"warm_up_s": warm_up_s, "ops_s": {}, "graphs": {}, "source": "none"}
+        return {"warm_up_s": 0.0, "ops_s": {}, "graphs": {}, "source": "none",
+                "compile": "none", "deferred": []}
     key = tuning_key(prefiller, use_cuda_graphs) if store is not None else None
     stored = store.read(key) if store is not None else None
+    at_load = "at_load" if compiled.is_compiled else "none"
+    if (stored is not None and defer_compile and compiled.is_compiled
+            and apply_stored(prefiller, use_cuda_graphs, stored)):
+        steps = deferred_compile.defer_prefill_compile(prefiller, compiled)
+        return {"warm_up_s": 0.0, "ops_s": stored["ops_s"], "graphs": stored["graphs"],
+                "source": "stored", "compile": "deferred", "deferred": steps}
+    with load_phases.phase("compile"):
+        warm_up_s = warm_up_prefill(prefiller)
     if stored is not None and apply_stored(prefiller, use_cuda_graphs, stored):
         return {"warm_up_s": warm_up_s, "ops_s": stored["ops_s"], "graphs": stored["graphs"],
-                "source": "stored"}
+                "source": "stored", "compile": at_load, "deferred": []}
     with load_phases.phase("tune"):
         ops_s = choose_prefill_ops(prefiller, repeats)
     with load_phases.phase("capture_graphs"):
         graphs = plan_prefill_graphs(prefiller, use_cuda_graphs, repeats)
     if store is not None:
         store.write(key, {"ops_s": ops_s, "graphs": graphs})
-    return {"warm_up_s": warm_up_s, "ops_s": ops_s, "graphs": graphs, "source": "measured"}
+    return {"warm_up_s": warm_up_s, "ops_s": ops_s, "graphs": graphs, "source": "measured",
+            "compile": at_load, "deferred": []}
 
 
 def tuning_key(prefiller: PrefillRunner, use_cuda_graphs: bool) -> TuningKey:

@@ -7,6 +7,8 @@ so a later load reads it back and skips the timing runs. The key has two parts:
 - the model's content: its config, every module's class, and each weight's shape, dtype and
   GGML type (never the file's path: a copied or renamed file is the same model), plus the
   decoder's settings that change what is timed (chunk, MoE path, kernels, graphs).
+The decode kernels' correctness checks are kept the same way (kind "kernels", with a hash of
+the kernels' source in the key: kernel_checks.py).
 One small JSON file per key under kernel_cache_dir()/tuning, written to a temp name and
 renamed; a file that is unreadable, of another schema or of another key is ignored with one
 log line, and the load tunes again and overwrites it.
@@ -28,7 +30,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-FILE_PREFIX = "prefill-"
+FILE_PREFIX = "prefill-"  # the prefill timings' files; kernel checks' are "kernels-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +41,9 @@ class TuningKey:
     device: Mapping[str, Any]
     model: Mapping[str, Any]
     settings: Mapping[str, Any]
+    # What is stored: "prefill" (tuning.py's timings) or "kernels" (kernel_checks.py's
+    # verdicts); the file name's prefix, so the two never share a file.
+    kind: str = "prefill"
 
     def as_json(self) -> dict[str, Any]:
         """The key as stored in the file (compared whole on read)."""
@@ -67,7 +72,7 @@ class TuningStore:
         self.directory = Path(directory) if directory is not None else default_dir()
 
     def path_for(self, key: TuningKey) -> Path:
-        return self.directory / f"{FILE_PREFIX}{key.digest}.json"
+        return self.directory / f"{key.kind}-{key.digest}.json"
 
     def read(self, key: TuningKey) -> dict[str, Any] | None:
         """The result stored for key, or None: none stored, or one that is corrupt, of

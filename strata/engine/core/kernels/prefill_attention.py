@@ -28,7 +28,6 @@ import logging
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +44,10 @@ def _mask_args(num_tokens: int, num_keys: int) -> tuple[object, bool]:
         return None, False  # one query sees every key
     if num_tokens == num_keys:
         return None, True
+    # Imported here: torch.nn.attention.bias imports torch._dynamo (seconds), which a load
+    # must not wait for while a standby still imports it (issue 18: load from standby).
+    from torch.nn.attention.bias import causal_lower_right
+
     return causal_lower_right(num_tokens, num_keys), False
 
 
