@@ -303,6 +303,11 @@ def table(report: dict) -> str:
             f"{r['request_during']['answer'][:22]:>22} {r['back_s']!s:>7} "
             f"{r['followup_cached_tokens']!s:>7} {r['cold_ttft_s'] or 0:9.3f} "
             f"{r['followup_ttft_s'] or 0:11.3f}")
+    # unload's target: back within the time the model took to come up at the start (a fresh
+    # engine process to ready), which is what a user waits for without Strata's standby.
+    lines.append(f"first load (service start to ready): {report['first_load_s']} s; restore "
+                 f"loads: " + ", ".join(f"{r['action']} {r['load_time_s']} s"
+                                        for r in report["rows"] if r["action"] == "unload"))
     for d in report.get("decode_by_resident_fraction") or []:
         lines.append(f"decode with {d['fraction_resident']:.0%} of the experts resident "
                      f"({d['num_slots']} slots): {d['decode_tok_s']} tok/s")

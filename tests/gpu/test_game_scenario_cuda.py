@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from game_scenario import run
+from game_scenario import run, table
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -25,6 +25,7 @@ async def test_every_action_gives_the_vram_to_the_game_and_comes_back_with_the_c
                                                "offload_session", "sleep", "unload"],
                      cpu_dry_run=False, trigger="process")
     report = await run(args)
+    print(table(report))  # the figures for docs/benchmarks.md (pytest -s)
     rows = {row["action"]: row for row in report["rows"]}
     for action, row in rows.items():
         assert row["game_ok"] and row["game_exit_code"] == 0, (action, row)  # it got its VRAM
