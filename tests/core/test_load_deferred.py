@@ -17,7 +17,7 @@ import pytest
 
 from strata.engine import protocol as p
 from strata.engine.core.engine_config import EngineConfig
-from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, engine_main
+from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, DEFERRED_WORK_IDLE_S, engine_main
 from tests.helpers.gated_warm_engine import FACTORY as GATED_FACTORY
 from tests.helpers.gated_warm_engine import GATE_ENV
 from tests.helpers.tiny_models import make_tiny_hf_model
@@ -87,13 +87,15 @@ def load(engine: Pipe) -> dict:
 
 
 def wait_for_deferred_work(engine: Pipe, timeout_s: float = 300.0) -> dict:
-    """The engine's model info once its deferred load work has ended."""
+    """The engine's model info once its deferred load work has ended. Asked more often
+    than the loop's idle wait (process.DEFERRED_WORK_IDLE_S), as a status-polling client
+    does: status reads must not hold the work off."""
     deadline_s = time.monotonic() + timeout_s
     while time.monotonic() < deadline_s:
         model = engine.ask(p.GetStatus()).engine.model
         if model["compile_state"] != "pending":
             return model
-        time.sleep(0.5)
+        time.sleep(DEFERRED_WORK_IDLE_S / 3)
     raise AssertionError("the deferred load work never ended")
 
 

@@ -20,6 +20,7 @@ import select
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -162,6 +163,7 @@ class EngineLoop:
         self._factory: Callable[[Any], Any] | None = None
         self._factory_error: BaseException | None = None
         self._warming: threading.Thread | None = None  # the standby's imports (run)
+        self._last_command_s = 0.0  # monotonic; status reads do not count (deferred work)
 
     # ---- pipe ------------------------------------------------------------------------------
 
@@ -218,12 +220,16 @@ class EngineLoop:
                 if not self.handle(self.pending.popleft()):
                     return
             elif self._has_deferred_work():
-                # What the load left for later runs a step at a time once nothing has come
-                # for a moment, so a request right after the load runs first.
-                if self._poll(DEFERRED_WORK_IDLE_S):
+                # What the load left for later runs a step at a time once no command but a
+                # status read has come for a moment, so a request right after the load runs
+                # first, and a client polling the status often does not hold the work off.
+                idle_s = time.monotonic() - self._last_command_s
+                if self._poll(max(0.0, DEFERRED_WORK_IDLE_S - idle_s)):
                     if not self.handle(self.recv()):
                         return
-                elif not self._is_warming():  # compiling needs the compiler imported
+                elif self._is_warming():  # compiling needs the compiler imported
+                    self._poll(DEFERRED_WORK_IDLE_S)
+                else:
                     self._run_deferred_step()
             elif not self.handle(self.recv()):
                 return
@@ -281,6 +287,8 @@ class EngineLoop:
             self.send(p.Error("bad_request", f"expected an Envelope, got {type(envelope).__name__}"))
             return True
         command, command_id = envelope.command, envelope.command_id
+        if not isinstance(command, p.GetStatus):
+            self._last_command_s = time.monotonic()
         if envelope.version != p.PROTOCOL_VERSION:
             self.send(p.Error(
                 "version_mismatch",
