@@ -38,8 +38,11 @@ MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 
 DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
 # The planes kernel (types in gemv_planes.PLANE_LANES): whole groups of packed bytes per
 # program, so wider K tiles; a few rows per program keep every SM busy on a 4096-row matrix.
-PLANES_CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 1024, 8))
-PLANES_DOT_CONFIGS = ((16, 512, 4), (32, 256, 4), (32, 512, 8))
+# The fourth field: pipeline stages of the K loop (1: none; 3: two tiles' loads in flight,
+# which a few rows per program need to cover the memory latency).
+PLANES_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 3),
+                  (4, 2048, 8, 3), (8, 1024, 8, 3))
+PLANES_DOT_CONFIGS = ((16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 8, 3))
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
@@ -47,7 +50,10 @@ INTERPRETER_DEQUANT_BLOCK_N = 128
 
 
 def _candidates(configs) -> tuple:
-    return tuple((n, k, w, None) for n, k, w in configs)
+    """launch.py's candidates: (rows, cols, warps) as is, (rows, cols, warps, stages) with
+    the planes kernel's STAGES."""
+    return tuple((n, k, w, None) if not extra else (n, k, w, {"STAGES": extra[0]})
+                 for n, k, w, *extra in configs)
 
 
 if triton is not None:
@@ -87,10 +93,12 @@ if triton is not None:
         x_ptr, w_ptr, wh_ptr, b_ptr, out_ptr, num_tokens, stride_x, stride_out, N, K,
         ROW_BYTES, QTYPE: tl.constexpr, LANES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
         USE_PDL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        STAGES: tl.constexpr,
     ):
         """The decode GEMM over whole groups of packed bytes (gemv_planes.py): one token
         multiplies and adds in float32 into a [rows, groups, lanes] accumulator summed once
-        at the end; 2..16 tokens take tl.dot on each plane rounded to the compute dtype."""
+        at the end; 2..16 tokens take tl.dot on each plane rounded to the compute dtype.
+        STAGES > 1 has Triton's pipeliner keep the next tiles' loads in flight (cp.async)."""
         pdl_wait(USE_PDL)
         # Shapes are runtime values (Triton still specializes multiples of 16, which gives
         # the loads their alignment): one compile per type and tile serves every matrix.
@@ -102,20 +110,25 @@ if triton is not None:
         lane = tl.arange(0, LANES)[None, None, :]  # [1, 1, L]
         if BLOCK_M == 1:
             acc = tl.zeros((BLOCK_ROWS, GROUPS, LANES), dtype=tl.float32)
+            same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
         else:
             toks = tl.arange(0, BLOCK_M)
             tok_ok = (toks < num_tokens)[:, None, None]
             x_rows = x_ptr + toks[:, None, None] * stride_x  # [BM, 1, 1]
             acc = tl.zeros((BLOCK_M, BLOCK_ROWS), dtype=tl.float32)
-        for g0 in range(0, num_groups, GROUPS):
+        for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             group_ok = group < num_groups
             w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
                                              row_ok[:, None, None] & group_ok, QTYPE)
             if BLOCK_M == 1:
-                x0 = tl.load(x_ptr + cols0, mask=group_ok, other=0.0).to(tl.float32)
-                x1 = tl.load(x_ptr + cols1, mask=group_ok, other=0.0).to(tl.float32)
-                acc += w0 * x0 + w1 * x1
+                # x read at the weights' full [BN, G, L] shape: Triton then gives both loads
+                # one layout, instead of moving every weight through shared memory to x's.
+                x_at = x_ptr + (cols0 + same_row)
+                x0 = tl.load(x_at, mask=group_ok, other=0.0).to(tl.float32)
+                x1 = tl.load(x_at + (cols1 - cols0), mask=group_ok, other=0.0).to(tl.float32)
+                acc += w0 * x0  # two statements: two FMAs, not a multiply and two adds
+                acc += w1 * x1
             else:
                 x0 = tl.load(x_rows + cols0, mask=tok_ok & group_ok, other=0.0)
                 x1 = tl.load(x_rows + cols1, mask=tok_ok & group_ok, other=0.0)
@@ -162,7 +175,8 @@ if triton is not None:
 
 def _matmul_candidates(configs: tuple) -> tuple:
     if launch.is_interpreting():
-        return ((*INTERPRETER_MATMUL_CONFIG, None),)
+        stages = (1,) if len(configs[0]) == 4 else ()
+        return _candidates(((*INTERPRETER_MATMUL_CONFIG, *stages),))
     return _candidates(configs)
 
 
