@@ -95,6 +95,22 @@ def test_qlinear_matches_torch_on_the_dequantized_weight(qtype: QT, num_tokens: 
     torch.testing.assert_close(qlinear(x, weight), expected - bias, rtol=RTOL, atol=ATOL)
 
 
+PLANES_TYPES = [t for t in ALL_TYPES if int(t) in kernels.gp.PLANE_LANES]
+
+
+@pytest.mark.parametrize("qtype", PLANES_TYPES, ids=lambda t: t.name)
+def test_the_planes_kernel_covers_a_partial_last_tile_and_row_tile(qtype: QT) -> None:
+    """K = 3 super-blocks (the last K tile of the planes kernel half full) and 70 rows (the
+    last row tile partial), one token and three. Float32 sums in another order: within
+    1e-5 of the output's scale (Q6_K's outputs reach tens)."""
+    weight, dense = _weight(qtype, rows=70, cols=768, seed=5)
+    x = torch.randn(3, 768, generator=torch.Generator().manual_seed(5))
+    for num_tokens in (1, 3):
+        expected = x[:num_tokens] @ dense.T
+        error = (qlinear(x[:num_tokens], weight) - expected).abs().max().item()
+        assert error <= 1e-5 * expected.abs().max().item(), (num_tokens, error)
+
+
 def test_qlinear_reads_a_row_strided_input() -> None:
     """Fused q/k/v outputs are column slices: a strided x must multiply like a copy."""
     weight, dense = _weight(QT.Q8_0, rows=8, cols=256, seed=0)

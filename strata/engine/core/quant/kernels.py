@@ -4,7 +4,9 @@
   Each program owns BLOCK_N output rows and walks K in BLOCK_K columns, dequantizing each
   tile of blocks once in registers (dequant_tile.py) and reusing it for all M tokens: one
   token by a float32 multiply-and-sum, several by tl.dot on the compute dtype. Every block
-  is read from memory once per call.
+  is read from memory once per call. The types decode reads most (Q4_K, Q5_K, Q6_K, Q8_0,
+  Q4_0, Q4_1, Q5_0, Q5_1) take the planes kernel instead: whole groups of packed bytes per
+  load and scales once per group (gemv_planes.py); the others dequant_tile.py's per value.
 - `dequantize(raw, qtype, K, dtype)`: the whole matrix (or gathered rows: the embedding) in
   the compute dtype, with floating-point contraction off so it equals gguf-py's dequantizer
   bit for bit before the final rounding; prefill multiplies the result with cuBLAS.
@@ -42,7 +44,9 @@ DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
 # which a few rows per program need to cover the memory latency).
 PLANES_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 3),
                   (4, 2048, 8, 3), (8, 1024, 8, 3))
-PLANES_DOT_CONFIGS = ((16, 512, 4, 3), (32, 256, 4, 3), (32, 512, 8, 3))
+# 2..16 tokens: K tiles of 256 and 32 or 64 rows (wider tiles, or 16 rows, cost 1.3-3x the
+# instructions per value for sm_90: bench/diag_quant_sass.py).
+PLANES_DOT_CONFIGS = ((32, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1))
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
