@@ -7,6 +7,9 @@ is timed twice: eagerly (Python launch included: a small matrix is bound by it) 
 from a CUDA graph of `GRAPH_CALLS` calls, as decode runs (`graph_*`: the kernel's own speed).
 
     python bench/diag_quant_gemv.py [--types Q4_K,Q6_K,Q8_0,Q4_1] [--hbm-gb-s 4300]
+
+`kernel` in each row: quant/kernels.decode_kernel's pick (qdot: the int8 kernel). Run it
+again with STRATA_QDOT=0 for the float kernels' figures on the same build.
 """
 
 from __future__ import annotations
@@ -72,9 +75,12 @@ def main() -> int:
                 dense_graph_us = _graph_time_us(
                     lambda x=x, d=dense: torch.nn.functional.linear(x, d))
                 graph_gb_s = raw.numel() / graph_us / 1e3
-                path = ("_planes_tuned" if qtype in kernels.gp.PLANE_LANES else "_matmul_tuned")
+                kernel = kernels.decode_kernel(qtype, tokens)
+                path = {"qdot": "_qdot_tuned", "planes": "_planes_tuned",
+                        "tile": "_matmul_tuned"}[kernel]
                 tuner = getattr(kernels, path)["sum" if tokens == 1 else "dot"]
                 rows.append({"type": type_name, "weight": label, "tokens": tokens,
+                             "kernel": kernel,
                              "quant_us": round(quant_us, 2), "bf16_cublas_us": round(dense_us, 2),
                              "blocks_gb_s": round(gb_s, 1),
                              "fraction_of_hbm": round(gb_s / args.hbm_gb_s, 3),
