@@ -6,14 +6,12 @@ with one float scale (amax / 127), each weight sub-block is unpacked to int8 by 
 shifts (no float conversion per value), one tl.dot per 32 columns gives int32 [rows,
 tokens], and the block scales (and mins) apply once per 32 columns, not per value.
 
-`quantize_x(x)` takes x^T [32, M] float32 and returns (xq int8 [32, M], scale [M], sum [M]).
-`unit_*` functions read one 256-column unit of a row tile (one K-quant super-block, or 8
-blocks of 32) and add its products into the float32 accumulator [rows, M]:
-    acc = unit_*(acc, w_ptr, wh_ptr, row_off, unit, row_ok, x_ptr, x_rows, tok_ok, num_units)
-with row_off [R, 1] int64 byte offsets of the rows, unit the unit index (runtime),
-x_rows [1, M] x's row pointers and tok_ok [1, M] the valid tokens. A dot's 32 columns may
-be taken in any order as long as x's are the same: the 32-value types join low and high
-nibbles, so their x columns interleave.
+`half_weights(...)` reads half of a 256-column unit of a row tile (one nibble of a K-quant
+super-block, or half its blocks) as int8 [rows, 128] with the x columns each multiplies and
+the scales of its G groups; `half_dot(acc, ...)` quantizes those x columns per group and adds
+the products into the float32 accumulator [rows, G, tokens]. A dot's columns may be taken in
+any order as long as x's are the same: the 32-value types split each block into its low and
+high nibbles, so a group is half a block.
 
 Integers become floats by the exponent trick (add to 1.5 * 2**23's bits, subtract it): two
 full-rate instructions instead of a conversion that runs at a quarter of the FMA rate.
@@ -178,7 +176,7 @@ if triton is not None:
             x_cols = (block * 32 + 16 * h + i % 16)[:, None]
             x_ok = x_cols < K
             w_scale = _half(wh_ptr, g_base, g_ok)
-            if QTYPE == 3 or QTYPE == 7:
+            if QTYPE == 3 or QTYPE == 7:  # noqa: SIM108 - a constexpr branch for Triton
                 w_min = _half(wh_ptr, g_base + 2, g_ok)
             else:
                 w_min = w_scale
