@@ -2,9 +2,14 @@
 Llama-3-8B-shaped weight in each GGML type, against cuBLAS on the same weight in bf16.
 
 Prints one row per (type, shape, tokens) with microseconds, GB/s of blocks read and the
-fraction of the HBM bandwidth given (--hbm-gb-s, 4300 for an H200), then the JSON.
+fraction of the HBM bandwidth given (--hbm-gb-s, 4300 for an H200), then the JSON. Each call
+is timed twice: eagerly (Python launch included: a small matrix is bound by it) and replayed
+from a CUDA graph of `GRAPH_CALLS` calls, as decode runs (`graph_*`: the kernel's own speed).
 
     python bench/diag_quant_gemv.py [--types Q4_K,Q6_K,Q8_0,Q4_1] [--hbm-gb-s 4300]
+
+`kernel` in each row: quant/kernels.decode_kernel's pick (qdot: the int8 kernel). Run it
+again with STRATA_QDOT=0 for the float kernels' figures on the same build.
 """
 
 from __future__ import annotations
@@ -20,8 +25,26 @@ SHAPES = {"qkv [6144, 4096]": (6144, 4096), "o [4096, 4096]": (4096, 4096),
           "gate_up [28672, 4096]": (28672, 4096), "down [4096, 14336]": (4096, 14336)}
 
 
+GRAPH_CALLS = 20
+
+
 def _time_us(fn, repeats: int = 50) -> float:
     return time_s(fn, repeats) * 1e6  # limits.py: CUDA events after one warm-up
+
+
+def _graph_time_us(fn) -> float:
+    """Microseconds per call of fn replayed from one CUDA graph of GRAPH_CALLS calls (fn has
+    run before, so no compile or autotuning is captured)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return _time_us(graph.replay, 10) / GRAPH_CALLS
 
 
 def main() -> int:
@@ -48,12 +71,23 @@ def main() -> int:
                 quant_us = _time_us(lambda x=x, w=weight: qlinear(x, w))
                 dense_us = _time_us(lambda x=x, d=dense: torch.nn.functional.linear(x, d))
                 gb_s = raw.numel() / quant_us / 1e3
-                path = ("_planes_tuned" if qtype in kernels.gp.PLANE_LANES else "_matmul_tuned")
+                graph_us = _graph_time_us(lambda x=x, w=weight: qlinear(x, w))
+                dense_graph_us = _graph_time_us(
+                    lambda x=x, d=dense: torch.nn.functional.linear(x, d))
+                graph_gb_s = raw.numel() / graph_us / 1e3
+                kernel = kernels.decode_kernel(qtype, tokens)
+                path = {"qdot": "_qdot_tuned", "planes": "_planes_tuned",
+                        "tile": "_matmul_tuned"}[kernel]
                 tuner = getattr(kernels, path)["sum" if tokens == 1 else "dot"]
                 rows.append({"type": type_name, "weight": label, "tokens": tokens,
+                             "kernel": kernel,
                              "quant_us": round(quant_us, 2), "bf16_cublas_us": round(dense_us, 2),
                              "blocks_gb_s": round(gb_s, 1),
                              "fraction_of_hbm": round(gb_s / args.hbm_gb_s, 3),
+                             "graph_us": round(graph_us, 2),
+                             "bf16_cublas_graph_us": round(dense_graph_us, 2),
+                             "graph_blocks_gb_s": round(graph_gb_s, 1),
+                             "graph_fraction_of_hbm": round(graph_gb_s / args.hbm_gb_s, 3),
                              "config": str(getattr(tuner, "best_config", ""))})
                 print(rows[-1])
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -40,7 +40,8 @@ def test_cuda_dequantize_equals_gguf_py(qtype: QT) -> None:
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) -> None:
     """bf16 activations, float32 accumulation: within 2% of the output's scale (tl.dot rounds
-    the weights to bf16 for 2..16 tokens, as the dequantized bf16 model does)."""
+    the weights to bf16 for 2..16 tokens, as the dequantized bf16 model does; the int8
+    kernel rounds x to 8 bits per group, about 0.5%)."""
     from strata.engine.core.quant.weight import QuantizedWeight, qlinear
 
     rows, cols = 384, 2048
@@ -57,6 +58,52 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         error = (got.float() - expected).abs().max().item()
         scale = expected.abs().max().item()
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q5_K, QT.Q4_0, QT.Q4_1,
+                                   QT.Q5_0, QT.Q5_1], ids=lambda t: t.name)
+def test_cuda_int8_kernel_matches_torch_within_the_rounding_of_x(qtype: QT) -> None:
+    """qdot.py compiled and autotuned, bf16 x, for 1, 2, 4, 16 tokens: within the bound that
+    x's rounding to int8 per group gives (tests/core/test_quant_kernels.py's) plus bf16's
+    rounding of the output."""
+    from strata.engine.core.quant import kernels
+    from tests.core.test_quant_kernels import int8_error_bound
+
+    rows, cols = 4160, 4096  # a partial last row tile for every candidate
+    raw = random_blocks(qtype, rows, cols, seed=9, scale=0.01)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype)).cuda()
+    blocks = torch.from_numpy(raw).cuda()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    bias = torch.randn(rows, device="cuda", generator=gen).bfloat16()
+    for num_tokens in (1, 2, 4, 16):
+        x = torch.randn(num_tokens, cols, device="cuda", generator=gen).bfloat16()
+        expected = torch.nn.functional.linear(x.float(), dense, bias.float())
+        got = kernels.qdot_matmul(x, blocks, qtype, rows, bias).float()
+        bound = int8_error_bound(x.float(), dense) + expected.abs() * 2**-8
+        error = (got - expected).abs()
+        assert bool((error <= bound).all()), (num_tokens, (error - bound).max().item())
+        assert error.max().item() <= 2e-2 * expected.abs().max().item(), num_tokens
+
+
+def test_cuda_int8_kernel_replays_from_a_cuda_graph() -> None:
+    """The int8 kernel allocates nothing that differs per call: captured once, a replay with
+    new x gives the eager product."""
+    from strata.engine.core.quant import kernels
+
+    raw = torch.from_numpy(random_blocks(QT.Q4_K, 1024, 2048, seed=2, scale=0.01)).cuda()
+    x = torch.randn(1, 2048, device="cuda").bfloat16()
+    kernels.quant_matmul(x, raw, QT.Q4_K, 1024)  # compile and autotune outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernels.quant_matmul(x, raw, QT.Q4_K, 1024)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.quant_matmul(x, raw, QT.Q4_K, 1024)
+    x.copy_(torch.randn(1, 2048, device="cuda").bfloat16())
+    graph.replay()
+    torch.testing.assert_close(out, kernels.quant_matmul(x, raw, QT.Q4_K, 1024), rtol=0, atol=0)
 
 
 def _engine(model_path, monkeypatch, quantized: bool):

@@ -1,6 +1,7 @@
 """Launching Triton kernels: autotuned on CUDA, the first candidate under the CPU interpreter.
 
-Candidates are (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None) tuples. On CUDA a kernel is
+Candidates are (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None or a dict of the kernel's
+other tuned constexprs) tuples. On CUDA a kernel is
 autotuned once per matrix shape; under TRITON_INTERPRET=1 (the CPU tests) the first candidate
 runs: the same kernels, through the interpreter.
 """
@@ -33,8 +34,11 @@ def is_usable(device: torch.device) -> bool:
     return is_interpreting()
 
 
-def _block_kwargs(rows: int, cols: int, unroll: bool | None) -> dict:
-    # unroll None: the kernel has no UNROLL parameter (decode_dense.py's).
+def _block_kwargs(rows: int, cols: int, unroll: bool | dict | None) -> dict:
+    # unroll None: the kernel has no UNROLL parameter (decode_dense.py's); a dict: other
+    # constexprs the kernel is tuned over (quant/kernels.py's pipeline STAGES).
+    if isinstance(unroll, dict):
+        return {"BLOCK_ROWS": rows, "BLOCK_COLS": cols, **unroll}
     unrolled = {} if unroll is None else {"UNROLL": unroll}
     return {"BLOCK_ROWS": rows, "BLOCK_COLS": cols, **unrolled}
 

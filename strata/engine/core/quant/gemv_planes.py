@@ -43,15 +43,28 @@ if triton is not None:
         return tl.load(wh_ptr + offset // 2, mask=ok, other=0.0).to(tl.float32)
 
     @triton.jit
-    def _k4_scale_min(w_ptr, scales, s, ok):
-        """Sub-block s's 6-bit scale and min of a Q4_K/Q5_K block (12 packed bytes)."""
-        low = s < 4
-        a = _bytes(w_ptr, scales + s, ok)
-        b = _bytes(w_ptr, scales + s + 4, ok)
-        c = _bytes(w_ptr, scales + tl.where(low, s, s - 4), ok)
-        sc = tl.where(low, a & 63, (b & 15) | ((c >> 6) << 4))
-        mn = tl.where(low, b & 63, (b >> 4) | ((a >> 6) << 4))
-        return sc.to(tl.float32), mn.to(tl.float32)
+    def _word(w_ptr, offset, ok):
+        """The little-endian int32 at a 4-aligned byte offset."""
+        return tl.load((w_ptr + offset).to(tl.pointer_type(tl.int32)), mask=ok, other=0)
+
+    @triton.jit
+    def _k4_scales(w_ptr, block, p, ok):
+        """(d * scale, dmin * min) of sub-blocks 2p and 2p + 1 of the Q4_K/Q5_K blocks at
+        `block`: d and dmin in one word, the 12 packed 6-bit scales and mins in three."""
+        dm = _word(w_ptr, block, ok)
+        d = (dm & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = ((dm >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        shift = 16 * (p % 2)  # sub-block 2p's byte in each word: 2p % 4 (low), 2p - 4 (high)
+        a = _word(w_ptr, block + 4, ok) >> shift  # scales 0..3 (+ top bits of 4..7's)
+        b = _word(w_ptr, block + 8, ok) >> shift  # mins 0..3 (+ top bits of 4..7's)
+        c = _word(w_ptr, block + 12, ok) >> shift  # low nibbles of scales and mins 4..7
+        high = p >= 2
+        sc0 = tl.where(high, (c & 15) | ((a >> 2) & 48), a & 63)
+        mn0 = tl.where(high, ((c >> 4) & 15) | ((b >> 2) & 48), b & 63)
+        sc1 = tl.where(high, ((c >> 8) & 15) | ((a >> 10) & 48), (a >> 8) & 63)
+        mn1 = tl.where(high, ((c >> 12) & 15) | ((b >> 10) & 48), (b >> 8) & 63)
+        return (d * _float(sc0, 0), dmin * _float(mn0, 0),
+                d * _float(sc1, 0), dmin * _float(mn1, 0))
 
     @triton.jit
     def planes(w_ptr, wh_ptr, row_off, group, lane, ok, QTYPE: tl.constexpr):
@@ -71,12 +84,9 @@ if triton is not None:
                 qh = _bytes(w_ptr, base + 16 + lane, ok)
                 q0 = (q & 15) | (((qh >> (2 * p)) & 1) << 4)
                 q1 = (q >> 4) | (((qh >> (2 * p + 1)) & 1) << 4)
-            d = _half(wh_ptr, base, ok)
-            dmin = _half(wh_ptr, base + 2, ok)
-            sc0, mn0 = _k4_scale_min(w_ptr, base + 4, 2 * p, ok)
-            sc1, mn1 = _k4_scale_min(w_ptr, base + 4, 2 * p + 1, ok)
-            w0 = (d * sc0) * _float(q0, 0) - dmin * mn0
-            w1 = (d * sc1) * _float(q1, 0) - dmin * mn1
+            dl0, ml0, dl1, ml1 = _k4_scales(w_ptr, base, p, ok)
+            w0 = dl0 * _float(q0, 0) - ml0
+            w1 = dl1 * _float(q1, 0) - ml1
             cols0 = blk * 256 + p * 64 + lane
             cols1 = cols0 + 32
         elif QTYPE == 14:  # Q6_K: group = (half h, 32-byte run c, 16-lane u); k = c and c + 2

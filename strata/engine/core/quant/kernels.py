@@ -4,7 +4,12 @@
   Each program owns BLOCK_N output rows and walks K in BLOCK_K columns, dequantizing each
   tile of blocks once in registers (dequant_tile.py) and reusing it for all M tokens: one
   token by a float32 multiply-and-sum, several by tl.dot on the compute dtype. Every block
-  is read from memory once per call.
+  is read from memory once per call. The types decode reads most (Q4_K, Q5_K, Q6_K, Q8_0,
+  Q4_0, Q4_1, Q5_0, Q5_1) take the planes kernel instead: whole groups of packed bytes per
+  load and scales once per group (gemv_planes.py); the others dequant_tile.py's per value.
+  Where `decode_kernel` says so (one token of those types; 2..16 of Q8_0), the int8 kernel
+  runs instead (qdot.py): x quantized to int8 per group, integer dot products on the tensor
+  cores, llama.cpp's mmvq/mmq arithmetic; products within about 1% of the float ones.
 - `dequantize(raw, qtype, K, dtype)`: the whole matrix (or gathered rows: the embedding) in
   the compute dtype, with floating-point contraction off so it equals gguf-py's dequantizer
   bit for bit before the final rounding; prefill multiplies the result with cuBLAS.
@@ -15,11 +20,15 @@ On CUDA the tiles are autotuned per matrix shape (kernels/launch.py); under TRIT
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant import gemv_planes as gp
+from strata.engine.core.quant import int8_blocks as ib
+from strata.engine.core.quant import qdot
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -38,8 +47,21 @@ MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 
 DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
 # The planes kernel (types in gemv_planes.PLANE_LANES): whole groups of packed bytes per
 # program, so wider K tiles; a few rows per program keep every SM busy on a 4096-row matrix.
-PLANES_CONFIGS = ((2, 1024, 4), (4, 1024, 4), (4, 512, 4), (8, 1024, 8))
-PLANES_DOT_CONFIGS = ((16, 512, 4), (32, 256, 4), (32, 512, 8))
+# The fourth field: pipeline stages of the K loop (1: none; 3: two tiles' loads in flight,
+# which a few rows per program need to cover the memory latency).
+PLANES_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 3),
+                  (4, 2048, 8, 3), (8, 1024, 8, 3))
+# 2..16 tokens: K tiles of 256 and 32 or 64 rows (wider tiles, or 16 rows, cost 1.3-3x the
+# instructions per value for sm_90: bench/diag_quant_sass.py).
+PLANES_DOT_CONFIGS = ((32, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1))
+# The int8 kernel (qdot.py): K in units of 256 columns; rows per program traded against
+# programs per SM (a 4096-row matrix has 32 programs of 128 rows), pipeline stages likewise.
+QDOT_CONFIGS = ((64, 256, 4, 1), (128, 256, 4, 1), (32, 256, 4, 1), (64, 256, 4, 3),
+                (128, 256, 8, 3))
+# Token counts per path the int8 kernel serves, by type: one token for every type it reads;
+# 2..16 (tl.dot over a block-diagonal x of 16 tokens per group) only where it needs fewer
+# instructions than the planes kernel's (bench/diag_quant_sass.py), else the planes kernel.
+QDOT_DOT_TYPES = frozenset({8})  # Q8_0
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
@@ -47,7 +69,10 @@ INTERPRETER_DEQUANT_BLOCK_N = 128
 
 
 def _candidates(configs) -> tuple:
-    return tuple((n, k, w, None) for n, k, w in configs)
+    """launch.py's candidates: (rows, cols, warps) as is, (rows, cols, warps, stages) with
+    the planes kernel's STAGES."""
+    return tuple((n, k, w, None) if not extra else (n, k, w, {"STAGES": extra[0]})
+                 for n, k, w, *extra in configs)
 
 
 if triton is not None:
@@ -87,10 +112,12 @@ if triton is not None:
         x_ptr, w_ptr, wh_ptr, b_ptr, out_ptr, num_tokens, stride_x, stride_out, N, K,
         ROW_BYTES, QTYPE: tl.constexpr, LANES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
         USE_PDL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        STAGES: tl.constexpr,
     ):
         """The decode GEMM over whole groups of packed bytes (gemv_planes.py): one token
         multiplies and adds in float32 into a [rows, groups, lanes] accumulator summed once
-        at the end; 2..16 tokens take tl.dot on each plane rounded to the compute dtype."""
+        at the end; 2..16 tokens take tl.dot on each plane rounded to the compute dtype.
+        STAGES > 1 has Triton's pipeliner keep the next tiles' loads in flight (cp.async)."""
         pdl_wait(USE_PDL)
         # Shapes are runtime values (Triton still specializes multiples of 16, which gives
         # the loads their alignment): one compile per type and tile serves every matrix.
@@ -102,20 +129,25 @@ if triton is not None:
         lane = tl.arange(0, LANES)[None, None, :]  # [1, 1, L]
         if BLOCK_M == 1:
             acc = tl.zeros((BLOCK_ROWS, GROUPS, LANES), dtype=tl.float32)
+            same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
         else:
             toks = tl.arange(0, BLOCK_M)
             tok_ok = (toks < num_tokens)[:, None, None]
             x_rows = x_ptr + toks[:, None, None] * stride_x  # [BM, 1, 1]
             acc = tl.zeros((BLOCK_M, BLOCK_ROWS), dtype=tl.float32)
-        for g0 in range(0, num_groups, GROUPS):
+        for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             group_ok = group < num_groups
             w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
                                              row_ok[:, None, None] & group_ok, QTYPE)
             if BLOCK_M == 1:
-                x0 = tl.load(x_ptr + cols0, mask=group_ok, other=0.0).to(tl.float32)
-                x1 = tl.load(x_ptr + cols1, mask=group_ok, other=0.0).to(tl.float32)
-                acc += w0 * x0 + w1 * x1
+                # x read at the weights' full [BN, G, L] shape: Triton then gives both loads
+                # one layout, instead of moving every weight through shared memory to x's.
+                x_at = x_ptr + (cols0 + same_row)
+                x0 = tl.load(x_at, mask=group_ok, other=0.0).to(tl.float32)
+                x1 = tl.load(x_at + (cols1 - cols0), mask=group_ok, other=0.0).to(tl.float32)
+                acc += w0 * x0  # two statements: two FMAs, not a multiply and two adds
+                acc += w1 * x1
             else:
                 x0 = tl.load(x_rows + cols0, mask=tok_ok & group_ok, other=0.0)
                 x1 = tl.load(x_rows + cols1, mask=tok_ok & group_ok, other=0.0)
@@ -154,6 +186,10 @@ if triton is not None:
         path: launch.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
         for path, configs in (("sum", MATMUL_CONFIGS), ("dot", DOT_MATMUL_CONFIGS))
     }
+    _qdot_tuned = {
+        path: launch.tuned(qdot.qdot_kernel, _candidates(QDOT_CONFIGS), key=("N", "K", "QTYPE"))
+        for path in ("sum", "dot")
+    }
     _planes_tuned = {
         path: launch.tuned(_planes_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
         for path, configs in (("sum", PLANES_CONFIGS), ("dot", PLANES_DOT_CONFIGS))
@@ -161,9 +197,23 @@ if triton is not None:
 
 
 def _matmul_candidates(configs: tuple) -> tuple:
+    if launch.is_interpreting() and configs is QDOT_CONFIGS:
+        return _candidates((QDOT_CONFIGS[0],))
     if launch.is_interpreting():
-        return ((*INTERPRETER_MATMUL_CONFIG, None),)
+        stages = (1,) if len(configs[0]) == 4 else ()
+        return _candidates(((*INTERPRETER_MATMUL_CONFIG, *stages),))
     return _candidates(configs)
+
+
+def decode_kernel(qtype: int, num_tokens: int) -> str:
+    """Which kernel multiplies num_tokens (1..16) tokens by a weight of qtype: "qdot" (the
+    int8 kernel), "planes" or "tile" (dequantized values in float). STRATA_QDOT=0 turns the
+    int8 kernel off (its products differ from the float ones by x's rounding to 8 bits)."""
+    qtype = int(qtype)
+    if (qtype in ib.INT8_TYPES and os.environ.get("STRATA_QDOT") != "0"
+            and (num_tokens == 1 or qtype in QDOT_DOT_TYPES)):
+        return "qdot"
+    return "planes" if qtype in gp.PLANE_LANES else "tile"
 
 
 def _check(raw: torch.Tensor, num_cols: int) -> None:
@@ -195,6 +245,29 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
     return out
 
 
+def qdot_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """quant_matmul through the int8 kernel (qdot.py), whatever decode_kernel would pick;
+    types in int8_blocks.INT8_TYPES only."""
+    num_tokens, num_cols = x.shape
+    _check(raw, num_cols)
+    if int(qtype) not in ib.INT8_TYPES or not 0 < num_tokens <= MAX_DECODE_TOKENS:
+        raise ValueError(f"the int8 kernel takes 1..{MAX_DECODE_TOKENS} tokens of a type in "
+                         f"{sorted(ib.INT8_TYPES)}; got type {int(qtype)}, x {tuple(x.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
+    block_m = 1 if num_tokens == 1 else 16  # two compiles per type: warm_up_quantized's
+    launch.launch(
+        _qdot_tuned["sum" if block_m == 1 else "dot"],
+        lambda rows: (triton.cdiv(num_rows, rows),), _matmul_candidates(QDOT_CONFIGS),
+        x, raw, raw.view(torch.float16), bias if bias is not None else x, out, num_tokens,
+        x.stride(0), out.stride(0), N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1],
+        QTYPE=int(qtype), HAS_BIAS=bias is not None, BLOCK_M=block_m,
+    )
+    return out
+
+
 def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) for W [num_rows, K] in blocks raw; [M, num_rows] in x's dtype.
@@ -204,6 +277,9 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     if not 0 < num_tokens <= MAX_DECODE_TOKENS or raw.shape[0] != num_rows:
         raise ValueError(f"quant_matmul takes 1..{MAX_DECODE_TOKENS} tokens and a weight of "
                          f"{num_rows} rows; got x {tuple(x.shape)}, blocks {tuple(raw.shape)}")
+    kernel = decode_kernel(qtype, num_tokens)
+    if kernel == "qdot":
+        return qdot_matmul(x, raw, qtype, num_rows, bias)
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
@@ -211,8 +287,8 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     block_m = 1 if num_tokens == 1 else 16
     path = "sum" if block_m == 1 else "dot"
     grid = lambda rows: (triton.cdiv(num_rows, rows),)  # noqa: E731
-    lanes = gp.PLANE_LANES.get(int(qtype))
-    if lanes is not None:
+    if kernel == "planes":
+        lanes = gp.PLANE_LANES[int(qtype)]
         launch.launch(
             _planes_tuned[path], grid,
             _matmul_candidates(PLANES_CONFIGS if path == "sum" else PLANES_DOT_CONFIGS),

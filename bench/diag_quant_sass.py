@@ -1,0 +1,103 @@
+"""Instructions per weight value of the quantized decode kernel, compiled for a GPU without one.
+
+Compiles quant/kernels.py's planes kernel for sm_90 (Triton's bundled ptxas; no GPU, no CUDA
+torch needed), finds the K loop in the SASS and prints its instruction count per weight value
+and thread, with the layout conversions (shared-memory round trips) Triton inserted. A decode
+GEMV at the HBM roofline has about 7 instructions per 4-bit value to spend on an H200
+(33e12 thread instructions/s over 4.6e12 values/s), so this says which tile shapes can reach
+it before a GPU run measures them.
+
+    python bench/diag_quant_sass.py [--types Q4_K,Q6_K] [--configs 1:4:1024:4:1,16:32:256:4:3]
+
+A config is tokens:BLOCK_ROWS:BLOCK_COLS:num_warps:STAGES (tokens 1: the FMA path, else tl.dot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import triton
+from gguf import GGMLQuantizationType
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from strata.engine.core.quant import kernels, qdot
+
+_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "wh_ptr": "*fp16", "b_ptr": "*bf16",
+              "out_ptr": "*bf16", "num_tokens": "i32", "stride_x": "i32", "stride_out": "i32",
+              "N": "i32", "K": "i32", "ROW_BYTES": "i32"}
+# Triton specializes pointers and shapes divisible by 16 at run time; so does this compile.
+_DIVISIBLE = ("x_ptr", "w_ptr", "wh_ptr", "b_ptr", "out_ptr", "stride_x", "N", "K", "ROW_BYTES")
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+
+
+def _sass(kernel: str, qtype: int, tokens: int, rows: int, cols: int, warps: int,
+          stages: int):
+    constexprs = {"QTYPE": qtype, "HAS_BIAS": False, "BLOCK_M": 1 if tokens == 1 else 16,
+                  "USE_PDL": False, "BLOCK_ROWS": rows, "BLOCK_COLS": cols, "STAGES": stages}
+    if kernel == "planes":
+        fn = kernels._planes_kernel
+        constexprs["LANES"] = kernels.gp.PLANE_LANES[qtype]
+    else:
+        fn = qdot.qdot_kernel
+    signature = {**_SIGNATURE, **{name: "constexpr" for name in constexprs}}
+    index = {name: i for i, name in enumerate(fn.arg_names)}
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(index[k],): v for k, v in constexprs.items()},
+                       attrs={(index[k],): [["tt.divisibility", 16]] for k in _DIVISIBLE})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps})
+    cubin = Path("/tmp/strata_quant_sass.cubin")
+    cubin.write_bytes(compiled.asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    return sass, compiled.asm["ttgir"].count("convert_layout")
+
+
+def _loop(sass: str) -> list[str]:
+    """The instructions of the first backward branch's loop (the K loop)."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in _INSTRUCTION.finditer(sass)]
+    at = {address: i for i, (address, _) in enumerate(code)}
+    for i, (address, text) in enumerate(code):
+        target = re.search(r"BRA.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            return [t for _, t in code[at[int(target.group(1), 16)]:i + 1]]
+    return []
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=("qdot", "planes"), default="qdot",
+                        help="qdot: the int8 kernel (qdot.py); planes: gemv_planes.py's")
+    parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q5_K,Q4_1,Q4_0")
+    parser.add_argument("--configs", default=None,
+                        help="default: 1:64:256:4:1,16:64:256:4:1 (qdot), "
+                             "1:4:1024:4:1,1:4:1024:4:3,16:32:256:4:3 (planes)")
+    parser.add_argument("--dump", metavar="DIR", help="write each K loop's SASS there")
+    args = parser.parse_args()
+    configs = args.configs or ("1:64:256:4:1,16:64:256:4:1" if args.kernel == "qdot"
+                               else "1:4:1024:4:1,1:4:1024:4:3,16:32:256:4:3")
+    for name in args.types.split(","):
+        qtype = int(GGMLQuantizationType[name])
+        for config in configs.split(","):
+            tokens, rows, cols, warps, stages = (int(v) for v in config.split(":"))
+            sass, conversions = _sass(args.kernel, qtype, tokens, rows, cols, warps, stages)
+            loop = _loop(sass)
+            if args.dump:
+                Path(args.dump, f"{args.kernel}-{name}-{config.replace(':', '_')}.sass"
+                     ).write_text("\n".join(loop) + "\n")
+            values_per_thread = rows * cols // (warps * 32)
+            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in loop)
+            print(f"{name} {config}: {len(loop) / values_per_thread:.2f} instructions/value "
+                  f"({len(loop)} per loop, {values_per_thread} values per thread), "
+                  f"{conversions} layout conversions in the kernel; top: {ops.most_common(6)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
