@@ -23,11 +23,13 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the rule reads of the model: layers, experts (0: dense) and GQA ratio."""
+    """What the rule reads of the model: layers, experts (0: dense), GQA ratio, and whether
+    the output head is the token embedding (then that gets the head's type)."""
 
     num_layers: int
     num_experts: int
     gqa: int
+    is_tied: bool = False
 
 
 def use_more_bits(layer: int, num_layers: int) -> bool:
@@ -53,7 +55,7 @@ def tensor_type(mix: str, name: str, ndim: int, shape: ModelShape) -> QT:
     match = _LAYER_RE.match(name)
     layer = int(match.group(1)) if match else -1
     is_mixtral = shape.num_experts == 8  # llama.cpp special-cases 8-expert models
-    if name == "output.weight":
+    if name == "output.weight" or (name == "token_embd.weight" and shape.is_tied):
         if mix == "IQ2_XXS":
             return QT.Q5_K
         return default if default == QT.Q8_0 else QT.Q6_K

@@ -82,7 +82,8 @@ def tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def tensor_types(config: ModelConfig, mix: str) -> dict[str, QT]:
     """GGUF tensor name -> GGML type in a file of `mix` (llama-quantize's choice)."""
     shape = ModelShape(config.num_hidden_layers, config.num_experts,
-                       config.num_attention_heads // config.num_key_value_heads)
+                       config.num_attention_heads // config.num_key_value_heads,
+                       config.tie_word_embeddings)
     return {name: tensor_type(mix, name, len(dims), shape)
             for name, dims in tensor_shapes(config).items()}
 

@@ -61,6 +61,15 @@ def test_q4_k_m_of_llama3_8b_types_tensors_as_llama_quantize() -> None:
                                                                                    QT.F32}
 
 
+def test_a_tied_embedding_takes_the_output_heads_type() -> None:
+    import dataclasses
+
+    tied = dataclasses.replace(TINY_DENSE, tie_word_embeddings=True)
+    assert "output.weight" not in tensor_types(tied, "Q4_K_M")
+    assert tensor_types(tied, "Q4_K_M")["token_embd.weight"] == QT.Q6_K
+    assert tensor_types(TINY_DENSE, "Q4_K_M")["token_embd.weight"] == QT.Q4_K
+
+
 def test_moe_mixes_keep_the_router_float_and_follow_the_layer_rules() -> None:
     config = random_gguf_config("qwen3-30b-a3b")
     q4 = tensor_types(config, "Q4_K_M")
