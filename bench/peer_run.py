@@ -28,7 +28,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from random_gguf import write_random_gguf  # noqa: E402
+from random_gguf import write_random_gguf
 
 TOOLS = ("llama-bench", "llama-batched-bench")
 MIN_STEP_S = 60  # a step with less time left than this is skipped, not started

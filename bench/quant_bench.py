@@ -28,12 +28,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))  # the checkout, for strata
 sys.path.insert(0, str(BENCH_DIR))
 
-from batch_bench import prompt, sync  # noqa: E402
-from llamacpp_peer import bench_command, parse_results  # noqa: E402
-from report import figure, format_figures, write_json  # noqa: E402
-from roofline import decode_weight_bytes  # noqa: E402
+from batch_bench import prompt, sync
+from llamacpp_peer import bench_command, parse_results
+from report import figure, format_figures, write_json
+from roofline import decode_weight_bytes
 
-from strata.engine.gguf_file import open_gguf  # noqa: E402
+from strata.engine.gguf_file import open_gguf
 
 DECODE_ROOFLINE_TARGET = 0.6
 PEER_DECODE_TARGET = 1.2

@@ -12,13 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from llamacpp_batched import batched_command, parse_jsonl, ratio_rows
 
 # Log lines around the JSONL, as the tool prints them (model load, then one object per -npl).
-OUTPUT = """llama_model_loader: loaded meta data with 30 key-value pairs
-main: n_kv_max = 8192, n_batch = 2048, n_ubatch = 512, flash_attn = 1
-{"n_kv_max": 8192, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 1, "is_pp_shared": 0, "n_gpu_layers": 99, "n_threads": 16, "n_threads_batch": 16, "pp": 128, "tg": 128, "pl": 1, "n_kv": 256, "t_pp": 0.020000, "speed_pp": 6400.000000, "t_tg": 1.000000, "speed_tg": 128.000000, "t": 1.020000, "speed": 250.980392}
-{"n_kv_max": 8192, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 1, "is_pp_shared": 0, "n_gpu_layers": 99, "n_threads": 16, "n_threads_batch": 16, "pp": 128, "tg": 128, "pl": 4, "n_kv": 1024, "t_pp": 0.050000, "speed_pp": 10240.000000, "t_tg": 1.280000, "speed_tg": 400.000000, "t": 1.330000, "speed": 769.924812}
-
-llama_perf_context_print:        load time =     512.00 ms
-"""
+OUTPUT = (Path(__file__).parent / "data" / "llama-batched-bench.txt").read_text()
 
 
 def test_jsonl_rows_give_the_aggregate_decode_rate_per_stream_count() -> None:
