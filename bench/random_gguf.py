@@ -128,7 +128,9 @@ def _add_metadata(writer: gguf.GGUFWriter, config: ModelConfig, name: str, mix: 
     writer.add_token_scores([0.0] * len(tokens))
     writer.add_unk_token_id(0)
     writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    # No eos_token_id: greedy decoding of random weights may pick </s> (often, once it locks
+    # into a repeat), and Strata would stop a timed run there. llama.cpp's bench tools never
+    # stop, and its SentencePiece vocabulary defaults eos to 2 anyway.
 
 
 def random_gguf_config(preset: str | ModelConfig, num_layers: int | None = None) -> ModelConfig:
