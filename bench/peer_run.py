@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -78,8 +79,9 @@ def unpack_tools(bin_dir: Path, dest: Path, log) -> dict[str, str]:
     for name in TOOLS:
         target = dest / name
         if (bin_dir / f"{name}.xz").is_file():
-            with target.open("wb") as out:
-                subprocess.run(["xz", "-dc", str(bin_dir / f"{name}.xz")], stdout=out, check=True)
+            # lzma, not the xz tool: a bare machine may lack xz-utils.
+            with lzma.open(bin_dir / f"{name}.xz") as packed, target.open("wb") as out:
+                shutil.copyfileobj(packed, out, 1 << 22)
         elif (bin_dir / name).is_file():
             shutil.copyfile(bin_dir / name, target)
         else:

@@ -95,3 +95,24 @@ def test_batch_bench_runs_on_a_gguf_file_on_the_cpu(tmp_path: Path) -> None:
     rows = json.loads(json_path.read_text())["streams"]
     assert [r["streams"] for r in rows] == [1, 2]
     assert rows[1]["decode_tokens"] == 2 * 5  # every token after each stream's first
+
+
+def test_tools_are_unpacked_from_xz_or_copied_and_made_executable(tmp_path: Path) -> None:
+    import lzma
+    import os
+
+    from peer_run import unpack_tools
+
+    bins = tmp_path / "bins"
+    bins.mkdir()
+    with lzma.open(bins / "llama-bench.xz", "wb") as packed:
+        packed.write(b"#!/bin/sh\necho bench\n")
+    (bins / "llama-batched-bench").write_bytes(b"#!/bin/sh\necho batched\n")
+    lines: list[str] = []
+    tools = unpack_tools(bins, tmp_path / "out", lines.append)
+    assert sorted(tools) == ["llama-batched-bench", "llama-bench"]
+    said = {"llama-bench": "bench", "llama-batched-bench": "batched"}
+    for name, path in tools.items():
+        assert os.access(path, os.X_OK)
+        assert subprocess.run([path], capture_output=True, text=True).stdout.strip() == said[name]
+    assert len(lines) == 2
