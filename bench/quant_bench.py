@@ -187,15 +187,16 @@ def run(args) -> dict:
     weights = decode_weight_bytes(open_gguf(path))
     label = args.label or path.stem
     figures, raw = strata_figures(args, path, weights)
-    peer = None
+    report = {"benchmark": "quant", "file": str(path), "file_bytes": path.stat().st_size,
+              "label": label, "weights": weights, "hbm_gb_s": args.hbm_gb_s,
+              "figures": figures, "strata": raw, "llamacpp": None,
+              "command": " ".join(sys.argv)}
+    write_json(report, args.json)  # now too: a peer cut by a deadline keeps Strata's rows
     if args.llama_bench:
-        peer_rows, peer = llamacpp_figures(args, path, raw)
+        peer_rows, report["llamacpp"] = llamacpp_figures(args, path, raw)
         figures += peer_rows
     for row in figures:
         row["figure"] = f"{label} {row['figure']}"
-    report = {"benchmark": "quant", "file": str(path), "file_bytes": path.stat().st_size,
-              "label": label, "weights": weights, "hbm_gb_s": args.hbm_gb_s,
-              "figures": figures, "strata": raw, "llamacpp": peer, "command": " ".join(sys.argv)}
     print(format_figures(figures), flush=True)
     write_json(report, args.json)
     return report
