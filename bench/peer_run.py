@@ -21,6 +21,7 @@ import json
 import lzma
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -139,11 +140,15 @@ def run_step(step: Step, tools: dict, env: dict, args, log, log_file) -> dict:
         log(f"{step.name}: {' '.join(command)} (timeout {remaining_s:.0f} s)")
         json_path.unlink(missing_ok=True)
         t0 = time.perf_counter()
+        # A session of its own: a timeout ends the bench and the llama.cpp tool it started.
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
         try:
-            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                  timeout=max(remaining_s, 1), check=False)
-            record["status"] = "ok" if done.returncode == 0 else f"exit {done.returncode}"
+            returncode = proc.wait(timeout=max(remaining_s, 1))
+            record["status"] = "ok" if returncode == 0 else f"exit {returncode}"
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             record["status"] = f"timed out after {remaining_s:.0f} s"
         record["bench_s"] = round(time.perf_counter() - t0, 1)
         if json_path.is_file():
