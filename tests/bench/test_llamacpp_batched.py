@@ -1,5 +1,8 @@
-"""bench/llamacpp_batched.py reads llama-batched-bench's JSONL (the format its
-tools/batched-bench prints with --output-format jsonl) and sets it against Strata's rows."""
+"""bench/llamacpp_batched.py reads llama-batched-bench's JSONL and sets it against Strata's rows.
+
+The recorded output is a real run: llama.cpp's batched-bench built for the CPU, on a tiny
+random Q4_K_M file of bench/random_gguf.py, `-npp 16 -ntg 8 -npl 1,4 --output-format jsonl`,
+stdout and stderr together (the warnings before the JSON lines are part of it)."""
 
 from __future__ import annotations
 
@@ -7,27 +10,34 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from llamacpp_batched import batched_command, parse_jsonl, ratio_rows
 
-# Log lines around the JSONL, as the tool prints them (model load, then one object per -npl).
 OUTPUT = (Path(__file__).parent / "data" / "llama-batched-bench.txt").read_text()
+RECORDS = {r["pl"]: r for r in map(json.loads, (ln for ln in OUTPUT.splitlines()
+                                                 if ln.startswith("{")))}
 
 
 def test_jsonl_rows_give_the_aggregate_decode_rate_per_stream_count() -> None:
     rows = parse_jsonl(OUTPUT)
     assert sorted(rows) == [1, 4]
-    assert rows[4]["aggregate_tok_s"] == 400.0 and rows[4]["prefill_tok_s"] == 10240.0
-    assert rows[1]["raw"]["n_gpu_layers"] == 99
+    assert rows[4]["aggregate_tok_s"] == RECORDS[4]["speed_tg"]  # 4 x 8 tokens / t_tg
+    assert rows[4]["aggregate_tok_s"] == pytest.approx(4 * 8 / RECORDS[4]["t_tg"], rel=1e-3)
+    assert rows[1]["prefill_tok_s"] == RECORDS[1]["speed_pp"]
+    assert rows[1]["raw"]["n_gpu_layers"] == 99 and rows[1]["raw"]["flash_attn"] == 1
 
 
 def test_ratios_are_strata_over_llamacpp_with_the_target_at_4_and_8() -> None:
-    strata = [{"streams": 1, "aggregate_tok_s": 160.0}, {"streams": 4, "aggregate_tok_s": 500.0},
-              {"streams": 16, "aggregate_tok_s": 900.0}]
+    one, four = RECORDS[1]["speed_tg"], RECORDS[4]["speed_tg"]
+    strata = [{"streams": 1, "aggregate_tok_s": 1.25 * one},
+              {"streams": 4, "aggregate_tok_s": 0.5 * four},
+              {"streams": 16, "aggregate_tok_s": 900.0}]  # llama.cpp ran no 16: no ratio
     ratios = ratio_rows(strata, parse_jsonl(OUTPUT))
     assert [(r["streams"], r["strata_over_llamacpp"], r["target"]) for r in ratios] == [
-        (1, 1.25, None), (4, 1.25, 1.2)]
+        (1, 1.25, None), (4, 0.5, 1.2)]
     json.dumps(ratios)
 
 
