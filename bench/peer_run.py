@@ -60,7 +60,8 @@ PLANS = {
           Step("llama3-8b-Q4_K_M-batch", "llama3-8b", "Q4_K_M", "batch"),
           Step("qwen3-30b-a3b-Q4_K_M-batch", "qwen3-30b-a3b", "Q4_K_M", "batch")],
     # A CPU dry run of the machinery (tiny files need --device cpu and no binaries).
-    "dry": [Step("smollm2-Q8_0", "smollm2-135m", "Q8_0", "quant", 2)],
+    "dry": [Step("smollm2-Q8_0", "smollm2-135m", "Q8_0", "quant", 2),
+            Step("smollm2-Q8_0-batch", "smollm2-135m", "Q8_0", "batch", 2)],
 }
 
 

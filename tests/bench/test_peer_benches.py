@@ -61,7 +61,7 @@ def test_every_plan_step_is_a_file_the_writer_makes_and_the_disk_holds() -> None
 
 
 @pytest.mark.slow
-def test_peer_run_dry_plan_runs_quant_bench_on_the_cpu(tmp_path: Path) -> None:
+def test_peer_run_dry_plan_runs_both_benches_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "peer_run.py"), "--plan", "dry", "--device", "cpu",
@@ -71,8 +71,9 @@ def test_peer_run_dry_plan_runs_quant_bench_on_the_cpu(tmp_path: Path) -> None:
                                                          "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = json.loads((out / "peer_dry.json").read_text())
-    (step,) = report["steps"]
-    assert step["status"] == "ok", step
+    step, batch = report["steps"]
+    assert step["status"] == batch["status"] == "ok", report["steps"]
+    assert [r["streams"] for r in batch["report"]["streams"]] == [1, 2]
     figures = {f["figure"]: f for f in step["report"]["figures"]}
     assert figures["smollm2-Q8_0 decode bs1"]["value"] > 0
     assert figures["smollm2-Q8_0 TTFT 32 tok"]["unit"] == "ms"
