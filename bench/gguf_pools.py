@@ -60,9 +60,16 @@ def row_bytes(qtype: QT, cols: int) -> int:
     return cols // block_size * block_bytes
 
 
-def tensor_bytes(pool: np.ndarray, qtype: QT, shape: tuple[int, ...]) -> np.ndarray:
-    """uint8 [..., rows, row_bytes] for a tensor of `shape` (numpy order): the pool repeated.
+class RepeatedBytes:
+    """A tensor's bytes as the pool repeated, written without being built: what
+    GGUFWriter.write_tensor_data needs of an array (nbytes, tofile). The pool holds whole
+    blocks, so every block of the tensor is one of the pool's."""
 
-    The pool holds whole blocks, so every block of the tensor is one of the pool's."""
-    byte_shape = (*shape[:-1], row_bytes(qtype, shape[-1]))
-    return np.resize(pool, byte_shape)
+    def __init__(self, pool: np.ndarray, qtype: QT, shape: tuple[int, ...]):
+        self.pool = pool
+        self.nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * row_bytes(qtype, shape[-1])
+
+    def tofile(self, out) -> None:
+        view = memoryview(self.pool)
+        for start in range(0, self.nbytes, len(view)):
+            out.write(view[: min(len(view), self.nbytes - start)])

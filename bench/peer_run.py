@@ -5,9 +5,9 @@
 DIR holds llama-bench and llama-batched-bench (CUDA builds, bench/build_llamacpp.sh), plain
 or xz-compressed (NAME.xz): they are unpacked into /tmp and run with the CUDA libraries of
 torch's `nvidia` package on LD_LIBRARY_PATH. Each step of the plan writes its GGUF file
-(random_gguf.py) under --work-dir, runs quant_bench.py (issue 19's row: Strata, then
-llama-bench) or batch_bench.py (issue 22's row: Strata, then llama-batched-bench) on it in a
-subprocess, and deletes the file. Steps run in order until --deadline-s; one that cannot end
+(random_gguf.py) under --work-dir (/dev/shm when it has room), runs quant_bench.py (issue
+19's row: Strata, then llama-bench) or batch_bench.py (issue 22's row: Strata, then
+llama-batched-bench) on it in a subprocess, and deletes the file. Steps run in order until --deadline-s; one that cannot end
 in time is skipped, a failed one costs only its row. Everything lands in two files (a device
 call brings back few): OUT/peer_PLAN.json (each step's report, rewritten after every step)
 and OUT/peer_PLAN.log (every subprocess's output).
@@ -30,7 +30,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-from random_gguf import write_random_gguf
+from random_gguf import random_gguf_config, stored_bytes, write_random_gguf
 
 TOOLS = ("llama-bench", "llama-batched-bench")
 MIN_STEP_S = 60  # a step with less time left than this is skipped, not started
@@ -98,6 +98,22 @@ def unpack_tools(bin_dir: Path, dest: Path, log) -> dict[str, str]:
     return tools
 
 
+def work_dir(choice: str, file_bytes: int) -> Path:
+    """Where a file of file_bytes goes: `choice`, or for "auto" /dev/shm when it has room
+    (tmpfs: writing costs no disk time, and it is the page cache both engines load from),
+    else /tmp (a disk whose write speed is unknown; its pages stay cached)."""
+    candidates = [Path("/dev/shm/peer-gguf"), Path("/tmp/peer-gguf")] if choice == "auto" \
+        else [Path(choice)]
+    for folder in candidates:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if shutil.disk_usage(folder).free > file_bytes + (256 << 20) or folder == candidates[-1]:
+            return folder
+    raise OSError(f"none of {candidates} can be made")
+
+
 def bench_command(step: Step, path: Path, json_path: Path, tools: dict, args) -> list[str]:
     python = [sys.executable]
     if step.bench == "quant":
@@ -127,15 +143,16 @@ def run_step(step: Step, tools: dict, env: dict, args, log, log_file) -> dict:
         record["status"] = f"skipped: {remaining_s:.0f} s left of {args.deadline_s:.0f} s"
         log(f"{step.name}: {record['status']}")
         return record
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
+    work = work_dir(args.work_dir, stored_bytes(random_gguf_config(step.preset, step.num_layers),
+                                                step.mix))
     path, json_path = work / f"{step.name}.gguf", work / f"{step.name}.json"
     try:
         t0 = time.perf_counter()
         write_random_gguf(step.preset, path, mix=step.mix, num_layers=step.num_layers)
         record |= {"write_s": round(time.perf_counter() - t0, 1),
                    "file_bytes": path.stat().st_size}
-        log(f"{step.name}: wrote {path.stat().st_size / 1e9:.2f} GB in {record['write_s']} s")
+        log(f"{step.name}: wrote {path.stat().st_size / 1e9:.2f} GB in {record['write_s']} s "
+            f"to {path}")
         remaining_s = args.deadline_s - (time.perf_counter() - args.started_s)
         command = bench_command(step, path, json_path, tools, args)
         log(f"{step.name}: {' '.join(command)} (timeout {remaining_s:.0f} s)")
@@ -170,7 +187,8 @@ def main() -> int:
     parser.add_argument("--bin-dir", default="llamacpp-bin",
                         help="folder with llama-bench / llama-batched-bench (or NAME.xz)")
     parser.add_argument("--out", default=os.environ.get("OUT", "peer-out"))
-    parser.add_argument("--work-dir", default="/tmp/peer-gguf", help="where the files go")
+    parser.add_argument("--work-dir", default="auto",
+                        help="where the files go (auto: /dev/shm when it has room, else /tmp)")
     parser.add_argument("--deadline-s", type=float, default=560.0)
     parser.add_argument("--hbm-gb-s", type=float, default=4300.0)
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the machinery")

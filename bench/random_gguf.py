@@ -29,7 +29,7 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf_mix import FILE_TYPES, ModelShape, tensor_type
-from gguf_pools import byte_pool, row_bytes, tensor_bytes
+from gguf_pools import RepeatedBytes, byte_pool, row_bytes
 
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.random_weights import random_weights_config
@@ -86,6 +86,15 @@ def tensor_types(config: ModelConfig, mix: str) -> dict[str, QT]:
                        config.tie_word_embeddings)
     return {name: tensor_type(mix, name, len(dims), shape)
             for name, dims in tensor_shapes(config).items()}
+
+
+def stored_bytes(config: ModelConfig, mix: str) -> int:
+    """Bytes of tensor data a file of `mix` holds (the file is a few MB more: vocabulary)."""
+    types, total = tensor_types(config, mix), 0
+    for name, shape in tensor_shapes(config).items():
+        block_size, block_bytes = gguf.GGML_QUANT_SIZES[types[name]]
+        total += int(np.prod(shape, dtype=np.int64)) // block_size * block_bytes
+    return total
 
 
 def _vocabulary(vocab_size: int) -> tuple[list[str], list[int]]:
@@ -179,7 +188,7 @@ def write_random_gguf(preset: str | ModelConfig, path: str | Path, seed: int = 0
         else:
             if qtype not in pools:
                 pools[qtype] = byte_pool(qtype, seed)
-            data = tensor_bytes(pools[qtype], qtype, shape)
+            data = RepeatedBytes(pools[qtype], qtype, shape)
         writer.write_tensor_data(data)
         total += data.nbytes
     writer.close()

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gguf
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +16,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gguf_mix import FILE_TYPES
 from peer_run import PLANS
-from random_gguf import random_gguf_config, tensor_shapes, tensor_types, write_random_gguf
+from random_gguf import random_gguf_config, stored_bytes, write_random_gguf
 from roofline import decode_weight_bytes
 
 from strata.engine.core.model_config import ModelConfig
@@ -48,15 +47,7 @@ def test_every_plan_step_is_a_file_the_writer_makes_and_the_disk_holds() -> None
     for steps in PLANS.values():
         for step in steps:
             assert step.mix in FILE_TYPES and step.bench in ("quant", "batch")
-            config = random_gguf_config(step.preset, step.num_layers)
-            shapes, types = tensor_shapes(config), tensor_types(config, step.mix)
-            nbytes = 0
-            for name, shape in shapes.items():
-                block_size, block_bytes = gguf.GGML_QUANT_SIZES[types[name]]
-                numel = 1
-                for dim in shape:
-                    numel *= dim
-                nbytes += numel // block_size * block_bytes
+            nbytes = stored_bytes(random_gguf_config(step.preset, step.num_layers), step.mix)
             assert nbytes < DISK_BYTES * 0.6, step  # the checkout, caches and torch fit too
 
 

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as QT
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from gguf_mix import use_more_bits
-from random_gguf import random_gguf_config, tensor_shapes, tensor_types, write_random_gguf
+from random_gguf import random_gguf_config, stored_bytes, tensor_types, write_random_gguf
 
 from strata.engine.core.model_config import ModelConfig
 
@@ -27,18 +27,6 @@ TINY_MOE = ModelConfig(model_type="qwen3_moe", vocab_size=512, hidden_size=256,
                        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
                        rms_norm_eps=1e-6)
-
-
-def _stored_bytes(config: ModelConfig, mix: str) -> int:
-    shapes, types = tensor_shapes(config), tensor_types(config, mix)
-    total = 0
-    for name, shape in shapes.items():
-        block_size, block_bytes = gguf.GGML_QUANT_SIZES[types[name]]
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        total += numel // block_size * block_bytes
-    return total
 
 
 def test_use_more_bits_is_llama_cpps_rule_for_32_layers() -> None:
@@ -92,7 +80,7 @@ def test_moe_mixes_keep_the_router_float_and_follow_the_layer_rules() -> None:
 ])
 def test_sizes_match_the_published_files(preset: str, mix: str, published_gb: float) -> None:
     # The published files' sizes (tensors + a few MB of vocabulary), within 1%.
-    assert _stored_bytes(random_gguf_config(preset), mix) / 1e9 == pytest.approx(published_gb,
+    assert stored_bytes(random_gguf_config(preset), mix) / 1e9 == pytest.approx(published_gb,
                                                                                  rel=0.01)
 
 
@@ -116,7 +104,7 @@ def test_strata_loads_and_generates_from_every_kind(tmp_path: Path, config: Mode
     from strata.engine.protocol import SamplingSpec
 
     path = tmp_path / "tiny.gguf"
-    write_random_gguf(config, path, mix=mix)
+    assert write_random_gguf(config, path, mix=mix) == stored_bytes(config, mix)
     reader = gguf.GGUFReader(path)
     types = tensor_types(config, mix)
     assert {t.name: t.tensor_type for t in reader.tensors} == types
