@@ -78,7 +78,7 @@ def run_streams(engine, num_streams: int, args) -> dict:
             "per_stream_tok_s": round(num_tokens / elapsed_s / num_streams, 1)}
 
 
-def _first_token_s(engine, request_id: str, tokens: list[int], slot: int) -> float:
+def first_token_s(engine, request_id: str, tokens: list[int], slot: int) -> float:
     """Seconds from add() to the request's first token, run alone."""
     from strata.engine.protocol import SamplingSpec
 
@@ -101,7 +101,7 @@ def run_ttft(engine, args) -> dict:
     vocab = engine.model_config.vocab_size
     for i in range(2):
         engine.erase_slot(i)
-    _first_token_s(engine, "warm", prompt(vocab, 9, args.short_tokens), 1)  # captures its bucket
+    first_token_s(engine, "warm", prompt(vocab, 9, args.short_tokens), 1)  # captures its bucket
     engine.add("long", prompt(vocab, 7, args.long_tokens), SamplingSpec(max_tokens=8), 0)
     engine.step()  # the long prompt's first chunk
     sync()
@@ -121,7 +121,7 @@ def run_ttft(engine, args) -> dict:
         if ttft_s is not None:
             engine.cancel("long")
     engine.step()
-    alone_s = _first_token_s(engine, "alone", prompt(vocab, 13, args.short_tokens), 1)
+    alone_s = first_token_s(engine, "alone", prompt(vocab, 13, args.short_tokens), 1)
     return {"long_tokens": args.long_tokens, "chunk_tokens": args.chunk_tokens,
             "chunk_s": round(chunk_s, 4), "short_ttft_s": round(ttft_s, 4),
             "short_alone_s": round(alone_s, 4),

@@ -7,10 +7,10 @@ or xz-compressed (NAME.xz): they are unpacked into /tmp and run with the CUDA li
 torch's `nvidia` package on LD_LIBRARY_PATH. Each step of the plan writes its GGUF file
 (random_gguf.py) under --work-dir (/dev/shm when it has room), runs quant_bench.py (issue
 19's row: Strata, then llama-bench) or batch_bench.py (issue 22's row: Strata, then
-llama-batched-bench) on it in a subprocess, and deletes the file. Steps run in order until --deadline-s; one that cannot end
-in time is skipped, a failed one costs only its row. Everything lands in two files (a device
-call brings back few): OUT/peer_PLAN.json (each step's report, rewritten after every step)
-and OUT/peer_PLAN.log (every subprocess's output).
+llama-batched-bench) on it in a subprocess, and deletes the file. Steps run in order until
+--deadline-s; one that cannot end in time is skipped, a failed one costs only its row.
+Everything lands in two files (a device call brings back few): OUT/peer_PLAN.json (each
+step's report, rewritten after every step) and OUT/peer_PLAN.log (every subprocess's output).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))  # the checkout, for strata
 sys.path.insert(0, str(BENCH_DIR))
 
-from batch_bench import prompt, sync
+from batch_bench import first_token_s, prompt, sync
 from llamacpp_peer import bench_command, parse_results
 from report import figure, format_figures, write_json
 from roofline import decode_weight_bytes
@@ -66,7 +66,6 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
 
     from strata.engine.core.engine import Engine, EngineConfig
     from strata.engine.core.loader.quant_plan import kv_bytes
-    from strata.engine.protocol import SamplingSpec
 
     _, baseline_used = vram_used_bytes()
     context = max(args.prefill_tokens) + args.decode_tokens + 64
@@ -95,13 +94,13 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     roofline = args.hbm_gb_s * 1e9 / weights["per_token_bytes"]
     rows.append(figure("decode bs1", decode, "tok/s", roofline, DECODE_ROOFLINE_TARGET,
                        f"limit: quantized-bytes roofline at {args.hbm_gb_s:.0f} GB/s"))
-    first_only = SamplingSpec(max_tokens=1, temperature=0.0)
     for num_tokens in args.prefill_tokens:
         best_s = float("inf")
         for repeat in range(args.repeats + 1):  # the first run captures/compiles: unmeasured
-            engine.erase_slot(0)
+            # The slot is not erased (that drops its prefill graphs): each prompt differs from
+            # the last from its first token, so none of it is cached.
             ids = prompt(vocab, 100 * num_tokens + repeat, num_tokens)
-            _, seconds = _timed_s(lambda ids=ids: list(engine.generate(ids, first_only)))
+            seconds = first_token_s(engine, f"prefill-{num_tokens}-{repeat}", ids, 0)
             if repeat:
                 best_s = min(best_s, seconds)
         raw[f"prefill_{num_tokens}_s"] = best_s
