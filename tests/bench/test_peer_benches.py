@@ -108,3 +108,25 @@ def test_tools_are_unpacked_from_xz_or_copied_and_made_executable(tmp_path: Path
         assert os.access(path, os.X_OK)
         assert subprocess.run([path], capture_output=True, text=True).stdout.strip() == said[name]
     assert len(lines) == 2
+
+
+def test_quant_bench_sets_strata_against_a_recorded_llama_bench_run(tmp_path: Path) -> None:
+    from argparse import Namespace
+
+    from quant_bench import llamacpp_figures
+
+    recorded = ROOT / "tests" / "bench" / "data" / "llama-bench-cpu.json"
+    tests = {(t["n_prompt"], t["n_gen"]): t["avg_ts"] for t in json.loads(recorded.read_text())}
+    fake = tmp_path / "llama-bench"  # prints what a real llama-bench run printed
+    fake.write_text(f"#!/bin/sh\ncat {recorded}\n")
+    fake.chmod(0o755)
+    args = Namespace(llama_bench=str(fake), prefill_tokens=[64, 256], decode_tokens=8,
+                     ubatch=2048, llamacpp_timeout_s=60)
+    ours = {"decode_tok_s": 100.0, "prefill_256_s": 0.5, "prefill_64_s": 0.25}
+    rows, peer = llamacpp_figures(args, tmp_path / "m.gguf", ours)
+    by_name = {r["figure"]: r for r in rows}
+    assert by_name["vs llama.cpp decode bs1"]["limit"] == tests[(0, 8)]
+    assert by_name["vs llama.cpp decode bs1"]["ratio"] == pytest.approx(100.0 / tests[(0, 8)])
+    assert by_name["vs llama.cpp prefill 256 tok"]["ratio"] == pytest.approx(512 / tests[(256, 0)])
+    assert by_name["vs llama.cpp prefill 64 tok"]["limit"] == pytest.approx(tests[(64, 0)])
+    assert "-fa 1" in peer["command"] and "-ngl 99" in peer["command"]
