@@ -1,6 +1,7 @@
 """Strata against llama.cpp on the same random GGUF files, in one command per device call.
 
     python bench/peer_run.py --plan a --bin-dir DIR --out "$OUT" [--deadline-s 560]
+                             [--steps NAME ...]  (steps of any plan, in the order given)
 
 DIR holds llama-bench and llama-batched-bench (CUDA builds, bench/build_llamacpp.sh), plain
 or xz-compressed (NAME.xz): they are unpacked into /tmp and run with the CUDA libraries of
@@ -184,6 +185,7 @@ def run_step(step: Step, tools: dict, env: dict, args, log, log_file) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, choices=sorted(PLANS))
+    parser.add_argument("--steps", nargs="+", help="only these steps (names from any plan)")
     parser.add_argument("--bin-dir", default="llamacpp-bin",
                         help="folder with llama-bench / llama-batched-bench (or NAME.xz)")
     parser.add_argument("--out", default=os.environ.get("OUT", "peer-out"))
@@ -196,6 +198,11 @@ def main() -> int:
                         help="passed on to every bench script (last)")
     args = parser.parse_args()
     args.started_s = time.perf_counter()
+    every = {step.name: step for plan in PLANS.values() for step in plan}
+    unknown = sorted(set(args.steps or ()) - set(every))
+    if unknown:
+        raise SystemExit(f"peer_run: unknown steps {unknown}; known: {sorted(every)}")
+    steps = [every[name] for name in args.steps] if args.steps else PLANS[args.plan]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_path, json_path = out / f"peer_{args.plan}.log", out / f"peer_{args.plan}.json"
@@ -219,7 +226,7 @@ def main() -> int:
                 log(f"{name} still lacks {missing}")
         report = {"plan": args.plan, "command": " ".join(sys.argv), "tools": tools,
                   "ld_library_path": lib_dirs, "steps": []}
-        for step in PLANS[args.plan]:
+        for step in steps:
             log_file.flush()
             report["steps"].append(run_step(step, tools, env, args, log, log_file))
             json_path.write_text(json.dumps(report, indent=1, default=str))
