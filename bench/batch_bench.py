@@ -2,12 +2,16 @@
 first token of a short request while a long prompt prefills (issue 22).
 
     python bench/batch_bench.py --model llama3-8b --random --streams 1 2 4 8 16 --json out.json
+    python bench/batch_bench.py --gguf FILE.gguf [--llama-batched-bench PATH] --json out.json
 
 Drives Engine.add/step directly (what the engine process does), so the figures are the
 engine's, not HTTP's. For each stream count: N requests with distinct prompts start together;
 decode tok/s is the tokens made after every sequence has its first token over that time.
 Then a long prompt (--long-tokens) is added, and after its first prefill chunk a short request;
 its TTFT is compared with one chunk's prefill time and its own prefill.
+With --gguf FILE the engine loads that file; --llama-batched-bench PATH then runs llama.cpp's
+llama-batched-bench on the same file once the engine is closed (llamacpp_batched.py: the same
+stream counts, prompt and generated lengths) and adds Strata/llama.cpp per stream count.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # llamacpp_batched.py
 
 
 def engine_for(args):
     from strata.engine.core.engine import Engine
     from strata.engine.core.engine_config import EngineConfig
 
-    extra = {"random_weights": args.model} if args.random else {}
-    engine = Engine(EngineConfig(model_path=args.model, device=args.device, num_slots=args.slots,
+    extra = {"random_weights": args.model} if args.random and not args.gguf else {}
+    model_path = args.gguf or args.model
+    engine = Engine(EngineConfig(model_path=model_path, device=args.device, num_slots=args.slots,
                                  context_tokens=args.long_tokens + 1024,
                                  prefill_chunk_tokens=args.chunk_tokens, **extra))
     engine.load()
@@ -72,7 +78,7 @@ def run_streams(engine, num_streams: int, args) -> dict:
             "per_stream_tok_s": round(num_tokens / elapsed_s / num_streams, 1)}
 
 
-def _first_token_s(engine, request_id: str, tokens: list[int], slot: int) -> float:
+def first_token_s(engine, request_id: str, tokens: list[int], slot: int) -> float:
     """Seconds from add() to the request's first token, run alone."""
     from strata.engine.protocol import SamplingSpec
 
@@ -95,7 +101,7 @@ def run_ttft(engine, args) -> dict:
     vocab = engine.model_config.vocab_size
     for i in range(2):
         engine.erase_slot(i)
-    _first_token_s(engine, "warm", prompt(vocab, 9, args.short_tokens), 1)  # captures its bucket
+    first_token_s(engine, "warm", prompt(vocab, 9, args.short_tokens), 1)  # captures its bucket
     engine.add("long", prompt(vocab, 7, args.long_tokens), SamplingSpec(max_tokens=8), 0)
     engine.step()  # the long prompt's first chunk
     sync()
@@ -115,7 +121,7 @@ def run_ttft(engine, args) -> dict:
         if ttft_s is not None:
             engine.cancel("long")
     engine.step()
-    alone_s = _first_token_s(engine, "alone", prompt(vocab, 13, args.short_tokens), 1)
+    alone_s = first_token_s(engine, "alone", prompt(vocab, 13, args.short_tokens), 1)
     return {"long_tokens": args.long_tokens, "chunk_tokens": args.chunk_tokens,
             "chunk_s": round(chunk_s, 4), "short_ttft_s": round(ttft_s, 4),
             "short_alone_s": round(alone_s, 4),
@@ -126,6 +132,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama3-8b")
     parser.add_argument("--random", action="store_true", help="--model names a random preset")
+    parser.add_argument("--gguf", help="a GGUF file to load instead of --model")
+    parser.add_argument("--llama-batched-bench",
+                        help="llama-batched-bench binary: llama.cpp on the same --gguf file")
+    parser.add_argument("--llamacpp-timeout-s", type=float, default=300.0)
+    parser.add_argument("--no-ttft", action="store_true",
+                        help="skip the short-request-during-long-prefill row")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=128)
@@ -148,13 +160,34 @@ def main() -> None:
     for row in rows:
         row["vs_one_stream"] = round(row["aggregate_tok_s"] / one, 2) if one else None
         print(json.dumps(row), flush=True)
-    ttft = run_ttft(engine, args)
+    ttft = None if args.no_ttft else run_ttft(engine, args)
     print(json.dumps(ttft), flush=True)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    result = {"model": args.model, "gpu": gpu, "torch": torch.__version__,
+    result = {"model": args.gguf or args.model, "gpu": gpu, "torch": torch.__version__,
               "streams": rows, "warmup_streams": warmup, "ttft_during_long_prefill": ttft}
-    if args.json:
+    if args.json:  # written now too: a failing peer keeps Strata's rows
         Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.gguf and args.llama_batched_bench:
+        result |= llamacpp_peer(engine, rows, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+def llamacpp_peer(engine, rows: list[dict], args) -> dict:
+    """Close the engine (its VRAM back), run llama-batched-bench on the same file, and print
+    Strata/llama.cpp per stream count."""
+    from llamacpp_batched import ratio_rows, run_batched
+
+    engine.close()
+    sync()
+    peer = run_batched(args.llama_batched_bench, args.gguf, args.streams, args.prompt_tokens,
+                       args.max_tokens, args.llamacpp_timeout_s)
+    if "error" in peer:
+        print(f"llama-batched-bench: {peer['error']}", file=sys.stderr, flush=True)
+    ratios = ratio_rows(rows, peer["rows"])
+    for row in ratios:
+        print(json.dumps(row), flush=True)
+    return {"llamacpp": peer, "vs_llamacpp": ratios}
 
 
 if __name__ == "__main__":
