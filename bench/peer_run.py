@@ -214,7 +214,10 @@ def main() -> int:
 
         tools = unpack_tools(Path(args.bin_dir), Path("/tmp/llamacpp-bin"), log)
         lib_dirs = cuda_library_dirs()
-        env = {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent),
+        # The checkout first, then what the caller's PYTHONPATH already had (packages
+        # installed with --target, as on a machine without a virtual environment).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                   [str(BENCH_DIR.parent), *filter(None, [os.environ.get("PYTHONPATH")])]),
                "LD_LIBRARY_PATH": os.pathsep.join(
                    [*lib_dirs, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])}
         log(f"LD_LIBRARY_PATH += {lib_dirs}")
