@@ -62,6 +62,11 @@ QDOT_CONFIGS = ((64, 256, 4, 1), (128, 256, 4, 1), (32, 256, 4, 1), (64, 256, 4,
 # 2..16 (tl.dot over a block-diagonal x of 16 tokens per group) only where it needs fewer
 # instructions than the planes kernel's (bench/diag_quant_sass.py), else the planes kernel.
 QDOT_DOT_TYPES = frozenset({8})  # Q8_0
+# The int8 kernel's types the decoder picks: those whose products matched torch on the H200
+# (Q4_0, Q4_1, Q8_0, Q4_K). Q5_0, Q5_1, Q5_K and Q6_K pass in the interpreter but not on the
+# GPU (their high-bit paths; run 15, tests/gpu/test_quant_cuda.py): they keep the planes
+# kernel until that is found.
+QDOT_DECODE_TYPES = frozenset({2, 3, 8, 12})
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
@@ -210,7 +215,7 @@ def decode_kernel(qtype: int, num_tokens: int) -> str:
     int8 kernel), "planes" or "tile" (dequantized values in float). STRATA_QDOT=0 turns the
     int8 kernel off (its products differ from the float ones by x's rounding to 8 bits)."""
     qtype = int(qtype)
-    if (qtype in ib.INT8_TYPES and os.environ.get("STRATA_QDOT") != "0"
+    if (qtype in QDOT_DECODE_TYPES and os.environ.get("STRATA_QDOT") != "0"
             and (num_tokens == 1 or qtype in QDOT_DOT_TYPES)):
         return "qdot"
     return "planes" if qtype in gp.PLANE_LANES else "tile"
