@@ -8,8 +8,8 @@ from a CUDA graph of `GRAPH_CALLS` calls, as decode runs (`graph_*`: the kernel'
 
     python bench/diag_quant_gemv.py [--types Q4_K,Q6_K,Q8_0,Q4_1] [--hbm-gb-s 4300]
 
-`kernel` in each row: quant/kernels.decode_kernel's pick (qdot: the int8 kernel). Run it
-again with STRATA_QDOT=0 for the float kernels' figures on the same build.
+`kernel` in each row: quant/kernels.decode_kernel's pick (planes or tile by default; qdot, the
+int8 kernel, with STRATA_QDOT=1).
 """
 
 from __future__ import annotations

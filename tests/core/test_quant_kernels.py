@@ -159,11 +159,14 @@ def test_the_int8_kernel_matches_torch_within_the_rounding_of_x(qtype: QT) -> No
         assert_int8_close(kernels.qdot_matmul(xs, weight.raw, qtype, 70), xs, dense)
 
 
-def test_qlinear_reads_a_row_strided_input() -> None:
+def test_qlinear_reads_a_row_strided_input(monkeypatch) -> None:
     """Fused q/k/v outputs are column slices: a strided x must multiply like a copy."""
     weight, dense = _weight(QT.Q8_0, rows=8, cols=256, seed=0)
     wide = torch.randn(3, 512)
     x = wide[:, 128:384]  # row stride 512
+    assert kernels.decode_kernel(QT.Q8_0, 3) == "planes"  # the default
+    torch.testing.assert_close(qlinear(x, weight), x @ dense.T, rtol=RTOL, atol=ATOL)
+    monkeypatch.setenv("STRATA_QDOT", "1")  # the int8 kernel, opted in
     assert kernels.decode_kernel(QT.Q8_0, 3) == "qdot"
     assert_int8_close(qlinear(x, weight), x.contiguous(), dense)
     # The same bytes through the float kernel: exactly the copy's product.

@@ -62,10 +62,11 @@ QDOT_CONFIGS = ((64, 256, 4, 1), (128, 256, 4, 1), (32, 256, 4, 1), (64, 256, 4,
 # 2..16 (tl.dot over a block-diagonal x of 16 tokens per group) only where it needs fewer
 # instructions than the planes kernel's (bench/diag_quant_sass.py), else the planes kernel.
 QDOT_DOT_TYPES = frozenset({8})  # Q8_0
-# The int8 kernel's types the decoder picks: those whose products matched torch on the H200
-# (Q4_0, Q4_1, Q8_0, Q4_K). Q5_0, Q5_1, Q5_K and Q6_K pass in the interpreter but not on the
-# GPU (their high-bit paths; run 15, tests/gpu/test_quant_cuda.py): they keep the planes
-# kernel until that is found.
+# The int8 kernel's types the decoder may pick with STRATA_QDOT=1: those whose products
+# matched torch on the H200 (Q4_0, Q4_1, Q8_0, Q4_K). Q5_0, Q5_1, Q5_K and Q6_K pass in the
+# interpreter but not on the GPU (their high-bit paths). Off by default: on the H200 it was
+# 3.5x slower than the planes kernel per matrix, and a Q4_K_M 8B decoded at 90 tok/s with it
+# against 216 without (docs/benchmarks.md, tenth session).
 QDOT_DECODE_TYPES = frozenset({2, 3, 8, 12})
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
@@ -212,10 +213,11 @@ def _matmul_candidates(configs: tuple) -> tuple:
 
 def decode_kernel(qtype: int, num_tokens: int) -> str:
     """Which kernel multiplies num_tokens (1..16) tokens by a weight of qtype: "qdot" (the
-    int8 kernel), "planes" or "tile" (dequantized values in float). STRATA_QDOT=0 turns the
-    int8 kernel off (its products differ from the float ones by x's rounding to 8 bits)."""
+    int8 kernel), "planes" or "tile" (dequantized values in float). STRATA_QDOT=1 turns the
+    int8 kernel on (slower on the H200 so far; its products differ from the float ones by x's
+    rounding to 8 bits)."""
     qtype = int(qtype)
-    if (qtype in QDOT_DECODE_TYPES and os.environ.get("STRATA_QDOT") != "0"
+    if (qtype in QDOT_DECODE_TYPES and os.environ.get("STRATA_QDOT") == "1"
             and (num_tokens == 1 or qtype in QDOT_DOT_TYPES)):
         return "qdot"
     return "planes" if qtype in gp.PLANE_LANES else "tile"
