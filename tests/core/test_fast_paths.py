@@ -458,8 +458,8 @@ def test_compiled_op_runs_eagerly_past_the_recompile_limit(caplog) -> None:
     from strata.engine.core.fast.pointwise import rms_norm
 
     fresh = _own_code(rms_norm)  # a code object no other test compiled
-    op = _eager_unless_compiled(
-        torch.compile(fresh, backend="eager", dynamic=False, fullgraph=True), fresh)
+    op = _eager_unless_compiled(  # torch.compile is called on the first call (a factory)
+        lambda: torch.compile(fresh, backend="eager", dynamic=False, fullgraph=True), fresh)
     weight = torch.rand(8)
     # config.patch, not monkeypatch: the config module's attributes are not plain ones.
     with torch._dynamo.config.patch(recompile_limit=1), caplog.at_level("WARNING"):
