@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.core.fast.moe_triton import _check_stacked, _check_table, _counter
-from strata.engine.core.kernels.launch import launch, tuned
+from strata.engine.core.kernels.launch import is_interpreting, launch, tuned
 
 try:
     import triton
@@ -138,7 +138,11 @@ if triton is not None:
                         mask=row_ok[:, None] & col_ok[None, :], other=0.0)
             v = tl.load(v_ptr + v_rows[:, None].to(tl.int64) * num_cols + cols[None, :],
                         mask=v_ok[:, None] & col_ok[None, :], other=0.0)
-            acc = tl.dot(v.to(w.dtype), tl.trans(w), acc, input_precision=PRECISION)
+            if PRECISION == "ieee":  # float32 (and the interpreter: see _precision)
+                acc = tl.dot(v.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
+                             input_precision="ieee")
+            else:
+                acc = tl.dot(v.to(w.dtype), tl.trans(w), acc)
         return acc
 
     @triton.jit
@@ -213,8 +217,10 @@ if triton is not None:
 
 
 def _precision(dtype: torch.dtype) -> str:
-    # float32 weights (the CPU tests, a float32 model) multiply exactly, not as tf32.
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """How tl.dot multiplies: float32 weights exactly ("ieee", not tf32); bf16/fp16 natively
+    on the GPU. The interpreter multiplies bf16 as its raw bits (numpy has no bf16; Triton
+    3.9's create_dot), so there everything goes through float32."""
+    return "ieee" if dtype == torch.float32 or is_interpreting() else "native"
 
 
 def _token_blocks(num_tokens: int, top_k: int) -> dict:
