@@ -11,8 +11,9 @@ graph captured once per bucket replays for any sequences in any slots:
   the batch's furthest position, each row masked past its own.
 
 Linear layers run on [B, hidden] (cuBLAS, or the quantized kernels at M = B), the fused
-q/k/v and gate/up views where the model has them; MoE layers route B*k rows through the
-grouped GEMMs (quantized experts: the one-token Triton kernels per row). The step stops at the
+q/k/v and gate/up views where the model has them; MoE layers with the Triton kernels run the
+batched decode kernels over the B*k (row, expert) pairs (moe_batch.py; quantized experts: the
+one-token kernels per row), other MoE choices the prefill's grouped GEMMs. The step stops at the
 logits [B, V]: each sequence samples with its own sampler, grammar and penalties (batch/).
 Without CUDA (or with graphs off) the same step runs eagerly with the torch attention.
 """
@@ -27,6 +28,7 @@ import torch
 
 from strata.engine.core.fast import batch_attention
 from strata.engine.core.fast.forward import linear, mlp_forward, project_head, project_qkv
+from strata.engine.core.fast.moe_batch import experts_rows
 from strata.engine.core.fast.moe_grouped import experts_triton
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.fast.static_step import DEFAULT_MIN_BUCKET_TOKENS, bucket_for, kv_buckets
@@ -120,11 +122,15 @@ class BatchBuffers:
 
 
 def _mlp_rows(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
-    """The feed-forward of rows x [B, H]. Quantized experts take the one-token Triton
-    kernels row by row: the grouped path would dequantize every expert each step."""
-    if (isinstance(mlp, SparseMoE) and moe_impl == "triton" and mlp.expert_weights is None
-            and is_quantized_experts(mlp.experts.gate_proj)):
-        return torch.cat([experts_triton(mlp, x[b : b + 1]) for b in range(x.shape[0])])
+    """The feed-forward of rows x [B, H]. With the Triton MoE and resident experts, the
+    batched decode kernels (moe_batch.py) read only the routed experts, each once a step;
+    quantized experts take the one-token kernels row by row (the grouped path would
+    dequantize every expert each step). A partial expert cache keeps the loop module."""
+    if isinstance(mlp, SparseMoE) and moe_impl == "triton" and mlp.expert_weights is None:
+        if is_quantized_experts(mlp.experts.gate_proj):
+            return torch.cat([experts_triton(mlp, x[b : b + 1]) for b in range(x.shape[0])])
+        if x.shape[0] > 1:
+            return experts_rows(mlp, x)
     return mlp_forward(mlp, x, ops, moe_impl)
 
 
