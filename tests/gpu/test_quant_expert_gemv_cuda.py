@@ -27,6 +27,16 @@ NUM_EXPERTS, HIDDEN, INTER = 16, 2048, 768
 REL_TOL = 2e-2
 
 
+@pytest.fixture(autouse=True)
+def _first_candidate_only(monkeypatch):
+    """One tile candidate per kernel: autotuning all of them for 8 types compiles ~90
+    variants (minutes); the bench (bench/diag_quant_experts.py) tunes."""
+    from strata.engine.core.quant import expert_gemv
+
+    for tuned in (expert_gemv._gate_up_tuned, expert_gemv._down_sum_tuned):
+        monkeypatch.setattr(tuned, "configs", tuned.configs[:1])
+
+
 def _stack(qtype: QT, rows: int, cols: int, seed: int):
     """(host blocks uint8 [E, rows * row_bytes], float32 reference [E, rows, cols] on CUDA)."""
     raw = random_blocks(qtype, NUM_EXPERTS * rows, cols, seed, scale=0.02)
