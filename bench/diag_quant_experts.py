@@ -4,9 +4,12 @@ the gather kernel, grouped kernels) and a prefill chunk (each projection of all 
 dequantized into the scratch, grouped GEMMs), per GGML type.
 
 Prints one row per (type, tokens) with microseconds and the bytes of blocks the step must
-read, then the JSON. The quantized decode here dequantizes into a scratch (writes and reads
-k experts in bf16 again); the fused kernel that would read only the blocks is the next step,
-and this bench is its baseline.
+read, then the JSON. One token of a planes type (gemv_planes.PLANE_LANES) takes the fused
+kernels (expert_gemv.py), the others dequantize into a scratch first (expert_kernels.py).
+Then, per planes type, "graph" rows: one token's routed experts replayed from a CUDA graph,
+the fused kernels against the dequantize_routed + grouped kernels they replace, over
+GRAPH_LAYERS tokens routed to different experts (their blocks exceed the L2, as a decode
+step's 48 layers do), microseconds per layer and the k experts' bytes per second.
 
     python bench/diag_quant_experts.py [--types Q4_K,Q6_K,Q8_0,IQ2_XXS,IQ3_S] [--experts 128]
 """
@@ -35,6 +38,57 @@ def _random_experts(qtype, num_experts: int, rows: int, cols: int):
     return QuantizedExperts(qtype, (num_experts, rows, cols), blocks, torch.bfloat16)
 
 
+GRAPH_LAYERS = 16  # tokens per graph replay, each routed to other experts
+
+
+def _graph_us(step, xs, repeats: int = 20) -> float:
+    """Microseconds per step(x) replayed from one CUDA graph over every x in xs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile and autotune outside the capture
+        for x in xs[:2]:
+            step(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x in xs:
+            step(x)
+    return _time_us(graph.replay, repeats) / len(xs)
+
+
+def graph_rows(moe, stacks, type_name: str, top_k: int) -> list[dict]:
+    """The fused kernels against dequantize_routed + the grouped kernels, from CUDA graphs."""
+    from strata.engine.core.fast import moe_triton
+    from strata.engine.core.quant import expert_gemv
+    from strata.engine.core.quant.expert_kernels import dequantize_routed
+
+    gate, up, down = stacks
+    router = moe.router.weight
+
+    def fused(x):
+        weights, ids = moe_triton.router_topk(x, router, top_k, True)
+        return expert_gemv.routed_mlp(x, gate, up, down, ids, weights)
+
+    def dequantized(x):
+        weights, ids = moe_triton.router_topk(x, router, top_k, True)
+        g, u, d, local = dequantize_routed(gate, up, down, ids)
+        act = moe_triton.grouped_gate_up(x, g, u, local)
+        return moe_triton.grouped_down_sum(act, d, local, weights)
+
+    xs = [torch.randn(router.shape[1], device="cuda", dtype=torch.bfloat16)
+          for _ in range(GRAPH_LAYERS)]
+    error = (fused(xs[0]).float() - dequantized(xs[0]).float()).abs().max().item()
+    read_bytes = sum(s.nbytes for s in stacks) * top_k // gate.num_experts
+    rows = []
+    for path, step in (("fused", fused), ("dequantize_routed+grouped", dequantized)):
+        us = _graph_us(step, xs)
+        rows.append({"experts": type_name, "graph": path, "us_per_layer": round(us, 2),
+                     "expert_GBps": round(read_bytes / us / 1e3, 1),
+                     "max_abs_diff": round(error, 5)})
+        print(rows[-1])
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,IQ2_XXS,IQ3_S")
@@ -47,13 +101,14 @@ def main() -> int:
     from strata.engine.core.fast.moe_grouped import experts_triton
     from strata.engine.core.fast.moe_prefill import moe_block
     from strata.engine.core.models.switch import SparseMoE
+    from strata.engine.core.quant.gemv_planes import PLANE_LANES
     from strata.engine.core.quant.weight import reserve_scratch
 
     e, h, i = args.experts, args.hidden, args.inter
     moe = SparseMoE(h, i, e, args.top_k, True).cuda().bfloat16()
     reserve_scratch(torch.device("cuda"), torch.bfloat16, e * h * i)
     float_stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
-    rows = []
+    rows, graphs = [], []
 
     def measure(label: str, read_bytes: int) -> None:
         for tokens in (1, args.prefill_tokens):
@@ -75,12 +130,14 @@ def main() -> int:
             del moe.experts._parameters[name]
             setattr(moe.experts, name, stack)
         measure(type_name, sum(s.nbytes for s in stacks) * args.top_k // e)
+        if int(qtype) in PLANE_LANES:
+            graphs += graph_rows(moe, stacks, type_name, args.top_k)
         for name, param in zip(("gate_proj", "up_proj", "down_proj"), float_stacks):
             delattr(moe.experts, name)
             moe.experts.register_parameter(name, param)
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "shape": {"experts": e, "hidden": h, "inter": i, "top_k": args.top_k},
-                      "rows": rows}))
+                      "rows": rows, "graph_rows": graphs}))
     return 0
 
 

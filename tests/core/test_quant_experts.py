@@ -214,6 +214,53 @@ def test_fast_schedule_on_quantized_experts_matches_the_reference(tmp_path, monk
         engine.close()
 
 
+# Q4_K_M-like, every expert type one the fused kernels (expert_gemv.py) read, gate and up
+# of different types in layer 1.
+PLANES_MIX = {"blk.0.ffn_gate_exps.weight": "Q4_K", "blk.1.ffn_gate_exps.weight": "Q4_K",
+              "blk.0.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q5_K",
+              "blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q5_0"}
+
+
+def count_fused_calls(monkeypatch) -> list[int]:
+    """Counts the one-token MoE blocks that took the fused kernels (not dequantize_routed)."""
+    from strata.engine.core.quant import expert_gemv
+
+    calls = [0]
+    fused = expert_gemv.routed_mlp
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(expert_gemv, "routed_mlp", counted)
+    return calls
+
+
+@pytest.mark.parametrize(("overrides", "cache"), [(None, "auto"), (PLANES_MIX, "auto"),
+                                                  (PLANES_MIX, "12")],
+                         ids=["Q8_0", "Q4_K_M-like", "Q4_K_M-like-partial-cache"])
+def test_fused_expert_kernels_decode_like_the_dequantized_path(tmp_path, monkeypatch,
+                                                               overrides, cache) -> None:
+    """The engine's decode through GraphDecoder (graphs off: the step a CUDA graph captures)
+    reads the routed experts' blocks with expert_gemv.py's kernels, resident or through the
+    partial cache's slot table (12 slots of 16: some experts read from the host copy), and
+    its greedy tokens equal the dequantized model's."""
+    path = _gguf(tmp_path, "qwen3_moe", "Q8_0", overrides, wide=overrides is not None)
+    expected, _ = _reference(path, monkeypatch)
+    fused_calls = count_fused_calls(monkeypatch)
+    engine = _engine(path, monkeypatch, quantized=True, expert_cache=cache)
+    try:
+        assert engine.memory.expert_mode == ("all" if cache == "auto" else "slots")
+        engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False, compile_pointwise=False,
+                                   min_bucket_tokens=16, prefill_chunk_tokens=20,
+                                   step_hook=engine.memory.promotion)
+        assert _greedy(engine) == expected
+        num_layers = len(engine.model.model.layers)
+        assert fused_calls[0] >= (NUM_NEW - 1) * num_layers
+    finally:
+        engine.close()
+
+
 def test_expert_cache_off_keeps_the_blocks_in_the_weights_arena(tmp_path, monkeypatch) -> None:
     path = _gguf(tmp_path, "mixtral", "Q8_0")
     expected, _ = _reference(path, monkeypatch)

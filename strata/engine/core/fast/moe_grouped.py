@@ -110,9 +110,14 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
         offsets, out_ids = layout.host_offsets, layout.step_ids
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
                                           out_ids=out_ids, use_pdl=use_pdl)
-    if is_quantized_experts(gate):  # the k routed experts dequantized first, then as float
+    if is_quantized_experts(gate):
+        from strata.engine.core.quant import expert_gemv
         from strata.engine.core.quant.expert_kernels import dequantize_routed
 
+        if expert_gemv.supports(gate, up, down, table, offsets):  # read from the blocks
+            return expert_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table, offsets,
+                                          use_pdl)[None]  # [1, H]
+        # Other types: the k routed experts dequantized first, then as float.
         gate, up, down, ids = dequantize_routed(gate, up, down, ids, table, offsets)
         table, offsets = None, (0, 0, 0)
     act = moe_triton.grouped_gate_up(x[0], gate, up, ids, table, offsets[:2],

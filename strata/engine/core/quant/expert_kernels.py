@@ -1,5 +1,6 @@
 """Triton kernels over quantized experts (experts.py): gather the routed experts' blocks and
 dequantize them, for decode without a host sync and for prefill, one projection at a time.
+Decode of the types gemv_planes.py reads skips this: expert_gemv.py's fused kernels.
 
 Imported on first use (like kernels.py): importing it decorates a Triton kernel, which must
 wait until a test has chosen the CPU interpreter.

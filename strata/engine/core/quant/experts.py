@@ -5,18 +5,14 @@ A QuantizedExperts is one projection (gate, up or down) of a layer's E experts: 
 every layer's experts to the largest type any layer uses, so one slot fits them all). The
 expert matmuls themselves stay float; what they need is dequantized just before:
 
-- one token (decode, CUDA-graph safe): `gather_dequantize` (expert_kernels.py) dequantizes
-  the k routed experts, whose ids stay in device memory, into [k, N, K] (through a partial
-  cache's slot table: a
-  missing expert is read in place from the pinned host copy); the grouped kernels then run
-  over those k matrices with ids 0..k-1.
+- one token (decode, CUDA-graph safe): the types gemv_planes.py decodes go through
+  expert_gemv.py's fused kernels, which read the k routed experts' blocks once (ids in device
+  memory; through a partial cache's slot table, a missing expert is read in place from the
+  pinned host copy). Other types: `gather_dequantize` (expert_kernels.py) dequantizes the k
+  routed experts into [k, N, K], and the grouped kernels run over them with ids 0..k-1.
 - many tokens (prefill): `dequantize_all` (expert_kernels.py) fills the prefill scratch with
   all E experts of one projection at a time; the grouped GEMMs follow each one.
 - the reference loop: `ExpertMatrices` dequantizes one expert when indexed.
-
-A faster design reads the blocks inside the grouped kernels (dequant_tile in moe_triton's
-row dots), as quant_matmul does for dense weights: k experts' quantized bytes once, instead
-of writing and reading them again in the compute dtype.
 """
 
 from __future__ import annotations

@@ -1,0 +1,256 @@
+"""One token's routed experts straight from their GGML blocks: two Triton launches a layer.
+
+1. `gate_up`: act[j] = silu(gate[e_j] @ x) * (up[e_j] @ x) for the k routed experts; each
+   program owns a few rows of one expert and reads its gate and up blocks once.
+2. `down_sum`: sum_j w_j * down[e_j] @ act[j] -> [H]; each program owns output rows and loops
+   over the k experts in order, so the float32 sum is deterministic (no atomics) and the
+   weighted sum and the cast need no extra kernel.
+
+Blocks are decoded by the planes path (gemv_planes.py, also the dense decode GEMV's): whole
+groups of packed bytes per load, scales once per group. The expert ids stay in device memory
+(the router's top-k); a partial expert cache's slot table sends a -1 expert to the host copy,
+read in place, as expert_kernels._gather_kernel does. Types outside gemv_planes.PLANE_LANES,
+or layouts whose alignment the planes loads cannot take (`is_supported`), keep
+expert_kernels.dequantize_routed.
+
+Imported on first use (like kernels.py): a test must choose the CPU interpreter first.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.engine.core.kernels import launch
+from strata.engine.core.quant import gemv_planes as gp
+from strata.engine.core.quant.experts import QuantizedExperts
+
+try:
+    import triton
+    import triton.language as tl
+
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
+except ImportError:
+    triton = None
+
+# (BLOCK_ROWS, BLOCK_COLS, num_warps, STAGES) candidates, autotuned per shape and type on
+# CUDA. Gate/up: k experts x I rows (8 x 768 for Qwen3-30B-A3B) of H = 2048 columns, so few
+# rows per program still fill the SMs. Down: H rows of I = 768 columns per expert; a 1024
+# column tile takes a whole row of every type in one step (the masked lanes load nothing).
+GATE_UP_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 3),
+                   (2, 2048, 8, 1), (8, 1024, 8, 3))
+DOWN_SUM_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (1, 1024, 4, 1), (8, 1024, 8, 1),
+                    (4, 512, 4, 3))
+# The interpreter pays per program and per op, not per value: one wide tile.
+INTERPRETER_CONFIG = ((256, 512, 4, 1),)
+# Q4_K/Q5_K read their scales as int32 words: every block must start 4-aligned.
+WORD_TYPES = frozenset({12, 13})
+MAX_UNIT = 16  # bytes: a 16-aligned base lets the packed-byte loads vectorize
+
+
+def _candidates(configs) -> tuple:
+    if launch.is_interpreting():
+        configs = INTERPRETER_CONFIG
+    return tuple((n, k, w, {"STAGES": s}) for n, k, w, s in configs)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT: tl.constexpr,
+                     HAS_TABLE: tl.constexpr):
+        """Byte offset of the j-th routed expert's blocks from the weights' base pointer.
+
+        Offsets arrive in units of UNIT bytes and are multiplied back by the constexpr, so
+        Triton knows the base's alignment (runtime offsets are not specialized: a new layer
+        must not compile again). With a table, slot table[e], or (-1) the host copy."""
+        expert = tl.load(ids_ptr + j).to(tl.int64)
+        if HAS_TABLE:
+            slot = tl.load(table_ptr + expert).to(tl.int64)
+            units = tl.where(slot >= 0, slot * stride_units, host_units + expert * stride_units)
+        else:
+            units = expert * stride_units
+        return units * UNIT
+
+    @triton.jit
+    def _row_dots(w_ptr, wh_ptr, row_off, row_ok, v_ptr, num_groups, QTYPE: tl.constexpr,
+                  LANES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+                  STAGES: tl.constexpr):
+        """W[rows, :] @ v in float32 [BLOCK_ROWS] for rows at byte offsets row_off [R, 1, 1]
+        (mask row_ok [R, 1, 1]) of a matrix of num_groups planes groups per row."""
+        GROUPS: tl.constexpr = BLOCK_COLS // (2 * LANES)
+        lane = tl.arange(0, LANES)[None, None, :]  # [1, 1, L]
+        acc = tl.zeros((BLOCK_ROWS, GROUPS, LANES), dtype=tl.float32)
+        same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
+        for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
+            group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
+            group_ok = group < num_groups
+            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
+                                             row_ok & group_ok, QTYPE)
+            # v read at the weights' [R, G, L] shape: one layout for both (kernels.py).
+            v_at = v_ptr + (cols0 + same_row)
+            v0 = tl.load(v_at, mask=group_ok, other=0.0).to(tl.float32)
+            v1 = tl.load(v_at + (cols1 - cols0), mask=group_ok, other=0.0).to(tl.float32)
+            acc += w0 * v0  # two statements: two FMAs
+            acc += w1 * v1
+        return tl.sum(tl.sum(acc, axis=2), axis=1)
+
+    @triton.jit(do_not_specialize=["gate_host", "up_host", "gate_stride", "up_stride"])
+    def _gate_up_kernel(
+        x_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr, ids_ptr, table_ptr, out_ptr,
+        gate_host, up_host, gate_stride, up_stride, num_rows, num_cols,
+        gate_row_bytes, up_row_bytes,
+        GATE_QTYPE: tl.constexpr, GATE_LANES: tl.constexpr, GATE_UNIT: tl.constexpr,
+        UP_QTYPE: tl.constexpr, UP_LANES: tl.constexpr, UP_UNIT: tl.constexpr,
+        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
+    ):
+        j = tl.program_id(0)
+        rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        pdl_wait(USE_PDL)  # the ids come from the router, the kernel just before
+        row_ok = (rows < num_rows)[:, None, None]
+        rows64 = rows.to(tl.int64)[:, None, None]
+        gate_off = _expert_base(ids_ptr, j, table_ptr, gate_host, gate_stride, GATE_UNIT,
+                                HAS_TABLE) + rows64 * gate_row_bytes
+        g = _row_dots(gate_ptr, gate_h_ptr, gate_off, row_ok, x_ptr,
+                      num_cols // (2 * GATE_LANES), GATE_QTYPE, GATE_LANES, BLOCK_ROWS,
+                      BLOCK_COLS, STAGES)
+        up_off = _expert_base(ids_ptr, j, table_ptr, up_host, up_stride, UP_UNIT,
+                              HAS_TABLE) + rows64 * up_row_bytes
+        u = _row_dots(up_ptr, up_h_ptr, up_off, row_ok, x_ptr, num_cols // (2 * UP_LANES),
+                      UP_QTYPE, UP_LANES, BLOCK_ROWS, BLOCK_COLS, STAGES)
+        act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up
+        tl.store(out_ptr + j * num_rows + rows, act.to(out_ptr.dtype.element_ty),
+                 mask=rows < num_rows)
+
+    @triton.jit(do_not_specialize=["host_units", "stride_units"])
+    def _down_sum_kernel(
+        act_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr, table_ptr, out_ptr,
+        host_units, stride_units, num_rows, num_cols, row_bytes,
+        QTYPE: tl.constexpr, LANES: tl.constexpr, UNIT: tl.constexpr, TOP_K: tl.constexpr,
+        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        pdl_wait(USE_PDL)  # for the activations of gate_up, the kernel just before
+        row_ok = (rows < num_rows)[:, None, None]
+        rows64 = rows.to(tl.int64)[:, None, None]
+        acc = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
+        for j in tl.static_range(TOP_K):  # in order: the same sum on every run
+            weight = tl.load(weights_ptr + j).to(tl.float32)
+            off = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT,
+                               HAS_TABLE) + rows64 * row_bytes
+            acc += weight * _row_dots(w_ptr, wh_ptr, off, row_ok, act_ptr + j * num_cols,
+                                      num_cols // (2 * LANES), QTYPE, LANES, BLOCK_ROWS,
+                                      BLOCK_COLS, STAGES)
+        tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < num_rows)
+
+    _gate_up_tuned = launch.tuned(_gate_up_kernel, _candidates(GATE_UP_CONFIGS),
+                                  key=("num_rows", "num_cols", "GATE_QTYPE", "UP_QTYPE"))
+    _down_sum_tuned = launch.tuned(_down_sum_kernel, _candidates(DOWN_SUM_CONFIGS),
+                                   key=("num_rows", "num_cols", "QTYPE", "TOP_K"))
+
+
+def _unit(experts: QuantizedExperts, host_offset: int, has_table: bool) -> int:
+    """The largest power of two <= MAX_UNIT dividing the expert stride and host offset."""
+    unit = MAX_UNIT
+    values = (experts.expert_stride, host_offset) if has_table else (experts.expert_stride,)
+    while unit > 1 and any(v % unit for v in values):
+        unit //= 2
+    return unit
+
+
+def is_supported(experts: QuantizedExperts, host_offset: int = 0,
+                 has_table: bool = False) -> bool:
+    """Whether the fused kernels can read these experts: a planes type, every block at an
+    even byte (its fp16 fields), and 4-aligned for the types read by int32 words."""
+    qtype = int(experts.qtype)
+    if triton is None or qtype not in gp.PLANE_LANES:
+        return False
+    needed = 4 if qtype in WORD_TYPES else 2
+    unit = _unit(experts, host_offset, has_table)
+    return unit >= needed and experts.raw.data_ptr() % needed == 0
+
+
+def supports(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExperts,
+             table: torch.Tensor | None = None,
+             host_offsets: tuple[int, int, int] = (0, 0, 0)) -> bool:
+    """Whether `routed_mlp` takes these three projections (else dequantize_routed)."""
+    has_table = table is not None
+    return all(is_supported(w, offset, has_table)
+               for w, offset in zip((gate, up, down), host_offsets))
+
+
+def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """The table to pass (ids stand in when there is none: never read)."""
+    if table is None:
+        return ids
+    if table.dim() != 1 or table.dtype != torch.int32 or not table.is_contiguous():
+        raise ValueError(f"the slot table must be a contiguous int32 [E] tensor, got "
+                         f"{table.dtype} {tuple(table.shape)}")
+    return table
+
+
+def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: torch.Tensor,
+            table: torch.Tensor | None = None, host_offsets: tuple[int, int] = (0, 0),
+            use_pdl: bool = False) -> torch.Tensor:
+    """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x): x [H], ids [k] on the device -> [k, I] in
+    x's dtype. With a partial cache, gate/up are the slots' blocks and table [E] int32 holds
+    expert e's slot or -1: then its blocks are read host_offsets bytes past the slots' base."""
+    num_used = ids.shape[0]
+    _, num_rows, num_cols = gate.shape
+    if up.shape[1:] != gate.shape[1:] or x.shape != (num_cols,):
+        raise ValueError(f"gate {gate.shape}, up {up.shape} and x {tuple(x.shape)} disagree")
+    has_table = table is not None
+    table_arg = _check_table(table, ids)
+    gate_unit = _unit(gate, host_offsets[0], has_table)
+    up_unit = _unit(up, host_offsets[1], has_table)
+    out = torch.empty(num_used, num_rows, dtype=x.dtype, device=x.device)
+    launch.launch(
+        _gate_up_tuned, lambda rows: (num_used, triton.cdiv(num_rows, rows)),
+        _candidates(GATE_UP_CONFIGS),
+        x.contiguous(), gate.raw, gate.raw.view(torch.float16), up.raw,
+        up.raw.view(torch.float16), ids.contiguous(), table_arg, out,
+        int(host_offsets[0]) // gate_unit if has_table else 0,
+        int(host_offsets[1]) // up_unit if has_table else 0,
+        gate.expert_stride // gate_unit, up.expert_stride // up_unit, num_rows, num_cols,
+        gate.raw.shape[2], up.raw.shape[2],
+        GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.PLANE_LANES[int(gate.qtype)],
+        GATE_UNIT=gate_unit, UP_QTYPE=int(up.qtype), UP_LANES=gp.PLANE_LANES[int(up.qtype)],
+        UP_UNIT=up_unit, HAS_TABLE=has_table, use_pdl=use_pdl,
+    )
+    return out
+
+
+def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
+             weights: torch.Tensor, table: torch.Tensor | None = None, host_offset: int = 0,
+             use_pdl: bool = False) -> torch.Tensor:
+    """sum_j weights[j] * (down[ids[j]] @ act[j]): act [k, I] -> [H] in act's dtype, summed in
+    float32 over j in order (deterministic). table and host_offset as for gate_up."""
+    _, num_rows, num_cols = down.shape
+    if act.shape != (ids.shape[0], num_cols) or weights.shape != ids.shape:
+        raise ValueError(f"act {tuple(act.shape)}, weights {tuple(weights.shape)} and ids "
+                         f"{tuple(ids.shape)} do not fit down {down.shape}")
+    has_table = table is not None
+    table_arg = _check_table(table, ids)
+    unit = _unit(down, host_offset, has_table)
+    out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
+    launch.launch(
+        _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),),
+        _candidates(DOWN_SUM_CONFIGS),
+        act.contiguous(), down.raw, down.raw.view(torch.float16), ids.contiguous(),
+        weights.contiguous(), table_arg, out, int(host_offset) // unit if has_table else 0,
+        down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],
+        QTYPE=int(down.qtype), LANES=gp.PLANE_LANES[int(down.qtype)], UNIT=unit,
+        TOP_K=ids.shape[0], HAS_TABLE=has_table, use_pdl=use_pdl,
+    )
+    return out
+
+
+def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
+               down: QuantizedExperts, ids: torch.Tensor, weights: torch.Tensor,
+               table: torch.Tensor | None = None,
+               host_offsets: tuple[int, int, int] = (0, 0, 0),
+               use_pdl: bool = False) -> torch.Tensor:
+    """One token's routed experts: x [H], ids and weights [k] -> [H] (see `supports`)."""
+    act = gate_up(x, gate, up, ids, table, host_offsets[:2], use_pdl)  # [k, I]
+    return down_sum(act, down, ids, weights, table, host_offsets[2], use_pdl)
