@@ -2,8 +2,10 @@
 
     python bench/diag_sleep_load.py --model PATH_OR_PRESET [--random] --json out.json
 
-A diagnostic, not a benchmark. Three parts, each in a fresh spawned process:
+A diagnostic, not a benchmark. Parts, each in a fresh spawned process:
 - `context`: the VRAM a bare CUDA context of torch holds (one tiny tensor), per NVML;
+- `kernels`: the same after cuBLAS GEMMs and torch's attention ran once, their tensors freed
+  (the kernels' code stays loaded: a floor no sleep can go below without ending the process);
 - `load` (twice: cold, then with the kernel caches the first left on disk): Engine.load() under
   cProfile, the wall time and the functions with the most cumulative time;
 - `sleep`: load, answer one 2k-token prompt, sleep; then NVML's figure for this process,
@@ -57,6 +59,25 @@ def part_context(args, out):
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     out.put({"part": "context", "used_mib": process_used_mib()})
+
+
+def part_kernels(args, out):
+    """A bare context after the library kernels a decode loads (cuBLAS GEMMs, torch's
+    attention and element-wise kernels), their tensors freed: the floor a process that has
+    run a model keeps, with nothing of the model left."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    for rows in (1, 16, 512):
+        (x[:1].expand(rows, -1) @ w).float().softmax(-1)
+    q = torch.randn(1, 16, 512, 128, device="cuda", dtype=torch.bfloat16)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.cuda.synchronize()
+    del x, w, q
+    torch.cuda.empty_cache()
+    out.put({"part": "kernels", "used_mib": process_used_mib()})
 
 
 def part_load(args, out):
@@ -169,7 +190,8 @@ def part_sleep(args, out):
     os._exit(0)
 
 
-PARTS = {"context": part_context, "load": part_load, "sleep": part_sleep}
+PARTS = {"context": part_context, "kernels": part_kernels, "load": part_load,
+         "sleep": part_sleep}
 
 
 def run_part(name: str, args) -> dict:
