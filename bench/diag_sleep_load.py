@@ -10,8 +10,7 @@ A diagnostic, not a benchmark. Parts, each in a fresh spawned process:
   cProfile, the wall time and the functions with the most cumulative time;
 - `sleep`: load, answer one 2k-token prompt, sleep; then NVML's figure for this process,
   torch's allocated/reserved bytes, and the largest CUDA tensors still alive (what holds VRAM
-  that sleep did not give back); then the context's stack limit set back to the default (the
-  local memory the driver keeps for the largest stack a kernel needed).
+  that sleep did not give back).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
 
 MIB = 1 << 20
-DEFAULT_STACK_BYTES = 1024  # the CUDA driver's default per-thread stack
 
 
 def process_used_mib() -> float | None:
@@ -144,21 +142,6 @@ def pool_segments() -> dict[str, float]:
     return pools
 
 
-def local_memory_probe() -> dict:
-    """The context's per-thread stack limit, and NVML's figure after setting it back to the
-    default: the driver sizes the context's local memory for the largest stack any launched
-    kernel needed and keeps it (a kernel that spills can hold ~100 MiB on a large GPU)."""
-    from cuda.bindings import driver
-
-    limit = driver.CUlimit.CU_LIMIT_STACK_SIZE
-    err, stack_bytes = driver.cuCtxGetLimit(limit)
-    row = {"stack_limit_bytes": int(stack_bytes) if err == 0 else repr(err)}
-    (err,) = driver.cuCtxSetLimit(limit, DEFAULT_STACK_BYTES)
-    row["set_stack_limit"] = repr(err)
-    row["after_stack_reset_mib"] = process_used_mib()
-    return row
-
-
 def part_sleep(args, out):
     import torch
 
@@ -184,7 +167,6 @@ def part_sleep(args, out):
            "pools_mib": pool_segments()}
     torch.cuda.empty_cache()
     row["after_empty_cache_mib"] = process_used_mib()
-    row |= local_memory_probe()
     out.put(row)
     engine.close_for_exit()
     os._exit(0)
