@@ -8,8 +8,7 @@ from a CUDA graph of `GRAPH_CALLS` calls, as decode runs (`graph_*`: the kernel'
 
     python bench/diag_quant_gemv.py [--types Q4_K,Q6_K,Q8_0,Q4_1] [--hbm-gb-s 4300]
 
-`kernel` in each row: quant/kernels.decode_kernel's pick (planes or tile by default; qdot, the
-int8 kernel, with STRATA_QDOT=1).
+`kernel` in each row: quant/kernels.decode_kernel's pick (planes or tile).
 """
 
 from __future__ import annotations
@@ -75,9 +74,8 @@ def main() -> int:
                 dense_graph_us = _graph_time_us(
                     lambda x=x, d=dense: torch.nn.functional.linear(x, d))
                 graph_gb_s = raw.numel() / graph_us / 1e3
-                kernel = kernels.decode_kernel(qtype, tokens)
-                path = {"qdot": "_qdot_tuned", "planes": "_planes_tuned",
-                        "tile": "_matmul_tuned"}[kernel]
+                kernel = kernels.decode_kernel(qtype)
+                path = {"planes": "_planes_tuned", "tile": "_matmul_tuned"}[kernel]
                 tuner = getattr(kernels, path)["sum" if tokens == 1 else "dot"]
                 rows.append({"type": type_name, "weight": label, "tokens": tokens,
                              "kernel": kernel,

@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from strata.engine.core.quant import kernels, qdot
+from strata.engine.core.quant import kernels
 
 _SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "wh_ptr": "*fp16", "b_ptr": "*bf16",
               "out_ptr": "*bf16", "num_tokens": "i32", "stride_x": "i32", "stride_out": "i32",
@@ -35,15 +35,11 @@ _DIVISIBLE = ("x_ptr", "w_ptr", "wh_ptr", "b_ptr", "out_ptr", "stride_x", "N", "
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-def _sass(kernel: str, qtype: int, tokens: int, rows: int, cols: int, warps: int,
-          stages: int):
-    constexprs = {"QTYPE": qtype, "HAS_BIAS": False, "BLOCK_M": 1 if tokens == 1 else 16,
-                  "USE_PDL": False, "BLOCK_ROWS": rows, "BLOCK_COLS": cols, "STAGES": stages}
-    if kernel == "planes":
-        fn = kernels._planes_kernel
-        constexprs["LANES"] = kernels.gp.PLANE_LANES[qtype]
-    else:
-        fn = qdot.qdot_kernel
+def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int):
+    fn = kernels._planes_kernel
+    constexprs = {"QTYPE": qtype, "LANES": kernels.gp.PLANE_LANES[qtype], "HAS_BIAS": False,
+                  "BLOCK_M": 1 if tokens == 1 else 16, "USE_PDL": False, "BLOCK_ROWS": rows,
+                  "BLOCK_COLS": cols, "STAGES": stages}
     signature = {**_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     index = {name: i for i, name in enumerate(fn.arg_names)}
     source = ASTSource(fn=fn, signature=signature,
@@ -72,25 +68,15 @@ def _loop(sass: str) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", choices=("qdot", "planes"), default="qdot",
-                        help="qdot: the int8 kernel (qdot.py); planes: gemv_planes.py's")
     parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q5_K,Q4_1,Q4_0")
-    parser.add_argument("--configs", default=None,
-                        help="default: 1:64:256:4:1,16:64:256:4:1 (qdot), "
-                             "1:4:1024:4:1,1:4:1024:4:3,16:32:256:4:3 (planes)")
-    parser.add_argument("--dump", metavar="DIR", help="write each K loop's SASS there")
+    parser.add_argument("--configs", default="1:4:1024:4:1,1:4:1024:4:3,16:32:256:4:3")
     args = parser.parse_args()
-    configs = args.configs or ("1:64:256:4:1,16:64:256:4:1" if args.kernel == "qdot"
-                               else "1:4:1024:4:1,1:4:1024:4:3,16:32:256:4:3")
     for name in args.types.split(","):
         qtype = int(GGMLQuantizationType[name])
-        for config in configs.split(","):
+        for config in args.configs.split(","):
             tokens, rows, cols, warps, stages = (int(v) for v in config.split(":"))
-            sass, conversions = _sass(args.kernel, qtype, tokens, rows, cols, warps, stages)
+            sass, conversions = _sass(qtype, tokens, rows, cols, warps, stages)
             loop = _loop(sass)
-            if args.dump:
-                Path(args.dump, f"{args.kernel}-{name}-{config.replace(':', '_')}.sass"
-                     ).write_text("\n".join(loop) + "\n")
             values_per_thread = rows * cols // (warps * 32)
             ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in loop)
             print(f"{name} {config}: {len(loop) / values_per_thread:.2f} instructions/value "

@@ -2,14 +2,15 @@
 
     python bench/diag_sleep_load.py --model PATH_OR_PRESET [--random] --json out.json
 
-A diagnostic, not a benchmark. Three parts, each in a fresh spawned process:
+A diagnostic, not a benchmark. Parts, each in a fresh spawned process:
 - `context`: the VRAM a bare CUDA context of torch holds (one tiny tensor), per NVML;
+- `kernels`: the same after cuBLAS GEMMs and torch's attention ran once, their tensors freed
+  (the kernels' code stays loaded: a floor no sleep can go below without ending the process);
 - `load` (twice: cold, then with the kernel caches the first left on disk): Engine.load() under
   cProfile, the wall time and the functions with the most cumulative time;
 - `sleep`: load, answer one 2k-token prompt, sleep; then NVML's figure for this process,
   torch's allocated/reserved bytes, and the largest CUDA tensors still alive (what holds VRAM
-  that sleep did not give back); then the context's stack limit set back to the default (the
-  local memory the driver keeps for the largest stack a kernel needed).
+  that sleep did not give back).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
 
 MIB = 1 << 20
-DEFAULT_STACK_BYTES = 1024  # the CUDA driver's default per-thread stack
 
 
 def process_used_mib() -> float | None:
@@ -57,6 +57,25 @@ def part_context(args, out):
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     out.put({"part": "context", "used_mib": process_used_mib()})
+
+
+def part_kernels(args, out):
+    """A bare context after the library kernels a decode loads (cuBLAS GEMMs, torch's
+    attention and element-wise kernels), their tensors freed: the floor a process that has
+    run a model keeps, with nothing of the model left."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(64, 2048, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    for rows in (1, 16, 512):
+        (x[:1].expand(rows, -1) @ w).float().softmax(-1)
+    q = torch.randn(1, 16, 512, 128, device="cuda", dtype=torch.bfloat16)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.cuda.synchronize()
+    del x, w, q
+    torch.cuda.empty_cache()
+    out.put({"part": "kernels", "used_mib": process_used_mib()})
 
 
 def part_load(args, out):
@@ -123,21 +142,6 @@ def pool_segments() -> dict[str, float]:
     return pools
 
 
-def local_memory_probe() -> dict:
-    """The context's per-thread stack limit, and NVML's figure after setting it back to the
-    default: the driver sizes the context's local memory for the largest stack any launched
-    kernel needed and keeps it (a kernel that spills can hold ~100 MiB on a large GPU)."""
-    from cuda.bindings import driver
-
-    limit = driver.CUlimit.CU_LIMIT_STACK_SIZE
-    err, stack_bytes = driver.cuCtxGetLimit(limit)
-    row = {"stack_limit_bytes": int(stack_bytes) if err == 0 else repr(err)}
-    (err,) = driver.cuCtxSetLimit(limit, DEFAULT_STACK_BYTES)
-    row["set_stack_limit"] = repr(err)
-    row["after_stack_reset_mib"] = process_used_mib()
-    return row
-
-
 def part_sleep(args, out):
     import torch
 
@@ -163,13 +167,13 @@ def part_sleep(args, out):
            "pools_mib": pool_segments()}
     torch.cuda.empty_cache()
     row["after_empty_cache_mib"] = process_used_mib()
-    row |= local_memory_probe()
     out.put(row)
     engine.close_for_exit()
     os._exit(0)
 
 
-PARTS = {"context": part_context, "load": part_load, "sleep": part_sleep}
+PARTS = {"context": part_context, "kernels": part_kernels, "load": part_load,
+         "sleep": part_sleep}
 
 
 def run_part(name: str, args) -> dict:

@@ -174,7 +174,8 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
 
     rules = RulesEngine(service, [Rule(action, args.trigger, action, "restore", patterns,
                                        keep_free_mib=keep_free_mib)],
-                        on_event=events.append, own_pids=own_pids)
+                        on_event=lambda e: events.append((time.time(), e)),
+                        own_pids=own_pids)
     rules_task = asyncio.create_task(rules.run(0.5))
     await asyncio.sleep(0.5)  # the watcher's first tick has read every running process
     out = work / f"game-{action}.json"
@@ -195,8 +196,15 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
         exited = time.time()
         released = vram.released_at(engine_pid, started, engine_used - needs_freed) \
             if vram.nvml else None
+    # The way back, as (seconds after the game exited, state, busy) at each change: where
+    # the time between the exit and a whole model goes (episode end, restore, load, wake).
+    timeline: list[tuple[float, str, bool]] = []
+
     def is_whole() -> bool:
         status = service.status()
+        mark = (status["state"], bool(status["is_busy"]))
+        if not timeline or timeline[-1][1:] != mark:
+            timeline.append((round(time.time() - exited, 3), *mark))
         experts = status.get("experts") or {}
         return (status["state"] in ("loaded", "session_offloaded") and not status["is_busy"]
                 and experts.get("num_slots") == experts.get("max_slots", experts.get("num_slots")))
@@ -219,7 +227,8 @@ async def one_action(service: Service, action: str, args, work: Path, context_by
         cold_ttft_s=first.get("ttft_s"), cold_prompt_tokens=len(prompt),
         followup_ttft_s=second.get("ttft_s"), followup_cached_tokens=second.get("cached_tokens"),
         followup_prompt_tokens=len(follow), followup_answer=second.get("answer"),
-        rule_events=[e.sentence for e in events],
+        rule_events=[e.sentence for _, e in events],
+        rule_event_after_exit_s=[round(t - exited, 3) for t, _ in events], back_timeline=timeline,
         load_time_s=(service.status()["engine"]["model_info"] or {}).get("load_time_s"),
     )
     return row

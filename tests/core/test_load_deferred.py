@@ -10,48 +10,27 @@ fast_compile_pointwise, which compiles with Inductor's C++ backend here):
 
 from __future__ import annotations
 
-import multiprocessing
 import time
 
 import pytest
 
 from strata.engine import protocol as p
 from strata.engine.core.engine_config import EngineConfig
-from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, DEFERRED_WORK_IDLE_S, engine_main
+from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, DEFERRED_WORK_IDLE_S
+from tests.helpers.engine_pipe import EnginePipe
 from tests.helpers.gated_warm_engine import FACTORY as GATED_FACTORY
 from tests.helpers.gated_warm_engine import GATE_ENV
 from tests.helpers.tiny_models import make_tiny_hf_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-CTX = multiprocessing.get_context("spawn")
 PROMPT = tuple((7 * i + 3) % 97 for i in range(30))
 GREEDY = p.SamplingSpec(max_tokens=6, temperature=0.0)
 
 
-class Pipe:
-    """An engine process driven over its pipe, one command at a time."""
-
+class Pipe(EnginePipe):
     def __init__(self, factory: str, config) -> None:
-        self.config = config
-        self.conn, child = CTX.Pipe()
-        self.process = CTX.Process(target=engine_main, args=(child, factory, config), daemon=True)
-        self.process.start()
-        child.close()
-        self.next_id = 0
-        assert isinstance(self.recv(), p.Ready)
-
-    def recv(self, timeout_s: float = 300.0):
-        assert self.conn.poll(timeout_s), "the engine process answered nothing"
-        return self.conn.recv()
-
-    def ask(self, command, timeout_s: float = 300.0):
-        self.next_id += 1
-        self.conn.send(p.Envelope(self.next_id, command))
-        while True:
-            event = self.recv(timeout_s)
-            if getattr(event, "command_id", None) == self.next_id:
-                return event
+        super().__init__(factory, config, timeout_s=300.0)  # a load compiles on the CPU
 
     def tokens(self, prompt: tuple[int, ...]) -> list[int]:
         self.conn.send(p.Envelope(0, p.Generate("r", prompt, GREEDY, slot=None)))
@@ -64,10 +43,6 @@ class Pipe:
                 raise AssertionError(event)
             elif isinstance(event, p.Done):
                 return tokens
-
-    def close(self) -> None:
-        self.process.kill()
-        self.process.join(10)
 
 
 @pytest.fixture

@@ -82,26 +82,6 @@ def _weight(qtype: QT, rows: int, cols: int, seed: int) -> tuple[QuantizedWeight
 RTOL, ATOL = 1e-4, 1e-4
 
 
-def int8_error_bound(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """[M, N] bound on the int8 kernel's error against x @ W^T in float: x rounds to
-    multiples of amax / 127 per group of at most 32 columns, so each value is off by at most
-    half a step, and the product by |W| @ that (plus float32 slack)."""
-    groups = x.abs().reshape(x.shape[0], -1, 32).amax(dim=2)  # [M, K / 32]
-    half_step = (groups / 254).repeat_interleave(32, dim=1)  # [M, K]
-    return half_step @ dense.abs().T * 1.001 + 1e-5
-
-
-def assert_int8_close(got: torch.Tensor, x: torch.Tensor, dense: torch.Tensor,
-                      bias: torch.Tensor | None = None) -> None:
-    expected = torch.nn.functional.linear(x, dense, bias)
-    error = (got - expected).abs()
-    bound = int8_error_bound(x, dense)
-    assert bool((error <= bound).all()), (error - bound).max().item()
-    # The worst case above is loose (errors of random sign cancel): in practice within 2% of
-    # the output's scale, as llama.cpp's q8_1 activations give.
-    assert error.max().item() <= 2e-2 * expected.abs().max().item()
-
-
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("num_tokens", [1, 2, 4, 16, 40])
 def test_qlinear_matches_torch_on_the_dequantized_weight(qtype: QT, num_tokens: int) -> None:
@@ -111,10 +91,6 @@ def test_qlinear_matches_torch_on_the_dequantized_weight(qtype: QT, num_tokens: 
     x = torch.randn(num_tokens, 512, generator=gen)
     bias = torch.randn(24, generator=gen)
     expected = torch.nn.functional.linear(x, dense, bias)
-    if num_tokens <= 16 and kernels.decode_kernel(qtype, num_tokens) == "qdot":
-        assert_int8_close(qlinear(x, weight, bias), x, dense, bias)
-        assert_int8_close(qlinear(x, weight), x, dense)
-        return
     torch.testing.assert_close(qlinear(x, weight, bias), expected, rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(qlinear(x, weight), expected - bias, rtol=RTOL, atol=ATOL)
 
@@ -123,12 +99,10 @@ PLANES_TYPES = [t for t in ALL_TYPES if int(t) in kernels.gp.PLANE_LANES]
 
 
 @pytest.mark.parametrize("qtype", PLANES_TYPES, ids=lambda t: t.name)
-def test_the_planes_kernel_covers_a_partial_last_tile_and_row_tile(qtype: QT,
-                                                                  monkeypatch) -> None:
+def test_the_planes_kernel_covers_a_partial_last_tile_and_row_tile(qtype: QT) -> None:
     """K = 3 super-blocks (the last K tile of the planes kernel half full) and 70 rows (the
     last row tile partial), one token and three. Float32 sums in another order: within
     1e-5 of the output's scale (Q6_K's outputs reach tens)."""
-    monkeypatch.setenv("STRATA_QDOT", "0")  # one token would take the int8 kernel
     weight, dense = _weight(qtype, rows=70, cols=768, seed=5)
     x = torch.randn(3, 768, generator=torch.Generator().manual_seed(5))
     for num_tokens in (1, 3):
@@ -137,42 +111,14 @@ def test_the_planes_kernel_covers_a_partial_last_tile_and_row_tile(qtype: QT,
         assert error <= 1e-5 * expected.abs().max().item(), (num_tokens, error)
 
 
-INT8_TYPES = [t for t in ALL_TYPES if int(t) in kernels.ib.INT8_TYPES]
-
-
-@pytest.mark.parametrize("qtype", INT8_TYPES, ids=lambda t: t.name)
-def test_the_int8_kernel_matches_torch_within_the_rounding_of_x(qtype: QT) -> None:
-    """qdot.py for 1, 2, 4, 16 tokens, with and without bias, 70 rows (a partial row tile)
-    and K of 3 super-blocks (K-quants) or 25 blocks of 32 (a partial unit of 256 columns):
-    within int8_error_bound of torch on the dequantized weight."""
-    cols = 768 if qtype in (QT.Q4_K, QT.Q5_K, QT.Q6_K) else 800
-    weight, dense = _weight(qtype, rows=70, cols=cols, seed=11)
-    gen = torch.Generator().manual_seed(11)
-    x = torch.randn(16, cols, generator=gen) * torch.logspace(-2, 1, cols)[torch.randperm(
-        cols, generator=gen)]  # groups of very different scales
-    x[:, 40:72] = 0.0  # a zero group: its scale is 0, never a division by zero
-    bias = torch.randn(70, generator=gen)
-    for num_tokens in (1, 2, 4, 16):
-        xs = x[:num_tokens]
-        got = kernels.qdot_matmul(xs, weight.raw, qtype, 70, bias)
-        assert_int8_close(got, xs, dense, bias)
-        assert_int8_close(kernels.qdot_matmul(xs, weight.raw, qtype, 70), xs, dense)
-
-
-def test_qlinear_reads_a_row_strided_input(monkeypatch) -> None:
+def test_qlinear_reads_a_row_strided_input() -> None:
     """Fused q/k/v outputs are column slices: a strided x must multiply like a copy."""
-    weight, dense = _weight(QT.Q8_0, rows=8, cols=256, seed=0)
     wide = torch.randn(3, 512)
     x = wide[:, 128:384]  # row stride 512
-    assert kernels.decode_kernel(QT.Q8_0, 3) == "planes"  # the default
-    torch.testing.assert_close(qlinear(x, weight), x @ dense.T, rtol=RTOL, atol=ATOL)
-    monkeypatch.setenv("STRATA_QDOT", "1")  # the int8 kernel, opted in
-    assert kernels.decode_kernel(QT.Q8_0, 3) == "qdot"
-    assert_int8_close(qlinear(x, weight), x.contiguous(), dense)
-    # The same bytes through the float kernel: exactly the copy's product.
-    assert kernels.decode_kernel(QT.Q4_1, 3) == "planes"
-    weight, dense = _weight(QT.Q4_1, rows=8, cols=256, seed=0)
-    torch.testing.assert_close(qlinear(x, weight), x @ dense.T, rtol=RTOL, atol=ATOL)
+    for qtype in (QT.Q8_0, QT.Q4_1):
+        assert kernels.decode_kernel(qtype) == "planes"
+        weight, dense = _weight(qtype, rows=8, cols=256, seed=0)
+        torch.testing.assert_close(qlinear(x, weight), x @ dense.T, rtol=RTOL, atol=ATOL)
 
 
 def test_quantized_embedding_dequantizes_the_rows_it_reads() -> None:

@@ -60,43 +60,9 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
 
 
-# The high-bit types fail on the H200 (not in the interpreter); the decoder does not pick
-# the int8 kernel for them (kernels.QDOT_DECODE_TYPES).
-_HIGH_BITS = pytest.mark.xfail(reason="int8 kernel's high-bit path wrong on the GPU",
-                               strict=True)
-
-
-@pytest.mark.parametrize("qtype", [QT.Q4_K, pytest.param(QT.Q6_K, marks=_HIGH_BITS), QT.Q8_0,
-                                   pytest.param(QT.Q5_K, marks=_HIGH_BITS), QT.Q4_0, QT.Q4_1,
-                                   pytest.param(QT.Q5_0, marks=_HIGH_BITS),
-                                   pytest.param(QT.Q5_1, marks=_HIGH_BITS)],
-                         ids=lambda t: t.name)
-def test_cuda_int8_kernel_matches_torch_within_the_rounding_of_x(qtype: QT) -> None:
-    """qdot.py compiled and autotuned, bf16 x, for 1, 2, 4, 16 tokens: within the bound that
-    x's rounding to int8 per group gives (tests/core/test_quant_kernels.py's) plus bf16's
-    rounding of the output."""
-    from strata.engine.core.quant import kernels
-    from tests.core.test_quant_kernels import int8_error_bound
-
-    rows, cols = 4160, 4096  # a partial last row tile for every candidate
-    raw = random_blocks(qtype, rows, cols, seed=9, scale=0.01)
-    dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype)).cuda()
-    blocks = torch.from_numpy(raw).cuda()
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    bias = torch.randn(rows, device="cuda", generator=gen).bfloat16()
-    for num_tokens in (1, 2, 4, 16):
-        x = torch.randn(num_tokens, cols, device="cuda", generator=gen).bfloat16()
-        expected = torch.nn.functional.linear(x.float(), dense, bias.float())
-        got = kernels.qdot_matmul(x, blocks, qtype, rows, bias).float()
-        bound = int8_error_bound(x.float(), dense) + expected.abs() * 2**-8
-        error = (got - expected).abs()
-        assert bool((error <= bound).all()), (num_tokens, (error - bound).max().item())
-        assert error.max().item() <= 2e-2 * expected.abs().max().item(), num_tokens
-
-
-def test_cuda_int8_kernel_replays_from_a_cuda_graph() -> None:
-    """The int8 kernel allocates nothing that differs per call: captured once, a replay with
-    new x gives the eager product."""
+def test_cuda_decode_kernel_replays_from_a_cuda_graph() -> None:
+    """The decode kernel allocates nothing that differs per call: captured once, a replay
+    with new x gives the eager product."""
     from strata.engine.core.quant import kernels
 
     raw = torch.from_numpy(random_blocks(QT.Q4_K, 1024, 2048, seed=2, scale=0.01)).cuda()

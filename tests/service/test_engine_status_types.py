@@ -5,52 +5,24 @@ types, and the levels the host reads from them agree (STYLE #17: a fake is a con
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 
 import pytest
 from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig
 
 from strata.engine import protocol as p
-from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, engine_main
+from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
 from strata.engine.service.levels import Level, levels_of
+from tests.helpers.engine_pipe import EnginePipe
 from tests.helpers.tiny_models import make_tiny_hf_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-CTX = multiprocessing.get_context("spawn")
 
 
-class Pipe:
-    """An engine process driven over its pipe, one command at a time."""
-
-    def __init__(self, factory: str, config) -> None:
-        self.config = config
-        self.conn, child = CTX.Pipe()
-        self.process = CTX.Process(target=engine_main, args=(child, factory, config), daemon=True)
-        self.process.start()
-        child.close()
-        self.next_id = 0
-        assert isinstance(self.recv(), p.Ready)
-
-    def recv(self, timeout_s: float = 60.0):
-        assert self.conn.poll(timeout_s), "the engine process answered nothing"
-        return self.conn.recv()
-
-    def ask(self, command):
-        self.next_id += 1
-        self.conn.send(p.Envelope(self.next_id, command))
-        while True:
-            event = self.recv()
-            if getattr(event, "command_id", None) == self.next_id:
-                return event
-
+class Pipe(EnginePipe):
     def generate(self, prompt: tuple[int, ...]) -> None:
         self.conn.send(p.Envelope(0, p.Generate("r", prompt, p.SamplingSpec(max_tokens=3))))
         while not isinstance(self.recv(), (p.Done, p.Error)):
             pass
-
-    def close(self) -> None:
-        self.process.kill()
-        self.process.join(10)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ address range instead of torch allocations.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -106,3 +106,12 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by all K and V buffers at full capacity."""
         return sum(t.nbytes for t in self.k) + sum(t.nbytes for t in self.v)
+
+
+def check_positions(positions: Sequence[int], kvs: Sequence[KVCache]) -> None:
+    """A decode step writes each sequence's K/V at its position: every one must fit its
+    cache (a batched step checks here once, before any kernel writes)."""
+    for position, kv in zip(positions, kvs, strict=True):
+        if not 0 <= position < kv.max_tokens:
+            raise ValueError(f"position {position} does not fit the KV cache of "
+                             f"{kv.max_tokens} tokens")

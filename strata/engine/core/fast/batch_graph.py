@@ -32,7 +32,7 @@ from strata.engine.core.fast.moe_batch import experts_rows
 from strata.engine.core.fast.moe_grouped import experts_triton
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.fast.static_step import DEFAULT_MIN_BUCKET_TOKENS, bucket_for, kv_buckets
-from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.kv_cache import KVCache, check_positions
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.core.quant.experts import is_quantized_experts
 
@@ -209,10 +209,7 @@ class BatchDecoder:
         if not 0 < num <= MAX_BATCH_ROWS or len(positions) != num or len(kvs) != num:
             raise ValueError(f"a batch step takes 1..{MAX_BATCH_ROWS} rows of token, position "
                              f"and KV cache; got {num}, {len(positions)}, {len(kvs)}")
-        for position, kv in zip(positions, kvs):
-            if not 0 <= position < kv.max_tokens:
-                raise ValueError(f"position {position} does not fit the KV cache of "
-                                 f"{kv.max_tokens} tokens")
+        check_positions(positions, kvs)
         if self._kv_rows is None:
             self._kv_rows = KVRows(kvs[0])
         rows = batch_bucket(num)

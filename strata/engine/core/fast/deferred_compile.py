@@ -18,6 +18,7 @@ for one step at most, and then runs eagerly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -96,8 +97,8 @@ def defer_prefill_compile(prefiller: PrefillRunner, compiled: PointwiseOps,
         partial_ops = dataclasses.replace(
             interim, is_compiled=True, **{name: getattr(compiled, name) for name in names[:count]})
         steps.append((f"compile {names[count - 1]}",
-                      _bind(warm_prefill_pass, prefiller, partial_ops, num_tokens)))
-    steps.append(("cudnn plan", _bind(warm_cudnn_plan, prefiller)))
+                      functools.partial(warm_prefill_pass, prefiller, partial_ops, num_tokens)))
+    steps.append(("cudnn plan", functools.partial(warm_cudnn_plan, prefiller)))
 
     def finish() -> None:
         prefiller.set_ops(chosen, compiled)
@@ -111,10 +112,3 @@ def defer_prefill_compile(prefiller: PrefillRunner, compiled: PointwiseOps,
 
 def _has_compiled(ops: PointwiseOps) -> bool:
     return ops.is_compiled or ops.moe_block is not None
-
-
-def _bind(fn: Callable, *args) -> Callable[[], None]:
-    def step() -> None:
-        fn(*args)
-
-    return step

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.kv_cache import KVCache, check_positions
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.layers import Attention, RMSNorm, RotaryEmbedding
 from strata.engine.core.quant.weight import apply_linear
@@ -114,10 +114,7 @@ class DecoderLM(nn.Module):
                 len(positions) != len(kvs) or not kvs:
             raise ValueError(f"a batched decode step needs one token, position and KV cache per "
                              f"sequence, got {tuple(input_ids.shape)}, {len(positions)}, {len(kvs)}")
-        for position, kv in zip(positions, kvs):
-            if not 0 <= position < kv.max_tokens:
-                raise ValueError(f"position {position} does not fit the KV cache of "
-                                 f"{kv.max_tokens} tokens")
+        check_positions(positions, kvs)
         cos, sin = self.rope(torch.tensor(list(positions), device=input_ids.device))  # [B, D]
         h = self.model.embed_tokens(input_ids)  # [B, H]
         for i, layer in enumerate(self.model.layers):

@@ -7,9 +7,7 @@
   is read from memory once per call. The types decode reads most (Q4_K, Q5_K, Q6_K, Q8_0,
   Q4_0, Q4_1, Q5_0, Q5_1) take the planes kernel instead: whole groups of packed bytes per
   load and scales once per group (gemv_planes.py); the others dequant_tile.py's per value.
-  Where `decode_kernel` says so (one token of those types; 2..16 of Q8_0), the int8 kernel
-  runs instead (qdot.py): x quantized to int8 per group, integer dot products on the tensor
-  cores, llama.cpp's mmvq/mmq arithmetic; products within about 1% of the float ones.
+  `decode_kernel` says which of the two a type takes.
 - `dequantize(raw, qtype, K, dtype)`: the whole matrix (or gathered rows: the embedding) in
   the compute dtype, with floating-point contraction off so it equals gguf-py's dequantizer
   bit for bit before the final rounding; prefill multiplies the result with cuBLAS.
@@ -20,15 +18,11 @@ On CUDA the tiles are autotuned per matrix shape (kernels/launch.py); under TRIT
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant import gemv_planes as gp
-from strata.engine.core.quant import int8_blocks as ib
-from strata.engine.core.quant import qdot
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -54,20 +48,6 @@ PLANES_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4
 # 2..16 tokens: K tiles of 256 and 32 or 64 rows (wider tiles, or 16 rows, cost 1.3-3x the
 # instructions per value for sm_90: bench/diag_quant_sass.py).
 PLANES_DOT_CONFIGS = ((32, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1))
-# The int8 kernel (qdot.py): K in units of 256 columns; rows per program traded against
-# programs per SM (a 4096-row matrix has 32 programs of 128 rows), pipeline stages likewise.
-QDOT_CONFIGS = ((64, 256, 4, 1), (128, 256, 4, 1), (32, 256, 4, 1), (64, 256, 4, 3),
-                (128, 256, 8, 3))
-# Token counts per path the int8 kernel serves, by type: one token for every type it reads;
-# 2..16 (tl.dot over a block-diagonal x of 16 tokens per group) only where it needs fewer
-# instructions than the planes kernel's (bench/diag_quant_sass.py), else the planes kernel.
-QDOT_DOT_TYPES = frozenset({8})  # Q8_0
-# The int8 kernel's types the decoder may pick with STRATA_QDOT=1: those whose products
-# matched torch on the H200 (Q4_0, Q4_1, Q8_0, Q4_K). Q5_0, Q5_1, Q5_K and Q6_K pass in the
-# interpreter but not on the GPU (their high-bit paths). Off by default: on the H200 it was
-# 3.5x slower than the planes kernel per matrix, and a Q4_K_M 8B decoded at 90 tok/s with it
-# against 216 without (docs/benchmarks.md, tenth session).
-QDOT_DECODE_TYPES = frozenset({2, 3, 8, 12})
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
@@ -192,10 +172,6 @@ if triton is not None:
         path: launch.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
         for path, configs in (("sum", MATMUL_CONFIGS), ("dot", DOT_MATMUL_CONFIGS))
     }
-    _qdot_tuned = {
-        path: launch.tuned(qdot.qdot_kernel, _candidates(QDOT_CONFIGS), key=("N", "K", "QTYPE"))
-        for path in ("sum", "dot")
-    }
     _planes_tuned = {
         path: launch.tuned(_planes_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
         for path, configs in (("sum", PLANES_CONFIGS), ("dot", PLANES_DOT_CONFIGS))
@@ -203,24 +179,16 @@ if triton is not None:
 
 
 def _matmul_candidates(configs: tuple) -> tuple:
-    if launch.is_interpreting() and configs is QDOT_CONFIGS:
-        return _candidates((QDOT_CONFIGS[0],))
     if launch.is_interpreting():
         stages = (1,) if len(configs[0]) == 4 else ()
         return _candidates(((*INTERPRETER_MATMUL_CONFIG, *stages),))
     return _candidates(configs)
 
 
-def decode_kernel(qtype: int, num_tokens: int) -> str:
-    """Which kernel multiplies num_tokens (1..16) tokens by a weight of qtype: "qdot" (the
-    int8 kernel), "planes" or "tile" (dequantized values in float). STRATA_QDOT=1 turns the
-    int8 kernel on (slower on the H200 so far; its products differ from the float ones by x's
-    rounding to 8 bits)."""
-    qtype = int(qtype)
-    if (qtype in QDOT_DECODE_TYPES and os.environ.get("STRATA_QDOT") == "1"
-            and (num_tokens == 1 or qtype in QDOT_DOT_TYPES)):
-        return "qdot"
-    return "planes" if qtype in gp.PLANE_LANES else "tile"
+def decode_kernel(qtype: int) -> str:
+    """Which kernel multiplies 1..16 tokens by a weight of qtype: "planes" (gemv_planes.py)
+    or "tile" (dequant_tile.py), both on values dequantized in float."""
+    return "planes" if int(qtype) in gp.PLANE_LANES else "tile"
 
 
 def _check(raw: torch.Tensor, num_cols: int) -> None:
@@ -252,29 +220,6 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
     return out
 
 
-def qdot_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """quant_matmul through the int8 kernel (qdot.py), whatever decode_kernel would pick;
-    types in int8_blocks.INT8_TYPES only."""
-    num_tokens, num_cols = x.shape
-    _check(raw, num_cols)
-    if int(qtype) not in ib.INT8_TYPES or not 0 < num_tokens <= MAX_DECODE_TOKENS:
-        raise ValueError(f"the int8 kernel takes 1..{MAX_DECODE_TOKENS} tokens of a type in "
-                         f"{sorted(ib.INT8_TYPES)}; got type {int(qtype)}, x {tuple(x.shape)}")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
-    block_m = 1 if num_tokens == 1 else 16  # two compiles per type: warm_up_quantized's
-    launch.launch(
-        _qdot_tuned["sum" if block_m == 1 else "dot"],
-        lambda rows: (triton.cdiv(num_rows, rows),), _matmul_candidates(QDOT_CONFIGS),
-        x, raw, raw.view(torch.float16), bias if bias is not None else x, out, num_tokens,
-        x.stride(0), out.stride(0), N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1],
-        QTYPE=int(qtype), HAS_BIAS=bias is not None, BLOCK_M=block_m,
-    )
-    return out
-
-
 def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) for W [num_rows, K] in blocks raw; [M, num_rows] in x's dtype.
@@ -284,9 +229,7 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     if not 0 < num_tokens <= MAX_DECODE_TOKENS or raw.shape[0] != num_rows:
         raise ValueError(f"quant_matmul takes 1..{MAX_DECODE_TOKENS} tokens and a weight of "
                          f"{num_rows} rows; got x {tuple(x.shape)}, blocks {tuple(raw.shape)}")
-    kernel = decode_kernel(qtype, num_tokens)
-    if kernel == "qdot":
-        return qdot_matmul(x, raw, qtype, num_rows, bias)
+    kernel = decode_kernel(qtype)
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
