@@ -86,9 +86,10 @@ def test_cuda_fused_experts_resident_and_through_slots_and_pinned_host(qtype: QT
     # (under UVA a pinned tensor's device address is its host address).
     table = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
     placed = {3: 0, 9: 4, 12: 1, 0: 5, 7: 2}
-    slots, offsets = [], []
+    slots, offsets, hosts = [], [], []  # hosts: the pinned copies stay alive while read
     for (blocks, _), shape in zip(stacks, shapes):
         host = blocks.pin_memory()
+        hosts.append(host)
         slot_rows = torch.zeros(6, host.shape[1], dtype=torch.uint8, device="cuda")
         for expert, slot in placed.items():
             slot_rows[slot] = host[expert].cuda()

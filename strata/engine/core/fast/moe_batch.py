@@ -32,6 +32,8 @@ from strata.engine.core.kernels.launch import is_interpreting, launch, tuned
 try:
     import triton
     import triton.language as tl
+
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
 
@@ -151,9 +153,10 @@ if triton is not None:
         up_host_offset, stride_expert,
         num_tokens: tl.constexpr, top_k: tl.constexpr, num_cols: tl.constexpr,
         num_rows: tl.constexpr, HAS_TABLE: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
+        pdl_wait(USE_PDL)  # launch.launch passes it; launched without PDL
         pair = tl.program_id(0)
         expert, num_earlier, uses, token_pair = _leader_rows(ids_ptr, pair, num_tokens, top_k,
                                                              BLOCK_T, BLOCK_K)
@@ -180,9 +183,10 @@ if triton is not None:
         stride_expert,
         num_tokens: tl.constexpr, top_k: tl.constexpr, num_cols: tl.constexpr,
         num_rows: tl.constexpr, HAS_TABLE: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
+        pdl_wait(USE_PDL)  # launch.launch passes it; launched without PDL
         pair = tl.program_id(0)
         expert, num_earlier, uses, token_pair = _leader_rows(ids_ptr, pair, num_tokens, top_k,
                                                              BLOCK_T, BLOCK_K)
