@@ -8,13 +8,16 @@ from a CUDA graph of `GRAPH_CALLS` calls, as decode runs (`graph_*`: the kernel'
 
     python bench/diag_quant_gemv.py [--types Q4_K,Q6_K,Q8_0,Q4_1] [--hbm-gb-s 4300]
 
-`kernel` in each row: quant/kernels.decode_kernel's pick (planes or tile).
+`kernel` in each row: quant/kernels.decode_kernel's pick (planes or tile); one token of Q4_K
+is timed twice, by gemv_dp4a.py's kernel ("dp4a", what decode takes) and by the planes kernel,
+with the largest difference between the two relative to the output's scale.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -46,12 +49,37 @@ def _graph_time_us(fn) -> float:
     return _time_us(graph.replay, 10) / GRAPH_CALLS
 
 
+def _row(args, type_name: str, label: str, tokens: int, kernel: str, x, weight, dense,
+         num_bytes: int) -> dict:
+    from strata.engine.core.quant import gemv_dp4a, kernels
+    from strata.engine.core.quant.weight import qlinear
+
+    quant_us = _time_us(lambda: qlinear(x, weight))
+    dense_us = _time_us(lambda: torch.nn.functional.linear(x, dense))
+    gb_s = num_bytes / quant_us / 1e3
+    graph_us = _graph_time_us(lambda: qlinear(x, weight))
+    dense_graph_us = _graph_time_us(lambda: torch.nn.functional.linear(x, dense))
+    graph_gb_s = num_bytes / graph_us / 1e3
+    if kernel == "dp4a":
+        tuner = gemv_dp4a._q4k_tuned
+    else:
+        path = {"planes": "_planes_tuned", "tile": "_matmul_tuned"}[kernel]
+        tuner = getattr(kernels, path)["sum" if tokens == 1 else "dot"]
+    return {"type": type_name, "weight": label, "tokens": tokens, "kernel": kernel,
+            "quant_us": round(quant_us, 2), "bf16_cublas_us": round(dense_us, 2),
+            "blocks_gb_s": round(gb_s, 1), "fraction_of_hbm": round(gb_s / args.hbm_gb_s, 3),
+            "graph_us": round(graph_us, 2), "bf16_cublas_graph_us": round(dense_graph_us, 2),
+            "graph_blocks_gb_s": round(graph_gb_s, 1),
+            "graph_fraction_of_hbm": round(graph_gb_s / args.hbm_gb_s, 3),
+            "config": str(getattr(tuner, "best_config", ""))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q4_1,Q4_0,Q5_K")
     parser.add_argument("--hbm-gb-s", type=float, default=4300.0)
     args = parser.parse_args()
-    from strata.engine.core.quant import kernels
+    from strata.engine.core.quant import gemv_dp4a, kernels
     from strata.engine.core.quant.weight import QuantizedWeight, qlinear
 
     rows = []
@@ -67,27 +95,24 @@ def main() -> int:
             dense = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
             for tokens in (1, 16):
                 x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
-                quant_us = _time_us(lambda x=x, w=weight: qlinear(x, w))
-                dense_us = _time_us(lambda x=x, d=dense: torch.nn.functional.linear(x, d))
-                gb_s = raw.numel() / quant_us / 1e3
-                graph_us = _graph_time_us(lambda x=x, w=weight: qlinear(x, w))
-                dense_graph_us = _graph_time_us(
-                    lambda x=x, d=dense: torch.nn.functional.linear(x, d))
-                graph_gb_s = raw.numel() / graph_us / 1e3
-                kernel = kernels.decode_kernel(qtype)
-                path = {"planes": "_planes_tuned", "tile": "_matmul_tuned"}[kernel]
-                tuner = getattr(kernels, path)["sum" if tokens == 1 else "dot"]
-                rows.append({"type": type_name, "weight": label, "tokens": tokens,
-                             "kernel": kernel,
-                             "quant_us": round(quant_us, 2), "bf16_cublas_us": round(dense_us, 2),
-                             "blocks_gb_s": round(gb_s, 1),
-                             "fraction_of_hbm": round(gb_s / args.hbm_gb_s, 3),
-                             "graph_us": round(graph_us, 2),
-                             "bf16_cublas_graph_us": round(dense_graph_us, 2),
-                             "graph_blocks_gb_s": round(graph_gb_s, 1),
-                             "graph_fraction_of_hbm": round(graph_gb_s / args.hbm_gb_s, 3),
-                             "config": str(getattr(tuner, "best_config", ""))})
-                print(rows[-1])
+                variants = [(kernels.decode_kernel(qtype), None)]
+                if gemv_dp4a.is_enabled(x, qtype):  # both kernels, and how far apart
+                    variants.insert(0, ("dp4a", "1"))
+                    variants[1] = (variants[1][0], "0")
+                outputs = {}
+                for kernel, switch in variants:
+                    if switch is not None:
+                        os.environ["STRATA_DP4A"] = switch
+                    outputs[kernel] = qlinear(x, weight).float()
+                    rows.append(_row(args, type_name, label, tokens, kernel, x, weight, dense,
+                                     raw.numel()))
+                    print(rows[-1])
+                os.environ.pop("STRATA_DP4A", None)
+                if "dp4a" in outputs:
+                    planes = outputs["planes"]
+                    rows[-2]["rel_diff_vs_planes"] = float(
+                        f"{((outputs['dp4a'] - planes).abs().max() / planes.abs().max()).item():.3g}")
+                    print({"dp4a_rel_diff_vs_planes": rows[-2]["rel_diff_vs_planes"]})
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                       "rows": rows}))
     return 0

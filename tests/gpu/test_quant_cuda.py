@@ -60,6 +60,30 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
 
 
+def test_cuda_dp4a_kernel_equals_the_weight_times_its_int8_x() -> None:
+    """The compiled dp4a GEMV (real dp4a, signed int8 x against unsigned nibbles) equals the
+    dequantized Q4_K weight times x as quantize_x rounded it, up to the bf16 output; at
+    Llama-3-8B's shapes, so every tile candidate's masks are exercised."""
+    from strata.engine.core.quant import gemv_dp4a
+    from strata.engine.core.quant.weight import QuantizedWeight, qlinear
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for rows, cols in ((1024, 4096), (4096, 14336), (6144, 4096)):
+        raw = random_blocks(QT.Q4_K, rows, cols, seed=rows, scale=0.01)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, QT.Q4_K)).cuda()
+        weight = QuantizedWeight(QT.Q4_K, (rows, cols), torch.from_numpy(raw).cuda(),
+                                 torch.bfloat16)
+        x = torch.randn(1, cols, device="cuda", generator=gen).bfloat16()
+        assert gemv_dp4a.is_enabled(x, QT.Q4_K)
+        q, d, _ = gemv_dp4a.quantize_x(x)
+        rounded = (q.float().view(1, -1, 32) * d[:, :, None]).view(1, cols)
+        assert (rounded - x.float()).abs().max() <= x.float().abs().max() / 127
+        expected = rounded @ dense.T
+        got = qlinear(x, weight).float()
+        scale = expected.abs().max().item()
+        assert (got - expected).abs().max().item() <= 8e-3 * scale, (rows, cols)
+
+
 def test_cuda_decode_kernel_replays_from_a_cuda_graph() -> None:
     """The decode kernel allocates nothing that differs per call: captured once, a replay
     with new x gives the eager product."""
