@@ -40,9 +40,12 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 DP4A_TYPES = frozenset({12})  # Q4_K
 X_GROUP = 32  # x values per int8 scale: one Q4_K sub-block
 QUANTIZE_SUBS = 32  # x groups per program of quantize_x
-# (BLOCK_ROWS, BLOCK_COLS, num_warps, STAGES): rows per program, x values per K step.
-CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 2048, 4, 1), (4, 2048, 8, 1),
-           (1, 2048, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 3), (8, 1024, 8, 1))
+# (BLOCK_ROWS, BLOCK_COLS, num_warps, STAGES): rows per program, x values per K step. A
+# step's loads are all a thread has in flight (the loop is not unrolled), so wide steps and
+# several rows keep more bytes in flight per SM; STAGES 3 has cp.async pipeline the next.
+CONFIGS = ((2, 2048, 4, 1), (4, 1024, 4, 1), (4, 2048, 4, 1), (4, 2048, 8, 1),
+           (2, 4096, 4, 1), (4, 4096, 8, 1), (8, 2048, 8, 1), (8, 1024, 4, 1),
+           (1, 4096, 4, 1), (2, 2048, 4, 3), (4, 2048, 8, 3), (2, 1024, 2, 1))
 INTERPRETER_CONFIG = ((64, 512, 4, 1),)
 
 
