@@ -8,6 +8,10 @@ sorted by expert once; expert e owns the contiguous rows offsets[e-1]:offsets[e]
   expert's weights in one launch per projection, with the offsets on the device: no host sync.
 - Where it is missing or refuses the inputs, a loop over only the experts that got rows, on
   contiguous slices of the sorted rows (one host sync for the counts).
+- Quantized experts (GGML blocks) take quant/expert_gemm.py's grouped kernels, which decode
+  the blocks inside the K loop, wherever Triton runs (CUDA; the CPU interpreter in tests);
+  elsewhere, or for a type those kernels do not decode, each projection of every expert is
+  dequantized into a scratch before torch._grouped_mm.
 
 Each row's routing weight scales its activation [R, I] before the down projection (I is
 narrower than H: 768 against 2048 for Qwen3-30B-A3B); then each token gathers its k rows
@@ -23,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, sum_rows
+from strata.engine.core.kernels import launch
 from strata.engine.core.quant.experts import ExpertMatrices, is_quantized_experts
 
 log = logging.getLogger(__name__)
@@ -91,6 +96,17 @@ def _looped(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torc
     return out
 
 
+def decodes_in_gemm(gate, up, down) -> bool:
+    """Whether prefill multiplies these quantized experts by expert_gemm.py's kernels,
+    which read their blocks as stored (no dequantized copy): Triton runs on their device
+    and decodes all three types."""
+    if not launch.is_usable(gate.device):
+        return False
+    from strata.engine.core.quant import expert_gemm  # decorates kernels: only where usable
+
+    return expert_gemm.supports(gate, up, down)
+
+
 def _grouped_quantized(rows: torch.Tensor, gate, up, down, offsets: torch.Tensor,
                        row_weights: torch.Tensor, ops: PointwiseOps):
     """_grouped over quantized experts: each projection of every expert is dequantized into
@@ -144,7 +160,11 @@ def experts_sorted(
     order, offsets, rows, row_weights = _sorted_rows(x, weights, ids, stacked.gate_proj.shape[0])
     quantized = is_quantized_experts(stacked.gate_proj)
     y = None
-    if grouped_mm_supported(x):
+    if quantized and decodes_in_gemm(*experts):
+        from strata.engine.core.quant import expert_gemm
+
+        y = expert_gemm.experts_mlp(rows, *experts, offsets, row_weights)
+    elif grouped_mm_supported(x):
         try:
             grouped = _grouped_quantized if quantized else _grouped
             y = grouped(rows, *experts, offsets, row_weights, ops)

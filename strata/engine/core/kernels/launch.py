@@ -60,10 +60,18 @@ def tuned(kernel, candidates, key: tuple[str, ...] = ("num_rows", "num_cols")):
 def launch(kernel, grid_for_rows, candidates, *args, use_pdl: bool = False, **kwargs) -> None:
     """Launch a `tuned` kernel with a grid over its rows; the first candidate when interpreting.
     use_pdl: pass the kernel's USE_PDL and launch it as a PDL secondary (pdl.py)."""
+    launch_meta(kernel, lambda meta: grid_for_rows(meta["BLOCK_ROWS"]), candidates, *args,
+                use_pdl=use_pdl, **kwargs)
+
+
+def launch_meta(kernel, grid_for_meta, candidates, *args, use_pdl: bool = False,
+                **kwargs) -> None:
+    """`launch` for a grid that depends on more of the tuned constexprs than BLOCK_ROWS:
+    grid_for_meta gets them all (BLOCK_ROWS, BLOCK_COLS and the candidates' dict)."""
     kwargs.update(pdl.launch_options(use_pdl))
     if is_interpreting():
         rows, cols, warps, unroll = candidates[0]
-        kernel[grid_for_rows(rows)](*args, **kwargs, **_block_kwargs(rows, cols, unroll),
-                                    num_warps=warps)
+        meta = _block_kwargs(rows, cols, unroll)
+        kernel[grid_for_meta(meta)](*args, **kwargs, **meta, num_warps=warps)
     else:
-        kernel[lambda meta: grid_for_rows(meta["BLOCK_ROWS"])](*args, **kwargs)
+        kernel[grid_for_meta](*args, **kwargs)

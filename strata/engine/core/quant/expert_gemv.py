@@ -150,8 +150,10 @@ if triton is not None:
                                    key=("num_rows", "num_cols", "QTYPE", "TOP_K"))
 
 
-def _unit(experts: QuantizedExperts, host_offset: int, has_table: bool) -> int:
-    """The largest power of two <= MAX_UNIT dividing the expert stride and host offset."""
+def alignment_unit(experts: QuantizedExperts, host_offset: int = 0,
+                   has_table: bool = False) -> int:
+    """The largest power of two <= MAX_UNIT dividing the expert stride (and, with a table,
+    the host offset): the alignment kernels may assume for every expert's blocks."""
     unit = MAX_UNIT
     values = (experts.expert_stride, host_offset) if has_table else (experts.expert_stride,)
     while unit > 1 and any(v % unit for v in values):
@@ -167,7 +169,7 @@ def is_supported(experts: QuantizedExperts, host_offset: int = 0,
     if triton is None or qtype not in gp.PLANE_LANES:
         return False
     needed = 4 if qtype in WORD_TYPES else 2
-    unit = _unit(experts, host_offset, has_table)
+    unit = alignment_unit(experts, host_offset, has_table)
     return unit >= needed and experts.raw.data_ptr() % needed == 0
 
 
@@ -202,8 +204,8 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
         raise ValueError(f"gate {gate.shape}, up {up.shape} and x {tuple(x.shape)} disagree")
     has_table = table is not None
     table_arg = _check_table(table, ids)
-    gate_unit = _unit(gate, host_offsets[0], has_table)
-    up_unit = _unit(up, host_offsets[1], has_table)
+    gate_unit = alignment_unit(gate, host_offsets[0], has_table)
+    up_unit = alignment_unit(up, host_offsets[1], has_table)
     out = torch.empty(num_used, num_rows, dtype=x.dtype, device=x.device)
     launch.launch(
         _gate_up_tuned, lambda rows: (num_used, triton.cdiv(num_rows, rows)),
@@ -232,7 +234,7 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
                          f"{tuple(ids.shape)} do not fit down {down.shape}")
     has_table = table is not None
     table_arg = _check_table(table, ids)
-    unit = _unit(down, host_offset, has_table)
+    unit = alignment_unit(down, host_offset, has_table)
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
     launch.launch(
         _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),),

@@ -10,8 +10,10 @@ expert matmuls themselves stay float; what they need is dequantized just before:
   memory; through a partial cache's slot table, a missing expert is read in place from the
   pinned host copy). Other types: `gather_dequantize` (expert_kernels.py) dequantizes the k
   routed experts into [k, N, K], and the grouped kernels run over them with ids 0..k-1.
-- many tokens (prefill): `dequantize_all` (expert_kernels.py) fills the prefill scratch with
-  all E experts of one projection at a time; the grouped GEMMs follow each one.
+- many tokens (prefill): expert_gemm.py's grouped kernels decode the blocks inside their K
+  loop, every type dequant_tile.py decodes. Where Triton cannot run, `dequantize_all`
+  (expert_kernels.py) fills the prefill scratch with all E experts of one projection at a
+  time and torch's grouped GEMMs follow each one.
 - the reference loop: `ExpertMatrices` dequantizes one expert when indexed.
 """
 
