@@ -8,7 +8,9 @@ Drives Engine.add/step directly (what the engine process does), so the figures a
 engine's, not HTTP's. For each stream count: N requests with distinct prompts start together;
 decode tok/s is the tokens made after every sequence has its first token over that time.
 Then a long prompt (--long-tokens) is added, and after its first prefill chunk a short request;
-its TTFT is compared with one chunk's prefill time and its own prefill.
+its TTFT is compared with one chunk's prefill time and its own prefill. The long prompt is
+alone then, so its chunks are the engine's solo chunks (EngineConfig.prefill_solo_chunk_tokens,
+when larger than --chunk-tokens): the chunk a request arriving mid-step waits behind.
 With --gguf FILE the engine loads that file; --llama-batched-bench PATH then runs llama.cpp's
 llama-batched-bench on the same file once the engine is closed (llamacpp_batched.py: the same
 stream counts, prompt and generated lengths) and adds Strata/llama.cpp per stream count.
@@ -106,7 +108,7 @@ def run_ttft(engine, args) -> dict:
     engine.step()  # the long prompt's first chunk
     sync()
     chunk_start_s = time.perf_counter()
-    engine.step()  # a second chunk alone: one chunk's time
+    engine.step()  # a second chunk alone (a solo chunk): one chunk's time
     sync()
     chunk_s = time.perf_counter() - chunk_start_s
     sync()
@@ -123,6 +125,7 @@ def run_ttft(engine, args) -> dict:
     engine.step()
     alone_s = first_token_s(engine, "alone", prompt(vocab, 13, args.short_tokens), 1)
     return {"long_tokens": args.long_tokens, "chunk_tokens": args.chunk_tokens,
+            "solo_chunk_tokens": engine.config.prefill_solo_chunk_tokens,
             "chunk_s": round(chunk_s, 4), "short_ttft_s": round(ttft_s, 4),
             "short_alone_s": round(alone_s, 4),
             "ttft_vs_chunk_plus_own": round(ttft_s / (chunk_s + alone_s), 2)}

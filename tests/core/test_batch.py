@@ -202,28 +202,62 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_another_decodes(llama_path) 
 
 
 def test_a_short_prompt_is_prefilled_before_a_long_one_it_arrives_behind(llama_path) -> None:
-    """issue 22: a short request during a long prefill waits one chunk, not the whole prompt."""
-    engine = load(llama_path, num_slots=2, prefill_chunk_tokens=16)
+    """issue 22: a short request during a long prefill waits one chunk, not the whole prompt.
+    Alone, the long prompt took solo chunks of 32; with the short one running, chunks of 16."""
+    engine = load(llama_path, num_slots=2, prefill_chunk_tokens=16, prefill_solo_chunk_tokens=32)
     long_prompt = [(3 * i) % 300 + 7 for i in range(100)]
     short = list(range(5, 15))
     expected_short = alone(engine, short, GREEDY, 1)
     engine.add("long", long_prompt, GREEDY, 0)
-    engine.step()  # the long prompt's first chunk
+    engine.step()  # the long prompt's first chunk, a solo one
+    seq = next(s for s in engine.scheduler.running if s.request_id == "long")
+    assert seq.num_prefilled == 32
     engine.add("short", short, GREEDY, 1)
     events = engine.step()  # the short prompt fits this step's chunk: its first token now
     assert [e.request_id for e in events if e.token_ids] == ["short"]
-    seq = next(s for s in engine.scheduler.running if s.request_id == "long")
     # The long prompt's partial chunk did not delay the short one's first token: it waited.
-    assert seq.num_prefilled == 16
+    assert seq.num_prefilled == 32
     got_short = list(events[0].token_ids)
     got_short += [t for e in engine.step() if e.request_id == "short" for t in e.token_ids]
-    assert seq.num_prefilled == 32
+    assert seq.num_prefilled == 48
     while engine.has_work:
         for event in engine.step():
             if event.request_id == "short":
                 got_short += event.token_ids
     assert got_short == expected_short
     engine.close()
+
+
+def test_a_prompt_alone_takes_solo_chunks_until_another_request_comes(llama_path) -> None:
+    """Alone, a prompt prefills solo_chunk_tokens a step (fewer chunks: each reads every
+    weight); once another request waits or runs, chunk_tokens again; greedy tokens as before.
+    A solo size below the chunk, or 0, leaves the chunk."""
+    long_prompt = [(5 * i) % 300 + 3 for i in range(150)]
+    engine = load(llama_path, num_slots=2, prefill_chunk_tokens=16, prefill_solo_chunk_tokens=64)
+    expected = alone(engine, long_prompt, GREEDY, 1)
+    engine.add("long", long_prompt, GREEDY, 0)
+    engine.step()
+    seq = next(s for s in engine.scheduler.running if s.request_id == "long")
+    assert seq.num_prefilled == 64
+    engine.add("other", list(range(5, 40)), SamplingSpec(max_tokens=2), 1)
+    assert engine.scheduler.chunk_budget() == 16  # one waits: the small chunk
+    engine.step()  # shortest remainder first: the other takes all 16 of this step
+    assert seq.num_prefilled == 64
+    got = {"long": [], "other": []}
+    while engine.has_work:
+        for event in engine.step():
+            got[event.request_id] += event.token_ids
+    assert got["long"] == expected
+    engine.close()
+    for solo in (0, 8):
+        engine = load(llama_path, num_slots=2, prefill_chunk_tokens=16,
+                      prefill_solo_chunk_tokens=solo)
+        engine.add("long", long_prompt, GREEDY, 0)
+        engine.step()
+        assert engine.scheduler.running[0].num_prefilled == 16
+        engine.close()
+    with pytest.raises(ValueError, match="prefill_solo_chunk_tokens must be >= 0"):
+        EngineConfig(model_path=str(llama_path), prefill_solo_chunk_tokens=-1)
 
 
 def test_bad_requests_are_refused_at_add(llama_path) -> None:
@@ -242,7 +276,7 @@ def test_a_sequence_moves_between_the_graph_decoder_and_the_batch(llama_path) ->
     back once that one ends, its tokens those of a run alone."""
     from strata.engine.core.fast import GraphDecoder
 
-    engine = load(llama_path, num_slots=4, prefill_chunk_tokens=16)
+    engine = load(llama_path, num_slots=4, prefill_chunk_tokens=16, prefill_solo_chunk_tokens=0)
     engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False, compile_pointwise=False)
     long_prompt, short_prompt = list(range(10, 50)), list(range(70, 89))
     long_spec = SamplingSpec(max_tokens=30, repeat_penalty=1.3, num_logprobs=1)

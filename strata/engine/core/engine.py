@@ -199,7 +199,8 @@ class Engine:
                                    self._grow_kv, self.memory.check_resident)
         self.scheduler = BatchScheduler(self._runner, self.slots, self._checkout,
                                         self.config.num_parallel,
-                                        self.config.prefill_chunk_tokens)
+                                        self.config.prefill_chunk_tokens,
+                                        self.config.prefill_solo_chunk_tokens)
 
     def _log_memory(self, config: ModelConfig) -> None:
         """One line: what the model holds on its device (the figure `strata info` estimates)."""

@@ -47,6 +47,9 @@ class EngineConfig:
     num_slots: int = 4
     parallel: int = 0
     prefill_chunk_tokens: int = 512
+    # A prompt alone in the engine prefills this many tokens a step (0 or less than the chunk:
+    # the chunk): llama.cpp's server batches 2048 prompt tokens a step likewise.
+    prefill_solo_chunk_tokens: int = 2048
     # The fast decode path on CUDA (DESIGN §8): fast_decode False decodes and prefills with
     # the plain torch path. The next four force one piece on or off (None: the engine decides):
     # CUDA graphs, torch.compile'd element-wise groups, the Triton decode attention, the Triton
@@ -69,6 +72,9 @@ class EngineConfig:
             raise ValueError(f"parallel must be 0..num_slots ({self.num_slots}), not {self.parallel}")
         if self.prefill_chunk_tokens < 16:
             raise ValueError(f"prefill_chunk_tokens must be >= 16, not {self.prefill_chunk_tokens}")
+        if self.prefill_solo_chunk_tokens < 0:
+            raise ValueError(f"prefill_solo_chunk_tokens must be >= 0, not "
+                             f"{self.prefill_solo_chunk_tokens}")
         if self.context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, not {self.context_tokens}")
         for name in ("kv_budget_bytes", "snapshot_ram_budget_bytes",

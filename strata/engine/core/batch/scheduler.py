@@ -6,7 +6,11 @@ A step runs at most one prefill chunk (`chunk_tokens` prompt tokens, shared amon
 sequences still prefilling, the shortest remainder first; once a prompt got its first token,
 only prompts that finish within the rest of the chunk join the step), then one decode step for every
 sequence that was decoding, so a long prompt delays the running streams by at most one chunk
-per step, and a short prompt that arrives meanwhile is not queued behind it.
+per step, and a short prompt that arrives meanwhile is not queued behind it. A prompt that
+has the engine to itself (nothing else runs or waits) takes `solo_chunk_tokens` a step
+instead, when larger: it delays nobody, and fewer chunks are faster (every chunk reads every
+weight, and a quantized prefill dequantizes each once per chunk); a request that arrives
+meanwhile waits for at most that one chunk.
 """
 
 from __future__ import annotations
@@ -26,17 +30,21 @@ class BatchScheduler:
     """Sequences from add() to their end; `step()` advances all of them by one step."""
 
     def __init__(self, runner: BatchRunner, slots: SlotManager,
-                 checkout: Callable[[int], SlotCache], num_parallel: int, chunk_tokens: int):
+                 checkout: Callable[[int], SlotCache], num_parallel: int, chunk_tokens: int,
+                 solo_chunk_tokens: int = 0):
         """checkout(slot) makes a slot resident and marks it in use (SlotManager.checkout with
         the engine's out-of-memory wrapping)."""
-        if num_parallel < 1 or num_parallel > slots.num_slots or chunk_tokens < 1:
-            raise ValueError(f"need 1 <= num_parallel <= {slots.num_slots} and chunk_tokens "
-                             f">= 1, not {num_parallel}, {chunk_tokens}")
+        if (num_parallel < 1 or num_parallel > slots.num_slots or chunk_tokens < 1
+                or solo_chunk_tokens < 0):
+            raise ValueError(f"need 1 <= num_parallel <= {slots.num_slots}, chunk_tokens >= 1 "
+                             f"and solo_chunk_tokens >= 0, not {num_parallel}, {chunk_tokens}, "
+                             f"{solo_chunk_tokens}")
         self.runner = runner
         self.slots = slots
         self.checkout = checkout
         self.num_parallel = num_parallel
         self.chunk_tokens = chunk_tokens
+        self.solo_chunk_tokens = solo_chunk_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
 
@@ -123,8 +131,15 @@ class BatchScheduler:
 
     # ---- prefill and decode -----------------------------------------------------------------
 
+    def chunk_budget(self) -> int:
+        """Prompt tokens this step may prefill: solo_chunk_tokens (if larger) while one
+        sequence runs and none waits, else chunk_tokens."""
+        if len(self.running) == 1 and not self.waiting:
+            return max(self.chunk_tokens, self.solo_chunk_tokens)
+        return self.chunk_tokens
+
     def _prefill(self, events: list[SequenceEvent]) -> None:
-        budget = self.chunk_tokens
+        budget = self.chunk_budget()
         # Shortest remainder first: a short prompt that arrives during a 32k prefill gets its
         # tokens in the next step instead of after the long one (its TTFT: one chunk + its own).
         prefilling = sorted((s for s in self.running if s.phase is Phase.PREFILL),
