@@ -52,6 +52,26 @@ def vram_used_bytes() -> tuple[int | None, int | None]:
     return own, None if info is None else info.used_bytes
 
 
+def memory_breakdown(engine, process_bytes: int | None) -> dict:
+    """Where the VRAM held after load goes: each arena's resident bytes, torch's allocator
+    (activations and the graph pools), the quantized prefill scratch, and the rest of the
+    process's NVML figure (the CUDA context and the kernels' code)."""
+    import torch
+
+    from strata.engine.core.quant.weight import scratch_bytes
+
+    arenas = {name: int(row.get("resident_bytes", 0))
+              for name, row in engine.status().get("arenas", {}).items()}
+    reserved = torch.cuda.memory_reserved() if torch.cuda.is_available() else 0
+    known = sum(arenas.values()) + reserved
+    return {"arena_resident_bytes": arenas, "torch_reserved_bytes": reserved,
+            "torch_allocated_bytes": (torch.cuda.memory_allocated()
+                                      if torch.cuda.is_available() else 0),
+            "quant_scratch_bytes": scratch_bytes(),
+            "context_and_other_bytes": (None if process_bytes is None
+                                        else process_bytes - known)}
+
+
 def _timed_s(fn) -> tuple[object, float]:
     sync()
     started_s = time.perf_counter()
@@ -77,7 +97,8 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     config = engine.model_config
     kv = kv_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, context)
     raw = {"load": info, "context_tokens": context, "kv_bytes": kv, "vram_process_bytes": own,
-           "vram_used_bytes": used, "vram_baseline_bytes": baseline_used}
+           "vram_used_bytes": used, "vram_baseline_bytes": baseline_used,
+           "memory_after_load": memory_breakdown(engine, own)}
     held = own if own is not None else (None if used is None else used - baseline_used)
     file_bytes = path.stat().st_size
     rows = [figure("load to ready (first, page cache)", load_s, "s",
