@@ -94,7 +94,7 @@ def test_the_test_routing_spans_empty_experts_and_several_tiles() -> None:
     assert 0 in COUNTS and max(COUNTS) > 2 * block_m and block_m in COUNTS
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ4_XS, QT.IQ2_XXS],
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q2_K, QT.IQ4_XS, QT.IQ2_XXS],
                          ids=lambda t: t.name)
 def test_grouped_gemm_matches_torch_on_the_dequantized_experts(qtype: QT) -> None:
     from strata.engine.core.quant import expert_gemm

@@ -26,8 +26,8 @@ from gguf import GGMLQuantizationType as QT
 from strata.engine.core.quant.experts import QuantizedExperts
 from tests.helpers.quant_blocks import random_blocks
 
-PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1]
-K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K]
+K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K)
 NUM_EXPERTS = 9
 # Float32 throughout: only the summation order differs from torch (planes groups, then
 # experts in order), so within this fraction of the output's scale.

@@ -4,9 +4,10 @@
 matrix in GGML blocks, each group's run of `PLANE_LANES[QTYPE]` consecutive packed bytes
 (one vectorizable load per row and group) and its scales (one load per group, not per value),
 and returns two planes of float32 weights [R, G, L] with the columns [1, G, L] they multiply:
-the low and high nibbles of a byte (4- and 5-bit types, Q6_K), or the two halves of a Q8_0
-block. A group covers 2 * L columns. Weights equal dequant_tile.py's up to float rounding
-order; the tests compare products within a tolerance, the dequantizer stays the bit-exact one.
+the low and high nibbles of a byte (4- and 5-bit types, Q6_K), two of a byte's four 2-bit
+values (Q2_K), or the two halves of a Q8_0 block. A group covers 2 * L columns. Weights
+equal dequant_tile.py's up to float rounding order; the tests compare products within a
+tolerance, the dequantizer stays the bit-exact one.
 
 Small integers become floats by the exponent trick (OR into 2**23's bits, subtract 2**23):
 two full-rate instructions instead of an int-to-float conversion, which runs at a quarter of
@@ -23,8 +24,9 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 
 # Packed bytes per group (the plane length L) for each GGML type with a planes path; other
 # types take dequant_tile.py's generic decode kernel. Q4_K/Q5_K: a pair of 32-value
-# sub-blocks per 32 bytes; the others: 16 bytes (Q6_K: 16 of a 32-byte run).
-PLANE_LANES = {2: 16, 3: 16, 6: 16, 7: 16, 8: 16, 12: 32, 13: 32, 14: 16}
+# sub-blocks per 32 bytes; the others: 16 bytes (Q6_K: 16 of a 32-byte run; Q2_K: 16 bytes
+# holding four 2-bit planes, two per group).
+PLANE_LANES = {2: 16, 3: 16, 6: 16, 7: 16, 8: 16, 10: 16, 12: 32, 13: 32, 14: 16}
 
 if triton is not None:
     _MAGIC = tl.constexpr(0x4B000000)  # float32 bits of 2**23
@@ -109,6 +111,24 @@ if triton is not None:
             w1 = (d * sc1) * _float(q1, 32)
             cols0 = blk * 256 + h * 128 + c * 32 + u * 16 + lane
             cols1 = cols0 + 64
+        elif QTYPE == 10:  # Q2_K: group = (half h, shift pair p, 16-byte run u)
+            blk = group // 8
+            r = group % 8
+            h = r // 4
+            p = (r // 2) % 2
+            u = r % 2
+            base = row_off + blk * 84
+            q = _bytes(w_ptr, base + 16 + h * 32 + u * 16 + lane, ok)
+            q0 = (q >> (4 * p)) & 3  # value h*128 + 32*(2p) + 16u + lane
+            q1 = (q >> (4 * p + 2)) & 3  # 32 values further
+            sc0 = _bytes(w_ptr, base + h * 8 + 4 * p + u, ok)  # its sub-block of 16
+            sc1 = _bytes(w_ptr, base + h * 8 + 4 * p + 2 + u, ok)
+            d = _half(wh_ptr, base + 80, ok)
+            dmin = _half(wh_ptr, base + 82, ok)
+            w0 = (d * _float(sc0 & 15, 0)) * _float(q0, 0) - dmin * _float(sc0 >> 4, 0)
+            w1 = (d * _float(sc1 & 15, 0)) * _float(q1, 0) - dmin * _float(sc1 >> 4, 0)
+            cols0 = blk * 256 + h * 128 + p * 64 + u * 16 + lane
+            cols1 = cols0 + 32
         elif QTYPE == 8:  # Q8_0: group = block, the two 16-byte halves of its 32 int8
             base = row_off + group * 34
             d = _half(wh_ptr, base, ok)
