@@ -16,6 +16,8 @@ the FMA rate on recent GPUs and would bound a 4-bit GEMV below the memory bandwi
 
 from __future__ import annotations
 
+from strata.engine.core.quant.dequant_tile import LUT_IQ2_XXS, LUT_KSIGNS
+
 try:
     import triton
     import triton.language as tl
@@ -171,3 +173,52 @@ if triton is not None:
             cols0 = group * 32 + lane
             cols1 = cols0 + 16
         return w0, cols0, w1, cols1
+
+
+# Types whose planes need the lookup table of lookup.py (their grids and sign patterns):
+# kernels that pass a table_ptr call `planes_lut`, which takes these and every planes type.
+LUT_PLANE_LANES = {16: 16}  # IQ2_XXS: a group is one 32-value sub-block
+
+if triton is not None:
+    _LUT_KSIGNS = tl.constexpr(LUT_KSIGNS)
+    _LUT_IQ2_XXS = tl.constexpr(LUT_IQ2_XXS)
+
+    @triton.jit
+    def _ushort(wh_ptr, offset, ok):
+        """The little-endian uint16 at an even byte offset, as int32."""
+        raw = tl.load(wh_ptr + offset // 2, mask=ok, other=0.0)
+        return raw.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+    @triton.jit
+    def _iq2xxs_plane(w_ptr, table_ptr, sub, signs, db, lane, ok, HALF: tl.constexpr):
+        """Values 16 * HALF + lane of the IQ2_XXS sub-block at byte offset sub: grid byte
+        2 * HALF + lane // 8 names 8 grid values, sign pattern 2 * HALF + lane // 8 their
+        signs; (db * grid) * sign, gguf-py's order."""
+        eighth = 2 * HALF + lane // 8  # [1, 1, L]
+        bit = lane % 8
+        index = _bytes(w_ptr, sub + eighth, ok)
+        grid = tl.load(table_ptr + (_LUT_IQ2_XXS + index * 8 + bit), mask=ok,
+                       other=0).to(tl.float32)
+        pattern = tl.load(table_ptr + (_LUT_KSIGNS + ((signs >> (7 * eighth)) & 127)),
+                          mask=ok, other=0).to(tl.int32)  # int8: bits 0..7 are the byte's
+        v = db * grid
+        return tl.where(((pattern >> bit) & 1) != 0, -v, v)
+
+    @triton.jit
+    def planes_lut(w_ptr, wh_ptr, table_ptr, row_off, group, lane, ok, QTYPE: tl.constexpr):
+        """`planes` for the types of LUT_PLANE_LANES too; table_ptr: lookup.lookup_table."""
+        if QTYPE == 16:  # IQ2_XXS: 4 grid bytes, then 4 x 7 sign-pattern bits + a 4-bit scale
+            blk = group // 8
+            base = row_off + blk * 66
+            sub = base + 2 + (group % 8) * 8  # [R, G, 1]
+            # 66-byte blocks keep only 2-alignment: the sign word is read as two uint16.
+            lo = _ushort(wh_ptr, sub + 4, ok)
+            hi = _ushort(wh_ptr, sub + 6, ok)
+            signs = lo | (hi << 16)  # bits 7l..7l+6: pattern of values 8l..8l+7; 28..31: scale
+            db = (_half(wh_ptr, base, ok) * (0.5 + _float(hi >> 12, 0))) * 0.25
+            w0 = _iq2xxs_plane(w_ptr, table_ptr, sub, signs, db, lane, ok, 0)
+            w1 = _iq2xxs_plane(w_ptr, table_ptr, sub, signs, db, lane, ok, 1)
+            cols0 = blk * 256 + (group % 8) * 32 + lane
+            return w0, cols0, w1, cols0 + 16
+        else:
+            return planes(w_ptr, wh_ptr, row_off, group, lane, ok, QTYPE)
