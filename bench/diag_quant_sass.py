@@ -27,17 +27,17 @@ from triton.compiler import ASTSource
 
 from strata.engine.core.quant import kernels
 
-_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "wh_ptr": "*fp16", "b_ptr": "*bf16",
-              "out_ptr": "*bf16", "num_tokens": "i32", "stride_x": "i32", "stride_out": "i32",
-              "N": "i32", "K": "i32", "ROW_BYTES": "i32"}
+_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*u8", "wh_ptr": "*fp16", "table_ptr": "*i8",
+              "b_ptr": "*bf16", "out_ptr": "*bf16", "num_tokens": "i32", "stride_x": "i32",
+              "stride_out": "i32", "N": "i32", "K": "i32", "ROW_BYTES": "i32"}
 # Triton specializes pointers and shapes divisible by 16 at run time; so does this compile.
-_DIVISIBLE = ("x_ptr", "w_ptr", "wh_ptr", "b_ptr", "out_ptr", "stride_x", "N", "K", "ROW_BYTES")
+_DIVISIBLE = ("x_ptr", "w_ptr", "wh_ptr", "table_ptr", "b_ptr", "out_ptr", "stride_x", "N", "K", "ROW_BYTES")
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
 def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int):
     fn = kernels._planes_kernel
-    constexprs = {"QTYPE": qtype, "LANES": kernels.gp.PLANE_LANES[qtype], "HAS_BIAS": False,
+    constexprs = {"QTYPE": qtype, "LANES": kernels.PLANES_KERNEL_LANES[qtype], "HAS_BIAS": False,
                   "BLOCK_M": 1 if tokens == 1 else 16, "USE_PDL": False, "BLOCK_ROWS": rows,
                   "BLOCK_COLS": cols, "STAGES": stages}
     signature = {**_SIGNATURE, **{name: "constexpr" for name in constexprs}}

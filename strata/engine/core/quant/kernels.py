@@ -52,6 +52,8 @@ PLANES_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4
 PLANES_DOT_CONFIGS = ((32, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1))
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
+# The decode kernel's types: the planes ones and those whose planes read the lookup table.
+PLANES_KERNEL_LANES = {**gp.PLANE_LANES, **gp.LUT_PLANE_LANES}
 DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
 INTERPRETER_DEQUANT_BLOCK_N = 128
 
@@ -97,7 +99,7 @@ if triton is not None:
 
     @triton.jit
     def _planes_kernel(
-        x_ptr, w_ptr, wh_ptr, b_ptr, out_ptr, num_tokens, stride_x, stride_out, N, K,
+        x_ptr, w_ptr, wh_ptr, table_ptr, b_ptr, out_ptr, num_tokens, stride_x, stride_out, N, K,
         ROW_BYTES, QTYPE: tl.constexpr, LANES: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
         USE_PDL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
         STAGES: tl.constexpr,
@@ -126,8 +128,8 @@ if triton is not None:
         for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             group_ok = group < num_groups
-            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
-                                             row_ok[:, None, None] & group_ok, QTYPE)
+            w0, cols0, w1, cols1 = gp.planes_lut(w_ptr, wh_ptr, table_ptr, row_off, group,
+                                                 lane, row_ok[:, None, None] & group_ok, QTYPE)
             if BLOCK_M == 1:
                 # x read at the weights' full [BN, G, L] shape: Triton then gives both loads
                 # one layout, instead of moving every weight through shared memory to x's.
@@ -190,7 +192,7 @@ def _matmul_candidates(configs: tuple) -> tuple:
 def decode_kernel(qtype: int) -> str:
     """Which kernel multiplies 1..16 tokens by a weight of qtype: "planes" (gemv_planes.py)
     or "tile" (dequant_tile.py), both on values dequantized in float."""
-    return "planes" if int(qtype) in gp.PLANE_LANES else "tile"
+    return "planes" if int(qtype) in PLANES_KERNEL_LANES else "tile"
 
 
 def _check(raw: torch.Tensor, num_cols: int) -> None:
@@ -242,11 +244,12 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     path = "sum" if block_m == 1 else "dot"
     grid = lambda rows: (triton.cdiv(num_rows, rows),)  # noqa: E731
     if kernel == "planes":
-        lanes = gp.PLANE_LANES[int(qtype)]
+        lanes = PLANES_KERNEL_LANES[int(qtype)]
         launch.launch(
             _planes_tuned[path], grid,
             _matmul_candidates(PLANES_CONFIGS if path == "sum" else PLANES_DOT_CONFIGS),
-            x, raw, raw.view(torch.float16), bias if bias is not None else x, out, num_tokens,
+            x, raw, raw.view(torch.float16), lookup_table(raw.device),
+            bias if bias is not None else x, out, num_tokens,
             x.stride(0), out.stride(0), N=num_rows, K=num_cols, ROW_BYTES=raw.shape[1],
             QTYPE=int(qtype), LANES=lanes, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         )
