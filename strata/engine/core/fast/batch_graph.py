@@ -12,8 +12,8 @@ graph captured once per bucket replays for any sequences in any slots:
 
 Linear layers run on [B, hidden] (cuBLAS, or the quantized kernels at M = B), the fused
 q/k/v and gate/up views where the model has them; MoE layers with the Triton kernels run the
-batched decode kernels over the B*k (row, expert) pairs (moe_batch.py; quantized experts: the
-one-token kernels per row), other MoE choices the prefill's grouped GEMMs. The step stops at the
+batched decode kernels over the B*k (row, expert) pairs (moe_batch.py; quantized experts:
+quant/expert_batch.py), other MoE choices the prefill's grouped GEMMs. The step stops at the
 logits [B, V]: each sequence samples with its own sampler, grammar and penalties (batch/).
 Without CUDA (or with graphs off) the same step runs eagerly with the torch attention.
 """
@@ -29,12 +29,10 @@ import torch
 from strata.engine.core.fast import batch_attention
 from strata.engine.core.fast.forward import linear, mlp_forward, project_head, project_qkv
 from strata.engine.core.fast.moe_batch import experts_rows
-from strata.engine.core.fast.moe_grouped import experts_triton
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.fast.static_step import DEFAULT_MIN_BUCKET_TOKENS, bucket_for, kv_buckets
 from strata.engine.core.kv_cache import KVCache, check_positions
 from strata.engine.core.models.switch import SparseMoE
-from strata.engine.core.quant.experts import is_quantized_experts
 
 log = logging.getLogger(__name__)
 
@@ -123,14 +121,12 @@ class BatchBuffers:
 
 def _mlp_rows(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
     """The feed-forward of rows x [B, H]. With the Triton MoE and resident experts, the
-    batched decode kernels (moe_batch.py) read only the routed experts, each once a step;
-    quantized experts take the one-token kernels row by row (the grouped path would
-    dequantize every expert each step). A partial expert cache keeps the loop module."""
-    if isinstance(mlp, SparseMoE) and moe_impl == "triton" and mlp.expert_weights is None:
-        if is_quantized_experts(mlp.experts.gate_proj):
-            return torch.cat([experts_triton(mlp, x[b : b + 1]) for b in range(x.shape[0])])
-        if x.shape[0] > 1:
-            return experts_rows(mlp, x)
+    batched decode kernels (moe_batch.py; quantized: quant/expert_batch.py) read only the
+    routed experts, each once a step; one row takes the one-token kernels. A partial expert
+    cache keeps the loop module."""
+    if isinstance(mlp, SparseMoE) and moe_impl == "triton" and mlp.expert_weights is None \
+            and x.shape[0] > 1:
+        return experts_rows(mlp, x)
     return mlp_forward(mlp, x, ops, moe_impl)
 
 

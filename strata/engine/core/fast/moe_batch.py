@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast.moe_grouped import routed_experts
 from strata.engine.core.fast.moe_triton import _check_stacked, _check_table, _counter
 from strata.engine.core.kernels.launch import is_interpreting, launch, tuned
+from strata.engine.core.quant.experts import is_quantized_experts
 
 try:
     import triton
@@ -304,9 +306,20 @@ def pairs_down_sum(act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
 
 
 def experts_rows(moe, x: torch.Tensor) -> torch.Tensor:
-    """The MoE block of a batch step's rows x [T, H] (T > 1) over the resident stacked float
-    experts: route, gate/up, down and sum by the kernels above; [T, H] in x's dtype."""
+    """The MoE block of a batch step's rows x [T, H] (1 < T <= 16) over the resident stacked
+    experts: route, gate/up, down and sum by the kernels above, or for quantized experts by
+    quant/expert_batch.py's (each routed expert's blocks decoded once for all its rows);
+    quantized types those cannot read go row by row through the one-token kernels.
+    [T, H] in x's dtype."""
     stacked = moe.experts
+    gate, up, down = stacked.gate_proj, stacked.up_proj, stacked.down_proj
     weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob)
-    act = pairs_gate_up(x, stacked.gate_proj, stacked.up_proj, ids)  # [T*k, I]
-    return pairs_down_sum(act, stacked.down_proj, ids, weights)  # [T, H]
+    if is_quantized_experts(gate):
+        from strata.engine.core.quant import expert_batch
+
+        if expert_batch.supports(gate, up, down):
+            return expert_batch.routed_rows(x, gate, up, down, ids, weights)  # [T, H]
+        return torch.cat([routed_experts(x[b : b + 1], gate, up, down, ids[b], weights[b])
+                          for b in range(x.shape[0])])  # [T, H]
+    act = pairs_gate_up(x, gate, up, ids)  # [T*k, I]
+    return pairs_down_sum(act, down, ids, weights)  # [T, H]

@@ -110,6 +110,17 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
         offsets, out_ids = layout.host_offsets, layout.step_ids
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
                                           out_ids=out_ids, use_pdl=use_pdl)
+    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl)
+
+
+def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: torch.Tensor,
+                   table: torch.Tensor | None = None,
+                   offsets: tuple[int, int, int] = (0, 0, 0),
+                   use_pdl: bool = False) -> torch.Tensor:
+    """One routed token's experts: x [1, H], ids and weights [k] on the device -> [1, H].
+    Float or quantized stacks (or a partial cache's slots, through table and offsets)."""
+    from strata.engine.core.fast import moe_triton
+
     if is_quantized_experts(gate):
         from strata.engine.core.quant import expert_gemv
         from strata.engine.core.quant.expert_kernels import dequantize_routed

@@ -1,0 +1,79 @@
+"""A batch step over quantized experts (quant/expert_batch.py) in an engine, through Triton's
+CPU interpreter: a tiny Qwen3-MoE GGUF with a different expert type per projection and layer,
+whose batched greedy decode of three sequences (bucket 4: one padding row) gives each
+sequence the tokens it gets alone, with every MoE layer of the step through the batched
+kernels. 32-value block types keep the model at hidden 64 (the interpreter pays per op);
+test_quant_expert_batch.py runs the K-quants. The kernels themselves are tested
+in test_quant_expert_batch.py; the GPU twin is tests/gpu/test_quant_expert_batch_cuda.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Must precede the first Triton import: triton.jit picks the interpreter at decoration time.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
+)
+
+from strata.engine.core.fast.batch_graph import BatchDecoder
+from strata.engine.core.fast.pointwise import EAGER_OPS
+from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.protocol import SamplingSpec
+from tests.core.batch_helpers import alone, assert_same_or_near_tie, run_batch
+from tests.core.test_quant_experts import _engine, _gguf
+
+NUM_NEW = 3  # each interpreted step costs CI seconds
+# Gate and up of different types in one kernel; every type one the planes kernels read.
+NARROW_MIX = {"blk.0.ffn_gate_exps.weight": "Q8_0", "blk.0.ffn_up_exps.weight": "Q4_0",
+              "blk.0.ffn_down_exps.weight": "Q5_1", "blk.1.ffn_gate_exps.weight": "Q4_1",
+              "blk.1.ffn_up_exps.weight": "Q5_0", "blk.1.ffn_down_exps.weight": "Q8_0"}
+CHATS = [[(13 * i + 7 * j) % 300 + 5 for j in range(3 + 2 * i)] for i in range(3)]
+
+
+def _count_batched(monkeypatch) -> list[int]:
+    """The row counts of the MoE blocks that took the batched quantized kernels."""
+    from strata.engine.core.quant import expert_batch
+
+    calls: list[int] = []
+    batched = expert_batch.routed_rows
+
+    def counted(x, *args, **kwargs):
+        calls.append(x.shape[0])
+        return batched(x, *args, **kwargs)
+
+    monkeypatch.setattr(expert_batch, "routed_rows", counted)
+    return calls
+
+
+def _batch_equals_alone(engine, calls: list[int]) -> None:
+    step = BatchDecoder(engine.model, EAGER_OPS, "triton", use_cuda_graphs=False,
+                        fused_attention=False, min_bucket_tokens=16)
+    engine._runner.batch = step
+    spec = SamplingSpec(max_tokens=NUM_NEW, temperature=0.0)
+    expected = [alone(engine, p, spec, i) for i, p in enumerate(CHATS)]
+    calls.clear()  # alone, a sequence decodes one row at a time
+    got = run_batch(engine, {f"r{i}": (p, spec, i) for i, p in enumerate(CHATS)})
+    for i, prompt in enumerate(CHATS):
+        assert_same_or_near_tie(engine, prompt, expected[i], got.tokens[f"r{i}"])
+    assert 4 in step._buffers
+
+
+def test_a_batch_over_resident_quantized_experts_decodes_like_each_sequence_alone(
+        tmp_path, monkeypatch) -> None:
+    path = _gguf(tmp_path, "qwen3_moe", "Q8_0", NARROW_MIX)
+    engine = _engine(path, monkeypatch, quantized=True)
+    calls = _count_batched(monkeypatch)
+    try:
+        assert isinstance(engine.model.model.layers[0].mlp.experts.gate_proj, QuantizedExperts)
+        _batch_equals_alone(engine, calls)
+        # Every MoE layer of every batched step (3 rows padded to 4) took the kernels.
+        num_layers = len(engine.model.model.layers)
+        assert calls and set(calls) <= {4, 2} and len(calls) % num_layers == 0
+    finally:
+        engine.close()
