@@ -85,7 +85,11 @@ def test_a_batch_through_a_partial_expert_cache_decodes_like_each_sequence_alone
         tmp_path, monkeypatch) -> None:
     """The batch step reads through the slot table (a graph can hold it: is_capturable) and
     the promotion runs around it, counting what the batch's real rows read."""
-    from strata.engine.core.fast.batch_graph import is_capturable
+    from strata.engine.core.fast.batch_graph import MAX_BATCH_ROWS, is_capturable
+    from strata.engine.core.memory.expert_store import MAX_STEP_ROWS
+    from strata.engine.core.quant.expert_batch import MAX_ROWS
+
+    assert MAX_STEP_ROWS == MAX_ROWS == MAX_BATCH_ROWS  # every row of a bucket has its ids
 
     path = _gguf(tmp_path, "qwen3_moe", "Q8_0", NARROW_MIX)
     engine = _engine(path, monkeypatch, quantized=True, expert_cache="12")

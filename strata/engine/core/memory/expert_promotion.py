@@ -71,13 +71,14 @@ class ExpertPromotion:
     def after_step(self, num_rows: int = 1) -> None:
         """The step of num_rows rows (a batch step's real ones; padding rows after them) is
         queued: fetch its routed ids behind it, without waiting."""
-        routed = self.store.step_ids[:, :num_rows]
         if self.is_cuda:
-            ids = routed.to("cpu", non_blocking=True)  # pinned, torch's pool
+            # All rows (a contiguous 50 KB for 48 layers), sliced on the host.
+            ids = self.store.step_ids.to("cpu", non_blocking=True)  # pinned, torch's pool
             ready = torch.cuda.Event()
             ready.record()
         else:
-            ids, ready = routed.clone(), None
+            ids, ready = self.store.step_ids.clone(), None
+        ids = ids[:, :num_rows]
         self._steps.append(_RoutedStep(ids, ready, self.store.table_mirror))
 
     def collect(self) -> None:
