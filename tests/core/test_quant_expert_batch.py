@@ -1,8 +1,9 @@
 """The batched routed-expert kernels over GGML blocks (quant/expert_batch.py) through Triton's
 CPU interpreter, float32: B rows' gate/up and down + in-order sum against torch on gguf-py's
 dequantized experts, for Q4_K_M's mix and other planes types, rows sharing experts (one
-leader decodes for all), every row on one expert set, a partial cache's slot table (bit for
-bit the stacked result), and the one-token kernels row by row. The GPU twin is
+leader decodes for all by tl.dot), rows on experts of their own (multiply-and-add), every
+row on one expert set, a partial cache's slot table (bit for bit the stacked result), and
+the one-token kernels row by row. The GPU twin is
 tests/gpu/test_quant_expert_batch_cuda.py; the engine-level batch in
 test_quant_batch_decode.py.
 """
@@ -94,6 +95,21 @@ def test_one_leader_serves_every_row_of_one_expert_set() -> None:
     # The one-token kernels: the same values up to the summation order.
     one = expert_gemv.routed_mlp(x[15], *blocks, ids[15], weights[15])
     assert_close(y[15], one.double())
+
+
+def test_rows_on_experts_of_their_own_match_the_one_token_kernels() -> None:
+    """No expert shared (each leader has one row: the multiply-and-add loop, not tl.dot)."""
+    from strata.engine.core.quant import expert_batch, expert_gemv
+
+    blocks, dense = _projections(QT.Q4_K, QT.Q8_0, QT.Q6_K, hidden=256, inter=256)
+    ids = torch.tensor([[0, 5, 2], [3, 8, 6]])
+    weights = torch.rand(2, 3, generator=torch.Generator().manual_seed(7)) + 0.1
+    x = _rows(2, 256, seed=8)
+    _, y_expected = _expected(x, dense, ids, weights)
+    y = expert_batch.routed_rows(x, *blocks, ids, weights)
+    assert_close(y, y_expected)
+    for t in range(2):
+        assert_close(y[t], expert_gemv.routed_mlp(x[t], *blocks, ids[t], weights[t]).double())
 
 
 def test_batched_experts_read_slots_or_the_host_copy_through_the_table() -> None:

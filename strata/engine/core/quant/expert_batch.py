@@ -7,7 +7,9 @@ launches and read an expert once per row that routed to it. Here, three launches
 1. `gate_up_rows`: silu(gate[e] @ x_b) * (up[e] @ x_b) for every pair (b, e). The first pair
    of each expert (its leader) decodes each weight tile once (gemv_planes.planes) and
    multiplies it with all rows routed there by tl.dot over 16 rows, as kernels._planes_kernel
-   does for 2..16 tokens; the other pairs skip their loop (a bound of 0) and store nothing.
+   does for 2..16 tokens, or, for an expert only one row routed to (most of them at small B
+   with spread routing), by float32 multiply-and-add as expert_gemv does; the other pairs
+   skip their loops (a bound of 0) and store nothing.
 2. `down_rows`: weights[b, j] * down[e] @ act[b, j] for every pair, by the leaders likewise,
    into a float32 scratch [B*k, H].
 3. moe_batch's in-order sum: each row's k parts summed in float32, rounded once (no atomics).
@@ -75,18 +77,24 @@ if triton is not None:
         return num_earlier == 0, uses, token_pair
 
     @triton.jit
-    def _rows_dot(w_ptr, wh_ptr, row_off, row_ok, v_rows, v_ok, num_groups,
+    def _rows_dot(w_ptr, wh_ptr, row_off, row_ok, v_ptr, v_index, v_ok, num_groups, num_cols,
                   QTYPE: tl.constexpr, LANES: tl.constexpr, PRECISION: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
                   STAGES: tl.constexpr):
-        """v @ W[rows]^T in float32 [BLOCK_T, BLOCK_ROWS]: rows at byte offsets row_off
-        [R, 1, 1] (mask row_ok [R]) of num_groups planes groups each (0: nothing read), v's
-        rows at pointers v_rows [BLOCK_T, 1, 1] (mask v_ok [BLOCK_T]). Each weight tile is
-        decoded once for all BLOCK_T rows."""
+        """v @ W[rows]^T in float32 [BLOCK_T, BLOCK_ROWS]: W's rows at byte offsets row_off
+        [R, 1, 1] (mask row_ok [R]), num_groups planes groups each (0: nothing read); slot t
+        multiplies v's row v_index[t] (v_ptr [*, num_cols], mask v_ok [BLOCK_T]). Each tile
+        is decoded once for every row: by tl.dot over the 16 slots for two rows or more; for
+        one, by float32 multiply-and-add as the one-token kernels do, which takes fewer
+        instructions per value than tl.dot's operand shuffles (docs/benchmarks.md: the
+        dense planes kernel reads 1.5-4x slower at 16 tokens than at one)."""
         GROUPS: tl.constexpr = BLOCK_COLS // (2 * LANES)
         lane = tl.arange(0, LANES)[None, None, :]  # [1, 1, L]
+        num_used = tl.sum(v_ok.to(tl.int32))
         acc = tl.zeros((BLOCK_T, BLOCK_ROWS), dtype=tl.float32)
-        for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
+        v_rows = v_ptr + v_index.to(tl.int64)[:, None, None] * num_cols  # [T, 1, 1]
+        for g0 in tl.range(0, tl.where(num_used > 1, num_groups, 0), GROUPS,
+                           num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             group_ok = group < num_groups
             w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
@@ -104,7 +112,26 @@ if triton is not None:
             else:  # the weights rounded to the compute dtype, as _planes_kernel's tl.dot
                 acc = tl.dot(v0, tl.trans(w0.to(v0.dtype)), acc)
                 acc = tl.dot(v1, tl.trans(w1.to(v1.dtype)), acc)
-        return acc
+        # One row: its v read at the weights' [R, G, L] shape (one layout for both loads, as
+        # expert_gemv._row_dots), one fp32 accumulator per value summed once at the end.
+        v_one = v_ptr + tl.sum(tl.where(v_ok, v_index, 0)).to(tl.int64) * num_cols
+        same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
+        acc_one = tl.zeros((BLOCK_ROWS, GROUPS, LANES), dtype=tl.float32)
+        for g0 in tl.range(0, tl.where(num_used == 1, num_groups, 0), GROUPS,
+                           num_stages=STAGES):
+            group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
+            group_ok = group < num_groups
+            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
+                                             row_ok[:, None, None] & group_ok, QTYPE)
+            v_at = v_one + (cols0 + same_row)
+            v0 = tl.load(v_at, mask=group_ok, other=0.0).to(tl.float32)
+            v1 = tl.load(v_at + (cols1 - cols0), mask=group_ok, other=0.0).to(tl.float32)
+            acc_one += w0 * v0  # two statements: two FMAs
+            acc_one += w1 * v1
+        one = tl.sum(tl.sum(acc_one, axis=2), axis=1)  # [R]
+        # (Masks broadcast from the count: the interpreter refuses a 0-d boolean in a mask.)
+        is_one = v_ok & (v_index * 0 + num_used == 1)
+        return tl.where(is_one[:, None], one[None, :], acc)
 
     @triton.jit(do_not_specialize=["num_tokens", "gate_host", "up_host", "gate_stride",
                                    "up_stride"])
@@ -125,17 +152,18 @@ if triton is not None:
                                               BLOCK_K)
         row_ok = rows < num_rows
         rows64 = rows.to(tl.int64)[:, None, None]
-        x_rows = x_ptr + tl.arange(0, BLOCK_T).to(tl.int64)[:, None, None] * num_cols
+        tokens = tl.arange(0, BLOCK_T)
         gate_off = _expert_base(ids_ptr, pair, table_ptr, gate_host, gate_stride, GATE_UNIT,
                                 HAS_TABLE) + rows64 * gate_row_bytes
-        g = _rows_dot(gate_ptr, gate_h_ptr, gate_off, row_ok, x_rows, uses,
-                      tl.where(is_leader, num_cols // (2 * GATE_LANES), 0), GATE_QTYPE,
-                      GATE_LANES, PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS, STAGES)
+        g = _rows_dot(gate_ptr, gate_h_ptr, gate_off, row_ok, x_ptr, tokens, uses,
+                      tl.where(is_leader, num_cols // (2 * GATE_LANES), 0), num_cols,
+                      GATE_QTYPE, GATE_LANES, PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS,
+                      STAGES)
         up_off = _expert_base(ids_ptr, pair, table_ptr, up_host, up_stride, UP_UNIT,
                               HAS_TABLE) + rows64 * up_row_bytes
-        u = _rows_dot(up_ptr, up_h_ptr, up_off, row_ok, x_rows, uses,
-                      tl.where(is_leader, num_cols // (2 * UP_LANES), 0), UP_QTYPE, UP_LANES,
-                      PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS, STAGES)
+        u = _rows_dot(up_ptr, up_h_ptr, up_off, row_ok, x_ptr, tokens, uses,
+                      tl.where(is_leader, num_cols // (2 * UP_LANES), 0), num_cols, UP_QTYPE,
+                      UP_LANES, PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS, STAGES)
         act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up, [BLOCK_T, BLOCK_ROWS]
         out = out_ptr + token_pair[:, None].to(tl.int64) * num_rows + rows[None, :]
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=uses[:, None] & row_ok[None, :])
@@ -158,10 +186,9 @@ if triton is not None:
         off = _expert_base(ids_ptr, pair, table_ptr, host_units, stride_units, UNIT,
                            HAS_TABLE) + rows.to(tl.int64)[:, None, None] * row_bytes
         # Each row multiplies its own pair's activations.
-        act_rows = act_ptr + token_pair.to(tl.int64)[:, None, None] * num_cols
-        acc = _rows_dot(w_ptr, wh_ptr, off, row_ok, act_rows, uses,
-                        tl.where(is_leader, num_cols // (2 * LANES), 0), QTYPE, LANES,
-                        PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS, STAGES)
+        acc = _rows_dot(w_ptr, wh_ptr, off, row_ok, act_ptr, token_pair, uses,
+                        tl.where(is_leader, num_cols // (2 * LANES), 0), num_cols, QTYPE,
+                        LANES, PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS, STAGES)
         weight = tl.load(weights_ptr + token_pair, mask=uses, other=0.0).to(tl.float32)
         out = out_ptr + token_pair[:, None].to(tl.int64) * num_rows + rows[None, :]
         tl.store(out, acc * weight[:, None], mask=uses[:, None] & row_ok[None, :])
