@@ -44,9 +44,11 @@ except ImportError:
 
 MAX_ROWS = 16  # rows a leader multiplies in one tl.dot (16: tl.dot's minimum; bucket 16)
 # (BLOCK_ROWS, BLOCK_COLS, num_warps, STAGES), autotuned per shape, type and row count on
-# CUDA. As for kernels._planes_kernel's 2..16 tokens: K tiles of 256 and 32 or 64 rows (wider
-# tiles, or 16 rows, cost more instructions per value for sm_90).
-PAIR_CONFIGS = ((32, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1), (16, 256, 4, 3))
+# CUDA. tl.dot needs 16 rows or more in every candidate. As for kernels._planes_kernel's
+# 2..16 tokens: K tiles of 256 and 32 or 64 rows; 16 rows and wider K for the one-row loop,
+# which most leaders take at small B.
+PAIR_CONFIGS = ((32, 256, 4, 3), (16, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1),
+                (16, 512, 4, 3))
 # The interpreter pays per program and per op, not per value: one wide tile.
 INTERPRETER_CONFIG = ((256, 256, 4, 1),)
 
