@@ -131,8 +131,9 @@ def is_capturable(model: torch.nn.Module, moe_impl: str) -> bool:
     """Whether a batch step of this model holds no host sync (a graph can capture it): every
     MoE layer reads its experts by ids in device memory, resident or through a partial
     cache's slot table; not the loop module, which asks the host which experts run."""
-    return moe_impl != "loop" and all(is_grouped_capable(m, moe_impl) for m in model.modules()
-                                      if isinstance(m, SparseMoE))
+    moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    return not moe_layers or (moe_impl != "loop" and all(is_grouped_capable(m, moe_impl)
+                                                         for m in moe_layers))
 
 
 def _mlp_rows(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
