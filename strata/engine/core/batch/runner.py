@@ -79,13 +79,16 @@ class BatchRunner:
         self._has_batch_decoder = True
 
     def _make_batch_decoder(self):
+        fast = self._fast
+        if fast is None or not fast.use_cuda_graphs:
+            return None  # the CPU, or graphs off
+        # Imported here, never on the CPU: their kernels decorate at import (Triton's
+        # interpreter is chosen before, by a test).
+        from strata.engine.core.fast.batch_attention import check_batch_attention
         from strata.engine.core.fast.batch_graph import BatchDecoder, is_capturable
 
-        fast = self._fast
-        if fast is None or not fast.use_cuda_graphs or not is_capturable(self.model,
-                                                                         fast.moe_impl):
-            return None  # the CPU; graphs off; or an MoE step that asks the host (the loop)
-        from strata.engine.core.fast.batch_attention import check_batch_attention
+        if not is_capturable(self.model, fast.moe_impl):
+            return None  # an MoE step that asks the host which experts run (the loop)
 
         attn = self.model.model.layers[0].self_attn
         problem = check_batch_attention(attn, compute_dtype(attn), self.device)  # KV's too
