@@ -36,9 +36,36 @@ def engine_for(args):
     model_path = args.gguf or args.model
     engine = Engine(EngineConfig(model_path=model_path, device=args.device, num_slots=args.slots,
                                  context_tokens=args.long_tokens + 1024,
-                                 prefill_chunk_tokens=args.chunk_tokens, **extra))
+                                 prefill_chunk_tokens=args.chunk_tokens,
+                                 expert_cache=args.expert_cache, **extra))
     engine.load()
     return engine
+
+
+def moe_batch_path(engine) -> str | None:
+    """Which kernels a batch step's MoE layers take (fast/batch_graph._mlp_rows), or None for
+    a dense model: so a row says whether quantized experts batched or went row by row."""
+    from strata.engine.core.fast.moe_grouped import slot_layout
+    from strata.engine.core.models.switch import SparseMoE
+    from strata.engine.core.quant import expert_batch
+    from strata.engine.core.quant.experts import is_quantized_experts
+
+    moe = next((m for m in engine.model.modules() if isinstance(m, SparseMoE)), None)
+    if moe is None:
+        return None
+    layout = slot_layout(moe)
+    if moe.expert_weights is not None and layout is None:
+        return "loop (no slot table: eager)"
+    where = "slot table" if layout is not None else "resident"
+    gate, up, down = ((layout.gate, layout.up, layout.down) if layout is not None else
+                      (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj))
+    if not is_quantized_experts(gate):
+        return f"float pairs (moe_batch), {where}"
+    table, offsets = (None, (0, 0, 0)) if layout is None else (layout.table,
+                                                                layout.host_offsets)
+    if expert_batch.supports(gate, up, down, table, offsets):
+        return f"quantized batched (expert_batch), {where}"
+    return f"quantized row by row (one-token kernels), {where}"
 
 
 def sync() -> None:
@@ -149,11 +176,17 @@ def main() -> None:
     parser.add_argument("--short-tokens", type=int, default=32)
     parser.add_argument("--chunk-tokens", type=int, default=512)
     parser.add_argument("--device", default="cuda", help="cpu for a dry run")
+    parser.add_argument("--expert-cache", default="auto",
+                        help="EngineConfig.expert_cache: auto, all, a slot count or a size "
+                             "(fewer slots than experts: a partial cache, misses from host)")
     parser.add_argument("--json")
     args = parser.parse_args()
     import torch
 
     engine = engine_for(args)
+    moe_path = moe_batch_path(engine)
+    print(json.dumps({"moe_batch_path": moe_path,
+                      "batch_graphs": engine._runner.batch is not None}), flush=True)
     # Warm-up: every stream count once, short, so each batch size's graphs are captured (and
     # kernels compiled) before timing; what that first run cost is kept in the JSON.
     warm_args = argparse.Namespace(**{**vars(args), "max_tokens": 8})
@@ -167,7 +200,8 @@ def main() -> None:
     print(json.dumps(ttft), flush=True)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     result = {"model": args.gguf or args.model, "gpu": gpu, "torch": torch.__version__,
-              "streams": rows, "warmup_streams": warmup, "ttft_during_long_prefill": ttft}
+              "expert_cache": args.expert_cache, "moe_batch_path": moe_path, "streams": rows,
+              "warmup_streams": warmup, "ttft_during_long_prefill": ttft}
     if args.json:  # written now too: a failing peer keeps Strata's rows
         Path(args.json).write_text(json.dumps(result, indent=1))
     if args.gguf and args.llama_batched_bench:

@@ -56,9 +56,11 @@ PLANS = {
     "b": [Step("qwen3-30b-a3b-Q4_K_M", "qwen3-30b-a3b", "Q4_K_M", "quant"),
           Step("qwen3-30b-a3b-IQ2_XXS", "qwen3-30b-a3b", "IQ2_XXS", "quant"),
           Step("qwen3-30b-a3b-12L-F16-batch", "qwen3-30b-a3b", "F16", "batch", 12)],
-    # If device time is left: the Qwen Q8_0 row and the quantized batch rows.
+    # If device time is left: the Qwen Q8_0 row and the quantized batch rows (the 12-layer
+    # MoE file: run 15's F16 batch row's shape, quantized experts through expert_batch.py).
     "c": [Step("qwen3-30b-a3b-Q8_0", "qwen3-30b-a3b", "Q8_0", "quant"),
           Step("llama3-8b-Q4_K_M-batch", "llama3-8b", "Q4_K_M", "batch"),
+          Step("qwen3-30b-a3b-12L-Q4_K_M-batch", "qwen3-30b-a3b", "Q4_K_M", "batch", 12),
           Step("qwen3-30b-a3b-Q4_K_M-batch", "qwen3-30b-a3b", "Q4_K_M", "batch")],
     # A CPU dry run of the machinery (tiny files need --device cpu and no binaries).
     "dry": [Step("smollm2-Q8_0", "smollm2-135m", "Q8_0", "quant", 2),

@@ -91,7 +91,7 @@ def test_partial_cache_decodes_like_all_resident_and_promotes(resident_tokens) -
         assert store.cache.num_misses > misses
         promotion.before_step()  # collect the last step: its experts are now in slots
         for layer in range(NUM_LAYERS):
-            for expert in store.step_ids[layer].tolist():
+            for expert in store.step_ids[layer, 0].tolist():
                 slot = store.cache.slot_of(layer, expert)
                 assert slot is not None and int(store.table[layer, expert]) == slot
                 for slots, host in zip(store.slot_weights, store.host_expert(layer, expert)):

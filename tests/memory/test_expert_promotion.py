@@ -23,7 +23,7 @@ def _store(backend, num_slots=E, num_layers=2):
 def _route(store, promotion, by_layer):
     """What a decode step does: the router writes its ids, then the decoder's after_step."""
     for layer, experts in by_layer.items():
-        store.step_ids[layer] = torch.tensor(experts)
+        store.step_ids[layer, 0] = torch.tensor(experts)
     promotion.after_step()
 
 
@@ -106,6 +106,33 @@ def test_the_hit_rate_counts_every_routed_expert(backend):
     promotion.before_step()  # collects the last step
     assert store.cache.num_hits + store.cache.num_misses - before == num_steps * 3 * TOP_K
     assert store.cache.num_misses > 0 and store.cache.num_hits > 0
+    _assert_table_is_the_cache(store)
+    store.close()
+
+
+def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(backend):
+    """A batch step (fast/batch_graph.py) leaves row b's ids in step_ids[layer, b]; rows
+    sharing an expert read it once, and padding rows after the real ones route too but
+    must not move anything in."""
+    store = _store(backend, num_slots=4, num_layers=1)  # experts 0..3 preloaded
+    promotion = ExpertPromotion(store)
+    hits, misses = store.cache.num_hits, store.cache.num_misses
+    store.step_ids[0, :4] = torch.tensor([[0, 4], [4, 1], [0, 1], [5, 6]])  # row 3: padding
+    promotion.after_step(num_rows=3)
+    promotion.before_step()
+    promotion.land()
+    assert (store.cache.num_hits - hits, store.cache.num_misses - misses) == (2, 1)
+    assert store.cache.slot_of(0, 4) is not None
+    assert store.cache.slot_of(0, 5) is None and store.cache.slot_of(0, 6) is None
+    _assert_table_is_the_cache(store)
+    # Rows wanting more experts than there are slots: the first ones move in, the rest stay
+    # on the host (the step read them there), with no error.
+    store.step_ids[0, :4] = torch.tensor([[7, 6], [5, 4], [3, 2], [1, 0]])
+    promotion.after_step(num_rows=4)
+    promotion.before_step()
+    promotion.land()
+    assert sorted(e for _, e, _ in store.cache.resident()) == [4, 5, 6, 7]
+    assert store.cache.num_hits + store.cache.num_misses - hits - misses == 3 + 8
     _assert_table_is_the_cache(store)
     store.close()
 

@@ -4,9 +4,10 @@ On the GPU a sequence that decodes alone steps through the CUDA-graph decoder (f
 batch of B > 1 replays a graph per bucket of B (fast/batch_graph.py: padded to 1, 2, 4, 8 or
 16 rows, each row attending over its own slot's KV by address); prompt chunks take the fast
 prefill. Eager torch (`DecoderLM.forward_decode_batch`: linear layers on [B, hidden],
-attention per sequence) on the CPU, and on the GPU where a step cannot live in a graph (a
-partial expert cache's MoE loop asks the host which experts run) or the batched attention
-kernels failed their check.
+attention per sequence) on the CPU, and on the GPU where a step cannot live in a graph (the
+MoE loop asks the host which experts run) or the batched attention kernels failed their
+check. A partial expert cache batches in graphs too, reading through its slot table; its
+promotion runs around each batch step as around a single sequence's.
 
 Sampling stays per sequence (its own sampler, grammar, penalties, seed); the rows that are
 plain greedy take one argmax over the batch, so a greedy step syncs with the host once.
@@ -79,10 +80,15 @@ class BatchRunner:
 
     def _make_batch_decoder(self):
         fast = self._fast
-        if fast is None or not fast.use_cuda_graphs or not fast.prefiller.is_capturable:
-            return None  # the CPU; graphs off; or an MoE step that asks the host (the loop)
+        if fast is None or not fast.use_cuda_graphs:
+            return None  # the CPU, or graphs off
+        # Imported here, never on the CPU: their kernels decorate at import (Triton's
+        # interpreter is chosen before, by a test).
         from strata.engine.core.fast.batch_attention import check_batch_attention
-        from strata.engine.core.fast.batch_graph import BatchDecoder
+        from strata.engine.core.fast.batch_graph import BatchDecoder, is_capturable
+
+        if not is_capturable(self.model, fast.moe_impl):
+            return None  # an MoE step that asks the host which experts run (the loop)
 
         attn = self.model.model.layers[0].self_attn
         problem = check_batch_attention(attn, compute_dtype(attn), self.device)  # KV's too
@@ -91,7 +97,8 @@ class BatchRunner:
                         problem)
             return None
         return BatchDecoder(self.model, fast.ops, fast.moe_impl, use_cuda_graphs=True,
-                            fused_attention=True, min_bucket_tokens=fast.min_bucket_tokens)
+                            fused_attention=True, min_bucket_tokens=fast.min_bucket_tokens,
+                            step_hook=fast.step_hook)
 
     def clear_graphs(self) -> None:
         """Drop the batch graphs and their pool (sleep); the next batch captures again."""

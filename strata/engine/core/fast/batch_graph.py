@@ -6,14 +6,16 @@ device buffers (one token, one position and one cache offset per layer for each 
 graph captured once per bucket replays for any sequences in any slots:
 
 - batch buckets 1, 2, 4, 8, 16: a batch is padded up to its bucket; a padding row has position
-  -1 and writes nothing (batch_attention.py), its logits are ignored;
+  -1 and writes nothing (batch_attention.py), its logits are ignored (a partial expert
+  cache's promotion sees only the real rows' routing);
 - KV buckets as for one sequence (static_step.kv_buckets): attention reads up to the bucket of
   the batch's furthest position, each row masked past its own.
 
 Linear layers run on [B, hidden] (cuBLAS, or the quantized kernels at M = B), the fused
 q/k/v and gate/up views where the model has them; MoE layers with the Triton kernels run the
-batched decode kernels over the B*k (row, expert) pairs (moe_batch.py; quantized experts: the
-one-token kernels per row), other MoE choices the prefill's grouped GEMMs. The step stops at the
+batched decode kernels over the B*k (row, expert) pairs (moe_batch.py; quantized experts:
+quant/expert_batch.py), resident or through a partial expert cache's slot table, other MoE
+choices the prefill's grouped GEMMs. The step stops at the
 logits [B, V]: each sequence samples with its own sampler, grammar and penalties (batch/).
 Without CUDA (or with graphs off) the same step runs eagerly with the torch attention.
 """
@@ -29,12 +31,16 @@ import torch
 from strata.engine.core.fast import batch_attention
 from strata.engine.core.fast.forward import linear, mlp_forward, project_head, project_qkv
 from strata.engine.core.fast.moe_batch import experts_rows
-from strata.engine.core.fast.moe_grouped import experts_triton
+from strata.engine.core.fast.moe_grouped import is_grouped_capable, slot_layout
 from strata.engine.core.fast.pointwise import PointwiseOps
-from strata.engine.core.fast.static_step import DEFAULT_MIN_BUCKET_TOKENS, bucket_for, kv_buckets
+from strata.engine.core.fast.static_step import (
+    DEFAULT_MIN_BUCKET_TOKENS,
+    StepHook,
+    bucket_for,
+    kv_buckets,
+)
 from strata.engine.core.kv_cache import KVCache, check_positions
 from strata.engine.core.models.switch import SparseMoE
-from strata.engine.core.quant.experts import is_quantized_experts
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +127,26 @@ class BatchBuffers:
         self.host_positions = [*positions, *[batch_attention.PAD_POSITION] * (self.rows - num)]
 
 
+def is_capturable(model: torch.nn.Module, moe_impl: str) -> bool:
+    """Whether a batch step of this model holds no host sync (a graph can capture it): every
+    MoE layer reads its experts by ids in device memory, resident or through a partial
+    cache's slot table; not the loop module, which asks the host which experts run."""
+    moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    return not moe_layers or (moe_impl != "loop" and all(is_grouped_capable(m, moe_impl)
+                                                         for m in moe_layers))
+
+
 def _mlp_rows(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
-    """The feed-forward of rows x [B, H]. With the Triton MoE and resident experts, the
-    batched decode kernels (moe_batch.py) read only the routed experts, each once a step;
-    quantized experts take the one-token kernels row by row (the grouped path would
-    dequantize every expert each step). A partial expert cache keeps the loop module."""
-    if isinstance(mlp, SparseMoE) and moe_impl == "triton" and mlp.expert_weights is None:
-        if is_quantized_experts(mlp.experts.gate_proj):
-            return torch.cat([experts_triton(mlp, x[b : b + 1]) for b in range(x.shape[0])])
-        if x.shape[0] > 1:
+    """The feed-forward of rows x [B, H]. With the Triton MoE the batched decode kernels
+    (moe_batch.py; quantized: quant/expert_batch.py) read only the routed experts, each once
+    a step, resident or through a partial cache's slot table; one row takes the one-token
+    kernels. A provider without a slot table keeps the loop module."""
+    if isinstance(mlp, SparseMoE) and moe_impl == "triton" and x.shape[0] > 1:
+        if mlp.expert_weights is None:
             return experts_rows(mlp, x)
+        layout = slot_layout(mlp)
+        if layout is not None:
+            return experts_rows(mlp, x, layout)
     return mlp_forward(mlp, x, ops, moe_impl)
 
 
@@ -184,13 +200,16 @@ class BatchDecoder:
 
     def __init__(self, model: torch.nn.Module, ops: PointwiseOps, moe_impl: str, *,
                  use_cuda_graphs: bool, fused_attention: bool,
-                 min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS):
+                 min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS,
+                 step_hook: StepHook | None = None):
+        """step_hook: called around every step (a partial expert cache's promotion)."""
         self.model = model
         self.device = next(model.parameters()).device
         if use_cuda_graphs and not fused_attention:
             raise ValueError("batch graphs need the batched attention kernels (positions "
                              "stay on the device)")
         self.use_cuda_graphs = use_cuda_graphs
+        self.step_hook = step_hook
         self.step = BatchStep(model, ops, moe_impl, fused_attention)
         self.min_bucket_tokens = min_bucket_tokens
         self._buffers: dict[int, BatchBuffers] = {}
@@ -221,10 +240,14 @@ class BatchDecoder:
         buffers.load(tokens, positions, kvs, self._kv_rows)
         num_keys = bucket_for(max(positions),
                               kv_buckets(kvs[0].max_tokens, self.min_bucket_tokens))
+        if self.step_hook is not None:
+            self.step_hook.before_step()  # before a capture too: that runs the step as well
         if self.use_cuda_graphs:
             self._graph(buffers, num_keys).replay()
         else:
             self.step.run(buffers, self._kv_rows, num_keys)
+        if self.step_hook is not None:
+            self.step_hook.after_step(num)  # the real rows' routing, not the padding's
         return buffers.logits[:num]
 
     def _graph(self, buffers: BatchBuffers, num_keys: int) -> torch.cuda.CUDAGraph:

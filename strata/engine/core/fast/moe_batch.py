@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast.moe_grouped import routed_experts
 from strata.engine.core.fast.moe_triton import _check_stacked, _check_table, _counter
 from strata.engine.core.kernels.launch import is_interpreting, launch, tuned
+from strata.engine.core.models.switch import SlotLayout
+from strata.engine.core.quant.experts import is_quantized_experts
 
 try:
     import triton
@@ -234,16 +237,27 @@ def _token_blocks(num_tokens: int, top_k: int) -> dict:
 
 
 def router_topk_rows(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
-                     norm_topk_prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     norm_topk_prob: bool, out_ids: torch.Tensor | None = None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] in x's dtype, ids [T, k] int64) for tokens x [T, H], as SparseMoE
     routes each: logits in x's dtype, softmax in float32, top-k descending, optionally
-    renormalised. One launch; T is a compile-time constant (a batch bucket)."""
+    renormalised. One launch; T is a compile-time constant (a batch bucket).
+
+    out_ids: a persistent contiguous int64 [T, k] buffer to write the ids into (a partial
+    expert cache reads them back after the step); default a new tensor."""
     num_tokens = x.shape[0]
     num_experts, hidden = router_weight.shape
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in 1..{num_experts}, not {top_k}")
     _check_stacked("router weight", router_weight[None])
-    ids = torch.empty(num_tokens, top_k, dtype=torch.long, device=x.device)
+    if out_ids is None:
+        ids = torch.empty(num_tokens, top_k, dtype=torch.long, device=x.device)
+    elif (out_ids.shape != (num_tokens, top_k) or out_ids.dtype != torch.long
+          or not out_ids.is_contiguous()):
+        raise ValueError(f"out_ids must be a contiguous int64 [{num_tokens}, {top_k}] tensor, "
+                         f"got {out_ids.dtype} {tuple(out_ids.shape)}")
+    else:
+        ids = out_ids
     weights = torch.empty(num_tokens, top_k, dtype=x.dtype, device=x.device)
     logits = torch.empty(num_tokens, num_experts, dtype=x.dtype, device=x.device)
     _router_rows_kernel[(triton.cdiv(num_experts, ROUTER_ROWS),)](
@@ -303,10 +317,30 @@ def pairs_down_sum(act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
     return out
 
 
-def experts_rows(moe, x: torch.Tensor) -> torch.Tensor:
-    """The MoE block of a batch step's rows x [T, H] (T > 1) over the resident stacked float
-    experts: route, gate/up, down and sum by the kernels above; [T, H] in x's dtype."""
-    stacked = moe.experts
-    weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob)
-    act = pairs_gate_up(x, stacked.gate_proj, stacked.up_proj, ids)  # [T*k, I]
-    return pairs_down_sum(act, stacked.down_proj, ids, weights)  # [T, H]
+def experts_rows(moe, x: torch.Tensor, layout: SlotLayout | None = None) -> torch.Tensor:
+    """The MoE block of a batch step's rows x [T, H] (1 < T <= 16): route, gate/up, down and
+    sum by the kernels above, or for quantized experts by quant/expert_batch.py's (each routed
+    expert's blocks decoded once for all its rows); quantized types those cannot read go row
+    by row through the one-token kernels. Over the resident stacked experts, or a partial
+    cache's layout: its slot table, the host copy for the rest, ids left in
+    layout.step_ids[:T] for the cache. [T, H] in x's dtype."""
+    if layout is None:
+        stacked = moe.experts
+        gate, up, down = stacked.gate_proj, stacked.up_proj, stacked.down_proj
+        table, offsets, out_ids = None, (0, 0, 0), None
+    else:
+        gate, up, down, table = layout.gate, layout.up, layout.down, layout.table
+        offsets, out_ids = layout.host_offsets, layout.step_ids[: x.shape[0]]
+    weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob,
+                                    out_ids)
+    if is_quantized_experts(gate):
+        from strata.engine.core.quant import expert_batch
+
+        if expert_batch.supports(gate, up, down, table, offsets):
+            return expert_batch.routed_rows(x, gate, up, down, ids, weights, table,
+                                            offsets)  # [T, H]
+        return torch.cat([routed_experts(x[b : b + 1], gate, up, down, ids[b], weights[b],
+                                         table, offsets)
+                          for b in range(x.shape[0])])  # [T, H]
+    act = pairs_gate_up(x, gate, up, ids, table, offsets[:2])  # [T*k, I]
+    return pairs_down_sum(act, down, ids, weights, table, offsets[2])  # [T, H]

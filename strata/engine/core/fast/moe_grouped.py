@@ -98,7 +98,7 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
     """One token's MoE block by three Triton kernels (route, gate/up, down+sum); x [1, H].
 
     With a partial expert cache's layout the kernels read through its slot table, and the
-    router leaves its ids in layout.step_ids, where the cache learns what to promote."""
+    router leaves its ids in layout.step_ids[0], where the cache learns what to promote."""
     from strata.engine.core.fast import moe_triton
 
     if layout is None:
@@ -107,9 +107,20 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
         table, offsets, out_ids = None, (0, 0, 0), None
     else:
         gate, up, down, table = layout.gate, layout.up, layout.down, layout.table
-        offsets, out_ids = layout.host_offsets, layout.step_ids
+        offsets, out_ids = layout.host_offsets, layout.step_ids[0]
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
                                           out_ids=out_ids, use_pdl=use_pdl)
+    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl)
+
+
+def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: torch.Tensor,
+                   table: torch.Tensor | None = None,
+                   offsets: tuple[int, int, int] = (0, 0, 0),
+                   use_pdl: bool = False) -> torch.Tensor:
+    """One routed token's experts: x [1, H], ids and weights [k] on the device -> [1, H].
+    Float or quantized stacks (or a partial cache's slots, through table and offsets)."""
+    from strata.engine.core.fast import moe_triton
+
     if is_quantized_experts(gate):
         from strata.engine.core.quant import expert_gemv
         from strata.engine.core.quant.expert_kernels import dequantize_routed

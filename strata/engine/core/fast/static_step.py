@@ -32,8 +32,9 @@ class StepHook(Protocol):
     def before_step(self) -> None:
         """Raise to refuse the step (its memory is released); else make ready for it."""
 
-    def after_step(self) -> None:
-        """The step is queued (maybe not run): note what it will have used."""
+    def after_step(self, num_rows: int = 1) -> None:
+        """The step of num_rows rows (a batch step's real rows) is queued (maybe not run):
+        note what it will have used."""
 
 
 def kv_buckets(max_tokens: int, min_bucket_tokens: int = DEFAULT_MIN_BUCKET_TOKENS) -> list[int]:

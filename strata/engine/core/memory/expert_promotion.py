@@ -2,9 +2,10 @@
 
 A decode step (one CUDA graph, no host sync) reads each routed expert from its slot when the
 device slot table has one, else in place from the pinned host copy, and its router leaves the
-ids in `ExpertStore.step_ids`. Around each step, never inside it:
+ids in `ExpertStore.step_ids` (row b of a batch step in [layer, b]). Around each step, never
+inside it:
 
-- after_step: copy the step's ids to pinned host memory behind an event (no wait).
+- after_step: copy the step's ids (its real rows) to pinned host memory behind an event.
 - before_step, for steps whose ids have arrived: count hits (the table the step ran with
   had a slot) and misses, let ExpertCache choose slots (LRU eviction), publish the table with
   the evicted experts at -1 first, then copy the new experts in on the side stream once the
@@ -27,7 +28,7 @@ from strata.engine.core.memory.host_copy import side_stream
 
 @dataclass
 class _RoutedStep:
-    ids: torch.Tensor  # [layers, k] on the host (pinned on a GPU), valid once `ready` is done
+    ids: torch.Tensor  # [layers, rows, k] on the host (pinned on a GPU), once `ready` is done
     ready: torch.cuda.Event | None  # None: the CPU, where copies are done on return
     table: torch.Tensor  # the host mirror of the table the step ran with
 
@@ -67,14 +68,17 @@ class ExpertPromotion:
         self.collect()
         self.land()
 
-    def after_step(self) -> None:
-        """The step is queued: fetch its routed ids behind it, without waiting."""
+    def after_step(self, num_rows: int = 1) -> None:
+        """The step of num_rows rows (a batch step's real ones; padding rows after them) is
+        queued: fetch its routed ids behind it, without waiting."""
         if self.is_cuda:
+            # All rows (a contiguous 50 KB for 48 layers), sliced on the host.
             ids = self.store.step_ids.to("cpu", non_blocking=True)  # pinned, torch's pool
             ready = torch.cuda.Event()
             ready.record()
         else:
             ids, ready = self.store.step_ids.clone(), None
+        ids = ids[:, :num_rows]
         self._steps.append(_RoutedStep(ids, ready, self.store.table_mirror))
 
     def collect(self) -> None:
@@ -91,17 +95,22 @@ class ExpertPromotion:
     def _choose_slots(self, step: _RoutedStep) -> list[tuple[int, int, int]]:
         cache = self.store.cache
         layers = self.store.layer_ids
-        routed = step.ids[layers]  # [MoE layers, k]; one layer's top-k ids are distinct
+        routed = step.ids[layers].flatten(1)  # [MoE layers, rows * k]
         assignments = []
         for layer, experts in zip(layers, routed.tolist()):
+            # Rows of a batch share experts (one row's top-k ids differ); a step may want more
+            # than fit, and the rest stay on the host, where the step read them.
+            used = list(dict.fromkeys(experts))[: cache.num_slots]
             # Checks the ids, touches the LRU order of hits, gives misses slots (evicting).
-            _, new = cache.lookup(layer, experts, count_uses=False)
+            _, new = cache.lookup(layer, used, count_uses=False)
             assignments += [(layer, expert, slot) for expert, slot in new]
-        # Where the step read each routed expert: its slot (a hit) or the host copy (a miss),
-        # by the table it ran with. One gather and one conversion a step, not a few per layer:
-        # this runs every token.
-        num_hits = int((step.table[layers].gather(1, routed) >= 0).sum())
-        cache.count(num_hits, routed.numel() - num_hits)
+        # Where the step read each routed expert, once however many rows routed there: its
+        # slot (a hit) or the host copy (a miss), by the table it ran with. A few tensor ops
+        # a step, not a few per layer: this runs every token.
+        read_slot = step.table[layers].gather(1, routed) >= 0  # [MoE layers, rows * k]
+        first = ~(routed[:, :, None] == routed[:, None, :]).tril(-1).any(dim=2)  # no repeat
+        num_reads, num_hits = int(first.sum()), int((read_slot & first).sum())
+        cache.count(num_hits, num_reads - num_hits)
         return assignments
 
     def _start_copies(self, assignments: list[tuple[int, int, int]]) -> None:

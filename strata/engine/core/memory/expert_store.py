@@ -28,6 +28,9 @@ from strata.engine.core.memory.expert_cache import ExpertCache
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down
+# The most rows one decode step routes (a batch step: fast/batch_graph.MAX_BATCH_ROWS); each
+# row's top-k ids land in step_ids[layer, row].
+MAX_STEP_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -156,8 +159,8 @@ class ExpertStore:
         shape = (num_layers, self.num_experts)
         self.table = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self.table_mirror = torch.full(shape, -1, dtype=torch.int32)
-        self.step_ids = torch.zeros(num_layers, num_experts_per_tok, dtype=torch.long,
-                                    device=self.device)
+        self.step_ids = torch.zeros(num_layers, MAX_STEP_ROWS, num_experts_per_tok,
+                                    dtype=torch.long, device=self.device)
         self.preload()
 
     def _init_formats(self, layers: dict[int, ExpertWeights]) -> None:

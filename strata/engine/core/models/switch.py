@@ -44,7 +44,8 @@ class SlotLayout:
     gate/up [N, I, H] and down [N, H, I] are the cache's slots (shared by every layer); table
     [E] int32 holds expert e's slot, or -1: then expert e is read in place from the host
     copy, whose [E, ...] tensors start host_offsets (gate, up, down) elements past the slot
-    weights' bases. The router writes the step's ids into step_ids [k] for the cache.
+    weights' bases. The router writes the step's ids into step_ids [rows, k] for the cache
+    (row b of a batch step in row b; one token in row 0).
     Quantized experts: gate/up/down are QuantizedExperts over the slots, offsets in bytes."""
 
     gate: torch.Tensor | QuantizedExperts
