@@ -76,7 +76,8 @@ class QuantizedWeight:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [T] dequantized, [T, K]: an embedding lookup reads only those blocks."""
         picked = self.raw.index_select(0, ids)  # [T, row_bytes]
-        return _kernels().dequantize(picked, self.qtype, self.shape[1], self.dtype)
+        return _kernels().dequantize(picked, self.qtype, self.shape[1], self.dtype,
+                                     gathered=True)
 
 
 def is_quantized(weight: object) -> bool:
