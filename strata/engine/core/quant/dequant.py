@@ -51,8 +51,7 @@ except ImportError:
 PLANES_CONFIGS = ((4, 1024, 4), (8, 1024, 8), (2, 2048, 4), (16, 256, 4), (8, 512, 4))
 # The per-value decode: the old fixed tile (16, 256) first, then wider ones.
 TILE_CONFIGS = ((16, 256, 4), (32, 256, 8), (8, 512, 4), (16, 512, 8))
-# The interpreter pays per program and per op, not per value: one large tile.
-INTERPRETER_CONFIG = (64, 1024, 4)
+INTERPRETER_VALUES = 1 << 16  # the interpreter's tile (see candidates)
 MAX_UNIT = 16  # bytes (or values, for the output): alignment the kernel may assume
 WORD_TYPES = frozenset({dt.Q4_K, dt.Q5_K})  # planes reads their scales as int32 words
 SCALES_PER_LANE_TYPES = frozenset({dt.Q4_1, dt.Q5_0, dt.Q5_1})  # see the kernel
@@ -66,10 +65,14 @@ def _unit(*values: int) -> int:
     return unit
 
 
-def candidates(kernel: str) -> tuple:
-    """launch.py's candidates for "planes" or "tile"; the interpreter's one tile there."""
+def candidates(kernel: str, num_rows: int = 1, num_cols: int = 1) -> tuple:
+    """launch.py's candidates for "planes" or "tile". The interpreter's one tile: as many of
+    INTERPRETER_VALUES as the matrix fills (it pays per program and per op on the whole
+    tile, masked lanes included), at least 256 columns (whole Q6_K group sets)."""
     if launch.is_interpreting():
-        return ((*INTERPRETER_CONFIG, None),)
+        cols = min(1024, max(256, triton.next_power_of_2(num_cols)))
+        rows = min(INTERPRETER_VALUES // cols, triton.next_power_of_2(num_rows))
+        return ((rows, cols, 4, None),)
     return tuple((n, k, w, None) for n, k, w in
                  (PLANES_CONFIGS if kernel == "planes" else TILE_CONFIGS))
 
@@ -162,7 +165,8 @@ def _launch(raw: torch.Tensor, qtype: int, num_rows: int, num_cols: int, out: to
                   "SCALES_PER_LANE": int(qtype) in SCALES_PER_LANE_TYPES, "UNIT": unit,
                   "OUT_UNIT": out_unit, "enable_fp_fusion": False}
     if fixed is None:
-        launch.launch_meta(_tuned[kernel], grid, candidates(kernel), *args, **constexprs)
+        launch.launch_meta(_tuned[kernel], grid, candidates(kernel, num_rows, num_cols), *args,
+                           **constexprs)
         return
     rows, cols, warps = fixed[1]
     meta = {"BLOCK_ROWS": rows, "BLOCK_COLS": cols}

@@ -234,7 +234,9 @@ def warm_up_quantized(model: nn.Module) -> int:
         if isinstance(getattr(module, "gate_up_weight", None), QuantizedWeight):
             uses.append((module.gate_up_weight, None, True))
         for weight, bias, prefills in uses:
-            key = (weight.qtype, weight.shape, bias is not None, prefills)
+            # The blocks' alignment picks the dequantizer's kernel (dequant.kernel_for).
+            key = (weight.qtype, weight.shape, bias is not None, prefills,
+                   weight.raw.data_ptr() % 4)
             if key in seen:
                 continue
             seen.add(key)
