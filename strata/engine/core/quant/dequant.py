@@ -24,17 +24,12 @@ wait until a test has chosen the CPU interpreter.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant import gemv_planes as gp
 from strata.engine.core.quant.lookup import lookup_table
-
-if TYPE_CHECKING:
-    from strata.engine.core.quant.experts import QuantizedExperts
 
 try:
     import triton
@@ -196,9 +191,10 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
     return out
 
 
-def dequantize_experts(experts: QuantizedExperts, first: int, out: torch.Tensor,
+def dequantize_experts(experts, first: int, out: torch.Tensor,
                        fixed: tuple[str, tuple[int, int, int]] | None = None) -> torch.Tensor:
-    """Experts first..first + out.shape[0] - 1 of a stack [E, N, K] into out [count, N, K]
+    """Experts first..first + out.shape[0] - 1 of a QuantizedExperts stack [E, N, K] (not
+    imported here: experts.py imports weight.py, which imports this) into out [count, N, K]
     (rows contiguous; out.stride(0) may exceed N * K); returns out."""
     count, rows, cols = out.shape
     if (out.shape[1:] != experts.shape[1:] or out.stride()[1:] != (cols, 1)
