@@ -34,6 +34,8 @@ from strata.engine.core.quant.lookup import lookup_table
 try:
     import triton
     import triton.language as tl
+
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:
     triton = None
 
@@ -83,12 +85,13 @@ if triton is not None:
         w_ptr, wh_ptr, lut_ptr, out_ptr, num_rows, tune_rows, K, row_bytes, rows_per_matrix,
         matrix_stride, out_matrix_stride,
         QTYPE: tl.constexpr, LANES: tl.constexpr, SCALES_PER_LANE: tl.constexpr,
-        UNIT: tl.constexpr, OUT_UNIT: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr,
+        UNIT: tl.constexpr, OUT_UNIT: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
         """Rows r of a stack of matrices: matrix r // rows_per_matrix (its blocks
         matrix_stride * UNIT bytes apart, its output out_matrix_stride * OUT_UNIT values
         apart), row r % rows_per_matrix. tune_rows: only the autotuner's key."""
+        pdl_wait(USE_PDL)  # launch.launch_meta passes it; launched without PDL for now
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < num_rows
         matrix = (rows // rows_per_matrix).to(tl.int64)
@@ -165,7 +168,7 @@ def _launch(raw: torch.Tensor, qtype: int, num_rows: int, num_cols: int, out: to
         return
     rows, cols, warps = fixed[1]
     meta = {"BLOCK_ROWS": rows, "BLOCK_COLS": cols}
-    _dequant_kernel[grid(meta)](*args, **constexprs, **meta, num_warps=warps)
+    _dequant_kernel[grid(meta)](*args, **constexprs, **meta, USE_PDL=False, num_warps=warps)
 
 
 def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
