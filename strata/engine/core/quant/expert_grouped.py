@@ -185,6 +185,7 @@ def experts_mlp(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
     y = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
     if num_rows == 0:
         return y
+    x = x.contiguous()  # the row moves read rows H values apart
     group = experts_per_group(gate, up, down)
     scratch = scratch_tensor(x.device, gate.dtype, (scratch_numel(gate, up, down),))
     rel = _group_offsets(offsets, group)
