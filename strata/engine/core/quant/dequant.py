@@ -16,7 +16,7 @@ the kernel is compiled with floating-point contraction off, so the float32 value
 
 Tiles are autotuned on CUDA per (rows, K, type) through kernels/launch.py; gathered rows
 (the embedding: a different count every call) tune once per (K, type), so a CUDA graph
-never meets a new key. Under TRITON_INTERPRET=1 one large tile runs.
+never meets a new key. Under TRITON_INTERPRET=1 one tile sized to the matrix runs.
 
 Imported on first use (like kernels.py): importing it decorates a Triton kernel, which must
 wait until a test has chosen the CPU interpreter.
