@@ -1,11 +1,13 @@
 """One MoE layer's prefill chunk over quantized experts on the GPU (issue 19): the grouped
-kernels that decode GGML blocks in their K loop (quant/expert_gemm.py) against the path they
-replace (each projection of all experts dequantized into a bf16 scratch, then
-torch._grouped_mm), per GGML type, at Qwen3-30B-A3B's shape by default.
+kernels that decode GGML blocks in their K loop (quant/expert_gemm.py) against the other
+path (quant/expert_grouped.py: experts dequantized a group at a time into a bf16 scratch,
+then torch._grouped_mm), per GGML type, at Qwen3-30B-A3B's shape by default. (Per token
+count, to read the crossover off: bench/diag_dequant.py --part moe.)
 
 Both run the engine's code for the layer (moe_prefill.moe_block: router, sort by expert,
-experts, weighted sum), on random blocks and random tokens; the old path is chosen by
-switching moe_prefill.decodes_in_gemm off. Prints one row per type (microseconds per layer,
+experts, weighted sum), on random blocks and random tokens; "new" is expert_gemm, forced
+by raising the crossover; "old" the grouped path, forced by switching
+moe_prefill.decodes_in_gemm off. Prints one row per type (microseconds per layer,
 the speed-up, the new path's matrix TFLOP/s, the tiles the autotuner chose, the largest
 difference between the two outputs), then one JSON line. The first run compiles and
 autotunes every tile candidate (Triton's disk cache keeps them for the next);
@@ -68,15 +70,14 @@ def main() -> int:
 
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.models.switch import SparseMoE
-    from strata.engine.core.quant import expert_gemm
-    from strata.engine.core.quant.weight import reserve_scratch
+    from strata.engine.core.quant import expert_gemm, expert_grouped
 
     if args.first_config:
         for tuned in (expert_gemm._gate_up_tuned, expert_gemm._down_tuned):
             tuned.configs = tuned.configs[:1]
     e, h, i, k, t = args.experts, args.hidden, args.inter, args.top_k, args.tokens
     moe = SparseMoE(h, i, e, k, True).cuda().bfloat16()
-    reserve_scratch(torch.device("cuda"), torch.bfloat16, e * h * i)  # the old path's
+    expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = 1 << 30  # "new": expert_gemm at any count
     x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
     flops = 2 * t * k * 3 * h * i  # the routed rows' three projections
     decodes = moe_prefill.decodes_in_gemm

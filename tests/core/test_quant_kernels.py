@@ -26,7 +26,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
-from strata.engine.core.quant import kernels
+from strata.engine.core.quant import dequant, kernels
 from strata.engine.core.quant.weight import (
     QuantizedEmbedding,
     QuantizedWeight,
@@ -44,7 +44,10 @@ def test_dequantize_equals_gguf_py_on_random_blocks(qtype: QT) -> None:
     random finite values of both signs."""
     raw = random_blocks(qtype, rows=6, cols=1024, seed=int(qtype))
     expected = gguf.quants.dequantize(raw, qtype)
-    got = kernels.dequantize(torch.from_numpy(raw), qtype, 1024, torch.float32)
+    blocks = torch.from_numpy(raw)
+    # The planes types take dequant.py's planes kernel, the others the per-value decode.
+    assert dequant.kernel_for(qtype, blocks) == kernels.decode_kernel(qtype)
+    got = kernels.dequantize(blocks, qtype, 1024, torch.float32)
     np.testing.assert_array_equal(got.numpy(), expected)
 
 
@@ -67,6 +70,7 @@ def test_dequantize_equals_gguf_py_on_the_default_models_blocks(tensor_name: str
     assert tensor.tensor_type in (QT.Q4_1, QT.Q8_0)
     raw = np.array(tensor.data[:48])  # 48 rows: enough, and fast to interpret
     cols = int(tensor.shape[0])
+    assert dequant.kernel_for(tensor.tensor_type, torch.from_numpy(raw)) == "planes"
     expected = gguf.quants.dequantize(raw, tensor.tensor_type)
     got = kernels.dequantize(torch.from_numpy(raw), tensor.tensor_type, cols, torch.float32)
     np.testing.assert_array_equal(got.numpy(), expected)

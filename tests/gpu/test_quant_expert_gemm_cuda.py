@@ -1,6 +1,6 @@
 """The grouped GEMMs over quantized experts (quant/expert_gemm.py) compiled on the GPU, in bf16:
 a 512-token chunk at Qwen3-30B-A3B's expert shape (E=128, H=2048, I=768, k=8) against the
-path they replace (each projection dequantized whole, then torch._grouped_mm); every tile
+other prefill path (experts dequantized in groups, then torch._grouped_mm); every tile
 candidate the autotuner may pick; a smaller layer against torch on gguf-py's dequantized
 experts per type; a CUDA graph replayed with new routing; and a tiny quantized Qwen3-MoE's
 prefill logits through the engine path against the old path.
@@ -74,10 +74,11 @@ def _routed(num_experts: int, tokens: int = TOKENS, seed: int = 0):
 
 
 def _old_path(rows, offsets, row_weights, blocks) -> torch.Tensor:
-    from strata.engine.core.fast.moe_prefill import _grouped_quantized
-    from strata.engine.core.fast.pointwise import EAGER_OPS
+    """The dequantize-then-grouped-GEMM path (quant/expert_grouped.py) over the same rows."""
+    from strata.engine.core.quant import expert_grouped
 
-    return _grouped_quantized(rows, *blocks, offsets, row_weights, EAGER_OPS)
+    source = torch.arange(rows.shape[0], device=rows.device)
+    return expert_grouped.experts_mlp(rows, source, offsets, row_weights, *blocks)
 
 
 def _assert_close(got: torch.Tensor, expected: torch.Tensor, rel: float = REL_TOL) -> None:

@@ -485,52 +485,43 @@ def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,
     return QuantizedWeight(qtype, shape, raw, dtype)  # type: ignore[arg-type]
 
 
-def _dequantized_for_prefill(moe: SparseMoE) -> list[QuantizedExperts]:
-    """The resident quantized expert stacks a prefill dequantizes whole (those the grouped
-    kernels of quant/expert_gemm.py cannot read as stored)."""
-    from strata.engine.core.fast.moe_prefill import decodes_in_gemm
+def _resident_quantized(moe: SparseMoE) -> tuple[QuantizedExperts, ...]:
+    """The layer's (gate, up, down) when all its experts are resident blocks, else ()."""
+    from strata.engine.core.fast.moe_grouped import slot_layout
 
     stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
-    if not isinstance(stacks[0], QuantizedExperts) or decodes_in_gemm(*stacks):
-        return []
-    return list(stacks)
+    if slot_layout(moe) is not None or not isinstance(stacks[0], QuantizedExperts):
+        return ()
+    return stacks  # type: ignore[return-value]
 
 
 def expert_scratch_numel(model: torch.nn.Module) -> int:
     """The most values a prefill dequantizes at once for resident quantized experts: one
-    projection of one layer, every expert (slot-cached experts are dequantized one by one)."""
-    return max((w.numel() for m in model.modules() if isinstance(m, SparseMoE)
-                for w in _dequantized_for_prefill(m)), default=0)
+    group of experts of one layer (quant/expert_grouped.py; slot-cached experts are
+    dequantized one by one)."""
+    from strata.engine.core.quant import expert_grouped
 
-
-def _warm_up_expert_gemm(moe: SparseMoE) -> None:
-    """One token through the prefill's grouped kernels over the resident quantized experts:
-    compiles (and on CUDA autotunes) them at load rather than in the first prompt."""
-    from strata.engine.core.quant import expert_gemm
-
-    gate = moe.experts.gate_proj
-    num_experts, _, hidden = gate.shape
-    rows = torch.zeros(moe.top_k, hidden, dtype=gate.dtype, device=gate.device)
-    offsets = torch.full((num_experts,), moe.top_k, dtype=torch.int32, device=gate.device)
-    expert_gemm.experts_mlp(rows, gate, moe.experts.up_proj, moe.experts.down_proj, offsets,
-                            torch.zeros(moe.top_k, dtype=gate.dtype, device=gate.device))
+    return max((expert_grouped.scratch_numel(*stacks) for m in model.modules()
+                if isinstance(m, SparseMoE) and (stacks := _resident_quantized(m))),
+               default=0)
 
 
 def warm_up_experts(model: torch.nn.Module) -> int:
     """Compile the expert kernels for every variant decode and prefill launch, before any
     CUDA graph is captured; returns how many ran."""
     from strata.engine.core.fast.moe_grouped import slot_layout
-    from strata.engine.core.quant.expert_kernels import dequantize_all, gather_dequantize
+    from strata.engine.core.fast.moe_prefill import warm_up_quantized
+    from strata.engine.core.quant.expert_kernels import gather_dequantize
 
     seen: set[tuple] = set()
     for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
         layout = slot_layout(moe)
-        resident = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
-        if layout is None and isinstance(resident[0], QuantizedExperts):
-            key = ("gemm", *((w.qtype, w.shape[1:]) for w in resident))
-            if key not in seen and not _dequantized_for_prefill(moe):
+        resident = _resident_quantized(moe)
+        if resident:
+            key = ("prefill", *((w.qtype, w.shape, w.expert_stride) for w in resident))
+            if key not in seen:
                 seen.add(key)
-                _warm_up_expert_gemm(moe)
+                warm_up_quantized(moe)
         stacks = (layout.gate, layout.up, layout.down) if layout else (
             moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
         for p, w in enumerate(stacks):
@@ -542,8 +533,6 @@ def warm_up_experts(model: torch.nn.Module) -> int:
             ids = torch.zeros(moe.top_k, dtype=torch.long, device=w.device)
             if layout is None:
                 gather_dequantize(w, ids)
-                if _dequantized_for_prefill(moe):
-                    dequantize_all(w)
             else:
                 gather_dequantize(w, ids, layout.table, layout.host_offsets[p])
     return len(seen)

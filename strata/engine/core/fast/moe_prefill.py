@@ -8,10 +8,11 @@ sorted by expert once; expert e owns the contiguous rows offsets[e-1]:offsets[e]
   expert's weights in one launch per projection, with the offsets on the device: no host sync.
 - Where it is missing or refuses the inputs, a loop over only the experts that got rows, on
   contiguous slices of the sorted rows (one host sync for the counts).
-- Quantized experts (GGML blocks) take quant/expert_gemm.py's grouped kernels, which decode
-  the blocks inside the K loop, wherever Triton runs (CUDA; the CPU interpreter in tests);
-  elsewhere, or for a type those kernels do not decode, each projection of every expert is
-  dequantized into a scratch before torch._grouped_mm.
+- Quantized experts (GGML blocks), wherever Triton runs (CUDA; the CPU interpreter in
+  tests): up to expert_grouped.min_rows routed rows, quant/expert_gemm.py's grouped kernels,
+  which decode the blocks inside the K loop; from there on, quant/expert_grouped.py, which
+  dequantizes the experts a bounded group at a time and multiplies each group's rows by
+  torch._grouped_mm (the row count is a shape: the choice costs no sync).
 
 Each row's routing weight scales its activation [R, I] before the down projection (I is
 narrower than H: 768 against 2048 for Qwen3-30B-A3B); then each token gathers its k rows
@@ -107,16 +108,47 @@ def decodes_in_gemm(gate, up, down) -> bool:
     return expert_gemm.supports(gate, up, down)
 
 
-def _grouped_quantized(rows: torch.Tensor, gate, up, down, offsets: torch.Tensor,
-                       row_weights: torch.Tensor, ops: PointwiseOps):
-    """_grouped over quantized experts: each projection of every expert is dequantized into
-    the one prefill scratch just before its grouped GEMM (stream order keeps it safe)."""
-    from strata.engine.core.quant.expert_kernels import dequantize_all
+def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
+                       row_weights: torch.Tensor, experts: tuple) -> torch.Tensor | None:
+    """The sorted rows through quantized experts dequantized a group at a time, then
+    torch._grouped_mm (quant/expert_grouped.py); None where _grouped_mm refuses them."""
+    global _grouped_mm_works
+    from strata.engine.core.quant import expert_grouped
 
-    gate_rows = torch._grouped_mm(rows, dequantize_all(gate).transpose(-2, -1), offs=offsets)
-    up_rows = torch._grouped_mm(rows, dequantize_all(up).transpose(-2, -1), offs=offsets)
-    act = ops.silu_mul_scale(gate_rows, up_rows, row_weights)
-    return torch._grouped_mm(act, dequantize_all(down).transpose(-2, -1), offs=offsets)
+    try:
+        y = expert_grouped.experts_mlp(x, source, offsets, row_weights, *experts)
+    except RuntimeError as exc:
+        if _grouped_mm_works:  # it worked before: this is a real error, not a capability
+            raise
+        _grouped_mm_works = False
+        log.warning("torch._grouped_mm refused the quantized MoE prefill (%s)", exc)
+        return None
+    _grouped_mm_works = True
+    return y
+
+
+def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
+               row_weights: torch.Tensor, experts: tuple) -> torch.Tensor | None:
+    """[R, H] of the sorted rows through quantized experts by whichever Triton path their
+    count favours: expert_gemm.py's decode-in-the-K-loop GEMMs for few rows per expert,
+    expert_grouped.py's dequantize-then-grouped-GEMM from min_rows on (or for types
+    expert_gemm cannot read); None where neither runs here (the caller loops)."""
+    if not launch.is_usable(x.device):
+        return None
+    from strata.engine.core.quant import expert_grouped
+
+    in_gemm = decodes_in_gemm(*experts)
+    grouped = grouped_mm_supported(x)
+    if grouped and (not in_gemm
+                    or source.shape[0] >= expert_grouped.min_rows(offsets.shape[0])):
+        y = _quantized_grouped(x, source, offsets, row_weights, experts)
+        if y is not None or not in_gemm:
+            return y
+    if not in_gemm:
+        return None
+    from strata.engine.core.quant import expert_gemm
+
+    return expert_gemm.experts_mlp(x.index_select(0, source), *experts, offsets, row_weights)
 
 
 def _sorted_rows(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int):
@@ -157,17 +189,15 @@ def experts_sorted(
     top_k = ids.shape[1]
     stacked = moe.experts
     experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
-    order, offsets, rows, row_weights = _sorted_rows(x, weights, ids, stacked.gate_proj.shape[0])
+    order, source, offsets = sort_by_expert(ids, stacked.gate_proj.shape[0])
+    row_weights = weights.reshape(-1).index_select(0, order)
     quantized = is_quantized_experts(stacked.gate_proj)
     y = None
-    if quantized and decodes_in_gemm(*experts):
-        from strata.engine.core.quant import expert_gemm
-
-        y = expert_gemm.experts_mlp(rows, *experts, offsets, row_weights)
+    if quantized:
+        y = _quantized(x, source, offsets, row_weights, experts)
     elif grouped_mm_supported(x):
         try:
-            grouped = _grouped_quantized if quantized else _grouped
-            y = grouped(rows, *experts, offsets, row_weights, ops)
+            y = _grouped(x.index_select(0, source), *experts, offsets, row_weights, ops)
             _grouped_mm_works = True
         except RuntimeError as exc:
             if _grouped_mm_works:  # it worked before: this is a real error, not a capability
@@ -178,8 +208,28 @@ def experts_sorted(
     if y is None:
         if quantized:  # one expert's matrix dequantized at a time
             experts = tuple(ExpertMatrices(w) for w in experts)
-        y = _looped(rows, *experts, offsets, row_weights, ops)
+        y = _looped(x.index_select(0, source), *experts, offsets, row_weights, ops)
     return ops.sum_rows(y, _inverse(order), top_k)
+
+
+def warm_up_quantized(moe) -> None:
+    """Both quantized prefill paths once over a few rows, so their kernels compile (and on
+    CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
+    types) and the grouped one's, every group (whose launches do not depend on the rows)."""
+    stacked = moe.experts
+    experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
+    gate = stacked.gate_proj
+    num_experts, _, hidden = gate.shape
+    x = torch.zeros(moe.top_k, hidden, dtype=gate.dtype, device=gate.device)
+    source = torch.arange(moe.top_k, device=gate.device)
+    offsets = torch.full((num_experts,), moe.top_k, dtype=torch.int32, device=gate.device)
+    row_weights = torch.zeros(moe.top_k, dtype=gate.dtype, device=gate.device)
+    if decodes_in_gemm(*experts):
+        from strata.engine.core.quant import expert_gemm
+
+        expert_gemm.experts_mlp(x, *experts, offsets, row_weights)
+    if launch.is_usable(gate.device) and grouped_mm_supported(x):
+        _quantized_grouped(x, source, offsets, row_weights, experts)
 
 
 def moe_block(moe, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:

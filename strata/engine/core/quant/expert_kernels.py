@@ -1,6 +1,7 @@
 """Triton kernels over quantized experts (experts.py): gather the routed experts' blocks and
-dequantize them, for decode without a host sync and for prefill, one projection at a time.
-Decode of the types gemv_planes.py reads skips this: expert_gemv.py's fused kernels.
+dequantize them, for decode without a host sync; whole projections (`dequantize_all`) go
+through dequant.py's dequantizer. Decode of the types gemv_planes.py reads skips this:
+expert_gemv.py's fused kernels.
 
 Imported on first use (like kernels.py): importing it decorates a Triton kernel, which must
 wait until a test has chosen the CPU interpreter.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.core.kernels.launch import is_interpreting
+from strata.engine.core.quant import dequant
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.lookup import lookup_table
@@ -87,8 +89,7 @@ def dequantize_all(experts: QuantizedExperts) -> torch.Tensor:
     """Every expert dequantized, [E, N, K], into the shared prefill scratch (weight.py): the
     next call overwrites it, so use the result before dequantizing another projection."""
     out = scratch_tensor(experts.device, experts.dtype, experts.shape)
-    ids = torch.arange(experts.num_experts, device=experts.device)
-    return gather_dequantize(experts, ids, out=out)
+    return dequant.dequantize_experts(experts, 0, out)
 
 
 def dequantize_routed(

@@ -10,10 +10,10 @@ expert matmuls themselves stay float; what they need is dequantized just before:
   memory; through a partial cache's slot table, a missing expert is read in place from the
   pinned host copy). Other types: `gather_dequantize` (expert_kernels.py) dequantizes the k
   routed experts into [k, N, K], and the grouped kernels run over them with ids 0..k-1.
-- many tokens (prefill): expert_gemm.py's grouped kernels decode the blocks inside their K
-  loop, every type dequant_tile.py decodes. Where Triton cannot run, `dequantize_all`
-  (expert_kernels.py) fills the prefill scratch with all E experts of one projection at a
-  time and torch's grouped GEMMs follow each one.
+- many tokens (prefill): few rows per expert take expert_gemm.py's grouped kernels, which
+  decode the blocks inside their K loop; more take expert_grouped.py, which dequantizes the
+  experts (dequant.py) a bounded group at a time and runs torch's grouped GEMM per group
+  (fast/moe_prefill.py chooses by the routed rows).
 - the reference loop: `ExpertMatrices` dequantizes one expert when indexed.
 """
 

@@ -10,8 +10,8 @@
   `decode_kernel` says which of the two a type takes. One bf16/fp16 token times Q4_K takes
   gemv_dp4a.py's integer dot products instead (x rounded to int8 per 32 values).
 - `dequantize(raw, qtype, K, dtype)`: the whole matrix (or gathered rows: the embedding) in
-  the compute dtype, with floating-point contraction off so it equals gguf-py's dequantizer
-  bit for bit before the final rounding; prefill multiplies the result with cuBLAS.
+  the compute dtype by dequant.py (planes for the planes types, autotuned), equal to gguf-py's
+  dequantizer bit for bit before the final rounding; prefill multiplies it with cuBLAS.
 
 On CUDA the tiles are autotuned per matrix shape (kernels/launch.py); under TRITON_INTERPRET=1
 (the CPU tests) the first candidate runs: the same kernels, through the interpreter.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.core.kernels import launch
+from strata.engine.core.quant import dequant
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant import gemv_dp4a as gp_dp4a
 from strata.engine.core.quant import gemv_planes as gp
@@ -54,8 +55,6 @@ PLANES_DOT_CONFIGS = ((32, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1))
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
 # The decode kernel's types: the planes ones and those whose planes read the lookup table.
 PLANES_KERNEL_LANES = {**gp.PLANE_LANES, **gp.LUT_PLANE_LANES}
-DEQUANT_BLOCK_N, DEQUANT_BLOCK_K = 16, 256
-INTERPRETER_DEQUANT_BLOCK_N = 128
 
 
 def _candidates(configs) -> tuple:
@@ -157,20 +156,6 @@ if triton is not None:
                  total.to(out_ptr.dtype.element_ty), mask=(toks < num_tokens)[:, None]
                  & row_ok[None, :])
 
-    @triton.jit
-    def _dequant_kernel(
-        w_ptr, wh_ptr, table_ptr, out_ptr, num_rows,
-        K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-        ok = (rows < num_rows)[:, None] & (cols < K)[None, :]
-        row_off = (rows.to(tl.int64) * ROW_BYTES)[:, None]
-        v = dt.dequant_tile(w_ptr, wh_ptr, table_ptr, row_off, cols[None, :], ok, QTYPE)
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + cols[None, :],
-                 v.to(out_ptr.dtype.element_ty), mask=ok)
-
     # One tuned launcher per path: their candidate tiles differ (tl.dot's 16-row minimum).
     _matmul_tuned = {
         path: launch.tuned(_matmul_kernel, _candidates(configs), key=("N", "K", "QTYPE"))
@@ -205,23 +190,10 @@ def _check(raw: torch.Tensor, num_cols: int) -> None:
 
 
 def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """W [rows, num_cols] in dtype from its blocks raw [rows, row_bytes]; into out if given."""
-    _check(raw, num_cols)
-    num_rows, row_bytes = raw.shape
-    if out is None:
-        out = torch.empty(num_rows, num_cols, dtype=dtype, device=raw.device)
-    if num_rows == 0:
-        return out
-    block_n = INTERPRETER_DEQUANT_BLOCK_N if launch.is_interpreting() else DEQUANT_BLOCK_N
-    grid = (triton.cdiv(num_rows, block_n), triton.cdiv(num_cols, DEQUANT_BLOCK_K))
-    # No contraction: d * q + m rounds twice, as numpy does, so values equal gguf-py's.
-    _dequant_kernel[grid](
-        raw, raw.view(torch.float16), lookup_table(raw.device), out, num_rows,
-        K=num_cols, ROW_BYTES=row_bytes, QTYPE=int(qtype),
-        BLOCK_N=block_n, BLOCK_K=DEQUANT_BLOCK_K, enable_fp_fusion=False,
-    )
-    return out
+               out: torch.Tensor | None = None, gathered: bool = False) -> torch.Tensor:
+    """W [rows, num_cols] in dtype from its blocks raw [rows, row_bytes]; into out if given
+    (dequant.py: gathered rows, an embedding's, are tuned once per shape, not per count)."""
+    return dequant.dequantize(raw, qtype, num_cols, dtype, out, gathered=gathered)
 
 
 def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,

@@ -76,7 +76,8 @@ class QuantizedWeight:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ids [T] dequantized, [T, K]: an embedding lookup reads only those blocks."""
         picked = self.raw.index_select(0, ids)  # [T, row_bytes]
-        return _kernels().dequantize(picked, self.qtype, self.shape[1], self.dtype)
+        return _kernels().dequantize(picked, self.qtype, self.shape[1], self.dtype,
+                                     gathered=True)
 
 
 def is_quantized(weight: object) -> bool:
@@ -233,7 +234,9 @@ def warm_up_quantized(model: nn.Module) -> int:
         if isinstance(getattr(module, "gate_up_weight", None), QuantizedWeight):
             uses.append((module.gate_up_weight, None, True))
         for weight, bias, prefills in uses:
-            key = (weight.qtype, weight.shape, bias is not None, prefills)
+            # The blocks' alignment picks the dequantizer's kernel (dequant.kernel_for).
+            key = (weight.qtype, weight.shape, bias is not None, prefills,
+                   weight.raw.data_ptr() % 4)
             if key in seen:
                 continue
             seen.add(key)
