@@ -37,7 +37,7 @@ _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int):
     fn = kernels._planes_kernel
-    constexprs = {"QTYPE": qtype, "LANES": kernels.PLANES_KERNEL_LANES[qtype], "HAS_BIAS": False,
+    constexprs = {"QTYPE": qtype, "LANES": kernels.gp.ALL_PLANE_LANES[qtype], "HAS_BIAS": False,
                   "BLOCK_M": 1 if tokens == 1 else 16, "USE_PDL": False, "BLOCK_ROWS": rows,
                   "BLOCK_COLS": cols, "STAGES": stages}
     signature = {**_SIGNATURE, **{name: "constexpr" for name in constexprs}}

@@ -105,7 +105,7 @@ def test_qlinear_matches_torch_on_the_dequantized_weight(qtype: QT, num_tokens: 
                                atol=atol)
 
 
-PLANES_TYPES = [t for t in ALL_TYPES if int(t) in kernels.PLANES_KERNEL_LANES]
+PLANES_TYPES = [t for t in ALL_TYPES if int(t) in kernels.gp.ALL_PLANE_LANES]
 
 
 @pytest.mark.parametrize("qtype", PLANES_TYPES, ids=lambda t: t.name)

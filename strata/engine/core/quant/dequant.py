@@ -5,14 +5,15 @@ embedding's rows; `dequantize_experts(experts, first, out)` a run of an expert s
 matrices (expert_kernels.dequantize_all, the MoE prefill's expert groups), into an output
 whose matrices may sit further apart than N * K (gate and up side by side in one scratch).
 
-The types gemv_planes.py reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) take its
-`planes`: each group's packed bytes in one load, its scales once per group, small integers
-to floats by the 2**23 exponent trick, and every plane stored as one run of LANES
-consecutive values (16 or 32: 32 or 64 bytes in bf16), which the stores vectorize. The other
-types keep dequant_tile.py's decode value by value. Both compute each value in gguf-py's
-order of float operations (d * sc, then * q, then - m or + m, as its numpy code does), and
-the kernel is compiled with floating-point contraction off, so the float32 values equal
-`gguf.quants.dequantize` bit for bit and the cast rounds them once.
+The types gemv_planes.py reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, and
+IQ2_XXS through the lookup table) take its `planes_lut`: each group's packed bytes in one
+load, its scales once per group, small integers to floats by the 2**23 exponent trick, and
+every plane stored as one run of LANES consecutive values (16 or 32: 32 or 64 bytes in
+bf16), which the stores vectorize. The other types keep dequant_tile.py's decode value by
+value. Both compute each value in gguf-py's order of float operations (d * sc, then * q,
+then - m or + m, as its numpy code does), and the kernel is compiled with floating-point
+contraction off, so the float32 values equal `gguf.quants.dequantize` bit for bit and the
+cast rounds them once.
 
 Tiles are autotuned on CUDA per (rows, K, type) through kernels/launch.py; gathered rows
 (the embedding: a different count every call) tune once per (K, type), so a CUDA graph
@@ -113,8 +114,8 @@ if triton is not None:
                 # lane's address instead, or Triton moves all values to the scales' layout
                 # and back through shared memory (4 conversions) rather than the scales.
                 group = group + lane * 0  # [1, G, L]
-            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off[:, None, None], group,
-                                             lane, ok, QTYPE)  # [R, G, L] each
+            w0, cols0, w1, cols1 = gp.planes_lut(w_ptr, wh_ptr, lut_ptr, row_off[:, None, None],
+                                                 group, lane, ok, QTYPE)  # [R, G, L] each
             # Each plane's L columns are consecutive: two stores of contiguous runs.
             out_at = out_row[:, None, None]
             tl.store(out_at + cols0, w0.to(dtype), mask=ok)
@@ -136,7 +137,7 @@ def kernel_for(qtype: int, raw: torch.Tensor, matrix_stride: int = 0) -> str:
     """"planes" where gemv_planes.py reads the type and the blocks are aligned for its loads
     (even bytes; 4-aligned for the K-quants' int32 scale words), else "tile"."""
     qtype = int(qtype)
-    if qtype not in gp.PLANE_LANES:
+    if qtype not in gp.ALL_PLANE_LANES:
         return "tile"
     needed = 4 if qtype in WORD_TYPES else 2
     aligned = _unit(raw.data_ptr(), matrix_stride, raw.shape[-1]) >= needed
@@ -151,7 +152,7 @@ def _launch(raw: torch.Tensor, qtype: int, num_rows: int, num_cols: int, out: to
     if raw.data_ptr() % 2 or matrix_stride % 2:
         raise ValueError("GGML blocks must start at even bytes (their fp16 fields)")
     kernel = fixed[0] if fixed else kernel_for(qtype, raw, matrix_stride)
-    lanes = gp.PLANE_LANES[int(qtype)] if kernel == "planes" else 0
+    lanes = gp.ALL_PLANE_LANES[int(qtype)] if kernel == "planes" else 0
     unit, out_unit = _unit(matrix_stride), _unit(out_matrix_stride)
     grid = lambda meta: (triton.cdiv(num_rows, meta["BLOCK_ROWS"]),  # noqa: E731
                          triton.cdiv(num_cols, meta["BLOCK_COLS"]))

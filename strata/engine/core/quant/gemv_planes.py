@@ -178,6 +178,7 @@ if triton is not None:
 # Types whose planes need the lookup table of lookup.py (their grids and sign patterns):
 # kernels that pass a table_ptr call `planes_lut`, which takes these and every planes type.
 LUT_PLANE_LANES = {16: 16}  # IQ2_XXS: a group is one 32-value sub-block
+ALL_PLANE_LANES = {**PLANE_LANES, **LUT_PLANE_LANES}  # what planes_lut decodes
 
 if triton is not None:
     _LUT_KSIGNS = tl.constexpr(LUT_KSIGNS)

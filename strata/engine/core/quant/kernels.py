@@ -53,8 +53,6 @@ PLANES_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4
 PLANES_DOT_CONFIGS = ((32, 256, 4, 3), (64, 256, 8, 3), (32, 256, 4, 1))
 # The interpreter pays per program and per op, not per value: large tiles keep CPU tests fast.
 INTERPRETER_MATMUL_CONFIG = (64, 256, 4)
-# The decode kernel's types: the planes ones and those whose planes read the lookup table.
-PLANES_KERNEL_LANES = {**gp.PLANE_LANES, **gp.LUT_PLANE_LANES}
 
 
 def _candidates(configs) -> tuple:
@@ -177,7 +175,7 @@ def _matmul_candidates(configs: tuple) -> tuple:
 def decode_kernel(qtype: int) -> str:
     """Which kernel multiplies 1..16 tokens by a weight of qtype: "planes" (gemv_planes.py)
     or "tile" (dequant_tile.py), both on values dequantized in float."""
-    return "planes" if int(qtype) in PLANES_KERNEL_LANES else "tile"
+    return "planes" if int(qtype) in gp.ALL_PLANE_LANES else "tile"
 
 
 def _check(raw: torch.Tensor, num_cols: int) -> None:
@@ -216,7 +214,7 @@ def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     path = "sum" if block_m == 1 else "dot"
     grid = lambda rows: (triton.cdiv(num_rows, rows),)  # noqa: E731
     if kernel == "planes":
-        lanes = PLANES_KERNEL_LANES[int(qtype)]
+        lanes = gp.ALL_PLANE_LANES[int(qtype)]
         launch.launch(
             _planes_tuned[path], grid,
             _matmul_candidates(PLANES_CONFIGS if path == "sum" else PLANES_DOT_CONFIGS),
