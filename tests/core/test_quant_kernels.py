@@ -144,3 +144,19 @@ def test_quantized_weight_refuses_blocks_of_the_wrong_size() -> None:
     with pytest.raises(ValueError, match=r"Q8_0 blocks for a \[4, 32\] matrix must be uint8 "
                                          r"\(4, 34\)"):
         QuantizedWeight(QT.Q8_0, (4, 32), raw, torch.float32)
+
+
+def test_a_prefill_dequantizes_a_large_matrix_in_pieces_of_rows(monkeypatch) -> None:
+    """Past SCRATCH_PIECE_BYTES the weight goes in pieces of whole 256-row runs, each GEMM
+    written into its columns: the same product, and the scratch holds one piece."""
+    from strata.engine.core.quant import weight as weight_module
+
+    weight, dense = _weight(QT.Q4_K, rows=600, cols=256, seed=2)
+    monkeypatch.setattr(weight_module, "SCRATCH_PIECE_BYTES", 300 * 256 * 4)
+    assert weight_module.row_pieces(weight) == [(0, 256), (256, 512), (512, 600)]
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(40, 256, generator=gen)
+    bias = torch.randn(600, generator=gen)
+    expected = torch.nn.functional.linear(x.double(), dense.double(), bias.double())
+    atol = ATOL_OF_SCALE * expected.abs().max().item()
+    torch.testing.assert_close(qlinear(x, weight, bias).double(), expected, rtol=RTOL, atol=atol)
