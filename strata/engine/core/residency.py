@@ -121,9 +121,12 @@ class ModelMemory:
 
     # ---- load ---------------------------------------------------------------------------
 
-    def build(self, config: ModelConfig, source: Any, expert_cache: str) -> torch.nn.Module:
+    def build(self, config: ModelConfig, source: Any, expert_cache: str,
+              max_prefill_tokens: int | None = None) -> torch.nn.Module:
         """Lay the weights out in arenas, fill them from `source` (weight_source.py), build
-        the model over the views. The caller owns `source` and drops it afterwards."""
+        the model over the views. The caller owns `source` and drops it afterwards.
+        max_prefill_tokens: the longest chunk a prefill runs (None: no bound), which says
+        whether the dequantize-then-grouped expert path and its scratch are ever used."""
         with torch.device("meta"):
             meta = model_module(config.model_type).Model(config)
         shapes = {name: tuple(p.shape) for name, p in meta.named_parameters()}
@@ -177,18 +180,18 @@ class ModelMemory:
             if self.experts.host.device_address is not None:
                 self.promotion = ExpertPromotion(self.experts)
         if quantized or expert_blocks:
-            self._warm_up_quantized(model)
+            self._warm_up_quantized(model, max_prefill_tokens)
         return model
 
-    def _warm_up_quantized(self, model: torch.nn.Module) -> None:
+    def _warm_up_quantized(self, model: torch.nn.Module, max_prefill_tokens: int | None) -> None:
         with load_phases.phase("warm_up"):
             # Prefill dequantizes one matrix (or one projection of a layer's resident experts)
             # at a time into this buffer: sized now, before any CUDA graph is captured.
-            reserve_scratch(self.device, self.dtype, max(prefill_scratch_numel(model),
-                                                         expert_scratch_numel(model)))
+            reserve_scratch(self.device, self.dtype, max(
+                prefill_scratch_numel(model), expert_scratch_numel(model, max_prefill_tokens)))
             if self.device.type == "cuda":
                 t0 = time.perf_counter()
-                variants = warm_up_quantized(model) + warm_up_experts(model)
+                variants = warm_up_quantized(model) + warm_up_experts(model, max_prefill_tokens)
                 log.info("quantized kernels ready: %d variants in %.1f s", variants,
                          time.perf_counter() - t0)
 
@@ -495,18 +498,28 @@ def _resident_quantized(moe: SparseMoE) -> tuple[QuantizedExperts, ...]:
     return stacks  # type: ignore[return-value]
 
 
-def expert_scratch_numel(model: torch.nn.Module) -> int:
+def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None) -> bool:
+    """Whether a prefill chunk of max_prefill_tokens can route enough rows to moe's experts
+    for the dequantize-then-grouped path (expert_grouped.min_rows); None: no bound."""
+    from strata.engine.core.quant import expert_grouped
+
+    num_experts = moe.experts.gate_proj.shape[0]
+    return (max_prefill_tokens is None
+            or max_prefill_tokens * moe.top_k >= expert_grouped.min_rows(num_experts))
+
+
+def expert_scratch_numel(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
     """The most values a prefill dequantizes at once for resident quantized experts: one
     group of experts of one layer (quant/expert_grouped.py; slot-cached experts are
-    dequantized one by one)."""
+    dequantized one by one); 0 where no chunk reaches that path."""
     from strata.engine.core.quant import expert_grouped
 
     return max((expert_grouped.scratch_numel(*stacks) for m in model.modules()
-                if isinstance(m, SparseMoE) and (stacks := _resident_quantized(m))),
-               default=0)
+                if isinstance(m, SparseMoE) and (stacks := _resident_quantized(m))
+                and _reaches_grouped(m, max_prefill_tokens)), default=0)
 
 
-def warm_up_experts(model: torch.nn.Module) -> int:
+def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
     """Compile the expert kernels for every variant decode and prefill launch, before any
     CUDA graph is captured; returns how many ran."""
     from strata.engine.core.fast.moe_grouped import slot_layout
@@ -521,7 +534,7 @@ def warm_up_experts(model: torch.nn.Module) -> int:
             key = ("prefill", *((w.qtype, w.shape, w.expert_stride) for w in resident))
             if key not in seen:
                 seen.add(key)
-                warm_up_quantized(moe)
+                warm_up_quantized(moe, grouped=_reaches_grouped(moe, max_prefill_tokens))
         stacks = (layout.gate, layout.up, layout.down) if layout else (
             moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
         for p, w in enumerate(stacks):

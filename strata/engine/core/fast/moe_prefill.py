@@ -212,10 +212,11 @@ def experts_sorted(
     return ops.sum_rows(y, _inverse(order), top_k)
 
 
-def warm_up_quantized(moe) -> None:
+def warm_up_quantized(moe, grouped: bool = True) -> None:
     """Both quantized prefill paths once over a few rows, so their kernels compile (and on
     CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
-    types) and the grouped one's, every group (whose launches do not depend on the rows)."""
+    types) and, if `grouped` (a prefill chunk can reach it), the grouped one's, every group
+    (whose launches do not depend on the rows)."""
     stacked = moe.experts
     experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
     gate = stacked.gate_proj
@@ -228,7 +229,7 @@ def warm_up_quantized(moe) -> None:
         from strata.engine.core.quant import expert_gemm
 
         expert_gemm.experts_mlp(x, *experts, offsets, row_weights)
-    if launch.is_usable(gate.device) and grouped_mm_supported(x):
+    if grouped and launch.is_usable(gate.device) and grouped_mm_supported(x):
         _quantized_grouped(x, source, offsets, row_weights, experts)
 
 

@@ -50,14 +50,14 @@ except ImportError:
 # one expert's at a time.
 EXPERT_SCRATCH_BYTES = 96 << 20
 # Routed rows per expert from which the dequantize-then-grouped path runs (below it
-# expert_gemm.py). For Qwen3-30B-A3B (128 experts, top-8) 8 rows per expert is 1024 rows,
-# 128 tokens. The dequantized path costs a fixed pass over every expert (1.6 GB of blocks
-# read and bf16 written a layer: about 0.5 ms at 3.3 TB/s) plus the bf16 grouped GEMMs
-# (0.33 ms a layer at 512 tokens in the bf16 model); expert_gemm took 1.73 ms at 512
-# tokens (32 rows per expert) and decodes every expert that got a row once per M tile (32
-# rows or more), so below about 8 rows per expert it decodes about as much as the other
-# path writes while touching fewer experts. To be measured: bench/diag_moe_prefill.py.
-DEQUANT_MIN_ROWS_PER_EXPERT = 8
+# expert_gemm.py). Measured on the H200 (bench/diag_dequant.py --part moe, Qwen3-30B-A3B's
+# layer in Q4_K/Q4_K/Q6_K, twelfth session): expert_gemm against this path 1.65 / 6.87 ms
+# at 128 tokens, 1.86 / 4.40 at 512, 4.87 / 6.21 at 2048, 9.09 / 7.67 at 4096 (256 rows per
+# expert). The groups of 16 experts cost far more than the estimate of their copies and
+# launches (the dequantization alone is 0.42 ms a layer); until that is understood the
+# path runs only from 256 rows per expert, which the scheduler's chunks (2048 tokens at
+# most) do not reach, so the load reserves its scratch only where a chunk can.
+DEQUANT_MIN_ROWS_PER_EXPERT = 256
 MOVE_BLOCK_ROWS, MOVE_BLOCK_COLS = 16, 1024  # 16K values a program: a plain copy
 INTERPRETER_MOVE_BLOCK_ROWS = 256
 
