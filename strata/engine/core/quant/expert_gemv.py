@@ -61,9 +61,14 @@ WORD_TYPES = frozenset({12, 13})
 MAX_UNIT = 16  # bytes: a 16-aligned base lets the packed-byte loads vectorize
 
 
-def _candidates(configs) -> tuple:
+def _candidates(configs, num_cols: int = 0) -> tuple:
+    """The tuned candidates; under the interpreter its one tile, num_cols (given for dp4a,
+    whose groups past the row still cost ops there) narrowing it to the row."""
     if launch.is_interpreting():
-        configs = INTERPRETER_CONFIG
+        rows, cols, warps, stages = INTERPRETER_CONFIG[0]
+        if num_cols:
+            cols = max(128, min(cols, triton.next_power_of_2(num_cols)))
+        configs = ((rows, cols, warps, stages),)
     return tuple((n, k, w, {"STAGES": s}) for n, k, w, s in configs)
 
 
@@ -275,7 +280,7 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
     launch.launch(
         _gate_up_dp4a_tuned if dp4a else _gate_up_tuned,
         lambda rows: (num_used, triton.cdiv(num_rows, rows)),
-        _candidates(GATE_UP_DP4A_CONFIGS if dp4a else GATE_UP_CONFIGS),
+        _candidates(GATE_UP_DP4A_CONFIGS, num_cols) if dp4a else _candidates(GATE_UP_CONFIGS),
         x, *xq, gate.raw, gate.raw.view(torch.float16), up.raw,
         up.raw.view(torch.float16), ids.contiguous(), table_arg, out,
         int(host_offsets[0]) // gate_unit if has_table else 0,
@@ -309,7 +314,8 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
     launch.launch(
         _down_sum_dp4a_tuned if group else _down_sum_tuned,
         lambda rows: (triton.cdiv(num_rows, rows),),
-        _candidates(DOWN_SUM_DP4A_CONFIGS if group else DOWN_SUM_CONFIGS),
+        _candidates(DOWN_SUM_DP4A_CONFIGS, num_cols) if group
+        else _candidates(DOWN_SUM_CONFIGS),
         act, *xq, down.raw, down.raw.view(torch.float16), ids.contiguous(),
         weights.contiguous(), table_arg, out, int(host_offset) // unit if has_table else 0,
         down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],

@@ -54,11 +54,18 @@ _WIDE_CONFIGS = ((8, 2048, 4, 1), (4, 4096, 4, 1), (4, 2048, 2, 1), (2, 4096, 2,
 _NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1))  # 64 values a thread: Q4_K, Q8_0
 CONFIGS = {12: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 14: _WIDE_CONFIGS,
            8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS)}
-INTERPRETER_CONFIG = ((64, 512, 4, 1),)
 
 
 def _candidates(configs) -> tuple:
     return tuple((n, k, w, {"STAGES": s}) for n, k, w, s in configs)
+
+
+def interpreter_config(num_rows: int, num_cols: int, qtype: int) -> tuple:
+    """The CPU interpreter's one tile: it pays per program and per op, not per value, so
+    all rows (up to 256) in one program and the row's columns (up to 512) in one step."""
+    rows = min(256, triton.next_power_of_2(num_rows))
+    cols = max(GROUP_VALUES[int(qtype)], min(512, triton.next_power_of_2(num_cols)))
+    return ((rows, cols, 4, 1),)
 
 
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
@@ -165,7 +172,8 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
     launch.launch(
         _tuned[qtype], lambda rows: (triton.cdiv(num_rows, rows),),
-        _candidates(INTERPRETER_CONFIG if launch.is_interpreting() else CONFIGS[qtype]),
+        _candidates(interpreter_config(num_rows, num_cols, qtype) if launch.is_interpreting()
+                    else CONFIGS[qtype]),
         xq.view(torch.int32), xd, xs, xs16, raw, bias if bias is not None else x, out,
         N=num_rows, ROW_BYTES=raw.shape[1], num_groups=num_cols // GROUP_VALUES[qtype],
         QTYPE=qtype, GROUP=GROUP_VALUES[qtype], HAS_BIAS=bias is not None,
