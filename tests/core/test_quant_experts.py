@@ -300,7 +300,7 @@ def test_dp4a_expert_kernels_decode_like_the_planes_kernels(tmp_path, monkeypatc
         return fused(x, gate, up, down, *args, **kwargs)
 
     monkeypatch.setattr(expert_gemv, "routed_mlp", counted)
-    spec = SamplingSpec(max_tokens=3, temperature=0.0)
+    spec = SamplingSpec(max_tokens=3, temperature=0.0)  # the prefill's head, two steps
     tokens = {}
     for switch in ("0", "1"):
         monkeypatch.setenv("STRATA_DP4A", switch)
