@@ -1,26 +1,27 @@
 """GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q6_K and Q8_0 for one token.
 
-`row_dots(w_ptr, wh_ptr, row_off, row_ok, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_groups,
-QTYPE, ...)` -> float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as
-gemv_dp4a.quantize_x rounded it (int8 words xq, scale per 32 values xd, d * sum(q) per 32
-xs and per 16 xs16). The dense GEMV (gemv_dp4a.py) and the routed-expert kernels
-(expert_gemv.py) share it. A group is GROUP_VALUES[QTYPE] values of one row; per group:
+`row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_groups, QTYPE, ...)` ->
+float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
+it (int8 words xq, scale per 32 values xd, d * sum(q) per 32 xs and per 16 xs16). The dense
+GEMV (gemv_dp4a.py) and the routed-expert kernels (expert_gemv.py) share it. A group is
+GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
 
 - Q4_K: 32 bytes of nibbles (sub-blocks 2p low, 2p + 1 high), d * scale * d_x * dot
   - dmin * min * s_x per sub-block (w = d * scale * q - dmin * min).
-- Q6_K: 16 values of each of the four 32-value quarters of half h, sub-block i of each: the
-  low nibbles (two 16-byte runs of ql) and the two high bits (16 bytes of qh) merged into
-  bytes 0..63, four nibble-or-bits words per dp4a word. The values are q - 32: the unsigned
-  byte goes into dp4a and 32 * s16 comes off afterwards (one FMA per 16 values and row, since
-  s16 = d_x * sum of those 16 x is computed once per token); sign-extending 6-bit bytes
-  instead costs about four instructions per word.
+- Q6_K: sub-block i of both halves of a block (128 values): the 16-byte runs of ql and qh at
+  multiples of 4 bytes from one start. Each value's 6 bits come from a nibble and two bits
+  of qh, merged by one bit-select. The values are q - 32: the unsigned byte goes into dp4a
+  and 32 * s16 comes off afterwards (one FMA per 16 values and row; s16 = d_x * the sum of
+  those 16 x, once per token), where sign-extending the 6-bit bytes would cost about four
+  instructions per word.
 - Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
 
 Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at 2 mod 4 bytes. Words are
-read aligned and realigned by a funnel shift of two (`shf.r.wrap`: one instruction); the
-second load is the same word again where the run is aligned (an L1 hit, no predicate). Reading
-the aligned word around a valid byte never leaves its page, so no load faults. The base
-pointer must be 4-aligned, row and expert offsets only even.
+read aligned and realigned by a funnel shift of each word and the next (`shf.r.wrap`: one
+instruction); the next word of one lane is the word of the next, so a run of W words costs
+W + 1 loads. Reading the aligned word around a valid byte never leaves its page; the one
+word that could lie wholly past a tensor (Q8_0's last) is read only where needed. The base
+pointer must be 4-aligned, row and expert offsets only even (Q4_K: 4-aligned).
 
 Under TRITON_INTERPRET=1 dp4a and the funnel shift are emulated by shifts and masks: the same
 integers, so the CPU tests check the compiled kernel's layout and scales.
