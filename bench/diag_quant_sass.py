@@ -8,8 +8,11 @@ GEMV at the HBM roofline has about 7 instructions per 4-bit value to spend on an
 it before a GPU run measures them.
 
     python bench/diag_quant_sass.py [--types Q4_K,Q6_K] [--configs 1:4:1024:4:1,16:32:256:4:3]
+    python bench/diag_quant_sass.py --dp4a [--types Q4_K,Q6_K,Q8_0]  # gemv_dp4a.py, its configs
 
 A config is tokens:BLOCK_ROWS:BLOCK_COLS:num_warps:STAGES (tokens 1: the FMA path, else tl.dot).
+With --dp4a: one token through gemv_dp4a.py's integer kernel, every candidate of its type
+unless --configs names some (tokens must be 1).
 """
 
 from __future__ import annotations
@@ -35,16 +38,29 @@ _DIVISIBLE = ("x_ptr", "w_ptr", "wh_ptr", "table_ptr", "b_ptr", "out_ptr", "stri
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int):
-    fn = kernels._planes_kernel
-    constexprs = {"QTYPE": qtype, "LANES": kernels.gp.ALL_PLANE_LANES[qtype], "HAS_BIAS": False,
-                  "BLOCK_M": 1 if tokens == 1 else 16, "USE_PDL": False, "BLOCK_ROWS": rows,
-                  "BLOCK_COLS": cols, "STAGES": stages}
-    signature = {**_SIGNATURE, **{name: "constexpr" for name in constexprs}}
+_DP4A_SIGNATURE = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "xs16_ptr": "*fp32",
+                   "w_ptr": "*u8", "b_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32",
+                   "ROW_BYTES": "i32", "num_groups": "i32"}
+
+
+def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int,
+          dp4a: bool = False):
+    if dp4a:
+        from strata.engine.core.quant import gemv_dp4a
+
+        fn, base, divisible = gemv_dp4a._dp4a_kernel, _DP4A_SIGNATURE, tuple(_DP4A_SIGNATURE)
+        constexprs = {"QTYPE": qtype, "GROUP": gemv_dp4a.GROUP_VALUES[qtype],
+                      "HAS_BIAS": False, "USE_PDL": False, "EMULATE": False}
+    else:
+        fn, base, divisible = kernels._planes_kernel, _SIGNATURE, _DIVISIBLE
+        constexprs = {"QTYPE": qtype, "LANES": kernels.gp.ALL_PLANE_LANES[qtype],
+                      "HAS_BIAS": False, "BLOCK_M": 1 if tokens == 1 else 16, "USE_PDL": False}
+    constexprs.update(BLOCK_ROWS=rows, BLOCK_COLS=cols, STAGES=stages)
+    signature = {**base, **{name: "constexpr" for name in constexprs}}
     index = {name: i for i, name in enumerate(fn.arg_names)}
     source = ASTSource(fn=fn, signature=signature,
                        constexprs={(index[k],): v for k, v in constexprs.items()},
-                       attrs={(index[k],): [["tt.divisibility", 16]] for k in _DIVISIBLE})
+                       attrs={(index[k],): [["tt.divisibility", 16]] for k in divisible})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps})
     cubin = Path("/tmp/strata_quant_sass.cubin")
@@ -69,13 +85,25 @@ def _loop(sass: str) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q4_K,Q6_K,Q8_0,Q5_K,Q4_1,Q4_0")
-    parser.add_argument("--configs", default="1:4:1024:4:1,1:4:1024:4:3,16:32:256:4:3")
+    parser.add_argument("--configs", default=None,
+                        help="default 1:4:1024:4:1,1:4:1024:4:3,16:32:256:4:3; with --dp4a "
+                             "the type's candidates")
+    parser.add_argument("--dp4a", action="store_true",
+                        help="gemv_dp4a.py's integer kernel (Q4_K, Q6_K, Q8_0) instead")
     args = parser.parse_args()
     for name in args.types.split(","):
         qtype = int(GGMLQuantizationType[name])
-        for config in args.configs.split(","):
-            tokens, rows, cols, warps, stages = (int(v) for v in config.split(":"))
-            sass, conversions = _sass(qtype, tokens, rows, cols, warps, stages)
+        if args.configs:
+            configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
+        elif args.dp4a:
+            from strata.engine.core.quant import gemv_dp4a
+
+            configs = [(1, *c) for c in gemv_dp4a.CONFIGS.get(qtype, ())]
+        else:
+            configs = [(1, 4, 1024, 4, 1), (1, 4, 1024, 4, 3), (16, 32, 256, 4, 3)]
+        for tokens, rows, cols, warps, stages in configs:
+            config = f"{tokens}:{rows}:{cols}:{warps}:{stages}"
+            sass, conversions = _sass(qtype, tokens, rows, cols, warps, stages, args.dp4a)
             loop = _loop(sass)
             values_per_thread = rows * cols // (warps * 32)
             ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in loop)

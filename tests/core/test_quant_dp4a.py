@@ -1,8 +1,10 @@
-"""The int8 dot-product GEMV for Q4_K (quant/gemv_dp4a.py) through Triton's CPU interpreter,
-dp4a emulated: x's int8 rounding against numpy, and the product equal to the dequantized
-weight times the int8-rounded x (the same integer sums, float32 scales), and within the
-rounding's reach of the exact product. tests/gpu/test_quant_cuda.py runs the compiled
-kernel (real dp4a) against the same references.
+"""The int8 dot-product GEMV for Q4_K, Q6_K and Q8_0 (quant/gemv_dp4a.py, dp4a_dots.py)
+through Triton's CPU interpreter, dp4a and the funnel shift emulated: x's int8 rounding
+against numpy, and the product equal to the dequantized weight times the int8-rounded x (the
+same integer sums, float32 scales), and within the rounding's reach of the exact product.
+Random blocks cover every scale's sign and every 6-bit value; Q6_K's 210-byte and Q8_0's
+34-byte blocks sit at 0 and 2 mod 4, in rows that start at both. tests/gpu/test_quant_cuda.py
+runs the compiled kernel (real dp4a) against the same references.
 """
 
 from __future__ import annotations
@@ -38,41 +40,78 @@ def _int8_rounded(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy((q * (amax / np.float32(127.0))).reshape(x.shape).astype(np.float32))
 
 
-def test_quantize_x_rounds_each_32_to_int8_with_its_scale_and_sum() -> None:
+def test_quantize_x_rounds_each_32_to_int8_with_its_scale_and_sums() -> None:
     x = torch.randn(2, 256, generator=torch.Generator().manual_seed(0)).half()
     x[1, 32:64] = 0  # an all-zero group: scale 0, no division by zero
-    q, d, s = gemv_dp4a.quantize_x(x)
+    q, d, s, s16 = gemv_dp4a.quantize_x(x)
     np.testing.assert_allclose((q.float().view(2, -1, 32) * d[:, :, None]).view(2, 256),
                                _int8_rounded(x), rtol=1e-6, atol=0)
     torch.testing.assert_close(s, (q.float().view(2, -1, 32).sum(2) * d), rtol=1e-6, atol=0)
+    torch.testing.assert_close(s16, q.float().view(2, -1, 16).sum(2)
+                               * d.repeat_interleave(2, dim=1), rtol=1e-6, atol=0)
     assert d[1, 1] == 0 and (q[1, 32:64] == 0).all()
 
 
-@pytest.mark.parametrize("rows", [5, 70])
-def test_q4k_product_equals_the_dequantized_weight_times_int8_x(rows: int) -> None:
-    """Rows of 3 super-blocks (a K tile half full), row tiles partial; bias or none."""
-    cols = 768
-    raw = random_blocks(QT.Q4_K, rows, cols, seed=rows, scale=0.02)
-    dense = torch.from_numpy(gguf.quants.dequantize(raw, QT.Q4_K))
+# (type, rows, columns): partial row tiles of the interpreter's 64 x 512, and K steps whose
+# last groups lie past the row. Q6_K rows of 3 blocks (630 bytes) and Q8_0 rows of 17 (578)
+# start at 0 and 2 mod 4 in turn, so every block alignment meets both row alignments.
+SHAPES = [(QT.Q4_K, 5, 768), (QT.Q4_K, 70, 768), (QT.Q6_K, 5, 768), (QT.Q6_K, 70, 768),
+          (QT.Q6_K, 3, 1024), (QT.Q8_0, 5, 544), (QT.Q8_0, 70, 544), (QT.Q8_0, 4, 1024)]
+
+
+@pytest.mark.parametrize(("qtype", "rows", "cols"), SHAPES,
+                         ids=[f"{t.name}-{r}x{c}" for t, r, c in SHAPES])
+def test_product_equals_the_dequantized_weight_times_int8_x(qtype: QT, rows: int,
+                                                           cols: int) -> None:
+    raw = random_blocks(qtype, rows, cols, seed=rows + cols, scale=0.02)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
     gen = torch.Generator().manual_seed(rows)
     x = torch.randn(1, cols, generator=gen).half()
-    bias = torch.randn(rows, generator=gen).half()
-    weight = QuantizedWeight(QT.Q4_K, (rows, cols), torch.from_numpy(raw), torch.float16)
-    assert gemv_dp4a.is_enabled(x, QT.Q4_K)
+    bias = torch.randn(rows, generator=gen).half() if rows % 2 else None
+    weight = QuantizedWeight(qtype, (rows, cols), torch.from_numpy(raw), torch.float16)
+    assert gemv_dp4a.is_enabled(x, qtype, weight.raw)
     got = qlinear(x, weight, bias).float()
-    expected = _int8_rounded(x) @ dense.T + bias.float()
+    offset = bias.float() if bias is not None else 0.0
+    expected = _int8_rounded(x) @ dense.T + offset
     scale = expected.abs().max().item()
     assert (got - expected).abs().max().item() <= 2e-3 * scale  # fp16 output rounding
-    exact = x.float() @ dense.T + bias.float()
+    exact = x.float() @ dense.T + offset
     assert (got - exact).abs().max().item() <= 3e-2 * scale  # what int8 x costs
 
 
-def test_float32_and_other_types_keep_the_planes_kernel() -> None:
+def test_q6k_extreme_values_and_scales_come_out_exactly() -> None:
+    """Every 6-bit value at 0 and 63 (q - 32 = -32 and 31) under scales -128 and 127: the
+    unsigned bytes and the 32 * s16 correction give the same integers as signed values."""
+    raw = random_blocks(QT.Q6_K, 4, 512, seed=5, scale=0.02).reshape(4, 2, 210)
+    raw[0, :, :192] = 0xFF  # every q = 63
+    raw[1, :, :192] = 0x00  # every q = 0
+    raw[:2, :, 192:208] = np.array([0x80, 0x7F] * 8, dtype=np.uint8)  # scales -128, 127
+    raw = raw.reshape(4, -1)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, QT.Q6_K))
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(9)).half()
+    weight = QuantizedWeight(QT.Q6_K, (4, 512), torch.from_numpy(raw), torch.float16)
+    got = qlinear(x, weight).float()
+    expected = _int8_rounded(x) @ dense.T
+    assert (got - expected).abs().max().item() <= 2e-3 * expected.abs().max().item()
+
+
+def test_float32_misaligned_and_other_types_keep_the_planes_kernel() -> None:
     x = torch.randn(1, 256)
     assert not gemv_dp4a.is_enabled(x, QT.Q4_K)
-    assert not gemv_dp4a.is_enabled(x.half(), QT.Q6_K)
-    assert not gemv_dp4a.is_enabled(torch.randn(2, 256).half(), QT.Q4_K)
-    assert kernels.decode_kernel(QT.Q4_K) == "planes"
+    assert not gemv_dp4a.is_enabled(x.half(), QT.Q5_K)
+    assert not gemv_dp4a.is_enabled(torch.randn(2, 256).half(), QT.Q6_K)
+    assert kernels.decode_kernel(QT.Q6_K) == "planes"
+    # Blocks at 2 mod 4 (a fused view's second part can start there): planes, same product.
+    raw = random_blocks(QT.Q8_0, 3, 32 * 17, seed=1, scale=0.02)  # rows of 578 bytes
+    blocks = torch.from_numpy(raw)[1:]
+    assert blocks.data_ptr() % 4 == 2
+    x = torch.randn(1, 32 * 17, generator=torch.Generator().manual_seed(2)).half()
+    assert not gemv_dp4a.is_enabled(x, QT.Q8_0, blocks)
+    weight = QuantizedWeight(QT.Q8_0, (2, 32 * 17), blocks, torch.float16)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw[1:], QT.Q8_0))
+    expected = x.float() @ dense.T
+    got = qlinear(x, weight).float()
+    assert (got - expected).abs().max().item() <= 2e-3 * expected.abs().max().item()
 
 
 def test_bad_input_is_refused_with_a_clear_error() -> None:

@@ -144,3 +144,57 @@ def test_experts_of_mixed_float_and_block_types_fall_back_with_one_log_line(
         assert _greedy(engine) == expected
     finally:
         engine.close()
+
+
+def test_dp4a_decodes_q4_k_m_like_blocks_like_the_planes_kernel(tmp_path, monkeypatch) -> None:
+    """bf16 compute (as on a GPU): one token times Q4_K, Q6_K (v, a down, the head) and
+    Q8_0 (the other down) blocks takes the dp4a GEMVs, whose greedy tokens equal the planes
+    kernel's (STRATA_DP4A=0). Random K-quant blocks of small scales (the writer cannot
+    quantize K-quants) keep the activations moderate, so attention is not a coin flip."""
+    import transformers
+
+    from strata.engine.core import engine as engine_module
+    from strata.engine.core.quant import gemv_dp4a
+
+    config = make_tiny_hf_config("llama")
+    config.hidden_size = config.intermediate_size = 256  # whole K-quant blocks
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    path = write_gguf_from_hf(model, None, tmp_path / "q4_k_m.gguf", "Q4_K", random_scale=1e-4,
+                              qtype_overrides={"blk.0.attn_v.weight": "Q6_K",
+                                               "blk.0.ffn_down.weight": "Q6_K",
+                                               "blk.1.ffn_down.weight": "Q8_0",
+                                               "output.weight": "Q6_K"})
+    monkeypatch.setattr(engine_module, "compute_dtype", lambda device, config: torch.bfloat16)
+    calls: dict[int, int] = {}
+    dp4a = gemv_dp4a.matmul
+
+    def counted(x, raw, qtype, *args, **kwargs):
+        calls[int(qtype)] = calls.get(int(qtype), 0) + 1
+        return dp4a(x, raw, qtype, *args, **kwargs)
+
+    monkeypatch.setattr(gemv_dp4a, "matmul", counted)
+    spec = SamplingSpec(max_tokens=2, temperature=0.0)  # the prefill's head, one step
+    tokens, logits = {}, {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("STRATA_DP4A", switch)
+        engine = _engine(path, monkeypatch, quantized=True)
+        try:
+            assert engine.dtype == torch.bfloat16
+            tokens[switch] = [t for step in engine.generate(PROMPT, spec) for t in step]
+            logits[switch] = _decode_logits(engine, tokens[switch][0])
+        finally:
+            engine.close()
+    assert tokens["1"] == tokens["0"]
+    assert set(calls) == {12, 14, 8}  # every dp4a type ran
+    # Closer than greedy tokens show: one step's logits within what int8 x costs.
+    error = (logits["1"] - logits["0"]).abs().max() / logits["0"].abs().max()
+    assert error <= 3e-2, error
+
+
+@torch.inference_mode()
+def _decode_logits(engine: Engine, token: int) -> torch.Tensor:
+    """Logits [V] of one decode step (token after PROMPT) through the model's forward."""
+    kv = KVCache.for_config(engine.model_config, 64, engine.dtype, engine.device)
+    engine.model(torch.tensor(PROMPT), 0, kv, last_only=True)  # prefill: dequantized, cuBLAS
+    return engine.model(torch.tensor([token]), len(PROMPT), kv, last_only=True)[-1].float()

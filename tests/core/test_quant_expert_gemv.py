@@ -181,3 +181,110 @@ def test_unsupported_types_and_misaligned_layouts_keep_the_dequantizing_path() -
     q4k, _ = stack(QT.Q4_K, 8, 256, seed=0, pad_bytes=4)
     assert expert_gemv.is_supported(q4k, host_offset=4, has_table=True)
     assert not expert_gemv.is_supported(q4k, host_offset=6, has_table=True)
+
+
+# dp4a (bf16/fp16 x; Q4_K, Q6_K, Q8_0): x and then the activations rounded to int8 per 32
+# values, so the references round them the same way (test_quant_dp4a.py's _int8_rounded).
+# Experts pad_bytes apart: 2 for Q6_K and Q8_0, whose experts then start at 0 and 2 mod 4
+# in turn, as do Q6_K's 210-byte rows of I = 256. The fp16 outputs round to 2**-11.
+DP4A_TOL = 2e-3
+DP4A_PAD = {QT.Q4_K: 4, QT.Q6_K: 2, QT.Q8_0: 2}
+
+
+def _half_experts(experts: QuantizedExperts) -> QuantizedExperts:
+    return QuantizedExperts(experts.qtype, experts.shape, experts.raw, torch.float16)
+
+
+def _dp4a_reference(x, act, gate, up, down, ids, weights, rounded: tuple[bool, bool, bool]):
+    """(act [k, I], y [H]) in float64 from the dequantized experts, with x (gate, up) and the
+    kernel's act (down) rounded to int8 where that projection takes dp4a."""
+    from tests.core.test_quant_dp4a import _int8_rounded
+
+    ids = ids.long()
+    xs = [(_int8_rounded(x[None])[0] if r else x.float()).double() for r in rounded[:2]]
+    g = torch.einsum("kih,h->ki", gate[ids].double(), xs[0])
+    u = torch.einsum("kih,h->ki", up[ids].double(), xs[1])
+    a = (_int8_rounded(act) if rounded[2] else act.float()).double()
+    y = (torch.einsum("khi,ki->kh", down[ids].double(), a)
+         * weights.double()[:, None]).sum(0)
+    return torch.nn.functional.silu(g) * u, y
+
+
+def _dp4a_x(hidden: int, seed: int) -> torch.Tensor:
+    """fp16 x small enough that Q6_K's large random values stay finite in fp16 outputs."""
+    return (torch.randn(hidden, generator=torch.Generator().manual_seed(seed)) * 0.05).half()
+
+
+def _dp4a_layer(types: tuple[QT, QT, QT], hidden: int, inter: int, pad_bytes: int):
+    blocks, dense = [], []
+    for p, (qtype, (rows, cols)) in enumerate(zip(types, ((inter, hidden), (inter, hidden),
+                                                          (hidden, inter)))):
+        raw = random_blocks(qtype, NUM_EXPERTS * rows, cols, seed=p + 1, scale=0.002)
+        dense.append(torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+                     .view(NUM_EXPERTS, rows, cols))
+        row_bytes = raw.shape[1]
+        padded = torch.zeros(NUM_EXPERTS, rows * row_bytes + pad_bytes, dtype=torch.uint8)
+        padded[:, : rows * row_bytes] = torch.from_numpy(raw).view(NUM_EXPERTS, -1)
+        view = padded.as_strided((NUM_EXPERTS, rows, row_bytes),
+                                 (padded.stride(0), row_bytes, 1))
+        blocks.append(QuantizedExperts(qtype, (NUM_EXPERTS, rows, cols), view, torch.float16))
+    return blocks, dense
+
+
+@pytest.mark.parametrize("qtype", [QT.Q6_K, QT.Q8_0], ids=lambda t: t.name)  # Q4_K: below
+def test_dp4a_experts_equal_the_experts_times_int8_x_and_activations(qtype: QT) -> None:
+    from strata.engine.core.quant import expert_gemv
+
+    hidden, inter = (512, 256) if qtype == QT.Q6_K else (544, 96)
+    blocks, dense = _dp4a_layer((qtype,) * 3, hidden, inter, DP4A_PAD[qtype])
+    x = _dp4a_x(hidden, seed=1)
+    assert expert_gemv.supports(*blocks)
+    assert all(expert_gemv.uses_dp4a(w, x) for w in blocks)
+    ids, weights = _routing(3, seed=2)
+    act = expert_gemv.gate_up(x, blocks[0], blocks[1], ids)
+    y = expert_gemv.down_sum(act, blocks[2], ids, weights.half())
+    act_expected, y_expected = _dp4a_reference(x, act, *dense, ids, weights.half(),
+                                               (True, True, True))
+    assert_close(act, act_expected, DP4A_TOL)
+    assert_close(y, y_expected, DP4A_TOL)
+
+
+def test_dp4a_experts_read_slots_or_the_host_copy_like_the_resident_ones() -> None:
+    """Q6_K (realigned words) through a partial cache's table: the same sum as all resident,
+    bit for bit, with the host copy's experts at 0 and 2 mod 4."""
+    from strata.engine.core.quant import expert_gemv
+
+    host, _ = _dp4a_layer((QT.Q6_K,) * 3, 256, 256, pad_bytes=2)  # rows of 210 bytes
+    resident = {4: 2, 1: 0}
+    slots, offsets = zip(*(in_slots(w, resident) for w in host))
+    table = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
+    for expert, slot in resident.items():
+        table[expert] = slot
+    ids = torch.tensor([4, 5, 1])  # slot, host (an odd expert: 2 mod 4), slot
+    weights = torch.tensor([0.5, 0.3, 0.2]).half()
+    x = _dp4a_x(256, seed=3)
+    stacked = expert_gemv.routed_mlp(x, *host, ids, weights)
+    for w in host:  # the resident experts' host blocks garbage: only their slots are right
+        for expert in resident:
+            w.raw[expert].fill_(0x55)
+    assert expert_gemv.supports(*slots, table, offsets)
+    y = expert_gemv.routed_mlp(x, *slots, ids, weights, table, offsets)
+    torch.testing.assert_close(y, stacked, rtol=0, atol=0)
+
+
+def test_dp4a_and_planes_projections_mix_in_one_layer() -> None:
+    """Gate Q4_K by dp4a, up Q5_K by planes in the same kernel, down Q8_0 by dp4a; float32
+    x keeps planes everywhere."""
+    from strata.engine.core.quant import expert_gemv
+
+    blocks, dense = _dp4a_layer((QT.Q4_K, QT.Q5_K, QT.Q8_0), 512, 256, pad_bytes=4)
+    x = _dp4a_x(512, seed=4)
+    assert [expert_gemv.uses_dp4a(w, x) for w in blocks] == [True, False, True]
+    assert not expert_gemv.uses_dp4a(blocks[0], x.float())
+    ids, weights = _routing(2, seed=5)
+    act = expert_gemv.gate_up(x, blocks[0], blocks[1], ids)
+    y = expert_gemv.down_sum(act, blocks[2], ids, weights.half())
+    act_expected, y_expected = _dp4a_reference(x, act, *dense, ids, weights.half(),
+                                               (True, False, True))
+    assert_close(act, act_expected, DP4A_TOL)
+    assert_close(y, y_expected, DP4A_TOL)

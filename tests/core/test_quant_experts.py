@@ -270,3 +270,49 @@ def test_expert_cache_off_keeps_the_blocks_in_the_weights_arena(tmp_path, monkey
         assert _greedy(engine) == expected
     finally:
         engine.close()
+
+
+def test_dp4a_expert_kernels_decode_like_the_planes_kernels(tmp_path, monkeypatch) -> None:
+    """bf16 compute (as on a GPU), a Q4_K_M-like MoE: Q4_K gate/up, Q6_K down in layer 0 and
+    Q8_0 in layer 1, all by dp4a in expert_gemv.py's kernels (x and the activations in int8);
+    the greedy tokens through GraphDecoder equal the planes kernels' (STRATA_DP4A=0).
+    Random K-quant blocks of small scales keep the activations moderate."""
+    import transformers
+
+    from strata.engine.core import engine as engine_module
+    from strata.engine.core.quant import expert_gemv
+
+    config = make_tiny_hf_config("qwen3_moe")
+    config.hidden_size = 256
+    config.moe_intermediate_size = config.intermediate_size = 256
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    mix = {f"blk.{i}.ffn_{p}_exps.weight": "Q4_K" for i in (0, 1) for p in ("gate", "up")}
+    mix |= {"blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q8_0"}
+    path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0", random_scale=1e-4,
+                              qtype_overrides=mix)
+    monkeypatch.setattr(engine_module, "compute_dtype", lambda device, config: torch.bfloat16)
+    dp4a_layers = [0]
+    fused = expert_gemv.routed_mlp
+
+    def counted(x, gate, up, down, *args, **kwargs):
+        dp4a_layers[0] += all(expert_gemv.uses_dp4a(w, x) for w in (gate, up, down))
+        return fused(x, gate, up, down, *args, **kwargs)
+
+    monkeypatch.setattr(expert_gemv, "routed_mlp", counted)
+    spec = SamplingSpec(max_tokens=3, temperature=0.0)  # the prefill's head, two steps
+    tokens = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("STRATA_DP4A", switch)
+        engine = _engine(path, monkeypatch, quantized=True)
+        try:
+            assert engine.dtype == torch.bfloat16
+            engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False,
+                                       compile_pointwise=False, min_bucket_tokens=16,
+                                       prefill_chunk_tokens=20,
+                                       step_hook=engine.memory.promotion)
+            tokens[switch] = [t for step in engine.generate(PROMPT, spec) for t in step]
+        finally:
+            engine.close()
+    assert tokens["1"] == tokens["0"]
+    assert dp4a_layers[0] >= 2 * len(model.model.layers)  # two steps, every layer by dp4a

@@ -60,49 +60,90 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
 
 
-def test_cuda_dp4a_kernel_equals_the_weight_times_its_int8_x() -> None:
-    """The compiled dp4a GEMV (real dp4a, signed int8 x against unsigned nibbles) equals the
-    dequantized Q4_K weight times x as quantize_x rounded it, up to the bf16 output; at
-    Llama-3-8B's shapes, so every tile candidate's masks are exercised."""
+DP4A_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q8_0]
+# Llama-3-8B's k/v, down and q/k/v fused rows; and rows of 630 (Q6_K) / 578 (Q8_0) bytes,
+# which start at 0 and 2 mod 4 in turn.
+DP4A_SHAPES = {QT.Q4_K: ((1024, 4096), (4096, 14336), (6144, 4096)),
+               QT.Q6_K: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 768)),
+               QT.Q8_0: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 544))}
+
+
+def _int8_rounded_x(x: torch.Tensor) -> torch.Tensor:
+    from strata.engine.core.quant import gemv_dp4a
+
+    q, d, _, _ = gemv_dp4a.quantize_x(x)
+    rounded = (q.float().view(x.shape[0], -1, 32) * d[:, :, None]).view(x.shape)
+    assert (rounded - x.float()).abs().max() <= x.float().abs().max() / 127
+    return rounded
+
+
+@pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
+def test_cuda_dp4a_kernel_equals_the_weight_times_its_int8_x(qtype: QT) -> None:
+    """The compiled dp4a GEMV (real dp4a and funnel shifts, signed int8 x against unsigned
+    values) equals the dequantized weight times x as quantize_x rounded it, up to the bf16
+    output; at Llama-3-8B's shapes, autotuned, with a bias on one."""
     from strata.engine.core.quant import gemv_dp4a
     from strata.engine.core.quant.weight import QuantizedWeight, qlinear
 
     gen = torch.Generator(device="cuda").manual_seed(3)
-    for rows, cols in ((1024, 4096), (4096, 14336), (6144, 4096)):
-        raw = random_blocks(QT.Q4_K, rows, cols, seed=rows, scale=0.01)
-        dense = torch.from_numpy(gguf.quants.dequantize(raw, QT.Q4_K)).cuda()
-        weight = QuantizedWeight(QT.Q4_K, (rows, cols), torch.from_numpy(raw).cuda(),
+    for i, (rows, cols) in enumerate(DP4A_SHAPES[qtype]):
+        raw = random_blocks(qtype, rows, cols, seed=rows, scale=0.01)
+        dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype)).cuda()
+        weight = QuantizedWeight(qtype, (rows, cols), torch.from_numpy(raw).cuda(),
                                  torch.bfloat16)
         x = torch.randn(1, cols, device="cuda", generator=gen).bfloat16()
-        assert gemv_dp4a.is_enabled(x, QT.Q4_K)
-        q, d, _ = gemv_dp4a.quantize_x(x)
-        rounded = (q.float().view(1, -1, 32) * d[:, :, None]).view(1, cols)
-        assert (rounded - x.float()).abs().max() <= x.float().abs().max() / 127
-        expected = rounded @ dense.T
-        got = qlinear(x, weight).float()
+        bias = torch.randn(rows, device="cuda", generator=gen).bfloat16() if i == 0 else None
+        assert gemv_dp4a.is_enabled(x, qtype, weight.raw)
+        expected = _int8_rounded_x(x) @ dense.T + (bias.float() if bias is not None else 0)
+        got = qlinear(x, weight, bias).float()
         scale = expected.abs().max().item()
         assert (got - expected).abs().max().item() <= 8e-3 * scale, (rows, cols)
 
 
-def test_cuda_decode_kernel_replays_from_a_cuda_graph() -> None:
-    """The decode kernel allocates nothing that differs per call: captured once, a replay
-    with new x gives the eager product."""
+@pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
+def test_cuda_every_dp4a_candidate_tile_gives_the_same_product(qtype: QT) -> None:
+    """Each of the type's candidate tiles (CONFIGS) launched directly, not autotuned: a tile
+    whose compiled layout went wrong would otherwise hide until the tuner picked it."""
+    from strata.engine.core.quant import gemv_dp4a
+
+    rows, cols = (1000, 768) if qtype == QT.Q6_K else (1000, 1024)  # partial row tiles
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed=4, scale=0.01)).cuda()
+    dense = torch.from_numpy(gguf.quants.dequantize(raw.cpu().numpy(), qtype)).cuda()
+    x = torch.randn(1, cols, device="cuda").bfloat16()
+    expected = _int8_rounded_x(x) @ dense.T
+    xq, xd, xs, xs16 = gemv_dp4a.quantize_x(x)
+    group = gemv_dp4a.GROUP_VALUES[int(qtype)]
+    for block_rows, block_cols, warps, stages in gemv_dp4a.CONFIGS[int(qtype)]:
+        out = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
+        gemv_dp4a._dp4a_kernel[(-(-rows // block_rows),)](
+            xq.view(torch.int32), xd, xs, xs16, raw, x, out, N=rows, ROW_BYTES=raw.shape[1],
+            num_groups=cols // group, QTYPE=int(qtype), GROUP=group, HAS_BIAS=False,
+            USE_PDL=False, EMULATE=False, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
+            STAGES=stages, num_warps=warps)
+        error = (out.float() - expected).abs().max().item()
+        assert error <= 8e-3 * expected.abs().max().item(), (block_rows, block_cols, warps)
+
+
+@pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
+def test_cuda_decode_kernel_replays_from_a_cuda_graph(qtype: QT) -> None:
+    """The decode kernel (dp4a: x's quantization too) allocates nothing that differs per
+    call: captured once, a replay with new x gives the eager product."""
     from strata.engine.core.quant import kernels
 
-    raw = torch.from_numpy(random_blocks(QT.Q4_K, 1024, 2048, seed=2, scale=0.01)).cuda()
+    raw = torch.from_numpy(random_blocks(qtype, 1024, 2048, seed=2, scale=0.01)).cuda()
     x = torch.randn(1, 2048, device="cuda").bfloat16()
-    kernels.quant_matmul(x, raw, QT.Q4_K, 1024)  # compile and autotune outside the capture
+    kernels.quant_matmul(x, raw, qtype, 1024)  # compile and autotune outside the capture
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        kernels.quant_matmul(x, raw, QT.Q4_K, 1024)
+        kernels.quant_matmul(x, raw, qtype, 1024)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = kernels.quant_matmul(x, raw, QT.Q4_K, 1024)
+        out = kernels.quant_matmul(x, raw, qtype, 1024)
     x.copy_(torch.randn(1, 2048, device="cuda").bfloat16())
     graph.replay()
-    torch.testing.assert_close(out, kernels.quant_matmul(x, raw, QT.Q4_K, 1024), rtol=0, atol=0)
+    torch.testing.assert_close(out, kernels.quant_matmul(x, raw, qtype, 1024), rtol=0, atol=0)
 
 
 def _engine(model_path, monkeypatch, quantized: bool):
@@ -158,3 +199,51 @@ def test_default_model_quantized_on_cuda_answers_like_the_dequantized_path(
         assert "Paris" in text, text
     finally:
         engine.close()
+
+
+def test_cuda_engine_decodes_q4_k_m_like_blocks_by_dp4a_like_planes(tmp_path,
+                                                                    monkeypatch) -> None:
+    """A tiny Q4_K_M-like Llama (Q6_K v, a down and the head, Q8_0 the other down) through
+    the CUDA engine (warm-up, CUDA graphs): the dp4a GEMVs' greedy tokens equal the planes
+    kernels' (STRATA_DP4A=0) or part at a bf16 near-tie."""
+    import transformers
+
+    from strata.engine.core.quant import gemv_dp4a
+    from tests.core.batch_helpers import BF16_NEAR_TIE, assert_same_or_near_tie
+    from tests.helpers.gguf_writer import write_gguf_from_hf
+    from tests.helpers.tiny_models import make_tiny_hf_config
+
+    config = make_tiny_hf_config("llama")
+    config.hidden_size = config.intermediate_size = 256
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    path = write_gguf_from_hf(model, None, tmp_path / "q4_k_m.gguf", "Q4_K", random_scale=1e-4,
+                              qtype_overrides={"blk.0.attn_v.weight": "Q6_K",
+                                               "blk.0.ffn_down.weight": "Q6_K",
+                                               "blk.1.ffn_down.weight": "Q8_0",
+                                               "output.weight": "Q6_K"})
+    calls = [0]
+    dp4a = gemv_dp4a.matmul
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return dp4a(*args, **kwargs)
+
+    monkeypatch.setattr(gemv_dp4a, "matmul", counted)
+    prompt = [(7 * i + 3) % 300 for i in range(40)]
+    monkeypatch.setenv("STRATA_DP4A", "0")
+    planes = _engine(path, monkeypatch, quantized=True)
+    try:
+        expected = _greedy(planes, prompt, 24)
+        assert calls[0] == 0
+        monkeypatch.setenv("STRATA_DP4A", "1")
+        engine = _engine(path, monkeypatch, quantized=True)
+        try:
+            assert engine.fast is not None
+            got = _greedy(engine, prompt, 24)
+        finally:
+            engine.close()
+        assert calls[0] > 0  # warm-up and capture ran the dp4a kernels
+        assert_same_or_near_tie(planes, prompt, expected, got, BF16_NEAR_TIE)
+    finally:
+        planes.close()

@@ -1,8 +1,10 @@
 """The fused routed-expert kernels (quant/expert_gemv.py) compiled on the GPU, in bf16: every
 planes type at Qwen3-30B-A3B's expert shape against torch on gguf-py's dequantized experts,
-resident and through a slot table with the rest in a pinned host copy; a CUDA graph replay
-with new expert ids; and a tiny Q4_K_M-like Qwen3-MoE through the CUDA engine (graphs,
-partial cache) against the dequantized model.
+resident and through a slot table with the rest in a pinned host copy (Q4_K, Q6_K and Q8_0
+by dp4a, x and the activations in int8); dp4a against the int8-rounded reference with
+experts at 2 mod 4 and every candidate tile; a CUDA graph replay with new expert ids; and a
+tiny Q4_K_M-like Qwen3-MoE through the CUDA engine (graphs, partial cache) against the
+dequantized model.
 
 The CPU twin: tests/core/test_quant_expert_gemv.py (interpreter, float32).
 """
@@ -33,7 +35,8 @@ def _first_candidate_only(monkeypatch):
     variants (minutes); the bench (bench/diag_quant_experts.py) tunes."""
     from strata.engine.core.quant import expert_gemv
 
-    for tuned in (expert_gemv._gate_up_tuned, expert_gemv._down_sum_tuned):
+    for tuned in (expert_gemv._gate_up_tuned, expert_gemv._down_sum_tuned,
+                  expert_gemv._gate_up_dp4a_tuned, expert_gemv._down_sum_dp4a_tuned):
         monkeypatch.setattr(tuned, "configs", tuned.configs[:1])
 
 
@@ -135,6 +138,87 @@ def test_cuda_fused_experts_replay_in_a_cuda_graph_with_new_ids() -> None:
         expected = expert_gemv.routed_mlp(x, *experts, ids, weights)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
         _assert_close(out, _reference(x, [d for _, d in stacks], ids, weights))
+
+
+DP4A_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q8_0]
+
+
+def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
+    from strata.engine.core.quant import gemv_dp4a
+
+    q, d, _, _ = gemv_dp4a.quantize_x(v)
+    return (q.float().view(v.shape[0], -1, 32) * d[:, :, None]).view(v.shape)
+
+
+@pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)
+def test_cuda_dp4a_experts_equal_the_int8_rounded_reference_for_every_tile(
+        qtype: QT, monkeypatch) -> None:
+    """Real dp4a and funnel shifts at Qwen3-30B-A3B's shape, experts 2 bytes apart beyond
+    their blocks (Q6_K, Q8_0: every other expert at 2 mod 4; Q4_K 4): gate_up against x as
+    quantize_x rounds it, down_sum against the kernel's activations so rounded, with each
+    candidate tile (not just the first) and through a slot table over pinned host blocks."""
+    import triton
+
+    from strata.engine.core.quant import expert_gemv
+    from strata.engine.core.quant.experts import QuantizedExperts
+
+    pad = 4 if qtype == QT.Q4_K else 2
+    shapes = ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER))
+    host, dense, resident = [], [], []
+    for p, (rows, cols) in enumerate(shapes):
+        blocks, reference = _stack(qtype, rows, cols, seed=40 + p)
+        padded = torch.zeros(NUM_EXPERTS, blocks.shape[1] + pad, dtype=torch.uint8)
+        padded[:, : blocks.shape[1]] = blocks
+        host.append(padded.pin_memory())
+        dense.append(reference)
+        row_bytes = blocks.shape[1] // rows
+        view = padded.cuda().as_strided((NUM_EXPERTS, rows, row_bytes),
+                                        (padded.shape[1], row_bytes, 1))
+        resident.append(QuantizedExperts(qtype, (NUM_EXPERTS, rows, cols), view,
+                                         torch.bfloat16))
+    x = (torch.randn(HIDDEN, device="cuda") * 0.05).to(torch.bfloat16)
+    ids = torch.tensor([3, 1, 9, 15, 12, 4, 0, 7], device="cuda")
+    weights = torch.softmax(torch.randn(8, device="cuda"), 0).to(torch.bfloat16)
+    assert all(expert_gemv.uses_dp4a(w, x) for w in resident)
+    rounded = _int8_rounded(x[None])[0]
+    g = torch.einsum("kih,h->ki", dense[0][ids], rounded)
+    u = torch.einsum("kih,h->ki", dense[1][ids], rounded)
+    act_expected = torch.nn.functional.silu(g) * u
+    def config(rows, cols, warps, stages):
+        return triton.Config({"BLOCK_ROWS": rows, "BLOCK_COLS": cols, "STAGES": stages},
+                             num_warps=warps)
+
+    for tile_gate_up, tile_down in zip(expert_gemv.GATE_UP_DP4A_CONFIGS,
+                                       expert_gemv.DOWN_SUM_DP4A_CONFIGS):
+        monkeypatch.setattr(expert_gemv._gate_up_dp4a_tuned, "configs", [config(*tile_gate_up)])
+        monkeypatch.setattr(expert_gemv._down_sum_dp4a_tuned, "configs", [config(*tile_down)])
+        act = expert_gemv.gate_up(x, resident[0], resident[1], ids)
+        _assert_close(act, act_expected)
+        y = expert_gemv.down_sum(act, resident[2], ids, weights)
+        y_expected = (torch.einsum("khi,ki->kh", dense[2][ids], _int8_rounded(act))
+                      * weights.float()[:, None]).sum(0)
+        _assert_close(y, y_expected)
+    # Through the table: 3 experts in slots, the rest read in place from pinned memory.
+    table = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
+    placed = {3: 0, 12: 2, 7: 1}
+    slots, offsets = [], []
+    for blocks, w in zip(host, resident):
+        slot_rows = torch.zeros(4, blocks.shape[1], dtype=torch.uint8, device="cuda")
+        for expert, slot in placed.items():
+            slot_rows[slot] = blocks[expert].cuda()
+        _, rows, row_bytes = w.raw.shape
+        view = slot_rows.as_strided((4, rows, row_bytes), (blocks.shape[1], row_bytes, 1))
+        slots.append(QuantizedExperts(qtype, (4, *w.shape[1:]), view, torch.bfloat16))
+        offsets.append(blocks.data_ptr() - slot_rows.data_ptr())
+    for expert, slot in placed.items():
+        table[expert] = slot
+    table = table.cuda()
+    assert expert_gemv.supports(*slots, table, tuple(offsets))
+    got = expert_gemv.routed_mlp(x, *slots, ids, weights, table, tuple(offsets))
+    torch.testing.assert_close(got, expert_gemv.routed_mlp(x, *resident, ids, weights),
+                               rtol=0, atol=0)  # the same sums in the same order
+    monkeypatch.setenv("STRATA_DP4A", "0")  # planes, from the same blocks: within int8's cost
+    _assert_close(expert_gemv.routed_mlp(x, *resident, ids, weights), got.float())
 
 
 PLANES_MIX = {"blk.0.ffn_gate_exps.weight": "Q4_K", "blk.1.ffn_gate_exps.weight": "Q4_K",

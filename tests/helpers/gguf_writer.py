@@ -34,10 +34,12 @@ def permute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def _encode(values: np.ndarray, qtype: QT, rng: np.random.Generator) -> tuple[np.ndarray, QT]:
+def _encode(values: np.ndarray, qtype: QT, rng: np.random.Generator,
+            random_scale: float = 0.02) -> tuple[np.ndarray, QT]:
     """Quantize with the gguf package; 1-D tensors stay F32 and rows that do not fill whole
     blocks fall back to F16, as the converter does. Types the gguf package cannot quantize
-    (K-quants, IQ*) get random valid blocks (finite scales about 0.02) of the right size."""
+    (K-quants, IQ*) get random valid blocks (finite scales about random_scale) of the right
+    size."""
     if values.ndim == 1 or qtype == QT.F32:
         return values.astype(np.float32), QT.F32
     block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -49,7 +51,7 @@ def _encode(values: np.ndarray, qtype: QT, rng: np.random.Generator) -> tuple[np
         byte_shape = (*values.shape[:-1], values.shape[-1] // block_size * type_size)
         rows = int(np.prod(values.shape[:-1]))
         blocks = random_blocks(qtype, rows, values.shape[-1], int(rng.integers(1 << 31)),
-                               scale=0.02)
+                               scale=random_scale)
         return blocks.reshape(byte_shape), qtype
 
 
@@ -136,12 +138,15 @@ def write_gguf_from_hf(
     architecture: str | None = None,
     per_expert_tensors: bool = False,
     seed: int = 0,
+    random_scale: float = 0.02,
 ) -> Path:
     """Write `hf_model` (a transformers *ForCausalLM) as a GGUF file of quant type `qtype`.
 
     `qtype_overrides` maps GGUF tensor names to another type (e.g. "IQ2_XXS" written raw);
     `architecture` overrides general.architecture (to test refusal of other archs);
     `per_expert_tensors` writes experts one tensor each, as llama.cpp did before March 2024.
+    `random_scale`: the fp16 scales of the random blocks written for K- and I-quants (0.02
+    makes large random weights; 1e-4 keeps a wide model's activations moderate).
     """
     cfg = hf_model.config
     arch = _ARCH_FOR_MODEL_TYPE[cfg.model_type]
@@ -187,7 +192,7 @@ def write_gguf_from_hf(
         tensors = _split_experts(tensors)
     overrides = qtype_overrides or {}
     for name, values in tensors.items():
-        data, written = _encode(values, QT[overrides.get(name, qtype)], rng)
+        data, written = _encode(values, QT[overrides.get(name, qtype)], rng, random_scale)
         writer.add_tensor(name, data, raw_dtype=written if data.dtype == np.uint8 else None)
 
     writer.write_header_to_file()

@@ -7,7 +7,11 @@
    weighted sum and the cast need no extra kernel.
 
 Blocks are decoded by the planes path (gemv_planes.py, also the dense decode GEMV's): whole
-groups of packed bytes per load, scales once per group. The expert ids stay in device memory
+groups of packed bytes per load, scales once per group. For bf16/fp16 x, Q4_K, Q6_K and Q8_0
+projections multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x, and then
+the k activation rows, are rounded to int8 once per token by one small launch each
+(gemv_dp4a.quantize_x), so a layer is four launches; a layer may mix the two (Q4_K gate/up
+by dp4a, a Q5_K down by planes). STRATA_DP4A=0 keeps planes. The expert ids stay in device memory
 (the router's top-k); a partial expert cache's slot table sends a -1 expert to the host copy,
 read in place, as expert_kernels._gather_kernel does. Types outside gemv_planes.PLANE_LANES,
 or layouts whose alignment the planes loads cannot take (`is_supported`), keep
@@ -21,7 +25,9 @@ from __future__ import annotations
 import torch
 
 from strata.engine.core.kernels import launch
+from strata.engine.core.quant import gemv_dp4a
 from strata.engine.core.quant import gemv_planes as gp
+from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES
 from strata.engine.core.quant.experts import QuantizedExperts
 
 try:
@@ -29,6 +35,7 @@ try:
     import triton.language as tl
 
     from strata.engine.core.kernels.pdl import wait as pdl_wait
+    from strata.engine.core.quant.dp4a_dots import row_dots as dp4a_row_dots
 except ImportError:
     triton = None
 
@@ -40,6 +47,13 @@ GATE_UP_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 
                    (2, 2048, 8, 1), (8, 1024, 8, 3))
 DOWN_SUM_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (1, 1024, 4, 1), (8, 1024, 8, 1),
                     (4, 512, 4, 3))
+# The dp4a path: each thread should hold a whole group (64 values; Q6_K 128) of one row
+# (gemv_dp4a.py), so fewer threads per row tile. Down's 768 columns take three steps of 256
+# or one of 1024 (a quarter of it rereading the last group, counted zero).
+GATE_UP_DP4A_CONFIGS = ((8, 2048, 4, 1), (4, 2048, 2, 1), (2, 2048, 1, 1), (8, 1024, 2, 1),
+                        (4, 1024, 1, 1), (16, 1024, 4, 1))
+DOWN_SUM_DP4A_CONFIGS = ((8, 256, 1, 1), (16, 256, 2, 1), (4, 1024, 1, 1), (8, 1024, 2, 1),
+                         (16, 512, 2, 1), (32, 256, 4, 1))
 # The interpreter pays per program and per op, not per value: one wide tile.
 INTERPRETER_CONFIG = ((256, 512, 4, 1),)
 # Q4_K/Q5_K read their scales as int32 words: every block must start 4-aligned.
@@ -47,9 +61,14 @@ WORD_TYPES = frozenset({12, 13})
 MAX_UNIT = 16  # bytes: a 16-aligned base lets the packed-byte loads vectorize
 
 
-def _candidates(configs) -> tuple:
+def _candidates(configs, num_cols: int = 0) -> tuple:
+    """The tuned candidates; under the interpreter its one tile, num_cols (given for dp4a,
+    whose groups past the row still cost ops there) narrowing it to the row."""
     if launch.is_interpreting():
-        configs = INTERPRETER_CONFIG
+        rows, cols, warps, stages = INTERPRETER_CONFIG[0]
+        if num_cols:
+            cols = max(128, min(cols, triton.next_power_of_2(num_cols)))
+        configs = ((rows, cols, warps, stages),)
     return tuple((n, k, w, {"STAGES": s}) for n, k, w, s in configs)
 
 
@@ -94,60 +113,85 @@ if triton is not None:
             acc += w1 * v1
         return tl.sum(tl.sum(acc, axis=2), axis=1)
 
+    @triton.jit
+    def _dots(w_ptr, wh_ptr, base, rows, num_rows, row_bytes, v_ptr, xq_ptr, xd_ptr, xs_ptr,
+              xs16_ptr, num_cols, QTYPE: tl.constexpr, LANES: tl.constexpr,
+              GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+              STAGES: tl.constexpr, EMULATE: tl.constexpr):
+        """[BLOCK_ROWS] float32: rows `rows` of the matrix at byte offset base times v (planes,
+        GROUP 0) or times its int8 rounding xq, xd, xs, xs16 (dp4a: GROUP values a group)."""
+        if GROUP > 0:  # rows past the matrix reread its last (dp4a_dots reads unmasked)
+            read = tl.minimum(rows, num_rows - 1).to(tl.int64)[:, None, None]
+            return dp4a_row_dots(w_ptr, base + read * row_bytes, xq_ptr, xd_ptr, xs_ptr,
+                                 xs16_ptr, num_cols // GROUP, QTYPE, GROUP, BLOCK_ROWS,
+                                 BLOCK_COLS, STAGES, EMULATE)
+        else:
+            off = base + rows.to(tl.int64)[:, None, None] * row_bytes
+            return _row_dots(w_ptr, wh_ptr, off, (rows < num_rows)[:, None, None], v_ptr,
+                             num_cols // (2 * LANES), QTYPE, LANES, BLOCK_ROWS, BLOCK_COLS,
+                             STAGES)
+
     @triton.jit(do_not_specialize=["gate_host", "up_host", "gate_stride", "up_stride"])
     def _gate_up_kernel(
-        x_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr, ids_ptr, table_ptr, out_ptr,
-        gate_host, up_host, gate_stride, up_stride, num_rows, num_cols,
-        gate_row_bytes, up_row_bytes,
-        GATE_QTYPE: tl.constexpr, GATE_LANES: tl.constexpr, GATE_UNIT: tl.constexpr,
-        UP_QTYPE: tl.constexpr, UP_LANES: tl.constexpr, UP_UNIT: tl.constexpr,
-        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
+        x_ptr, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr,
+        ids_ptr, table_ptr, out_ptr, gate_host, up_host, gate_stride, up_stride, num_rows,
+        num_cols, gate_row_bytes, up_row_bytes,
+        GATE_QTYPE: tl.constexpr, GATE_LANES: tl.constexpr, GATE_GROUP: tl.constexpr,
+        GATE_UNIT: tl.constexpr, UP_QTYPE: tl.constexpr, UP_LANES: tl.constexpr,
+        UP_GROUP: tl.constexpr, UP_UNIT: tl.constexpr, HAS_TABLE: tl.constexpr,
+        USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
         j = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        pdl_wait(USE_PDL)  # the ids come from the router, the kernel just before
-        row_ok = (rows < num_rows)[:, None, None]
-        rows64 = rows.to(tl.int64)[:, None, None]
-        gate_off = _expert_base(ids_ptr, j, table_ptr, gate_host, gate_stride, GATE_UNIT,
-                                HAS_TABLE) + rows64 * gate_row_bytes
-        g = _row_dots(gate_ptr, gate_h_ptr, gate_off, row_ok, x_ptr,
-                      num_cols // (2 * GATE_LANES), GATE_QTYPE, GATE_LANES, BLOCK_ROWS,
-                      BLOCK_COLS, STAGES)
-        up_off = _expert_base(ids_ptr, j, table_ptr, up_host, up_stride, UP_UNIT,
-                              HAS_TABLE) + rows64 * up_row_bytes
-        u = _row_dots(up_ptr, up_h_ptr, up_off, row_ok, x_ptr, num_cols // (2 * UP_LANES),
-                      UP_QTYPE, UP_LANES, BLOCK_ROWS, BLOCK_COLS, STAGES)
+        pdl_wait(USE_PDL)  # the ids come from the router, x's int8 from the kernel before
+        gate_base = _expert_base(ids_ptr, j, table_ptr, gate_host, gate_stride, GATE_UNIT,
+                                 HAS_TABLE)
+        g = _dots(gate_ptr, gate_h_ptr, gate_base, rows, num_rows, gate_row_bytes, x_ptr,
+                  xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_cols, GATE_QTYPE, GATE_LANES,
+                  GATE_GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
+        up_base = _expert_base(ids_ptr, j, table_ptr, up_host, up_stride, UP_UNIT, HAS_TABLE)
+        u = _dots(up_ptr, up_h_ptr, up_base, rows, num_rows, up_row_bytes, x_ptr, xq_ptr,
+                  xd_ptr, xs_ptr, xs16_ptr, num_cols, UP_QTYPE, UP_LANES, UP_GROUP,
+                  BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up
         tl.store(out_ptr + j * num_rows + rows, act.to(out_ptr.dtype.element_ty),
                  mask=rows < num_rows)
 
     @triton.jit(do_not_specialize=["host_units", "stride_units"])
     def _down_sum_kernel(
-        act_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr, table_ptr, out_ptr,
-        host_units, stride_units, num_rows, num_cols, row_bytes,
-        QTYPE: tl.constexpr, LANES: tl.constexpr, UNIT: tl.constexpr, TOP_K: tl.constexpr,
-        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
+        act_ptr, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr,
+        table_ptr, out_ptr, host_units, stride_units, num_rows, num_cols, row_bytes,
+        QTYPE: tl.constexpr, LANES: tl.constexpr, GROUP: tl.constexpr, UNIT: tl.constexpr,
+        TOP_K: tl.constexpr, HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
+        EMULATE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        pdl_wait(USE_PDL)  # for the activations of gate_up, the kernel just before
-        row_ok = (rows < num_rows)[:, None, None]
-        rows64 = rows.to(tl.int64)[:, None, None]
+        pdl_wait(USE_PDL)  # for the activations (or their int8), the kernel just before
         acc = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
         for j in tl.static_range(TOP_K):  # in order: the same sum on every run
             weight = tl.load(weights_ptr + j).to(tl.float32)
-            off = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT,
-                               HAS_TABLE) + rows64 * row_bytes
-            acc += weight * _row_dots(w_ptr, wh_ptr, off, row_ok, act_ptr + j * num_cols,
-                                      num_cols // (2 * LANES), QTYPE, LANES, BLOCK_ROWS,
-                                      BLOCK_COLS, STAGES)
+            base = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT,
+                                HAS_TABLE)
+            # Row j of act, and of its int8 words (4 a word), scales (per 32) and sums (16).
+            acc += weight * _dots(w_ptr, wh_ptr, base, rows, num_rows, row_bytes,
+                                  act_ptr + j * num_cols, xq_ptr + j * (num_cols // 4),
+                                  xd_ptr + j * (num_cols // 32), xs_ptr + j * (num_cols // 32),
+                                  xs16_ptr + j * (num_cols // 16), num_cols, QTYPE, LANES,
+                                  GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < num_rows)
 
-    _gate_up_tuned = launch.tuned(_gate_up_kernel, _candidates(GATE_UP_CONFIGS),
-                                  key=("num_rows", "num_cols", "GATE_QTYPE", "UP_QTYPE"))
+    _GATE_UP_KEY = ("num_rows", "num_cols", "GATE_QTYPE", "UP_QTYPE")
+    _DOWN_SUM_KEY = ("num_rows", "num_cols", "QTYPE", "TOP_K")
+    _gate_up_tuned = launch.tuned(_gate_up_kernel, _candidates(GATE_UP_CONFIGS), _GATE_UP_KEY)
     _down_sum_tuned = launch.tuned(_down_sum_kernel, _candidates(DOWN_SUM_CONFIGS),
-                                   key=("num_rows", "num_cols", "QTYPE", "TOP_K"))
+                                   _DOWN_SUM_KEY)
+    # dp4a in either projection: other tiles (whole groups a thread), so its own tuners.
+    _gate_up_dp4a_tuned = launch.tuned(_gate_up_kernel, _candidates(GATE_UP_DP4A_CONFIGS),
+                                       _GATE_UP_KEY)
+    _down_sum_dp4a_tuned = launch.tuned(_down_sum_kernel, _candidates(DOWN_SUM_DP4A_CONFIGS),
+                                        _DOWN_SUM_KEY)
 
 
 def alignment_unit(experts: QuantizedExperts, host_offset: int = 0,
@@ -182,6 +226,28 @@ def supports(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExpert
                for w, offset in zip((gate, up, down), host_offsets))
 
 
+def uses_dp4a(experts: QuantizedExperts, x: torch.Tensor) -> bool:
+    """Whether these experts multiply x by dp4a (else planes): Q4_K, Q6_K or Q8_0 blocks at
+    a 4-aligned base, x bf16/fp16 (gemv_dp4a.is_dtype_enabled). Their offsets are checked
+    by `is_supported` (even; 4-aligned for Q4_K)."""
+    return (int(experts.qtype) in DP4A_TYPES and gemv_dp4a.is_dtype_enabled(x)
+            and experts.raw.data_ptr() % 4 == 0)
+
+
+def _group(experts: QuantizedExperts, x: torch.Tensor) -> int:
+    """The kernels' GROUP: values per dp4a group, 0 for planes."""
+    return GROUP_VALUES[int(experts.qtype)] if uses_dp4a(experts, x) else 0
+
+
+def _quantized(v: torch.Tensor, needed: bool, use_pdl: bool) -> tuple[torch.Tensor, ...]:
+    """(int8 words, d, s, s16) of v [M, K] by gemv_dp4a.quantize_x, or v four times (never
+    read) where no projection takes dp4a."""
+    if not needed:
+        return (v, v, v, v)
+    q, d, s, s16 = gemv_dp4a.quantize_x(v, use_pdl=use_pdl)
+    return (q.view(torch.int32), d, s, s16)
+
+
 def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
     """The table to pass (ids stand in when there is none: never read)."""
     if table is None:
@@ -206,19 +272,25 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
     table_arg = _check_table(table, ids)
     gate_unit = alignment_unit(gate, host_offsets[0], has_table)
     up_unit = alignment_unit(up, host_offsets[1], has_table)
+    x = x.contiguous()
+    gate_group, up_group = _group(gate, x), _group(up, x)
+    dp4a = gate_group > 0 or up_group > 0
+    xq = _quantized(x[None], dp4a, use_pdl)  # once for both projections
     out = torch.empty(num_used, num_rows, dtype=x.dtype, device=x.device)
     launch.launch(
-        _gate_up_tuned, lambda rows: (num_used, triton.cdiv(num_rows, rows)),
-        _candidates(GATE_UP_CONFIGS),
-        x.contiguous(), gate.raw, gate.raw.view(torch.float16), up.raw,
+        _gate_up_dp4a_tuned if dp4a else _gate_up_tuned,
+        lambda rows: (num_used, triton.cdiv(num_rows, rows)),
+        _candidates(GATE_UP_DP4A_CONFIGS, num_cols) if dp4a else _candidates(GATE_UP_CONFIGS),
+        x, *xq, gate.raw, gate.raw.view(torch.float16), up.raw,
         up.raw.view(torch.float16), ids.contiguous(), table_arg, out,
         int(host_offsets[0]) // gate_unit if has_table else 0,
         int(host_offsets[1]) // up_unit if has_table else 0,
         gate.expert_stride // gate_unit, up.expert_stride // up_unit, num_rows, num_cols,
         gate.raw.shape[2], up.raw.shape[2],
         GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.PLANE_LANES[int(gate.qtype)],
-        GATE_UNIT=gate_unit, UP_QTYPE=int(up.qtype), UP_LANES=gp.PLANE_LANES[int(up.qtype)],
-        UP_UNIT=up_unit, HAS_TABLE=has_table, use_pdl=use_pdl,
+        GATE_GROUP=gate_group, GATE_UNIT=gate_unit, UP_QTYPE=int(up.qtype),
+        UP_LANES=gp.PLANE_LANES[int(up.qtype)], UP_GROUP=up_group, UP_UNIT=up_unit,
+        HAS_TABLE=has_table, EMULATE=launch.is_interpreting(), use_pdl=use_pdl,
     )
     return out
 
@@ -235,15 +307,21 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
     has_table = table is not None
     table_arg = _check_table(table, ids)
     unit = alignment_unit(down, host_offset, has_table)
+    act = act.contiguous()
+    group = _group(down, act)
+    xq = _quantized(act, group > 0, use_pdl)  # the k rows at once
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
     launch.launch(
-        _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),),
-        _candidates(DOWN_SUM_CONFIGS),
-        act.contiguous(), down.raw, down.raw.view(torch.float16), ids.contiguous(),
+        _down_sum_dp4a_tuned if group else _down_sum_tuned,
+        lambda rows: (triton.cdiv(num_rows, rows),),
+        _candidates(DOWN_SUM_DP4A_CONFIGS, num_cols) if group
+        else _candidates(DOWN_SUM_CONFIGS),
+        act, *xq, down.raw, down.raw.view(torch.float16), ids.contiguous(),
         weights.contiguous(), table_arg, out, int(host_offset) // unit if has_table else 0,
         down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],
-        QTYPE=int(down.qtype), LANES=gp.PLANE_LANES[int(down.qtype)], UNIT=unit,
-        TOP_K=ids.shape[0], HAS_TABLE=has_table, use_pdl=use_pdl,
+        QTYPE=int(down.qtype), LANES=gp.PLANE_LANES[int(down.qtype)], GROUP=group, UNIT=unit,
+        TOP_K=ids.shape[0], HAS_TABLE=has_table, EMULATE=launch.is_interpreting(),
+        use_pdl=use_pdl,
     )
     return out
 

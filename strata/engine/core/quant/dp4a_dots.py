@@ -1,0 +1,208 @@
+"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q6_K and Q8_0 for one token.
+
+`row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_groups, QTYPE, ...)` ->
+float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
+it (int8 words xq, scale per 32 values xd, d * sum(q) per 32 xs and per 16 xs16). The dense
+GEMV (gemv_dp4a.py) and the routed-expert kernels (expert_gemv.py) share it. A group is
+GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
+
+- Q4_K: 32 bytes of nibbles (sub-blocks 2p low, 2p + 1 high), d * scale * d_x * dot
+  - dmin * min * s_x per sub-block (w = d * scale * q - dmin * min).
+- Q6_K: sub-block i of both halves of a block (128 values): the 16-byte runs of ql and qh at
+  multiples of 4 bytes from one start. Each value's 6 bits come from a nibble and two bits
+  of qh, merged by one bit-select. The values are q - 32: the unsigned byte goes into dp4a
+  and 32 * s16 comes off afterwards (one FMA per 16 values and row; s16 = d_x * the sum of
+  those 16 x, once per token), where sign-extending the 6-bit bytes would cost about four
+  instructions per word.
+- Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
+
+Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at 2 mod 4 bytes. Words are
+read aligned and realigned by a funnel shift of each word and the next (`shf.r.wrap`: one
+instruction); the next word of one lane is the word of the next, so a run of W words costs
+W + 1 loads. Reading the aligned word around a valid byte never leaves its page; the one
+word that could lie wholly past a tensor (Q8_0's last) is read only where needed. The base
+pointer must be 4-aligned, row and expert offsets only even (Q4_K: 4-aligned).
+
+Under TRITON_INTERPRET=1 dp4a and the funnel shift are emulated by shifts and masks: the same
+integers, so the CPU tests check the compiled kernel's layout and scales.
+"""
+
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+
+    from strata.engine.core.quant.gemv_planes import _k4_scales
+except ImportError:  # Triton is optional: without it no tensor stays quantized
+    triton = None
+
+DP4A_TYPES = frozenset({12, 14, 8})  # Q4_K, Q6_K, Q8_0
+GROUP_VALUES = {12: 64, 14: 128, 8: 32}  # x values per group of a row
+
+if triton is not None:
+
+    @triton.jit
+    def dp4a(a, b, EMULATE: tl.constexpr):
+        """Per element: the sum of the four signed byte products of int32 a and b."""
+        if EMULATE:
+            total = tl.zeros_like(a)
+            for i in tl.static_range(4):  # << then >>: sign-extend byte i
+                total += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+            return total
+        else:
+            return tl.inline_asm_elementwise(
+                "dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b], dtype=tl.int32,
+                is_pure=True, pack=1)
+
+    @triton.jit
+    def funnel(lo, hi, shift, EMULATE: tl.constexpr):
+        """The low 32 bits of hi:lo >> shift, for shift 0 or 16."""
+        if EMULATE:
+            return tl.where(shift == 0, lo, ((lo >> 16) & 0xFFFF) | (hi << 16))
+        else:
+            return tl.inline_asm_elementwise(
+                "shf.r.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, shift],
+                dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def dp4a_acc(a, b, c, EMULATE: tl.constexpr):
+        """c + dp4a(a, b): the accumulating form, one instruction."""
+        if EMULATE:
+            return c + dp4a(a, b, EMULATE)
+        else:
+            return tl.inline_asm_elementwise(
+                "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                is_pure=True, pack=1)
+
+    @triton.jit
+    def realigned(ptr, shift, EMULATE: tl.constexpr, LAST_OK: tl.constexpr = True):
+        """The int32 words of runs starting 2 bytes into the aligned words ptr [R, G, W] where
+        shift [R, G, 1] is 16, at them where it is 0: each word and the next, funnel-shifted.
+        The next word of lane w is lane w + 1's word (one load for both); LAST_OK False: the
+        last lane's next word may lie past the tensor, so it is read only where needed."""
+        lo = tl.load(ptr)
+        if LAST_OK:
+            hi = tl.load(ptr + 1)
+        else:
+            lane = tl.arange(0, ptr.shape[2])[None, None, :]
+            hi = tl.load(ptr + 1, mask=(lane < ptr.shape[2] - 1) | (shift != 0), other=0)
+        return funnel(lo, hi, tl.broadcast_to(shift, lo.shape), EMULATE)
+
+    @triton.jit
+    def _dots4(a, b, x_at, EMULATE: tl.constexpr):
+        """Sum over the last axis of dp4a(a, x) + dp4a(b, x + 4 words): [R, G, 1] int32."""
+        return tl.sum(dp4a_acc(b, tl.load(x_at + 4), dp4a(a, tl.load(x_at), EMULATE), EMULATE),
+                      axis=2, keep_dims=True)
+
+    @triton.jit
+    def _q4k_group(row_bytes, row_words, group, same_row, xq_ptr, xd_ptr, xs_ptr,
+                   EMULATE: tl.constexpr):
+        """Sub-blocks 2p (low nibbles) and 2p + 1 (high) of block group // 4, p = group % 4."""
+        word = tl.arange(0, 4)[None, None, :]
+        blk = group // 4
+        p = group % 4
+        at = row_words + (blk * 36 + 4 + p * 8) + word  # [R, G, 4]: words 0-3, then + 4
+        qa = tl.load(at)
+        qb = tl.load(at + 4)
+        x_lo = xq_ptr + (group * 16 + same_row) + word  # x at the weights' full shape
+        lo = _dots4(qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, x_lo, EMULATE)
+        hi = _dots4((qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F, x_lo + 8, EMULATE)
+        dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * 144, p, True)
+        return (dl0 * tl.load(xd_ptr + 2 * group) * lo.to(tl.float32)
+                - ml0 * tl.load(xs_ptr + 2 * group)
+                + dl1 * tl.load(xd_ptr + 2 * group + 1) * hi.to(tl.float32)
+                - ml1 * tl.load(xs_ptr + 2 * group + 1))
+
+    @triton.jit
+    def _q6k_quarter(bits, x_at, xd_at, xs16_at, sc_at, EMULATE: tl.constexpr):
+        """sc * (d_x * dot - 32 * s16) for one 16-value sub-block."""
+        dot = tl.sum(dp4a(bits, tl.load(x_at), EMULATE), axis=2, keep_dims=True)  # [R, G, 1]
+        return (tl.load(sc_at).to(tl.float32)
+                * (tl.load(xd_at) * dot.to(tl.float32) - 32.0 * tl.load(xs16_at)))
+
+    @triton.jit
+    def _q6k_half(ql_a, ql_b, qh, x_at, xd_at, xs16_at, sc_at, EMULATE: tl.constexpr):
+        """Values l, l + 32, l + 64, l + 96 of a half from its words of ql (l: ql_a; l + 32:
+        ql_b) and qh (ggml's dequantize_row_q6_K): the two high bits of quarters 0 and 2 sit
+        at bits 0-1 and 4-5 of each byte of `even`, those of 1 and 3 of `odd`, so each
+        value's byte is one bit-select of a nibble and them."""
+        even = qh & 0x33333333
+        odd = (qh >> 2) & 0x33333333
+        low = 0x0F0F0F0F
+        acc = _q6k_quarter((ql_a & low) | ((even << 4) & ~low), x_at, xd_at, xs16_at, sc_at,
+                           EMULATE)
+        acc += _q6k_quarter((ql_b & low) | ((odd << 4) & ~low), x_at + 8, xd_at + 1,
+                            xs16_at + 2, sc_at + 2, EMULATE)
+        acc += _q6k_quarter(((ql_a >> 4) & low) | (even & ~low), x_at + 16, xd_at + 2,
+                            xs16_at + 4, sc_at + 4, EMULATE)
+        acc += _q6k_quarter(((ql_b >> 4) & low) | (odd & ~low), x_at + 24, xd_at + 3,
+                            xs16_at + 6, sc_at + 6, EMULATE)
+        return acc
+
+    @triton.jit
+    def _q6k_group(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr, xs16_ptr,
+                   EMULATE: tl.constexpr):
+        """Sub-block i = group % 2 of both halves of block group // 2: bytes 16 i .. 16 i + 15
+        of each half's ql runs and qh run, all at multiples of 4 bytes from one start."""
+        word = tl.arange(0, 4)[None, None, :]
+        blk = group // 2
+        i = group % 2
+        start = row_mis + blk * 210 + i * 16  # [R, G, 1] bytes past the row's aligned word
+        at = row_words + (start >> 2) + word  # [R, G, 4]
+        shift = (start & 2) * 8  # 0 or 16
+        x_at = xq_ptr + (blk * 64 + i * 4 + same_row) + word  # [R, G, 4] words
+        xd_at = xd_ptr + blk * 8
+        xs16_at = xs16_ptr + (blk * 16 + i)
+        sc_at = (row_bytes + (blk * 210 + 192 + i)).to(tl.pointer_type(tl.int8))
+        acc = _q6k_half(realigned(at, shift, EMULATE), realigned(at + 8, shift, EMULATE),
+                        realigned(at + 32, shift, EMULATE), x_at, xd_at, xs16_at, sc_at,
+                        EMULATE)
+        acc += _q6k_half(realigned(at + 16, shift, EMULATE), realigned(at + 24, shift, EMULATE),
+                         realigned(at + 40, shift, EMULATE), x_at + 32, xd_at + 4,
+                         xs16_at + 8, sc_at + 8, EMULATE)
+        d = tl.load((row_bytes + (blk * 210 + 208)).to(tl.pointer_type(tl.float16)))
+        return d.to(tl.float32) * acc
+
+    @triton.jit
+    def _q8_0_group(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr,
+                    EMULATE: tl.constexpr):
+        word = tl.arange(0, 4)[None, None, :]
+        start = row_mis + group * 34 + 2  # [R, G, 1]: the 32 int8 after d
+        at = row_words + (start >> 2) + word  # [R, G, 4]
+        shift = (start & 2) * 8
+        x_at = xq_ptr + (group * 8 + same_row) + word
+        dot = _dots4(realigned(at, shift, EMULATE), realigned(at + 4, shift, EMULATE, False),
+                     x_at, EMULATE)
+        d = tl.load((row_bytes + group * 34).to(tl.pointer_type(tl.float16)))
+        return (d.to(tl.float32) * tl.load(xd_ptr + group)) * dot.to(tl.float32)
+
+    @triton.jit
+    def row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_groups,
+                 QTYPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                 BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr, EMULATE: tl.constexpr):
+        """W[rows, :] @ x in float32 [BLOCK_ROWS] for rows at even byte offsets row_off
+        [R, 1, 1] (int64, every one a real row: callers clamp) from w_ptr (uint8, 4-aligned)
+        of num_groups groups of GROUP (= GROUP_VALUES[QTYPE]) values; xq_ptr: x's int8 as
+        int32 words. No load is masked: the last step's groups past the row reread the last
+        group and count zero."""
+        GROUPS: tl.constexpr = BLOCK_COLS // GROUP
+        row_bytes = w_ptr + row_off  # [R, 1, 1] uint8 pointers
+        row_words = w_ptr.to(tl.pointer_type(tl.int32)) + (row_off >> 2)  # aligned at or before
+        row_mis = (row_off & 2).to(tl.int32)  # 0 or 2
+        same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
+        acc = tl.zeros((BLOCK_ROWS, GROUPS, 1), dtype=tl.float32)
+        for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
+            group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
+            read = tl.minimum(group, num_groups - 1)
+            if QTYPE == 12:
+                part = _q4k_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
+                                  xs_ptr, EMULATE)
+            elif QTYPE == 14:
+                part = _q6k_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
+                                  xd_ptr, xs16_ptr, EMULATE)
+            else:
+                part = _q8_0_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
+                                   xd_ptr, EMULATE)
+            acc += tl.where(group < num_groups, part, 0.0)
+        return tl.sum(tl.sum(acc, axis=2), axis=1)  # [R]
