@@ -26,8 +26,9 @@ from gguf import GGMLQuantizationType as QT
 from strata.engine.core.quant.experts import QuantizedExperts
 from tests.helpers.quant_blocks import random_blocks
 
-PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K]
-K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K)
+PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K,
+                QT.IQ2_XXS]
+K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.IQ2_XXS)
 NUM_EXPERTS = 9
 # Float32 throughout: only the summation order differs from torch (planes groups, then
 # experts in order), so within this fraction of the output's scale.
@@ -171,7 +172,7 @@ def test_fused_experts_take_a_different_type_per_projection() -> None:
 def test_unsupported_types_and_misaligned_layouts_keep_the_dequantizing_path() -> None:
     from strata.engine.core.quant import expert_gemv
 
-    iq, _ = stack(QT.IQ2_XXS, 8, 256, seed=0)
+    iq, _ = stack(QT.IQ3_S, 8, 256, seed=0)
     assert not expert_gemv.is_supported(iq)  # no planes decoding
     q4k, _ = stack(QT.Q4_K, 8, 256, seed=0, pad_bytes=2)  # stride 2 mod 4: int32 scale reads
     assert not expert_gemv.is_supported(q4k)

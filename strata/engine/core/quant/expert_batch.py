@@ -207,8 +207,10 @@ def supports(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExpert
              table: torch.Tensor | None = None,
              host_offsets: tuple[int, int, int] = (0, 0, 0)) -> bool:
     """Whether `routed_rows` takes these projections: the one-token kernels' types and
-    layouts (expert_gemv.supports); else the rows go one at a time."""
-    return expert_gemv.supports(gate, up, down, table, host_offsets)
+    layouts (expert_gemv.supports) that gemv_planes.planes decodes without the lookup table
+    (IQ2_XXS goes one row at a time, through the one-token kernels); else row by row."""
+    return (all(int(w.qtype) in gp.PLANE_LANES for w in (gate, up, down))
+            and expert_gemv.supports(gate, up, down, table, host_offsets))
 
 
 def _check_rows(ids: torch.Tensor) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from strata.engine.core.quant import gemv_dp4a
 from strata.engine.core.quant import gemv_planes as gp
 from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES
 from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.core.quant.lookup import lookup_table
 
 try:
     import triton
@@ -91,7 +92,8 @@ if triton is not None:
         return units * UNIT
 
     @triton.jit
-    def _row_dots(w_ptr, wh_ptr, row_off, row_ok, v_ptr, num_groups, QTYPE: tl.constexpr,
+    def _row_dots(w_ptr, wh_ptr, lut_ptr, row_off, row_ok, v_ptr, num_groups,
+                  QTYPE: tl.constexpr,
                   LANES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
                   STAGES: tl.constexpr):
         """W[rows, :] @ v in float32 [BLOCK_ROWS] for rows at byte offsets row_off [R, 1, 1]
@@ -103,8 +105,8 @@ if triton is not None:
         for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             group_ok = group < num_groups
-            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
-                                             row_ok & group_ok, QTYPE)
+            w0, cols0, w1, cols1 = gp.planes_lut(w_ptr, wh_ptr, lut_ptr, row_off, group,
+                                                 lane, row_ok & group_ok, QTYPE)
             # v read at the weights' [R, G, L] shape: one layout for both (kernels.py).
             v_at = v_ptr + (cols0 + same_row)
             v0 = tl.load(v_at, mask=group_ok, other=0.0).to(tl.float32)
@@ -114,7 +116,8 @@ if triton is not None:
         return tl.sum(tl.sum(acc, axis=2), axis=1)
 
     @triton.jit
-    def _dots(w_ptr, wh_ptr, base, rows, num_rows, row_bytes, v_ptr, xq_ptr, xd_ptr, xs_ptr,
+    def _dots(w_ptr, wh_ptr, lut_ptr, base, rows, num_rows, row_bytes, v_ptr, xq_ptr, xd_ptr,
+              xs_ptr,
               xs16_ptr, num_cols, QTYPE: tl.constexpr, LANES: tl.constexpr,
               GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
               STAGES: tl.constexpr, EMULATE: tl.constexpr):
@@ -127,14 +130,15 @@ if triton is not None:
                                  BLOCK_COLS, STAGES, EMULATE)
         else:
             off = base + rows.to(tl.int64)[:, None, None] * row_bytes
-            return _row_dots(w_ptr, wh_ptr, off, (rows < num_rows)[:, None, None], v_ptr,
+            return _row_dots(w_ptr, wh_ptr, lut_ptr, off, (rows < num_rows)[:, None, None], v_ptr,
                              num_cols // (2 * LANES), QTYPE, LANES, BLOCK_ROWS, BLOCK_COLS,
                              STAGES)
 
     @triton.jit(do_not_specialize=["gate_host", "up_host", "gate_stride", "up_stride"])
     def _gate_up_kernel(
         x_ptr, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr,
-        ids_ptr, table_ptr, out_ptr, gate_host, up_host, gate_stride, up_stride, num_rows,
+        ids_ptr, table_ptr, lut_ptr, out_ptr, gate_host, up_host, gate_stride, up_stride,
+        num_rows,
         num_cols, gate_row_bytes, up_row_bytes,
         GATE_QTYPE: tl.constexpr, GATE_LANES: tl.constexpr, GATE_GROUP: tl.constexpr,
         GATE_UNIT: tl.constexpr, UP_QTYPE: tl.constexpr, UP_LANES: tl.constexpr,
@@ -147,11 +151,11 @@ if triton is not None:
         pdl_wait(USE_PDL)  # the ids come from the router, x's int8 from the kernel before
         gate_base = _expert_base(ids_ptr, j, table_ptr, gate_host, gate_stride, GATE_UNIT,
                                  HAS_TABLE)
-        g = _dots(gate_ptr, gate_h_ptr, gate_base, rows, num_rows, gate_row_bytes, x_ptr,
+        g = _dots(gate_ptr, gate_h_ptr, lut_ptr, gate_base, rows, num_rows, gate_row_bytes, x_ptr,
                   xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_cols, GATE_QTYPE, GATE_LANES,
                   GATE_GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         up_base = _expert_base(ids_ptr, j, table_ptr, up_host, up_stride, UP_UNIT, HAS_TABLE)
-        u = _dots(up_ptr, up_h_ptr, up_base, rows, num_rows, up_row_bytes, x_ptr, xq_ptr,
+        u = _dots(up_ptr, up_h_ptr, lut_ptr, up_base, rows, num_rows, up_row_bytes, x_ptr, xq_ptr,
                   xd_ptr, xs_ptr, xs16_ptr, num_cols, UP_QTYPE, UP_LANES, UP_GROUP,
                   BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up
@@ -161,7 +165,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["host_units", "stride_units"])
     def _down_sum_kernel(
         act_ptr, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr,
-        table_ptr, out_ptr, host_units, stride_units, num_rows, num_cols, row_bytes,
+        table_ptr, lut_ptr, out_ptr, host_units, stride_units, num_rows, num_cols, row_bytes,
         QTYPE: tl.constexpr, LANES: tl.constexpr, GROUP: tl.constexpr, UNIT: tl.constexpr,
         TOP_K: tl.constexpr, HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
         EMULATE: tl.constexpr,
@@ -175,7 +179,7 @@ if triton is not None:
             base = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT,
                                 HAS_TABLE)
             # Row j of act, and of its int8 words (4 a word), scales (per 32) and sums (16).
-            acc += weight * _dots(w_ptr, wh_ptr, base, rows, num_rows, row_bytes,
+            acc += weight * _dots(w_ptr, wh_ptr, lut_ptr, base, rows, num_rows, row_bytes,
                                   act_ptr + j * num_cols, xq_ptr + j * (num_cols // 4),
                                   xd_ptr + j * (num_cols // 32), xs_ptr + j * (num_cols // 32),
                                   xs16_ptr + j * (num_cols // 16), num_cols, QTYPE, LANES,
@@ -210,7 +214,7 @@ def is_supported(experts: QuantizedExperts, host_offset: int = 0,
     """Whether the fused kernels can read these experts: a planes type, every block at an
     even byte (its fp16 fields), and 4-aligned for the types read by int32 words."""
     qtype = int(experts.qtype)
-    if triton is None or qtype not in gp.PLANE_LANES:
+    if triton is None or qtype not in gp.ALL_PLANE_LANES:
         return False
     needed = 4 if qtype in WORD_TYPES else 2
     unit = alignment_unit(experts, host_offset, has_table)
@@ -282,14 +286,14 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
         lambda rows: (num_used, triton.cdiv(num_rows, rows)),
         _candidates(GATE_UP_DP4A_CONFIGS, num_cols) if dp4a else _candidates(GATE_UP_CONFIGS),
         x, *xq, gate.raw, gate.raw.view(torch.float16), up.raw,
-        up.raw.view(torch.float16), ids.contiguous(), table_arg, out,
+        up.raw.view(torch.float16), ids.contiguous(), table_arg, lookup_table(x.device), out,
         int(host_offsets[0]) // gate_unit if has_table else 0,
         int(host_offsets[1]) // up_unit if has_table else 0,
         gate.expert_stride // gate_unit, up.expert_stride // up_unit, num_rows, num_cols,
         gate.raw.shape[2], up.raw.shape[2],
-        GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.PLANE_LANES[int(gate.qtype)],
+        GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.ALL_PLANE_LANES[int(gate.qtype)],
         GATE_GROUP=gate_group, GATE_UNIT=gate_unit, UP_QTYPE=int(up.qtype),
-        UP_LANES=gp.PLANE_LANES[int(up.qtype)], UP_GROUP=up_group, UP_UNIT=up_unit,
+        UP_LANES=gp.ALL_PLANE_LANES[int(up.qtype)], UP_GROUP=up_group, UP_UNIT=up_unit,
         HAS_TABLE=has_table, EMULATE=launch.is_interpreting(), use_pdl=use_pdl,
     )
     return out
@@ -317,9 +321,10 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
         _candidates(DOWN_SUM_DP4A_CONFIGS, num_cols) if group
         else _candidates(DOWN_SUM_CONFIGS),
         act, *xq, down.raw, down.raw.view(torch.float16), ids.contiguous(),
-        weights.contiguous(), table_arg, out, int(host_offset) // unit if has_table else 0,
+        weights.contiguous(), table_arg, lookup_table(act.device), out,
+        int(host_offset) // unit if has_table else 0,
         down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],
-        QTYPE=int(down.qtype), LANES=gp.PLANE_LANES[int(down.qtype)], GROUP=group, UNIT=unit,
+        QTYPE=int(down.qtype), LANES=gp.ALL_PLANE_LANES[int(down.qtype)], GROUP=group, UNIT=unit,
         TOP_K=ids.shape[0], HAS_TABLE=has_table, EMULATE=launch.is_interpreting(),
         use_pdl=use_pdl,
     )
