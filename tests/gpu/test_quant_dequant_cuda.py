@@ -20,8 +20,9 @@ from tests.helpers.quant_blocks import random_blocks
 
 pytestmark = pytest.mark.gpu
 
-PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1]
-TILE_TYPES = [QT.IQ2_XXS, QT.Q3_K, QT.IQ4_XS]
+PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
+                QT.Q2_K, QT.IQ2_XXS]
+TILE_TYPES = [QT.Q3_K, QT.IQ4_XS, QT.IQ3_S]
 NUM_EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
 Q4_K_M = (QT.Q4_K, QT.Q4_K, QT.Q6_K)
 # bf16 products summed in another order (and, for expert_gemm, weights rounded in registers):
@@ -196,8 +197,9 @@ def counted_paths(monkeypatch):
 def test_cuda_both_prefill_paths_match_torch_at_qwen3_30b_a3b_shape(monkeypatch,
                                                                     counted_paths) -> None:
     """512 tokens (4096 routed rows) through moe_prefill.experts_sorted: the grouped path
-    at the default crossover (8 groups of 16 experts), then expert_gemm with the crossover
-    raised; both within bf16 rounding of torch on gguf-py's float32 experts."""
+    with the crossover lowered to 8 rows per expert (8 groups of 16 experts), then
+    expert_gemm at the default crossover; both within bf16 rounding of torch on gguf-py's
+    float32 experts."""
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.quant import expert_gemm, expert_grouped
 
@@ -208,20 +210,27 @@ def test_cuda_both_prefill_paths_match_torch_at_qwen3_30b_a3b_shape(monkeypatch,
     assert expert_grouped.experts_per_group(*blocks) == 16
     x, weights, ids = _routing(512, seed=0)
     expected = _reference(x, weights, ids, dense)
+    default = expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT
+    monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
     assert expert_grouped.min_rows(NUM_EXPERTS) <= 512 * TOP_K
     _assert_close(moe_prefill.experts_sorted(moe, x, weights, ids), expected)
     assert counted_paths == {"gemm": 0, "grouped": 1}
-    monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 1 << 20)
+    monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", default)
+    assert expert_grouped.min_rows(NUM_EXPERTS) > 512 * TOP_K
     _assert_close(moe_prefill.experts_sorted(moe, x, weights, ids), expected)
     assert counted_paths == {"gemm": 1, "grouped": 1}
 
 
-def test_cuda_graph_of_the_grouped_path_replays_with_new_routing(counted_paths) -> None:
+def test_cuda_graph_of_the_grouped_path_replays_with_new_routing(monkeypatch,
+                                                                counted_paths) -> None:
     """The grouped path captured once (its groups' bounds and counts live on the device)
-    and replayed with two other routings equals eager calls on them."""
+    and replayed with two other routings equals eager calls on them (the crossover lowered
+    so 256 tokens take it)."""
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.quant import expert_grouped
     from strata.engine.core.quant.weight import reserve_scratch, scratch_bytes
+
+    monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
 
     blocks, _ = _layer()
     moe = _Moe(blocks)
