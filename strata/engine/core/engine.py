@@ -171,10 +171,14 @@ class Engine:
         self.memory = ModelMemory(backend, self.dtype)
         try:
             with phases.phase("map_weights"):  # residency marks build_model and warm_up
+                # The fast prefiller's own chunks (its load-time tuning runs one) count too.
+                from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS
+
                 self.model = self.memory.build(
                     config, source, self.config.expert_cache,
                     max_prefill_tokens=max(self.config.prefill_chunk_tokens,
-                                           self.config.prefill_solo_chunk_tokens))
+                                           self.config.prefill_solo_chunk_tokens,
+                                           DEFAULT_PREFILL_CHUNK_TOKENS))
             with phases.phase("decoder_setup"):  # tuning.py marks its own phases
                 self.fast, self.tuning_source = make_fast_decoder(
                     self.model, self.device, self.config, self.memory.promotion)

@@ -55,8 +55,9 @@ EXPERT_SCRATCH_BYTES = 96 << 20
 # at 128 tokens, 1.86 / 4.40 at 512, 4.87 / 6.21 at 2048, 9.09 / 7.67 at 4096 (256 rows per
 # expert). The groups of 16 experts cost far more than the estimate of their copies and
 # launches (the dequantization alone is 0.42 ms a layer); until that is understood the
-# path runs only from 256 rows per expert, which the scheduler's chunks (2048 tokens at
-# most) do not reach, so the load reserves its scratch only where a chunk can.
+# path runs only from 256 rows per expert: for Qwen3-30B-A3B a 4096-token chunk (the fast
+# prefiller's own, which its load-time tuning runs; the scheduler's are 2048 at most). The
+# load reserves the scratch only where some chunk can reach it.
 DEQUANT_MIN_ROWS_PER_EXPERT = 256
 MOVE_BLOCK_ROWS, MOVE_BLOCK_COLS = 16, 1024  # 16K values a program: a plain copy
 INTERPRETER_MOVE_BLOCK_ROWS = 256
