@@ -50,7 +50,8 @@ def _distinct_bytes(moe, xs, stacks) -> float:
 
 
 def rows_for(mix: str, num_rows_list, args) -> list[dict]:
-    from strata.engine.core.fast.moe_batch import experts_rows, router_topk_rows
+    from strata.engine.core.fast.batch_experts import experts_rows
+    from strata.engine.core.fast.moe_batch import router_topk_rows
     from strata.engine.core.fast.moe_grouped import experts_triton
     from strata.engine.core.quant import expert_batch
 

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled")
 
-from strata.engine.core.fast import moe_batch
+from strata.engine.core.fast import batch_experts, moe_batch
 from strata.engine.core.fast.moe_prefill import moe_block
 from strata.engine.core.random_weights import build_random_model
 from tests.helpers.fast_configs import TINY_CONFIGS
@@ -114,7 +114,7 @@ def test_experts_rows_is_the_moe_block() -> None:
     moe = model.model.layers[1].mlp
     x = _rows(8, seed=11)
     with torch.inference_mode():
-        got = moe_batch.experts_rows(moe, x)
+        got = batch_experts.experts_rows(moe, x)
         torch.testing.assert_close(got, moe_block(moe, x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got, moe(x), rtol=1e-5, atol=1e-5)
 

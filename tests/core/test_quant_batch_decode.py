@@ -40,10 +40,10 @@ CHATS = [[(13 * i + 7 * j) % 300 + 5 for j in range(3 + 2 * i)] for i in range(3
 def _count_batched(monkeypatch) -> list[int]:
     """The row counts of the MoE blocks that took the batched quantized kernels, which
     these tiny batches take only with the row threshold lowered (moe_batch)."""
-    from strata.engine.core.fast import moe_batch
+    from strata.engine.core.fast import batch_experts
     from strata.engine.core.quant import expert_batch
 
-    monkeypatch.setattr(moe_batch, "QUANT_BATCHED_MIN_ROWS", 2)
+    monkeypatch.setattr(batch_experts, "QUANT_BATCHED_MIN_ROWS", 2)
 
     calls: list[tuple[int, bool]] = []  # (rows, through a slot table)
     batched = expert_batch.routed_rows

@@ -87,7 +87,7 @@ def test_bf16_rows_match_the_one_token_kernels_and_the_loop(num_rows: int) -> No
 def test_a_graph_replay_equals_the_eager_call() -> None:
     """No host sync, fixed buffers: captured once, replayed on new inputs; the router's
     completion counter is back at 0 after each replay."""
-    from strata.engine.core.fast import moe_batch
+    from strata.engine.core.fast import batch_experts
     from strata.engine.core.fast.moe_triton import _counter
 
     experts, router, x = _setup(16, torch.bfloat16, seed=5)
@@ -99,25 +99,25 @@ def test_a_graph_replay_equals_the_eager_call() -> None:
     moe.top_k, moe.norm_topk_prob = TOP_K, True
     static_x = x.clone()
     for _ in range(2):  # compile and autotune outside the capture
-        moe_batch.experts_rows(moe, static_x)
+        batch_experts.experts_rows(moe, static_x)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = moe_batch.experts_rows(moe, static_x)
+        static_out = batch_experts.experts_rows(moe, static_x)
     for seed in (6, 7):
         _, _, new_x = _setup(16, torch.bfloat16, seed=seed)
         static_x.copy_(new_x)
         graph.replay()
         torch.cuda.synchronize()
         assert int(_counter(static_x.device).item()) == 0
-        torch.testing.assert_close(static_out, moe_batch.experts_rows(moe, new_x), rtol=0,
+        torch.testing.assert_close(static_out, batch_experts.experts_rows(moe, new_x), rtol=0,
                                    atol=0)
 
 
 def test_float32_is_exact_and_the_block_is_the_prefill_path() -> None:
     """float32 weights multiply in IEEE float32 (tl.dot's tf32 would miss 1e-4); a small
     Qwen3-MoE layer's experts equal the prefill path's (grouped GEMMs) on the same routing."""
-    from strata.engine.core.fast import moe_batch
+    from strata.engine.core.fast import batch_experts, moe_batch
     from strata.engine.core.fast.moe_prefill import experts_sorted
     from strata.engine.core.random_weights import build_random_model
     from tests.helpers.fast_configs import SMALL_CONFIGS
@@ -134,7 +134,7 @@ def test_float32_is_exact_and_the_block_is_the_prefill_path() -> None:
     moe = model.model.layers[1].mlp
     rows = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
-        got = moe_batch.experts_rows(moe, rows)
+        got = batch_experts.experts_rows(moe, rows)
         weights, ids = moe_batch.router_topk_rows(rows, moe.router.weight, moe.top_k,
                                                   moe.norm_topk_prob)
         expected = experts_sorted(moe, rows, weights, ids)

@@ -206,9 +206,9 @@ def test_cuda_engine_batches_quantized_experts_in_graphs(tmp_path, monkeypatch,
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0",
                               qtype_overrides=PLANES_MIX)
-    from strata.engine.core.fast import moe_batch
+    from strata.engine.core.fast import batch_experts
 
-    monkeypatch.setattr(moe_batch, "QUANT_BATCHED_MIN_ROWS", 2)  # these batches are 3 and 4
+    monkeypatch.setattr(batch_experts, "QUANT_BATCHED_MIN_ROWS", 2)  # these batches are 3 and 4
     calls: list[int] = []
     batched = expert_batch.routed_rows
 

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import torch
 
 from strata.engine.core.fast import batch_attention
+from strata.engine.core.fast.batch_experts import experts_rows
 from strata.engine.core.fast.forward import linear, mlp_forward, project_head, project_qkv
-from strata.engine.core.fast.moe_batch import experts_rows
 from strata.engine.core.fast.moe_grouped import is_grouped_capable, slot_layout
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.fast.static_step import (

@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.fast.moe_grouped import routed_experts
 from strata.engine.core.fast.moe_triton import _check_stacked, _check_table, _counter
 from strata.engine.core.kernels.launch import is_interpreting, launch, tuned
-from strata.engine.core.models.switch import SlotLayout
-from strata.engine.core.quant.experts import is_quantized_experts
 
 try:
     import triton
@@ -44,13 +41,6 @@ except ImportError:  # Triton is optional: the bmm and loop paths need only torc
 # tl.dot needs 16 or more along each side: BLOCK_ROWS >= 16, BLOCK_COLS >= 16.
 PAIR_CONFIGS = ((16, 256, 4, None), (32, 128, 4, None), (16, 128, 2, None),
                 (64, 128, 4, None))
-# Rows from which quantized experts take expert_batch's kernels; fewer go row by row through
-# the one-token kernels (dp4a). On the H200 (bench/diag_quant_batch.py, Qwen3-30B-A3B's
-# layer, Q4_K/Q4_K/Q6_K, twelfth session, both on planes decoding) the batched kernels took
-# 100.9 / 195.7 / 352.4 / 589.0 us at 2 / 4 / 8 / 16 rows against 87.6 / 173.5 / 345.6 /
-# 689.3 row by row: 128 experts and top-8 share few experts between rows, and the
-# one-token kernels have since gained dp4a (29.0 against 34.6 us a row).
-QUANT_BATCHED_MIN_ROWS = 16
 SUM_COLS = 1024  # output columns per program of the final sum: a few KB, not tuned
 ROUTER_ROWS = 2  # router rows per program, as for one token (moe_triton.py)
 
@@ -322,33 +312,3 @@ def pairs_down_sum(act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
     _sum_pairs_kernel[(num_tokens, triton.cdiv(num_rows, block))](
         parts, out, top_k=top_k, num_rows=num_rows, BLOCK_COLS=block, num_warps=4)
     return out
-
-
-def experts_rows(moe, x: torch.Tensor, layout: SlotLayout | None = None) -> torch.Tensor:
-    """The MoE block of a batch step's rows x [T, H] (1 < T <= 16): route, gate/up, down and
-    sum by the kernels above, or for quantized experts by quant/expert_batch.py's (each routed
-    expert's blocks decoded once for all its rows) from QUANT_BATCHED_MIN_ROWS rows; fewer
-    rows, and types those cannot read, go row by row through the one-token kernels. Over the
-    resident stacked experts, or a partial cache's layout: its slot table, the host copy for
-    the rest, ids left in layout.step_ids[:T] for the cache. [T, H] in x's dtype."""
-    if layout is None:
-        stacked = moe.experts
-        gate, up, down = stacked.gate_proj, stacked.up_proj, stacked.down_proj
-        table, offsets, out_ids = None, (0, 0, 0), None
-    else:
-        gate, up, down, table = layout.gate, layout.up, layout.down, layout.table
-        offsets, out_ids = layout.host_offsets, layout.step_ids[: x.shape[0]]
-    weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob,
-                                    out_ids)
-    if is_quantized_experts(gate):
-        from strata.engine.core.quant import expert_batch
-
-        if (x.shape[0] >= QUANT_BATCHED_MIN_ROWS
-                and expert_batch.supports(gate, up, down, table, offsets)):
-            return expert_batch.routed_rows(x, gate, up, down, ids, weights, table,
-                                            offsets)  # [T, H]
-        return torch.cat([routed_experts(x[b : b + 1], gate, up, down, ids[b], weights[b],
-                                         table, offsets)
-                          for b in range(x.shape[0])])  # [T, H]
-    act = pairs_gate_up(x, gate, up, ids, table, offsets[:2])  # [T*k, I]
-    return pairs_down_sum(act, down, ids, weights, table, offsets[2])  # [T, H]

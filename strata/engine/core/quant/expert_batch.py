@@ -18,7 +18,7 @@ Ids stay in device memory and the grid is fixed for the bucket (B*k pairs x row 
 CUDA graph holds it. A partial expert cache's slot table sends a -1 expert to the host copy,
 read in place (expert_gemv._expert_base's addressing). The row count is a runtime argument:
 one compile per type serves every bucket. The types and layouts are expert_gemv's
-(`supports`); others keep the one-token kernels row by row (fast/moe_batch.experts_rows).
+(`supports`); others keep the one-token kernels row by row (fast/batch_experts.experts_rows).
 
 Imported on first use (like kernels.py): a test must choose the CPU interpreter first.
 """
