@@ -36,7 +36,12 @@ from strata.engine.core.engine_errors import (
     LevelNotApplicable,
     kv_mapping,
 )
-from strata.engine.core.engine_setup import compute_dtype, make_fast_decoder, pick_device
+from strata.engine.core.engine_setup import (
+    compute_dtype,
+    make_fast_decoder,
+    max_prefill_tokens,
+    pick_device,
+)
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.load_phases import LoadPhases
 from strata.engine.core.loader import load_model_config
@@ -171,14 +176,8 @@ class Engine:
         self.memory = ModelMemory(backend, self.dtype)
         try:
             with phases.phase("map_weights"):  # residency marks build_model and warm_up
-                # The fast prefiller's own chunks (its load-time tuning runs one) count too.
-                from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS
-
-                self.model = self.memory.build(
-                    config, source, self.config.expert_cache,
-                    max_prefill_tokens=max(self.config.prefill_chunk_tokens,
-                                           self.config.prefill_solo_chunk_tokens,
-                                           DEFAULT_PREFILL_CHUNK_TOKENS))
+                self.model = self.memory.build(config, source, self.config.expert_cache,
+                                               max_prefill_tokens(self.config))
             with phases.phase("decoder_setup"):  # tuning.py marks its own phases
                 self.fast, self.tuning_source = make_fast_decoder(
                     self.model, self.device, self.config, self.memory.promotion)

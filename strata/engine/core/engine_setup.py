@@ -41,6 +41,15 @@ def compute_dtype(device: torch.device, config: ModelConfig) -> torch.dtype:
     return torch.float32
 
 
+def max_prefill_tokens(config: EngineConfig) -> int:
+    """The longest chunk any prefill of this engine runs: the scheduler's two chunk sizes,
+    or the fast prefiller's own (its load-time tuning times one)."""
+    from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS
+
+    return max(config.prefill_chunk_tokens, config.prefill_solo_chunk_tokens,
+               DEFAULT_PREFILL_CHUNK_TOKENS)
+
+
 def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: EngineConfig,
                       step_hook=None, store=None):
     """(the CUDA-graph decoder for a model on a GPU, where its prefill tuning came from:
