@@ -2,7 +2,7 @@
 
 `dequantize(raw, qtype, K, dtype)` serves the dense prefill scratch (weight.qlinear) and the
 embedding's rows; `dequantize_experts(experts, first, out)` a run of an expert stack's
-matrices (expert_kernels.dequantize_all, the MoE prefill's expert groups), into an output
+matrices (the MoE prefill's expert groups), into an output
 whose matrices may sit further apart than N * K (gate and up side by side in one scratch).
 
 The types gemv_planes.py reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K, and

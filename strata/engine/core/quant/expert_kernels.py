@@ -1,7 +1,6 @@
 """Triton kernels over quantized experts (experts.py): gather the routed experts' blocks and
-dequantize them, for decode without a host sync; whole projections (`dequantize_all`) go
-through dequant.py's dequantizer. Decode of the types gemv_planes.py reads skips this:
-expert_gemv.py's fused kernels.
+dequantize them, for decode without a host sync (whole stacks: dequant.dequantize_experts).
+Decode of the types gemv_planes.py reads skips this: expert_gemv.py's fused kernels.
 
 Imported on first use (like kernels.py): importing it decorates a Triton kernel, which must
 wait until a test has chosen the CPU interpreter.
@@ -12,11 +11,9 @@ from __future__ import annotations
 import torch
 
 from strata.engine.core.kernels.launch import is_interpreting
-from strata.engine.core.quant import dequant
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.lookup import lookup_table
-from strata.engine.core.quant.weight import scratch_tensor
 
 try:
     import triton
@@ -83,13 +80,6 @@ def gather_dequantize(experts: QuantizedExperts, ids: torch.Tensor,
         enable_fp_fusion=False,
     )
     return out
-
-
-def dequantize_all(experts: QuantizedExperts) -> torch.Tensor:
-    """Every expert dequantized, [E, N, K], into the shared prefill scratch (weight.py): the
-    next call overwrites it, so use the result before dequantizing another projection."""
-    out = scratch_tensor(experts.device, experts.dtype, experts.shape)
-    return dequant.dequantize_experts(experts, 0, out)
 
 
 def dequantize_routed(
