@@ -108,23 +108,31 @@ def decodes_in_gemm(gate, up, down) -> bool:
     return expert_gemm.supports(gate, up, down)
 
 
-def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
-                       row_weights: torch.Tensor, experts: tuple) -> torch.Tensor | None:
-    """The sorted rows through quantized experts dequantized a group at a time, then
-    torch._grouped_mm (quant/expert_grouped.py); None where _grouped_mm refuses them."""
+def _unless_grouped_mm_refuses(run, what: str) -> torch.Tensor | None:
+    """run()'s result, or None the first time torch._grouped_mm refuses it here (a
+    capability, remembered in _grouped_mm_works); once it has worked, an error is raised."""
     global _grouped_mm_works
-    from strata.engine.core.quant import expert_grouped
-
     try:
-        y = expert_grouped.experts_mlp(x, source, offsets, row_weights, *experts)
+        y = run()
     except RuntimeError as exc:
         if _grouped_mm_works:  # it worked before: this is a real error, not a capability
             raise
         _grouped_mm_works = False
-        log.warning("torch._grouped_mm refused the quantized MoE prefill (%s)", exc)
+        log.warning("torch._grouped_mm refused %s (%s); looping over experts", what, exc)
         return None
     _grouped_mm_works = True
     return y
+
+
+def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
+                       row_weights: torch.Tensor, experts: tuple) -> torch.Tensor | None:
+    """The sorted rows through quantized experts dequantized a group at a time, then
+    torch._grouped_mm (quant/expert_grouped.py); None where _grouped_mm refuses them."""
+    from strata.engine.core.quant import expert_grouped
+
+    return _unless_grouped_mm_refuses(
+        lambda: expert_grouped.experts_mlp(x, source, offsets, row_weights, *experts),
+        "the quantized MoE prefill")
 
 
 def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
@@ -185,7 +193,6 @@ def experts_sorted(
     ops: PointwiseOps = EAGER_OPS,
 ) -> torch.Tensor:
     """The routed experts of x [T, H] with weights/ids [T, k]; returns [T, H] in x's dtype."""
-    global _grouped_mm_works
     top_k = ids.shape[1]
     stacked = moe.experts
     experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
@@ -196,15 +203,9 @@ def experts_sorted(
     if quantized:
         y = _quantized(x, source, offsets, row_weights, experts)
     elif grouped_mm_supported(x):
-        try:
-            y = _grouped(x.index_select(0, source), *experts, offsets, row_weights, ops)
-            _grouped_mm_works = True
-        except RuntimeError as exc:
-            if _grouped_mm_works:  # it worked before: this is a real error, not a capability
-                raise
-            _grouped_mm_works = False
-            log.warning("torch._grouped_mm refused the MoE prefill (%s); looping over experts",
-                        exc)
+        y = _unless_grouped_mm_refuses(
+            lambda: _grouped(x.index_select(0, source), *experts, offsets, row_weights, ops),
+            "the MoE prefill")
     if y is None:
         if quantized:  # one expert's matrix dequantized at a time
             experts = tuple(ExpertMatrices(w) for w in experts)
