@@ -522,7 +522,7 @@ def expert_scratch_numel(model: torch.nn.Module, max_prefill_tokens: int | None 
 def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
     """Compile the expert kernels for every variant decode and prefill launch, before any
     CUDA graph is captured; returns how many ran."""
-    from strata.engine.core.fast.moe_grouped import slot_layout
+    from strata.engine.core.fast.moe_grouped import expert_stacks, slot_layout
     from strata.engine.core.fast.moe_prefill import warm_up_quantized
     from strata.engine.core.quant.expert_kernels import gather_dequantize
 
@@ -535,8 +535,7 @@ def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = Non
             if key not in seen:
                 seen.add(key)
                 warm_up_quantized(moe, grouped=_reaches_grouped(moe, max_prefill_tokens))
-        stacks = (layout.gate, layout.up, layout.down) if layout else (
-            moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
+        stacks = expert_stacks(moe, layout)[:3]
         for p, w in enumerate(stacks):
             key = (w.qtype if isinstance(w, QuantizedExperts) else None, w.shape[1:], layout
                    is None)

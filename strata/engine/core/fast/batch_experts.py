@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.core.fast.moe_batch import pairs_down_sum, pairs_gate_up, router_topk_rows
-from strata.engine.core.fast.moe_grouped import routed_experts
+from strata.engine.core.fast.moe_grouped import expert_stacks, routed_experts
 from strata.engine.core.models.switch import SlotLayout
 from strata.engine.core.quant.experts import is_quantized_experts
 
@@ -28,13 +28,8 @@ def experts_rows(moe, x: torch.Tensor, layout: SlotLayout | None = None) -> torc
     rows, and types those cannot read, go row by row through the one-token kernels. Over the
     resident stacked experts, or a partial cache's layout: its slot table, the host copy for
     the rest, ids left in layout.step_ids[:T] for the cache. [T, H] in x's dtype."""
-    if layout is None:
-        stacked = moe.experts
-        gate, up, down = stacked.gate_proj, stacked.up_proj, stacked.down_proj
-        table, offsets, out_ids = None, (0, 0, 0), None
-    else:
-        gate, up, down, table = layout.gate, layout.up, layout.down, layout.table
-        offsets, out_ids = layout.host_offsets, layout.step_ids[: x.shape[0]]
+    gate, up, down, table, offsets = expert_stacks(moe, layout)
+    out_ids = layout.step_ids[: x.shape[0]] if layout is not None else None
     weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob,
                                     out_ids)
     if is_quantized_experts(gate):

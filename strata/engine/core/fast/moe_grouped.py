@@ -66,6 +66,15 @@ def slot_layout(moe: SparseMoE) -> SlotLayout | None:
     return layout if isinstance(layout, SlotLayout) else None
 
 
+def expert_stacks(moe: SparseMoE, layout: SlotLayout | None) -> tuple:
+    """(gate, up, down, slot table, host offsets) the expert kernels read: the resident
+    stacks (no table), or a partial cache's slots with its table and host-copy offsets."""
+    if layout is None:
+        stacked = moe.experts
+        return stacked.gate_proj, stacked.up_proj, stacked.down_proj, None, (0, 0, 0)
+    return layout.gate, layout.up, layout.down, layout.table, layout.host_offsets
+
+
 def is_grouped_capable(moe: SparseMoE, impl: str = "triton") -> bool:
     """Whether one token's experts can run without asking the host which: stacked resident
     parameters (any grouped impl), or a partial cache's slot table (the Triton kernels)."""
@@ -101,13 +110,8 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
     router leaves its ids in layout.step_ids[0], where the cache learns what to promote."""
     from strata.engine.core.fast import moe_triton
 
-    if layout is None:
-        stacked = moe.experts
-        gate, up, down = stacked.gate_proj, stacked.up_proj, stacked.down_proj
-        table, offsets, out_ids = None, (0, 0, 0), None
-    else:
-        gate, up, down, table = layout.gate, layout.up, layout.down, layout.table
-        offsets, out_ids = layout.host_offsets, layout.step_ids[0]
+    gate, up, down, table, offsets = expert_stacks(moe, layout)
+    out_ids = layout.step_ids[0] if layout is not None else None
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
                                           out_ids=out_ids, use_pdl=use_pdl)
     return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl)
