@@ -59,13 +59,14 @@ def _expected(x, dense, ids, weights) -> tuple[torch.Tensor, torch.Tensor]:
     ((QT.Q4_K, QT.Q4_K, QT.Q6_K), 3, 8),  # Q4_K_M's experts
     ((QT.Q4_K, QT.Q4_K, QT.Q4_K), 16, 2),  # Q4_K_M's other layers; a full bucket
     ((QT.Q5_0, QT.Q4_1, QT.Q8_0), 4, 3),  # 32-value blocks
-], ids=["q4k-q4k-q6k", "q4k-16rows", "q5_0-q4_1-q8_0"])
+    ((QT.IQ2_XXS, QT.IQ2_XXS, QT.Q2_K), 3, 8),  # the IQ2_XXS mix (lookup-table planes)
+], ids=["q4k-q4k-q6k", "q4k-16rows", "q5_0-q4_1-q8_0", "iq2xxs-iq2xxs-q2k"])
 def test_batched_experts_match_torch_on_the_dequantized_experts(types, num_rows, k) -> None:
     from strata.engine.core.quant import expert_batch
 
     # One 256-value super-block a row for K-quants (the interpreter pays per op); 32-value
     # blocks over partial row and column tiles.
-    wide = QT.Q4_K in types or QT.Q5_K in types or QT.Q6_K in types
+    wide = any(t in (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.IQ2_XXS) for t in types)
     hidden, inter = (256, 256) if wide else (288, 96)
     blocks, dense = _projections(*types, hidden, inter)
     assert expert_batch.supports(*blocks)

@@ -5,7 +5,7 @@ moe_batch.router_topk_rows. expert_gemv.py's one-token kernels would take B time
 launches and read an expert once per row that routed to it. Here, three launches a layer:
 
 1. `gate_up_rows`: silu(gate[e] @ x_b) * (up[e] @ x_b) for every pair (b, e). The first pair
-   of each expert (its leader) decodes each weight tile once (gemv_planes.planes) and
+   of each expert (its leader) decodes each weight tile once (gemv_planes.planes_lut) and
    multiplies it with all rows routed there by tl.dot over 16 rows, as kernels._planes_kernel
    does for 2..16 tokens, or, for an expert only one row routed to (most of them at small B
    with spread routing), by float32 multiply-and-add as expert_gemv does; the other pairs
@@ -32,6 +32,7 @@ from strata.engine.core.kernels import launch
 from strata.engine.core.quant import expert_gemv
 from strata.engine.core.quant import gemv_planes as gp
 from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.core.quant.lookup import lookup_table
 
 try:
     import triton
@@ -79,7 +80,8 @@ if triton is not None:
         return num_earlier == 0, uses, token_pair
 
     @triton.jit
-    def _rows_dot(w_ptr, wh_ptr, row_off, row_ok, v_ptr, v_index, v_ok, num_groups, num_cols,
+    def _rows_dot(w_ptr, wh_ptr, lut_ptr, row_off, row_ok, v_ptr, v_index, v_ok, num_groups,
+                  num_cols,
                   QTYPE: tl.constexpr, LANES: tl.constexpr, PRECISION: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
                   STAGES: tl.constexpr):
@@ -99,8 +101,8 @@ if triton is not None:
                            num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             group_ok = group < num_groups
-            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
-                                             row_ok[:, None, None] & group_ok, QTYPE)
+            w0, cols0, w1, cols1 = gp.planes_lut(w_ptr, wh_ptr, lut_ptr, row_off, group,
+                                                 lane, row_ok[:, None, None] & group_ok, QTYPE)
             ok = v_ok[:, None, None] & group_ok
             v0 = tl.reshape(tl.load(v_rows + cols0, mask=ok, other=0.0),
                             (BLOCK_T, GROUPS * LANES))  # [T, G*L]
@@ -123,8 +125,8 @@ if triton is not None:
                            num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             group_ok = group < num_groups
-            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, row_off, group, lane,
-                                             row_ok[:, None, None] & group_ok, QTYPE)
+            w0, cols0, w1, cols1 = gp.planes_lut(w_ptr, wh_ptr, lut_ptr, row_off, group,
+                                                 lane, row_ok[:, None, None] & group_ok, QTYPE)
             v_at = v_one + (cols0 + same_row)
             v0 = tl.load(v_at, mask=group_ok, other=0.0).to(tl.float32)
             v1 = tl.load(v_at + (cols1 - cols0), mask=group_ok, other=0.0).to(tl.float32)
@@ -138,7 +140,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["num_tokens", "gate_host", "up_host", "gate_stride",
                                    "up_stride"])
     def _gate_up_kernel(
-        x_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr, ids_ptr, table_ptr, out_ptr,
+        x_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr, ids_ptr, table_ptr, lut_ptr, out_ptr,
         num_tokens, gate_host, up_host, gate_stride, up_stride, num_rows, num_cols,
         gate_row_bytes, up_row_bytes,
         TOP_K: tl.constexpr, GATE_QTYPE: tl.constexpr, GATE_LANES: tl.constexpr,
@@ -157,13 +159,13 @@ if triton is not None:
         tokens = tl.arange(0, BLOCK_T)
         gate_off = _expert_base(ids_ptr, pair, table_ptr, gate_host, gate_stride, GATE_UNIT,
                                 HAS_TABLE) + rows64 * gate_row_bytes
-        g = _rows_dot(gate_ptr, gate_h_ptr, gate_off, row_ok, x_ptr, tokens, uses,
+        g = _rows_dot(gate_ptr, gate_h_ptr, lut_ptr, gate_off, row_ok, x_ptr, tokens, uses,
                       tl.where(is_leader, num_cols // (2 * GATE_LANES), 0), num_cols,
                       GATE_QTYPE, GATE_LANES, PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS,
                       STAGES)
         up_off = _expert_base(ids_ptr, pair, table_ptr, up_host, up_stride, UP_UNIT,
                               HAS_TABLE) + rows64 * up_row_bytes
-        u = _rows_dot(up_ptr, up_h_ptr, up_off, row_ok, x_ptr, tokens, uses,
+        u = _rows_dot(up_ptr, up_h_ptr, lut_ptr, up_off, row_ok, x_ptr, tokens, uses,
                       tl.where(is_leader, num_cols // (2 * UP_LANES), 0), num_cols, UP_QTYPE,
                       UP_LANES, PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS, STAGES)
         act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up, [BLOCK_T, BLOCK_ROWS]
@@ -172,7 +174,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["num_tokens", "host_units", "stride_units"])
     def _down_kernel(
-        act_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr, table_ptr, out_ptr,
+        act_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr, table_ptr, lut_ptr, out_ptr,
         num_tokens, host_units, stride_units, num_rows, num_cols, row_bytes,
         TOP_K: tl.constexpr, QTYPE: tl.constexpr, LANES: tl.constexpr, UNIT: tl.constexpr,
         HAS_TABLE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -188,7 +190,7 @@ if triton is not None:
         off = _expert_base(ids_ptr, pair, table_ptr, host_units, stride_units, UNIT,
                            HAS_TABLE) + rows.to(tl.int64)[:, None, None] * row_bytes
         # Each row multiplies its own pair's activations.
-        acc = _rows_dot(w_ptr, wh_ptr, off, row_ok, act_ptr, token_pair, uses,
+        acc = _rows_dot(w_ptr, wh_ptr, lut_ptr, off, row_ok, act_ptr, token_pair, uses,
                         tl.where(is_leader, num_cols // (2 * LANES), 0), num_cols, QTYPE,
                         LANES, PRECISION, BLOCK_T, BLOCK_ROWS, BLOCK_COLS, STAGES)
         weight = tl.load(weights_ptr + token_pair, mask=uses, other=0.0).to(tl.float32)
@@ -207,10 +209,8 @@ def supports(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExpert
              table: torch.Tensor | None = None,
              host_offsets: tuple[int, int, int] = (0, 0, 0)) -> bool:
     """Whether `routed_rows` takes these projections: the one-token kernels' types and
-    layouts (expert_gemv.supports) that gemv_planes.planes decodes without the lookup table
-    (IQ2_XXS goes one row at a time, through the one-token kernels); else row by row."""
-    return (all(int(w.qtype) in gp.PLANE_LANES for w in (gate, up, down))
-            and expert_gemv.supports(gate, up, down, table, host_offsets))
+    layouts (expert_gemv.supports); else the rows go one at a time."""
+    return expert_gemv.supports(gate, up, down, table, host_offsets)
 
 
 def _check_rows(ids: torch.Tensor) -> tuple[int, int]:
@@ -246,13 +246,13 @@ def gate_up_rows(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
         _gate_up_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         _candidates(),
         x.contiguous(), gate.raw, gate.raw.view(torch.float16), up.raw,
-        up.raw.view(torch.float16), ids, table_arg, out, num_tokens,
+        up.raw.view(torch.float16), ids, table_arg, lookup_table(x.device), out, num_tokens,
         int(host_offsets[0]) // gate_unit if has_table else 0,
         int(host_offsets[1]) // up_unit if has_table else 0,
         gate.expert_stride // gate_unit, up.expert_stride // up_unit, num_rows, num_cols,
         gate.raw.shape[2], up.raw.shape[2],
-        GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.PLANE_LANES[int(gate.qtype)],
-        GATE_UNIT=gate_unit, UP_QTYPE=int(up.qtype), UP_LANES=gp.PLANE_LANES[int(up.qtype)],
+        GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.ALL_PLANE_LANES[int(gate.qtype)],
+        GATE_UNIT=gate_unit, UP_QTYPE=int(up.qtype), UP_LANES=gp.ALL_PLANE_LANES[int(up.qtype)],
         UP_UNIT=up_unit, HAS_TABLE=has_table, use_pdl=use_pdl, **_blocks(top_k, x.dtype),
     )
     return out
@@ -277,9 +277,9 @@ def down_rows(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
         _down_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         _candidates(),
         act.contiguous(), down.raw, down.raw.view(torch.float16), ids, weights.contiguous(),
-        table_arg, parts, num_tokens, int(host_offset) // unit if has_table else 0,
+        table_arg, lookup_table(act.device), parts, num_tokens, int(host_offset) // unit if has_table else 0,
         down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],
-        QTYPE=int(down.qtype), LANES=gp.PLANE_LANES[int(down.qtype)], UNIT=unit,
+        QTYPE=int(down.qtype), LANES=gp.ALL_PLANE_LANES[int(down.qtype)], UNIT=unit,
         HAS_TABLE=has_table, use_pdl=use_pdl, **_blocks(top_k, act.dtype),
     )
     return parts
