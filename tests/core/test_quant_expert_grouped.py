@@ -31,6 +31,7 @@ from tests.core.test_quant_expert_gemm import (
     _reference,
     _rows,
 )
+from tests.helpers.moe_stub import moe_stub
 
 
 def _shuffled(rows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,18 +76,6 @@ def test_k_quant_experts_in_groups_match_torch(monkeypatch) -> None:
                                       *blocks).shape == (0, hidden)
 
 
-class _Experts(torch.nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = blocks
-
-
-class _Moe(torch.nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        self.experts = _Experts(blocks)
-
-
 def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
     """experts_sorted takes expert_gemm below min_rows routed rows, the grouped path from
     there on; lowering DEQUANT_MIN_ROWS_PER_EXPERT moves the same call across, with the same
@@ -109,7 +98,7 @@ def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
     ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k]
                        for _ in range(tokens)])  # [T, k]
     weights = torch.rand(tokens, top_k, generator=gen) + 0.1
-    moe = _Moe(blocks)
+    moe = moe_stub(*blocks)
     rows = tokens * top_k  # 40: 5.7 per expert
     monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
     assert rows < expert_grouped.min_rows(num_experts)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.moe_stub import moe_stub
+
 pytestmark = pytest.mark.gpu
 
 E, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
@@ -91,12 +93,9 @@ def test_a_graph_replay_equals_the_eager_call() -> None:
     from strata.engine.core.fast.moe_triton import _counter
 
     experts, router, x = _setup(16, torch.bfloat16, seed=5)
-    moe = torch.nn.Module()  # the attributes experts_rows reads, as SparseMoE has them
-    moe.experts = torch.nn.Module()
-    moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj = experts
-    moe.router = torch.nn.Linear(HIDDEN, E, bias=False, device="cuda", dtype=torch.bfloat16)
-    moe.router.weight.data.copy_(router)
-    moe.top_k, moe.norm_topk_prob = TOP_K, True
+    router_module = torch.nn.Linear(HIDDEN, E, bias=False, device="cuda", dtype=torch.bfloat16)
+    router_module.weight.data.copy_(router)
+    moe = moe_stub(*experts, top_k=TOP_K, router=router_module)
     static_x = x.clone()
     for _ in range(2):  # compile and autotune outside the capture
         batch_experts.experts_rows(moe, static_x)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from tests.helpers.moe_stub import moe_stub
 from tests.helpers.quant_blocks import random_blocks
 
 pytestmark = pytest.mark.gpu
@@ -134,19 +135,6 @@ def _layer(types=Q4_K_M, with_reference: bool = False):
     return tuple(m[0] for m in made), tuple(m[1] for m in made)
 
 
-class _Experts(torch.nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = blocks
-
-
-class _Moe(torch.nn.Module):
-    def __init__(self, blocks):
-        super().__init__()
-        self.experts = _Experts(blocks)
-        self.top_k = TOP_K
-
-
 def _routing(tokens: int, seed: int):
     """(x [T, H], weights [T, k], ids [T, k]) bf16 on CUDA: four favoured experts, the rest
     at random (some without rows)."""
@@ -206,7 +194,7 @@ def test_cuda_both_prefill_paths_match_torch_at_qwen3_30b_a3b_shape(monkeypatch,
     for tuned in (expert_gemm._gate_up_tuned, expert_gemm._down_tuned):
         monkeypatch.setattr(tuned, "configs", tuned.configs[:1])  # minutes of compiles else
     blocks, dense = _layer(with_reference=True)
-    moe = _Moe(blocks)
+    moe = moe_stub(*blocks, top_k=TOP_K)
     assert expert_grouped.experts_per_group(*blocks) == 16
     x, weights, ids = _routing(512, seed=0)
     expected = _reference(x, weights, ids, dense)
@@ -233,7 +221,7 @@ def test_cuda_graph_of_the_grouped_path_replays_with_new_routing(monkeypatch,
     monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
 
     blocks, _ = _layer()
-    moe = _Moe(blocks)
+    moe = moe_stub(*blocks, top_k=TOP_K)
     reserve_scratch(torch.device("cuda"), torch.bfloat16, expert_grouped.scratch_numel(*blocks))
     x, weights, ids = _routing(256, seed=1)
     moe_prefill.experts_sorted(moe, x, weights, ids)  # compile and tune outside capture
