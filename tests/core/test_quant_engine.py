@@ -151,20 +151,11 @@ def test_dp4a_decodes_q4_k_m_like_blocks_like_the_planes_kernel(tmp_path, monkey
     Q8_0 (the other down) blocks takes the dp4a GEMVs, whose greedy tokens equal the planes
     kernel's (STRATA_DP4A=0). Random K-quant blocks of small scales (the writer cannot
     quantize K-quants) keep the activations moderate, so attention is not a coin flip."""
-    import transformers
-
     from strata.engine.core import engine as engine_module
     from strata.engine.core.quant import gemv_dp4a
+    from tests.helpers.gguf_writer import write_tiny_q4_k_m_like_llama
 
-    config = make_tiny_hf_config("llama")
-    config.hidden_size = config.intermediate_size = 256  # whole K-quant blocks
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    path = write_gguf_from_hf(model, None, tmp_path / "q4_k_m.gguf", "Q4_K", random_scale=1e-4,
-                              qtype_overrides={"blk.0.attn_v.weight": "Q6_K",
-                                               "blk.0.ffn_down.weight": "Q6_K",
-                                               "blk.1.ffn_down.weight": "Q8_0",
-                                               "output.weight": "Q6_K"})
+    path = write_tiny_q4_k_m_like_llama(tmp_path / "q4_k_m.gguf")
     monkeypatch.setattr(engine_module, "compute_dtype", lambda device, config: torch.bfloat16)
     calls: dict[int, int] = {}
     dp4a = gemv_dp4a.matmul

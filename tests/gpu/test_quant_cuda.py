@@ -206,22 +206,11 @@ def test_cuda_engine_decodes_q4_k_m_like_blocks_by_dp4a_like_planes(tmp_path,
     """A tiny Q4_K_M-like Llama (Q6_K v, a down and the head, Q8_0 the other down) through
     the CUDA engine (warm-up, CUDA graphs): the dp4a GEMVs' greedy tokens equal the planes
     kernels' (STRATA_DP4A=0) or part at a bf16 near-tie."""
-    import transformers
-
     from strata.engine.core.quant import gemv_dp4a
     from tests.core.batch_helpers import BF16_NEAR_TIE, assert_same_or_near_tie
-    from tests.helpers.gguf_writer import write_gguf_from_hf
-    from tests.helpers.tiny_models import make_tiny_hf_config
+    from tests.helpers.gguf_writer import write_tiny_q4_k_m_like_llama
 
-    config = make_tiny_hf_config("llama")
-    config.hidden_size = config.intermediate_size = 256
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    path = write_gguf_from_hf(model, None, tmp_path / "q4_k_m.gguf", "Q4_K", random_scale=1e-4,
-                              qtype_overrides={"blk.0.attn_v.weight": "Q6_K",
-                                               "blk.0.ffn_down.weight": "Q6_K",
-                                               "blk.1.ffn_down.weight": "Q8_0",
-                                               "output.weight": "Q6_K"})
+    path = write_tiny_q4_k_m_like_llama(tmp_path / "q4_k_m.gguf")
     calls = [0]
     dp4a = gemv_dp4a.matmul
 

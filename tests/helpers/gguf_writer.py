@@ -200,3 +200,25 @@ def write_gguf_from_hf(
     writer.write_tensors_to_file()
     writer.close()
     return Path(out_path)
+
+
+# A Q4_K_M-like mix on a tiny Llama: Q4_K, with Q6_K v, one down and the head, Q8_0 the
+# other down (every dp4a type in one file).
+Q4_K_M_LIKE_OVERRIDES = {"blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K",
+                         "blk.1.ffn_down.weight": "Q8_0", "output.weight": "Q6_K"}
+
+
+def write_tiny_q4_k_m_like_llama(out_path: str | Path) -> Path:
+    """A tiny random Llama (hidden and intermediate 256: whole K-quant blocks) as a GGUF
+    of Q4_K_M_LIKE_OVERRIDES' mix; block scales of 1e-4 keep its activations moderate."""
+    import torch
+    import transformers
+
+    from tests.helpers.tiny_models import make_tiny_hf_config
+
+    config = make_tiny_hf_config("llama")
+    config.hidden_size = config.intermediate_size = 256
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return write_gguf_from_hf(model, None, out_path, "Q4_K", random_scale=1e-4,
+                              qtype_overrides=Q4_K_M_LIKE_OVERRIDES)
