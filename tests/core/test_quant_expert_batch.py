@@ -30,6 +30,7 @@ from tests.core.test_quant_expert_gemv import (
     assert_close,
     in_slots,
     reference,
+    slot_table,
 )
 
 
@@ -122,9 +123,7 @@ def test_batched_experts_read_slots_or_the_host_copy_through_the_table() -> None
     host, dense = _projections(QT.Q4_K, QT.Q8_0, QT.Q6_K, 256, 256, pad_bytes=36)
     resident = {4: 2, 1: 0, 7: 3}
     slots, offsets = zip(*(in_slots(w, resident) for w in host))
-    table = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
-    for expert, slot in resident.items():
-        table[expert] = slot
+    table = slot_table(resident)
     assert expert_batch.supports(*slots, table, offsets)
     ids = torch.tensor([[4, 5, 1], [0, 7, 2], [4, 8, 6], [5, 1, 0]])  # slot and host, shared
     weights = torch.rand(4, 3, generator=torch.Generator().manual_seed(5)) + 0.1

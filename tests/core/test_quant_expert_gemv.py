@@ -71,6 +71,14 @@ def in_slots(host: QuantizedExperts, resident: dict[int, int], num_slots: int = 
     return experts, host.raw.data_ptr() - slots.data_ptr()
 
 
+def slot_table(resident: dict[int, int]) -> torch.Tensor:
+    """The device slot table [E] int32 of a partial cache: resident experts' slots, else -1."""
+    table = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
+    for expert, slot in resident.items():
+        table[expert] = slot
+    return table
+
+
 def reference(x, gate, up, down, ids, weights) -> tuple[torch.Tensor, torch.Tensor]:
     """(act [k, I], y [H]) by torch on the dequantized experts, in float64."""
     ids = ids.long().cpu()
@@ -140,9 +148,7 @@ def test_fused_experts_read_slots_or_the_host_copy_through_the_table(qtype: QT, 
     host, dense = _projections(qtype, qtype, qtype, hidden, inter, pad_bytes=36)
     resident = {4: 2, 1: 0, 7: 3}
     slots, offsets = zip(*(in_slots(w, resident) for w in host))
-    table = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
-    for expert, slot in resident.items():
-        table[expert] = slot
+    table = slot_table(resident)
     assert expert_gemv.supports(*slots, table, offsets)
     ids = torch.tensor([4, 5, 1, 0, 7, 2, 8, 6])[:k]  # slot, host, slot, host, ...
     weights = torch.linspace(0.3, 0.05, k)
@@ -258,9 +264,7 @@ def test_dp4a_experts_read_slots_or_the_host_copy_like_the_resident_ones() -> No
     host, _ = _dp4a_layer((QT.Q6_K,) * 3, 256, 256, pad_bytes=2)  # rows of 210 bytes
     resident = {4: 2, 1: 0}
     slots, offsets = zip(*(in_slots(w, resident) for w in host))
-    table = torch.full((NUM_EXPERTS,), -1, dtype=torch.int32)
-    for expert, slot in resident.items():
-        table[expert] = slot
+    table = slot_table(resident)
     ids = torch.tensor([4, 5, 1])  # slot, host (an odd expert: 2 mod 4), slot
     weights = torch.tensor([0.5, 0.3, 0.2]).half()
     x = _dp4a_x(256, seed=3)
