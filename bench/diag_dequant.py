@@ -8,13 +8,15 @@ the HBM bandwidth a large device copy measures here. Their outputs must be equal
 (b) `moe`: one Qwen3-30B-A3B-shaped MoE layer's prefill (moe_prefill.moe_block: router,
 sort, experts, sum) per token count, through expert_gemm.py and through expert_grouped.py
 (dequantize 16 experts at a time, torch._grouped_mm), forced by the crossover constant;
-the crossover to set is the first rows-per-expert where the grouped path wins.
+the crossover to set is the first rows-per-expert where the grouped path wins. With
+--profile, each path's kernels at each token count by torch.profiler (profile_decode's
+table): which launches the time goes to.
 
 Random valid blocks (bench/gguf_pools.py's pools, repeated). Median times of
 triton.testing.do_bench. Prints tables, writes JSON to --out.
 
     python bench/diag_dequant.py [--part dequant|moe|both] [--types Q4_K,Q6_K,...]
-        [--tokens 128,256,512,1024,2048,4096] [--out diag-dequant.json]
+        [--tokens 128,256,512,1024,2048,4096] [--profile] [--out diag-dequant.json]
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--moe-types", default="Q4_K,Q4_K,Q6_K",
                         help="gate,up,down types of part (b) (Q4_K_M's)")
     parser.add_argument("--tokens", default="128,256,512,1024,2048,4096")
+    parser.add_argument("--profile", action="store_true",
+                        help="part (b): per-kernel CUDA time of each path (torch.profiler)")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     from gguf import GGMLQuantizationType
@@ -123,7 +127,24 @@ def dequant_rows(types, hbm_gb_s: float) -> list[dict]:
     return rows
 
 
-def moe_rows(types, token_counts) -> list[dict]:
+def _profile(title: str, run, calls: int = 5) -> None:
+    """Per-kernel CUDA time of `calls` runs, per run (profile_decode's table)."""
+    import torch
+    from profile_decode import kernel_table, print_table
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        started_s = time.perf_counter()
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+        wall_s = time.perf_counter() - started_s
+    print_table(title, kernel_table(prof), calls, wall_s, top=10)
+
+
+def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
     import torch
 
     from strata.engine.core.fast import moe_prefill
@@ -154,6 +175,9 @@ def moe_rows(types, token_counts) -> list[dict]:
                 expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = threshold
                 outs[path] = moe_prefill.moe_block(moe, x)
                 times[path] = _ms(lambda x=x: moe_prefill.moe_block(moe, x)) * 1e3
+                if profiled:
+                    _profile(f"{path}, {tokens} tokens",
+                             lambda x=x: moe_prefill.moe_block(moe, x))
             expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = saved
             chosen = ("grouped" if tokens * k >= expert_grouped.min_rows(e) else "gemm")
             diff = (outs["gemm"].float() - outs["grouped"].float()).abs().max().item()
@@ -188,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(hbm_gb_s=round(hbm), dequant=dequant_rows(args.types, hbm))
     if args.part in ("moe", "both"):
         result.update(moe_shape=MOE_SHAPE, moe_types=[t.name for t in args.moe_types],
-                      moe=moe_rows(args.moe_types, args.tokens))
+                      moe=moe_rows(args.moe_types, args.tokens, args.profile))
     result["elapsed_s"] = round(time.perf_counter() - started_s, 1)
     text = json.dumps(result)
     print(text)
