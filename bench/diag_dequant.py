@@ -6,11 +6,9 @@ GGML type, at Llama-3-8B's matrices and Qwen3-30B-A3B's expert stacks as the mod
 them (128 x gate [768, 2048], the same for up, 128 x down [2048, 768]), as a fraction of
 the HBM bandwidth a large device copy measures here. Their outputs must be equal.
 (b) `moe`: one Qwen3-30B-A3B-shaped MoE layer's prefill (moe_prefill.moe_block: router,
-sort, experts, sum) per token count, through expert_gemm.py (bf16 decoding in the K loop),
-expert_mmq.py (int8 MMA, where the types allow) and expert_grouped.py (dequantize 16
-experts at a time, torch._grouped_mm), forced by moe_prefill.USE_INT8_MMA and the
-crossover constant; the crossover to set is the first rows-per-expert where the grouped
-path wins. With
+sort, experts, sum) per token count, through expert_gemm.py and through expert_grouped.py
+(dequantize 16 experts at a time, torch._grouped_mm), forced by the crossover constant;
+the crossover to set is the first rows-per-expert where the grouped path wins. With
 --profile, each path's kernels at each token count by torch.profiler (profile_decode's
 table): which launches the time goes to.
 
@@ -166,44 +164,34 @@ def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
     reserve_scratch(torch.device(DEVICE), torch.bfloat16, expert_grouped.scratch_numel(*stacks))
     moe_prefill.warm_up_quantized(moe)  # compiles and autotunes both paths, as the load does
     saved = expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT
-    saved_mma = moe_prefill.USE_INT8_MMA
-    # (path, grouped crossover, int8 MMA): each forced in turn
-    paths = (("gemm", 1 << 30, False), ("mmq", 1 << 30, True), ("grouped", 0, False))
     rows = []
-    print(f"{'tokens':>6} {'rows/exp':>8} {'gemm_us':>9} {'mmq_us':>9} {'grouped_us':>10} "
-          f"{'at the constants':>16}  max_diff against gemm: mmq, grouped")
+    print(f"{'tokens':>6} {'rows/exp':>8} {'gemm_us':>9} {'grouped_us':>10} {'gemm/grp':>8} "
+          f"{'at the constant':>15}  max_diff")
     try:
         for tokens in token_counts:
             x = torch.randn(tokens, h, device=DEVICE, dtype=torch.bfloat16)
             times, outs = {}, {}
-            for path, threshold, mma in paths:
+            for path, threshold in (("gemm", 1 << 30), ("grouped", 0)):
                 expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = threshold
-                moe_prefill.USE_INT8_MMA = mma
                 outs[path] = moe_prefill.moe_block(moe, x)
                 times[path] = _ms(lambda x=x: moe_prefill.moe_block(moe, x)) * 1e3
                 if profiled:
                     _profile(f"{path}, {tokens} tokens",
                              lambda x=x: moe_prefill.moe_block(moe, x))
             expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = saved
-            moe_prefill.USE_INT8_MMA = saved_mma
-            grouped = tokens * k >= expert_grouped.min_rows(e)
-            mma = moe_prefill.uses_int8_mma(*stacks)
-            chosen = "grouped" if grouped else "mmq" if mma else "gemm"
-            scale = outs["gemm"].float().abs().max().item()
-            diffs = {p: (outs["gemm"].float() - outs[p].float()).abs().max().item() / scale
-                     for p in ("mmq", "grouped")}
-            row = {"tokens": tokens, "rows_per_expert": tokens * k / e, "chosen": chosen,
-                   **{f"{p}_us": round(times[p], 1) for p, _, _ in paths},
-                   **{f"{p}_rel_diff": round(d, 5) for p, d in diffs.items()}}
+            chosen = ("grouped" if tokens * k >= expert_grouped.min_rows(e) else "gemm")
+            diff = (outs["gemm"].float() - outs["grouped"].float()).abs().max().item()
+            scale = outs["grouped"].float().abs().max().item()
+            row = {"tokens": tokens, "rows_per_expert": tokens * k / e,
+                   "gemm_us": round(times["gemm"], 1), "grouped_us": round(times["grouped"], 1),
+                   "chosen": chosen, "rel_diff": round(diff / max(scale, 1e-30), 5)}
             rows.append(row)
-            print(f"{tokens:6d} {tokens * k / e:8.1f} {times['gemm']:9.1f} {times['mmq']:9.1f} "
-                  f"{times['grouped']:10.1f} {chosen:>16}  {diffs['mmq']:.3g}, "
-                  f"{diffs['grouped']:.3g}", flush=True)
+            print(f"{tokens:6d} {tokens * k / e:8.1f} {times['gemm']:9.1f} "
+                  f"{times['grouped']:10.1f} {times['gemm'] / times['grouped']:8.2f} "
+                  f"{chosen:>15}  {diff:.3g} (of {scale:.3g})", flush=True)
     finally:
         expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = saved
-        moe_prefill.USE_INT8_MMA = saved_mma
-    wins = [r["rows_per_expert"] for r in rows
-            if r["grouped_us"] < min(r["gemm_us"], r["mmq_us"])]
+    wins = [r["rows_per_expert"] for r in rows if r["grouped_us"] < r["gemm_us"]]
     print(f"grouped path faster from {min(wins) if wins else '-'} rows per expert "
           f"(DEQUANT_MIN_ROWS_PER_EXPERT = {saved})")
     return rows

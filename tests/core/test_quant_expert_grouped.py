@@ -77,20 +77,17 @@ def test_k_quant_experts_in_groups_match_torch(monkeypatch) -> None:
 
 
 def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
-    """experts_sorted takes expert_gemm below min_rows routed rows (expert_mmq for these
-    Q8_0 experts unless USE_INT8_MMA is off), the grouped path from there on; lowering
-    DEQUANT_MIN_ROWS_PER_EXPERT moves the same call across, with the same result (within
-    float32 summation order)."""
+    """experts_sorted takes expert_gemm below min_rows routed rows, the grouped path from
+    there on; lowering DEQUANT_MIN_ROWS_PER_EXPERT moves the same call across, with the same
+    result (within float32 summation order)."""
     from strata.engine.core.fast import moe_prefill
-    from strata.engine.core.quant import expert_gemm, expert_grouped, expert_mmq
+    from strata.engine.core.quant import expert_gemm, expert_grouped
 
     hidden, inter = BLOCK32_SHAPE
     blocks, dense = _layer((QT.Q8_0,) * 3, hidden, inter)
     monkeypatch.setattr(expert_grouped, "EXPERT_SCRATCH_BYTES", 3 * 2 * inter * hidden * 4)
-    monkeypatch.setattr(moe_prefill, "USE_INT8_MMA", False)
-    calls = {"gemm": 0, "grouped": 0, "mmq": 0}
-    for name, module in (("gemm", expert_gemm), ("grouped", expert_grouped),
-                         ("mmq", expert_mmq)):
+    calls = {"gemm": 0, "grouped": 0}
+    for name, module in (("gemm", expert_gemm), ("grouped", expert_grouped)):
         def counted(*args, _name=name, _fn=module.experts_mlp, **kwargs):
             calls[_name] += 1
             return _fn(*args, **kwargs)
@@ -106,14 +103,10 @@ def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
     monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
     assert rows < expert_grouped.min_rows(num_experts)
     by_gemm = moe_prefill.experts_sorted(moe, x, weights, ids)
-    assert calls == {"gemm": 1, "grouped": 0, "mmq": 0}
+    assert calls == {"gemm": 1, "grouped": 0}
     monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 5)
     by_grouped = moe_prefill.experts_sorted(moe, x, weights, ids)
-    assert calls == {"gemm": 1, "grouped": 1, "mmq": 0}
-    monkeypatch.setattr(moe_prefill, "USE_INT8_MMA", True)
-    monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
-    by_mmq = moe_prefill.experts_sorted(moe, x, weights, ids)
-    assert calls == {"gemm": 1, "grouped": 1, "mmq": 1}
+    assert calls == {"gemm": 1, "grouped": 1}
     expected = torch.zeros(tokens, hidden, dtype=torch.float64)
     gate, up, down = (d.double() for d in dense)
     for t in range(tokens):
@@ -123,4 +116,3 @@ def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
             expected[t] += down[e] @ act
     _assert_close(by_gemm, expected)
     _assert_close(by_grouped, expected)
-    _assert_close(by_mmq, expected, rel=2e-2)  # x rounded to int8 per 32 values

@@ -9,9 +9,8 @@ sorted by expert once; expert e owns the contiguous rows offsets[e-1]:offsets[e]
 - Where it is missing or refuses the inputs, a loop over only the experts that got rows, on
   contiguous slices of the sorted rows (one host sync for the counts).
 - Quantized experts (GGML blocks), wherever Triton runs (CUDA; the CPU interpreter in
-  tests): up to expert_grouped.min_rows routed rows, grouped kernels over the blocks as
-  stored: quant/expert_mmq.py's int8 MMA for Q4_K, Q6_K and Q8_0, quant/expert_gemm.py's
-  (the blocks decoded to bf16 inside the K loop) for the other types; from there on, quant/expert_grouped.py, which
+  tests): up to expert_grouped.min_rows routed rows, quant/expert_gemm.py's grouped kernels,
+  which decode the blocks inside the K loop; from there on, quant/expert_grouped.py, which
   dequantizes the experts a bounded group at a time and multiplies each group's rows by
   torch._grouped_mm (the row count is a shape: the choice costs no sync).
 
@@ -36,8 +35,6 @@ log = logging.getLogger(__name__)
 
 # None: not tried yet; learned on first use because support depends on the build and the GPU.
 _grouped_mm_works: bool | None = None
-# Q4_K/Q6_K/Q8_0 experts below the grouped path's crossover: int8 MMA (expert_mmq.py).
-USE_INT8_MMA = True
 
 
 def grouped_mm_supported(x: torch.Tensor) -> bool:
@@ -141,10 +138,9 @@ def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Ten
 def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                row_weights: torch.Tensor, experts: tuple) -> torch.Tensor | None:
     """[R, H] of the sorted rows through quantized experts by whichever Triton path their
-    count favours: for few rows per expert expert_mmq.py's int8 MMA (Q4_K, Q6_K, Q8_0) or
-    expert_gemm.py's decode-in-the-K-loop GEMMs; expert_grouped.py's
-    dequantize-then-grouped-GEMM from min_rows on (or for types expert_gemm cannot read);
-    None where none runs here (the caller loops)."""
+    count favours: expert_gemm.py's decode-in-the-K-loop GEMMs for few rows per expert,
+    expert_grouped.py's dequantize-then-grouped-GEMM from min_rows on (or for types
+    expert_gemm cannot read); None where neither runs here (the caller loops)."""
     if not launch.is_usable(x.device):
         return None
     from strata.engine.core.quant import expert_grouped
@@ -158,25 +154,9 @@ def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
             return y
     if not in_gemm:
         return None
-    rows = x.index_select(0, source)
-    if uses_int8_mma(*experts):
-        from strata.engine.core.quant import expert_mmq
-
-        return expert_mmq.experts_mlp(rows, *experts, offsets, row_weights)
     from strata.engine.core.quant import expert_gemm
 
-    return expert_gemm.experts_mlp(rows, *experts, offsets, row_weights)
-
-
-def uses_int8_mma(gate, up, down) -> bool:
-    """Whether prefill multiplies these experts on int8 tensor cores (quant/expert_mmq.py:
-    Q4_K, Q6_K and Q8_0) instead of expert_gemm.py's bf16 decoding; USE_INT8_MMA off
-    (bench/diag_dequant.py, to time the other) keeps expert_gemm."""
-    if not (USE_INT8_MMA and launch.is_usable(gate.device)):
-        return False
-    from strata.engine.core.quant import expert_mmq
-
-    return expert_mmq.supports(gate, up, down)
+    return expert_gemm.experts_mlp(x.index_select(0, source), *experts, offsets, row_weights)
 
 
 def _sorted_rows(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, num_experts: int):
@@ -235,8 +215,8 @@ def experts_sorted(
 
 def warm_up_quantized(moe, grouped: bool = True) -> None:
     """Both quantized prefill paths once over a few rows, so their kernels compile (and on
-    CUDA autotune) at load, before any CUDA graph: the one below the crossover that takes
-    these types (expert_mmq's or expert_gemm's) and, if `grouped` (a prefill chunk can reach it), the grouped one's, every group
+    CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
+    types) and, if `grouped` (a prefill chunk can reach it), the grouped one's, every group
     (whose launches do not depend on the rows)."""
     stacked = moe.experts
     experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
@@ -246,11 +226,7 @@ def warm_up_quantized(moe, grouped: bool = True) -> None:
     source = torch.arange(moe.top_k, device=gate.device)
     offsets = torch.full((num_experts,), moe.top_k, dtype=torch.int32, device=gate.device)
     row_weights = torch.zeros(moe.top_k, dtype=gate.dtype, device=gate.device)
-    if uses_int8_mma(*experts):
-        from strata.engine.core.quant import expert_mmq
-
-        expert_mmq.experts_mlp(x, *experts, offsets, row_weights)
-    elif decodes_in_gemm(*experts):
+    if decodes_in_gemm(*experts):
         from strata.engine.core.quant import expert_gemm
 
         expert_gemm.experts_mlp(x, *experts, offsets, row_weights)
