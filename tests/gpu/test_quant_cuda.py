@@ -7,6 +7,8 @@ through Triton's interpreter in float32; here they run compiled, in bf16, autotu
 
 from __future__ import annotations
 
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -155,23 +157,41 @@ def _engine(model_path, monkeypatch, quantized: bool):
     return engine
 
 
-def _greedy(engine, prompt: list[int], num_tokens: int) -> list[int]:
-    spec = SamplingSpec(max_tokens=num_tokens, temperature=0.0)
-    return [t for step in engine.generate(prompt, spec) for t in step]
+def _greedy(engine, prompt: list[int], num_tokens: int) -> tuple[list[int], list[float]]:
+    """(greedy tokens, each step's top-1 minus top-2 logprob)."""
+    spec = SamplingSpec(max_tokens=num_tokens, temperature=0.0, num_logprobs=2)
+    tokens, gaps = [], []
+    for step in engine.generate(prompt, spec):
+        tokens += step
+        gaps += [r.top[0][1] - r.top[1][1] for r in engine.take_logprobs()]
+    return tokens, gaps
 
 
+# Logprob gap (nats) between the dequantized path's top two under which a different pick is
+# a near-tie: the quantized head rounds x to int8 (dp4a), about 0.5% of a logit.
+NEAR_TIE = 0.25
+# "What is the capital of France?" alone starts at a near-tie: "The" -1.883 against "L"
+# -1.965 (bench/diag_quant_model.py); the H200's quantized path picked "L" (run 17). This
+# prompt's smallest gap over its answer is 0.86 on the CPU.
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+# NVML counts the whole device: other xdist workers' engines land in this test's figures
+# (8.3 GiB "held" by a 0.1 GiB model in run 17's parallel run).
+@pytest.mark.skipif(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1,
+                    reason="measures NVML's device-wide memory: run without other workers")
 def test_default_model_quantized_on_cuda_answers_like_the_dequantized_path(
         smollm2_gguf, smollm2, monkeypatch) -> None:
     from strata.engine.core.quant.weight import QuantizedLinear
     from strata.engine.text import IncrementalDetokenizer
 
-    prompt = smollm2.encode_chat([{"role": "user", "content": "What is the capital of France?"}])
+    prompt = smollm2.encode_chat([{"role": "user", "content": QUESTION}])
     torch.cuda.init()
     baseline = nvml_used_bytes()
     dequantized = _engine(smollm2_gguf, monkeypatch, quantized=False)
     try:
         held_dequantized = nvml_used_bytes() - baseline
-        expected = _greedy(dequantized, prompt, 32)
+        expected, gaps = _greedy(dequantized, prompt, 32)
         dense_bytes = dequantized.memory.weights.reserved_bytes
     finally:
         dequantized.close()
@@ -189,11 +209,13 @@ def test_default_model_quantized_on_cuda_answers_like_the_dequantized_path(
         # quantized engine holds what the dequantized one held less the weights it saves.
         saved = dense_bytes - weights
         assert held <= held_dequantized - 0.8 * saved, (held / MIB, held_dequantized / MIB)
-        got = _greedy(engine, prompt, 32)
+        got, _ = _greedy(engine, prompt, 32)
         if got != expected:
             first = next(i for i, (a, b) in enumerate(zip(got, expected)) if a != b)
-            pytest.fail(f"greedy tokens diverge at {first}: {got[first]} != {expected[first]} "
-                        f"(quantized {got[:first + 1]}; dequantized {expected[:first + 1]})")
+            assert gaps[first] <= NEAR_TIE, (
+                f"greedy tokens diverge at {first}: {got[first]} != {expected[first]} where the "
+                f"dequantized path's top two are {gaps[first]:.3f} apart (quantized "
+                f"{got[:first + 1]}; dequantized {expected[:first + 1]})")
         detokenizer = IncrementalDetokenizer(smollm2, skip_special=True)
         text = "".join(detokenizer.push([t]) for t in got) + detokenizer.flush()
         assert "Paris" in text, text
