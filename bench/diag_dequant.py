@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for strata
@@ -142,6 +143,25 @@ def _profile(title: str, run, calls: int = 5) -> None:
         torch.cuda.synchronize()
         wall_s = time.perf_counter() - started_s
     print_table(title, kernel_table(prof), calls, wall_s, top=10)
+    # The host's share: how long the call takes to return without waiting for the GPU (a
+    # launch-bound path returns late), and the synchronizing calls torch reports in it.
+    torch.cuda.synchronize()
+    started_s = time.perf_counter()
+    run()
+    host_s = time.perf_counter() - started_s
+    torch.cuda.synchronize()
+    total_s = time.perf_counter() - started_s
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [f"{Path(w.filename).name}:{w.lineno}" for w in caught
+             if "synchroniz" in str(w.message)]
+    print(f"  host returns after {host_s * 1e6:.0f} us of {total_s * 1e6:.0f} us; "
+          f"{len(syncs)} synchronizing calls{': ' + ', '.join(sorted(set(syncs))) if syncs else ''}")
 
 
 def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
