@@ -50,9 +50,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     parser.add_argument("--profile", action="store_true",
                         help="part (b): per-kernel CUDA time of each path (torch.profiler)")
-    parser.add_argument("--scratch-mib", type=int, default=None,
-                        help="part (b): the grouped path's expert scratch (default: "
-                             "expert_grouped.EXPERT_SCRATCH_BYTES), to see what its groups cost")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     from gguf import GGMLQuantizationType
@@ -167,8 +164,7 @@ def _profile(title: str, run, calls: int = 5) -> None:
           f"{len(syncs)} synchronizing calls{': ' + ', '.join(sorted(set(syncs))) if syncs else ''}")
 
 
-def moe_rows(types, token_counts, profiled: bool = False,
-             scratch_mib: int | None = None) -> list[dict]:
+def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
     import torch
 
     from strata.engine.core.fast import moe_prefill
@@ -185,8 +181,6 @@ def moe_rows(types, token_counts, profiled: bool = False,
     for name, stack in zip(("gate_proj", "up_proj", "down_proj"), stacks):
         del moe.experts._parameters[name]
         setattr(moe.experts, name, stack)
-    if scratch_mib is not None:
-        expert_grouped.EXPERT_SCRATCH_BYTES = scratch_mib << 20
     print(f"grouped path: {expert_grouped.experts_per_group(*stacks)} experts a group")
     reserve_scratch(torch.device(DEVICE), torch.bfloat16, expert_grouped.scratch_numel(*stacks))
     moe_prefill.warm_up_quantized(moe)  # compiles and autotunes both paths, as the load does
@@ -239,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(hbm_gb_s=round(hbm), dequant=dequant_rows(args.types, hbm))
     if args.part in ("moe", "both"):
         result.update(moe_shape=MOE_SHAPE, moe_types=[t.name for t in args.moe_types],
-                      moe=moe_rows(args.moe_types, args.tokens, args.profile,
-                                    args.scratch_mib))
+                      moe=moe_rows(args.moe_types, args.tokens, args.profile))
     result["elapsed_s"] = round(time.perf_counter() - started_s, 1)
     text = json.dumps(result)
     print(text)
