@@ -10,6 +10,11 @@ The CPU twin: tests/core/test_quant_expert_gemm.py (interpreter, float32).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import gguf
 import pytest
 import torch
@@ -134,6 +139,55 @@ def test_every_candidate_tile_computes_the_same(monkeypatch) -> None:
                 {"BLOCK_ROWS": rows_n, "BLOCK_COLS": cols, **extra}, num_warps=warps)])
             got = expert_gemm.experts_mlp(rows, *blocks, offsets, row_weights)
             _assert_close(got, expected)
+
+
+TIMING_LOOP_SCRIPT = """
+import sys
+import torch
+from gguf import GGMLQuantizationType as QT
+from tests.helpers.quant_blocks import random_blocks
+from strata.engine.core.quant import expert_gemm
+from strata.engine.core.quant.experts import QuantizedExperts
+
+E, H, I = 128, 2048, 768
+for name in sys.argv[1:]:
+    qtype = QT[name]
+    def stack(rows, cols, seed):
+        raw = torch.from_numpy(random_blocks(qtype, E * rows, cols, seed, scale=0.02))
+        return QuantizedExperts(qtype, (E, rows, cols), raw.view(E, rows, -1).cuda(),
+                                torch.bfloat16)
+    gate, up, down = stack(I, H, 1), stack(I, H, 2), stack(H, I, 3)
+    for num_rows in (8, 4096):  # the load's warm-up (all on expert 0), a 512-token chunk
+        rows = torch.randn(num_rows, H, dtype=torch.bfloat16, device="cuda")
+        if num_rows == 8:
+            offsets = torch.full((E,), 8, dtype=torch.int32, device="cuda")
+        else:
+            offsets = torch.arange(1, E + 1, dtype=torch.int32, device="cuda") * (num_rows // E)
+        weights = torch.ones(num_rows, dtype=torch.bfloat16, device="cuda")
+        out = expert_gemm.experts_mlp(rows, gate, up, down, offsets, weights)
+        torch.cuda.synchronize()
+        assert bool(torch.isfinite(out).all()), name
+    print("survived", name, flush=True)
+"""
+
+
+def test_every_candidate_survives_the_autotuners_timing_loop(tmp_path) -> None:
+    """Every tile candidate through Triton's autotuner, as the engine's load runs it: each
+    timed by repeated back-to-back launches, at Qwen3-30B-A3B's expert shape, for a planes
+    type of each layout and a dequant_tile one. Run 18: a 32-output tile there faulted with
+    an illegal shared-memory read under this loop only (once per launch it ran clean), and
+    the IQ2_XXS file's load died of it. A fresh Triton cache, so nothing comes from an
+    earlier pick; a subprocess with CUDA_LAUNCH_BLOCKING=1, so a fault names its kernel and
+    leaves this process's context alone."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "TRITON_CACHE_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    env.pop("TRITON_INTERPRET", None)
+    types = ("Q2_K", "Q6_K", "IQ2_XXS")
+    done = subprocess.run([sys.executable, "-c", TIMING_LOOP_SCRIPT, *types], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split().count("survived") == len(types), done.stdout
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ4_XS, QT.IQ2_XXS],
