@@ -25,6 +25,7 @@ FOREIGN = {
     "pip": {"--extra-index-url", "--index-url"},
     "nvidia-smi": {"--query-compute-apps", "--format"},
     "pytest": {"--dist", "--durations", "--timeout", "--deselect"},
+    "compute-sanitizer": {"--tool", "--report-api-errors"},
 }
 
 
