@@ -26,17 +26,10 @@ from gguf import GGMLQuantizationType
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from strata.engine.core.quant import expert_gemm as eg
-from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.lookup import lookup_table
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import random_experts
 
 EXPERTS, HIDDEN, INTER = 128, 2048, 768
-
-
-def _stack(qtype, rows: int, cols: int, seed: int) -> QuantizedExperts:
-    raw = torch.from_numpy(random_blocks(qtype, EXPERTS * rows, cols, seed, scale=0.02))
-    return QuantizedExperts(qtype, (EXPERTS, rows, cols), raw.view(EXPERTS, rows, -1).cuda(),
-                            torch.bfloat16)
 
 
 def _offsets(rows: int) -> torch.Tensor:
@@ -66,7 +59,7 @@ def main() -> None:
     meta = dict(BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols, BLOCK_M=block_m, STAGES=stages,
                 num_warps=warps, NUM_EXPERTS=EXPERTS, BLOCK_E=triton.next_power_of_2(EXPERTS),
                 PRECISION="native", USE_PDL=False)
-    w = _stack(qtype, outputs, cols, 1)
+    w = random_experts(qtype, EXPERTS, outputs, cols, 1, scale=0.02)
     lanes, unit = eg._decoding(w)
     hint = eg._rows_hint(args.rows, EXPERTS)
     table = lookup_table(x.device)
@@ -77,7 +70,7 @@ def main() -> None:
                 w.expert_stride // unit, outputs, cols, w.raw.shape[2],
                 QTYPE=int(qtype), LANES=lanes, UNIT=unit, **meta)
     else:
-        u = _stack(qtype, outputs, cols, 2)
+        u = random_experts(qtype, EXPERTS, outputs, cols, 2, scale=0.02)
         weights = torch.ones(args.rows, dtype=torch.bfloat16, device="cuda")
 
         def launch() -> None:

@@ -5,20 +5,19 @@ CPU then quantizes through the interpreter, which takes minutes over every weigh
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers.child_env import child_env
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "diag_quant_model.py"
 
 
 def test_both_engines_answer_alike_on_the_cpu(smollm2_gguf) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TRITON_INTERPRET", "STRATA_QUANTIZED")}
     done = subprocess.run([sys.executable, str(SCRIPT), "--model", str(smollm2_gguf),
                            "--device", "cpu", "--tokens", "1"],
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=child_env(), capture_output=True, text=True, timeout=300)
     out = done.stdout
     assert done.returncode == 0, (out, done.stderr[-3000:])
     assert "0 weights failed" in out and "Paris" in out, out

@@ -10,10 +10,8 @@ The CPU twin: tests/core/test_quant_expert_gemm.py (interpreter, float32).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import gguf
 import pytest
@@ -21,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.child_env import child_env
+from tests.helpers.quant_blocks import random_experts
 
 pytestmark = pytest.mark.gpu
 
@@ -45,15 +44,13 @@ def _first_candidate_only(monkeypatch):
 def _random_stack(qtype: QT, num_experts: int, rows: int, cols: int, seed: int,
                   with_reference: bool = False):
     """(QuantizedExperts [E, rows, cols] in bf16 on CUDA, float32 reference or None)."""
-    from strata.engine.core.quant.experts import QuantizedExperts
-
-    raw = random_blocks(qtype, num_experts * rows, cols, seed, scale=0.02)
+    stack = random_experts(qtype, num_experts, rows, cols, seed, scale=0.02)
     reference = None
     if with_reference:
+        raw = stack.raw.cpu().numpy().reshape(num_experts * rows, -1)
         reference = torch.from_numpy(gguf.quants.dequantize(raw, qtype)).view(
             num_experts, rows, cols).cuda()
-    blocks = torch.from_numpy(raw).view(num_experts, rows, -1).cuda()
-    return QuantizedExperts(qtype, (num_experts, rows, cols), blocks, torch.bfloat16), reference
+    return stack, reference
 
 
 def _layer(types, num_experts: int = NUM_EXPERTS, with_reference: bool = False):
@@ -145,18 +142,14 @@ TIMING_LOOP_SCRIPT = """
 import sys
 import torch
 from gguf import GGMLQuantizationType as QT
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import random_experts
 from strata.engine.core.quant import expert_gemm
-from strata.engine.core.quant.experts import QuantizedExperts
 
 E, H, I = 128, 2048, 768
 for name in sys.argv[1:]:
     qtype = QT[name]
-    def stack(rows, cols, seed):
-        raw = torch.from_numpy(random_blocks(qtype, E * rows, cols, seed, scale=0.02))
-        return QuantizedExperts(qtype, (E, rows, cols), raw.view(E, rows, -1).cuda(),
-                                torch.bfloat16)
-    gate, up, down = stack(I, H, 1), stack(I, H, 2), stack(H, I, 3)
+    gate, up, down = (random_experts(qtype, E, rows, cols, seed, scale=0.02)
+                      for rows, cols, seed in ((I, H, 1), (I, H, 2), (H, I, 3)))
     for num_rows in (8, 4096):  # the load's warm-up (all on expert 0), a 512-token chunk
         rows = torch.randn(num_rows, H, dtype=torch.bfloat16, device="cuda")
         if num_rows == 8:
@@ -179,10 +172,7 @@ def test_every_candidate_survives_the_autotuners_timing_loop(tmp_path) -> None:
     the IQ2_XXS file's load died of it. A fresh Triton cache, so nothing comes from an
     earlier pick; a subprocess with CUDA_LAUNCH_BLOCKING=1, so a fault names its kernel and
     leaves this process's context alone."""
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "TRITON_CACHE_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    env.pop("TRITON_INTERPRET", None)
+    env = child_env(CUDA_LAUNCH_BLOCKING="1", TRITON_CACHE_DIR=str(tmp_path))
     types = ("Q2_K", "Q6_K", "IQ2_XXS")
     done = subprocess.run([sys.executable, "-c", TIMING_LOOP_SCRIPT, *types], env=env,
                           capture_output=True, text=True, timeout=600)

@@ -12,7 +12,6 @@ process's CUDA context.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 from random_gguf import write_random_gguf
+
+from tests.helpers.child_env import child_env
 
 pytestmark = pytest.mark.gpu
 
@@ -48,9 +49,7 @@ SCRIPT = textwrap.dedent("""
 def test_cuda_moe_file_of_the_mix_loads_and_decodes(mix: str, tmp_path) -> None:
     path = tmp_path / f"qwen3-30b-a3b-{NUM_LAYERS}L-{mix}.gguf"
     write_random_gguf("qwen3-30b-a3b", path, mix=mix, num_layers=NUM_LAYERS)
-    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1", "STRATA_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCH.parent),
-                                                       os.environ.get("PYTHONPATH")]))}
+    env = child_env(CUDA_LAUNCH_BLOCKING="1", STRATA_HOME=str(tmp_path / "home"))
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-6000:]

@@ -48,3 +48,16 @@ def gguf_quantized(qtype: QT, rows: int, cols: int, seed: int) -> np.ndarray:
     values *= np.logspace(-3, 2, rows, dtype=np.float32)[:, None]
     values[0] = 0.0
     return gguf.quants.quantize(values, qtype)
+
+
+def random_experts(qtype: QT, num_experts: int, rows: int, cols: int, seed: int,
+                   scale: float = 1.0, device: str = "cuda", dtype=None):
+    """QuantizedExperts [num_experts, rows, cols] of random_blocks on `device`; values come
+    out in `dtype` (default bfloat16)."""
+    import torch
+
+    from strata.engine.core.quant.experts import QuantizedExperts
+
+    raw = torch.from_numpy(random_blocks(qtype, num_experts * rows, cols, seed, scale=scale))
+    blocks = raw.view(num_experts, rows, -1).to(device)
+    return QuantizedExperts(qtype, (num_experts, rows, cols), blocks, dtype or torch.bfloat16)
