@@ -60,7 +60,7 @@ def main() -> None:
                 num_warps=warps, NUM_EXPERTS=EXPERTS, BLOCK_E=triton.next_power_of_2(EXPERTS),
                 PRECISION="native", USE_PDL=False)
     w = random_experts(qtype, EXPERTS, outputs, cols, 1, scale=0.02)
-    lanes, unit = eg._decoding(w)
+    lanes, unit = eg.decoding(w)
     hint = eg._rows_hint(args.rows, EXPERTS)
     table = lookup_table(x.device)
     if args.kernel == "down":

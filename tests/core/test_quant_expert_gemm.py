@@ -1,7 +1,8 @@
 """The grouped GEMMs over quantized experts (quant/expert_gemm.py) through Triton's CPU
 interpreter: rows sorted by expert, with experts of no rows and of more rows than a BLOCK_M
 tile, against torch on gguf-py's dequantized experts for planes types (Q4_K, Q6_K, Q8_0,
-Q4_0) and types only dequant_tile.py decodes (IQ4_XS, IQ2_XXS); bf16 rows against the old
+Q4_0, Q2_K, IQ2_XXS through the lookup table) and a type only dequant_tile.py decodes
+(IQ4_XS); bf16 rows against the old
 path's math (moe_prefill._grouped); mixed and misaligned layouts; and a tiny quantized
 Qwen3-MoE's prefill logits through the engine path against the dequantize-then-GEMM path.
 tests/gpu/test_quant_expert_gemm_cuda.py repeats the kernels on the GPU at Qwen3-30B-A3B's
@@ -37,6 +38,7 @@ REL_TOL = 2e-5
 # I = 96, partial K and output tiles of the interpreter's 128 x 256.
 K_QUANT_SHAPE, BLOCK32_SHAPE = (512, 256), (544, 96)
 BLOCK32_TYPES = (QT.Q8_0, QT.Q4_0)
+PLANES_TYPES = (QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q2_K, QT.IQ2_XXS)
 
 
 def _shape(qtype: QT) -> tuple[int, int]:
@@ -102,6 +104,7 @@ def test_grouped_gemm_matches_torch_on_the_dequantized_experts(qtype: QT) -> Non
     hidden, inter = _shape(qtype)
     blocks, dense = _layer((qtype,) * 3, hidden, inter)
     assert expert_gemm.supports(*blocks)
+    assert (expert_gemm.decoding(blocks[0])[0] > 0) == (qtype in PLANES_TYPES)
     rows, offsets, weights = _rows(hidden, seed=int(qtype))
     act_expected, y_expected = _reference(rows, offsets, weights, dense)
     act = expert_gemm.gate_up(rows, offsets, blocks[0], blocks[1], weights)
@@ -113,12 +116,12 @@ def test_grouped_gemm_matches_torch_on_the_dequantized_experts(qtype: QT) -> Non
 
 
 def test_mixed_types_and_a_misaligned_stride_in_one_layer() -> None:
-    """Gate IQ2_XXS (dequant_tile) and up Q4_K (planes) in one kernel, down Q6_K; then Q4_K
-    experts 2 bytes apart mod 4, which the planes' word loads cannot take: decoded value by
-    value instead, same result."""
+    """Gate IQ4_XS (dequant_tile) and up IQ2_XXS (planes, lookup table) in one kernel, down
+    Q6_K; then Q4_K experts 2 bytes apart mod 4, which the planes' word loads cannot take:
+    decoded value by value instead, same result."""
     from strata.engine.core.quant import expert_gemm, expert_gemv
 
-    blocks, dense = _layer((QT.IQ2_XXS, QT.Q4_K, QT.Q6_K), *K_QUANT_SHAPE)
+    blocks, dense = _layer((QT.IQ4_XS, QT.IQ2_XXS, QT.Q6_K), *K_QUANT_SHAPE)
     rows, offsets, weights = _rows(K_QUANT_SHAPE[0], seed=5)
     _, y_expected = _reference(rows, offsets, weights, dense)
     _assert_close(expert_gemm.experts_mlp(rows, *blocks, offsets, weights), y_expected)

@@ -167,13 +167,13 @@ for name in sys.argv[1:]:
 def test_every_candidate_survives_the_autotuners_timing_loop(tmp_path) -> None:
     """Every tile candidate through Triton's autotuner, as the engine's load runs it: each
     timed by repeated back-to-back launches, at Qwen3-30B-A3B's expert shape, for a planes
-    type of each layout and a dequant_tile one. Run 18: a 32-output tile there faulted with
-    an illegal shared-memory read under this loop only (once per launch it ran clean), and
-    the IQ2_XXS file's load died of it. A fresh Triton cache, so nothing comes from an
-    earlier pick; a subprocess with CUDA_LAUNCH_BLOCKING=1, so a fault names its kernel and
-    leaves this process's context alone."""
+    type of each layout (IQ2_XXS's through the lookup table) and a dequant_tile one. Run 18:
+    a 32-output tile there faulted with an illegal shared-memory read under this loop only
+    (once per launch it ran clean), and the IQ2_XXS file's load died of it. A fresh Triton
+    cache, so nothing comes from an earlier pick; a subprocess with CUDA_LAUNCH_BLOCKING=1,
+    so a fault names its kernel and leaves this process's context alone."""
     env = child_env(CUDA_LAUNCH_BLOCKING="1", TRITON_CACHE_DIR=str(tmp_path))
-    types = ("Q2_K", "Q6_K", "IQ2_XXS")
+    types = ("Q2_K", "Q6_K", "IQ2_XXS", "IQ4_XS")
     done = subprocess.run([sys.executable, "-c", TIMING_LOOP_SCRIPT, *types], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

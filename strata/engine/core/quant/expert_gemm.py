@@ -21,9 +21,10 @@ expert (R*k/E: 32 for a 512-token chunk of Qwen3-30B-A3B).
 
 In the K loop, each weight tile [BLOCK_ROWS, BLOCK_COLS] is decoded in registers once per M
 tile and multiplied by tl.dot in the rows' dtype with float32 accumulation: the types
-gemv_planes.py reads (Q4_K, Q6_K, Q8_0, ...) by its planes (whole groups of packed bytes,
-scales once per group), the other types dequant_tile.py decodes (I-quants, Q2_K, Q3_K, ...)
-value by value. Under the CPU interpreter tl.dot multiplies in float32 (Triton 3.9's
+gemv_planes.planes_lut reads (Q4_K, Q6_K, Q8_0, IQ2_XXS, ...) by its planes (whole groups
+of packed bytes, scales once per group), the other types dequant_tile.py decodes (Q3_K and
+the other I-quants) value by value, reading a sub-block's scale and sign word again for
+each value. Under the CPU interpreter tl.dot multiplies in float32 (Triton 3.9's
 interpreter multiplies bf16 as raw bits: fast/moe_batch._precision).
 
 Imported on first use (like kernels.py): importing it decorates Triton kernels, which must
@@ -124,8 +125,8 @@ if triton is not None:
             group = k0 // (2 * LANES) + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             lane = tl.arange(0, LANES)[None, None, :]  # [1, 1, L]
             ok = n_ok[:, :, None] & (group < K // (2 * LANES))
-            w0, cols0, w1, cols1 = gp.planes(w_ptr, wh_ptr, w_row[:, :, None], group, lane, ok,
-                                             QTYPE)
+            w0, cols0, w1, cols1 = gp.planes_lut(w_ptr, wh_ptr, lut_ptr, w_row[:, :, None],
+                                                 group, lane, ok, QTYPE)
             w0 = tl.reshape(w0, (BLOCK_ROWS, HALF))
             w1 = tl.reshape(w1, (BLOCK_ROWS, HALF))
             cols0 = tl.reshape(cols0, (1, HALF))
@@ -225,9 +226,9 @@ if triton is not None:
                                key=("N", "K", "QTYPE", "rows_hint"))
 
 
-def _decoding(experts: QuantizedExperts) -> tuple[int, int]:
+def decoding(experts: QuantizedExperts) -> tuple[int, int]:
     """(planes lanes, or 0 for dequant_tile's decoding; alignment unit in bytes)."""
-    lanes = gp.PLANE_LANES.get(int(experts.qtype), 0)
+    lanes = gp.ALL_PLANE_LANES.get(int(experts.qtype), 0)
     if lanes and not expert_gemv.is_supported(experts):  # misaligned for the planes loads
         lanes = 0
     return lanes, expert_gemv.alignment_unit(experts)
@@ -287,7 +288,7 @@ def gate_up(rows: torch.Tensor, offsets: torch.Tensor, gate: QuantizedExperts,
     out = torch.empty(num_rows, num_outputs, dtype=rows.dtype, device=rows.device)
     if num_rows == 0:
         return out
-    (gate_lanes, gate_unit), (up_lanes, up_unit) = _decoding(gate), _decoding(up)
+    (gate_lanes, gate_unit), (up_lanes, up_unit) = decoding(gate), decoding(up)
     launch.launch_meta(
         _gate_up_tuned, _grid(num_rows, num_experts, num_outputs),
         _candidates(GATE_UP_CONFIGS),
@@ -312,7 +313,7 @@ def down(act: torch.Tensor, offsets: torch.Tensor, down_proj: QuantizedExperts) 
     out = torch.empty(num_rows, num_outputs, dtype=act.dtype, device=act.device)
     if num_rows == 0:
         return out
-    lanes, unit = _decoding(down_proj)
+    lanes, unit = decoding(down_proj)
     raw = down_proj.raw
     launch.launch_meta(
         _down_tuned, _grid(num_rows, num_experts, num_outputs), _candidates(DOWN_CONFIGS),
