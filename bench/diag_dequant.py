@@ -107,7 +107,7 @@ def dequant_rows(types, hbm_gb_s: float) -> list[dict]:
     print(f"{'type':8} {'shape':11} {'kernel':6} {'old GB/s':>8} {'new GB/s':>8} "
           f"{'old/HBM':>7} {'new/HBM':>7} {'speedup':>7}")
     for qtype in types:
-        kernel = "planes" if int(qtype) in dequant.gp.PLANE_LANES else "tile"
+        kernel = "planes" if int(qtype) in dequant.gp.ALL_PLANE_LANES else "tile"
         for name, experts, n, k in SHAPES:
             run, moved = _runner(qtype, experts, n, k)
             new = run().clone()

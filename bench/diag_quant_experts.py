@@ -4,7 +4,7 @@ the gather kernel, grouped kernels) and a prefill chunk (each projection of all 
 dequantized into the scratch, grouped GEMMs), per GGML type.
 
 Prints one row per (type, tokens) with microseconds and the bytes of blocks the step must
-read, then the JSON. One token of a planes type (gemv_planes.PLANE_LANES) takes the fused
+read, then the JSON. One token of a planes type (gemv_planes.ALL_PLANE_LANES) takes the fused
 kernels (expert_gemv.py), the others dequantize into a scratch first (expert_kernels.py).
 Then, per planes type, "graph" rows: one token's routed experts replayed from a CUDA graph,
 the fused kernels against the dequantize_routed + grouped kernels they replace, over
@@ -135,7 +135,7 @@ def main() -> int:
     from strata.engine.core.fast.moe_grouped import experts_triton
     from strata.engine.core.fast.moe_prefill import moe_block
     from strata.engine.core.models.switch import SparseMoE
-    from strata.engine.core.quant.gemv_planes import PLANE_LANES
+    from strata.engine.core.quant.gemv_planes import ALL_PLANE_LANES
     from strata.engine.core.quant.weight import reserve_scratch
 
     e, h, i = args.experts, args.hidden, args.inter
@@ -168,7 +168,7 @@ def main() -> int:
             setattr(moe.experts, name, stack)
         if not args.graph_only:
             measure(type_name, sum(s.nbytes for s in stacks) * args.top_k // e)
-        if int(qtype) in PLANE_LANES and int(down_qtype) in PLANE_LANES:
+        if int(qtype) in ALL_PLANE_LANES and int(down_qtype) in ALL_PLANE_LANES:
             graphs += graph_rows(moe, stacks, type_name, args.top_k, args.hbm_gb_s)
         for name, param in zip(("gate_proj", "up_proj", "down_proj"), float_stacks):
             delattr(moe.experts, name)

@@ -2,11 +2,10 @@
 interpreter: rows sorted by expert, with experts of no rows and of more rows than a BLOCK_M
 tile, against torch on gguf-py's dequantized experts for planes types (Q4_K, Q6_K, Q8_0,
 Q4_0, Q2_K, IQ2_XXS through the lookup table) and a type only dequant_tile.py decodes
-(IQ4_XS); bf16 rows against the old
-path's math (moe_prefill._grouped); mixed and misaligned layouts; and a tiny quantized
-Qwen3-MoE's prefill logits through the engine path against the dequantize-then-GEMM path.
-tests/gpu/test_quant_expert_gemm_cuda.py repeats the kernels on the GPU at Qwen3-30B-A3B's
-shape.
+(IQ4_XS); bf16 rows against the old path's math (moe_prefill._grouped); mixed and
+misaligned layouts; and a tiny quantized Qwen3-MoE's prefill logits through the engine path
+against the dequantize-then-GEMM path. tests/gpu/test_quant_expert_gemm_cuda.py repeats the
+kernels on the GPU at Qwen3-30B-A3B's shape.
 """
 
 from __future__ import annotations

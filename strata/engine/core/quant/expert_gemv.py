@@ -13,9 +13,9 @@ the k activation rows, are rounded to int8 once per token by one small launch ea
 (gemv_dp4a.quantize_x), so a layer is four launches; a layer may mix the two (Q4_K gate/up
 by dp4a, a Q5_K down by planes). STRATA_DP4A=0 keeps planes. The expert ids stay in device memory
 (the router's top-k); a partial expert cache's slot table sends a -1 expert to the host copy,
-read in place, as expert_kernels._gather_kernel does. Types outside gemv_planes.PLANE_LANES,
-or layouts whose alignment the planes loads cannot take (`is_supported`), keep
-expert_kernels.dequantize_routed.
+read in place, as expert_kernels._gather_kernel does. Types outside
+gemv_planes.ALL_PLANE_LANES, or layouts whose alignment the planes loads cannot take
+(`is_supported`), keep expert_kernels.dequantize_routed.
 
 Imported on first use (like kernels.py): a test must choose the CPU interpreter first.
 """

@@ -42,7 +42,7 @@ MAX_DECODE_TOKENS = 16  # up to this many rows of x take the fused kernel (weigh
 # small matrix still spreads over every SM; 2..16 tokens: tl.dot needs 16 rows or more.
 MATMUL_CONFIGS = ((8, 256, 4), (4, 256, 4), (16, 256, 4), (4, 512, 4), (8, 512, 8))
 DOT_MATMUL_CONFIGS = ((16, 256, 4), (32, 256, 4), (16, 512, 4), (64, 256, 8))
-# The planes kernel (types in gemv_planes.PLANE_LANES): whole groups of packed bytes per
+# The planes kernel (types in gemv_planes.ALL_PLANE_LANES): whole groups of packed bytes per
 # program, so wider K tiles; a few rows per program keep every SM busy on a 4096-row matrix.
 # The fourth field: pipeline stages of the K loop (1: none; 3: two tiles' loads in flight,
 # which a few rows per program need to cover the memory latency).
