@@ -28,12 +28,12 @@ from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.protocol import SamplingSpec
 from tests.core.batch_helpers import alone, assert_same_or_near_tie, run_batch
 from tests.core.test_quant_experts import _engine, _gguf
+from tests.helpers.quant_blocks import alternating_mix
 
 NUM_NEW = 3  # each interpreted step costs CI seconds
-# Gate and up of different types in one kernel; every type one the planes kernels read.
-NARROW_MIX = {"blk.0.ffn_gate_exps.weight": "Q8_0", "blk.0.ffn_up_exps.weight": "Q4_0",
-              "blk.0.ffn_down_exps.weight": "Q5_1", "blk.1.ffn_gate_exps.weight": "Q4_1",
-              "blk.1.ffn_up_exps.weight": "Q5_0", "blk.1.ffn_down_exps.weight": "Q8_0"}
+# Gate and up of different types in one kernel; every type one the planes kernels read; 4
+# layers in two slot classes, so a partial cache leaves some experts of each on the host.
+NARROW_MIX = alternating_mix(("Q8_0", "Q4_0", "Q5_1"), ("Q4_1", "Q5_0", "Q8_0"))
 CHATS = [[(13 * i + 7 * j) % 300 + 5 for j in range(3 + 2 * i)] for i in range(3)]
 
 
@@ -96,7 +96,7 @@ def test_a_batch_through_a_partial_expert_cache_decodes_like_each_sequence_alone
     assert MAX_STEP_ROWS == MAX_ROWS == MAX_BATCH_ROWS  # every row of a bucket has its ids
 
     path = _gguf(tmp_path, "qwen3_moe", "Q8_0", NARROW_MIX)
-    engine = _engine(path, monkeypatch, quantized=True, expert_cache="12")
+    engine = _engine(path, monkeypatch, quantized=True, expert_cache="24")  # of 32
     calls = _count_batched(monkeypatch)
     try:
         assert engine.memory.expert_mode == "slots"

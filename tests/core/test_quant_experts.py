@@ -31,7 +31,12 @@ from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.protocol import SamplingSpec
 from tests.helpers.gguf_writer import write_gguf_from_hf
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import (
+    K_AND_I_MIX,
+    MIXED_LAYERS,
+    alternating_mix,
+    random_blocks,
+)
 from tests.helpers.tiny_models import make_tiny_hf_config
 
 PROMPT = [(7 * i + 3) % 300 for i in range(23)]  # > 16 tokens: the grouped prefill
@@ -87,17 +92,15 @@ def test_gather_dequantize_reads_slots_or_the_host_copy_through_the_table() -> N
 
 # ---- engine -------------------------------------------------------------------------------
 
-# Q4_K_M-like mix: gate/up and down of different types, down's type changing per layer, so
-# every projection has its own padded stride (the largest type any layer uses).
-MIXED = {"blk.0.ffn_gate_exps.weight": "IQ2_XXS", "blk.1.ffn_gate_exps.weight": "IQ3_S",
-         "blk.0.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q4_K",
-         "blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q4_K"}
+MIXED = K_AND_I_MIX  # two slot classes of two layers
 
 
 def _gguf(tmp_path, variant: str, qtype: str, overrides=None, wide: bool = False):
     import transformers
 
     config = make_tiny_hf_config(variant)
+    if overrides and any(f"blk.{MIXED_LAYERS - 1}." in name for name in overrides):
+        config.num_hidden_layers = MIXED_LAYERS  # MIXED, PLANES_MIX
     if wide:  # rows of 256 values: K- and I-quant blocks
         config.hidden_size = 256
         config.moe_intermediate_size = config.intermediate_size = 256
@@ -149,17 +152,22 @@ def test_quantized_experts_keep_their_blocks_and_decode_like_the_dequantized_pat
     path = _gguf(tmp_path, variant, qtype, overrides, wide)
     expected, float_bytes = _reference(path, monkeypatch)
     per_layer = _expert_block_bytes(path)
-    padded = [max(sizes[p] for sizes in per_layer.values()) for p in range(3)]
     for cache in ("auto", str(len(per_layer) * 8 // 2 if variant == "qwen3_moe" else 4)):
         engine = _engine(path, monkeypatch, quantized=True, expert_cache=cache)
         try:
             store = engine.memory.experts
-            assert store.is_quantized and store.slot_weights[0].dtype == torch.uint8
-            # Blocks as stored, each projection padded to its largest type: the host copy
-            # and every slot hold exactly that, nothing in float.
-            assert store.bytes_per_expert == sum(padded) < float_bytes / 3
-            assert store.host.size_bytes == len(per_layer) * store.num_experts * sum(padded)
-            assert store.arena.allocated_bytes <= store.num_slots * sum(padded) + 3 * 256
+            assert store.is_quantized
+            # Blocks as stored, each layer's at its own size: the host copy and every slot
+            # hold exactly that, nothing in float and no padding to a larger layer's type.
+            assert len(store.classes) == len({tuple(sizes) for sizes in per_layer.values()})
+            for c in store.classes:
+                assert all(sum(per_layer[layer]) == c.bytes_per_expert for layer in c.layers)
+                assert all(w.dtype == torch.uint8 and w.shape[0] == c.max_slots
+                           for w in store.slot_weights_of(c.layers[0]))
+            assert store.bytes_per_expert < float_bytes / 3
+            assert store.host.size_bytes == store.num_experts * sum(map(sum, per_layer.values()))
+            assert store.arena.allocated_bytes <= sum(
+                c.max_slots * c.bytes_per_expert + 3 * 256 for c in store.classes)
             mode = engine.memory.expert_mode
             assert mode == ("all" if cache == "auto" else "slots")
             assert _greedy(engine) == expected
@@ -171,21 +179,25 @@ def test_release_refill_shrink_move_quantized_bytes(tmp_path, monkeypatch) -> No
     path = _gguf(tmp_path, "qwen3_moe", "Q8_0", MIXED, wide=True)
     expected, _ = _reference(path, monkeypatch)
     monkeypatch.setenv("STRATA_VERIFY_REFILL", "1")
-    engine = _engine(path, monkeypatch, quantized=True, expert_cache="12")
+    per_layer = _expert_block_bytes(path)
+    engine = _engine(path, monkeypatch, quantized=True, expert_cache="24")  # of 32
     try:
         store = engine.memory.experts
+        assert [c.max_slots for c in store.classes] == [12, 12]  # 2 layers of 8 experts each
         assert _greedy(engine) == expected
+        resident = store.cache.resident()
         released = engine.release_experts()
-        assert released["freed_bytes"] >= store.num_slots * store.bytes_per_expert
+        assert released["freed_bytes"] >= sum(c.max_slots * c.bytes_per_expert
+                                              for c in store.classes)
         refilled = engine.refill_experts()
         assert refilled["differing_slots"] == 0  # slots equal their host copy byte for byte
-        assert refilled["copied_bytes"] % store.bytes_per_expert == 0
-        assert refilled["copied_bytes"] <= store.num_slots * store.bytes_per_expert
+        assert refilled["copied_bytes"] == sum(sum(per_layer[layer]) for layer, _, _ in resident)
         assert _greedy(engine) == expected
-        shrunk = engine.resize_experts(8)
-        assert shrunk["num_slots"] == 8
+        shrunk = engine.resize_experts(16)
+        assert shrunk["num_slots"] == 16
+        assert [store.cache.pool_slots(layer) for layer in range(4)] == [8] * 4
         assert _greedy(engine) == expected  # misses read from the host copy's blocks
-        engine.resize_experts(12)
+        engine.resize_experts(24)
         assert _greedy(engine) == expected
         engine.sleep()
         engine.wake()
@@ -215,9 +227,7 @@ def test_fast_schedule_on_quantized_experts_matches_the_reference(tmp_path, monk
 
 # Q4_K_M-like, every expert type one the fused kernels (expert_gemv.py) read, gate and up
 # of different types in layer 1.
-PLANES_MIX = {"blk.0.ffn_gate_exps.weight": "Q4_K", "blk.1.ffn_gate_exps.weight": "Q4_K",
-              "blk.0.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q5_K",
-              "blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q5_0"}
+PLANES_MIX = alternating_mix(("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q5_K", "Q5_0"))
 
 
 def count_fused_calls(monkeypatch) -> list[int]:
@@ -236,14 +246,14 @@ def count_fused_calls(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize(("overrides", "cache"), [(None, "auto"), (PLANES_MIX, "auto"),
-                                                  (PLANES_MIX, "12")],
+                                                  (PLANES_MIX, "24")],
                          ids=["Q8_0", "Q4_K_M-like", "Q4_K_M-like-partial-cache"])
 def test_fused_expert_kernels_decode_like_the_dequantized_path(tmp_path, monkeypatch,
                                                                overrides, cache) -> None:
     """The engine's decode through GraphDecoder (graphs off: the step a CUDA graph captures)
     reads the routed experts' blocks with expert_gemv.py's kernels, resident or through the
-    partial cache's slot table (12 slots of 16: some experts read from the host copy), and
-    its greedy tokens equal the dequantized model's."""
+    partial cache's slot table (24 slots of 32, 12 in each slot class: some experts read
+    from the host copy), and its greedy tokens equal the dequantized model's."""
     path = _gguf(tmp_path, "qwen3_moe", "Q8_0", overrides, wide=overrides is not None)
     expected, _ = _reference(path, monkeypatch)
     fused_calls = count_fused_calls(monkeypatch)

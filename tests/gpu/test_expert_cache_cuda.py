@@ -83,7 +83,8 @@ def test_graph_decode_over_a_partial_cache_equals_all_resident() -> None:
         assert store.verify_slots() == 0
         published = (store.table >= 0).nonzero().tolist()
         assert published and all(
-            store.cache.slot_of(layer, expert) == int(store.table[layer, expert])
+            store.local_slot(layer, store.cache.slot_of(layer, expert))
+            == int(store.table[layer, expert])
             for layer, expert in published)
     finally:
         memory.close()

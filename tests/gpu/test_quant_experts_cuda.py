@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.engine.protocol import SamplingSpec
 from tests.core.batch_helpers import BF16_NEAR_TIE, assert_same_or_near_tie
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import K_AND_I_MIX, MIXED_LAYERS, random_blocks
 
 pytestmark = pytest.mark.gpu
 
@@ -64,9 +64,7 @@ def test_cuda_gather_dequantize_through_slots_and_pinned_host(qtype: QT) -> None
     np.testing.assert_array_equal(got.numpy(), expected[ids.cpu().numpy()])
 
 
-MIXED = {"blk.0.ffn_gate_exps.weight": "IQ2_XXS", "blk.1.ffn_gate_exps.weight": "IQ3_S",
-         "blk.0.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q4_K",
-         "blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q4_K"}
+MIXED = K_AND_I_MIX  # 4 layers, two slot classes of two
 
 
 def _gguf(tmp_path, variant: str, qtype: str, overrides=None):
@@ -76,6 +74,8 @@ def _gguf(tmp_path, variant: str, qtype: str, overrides=None):
     from tests.helpers.tiny_models import make_tiny_hf_config
 
     config = make_tiny_hf_config(variant)
+    if overrides:
+        config.num_hidden_layers = MIXED_LAYERS
     config.hidden_size = 256  # rows of 256 values: K- and I-quant blocks
     config.intermediate_size = 256
     if variant == "qwen3_moe":
@@ -104,7 +104,7 @@ def _greedy(engine, num_tokens: int = 24) -> list[int]:
     return [t for step in engine.generate(PROMPT, spec) for t in step]
 
 
-PARTIAL_CACHE = {"qwen3_moe": (10, 8), "mixtral": (6, 4)}
+PARTIAL_CACHE = {"qwen3_moe": (24, 16), "mixtral": (6, 4)}
 
 
 @pytest.mark.parametrize(("variant", "qtype", "overrides"), [
@@ -114,10 +114,11 @@ def test_cuda_quantized_experts_decode_like_the_dequantized_path(
         tmp_path, monkeypatch, variant, qtype, overrides, expert_cache) -> None:
     """auto: all experts resident, decode in CUDA graphs through the gather dequantizer;
     partial: fewer slots than experts (so not wired at load), misses read in place from the
-    pinned host copy, then shrunk to one layer's experts (the floor)."""
+    pinned host copy, then shrunk to one layer's experts per slot class (the floor)."""
     from strata.engine.core.quant.experts import QuantizedExperts
 
-    # (slots, one layer's experts): the tiny Qwen3-MoE has 2 x 8 experts, the Mixtral 2 x 4.
+    # (slots, the floor): the tiny Qwen3-MoE in MIXED has 4 x 8 experts in two slot classes
+    # of two layers (test_quant_experts.py), the Mixtral 2 x 4 in one.
     slots, floor = PARTIAL_CACHE[variant]
     expert_cache = str(slots) if expert_cache == "partial" else expert_cache
 

@@ -61,3 +61,20 @@ def random_experts(qtype: QT, num_experts: int, rows: int, cols: int, seed: int,
     raw = torch.from_numpy(random_blocks(qtype, num_experts * rows, cols, seed, scale=scale))
     blocks = raw.view(num_experts, rows, -1).to(device)
     return QuantizedExperts(qtype, (num_experts, rows, cols), blocks, dtype or torch.bfloat16)
+
+
+# Tiny MoE files whose expert types change per layer, as Q4_K_M's down projections do: the
+# expert store then has two slot classes of MIXED_LAYERS // 2 layers (expert_store.py).
+MIXED_LAYERS = 4
+
+
+def alternating_mix(even: tuple[str, str, str], odd: tuple[str, str, str]) -> dict[str, str]:
+    """GGUF expert tensor name -> type for MIXED_LAYERS layers: (gate, up, down) types of
+    `even` in layers 0, 2, ..., of `odd` in 1, 3, ..."""
+    return {f"blk.{layer}.ffn_{proj}_exps.weight": (odd if layer % 2 else even)[p]
+            for layer in range(MIXED_LAYERS) for p, proj in enumerate(("gate", "up", "down"))}
+
+
+# K- and I-quants, gate and up of different types, down's changing per layer (Q4_K_M-like):
+# layers 0 and 2 store their experts in one size, 1 and 3 in another.
+K_AND_I_MIX = alternating_mix(("IQ2_XXS", "Q4_K", "Q6_K"), ("IQ3_S", "Q4_K", "Q4_K"))

@@ -76,3 +76,38 @@ def test_size_slots_specs():
         size_slots("auto", per_expert, 100 * MIB, 60 * MIB, total_experts=64, min_slots=8)
     with pytest.raises(ValueError, match="not understood"):
         size_slots("lots", per_expert, 0, 0, total_experts=64)
+
+
+def test_pools_evict_within_their_layers_and_share_a_resize_by_layers():
+    """Slot classes (ExpertStore): layers 0 and 2 share slots 0..5, layer 1 has 6..9; a miss
+    evicts only in its own pool, and a resize splits the slots by the pools' layers."""
+    cache = ExpertCache(num_layers=4, num_experts=4, num_slots=10,
+                        pools=[([0, 2], 6), ([1], 4)])
+    assert cache.bases == [0, 6] and cache.pool_slots(2) == 6 and cache.pool_slots(1) == 4
+    assert cache.lookup(0, [0, 1, 2, 3])[0] == [0, 1, 2, 3]
+    assert cache.lookup(1, [3, 2, 1, 0])[0] == [6, 7, 8, 9]  # pool 0's free slots untouched
+    assert cache.lookup(2, [0, 1])[0] == [4, 5]
+    _, misses = cache.lookup(2, [2])  # pool 0 is full: its least recently used, (0, 0), goes
+    assert misses == [(2, 0)] and cache.slot_of(0, 0) is None and cache.num_evictions == 1
+    assert all(cache.slot_of(1, e) is not None for e in range(4))
+    with pytest.raises(ValueError, match="layer 3 has no slots"):
+        cache.lookup(3, [0])
+
+    assert cache.pool_sizes(7) == [4, 4]  # 7 * 2 // 3 = 4 for two layers, at least 4 for one
+    evicted = cache.resize(7)
+    assert sorted(evicted) == [4, 5] and cache.num_slots == 8
+    assert cache.slot_of(2, 0) is None and cache.slot_of(2, 1) is None
+    before = cache.resident()
+    cache.mark_all_released()
+    assert cache.restore_residency() == before
+    _, misses = cache.lookup(2, [3])  # pool 0 uses slots 0..3 now: an eviction, not slot 4
+    assert misses[0][1] < 4
+    cache.resize(10)
+    assert cache.pool_sizes(10) == [6, 4] and cache.num_slots == 10
+
+
+def test_pools_that_do_not_add_up_are_refused():
+    with pytest.raises(ValueError, match="not num_slots=9"):
+        ExpertCache(num_layers=2, num_experts=4, num_slots=9, pools=[([0], 4), ([1], 4)])
+    with pytest.raises(ValueError, match="in two pools"):
+        ExpertCache(num_layers=2, num_experts=4, num_slots=8, pools=[([0], 4), ([0], 4)])

@@ -72,10 +72,11 @@ class SlotExperts:
         self.store = store
         self.layer = layer
         # Quantized: the slots as this layer's QuantizedExperts (its types and row bytes).
-        self.quantized = (quantized_experts(store, layer, store.slot_weights, dtype)
+        slots = store.slot_weights_of(layer)
+        self.quantized = (quantized_experts(store, layer, slots, dtype)
                           if store.is_quantized else None)
         offsets = store.host_offsets(layer)
-        weights = self.quantized or store.slot_weights
+        weights = self.quantized or slots
         self.layout = None if offsets is None else SlotLayout(
             *weights, store.table[layer], offsets, store.step_ids[layer]
         )
@@ -84,7 +85,7 @@ class SlotExperts:
         slots = self.store.fetch_slots(self.layer, expert_ids)
         if self.quantized is not None:  # dequantized one at a time, on use
             return tuple(ExpertMatrices(w, slots) for w in self.quantized)
-        gate, up, down = self.store.slot_weights
+        gate, up, down = self.store.slot_weights_of(self.layer)
         return [gate[s] for s in slots], [up[s] for s in slots], [down[s] for s in slots]
 
 
@@ -152,8 +153,9 @@ class ModelMemory:
                 layers = source.experts(by_layer, shapes, self.dtype, quantized=True)
             else:
                 layers = source.experts(by_layer, shapes, self.dtype)
-            per_expert = self._bytes_per_expert(shapes, by_layer, expert_blocks)
-            num_slots = self._expert_slots(spec, config, len(by_layer), per_expert)
+            per_expert, num_classes = self._bytes_per_expert(shapes, by_layer, expert_blocks)
+            num_slots = self._expert_slots(spec, config, len(by_layer), per_expert,
+                                           num_classes)
             self.experts = ExpertStore(
                 layers, num_slots, self.backend, num_layers=config.num_hidden_layers,
                 chunk_bytes=WEIGHTS_CHUNK_BYTES, num_experts_per_tok=config.num_experts_per_tok,
@@ -235,14 +237,17 @@ class ModelMemory:
 
     def _bytes_per_expert(self, shapes: dict[str, tuple[int, ...]],
                           by_layer: dict[int, tuple[str, str, str]],
-                          blocks: dict[str, Any]) -> int:
-        """What one expert slot holds: gate, up and down in the compute dtype, or as blocks
-        of the largest type any layer stores that projection in (expert_store.py)."""
-        if not blocks:
-            names = next(iter(by_layer.values()))
-            return sum(torch.Size(shapes[n][1:]).numel() * self.dtype.itemsize for n in names)
-        return sum(max(torch.Size(block_shape(blocks[names[p]], shapes[names[p]][1:])).numel()
-                       for names in by_layer.values()) for p in range(3))
+                          blocks: dict[str, Any]) -> tuple[int, int]:
+        """(What one expert slot holds on average over the layers, the number of slot
+        classes): gate, up and down in the compute dtype, or as each layer stores their
+        blocks; layers of different sizes take slots of their own (expert_store.py)."""
+        sizes = []
+        for names in by_layer.values():
+            size = tuple(torch.Size(block_shape(blocks[n], shapes[n][1:]) if blocks
+                                    else shapes[n][1:]).numel() for n in names)
+            sizes.append(size)
+        itemsize = 1 if blocks else self.dtype.itemsize
+        return -(-sum(map(sum, sizes)) * itemsize // len(sizes)), len(set(sizes))
 
     def _fill_weights(
         self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any,
@@ -292,8 +297,10 @@ class ModelMemory:
 
     def _expert_slots(
         self, spec: str, config: ModelConfig, num_layers: int, bytes_per_expert: int,
+        num_classes: int = 1,
     ) -> int:
-        """Slots for the store: every expert for all (and auto when they fit), else N >= E."""
+        """Slots for the store: every expert for all (and auto when they fit), else N >= E
+        for each slot class."""
         total = num_layers * config.num_experts
         budget_free = budget_free_bytes(self.backend)
         if spec == "all" or (spec == "auto" and self.device.type != "cuda" and budget_free is None):
@@ -306,15 +313,17 @@ class ModelMemory:
         if spec == "auto" and budget_free is not None:  # --vram-budget: what it leaves
             free_bytes = budget_free if self.device.type != "cuda" else min(free_bytes,
                                                                              budget_free)
-        # One layer's prefill chunk can route to every expert of that layer at once.
+        # One layer's prefill chunk can route to every expert of that layer at once, and a
+        # class's slots take only its layers' experts.
+        min_slots = min(total, config.num_experts * num_classes)
         try:
             return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
-                              min_slots=config.num_experts)
+                              min_slots=min_slots)
         except ValueError as exc:
             if spec != "auto":
                 raise  # an explicit size that is too small: the setting is wrong
             # auto found too little free VRAM: another program holds it; a later load can fit.
-            missing = config.num_experts * bytes_per_expert + EXPERT_RESERVE_BYTES - free_bytes
+            missing = min_slots * bytes_per_expert + EXPERT_RESERVE_BYTES - free_bytes
             raise EngineOutOfMemory(f"the expert cache does not fit: {exc}",
                                     max(missing, 0)) from exc
 
@@ -329,7 +338,8 @@ class ModelMemory:
             slots = [store.cache.slot_of(layer, e) for e in range(num_experts)]
             if first is None or slots != list(range(first, first + num_experts)):
                 raise RuntimeError(f"layer {layer}'s experts are not in consecutive slots")
-            stacks = [w[first : first + num_experts] for w in store.slot_weights]
+            first = store.local_slot(layer, first)
+            stacks = [w[first : first + num_experts] for w in store.slot_weights_of(layer)]
             if store.is_quantized:
                 stacks = quantized_experts(store, layer, stacks, self.dtype)
             views.update(zip(names, stacks))

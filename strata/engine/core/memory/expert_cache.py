@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from strata.units import MIB
@@ -18,10 +18,30 @@ class ExpertCacheReleasedError(RuntimeError):
     """A lookup while the cache's VRAM is released."""
 
 
-class ExpertCache:
-    """Residency table (layer, expert) <-> slot with least-recently-used eviction."""
+def split_slots(num_slots: int, layer_counts: Sequence[int], num_experts: int) -> list[int]:
+    """Slots of each pool of layers when num_slots are shared in proportion to the pools'
+    layers: never more than a pool's experts (all resident), never fewer than one layer's
+    (a prefill chunk may route to every expert of a layer), so the sum may differ a little.
+    One pool takes num_slots as they are."""
+    total_layers = sum(layer_counts)
+    if len(layer_counts) == 1:
+        return [min(num_slots, total_layers * num_experts)]
+    if num_slots >= total_layers * num_experts:
+        return [count * num_experts for count in layer_counts]
+    return [min(count * num_experts, max(num_experts, num_slots * count // total_layers))
+            for count in layer_counts]
 
-    def __init__(self, num_layers: int, num_experts: int, num_slots: int):
+
+class ExpertCache:
+    """Residency table (layer, expert) <-> slot with least-recently-used eviction.
+
+    Slots may come in pools, each serving some layers (ExpertStore gives layers whose
+    experts differ in size their own slots): a layer's experts take and evict slots of its
+    pool only. Slot numbers are global: pool p owns base_p .. base_p + max_p - 1, of which
+    the first `pool_slots` are in use (resize)."""
+
+    def __init__(self, num_layers: int, num_experts: int, num_slots: int,
+                 pools: Sequence[tuple[Sequence[int], int]] | None = None):
         if min(num_layers, num_experts, num_slots) <= 0:
             raise ValueError(
                 f"expert cache needs positive sizes, got num_layers={num_layers}, "
@@ -29,15 +49,58 @@ class ExpertCache:
             )
         self.num_layers = num_layers
         self.num_experts = num_experts
-        self.num_slots = num_slots
+        pools = pools if pools is not None else [(range(num_layers), num_slots)]
+        self._pool_of = [-1] * num_layers  # layer -> pool; -1: no experts
+        self._max: list[int] = []
+        self._layer_counts: list[int] = []
+        for pool, (layers, size) in enumerate(pools):
+            layers = list(layers)
+            if size <= 0 or not layers:
+                raise ValueError(f"expert cache pool {pool} needs layers and slots")
+            for layer in layers:
+                if not 0 <= layer < num_layers or self._pool_of[layer] != -1:
+                    raise ValueError(f"layer {layer} is outside 0..{num_layers - 1} or in "
+                                     "two pools")
+                self._pool_of[layer] = pool
+            self._max.append(size)
+            self._layer_counts.append(len(layers))
+        if sum(self._max) != num_slots:
+            raise ValueError(f"the pools' {sum(self._max)} slots are not num_slots={num_slots}")
+        self.bases = [sum(self._max[:p]) for p in range(len(self._max))]
+        self._sizes = list(self._max)  # in use: the first _sizes[p] of each pool
         self._slot_of: dict[tuple[int, int], int] = {}
-        self._lru: OrderedDict[tuple[int, int], None] = OrderedDict()  # oldest first
-        self._free_slots = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        # Oldest first, one order per pool: a miss evicts within its pool.
+        self._lru: list[OrderedDict[tuple[int, int], None]] = [OrderedDict() for _ in pools]
+        self._free_slots = self._all_free()
         self._saved: list[tuple[int, int, int]] = []  # residency at the last release
         self.is_released = False
         self.num_hits = 0
         self.num_misses = 0
         self.num_evictions = 0
+
+    @property
+    def num_slots(self) -> int:
+        return sum(self._sizes)
+
+    @property
+    def num_pools(self) -> int:
+        return len(self._max)
+
+    def pool_of(self, layer: int) -> int:
+        """The pool serving layer's experts (ValueError for a layer without any)."""
+        if not 0 <= layer < self.num_layers or self._pool_of[layer] < 0:
+            raise ValueError(f"layer {layer} has no slots (outside 0..{self.num_layers - 1} "
+                             "or a dense layer)")
+        return self._pool_of[layer]
+
+    def pool_slots(self, layer: int) -> int:
+        """Slots in use that layer's experts can take."""
+        return self._sizes[self.pool_of(layer)]
+
+    def _all_free(self, taken: Collection[int] = ()) -> list[list[int]]:
+        """Each pool's slots in use that `taken` lacks; pop() hands out the lowest first."""
+        return [[s for s in range(base + size - 1, base - 1, -1) if s not in taken]
+                for base, size in zip(self.bases, self._sizes)]
 
     @property
     def num_resident(self) -> int:
@@ -48,8 +111,10 @@ class ExpertCache:
         return self._slot_of.get((layer, expert))
 
     def resident(self) -> list[tuple[int, int, int]]:
-        """(layer, expert, slot) of every resident expert, least recently used first."""
-        return [(layer, expert, self._slot_of[(layer, expert)]) for layer, expert in self._lru]
+        """(layer, expert, slot) of every resident expert, pool by pool, least recently used
+        first."""
+        return [(layer, expert, self._slot_of[(layer, expert)])
+                for lru in self._lru for layer, expert in lru]
 
     def lookup(
         self, layer: int, experts: Iterable[int], count_uses: bool = True
@@ -67,12 +132,14 @@ class ExpertCache:
         experts = [int(e) for e in experts]
         wanted = set(experts)
         self._check_ids(layer, wanted)
-        if len(wanted) > self.num_slots:
+        pool = self._pool_of[layer]
+        if len(wanted) > self._sizes[pool]:
             raise ValueError(
                 f"one step of layer {layer} needs {len(wanted)} experts but the cache has "
-                f"{self.num_slots} slots; give it at least {len(wanted)}"
+                f"{self._sizes[pool]} slots; give it at least {len(wanted)}"
             )
         in_use = {(layer, e) for e in wanted}
+        lru = self._lru[pool]
         slots: list[int] = []
         misses: list[tuple[int, int]] = []
         seen: set[int] = set()
@@ -82,14 +149,14 @@ class ExpertCache:
             if expert not in seen:
                 seen.add(expert)
                 if slot is None:
-                    slot = self._take_slot(in_use)
+                    slot = self._take_slot(pool, in_use)
                     self._slot_of[key] = slot
                     misses.append((expert, slot))
                     self.num_misses += int(count_uses)
                 else:
                     self.num_hits += int(count_uses)
-                self._lru[key] = None
-                self._lru.move_to_end(key)
+                lru[key] = None
+                lru.move_to_end(key)
             slots.append(slot)
         return slots, misses
 
@@ -102,34 +169,42 @@ class ExpertCache:
         self.num_misses += num_misses
 
     def _check_ids(self, layer: int, experts: set[int]) -> None:
-        if not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        self.pool_of(layer)
         bad = sorted(e for e in experts if not 0 <= e < self.num_experts)
         if bad:
             raise ValueError(f"expert ids {bad} are outside 0..{self.num_experts - 1}")
 
-    def _take_slot(self, in_use: set[tuple[int, int]]) -> int:
-        if self._free_slots:
-            return self._free_slots.pop()
-        victim = next(key for key in self._lru if key not in in_use)
-        del self._lru[victim]
+    def _take_slot(self, pool: int, in_use: set[tuple[int, int]]) -> int:
+        if self._free_slots[pool]:
+            return self._free_slots[pool].pop()
+        lru = self._lru[pool]
+        victim = next(key for key in lru if key not in in_use)
+        del lru[victim]
         self.num_evictions += 1
         return self._slot_of.pop(victim)
 
+    def pool_sizes(self, num_slots: int) -> list[int]:
+        """Slots each pool would use if the cache used num_slots (split_slots, capped by
+        what each pool holds at most)."""
+        return [min(size, limit) for size, limit in
+                zip(split_slots(num_slots, self._layer_counts, self.num_experts), self._max)]
+
     def resize(self, num_slots: int) -> list[int]:
-        """Use slots 0..num_slots-1 from now on (shrink_experts, and growing back): experts in
-        higher slots leave the table. Returns the slots they left, for the device table."""
+        """Use about num_slots slots from now on (shrink_experts, and growing back), shared by
+        the pools as `pool_sizes` says: experts in a pool's slots past its new size leave the
+        table. Returns the slots they left, for the device table."""
         if num_slots <= 0:
             raise ValueError(f"the expert cache needs at least one slot, not {num_slots}")
         if self.is_released:
             raise ExpertCacheReleasedError("the expert cache is released: refill it first")
-        evicted = [(key, slot) for key, slot in self._slot_of.items() if slot >= num_slots]
+        self._sizes = self.pool_sizes(num_slots)
+        evicted = [(key, slot) for key, slot in self._slot_of.items()
+                   if slot - self.bases[self._pool_of[key[0]]] >= self._sizes[
+                       self._pool_of[key[0]]]]
         for key, _ in evicted:
             del self._slot_of[key]
-            del self._lru[key]
-        used = set(self._slot_of.values())
-        self._free_slots = [s for s in range(num_slots - 1, -1, -1) if s not in used]
-        self.num_slots = num_slots
+            del self._lru[self._pool_of[key[0]]][key]
+        self._free_slots = self._all_free(set(self._slot_of.values()))
         return [slot for _, slot in evicted]
 
     def mark_all_released(self) -> None:
@@ -138,8 +213,9 @@ class ExpertCache:
             return
         self._saved = self.resident()
         self._slot_of.clear()
-        self._lru.clear()
-        self._free_slots = list(range(self.num_slots - 1, -1, -1))
+        for lru in self._lru:
+            lru.clear()
+        self._free_slots = self._all_free()
         self.is_released = True
 
     def restore_residency(self) -> list[tuple[int, int, int]]:
@@ -149,9 +225,8 @@ class ExpertCache:
             return []
         for layer, expert, slot in self._saved:
             self._slot_of[(layer, expert)] = slot
-            self._lru[(layer, expert)] = None
-        taken = {slot for _, _, slot in self._saved}
-        self._free_slots = [s for s in range(self.num_slots - 1, -1, -1) if s not in taken]
+            self._lru[self._pool_of[layer]][(layer, expert)] = None
+        self._free_slots = self._all_free({slot for _, _, slot in self._saved})
         restored, self._saved = self._saved, []
         self.is_released = False
         return restored

@@ -100,7 +100,7 @@ class ExpertPromotion:
         for layer, experts in zip(layers, routed.tolist()):
             # Rows of a batch share experts (one row's top-k ids differ); a step may want more
             # than fit, and the rest stay on the host, where the step read them.
-            used = list(dict.fromkeys(experts))[: cache.num_slots]
+            used = list(dict.fromkeys(experts))[: cache.pool_slots(layer)]
             # Checks the ids, touches the LRU order of hits, gives misses slots (evicting).
             _, new = cache.lookup(layer, used, count_uses=False)
             assignments += [(layer, expert, slot) for expert, slot in new]

@@ -3,12 +3,19 @@
 The host copy holds, per MoE layer, the stacked projections gate [E, I, H], up [E, I, H] and
 down [E, H, I]. The slot arena holds gate/up/down of N experts; `ExpertCache` decides which.
 Quantized experts (sources with a GGML `qtype`) are held as their blocks: each projection is
-then a uint8 [E, stride] row per expert, stride the largest any layer's type needs (a Q4_K_M
-file mixes Q4_K and Q6_K down projections), so any layer's expert fits any slot and copies
-move blocks as stored; `blocks(layer, weights)` views them as [.., N, row_bytes].
-A device slot table [layers, E] (slot, or -1) mirrors that decision for decode kernels that
-read a missing expert in place from the host copy (fast/moe_triton.py); expert_promotion.py
-moves the experts decode steps used into slots between steps.
+then a uint8 [E, bytes] row per expert, and copies move blocks as stored;
+`blocks(layer, weights)` views them as [.., N, row_bytes].
+
+Layers whose experts differ in size (a Q4_K_M file mixes Q4_K and Q6_K down projections; an
+IQ2_XXS one puts some in Q2_K) form slot classes: each class has its own slots, sized for its
+experts, and its own pool of the cache (ExpertCache pools), its share of N in proportion to
+its layers. One slot size for every layer would hold each small expert at the largest's size:
+1.25 GB of a Q4_K_M Qwen3-30B-A3B's 17.5 GB of experts (docs/benchmarks.md, run 19).
+The cache numbers slots globally (class c owns base_c ..); `slot_weights_of(layer)` are the
+class's slots, indexed by the class-local numbers `fetch_slots` returns.
+A device slot table [layers, E] (class-local slot, or -1) mirrors that decision for decode
+kernels that read a missing expert in place from the host copy (fast/moe_triton.py);
+expert_promotion.py moves the experts decode steps used into slots between steps.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import torch
 from strata.engine.core.loader.lazy import as_lazy
 from strata.engine.core.memory.arena import DEFAULT_CHUNK_BYTES, Arena
 from strata.engine.core.memory.backend import ArenaBackend
-from strata.engine.core.memory.expert_cache import ExpertCache
+from strata.engine.core.memory.expert_cache import ExpertCache, split_slots
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down
@@ -45,6 +52,23 @@ class BlockFormat:
     @property
     def nbytes(self) -> int:
         return self.shape[0] * self.row_bytes
+
+
+@dataclass
+class SlotClass:
+    """Layers whose experts have one size, and their slots in the arena: per projection an
+    [n, ...] tensor (float: the expert's shape; blocks: its bytes), n = max_slots."""
+
+    layers: list[int]
+    shapes: tuple[tuple[int, ...], ...]  # gate, up, down of one slot
+    proj_bytes: tuple[int, ...]
+    base: int  # the cache's number of this class's slot 0
+    max_slots: int
+    weights: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def bytes_per_expert(self) -> int:
+        return sum(self.proj_bytes)
 
 
 @dataclass(frozen=True)
@@ -95,49 +119,43 @@ class ExpertStore:
             raise ValueError("ExpertStore needs the experts of at least one MoE layer")
         gate, up, down = next(iter(layers.values()))
         self.num_experts = gate.shape[0]
+        self.layer_ids = sorted(layers)
         # layer -> (gate, up, down) BlockFormat when the experts stay quantized, else empty.
         self.formats: dict[int, tuple[BlockFormat, ...]] = {}
         if getattr(gate, "qtype", None) is not None:
             self._init_formats(layers)
+            self.dtype = torch.uint8
+            sizes = {layer: tuple((f.nbytes,) for f in self.formats[layer])
+                     for layer in self.layer_ids}
         else:
-            self._shapes = (tuple(gate.shape[1:]), tuple(up.shape[1:]), tuple(down.shape[1:]))
             self.dtype = gate.dtype
-        for layer, weights in layers.items():
-            if self.formats:
-                continue  # checked by _init_formats
-            shapes = tuple(tuple(w.shape[1:]) for w in weights)
-            if (
-                shapes != self._shapes
-                or any(w.shape[0] != self.num_experts for w in weights)
-                or any(w.dtype != self.dtype for w in weights)
-            ):
-                raise ValueError(
-                    f"layer {layer}: experts must all be [{self.num_experts}, ...] of "
-                    f"{self.dtype} with shapes {self._shapes}, got "
-                    f"{[tuple(w.shape) for w in weights]} of {[w.dtype for w in weights]}"
-                )
-        self._proj_bytes = [self._numel(s) * self.dtype.itemsize for s in self._shapes]
-        self.bytes_per_expert = sum(self._proj_bytes)
-        self.layer_ids = sorted(layers)
+            shapes = (tuple(gate.shape[1:]), tuple(up.shape[1:]), tuple(down.shape[1:]))
+            self._check_float_layers(layers, shapes)
+            sizes = dict.fromkeys(self.layer_ids, shapes)
         num_layers = num_layers if num_layers is not None else self.layer_ids[-1] + 1
-        self.num_slots = min(num_slots, len(layers) * self.num_experts)
-        self.max_slots = self.num_slots  # what the arena reserves; resize() uses fewer
-        self.cache = ExpertCache(num_layers, self.num_experts, self.num_slots)
+        total = len(layers) * self.num_experts
+        self.classes = self._slot_classes(sizes, min(num_slots, total))
+        self.max_slots = sum(c.max_slots for c in self.classes)  # resize() uses fewer
+        self._class_of = {layer: c for c in self.classes for layer in c.layers}
+        self.cache = ExpertCache(num_layers, self.num_experts, self.max_slots,
+                                 pools=[(c.layers, c.max_slots) for c in self.classes])
         if not 0 < num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok must be in 1..{self.num_experts}, "
                              f"not {num_experts_per_tok}")
 
         # Fill the host copy as ordinary memory, then pin it once (see host_copy.py).
         self.host = HostCopy(
-            len(layers) * self.num_experts * self.bytes_per_expert, f"host copy of {name}"
+            sum(len(c.layers) * self.num_experts * c.bytes_per_expert for c in self.classes),
+            f"host copy of {name}",
         )
         self._host_layers: dict[int, list[torch.Tensor]] = {}
         offset = 0
         for layer in self.layer_ids:
             views = []
-            for p, (shape, source) in enumerate(zip(self._shapes, layers[layer])):
+            for p, (shape, source) in enumerate(zip(self._class_of[layer].shapes,
+                                                    layers[layer])):
                 view = self.host.tensor(offset, (self.num_experts, *shape), self.dtype)
-                # A tensor, or a file's handle read once; blocks into their padded rows.
+                # A tensor, or a file's handle read once; blocks into their rows.
                 dst = _as_blocks(view, self.formats[layer][p]) if self.formats else view
                 as_lazy(source).copy_to(dst)
                 views.append(view)
@@ -146,25 +164,43 @@ class ExpertStore:
         if backend.device.type == "cuda":
             self.host.pin(backend.device.index or 0)
 
-        self.arena = Arena(
-            name, self.num_slots * self.bytes_per_expert + 3 * 256, backend, chunk_bytes
-        )
+        self.arena = Arena(name, sum(c.max_slots * c.bytes_per_expert + 3 * 256
+                                     for c in self.classes), backend, chunk_bytes)
         self.arena.map()
-        self.slot_weights: ExpertWeights = tuple(  # type: ignore[assignment]
-            self.arena.allocate((self.num_slots, *shape), self.dtype) for shape in self._shapes
-        )
+        for c in self.classes:
+            c.weights = tuple(self.arena.allocate((c.max_slots, *shape), self.dtype)
+                              for shape in c.shapes)
         # Allocated once (CUDA graphs keep their addresses), outside the arena: a release
-        # unmaps the slots, never these. The mirror is replaced, never written, on a change,
-        # so a step can keep the table it ran with (ExpertPromotion counts its hits with it).
+        # unmaps the slots, never these. The mirror (the cache's global slot numbers) is
+        # replaced, never written, on a change, so a step can keep the table it ran with
+        # (ExpertPromotion counts its hits with it); the device table holds class-local ones.
         shape = (num_layers, self.num_experts)
         self.table = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self.table_mirror = torch.full(shape, -1, dtype=torch.int32)
+        self._layer_base = torch.zeros(num_layers, 1, dtype=torch.int32)
+        for c in self.classes:
+            self._layer_base[c.layers] = c.base
         self.step_ids = torch.zeros(num_layers, MAX_STEP_ROWS, num_experts_per_tok,
                                     dtype=torch.long, device=self.device)
         self.preload()
 
+    def _check_float_layers(self, layers: dict[int, ExpertWeights],
+                            shapes: tuple[tuple[int, ...], ...]) -> None:
+        for layer, weights in layers.items():
+            got = tuple(tuple(w.shape[1:]) for w in weights)
+            if (
+                got != shapes
+                or any(w.shape[0] != self.num_experts for w in weights)
+                or any(w.dtype != self.dtype for w in weights)
+            ):
+                raise ValueError(
+                    f"layer {layer}: experts must all be [{self.num_experts}, ...] of "
+                    f"{self.dtype} with shapes {shapes}, got "
+                    f"{[tuple(w.shape) for w in weights]} of {[w.dtype for w in weights]}"
+                )
+
     def _init_formats(self, layers: dict[int, ExpertWeights]) -> None:
-        """Quantized sources: each projection's BlockFormat per layer, one stride for all."""
+        """Quantized sources: each projection's BlockFormat per layer."""
         logical = None
         for layer, weights in layers.items():
             formats = []
@@ -180,17 +216,61 @@ class ExpertStore:
                 raise ValueError(f"layer {layer}: expert shapes {shapes} differ from {logical}")
             logical = shapes
             self.formats[layer] = tuple(formats)
-        self.dtype = torch.uint8
-        self._shapes = tuple(  # type: ignore[assignment]
-            (max(self.formats[layer][p].nbytes for layer in layers),) for p in range(3))
+
+    def _slot_classes(self, sizes: dict[int, tuple[tuple[int, ...], ...]],
+                      num_slots: int) -> list[SlotClass]:
+        """Layers grouped by their experts' slot shapes (first layer's order), num_slots
+        shared among the groups (split_slots)."""
+        groups: dict[tuple[tuple[int, ...], ...], list[int]] = {}
+        for layer in self.layer_ids:
+            groups.setdefault(sizes[layer], []).append(layer)
+        counts = split_slots(num_slots, [len(g) for g in groups.values()], self.num_experts)
+        classes, base = [], 0
+        for (shapes, members), count in zip(groups.items(), counts):
+            proj_bytes = tuple(self._numel(shape) * self.dtype.itemsize for shape in shapes)
+            classes.append(SlotClass(members, shapes, proj_bytes, base, count))
+            base += count
+        return classes
 
     @property
     def is_quantized(self) -> bool:
         return bool(self.formats)
 
+    @property
+    def num_slots(self) -> int:
+        """Slots in use, every class together (resize() may use fewer than max_slots)."""
+        return self.cache.num_slots
+
+    @property
+    def bytes_per_expert(self) -> int:
+        """What one slot holds on average over the classes (the exact size with one class):
+        what a caller sizing or shrinking the cache by bytes divides by."""
+        slot_bytes = sum(c.max_slots * c.bytes_per_expert for c in self.classes)
+        return -(-slot_bytes // self.max_slots)
+
+    @property
+    def slot_weights(self) -> ExpertWeights:
+        """The slots of a store whose layers' experts all have one size."""
+        if len(self.classes) != 1:
+            raise ValueError(f"{len(self.classes)} slot classes: take slot_weights_of(layer)")
+        return self.classes[0].weights  # type: ignore[return-value]
+
+    def slot_weights_of(self, layer: int) -> ExpertWeights:
+        """The slots that layer's experts take, [n, ...] per projection (class-local slots)."""
+        return self._class(layer).weights  # type: ignore[return-value]
+
+    def local_slot(self, layer: int, slot: int) -> int:
+        """The cache's slot number as an index of slot_weights_of(layer)."""
+        return slot - self._class(layer).base
+
+    def _class(self, layer: int) -> SlotClass:
+        if layer not in self._class_of:
+            raise ValueError(f"layer {layer} has no experts in this store (dense layer?)")
+        return self._class_of[layer]
+
     def blocks(self, layer: int, weights: Sequence[torch.Tensor]) -> ExpertWeights:
-        """Quantized stores: each of weights' [n, stride] uint8 (slots or a layer's host copy)
-        viewed as layer's [n, N, row_bytes] blocks; experts stay `stride` bytes apart."""
+        """Quantized stores: each of weights' [n, bytes] uint8 (slots or a layer's host copy)
+        viewed as layer's [n, N, row_bytes] blocks."""
         return tuple(_as_blocks(w, f)  # type: ignore[return-value]
                      for w, f in zip(weights, self.formats[layer]))
 
@@ -215,10 +295,11 @@ class ExpertStore:
         return gate[expert], up[expert], down[expert]
 
     def host_offsets(self, layer: int) -> tuple[int, int, int] | None:
-        """Elements from each slot weight's base (gate, up, down) to this layer's host copy
-        [E, ...] as the device addresses it; None when a GPU cannot read the host copy."""
+        """Elements from each of layer's slot weights' base (gate, up, down) to this layer's
+        host copy [E, ...] as the device addresses it; None when a GPU cannot read the host
+        copy."""
         offsets = []
-        for host, slots in zip(self._host_layers[layer], self.slot_weights):
+        for host, slots in zip(self._host_layers[layer], self.slot_weights_of(layer)):
             address = self.host.device_address_of(host)
             if address is None:
                 return None
@@ -232,9 +313,9 @@ class ExpertStore:
     def update_table(
         self, cleared_slots: Sequence[int] = (), entries: Sequence[tuple[int, int, int]] = ()
     ) -> None:
-        """Set the table entries of experts whose slots now hold something else to -1, then
-        (layer, expert) -> slot for `entries`, and publish it on the compute stream (after
-        every copy queued there before)."""
+        """Set the table entries of experts whose slots (the cache's numbers) now hold
+        something else to -1, then (layer, expert) -> slot for `entries`, and publish it on
+        the compute stream (after every copy queued there before)."""
         mirror = self.table_mirror.clone()
         slots = [*cleared_slots, *(slot for _, _, slot in entries)]
         if slots:
@@ -243,38 +324,44 @@ class ExpertStore:
             layers, experts, new_slots = zip(*entries)
             mirror[list(layers), list(experts)] = torch.tensor(new_slots, dtype=torch.int32)
         self.table_mirror = mirror
+        local = torch.where(mirror >= 0, mirror - self._layer_base, -1).to(torch.int32)
         if self.device.type == "cuda":
             # From pinned staging, so the host never waits; torch's pinned pool keeps the
             # buffer until this copy has run.
-            self.table.copy_(mirror.pin_memory(), non_blocking=True)
+            self.table.copy_(local.pin_memory(), non_blocking=True)
         else:
-            self.table.copy_(mirror)
+            self.table.copy_(local)
 
     def copy_rows(self, assignments: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
-        """Copy (layer, expert) -> slot from the host copy on the current stream.
+        """Copy (layer, expert) -> slot (the cache's numbers) from the host copy on the
+        current stream.
 
         Experts that follow each other in a layer and land in slots that follow each other go
         as one copy per weight: a refill of 14 layers x 128 experts was 5376 copies of 3 MiB,
         where pinned copies reach PCIe's rate only from ~16 MiB (H200: 46-48 GB/s of 55)."""
         for layer, expert, slot, count in contiguous_runs(assignments):
-            for dst, src in zip(self.slot_weights, self._host_layers[layer]):
-                dst[slot : slot + count].copy_(src[expert : expert + count],
-                                               non_blocking=non_blocking)
+            first = self.local_slot(layer, slot)
+            for dst, src in zip(self.slot_weights_of(layer), self._host_layers[layer]):
+                dst[first : first + count].copy_(src[expert : expert + count],
+                                                 non_blocking=non_blocking)
 
     def preload(self) -> None:
         """Fill every slot, layer by layer, so the first steps do not all miss."""
-        budget = self.num_slots - self.cache.num_resident
+        room = self._pool_sizes()  # the cache's pools are the classes, in order
+        for layer, _, _ in self.cache.resident():
+            room[self.cache.pool_of(layer)] -= 1
         for layer in self.layer_ids:
-            if budget <= 0:
-                break
-            experts = range(min(budget, self.num_experts))
+            pool = self.cache.pool_of(layer)
+            if room[pool] <= 0:
+                continue
+            experts = range(min(room[pool], self.num_experts))
             _, misses = self.cache.lookup(layer, experts)
             self._copy_in([(layer, e, s) for e, s in misses])
-            budget -= len(experts)
+            room[pool] -= len(experts)
 
     def fetch_slots(self, layer: int, expert_ids: Sequence[int] | torch.Tensor) -> list[int]:
-        """Slots holding the requested experts, copying misses in; index `slot_weights` with
-        them to use the experts without a gather copy."""
+        """Slots holding the requested experts, copying misses in; index
+        `slot_weights_of(layer)` with them to use the experts without a gather copy."""
         self.check_mapped()  # a released cache must be refilled, never read
         if self.device.type == "cuda":
             # A hit may be an expert whose promotion copy (side stream) is still on the way.
@@ -285,13 +372,13 @@ class ExpertStore:
             raise ValueError(f"layer {layer} has no experts in this store (dense layer?)")
         slots, misses = self.cache.lookup(layer, expert_ids)
         self._copy_in([(layer, e, s) for e, s in misses])
-        return slots
+        return [self.local_slot(layer, slot) for slot in slots]
 
     def fetch(self, layer: int, expert_ids: Sequence[int] | torch.Tensor) -> ExpertWeights:
         """gate [k, I, H], up [k, I, H], down [k, H, I] for the k requested experts."""
         slots = self.fetch_slots(layer, expert_ids)
         index = torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
-        gate, up, down = (w.index_select(0, index) for w in self.slot_weights)
+        gate, up, down = (w.index_select(0, index) for w in self.slot_weights_of(layer))
         return gate, up, down
 
     def _copy_in(self, assignments: list[tuple[int, int, int]]) -> int:
@@ -311,48 +398,50 @@ class ExpertStore:
         if cuda:
             torch.cuda.current_stream(self.device).wait_stream(stream)
         self.update_table(entries=assignments)  # queued after the copies it announces
-        return len(assignments) * self.bytes_per_expert
+        return sum(self._class(layer).bytes_per_expert for layer, _, _ in assignments)
 
-    def _slot_ranges(self, first_slot: int, num_slots: int) -> list[tuple[int, int]]:
-        """(arena offset, bytes) of slots first..first+num-1 in each of gate, up and down."""
+    def _slot_ranges(self, sizes: Sequence[int], new_sizes: Sequence[int]
+                     ) -> list[tuple[int, int]]:
+        """(arena offset, bytes) of each class's slots sizes[c]..new_sizes[c]-1 in each of
+        gate, up and down (classes whose count does not grow give none)."""
         base = self.arena.base_address
-        return [(weights.data_ptr() - base + first_slot * nbytes, num_slots * nbytes)
-                for weights, nbytes in zip(self.slot_weights, self._proj_bytes)]
+        return [(weights.data_ptr() - base + first * nbytes, (end - first) * nbytes)
+                for c, first, end in zip(self.classes, sizes, new_sizes) if end > first
+                for weights, nbytes in zip(c.weights, c.proj_bytes)]
+
+    def _pool_sizes(self) -> list[int]:
+        return [self.cache.pool_slots(c.layers[0]) for c in self.classes]
 
     def check_mapped(self) -> None:
-        """Raise ArenaReleasedError unless the slots in use (0..num_slots-1) are mapped."""
+        """Raise ArenaReleasedError unless the slots in use are mapped."""
         if self.num_slots == self.max_slots:
             self.arena.check_mapped()
             return
-        for offset, nbytes in self._slot_ranges(0, self.num_slots):
+        for offset, nbytes in self._slot_ranges([0] * len(self.classes), self._pool_sizes()):
             self.arena.check_mapped(offset, nbytes)
 
     def resize(self, num_slots: int) -> dict[str, Any]:
-        """Use num_slots slots (num_experts..max_slots): shrinking frees the chunks wholly
-        above the new count (the experts there are read from the host copy again); growing
-        maps them back, empty (misses fill them). Raises ArenaMapError (nothing changed) when
-        growing finds too little VRAM."""
+        """Use about num_slots slots (num_experts..max_slots, shared by the classes as the
+        cache's pools say): shrinking frees the chunks wholly above each class's new count
+        (the experts there are read from the host copy again); growing maps them back, empty
+        (misses fill them). Raises ArenaMapError (nothing changed) when growing finds too
+        little VRAM."""
         num_slots = max(min(num_slots, self.max_slots), min(self.num_experts, self.max_slots))
-        old = self.num_slots
+        old, new = self._pool_sizes(), self.cache.pool_sizes(num_slots)
         freed = mapped = 0
-        if num_slots < old:
-            self.update_table(cleared_slots=self.cache.resize(num_slots))
-            self.num_slots = num_slots
-            # Release syncs the device first: no queued step still reads those slots.
-            for offset, nbytes in self._slot_ranges(num_slots, self.max_slots - num_slots):
-                freed += self.arena.release_range(offset, nbytes)
-        elif num_slots > old:
-            done: list[tuple[int, int]] = []
-            try:
-                for offset, nbytes in self._slot_ranges(old, num_slots - old):
-                    mapped += self.arena.map_range(offset, nbytes)
-                    done.append((offset, nbytes))
-            except BaseException:
-                for offset, nbytes in done:
-                    self.arena.release_range(offset, nbytes)
-                raise
-            self.cache.resize(num_slots)
-            self.num_slots = num_slots
+        done: list[tuple[int, int]] = []
+        try:
+            for offset, nbytes in self._slot_ranges(old, new):  # the classes that grow
+                mapped += self.arena.map_range(offset, nbytes)
+                done.append((offset, nbytes))
+        except BaseException:
+            for offset, nbytes in done:
+                self.arena.release_range(offset, nbytes)
+            raise
+        self.update_table(cleared_slots=self.cache.resize(num_slots))
+        # Release syncs the device first: no queued step still reads those slots.
+        for offset, nbytes in self._slot_ranges(new, old):  # the classes that shrink
+            freed += self.arena.release_range(offset, nbytes)
         return {"num_slots": self.num_slots, "max_slots": self.max_slots,
                 "freed_bytes": freed, "mapped_bytes": mapped,
                 "resident_bytes": self.arena.resident_bytes}
@@ -374,7 +463,6 @@ class ExpertStore:
         restored = self.cache.restore_residency()
         if self.num_slots < self.max_slots:  # shrunk before the release: back to every slot
             self.cache.resize(self.max_slots)
-            self.num_slots = self.max_slots
         try:
             copied_bytes = self._copy_in(restored)
             if self.device.type == "cuda":
@@ -392,8 +480,10 @@ class ExpertStore:
         self.arena.check_mapped()
         differing = 0
         for layer, expert, slot in self.cache.resident():
-            for slot_weight, host in zip(self.slot_weights, self.host_expert(layer, expert)):
-                if not torch.equal(slot_weight[slot], host.to(self.device)):
+            local = self.local_slot(layer, slot)
+            for slot_weight, host in zip(self.slot_weights_of(layer),
+                                         self.host_expert(layer, expert)):
+                if not torch.equal(slot_weight[local], host.to(self.device)):
                     differing += 1
                     break
         return differing
