@@ -83,8 +83,9 @@ class ExpertCache:
         return sum(self._sizes)
 
     @property
-    def num_pools(self) -> int:
-        return len(self._max)
+    def sizes(self) -> list[int]:
+        """Slots in use in each pool, in pool order."""
+        return list(self._sizes)
 
     def pool_of(self, layer: int) -> int:
         """The pool serving layer's experts (ValueError for a layer without any)."""
@@ -198,9 +199,9 @@ class ExpertCache:
         if self.is_released:
             raise ExpertCacheReleasedError("the expert cache is released: refill it first")
         self._sizes = self.pool_sizes(num_slots)
+        ends = [base + size for base, size in zip(self.bases, self._sizes)]
         evicted = [(key, slot) for key, slot in self._slot_of.items()
-                   if slot - self.bases[self._pool_of[key[0]]] >= self._sizes[
-                       self._pool_of[key[0]]]]
+                   if slot >= ends[self._pool_of[key[0]]]]
         for key, _ in evicted:
             del self._slot_of[key]
             del self._lru[self._pool_of[key[0]]][key]

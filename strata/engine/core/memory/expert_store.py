@@ -136,7 +136,6 @@ class ExpertStore:
         total = len(layers) * self.num_experts
         self.classes = self._slot_classes(sizes, min(num_slots, total))
         self.max_slots = sum(c.max_slots for c in self.classes)  # resize() uses fewer
-        self._class_of = {layer: c for c in self.classes for layer in c.layers}
         self.cache = ExpertCache(num_layers, self.num_experts, self.max_slots,
                                  pools=[(c.layers, c.max_slots) for c in self.classes])
         if not 0 < num_experts_per_tok <= self.num_experts:
@@ -152,7 +151,7 @@ class ExpertStore:
         offset = 0
         for layer in self.layer_ids:
             views = []
-            for p, (shape, source) in enumerate(zip(self._class_of[layer].shapes,
+            for p, (shape, source) in enumerate(zip(self._class(layer).shapes,
                                                     layers[layer])):
                 view = self.host.tensor(offset, (self.num_experts, *shape), self.dtype)
                 # A tensor, or a file's handle read once; blocks into their rows.
@@ -264,9 +263,7 @@ class ExpertStore:
         return slot - self._class(layer).base
 
     def _class(self, layer: int) -> SlotClass:
-        if layer not in self._class_of:
-            raise ValueError(f"layer {layer} has no experts in this store (dense layer?)")
-        return self._class_of[layer]
+        return self.classes[self.cache.pool_of(layer)]  # the cache's pools are the classes
 
     def blocks(self, layer: int, weights: Sequence[torch.Tensor]) -> ExpertWeights:
         """Quantized stores: each of weights' [n, bytes] uint8 (slots or a layer's host copy)
@@ -347,9 +344,7 @@ class ExpertStore:
 
     def preload(self) -> None:
         """Fill every slot, layer by layer, so the first steps do not all miss."""
-        room = self._pool_sizes()  # the cache's pools are the classes, in order
-        for layer, _, _ in self.cache.resident():
-            room[self.cache.pool_of(layer)] -= 1
+        room = self.cache.sizes  # nothing resident yet: called once, by __init__
         for layer in self.layer_ids:
             pool = self.cache.pool_of(layer)
             if room[pool] <= 0:
@@ -409,15 +404,12 @@ class ExpertStore:
                 for c, first, end in zip(self.classes, sizes, new_sizes) if end > first
                 for weights, nbytes in zip(c.weights, c.proj_bytes)]
 
-    def _pool_sizes(self) -> list[int]:
-        return [self.cache.pool_slots(c.layers[0]) for c in self.classes]
-
     def check_mapped(self) -> None:
         """Raise ArenaReleasedError unless the slots in use are mapped."""
         if self.num_slots == self.max_slots:
             self.arena.check_mapped()
             return
-        for offset, nbytes in self._slot_ranges([0] * len(self.classes), self._pool_sizes()):
+        for offset, nbytes in self._slot_ranges([0] * len(self.classes), self.cache.sizes):
             self.arena.check_mapped(offset, nbytes)
 
     def resize(self, num_slots: int) -> dict[str, Any]:
@@ -427,7 +419,7 @@ class ExpertStore:
         (misses fill them). Raises ArenaMapError (nothing changed) when growing finds too
         little VRAM."""
         num_slots = max(min(num_slots, self.max_slots), min(self.num_experts, self.max_slots))
-        old, new = self._pool_sizes(), self.cache.pool_sizes(num_slots)
+        old, new = self.cache.sizes, self.cache.pool_sizes(num_slots)
         freed = mapped = 0
         done: list[tuple[int, int]] = []
         try:
