@@ -62,8 +62,7 @@ class SlotClass:
     layers: list[int]
     shapes: tuple[tuple[int, ...], ...]  # gate, up, down of one slot
     proj_bytes: tuple[int, ...]
-    base: int  # the cache's number of this class's slot 0
-    max_slots: int
+    max_slots: int  # the cache's pool of these layers (its slot numbers start at cache.bases)
     weights: tuple[torch.Tensor, ...] = ()
 
     @property
@@ -177,8 +176,8 @@ class ExpertStore:
         self.table = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self.table_mirror = torch.full(shape, -1, dtype=torch.int32)
         self._layer_base = torch.zeros(num_layers, 1, dtype=torch.int32)
-        for c in self.classes:
-            self._layer_base[c.layers] = c.base
+        for c, base in zip(self.classes, self.cache.bases):
+            self._layer_base[c.layers] = base
         self.step_ids = torch.zeros(num_layers, MAX_STEP_ROWS, num_experts_per_tok,
                                     dtype=torch.long, device=self.device)
         self.preload()
@@ -224,12 +223,10 @@ class ExpertStore:
         for layer in self.layer_ids:
             groups.setdefault(sizes[layer], []).append(layer)
         counts = split_slots(num_slots, [len(g) for g in groups.values()], self.num_experts)
-        classes, base = [], 0
-        for (shapes, members), count in zip(groups.items(), counts):
-            proj_bytes = tuple(self._numel(shape) * self.dtype.itemsize for shape in shapes)
-            classes.append(SlotClass(members, shapes, proj_bytes, base, count))
-            base += count
-        return classes
+        return [SlotClass(members, shapes,
+                          tuple(self._numel(shape) * self.dtype.itemsize for shape in shapes),
+                          count)
+                for (shapes, members), count in zip(groups.items(), counts)]
 
     @property
     def is_quantized(self) -> bool:
@@ -260,7 +257,7 @@ class ExpertStore:
 
     def local_slot(self, layer: int, slot: int) -> int:
         """The cache's slot number as an index of slot_weights_of(layer)."""
-        return slot - self._class(layer).base
+        return slot - self.cache.bases[self.cache.pool_of(layer)]
 
     def _class(self, layer: int) -> SlotClass:
         return self.classes[self.cache.pool_of(layer)]  # the cache's pools are the classes
@@ -321,13 +318,18 @@ class ExpertStore:
             layers, experts, new_slots = zip(*entries)
             mirror[list(layers), list(experts)] = torch.tensor(new_slots, dtype=torch.int32)
         self.table_mirror = mirror
-        local = torch.where(mirror >= 0, mirror - self._layer_base, -1).to(torch.int32)
+        local = self.local_table(mirror)
         if self.device.type == "cuda":
             # From pinned staging, so the host never waits; torch's pinned pool keeps the
             # buffer until this copy has run.
             self.table.copy_(local.pin_memory(), non_blocking=True)
         else:
             self.table.copy_(local)
+
+    def local_table(self, mirror: torch.Tensor) -> torch.Tensor:
+        """A [layers, E] table of the cache's slot numbers as the device table holds them:
+        class-local (indices of slot_weights_of(layer)), -1 kept."""
+        return torch.where(mirror >= 0, mirror - self._layer_base, -1).to(torch.int32)
 
     def copy_rows(self, assignments: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
         """Copy (layer, expert) -> slot (the cache's numbers) from the host copy on the
