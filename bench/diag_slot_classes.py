@@ -5,8 +5,9 @@ switch that takes a piece of the fast path away.
 
 Per mode, the first token where a run differs from the reference (None: equal). With
 --check-slots the default mode also checks, after every token, that the device slot table
-equals the cache's mirror in class-local numbers and that every slot the table names holds
-its expert's bytes from the host copy.
+equals the cache's mirror in class-local numbers (ExpertStore.local_table), that the mirror
+names what the cache holds, and that every resident slot holds its expert's bytes from the
+host copy (ExpertStore.verify_slots).
 
     python bench/diag_slot_classes.py [--modes default auto no-graphs no-dp4a no-fast]
                                       [--check-slots]
@@ -45,32 +46,24 @@ def _engine(path: Path, quantized: bool, expert_cache: str, **fields):
 
 
 def slot_problems(engine) -> list[str]:
-    """What disagrees between the device table, the cache and the slots' bytes."""
+    """What disagrees between the device table, the cache's mirror and the slots' bytes."""
     import torch
 
     torch.cuda.synchronize()
     store = engine.memory.experts
     mirror = store.table_mirror
-    bases = torch.zeros_like(mirror[:, :1])
-    for c in store.classes:
-        bases[c.layers] = c.base
-    local = torch.where(mirror >= 0, mirror - bases, -1).to(torch.int32)
     problems = []
-    if not torch.equal(store.table.cpu(), local):
-        problems.append(f"device table != mirror at {(store.table.cpu() != local).nonzero()[:4]}")
-    for layer in store.layer_ids:
-        for expert in range(store.num_experts):
-            slot = int(mirror[layer, expert])
-            if slot < 0:
-                continue
-            if store.cache.slot_of(layer, expert) != slot:
-                problems.append(f"layer {layer} expert {expert}: mirror {slot}, cache "
-                                f"{store.cache.slot_of(layer, expert)}")
-            index = store.local_slot(layer, slot)
-            for p, (slots, host) in enumerate(zip(store.slot_weights_of(layer),
-                                                  store.host_expert(layer, expert))):
-                if not torch.equal(slots[index].cpu(), host):
-                    problems.append(f"layer {layer} expert {expert} slot {slot} proj {p}")
+    device_table = store.table.cpu()
+    if not torch.equal(device_table, store.local_table(mirror)):
+        problems.append("device table != mirror at "
+                        f"{(device_table != store.local_table(mirror)).nonzero()[:4].tolist()}")
+    named = {(layer, expert, int(mirror[layer, expert])) for layer in store.layer_ids
+             for expert in range(store.num_experts) if mirror[layer, expert] >= 0}
+    if named != set(store.cache.resident()):
+        problems.append(f"mirror and cache differ: {sorted(named ^ set(store.cache.resident()))[:4]}")
+    differing = store.verify_slots()  # every resident slot against its host copy
+    if differing:
+        problems.append(f"{differing} resident slots differ from the host copy")
     return problems
 
 
