@@ -34,28 +34,45 @@ PROMPT_TOKENS = 512
 
 
 def kernel_table(prof) -> dict[str, list[float]]:
-    """{kernel name: [launches, total microseconds]} of the GPU events of a profile."""
-    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    """{kernel name: [launches, total microseconds, exclusive microseconds]} of the GPU events
+    of a profile.
+
+    Exclusive time counts a kernel's span only from when the kernel before it (by start)
+    ended: with PDL a kernel starts early and waits for its predecessor inside, so its total
+    includes that wait and the totals add up to more than the wall time. The exclusive times
+    add up to the GPU's busy time; the wall time less them is idle GPU (launch gaps)."""
+    table: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    spans = []
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
         row = table[event.name]
         row[0] += 1
         row[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        span = getattr(event, "time_range", None)
+        if span is not None:
+            spans.append((span.start, span.end, event.name))
+    busy_until = float("-inf")
+    for start, end, name in sorted(spans):
+        table[name][2] += max(0.0, end - max(start, busy_until))
+        busy_until = max(busy_until, end)
     return table
 
 
 def print_table(title: str, table: dict, per: int, wall_s: float, top: int) -> None:
-    total_us = sum(us for _, us in table.values()) / per
-    launches = sum(n for n, _ in table.values()) / per
-    print(f"== {title}: {launches:.0f} kernels, {total_us:.0f} us kernel time, "
-          f"{wall_s * 1e6 / per:.0f} us wall per step (gap {wall_s * 1e6 / per - total_us:.0f} us)")
-    rows = sorted(table.items(), key=lambda item: -item[1][1])
-    for name, (count, us) in rows[:top]:
-        print(f"  {us / per:9.1f} us {us / total_us / per:6.1%} {count / per:6.1f}x "
-              f"{us / max(count, 1):7.2f} us/launch  {name[:90]}")
+    total_us = sum(row[1] for row in table.values()) / per
+    busy_us = sum(row[2] for row in table.values()) / per
+    launches = sum(row[0] for row in table.values()) / per
+    wall_us = wall_s * 1e6 / per
+    print(f"== {title}: {launches:.0f} kernels, {total_us:.0f} us kernel time, {busy_us:.0f} us "
+          f"GPU busy (exclusive), {wall_us:.0f} us wall per step (idle {wall_us - busy_us:.0f} us)")
+    print("  exclusive us  share  launches  total us  us/launch  kernel")
+    rows = sorted(table.items(), key=lambda item: -item[1][2])
+    for name, (count, us, exclusive_us) in rows[:top]:
+        print(f"  {exclusive_us / per:9.1f} {exclusive_us / max(busy_us * per, 1e-9):6.1%} "
+              f"{count / per:8.1f}x {us / per:9.1f} {us / max(count, 1):8.2f}   {name[:90]}")
     if len(rows) > top:
-        rest = sum(us for _, (_, us) in rows[top:]) / per
+        rest = sum(row[2] for _, row in rows[top:]) / per
         print(f"  {rest:9.1f} us in {len(rows) - top} other kernel names")
 
 
