@@ -29,6 +29,11 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))  # the checkout, for strata
 sys.path.insert(0, str(BENCH_DIR))
 
+from strata.engine.core.process import use_engine_allocator
+
+# Before torch is imported: the VRAM rows measure the allocator the server's engine runs.
+use_engine_allocator()
+
 from batch_bench import first_token_s, prompt, sync
 from llamacpp_peer import bench_command, parse_results
 from report import figure, format_figures, write_json
@@ -68,8 +73,30 @@ def memory_breakdown(engine, process_bytes: int | None) -> dict:
             "torch_allocated_bytes": (torch.cuda.memory_allocated()
                                       if torch.cuda.is_available() else 0),
             "quant_scratch_bytes": scratch_bytes(),
+            "torch_pools": torch_pools() if torch.cuda.is_available() else {},
             "context_and_other_bytes": (None if process_bytes is None
                                         else process_bytes - known)}
+
+
+def torch_pools(top: int = 8) -> dict:
+    """torch's reserved memory per pool (the default one, each CUDA graph's private pool):
+    reserved and allocated bytes and the largest allocated blocks, from its memory snapshot,
+    so a reserved-but-free figure can be told from graph pools and live buffers."""
+    import torch
+
+    pools: dict[str, dict] = {}
+    for segment in torch.cuda.memory_snapshot():
+        pool = pools.setdefault(str(segment.get("segment_pool_id")),
+                                {"segments": 0, "reserved_bytes": 0, "allocated_bytes": 0,
+                                 "largest_allocated_bytes": []})
+        pool["segments"] += 1
+        pool["reserved_bytes"] += segment["total_size"]
+        pool["allocated_bytes"] += segment["allocated_size"]
+        pool["largest_allocated_bytes"] += [block["size"] for block in segment["blocks"]
+                                            if block["state"] == "active_allocated"]
+    for pool in pools.values():
+        pool["largest_allocated_bytes"] = sorted(pool["largest_allocated_bytes"])[::-1][:top]
+    return pools
 
 
 def _timed_s(fn) -> tuple[object, float]:
@@ -112,6 +139,8 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     decode_tok_s(engine, 16, 0)  # captures the decode graphs, compiles the kernels
     decode = max(decode_tok_s(engine, args.decode_tokens, 0) for _ in range(args.repeats))
     raw["decode_tok_s"] = decode
+    if args.profile_steps:
+        raw["decode_profile"] = decode_profile(engine, args.profile_steps)
     roofline = args.hbm_gb_s * 1e9 / weights["per_token_bytes"]
     rows.append(figure("decode bs1", decode, "tok/s", roofline, DECODE_ROOFLINE_TARGET,
                        f"limit: quantized-bytes roofline at {args.hbm_gb_s:.0f} GB/s"))
@@ -129,6 +158,16 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
                            notes=f"prompt in, first token out; chunk {args.chunk_tokens}"))
         if num_tokens == args.ttft_tokens:
             rows.append(figure(f"TTFT {num_tokens} tok", best_s * 1e3, "ms"))
+    # What serving holds once the longest prompt ran: torch keeps its chunk's activations.
+    own_after, used_after = vram_used_bytes()
+    held_after = own_after if own_after is not None else (
+        None if used_after is None else used_after - baseline_used)
+    raw["vram_after_prefill_bytes"] = held_after
+    raw["memory_after_prefill"] = memory_breakdown(engine, own_after)
+    rows.append(figure("VRAM held after the prefill rows",
+                       None if held_after is None else held_after / 2**30, "GiB",
+                       (file_bytes + kv) / 2**30, notes="the longest prompt's activations "
+                       "stay in torch's cache", higher_is_better=False))
     if engine.memory.experts is not None:
         rows += expert_figures(args, engine, raw)
     if not args.no_reload:
@@ -142,6 +181,38 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     engine.close()
     sync()
     return rows, raw
+
+
+def decode_profile(engine, num_tokens: int, top: int = 24) -> dict:
+    """Where a decode token's GPU time goes (the roofline target's "profile that says why"):
+    `num_tokens` greedy tokens under torch.profiler (kernels inside the CUDA graphs' replays
+    included), per kernel name the launches and microseconds a token, against the wall time."""
+    import torch
+    from profile_decode import kernel_table, print_table
+    from torch.profiler import ProfilerActivity, profile
+
+    from strata.engine.protocol import SamplingSpec
+
+    steps = engine.generate(list(range(1, 33)), SamplingSpec(max_tokens=num_tokens + 1,
+                                                             temperature=0.0), slot=0)
+    next(steps)  # the first token carries the prefill
+    sync()
+    # The CPU dry run has no kernels to list; it checks the machinery.
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        started_s = time.perf_counter()
+        count = sum(len(ids) for ids in steps)
+        sync()
+        wall_s = time.perf_counter() - started_s
+    table = kernel_table(prof)
+    print_table(f"decode token ({count} profiled)", table, count, wall_s, top)
+    rows = sorted(table.items(), key=lambda item: -item[1][2])
+    return {"tokens": count, "wall_us_per_token": wall_s * 1e6 / count,
+            "kernel_us_per_token": sum(row[1] for row in table.values()) / count,
+            "busy_us_per_token": sum(row[2] for row in table.values()) / count,
+            "kernels": [{"name": name[:120], "launches_per_token": n / count,
+                         "us_per_token": us / count, "exclusive_us_per_token": ex / count}
+                        for name, (n, us, ex) in rows[:top]]}
 
 
 def expert_figures(args, engine, raw: dict) -> list[dict]:
@@ -238,6 +309,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cycles", type=int, default=3, help="expert release/refill cycles")
     p.add_argument("--expert-cache", default="auto")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many decode tokens per kernel (0: none)")
     p.add_argument("--no-reload", action="store_true",
                    help="skip the second load (kernel caches warm)")
     p.add_argument("--llamacpp-timeout-s", type=float, default=300.0)

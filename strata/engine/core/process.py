@@ -493,6 +493,17 @@ class EngineLoop:
 _KEPT_UNTIL_EXIT: list[Any] = []  # engines closed for exit: never garbage-collected
 
 
+def use_engine_allocator() -> None:
+    """torch's CUDA allocator as the engine process runs it; call before torch is imported
+    (a benchmark that measures the engine's VRAM in its own process calls it too).
+
+    The caching allocator keeps a whole segment while any block in it lives: small buffers
+    left from a prefill held 390 MiB through a sleep (issue 18), and the 8B's load kept 225
+    MiB free beside its scratch (issue 19). Expandable segments give back every page no live
+    tensor uses. A user's own setting wins."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
 def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config: Any = None) -> None:
     """Body of the spawned engine process: serve commands from `conn` until Unload or EOF.
 
@@ -501,11 +512,7 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     """
     # Ctrl-C in a terminal reaches the whole process group; the host decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Torch's caching allocator keeps a whole segment while any block in it lives: small
-    # buffers left from a prefill held 390 MiB through a sleep (issue 18). Expandable segments
-    # give back every page no live tensor uses. Set before torch is imported; a user's own
-    # setting wins.
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    use_engine_allocator()
     setup_logging("engine", "engine: %(message)s")  # a rotating file where there is no stderr
     loop = EngineLoop(conn, factory, config)
     try:
