@@ -55,8 +55,11 @@ def test_quantize_x_rounds_each_32_to_int8_with_its_scale_and_sums() -> None:
 # (type, rows, columns): partial row tiles of the interpreter's 64 x 512, and K steps whose
 # last groups lie past the row. Q6_K rows of 3 blocks (630 bytes) and Q8_0 rows of 17 (578)
 # start at 0 and 2 mod 4 in turn, so every block alignment meets both row alignments.
+# IQ2_XXS rows of 3 blocks (198 bytes) start at 0 and 2 mod 4 likewise, and its 66-byte
+# blocks alternate within a row.
 SHAPES = [(QT.Q4_K, 5, 768), (QT.Q4_K, 70, 768), (QT.Q6_K, 5, 768), (QT.Q6_K, 70, 768),
-          (QT.Q6_K, 3, 1024), (QT.Q8_0, 5, 544), (QT.Q8_0, 70, 544), (QT.Q8_0, 4, 1024)]
+          (QT.Q6_K, 3, 1024), (QT.Q8_0, 5, 544), (QT.Q8_0, 70, 544), (QT.Q8_0, 4, 1024),
+          (QT.IQ2_XXS, 5, 768), (QT.IQ2_XXS, 70, 768), (QT.IQ2_XXS, 3, 1024)]
 
 
 @pytest.mark.parametrize(("qtype", "rows", "cols"), SHAPES,

@@ -62,12 +62,13 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q8_0]
-# Llama-3-8B's k/v, down and q/k/v fused rows; and rows of 630 (Q6_K) / 578 (Q8_0) bytes,
-# which start at 0 and 2 mod 4 in turn.
+DP4A_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
+# Llama-3-8B's k/v, down and q/k/v fused rows; and rows of 630 (Q6_K) / 578 (Q8_0) / 198
+# (IQ2_XXS) bytes, which start at 0 and 2 mod 4 in turn. IQ2_XXS: Qwen3-30B-A3B's k, q, o.
 DP4A_SHAPES = {QT.Q4_K: ((1024, 4096), (4096, 14336), (6144, 4096)),
                QT.Q6_K: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 768)),
-               QT.Q8_0: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 544))}
+               QT.Q8_0: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 544)),
+               QT.IQ2_XXS: ((512, 2048), (4096, 2048), (2048, 4096), (1000, 768))}
 
 
 def _int8_rounded_x(x: torch.Tensor) -> torch.Tensor:
@@ -107,6 +108,7 @@ def test_cuda_every_dp4a_candidate_tile_gives_the_same_product(qtype: QT) -> Non
     """Each of the type's candidate tiles (CONFIGS) launched directly, not autotuned: a tile
     whose compiled layout went wrong would otherwise hide until the tuner picked it."""
     from strata.engine.core.quant import gemv_dp4a
+    from strata.engine.core.quant.lookup import lookup_table
 
     rows, cols = (1000, 768) if qtype == QT.Q6_K else (1000, 1024)  # partial row tiles
     raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed=4, scale=0.01)).cuda()
@@ -118,7 +120,8 @@ def test_cuda_every_dp4a_candidate_tile_gives_the_same_product(qtype: QT) -> Non
     for block_rows, block_cols, warps, stages in gemv_dp4a.CONFIGS[int(qtype)]:
         out = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
         gemv_dp4a._dp4a_kernel[(-(-rows // block_rows),)](
-            xq.view(torch.int32), xd, xs, xs16, raw, x, out, N=rows, ROW_BYTES=raw.shape[1],
+            xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device), x, out, N=rows,
+            ROW_BYTES=raw.shape[1],
             num_groups=cols // group, QTYPE=int(qtype), GROUP=group, HAS_BIAS=False,
             USE_PDL=False, EMULATE=False, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
             STAGES=stages, num_warps=warps)
@@ -245,13 +248,13 @@ def test_cuda_engine_decodes_q4_k_m_like_blocks_by_dp4a_like_planes(tmp_path,
     monkeypatch.setenv("STRATA_DP4A", "0")
     planes = _engine(path, monkeypatch, quantized=True)
     try:
-        expected = _greedy(planes, prompt, 24)
+        expected, _ = _greedy(planes, prompt, 24)  # (tokens, logprob gaps)
         assert calls[0] == 0
         monkeypatch.setenv("STRATA_DP4A", "1")
         engine = _engine(path, monkeypatch, quantized=True)
         try:
             assert engine.fast is not None
-            got = _greedy(engine, prompt, 24)
+            got, _ = _greedy(engine, prompt, 24)
         finally:
             engine.close()
         assert calls[0] > 0  # warm-up and capture ran the dp4a kernels

@@ -11,6 +11,8 @@ The CPU twin: tests/core/test_quant_expert_gemv.py (interpreter, float32).
 
 from __future__ import annotations
 
+import itertools
+
 import gguf
 import pytest
 import torch
@@ -140,7 +142,7 @@ def test_cuda_fused_experts_replay_in_a_cuda_graph_with_new_ids() -> None:
         _assert_close(out, _reference(x, [d for _, d in stacks], ids, weights))
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q8_0]
+DP4A_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
 
 
 def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
@@ -188,10 +190,17 @@ def test_cuda_dp4a_experts_equal_the_int8_rounded_reference_for_every_tile(
         return triton.Config({"BLOCK_ROWS": rows, "BLOCK_COLS": cols, "STAGES": stages},
                              num_warps=warps)
 
-    for tile_gate_up, tile_down in zip(expert_gemv.GATE_UP_DP4A_CONFIGS,
-                                       expert_gemv.DOWN_SUM_DP4A_CONFIGS):
-        monkeypatch.setattr(expert_gemv._gate_up_dp4a_tuned, "configs", [config(*tile_gate_up)])
-        monkeypatch.setattr(expert_gemv._down_sum_dp4a_tuned, "configs", [config(*tile_down)])
+    iq2 = qtype == QT.IQ2_XXS  # whole-block groups: its own tiles and tuners
+    gate_up_tiles = (expert_gemv.GATE_UP_IQ2_CONFIGS if iq2
+                     else expert_gemv.GATE_UP_DP4A_CONFIGS)
+    down_tiles = expert_gemv.DOWN_SUM_IQ2_CONFIGS if iq2 else expert_gemv.DOWN_SUM_DP4A_CONFIGS
+    gate_up_tuned = expert_gemv._gate_up_iq2_tuned if iq2 else expert_gemv._gate_up_dp4a_tuned
+    down_tuned = expert_gemv._down_sum_iq2_tuned if iq2 else expert_gemv._down_sum_dp4a_tuned
+    for tile_gate_up, tile_down in itertools.zip_longest(gate_up_tiles, down_tiles,
+                                                         fillvalue=None):
+        tile_gate_up, tile_down = tile_gate_up or gate_up_tiles[0], tile_down or down_tiles[0]
+        monkeypatch.setattr(gate_up_tuned, "configs", [config(*tile_gate_up)])
+        monkeypatch.setattr(down_tuned, "configs", [config(*tile_down)])
         act = expert_gemv.gate_up(x, resident[0], resident[1], ids)
         _assert_close(act, act_expected)
         y = expert_gemv.down_sum(act, resident[2], ids, weights)
@@ -221,9 +230,12 @@ def test_cuda_dp4a_experts_equal_the_int8_rounded_reference_for_every_tile(
     _assert_close(expert_gemv.routed_mlp(x, *resident, ids, weights), got.float())
 
 
+# Both layers' experts the same size (Q4_0 stores 256 values in Q4_K's 144 bytes), so one
+# slot class holds them and 10 slots make a partial cache (two classes would each need a
+# layer's 8 experts: all 16).
 PLANES_MIX = {"blk.0.ffn_gate_exps.weight": "Q4_K", "blk.1.ffn_gate_exps.weight": "Q4_K",
-              "blk.0.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q5_K",
-              "blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q5_0"}
+              "blk.0.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q4_0",
+              "blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q6_K"}
 
 
 @pytest.mark.parametrize("expert_cache", ["auto", "10"])

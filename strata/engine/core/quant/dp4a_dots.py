@@ -1,6 +1,7 @@
-"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q6_K and Q8_0 for one token.
+"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q6_K, Q8_0 and IQ2_XXS for one
+token.
 
-`row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_groups, QTYPE, ...)` ->
+`row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
 it (int8 words xq, scale per 32 values xd, d * sum(q) per 32 xs and per 16 xs16). The dense
 GEMV (gemv_dp4a.py) and the routed-expert kernels (expert_gemv.py) share it. A group is
@@ -15,6 +16,11 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
   those 16 x, once per token), where sign-extending the 6-bit bytes would cost about four
   instructions per word.
 - Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
+- IQ2_XXS: one block (256 values, 66 bytes): per 32 values two words, four grid indices and
+  four 7-bit sign indices with a 4-bit scale. Each index names 8 grid bytes (8, 25 or 43),
+  read as two int32 words from lookup.py's table (lut_ptr, in L1); the sign byte
+  (ksigns) negates bytes in place: (w ^ m) + t, t = 1 in each negated byte, m = 255 * t
+  (no byte carries: every grid byte is at least 8). d * (0.5 + scale) / 4 * d_x * dot.
 
 Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at 2 mod 4 bytes. Words are
 read aligned and realigned by a funnel shift of each word and the next (`shf.r.wrap`: one
@@ -33,14 +39,17 @@ try:
     import triton
     import triton.language as tl
 
+    from strata.engine.core.quant.dequant_tile import _KSIGNS, LUT_IQ2_XXS
     from strata.engine.core.quant.gemv_planes import _k4_scales
 except ImportError:  # Triton is optional: without it no tensor stays quantized
     triton = None
 
-DP4A_TYPES = frozenset({12, 14, 8})  # Q4_K, Q6_K, Q8_0
-GROUP_VALUES = {12: 64, 14: 128, 8: 32}  # x values per group of a row
+DP4A_TYPES = frozenset({12, 14, 8, 16})  # Q4_K, Q6_K, Q8_0, IQ2_XXS
+GROUP_VALUES = {12: 64, 14: 128, 8: 32, 16: 256}  # x values per group of a row
+
 
 if triton is not None:
+    _GRID_IQ2_XXS_WORDS = tl.constexpr(LUT_IQ2_XXS // 4)  # the table's grid, 2 words an entry
 
     @triton.jit
     def dp4a(a, b, EMULATE: tl.constexpr):
@@ -178,14 +187,45 @@ if triton is not None:
         return (d.to(tl.float32) * tl.load(xd_ptr + group)) * dot.to(tl.float32)
 
     @triton.jit
-    def row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_groups,
+    def _signed_bytes(grid_word, signs):
+        """grid_word's four bytes, each negated where its bit of signs (the low 4) is set."""
+        t = ((signs & 15) * 0x00204081) & 0x01010101  # bit i -> the low bit of byte i
+        return (grid_word ^ (t * 255)) + t
+
+    @triton.jit
+    def _iq2xxs_group(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr, lut_ptr,
+                      EMULATE: tl.constexpr):
+        """Block `group` (256 values): its 8 sub-blocks of 32 on the last axis."""
+        start = row_mis + group * 66 + 2  # [R, G, 1]: qs after d
+        shift = (start & 2) * 8
+        word = tl.arange(0, 16)[None, None, :]
+        q = realigned(row_words + (start >> 2) + word, shift, EMULATE, False)  # [R, G, 16]
+        grids, signs = tl.split(tl.reshape(q, (q.shape[0], q.shape[1], 8, 2)))  # [R, G, 8]
+        sub = tl.arange(0, 8)[None, None, :]
+        x_at = xq_ptr + (group * 64 + sub * 8 + same_row)  # [R, G, 8]: 8 words a sub-block
+        lut_words = lut_ptr.to(tl.pointer_type(tl.int32)) + _GRID_IQ2_XXS_WORDS
+        dot = tl.zeros(grids.shape, dtype=tl.int32)
+        for part in tl.static_range(4):  # 8 values each
+            entry = lut_words + 2 * ((grids >> (8 * part)) & 255)
+            sign = tl.load(lut_ptr + _KSIGNS + ((signs >> (7 * part)) & 127)).to(tl.int32)
+            dot = dp4a_acc(_signed_bytes(tl.load(entry), sign), tl.load(x_at + 2 * part), dot,
+                           EMULATE)
+            dot = dp4a_acc(_signed_bytes(tl.load(entry + 1), sign >> 4),
+                           tl.load(x_at + 2 * part + 1), dot, EMULATE)
+        scale = (0.5 + ((signs >> 28) & 15).to(tl.float32)) * 0.25
+        xd = tl.load(xd_ptr + group * 8 + sub)
+        d = tl.load((row_bytes + group * 66).to(tl.pointer_type(tl.float16))).to(tl.float32)
+        return d * tl.sum(scale * xd * dot.to(tl.float32), axis=2, keep_dims=True)
+
+    @triton.jit
+    def row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_groups,
                  QTYPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                  BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr, EMULATE: tl.constexpr):
         """W[rows, :] @ x in float32 [BLOCK_ROWS] for rows at even byte offsets row_off
         [R, 1, 1] (int64, every one a real row: callers clamp) from w_ptr (uint8, 4-aligned)
         of num_groups groups of GROUP (= GROUP_VALUES[QTYPE]) values; xq_ptr: x's int8 as
-        int32 words. No load is masked: the last step's groups past the row reread the last
-        group and count zero."""
+        int32 words; lut_ptr: lookup.py's table (int8, 4-aligned; read for IQ2_XXS). No load
+        is masked: the last step's groups past the row reread the last group and count zero."""
         GROUPS: tl.constexpr = BLOCK_COLS // GROUP
         row_bytes = w_ptr + row_off  # [R, 1, 1] uint8 pointers
         row_words = w_ptr.to(tl.pointer_type(tl.int32)) + (row_off >> 2)  # aligned at or before
@@ -201,6 +241,9 @@ if triton is not None:
             elif QTYPE == 14:
                 part = _q6k_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
                                   xd_ptr, xs16_ptr, EMULATE)
+            elif QTYPE == 16:
+                part = _iq2xxs_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
+                                     xd_ptr, lut_ptr, EMULATE)
             else:
                 part = _q8_0_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
                                    xd_ptr, EMULATE)

@@ -7,12 +7,12 @@
    weighted sum and the cast need no extra kernel.
 
 Blocks are decoded by the planes path (gemv_planes.py, also the dense decode GEMV's): whole
-groups of packed bytes per load, scales once per group. For bf16/fp16 x, Q4_K, Q6_K and Q8_0
-projections multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x, and then
-the k activation rows, are rounded to int8 once per token by one small launch each
+groups of packed bytes per load, scales once per group. For bf16/fp16 x, Q4_K, Q6_K, Q8_0 and
+IQ2_XXS projections multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x,
+and then the k activation rows, are rounded to int8 once per token by one small launch each
 (gemv_dp4a.quantize_x), so a layer is four launches; a layer may mix the two (Q4_K gate/up
-by dp4a, a Q5_K down by planes). STRATA_DP4A=0 keeps planes. The expert ids stay in device memory
-(the router's top-k); a partial expert cache's slot table sends a -1 expert to the host copy,
+by dp4a, a Q5_K down by planes). STRATA_DP4A=0 keeps planes. The expert ids stay in device
+memory (the router's top-k); a partial expert cache's slot table sends a -1 expert to the host copy,
 read in place, as expert_kernels._gather_kernel does. Types outside
 gemv_planes.ALL_PLANE_LANES, or layouts whose alignment the planes loads cannot take
 (`is_supported`), keep expert_kernels.dequantize_routed.
@@ -55,6 +55,12 @@ GATE_UP_DP4A_CONFIGS = ((8, 2048, 4, 1), (4, 2048, 2, 1), (2, 2048, 1, 1), (8, 1
                         (4, 1024, 1, 1), (16, 1024, 4, 1))
 DOWN_SUM_DP4A_CONFIGS = ((8, 256, 1, 1), (16, 256, 2, 1), (4, 1024, 1, 1), (8, 1024, 2, 1),
                          (16, 512, 2, 1), (32, 256, 4, 1))
+# IQ2_XXS by dp4a: a group is a whole 256-value block, and each thread should hold one (R rows
+# x C columns / 256 >= 32 * num_warps); down's 768 columns are three groups of a 1024 tile.
+GATE_UP_IQ2_CONFIGS = ((16, 2048, 4, 1), (8, 2048, 2, 1), (4, 2048, 1, 1), (16, 1024, 2, 1),
+                       (8, 1024, 1, 1))
+DOWN_SUM_IQ2_CONFIGS = ((8, 1024, 1, 1), (16, 1024, 2, 1), (32, 1024, 4, 1), (32, 256, 1, 1))
+IQ2_XXS = 16
 # The interpreter pays per program and per op, not per value: one wide tile.
 INTERPRETER_CONFIG = ((256, 512, 4, 1),)
 # Q4_K/Q5_K read their scales as int32 words: every block must start 4-aligned.
@@ -126,8 +132,8 @@ if triton is not None:
         if GROUP > 0:  # rows past the matrix reread its last (dp4a_dots reads unmasked)
             read = tl.minimum(rows, num_rows - 1).to(tl.int64)[:, None, None]
             return dp4a_row_dots(w_ptr, base + read * row_bytes, xq_ptr, xd_ptr, xs_ptr,
-                                 xs16_ptr, num_cols // GROUP, QTYPE, GROUP, BLOCK_ROWS,
-                                 BLOCK_COLS, STAGES, EMULATE)
+                                 xs16_ptr, lut_ptr, num_cols // GROUP, QTYPE, GROUP,
+                                 BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         else:
             off = base + rows.to(tl.int64)[:, None, None] * row_bytes
             return _row_dots(w_ptr, wh_ptr, lut_ptr, off, (rows < num_rows)[:, None, None], v_ptr,
@@ -196,6 +202,10 @@ if triton is not None:
                                        _GATE_UP_KEY)
     _down_sum_dp4a_tuned = launch.tuned(_down_sum_kernel, _candidates(DOWN_SUM_DP4A_CONFIGS),
                                         _DOWN_SUM_KEY)
+    _gate_up_iq2_tuned = launch.tuned(_gate_up_kernel, _candidates(GATE_UP_IQ2_CONFIGS),
+                                      _GATE_UP_KEY)
+    _down_sum_iq2_tuned = launch.tuned(_down_sum_kernel, _candidates(DOWN_SUM_IQ2_CONFIGS),
+                                       _DOWN_SUM_KEY)
 
 
 def alignment_unit(experts: QuantizedExperts, host_offset: int = 0,
@@ -231,7 +241,7 @@ def supports(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExpert
 
 
 def uses_dp4a(experts: QuantizedExperts, x: torch.Tensor) -> bool:
-    """Whether these experts multiply x by dp4a (else planes): Q4_K, Q6_K or Q8_0 blocks at
+    """Whether these experts multiply x by dp4a (else planes): Q4_K, Q6_K, Q8_0 or IQ2_XXS at
     a 4-aligned base, x bf16/fp16 (gemv_dp4a.is_dtype_enabled). Their offsets are checked
     by `is_supported` (even; 4-aligned for Q4_K)."""
     return (int(experts.qtype) in DP4A_TYPES and gemv_dp4a.is_dtype_enabled(x)
@@ -281,10 +291,13 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
     dp4a = gate_group > 0 or up_group > 0
     xq = _quantized(x[None], dp4a, use_pdl)  # once for both projections
     out = torch.empty(num_used, num_rows, dtype=x.dtype, device=x.device)
+    iq2 = IQ2_XXS in (int(gate.qtype), int(up.qtype)) and dp4a
+    tuned, configs = ((_gate_up_iq2_tuned, GATE_UP_IQ2_CONFIGS) if iq2 else
+                      (_gate_up_dp4a_tuned, GATE_UP_DP4A_CONFIGS) if dp4a else
+                      (_gate_up_tuned, GATE_UP_CONFIGS))
     launch.launch(
-        _gate_up_dp4a_tuned if dp4a else _gate_up_tuned,
-        lambda rows: (num_used, triton.cdiv(num_rows, rows)),
-        _candidates(GATE_UP_DP4A_CONFIGS, num_cols) if dp4a else _candidates(GATE_UP_CONFIGS),
+        tuned, lambda rows: (num_used, triton.cdiv(num_rows, rows)),
+        _candidates(configs, num_cols if dp4a else 0),
         x, *xq, gate.raw, gate.raw.view(torch.float16), up.raw,
         up.raw.view(torch.float16), ids.contiguous(), table_arg, lookup_table(x.device), out,
         int(host_offsets[0]) // gate_unit if has_table else 0,
@@ -315,11 +328,12 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
     group = _group(down, act)
     xq = _quantized(act, group > 0, use_pdl)  # the k rows at once
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
+    tuned, configs = ((_down_sum_iq2_tuned, DOWN_SUM_IQ2_CONFIGS) if group and int(down.qtype) == IQ2_XXS else
+                      (_down_sum_dp4a_tuned, DOWN_SUM_DP4A_CONFIGS) if group else
+                      (_down_sum_tuned, DOWN_SUM_CONFIGS))
     launch.launch(
-        _down_sum_dp4a_tuned if group else _down_sum_tuned,
-        lambda rows: (triton.cdiv(num_rows, rows),),
-        _candidates(DOWN_SUM_DP4A_CONFIGS, num_cols) if group
-        else _candidates(DOWN_SUM_CONFIGS),
+        tuned, lambda rows: (triton.cdiv(num_rows, rows),),
+        _candidates(configs, num_cols if group else 0),
         act, *xq, down.raw, down.raw.view(torch.float16), ids.contiguous(),
         weights.contiguous(), table_arg, lookup_table(act.device), out,
         int(host_offset) // unit if has_table else 0,

@@ -1,5 +1,5 @@
-"""One token times Q4_K, Q6_K or Q8_0 blocks by integer dot products: x in int8, four products
-an instruction.
+"""One token times Q4_K, Q6_K, Q8_0 or IQ2_XXS blocks by integer dot products: x in int8, four
+products an instruction.
 
 The planes kernel (gemv_planes.py) turns every weight into a float and spends about ten
 instructions a value (15 for Q6_K): more than the H200 issues in the time its bytes take to
@@ -14,7 +14,8 @@ arrive. Here, as llama.cpp's mmvq does for its quantized matrix-vector products:
    2 mod 4 bytes; their words are read aligned and realigned by a funnel shift.
 
 sm_90 SASS of the K loop (bench/diag_quant_sass.py --dp4a): 1.9-2.3 instructions a value
-for Q4_K, 2.6 for Q6_K, 1.6-1.9 for Q8_0, against 9.9, 15.3 and 12.1 for the planes kernel.
+for Q4_K, 2.6 for Q6_K, 1.6-1.9 for Q8_0, against 9.9, 15.3 and 12.1 for the planes kernel;
+IQ2_XXS (grid words looked up in L1) 4.9-5.2 against the planes kernel's 11-12.
 
 The x rounding to int8 (about 0.4% of each 32's largest value) is the price: this path is
 for the bf16/fp16 compute dtype only; float32 (the CPU interpreter's tests of the other
@@ -32,6 +33,7 @@ import torch
 
 from strata.engine.core.kernels import launch, pdl
 from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES
+from strata.engine.core.quant.lookup import lookup_table
 
 try:
     import triton
@@ -54,8 +56,12 @@ QUANTIZE_SUBS = 32  # x groups per program of quantize_x
 _WIDE_CONFIGS = ((8, 2048, 4, 1), (4, 4096, 4, 1), (4, 2048, 2, 1), (2, 4096, 2, 1),
                  (1, 4096, 1, 1), (16, 2048, 8, 1), (8, 4096, 8, 1), (8, 2048, 4, 3))
 _NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1))  # 64 values a thread: Q4_K, Q8_0
+# IQ2_XXS's groups are whole 256-value blocks: a tile of R rows and C columns has R * C / 256
+# groups, at least one per thread (32 * num_warps); Qwen3-MoE's k [512, 2048] wants few rows.
+_IQ2_CONFIGS = ((16, 2048, 4, 1), (8, 2048, 2, 1), (4, 2048, 1, 1), (8, 4096, 4, 1),
+                (32, 2048, 8, 1), (8, 1024, 1, 1), (16, 1024, 2, 1), (2, 2048, 1, 1))
 CONFIGS = {12: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 14: _WIDE_CONFIGS,
-           8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS)}
+           8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 16: _IQ2_CONFIGS}
 
 
 def _candidates(configs) -> tuple:
@@ -71,7 +77,7 @@ def interpreter_config(num_rows: int, num_cols: int, qtype: int) -> tuple:
 
 
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
-    """This path multiplies one token x by a weight of qtype: Q4_K, Q6_K or Q8_0, x in
+    """This path multiplies one token x by a weight of qtype: Q4_K, Q6_K, Q8_0 or IQ2_XXS, x in
     bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a 4-aligned address, and
     not switched off by STRATA_DP4A=0 (for measuring)."""
     return (triton is not None and int(qtype) in DP4A_TYPES and x.shape[0] == 1
@@ -112,18 +118,18 @@ if triton is not None:
 
     @triton.jit
     def _dp4a_kernel(
-        xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, b_ptr, out_ptr, N, ROW_BYTES,
+        xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, lut_ptr, b_ptr, out_ptr, N, ROW_BYTES,
         num_groups, QTYPE: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
         USE_PDL: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
-        """Rows of Q4_K, Q6_K or Q8_0 blocks (dp4a_dots.row_dots) times one token."""
+        """Rows of Q4_K, Q6_K, Q8_0 or IQ2_XXS blocks (dp4a_dots.row_dots) times one token."""
         pdl_wait(USE_PDL)
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         read = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N reread the last: not stored
         row_off = (read * ROW_BYTES)[:, None, None]  # [R, 1, 1] bytes
-        total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_groups, QTYPE,
-                         GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
+        total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_groups,
+                         QTYPE, GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         if HAS_BIAS:
             total += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
@@ -156,13 +162,13 @@ def quantize_x(x: torch.Tensor, use_pdl: bool = False
 
 def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q6_K or Q8_0 blocks raw
+    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q6_K, Q8_0 or IQ2_XXS blocks raw
     [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype."""
     num_tokens, num_cols = x.shape
     qtype = int(qtype)
     if qtype not in DP4A_TYPES or num_tokens != 1:
-        raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q6_K or Q8_0, got "
-                         f"{tuple(x.shape)} and type {qtype}")
+        raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q6_K, Q8_0 or IQ2_XXS, "
+                         f"got {tuple(x.shape)} and type {qtype}")
     block = 32 if qtype == 8 else 256
     if raw.shape[0] != num_rows or num_cols % block or raw.data_ptr() % 4 or raw.shape[1] % 2:
         raise ValueError(f"type {qtype} blocks of {num_rows} rows of {num_cols} columns must "
@@ -176,7 +182,8 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
         _tuned[qtype], lambda rows: (triton.cdiv(num_rows, rows),),
         _candidates(interpreter_config(num_rows, num_cols, qtype) if launch.is_interpreting()
                     else CONFIGS[qtype]),
-        xq.view(torch.int32), xd, xs, xs16, raw, bias if bias is not None else x, out,
+        xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device),
+        bias if bias is not None else x, out,
         N=num_rows, ROW_BYTES=raw.shape[1], num_groups=num_cols // GROUP_VALUES[qtype],
         QTYPE=qtype, GROUP=GROUP_VALUES[qtype], HAS_BIAS=bias is not None,
         EMULATE=launch.is_interpreting())
