@@ -133,9 +133,17 @@ def prefill_scratch_numel(model: nn.Module) -> int:
     return largest
 
 
+def _scratch_key(device: torch.device, dtype: torch.dtype) -> tuple[torch.device, torch.dtype]:
+    """One scratch per GPU: "cuda" names the current one, as a tensor's device "cuda:0" does."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device, dtype
+
+
 def reserve_scratch(device: torch.device, dtype: torch.dtype, numel: int) -> None:
     """Make the prefill scratch hold at least numel values (called at load, before graphs)."""
-    key = (torch.device(device), dtype)
+    key = _scratch_key(device, dtype)
     current = _scratch.get(key)
     if current is None or current.numel() < numel:
         _scratch[key] = torch.empty(numel, dtype=dtype, device=device)
@@ -154,7 +162,7 @@ def scratch_tensor(device: torch.device, dtype: torch.dtype,
                    shape: tuple[int, ...]) -> torch.Tensor:
     """A view of the prefill scratch of `shape`; the next user overwrites it."""
     numel = torch.Size(shape).numel()
-    key = (torch.device(device), dtype)
+    key = _scratch_key(device, dtype)
     if key not in _scratch or _scratch[key].numel() < numel:
         log.debug("quantized prefill scratch grows to %d values", numel)
         reserve_scratch(device, dtype, numel)
