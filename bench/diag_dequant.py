@@ -7,8 +7,9 @@ them (128 x gate [768, 2048], the same for up, 128 x down [2048, 768]), as a fra
 the HBM bandwidth a large device copy measures here. Their outputs must be equal.
 (b) `moe`: one Qwen3-30B-A3B-shaped MoE layer's prefill (moe_prefill.moe_block: router,
 sort, experts, sum) per token count, through expert_gemm.py and through expert_grouped.py
-(dequantize 16 experts at a time, torch._grouped_mm), forced by the crossover constant;
-the crossover to set is the first rows-per-expert where the grouped path wins. With
+(dequantize 16 experts at a time, torch._grouped_mm), called and replayed from a CUDA graph
+(fast/expert_graphs.py, as called prefills run it), forced by the crossover constants;
+the crossover to set is the first rows-per-expert where the replayed path wins. With
 --profile, each path's kernels at each token count by torch.profiler (profile_decode's
 table): which launches the time goes to.
 
@@ -168,6 +169,8 @@ def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
     import torch
 
     from strata.engine.core.fast import moe_prefill
+    from strata.engine.core.fast.expert_graphs import ExpertGraphs
+    from strata.engine.core.fast.pointwise import PointwiseOps
     from strata.engine.core.models.switch import SparseMoE
     from strata.engine.core.quant import expert_grouped
     from strata.engine.core.quant.experts import QuantizedExperts
@@ -184,37 +187,53 @@ def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
     print(f"grouped path: {expert_grouped.experts_per_group(*stacks)} experts a group")
     reserve_scratch(torch.device(DEVICE), torch.bfloat16, expert_grouped.scratch_numel(*stacks))
     moe_prefill.warm_up_quantized(moe)  # compiles and autotunes both paths, as the load does
-    saved = expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT
+    graphs = ExpertGraphs(torch.device(DEVICE), max(token_counts), k)
+    replaying = PointwiseOps(grouped_experts=graphs.experts_mlp)
+    saved = expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT, expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT
     rows = []
-    print(f"{'tokens':>6} {'rows/exp':>8} {'gemm_us':>9} {'grouped_us':>10} {'gemm/grp':>8} "
-          f"{'at the constant':>15}  max_diff")
+    # gemm: expert_gemm called; grouped: expert_grouped called; replayed: expert_grouped
+    # replayed per layer from a CUDA graph (expert_graphs.py), the inputs' copies included.
+    paths = (("gemm", 1 << 30, PointwiseOps()), ("grouped", 0, PointwiseOps()),
+             ("replayed", 0, replaying))
+    print(f"{'tokens':>6} {'rows/exp':>8} {'gemm_us':>9} {'grouped_us':>10} "
+          f"{'replayed_us':>11} {'gemm/repl':>9} {'chosen':>8}  max_diff")
     try:
         for tokens in token_counts:
             x = torch.randn(tokens, h, device=DEVICE, dtype=torch.bfloat16)
             times, outs = {}, {}
-            for path, threshold in (("gemm", 1 << 30), ("grouped", 0)):
+            for path, threshold, ops in paths:
                 expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = threshold
-                outs[path] = moe_prefill.moe_block(moe, x)
-                times[path] = _ms(lambda x=x: moe_prefill.moe_block(moe, x)) * 1e3
+                expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT = threshold
+                for _ in range(2):  # a replayed path warms up, then captures
+                    outs[path] = moe_prefill.moe_block(moe, x, ops).clone()
+                times[path] = _ms(lambda x=x, ops=ops: moe_prefill.moe_block(moe, x, ops)) * 1e3
                 if profiled:
                     _profile(f"{path}, {tokens} tokens",
-                             lambda x=x: moe_prefill.moe_block(moe, x))
-            expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = saved
-            chosen = ("grouped" if tokens * k >= expert_grouped.min_rows(e) else "gemm")
-            diff = (outs["gemm"].float() - outs["grouped"].float()).abs().max().item()
-            scale = outs["grouped"].float().abs().max().item()
+                             lambda x=x, ops=ops: moe_prefill.moe_block(moe, x, ops))
+            expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = saved[0]
+            expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT = saved[1]
+            chosen = ("replayed" if tokens * k >= expert_grouped.min_rows(e, replayed=True)
+                      else "gemm")
+            scale = outs["gemm"].float().abs().max().item()
+            diff = max((outs["gemm"].float() - outs[p].float()).abs().max().item()
+                       for p in ("grouped", "replayed"))
             row = {"tokens": tokens, "rows_per_expert": tokens * k / e,
                    "gemm_us": round(times["gemm"], 1), "grouped_us": round(times["grouped"], 1),
-                   "chosen": chosen, "rel_diff": round(diff / max(scale, 1e-30), 5)}
+                   "replayed_us": round(times["replayed"], 1), "chosen": chosen,
+                   "rel_diff": round(diff / max(scale, 1e-30), 5),
+                   "replay_equals_called": bool(torch.equal(outs["grouped"], outs["replayed"]))}
             rows.append(row)
             print(f"{tokens:6d} {tokens * k / e:8.1f} {times['gemm']:9.1f} "
-                  f"{times['grouped']:10.1f} {times['gemm'] / times['grouped']:8.2f} "
-                  f"{chosen:>15}  {diff:.3g} (of {scale:.3g})", flush=True)
+                  f"{times['grouped']:10.1f} {times['replayed']:11.1f} "
+                  f"{times['gemm'] / times['replayed']:9.2f} {chosen:>8}  {diff:.3g} "
+                  f"(of {scale:.3g}); replay == called: {row['replay_equals_called']}",
+                  flush=True)
     finally:
-        expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = saved
-    wins = [r["rows_per_expert"] for r in rows if r["grouped_us"] < r["gemm_us"]]
-    print(f"grouped path faster from {min(wins) if wins else '-'} rows per expert "
-          f"(DEQUANT_MIN_ROWS_PER_EXPERT = {saved})")
+        expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = saved[0]
+        expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT = saved[1]
+    wins = [r["rows_per_expert"] for r in rows if r["replayed_us"] < r["gemm_us"]]
+    print(f"replayed grouped path faster from {min(wins) if wins else '-'} rows per expert "
+          f"(REPLAYED_MIN_ROWS_PER_EXPERT = {saved[1]}); {len(graphs)} graphs")
     return rows
 
 

@@ -116,3 +116,42 @@ def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
             expected[t] += down[e] @ act
     _assert_close(by_gemm, expected)
     _assert_close(by_grouped, expected)
+
+
+@pytest.mark.parametrize("group", [2, len(COUNTS)], ids=lambda g: f"group{g}")
+def test_padded_rows_into_a_given_output_are_neither_read_nor_written(group: int,
+                                                                      monkeypatch) -> None:
+    """What a replayed graph relies on (fast/expert_graphs.py): the rows padded to a bucket
+    past the offsets' last end, and an `out` buffer; the real rows equal the unpadded call,
+    the padding's rows of out keep their poison, in groups and in one group."""
+    from strata.engine.core.fast.expert_graphs import bucket_rows
+    from strata.engine.core.quant import expert_grouped
+
+    hidden, inter = BLOCK32_SHAPE
+    blocks, _ = _layer((QT.Q8_0, QT.Q4_0, QT.Q8_0), hidden, inter)
+    monkeypatch.setattr(expert_grouped, "EXPERT_SCRATCH_BYTES", group * 2 * inter * hidden * 4)
+    rows, offsets, weights = _rows(hidden, seed=5)
+    x, source = _shuffled(rows, seed=5)
+    expected = expert_grouped.experts_mlp(x, source, offsets, weights, *blocks)
+    num_rows = source.shape[0]
+    bucket = 2 * num_rows  # any padding does; the graphs round up to a power of two
+    assert bucket_rows(num_rows) >= num_rows
+    padded_source = torch.cat([source, torch.zeros(bucket - num_rows, dtype=source.dtype)])
+    padded_weights = torch.cat([weights, torch.full((bucket - num_rows,), float("nan"))])
+    out = torch.full((bucket, hidden), float("nan"))
+    got = expert_grouped.experts_mlp(x, padded_source, offsets, padded_weights, *blocks,
+                                     out=out)
+    assert got is out
+    torch.testing.assert_close(out[:num_rows], expected, rtol=0, atol=0)
+    assert out[num_rows:].isnan().all()
+    with pytest.raises(ValueError, match="out must be"):
+        expert_grouped.experts_mlp(x, source, offsets, weights, *blocks, out=out)
+
+
+def test_row_buckets_are_powers_of_two_from_a_floor() -> None:
+    from strata.engine.core.fast.expert_graphs import MIN_BUCKET_ROWS, bucket_rows
+
+    assert bucket_rows(1) == MIN_BUCKET_ROWS
+    assert bucket_rows(4096) == 4096 and bucket_rows(4097) == 8192
+    assert all(bucket_rows(n) >= n and bucket_rows(n) & (bucket_rows(n) - 1) == 0
+               for n in range(1, 40000, 997))

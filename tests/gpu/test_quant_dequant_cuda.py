@@ -219,6 +219,7 @@ def test_cuda_graph_of_the_grouped_path_replays_with_new_routing(monkeypatch,
     from strata.engine.core.quant.weight import reserve_scratch, scratch_bytes
 
     monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
+    monkeypatch.setattr(expert_grouped, "REPLAYED_MIN_ROWS_PER_EXPERT", 8)  # what a capture uses
 
     blocks, _ = _layer()
     moe = moe_stub(*blocks, top_k=TOP_K)

@@ -510,12 +510,13 @@ def _resident_quantized(moe: SparseMoE) -> tuple[QuantizedExperts, ...]:
 
 def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None) -> bool:
     """Whether a prefill chunk of max_prefill_tokens can route enough rows to moe's experts
-    for the dequantize-then-grouped path (expert_grouped.min_rows); None: no bound."""
+    for the dequantize-then-grouped path (expert_grouped.min_rows, the lower crossover of a
+    path replayed from graphs); None: no bound."""
     from strata.engine.core.quant import expert_grouped
 
     num_experts = moe.experts.gate_proj.shape[0]
-    return (max_prefill_tokens is None
-            or max_prefill_tokens * moe.top_k >= expert_grouped.min_rows(num_experts))
+    return (max_prefill_tokens is None or max_prefill_tokens * moe.top_k
+            >= expert_grouped.min_rows(num_experts, replayed=True))
 
 
 def expert_scratch_numel(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:

@@ -20,7 +20,7 @@ from functools import partial
 
 import torch
 
-from strata.engine.core.fast import kernel_checks, tuning
+from strata.engine.core.fast import expert_graphs, kernel_checks, tuning
 from strata.engine.core.fast.compiled import compiled_ops
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
 from strata.engine.core.fast.deferred_compile import DeferredWork
@@ -42,6 +42,7 @@ from strata.engine.core.fast.tuning_store import TuningStore
 from strata.engine.core.kernels import pdl
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
+from strata.engine.core.quant.experts import is_quantized_experts
 from strata.engine.protocol import SamplingSpec, TokenLogprob
 
 # Re-exported: callers of the decoder import these from here.
@@ -117,6 +118,10 @@ class GraphDecoder:
             model, self.moe_impl, prefill_ops, prefill_chunk_tokens,
             is_capturable=not moe_layers or (
                 self.moe_impl != "loop" and all(m.expert_weights is None for m in moe_layers)))
+        if (use_graphs and expert_graphs.is_enabled() and self.prefiller.is_capturable
+                and moe_layers
+                and any(is_quantized_experts(m.experts.gate_proj) for m in moe_layers)):
+            self.prefiller.enable_expert_graphs(max(m.top_k for m in moe_layers))
         self.last_logprob: TokenLogprob | None = None  # of the token last yielded, if asked
         self._eager_runner = EagerRunner(self.step, self.step_hook)
         self._graph_runner: GraphRunner | None = None

@@ -12,7 +12,9 @@ sorted by expert once; expert e owns the contiguous rows offsets[e-1]:offsets[e]
   tests): up to expert_grouped.min_rows routed rows, quant/expert_gemm.py's grouped kernels,
   which decode the blocks inside the K loop; from there on, quant/expert_grouped.py, which
   dequantizes the experts a bounded group at a time and multiplies each group's rows by
-  torch._grouped_mm (the row count is a shape: the choice costs no sync).
+  torch._grouped_mm (the row count is a shape: the choice costs no sync). Called, that path
+  costs the host more than the GPU; replayed per layer from CUDA graphs (expert_graphs.py,
+  PointwiseOps.grouped_experts) or inside a prefill graph, it takes over from fewer rows.
 
 Each row's routing weight scales its activation [R, I] before the down projection (I is
 narrower than H: 768 against 2048 for Qwen3-30B-A3B); then each token gathers its k rows
@@ -23,6 +25,7 @@ compiled; a scatter back to token order first was slower: docs/benchmarks.md).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -125,31 +128,37 @@ def _unless_grouped_mm_refuses(run, what: str) -> torch.Tensor | None:
 
 
 def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
-                       row_weights: torch.Tensor, experts: tuple) -> torch.Tensor | None:
+                       row_weights: torch.Tensor, experts: tuple,
+                       replayed: Callable | None = None) -> torch.Tensor | None:
     """The sorted rows through quantized experts dequantized a group at a time, then
-    torch._grouped_mm (quant/expert_grouped.py); None where _grouped_mm refuses them."""
+    torch._grouped_mm (quant/expert_grouped.py), or `replayed` (the same from CUDA graphs:
+    PointwiseOps.grouped_experts); None where _grouped_mm refuses them."""
     from strata.engine.core.quant import expert_grouped
 
+    run = replayed or expert_grouped.experts_mlp
     return _unless_grouped_mm_refuses(
-        lambda: expert_grouped.experts_mlp(x, source, offsets, row_weights, *experts),
-        "the quantized MoE prefill")
+        lambda: run(x, source, offsets, row_weights, *experts), "the quantized MoE prefill")
 
 
 def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
-               row_weights: torch.Tensor, experts: tuple) -> torch.Tensor | None:
+               row_weights: torch.Tensor, experts: tuple,
+               replayed: Callable | None = None) -> torch.Tensor | None:
     """[R, H] of the sorted rows through quantized experts by whichever Triton path their
     count favours: expert_gemm.py's decode-in-the-K-loop GEMMs for few rows per expert,
     expert_grouped.py's dequantize-then-grouped-GEMM from min_rows on (or for types
-    expert_gemm cannot read); None where neither runs here (the caller loops)."""
+    expert_gemm cannot read), replayed from graphs where `replayed` is given (which moves
+    the crossover); None where neither runs here (the caller loops)."""
     if not launch.is_usable(x.device):
         return None
     from strata.engine.core.quant import expert_grouped
 
     in_gemm = decodes_in_gemm(*experts)
     grouped = grouped_mm_supported(x)
-    if grouped and (not in_gemm
-                    or source.shape[0] >= expert_grouped.min_rows(offsets.shape[0])):
-        y = _quantized_grouped(x, source, offsets, row_weights, experts)
+    # Inside a graph being captured (a prefill graph), the path costs no host time either.
+    crossover = expert_grouped.min_rows(offsets.shape[0], replayed=replayed is not None or (
+        x.is_cuda and torch.cuda.is_current_stream_capturing()))
+    if grouped and (not in_gemm or source.shape[0] >= crossover):
+        y = _quantized_grouped(x, source, offsets, row_weights, experts, replayed)
         if y is not None or not in_gemm:
             return y
     if not in_gemm:
@@ -201,7 +210,7 @@ def experts_sorted(
     quantized = is_quantized_experts(stacked.gate_proj)
     y = None
     if quantized:
-        y = _quantized(x, source, offsets, row_weights, experts)
+        y = _quantized(x, source, offsets, row_weights, experts, ops.grouped_experts)
     elif grouped_mm_supported(x):
         y = _unless_grouped_mm_refuses(
             lambda: _grouped(x.index_select(0, source), *experts, offsets, row_weights, ops),

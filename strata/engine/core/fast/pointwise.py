@@ -120,6 +120,10 @@ class PointwiseOps:
     # but each compiled call costs many eager ops' host time, and a prefill chunk of a MoE model
     # is bound by host time once its GEMMs are grouped. None: the eager sorted path.
     moe_block: Callable | None = None
+    # The quantized experts' dequantize-then-grouped path (expert_grouped.experts_mlp's
+    # signature) replayed per layer from CUDA graphs (expert_graphs.py): its ~130 launches a
+    # layer cost the host more than the GPU. None: called.
+    grouped_experts: Callable | None = None
     is_compiled: bool = False
     # Decode attention by the two Triton kernels of decode_attention.py (checked per decoder).
     fused_attention: bool = False

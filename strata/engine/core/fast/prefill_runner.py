@@ -4,13 +4,17 @@ A called prefill runs fast/prefill.py's chunks with the element-wise groups the 
 (`ops`, tuning.choose_prefill_ops). A prompt at position 0 that a prefill graph takes
 (prefill_graph.py, turned on by tuning.plan_prefill_graphs) is padded to its bucket and
 replayed; a replay keeps the compiled groups whatever `ops` is, as a graph costs no host time
-per op.
+per op. In called chunks, a MoE model's quantized experts may replay their grouped path per
+layer (expert_graphs.py), whatever the prompt's position.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from strata.engine.core.fast.expert_graphs import ExpertGraphs
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.fast.prefill import prefill
 from strata.engine.core.fast.prefill_graph import PrefillGraphs
@@ -32,11 +36,16 @@ class PrefillRunner:
         self.chunk_tokens = chunk_tokens
         self.is_capturable = is_capturable
         self.graphs: PrefillGraphs | None = None
+        self.expert_graphs: ExpertGraphs | None = None
 
     def called(self, kv: KVCache, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """Logits [V] of the last of token_ids, by chunks called from Python."""
+        """Logits [V] of the last of token_ids, by chunks called from Python (the quantized
+        experts' grouped path replayed per layer where expert graphs are on)."""
+        ops = self.ops
+        if self.expert_graphs is not None:
+            ops = replace(ops, grouped_experts=self.expert_graphs.experts_mlp)
         return prefill(self.model, kv, token_ids, start_pos, self.chunk_tokens, self.moe_impl,
-                       self.ops)
+                       ops)
 
     def padded(self, kv: KVCache, ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
         """A padded prompt at position 0, logits of row last_index: what a graph captures."""
@@ -72,6 +81,13 @@ class PrefillRunner:
                              f"tokens, not {max_tokens}")
         self.graphs = PrefillGraphs(self.padded, self.device, max_tokens) if max_tokens else None
 
+    def enable_expert_graphs(self, top_k: int) -> None:
+        """Replay the quantized experts' grouped path of called chunks per layer from CUDA
+        graphs (expert_graphs.py; a model whose experts are all resident blocks)."""
+        if not self.is_capturable or self.device.type != "cuda":
+            raise ValueError("expert graphs need a CUDA prefill without host syncs")
+        self.expert_graphs = ExpertGraphs(self.device, self.chunk_tokens, top_k)
+
     @property
     def graph_ops(self) -> PointwiseOps:
         """The element-wise groups prefill graphs capture (compiled, unless compiling was
@@ -87,6 +103,9 @@ class PrefillRunner:
             self.drop_graphs()
 
     def drop_graphs(self) -> None:
-        """Give the prefill graphs' memory pool back; the next fresh prompt captures again."""
+        """Give the prefill and expert graphs' memory pools back; the next prompts capture
+        again."""
         if self.graphs is not None:
             self.graphs.clear()
+        if self.expert_graphs is not None:
+            self.expert_graphs.clear()

@@ -88,6 +88,7 @@ def choose_prefill_ops(prefiller: PrefillRunner, repeats: int = 2) -> dict[str, 
                                 repeats + 1)
     prefiller.ops = eager if faster_prefill_ops(seconds) == "eager" else compiled
     del kv
+    prefiller.drop_graphs()  # the expert graphs the probe captured: the first prompts recapture
     if prefiller.device.type == "cuda":
         torch.cuda.empty_cache()  # the probe's cache and activations go back
     return seconds

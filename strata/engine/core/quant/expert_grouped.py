@@ -59,13 +59,22 @@ EXPERT_SCRATCH_BYTES = 96 << 20
 # prefiller's own, which its load-time tuning runs; the scheduler's are 2048 at most). The
 # load reserves the scratch only where some chunk can reach it.
 DEQUANT_MIN_ROWS_PER_EXPERT = 256
+# The same crossover where the path replays from CUDA graphs (fast/expert_graphs.py), which
+# leaves only its GPU time: run 21a (bench/diag_dequant.py --part moe, the same layer) timed
+# it faster than expert_gemm at every chunk measured, 128 to 4096 tokens (8 to 256 rows per
+# expert): 1.41 / 1.68 ms at 128 tokens, 1.58 / 1.86 at 512, 2.48 / 9.15 at 4096. Below 8
+# rows per expert, not measured; few rows leave experts without any, which expert_gemm
+# skips and this path dequantizes all the same.
+REPLAYED_MIN_ROWS_PER_EXPERT = 8
 MOVE_BLOCK_ROWS, MOVE_BLOCK_COLS = 16, 1024  # 16K values a program: a plain copy
 INTERPRETER_MOVE_BLOCK_ROWS = 256
 
 
-def min_rows(num_experts: int) -> int:
-    """Routed rows from which prefill takes this path for num_experts experts."""
-    return DEQUANT_MIN_ROWS_PER_EXPERT * num_experts
+def min_rows(num_experts: int, replayed: bool = False) -> int:
+    """Routed rows from which prefill takes this path for num_experts experts, called or
+    replayed from CUDA graphs."""
+    per_expert = REPLAYED_MIN_ROWS_PER_EXPERT if replayed else DEQUANT_MIN_ROWS_PER_EXPERT
+    return per_expert * num_experts
 
 
 def experts_per_group(gate: QuantizedExperts, up: QuantizedExperts,
@@ -176,14 +185,18 @@ def _group_offsets(offsets: torch.Tensor, group: int) -> torch.Tensor:
 
 def experts_mlp(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                 row_weights: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
-                down: QuantizedExperts) -> torch.Tensor:
+                down: QuantizedExperts, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sorted row r, token source[r] of x [T, H], through its expert e (offsets [E] int32
     cumulative ends): silu(x @ gate[e]^T) * (x @ up[e]^T) * row_weights[r] @ down[e]^T;
     [R, H] in x's dtype, the rows in sorted order (what expert_gemm.experts_mlp returns for
-    x[source])."""
+    x[source]). Rows past offsets[-1] (padding) are neither read nor written. out: [R, H]
+    to write into (a CUDA graph's static output, fast/expert_graphs.py)."""
     num_experts, inter, hidden = gate.shape
     num_rows = source.shape[0]
-    y = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
+    if out is not None and (out.shape != (num_rows, hidden) or out.dtype != x.dtype):
+        raise ValueError(f"out must be {x.dtype} [{num_rows}, {hidden}], got {out.dtype} "
+                         f"{tuple(out.shape)}")
+    y = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device) if out is None else out
     if num_rows == 0:
         return y
     x = x.contiguous()  # the row moves read rows H values apart
@@ -199,12 +212,12 @@ def experts_mlp(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
         dequant.dequantize_experts(up, first, gate_up[:, inter:])
         _move_rows(x, source, offsets, rows, first, last, gather=True)
         offs = rel[first:last]
-        products = torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs)  # [R, 2I]
-        act = _act(products, row_weights, offsets, first, last)  # [R, I]
+        gate_up_rows = torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs)  # [R, 2I]
+        act = _act(gate_up_rows, row_weights, offsets, first, last)  # [R, I]
         down_w = scratch[: count * hidden * inter].view(count, hidden, inter)
         dequant.dequantize_experts(down, first, down_w)
-        out = torch._grouped_mm(act, down_w.transpose(-2, -1), offs=offs)  # [R, H]
-        if group == num_experts:
-            return out  # one group: its rows are all the rows, in place
-        _move_rows(out, source, offsets, y, first, last, gather=False)
+        down_rows = torch._grouped_mm(act, down_w.transpose(-2, -1), offs=offs)  # [R, H]
+        if group == num_experts and out is None:
+            return down_rows  # one group: its rows are all the rows, in place
+        _move_rows(down_rows, source, offsets, y, first, last, gather=False)
     return y

@@ -1,0 +1,159 @@
+"""The quantized experts' grouped prefill path replayed per layer from CUDA graphs
+(fast/expert_graphs.py) on the GPU, at Qwen3-30B-A3B's expert shape: a key runs called,
+then is captured, then replays; replays with new routing and chunk lengths (padded to a
+shared bucket) equal the called path, for two layers; a moved prefill scratch drops the
+graphs; and a tiny quantized Qwen3-MoE's called prefill replays them inside the engine's
+decoder with the logits of the path without them.
+
+The CPU twin of the padding it relies on: tests/core/test_quant_expert_grouped.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.gpu.test_quant_dequant_cuda import TOP_K, _assert_close, _layer, _routing
+
+pytestmark = pytest.mark.gpu
+
+
+def _sorted(tokens: int, seed: int):
+    """(x, source, offsets, row weights) of a chunk's routed rows, as moe_prefill sorts them."""
+    from strata.engine.core.fast.moe_prefill import sort_by_expert
+
+    x, weights, ids = _routing(tokens, seed)
+    order, source, offsets = sort_by_expert(ids, 128)
+    return x, source, offsets, weights.reshape(-1).index_select(0, order)
+
+
+@pytest.fixture
+def called(monkeypatch):
+    """Calls of expert_grouped.experts_mlp from Python (a replay makes none)."""
+    from strata.engine.core.quant import expert_grouped
+
+    calls = [0]
+    fn = expert_grouped.experts_mlp
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return fn(*args, **kwargs)
+
+    monkeypatch.setattr(expert_grouped, "experts_mlp", counted)
+    return calls
+
+
+def _scratch_for(blocks) -> None:
+    from strata.engine.core.quant import expert_grouped
+    from strata.engine.core.quant.weight import reserve_scratch
+
+    reserve_scratch(torch.device("cuda"), torch.bfloat16, expert_grouped.scratch_numel(*blocks))
+
+
+def test_cuda_replays_equal_the_called_path_for_new_routing_and_lengths(called) -> None:
+    """Two layers of one kind; 512, 400 and 300 tokens share the 4096-row bucket, 1100
+    tokens takes another. A bucket's first call runs called (the warm-up), every other
+    (layer, bucket) is captured on its first call (one call traced) and replayed after (no
+    call), and every result equals the called path's on the same rows."""
+    from strata.engine.core.fast.expert_graphs import ExpertGraphs
+    from strata.engine.core.quant import expert_grouped
+
+    first, _ = _layer()
+    second = tuple(type(b)(b.qtype, b.shape, b.raw.flip(0).contiguous(), b.dtype)
+                   for b in first)  # other experts at other addresses
+    layers = [first, second]
+    _scratch_for(first)
+    graphs = ExpertGraphs(torch.device("cuda"), max_tokens=2048, top_k=TOP_K)
+    for blocks in layers:  # compile and tune outside any capture, as the load's warm-up does
+        expert_grouped.experts_mlp(*_sorted(64, seed=0), *blocks)
+    traced = []
+    for step, tokens in enumerate((512, 400, 300, 1100, 1100, 1100)):
+        inputs = _sorted(tokens, seed=10 + step)
+        for blocks in layers:
+            expected = expert_grouped.experts_mlp(*inputs, *blocks)
+            before = called[0]
+            got = graphs.experts_mlp(*inputs, *blocks)
+            traced.append(called[0] - before)
+            assert got.shape == expected.shape
+            _assert_close(got, expected)
+    # per step (layer 1, layer 2): warm-up, capture; capture, replay; replays; and again
+    assert traced == [1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0]
+    assert len(graphs) == 4  # 2 layers x 2 buckets
+
+
+def test_cuda_a_moved_scratch_drops_the_graphs(called) -> None:
+    """The graphs write into the prefill scratch by address: when a larger one replaces it,
+    the next call captures again (one call traced) and replays write the new one."""
+    from strata.engine.core.fast.expert_graphs import ExpertGraphs
+    from strata.engine.core.quant import expert_grouped
+    from strata.engine.core.quant.weight import release_scratch, reserve_scratch, scratch_bytes
+
+    blocks, _ = _layer()
+    _scratch_for(blocks)
+    graphs = ExpertGraphs(torch.device("cuda"), max_tokens=512, top_k=TOP_K)
+    inputs = _sorted(512, seed=3)
+    expected = expert_grouped.experts_mlp(*inputs, *blocks)
+    for _ in range(3):  # warm-up, capture, replay
+        _assert_close(graphs.experts_mlp(*inputs, *blocks), expected)
+    assert len(graphs) == 1
+    try:
+        reserve_scratch(torch.device("cuda"), torch.bfloat16, scratch_bytes() // 2 + (1 << 20))
+        traced = []
+        for _ in range(2):
+            before = called[0]
+            _assert_close(graphs.experts_mlp(*inputs, *blocks), expected)
+            traced.append(called[0] - before)
+        assert traced == [1, 0] and len(graphs) == 1
+    finally:
+        release_scratch()
+
+
+def test_cuda_engine_prefill_replays_expert_graphs_with_the_same_logits(tmp_path,
+                                                                         monkeypatch) -> None:
+    """A tiny Qwen3-MoE with Q4_K_M's expert types, all experts resident, loaded on CUDA
+    with STRATA_EXPERT_GRAPHS=1: its decoder turned expert graphs on; a 200-token prompt
+    (the crossover lowered so its chunk takes the grouped path) captures them in its first
+    prefills and replays them after, with the logits of the prefill without them, within
+    bf16 rounding; dropping the prefill graphs (every release does) drops them."""
+    import transformers
+
+    from strata.engine.core.engine import Engine, EngineConfig
+    from strata.engine.core.kv_cache import KVCache
+    from strata.engine.core.quant import expert_grouped
+    from tests.helpers.gguf_writer import write_gguf_from_hf
+    from tests.helpers.tiny_models import make_tiny_hf_config
+
+    config = make_tiny_hf_config("qwen3_moe")
+    config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    mix = {f"blk.{i}.ffn_{p}_exps.weight": q for i in range(config.num_hidden_layers)
+           for p, q in (("gate", "Q4_K"), ("up", "Q4_K"), ("down", "Q6_K"))}
+    path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0", qtype_overrides=mix)
+    monkeypatch.setenv("STRATA_QUANTIZED", "1")
+    monkeypatch.setenv("STRATA_EXPERT_GRAPHS", "1")  # off by default until timed (run 21)
+    monkeypatch.setattr(expert_grouped, "REPLAYED_MIN_ROWS_PER_EXPERT", 1)
+    engine = Engine(EngineConfig(model_path=str(path), device="cuda", context_tokens=256))
+    engine.load()
+    try:
+        prefiller = engine.fast.prefiller
+        graphs = prefiller.expert_graphs
+        assert graphs is not None and engine.memory.expert_mode == "all"
+        ids = torch.tensor([(7 * i + 3) % 300 for i in range(200)], device="cuda")
+
+        def logits() -> torch.Tensor:
+            kv = KVCache.for_config(engine.model.config, 256, torch.bfloat16,
+                                    torch.device("cuda"))
+            return prefiller.called(kv, ids, 0)
+
+        runs = [logits() for _ in range(3)]  # called, captured, replayed
+        assert len(graphs) > 0
+        prefiller.expert_graphs = None
+        without = logits()
+        prefiller.expert_graphs = graphs
+        for got in runs:
+            _assert_close(got, without)
+        engine.fast.drop_prefill_graphs()
+        assert len(graphs) == 0
+    finally:
+        engine.close()
