@@ -27,22 +27,6 @@ def _sorted(tokens: int, seed: int):
     return x, source, offsets, weights.reshape(-1).index_select(0, order)
 
 
-@pytest.fixture
-def called(monkeypatch):
-    """Calls of expert_grouped.experts_mlp from Python (a replay makes none)."""
-    from strata.engine.core.quant import expert_grouped
-
-    calls = [0]
-    fn = expert_grouped.experts_mlp
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return fn(*args, **kwargs)
-
-    monkeypatch.setattr(expert_grouped, "experts_mlp", counted)
-    return calls
-
-
 def _scratch_for(blocks) -> None:
     from strata.engine.core.quant import expert_grouped
     from strata.engine.core.quant.weight import reserve_scratch
@@ -50,7 +34,7 @@ def _scratch_for(blocks) -> None:
     reserve_scratch(torch.device("cuda"), torch.bfloat16, expert_grouped.scratch_numel(*blocks))
 
 
-def test_cuda_replays_equal_the_called_path_for_new_routing_and_lengths(called) -> None:
+def test_cuda_replays_equal_the_called_path_for_new_routing_and_lengths(counted_paths) -> None:
     """Two layers of one kind; 512, 400 and 300 tokens share the 4096-row bucket, 1100
     tokens takes another. A bucket's first call runs called (the warm-up), every other
     (layer, bucket) is captured on its first call (one call traced) and replayed after (no
@@ -71,9 +55,9 @@ def test_cuda_replays_equal_the_called_path_for_new_routing_and_lengths(called) 
         inputs = _sorted(tokens, seed=10 + step)
         for blocks in layers:
             expected = expert_grouped.experts_mlp(*inputs, *blocks)
-            before = called[0]
+            before = counted_paths["grouped"]
             got = graphs.experts_mlp(*inputs, *blocks)
-            traced.append(called[0] - before)
+            traced.append(counted_paths["grouped"] - before)
             assert got.shape == expected.shape
             _assert_close(got, expected)
     # per step (layer 1, layer 2): warm-up, capture; capture, replay; replays; and again
@@ -81,7 +65,7 @@ def test_cuda_replays_equal_the_called_path_for_new_routing_and_lengths(called) 
     assert len(graphs) == 4  # 2 layers x 2 buckets
 
 
-def test_cuda_a_moved_scratch_drops_the_graphs(called) -> None:
+def test_cuda_a_moved_scratch_drops_the_graphs(counted_paths) -> None:
     """The graphs write into the prefill scratch by address: when a larger one replaces it,
     the next call captures again (one call traced) and replays write the new one."""
     from strata.engine.core.fast.expert_graphs import ExpertGraphs
@@ -100,9 +84,9 @@ def test_cuda_a_moved_scratch_drops_the_graphs(called) -> None:
         reserve_scratch(torch.device("cuda"), torch.bfloat16, scratch_bytes() // 2 + (1 << 20))
         traced = []
         for _ in range(2):
-            before = called[0]
+            before = counted_paths["grouped"]
             _assert_close(graphs.experts_mlp(*inputs, *blocks), expected)
-            traced.append(called[0] - before)
+            traced.append(counted_paths["grouped"] - before)
         assert traced == [1, 0] and len(graphs) == 1
     finally:
         release_scratch()
@@ -115,21 +99,12 @@ def test_cuda_engine_prefill_replays_expert_graphs_with_the_same_logits(tmp_path
     (the crossover lowered so its chunk takes the grouped path) captures them in its first
     prefills and replays them after, with the logits of the prefill without them, within
     bf16 rounding; dropping the prefill graphs (every release does) drops them."""
-    import transformers
-
     from strata.engine.core.engine import Engine, EngineConfig
     from strata.engine.core.kv_cache import KVCache
     from strata.engine.core.quant import expert_grouped
-    from tests.helpers.gguf_writer import write_gguf_from_hf
-    from tests.helpers.tiny_models import make_tiny_hf_config
+    from tests.helpers.gguf_writer import write_tiny_q4_k_m_like_moe
 
-    config = make_tiny_hf_config("qwen3_moe")
-    config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    mix = {f"blk.{i}.ffn_{p}_exps.weight": q for i in range(config.num_hidden_layers)
-           for p, q in (("gate", "Q4_K"), ("up", "Q4_K"), ("down", "Q6_K"))}
-    path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0", qtype_overrides=mix)
+    path, _ = write_tiny_q4_k_m_like_moe(tmp_path / "moe.gguf")
     monkeypatch.setenv("STRATA_QUANTIZED", "1")
     monkeypatch.setenv("STRATA_EXPERT_GRAPHS", "1")  # off by default until timed (run 21)
     monkeypatch.setattr(expert_grouped, "REPLAYED_MIN_ROWS_PER_EXPERT", 1)

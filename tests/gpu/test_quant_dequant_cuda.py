@@ -168,20 +168,6 @@ def _assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
         error, expected.float().abs().max().item())
 
 
-@pytest.fixture
-def counted_paths(monkeypatch):
-    """{"gemm": calls, "grouped": calls} of the two quantized prefill paths."""
-    from strata.engine.core.quant import expert_gemm, expert_grouped
-
-    calls = {"gemm": 0, "grouped": 0}
-    for name, module in (("gemm", expert_gemm), ("grouped", expert_grouped)):
-        def counted(*args, _name=name, _fn=module.experts_mlp, **kwargs):
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
-        monkeypatch.setattr(module, "experts_mlp", counted)
-    return calls
-
-
 def test_cuda_both_prefill_paths_match_torch_at_qwen3_30b_a3b_shape(monkeypatch,
                                                                     counted_paths) -> None:
     """512 tokens (4096 routed rows) through moe_prefill.experts_sorted: the grouped path
@@ -253,23 +239,14 @@ def test_cuda_load_reserves_the_group_scratch_before_graphs(tmp_path, monkeypatc
     the load reserved it and the warm-up ran both paths; a prefill in chunks of 16 tokens
     (32 routed rows) takes expert_gemm, then, with the crossover lowered, the grouped path
     in three groups, which neither grows the scratch nor differs beyond bf16 rounding."""
-    import transformers
-
     from strata.engine.core.engine import Engine, EngineConfig
     from strata.engine.core.fast.prefill import prefill
     from strata.engine.core.kv_cache import KVCache
     from strata.engine.core.quant import expert_grouped
     from strata.engine.core.quant.weight import scratch_bytes
-    from tests.helpers.gguf_writer import write_gguf_from_hf
-    from tests.helpers.tiny_models import make_tiny_hf_config
+    from tests.helpers.gguf_writer import write_tiny_q4_k_m_like_moe
 
-    config = make_tiny_hf_config("qwen3_moe")
-    config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    mix = {f"blk.{i}.ffn_{p}_exps.weight": q for i in range(config.num_hidden_layers)
-           for p, q in (("gate", "Q4_K"), ("up", "Q4_K"), ("down", "Q6_K"))}
-    path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0", qtype_overrides=mix)
+    path, config = write_tiny_q4_k_m_like_moe(tmp_path / "moe.gguf")
     monkeypatch.setenv("STRATA_QUANTIZED", "1")
     per_expert = 2 * config.moe_intermediate_size * config.hidden_size * 2  # bf16 gate + up
     monkeypatch.setattr(expert_grouped, "EXPERT_SCRATCH_BYTES", 3 * per_expert)

@@ -222,3 +222,21 @@ def write_tiny_q4_k_m_like_llama(out_path: str | Path) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     return write_gguf_from_hf(model, None, out_path, "Q4_K", random_scale=1e-4,
                               qtype_overrides=Q4_K_M_LIKE_OVERRIDES)
+
+
+def write_tiny_q4_k_m_like_moe(out_path: str | Path):
+    """(path, HF config) of a tiny random Qwen3-MoE (hidden and intermediate 256: whole
+    K-quant blocks) as a Q8_0 GGUF whose experts take Q4_K_M's types (gate and up Q4_K,
+    down Q6_K)."""
+    import torch
+    import transformers
+
+    from tests.helpers.tiny_models import make_tiny_hf_config
+
+    config = make_tiny_hf_config("qwen3_moe")
+    config.hidden_size = config.intermediate_size = config.moe_intermediate_size = 256
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    mix = {f"blk.{i}.ffn_{p}_exps.weight": q for i in range(config.num_hidden_layers)
+           for p, q in (("gate", "Q4_K"), ("up", "Q4_K"), ("down", "Q6_K"))}
+    return write_gguf_from_hf(model, None, out_path, "Q8_0", qtype_overrides=mix), config
