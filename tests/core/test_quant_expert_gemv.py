@@ -1,6 +1,6 @@
 """The fused routed-expert kernels over GGML blocks (quant/expert_gemv.py) through Triton's CPU
 interpreter: gate/up and down + weighted sum against torch on gguf-py's dequantized experts,
-for every planes type, k in {1, 2, 8}, with and without a partial cache's slot table (some
+for every planes type, k in {1, 2, 3, 8}, with and without a partial cache's slot table (some
 experts in slots, the rest read from the host copy), padded expert strides and mixed types.
 tests/gpu/test_quant_expert_gemv_cuda.py repeats them on the GPU in bf16; the engine-level
 greedy equality is in test_quant_experts.py.
@@ -115,7 +115,7 @@ def _projections(gate_type: QT, up_type: QT, down_type: QT, hidden: int, inter: 
     return (gate, up, down), (gate_f, up_f, down_f)
 
 
-@pytest.mark.parametrize("k", [1, 2, 8])
+@pytest.mark.parametrize("k", [1, 2, 3, 8])  # 3: down_sum pads the experts to 4
 @pytest.mark.parametrize("qtype", PLANES_TYPES, ids=lambda t: t.name)
 def test_fused_experts_match_torch_on_the_dequantized_experts(qtype: QT, k: int) -> None:
     from strata.engine.core.quant import expert_gemv

@@ -2,9 +2,9 @@
 
 1. `gate_up`: act[j] = silu(gate[e_j] @ x) * (up[e_j] @ x) for the k routed experts; each
    program owns a few rows of one expert and reads its gate and up blocks once.
-2. `down_sum`: sum_j w_j * down[e_j] @ act[j] -> [H]; each program owns output rows and loops
-   over the k experts in order, so the float32 sum is deterministic (no atomics) and the
-   weighted sum and the cast need no extra kernel.
+2. `down_sum`: sum_j w_j * down[e_j] @ act[j] -> [H]; each program owns output rows and
+   reads them from all k experts at once, then sums the k in registers, so the float32 sum
+   is deterministic (no atomics) and the weighted sum and the cast need no extra kernel.
 
 Blocks are decoded by the planes path (gemv_planes.py, also the dense decode GEMV's): whole
 groups of packed bytes per load, scales once per group. For bf16/fp16 x, Q4_K, Q6_K, Q8_0 and
@@ -42,24 +42,26 @@ except ImportError:
 
 # (BLOCK_ROWS, BLOCK_COLS, num_warps, STAGES) candidates, autotuned per shape and type on
 # CUDA. Gate/up: k experts x I rows (8 x 768 for Qwen3-30B-A3B) of H = 2048 columns, so few
-# rows per program still fill the SMs. Down: H rows of I = 768 columns per expert; a 1024
-# column tile takes a whole row of every type in one step (the masked lanes load nothing).
+# rows per program still fill the SMs. Down: H rows of I = 768 columns per expert, and a
+# program's tile is BLOCK_ROWS rows of each of the k experts (k x BLOCK_ROWS rows in all);
+# a 1024 column tile takes a whole row of every type in one step (masked lanes load nothing).
 GATE_UP_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 4, 3),
                    (2, 2048, 8, 1), (8, 1024, 8, 3))
-DOWN_SUM_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (1, 1024, 4, 1), (8, 1024, 8, 1),
-                    (4, 512, 4, 3))
+DOWN_SUM_CONFIGS = ((1, 1024, 4, 1), (2, 1024, 8, 1), (1, 512, 4, 1), (2, 512, 4, 3),
+                    (4, 256, 4, 1))
 # The dp4a path: each thread should hold a whole group (64 values; Q6_K 128) of one row
 # (gemv_dp4a.py), so fewer threads per row tile. Down's 768 columns take three steps of 256
-# or one of 1024 (a quarter of it rereading the last group, counted zero).
+# or one of 1024 (a quarter of it rereading the last group, counted zero); its rows are per
+# expert (x 8 for Qwen3-30B-A3B).
 GATE_UP_DP4A_CONFIGS = ((8, 2048, 4, 1), (4, 2048, 2, 1), (2, 2048, 1, 1), (8, 1024, 2, 1),
                         (4, 1024, 1, 1), (16, 1024, 4, 1))
-DOWN_SUM_DP4A_CONFIGS = ((8, 256, 1, 1), (16, 256, 2, 1), (4, 1024, 1, 1), (8, 1024, 2, 1),
-                         (16, 512, 2, 1), (32, 256, 4, 1))
+DOWN_SUM_DP4A_CONFIGS = ((1, 256, 1, 1), (2, 256, 2, 1), (1, 1024, 2, 1), (1, 1024, 4, 1),
+                         (2, 1024, 4, 1), (4, 256, 4, 1))
 # IQ2_XXS by dp4a: a group is a whole 256-value block, and each thread should hold one (R rows
 # x C columns / 256 >= 32 * num_warps); down's 768 columns are three groups of a 1024 tile.
 GATE_UP_IQ2_CONFIGS = ((16, 2048, 4, 1), (8, 2048, 2, 1), (4, 2048, 1, 1), (16, 1024, 2, 1),
                        (8, 1024, 1, 1))
-DOWN_SUM_IQ2_CONFIGS = ((8, 1024, 1, 1), (16, 1024, 2, 1), (32, 1024, 4, 1), (32, 256, 1, 1))
+DOWN_SUM_IQ2_CONFIGS = ((1, 1024, 1, 1), (2, 1024, 2, 1), (4, 1024, 4, 1), (4, 256, 1, 1))
 IQ2_XXS = 16
 # The interpreter pays per program and per op, not per value: one wide tile.
 INTERPRETER_CONFIG = ((256, 512, 4, 1),)
@@ -68,11 +70,13 @@ WORD_TYPES = frozenset({12, 13})
 MAX_UNIT = 16  # bytes: a 16-aligned base lets the packed-byte loads vectorize
 
 
-def _candidates(configs, num_cols: int = 0) -> tuple:
+def _candidates(configs, num_cols: int = 0, rows_per_row: int = 1) -> tuple:
     """The tuned candidates; under the interpreter its one tile, num_cols (given for dp4a,
-    whose groups past the row still cost ops there) narrowing it to the row."""
+    whose groups past the row still cost ops there) narrowing it to the row, and its rows
+    divided by rows_per_row (down_sum's tile holds that many rows, one per expert, a row)."""
     if launch.is_interpreting():
         rows, cols, warps, stages = INTERPRETER_CONFIG[0]
+        rows = max(1, rows // rows_per_row)
         if num_cols:
             cols = max(128, min(cols, triton.next_power_of_2(num_cols)))
         configs = ((rows, cols, warps, stages),)
@@ -173,24 +177,36 @@ if triton is not None:
         act_ptr, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr,
         table_ptr, lut_ptr, out_ptr, host_units, stride_units, num_rows, num_cols, row_bytes,
         QTYPE: tl.constexpr, LANES: tl.constexpr, GROUP: tl.constexpr, UNIT: tl.constexpr,
-        TOP_K: tl.constexpr, HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
-        EMULATE: tl.constexpr,
+        TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, HAS_TABLE: tl.constexpr,
+        USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
-        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        # Every (expert, row) pair of the tile at once, expert-major: the k experts' loads are
+        # in flight together (an expert's down matrix is too small to keep the GPU busy alone),
+        # and the weighted sum over them is one reduction in registers, the same every run.
+        pair = tl.arange(0, TOP_K_P2 * BLOCK_ROWS)
+        used = pair // BLOCK_ROWS < TOP_K
+        j = tl.minimum(pair // BLOCK_ROWS, TOP_K - 1)  # padding rereads the last, weighted 0
+        rows = tl.program_id(0) * BLOCK_ROWS + pair % BLOCK_ROWS
         pdl_wait(USE_PDL)  # for the activations (or their int8), the kernel just before
-        acc = tl.zeros((BLOCK_ROWS,), dtype=tl.float32)
-        for j in tl.static_range(TOP_K):  # in order: the same sum on every run
-            weight = tl.load(weights_ptr + j).to(tl.float32)
-            base = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT,
-                                HAS_TABLE)
-            # Row j of act, and of its int8 words (4 a word), scales (per 32) and sums (16).
-            acc += weight * _dots(w_ptr, wh_ptr, lut_ptr, base, rows, num_rows, row_bytes,
-                                  act_ptr + j * num_cols, xq_ptr + j * (num_cols // 4),
-                                  xd_ptr + j * (num_cols // 32), xs_ptr + j * (num_cols // 32),
-                                  xs16_ptr + j * (num_cols // 16), num_cols, QTYPE, LANES,
-                                  GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
-        tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < num_rows)
+        base = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT, HAS_TABLE)
+        row_off = (base + tl.minimum(rows, num_rows - 1).to(tl.int64) * row_bytes)[:, None, None]
+        jj = j.to(tl.int64)[:, None, None]
+        if GROUP > 0:
+            # Row j of act's int8 words (4 a word), scales (per 32) and sums (16).
+            dots = dp4a_row_dots(w_ptr, row_off, xq_ptr + jj * (num_cols // 4),
+                                 xd_ptr + jj * (num_cols // 32), xs_ptr + jj * (num_cols // 32),
+                                 xs16_ptr + jj * (num_cols // 16), lut_ptr, num_cols // GROUP,
+                                 QTYPE, GROUP, TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES,
+                                 EMULATE)
+        else:
+            dots = _row_dots(w_ptr, wh_ptr, lut_ptr, row_off, (rows < num_rows)[:, None, None],
+                             act_ptr + jj * num_cols, num_cols // (2 * LANES), QTYPE, LANES,
+                             TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES)
+        weight = tl.where(used, tl.load(weights_ptr + j).to(tl.float32), 0.0)
+        y = tl.sum(tl.reshape(dots * weight, (TOP_K_P2, BLOCK_ROWS)), axis=0)
+        out_rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        tl.store(out_ptr + out_rows, y.to(out_ptr.dtype.element_ty), mask=out_rows < num_rows)
 
     _GATE_UP_KEY = ("num_rows", "num_cols", "GATE_QTYPE", "UP_QTYPE")
     _DOWN_SUM_KEY = ("num_rows", "num_cols", "QTYPE", "TOP_K")
@@ -331,15 +347,16 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
     tuned, configs = ((_down_sum_iq2_tuned, DOWN_SUM_IQ2_CONFIGS) if group and int(down.qtype) == IQ2_XXS else
                       (_down_sum_dp4a_tuned, DOWN_SUM_DP4A_CONFIGS) if group else
                       (_down_sum_tuned, DOWN_SUM_CONFIGS))
+    top_k_p2 = triton.next_power_of_2(ids.shape[0])
     launch.launch(
         tuned, lambda rows: (triton.cdiv(num_rows, rows),),
-        _candidates(configs, num_cols if group else 0),
+        _candidates(configs, num_cols if group else 0, top_k_p2),
         act, *xq, down.raw, down.raw.view(torch.float16), ids.contiguous(),
         weights.contiguous(), table_arg, lookup_table(act.device), out,
         int(host_offset) // unit if has_table else 0,
         down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],
         QTYPE=int(down.qtype), LANES=gp.ALL_PLANE_LANES[int(down.qtype)], GROUP=group, UNIT=unit,
-        TOP_K=ids.shape[0], HAS_TABLE=has_table, EMULATE=launch.is_interpreting(),
+        TOP_K=ids.shape[0], TOP_K_P2=top_k_p2, HAS_TABLE=has_table, EMULATE=launch.is_interpreting(),
         use_pdl=use_pdl,
     )
     return out
