@@ -95,7 +95,7 @@ def test_cuda_a_moved_scratch_drops_the_graphs(counted_paths) -> None:
 def test_cuda_engine_prefill_replays_expert_graphs_with_the_same_logits(tmp_path,
                                                                          monkeypatch) -> None:
     """A tiny Qwen3-MoE with Q4_K_M's expert types, all experts resident, loaded on CUDA
-    with STRATA_EXPERT_GRAPHS=1: its decoder turned expert graphs on; a 200-token prompt
+    (STRATA_EXPERT_GRAPHS unset: on by default): its decoder turned expert graphs on; a 200-token prompt
     (the crossover lowered so its chunk takes the grouped path) captures them in its first
     prefills and replays them after, with the logits of the prefill without them, within
     bf16 rounding; dropping the prefill graphs (every release does) drops them."""
@@ -106,7 +106,7 @@ def test_cuda_engine_prefill_replays_expert_graphs_with_the_same_logits(tmp_path
 
     path, _ = write_tiny_q4_k_m_like_moe(tmp_path / "moe.gguf")
     monkeypatch.setenv("STRATA_QUANTIZED", "1")
-    monkeypatch.setenv("STRATA_EXPERT_GRAPHS", "1")  # off by default until timed (run 21)
+    monkeypatch.delenv("STRATA_EXPERT_GRAPHS", raising=False)  # the default
     monkeypatch.setattr(expert_grouped, "REPLAYED_MIN_ROWS_PER_EXPERT", 1)
     engine = Engine(EngineConfig(model_path=str(path), device="cuda", context_tokens=256))
     engine.load()

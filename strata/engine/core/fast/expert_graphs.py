@@ -22,10 +22,9 @@ memory, so one graph per layer and row bucket replays any routing:
   empties torch's cache (torch.cuda.graph does both): a long prompt captures every layer.
 - The output is valid until the next call: the MoE block sums it into token order at once.
 
-Off unless STRATA_EXPERT_GRAPHS=1 (`is_enabled`): the one engine row measured with them
-(docs/benchmarks.md, run 21b) ran a version with a warm-up bug and prefilled 4096 tokens
-slower than before; the fixed version passed its GPU tests but has not been timed in the
-engine yet.
+On unless STRATA_EXPERT_GRAPHS=0 (`is_enabled`): on the Qwen3-30B-A3B Q4_K_M row they took
+prefill 4096 from 0.95x to 1.86x llama.cpp and TTFT 512 from 72 to 58 ms (docs/benchmarks.md,
+run 22a), for about 0.9 GiB more of torch's pools after a long prompt (the buckets' graphs).
 
 Dropped with the prefill graphs (every release and sleep: PrefillRunner.drop_graphs), and
 when the prefill scratch, whose address the graphs hold, is replaced; kept across expert
@@ -50,8 +49,8 @@ MIN_BUCKET_ROWS = 1024
 
 
 def is_enabled() -> bool:
-    """Whether decoders replay the grouped path per layer (STRATA_EXPERT_GRAPHS=1)."""
-    return os.environ.get("STRATA_EXPERT_GRAPHS") == "1"
+    """Whether decoders replay the grouped path per layer (unless STRATA_EXPERT_GRAPHS=0)."""
+    return os.environ.get("STRATA_EXPERT_GRAPHS", "1") != "0"
 
 
 def bucket_rows(num_rows: int) -> int:

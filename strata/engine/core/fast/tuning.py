@@ -173,7 +173,9 @@ def tuning_key(prefiller: PrefillRunner, use_cuda_graphs: bool) -> TuningKey:
                 "is_compiled": prefiller.ops.is_compiled,
                 "is_capturable": prefiller.is_capturable,
                 "use_cuda_graphs": bool(use_cuda_graphs),
-                "has_moe_block": prefiller.ops.moe_block is not None}
+                "has_moe_block": prefiller.ops.moe_block is not None,
+                # A called prefill replays the experts' graphs: other host and GPU times.
+                "expert_graphs": prefiller.expert_graphs is not None}
     return TuningKey(device_identity(prefiller.device), model_identity(prefiller.model),
                      settings)
 
