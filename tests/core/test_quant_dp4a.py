@@ -1,4 +1,4 @@
-"""The int8 dot-product GEMV for Q4_K, Q6_K and Q8_0 (quant/gemv_dp4a.py, dp4a_dots.py)
+"""The int8 dot-product GEMV for Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS (quant/gemv_dp4a.py, dp4a_dots.py)
 through Triton's CPU interpreter, dp4a and the funnel shift emulated: x's int8 rounding
 against numpy, and the product equal to the dequantized weight times the int8-rounded x (the
 same integer sums, float32 scales), and within the rounding's reach of the exact product.
@@ -57,7 +57,8 @@ def test_quantize_x_rounds_each_32_to_int8_with_its_scale_and_sums() -> None:
 # start at 0 and 2 mod 4 in turn, so every block alignment meets both row alignments.
 # IQ2_XXS rows of 3 blocks (198 bytes) start at 0 and 2 mod 4 likewise, and its 66-byte
 # blocks alternate within a row.
-SHAPES = [(QT.Q4_K, 5, 768), (QT.Q4_K, 70, 768), (QT.Q6_K, 5, 768), (QT.Q6_K, 70, 768),
+SHAPES = [(QT.Q4_K, 5, 768), (QT.Q4_K, 70, 768), (QT.Q5_K, 5, 768), (QT.Q5_K, 70, 768),
+          (QT.Q6_K, 5, 768), (QT.Q6_K, 70, 768),
           (QT.Q6_K, 3, 1024), (QT.Q8_0, 5, 544), (QT.Q8_0, 70, 544), (QT.Q8_0, 4, 1024),
           (QT.IQ2_XXS, 5, 768), (QT.IQ2_XXS, 70, 768), (QT.IQ2_XXS, 3, 1024)]
 
@@ -101,7 +102,7 @@ def test_q6k_extreme_values_and_scales_come_out_exactly() -> None:
 def test_float32_misaligned_and_other_types_keep_the_planes_kernel() -> None:
     x = torch.randn(1, 256)
     assert not gemv_dp4a.is_enabled(x, QT.Q4_K)
-    assert not gemv_dp4a.is_enabled(x.half(), QT.Q5_K)
+    assert not gemv_dp4a.is_enabled(x.half(), QT.Q2_K)
     assert not gemv_dp4a.is_enabled(torch.randn(2, 256).half(), QT.Q6_K)
     assert kernels.decode_kernel(QT.Q6_K) == "planes"
     # Blocks at 2 mod 4 (a fused view's second part can start there): planes, same product.

@@ -195,7 +195,7 @@ def test_unsupported_types_and_misaligned_layouts_keep_the_dequantizing_path() -
 # Experts pad_bytes apart: 2 for Q6_K and Q8_0, whose experts then start at 0 and 2 mod 4
 # in turn, as do Q6_K's 210-byte rows of I = 256. The fp16 outputs round to 2**-11.
 DP4A_TOL = 2e-3
-DP4A_PAD = {QT.Q4_K: 4, QT.Q6_K: 2, QT.Q8_0: 2, QT.IQ2_XXS: 2}
+DP4A_PAD = {QT.Q4_K: 4, QT.Q5_K: 4, QT.Q6_K: 2, QT.Q8_0: 2, QT.IQ2_XXS: 2}
 
 
 def _half_experts(experts: QuantizedExperts) -> QuantizedExperts:
@@ -238,7 +238,8 @@ def _dp4a_layer(types: tuple[QT, QT, QT], hidden: int, inter: int, pad_bytes: in
     return blocks, dense
 
 
-@pytest.mark.parametrize("qtype", [QT.Q6_K, QT.Q8_0, QT.IQ2_XXS], ids=lambda t: t.name)  # Q4_K: below
+@pytest.mark.parametrize("qtype", [QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS],
+                         ids=lambda t: t.name)  # Q4_K: below
 def test_dp4a_experts_equal_the_experts_times_int8_x_and_activations(qtype: QT) -> None:
     from strata.engine.core.quant import expert_gemv
 
@@ -278,11 +279,11 @@ def test_dp4a_experts_read_slots_or_the_host_copy_like_the_resident_ones() -> No
 
 
 def test_dp4a_and_planes_projections_mix_in_one_layer() -> None:
-    """Gate Q4_K by dp4a, up Q5_K by planes in the same kernel, down Q8_0 by dp4a; float32
+    """Gate Q4_K by dp4a, up Q2_K by planes in the same kernel, down Q8_0 by dp4a; float32
     x keeps planes everywhere."""
     from strata.engine.core.quant import expert_gemv
 
-    blocks, dense = _dp4a_layer((QT.Q4_K, QT.Q5_K, QT.Q8_0), 512, 256, pad_bytes=4)
+    blocks, dense = _dp4a_layer((QT.Q4_K, QT.Q2_K, QT.Q8_0), 512, 256, pad_bytes=4)
     x = _dp4a_x(512, seed=4)
     assert [expert_gemv.uses_dp4a(w, x) for w in blocks] == [True, False, True]
     assert not expert_gemv.uses_dp4a(blocks[0], x.float())

@@ -142,7 +142,7 @@ def test_cuda_fused_experts_replay_in_a_cuda_graph_with_new_ids() -> None:
         _assert_close(out, _reference(x, [d for _, d in stacks], ids, weights))
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
+DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
 
 
 def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
@@ -164,7 +164,7 @@ def test_cuda_dp4a_experts_equal_the_int8_rounded_reference_for_every_tile(
     from strata.engine.core.quant import expert_gemv
     from strata.engine.core.quant.experts import QuantizedExperts
 
-    pad = 4 if qtype == QT.Q4_K else 2
+    pad = 4 if qtype in (QT.Q4_K, QT.Q5_K) else 2
     shapes = ((INTER, HIDDEN), (INTER, HIDDEN), (HIDDEN, INTER))
     host, dense, resident = [], [], []
     for p, (rows, cols) in enumerate(shapes):

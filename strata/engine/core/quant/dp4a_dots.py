@@ -1,5 +1,5 @@
-"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q6_K, Q8_0 and IQ2_XXS for one
-token.
+"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS for
+one token.
 
 `row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
@@ -9,6 +9,9 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
 
 - Q4_K: 32 bytes of nibbles (sub-blocks 2p low, 2p + 1 high), d * scale * d_x * dot
   - dmin * min * s_x per sub-block (w = d * scale * q - dmin * min).
+- Q5_K: Q4_K's group with each value's fifth bit from the block's 32 qh bytes (bit 2p for
+  the low nibbles, 2p + 1 for the high), byte l of qh beside byte l of the nibbles: the same
+  word and lane, so one mask and shift a word puts it at bit 4 of each byte (values 0-31).
 - Q6_K: sub-block i of both halves of a block (128 values): the 16-byte runs of ql and qh at
   multiples of 4 bytes from one start. Each value's 6 bits come from a nibble and two bits
   of qh, merged by one bit-select. The values are q - 32: the unsigned byte goes into dp4a
@@ -44,8 +47,8 @@ try:
 except ImportError:  # Triton is optional: without it no tensor stays quantized
     triton = None
 
-DP4A_TYPES = frozenset({12, 14, 8, 16})  # Q4_K, Q6_K, Q8_0, IQ2_XXS
-GROUP_VALUES = {12: 64, 14: 128, 8: 32, 16: 256}  # x values per group of a row
+DP4A_TYPES = frozenset({12, 13, 14, 8, 16})  # Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS
+GROUP_VALUES = {12: 64, 13: 64, 14: 128, 8: 32, 16: 256}  # x values per group of a row
 
 
 if triton is not None:
@@ -118,6 +121,32 @@ if triton is not None:
         lo = _dots4(qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, x_lo, EMULATE)
         hi = _dots4((qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F, x_lo + 8, EMULATE)
         dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * 144, p, True)
+        return (dl0 * tl.load(xd_ptr + 2 * group) * lo.to(tl.float32)
+                - ml0 * tl.load(xs_ptr + 2 * group)
+                + dl1 * tl.load(xd_ptr + 2 * group + 1) * hi.to(tl.float32)
+                - ml1 * tl.load(xs_ptr + 2 * group + 1))
+
+    @triton.jit
+    def _q5k_group(row_bytes, row_words, group, same_row, xq_ptr, xd_ptr, xs_ptr,
+                   EMULATE: tl.constexpr):
+        """Q4_K's group of a 176-byte Q5_K block (qh at byte 16, the nibbles at 48): the
+        fifth bits of sub-blocks 2p and 2p + 1 are bits 2p and 2p + 1 of each qh byte."""
+        word = tl.arange(0, 4)[None, None, :]
+        blk = group // 4
+        p = group % 4
+        at = row_words + (blk * 44 + 12 + p * 8) + word  # [R, G, 4]: words 0-3, then + 4
+        qa = tl.load(at)
+        qb = tl.load(at + 4)
+        h_at = row_words + (blk * 44 + 4) + word  # the 32 qh bytes: words 0-3, then + 4
+        ha = tl.load(h_at) >> (2 * p)  # bit 0 of each byte: 2p's, bit 1: 2p + 1's
+        hb = tl.load(h_at + 4) >> (2 * p)
+        x_lo = xq_ptr + (group * 16 + same_row) + word  # x at the weights' full shape
+        low, one, two = 0x0F0F0F0F, 0x01010101, 0x02020202
+        lo = _dots4((qa & low) | ((ha & one) << 4), (qb & low) | ((hb & one) << 4), x_lo,
+                    EMULATE)
+        hi = _dots4(((qa >> 4) & low) | ((ha & two) << 3), ((qb >> 4) & low) | ((hb & two) << 3),
+                    x_lo + 8, EMULATE)
+        dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * 176, p, True)
         return (dl0 * tl.load(xd_ptr + 2 * group) * lo.to(tl.float32)
                 - ml0 * tl.load(xs_ptr + 2 * group)
                 + dl1 * tl.load(xd_ptr + 2 * group + 1) * hi.to(tl.float32)
@@ -237,6 +266,9 @@ if triton is not None:
             read = tl.minimum(group, num_groups - 1)
             if QTYPE == 12:
                 part = _q4k_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
+                                  xs_ptr, EMULATE)
+            elif QTYPE == 13:
+                part = _q5k_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
                                   xs_ptr, EMULATE)
             elif QTYPE == 14:
                 part = _q6k_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,

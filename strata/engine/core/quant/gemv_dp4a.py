@@ -1,5 +1,5 @@
-"""One token times Q4_K, Q6_K, Q8_0 or IQ2_XXS blocks by integer dot products: x in int8, four
-products an instruction.
+"""One token times Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS blocks by integer dot products: x in
+int8, four products an instruction.
 
 The planes kernel (gemv_planes.py) turns every weight into a float and spends about ten
 instructions a value (15 for Q6_K): more than the H200 issues in the time its bytes take to
@@ -60,7 +60,8 @@ _NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1))  # 64 values a thread: Q4_K
 # groups, at least one per thread (32 * num_warps); Qwen3-MoE's k [512, 2048] wants few rows.
 _IQ2_CONFIGS = ((16, 2048, 4, 1), (8, 2048, 2, 1), (4, 2048, 1, 1), (8, 4096, 4, 1),
                 (32, 2048, 8, 1), (8, 1024, 1, 1), (16, 1024, 2, 1), (2, 2048, 1, 1))
-CONFIGS = {12: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 14: _WIDE_CONFIGS,
+CONFIGS = {12: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 13: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
+           14: _WIDE_CONFIGS,
            8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 16: _IQ2_CONFIGS}
 
 
@@ -77,9 +78,9 @@ def interpreter_config(num_rows: int, num_cols: int, qtype: int) -> tuple:
 
 
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
-    """This path multiplies one token x by a weight of qtype: Q4_K, Q6_K, Q8_0 or IQ2_XXS, x in
-    bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a 4-aligned address, and
-    not switched off by STRATA_DP4A=0 (for measuring)."""
+    """This path multiplies one token x by a weight of qtype: Q4_K, Q5_K, Q6_K, Q8_0 or
+    IQ2_XXS, x in bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a
+    4-aligned address, and not switched off by STRATA_DP4A=0 (for measuring)."""
     return (triton is not None and int(qtype) in DP4A_TYPES and x.shape[0] == 1
             and is_dtype_enabled(x) and (raw is None or raw.data_ptr() % 4 == 0))
 
@@ -123,7 +124,7 @@ if triton is not None:
         USE_PDL: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
-        """Rows of Q4_K, Q6_K, Q8_0 or IQ2_XXS blocks (dp4a_dots.row_dots) times one token."""
+        """Rows of Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS blocks (dp4a_dots.row_dots) times one token."""
         pdl_wait(USE_PDL)
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         read = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N reread the last: not stored
@@ -162,13 +163,13 @@ def quantize_x(x: torch.Tensor, use_pdl: bool = False
 
 def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
            bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q6_K, Q8_0 or IQ2_XXS blocks raw
-    [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype."""
+    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS
+    blocks raw [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype."""
     num_tokens, num_cols = x.shape
     qtype = int(qtype)
     if qtype not in DP4A_TYPES or num_tokens != 1:
-        raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q6_K, Q8_0 or IQ2_XXS, "
-                         f"got {tuple(x.shape)} and type {qtype}")
+        raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q5_K, Q6_K, Q8_0 or "
+                         f"IQ2_XXS, got {tuple(x.shape)} and type {qtype}")
     block = 32 if qtype == 8 else 256
     if raw.shape[0] != num_rows or num_cols % block or raw.data_ptr() % 4 or raw.shape[1] % 2:
         raise ValueError(f"type {qtype} blocks of {num_rows} rows of {num_cols} columns must "
