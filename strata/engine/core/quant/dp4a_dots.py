@@ -30,7 +30,7 @@ read aligned and realigned by a funnel shift of each word and the next (`shf.r.w
 instruction); the next word of one lane is the word of the next, so a run of W words costs
 W + 1 loads. Reading the aligned word around a valid byte never leaves its page; the one
 word that could lie wholly past a tensor (Q8_0's last) is read only where needed. The base
-pointer must be 4-aligned, row and expert offsets only even (Q4_K: 4-aligned).
+pointer must be 4-aligned, row and expert offsets only even (Q4_K, Q5_K: 4-aligned).
 
 Under TRITON_INTERPRET=1 dp4a and the funnel shift are emulated by shifts and masks: the same
 integers, so the CPU tests check the compiled kernel's layout and scales.

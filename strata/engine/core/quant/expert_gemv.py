@@ -70,13 +70,13 @@ WORD_TYPES = frozenset({12, 13})
 MAX_UNIT = 16  # bytes: a 16-aligned base lets the packed-byte loads vectorize
 
 
-def _candidates(configs, num_cols: int = 0, rows_per_row: int = 1) -> tuple:
+def _candidates(configs, num_cols: int = 0, tile_experts: int = 1) -> tuple:
     """The tuned candidates; under the interpreter its one tile, num_cols (given for dp4a,
     whose groups past the row still cost ops there) narrowing it to the row, and its rows
-    divided by rows_per_row (down_sum's tile holds that many rows, one per expert, a row)."""
+    divided by tile_experts (down_sum's tile holds each of its rows for that many experts)."""
     if launch.is_interpreting():
         rows, cols, warps, stages = INTERPRETER_CONFIG[0]
-        rows = max(1, rows // rows_per_row)
+        rows = max(1, rows // tile_experts)
         if num_cols:
             cols = max(128, min(cols, triton.next_power_of_2(num_cols)))
         configs = ((rows, cols, warps, stages),)
