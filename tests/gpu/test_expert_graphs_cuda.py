@@ -2,8 +2,9 @@
 (fast/expert_graphs.py) on the GPU, at Qwen3-30B-A3B's expert shape: a key runs called,
 then is captured, then replays; replays with new routing and chunk lengths (padded to a
 shared bucket) equal the called path, for two layers; a moved prefill scratch drops the
-graphs; and a tiny quantized Qwen3-MoE's called prefill replays them inside the engine's
-decoder with the logits of the path without them.
+graphs; static buffers that do not fit turn them off (called from then on); and a tiny
+quantized Qwen3-MoE's called prefill replays them inside the engine's decoder with the
+logits of the path without them.
 
 The CPU twin of the padding it relies on: tests/core/test_quant_expert_grouped.py.
 """
@@ -90,6 +91,32 @@ def test_cuda_a_moved_scratch_drops_the_graphs(counted_paths) -> None:
         assert traced == [1, 0] and len(graphs) == 1
     finally:
         release_scratch()
+
+
+def test_cuda_buffers_that_do_not_fit_turn_the_graphs_off(counted_paths, monkeypatch) -> None:
+    """Out of memory for the static buffers (a GPU shared to its last GiB): that call and
+    every later one run called, with the called path's result, and nothing is held."""
+    from strata.engine.core.fast import expert_graphs
+    from strata.engine.core.quant import expert_grouped
+
+    blocks, _ = _layer()
+    _scratch_for(blocks)
+    graphs = expert_graphs.ExpertGraphs(torch.device("cuda"), max_tokens=512, top_k=TOP_K)
+    inputs = _sorted(512, seed=5)
+    expected = expert_grouped.experts_mlp(*inputs, *blocks)
+    _assert_close(graphs.experts_mlp(*inputs, *blocks), expected)  # the warm-up, called
+
+    def no_room(**_):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (the test's)")
+
+    monkeypatch.setattr(expert_graphs, "_Static", no_room)
+    traced = []
+    for _ in range(2):
+        before = counted_paths["grouped"]
+        _assert_close(graphs.experts_mlp(*inputs, *blocks), expected)
+        traced.append(counted_paths["grouped"] - before)
+    assert traced == [1, 1] and not graphs.is_on
+    assert len(graphs) == 0 and graphs._static is None
 
 
 def test_cuda_engine_prefill_replays_expert_graphs_with_the_same_logits(tmp_path,

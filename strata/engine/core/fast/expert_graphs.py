@@ -86,7 +86,7 @@ class ExpertGraphs:
         self._pool = None
         self._stream: torch.cuda.Stream | None = None  # warm-ups and captures run on it
         self._scratch_ptr = 0
-        self.is_on = True  # off after a capture failed: called from then on
+        self.is_on = True  # off after a capture or the buffers failed: called from then on
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -106,7 +106,11 @@ class ExpertGraphs:
         kind = (*((w.qtype, w.shape, w.expert_stride) for w in (gate, up, down)), bucket)
         if key not in self._graphs and kind not in self._warm:
             return self._warm_up(kind, x, source, offsets, row_weights, gate, up, down)
-        static = self._inputs(x, source, offsets, row_weights)
+        try:
+            static = self._inputs(x, source, offsets, row_weights)
+        except torch.cuda.OutOfMemoryError as exc:  # a GPU shared to its last GiB
+            self._turn_off(f"their buffers for {self.max_rows} rows do not fit ({exc})")
+            return expert_grouped.experts_mlp(x, source, offsets, row_weights, gate, up, down)
         if key not in self._graphs:
             self._capture(key, static, bucket, gate, up, down)
             if key not in self._graphs:  # the capture failed (logged)
@@ -181,15 +185,19 @@ class ExpertGraphs:
                     self._run(static, bucket, gate, up, down)
                 finally:
                     graph.capture_end()
-        except RuntimeError as exc:  # something in it syncs: called from now on
-            log.warning("expert graphs are off: capturing %d rows failed (%s)", bucket, exc)
-            self.is_on = False
-            self.clear()
+        except RuntimeError as exc:  # out of memory, or something in it syncs
+            self._turn_off(f"capturing {bucket} rows failed ({exc})")
             return
         finally:
             current.wait_stream(side)
         self._pool = graph.pool()
         self._graphs[key] = graph
+
+    def _turn_off(self, reason: str) -> None:
+        """Called from now on, holding nothing: the prefill goes on, slower."""
+        log.warning("expert graphs are off: %s", reason)
+        self.is_on = False
+        self.clear()
 
     def _drop_graphs(self) -> None:
         self._graphs.clear()
