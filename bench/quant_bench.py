@@ -123,6 +123,21 @@ def deferred_figures(engine, raw: dict) -> list[dict]:
     return [figure("deferred compile after ready", seconds, "s", notes=", ".join(steps))]
 
 
+def prefill_plan(engine) -> dict:
+    """How the measured prompts prefill: the longest fresh prompt replayed from a whole-prompt
+    graph (0: all called), whether the experts' grouped path replays per layer, and whether
+    the element-wise groups are compiled (after any deferred compile) - run 21b's row could
+    not tell which of these its prompts took."""
+    prefiller = getattr(getattr(engine, "fast", None), "prefiller", None)
+    if prefiller is None:  # the plain torch path (the CPU's)
+        return {"fast_path": False, "graph_tokens": 0, "expert_graphs": False,
+                "compiled_groups": False}
+    graphs = prefiller.graphs
+    return {"fast_path": True, "graph_tokens": graphs.max_tokens if graphs is not None else 0,
+            "expert_graphs": prefiller.expert_graphs is not None,
+            "compiled_groups": bool(prefiller.ops.is_compiled)}
+
+
 def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     """Load the file in Strata and measure; (figures, raw numbers)."""
     from lifecycle_bench import decode_tok_s
@@ -152,6 +167,7 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
                                                              "; GPU used over baseline"),
                        higher_is_better=False))
     rows += deferred_figures(engine, raw)
+    raw["prefill_plan"] = prefill_plan(engine)
     vocab = config.vocab_size
     decode_tok_s(engine, 16, 0)  # captures the decode graphs, compiles the kernels
     decode = max(decode_tok_s(engine, args.decode_tokens, 0) for _ in range(args.repeats))

@@ -68,6 +68,9 @@ def test_peer_run_dry_plan_runs_both_benches_on_the_cpu(tmp_path: Path) -> None:
     figures = {f["figure"]: f for f in step["report"]["figures"]}
     assert figures["smollm2-Q8_0 decode bs1"]["value"] > 0
     assert figures["smollm2-Q8_0 TTFT 32 tok"]["unit"] == "ms"
+    # The CPU engine runs the plain torch path: every prompt called, no graphs.
+    assert step["report"]["strata"]["prefill_plan"] == {
+        "fast_path": False, "graph_tokens": 0, "expert_graphs": False, "compiled_groups": False}
     assert not list((tmp_path / "files").glob("*.gguf"))  # each file is deleted after its row
     assert "decode bs1" in (out / "peer_dry.log").read_text()
 
