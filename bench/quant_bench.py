@@ -205,6 +205,8 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
         # Last: the profiler leaves the rows after it slower (run 22d's 8B prefilled 4096
         # tokens at 12881 tok/s after a profile, run 22e's at 29614-31419 without one).
         raw["decode_profile"] = decode_profile(engine, args.profile_steps)
+    if args.profile_prefill:
+        raw["prefill_profile"] = prefill_profile(engine, args.profile_prefill)
     if not args.no_reload:
         # The first load of a fresh machine compiles kernels; a user's later loads find them
         # in the caches (the issue's target is for that load).
@@ -216,6 +218,34 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     engine.close()
     sync()
     return rows, raw
+
+
+def _profile_rows(table: dict, per: int, top: int) -> list[dict]:
+    rows = sorted(table.items(), key=lambda item: -item[1][2])
+    return [{"name": name[:120], "launches": n / per, "us": us / per, "exclusive_us": ex / per}
+            for name, (n, us, ex) in rows[:top]]
+
+
+def prefill_profile(engine, num_tokens: int, top: int = 24) -> dict:
+    """Where one fresh prompt's prefill goes (the MoE prefill target's profile): a prompt of
+    num_tokens run once unprofiled (its whole-prompt graph, if it takes one, is captured
+    then), then another of the same length under torch.profiler, first token out."""
+    import torch
+    from profile_decode import kernel_table, print_table
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = engine.model_config.vocab_size
+    first_token_s(engine, "profile-warm", prompt(vocab, 7 * num_tokens, num_tokens), 0)
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        wall_s = first_token_s(engine, "profile", prompt(vocab, 7 * num_tokens + 1, num_tokens),
+                               0)
+    table = kernel_table(prof)
+    print_table(f"prefill of {num_tokens} tokens (one prompt)", table, 1, wall_s, top)
+    return {"tokens": num_tokens, "wall_us": wall_s * 1e6,
+            "kernel_us": sum(row[1] for row in table.values()),
+            "busy_us": sum(row[2] for row in table.values()),
+            "kernels": _profile_rows(table, 1, top)}
 
 
 def decode_profile(engine, num_tokens: int, top: int = 24) -> dict:
@@ -346,6 +376,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--expert-cache", default="auto")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="profile this many decode tokens per kernel (0: none)")
+    p.add_argument("--profile-prefill", type=int, default=0, metavar="TOKENS",
+                   help="profile one fresh prompt of this many tokens per kernel (0: none)")
     p.add_argument("--no-reload", action="store_true",
                    help="skip the second load (kernel caches warm)")
     p.add_argument("--llamacpp-timeout-s", type=float, default=300.0)

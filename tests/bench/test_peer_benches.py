@@ -113,6 +113,24 @@ def test_tools_are_unpacked_from_xz_or_copied_and_made_executable(tmp_path: Path
     assert len(lines) == 2
 
 
+def test_quant_bench_profiles_a_prefill_and_records_its_plan_on_the_cpu(tmp_path: Path) -> None:
+    """--profile-prefill: one fresh prompt of that length under torch.profiler, after the
+    timed rows (the CPU has no kernels to list: the machinery and the JSON)."""
+    path = tmp_path / "tiny.gguf"
+    write_random_gguf("smollm2-135m", path, mix="Q8_0", num_layers=2)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "quant_bench.py"), str(path), "--device", "cpu",
+         "--decode-tokens", "4", "--prefill-tokens", "16", "--ttft-tokens", "16", "--repeats",
+         "1", "--no-reload", "--profile-prefill", "12", "--json", str(tmp_path / "q.json")],
+        capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT),
+                                                         "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    strata = json.loads((tmp_path / "q.json").read_text())["strata"]
+    assert strata["prefill_profile"]["tokens"] == 12 and strata["prefill_profile"]["wall_us"] > 0
+    assert "prefill of 12 tokens" in done.stdout
+    assert strata["deferred"] == {"steps": [], "seconds": strata["deferred"]["seconds"]}
+
+
 def test_quant_bench_sets_strata_against_a_recorded_llama_bench_run(tmp_path: Path) -> None:
     from argparse import Namespace
 
