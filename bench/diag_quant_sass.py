@@ -9,6 +9,8 @@ it before a GPU run measures them.
 
     python bench/diag_quant_sass.py [--types Q4_K,Q6_K] [--configs 1:4:1024:4:1,16:32:256:4:3]
     python bench/diag_quant_sass.py --dp4a [--types Q4_K,Q6_K,Q8_0]  # gemv_dp4a.py, its configs
+    python bench/diag_quant_sass.py --expert-gemm [--types Q4_K,Q6_K] [--configs R:C:W:M:S,...]
+        # expert_gemm.py's gate_up at Qwen3-30B-A3B's shape: registers and stack per config
 
 A config is tokens:BLOCK_ROWS:BLOCK_COLS:num_warps:STAGES (tokens 1: the FMA path, else tl.dot).
 With --dp4a: one token through gemv_dp4a.py's integer kernel, every candidate of its type
@@ -71,6 +73,46 @@ def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int
     return sass, compiled.asm["ttgir"].count("convert_layout")
 
 
+_GEMM_SIGNATURE = {"x_ptr": "*bf16", "offsets_ptr": "*i32", "row_w_ptr": "*bf16",
+                   "gate_ptr": "*u8", "gate_h_ptr": "*fp16", "up_ptr": "*u8", "up_h_ptr": "*fp16",
+                   "lut_ptr": "*i8", "out_ptr": "*bf16", "num_rows": "i32", "rows_hint": "i32",
+                   "gate_stride": "i32", "up_stride": "i32", "N": "i32", "K": "i32",
+                   "gate_row_bytes": "i32", "up_row_bytes": "i32"}
+
+
+def expert_gemm_resources(qtype: int, config: tuple[int, ...]) -> str:
+    """cuobjdump's resource line (registers, stack: spills) of expert_gemm's gate_up kernel
+    for qtype gate and up at 128 experts, config (BLOCK_ROWS, BLOCK_COLS, warps, BLOCK_M,
+    STAGES). 255 registers a thread leave one or two programs an SM: what run 21a's slow
+    512-token layer (1.86 ms) would look like if the kernel waits on memory."""
+    from strata.engine.core.quant import expert_gemm
+    from strata.engine.core.quant import gemv_planes as gp
+
+    rows, cols, warps, block_m, stages = config
+    fn = expert_gemm._gate_up_kernel
+    unit = 16 if qtype in (12, 13) else 2
+    constexprs = {"NUM_EXPERTS": 128, "BLOCK_E": 128, "GATE_QTYPE": qtype,
+                  "GATE_LANES": gp.ALL_PLANE_LANES.get(qtype, 0), "GATE_UNIT": unit,
+                  "UP_QTYPE": qtype, "UP_LANES": gp.ALL_PLANE_LANES.get(qtype, 0),
+                  "UP_UNIT": unit, "PRECISION": "native", "USE_PDL": False,
+                  "BLOCK_ROWS": rows, "BLOCK_COLS": cols, "BLOCK_M": block_m, "STAGES": stages}
+    signature = {**_GEMM_SIGNATURE, **{name: "constexpr" for name in constexprs}}
+    index = {name: i for i, name in enumerate(fn.arg_names)}
+    pointers = [name for name, kind in _GEMM_SIGNATURE.items() if kind.startswith("*")]
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(index[k],): v for k, v in constexprs.items()},
+                       attrs={(index[k],): [["tt.divisibility", 16]]
+                              for k in (*pointers, "N", "K")})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    cubin = Path("/tmp/strata_expert_gemm.cubin")
+    cubin.write_bytes(compiled.asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True,
+                           text=True, check=True).stdout
+    return next(line.strip() for line in usage.splitlines() if "REG:" in line)
+
+
 def _loop(sass: str) -> list[str]:
     """The instructions of the first backward branch's loop (the K loop)."""
     code = [(int(m.group(1), 16), m.group(2)) for m in _INSTRUCTION.finditer(sass)]
@@ -90,7 +132,19 @@ def main() -> int:
                              "the type's candidates")
     parser.add_argument("--dp4a", action="store_true",
                         help="gemv_dp4a.py's integer kernel (Q4_K, Q6_K, Q8_0) instead")
+    parser.add_argument("--expert-gemm", action="store_true",
+                        help="expert_gemm.py's gate_up: registers and stack per config")
     args = parser.parse_args()
+    if args.expert_gemm:
+        from strata.engine.core.quant import expert_gemm
+
+        configs = ([tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
+                   if args.configs else expert_gemm.GATE_UP_CONFIGS)
+        for name in args.types.split(","):
+            for config in configs:
+                print(f"{name} gate_up {':'.join(map(str, config))}: "
+                      f"{expert_gemm_resources(int(GGMLQuantizationType[name]), config)}")
+        return 0
     for name in args.types.split(","):
         qtype = int(GGMLQuantizationType[name])
         if args.configs:
