@@ -154,7 +154,10 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     own, used = vram_used_bytes()
     config = engine.model_config
     kv = kv_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, context)
-    raw = {"load": info, "context_tokens": context, "kv_bytes": kv, "vram_process_bytes": own,
+    from strata.engine.core.fast.tuning_store import device_identity
+
+    raw = {"device": device_identity(engine.device),  # GPU, driver, CUDA, torch, Triton
+           "load": info, "context_tokens": context, "kv_bytes": kv, "vram_process_bytes": own,
            "vram_used_bytes": used, "vram_baseline_bytes": baseline_used,
            "memory_after_load": memory_breakdown(engine, own)}
     held = own if own is not None else (None if used is None else used - baseline_used)

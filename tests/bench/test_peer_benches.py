@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -129,6 +130,7 @@ def test_quant_bench_profiles_a_prefill_and_records_its_plan_on_the_cpu(tmp_path
     assert strata["prefill_profile"]["tokens"] == 12 and strata["prefill_profile"]["wall_us"] > 0
     assert "prefill of 12 tokens" in done.stdout
     assert strata["deferred"] == {"steps": [], "seconds": strata["deferred"]["seconds"]}
+    assert strata["device"]["type"] == "cpu" and strata["device"]["torch"] == torch.__version__
 
 
 def test_quant_bench_sets_strata_against_a_recorded_llama_bench_run(tmp_path: Path) -> None:
