@@ -108,45 +108,35 @@ if triton is not None:
                       axis=2, keep_dims=True)
 
     @triton.jit
-    def _q4k_group(row_bytes, row_words, group, same_row, xq_ptr, xd_ptr, xs_ptr,
-                   EMULATE: tl.constexpr):
-        """Sub-blocks 2p (low nibbles) and 2p + 1 (high) of block group // 4, p = group % 4."""
+    def _k4_group(row_bytes, row_words, group, same_row, xq_ptr, xd_ptr, xs_ptr,
+                  FIFTH_BIT: tl.constexpr, EMULATE: tl.constexpr):
+        """Sub-blocks 2p (low nibbles) and 2p + 1 (high) of block group // 4, p = group % 4:
+        of Q4_K (144 bytes, the nibbles at 16), or with FIFTH_BIT of Q5_K (176 bytes, qh at
+        16, the nibbles at 48), each value's fifth bit being bit 2p (low) or 2p + 1 (high)
+        of its qh byte, which shares the nibbles' word and lane."""
+        BLOCK_WORDS: tl.constexpr = 44 if FIFTH_BIT else 36
+        NIBBLE_WORD: tl.constexpr = 12 if FIFTH_BIT else 4
+        low = 0x0F0F0F0F
         word = tl.arange(0, 4)[None, None, :]
         blk = group // 4
         p = group % 4
-        at = row_words + (blk * 36 + 4 + p * 8) + word  # [R, G, 4]: words 0-3, then + 4
+        at = row_words + (blk * BLOCK_WORDS + NIBBLE_WORD + p * 8) + word  # [R, G, 4], + 4
         qa = tl.load(at)
         qb = tl.load(at + 4)
         x_lo = xq_ptr + (group * 16 + same_row) + word  # x at the weights' full shape
-        lo = _dots4(qa & 0x0F0F0F0F, qb & 0x0F0F0F0F, x_lo, EMULATE)
-        hi = _dots4((qa >> 4) & 0x0F0F0F0F, (qb >> 4) & 0x0F0F0F0F, x_lo + 8, EMULATE)
-        dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * 144, p, True)
-        return (dl0 * tl.load(xd_ptr + 2 * group) * lo.to(tl.float32)
-                - ml0 * tl.load(xs_ptr + 2 * group)
-                + dl1 * tl.load(xd_ptr + 2 * group + 1) * hi.to(tl.float32)
-                - ml1 * tl.load(xs_ptr + 2 * group + 1))
-
-    @triton.jit
-    def _q5k_group(row_bytes, row_words, group, same_row, xq_ptr, xd_ptr, xs_ptr,
-                   EMULATE: tl.constexpr):
-        """Q4_K's group of a 176-byte Q5_K block (qh at byte 16, the nibbles at 48): the
-        fifth bits of sub-blocks 2p and 2p + 1 are bits 2p and 2p + 1 of each qh byte."""
-        word = tl.arange(0, 4)[None, None, :]
-        blk = group // 4
-        p = group % 4
-        at = row_words + (blk * 44 + 12 + p * 8) + word  # [R, G, 4]: words 0-3, then + 4
-        qa = tl.load(at)
-        qb = tl.load(at + 4)
-        h_at = row_words + (blk * 44 + 4) + word  # the 32 qh bytes: words 0-3, then + 4
-        ha = tl.load(h_at) >> (2 * p)  # bit 0 of each byte: 2p's, bit 1: 2p + 1's
-        hb = tl.load(h_at + 4) >> (2 * p)
-        x_lo = xq_ptr + (group * 16 + same_row) + word  # x at the weights' full shape
-        low, one, two = 0x0F0F0F0F, 0x01010101, 0x02020202
-        lo = _dots4((qa & low) | ((ha & one) << 4), (qb & low) | ((hb & one) << 4), x_lo,
-                    EMULATE)
-        hi = _dots4(((qa >> 4) & low) | ((ha & two) << 3), ((qb >> 4) & low) | ((hb & two) << 3),
-                    x_lo + 8, EMULATE)
-        dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * 176, p, True)
+        if FIFTH_BIT:
+            h_at = row_words + (blk * BLOCK_WORDS + 4) + word  # the 32 qh bytes: 0-3, + 4
+            ha = tl.load(h_at) >> (2 * p)  # bit 0 of each byte: 2p's, bit 1: 2p + 1's
+            hb = tl.load(h_at + 4) >> (2 * p)
+            one, two = 0x01010101, 0x02020202
+            lo = _dots4((qa & low) | ((ha & one) << 4), (qb & low) | ((hb & one) << 4), x_lo,
+                        EMULATE)
+            hi = _dots4(((qa >> 4) & low) | ((ha & two) << 3),
+                        ((qb >> 4) & low) | ((hb & two) << 3), x_lo + 8, EMULATE)
+        else:  # as written before Q5_K joined: the same sm_90 code (diag_quant_sass --dp4a)
+            lo = _dots4(qa & low, qb & low, x_lo, EMULATE)
+            hi = _dots4((qa >> 4) & low, (qb >> 4) & low, x_lo + 8, EMULATE)
+        dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * (4 * BLOCK_WORDS), p, True)
         return (dl0 * tl.load(xd_ptr + 2 * group) * lo.to(tl.float32)
                 - ml0 * tl.load(xs_ptr + 2 * group)
                 + dl1 * tl.load(xd_ptr + 2 * group + 1) * hi.to(tl.float32)
@@ -264,12 +254,9 @@ if triton is not None:
         for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
             group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             read = tl.minimum(group, num_groups - 1)
-            if QTYPE == 12:
-                part = _q4k_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
-                                  xs_ptr, EMULATE)
-            elif QTYPE == 13:
-                part = _q5k_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
-                                  xs_ptr, EMULATE)
+            if QTYPE == 12 or QTYPE == 13:  # Q4_K, Q5_K
+                part = _k4_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
+                                 xs_ptr, QTYPE == 13, EMULATE)
             elif QTYPE == 14:
                 part = _q6k_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
                                   xd_ptr, xs16_ptr, EMULATE)
