@@ -25,3 +25,18 @@ def smollm2_gguf() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_gguf: Path) -> TextAssets:
     return load_text_assets(smollm2_gguf)
+
+
+@pytest.fixture
+def counted_paths(monkeypatch):
+    """{"gemm": calls, "grouped": calls} of the two quantized prefill paths (imported here, at
+    test time: after a CPU test module has chosen Triton's interpreter)."""
+    from strata.engine.core.quant import expert_gemm, expert_grouped
+
+    calls = {"gemm": 0, "grouped": 0}
+    for name, module in (("gemm", expert_gemm), ("grouped", expert_grouped)):
+        def counted(*args, _name=name, _fn=module.experts_mlp, **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(module, "experts_mlp", counted)
+    return calls

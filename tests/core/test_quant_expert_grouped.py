@@ -76,22 +76,16 @@ def test_k_quant_experts_in_groups_match_torch(monkeypatch) -> None:
                                       *blocks).shape == (0, hidden)
 
 
-def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
+def test_the_routed_row_count_picks_the_path(monkeypatch, counted_paths) -> None:
     """experts_sorted takes expert_gemm below min_rows routed rows, the grouped path from
     there on; lowering DEQUANT_MIN_ROWS_PER_EXPERT moves the same call across, with the same
     result (within float32 summation order)."""
     from strata.engine.core.fast import moe_prefill
-    from strata.engine.core.quant import expert_gemm, expert_grouped
+    from strata.engine.core.quant import expert_grouped
 
     hidden, inter = BLOCK32_SHAPE
     blocks, dense = _layer((QT.Q8_0,) * 3, hidden, inter)
     monkeypatch.setattr(expert_grouped, "EXPERT_SCRATCH_BYTES", 3 * 2 * inter * hidden * 4)
-    calls = {"gemm": 0, "grouped": 0}
-    for name, module in (("gemm", expert_gemm), ("grouped", expert_grouped)):
-        def counted(*args, _name=name, _fn=module.experts_mlp, **kwargs):
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
-        monkeypatch.setattr(module, "experts_mlp", counted)
     num_experts, top_k, tokens = len(COUNTS), 2, 20
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(tokens, hidden, generator=gen) * 0.02
@@ -103,10 +97,10 @@ def test_the_routed_row_count_picks_the_path(monkeypatch) -> None:
     monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 8)
     assert rows < expert_grouped.min_rows(num_experts)
     by_gemm = moe_prefill.experts_sorted(moe, x, weights, ids)
-    assert calls == {"gemm": 1, "grouped": 0}
+    assert counted_paths == {"gemm": 1, "grouped": 0}
     monkeypatch.setattr(expert_grouped, "DEQUANT_MIN_ROWS_PER_EXPERT", 5)
     by_grouped = moe_prefill.experts_sorted(moe, x, weights, ids)
-    assert calls == {"gemm": 1, "grouped": 1}
+    assert counted_paths == {"gemm": 1, "grouped": 1}
     expected = torch.zeros(tokens, hidden, dtype=torch.float64)
     gate, up, down = (d.double() for d in dense)
     for t in range(tokens):

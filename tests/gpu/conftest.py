@@ -22,17 +22,3 @@ def cuda_backend():
     from strata.engine.core.memory.cuda_vmm import CudaVmmBackend
 
     return CudaVmmBackend(device_index=0)
-
-
-@pytest.fixture
-def counted_paths(monkeypatch):
-    """{"gemm": calls, "grouped": calls} of the two quantized prefill paths."""
-    from strata.engine.core.quant import expert_gemm, expert_grouped
-
-    calls = {"gemm": 0, "grouped": 0}
-    for name, module in (("gemm", expert_gemm), ("grouped", expert_grouped)):
-        def counted(*args, _name=name, _fn=module.experts_mlp, **kwargs):
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
-        monkeypatch.setattr(module, "experts_mlp", counted)
-    return calls
