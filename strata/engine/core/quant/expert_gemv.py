@@ -132,14 +132,16 @@ if triton is not None:
               GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
               STAGES: tl.constexpr, EMULATE: tl.constexpr):
         """[BLOCK_ROWS] float32: rows `rows` of the matrix at byte offset base times v (planes,
-        GROUP 0) or times its int8 rounding xq, xd, xs, xs16 (dp4a: GROUP values a group)."""
+        GROUP 0) or times its int8 rounding xq, xd, xs, xs16 (dp4a: GROUP values a group).
+        base is one offset, or [BLOCK_ROWS] offsets (each row its expert's), and the vector
+        pointers one for all rows, or [BLOCK_ROWS, 1, 1] (each row its own vector)."""
         if GROUP > 0:  # rows past the matrix reread its last (dp4a_dots reads unmasked)
-            read = tl.minimum(rows, num_rows - 1).to(tl.int64)[:, None, None]
-            return dp4a_row_dots(w_ptr, base + read * row_bytes, xq_ptr, xd_ptr, xs_ptr,
-                                 xs16_ptr, lut_ptr, num_cols // GROUP, QTYPE, GROUP,
-                                 BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
+            read = tl.minimum(rows, num_rows - 1).to(tl.int64)
+            return dp4a_row_dots(w_ptr, (base + read * row_bytes)[:, None, None], xq_ptr,
+                                 xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_cols // GROUP, QTYPE,
+                                 GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         else:
-            off = base + rows.to(tl.int64)[:, None, None] * row_bytes
+            off = (base + rows.to(tl.int64) * row_bytes)[:, None, None]
             return _row_dots(w_ptr, wh_ptr, lut_ptr, off, (rows < num_rows)[:, None, None], v_ptr,
                              num_cols // (2 * LANES), QTYPE, LANES, BLOCK_ROWS, BLOCK_COLS,
                              STAGES)
@@ -190,19 +192,13 @@ if triton is not None:
         rows = tl.program_id(0) * BLOCK_ROWS + pair % BLOCK_ROWS
         pdl_wait(USE_PDL)  # for the activations (or their int8), the kernel just before
         base = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT, HAS_TABLE)
-        row_off = (base + tl.minimum(rows, num_rows - 1).to(tl.int64) * row_bytes)[:, None, None]
         jj = j.to(tl.int64)[:, None, None]
-        if GROUP > 0:
-            # Row j of act's int8 words (4 a word), scales (per 32) and sums (16).
-            dots = dp4a_row_dots(w_ptr, row_off, xq_ptr + jj * (num_cols // 4),
-                                 xd_ptr + jj * (num_cols // 32), xs_ptr + jj * (num_cols // 32),
-                                 xs16_ptr + jj * (num_cols // 16), lut_ptr, num_cols // GROUP,
-                                 QTYPE, GROUP, TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES,
-                                 EMULATE)
-        else:
-            dots = _row_dots(w_ptr, wh_ptr, lut_ptr, row_off, (rows < num_rows)[:, None, None],
-                             act_ptr + jj * num_cols, num_cols // (2 * LANES), QTYPE, LANES,
-                             TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES)
+        # Row j of act, and of its int8 words (4 a word), scales (per 32) and sums (16).
+        dots = _dots(w_ptr, wh_ptr, lut_ptr, base, rows, num_rows, row_bytes,
+                     act_ptr + jj * num_cols, xq_ptr + jj * (num_cols // 4),
+                     xd_ptr + jj * (num_cols // 32), xs_ptr + jj * (num_cols // 32),
+                     xs16_ptr + jj * (num_cols // 16), num_cols, QTYPE, LANES, GROUP,
+                     TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         weight = tl.where(used, tl.load(weights_ptr + j).to(tl.float32), 0.0)
         y = tl.sum(tl.reshape(dots * weight, (TOP_K_P2, BLOCK_ROWS)), axis=0)
         out_rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
