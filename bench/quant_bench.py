@@ -223,12 +223,6 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     return rows, raw
 
 
-def _profile_rows(table: dict, per: int, top: int) -> list[dict]:
-    rows = sorted(table.items(), key=lambda item: -item[1][2])
-    return [{"name": name[:120], "launches": n / per, "us": us / per, "exclusive_us": ex / per}
-            for name, (n, us, ex) in rows[:top]]
-
-
 def prefill_profile(engine, num_tokens: int, top: int = 24) -> dict:
     """Where one fresh prompt's prefill goes (the MoE prefill target's profile): a prompt of
     num_tokens run once unprofiled (its whole-prompt graph, if it takes one, is captured
@@ -245,10 +239,12 @@ def prefill_profile(engine, num_tokens: int, top: int = 24) -> dict:
                                0)
     table = kernel_table(prof)
     print_table(f"prefill of {num_tokens} tokens (one prompt)", table, 1, wall_s, top)
+    rows = sorted(table.items(), key=lambda item: -item[1][2])
     return {"tokens": num_tokens, "wall_us": wall_s * 1e6,
             "kernel_us": sum(row[1] for row in table.values()),
             "busy_us": sum(row[2] for row in table.values()),
-            "kernels": _profile_rows(table, 1, top)}
+            "kernels": [{"name": name[:120], "launches": n, "us": us, "exclusive_us": ex}
+                        for name, (n, us, ex) in rows[:top]]}
 
 
 def decode_profile(engine, num_tokens: int, top: int = 24) -> dict:
