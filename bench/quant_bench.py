@@ -202,7 +202,7 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
                        None if held_after is None else held_after / 2**30, "GiB",
                        (file_bytes + kv) / 2**30, notes="the longest prompt's activations "
                        "stay in torch's cache", higher_is_better=False))
-    if engine.memory.experts is not None:
+    if engine.memory.experts is not None and args.cycles > 0:  # --cycles 0: decode A/B runs
         rows += expert_figures(args, engine, raw)
     if args.profile_steps:
         # Last: the profiler leaves the rows after it slower (run 22d's 8B prefilled 4096
