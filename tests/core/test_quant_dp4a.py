@@ -124,3 +124,52 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
         gemv_dp4a.matmul(torch.zeros(2, 256).half(), raw, QT.Q4_K, 4)
     with pytest.raises(ValueError, match="multiple of 32"):
         gemv_dp4a.quantize_x(torch.zeros(1, 48).half())
+
+
+# (part a, rows a, part b, rows b, columns): Q4_K_M's q+k then a Q6_K v; an IQ2_XXS mix's
+# q+k then a Q4_K v (38 rows of 198 bytes: part b 4-aligned, as Q4_K must be); three Q6_K
+# rows of 630 bytes putting a Q8_0 part b at 2 mod 4. Rows past a tile's end in both parts.
+PAIRS = [(QT.Q4_K, 70, QT.Q6_K, 5, 768), (QT.IQ2_XXS, 38, QT.Q4_K, 9, 768),
+         (QT.Q6_K, 3, QT.Q8_0, 6, 768)]
+
+
+@pytest.mark.parametrize(("type_a", "rows_a", "type_b", "rows_b", "cols"), PAIRS,
+                         ids=[f"{a.name}-{b.name}" for a, _, b, _, _ in PAIRS])
+def test_a_pair_of_types_in_one_launch_equals_their_separate_products(
+        type_a: QT, rows_a: int, type_b: QT, rows_b: int, cols: int) -> None:
+    """matmul_pair over two runs of rows of two types back to back: every row as matmul
+    gives it for its own part (the same int8 x, the same sums), bias included."""
+    raw_a = random_blocks(type_a, rows_a, cols, seed=1, scale=0.02)
+    raw_b = random_blocks(type_b, rows_b, cols, seed=2, scale=0.02)
+    both = torch.from_numpy(np.concatenate([raw_a.reshape(-1), raw_b.reshape(-1)]))
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(3)).half()
+    bias = torch.randn(rows_a + rows_b, generator=torch.Generator().manual_seed(4)).half()
+    row_bytes = (raw_a.shape[1], raw_b.shape[1])
+    qtypes = (int(type_a), int(type_b))
+    assert gemv_dp4a.pair_supported(qtypes, row_bytes, cols, both.data_ptr(), rows_a)
+    pair = gemv_dp4a.QuantizedPair(both, qtypes, (rows_a, rows_b), row_bytes, cols)
+    assert gemv_dp4a.is_pair_enabled(x)
+    got = gemv_dp4a.matmul_pair(x, pair, bias)
+    expected = torch.cat([gemv_dp4a.matmul(x, torch.from_numpy(raw_a), type_a, rows_a,
+                                           bias[:rows_a]),
+                          gemv_dp4a.matmul(x, torch.from_numpy(raw_b), type_b, rows_b,
+                                           bias[rows_a:])], dim=1)
+    assert got.shape == (1, rows_a + rows_b)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_a_pair_is_refused_where_a_part_cannot_be_read() -> None:
+    q4k_rows, q6k_rows = 144 * 3, 210 * 3  # bytes of a 768-value row
+    assert not gemv_dp4a.pair_supported((int(QT.Q6_K), int(QT.Q4_K)), (q6k_rows, q4k_rows),
+                                        768, 0, 1)  # Q4_K at 630: not 4-aligned
+    assert gemv_dp4a.pair_supported((int(QT.Q6_K), int(QT.Q4_K)), (q6k_rows, q4k_rows),
+                                    768, 0, 2)
+    assert not gemv_dp4a.pair_supported((int(QT.Q4_K), int(QT.Q2_K)), (q4k_rows, 84 * 3),
+                                        768, 0, 1)  # Q2_K has no dp4a decoding
+    assert not gemv_dp4a.pair_supported((int(QT.Q4_K), int(QT.Q6_K)), (q4k_rows, q6k_rows),
+                                        768, 2, 1)  # the base itself at 2 mod 4
+    with pytest.raises(ValueError, match="one token of 768"):
+        pair = gemv_dp4a.QuantizedPair(torch.zeros(q4k_rows + q6k_rows, dtype=torch.uint8),
+                                       (int(QT.Q4_K), int(QT.Q6_K)), (1, 1),
+                                       (q4k_rows, q6k_rows), 768)
+        gemv_dp4a.matmul_pair(torch.zeros(2, 768).half(), pair)

@@ -125,6 +125,45 @@ def test_fast_schedule_on_quantized_weights_matches_the_reference(tmp_path, monk
         engine.close()
 
 
+def test_q_k_v_of_two_types_decode_in_one_launch_like_three(tmp_path, monkeypatch) -> None:
+    """bf16 compute (as on a GPU), the Q4_K_M-like Llama: layer 0's q and k are Q4_K and its
+    v Q6_K, so the arena's q/k/v form a pair (one dp4a launch for one token), while layer
+    1's all-Q4_K q/k/v fuse as one weight. GraphDecoder's greedy tokens (graphs off: the
+    step a CUDA graph captures) equal those of the three separate products."""
+    from strata.engine.core import engine as engine_module
+    from strata.engine.core.quant import gemv_dp4a
+    from tests.helpers.gguf_writer import write_tiny_q4_k_m_like_llama
+
+    path = write_tiny_q4_k_m_like_llama(tmp_path / "q4_k_m.gguf")
+    monkeypatch.setattr(engine_module, "compute_dtype", lambda device, config: torch.bfloat16)
+    pair_calls = []
+    pair_matmul = gemv_dp4a.matmul_pair
+    monkeypatch.setattr(gemv_dp4a, "matmul_pair",
+                        lambda *args, **kwargs: pair_calls.append(1) or pair_matmul(*args,
+                                                                                     **kwargs))
+    engine = _engine(path, monkeypatch, quantized=True)
+    try:
+        first, second = (layer.self_attn for layer in engine.model.model.layers)
+        assert first.qkv_weight is None and first.qkv_pair is not None
+        assert first.qkv_pair.qtypes == (12, 14)  # Q4_K, Q6_K
+        assert second.qkv_weight is not None and second.qkv_pair is None
+        spec = SamplingSpec(max_tokens=NUM_NEW, temperature=0.0)
+        tokens = []
+        for pairs in (True, False):
+            if not pairs:
+                first.qkv_pair = None
+            decoder = GraphDecoder(engine.model, use_cuda_graphs=False,
+                                   compile_pointwise=False, min_bucket_tokens=16,
+                                   prefill_chunk_tokens=20)
+            kv = KVCache.for_config(engine.model.config, 64, torch.bfloat16)
+            before = len(pair_calls)
+            tokens.append(list(decoder.generate(kv, PROMPT, spec, max_new_tokens=NUM_NEW)))
+            assert (len(pair_calls) - before >= NUM_NEW - 1) == pairs
+        assert tokens[0] == tokens[1]
+    finally:
+        engine.close()
+
+
 def test_experts_of_mixed_float_and_block_types_fall_back_with_one_log_line(
         tmp_path, monkeypatch, caplog) -> None:
     """One store holds blocks or floats: an F16 expert tensor among Q8_0 ones dequantizes

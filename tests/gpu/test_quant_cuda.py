@@ -153,6 +153,49 @@ def test_cuda_decode_kernel_replays_from_a_cuda_graph(qtype: QT) -> None:
     torch.testing.assert_close(out, kernels.quant_matmul(x, raw, qtype, 1024), rtol=0, atol=0)
 
 
+# (part a's type and rows, part b's type and rows, columns): Qwen3-30B-A3B's and
+# Llama-3-8B's q+k and Q6_K v (Q4_K_M), and an IQ2_XXS mix's q+k and Q4_K v.
+PAIR_SHAPES = [(QT.Q4_K, 4608, QT.Q6_K, 512, 2048), (QT.Q4_K, 5120, QT.Q6_K, 1024, 4096),
+               (QT.IQ2_XXS, 4608, QT.Q4_K, 512, 2048)]
+
+
+@pytest.mark.parametrize(("type_a", "rows_a", "type_b", "rows_b", "cols"), PAIR_SHAPES,
+                         ids=[f"{a.name}-{b.name}-{c}" for a, _, b, _, c in PAIR_SHAPES])
+def test_cuda_a_pair_of_types_equals_its_separate_products_and_replays(
+        type_a: QT, rows_a: int, type_b: QT, rows_b: int, cols: int) -> None:
+    """gemv_dp4a.matmul_pair (q/k/v of two types in one launch), autotuned, against each
+    part's own dp4a product (other tiles may sum the groups in another order: within bf16
+    rounding), and replayed from a CUDA graph with new x like its eager product."""
+    from strata.engine.core.quant import gemv_dp4a
+
+    raw_a = random_blocks(type_a, rows_a, cols, seed=5, scale=0.01)
+    raw_b = random_blocks(type_b, rows_b, cols, seed=6, scale=0.01)
+    both = torch.from_numpy(np.concatenate([raw_a.reshape(-1), raw_b.reshape(-1)])).cuda()
+    row_bytes = (raw_a.shape[1], raw_b.shape[1])
+    qtypes = (int(type_a), int(type_b))
+    assert gemv_dp4a.pair_supported(qtypes, row_bytes, cols, both.data_ptr(), rows_a)
+    pair = gemv_dp4a.QuantizedPair(both, qtypes, (rows_a, rows_b), row_bytes, cols)
+    x = torch.randn(1, cols, device="cuda").bfloat16()
+    bias = torch.randn(rows_a + rows_b, device="cuda").bfloat16()
+    got = gemv_dp4a.matmul_pair(x, pair, bias).float()
+    expected = torch.cat([
+        gemv_dp4a.matmul(x, torch.from_numpy(raw_a).cuda(), type_a, rows_a, bias[:rows_a]),
+        gemv_dp4a.matmul(x, torch.from_numpy(raw_b).cuda(), type_b, rows_b, bias[rows_a:])],
+        dim=1).float()
+    assert (got - expected).abs().max().item() <= 8e-3 * expected.abs().max().item()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gemv_dp4a.matmul_pair(x, pair, bias)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv_dp4a.matmul_pair(x, pair, bias)
+    x.copy_(torch.randn(1, cols, device="cuda").bfloat16())
+    graph.replay()
+    torch.testing.assert_close(out, gemv_dp4a.matmul_pair(x, pair, bias), rtol=0, atol=0)
+
+
 def _engine(model_path, monkeypatch, quantized: bool):
     from strata.engine.core.engine import Engine, EngineConfig
 

@@ -11,6 +11,9 @@ Convention: after `attach_fused_views` every Attention has `qkv_weight`, `qkv_bi
 adjacent; models built elsewhere (build_random_model) have none of them. Readers go through
 `fused_qkv` / `fused_gate_up`, which treat absent and None alike. Weights held as GGML
 blocks fuse the same way when the group shares one type: the view then is a QuantizedWeight.
+q/k/v blocks of two types in two runs (Q4_K_M's q, k Q4_K and v Q6_K in half its layers)
+get `qkv_pair` instead (`fused_qkv_pair`): one token's three products in one dp4a launch
+(gemv_dp4a.matmul_pair); everything else keeps the separate products.
 They are plain attributes, not parameters or buffers: state_dict and named_parameters never see them.
 """
 
@@ -109,21 +112,57 @@ def adjacent_weight(arena: Arena, weights: Sequence) -> torch.Tensor | Quantized
     return QuantizedWeight(first.qtype, (raw.shape[0], first.shape[1]), raw, first.dtype)
 
 
+def adjacent_pair(arena: Arena, weights: Sequence):
+    """A gemv_dp4a.QuantizedPair over QuantizedWeights lying back to back in the arena whose
+    types form two runs (a, a, b or a, b, b) that matmul_pair takes; else None."""
+    from strata.engine.core.quant.weight import QuantizedWeight
+
+    if not all(isinstance(w, QuantizedWeight) for w in weights):
+        return None
+    types = [int(w.qtype) for w in weights]
+    split = next((i for i in range(1, len(types)) if types[i] != types[0]), None)
+    if (split is None or any(t != types[split] for t in types[split:])
+            or any(w.shape[1] != weights[0].shape[1] for w in weights)):
+        return None  # one type (adjacent_weight's), three runs, or other widths
+    start = weights[0].raw.data_ptr()
+    end = start
+    for w in weights:
+        if w.raw.data_ptr() != end or not w.raw.is_contiguous():
+            return None
+        end += w.raw.nbytes
+    if start < arena.base_address or end - arena.base_address > arena.reserved_bytes:
+        return None
+    # Imported here, at load: importing it decorates Triton kernels (quant/weight.py).
+    from strata.engine.core.quant import gemv_dp4a
+
+    rows = (sum(w.shape[0] for w in weights[:split]), sum(w.shape[0] for w in weights[split:]))
+    row_bytes = (weights[0].raw.shape[1], weights[split].raw.shape[1])
+    qtypes = (types[0], types[split])
+    if not gemv_dp4a.pair_supported(qtypes, row_bytes, weights[0].shape[1], start, rows[0]):
+        return None
+    raw = arena.tensor(start - arena.base_address, (end - start,), torch.uint8)
+    return gemv_dp4a.QuantizedPair(raw, qtypes, rows, row_bytes, weights[0].shape[1])
+
+
 def _fuse_attention(attn, arena: Arena) -> None:
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    weight = adjacent_weight(arena, [p.weight for p in projs])
+    weights = [p.weight for p in projs]
+    weight = adjacent_weight(arena, weights)
     has_bias = projs[0].bias is not None
     bias = adjacent_view(arena, [p.bias for p in projs]) if has_bias else None
-    if weight is None or (has_bias and bias is None):
-        weight = bias = None  # all or nothing: the unfused path handles this layer
-    _set_qkv(attn, weight, bias)
+    if has_bias and bias is None:
+        weight = None  # all or nothing: the unfused path handles this layer
+    pair = adjacent_pair(arena, weights) if weight is None and (bias is not None
+                                                                or not has_bias) else None
+    _set_qkv(attn, weight, bias if weight is not None or pair is not None else None)
+    attn.qkv_pair = pair
 
 
 def _set_qkv(attn, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:
     attn.qkv_weight = weight  # [Nq + Nk + Nv, H]
-    attn.qkv_bias = bias  # [Nq + Nk + Nv] or None
+    attn.qkv_bias = bias  # [Nq + Nk + Nv] or None (also the pair's, for qkv_pair)
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-    attn.qkv_sizes = None if weight is None else tuple(p.weight.shape[0] for p in projs)
+    attn.qkv_sizes = tuple(p.weight.shape[0] for p in projs)
 
 
 def attach_fused_views(model: torch.nn.Module, arena: Arena) -> dict[str, int]:
@@ -180,7 +219,8 @@ def fuse_by_copy(model: torch.nn.Module) -> dict[str, int]:
 def detach_fused_views(model: torch.nn.Module) -> None:
     """Set every fused view to None: the fast path then runs the separate projections."""
     for layer in model.model.layers:
-        for module, names in ((layer.self_attn, ("qkv_weight", "qkv_bias", "qkv_sizes")),
+        for module, names in ((layer.self_attn, ("qkv_weight", "qkv_bias", "qkv_sizes",
+                                                 "qkv_pair")),
                               (layer.mlp, ("gate_up_weight",))):
             for name in names:
                 if hasattr(module, name):
@@ -191,6 +231,13 @@ def fused_qkv(attn) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, int, 
     """(weight [Nq+Nk+Nv, H], bias or None, (Nq, Nk, Nv)) when attn has a fused view, else None."""
     weight = getattr(attn, "qkv_weight", None)
     return None if weight is None else (weight, attn.qkv_bias, attn.qkv_sizes)
+
+
+def fused_qkv_pair(attn):
+    """(gemv_dp4a.QuantizedPair, bias or None, (Nq, Nk, Nv)) when attn's q/k/v blocks are
+    two types in two runs back to back, else None."""
+    pair = getattr(attn, "qkv_pair", None)
+    return None if pair is None else (pair, attn.qkv_bias, attn.qkv_sizes)
 
 
 def fused_gate_up(mlp) -> torch.Tensor | None:

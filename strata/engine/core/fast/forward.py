@@ -6,7 +6,8 @@ Same modules and weights as models/decoder.py (the numerical reference), differe
 past the position. Nothing in it reads a value back to the host, so a CUDA graph captured once
 per bucket replays for every position inside that bucket. The chunked prefill is prefill.py.
 Where the weights arena holds q/k/v (gate/up) back to back, one GEMM over the fused view
-(fused_views.py) replaces three (two); the outputs are split into views, never copied.
+(fused_views.py) replaces three (two); the outputs are split into views, never copied. q/k/v
+blocks of two types take one dp4a launch for one token (gemv_dp4a.matmul_pair).
 """
 
 from __future__ import annotations
@@ -21,10 +22,17 @@ from strata.engine.core.fast.decode_attention import (
 )
 from strata.engine.core.fast.moe_grouped import moe_forward
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
-from strata.engine.core.fused_views import fused_gate_up, fused_qkv
+from strata.engine.core.fused_views import fused_gate_up, fused_qkv, fused_qkv_pair
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.core.quant import weight as qweight
+
+
+def gemv_dp4a():
+    """quant/gemv_dp4a.py, imported on first use (it decorates Triton kernels: quant/weight.py)."""
+    from strata.engine.core.quant import gemv_dp4a as module
+
+    return module
 
 
 def head_weight(model) -> torch.Tensor:
@@ -56,6 +64,10 @@ def project_qkv(attn, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS):
     """
     fused = fused_qkv(attn)
     if fused is None:
+        paired = fused_qkv_pair(attn)
+        if paired is not None and gemv_dp4a().is_pair_enabled(x):  # one token, two types
+            pair, bias, sizes = paired
+            return gemv_dp4a().matmul_pair(x, pair, bias).split(sizes, dim=-1)
         return tuple(linear(x, p.weight, p.bias, ops)
                      for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     weight, bias, sizes = fused

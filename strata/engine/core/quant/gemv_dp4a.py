@@ -28,6 +28,7 @@ integer sums, so the tests check the layout and the scales of the compiled kerne
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -140,6 +141,49 @@ if triton is not None:
                                   key=("N", "num_groups", "QTYPE"))
               for qtype, configs in CONFIGS.items()}
 
+    @triton.jit
+    def _dp4a_pair_kernel(
+        xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, lut_ptr, b_ptr, out_ptr, N_A, N_B,
+        ROW_BYTES_A, ROW_BYTES_B, B_OFFSET, num_groups_a, num_groups_b,
+        QTYPE_A: tl.constexpr, GROUP_A: tl.constexpr, QTYPE_B: tl.constexpr,
+        GROUP_B: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+        EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        STAGES: tl.constexpr,
+    ):
+        """_dp4a_kernel over two runs of rows of two types lying back to back (part b from
+        B_OFFSET bytes): the first programs take part a's rows, the rest part b's; output row
+        N_A + r is part b's row r."""
+        pdl_wait(USE_PDL)
+        pid = tl.program_id(0)
+        programs_a = tl.cdiv(N_A, BLOCK_ROWS)
+        local = tl.arange(0, BLOCK_ROWS)
+        if pid < programs_a:
+            rows = pid * BLOCK_ROWS + local
+            row_off = (tl.minimum(rows, N_A - 1).to(tl.int64) * ROW_BYTES_A)[:, None, None]
+            total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr,
+                             num_groups_a, QTYPE_A, GROUP_A, BLOCK_ROWS, BLOCK_COLS, STAGES,
+                             EMULATE)
+            ok = rows < N_A
+            out_rows = rows
+        else:
+            rows = (pid - programs_a) * BLOCK_ROWS + local
+            row_off = (B_OFFSET + tl.minimum(rows, N_B - 1).to(tl.int64)
+                       * ROW_BYTES_B)[:, None, None]
+            total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr,
+                             num_groups_b, QTYPE_B, GROUP_B, BLOCK_ROWS, BLOCK_COLS, STAGES,
+                             EMULATE)
+            ok = rows < N_B
+            out_rows = N_A + rows
+        if HAS_BIAS:
+            total += tl.load(b_ptr + out_rows, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + out_rows, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+    # Candidates every type can take: IQ2_XXS's where a part is IQ2_XXS, else the wide ones.
+    _pair_tuned = {iq2: launch.tuned(_dp4a_pair_kernel,
+                                     _candidates(_IQ2_CONFIGS if iq2 else _WIDE_CONFIGS),
+                                     key=("N_A", "N_B", "num_groups_a", "QTYPE_A", "QTYPE_B"))
+                   for iq2 in (False, True)}
+
 
 def quantize_x(x: torch.Tensor, use_pdl: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -159,6 +203,73 @@ def quantize_x(x: torch.Tensor, use_pdl: bool = False
         x, q, d, s, s16, x.stride(0), num_cols, BLOCK_SUBS=QUANTIZE_SUBS,
         **pdl.launch_options(use_pdl))
     return q, d, s, s16
+
+
+@dataclass(frozen=True)
+class QuantizedPair:
+    """Two runs of rows of two GGML types lying back to back in one buffer: Q4_K_M's q and
+    k (Q4_K) then v (Q6_K), or an IQ2_XXS mix's q and k then a Q4_K v. `matmul_pair`
+    multiplies both by one token in one launch, x rounded once, where separately each
+    product is a launch and a rounding of its own."""
+
+    raw: torch.Tensor  # uint8 [bytes of both parts], from part a's first byte
+    qtypes: tuple[int, int]
+    rows: tuple[int, int]
+    row_bytes: tuple[int, int]
+    num_cols: int
+
+    @property
+    def b_offset_bytes(self) -> int:
+        return self.rows[0] * self.row_bytes[0]
+
+
+def pair_supported(qtypes: tuple[int, int], row_bytes: tuple[int, int], num_cols: int,
+                   base_address: int, rows_a: int) -> bool:
+    """Whether matmul_pair takes such a pair: dp4a types both, a 4-aligned base, and part b
+    starting where its type can be read (4-aligned for Q4_K and Q5_K, else even)."""
+    b_start = base_address + rows_a * row_bytes[0]
+    needed_b = 4 if qtypes[1] in (12, 13) else 2
+    return (triton is not None and all(int(t) in DP4A_TYPES for t in qtypes)
+            and all(num_cols % GROUP_VALUES[int(t)] == 0 for t in qtypes)
+            and base_address % 4 == 0 and b_start % needed_b == 0)
+
+
+def is_pair_enabled(x: torch.Tensor) -> bool:
+    """One bf16/fp16 token that dp4a may round (is_dtype_enabled)."""
+    return x.shape[0] == 1 and is_dtype_enabled(x)
+
+
+def matmul_pair(x: torch.Tensor, pair: QuantizedPair,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [1, K] @ [A; B]^T (+ bias) for the pair's two parts: [1, rows a + rows b] in x's
+    dtype, each row as `matmul` gives it for its own part."""
+    num_tokens, num_cols = x.shape
+    if num_tokens != 1 or num_cols != pair.num_cols:
+        raise ValueError(f"matmul_pair takes one token of {pair.num_cols} values, got "
+                         f"{tuple(x.shape)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    (qtype_a, qtype_b), (rows_a, rows_b) = pair.qtypes, pair.rows
+    xq, xd, xs, xs16 = quantize_x(x)
+    out = torch.empty(1, rows_a + rows_b, dtype=x.dtype, device=x.device)
+    iq2 = 16 in pair.qtypes
+    if launch.is_interpreting():
+        rows, cols, warps, stages = interpreter_config(max(rows_a, rows_b), num_cols,
+                                                       max(pair.qtypes, key=GROUP_VALUES.get))[0]
+        candidates = _candidates(((rows, cols, warps, stages),))
+    else:
+        candidates = _candidates(_IQ2_CONFIGS if iq2 else _WIDE_CONFIGS)
+    launch.launch(
+        _pair_tuned[iq2],
+        lambda block: (triton.cdiv(rows_a, block) + triton.cdiv(rows_b, block),),
+        candidates,
+        xq.view(torch.int32), xd, xs, xs16, pair.raw, lookup_table(x.device),
+        bias if bias is not None else x, out, rows_a, rows_b, pair.row_bytes[0],
+        pair.row_bytes[1], pair.b_offset_bytes, num_cols // GROUP_VALUES[qtype_a],
+        num_cols // GROUP_VALUES[qtype_b], QTYPE_A=qtype_a, GROUP_A=GROUP_VALUES[qtype_a],
+        QTYPE_B=qtype_b, GROUP_B=GROUP_VALUES[qtype_b], HAS_BIAS=bias is not None,
+        EMULATE=launch.is_interpreting())
+    return out
 
 
 def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,

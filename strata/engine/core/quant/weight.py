@@ -275,6 +275,7 @@ def warm_up_quantized(model: nn.Module) -> int:
             uses.append((module.qkv_weight, module.qkv_bias, True))
         if isinstance(getattr(module, "gate_up_weight", None), QuantizedWeight):
             uses.append((module.gate_up_weight, None, True))
+        _warm_up_pair(module, seen)
         for weight, bias, prefills in uses:
             # The blocks' alignment picks the dequantizer's kernel (dequant.kernel_for).
             key = (weight.qtype, weight.shape, bias is not None, prefills,
@@ -289,6 +290,21 @@ def warm_up_quantized(model: nn.Module) -> int:
                 for n0, n1 in row_pieces(weight):
                     _dequantized_piece(weight, n0, n1)
     return len(seen)
+
+
+def _warm_up_pair(attn: nn.Module, seen: set[tuple]) -> None:
+    """One token through attn's q/k/v pair (fused_views.adjacent_pair), if decode takes it."""
+    pair = getattr(attn, "qkv_pair", None)
+    if pair is None:
+        return
+    from strata.engine.core.quant import gemv_dp4a
+
+    bias = attn.qkv_bias
+    x = torch.zeros(1, pair.num_cols, dtype=attn.q_proj.weight.dtype, device=pair.raw.device)
+    key = ("pair", pair.qtypes, pair.rows, pair.num_cols, bias is not None)
+    if key not in seen and gemv_dp4a.is_pair_enabled(x):
+        seen.add(key)
+        gemv_dp4a.matmul_pair(x, pair, bias)
 
 
 def compute_dtype(module: nn.Module) -> torch.dtype:
