@@ -11,13 +11,17 @@ sort, experts, sum) per token count, through expert_gemm.py and through expert_g
 (fast/expert_graphs.py, as called prefills run it), forced by the crossover constants;
 the crossover to set is the first rows-per-expert where the replayed path wins. With
 --profile, each path's kernels at each token count by torch.profiler (profile_decode's
-table): which launches the time goes to.
+table): which launches the time goes to. With --scratch-mib, the replayed path again per
+expert scratch size (expert_grouped.EXPERT_SCRATCH_BYTES, which sets the experts a group):
+whether smaller groups, whose dequantized weights might stay in L2, or larger ones, with
+fewer launches, are faster.
 
 Random valid blocks (bench/gguf_pools.py's pools, repeated). Median times of
 triton.testing.do_bench. Prints tables, writes JSON to --out.
 
     python bench/diag_dequant.py [--part dequant|moe|both] [--types Q4_K,Q6_K,...]
-        [--tokens 128,256,512,1024,2048,4096] [--profile] [--out diag-dequant.json]
+        [--tokens 128,256,512,1024,2048,4096] [--profile] [--scratch-mib 24,48,96,192]
+        [--out diag-dequant.json]
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", default="128,256,512,1024,2048,4096")
     parser.add_argument("--profile", action="store_true",
                         help="part (b): per-kernel CUDA time of each path (torch.profiler)")
+    parser.add_argument("--scratch-mib", default="",
+                        help="part (b): the replayed path again at these expert scratch sizes")
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     from gguf import GGMLQuantizationType
@@ -58,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.types = [GGMLQuantizationType[t] for t in args.types.split(",")]
     args.moe_types = [GGMLQuantizationType[t] for t in args.moe_types.split(",")]
     args.tokens = [int(t) for t in args.tokens.split(",")]
-    if len(args.moe_types) != 3 or min(args.tokens) < 1:
-        parser.error("--moe-types takes gate,up,down; --tokens positive counts")
+    args.scratch_mib = [int(m) for m in args.scratch_mib.split(",") if m]
+    if len(args.moe_types) != 3 or min(args.tokens) < 1 or min(args.scratch_mib, default=1) < 1:
+        parser.error("--moe-types takes gate,up,down; --tokens and --scratch-mib positive counts")
     return args
 
 
@@ -165,16 +172,13 @@ def _profile(title: str, run, calls: int = 5) -> None:
           f"{len(syncs)} synchronizing calls{': ' + ', '.join(sorted(set(syncs))) if syncs else ''}")
 
 
-def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
+def _moe_layer(types):
+    """A Qwen3-30B-A3B-shaped SparseMoE on the GPU whose experts hold random blocks of
+    types (gate, up, down), and those three QuantizedExperts."""
     import torch
 
-    from strata.engine.core.fast import moe_prefill
-    from strata.engine.core.fast.expert_graphs import ExpertGraphs
-    from strata.engine.core.fast.pointwise import PointwiseOps
     from strata.engine.core.models.switch import SparseMoE
-    from strata.engine.core.quant import expert_grouped
     from strata.engine.core.quant.experts import QuantizedExperts
-    from strata.engine.core.quant.weight import reserve_scratch
 
     e, h, i, k = (MOE_SHAPE[key] for key in ("experts", "hidden", "inter", "top_k"))
     moe = SparseMoE(h, i, e, k, True).to(DEVICE).bfloat16()
@@ -184,6 +188,20 @@ def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
     for name, stack in zip(("gate_proj", "up_proj", "down_proj"), stacks):
         del moe.experts._parameters[name]
         setattr(moe.experts, name, stack)
+    return moe, stacks
+
+
+def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
+    import torch
+
+    from strata.engine.core.fast import moe_prefill
+    from strata.engine.core.fast.expert_graphs import ExpertGraphs
+    from strata.engine.core.fast.pointwise import PointwiseOps
+    from strata.engine.core.quant import expert_grouped
+    from strata.engine.core.quant.weight import reserve_scratch
+
+    e, h, k = (MOE_SHAPE[key] for key in ("experts", "hidden", "top_k"))
+    moe, stacks = _moe_layer(types)
     print(f"grouped path: {expert_grouped.experts_per_group(*stacks)} experts a group")
     reserve_scratch(torch.device(DEVICE), torch.bfloat16, expert_grouped.scratch_numel(*stacks))
     moe_prefill.warm_up_quantized(moe)  # compiles and autotunes both paths, as the load does
@@ -237,6 +255,47 @@ def moe_rows(types, token_counts, profiled: bool = False) -> list[dict]:
     return rows
 
 
+def group_rows(types, token_counts, scratch_mibs: list[int]) -> list[dict]:
+    """The replayed grouped path per expert scratch size: its time and how far its output is
+    from the default size's (per expert the same products, so it should be equal or nearly)."""
+    import torch
+
+    from strata.engine.core.fast import moe_prefill
+    from strata.engine.core.fast.expert_graphs import ExpertGraphs
+    from strata.engine.core.fast.pointwise import PointwiseOps
+    from strata.engine.core.quant import expert_grouped
+
+    moe, stacks = _moe_layer(types)
+    moe_prefill.warm_up_quantized(moe)
+    saved = (expert_grouped.EXPERT_SCRATCH_BYTES, expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT,
+             expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT)
+    xs = {t: torch.randn(t, MOE_SHAPE["hidden"], device=DEVICE, dtype=torch.bfloat16)
+          for t in token_counts}
+    rows, reference = [], {}
+    print(f"{'scratch_mib':>11} {'group':>5} {'tokens':>6} {'replayed_us':>11}  max_diff")
+    try:
+        expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = 0
+        expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT = 0
+        for mib in [saved[0] >> 20, *scratch_mibs]:  # the default first: the reference
+            expert_grouped.EXPERT_SCRATCH_BYTES = mib << 20
+            group = expert_grouped.experts_per_group(*stacks)
+            ops = PointwiseOps(grouped_experts=ExpertGraphs(
+                torch.device(DEVICE), max(token_counts), MOE_SHAPE["top_k"]).experts_mlp)
+            for tokens, x in xs.items():
+                for _ in range(2):  # warm up, then capture
+                    out = moe_prefill.moe_block(moe, x, ops).clone()
+                us = _ms(lambda x=x, ops=ops: moe_prefill.moe_block(moe, x, ops)) * 1e3
+                reference.setdefault(tokens, out)
+                diff = (out.float() - reference[tokens].float()).abs().max().item()
+                rows.append({"scratch_mib": mib, "experts_a_group": group, "tokens": tokens,
+                             "replayed_us": round(us, 1), "max_diff": diff})
+                print(f"{mib:11d} {group:5d} {tokens:6d} {us:11.1f}  {diff:.3g}", flush=True)
+    finally:
+        (expert_grouped.EXPERT_SCRATCH_BYTES, expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT,
+         expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT) = saved
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
@@ -253,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("moe", "both"):
         result.update(moe_shape=MOE_SHAPE, moe_types=[t.name for t in args.moe_types],
                       moe=moe_rows(args.moe_types, args.tokens, args.profile))
+        if args.scratch_mib:
+            result["groups"] = group_rows(args.moe_types, args.tokens, args.scratch_mib)
     result["elapsed_s"] = round(time.perf_counter() - started_s, 1)
     text = json.dumps(result)
     print(text)
