@@ -1,7 +1,7 @@
 """The dequantizer (quant/dequant.py) and the MoE prefill's two quantized paths compiled on
 the GPU: bit for bit against gguf-py at Llama-3-8B's and Qwen3-30B-A3B's shapes, per type,
 for every tile candidate the autotuner may pick; expert_gemm and the grouped path
-(quant/expert_grouped.py, 16 experts a group) against torch on the dequantized experts at
+(quant/expert_grouped.py, 32 experts a group) against torch on the dequantized experts at
 Qwen3-30B-A3B's shape, through moe_prefill's per-call choice; a CUDA graph of the grouped
 path replayed with new routing; and the load's scratch reservation (no growth in prefill).
 
@@ -171,7 +171,7 @@ def _assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
 def test_cuda_both_prefill_paths_match_torch_at_qwen3_30b_a3b_shape(monkeypatch,
                                                                     counted_paths) -> None:
     """512 tokens (4096 routed rows) through moe_prefill.experts_sorted: the grouped path
-    with the crossover lowered to 8 rows per expert (8 groups of 16 experts), then
+    with the crossover lowered to 8 rows per expert (4 groups of 32 experts), then
     expert_gemm at the default crossover; both within bf16 rounding of torch on gguf-py's
     float32 experts."""
     from strata.engine.core.fast import moe_prefill
@@ -181,7 +181,7 @@ def test_cuda_both_prefill_paths_match_torch_at_qwen3_30b_a3b_shape(monkeypatch,
         monkeypatch.setattr(tuned, "configs", tuned.configs[:1])  # minutes of compiles else
     blocks, dense = _layer(with_reference=True)
     moe = moe_stub(*blocks, top_k=TOP_K)
-    assert expert_grouped.experts_per_group(*blocks) == 16
+    assert expert_grouped.experts_per_group(*blocks) == 32
     x, weights, ids = _routing(512, seed=0)
     expected = _reference(x, weights, ids, dense)
     default = expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT

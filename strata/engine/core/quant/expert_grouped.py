@@ -8,8 +8,8 @@ Qwen3-30B-A3B). Past a few rows per expert, dequantizing every expert once at me
 routed rows (DEQUANT_MIN_ROWS_PER_EXPERT).
 
 VRAM stays bounded: EXPERT_SCRATCH_BYTES holds gate and up side by side ([G, 2I, H]) for G
-experts, then their down projections; the experts go through in groups of G (16 for
-Qwen3-30B-A3B: 96 MiB, against 1.1 GiB for every expert's three projections). The rows come
+experts, then their down projections; the experts go through in groups of G (32 for
+Qwen3-30B-A3B: 192 MiB, against 1.1 GiB for every expert's three projections). The rows come
 sorted by expert (offsets [E], cumulative ends, on the device), so a group's rows are one
 contiguous run whose start only the device knows. Per group, without a host sync:
 
@@ -24,7 +24,7 @@ contiguous run whose start only the device knows. Per group, without a host sync
 
 What the groups cost: a copy of each routed row in and out (2 R H values in all: a few
 percent of the layer at 512 tokens), two row-move kernels and one activation kernel per group
-whose surplus programs exit at once, and grouped GEMMs of 16 experts at a time instead of
+whose surplus programs exit at once, and grouped GEMMs of 32 experts at a time instead of
 128. Every launch has a fixed grid, so a CUDA graph replays any routing.
 
 Imported on first use (like kernels.py): importing it decorates Triton kernels.
@@ -45,10 +45,13 @@ try:
 except ImportError:
     triton = None
 
-# The dequantized experts of one group: 96 MiB is 16 of Qwen3-30B-A3B's (gate + up: 6 MiB
-# each in bf16), under 1% of its 18.6 GB Q4_K_M file; a model whose expert needs more holds
-# one expert's at a time.
-EXPERT_SCRATCH_BYTES = 96 << 20
+# The dequantized experts of one group: 192 MiB is 32 of Qwen3-30B-A3B's (gate + up: 6 MiB
+# each in bf16), 1% of its 18.6 GB Q4_K_M file; a model whose expert needs more holds one
+# expert's at a time. Larger groups mean fewer launches and larger GEMMs; smaller ones never
+# won by staying in L2. Run 23d (bench/diag_dequant.py --part moe --scratch-mib, replayed,
+# 512 / 4096 tokens, us a layer): 2 experts 4706 / 5501, 4: 2766 / 3481, 8: 1843 / 2853,
+# 16: 1587 / 2434, 32: 1301 / 2220, 128: 1208 / 2068 (at 768 MiB: 4x the VRAM for 7%).
+EXPERT_SCRATCH_BYTES = 192 << 20
 # Routed rows per expert from which the dequantize-then-grouped path runs (below it
 # expert_gemm.py). Measured on the H200 (bench/diag_dequant.py --part moe, Qwen3-30B-A3B's
 # layer in Q4_K/Q4_K/Q6_K, twelfth session): expert_gemm against this path 1.65 / 6.87 ms
