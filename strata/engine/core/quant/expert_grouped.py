@@ -47,10 +47,10 @@ except ImportError:
 
 # The dequantized experts of one group: 192 MiB is 32 of Qwen3-30B-A3B's (gate + up: 6 MiB
 # each in bf16), 1% of its 18.6 GB Q4_K_M file; a model whose expert needs more holds one
-# expert's at a time. Larger groups mean fewer launches and larger GEMMs; smaller ones never
-# won by staying in L2. Run 23d (bench/diag_dequant.py --part moe --scratch-mib, replayed,
-# 512 / 4096 tokens, us a layer): 2 experts 4706 / 5501, 4: 2766 / 3481, 8: 1843 / 2853,
-# 16: 1587 / 2434, 32: 1301 / 2220, 128: 1208 / 2068 (at 768 MiB: 4x the VRAM for 7%).
+# expert's at a time. Larger groups mean fewer launches and larger GEMMs; smaller ones did
+# not win by staying in L2. Why 32 (bench/diag_dequant.py --scratch-mib, docs/benchmarks.md
+# run 23): 18% faster a layer than 16 at 512 tokens, 9% at 4096; all 128 at once would buy
+# 7% more for four times the VRAM.
 EXPERT_SCRATCH_BYTES = 192 << 20
 # Routed rows per expert from which the dequantize-then-grouped path runs (below it
 # expert_gemm.py). Measured on the H200 (bench/diag_dequant.py --part moe, Qwen3-30B-A3B's
