@@ -8,6 +8,9 @@ import torch
 
 from strata.engine.core.loader import inspect_model
 from strata.engine.core.loader.quant_plan import (
+    EXPERT_SCRATCH_BYTES,
+    estimate_vram,
+    experts_per_group,
     is_quantizable,
     keeps_blocks,
     kv_bytes,
@@ -67,7 +70,8 @@ def test_info_shows_the_vram_a_quantized_file_will_hold(tmp_path) -> None:
 
 def test_info_counts_quantized_experts_as_stored(tmp_path) -> None:
     """Stacked experts stay in their blocks on a GPU: stored bytes, and the workspace holds
-    one projection of a layer's experts dequantized (what a prefill multiplies)."""
+    a group of a layer's experts' gate and up dequantized (the grouped prefill's scratch:
+    all 8 of this tiny model's fit one group)."""
     import transformers
 
     torch.manual_seed(0)
@@ -81,4 +85,21 @@ def test_info_counts_quantized_experts_as_stored(tmp_path) -> None:
     expected = sum(int(t.n_bytes) if keeps_blocks(t.name, t.tensor_type.name)
                    else int(t.n_elements) * 2 for t in reader.tensors)
     assert vram.weights_bytes == expected
-    assert vram.workspace_bytes == 8 * 32 * 64 * 2  # [E, I, H] of one projection, bf16
+    assert vram.workspace_bytes == 8 * 2 * 32 * 64 * 2  # [E, 2I, H] gate and up, bf16
+
+
+def test_the_expert_workspace_is_the_grouped_prefills_scratch_at_qwen3_30b_a3b_shape() -> None:
+    """48 layers of 128 Q4_K_M experts (gate and up [768, 2048], down [2048, 768]): 32
+    experts' gate and up fit the 192 MiB scratch, which is the workspace, as the engine
+    reserves it (quant/expert_grouped.scratch_numel), not a whole projection's 384 MiB."""
+    experts, inter, hidden = 128, 768, 2048
+    numel = experts * inter * hidden
+    tensors = [(f"blk.{i}.ffn_{p}_exps.weight", q, numel, numel * 9 // 16, experts)
+               for i in range(48) for p, q in (("gate", "Q4_K"), ("up", "Q4_K"),
+                                               ("down", "Q6_K"))]
+    tensors.append(("blk.0.attn_q.weight", "Q4_K", 4096 * hidden, 4096 * hidden // 2, 4096))
+    vram = estimate_vram(tensors, 0)
+    assert experts_per_group(experts, 2 * inter * hidden, 2) == 32
+    assert vram.workspace_bytes == EXPERT_SCRATCH_BYTES == 32 * 2 * inter * hidden * 2
+    # A model whose one expert outgrows the scratch still holds one expert's at a time.
+    assert experts_per_group(8, EXPERT_SCRATCH_BYTES, 2) == 1

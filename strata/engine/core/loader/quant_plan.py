@@ -20,6 +20,14 @@ KERNEL_QUANT_TYPES = (
 )  # fmt: skip
 FLOAT_TYPES = ("F32", "F16", "BF16")
 COMPUTE_ITEMSIZE_BYTES = 2  # bf16 on a GPU: what a float or dequantized tensor costs
+# The grouped MoE prefill's scratch (quant/expert_grouped.py): the dequantized gate and up of
+# a group of experts, then their down projections. 192 MiB is 32 of Qwen3-30B-A3B's (6 MiB
+# each in bf16), 1% of its 18.6 GB Q4_K_M file; a model whose expert needs more holds one
+# expert's at a time. Larger groups mean fewer launches and larger GEMMs; smaller ones did
+# not win by staying in L2. Why 32 (bench/diag_dequant.py --scratch-mib, docs/benchmarks.md
+# run 23): 18% faster a layer than 16 at 512 tokens, 9% at 4096; all 128 at once would buy
+# 7% more for four times the VRAM.
+EXPERT_SCRATCH_BYTES = 192 << 20
 DEFAULT_MAX_CONTEXT_TOKENS = 8192  # the engine's context when none is configured (capped)
 
 # Tensors a linear layer, the embedding or the expert matmuls read (canonical HF names): they
@@ -30,6 +38,8 @@ _QUANTIZABLE = re.compile(
     r"model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight|"
     r"model\.layers\.\d+\.mlp\.experts\.(gate|up|down)_proj)$"
 )
+# A layer's stacked experts in GGUF names: (layer, projection).
+_EXPERT_STACK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 # The same in GGUF names, for `strata info` (which reads no config to map names): stacked
 # experts (ffn_*_exps) and the per-expert tensors of old Mixtral files (ffn_*.E) included.
 _QUANTIZABLE_GGUF = re.compile(
@@ -54,8 +64,8 @@ class VramEstimate:
 
     weights_bytes: int  # as stored for kept blocks, bf16 for the rest
     kv_bytes: int  # one cache slot filled to the configured context (others map as they grow)
-    # The prefill's dequantization scratch: the largest matrix, or one projection of a
-    # layer's experts (all of them, as resident experts are multiplied).
+    # The prefill's dequantization scratch: the largest matrix, or a group of a layer's
+    # experts' dequantized projections (experts_per_group), whichever is larger.
     workspace_bytes: int
     quantized_tensors: int  # how many tensors stay in their blocks
     dequantized_tensors: int  # quantized in the file, dequantized at load (no kernel)
@@ -63,6 +73,13 @@ class VramEstimate:
     @property
     def total_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.workspace_bytes
+
+
+def experts_per_group(num_experts: int, per_expert_values: int, itemsize: int,
+                      scratch_bytes: int = EXPERT_SCRATCH_BYTES) -> int:
+    """How many experts' dequantized projections (per_expert_values each: gate and up
+    together, or down if larger) a scratch of scratch_bytes holds at once (at least one)."""
+    return max(1, min(num_experts, scratch_bytes // (per_expert_values * itemsize)))
 
 
 def default_context_tokens(model_context_tokens: int) -> int:
@@ -80,15 +97,26 @@ def kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, context_tokens: 
 def estimate_vram(
     tensors: list[tuple[str, str, int, int, int]], kv_total_bytes: int
 ) -> VramEstimate:
-    """tensors: (gguf name, type name, elements, stored bytes, rows) per tensor."""
+    """tensors: (gguf name, type name, elements, stored bytes, rows) per tensor; a stacked
+    expert tensor's rows are its experts (the outermost of its GGUF dimensions)."""
     weights = workspace = kept = dequantized = 0
-    for name, type_name, numel, nbytes, _rows in tensors:
+    layers: dict[str, dict[str, int]] = {}  # a layer's kept expert stacks: values, experts
+    for name, type_name, numel, nbytes, rows in tensors:
         if keeps_blocks(name, type_name):
             weights += nbytes
             kept += 1
-            if not name.startswith(("token_embd", "output")):  # rows, or one token: no scratch
+            stacked = _EXPERT_STACK.match(name)
+            if stacked is not None:
+                layer = layers.setdefault(stacked.group(1), {"gate_up": 0, "down": 0})
+                layer["down" if stacked.group(2) == "down" else "gate_up"] += numel
+                layer["experts"] = rows
+            elif not name.startswith(("token_embd", "output")):  # rows, or one token: none
                 workspace = max(workspace, numel * COMPUTE_ITEMSIZE_BYTES)
         else:
             weights += numel * COMPUTE_ITEMSIZE_BYTES
             dequantized += type_name not in FLOAT_TYPES
+    for layer in layers.values():  # the grouped prefill's scratch (experts_per_group)
+        per_expert = max(layer["gate_up"], layer["down"]) // layer["experts"]
+        group = experts_per_group(layer["experts"], per_expert, COMPUTE_ITEMSIZE_BYTES)
+        workspace = max(workspace, group * per_expert * COMPUTE_ITEMSIZE_BYTES)
     return VramEstimate(weights, kv_total_bytes, workspace, kept, dequantized)

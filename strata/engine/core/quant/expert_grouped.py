@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from strata.engine.core.kernels import launch
+from strata.engine.core.loader import quant_plan
 from strata.engine.core.quant import dequant
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.weight import scratch_tensor
@@ -45,13 +46,9 @@ try:
 except ImportError:
     triton = None
 
-# The dequantized experts of one group: 192 MiB is 32 of Qwen3-30B-A3B's (gate + up: 6 MiB
-# each in bf16), 1% of its 18.6 GB Q4_K_M file; a model whose expert needs more holds one
-# expert's at a time. Larger groups mean fewer launches and larger GEMMs; smaller ones did
-# not win by staying in L2. Why 32 (bench/diag_dequant.py --scratch-mib, docs/benchmarks.md
-# run 23): 18% faster a layer than 16 at 512 tokens, 9% at 4096; all 128 at once would buy
-# 7% more for four times the VRAM.
-EXPERT_SCRATCH_BYTES = 192 << 20
+# The dequantized experts of one group (quant_plan.py says why 192 MiB); a module global
+# here so that a test or bench/diag_dequant.py can set another size.
+EXPERT_SCRATCH_BYTES = quant_plan.EXPERT_SCRATCH_BYTES
 # Routed rows per expert from which the dequantize-then-grouped path runs (below it
 # expert_gemm.py). Measured on the H200 (bench/diag_dequant.py --part moe, Qwen3-30B-A3B's
 # layer in Q4_K/Q4_K/Q6_K, twelfth session): expert_gemm against this path 1.65 / 6.87 ms
@@ -85,8 +82,8 @@ def experts_per_group(gate: QuantizedExperts, up: QuantizedExperts,
     """How many experts' dequantized projections the scratch holds at once (at least one)."""
     num_experts = gate.num_experts
     per_expert = max(gate.numel() + up.numel(), down.numel()) // num_experts
-    fitting = EXPERT_SCRATCH_BYTES // (per_expert * gate.dtype.itemsize)
-    return max(1, min(num_experts, fitting))
+    return quant_plan.experts_per_group(num_experts, per_expert, gate.dtype.itemsize,
+                                        EXPERT_SCRATCH_BYTES)
 
 
 def scratch_numel(gate: QuantizedExperts, up: QuantizedExperts,
