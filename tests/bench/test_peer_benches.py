@@ -128,6 +128,8 @@ def test_quant_bench_profiles_a_prefill_and_records_its_plan_on_the_cpu(tmp_path
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     strata = json.loads((tmp_path / "q.json").read_text())["strata"]
     assert strata["prefill_profile"]["tokens"] == 12 and strata["prefill_profile"]["wall_us"] > 0
+    runs = strata["prefill_16_runs_s"]  # the unmeasured first run, then --repeats 1
+    assert len(runs) == 2 and strata["prefill_16_s"] == runs[1] > 0
     assert "prefill of 12 tokens" in done.stdout
     assert strata["deferred"] == {"steps": [], "seconds": strata["deferred"]["seconds"]}
     assert strata["device"]["type"] == "cpu" and strata["device"]["torch"] == torch.__version__
