@@ -122,15 +122,12 @@ def adjacent_pair(arena: Arena, weights: Sequence):
     types = [int(w.qtype) for w in weights]
     split = next((i for i in range(1, len(types)) if types[i] != types[0]), None)
     if (split is None or any(t != types[split] for t in types[split:])
-            or any(w.shape[1] != weights[0].shape[1] for w in weights)):
-        return None  # one type (adjacent_weight's), three runs, or other widths
-    start = weights[0].raw.data_ptr()
-    end = start
-    for w in weights:
-        if w.raw.data_ptr() != end or not w.raw.is_contiguous():
-            return None
-        end += w.raw.nbytes
-    if start < arena.base_address or end - arena.base_address > arena.reserved_bytes:
+            or any(w.shape[1] != weights[0].shape[1] or not w.raw.is_contiguous()
+                   for w in weights)):
+        return None  # one type (adjacent_weight's), three runs, other widths or strides
+    # The two types' rows differ in bytes: one flat view over all of their blocks.
+    raw = adjacent_view(arena, [w.raw.view(-1) for w in weights])
+    if raw is None:
         return None
     # Imported here, at load: importing it decorates Triton kernels (quant/weight.py).
     from strata.engine.core.quant import gemv_dp4a
@@ -138,22 +135,20 @@ def adjacent_pair(arena: Arena, weights: Sequence):
     rows = (sum(w.shape[0] for w in weights[:split]), sum(w.shape[0] for w in weights[split:]))
     row_bytes = (weights[0].raw.shape[1], weights[split].raw.shape[1])
     qtypes = (types[0], types[split])
-    if not gemv_dp4a.pair_supported(qtypes, row_bytes, weights[0].shape[1], start, rows[0]):
+    if not gemv_dp4a.pair_supported(qtypes, row_bytes, weights[0].shape[1], raw.data_ptr(),
+                                    rows[0]):
         return None
-    raw = arena.tensor(start - arena.base_address, (end - start,), torch.uint8)
     return gemv_dp4a.QuantizedPair(raw, qtypes, rows, row_bytes, weights[0].shape[1])
 
 
 def _fuse_attention(attn, arena: Arena) -> None:
     projs = (attn.q_proj, attn.k_proj, attn.v_proj)
     weights = [p.weight for p in projs]
-    weight = adjacent_weight(arena, weights)
     has_bias = projs[0].bias is not None
     bias = adjacent_view(arena, [p.bias for p in projs]) if has_bias else None
-    if has_bias and bias is None:
-        weight = None  # all or nothing: the unfused path handles this layer
-    pair = adjacent_pair(arena, weights) if weight is None and (bias is not None
-                                                                or not has_bias) else None
+    fusable = bias is not None or not has_bias  # all or nothing: else the unfused path
+    weight = adjacent_weight(arena, weights) if fusable else None
+    pair = adjacent_pair(arena, weights) if fusable and weight is None else None
     _set_qkv(attn, weight, bias if weight is not None or pair is not None else None)
     attn.qkv_pair = pair
 
