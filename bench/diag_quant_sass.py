@@ -65,12 +65,16 @@ def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int
                        attrs={(index[k],): [["tt.divisibility", 16]] for k in divisible})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps})
+    return _cuobjdump(compiled, "-sass"), compiled.asm["ttgir"].count("convert_layout")
+
+
+def _cuobjdump(compiled, flag: str) -> str:
+    """cuobjdump's output (Triton's own copy of the tool) for a compiled kernel's cubin."""
     cubin = Path("/tmp/strata_quant_sass.cubin")
     cubin.write_bytes(compiled.asm["cubin"])
     tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    sass = subprocess.run([str(tool), "-sass", str(cubin)], capture_output=True, text=True,
+    return subprocess.run([str(tool), flag, str(cubin)], capture_output=True, text=True,
                           check=True).stdout
-    return sass, compiled.asm["ttgir"].count("convert_layout")
 
 
 _GEMM_SIGNATURE = {"x_ptr": "*bf16", "offsets_ptr": "*i32", "row_w_ptr": "*bf16",
@@ -105,11 +109,7 @@ def expert_gemm_resources(qtype: int, config: tuple[int, ...]) -> str:
                               for k in (*pointers, "N", "K")})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
-    cubin = Path("/tmp/strata_expert_gemm.cubin")
-    cubin.write_bytes(compiled.asm["cubin"])
-    tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True,
-                           text=True, check=True).stdout
+    usage = _cuobjdump(compiled, "-res-usage")
     return next(line.strip() for line in usage.splitlines() if "REG:" in line)
 
 
