@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.engine.core.quant import gemv_dp4a, kernels
 from strata.engine.core.quant.weight import QuantizedWeight, qlinear
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import random_blocks, random_pair
 
 
 def _int8_rounded(x: torch.Tensor) -> torch.Tensor:
@@ -139,21 +139,13 @@ def test_a_pair_of_types_in_one_launch_equals_their_separate_products(
         type_a: QT, rows_a: int, type_b: QT, rows_b: int, cols: int) -> None:
     """matmul_pair over two runs of rows of two types back to back: every row as matmul
     gives it for its own part (the same int8 x, the same sums), bias included."""
-    raw_a = random_blocks(type_a, rows_a, cols, seed=1, scale=0.02)
-    raw_b = random_blocks(type_b, rows_b, cols, seed=2, scale=0.02)
-    both = torch.from_numpy(np.concatenate([raw_a.reshape(-1), raw_b.reshape(-1)]))
+    raw_a, raw_b, pair = random_pair(type_a, rows_a, type_b, rows_b, cols, seed=1, scale=0.02)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(3)).half()
     bias = torch.randn(rows_a + rows_b, generator=torch.Generator().manual_seed(4)).half()
-    row_bytes = (raw_a.shape[1], raw_b.shape[1])
-    qtypes = (int(type_a), int(type_b))
-    assert gemv_dp4a.pair_supported(qtypes, row_bytes, cols, both.data_ptr(), rows_a)
-    pair = gemv_dp4a.QuantizedPair(both, qtypes, (rows_a, rows_b), row_bytes, cols)
     assert gemv_dp4a.is_pair_enabled(x)
     got = gemv_dp4a.matmul_pair(x, pair, bias)
-    expected = torch.cat([gemv_dp4a.matmul(x, torch.from_numpy(raw_a), type_a, rows_a,
-                                           bias[:rows_a]),
-                          gemv_dp4a.matmul(x, torch.from_numpy(raw_b), type_b, rows_b,
-                                           bias[rows_a:])], dim=1)
+    expected = torch.cat([gemv_dp4a.matmul(x, raw_a, type_a, rows_a, bias[:rows_a]),
+                          gemv_dp4a.matmul(x, raw_b, type_b, rows_b, bias[rows_a:])], dim=1)
     assert got.shape == (1, rows_a + rows_b)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 

@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as QT
 from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
 from strata.engine.protocol import SamplingSpec
 from tests.gpu.gpu_helpers import MIB, nvml_used_bytes
-from tests.helpers.quant_blocks import random_blocks
+from tests.helpers.quant_blocks import random_blocks, random_pair
 
 pytestmark = pytest.mark.gpu
 
@@ -168,19 +168,14 @@ def test_cuda_a_pair_of_types_equals_its_separate_products_and_replays(
     rounding), and replayed from a CUDA graph with new x like its eager product."""
     from strata.engine.core.quant import gemv_dp4a
 
-    raw_a = random_blocks(type_a, rows_a, cols, seed=5, scale=0.01)
-    raw_b = random_blocks(type_b, rows_b, cols, seed=6, scale=0.01)
-    both = torch.from_numpy(np.concatenate([raw_a.reshape(-1), raw_b.reshape(-1)])).cuda()
-    row_bytes = (raw_a.shape[1], raw_b.shape[1])
-    qtypes = (int(type_a), int(type_b))
-    assert gemv_dp4a.pair_supported(qtypes, row_bytes, cols, both.data_ptr(), rows_a)
-    pair = gemv_dp4a.QuantizedPair(both, qtypes, (rows_a, rows_b), row_bytes, cols)
+    raw_a, raw_b, pair = random_pair(type_a, rows_a, type_b, rows_b, cols, seed=5,
+                                     scale=0.01, device="cuda")
     x = torch.randn(1, cols, device="cuda").bfloat16()
     bias = torch.randn(rows_a + rows_b, device="cuda").bfloat16()
     got = gemv_dp4a.matmul_pair(x, pair, bias).float()
     expected = torch.cat([
-        gemv_dp4a.matmul(x, torch.from_numpy(raw_a).cuda(), type_a, rows_a, bias[:rows_a]),
-        gemv_dp4a.matmul(x, torch.from_numpy(raw_b).cuda(), type_b, rows_b, bias[rows_a:])],
+        gemv_dp4a.matmul(x, raw_a, type_a, rows_a, bias[:rows_a]),
+        gemv_dp4a.matmul(x, raw_b, type_b, rows_b, bias[rows_a:])],
         dim=1).float()
     assert (got - expected).abs().max().item() <= 8e-3 * expected.abs().max().item()
     side = torch.cuda.Stream()

@@ -78,3 +78,21 @@ def alternating_mix(even: tuple[str, str, str], odd: tuple[str, str, str]) -> di
 # K- and I-quants, gate and up of different types, down's changing per layer (Q4_K_M-like):
 # layers 0 and 2 store their experts in one size, 1 and 3 in another.
 K_AND_I_MIX = alternating_mix(("IQ2_XXS", "Q4_K", "Q6_K"), ("IQ3_S", "Q4_K", "Q4_K"))
+
+
+def random_pair(type_a: QT, rows_a: int, type_b: QT, rows_b: int, cols: int, seed: int,
+                scale: float, device: str = "cpu"):
+    """(blocks a, blocks b, gemv_dp4a.QuantizedPair over both back to back) on device: random
+    blocks of two types as fused_views.adjacent_pair finds q/k/v of two types in an arena."""
+    import torch
+
+    from strata.engine.core.quant import gemv_dp4a
+
+    raw_a = random_blocks(type_a, rows_a, cols, seed=seed, scale=scale)
+    raw_b = random_blocks(type_b, rows_b, cols, seed=seed + 1, scale=scale)
+    both = torch.from_numpy(np.concatenate([raw_a.reshape(-1), raw_b.reshape(-1)])).to(device)
+    row_bytes = (raw_a.shape[1], raw_b.shape[1])
+    qtypes = (int(type_a), int(type_b))
+    assert gemv_dp4a.pair_supported(qtypes, row_bytes, cols, both.data_ptr(), rows_a)
+    pair = gemv_dp4a.QuantizedPair(both, qtypes, (rows_a, rows_b), row_bytes, cols)
+    return torch.from_numpy(raw_a).to(device), torch.from_numpy(raw_b).to(device), pair
