@@ -25,6 +25,7 @@ from strata.engine.core.batch.sequence import Sequence
 from strata.engine.core.quant.weight import compute_dtype
 from strata.engine.core.sampling import Sampler
 from strata.engine.core.snapshots.kv_state import SlotCache
+from strata.engine.core.token_ids import ids_on
 from strata.engine.protocol import SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class BatchRunner:
         self.check_resident()
         cache = seq.cache
         start = len(cache.tokens)
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [T]
+        ids = ids_on(token_ids, self.device)  # [T], queued: no wait for earlier chunks
         if self.fast is not None:
             # A fresh prompt replayed from a prefill graph writes K/V over its whole bucket.
             reach = self.fast.prefill_reach(cache.kv, len(token_ids), start)

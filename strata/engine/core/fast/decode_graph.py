@@ -43,6 +43,7 @@ from strata.engine.core.kernels import pdl
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.core.quant.experts import is_quantized_experts
+from strata.engine.core.token_ids import ids_on
 from strata.engine.protocol import SamplingSpec, TokenLogprob
 
 # Re-exported: callers of the decoder import these from here.
@@ -340,8 +341,7 @@ class GraphDecoder:
         start_pos: int = 0,
     ) -> Iterator[int]:
         """Prefill prompt_ids at start_pos, then yield up to max_new_tokens tokens."""
-        ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
-        logits = self.prefill(kv, ids, start_pos)
+        logits = self.prefill(kv, ids_on(prompt_ids, self.device), start_pos)
         first = self.sample_first(logits, spec, prompt_ids)
         yield first
         end_pos = start_pos + len(prompt_ids)
