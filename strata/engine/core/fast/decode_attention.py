@@ -211,7 +211,9 @@ def check_fused(attn, kv_dtype: torch.dtype, device: torch.device, num_keys: int
     """'' when the fused kernels match the reference for this layer's shapes on device; else why.
 
     Runs once per decoder before any graph capture, so a kernel that fails to compile or
-    disagrees on this GPU costs a logged fallback, not a wrong answer.
+    disagrees on this GPU costs a logged fallback, not a wrong answer. Triton's CPU
+    interpreter is one that disagrees in bf16: its tl.dot multiplies bf16 bit patterns
+    (triton-lang/triton#11584), so bf16 models under the interpreter keep torch attention.
     """
     if not is_usable(device):
         return f"Triton cannot run on {device}"
