@@ -1,7 +1,7 @@
 """A long prompt's prefill steps queue their chunks without waiting for the GPU: only the
-step that samples the first token syncs (run 24b: the second step of a 4096-token prompt
-waited 50 ms for the first step's kernels, with the GPU idle while the host launched after).
-torch's sync debug mode raises on any synchronizing call made in the checked steps."""
+step that samples the first token syncs. A synchronizing ids copy once made a prompt's
+second step wait for all of the first step's kernels (docs/benchmarks.md, run 24). torch's
+sync debug mode raises on any synchronizing call made in the checked steps."""
 
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 `torch.tensor(ids, device="cuda")` copies from pageable memory and then synchronizes the
 stream: a prompt's second prefill step waited there for all of its first step's kernels, so
-the GPU sat idle while the host launched the next step's (run 24b, an 8B prompt of 4096
-tokens in two steps: 50 ms of 180 in that wait). From pinned memory the copy is queued like
-any kernel; torch's pinned-block cache keeps the block until the copy has run.
+the GPU sat idle while the host launched the next step's (docs/benchmarks.md, run 24). From
+pinned memory the copy is queued like any kernel; torch's pinned-block cache keeps the block
+until the copy has run.
 """
 
 from __future__ import annotations
