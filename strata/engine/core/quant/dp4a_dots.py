@@ -49,6 +49,9 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 
 DP4A_TYPES = frozenset({12, 13, 14, 8, 16})  # Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS
 GROUP_VALUES = {12: 64, 13: 64, 14: 128, 8: 32, 16: 256}  # x values per group of a row
+# Types whose words are read as they lie, never realigned (144- and 176-byte blocks): a run
+# of their rows must start 4-aligned; the others' rows need only even addresses.
+WORD_ALIGNED_TYPES = frozenset({12, 13})  # Q4_K, Q5_K
 
 
 if triton is not None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.engine.core.kernels import launch, pdl
-from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES
+from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES, WORD_ALIGNED_TYPES
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -228,7 +228,7 @@ def pair_supported(qtypes: tuple[int, int], row_bytes: tuple[int, int], num_cols
     """Whether matmul_pair takes such a pair: dp4a types both, a 4-aligned base, and part b
     starting where its type can be read (4-aligned for Q4_K and Q5_K, else even)."""
     b_start = base_address + rows_a * row_bytes[0]
-    needed_b = 4 if qtypes[1] in (12, 13) else 2
+    needed_b = 4 if int(qtypes[1]) in WORD_ALIGNED_TYPES else 2
     return (triton is not None and all(int(t) in DP4A_TYPES for t in qtypes)
             and all(num_cols % GROUP_VALUES[int(t)] == 0 for t in qtypes)
             and base_address % 4 == 0 and b_start % needed_b == 0)
