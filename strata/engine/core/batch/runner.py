@@ -206,11 +206,10 @@ class BatchRunner:
         elif len(seqs) == 1:
             # Alone (on the CPU, or graphs off): the per-sequence forward, as before batching.
             seq = seqs[0]
-            ids = torch.tensor([seq.pending], dtype=torch.long, device=self.device)  # [1]
+            ids = ids_on([seq.pending], self.device)  # [1]
             logits = self.model(ids, seq.position, seq.cache.kv, last_only=True)  # [1, V]
         else:
-            ids = torch.tensor([seq.pending for seq in seqs], dtype=torch.long,
-                               device=self.device)  # [B]
+            ids = ids_on([seq.pending for seq in seqs], self.device)  # [B]
             logits = self.model.forward_decode_batch(
                 ids, [seq.position for seq in seqs], [seq.cache.kv for seq in seqs])  # [B, V]
         for seq in seqs:
