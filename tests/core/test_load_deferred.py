@@ -100,15 +100,19 @@ def test_a_second_load_compiles_after_it_is_ready_with_the_same_tokens(config) -
         second.close()
 
 
-def test_a_load_does_not_wait_for_a_standby_still_warming(config, tmp_path, monkeypatch) -> None:
+def test_a_load_stops_a_standby_still_warming_and_imports_alone(config, tmp_path,
+                                                                monkeypatch) -> None:
+    """The warm-up waits for a gate that opens only after the load: the load neither waits
+    for it to finish nor runs beside it (the thread has stopped), and then answers."""
     gate = tmp_path / "warm-gate"
     monkeypatch.setenv(GATE_ENV, str(gate))
     engine = Pipe(GATED_FACTORY, config)
     try:
         standby = engine.ask(p.GetStatus()).engine.standby
         assert standby["is_factory_imported"] and not standby["is_warm"], standby
-        info = load(engine)  # the warm-up waits for the gate, which opens only after this
+        info = load(engine)
         assert info["was_warm_at_load"] is False
+        assert info["was_warming_at_load"] is False
         assert engine.tokens(PROMPT)
     finally:
         gate.touch()

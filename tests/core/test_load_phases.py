@@ -112,3 +112,27 @@ def test_a_cpu_standby_warms_what_a_cpu_load_imports() -> None:
     assert all(name in sys.modules for name in names)
     assert not any(name.startswith("strata.engine.core.fast") for name in names)
     assert "torch_key" not in names
+
+
+def test_a_stopped_warm_up_imports_no_further_module() -> None:
+    """A load stops the standby's imports (process.py: two threads importing one graph can
+    meet half-run modules): with the stop already set, the warm-up returns before its first
+    import, and set after a package, it names only what it imported."""
+    import threading
+
+    from strata.engine.core.engine import Engine, EngineConfig
+
+    config = EngineConfig(model_path="unused", device="cpu")
+    stop = threading.Event()
+    stop.set()
+    assert Engine.warm_imports(config, stop) == []
+
+    class StopAfterFirst(threading.Event):  # set from its second read: after one package
+        reads = 0
+
+        def is_set(self) -> bool:
+            self.reads += 1
+            return self.reads > 1
+
+    names = Engine.warm_imports(config, StopAfterFirst())
+    assert names and all(name.startswith("strata.engine.core.loader.") for name in names), names

@@ -163,6 +163,7 @@ class EngineLoop:
         self._factory: Callable[[Any], Any] | None = None
         self._factory_error: BaseException | None = None
         self._warming: threading.Thread | None = None  # the standby's imports (run)
+        self._warm_stop = threading.Event()  # set by a load: no import runs beside it
         self._last_command_s = 0.0  # monotonic; status reads do not count (deferred work)
 
     # ---- pipe ------------------------------------------------------------------------------
@@ -204,9 +205,9 @@ class EngineLoop:
             traceback.print_exc(file=sys.stderr)
             self._factory_error = exc
         # Then what a GPU load would import (torch.compile's compiler, the kernels), still
-        # without a CUDA context, on a thread of its own: a Load that comes meanwhile starts
-        # at once instead of waiting seconds for the compiler (issue 18: load from standby),
-        # and a load that has run before needs no compiler until it is ready.
+        # without a CUDA context, on a thread of its own: a Load that comes meanwhile stops
+        # it after its current module instead of waiting seconds for the compiler (issue 18:
+        # load from standby), and a load that has run before needs no compiler until ready.
         warm_imports = getattr(self._factory, "warm_imports", None)
         if warm_imports is not None:
             self._warming = threading.Thread(target=self._warm_imports, args=(warm_imports,),
@@ -234,11 +235,25 @@ class EngineLoop:
             elif not self.handle(self.recv()):
                 return
 
-    def _warm_imports(self, warm_imports: Callable[[Any], Any]) -> None:
+    def _warm_imports(self, warm_imports: Callable[..., Any]) -> None:
         try:
-            warm_imports(self.config)
+            warm_imports(self.config, stop=self._warm_stop)
         except Exception:  # an optimisation: the load imports what it needs
             log.warning("warming the standby's imports failed", exc_info=True)
+
+    def _stop_warming(self) -> None:
+        """Stop the standby's imports after the module in hand and wait for that. Python's
+        per-module import locks let two threads importing one graph each see a module the
+        other has half run (`cannot import name ... from partially initialized module`:
+        the GPU tests met it in run 25b), so nothing imports beside a load."""
+        warming = self._warming
+        if warming is None or not warming.is_alive():
+            return
+        self._warm_stop.set()
+        started_s = time.monotonic()
+        warming.join()
+        log.info("the standby's imports stopped for the load in %.2f s",
+                 time.monotonic() - started_s)
 
     def _is_warming(self) -> bool:
         return self._warming is not None and self._warming.is_alive()
@@ -347,6 +362,7 @@ class EngineLoop:
             raise RuntimeError(
                 f"cannot import the engine {self.factory_spec!r}: {one_line(self._factory_error)}"
             )
+        self._stop_warming()
         engine = self._factory(config)
         info = engine.load()
         self.engine, self.config, self.load_info = engine, config, dict(info or {})

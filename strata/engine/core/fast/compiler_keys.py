@@ -12,16 +12,20 @@ those libraries' own in-process caches.
 from __future__ import annotations
 
 import logging
+import threading
 
 log = logging.getLogger(__name__)
 
 
-def warm_compiler_keys() -> list[str]:
+def warm_compiler_keys(stop: threading.Event | None = None) -> list[str]:
     """Compute torch's and Triton's source hashes now; the names of those computed. A
     library without the function (another version) is skipped with a debug line: the load
-    then computes what it needs, as before."""
+    then computes what it needs, as before. Once `stop` is set, the next hash is left to
+    the load (Engine.warm_imports says why)."""
     done = []
     for name, compute in (("torch_key", _torch_key), ("triton_key", _triton_key)):
+        if stop is not None and stop.is_set():
+            break
         try:
             compute()
         except Exception as exc:  # noqa: BLE001 - an optimisation: never fail a standby
