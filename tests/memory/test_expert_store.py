@@ -107,3 +107,43 @@ def test_an_all_resident_refill_restores_every_expert(backend, monkeypatch):
         fetched = store.fetch(layer, list(range(E)))
         assert all(torch.equal(got, want) for got, want in zip(fetched, layers[layer], strict=True))
     store.close()
+
+
+def test_shrinking_in_steps_frees_what_one_step_frees_and_grows_back_whole() -> None:
+    """shrink_experts resizes a few times until enough VRAM is free (expert_shrink.py). The
+    arena frees whole chunks, so each step must free every chunk past the new count, also
+    those that straddled an earlier count: a 4-layer game scenario on the H200 freed 0.5 of
+    the 1.3 GiB it needed when each step freed only its own slots (run 25d)."""
+    from strata.engine.core.memory.cpu_mmap import CpuMmapBackend
+    from strata.engine.core.memory.os_pages import PAGE_SIZE_BYTES
+
+    inter, hidden = 64, 32  # a projection of one expert: 4 KiB, a page on most systems
+    chunk_bytes = 4 * inter * hidden * 2  # four slots of one projection a chunk
+    if chunk_bytes % PAGE_SIZE_BYTES:
+        pytest.skip(f"a {chunk_bytes}-byte chunk is not whole {PAGE_SIZE_BYTES}-byte pages")
+    g = torch.Generator().manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    layers = {layer: (rand(E, inter, hidden), rand(E, inter, hidden), rand(E, hidden, inter))
+              for layer in range(4)}
+
+    def store_of() -> ExpertStore:
+        return ExpertStore(layers, num_slots=28, backend=CpuMmapBackend(PAGE_SIZE_BYTES),
+                           chunk_bytes=chunk_bytes)
+
+    at_once, stepped = store_of(), store_of()
+    reserved = at_once.arena.resident_bytes
+    freed_at_once = at_once.resize(8)["freed_bytes"]
+    freed_stepped = sum(stepped.resize(n)["freed_bytes"] for n in range(27, 7, -1))
+    assert freed_at_once > 0 and freed_stepped == freed_at_once
+    assert stepped.arena.resident_bytes == at_once.arena.resident_bytes == reserved - freed_at_once
+    assert stepped.num_slots == 8
+    grown = stepped.resize(28)
+    assert grown["mapped_bytes"] == freed_at_once and stepped.arena.resident_bytes == reserved
+    for layer, (gate, up, down) in layers.items():  # every expert again, misses from host
+        got = stepped.fetch(layer, list(range(E)))
+        assert all(torch.equal(a, b) for a, b in zip(got, (gate, up, down)))
+    at_once.close()
+    stepped.close()

@@ -87,6 +87,11 @@ class ExpertCache:
         """Slots in use in each pool, in pool order."""
         return list(self._sizes)
 
+    @property
+    def max_sizes(self) -> list[int]:
+        """Slots each pool holds at most (the store's arena has room for them all)."""
+        return list(self._max)
+
     def pool_of(self, layer: int) -> int:
         """The pool serving layer's experts (ValueError for a layer without any)."""
         if not 0 <= layer < self.num_layers or self._pool_of[layer] < 0:

@@ -433,8 +433,11 @@ class ExpertStore:
                 self.arena.release_range(offset, nbytes)
             raise
         self.update_table(cleared_slots=self.cache.resize(num_slots))
-        # Release syncs the device first: no queued step still reads those slots.
-        for offset, nbytes in self._slot_ranges(new, old):  # the classes that shrink
+        # Everything past each class's new count, not only what this call drops: the arena
+        # frees whole chunks, and a chunk that straddled an earlier count is now wholly
+        # unused (released chunks are skipped). Release syncs the device first: no queued
+        # step still reads those slots.
+        for offset, nbytes in self._slot_ranges(new, self.cache.max_sizes):
             freed += self.arena.release_range(offset, nbytes)
         return {"num_slots": self.num_slots, "max_slots": self.max_slots,
                 "freed_bytes": freed, "mapped_bytes": mapped,
