@@ -185,14 +185,17 @@ def test_cuda_batched_experts_replay_in_a_cuda_graph_with_new_routing() -> None:
 PLANES_MIX = {"blk.0.ffn_gate_exps.weight": "Q4_K", "blk.1.ffn_gate_exps.weight": "Q4_K",
               "blk.0.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_up_exps.weight": "Q4_K",
               "blk.0.ffn_down_exps.weight": "Q6_K", "blk.1.ffn_down_exps.weight": "Q4_K"}
+# One slot class: each class needs slots for all of its layers' experts (a prefill chunk can
+# route to every one), so PLANES_MIX's two one-layer classes leave no partial cache.
+ONE_CLASS_MIX = {**PLANES_MIX, "blk.1.ffn_down_exps.weight": "Q6_K"}
 
 
 @pytest.mark.parametrize("expert_cache", ["auto", "10"])
 def test_cuda_engine_batches_quantized_experts_in_graphs(tmp_path, monkeypatch,
                                                          expert_cache) -> None:
-    """A tiny Q4_K_M-like Qwen3-MoE (2 x 8 experts; 10 slots: misses from pinned host):
-    batches of 3 and 4 replay graphs through the batched kernels, and each sequence gets its
-    tokens alone, or parts at a bf16 near-tie."""
+    """A tiny Q4_K_M-like Qwen3-MoE (2 x 8 experts; 10 slots of one class: misses from
+    pinned host): batches of 3 and 4 replay graphs through the batched kernels, and each
+    sequence gets its tokens alone, or parts at a bf16 near-tie."""
     import transformers
 
     from strata.engine.core.engine import Engine, EngineConfig
@@ -205,7 +208,8 @@ def test_cuda_engine_batches_quantized_experts_in_graphs(tmp_path, monkeypatch,
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0",
-                              qtype_overrides=PLANES_MIX)
+                              qtype_overrides=PLANES_MIX if expert_cache == "auto"
+                              else ONE_CLASS_MIX)
     from strata.engine.core.fast import batch_experts
 
     monkeypatch.setattr(batch_experts, "QUANT_BATCHED_MIN_ROWS", 2)  # these batches are 3 and 4
