@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole GPU test suite on one H200, in two device calls (one call's 600 s holds either):
+#   bench/gpu_tests.sh OUT_DIR parallel   # every file but the NVML ones, 6 workers (run 25a:
+#                                         # 92% of 231 tests in 330 s)
+#   bench/gpu_tests.sh OUT_DIR serial     # files that read device-wide free VRAM (NVML,
+#                                         # mem_get_info), one at a time: about 160 s
+# Each test is named as it ends (-v), so a call cut short by its time limit still says which
+# tests failed; tracebacks print at the end, so rerun those alone with --tb=long.
+# Needs the test requirements: pytest-xdist, and pytest-asyncio (pytest-aiohttp brings it)
+# for the async files.
+set -u
+OUT=${1:?usage: bench/gpu_tests.sh OUT_DIR parallel|serial [timeout_s]}
+PART=${2:?usage: bench/gpu_tests.sh OUT_DIR parallel|serial [timeout_s]}
+LIMIT_S=${3:-540}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+SERIAL=(tests/gpu/test_arena_cuda.py tests/gpu/test_engine_levels_cuda.py
+        tests/gpu/test_model_pool_cuda.py tests/gpu/test_game_scenario_cuda.py)
+case "$PART" in
+  parallel)
+    ignore=()
+    for f in "${SERIAL[@]}"; do ignore+=("--ignore=$f"); done
+    args=(-n 6 --dist loadfile tests/gpu "${ignore[@]}") ;;
+  serial) args=("${SERIAL[@]}") ;;
+  *) echo "the part is parallel or serial, not $PART" >&2; exit 2 ;;
+esac
+timeout "$LIMIT_S" python -m pytest -v -ra -p no:cacheprovider "${args[@]}" \
+    --junitxml="$OUT/gpu-tests-$PART.xml" > "$OUT/gpu-tests-$PART.log" 2>&1
+echo "rc=$?" >> "$OUT/gpu-tests-$PART.log"
+grep -hE "FAILED|ERROR|passed|failed|^rc=" "$OUT/gpu-tests-$PART.log" | tail -40
