@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU test suite on one H200, in two device calls (one call's 600 s holds either):
-#   bench/gpu_tests.sh OUT_DIR parallel   # every file but the NVML ones, 6 workers (run 25a:
-#                                         # 92% of 231 tests in 330 s)
+#   bench/gpu_tests.sh OUT_DIR parallel   # every file but the NVML ones, WORKERS at a time
+#                                         # (default 8; run 25a: 92% of 231 tests in 330 s on 6)
 #   bench/gpu_tests.sh OUT_DIR serial     # files that read device-wide free VRAM (NVML,
 #                                         # mem_get_info), one at a time: about 160 s
 # Each test is named as it ends (-v), so a call cut short by its time limit still says which
@@ -21,7 +21,7 @@ case "$PART" in
   parallel)
     ignore=()
     for f in "${SERIAL[@]}"; do ignore+=("--ignore=$f"); done
-    args=(-n 6 --dist loadfile tests/gpu "${ignore[@]}") ;;
+    args=(-n "${WORKERS:-8}" --dist loadfile tests/gpu "${ignore[@]}") ;;
   serial) args=("${SERIAL[@]}") ;;
   *) echo "the part is parallel or serial, not $PART" >&2; exit 2 ;;
 esac
