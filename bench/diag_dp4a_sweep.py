@@ -58,19 +58,15 @@ def run_tile(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     would pick its own); [1, num_rows] in x's dtype."""
     import triton
 
-    from strata.engine.core.kernels import launch, pdl
+    from strata.engine.core.kernels import pdl
     from strata.engine.core.quant import gemv_dp4a
-    from strata.engine.core.quant.dp4a_dots import GROUP_VALUES
-    from strata.engine.core.quant.lookup import lookup_table
 
     rows, cols, warps, stages = tile
-    xq, xd, xs, xs16 = gemv_dp4a.quantize_x(x)
     out = torch.empty(1, num_rows, dtype=x.dtype, device=x.device)
+    args, kwargs = gemv_dp4a.kernel_args(x, raw, qtype, num_rows, out)
     gemv_dp4a._dp4a_kernel[(triton.cdiv(num_rows, rows),)](
-        xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device), x, out, num_rows,
-        raw.shape[1], x.shape[1] // GROUP_VALUES[qtype], QTYPE=qtype, GROUP=GROUP_VALUES[qtype],
-        HAS_BIAS=False, EMULATE=launch.is_interpreting(), BLOCK_ROWS=rows, BLOCK_COLS=cols,
-        STAGES=stages, num_warps=warps, **pdl.launch_options(False))
+        *args, **kwargs, BLOCK_ROWS=rows, BLOCK_COLS=cols, STAGES=stages, num_warps=warps,
+        **pdl.launch_options(False))
     return out
 
 

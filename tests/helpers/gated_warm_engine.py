@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from strata.engine.core.engine import Engine
+from strata.engine.core.process import WARM_THREAD_NAME
 
 GATE_ENV = "STRATA_TEST_WARM_GATE"
 FACTORY = "tests.helpers.gated_warm_engine:GatedWarmEngine"
-WARM_THREAD_NAME = "strata-warm-imports"  # the name process.py gives the standby's thread
 _warmed = threading.Event()
 
 

@@ -12,11 +12,8 @@ lifecycle levels release and bring back at the same addresses.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
-import pkgutil
-import threading
 import time
 from collections.abc import Iterator, Sequence
 
@@ -59,6 +56,7 @@ from strata.engine.core.random_weights import (
 from strata.engine.core.residency import ASLEEP, ModelMemory
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
 from strata.engine.core.snapshots.kv_state import dtype_name
+from strata.engine.core.standby_imports import warm_imports
 from strata.engine.core.weight_source import FileWeights, RandomWeights, random_fingerprint
 from strata.engine.protocol import SamplingSpec, TokenLogprob, Usage, slot_problem
 
@@ -110,45 +108,8 @@ class Engine:
 
     # ---- loading ------------------------------------------------------------------------------
 
-    @staticmethod
-    def warm_imports(config: EngineConfig | None = None,
-                     stop: threading.Event | None = None) -> list[str]:
-        """For a standby process: import the modules a load imports on its critical path
-        without creating a CUDA context, so the next load pays only for the model: the
-        loaders and model files (whose attention imports torch._dynamo: seconds), and for a
-        GPU load torch.compile's inductor, the fast decoder and the kernels, and the source
-        hashes torch.compile and Triton key their caches with (fast/compiler_keys.py).
-
-        The process runs this on a thread while it waits (process.py), so what a load needs
-        first comes first: Strata's modules (none imports the compiler), then the compiler.
-        Once `stop` is set it returns after the module it is importing: a load stops it
-        first, because two threads importing one module graph can each meet a module the
-        other has half run (a cycle of import locks; run 25b saw it on the H200)."""
-        packages = ["strata.engine.core.loader", "strata.engine.core.models"]
-        compiler: list[str] = []
-        if getattr(config, "device", "auto") != "cpu" and torch.cuda.is_available():
-            compiler = ["torch._dynamo", "torch._inductor.compile_fx"]
-            packages += ["strata.engine.core.fast", "strata.engine.core.quant"]
-        names: list[str] = []
-
-        def stopped() -> bool:
-            return stop is not None and stop.is_set()
-
-        for package in packages:
-            if stopped():
-                return names
-            module = importlib.import_module(package)
-            names += [info.name for info in pkgutil.iter_modules(module.__path__, package + ".")]
-        names += compiler
-        for index, name in enumerate(names):
-            if stopped():
-                return names[:index]
-            importlib.import_module(name)
-        if "torch._dynamo" in names and not stopped():
-            from strata.engine.core.fast.compiler_keys import warm_compiler_keys
-
-            names += warm_compiler_keys(stop)  # seconds of hashing, no CUDA context needed
-        return names
+    # The process finds the standby's warm-up on the engine class it was given.
+    warm_imports = staticmethod(warm_imports)
 
     def load(self) -> dict:
         """Read the model into arenas, build it over them, size the context. Returns what was

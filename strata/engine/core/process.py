@@ -48,6 +48,7 @@ DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
 # How long the loop waits for a command before it runs a step of a load's deferred work
 # (engine.has_deferred_work): a request sent right after the Load reply runs first.
 DEFERRED_WORK_IDLE_S = 0.25
+WARM_THREAD_NAME = "strata-warm-imports"  # the standby's import warm-up (standby_imports.py)
 
 # Commands answered by an engine method of this name when the engine has one (lifecycle work
 # adds them); an engine without it answers not_applicable.
@@ -211,7 +212,7 @@ class EngineLoop:
         warm_imports = getattr(self._factory, "warm_imports", None)
         if warm_imports is not None:
             self._warming = threading.Thread(target=self._warm_imports, args=(warm_imports,),
-                                             name="strata-warm-imports", daemon=True)
+                                             name=WARM_THREAD_NAME, daemon=True)
             self._warming.start()
         while True:
             if self._is_batch_running():

@@ -5,7 +5,7 @@ Before its first compile or cache lookup, each process hashes torch's source fil
 and its ~500 MB libtriton (`triton_key`, for every kernel's cache key and the autotuner's
 disk cache): about 0.6 s and 1.1 s on the development machine, paid on a load's critical
 path even when every kernel is already compiled on disk. Neither needs a CUDA context, so
-a standby process (Engine.warm_imports) computes both while it waits; the results stay in
+a standby process (standby_imports.py) computes both while it waits; the results stay in
 those libraries' own in-process caches.
 """
 
@@ -21,7 +21,7 @@ def warm_compiler_keys(stop: threading.Event | None = None) -> list[str]:
     """Compute torch's and Triton's source hashes now; the names of those computed. A
     library without the function (another version) is skipped with a debug line: the load
     then computes what it needs, as before. Once `stop` is set, the next hash is left to
-    the load (Engine.warm_imports says why)."""
+    the load (standby_imports.py says why)."""
     done = []
     for name, compute in (("torch_key", _torch_key), ("triton_key", _triton_key)):
         if stop is not None and stop.is_set():

@@ -288,15 +288,25 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
                          f"{tuple(raw.shape)}")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    xq, xd, xs, xs16 = quantize_x(x)
     out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
+    args, kwargs = kernel_args(x, raw, qtype, num_rows, out, bias)
     launch.launch(
         _tuned[qtype], lambda rows: (triton.cdiv(num_rows, rows),),
         _candidates(interpreter_config(num_rows, num_cols, qtype) if launch.is_interpreting()
-                    else CONFIGS[qtype]),
-        xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device),
-        bias if bias is not None else x, out,
-        N=num_rows, ROW_BYTES=raw.shape[1], num_groups=num_cols // GROUP_VALUES[qtype],
-        QTYPE=qtype, GROUP=GROUP_VALUES[qtype], HAS_BIAS=bias is not None,
-        EMULATE=launch.is_interpreting())
+                    else CONFIGS[qtype]), *args, **kwargs)
     return out
+
+
+def kernel_args(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
+                out: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[tuple, dict]:
+    """`_dp4a_kernel`'s arguments but its tile for x [1, K] (contiguous) times raw's blocks
+    into out: x rounded to int8 here. matmul launches them tuned; bench/diag_dp4a_sweep.py
+    at each tile of its grid."""
+    xq, xd, xs, xs16 = quantize_x(x)
+    args = (xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device),
+            bias if bias is not None else x, out)
+    kwargs = {"N": num_rows, "ROW_BYTES": raw.shape[1],
+              "num_groups": x.shape[1] // GROUP_VALUES[qtype], "QTYPE": qtype,
+              "GROUP": GROUP_VALUES[qtype], "HAS_BIAS": bias is not None,
+              "EMULATE": launch.is_interpreting()}
+    return args, kwargs
