@@ -1,6 +1,6 @@
 """bench/diag_dp4a_sweep.py without a GPU: its tiles keep gemv_dp4a's whole-groups rule, its
-arguments parse, and through Triton's CPU interpreter a tile launched directly multiplies
-like the tuned kernel."""
+arguments parse, timed calls take turns over copies of the weight, and through Triton's CPU
+interpreter a tile launched directly multiplies like the tuned kernel."""
 
 from __future__ import annotations
 
@@ -39,9 +39,23 @@ def test_arguments_parse_and_bad_ones_are_refused() -> None:
     assert (args.types, args.shapes, args.grid) == ([int(QT.Q8_0), int(QT.IQ2_XXS)], ["down"],
                                                     "small")
     for bad in (["--types", "Q4_0"], ["--types", "Q9_K"], ["--shapes", "lm"],
-                ["--grid", "huge"]):
+                ["--grid", "huge"], ["--cold-mib", "-1"]):
         with pytest.raises(SystemExit):
             diag_dp4a_sweep.parse_args(bad)
+
+
+def test_timed_calls_take_turns_over_copies_that_hold_the_cold_bytes() -> None:
+    raw = torch.arange(10, dtype=torch.uint8)
+    assert len(diag_dp4a_sweep.cold_copies(raw, 0)) == 1
+    copies = diag_dp4a_sweep.cold_copies(raw, 25)
+    assert len(copies) == 3 and copies[0] is raw
+    assert len({c.data_ptr() for c in copies}) == 3
+    assert all(torch.equal(c, raw) for c in copies)
+    seen = []
+    call = diag_dp4a_sweep.taking_turns(lambda w: seen.append(w.data_ptr()), copies)
+    for _ in range(7):
+        call()
+    assert seen == [c.data_ptr() for c in copies * 3][:7]
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -50,7 +64,7 @@ def test_arguments_parse_and_bad_ones_are_refused() -> None:
 def test_a_tile_launched_directly_multiplies_like_the_tuned_kernel(qtype) -> None:
     torch.manual_seed(0)
     rows = diag_dp4a_sweep.sweep(int(qtype), (12, 768), [(4, 256, 2, 1), (8, 512, 4, 1)],
-                                 diag_dp4a_sweep.wall_time_us, "cpu")
+                                 diag_dp4a_sweep.wall_time_us, "cpu", cold_bytes=20_000)
     assert rows[0]["tile"].startswith("tuned") and len(rows) == 3
     for row in rows[1:]:
         assert "error" not in row, row
