@@ -209,3 +209,22 @@ async def test_reasoning_is_split_on_a_thinking_template(aiohttp_client, service
         "thinking": {"type": "enabled", "budget_tokens": 1024}})).text())
     starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
     assert starts == ["thinking", "text"]
+
+
+async def test_apply_template_shows_the_chat_prompt_with_its_tools(client, service) -> None:
+    service.reply_text = CALL_TEXT
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "auto", "temperature": 0.2}
+    chat = await client.post("/v1/chat/completions", json={**body, "max_tokens": 200})
+    assert chat.status == 200, await chat.text()
+    shown = await client.post("/apply-template", json=body)
+    assert shown.status == 200, await shown.text()
+    prompt = (await shown.json())["prompt"]
+    assert "<tools>" in prompt and '"get_weather"' in prompt
+    assert prompt == _prompt(service)  # what the chat request fed the model
+    asked = len(service.requests)
+    for bad, param in (({"temperature": -1}, "temperature"), ({"top_kk": 3}, "top_kk"),
+                       ({"tool_choice": "sometimes"}, "tool_choice")):
+        resp = await client.post("/apply-template", json={**body, **bad})
+        assert resp.status == 400, bad
+        assert (await resp.json())["error"]["param"] == param
+    assert len(service.requests) == asked  # nothing generated

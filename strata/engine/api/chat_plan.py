@@ -53,11 +53,21 @@ def template_kwargs(body: dict, source: str | None, param: str = "chat_template_
     return dict(value)
 
 
-async def plan_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
-                    tools: ToolRequest, output_grammar: str | None, thinking: bool | None,
-                    kwargs: dict[str, Any], thinking_param: str = "enable_thinking") -> ChatPlan:
-    """The prompt and output handling of one chat request (see the module doc); templates
-    render on the app's CPU pool, off the event loop."""
+@dataclass(frozen=True)
+class ChatRender:
+    """What the chat template gets for one request, and how to read the output."""
+    messages: list[dict[str, Any]]  # as rendered: Strata's Hermes text where tools need it
+    template_kwargs: dict[str, Any]  # tools (a template that reads them), enable_thinking, ...
+    grammar: str | None
+    tool_format: str | None
+    thinks: bool
+
+
+def render_chat(assets: Any, messages: list[dict[str, Any]], tools: ToolRequest,
+                output_grammar: str | None, thinking: bool | None, kwargs: dict[str, Any],
+                thinking_param: str = "enable_thinking") -> ChatRender:
+    """The template's input for one chat request (see the module doc), refusing (400) what
+    the model's template cannot give; /apply-template shows the same prompt."""
     source = assets.chat_template
     fmt = detect_format(source)
     forced = tools.forced_tools
@@ -87,19 +97,29 @@ async def plan_chat(app: web.Application, assets: Any, messages: list[dict[str, 
                               param=thinking_param)
         kwargs["enable_thinking"] = False
     thinks = thinks and kwargs.get("enable_thinking") is not False
-    rendered, extra = messages, dict(kwargs)
+    rendered = messages
     if template_reads_tools(source):
         if tools.tools:
-            extra["tools"] = [t.as_openai() for t in tools.tools]
+            kwargs["tools"] = [t.as_openai() for t in tools.tools]
     else:
         rendered = hermes_messages(messages, tools.tools)
-    prompt_ids = await encode_chat(app, assets, rendered, **extra)
+    return ChatRender(rendered, kwargs, grammar, fmt if tools.is_active else None, thinks)
+
+
+async def plan_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
+                    tools: ToolRequest, output_grammar: str | None, thinking: bool | None,
+                    kwargs: dict[str, Any], thinking_param: str = "enable_thinking") -> ChatPlan:
+    """The prompt and output handling of one chat request (render_chat's); templates render
+    on the app's CPU pool, off the event loop."""
+    render = render_chat(assets, messages, tools, output_grammar, thinking, kwargs,
+                         thinking_param)
+    prompt_ids = await encode_chat(app, assets, render.messages, **render.template_kwargs)
     starts_thinking = False
-    if thinks:
+    if render.thinks:
         try:
-            starts_thinking = prompt_opens_thinking(
-                await run_cpu(app, assets.apply_chat_template, rendered, **extra))
+            starts_thinking = prompt_opens_thinking(await run_cpu(
+                app, assets.apply_chat_template, render.messages, **render.template_kwargs))
         except ChatTemplateError:  # encode_chat rendered it already: cannot happen twice
             starts_thinking = False
-    return ChatPlan(prompt_ids, grammar, fmt if tools.is_active else None, tools, thinks,
+    return ChatPlan(prompt_ids, render.grammar, render.tool_format, tools, render.thinks,
                     starts_thinking)

@@ -118,10 +118,11 @@ def _parse_openai_common(body: dict, num_logprobs: int | None) -> GenerationPara
         num_logprobs=num_logprobs, n=parse_n(body))
 
 
-def parse_openai(body: dict) -> GenerationParams:
-    """Sampling and streaming fields of /v1/chat/completions; a field it does not honour is
-    a 400 naming it."""
-    refuse_unknown_fields(body, OPENAI_CHAT_FIELDS, "/v1/chat/completions")
+def parse_openai(body: dict, route: str = "/v1/chat/completions") -> GenerationParams:
+    """Sampling and streaming fields of /v1/chat/completions (route: the one named in the
+    400s, /apply-template takes the same body); a field it does not honour is a 400 naming
+    it."""
+    refuse_unknown_fields(body, OPENAI_CHAT_FIELDS, route)
     return _parse_openai_common(body, parse_chat_logprobs(body))
 
 

@@ -5,22 +5,34 @@ from __future__ import annotations
 from aiohttp import web
 
 from strata.engine.api.chat_messages import parse_openai_messages
+from strata.engine.api.chat_plan import render_chat, template_kwargs
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.model_routing import service_of
+from strata.engine.api.output_format import openai_output_grammar, openai_thinking
+from strata.engine.api.params import parse_openai
 from strata.engine.api.textgen import text_assets
+from strata.engine.api.tool_spec import parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.text import ChatTemplateError
 
 
 async def apply_template(request: web.Request) -> web.Response:
-    """POST /apply-template {"messages"} -> {"prompt"}: what /v1/chat/completions would feed
-    the model, for editor plugins that build their own prompts."""
+    """POST /apply-template {"messages", "tools", ...} -> {"prompt"}: what /v1/chat/completions
+    would feed the model for the same body (tools in the template or Strata's Hermes prompt,
+    chat_template_kwargs, enable_thinking), for editor plugins that build their own prompts.
+    It takes a whole chat body, as llama.cpp's does, and refuses what chat would refuse;
+    the sampling fields shape no prompt, so they change nothing here."""
     body = await read_json_object(request)
+    parse_openai(body, "/apply-template")  # chat's checks: its sampling shapes no prompt
     messages = parse_openai_messages(body)  # tool calls and results too, as chat takes them
+    tools = parse_openai_tools(body)
     assets = text_assets(service_of(request))
+    render = render_chat(assets, messages, tools, openai_output_grammar(body),
+                         openai_thinking(body), template_kwargs(body, assets.chat_template))
     try:  # templates from model files can be slow: keep /health answering meanwhile
-        prompt = await run_cpu(request.app, assets.apply_chat_template, messages)
+        prompt = await run_cpu(request.app, assets.apply_chat_template, render.messages,
+                               **render.template_kwargs)
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None
