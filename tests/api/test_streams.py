@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import aiohttp
 import pytest
@@ -75,6 +76,26 @@ async def _disconnect_midstream(url, service, path, body):
 async def test_client_disconnect_closes_the_service_iterator(disconnect_url, service):
     await _disconnect_midstream(disconnect_url, service, "/v1/chat/completions",
                                 {"messages": USER, "stream": True})
+
+
+async def test_a_client_that_goes_away_is_logged(service, caplog):
+    """The server cancels the handler of a client that left (listen.py), so aiohttp writes
+    no access line for it: the log still says what became of the request."""
+    runner = web.AppRunner(create_app(service), handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="strata.engine.api.errors"):
+            await _disconnect_midstream(f"http://127.0.0.1:{runner.addresses[0][1]}", service,
+                                        "/v1/chat/completions", {"messages": USER, "stream": True})
+            for _ in range(100):  # the cancellation reaches the middleware a moment later
+                if "went away" in caplog.text:
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        await runner.cleanup()
+    assert "POST /v1/chat/completions: the client went away after" in caplog.text
 
 
 async def test_client_disconnect_on_anthropic_stream(disconnect_url, service):

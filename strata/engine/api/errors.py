@@ -5,8 +5,10 @@ Every failure leaves the server as JSON with a one-line message; tracebacks go t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import time
 from typing import Any
 
 from aiohttp import web
@@ -121,8 +123,15 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Turn every exception a handler raises into a JSON error; log unexpected ones."""
     shape = {"anthropic": is_anthropic_path(request.path),
              "ollama": is_ollama_path(request.path)}
+    started_s = time.monotonic()
     try:
         return await handler(request)
+    except asyncio.CancelledError:
+        # A client that goes away cancels its handler (listen.py): no answer is written, so
+        # aiohttp's access log has no line for it either; this one says where it went.
+        log.info("%s %s: the client went away after %.1f s; its request was stopped",
+                 request.method, request.path, time.monotonic() - started_s)
+        raise
     except ApiError as exc:
         return error_response(exc, **shape)
     except ServiceError as exc:
