@@ -117,7 +117,7 @@ def test_a_cpu_standby_warms_what_a_cpu_load_imports() -> None:
 def test_a_stopped_warm_up_imports_no_further_module() -> None:
     """A load stops the standby's imports (process.py: two threads importing one graph can
     meet half-run modules): with the stop already set, the warm-up returns before its first
-    import, and set after a package, it names only what it imported."""
+    import, and set after its first module, it names only that one."""
     import threading
 
     from strata.engine.core.engine import Engine, EngineConfig
@@ -127,12 +127,12 @@ def test_a_stopped_warm_up_imports_no_further_module() -> None:
     stop.set()
     assert Engine.warm_imports(config, stop) == []
 
-    class StopAfterFirst(threading.Event):  # set from its second read: after one package
-        reads = 0
+    class StopAfterFirst(threading.Event):  # set from its fourth read: two reads before
+        reads = 0                                # the CPU's two packages, one before a module
 
         def is_set(self) -> bool:
             self.reads += 1
-            return self.reads > 1
+            return self.reads > 3
 
     names = Engine.warm_imports(config, StopAfterFirst())
     assert names and all(name.startswith("strata.engine.core.loader.") for name in names), names

@@ -40,7 +40,7 @@ def warm_imports(config: EngineConfig | None = None,
 
     for package in packages:
         if stopped():
-            return names
+            return []  # the packages' modules are listed, none of them imported yet
         module = importlib.import_module(package)
         names += [info.name for info in pkgutil.iter_modules(module.__path__, package + ".")]
     names += compiler
