@@ -153,6 +153,43 @@ def test_cuda_decode_kernel_replays_from_a_cuda_graph(qtype: QT) -> None:
     torch.testing.assert_close(out, kernels.quant_matmul(x, raw, qtype, 1024), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+def test_cuda_dp4a_products_chained_by_pdl_equal_serial_launches(qtype: QT) -> None:
+    """Three dp4a products, each one's output the next one's x, launched (with x's rounding)
+    as PDL secondaries from a replayed CUDA graph: each replay with new x gives what the
+    same products launched one after another give. A product that read x before the
+    rounding of it finished would give the previous replay's numbers."""
+    from strata.engine.core.kernels import pdl
+    from strata.engine.core.quant import gemv_dp4a
+
+    if not pdl.is_supported(torch.device("cuda")):
+        pytest.skip("PDL needs compute capability 9.0")
+    size = 2048
+    weights = [torch.from_numpy(random_blocks(qtype, size, size, seed=10 + i, scale=0.01)).cuda()
+               for i in range(3)]
+    x = torch.randn(1, size, device="cuda").bfloat16()
+
+    def chain(use_pdl: bool) -> torch.Tensor:
+        y = x
+        for raw in weights:
+            y = gemv_dp4a.matmul(y, raw, qtype, size, use_pdl=use_pdl)
+        return y
+
+    chain(True)  # compile and autotune outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain(True)
+    for _ in range(5):
+        x.copy_(torch.randn(1, size, device="cuda").bfloat16())
+        graph.replay()
+        torch.testing.assert_close(out, chain(False), rtol=0, atol=0)
+
+
 # (part a's type and rows, part b's type and rows, columns): Qwen3-30B-A3B's and
 # Llama-3-8B's q+k and Q6_K v (Q4_K_M), and an IQ2_XXS mix's q+k and Q4_K v.
 PAIR_SHAPES = [(QT.Q4_K, 4608, QT.Q6_K, 512, 2048), (QT.Q4_K, 5120, QT.Q6_K, 1024, 4096),

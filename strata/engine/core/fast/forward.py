@@ -48,9 +48,10 @@ def project_head(x: torch.Tensor, model) -> torch.Tensor:
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None,
            ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
     """F.linear, or for one token with ops.dense_kernels and a small weight, decode_dense.gemv;
-    a weight held as GGML blocks takes its own branch, qlinear (quant/weight.py)."""
+    a weight held as GGML blocks takes its own branch, qlinear (quant/weight.py), its one-token
+    kernels launched as PDL secondaries where ops.pdl says the dense ones are."""
     if isinstance(weight, qweight.QuantizedWeight):
-        return qweight.qlinear(x, weight, bias)
+        return qweight.qlinear(x, weight, bias, use_pdl=ops.pdl)
     if ops.dense_kernels and x.shape[0] == 1 and decode_dense.use_gemv(weight):
         return decode_dense.gemv(x, weight, bias, use_pdl=ops.pdl)
     return F.linear(x, weight, bias)
@@ -67,7 +68,7 @@ def project_qkv(attn, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS):
         paired = fused_qkv_pair(attn)
         if paired is not None and gemv_dp4a().is_pair_enabled(x):  # one token, two types
             pair, bias, sizes = paired
-            return gemv_dp4a().matmul_pair(x, pair, bias).split(sizes, dim=-1)
+            return gemv_dp4a().matmul_pair(x, pair, bias, use_pdl=ops.pdl).split(sizes, dim=-1)
         return tuple(linear(x, p.weight, p.bias, ops)
                      for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     weight, bias, sizes = fused

@@ -56,7 +56,9 @@ QUANTIZE_SUBS = 32  # x groups per program of quantize_x
 # pipeline the next step.
 _WIDE_CONFIGS = ((8, 2048, 4, 1), (4, 4096, 4, 1), (4, 2048, 2, 1), (2, 4096, 2, 1),
                  (1, 4096, 1, 1), (16, 2048, 8, 1), (8, 4096, 8, 1), (8, 2048, 4, 3))
-_NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1))  # 64 values a thread: Q4_K, Q8_0
+# 64 values a thread: Q4_K, Q8_0. (2, 2048, 2, 1) read the 8B's Q4_K gate_up and head at
+# 0.68 and 0.84 of HBM where the tuner's pick read 0.63 and 0.77 (docs/benchmarks.md, run 26).
+_NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1), (2, 2048, 2, 1))
 # IQ2_XXS's groups are whole 256-value blocks: a tile of R rows and C columns has R * C / 256
 # groups, at least one per thread (32 * num_warps); Qwen3-MoE's k [512, 2048] wants few rows.
 _IQ2_CONFIGS = ((16, 2048, 4, 1), (8, 2048, 2, 1), (4, 2048, 1, 1), (8, 4096, 4, 1),
@@ -239,10 +241,11 @@ def is_pair_enabled(x: torch.Tensor) -> bool:
     return x.shape[0] == 1 and is_dtype_enabled(x)
 
 
-def matmul_pair(x: torch.Tensor, pair: QuantizedPair,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None = None,
+                use_pdl: bool = False) -> torch.Tensor:
     """x [1, K] @ [A; B]^T (+ bias) for the pair's two parts: [1, rows a + rows b] in x's
-    dtype, each row as `matmul` gives it for its own part."""
+    dtype, each row as `matmul` gives it for its own part. use_pdl: x's rounding and the
+    product launch as PDL secondaries (pdl.py)."""
     num_tokens, num_cols = x.shape
     if num_tokens != 1 or num_cols != pair.num_cols:
         raise ValueError(f"matmul_pair takes one token of {pair.num_cols} values, got "
@@ -250,7 +253,7 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair,
     if x.stride(-1) != 1:
         x = x.contiguous()
     (qtype_a, qtype_b), (rows_a, rows_b) = pair.qtypes, pair.rows
-    xq, xd, xs, xs16 = quantize_x(x)
+    xq, xd, xs, xs16 = quantize_x(x, use_pdl)
     out = torch.empty(1, rows_a + rows_b, dtype=x.dtype, device=x.device)
     iq2 = 16 in pair.qtypes
     if launch.is_interpreting():
@@ -268,14 +271,15 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair,
         pair.row_bytes[1], pair.b_offset_bytes, num_cols // GROUP_VALUES[qtype_a],
         num_cols // GROUP_VALUES[qtype_b], QTYPE_A=qtype_a, GROUP_A=GROUP_VALUES[qtype_a],
         QTYPE_B=qtype_b, GROUP_B=GROUP_VALUES[qtype_b], HAS_BIAS=bias is not None,
-        EMULATE=launch.is_interpreting())
+        EMULATE=launch.is_interpreting(), use_pdl=use_pdl)
     return out
 
 
 def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, use_pdl: bool = False) -> torch.Tensor:
     """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS
-    blocks raw [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype."""
+    blocks raw [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype. use_pdl as
+    matmul_pair's."""
     num_tokens, num_cols = x.shape
     qtype = int(qtype)
     if qtype not in DP4A_TYPES or num_tokens != 1:
@@ -289,20 +293,21 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
-    args, kwargs = kernel_args(x, raw, qtype, num_rows, out, bias)
+    args, kwargs = kernel_args(x, raw, qtype, num_rows, out, bias, use_pdl)
     launch.launch(
         _tuned[qtype], lambda rows: (triton.cdiv(num_rows, rows),),
         _candidates(interpreter_config(num_rows, num_cols, qtype) if launch.is_interpreting()
-                    else CONFIGS[qtype]), *args, **kwargs)
+                    else CONFIGS[qtype]), *args, use_pdl=use_pdl, **kwargs)
     return out
 
 
 def kernel_args(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
-                out: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[tuple, dict]:
-    """`_dp4a_kernel`'s arguments but its tile for x [1, K] (contiguous) times raw's blocks
-    into out: x rounded to int8 here. matmul launches them tuned; bench/diag_dp4a_sweep.py
-    at each tile of its grid."""
-    xq, xd, xs, xs16 = quantize_x(x)
+                out: torch.Tensor, bias: torch.Tensor | None = None,
+                use_pdl: bool = False) -> tuple[tuple, dict]:
+    """`_dp4a_kernel`'s arguments but its tile and USE_PDL for x [1, K] (contiguous) times
+    raw's blocks into out: x rounded to int8 here (a PDL secondary with use_pdl). matmul
+    launches them tuned; bench/diag_dp4a_sweep.py at each tile of its grid."""
+    xq, xd, xs, xs16 = quantize_x(x, use_pdl)
     args = (xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device),
             bias if bias is not None else x, out)
     kwargs = {"N": num_rows, "ROW_BYTES": raw.shape[1],

@@ -196,16 +196,17 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
 
 
 def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+                 bias: torch.Tensor | None = None, use_pdl: bool = False) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) for W [num_rows, K] in blocks raw; [M, num_rows] in x's dtype.
-    M <= MAX_DECODE_TOKENS."""
+    M <= MAX_DECODE_TOKENS. use_pdl: the dp4a path (one token) launches as a PDL secondary;
+    the others ignore it (they wait as usual)."""
     num_tokens, num_cols = x.shape
     _check(raw, num_cols)
     if not 0 < num_tokens <= MAX_DECODE_TOKENS or raw.shape[0] != num_rows:
         raise ValueError(f"quant_matmul takes 1..{MAX_DECODE_TOKENS} tokens and a weight of "
                          f"{num_rows} rows; got x {tuple(x.shape)}, blocks {tuple(raw.shape)}")
     if gp_dp4a.is_enabled(x, qtype, raw):
-        return gp_dp4a.matmul(x, raw, qtype, num_rows, bias)
+        return gp_dp4a.matmul(x, raw, qtype, num_rows, bias, use_pdl)
     kernel = decode_kernel(qtype)
     if x.stride(-1) != 1:
         x = x.contiguous()

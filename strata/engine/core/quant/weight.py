@@ -189,12 +189,14 @@ def _prefill_linear(x2: torch.Tensor, w: QuantizedWeight,
     return out
 
 
-def qlinear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, W, bias) for x [..., K] and W held as blocks; out in x's dtype."""
+def qlinear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
+            use_pdl: bool = False) -> torch.Tensor:
+    """F.linear(x, W, bias) for x [..., K] and W held as blocks; out in x's dtype. use_pdl:
+    a one-token dp4a product launches as a PDL secondary (gemv_dp4a.matmul)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.shape[1])  # [M, K]
     if x2.shape[0] <= MAX_DECODE_TOKENS:
-        out = _kernels().quant_matmul(x2, w.raw, w.qtype, w.shape[0], bias)
+        out = _kernels().quant_matmul(x2, w.raw, w.qtype, w.shape[0], bias, use_pdl)
     else:
         out = _prefill_linear(x2, w, bias)
     return out.view(*lead, w.shape[0])
