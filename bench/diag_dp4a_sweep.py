@@ -6,7 +6,8 @@ Run 24d's profile had the 8B Q4_K_M's dp4a GEMVs at 78% of a decode token, readi
 does, the kernel's structure is (bytes in flight per SM), and a new kernel is the work.
 
     python bench/diag_dp4a_sweep.py [--types Q4_K,Q6_K] [--shapes qkv,o,gate_up,down,head]
-                                    [--grid small|full] [--hbm-gb-s 4300] [--cold-mib 256]
+                                    [--grid candidates|small|full] [--hbm-gb-s 4300]
+                                    [--cold-mib 256]
                                     [--out F.json]
 
 Each config is timed replayed from a CUDA graph (diag_quant_gemv's timing: the kernel's own
@@ -36,6 +37,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336), "v": (1024, 4096), "head": (128256, 4096)}
 GRIDS = {  # (BLOCK_ROWS, BLOCK_COLS, num_warps, STAGES) values to combine
+    "candidates": ((), (), (), ()),  # gemv_dp4a.CONFIGS' tiles only
     "small": ((2, 4, 8, 16), (2048, 4096, 8192), (2, 4, 8), (1, 3)),
     "full": ((1, 2, 4, 8, 16, 32), (1024, 2048, 4096, 8192), (1, 2, 4, 8), (1, 2, 3)),
 }

@@ -40,7 +40,7 @@ _DIVISIBLE = ("x_ptr", "w_ptr", "wh_ptr", "table_ptr", "b_ptr", "out_ptr", "stri
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
-_DP4A_SIGNATURE = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "xs16_ptr": "*fp32",
+_DP4A_SIGNATURE = {"xq_ptr": "*i32", "xd_ptr": "*fp32", "xs_ptr": "*fp32",
                    "w_ptr": "*u8", "lut_ptr": "*i8", "b_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32",
                    "ROW_BYTES": "i32", "num_groups": "i32"}
 

@@ -76,7 +76,7 @@ DP4A_SHAPES = {QT.Q4_K: ((1024, 4096), (4096, 14336), (6144, 4096)),
 def _int8_rounded_x(x: torch.Tensor) -> torch.Tensor:
     from strata.engine.core.quant import gemv_dp4a
 
-    q, d, _, _ = gemv_dp4a.quantize_x(x)
+    q, d, _ = gemv_dp4a.quantize_x(x)
     rounded = (q.float().view(x.shape[0], -1, 32) * d[:, :, None]).view(x.shape)
     assert (rounded - x.float()).abs().max() <= x.float().abs().max() / 127
     return rounded
@@ -117,12 +117,12 @@ def test_cuda_every_dp4a_candidate_tile_gives_the_same_product(qtype: QT) -> Non
     dense = torch.from_numpy(gguf.quants.dequantize(raw.cpu().numpy(), qtype)).cuda()
     x = torch.randn(1, cols, device="cuda").bfloat16()
     expected = _int8_rounded_x(x) @ dense.T
-    xq, xd, xs, xs16 = gemv_dp4a.quantize_x(x)
+    xq, xd, xs = gemv_dp4a.quantize_x(x)
     group = gemv_dp4a.GROUP_VALUES[int(qtype)]
     for block_rows, block_cols, warps, stages in gemv_dp4a.CONFIGS[int(qtype)]:
         out = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
         gemv_dp4a._dp4a_kernel[(-(-rows // block_rows),)](
-            xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device), x, out, N=rows,
+            xq.view(torch.int32), xd, xs, raw, lookup_table(x.device), x, out, N=rows,
             ROW_BYTES=raw.shape[1],
             num_groups=cols // group, QTYPE=int(qtype), GROUP=group, HAS_BIAS=False,
             USE_PDL=False, EMULATE=False, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,

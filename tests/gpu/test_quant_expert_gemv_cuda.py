@@ -148,7 +148,7 @@ DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
 def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
     from strata.engine.core.quant import gemv_dp4a
 
-    q, d, _, _ = gemv_dp4a.quantize_x(v)
+    q, d, _ = gemv_dp4a.quantize_x(v)
     return (q.float().view(v.shape[0], -1, 32) * d[:, :, None]).view(v.shape)
 
 

@@ -1,9 +1,9 @@
 """GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS for
 one token.
 
-`row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
+`row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
-it (int8 words xq, scale per 32 values xd, d * sum(q) per 32 xs and per 16 xs16). The dense
+it (int8 words xq, scale per 32 values xd, d * sum(q) per 32 xs). The dense
 GEMV (gemv_dp4a.py) and the routed-expert kernels (expert_gemv.py) share it. A group is
 GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
 
@@ -12,12 +12,14 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
 - Q5_K: Q4_K's group with each value's fifth bit from the block's 32 qh bytes (bit 2p for
   the low nibbles, 2p + 1 for the high), byte l of qh beside byte l of the nibbles: the same
   word and lane, so one mask and shift a word puts it at bit 4 of each byte (values 0-31).
-- Q6_K: sub-block i of both halves of a block (128 values): the 16-byte runs of ql and qh at
-  multiples of 4 bytes from one start. Each value's 6 bits come from a nibble and two bits
+- Q6_K: a unit of 32 values, 8 of each quarter of a block's half: 8-byte runs of ql (two)
+  and qh at multiples of 4 bytes from one start, so the 8 threads of a half read its 32
+  contiguous bytes of each run together. (Groups of 128 values, where each thread read
+  16-byte runs 105 bytes from its neighbour's, took 8-13% longer on the 8B's head and
+  downs: docs/benchmarks.md, run 27.) Each value's 6 bits come from a nibble and two bits
   of qh, merged by one bit-select. The values are q - 32: the unsigned byte goes into dp4a
-  and 32 * s16 comes off afterwards (one FMA per 16 values and row; s16 = d_x * the sum of
-  those 16 x, once per token), where sign-extending the 6-bit bytes would cost about four
-  instructions per word.
+  and a dp4a of x by bytes of -32 joins the same integer sum, where sign-extending the
+  6-bit bytes would cost about four instructions a word.
 - Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
 - IQ2_XXS: one block (256 values, 66 bytes): per 32 values two words, four grid indices and
   four 7-bit sign indices with a 4-bit scale. Each index names 8 grid bytes (8, 25 or 43),
@@ -48,7 +50,7 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
     triton = None
 
 DP4A_TYPES = frozenset({12, 13, 14, 8, 16})  # Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS
-GROUP_VALUES = {12: 64, 13: 64, 14: 128, 8: 32, 16: 256}  # x values per group of a row
+GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 16: 256}  # x values per group of a row
 # Types whose words are read as they lie, never realigned (144- and 176-byte blocks): a run
 # of their rows must start 4-aligned; the others' rows need only even addresses.
 WORD_ALIGNED_TYPES = frozenset({12, 13})  # Q4_K, Q5_K
@@ -146,52 +148,44 @@ if triton is not None:
                 - ml1 * tl.load(xs_ptr + 2 * group + 1))
 
     @triton.jit
-    def _q6k_quarter(bits, x_at, xd_at, xs16_at, sc_at, EMULATE: tl.constexpr):
-        """sc * (d_x * dot - 32 * s16) for one 16-value sub-block."""
-        dot = tl.sum(dp4a(bits, tl.load(x_at), EMULATE), axis=2, keep_dims=True)  # [R, G, 1]
-        return (tl.load(sc_at).to(tl.float32)
-                * (tl.load(xd_at) * dot.to(tl.float32) - 32.0 * tl.load(xs16_at)))
-
-    @triton.jit
-    def _q6k_half(ql_a, ql_b, qh, x_at, xd_at, xs16_at, sc_at, EMULATE: tl.constexpr):
-        """Values l, l + 32, l + 64, l + 96 of a half from its words of ql (l: ql_a; l + 32:
-        ql_b) and qh (ggml's dequantize_row_q6_K): the two high bits of quarters 0 and 2 sit
-        at bits 0-1 and 4-5 of each byte of `even`, those of 1 and 3 of `odd`, so each
-        value's byte is one bit-select of a nibble and them."""
-        even = qh & 0x33333333
-        odd = (qh >> 2) & 0x33333333
+    def _q6k_unit(row_bytes, row_words, row_mis, unit, same_row, xq_ptr, xd_ptr,
+                  EMULATE: tl.constexpr):
+        """32 values of a Q6_K block: unit u = 8 b + 4 h + j of a row is, in half h of block
+        b, the values l = 8j .. 8j + 7 of each quarter k (value 128 h + 32 k + l), from three
+        8-byte runs: ql bytes l and 32 + l of the half and its qh bytes l. Neighbouring
+        threads read a half's 32 contiguous bytes of each run (the module's docstring)."""
+        word = tl.arange(0, 2)[None, None, :]
+        blk = unit // 8
+        h = (unit // 4) % 2
+        j = unit % 4
+        start = row_mis + blk * 210 + h * 64 + j * 8  # [R, G, 1]: ql bytes l of the half
+        at = row_words + (start >> 2) + word  # [R, G, 2]; ql + 32 at + 8, qh at + 32 - 8 h
+        shift = (start & 2) * 8  # qh lies a multiple of 4 bytes from ql: the same shift
+        ql_a = realigned(at, shift, EMULATE)
+        ql_b = realigned(at + 8, shift, EMULATE)
+        qh = realigned(at + (32 - 8 * h), shift, EMULATE)
+        even = qh & 0x33333333  # the high bits of quarters 0 (bits 0-1) and 2 (bits 4-5)
+        odd = (qh >> 2) & 0x33333333  # of quarters 1 and 3
         low = 0x0F0F0F0F
-        acc = _q6k_quarter((ql_a & low) | ((even << 4) & ~low), x_at, xd_at, xs16_at, sc_at,
-                           EMULATE)
-        acc += _q6k_quarter((ql_b & low) | ((odd << 4) & ~low), x_at + 8, xd_at + 1,
-                            xs16_at + 2, sc_at + 2, EMULATE)
-        acc += _q6k_quarter(((ql_a >> 4) & low) | (even & ~low), x_at + 16, xd_at + 2,
-                            xs16_at + 4, sc_at + 4, EMULATE)
-        acc += _q6k_quarter(((ql_b >> 4) & low) | (odd & ~low), x_at + 24, xd_at + 3,
-                            xs16_at + 6, sc_at + 6, EMULATE)
-        return acc
-
-    @triton.jit
-    def _q6k_group(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr, xs16_ptr,
-                   EMULATE: tl.constexpr):
-        """Sub-block i = group % 2 of both halves of block group // 2: bytes 16 i .. 16 i + 15
-        of each half's ql runs and qh run, all at multiples of 4 bytes from one start."""
-        word = tl.arange(0, 4)[None, None, :]
-        blk = group // 2
-        i = group % 2
-        start = row_mis + blk * 210 + i * 16  # [R, G, 1] bytes past the row's aligned word
-        at = row_words + (start >> 2) + word  # [R, G, 4]
-        shift = (start & 2) * 8  # 0 or 16
-        x_at = xq_ptr + (blk * 64 + i * 4 + same_row) + word  # [R, G, 4] words
-        xd_at = xd_ptr + blk * 8
-        xs16_at = xs16_ptr + (blk * 16 + i)
-        sc_at = (row_bytes + (blk * 210 + 192 + i)).to(tl.pointer_type(tl.int8))
-        acc = _q6k_half(realigned(at, shift, EMULATE), realigned(at + 8, shift, EMULATE),
-                        realigned(at + 32, shift, EMULATE), x_at, xd_at, xs16_at, sc_at,
-                        EMULATE)
-        acc += _q6k_half(realigned(at + 16, shift, EMULATE), realigned(at + 24, shift, EMULATE),
-                         realigned(at + 40, shift, EMULATE), x_at + 32, xd_at + 4,
-                         xs16_at + 8, sc_at + 8, EMULATE)
+        x_at = xq_ptr + (blk * 64 + h * 32 + j * 2 + same_row) + word  # quarter k: + 8 k
+        minus_32 = tl.full(x_at.shape, -522133280, tl.int32)  # 0xE0E0E0E0: bytes of -32
+        sc_at = (row_bytes + (blk * 210 + 192 + h * 8 + j // 2)).to(tl.pointer_type(tl.int8))
+        xd_at = xd_ptr + (blk * 8 + h * 4)
+        acc = tl.zeros((x_at.shape[0], x_at.shape[1], 1), dtype=tl.float32)
+        for k in tl.static_range(4):
+            if k == 0:
+                bits = (ql_a & low) | ((even << 4) & ~low)
+            elif k == 1:
+                bits = (ql_b & low) | ((odd << 4) & ~low)
+            elif k == 2:
+                bits = ((ql_a >> 4) & low) | (even & ~low)
+            else:
+                bits = ((ql_b >> 4) & low) | (odd & ~low)
+            x = tl.load(x_at + 8 * k)
+            dot = tl.sum(dp4a_acc(bits, x, dp4a(minus_32, x, EMULATE), EMULATE), axis=2,
+                         keep_dims=True)  # [R, G, 1]: the 8 values' q - 32 times x
+            acc += (tl.load(sc_at + 2 * k).to(tl.float32) * tl.load(xd_at + k)
+                    * dot.to(tl.float32))
         d = tl.load((row_bytes + (blk * 210 + 208)).to(tl.pointer_type(tl.float16)))
         return d.to(tl.float32) * acc
 
@@ -240,7 +234,7 @@ if triton is not None:
         return d * tl.sum(scale * xd * dot.to(tl.float32), axis=2, keep_dims=True)
 
     @triton.jit
-    def row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_groups,
+    def row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups,
                  QTYPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                  BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr, EMULATE: tl.constexpr):
         """W[rows, :] @ x in float32 [BLOCK_ROWS] for rows at even byte offsets row_off
@@ -261,8 +255,8 @@ if triton is not None:
                 part = _k4_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
                                  xs_ptr, QTYPE == 13, EMULATE)
             elif QTYPE == 14:
-                part = _q6k_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
-                                  xd_ptr, xs16_ptr, EMULATE)
+                part = _q6k_unit(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
+                                 xd_ptr, EMULATE)
             elif QTYPE == 16:
                 part = _iq2xxs_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
                                      xd_ptr, lut_ptr, EMULATE)

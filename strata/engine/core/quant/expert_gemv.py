@@ -49,7 +49,7 @@ GATE_UP_CONFIGS = ((2, 1024, 4, 1), (4, 1024, 4, 1), (2, 1024, 4, 3), (4, 1024, 
                    (2, 2048, 8, 1), (8, 1024, 8, 3))
 DOWN_SUM_CONFIGS = ((1, 1024, 4, 1), (2, 1024, 8, 1), (1, 512, 4, 1), (2, 512, 4, 3),
                     (4, 256, 4, 1))
-# The dp4a path: each thread should hold a whole group (64 values; Q6_K 128) of one row
+# The dp4a path: each thread should hold a whole group (64 values; Q6_K 32) of one row
 # (gemv_dp4a.py), so fewer threads per row tile. Down's 768 columns take three steps of 256
 # or one of 1024 (a quarter of it rereading the last group, counted zero); its rows are per
 # expert (x 8 for Qwen3-30B-A3B).
@@ -127,18 +127,17 @@ if triton is not None:
 
     @triton.jit
     def _dots(w_ptr, wh_ptr, lut_ptr, base, rows, num_rows, row_bytes, v_ptr, xq_ptr, xd_ptr,
-              xs_ptr,
-              xs16_ptr, num_cols, QTYPE: tl.constexpr, LANES: tl.constexpr,
+              xs_ptr, num_cols, QTYPE: tl.constexpr, LANES: tl.constexpr,
               GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
               STAGES: tl.constexpr, EMULATE: tl.constexpr):
         """[BLOCK_ROWS] float32: rows `rows` of the matrix at byte offset base times v (planes,
-        GROUP 0) or times its int8 rounding xq, xd, xs, xs16 (dp4a: GROUP values a group).
+        GROUP 0) or times its int8 rounding xq, xd, xs (dp4a: GROUP values a group).
         base is one offset, or [BLOCK_ROWS] offsets (each row its expert's), and the vector
         pointers one for all rows, or [BLOCK_ROWS, 1, 1] (each row its own vector)."""
         if GROUP > 0:  # rows past the matrix reread its last (dp4a_dots reads unmasked)
             read = tl.minimum(rows, num_rows - 1).to(tl.int64)
             return dp4a_row_dots(w_ptr, (base + read * row_bytes)[:, None, None], xq_ptr,
-                                 xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_cols // GROUP, QTYPE,
+                                 xd_ptr, xs_ptr, lut_ptr, num_cols // GROUP, QTYPE,
                                  GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         else:
             off = (base + rows.to(tl.int64) * row_bytes)[:, None, None]
@@ -148,7 +147,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["gate_host", "up_host", "gate_stride", "up_stride"])
     def _gate_up_kernel(
-        x_ptr, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr,
+        x_ptr, xq_ptr, xd_ptr, xs_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr,
         ids_ptr, table_ptr, lut_ptr, out_ptr, gate_host, up_host, gate_stride, up_stride,
         num_rows,
         num_cols, gate_row_bytes, up_row_bytes,
@@ -164,11 +163,11 @@ if triton is not None:
         gate_base = _expert_base(ids_ptr, j, table_ptr, gate_host, gate_stride, GATE_UNIT,
                                  HAS_TABLE)
         g = _dots(gate_ptr, gate_h_ptr, lut_ptr, gate_base, rows, num_rows, gate_row_bytes, x_ptr,
-                  xq_ptr, xd_ptr, xs_ptr, xs16_ptr, num_cols, GATE_QTYPE, GATE_LANES,
+                  xq_ptr, xd_ptr, xs_ptr, num_cols, GATE_QTYPE, GATE_LANES,
                   GATE_GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         up_base = _expert_base(ids_ptr, j, table_ptr, up_host, up_stride, UP_UNIT, HAS_TABLE)
         u = _dots(up_ptr, up_h_ptr, lut_ptr, up_base, rows, num_rows, up_row_bytes, x_ptr, xq_ptr,
-                  xd_ptr, xs_ptr, xs16_ptr, num_cols, UP_QTYPE, UP_LANES, UP_GROUP,
+                  xd_ptr, xs_ptr, num_cols, UP_QTYPE, UP_LANES, UP_GROUP,
                   BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up
         tl.store(out_ptr + j * num_rows + rows, act.to(out_ptr.dtype.element_ty),
@@ -176,7 +175,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["host_units", "stride_units"])
     def _down_sum_kernel(
-        act_ptr, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr,
+        act_ptr, xq_ptr, xd_ptr, xs_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr,
         table_ptr, lut_ptr, out_ptr, host_units, stride_units, num_rows, num_cols, row_bytes,
         QTYPE: tl.constexpr, LANES: tl.constexpr, GROUP: tl.constexpr, UNIT: tl.constexpr,
         TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, HAS_TABLE: tl.constexpr,
@@ -193,12 +192,11 @@ if triton is not None:
         pdl_wait(USE_PDL)  # for the activations (or their int8), the kernel just before
         base = _expert_base(ids_ptr, j, table_ptr, host_units, stride_units, UNIT, HAS_TABLE)
         jj = j.to(tl.int64)[:, None, None]
-        # Row j of act, and of its int8 words (4 a word), scales (per 32) and sums (16).
+        # Row j of act, and of its int8 words (4 a word), scales and sums (per 32).
         dots = _dots(w_ptr, wh_ptr, lut_ptr, base, rows, num_rows, row_bytes,
                      act_ptr + jj * num_cols, xq_ptr + jj * (num_cols // 4),
-                     xd_ptr + jj * (num_cols // 32), xs_ptr + jj * (num_cols // 32),
-                     xs16_ptr + jj * (num_cols // 16), num_cols, QTYPE, LANES, GROUP,
-                     TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
+                     xd_ptr + jj * (num_cols // 32), xs_ptr + jj * (num_cols // 32), num_cols,
+                     QTYPE, LANES, GROUP, TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         weight = tl.where(used, tl.load(weights_ptr + j).to(tl.float32), 0.0)
         y = tl.sum(tl.reshape(dots * weight, (TOP_K_P2, BLOCK_ROWS)), axis=0)
         out_rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -266,12 +264,12 @@ def _group(experts: QuantizedExperts, x: torch.Tensor) -> int:
 
 
 def _quantized(v: torch.Tensor, needed: bool, use_pdl: bool) -> tuple[torch.Tensor, ...]:
-    """(int8 words, d, s, s16) of v [M, K] by gemv_dp4a.quantize_x, or v four times (never
-    read) where no projection takes dp4a."""
+    """(int8 words, d, s) of v [M, K] by gemv_dp4a.quantize_x, or v three times (never read)
+    where no projection takes dp4a."""
     if not needed:
-        return (v, v, v, v)
-    q, d, s, s16 = gemv_dp4a.quantize_x(v, use_pdl=use_pdl)
-    return (q.view(torch.int32), d, s, s16)
+        return (v, v, v)
+    q, d, s = gemv_dp4a.quantize_x(v, use_pdl=use_pdl)
+    return (q.view(torch.int32), d, s)
 
 
 def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:

@@ -5,16 +5,17 @@ The planes kernel (gemv_planes.py) turns every weight into a float and spends ab
 instructions a value (15 for Q6_K): more than the H200 issues in the time its bytes take to
 arrive. Here, as llama.cpp's mmvq does for its quantized matrix-vector products:
 
-1. `quantize_x`: x [M, K] in int8 per 32 values, with the scale d_x (max |x| / 127), the
-   sum s_x = d_x * sum(q) of each 32 and of each 16 (Q6_K's sub-blocks): one small launch,
-   read by every row's program.
+1. `quantize_x`: x [M, K] in int8 per 32 values, with the scale d_x (max |x| / 127) and the
+   sum s_x = d_x * sum(q) of each 32: one small launch, read by every row's program.
 2. The GEMV (`_dp4a_kernel`, dp4a_dots.py's decoding per type) reads each block's packed
    values as int32 words and multiplies four by four int8 x values in one `dp4a`, scales
    once per sub-block. Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at
    2 mod 4 bytes; their words are read aligned and realigned by a funnel shift.
 
 sm_90 SASS of the K loop (bench/diag_quant_sass.py --dp4a): 1.9-2.3 instructions a value
-for Q4_K, 2.6 for Q6_K, 1.6-1.9 for Q8_0, against 9.9, 15.3 and 12.1 for the planes kernel;
+for Q4_K, 3.3 for Q6_K (32-value units: more instructions than the 2.6 of its 128-value
+groups, but neighbouring threads read neighbouring bytes), 1.6-1.9 for Q8_0, against 9.9,
+15.3 and 12.1 for the planes kernel;
 IQ2_XXS (grid words looked up in L1) 4.9-5.2 against the planes kernel's 11-12.
 
 The x rounding to int8 (about 0.4% of each 32's largest value) is the price: this path is
@@ -97,7 +98,7 @@ def is_dtype_enabled(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, s16_ptr, stride_x, num_cols,
+    def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, stride_x, num_cols,
                            BLOCK_SUBS: tl.constexpr, USE_PDL: tl.constexpr):
         token = tl.program_id(1)
         pdl_wait(USE_PDL)  # x comes from the kernel just before
@@ -115,14 +116,10 @@ if triton is not None:
         tl.store(d_ptr + token * num_subs + sub, d, mask=sub < num_subs)
         tl.store(s_ptr + token * num_subs + sub, d * tl.sum(q, axis=1).to(tl.float32),
                  mask=sub < num_subs)
-        halves = tl.sum(tl.reshape(q, (BLOCK_SUBS, 2, 16)), axis=2)  # [S, 2]
-        half = 2 * sub[:, None] + tl.arange(0, 2)[None, :]
-        tl.store(s16_ptr + token * 2 * num_subs + half, d[:, None] * halves.to(tl.float32),
-                 mask=ok)
 
     @triton.jit
     def _dp4a_kernel(
-        xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, lut_ptr, b_ptr, out_ptr, N, ROW_BYTES,
+        xq_ptr, xd_ptr, xs_ptr, w_ptr, lut_ptr, b_ptr, out_ptr, N, ROW_BYTES,
         num_groups, QTYPE: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
         USE_PDL: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
@@ -132,7 +129,7 @@ if triton is not None:
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         read = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N reread the last: not stored
         row_off = (read * ROW_BYTES)[:, None, None]  # [R, 1, 1] bytes
-        total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr, num_groups,
+        total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups,
                          QTYPE, GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
         if HAS_BIAS:
             total += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
@@ -145,7 +142,7 @@ if triton is not None:
 
     @triton.jit
     def _dp4a_pair_kernel(
-        xq_ptr, xd_ptr, xs_ptr, xs16_ptr, w_ptr, lut_ptr, b_ptr, out_ptr, N_A, N_B,
+        xq_ptr, xd_ptr, xs_ptr, w_ptr, lut_ptr, b_ptr, out_ptr, N_A, N_B,
         ROW_BYTES_A, ROW_BYTES_B, B_OFFSET, num_groups_a, num_groups_b,
         QTYPE_A: tl.constexpr, GROUP_A: tl.constexpr, QTYPE_B: tl.constexpr,
         GROUP_B: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
@@ -162,7 +159,7 @@ if triton is not None:
         if pid < programs_a:
             rows = pid * BLOCK_ROWS + local
             row_off = (tl.minimum(rows, N_A - 1).to(tl.int64) * ROW_BYTES_A)[:, None, None]
-            total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr,
+            total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
                              num_groups_a, QTYPE_A, GROUP_A, BLOCK_ROWS, BLOCK_COLS, STAGES,
                              EMULATE)
             ok = rows < N_A
@@ -171,7 +168,7 @@ if triton is not None:
             rows = (pid - programs_a) * BLOCK_ROWS + local
             row_off = (B_OFFSET + tl.minimum(rows, N_B - 1).to(tl.int64)
                        * ROW_BYTES_B)[:, None, None]
-            total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, xs16_ptr, lut_ptr,
+            total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
                              num_groups_b, QTYPE_B, GROUP_B, BLOCK_ROWS, BLOCK_COLS, STAGES,
                              EMULATE)
             ok = rows < N_B
@@ -188,10 +185,10 @@ if triton is not None:
 
 
 def quantize_x(x: torch.Tensor, use_pdl: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q int8 [M, K], d float32 [M, K/32], s float32 [M, K/32], s16 float32 [M, K/16]) for
-    x [M, K] (K % 32 == 0): x ~ d * q per 32 values, s = d * sum(q) of each 32, s16 of each
-    16. use_pdl: launched as a PDL secondary (pdl.py)."""
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q int8 [M, K], d float32 [M, K/32], s float32 [M, K/32]) for x [M, K] (K % 32 == 0):
+    x ~ d * q per 32 values, s = d * sum(q) of each 32. use_pdl: launched as a PDL secondary
+    (pdl.py)."""
     num_tokens, num_cols = x.shape
     if num_cols % X_GROUP or x.stride(-1) != 1:
         raise ValueError(f"quantize_x takes rows of a multiple of {X_GROUP} contiguous values, "
@@ -200,11 +197,10 @@ def quantize_x(x: torch.Tensor, use_pdl: bool = False
     q = torch.empty(num_tokens, num_cols, dtype=torch.int8, device=x.device)
     d = torch.empty(num_tokens, num_subs, dtype=torch.float32, device=x.device)
     s = torch.empty_like(d)
-    s16 = torch.empty(num_tokens, 2 * num_subs, dtype=torch.float32, device=x.device)
     _quantize_x_kernel[(triton.cdiv(num_subs, QUANTIZE_SUBS), num_tokens)](
-        x, q, d, s, s16, x.stride(0), num_cols, BLOCK_SUBS=QUANTIZE_SUBS,
+        x, q, d, s, x.stride(0), num_cols, BLOCK_SUBS=QUANTIZE_SUBS,
         **pdl.launch_options(use_pdl))
-    return q, d, s, s16
+    return q, d, s
 
 
 @dataclass(frozen=True)
@@ -253,7 +249,7 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
     if x.stride(-1) != 1:
         x = x.contiguous()
     (qtype_a, qtype_b), (rows_a, rows_b) = pair.qtypes, pair.rows
-    xq, xd, xs, xs16 = quantize_x(x, use_pdl)
+    xq, xd, xs = quantize_x(x, use_pdl)
     out = torch.empty(1, rows_a + rows_b, dtype=x.dtype, device=x.device)
     iq2 = 16 in pair.qtypes
     if launch.is_interpreting():
@@ -266,7 +262,7 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
         _pair_tuned[iq2],
         lambda block: (triton.cdiv(rows_a, block) + triton.cdiv(rows_b, block),),
         candidates,
-        xq.view(torch.int32), xd, xs, xs16, pair.raw, lookup_table(x.device),
+        xq.view(torch.int32), xd, xs, pair.raw, lookup_table(x.device),
         bias if bias is not None else x, out, rows_a, rows_b, pair.row_bytes[0],
         pair.row_bytes[1], pair.b_offset_bytes, num_cols // GROUP_VALUES[qtype_a],
         num_cols // GROUP_VALUES[qtype_b], QTYPE_A=qtype_a, GROUP_A=GROUP_VALUES[qtype_a],
@@ -307,8 +303,8 @@ def kernel_args(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     """`_dp4a_kernel`'s arguments but its tile and USE_PDL for x [1, K] (contiguous) times
     raw's blocks into out: x rounded to int8 here (a PDL secondary with use_pdl). matmul
     launches them tuned; bench/diag_dp4a_sweep.py at each tile of its grid."""
-    xq, xd, xs, xs16 = quantize_x(x, use_pdl)
-    args = (xq.view(torch.int32), xd, xs, xs16, raw, lookup_table(x.device),
+    xq, xd, xs = quantize_x(x, use_pdl)
+    args = (xq.view(torch.int32), xd, xs, raw, lookup_table(x.device),
             bias if bias is not None else x, out)
     kwargs = {"N": num_rows, "ROW_BYTES": raw.shape[1],
               "num_groups": x.shape[1] // GROUP_VALUES[qtype], "QTYPE": qtype,
