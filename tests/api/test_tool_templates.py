@@ -82,3 +82,22 @@ async def test_a_template_that_always_thinks_refuses_constrained_output(client, 
     with pytest.raises(ApiError, match="thinking"):
         await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), '{"grammars": []}',
                         None, {})
+
+
+async def test_a_thinking_template_is_rendered_once_per_request(client, text_assets,
+                                                                monkeypatch) -> None:
+    """The prompt's text both tells whether it opened the think block and is tokenized: one
+    render of a template from a model file, not two."""
+    assets = dataclasses.replace(text_assets,
+                                 chat_template=(TEMPLATES / "qwen3.jinja").read_text())
+    renders = []
+    render = type(assets).apply_chat_template
+
+    def counted(self, *args, **kwargs):
+        renders.append(1)
+        return render(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(assets), "apply_chat_template", counted)
+    plan = await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), None, True, {})
+    assert plan.thinks and len(renders) == 1
+    assert plan.prompt_ids == assets.encode_chat(HISTORY[:1], enable_thinking=True)

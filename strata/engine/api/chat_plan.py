@@ -13,12 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
-from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
-from strata.engine.api.textgen import encode_chat
+from strata.engine.api.textgen import render_chat_prompt
 from strata.engine.api.tool_prompt import call_grammar, hermes_messages, template_reads_tools
 from strata.engine.api.tool_spec import ToolRequest
-from strata.engine.text import ChatTemplateError
 from strata.engine.text.reasoning import prompt_opens_thinking, template_thinks, template_uses
 from strata.engine.text.tool_calls import detect_format
 
@@ -113,13 +111,8 @@ async def plan_chat(app: web.Application, assets: Any, messages: list[dict[str, 
     on the app's CPU pool, off the event loop."""
     render = render_chat(assets, messages, tools, output_grammar, thinking, kwargs,
                          thinking_param)
-    prompt_ids = await encode_chat(app, assets, render.messages, **render.template_kwargs)
-    starts_thinking = False
-    if render.thinks:
-        try:
-            starts_thinking = prompt_opens_thinking(await run_cpu(
-                app, assets.apply_chat_template, render.messages, **render.template_kwargs))
-        except ChatTemplateError:  # encode_chat rendered it already: cannot happen twice
-            starts_thinking = False
+    text, prompt_ids = await render_chat_prompt(app, assets, render.messages,
+                                                **render.template_kwargs)
+    starts_thinking = render.thinks and prompt_opens_thinking(text)
     return ChatPlan(prompt_ids, render.grammar, render.tool_format, tools, render.thinks,
                     starts_thinking)

@@ -240,12 +240,18 @@ class TextGeneration:
         return "".join([piece async for piece in self.deltas()])
 
 
-async def encode_chat(app: web.Application, assets: TextAssets, messages: list[dict[str, Any]],
-                      **extra: Any) -> list[int]:
-    """Apply the model's chat template and tokenize, off the event loop; template failures
-    are the client's 400. extra (tools, enable_thinking, ...) reaches the template."""
+async def render_chat_prompt(app: web.Application, assets: TextAssets,
+                             messages: list[dict[str, Any]], **extra: Any
+                             ) -> tuple[str, list[int]]:
+    """(text, token ids) of the model's chat template applied to messages, off the event
+    loop, rendered once; template failures are the client's 400. extra (tools,
+    enable_thinking, ...) reaches the template."""
+    def render_and_encode() -> tuple[str, list[int]]:
+        text = assets.apply_chat_template(messages, **extra)
+        return text, list(assets.encode_rendered(text))
+
     try:
-        return list(await run_cpu(app, assets.encode_chat, messages, **extra))
+        return await run_cpu(app, render_and_encode)
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None

@@ -91,8 +91,13 @@ class TextAssets:
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     **extra: Any) -> list[int]:
-        """Prompt token ids for messages; BOS appears once even if the template writes it."""
-        text = self.apply_chat_template(messages, add_generation_prompt, **extra)
+        """Prompt token ids for messages: apply_chat_template, then encode_rendered."""
+        return self.encode_rendered(self.apply_chat_template(messages, add_generation_prompt,
+                                                             **extra))
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Token ids of a prompt apply_chat_template rendered; BOS appears once even if the
+        template writes it."""
         ids = self.encode(text, add_special=False)
         if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
