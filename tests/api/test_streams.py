@@ -101,3 +101,26 @@ async def test_a_client_that_goes_away_is_logged(service, caplog):
 async def test_client_disconnect_on_anthropic_stream(disconnect_url, service):
     await _disconnect_midstream(disconnect_url, service, "/v1/messages",
                                 {"messages": USER, "stream": True, "max_tokens": 400})
+
+
+async def test_a_request_stopped_by_the_shutdown_is_not_logged_as_a_client_leaving(service,
+                                                                                  caplog):
+    """The server's shutdown cancels a handler still streaming, as a client's leaving does:
+    the log line says the server stopped it, not that the client went away."""
+    service.is_endless = True
+    service.token_delay_s = 0.005
+    runner = web.AppRunner(create_app(service), handler_cancellation=True, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    with caplog.at_level(logging.INFO, logger="strata.engine.api.errors"):
+        async with aiohttp.ClientSession() as session:
+            resp = await session.post(url + "/v1/chat/completions",
+                                      json={"messages": USER, "stream": True})
+            assert resp.status == 200
+            await resp.content.readuntil(b"\n\n")  # the stream has started
+            await runner.cleanup()  # the client is still reading
+            resp.close()
+    assert "POST /v1/chat/completions: the server shut down after" in caplog.text
+    assert "went away" not in caplog.text

@@ -9,11 +9,13 @@ from aiohttp import web
 from strata.engine.api.cpu_pool import cpu_pool_context
 from strata.engine.api.errors import error_middleware
 from strata.engine.api.keys import (
+    LIFECYCLE_KEY,
     MAX_REQUEST_BYTES,
     RESPONSES_KEY,
     SERVICE_KEY,
     SETTINGS_KEY,
     ApiSettings,
+    Lifecycle,
 )
 from strata.engine.api.model_routing import model_middleware
 from strata.engine.api.origins import DEFAULT_ALLOWED_ORIGINS
@@ -43,7 +45,14 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
                                     allowed_origins=(*DEFAULT_ALLOWED_ORIGINS,
                                                      *(o.rstrip("/") for o in allowed_origins)))
     app.on_response_prepare.append(add_cors_headers)
+    app[LIFECYCLE_KEY] = Lifecycle()
+    app.on_shutdown.append(_mark_stopping)
     app.cleanup_ctx.append(cpu_pool_context)
     app[RESPONSES_KEY] = ResponseStore()
     setup_routes(app)
     return app
+
+
+async def _mark_stopping(app: web.Application) -> None:
+    """on_shutdown: runs before aiohttp cancels the handlers still running."""
+    app[LIFECYCLE_KEY].stopping = True

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from strata.engine.api.keys import MAX_REQUEST_BYTES
+from strata.engine.api.keys import LIFECYCLE_KEY, MAX_REQUEST_BYTES
 from strata.engine.api.redact import redact_text
 from strata.engine.protocol import Error as ErrorEvent
 from strata.engine.service.error_codes import http_status, retry_after_s
@@ -127,10 +127,14 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except asyncio.CancelledError:
-        # A client that goes away cancels its handler (listen.py): no answer is written, so
-        # aiohttp's access log has no line for it either; this one says where it went.
-        log.info("%s %s: the client went away after %.1f s; its request was stopped",
-                 request.method, request.path, time.monotonic() - started_s)
+        # A client that goes away cancels its handler (listen.py), and so does the server's
+        # shutdown: no answer is written, so aiohttp's access log has no line for either;
+        # this one says which it was.
+        lifecycle = request.config_dict.get(LIFECYCLE_KEY)
+        cause = ("the server shut down" if lifecycle is not None and lifecycle.stopping
+                 else "the client went away")
+        log.info("%s %s: %s after %.1f s; its request was stopped", request.method,
+                 request.path, cause, time.monotonic() - started_s)
         raise
     except ApiError as exc:
         return error_response(exc, **shape)

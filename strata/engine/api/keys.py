@@ -23,6 +23,16 @@ class ApiSettings:
     allowed_origins: tuple[str, ...] = ()
 
 
+@dataclass
+class Lifecycle:
+    """Whether the app is shutting down (set by its on_shutdown, before aiohttp cancels the
+    handlers still running): a cancelled handler was then stopped by the server, not by a
+    client that went away."""
+
+    stopping: bool = False
+
+
 SERVICE_KEY = web.AppKey("strata_service", ServiceFacade)
+LIFECYCLE_KEY = web.AppKey("strata_lifecycle", Lifecycle)
 SETTINGS_KEY = web.AppKey("strata_api_settings", ApiSettings)
 RESPONSES_KEY = web.AppKey("strata_responses", ResponseStore)
