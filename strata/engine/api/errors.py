@@ -130,8 +130,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         # A client that goes away cancels its handler (listen.py), and so does the server's
         # shutdown: no answer is written, so aiohttp's access log has no line for either;
         # this one says which it was.
-        lifecycle = request.config_dict.get(LIFECYCLE_KEY)
-        cause = ("the server shut down" if lifecycle is not None and lifecycle.stopping
+        cause = ("the server shut down" if request.config_dict[LIFECYCLE_KEY].stopping
                  else "the client went away")
         log.info("%s %s: %s after %.1f s; its request was stopped", request.method,
                  request.path, cause, time.monotonic() - started_s)

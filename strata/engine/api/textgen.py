@@ -248,7 +248,7 @@ async def render_chat_prompt(app: web.Application, assets: TextAssets,
     enable_thinking, ...) reaches the template."""
     def render_and_encode() -> tuple[str, list[int]]:
         text = assets.apply_chat_template(messages, **extra)
-        return text, list(assets.encode_rendered(text))
+        return text, assets.encode_rendered(text)
 
     try:
         return await run_cpu(app, render_and_encode)
