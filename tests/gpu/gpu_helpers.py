@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -46,3 +50,18 @@ def build_with_expert_cache(config, expert_cache: str):
     memory = ModelMemory(backend, torch.bfloat16)
     model = memory.build(config, RandomWeights(backend.device, std=0.1), expert_cache)
     return memory, model
+
+
+def captured(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """(graph, what fn returned inside it): fn run once on a side stream, as torch asks
+    before a capture, then captured. Callers run fn once before, outside, to compile and
+    tune its kernels."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

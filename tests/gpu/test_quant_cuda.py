@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
 from strata.engine.protocol import SamplingSpec
-from tests.gpu.gpu_helpers import MIB, nvml_used_bytes
+from tests.gpu.gpu_helpers import MIB, captured, nvml_used_bytes
 from tests.helpers.quant_blocks import random_blocks, random_pair
 
 pytestmark = pytest.mark.gpu
@@ -140,14 +140,7 @@ def test_cuda_decode_kernel_replays_from_a_cuda_graph(qtype: QT) -> None:
     raw = torch.from_numpy(random_blocks(qtype, 1024, 2048, seed=2, scale=0.01)).cuda()
     x = torch.randn(1, 2048, device="cuda").bfloat16()
     kernels.quant_matmul(x, raw, qtype, 1024)  # compile and autotune outside the capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        kernels.quant_matmul(x, raw, qtype, 1024)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = kernels.quant_matmul(x, raw, qtype, 1024)
+    graph, out = captured(lambda: kernels.quant_matmul(x, raw, qtype, 1024))
     x.copy_(torch.randn(1, 2048, device="cuda").bfloat16())
     graph.replay()
     torch.testing.assert_close(out, kernels.quant_matmul(x, raw, qtype, 1024), rtol=0, atol=0)
@@ -176,14 +169,7 @@ def test_cuda_dp4a_products_chained_by_pdl_equal_serial_launches(qtype: QT) -> N
         return y
 
     chain(True)  # compile and autotune outside the capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        chain(True)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain(True)
+    graph, out = captured(lambda: chain(True))
     for _ in range(5):
         x.copy_(torch.randn(1, size, device="cuda").bfloat16())
         graph.replay()
@@ -215,14 +201,7 @@ def test_cuda_a_pair_of_types_equals_its_separate_products_and_replays(
         gemv_dp4a.matmul(x, raw_b, type_b, rows_b, bias[rows_a:])],
         dim=1).float()
     assert (got - expected).abs().max().item() <= 8e-3 * expected.abs().max().item()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        gemv_dp4a.matmul_pair(x, pair, bias)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = gemv_dp4a.matmul_pair(x, pair, bias)
+    graph, out = captured(lambda: gemv_dp4a.matmul_pair(x, pair, bias))
     x.copy_(torch.randn(1, cols, device="cuda").bfloat16())
     graph.replay()
     torch.testing.assert_close(out, gemv_dp4a.matmul_pair(x, pair, bias), rtol=0, atol=0)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
+from tests.gpu.gpu_helpers import captured
 from tests.helpers.moe_stub import moe_stub
 from tests.helpers.quant_blocks import random_blocks
 
@@ -213,14 +214,7 @@ def test_cuda_graph_of_the_grouped_path_replays_with_new_routing(monkeypatch,
     x, weights, ids = _routing(256, seed=1)
     moe_prefill.experts_sorted(moe, x, weights, ids)  # compile and tune outside capture
     held = scratch_bytes()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        moe_prefill.experts_sorted(moe, x, weights, ids)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = moe_prefill.experts_sorted(moe, x, weights, ids)
+    graph, out = captured(lambda: moe_prefill.experts_sorted(moe, x, weights, ids))
     assert counted_paths["gemm"] == 0 and scratch_bytes() == held
     for seed in (2, 3):
         new_x, new_weights, new_ids = _routing(256, seed=seed)

@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.engine.protocol import SamplingSpec
 from tests.core.batch_helpers import alone, assert_same_or_near_tie, run_batch
+from tests.gpu.gpu_helpers import captured
 from tests.helpers.quant_blocks import random_blocks
 
 pytestmark = pytest.mark.gpu
@@ -160,14 +161,7 @@ def test_cuda_batched_experts_replay_in_a_cuda_graph_with_new_routing() -> None:
         return expert_batch.routed_rows(rows, *experts, ids, weights), ids
 
     block(static_x)  # compile and autotune outside the capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        block(static_x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out, static_ids = block(static_x)
+    graph, (static_out, static_ids) = captured(lambda: block(static_x))
     first_ids = None
     for seed in (6, 7):
         new_x, _ = _rows(16, seed=seed)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
+from tests.gpu.gpu_helpers import captured
 from tests.helpers.child_env import child_env
 from tests.helpers.quant_blocks import random_experts
 
@@ -208,14 +209,7 @@ def test_cuda_graph_replays_with_new_routing() -> None:
     blocks, _ = _layer(Q4_K_M)
     rows, offsets, row_weights = _routed(NUM_EXPERTS, tokens=128, seed=1)
     expert_gemm.experts_mlp(rows, *blocks, offsets, row_weights)  # compile outside capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        expert_gemm.experts_mlp(rows, *blocks, offsets, row_weights)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = expert_gemm.experts_mlp(rows, *blocks, offsets, row_weights)
+    graph, out = captured(lambda: expert_gemm.experts_mlp(rows, *blocks, offsets, row_weights))
     for seed in (2, 3):
         new_rows, new_offsets, new_weights = _routed(NUM_EXPERTS, tokens=128, seed=seed)
         rows.copy_(new_rows)

@@ -20,6 +20,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.engine.protocol import SamplingSpec
 from tests.core.batch_helpers import BF16_NEAR_TIE, assert_same_or_near_tie
+from tests.gpu.gpu_helpers import captured
 from tests.helpers.quant_blocks import random_blocks
 
 pytestmark = pytest.mark.gpu
@@ -125,14 +126,7 @@ def test_cuda_fused_experts_replay_in_a_cuda_graph_with_new_ids() -> None:
     ids = torch.arange(8, device="cuda")
     weights = torch.full((8,), 0.125, dtype=torch.bfloat16, device="cuda")
     expert_gemv.routed_mlp(x, *experts, ids, weights)  # compile and autotune outside capture
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        expert_gemv.routed_mlp(x, *experts, ids, weights)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = expert_gemv.routed_mlp(x, *experts, ids, weights)
+    graph, out = captured(lambda: expert_gemv.routed_mlp(x, *experts, ids, weights))
     for new_ids in ([15, 2, 7, 9, 0, 11, 4, 13], [1, 3, 5, 6, 8, 10, 12, 14]):
         ids.copy_(torch.tensor(new_ids))
         graph.replay()
