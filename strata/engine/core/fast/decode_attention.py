@@ -6,7 +6,8 @@ layer's weights (figures: docs/benchmarks.md, "Figures behind the fast path"). H
 
 1. `_split_kernel`, grid (kv heads, key splits): every program norms and rotates its query
    group and the new key itself (a few hundred FLOPs), scans SPLIT_KEYS cache slots with an
-   online softmax, and writes (max, sum, weighted values) for its split. The new K/V row is
+   online softmax, and writes (max, sum, weighted values) for its split. Its first block of
+   cached keys loads before the PDL wait, and each block's successor while it is used. The new K/V row is
    stored by split 0 and substituted in registers by every split, so no program ever reads a
    slot another one is writing. Splits past the position load nothing (masked loads).
 2. `_combine_kernel`, grid (query heads,): merges the splits (flash-decoding).
@@ -55,6 +56,16 @@ if triton is not None:
         return x * cos[None, :] + sign[None, :] * xp * sin[None, :]
 
     @triton.jit
+    def _cached_keys(k_cache, v_cache, keys, pos, head, cols, stride_token, NUM_KEYS: tl.constexpr,
+                     HEAD_DIM: tl.constexpr):
+        """This kv head's cached K and V rows of slots `keys` [BLOCK_S] before pos, zeros for
+        the others (the slot at pos is this step's, the later ones unused): [BLOCK_S, D]."""
+        kv_off = keys[:, None].to(tl.int64) * stride_token + head * HEAD_DIM + cols[None, :]
+        ok = ((keys < pos) & (keys < NUM_KEYS))[:, None]
+        return (tl.load(k_cache + kv_off, mask=ok, other=0.0),
+                tl.load(v_cache + kv_off, mask=ok, other=0.0))
+
+    @triton.jit
     def _split_kernel(
         q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, k_cache, v_cache, pos_ptr,
         max_ptr, sum_ptr, acc_ptr, eps, scale, stride_token,
@@ -64,12 +75,18 @@ if triton is not None:
     ):
         head = tl.program_id(0)
         split = tl.program_id(1)
-        pdl_wait(USE_PDL)  # q, k, v come from the projection just before (pdl.py)
+        # Before the PDL wait only what no kernel of this layer writes (pdl.py): the
+        # position and the rotary angles (set before the step's first kernel) and the cache
+        # slots before the position (earlier steps wrote them), so this split's first keys
+        # stream while the projection before still runs.
         pos = tl.load(pos_ptr)
         cols = tl.arange(0, HEAD_DIM)
         partner = (cols + HEAD_DIM // 2) % HEAD_DIM
         cos = tl.load(cos_ptr + cols).to(tl.float32)
         sin = tl.load(sin_ptr + cols).to(tl.float32)
+        kb, vb = _cached_keys(k_cache, v_cache, split * SPLIT_KEYS + tl.arange(0, BLOCK_S), pos,
+                              head, cols, stride_token, NUM_KEYS, HEAD_DIM)
+        pdl_wait(USE_PDL)  # q, k, v come from the projection just before (pdl.py)
         one = tl.arange(0, 1)
         # The new key and value of this kv head, [1, D].
         k_off = (head + one)[:, None] * HEAD_DIM
@@ -96,12 +113,13 @@ if triton is not None:
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         for offset in range(0, SPLIT_KEYS, BLOCK_S):
             keys = split * SPLIT_KEYS + offset + tl.arange(0, BLOCK_S)
+            # The next block's slots load while this one is used (none past the split).
+            upcoming = tl.where(offset + BLOCK_S < SPLIT_KEYS, keys + BLOCK_S, NUM_KEYS)
+            next_kb, next_vb = _cached_keys(k_cache, v_cache, upcoming, pos, head, cols,
+                                            stride_token, NUM_KEYS, HEAD_DIM)
             valid = (keys <= pos) & (keys < NUM_KEYS)
-            kv_off = keys[:, None].to(tl.int64) * stride_token + head * HEAD_DIM + cols[None, :]
             fresh = keys[:, None] == pos  # the slot this step writes: use the registers
-            kb = tl.load(k_cache + kv_off, mask=valid[:, None] & ~fresh, other=0.0)
             kb = tl.where(fresh, k_new, kb)
-            vb = tl.load(v_cache + kv_off, mask=valid[:, None] & ~fresh, other=0.0)
             vb = tl.where(fresh, v_new, vb)
             s = tl.dot(q, tl.trans(kb))  # [GROUP_PAD, BLOCK_S] float32
             s = tl.where(valid[None, :], s, float("-inf"))
@@ -111,6 +129,8 @@ if triton is not None:
             l_i = l_i * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
             m_i = m_new
+            kb = next_kb
+            vb = next_vb
         row = (head * GROUP + g) * NUM_SPLITS + split
         tl.store(max_ptr + row, m_i, mask=g_ok)
         tl.store(sum_ptr + row, l_i, mask=g_ok)
