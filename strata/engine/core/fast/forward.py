@@ -40,9 +40,11 @@ def head_weight(model) -> torch.Tensor:
     return model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
 
 
-def project_head(x: torch.Tensor, model) -> torch.Tensor:
-    """Logits [T, V] float32 for x [T, H], whatever form the head's weight takes."""
-    return qweight.apply_linear(x, head_weight(model)).float()
+def project_head(x: torch.Tensor, model, use_pdl: bool = False) -> torch.Tensor:
+    """Logits [T, V] float32 for x [T, H], whatever form the head's weight takes. use_pdl: a
+    quantized head's one-token product launches as a PDL secondary (qlinear), as the decode
+    step's other products do."""
+    return qweight.apply_linear(x, head_weight(model), use_pdl=use_pdl).float()
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None,
@@ -204,4 +206,4 @@ def decode_step(
                              ops)
         h, y = _norm_mlp(layer.mlp, h, y, layer.post_attention_layernorm, ops, moe_impl)
     _, x = _norm_token(h, y, model.model.norm, ops)
-    return project_head(x, model)  # [1, V]
+    return project_head(x, model, ops.pdl)  # [1, V]

@@ -202,10 +202,11 @@ def qlinear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = Non
     return out.view(*lead, w.shape[0])
 
 
-def apply_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for a float weight, qlinear for a QuantizedWeight."""
+def apply_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
+                 use_pdl: bool = False) -> torch.Tensor:
+    """F.linear for a float weight, qlinear (use_pdl as there) for a QuantizedWeight."""
     if isinstance(weight, QuantizedWeight):
-        return qlinear(x, weight, bias)
+        return qlinear(x, weight, bias, use_pdl)
     return F.linear(x, weight, bias)
 
 
