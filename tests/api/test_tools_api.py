@@ -228,3 +228,34 @@ async def test_apply_template_shows_the_chat_prompt_with_its_tools(client, servi
         assert resp.status == 400, bad
         assert (await resp.json())["error"]["param"] == param
     assert len(service.requests) == asked  # nothing generated
+
+
+async def test_apply_template_shows_the_prompt_a_structured_chat_gets(aiohttp_client,
+                                                                      service) -> None:
+    """A JSON schema turns a switchable thinking template's thinking off in chat's prompt:
+    /apply-template, reading the body as chat does, shows that prompt, and refuses what
+    chat refuses (a schema that is not one, or thinking asked for beside it)."""
+    from strata.engine.api import create_app
+
+    service.text = dataclasses.replace(service.text,
+                                       chat_template=(TEMPLATES / "qwen3.jinja").read_text())
+    service.reply_text = '{"city": "Paris"}'
+    client = await aiohttp_client(create_app(service))
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    body = {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "place", "schema": schema}}}
+    chat = await client.post("/v1/chat/completions", json={**body, "max_tokens": 40})
+    assert chat.status == 200, await chat.text()
+    shown = await client.post("/apply-template", json=body)
+    assert shown.status == 200, await shown.text()
+    prompt = (await shown.json())["prompt"]
+    assert prompt == _prompt(service) and prompt.endswith("<think>\n\n</think>\n\n")
+    asked = len(service.requests)
+    for bad, param in (({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "place", "schema": {"type": "objekt"}}}},
+                        "response_format.json_schema.schema"),
+                       ({"enable_thinking": True}, "enable_thinking")):
+        resp = await client.post("/apply-template", json={**body, **bad})
+        assert resp.status == 400, (bad, await resp.text())
+        assert (await resp.json())["error"]["param"] == param
+    assert len(service.requests) == asked  # nothing generated

@@ -13,10 +13,12 @@ from typing import Any
 
 from aiohttp import web
 
+from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.errors import bad_request
-from strata.engine.api.textgen import render_chat_prompt
+from strata.engine.api.output_format import openai_output_grammar, openai_thinking
+from strata.engine.api.textgen import render_chat_prompt, text_assets
 from strata.engine.api.tool_prompt import call_grammar, hermes_messages, template_reads_tools
-from strata.engine.api.tool_spec import ToolRequest
+from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
 from strata.engine.text.reasoning import prompt_opens_thinking, template_thinks, template_uses
 from strata.engine.text.tool_calls import detect_format
 
@@ -49,6 +51,30 @@ def template_kwargs(body: dict, source: str | None, param: str = "chat_template_
             raise bad_request(f"'{param}' sets {name!r}, which this model's chat template does "
                               "not use; leave it out", param=param)
     return dict(value)
+
+
+@dataclass(frozen=True)
+class ChatInputs:
+    """The parts of a chat body that shape its prompt: render_chat's and plan_chat's input."""
+    messages: list[dict[str, Any]]
+    tools: ToolRequest
+    output_grammar: str | None
+    thinking: bool | None
+    template_kwargs: dict[str, Any]
+
+
+def openai_chat_inputs(body: dict, service: Any) -> tuple[ChatInputs, Any]:
+    """The prompt-shaping fields of an OpenAI chat body, each checked (a 400 naming it), and
+    the service's text assets (a 503 without them), read after the body's own checks so bad
+    input is a 400 whatever the service's state. /v1/chat/completions and /apply-template
+    both read a body through this: the prompt /apply-template shows is the one chat would
+    feed the model, refusals included."""
+    tools = parse_openai_tools(body)
+    messages = parse_openai_messages(body)  # tool calls and results too
+    output_grammar, thinking = openai_output_grammar(body), openai_thinking(body)
+    assets = text_assets(service)
+    return (ChatInputs(messages, tools, output_grammar, thinking,
+                       template_kwargs(body, assets.chat_template)), assets)
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,13 @@ from aiohttp import web
 
 from strata import __version__ as STRATA_VERSION
 from strata.engine.api import sse
-from strata.engine.api.chat_messages import parse_openai_messages
-from strata.engine.api.chat_plan import plan_chat, template_kwargs
+from strata.engine.api.chat_plan import openai_chat_inputs, plan_chat
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.model_list import openai_model_by_name, openai_models
 from strata.engine.api.model_routing import apply_ttl, model_pool, service_of
 from strata.engine.api.openai_chat import chat_response, chat_stream
 from strata.engine.api.openai_logprobs import completion_logprobs, summed_usage
-from strata.engine.api.output_format import openai_output_grammar, openai_thinking
+from strata.engine.api.output_format import openai_output_grammar
 from strata.engine.api.params import parse_openai, parse_openai_completion
 from strata.engine.api.textgen import (
     TextGeneration,
@@ -27,7 +26,6 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.api.tool_spec import parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
 from strata.engine.service.levels import State
@@ -56,12 +54,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     params = parse_openai(body)
     apply_ttl(service, body)
-    tools = parse_openai_tools(body)
-    messages = parse_openai_messages(body)
-    output_grammar = openai_output_grammar(body)
-    assets = text_assets(service)
-    plan = await plan_chat(request.app, assets, messages, tools, output_grammar,
-                           openai_thinking(body), template_kwargs(body, assets.chat_template))
+    inputs, assets = openai_chat_inputs(body, service)
+    plan = await plan_chat(request.app, assets, inputs.messages, inputs.tools,
+                           inputs.output_grammar, inputs.thinking, inputs.template_kwargs)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": service.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
 

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from strata.engine.api.chat_messages import parse_openai_messages
-from strata.engine.api.chat_plan import render_chat, template_kwargs
+from strata.engine.api.chat_plan import openai_chat_inputs, render_chat
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.model_routing import service_of
-from strata.engine.api.output_format import openai_output_grammar, openai_thinking
 from strata.engine.api.params import parse_openai
-from strata.engine.api.textgen import text_assets
-from strata.engine.api.tool_spec import parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.text import ChatTemplateError
 
@@ -25,11 +21,9 @@ async def apply_template(request: web.Request) -> web.Response:
     the sampling fields shape no prompt, so they change nothing here."""
     body = await read_json_object(request)
     parse_openai(body, "/apply-template")  # chat's checks: its sampling shapes no prompt
-    messages = parse_openai_messages(body)  # tool calls and results too, as chat takes them
-    tools = parse_openai_tools(body)
-    assets = text_assets(service_of(request))
-    render = render_chat(assets, messages, tools, openai_output_grammar(body),
-                         openai_thinking(body), template_kwargs(body, assets.chat_template))
+    inputs, assets = openai_chat_inputs(body, service_of(request))
+    render = render_chat(assets, inputs.messages, inputs.tools, inputs.output_grammar,
+                         inputs.thinking, inputs.template_kwargs)
     try:  # templates from model files can be slow: keep /health answering meanwhile
         prompt = await run_cpu(request.app, assets.apply_chat_template, render.messages,
                                **render.template_kwargs)
