@@ -7,9 +7,10 @@ layer's weights (figures: docs/benchmarks.md, "Figures behind the fast path"). H
 1. `_split_kernel`, grid (kv heads, key splits): every program norms and rotates its query
    group and the new key itself (a few hundred FLOPs), scans SPLIT_KEYS cache slots with an
    online softmax, and writes (max, sum, weighted values) for its split. Its first block of
-   cached keys loads before the PDL wait, and each block's successor while it is used. The new K/V row is
-   stored by split 0 and substituted in registers by every split, so no program ever reads a
-   slot another one is writing. Splits past the position load nothing (masked loads).
+   cached keys loads before the PDL wait, and each block's successor while it is used. The
+   new K/V row is stored by split 0 and substituted in registers by every split, so no
+   program ever reads a slot another one is writing. Splits past the position load nothing
+   (masked loads).
 2. `_combine_kernel`, grid (query heads,): merges the splits (flash-decoding).
 
 `reference_decode_attention` is the torch twin (and the path when Triton cannot run);
