@@ -114,10 +114,12 @@ if triton is not None:
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         for offset in range(0, SPLIT_KEYS, BLOCK_S):
             keys = split * SPLIT_KEYS + offset + tl.arange(0, BLOCK_S)
-            # The next block's slots load while this one is used (none past the split).
-            upcoming = tl.where(offset + BLOCK_S < SPLIT_KEYS, keys + BLOCK_S, NUM_KEYS)
-            next_kb, next_vb = _cached_keys(k_cache, v_cache, upcoming, pos, head, cols,
-                                            stride_token, NUM_KEYS, HEAD_DIM)
+            if SPLIT_KEYS > BLOCK_S:  # the next block's slots load while this one is used
+                upcoming = tl.where(offset + BLOCK_S < SPLIT_KEYS, keys + BLOCK_S, NUM_KEYS)
+                next_kb, next_vb = _cached_keys(k_cache, v_cache, upcoming, pos, head, cols,
+                                                stride_token, NUM_KEYS, HEAD_DIM)
+            else:  # one block a split (buckets up to 8192 keys): nothing to load ahead
+                next_kb, next_vb = kb, vb
             valid = (keys <= pos) & (keys < NUM_KEYS)
             fresh = keys[:, None] == pos  # the slot this step writes: use the registers
             kb = tl.where(fresh, k_new, kb)
