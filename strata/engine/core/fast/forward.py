@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from strata.engine.core.fast import decode_dense
+from strata.engine.core.fast import decode_dense, decode_rounded
 from strata.engine.core.fast.decode_attention import (
     fused_decode_attention,
     reference_decode_attention,
 )
-from strata.engine.core.fast.moe_grouped import moe_forward
+from strata.engine.core.fast.moe_grouped import moe_forward, takes_rounded_x
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
 from strata.engine.core.fused_views import fused_gate_up, fused_qkv, fused_qkv_pair
 from strata.engine.core.kv_cache import KVCache
@@ -40,27 +40,31 @@ def head_weight(model) -> torch.Tensor:
     return model.model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
 
 
-def project_head(x: torch.Tensor, model, use_pdl: bool = False) -> torch.Tensor:
+def project_head(x: torch.Tensor, model, use_pdl: bool = False,
+                 rounded: tuple | None = None) -> torch.Tensor:
     """Logits [T, V] float32 for x [T, H], whatever form the head's weight takes. use_pdl: a
     quantized head's one-token product launches as a PDL secondary (qlinear), as the decode
-    step's other products do."""
-    return qweight.apply_linear(x, head_weight(model), use_pdl=use_pdl).float()
+    step's other products do; rounded: x's int8 rounding made with x (decode_rounded.py)."""
+    return qweight.apply_linear(x, head_weight(model), use_pdl=use_pdl, rounded=rounded).float()
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None,
-           ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
+           ops: PointwiseOps = EAGER_OPS, rounded: tuple | None = None) -> torch.Tensor:
     """F.linear, or for one token with ops.dense_kernels and a small weight, decode_dense.gemv;
     a weight held as GGML blocks takes its own branch, qlinear (quant/weight.py), its one-token
-    kernels launched as PDL secondaries where ops.pdl says the dense ones are."""
+    kernels launched as PDL secondaries where ops.pdl says the dense ones are, reading
+    `rounded` (x's int8 rounding made with x) if given."""
     if isinstance(weight, qweight.QuantizedWeight):
-        return qweight.qlinear(x, weight, bias, use_pdl=ops.pdl)
+        return qweight.qlinear(x, weight, bias, use_pdl=ops.pdl, rounded=rounded)
     if ops.dense_kernels and x.shape[0] == 1 and decode_dense.use_gemv(weight):
         return decode_dense.gemv(x, weight, bias, use_pdl=ops.pdl)
     return F.linear(x, weight, bias)
 
 
-def project_qkv(attn, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS):
+def project_qkv(attn, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS,
+                rounded: tuple | None = None):
     """q [T, Hq*D], k and v [T, Hkv*D] for x [T, H]: one GEMM over the fused view if any.
+    rounded: x's int8 rounding made with x, for the quantized products of one token.
 
     The fused outputs are column slices of one [T, Nq+Nk+Nv] tensor: contiguous for T=1,
     row-strided for T>1 (every consumer reshapes only the last dim or copies).
@@ -70,11 +74,13 @@ def project_qkv(attn, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS):
         paired = fused_qkv_pair(attn)
         if paired is not None and gemv_dp4a().is_pair_enabled(x):  # one token, two types
             pair, bias, sizes = paired
-            return gemv_dp4a().matmul_pair(x, pair, bias, use_pdl=ops.pdl).split(sizes, dim=-1)
-        return tuple(linear(x, p.weight, p.bias, ops)
+            return gemv_dp4a().matmul_pair(x, pair, bias, use_pdl=ops.pdl,
+                                           rounded=rounded).split(sizes, dim=-1)
+        return tuple(linear(x, p.weight, p.bias, ops, rounded)
                      for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     weight, bias, sizes = fused
-    return linear(x, weight, bias, ops).split(sizes, dim=-1)  # [T, Nq+Nk+Nv] -> three views
+    # [T, Nq+Nk+Nv] -> three views
+    return linear(x, weight, bias, ops, rounded).split(sizes, dim=-1)
 
 
 def qkv(attn, x: torch.Tensor, cos, sin, ops: PointwiseOps):
@@ -110,13 +116,29 @@ def attention_decode(
     return linear(out, attn.o_proj.weight, attn.o_proj.bias, ops)
 
 
-def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps):
-    """(h + y, norm(h + y)) for one token; y None (the first layer): (h, norm(h))."""
+def _rounds_x(x: torch.Tensor, weight, ops: PointwiseOps) -> bool:
+    """Whether the kernel that makes one token's x [1, K] (a norm, SiLU·mul) rounds it to int8
+    too (decode_rounded.py): the product by `weight` after it takes dp4a (a QuantizedWeight of a
+    dp4a type, or q/k/v's QuantizedPair), so a launch of quantize_x is saved."""
+    if not (ops.dense_kernels and x.shape[0] == 1) or weight is None:
+        return False
+    if isinstance(weight, qweight.QuantizedWeight):
+        return gemv_dp4a().is_enabled(x, weight.qtype, weight.raw)
+    return isinstance(weight, gemv_dp4a().QuantizedPair) and gemv_dp4a().is_pair_enabled(x)
+
+
+def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps,
+                weight=None, rounds: bool = False):
+    """(h + y, norm(h + y), rounded) for one token; y None (the first layer): h itself.
+    rounded: norm(h + y)'s int8 rounding from the same launch where the product after it, by
+    `weight`, takes dp4a (or `rounds` says another consumer does), else None."""
+    if rounds or _rounds_x(h, weight, ops):
+        return decode_rounded.add_rms_norm_rounded(h, y, norm.weight, norm.eps, use_pdl=ops.pdl)
     if ops.dense_kernels:
-        return decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl)
+        return (*decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl), None)
     if y is None:
-        return h, ops.rms_norm(h, norm.weight, norm.eps)
-    return ops.add_rms_norm(h, y, norm.weight, norm.eps)
+        return h, ops.rms_norm(h, norm.weight, norm.eps), None
+    return (*ops.add_rms_norm(h, y, norm.weight, norm.eps), None)
 
 
 def _takes_prologue(x: torch.Tensor, weight: torch.Tensor, ops: PointwiseOps) -> bool:
@@ -132,16 +154,18 @@ def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps):
     norm_gemv) where it pays, else the norm then the projection."""
     if _takes_prologue(h, weight, ops):
         return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl)
-    h, x = _norm_token(h, y, norm, ops)
-    return h, linear(x, weight, bias, ops)
+    h, x, rounded = _norm_token(h, y, norm, ops, weight)
+    return h, linear(x, weight, bias, ops, rounded)
 
 
 def _norm_qkv(attn, h, y, norm, ops: PointwiseOps):
     """(h + y, (q, k, v)) for one token: the input norm and the q/k/v projections."""
     fused = fused_qkv(attn)
     if fused is None:
-        h, x = _norm_token(h, y, norm, ops)
-        return h, project_qkv(attn, x, ops)
+        paired = fused_qkv_pair(attn)
+        weight = paired[0] if paired is not None else attn.q_proj.weight
+        h, x, rounded = _norm_token(h, y, norm, ops, weight)
+        return h, project_qkv(attn, x, ops, rounded)
     weight, bias, sizes = fused
     h, out = _norm_linear(h, y, norm, weight, bias, ops)
     return h, out.split(sizes, dim=-1)
@@ -150,10 +174,14 @@ def _norm_qkv(attn, h, y, norm, ops: PointwiseOps):
 def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str):
     """(h + y, mlp(norm(h + y))) for one token. A dense SwiGLU with the fused gate/up view
     takes the norm into its gate/up GEMV where that pays: with `_down`, 2 launches, not 4."""
-    gate_up = None if isinstance(mlp, SparseMoE) else fused_gate_up(mlp)
+    if isinstance(mlp, SparseMoE):
+        rounds = ops.dense_kernels and takes_rounded_x(mlp, h, moe_impl)
+        h, x, rounded = _norm_token(h, y, norm, ops, rounds=rounds)
+        return h, moe_forward(mlp, x, moe_impl, ops, rounded)
+    gate_up = fused_gate_up(mlp)
     if gate_up is None:
-        h, x = _norm_token(h, y, norm, ops)
-        return h, mlp_forward(mlp, x, ops, moe_impl)
+        h, x, rounded = _norm_token(h, y, norm, ops, mlp.gate_proj.weight)
+        return h, mlp_forward(mlp, x, ops, moe_impl, rounded)
     h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops)  # [1, 2I]
     return h, _down(mlp, gate_up_out, ops)
 
@@ -164,19 +192,24 @@ def _down(mlp, gate_up_out: torch.Tensor, ops: PointwiseOps) -> torch.Tensor:
     down = mlp.down_proj
     if _takes_prologue(gate_up_out, down.weight, ops):
         return decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias, use_pdl=ops.pdl)
+    if _rounds_x(gate_up_out, down.weight, ops):  # SiLU·mul and x's int8 in one launch
+        x, rounded = decode_rounded.silu_mul_rounded(gate_up_out, use_pdl=ops.pdl)
+        return linear(x, down.weight, down.bias, ops, rounded)
     gate, up = gate_up_out.chunk(2, dim=-1)  # two [T, I] views
     return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
 
 
-def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
-    """The layer's feed-forward on x [T, H]: SwiGLU with fused activation, or the MoE path."""
+def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str,
+                rounded: tuple | None = None) -> torch.Tensor:
+    """The layer's feed-forward on x [T, H]: SwiGLU with fused activation, or the MoE path.
+    rounded: one token's int8 rounding made with x, for the quantized products by dp4a."""
     if isinstance(mlp, SparseMoE):
-        return moe_forward(mlp, x, moe_impl, ops)
+        return moe_forward(mlp, x, moe_impl, ops, rounded)
     gate_up = fused_gate_up(mlp)
     if gate_up is not None:
-        return _down(mlp, linear(x, gate_up, None, ops), ops)
-    gate = linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias, ops)
-    up = linear(x, mlp.up_proj.weight, mlp.up_proj.bias, ops)
+        return _down(mlp, linear(x, gate_up, None, ops, rounded), ops)
+    gate = linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias, ops, rounded)
+    up = linear(x, mlp.up_proj.weight, mlp.up_proj.bias, ops, rounded)
     down = mlp.down_proj
     return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
 
@@ -205,5 +238,5 @@ def decode_step(
         y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i], cos, sin,
                              ops)
         h, y = _norm_mlp(layer.mlp, h, y, layer.post_attention_layernorm, ops, moe_impl)
-    _, x = _norm_token(h, y, model.model.norm, ops)
-    return project_head(x, model, ops.pdl)  # [1, V]
+    _, x, rounded = _norm_token(h, y, model.model.norm, ops, head_weight(model))
+    return project_head(x, model, ops.pdl, rounded)  # [1, V]

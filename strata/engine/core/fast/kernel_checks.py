@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from strata.engine.core import load_phases
-from strata.engine.core.fast import decode_dense
+from strata.engine.core.fast import decode_dense, decode_rounded
 from strata.engine.core.fast.decode_attention import check_fused
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.fast.tuning_store import (
@@ -42,6 +42,8 @@ _FAST_DIR = Path(__file__).resolve().parent
 _KERNEL_SOURCES = (
     _FAST_DIR / "decode_attention.py",
     _FAST_DIR / "decode_dense.py",
+    _FAST_DIR / "decode_rounded.py",
+    _FAST_DIR.parent / "quant" / "gemv_dp4a.py",
     _FAST_DIR / "pointwise.py",
     _FAST_DIR / "kernel_checks.py",
     _FAST_DIR.parent / "kernels" / "launch.py",
@@ -87,7 +89,7 @@ def check(model: torch.nn.Module, device: torch.device, *, fused_attention: bool
         attn = model.model.layers[0].self_attn
         attention = check_fused(attn, next(model.parameters()).dtype, device)
     if dense_kernels:
-        dense = decode_dense.check_kernels(model, use_pdl)
+        dense = decode_dense.check_kernels(model, use_pdl) or decode_rounded.check(model, use_pdl)
     return Verdicts(attention, dense, use_pdl)
 
 

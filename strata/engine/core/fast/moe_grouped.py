@@ -102,27 +102,45 @@ def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     return (y * weights[0, :, None]).sum(dim=0, keepdim=True)  # [1, H]
 
 
+def takes_rounded_x(moe: SparseMoE, x: torch.Tensor, impl: str) -> bool:
+    """Whether one token x [1, H] of this block reaches quantized experts that multiply it by
+    dp4a (expert_gemv), so the norm before can round x to int8 in its own launch
+    (fast/decode_rounded.py) and the experts take that rounding."""
+    if x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl):
+        return False
+    gate, up, down, table, offsets = expert_stacks(moe, slot_layout(moe))
+    if not is_quantized_experts(gate):
+        return False
+    from strata.engine.core.quant import expert_gemv
+
+    return (expert_gemv.supports(gate, up, down, table, offsets)
+            and (expert_gemv.uses_dp4a(gate, x) or expert_gemv.uses_dp4a(up, x)))
+
+
 def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
-                   layout: SlotLayout | None = None) -> torch.Tensor:
+                   layout: SlotLayout | None = None,
+                   rounded: tuple | None = None) -> torch.Tensor:
     """One token's MoE block by three Triton kernels (route, gate/up, down+sum); x [1, H].
 
     With a partial expert cache's layout the kernels read through its slot table, and the
-    router leaves its ids in layout.step_ids[0], where the cache learns what to promote."""
+    router leaves its ids in layout.step_ids[0], where the cache learns what to promote.
+    rounded: x's int8 rounding made with x, for quantized experts multiplied by dp4a."""
     from strata.engine.core.fast import moe_triton
 
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[0] if layout is not None else None
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
                                           out_ids=out_ids, use_pdl=use_pdl)
-    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl)
+    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded)
 
 
 def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: torch.Tensor,
                    table: torch.Tensor | None = None,
                    offsets: tuple[int, int, int] = (0, 0, 0),
-                   use_pdl: bool = False) -> torch.Tensor:
+                   use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
     """One routed token's experts: x [1, H], ids and weights [k] on the device -> [1, H].
-    Float or quantized stacks (or a partial cache's slots, through table and offsets)."""
+    Float or quantized stacks (or a partial cache's slots, through table and offsets);
+    rounded: x's int8 rounding, read where the quantized experts take dp4a."""
     from strata.engine.core.fast import moe_triton
 
     if is_quantized_experts(gate):
@@ -131,7 +149,7 @@ def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: 
 
         if expert_gemv.supports(gate, up, down, table, offsets):  # read from the blocks
             return expert_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table, offsets,
-                                          use_pdl)[None]  # [1, H]
+                                          use_pdl, rounded)[None]  # [1, H]
         # Other types: the k routed experts dequantized first, then as float.
         gate, up, down, ids = dequantize_routed(gate, up, down, ids, table, offsets)
         table, offsets = None, (0, 0, 0)
@@ -142,12 +160,14 @@ def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: 
 
 
 def moe_forward(
-    moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps = EAGER_OPS
+    moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps = EAGER_OPS,
+    rounded: tuple | None = None,
 ) -> torch.Tensor:
     """The MoE block on x [T, H]: the loop module for "loop"; else grouped.
 
     Grouped means, for one token, the `impl` kernels (triton / bmm); for many tokens (prefill),
-    rows sorted by expert and grouped GEMMs (moe_prefill.py).
+    rows sorted by expert and grouped GEMMs (moe_prefill.py). rounded: one token's int8
+    rounding made with x (takes_rounded_x), read by the quantized experts' dp4a.
     """
     if impl == "loop" or not is_grouped_capable(moe, impl):
         return moe(x)
@@ -156,9 +176,9 @@ def moe_forward(
         # loop, which copies their misses in (the table follows).
         if x.shape[0] != 1:
             return moe(x)
-        return experts_triton(moe, x, ops.pdl, slot_layout(moe))
+        return experts_triton(moe, x, ops.pdl, slot_layout(moe), rounded)
     if x.shape[0] == 1 and impl == "triton":
-        return experts_triton(moe, x, ops.pdl)
+        return experts_triton(moe, x, ops.pdl, rounded=rounded)
     if x.shape[0] != 1:
         return moe_block(moe, x, ops)
     weights, ids = route(moe, x)

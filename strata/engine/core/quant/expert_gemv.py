@@ -263,13 +263,13 @@ def _group(experts: QuantizedExperts, x: torch.Tensor) -> int:
     return GROUP_VALUES[int(experts.qtype)] if uses_dp4a(experts, x) else 0
 
 
-def _quantized(v: torch.Tensor, needed: bool, use_pdl: bool) -> tuple[torch.Tensor, ...]:
-    """(int8 words, d, s) of v [M, K] by gemv_dp4a.quantize_x, or v three times (never read)
-    where no projection takes dp4a."""
+def _quantized(v: torch.Tensor, needed: bool, use_pdl: bool,
+               rounded: tuple | None = None) -> tuple[torch.Tensor, ...]:
+    """(int8 words, d, s) of v [M, K] by gemv_dp4a.quantize_x (or `rounded`, made with v:
+    gemv_dp4a.rounded_words), or v three times (never read) where no projection takes dp4a."""
     if not needed:
         return (v, v, v)
-    q, d, s = gemv_dp4a.quantize_x(v, use_pdl=use_pdl)
-    return (q.view(torch.int32), d, s)
+    return gemv_dp4a.rounded_words(v, rounded, use_pdl)
 
 
 def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
@@ -284,10 +284,11 @@ def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
 
 def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: torch.Tensor,
             table: torch.Tensor | None = None, host_offsets: tuple[int, int] = (0, 0),
-            use_pdl: bool = False) -> torch.Tensor:
+            use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
     """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x): x [H], ids [k] on the device -> [k, I] in
     x's dtype. With a partial cache, gate/up are the slots' blocks and table [E] int32 holds
-    expert e's slot or -1: then its blocks are read host_offsets bytes past the slots' base."""
+    expert e's slot or -1: then its blocks are read host_offsets bytes past the slots' base.
+    rounded: x[None]'s int8 rounding made with x (fast/decode_rounded.py), for dp4a."""
     num_used = ids.shape[0]
     _, num_rows, num_cols = gate.shape
     if up.shape[1:] != gate.shape[1:] or x.shape != (num_cols,):
@@ -299,7 +300,7 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
     x = x.contiguous()
     gate_group, up_group = _group(gate, x), _group(up, x)
     dp4a = gate_group > 0 or up_group > 0
-    xq = _quantized(x[None], dp4a, use_pdl)  # once for both projections
+    xq = _quantized(x[None], dp4a, use_pdl, rounded)  # once for both projections
     out = torch.empty(num_used, num_rows, dtype=x.dtype, device=x.device)
     iq2 = IQ2_XXS in (int(gate.qtype), int(up.qtype)) and dp4a
     tuned, configs = ((_gate_up_iq2_tuned, GATE_UP_IQ2_CONFIGS) if iq2 else
@@ -360,7 +361,8 @@ def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
                down: QuantizedExperts, ids: torch.Tensor, weights: torch.Tensor,
                table: torch.Tensor | None = None,
                host_offsets: tuple[int, int, int] = (0, 0, 0),
-               use_pdl: bool = False) -> torch.Tensor:
-    """One token's routed experts: x [H], ids and weights [k] -> [H] (see `supports`)."""
-    act = gate_up(x, gate, up, ids, table, host_offsets[:2], use_pdl)  # [k, I]
+               use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
+    """One token's routed experts: x [H], ids and weights [k] -> [H] (see `supports`);
+    rounded as gate_up's."""
+    act = gate_up(x, gate, up, ids, table, host_offsets[:2], use_pdl, rounded)  # [k, I]
     return down_sum(act, down, ids, weights, table, host_offsets[2], use_pdl)

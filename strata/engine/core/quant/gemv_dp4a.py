@@ -98,6 +98,18 @@ def is_dtype_enabled(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
+    def round_groups(v):
+        """v [S, 32] float32 to (q int32 [S, 32] in -127..127, d [S], s [S]): v ~ d * q, d =
+        max |v| / 127, s = d * sum(q). Shared by quantize_x and the kernels that round the x
+        they make (fast/decode_rounded.py), so the same x gives the same bits."""
+        amax = tl.max(tl.abs(v), axis=1)  # [S]
+        scaled = v * tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
+        q = (scaled + tl.where(scaled >= 0, 0.5, -0.5)).to(tl.int32)  # to nearest, ties away
+        q = tl.minimum(tl.maximum(q, -127), 127)
+        d = amax / 127.0
+        return q, d, d * tl.sum(q, axis=1).to(tl.float32)
+
+    @triton.jit
     def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, stride_x, num_cols,
                            BLOCK_SUBS: tl.constexpr, USE_PDL: tl.constexpr):
         token = tl.program_id(1)
@@ -107,15 +119,10 @@ if triton is not None:
         cols = sub[:, None] * 32 + tl.arange(0, 32)[None, :]  # [S, 32]
         ok = (sub < num_subs)[:, None]
         v = tl.load(x_ptr + token * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-        amax = tl.max(tl.abs(v), axis=1)  # [S]
-        scaled = v * tl.where(amax > 0, 127.0 / tl.where(amax > 0, amax, 1.0), 0.0)[:, None]
-        q = (scaled + tl.where(scaled >= 0, 0.5, -0.5)).to(tl.int32)  # to nearest, ties away
-        q = tl.minimum(tl.maximum(q, -127), 127)
+        q, d, s = round_groups(v)
         tl.store(q_ptr + token * num_cols + cols, q.to(tl.int8), mask=ok)
-        d = amax / 127.0
         tl.store(d_ptr + token * num_subs + sub, d, mask=sub < num_subs)
-        tl.store(s_ptr + token * num_subs + sub, d * tl.sum(q, axis=1).to(tl.float32),
-                 mask=sub < num_subs)
+        tl.store(s_ptr + token * num_subs + sub, s, mask=sub < num_subs)
 
     @triton.jit
     def _dp4a_kernel(
@@ -203,6 +210,19 @@ def quantize_x(x: torch.Tensor, use_pdl: bool = False
     return q, d, s
 
 
+def rounded_words(x: torch.Tensor, rounded: tuple | None, use_pdl: bool = False) -> tuple:
+    """x's int8 rounding as the GEMVs read it: (q as int32 words, d, s). `rounded` is
+    quantize_x(x) made by the kernel that made x (fast/decode_rounded.py); None: x is rounded
+    here by a launch of its own."""
+    if rounded is None:
+        rounded = quantize_x(x, use_pdl)
+    q, d, s = rounded
+    if q.shape != x.shape or q.dtype != torch.int8 or d.shape != (x.shape[0], x.shape[1] // 32):
+        raise ValueError(f"x {tuple(x.shape)} comes with a rounding of int8 {tuple(q.shape)} "
+                         f"{q.dtype} and scales {tuple(d.shape)}: not quantize_x's of it")
+    return q.view(torch.int32), d, s
+
+
 @dataclass(frozen=True)
 class QuantizedPair:
     """Two runs of rows of two GGML types lying back to back in one buffer: Q4_K_M's q and
@@ -238,10 +258,10 @@ def is_pair_enabled(x: torch.Tensor) -> bool:
 
 
 def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None = None,
-                use_pdl: bool = False) -> torch.Tensor:
+                use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
     """x [1, K] @ [A; B]^T (+ bias) for the pair's two parts: [1, rows a + rows b] in x's
     dtype, each row as `matmul` gives it for its own part. use_pdl: x's rounding and the
-    product launch as PDL secondaries (pdl.py)."""
+    product launch as PDL secondaries (pdl.py). rounded: quantize_x(x), made with x."""
     num_tokens, num_cols = x.shape
     if num_tokens != 1 or num_cols != pair.num_cols:
         raise ValueError(f"matmul_pair takes one token of {pair.num_cols} values, got "
@@ -249,7 +269,7 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
     if x.stride(-1) != 1:
         x = x.contiguous()
     (qtype_a, qtype_b), (rows_a, rows_b) = pair.qtypes, pair.rows
-    xq, xd, xs = quantize_x(x, use_pdl)
+    xq, xd, xs = rounded_words(x, rounded, use_pdl)
     out = torch.empty(1, rows_a + rows_b, dtype=x.dtype, device=x.device)
     iq2 = 16 in pair.qtypes
     if launch.is_interpreting():
@@ -262,7 +282,7 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
         _pair_tuned[iq2],
         lambda block: (triton.cdiv(rows_a, block) + triton.cdiv(rows_b, block),),
         candidates,
-        xq.view(torch.int32), xd, xs, pair.raw, lookup_table(x.device),
+        xq, xd, xs, pair.raw, lookup_table(x.device),
         bias if bias is not None else x, out, rows_a, rows_b, pair.row_bytes[0],
         pair.row_bytes[1], pair.b_offset_bytes, num_cols // GROUP_VALUES[qtype_a],
         num_cols // GROUP_VALUES[qtype_b], QTYPE_A=qtype_a, GROUP_A=GROUP_VALUES[qtype_a],
@@ -272,10 +292,11 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
 
 
 def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
-           bias: torch.Tensor | None = None, use_pdl: bool = False) -> torch.Tensor:
+           bias: torch.Tensor | None = None, use_pdl: bool = False,
+           rounded: tuple | None = None) -> torch.Tensor:
     """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS
     blocks raw [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype. use_pdl as
-    matmul_pair's."""
+    matmul_pair's; rounded: quantize_x(x), made with x (fast/decode_rounded.py)."""
     num_tokens, num_cols = x.shape
     qtype = int(qtype)
     if qtype not in DP4A_TYPES or num_tokens != 1:
@@ -289,7 +310,7 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty(num_tokens, num_rows, dtype=x.dtype, device=x.device)
-    args, kwargs = kernel_args(x, raw, qtype, num_rows, out, bias, use_pdl)
+    args, kwargs = kernel_args(x, raw, qtype, num_rows, out, bias, use_pdl, rounded)
     launch.launch(
         _tuned[qtype], lambda rows: (triton.cdiv(num_rows, rows),),
         _candidates(interpreter_config(num_rows, num_cols, qtype) if launch.is_interpreting()
@@ -299,12 +320,13 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
 
 def kernel_args(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
                 out: torch.Tensor, bias: torch.Tensor | None = None,
-                use_pdl: bool = False) -> tuple[tuple, dict]:
+                use_pdl: bool = False, rounded: tuple | None = None) -> tuple[tuple, dict]:
     """`_dp4a_kernel`'s arguments but its tile and USE_PDL for x [1, K] (contiguous) times
-    raw's blocks into out: x rounded to int8 here (a PDL secondary with use_pdl). matmul
-    launches them tuned; bench/diag_dp4a_sweep.py at each tile of its grid."""
-    xq, xd, xs = quantize_x(x, use_pdl)
-    args = (xq.view(torch.int32), xd, xs, raw, lookup_table(x.device),
+    raw's blocks into out: x rounded to int8 here (a PDL secondary with use_pdl) unless
+    `rounded` came with it (rounded_words). matmul launches them tuned;
+    bench/diag_dp4a_sweep.py at each tile of its grid."""
+    xq, xd, xs = rounded_words(x, rounded, use_pdl)
+    args = (xq, xd, xs, raw, lookup_table(x.device),
             bias if bias is not None else x, out)
     kwargs = {"N": num_rows, "ROW_BYTES": raw.shape[1],
               "num_groups": x.shape[1] // GROUP_VALUES[qtype], "QTYPE": qtype,

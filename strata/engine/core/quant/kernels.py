@@ -196,17 +196,19 @@ def dequantize(raw: torch.Tensor, qtype: int, num_cols: int, dtype: torch.dtype,
 
 
 def quant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
-                 bias: torch.Tensor | None = None, use_pdl: bool = False) -> torch.Tensor:
+                 bias: torch.Tensor | None = None, use_pdl: bool = False,
+                 rounded: tuple | None = None) -> torch.Tensor:
     """x [M, K] @ W^T (+ bias) for W [num_rows, K] in blocks raw; [M, num_rows] in x's dtype.
     M <= MAX_DECODE_TOKENS. use_pdl: the dp4a path (one token) launches as a PDL secondary;
-    the others ignore it (they wait as usual)."""
+    the others ignore it (they wait as usual). rounded: x's int8 rounding made with x, which
+    the dp4a path reads instead of rounding x again (gemv_dp4a.rounded_words); others read x."""
     num_tokens, num_cols = x.shape
     _check(raw, num_cols)
     if not 0 < num_tokens <= MAX_DECODE_TOKENS or raw.shape[0] != num_rows:
         raise ValueError(f"quant_matmul takes 1..{MAX_DECODE_TOKENS} tokens and a weight of "
                          f"{num_rows} rows; got x {tuple(x.shape)}, blocks {tuple(raw.shape)}")
     if gp_dp4a.is_enabled(x, qtype, raw):
-        return gp_dp4a.matmul(x, raw, qtype, num_rows, bias, use_pdl)
+        return gp_dp4a.matmul(x, raw, qtype, num_rows, bias, use_pdl, rounded)
     kernel = decode_kernel(qtype)
     if x.stride(-1) != 1:
         x = x.contiguous()

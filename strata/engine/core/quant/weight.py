@@ -190,23 +190,25 @@ def _prefill_linear(x2: torch.Tensor, w: QuantizedWeight,
 
 
 def qlinear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
-            use_pdl: bool = False) -> torch.Tensor:
+            use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
     """F.linear(x, W, bias) for x [..., K] and W held as blocks; out in x's dtype. use_pdl:
-    a one-token dp4a product launches as a PDL secondary (gemv_dp4a.matmul)."""
+    a one-token dp4a product launches as a PDL secondary (gemv_dp4a.matmul); rounded: x's
+    int8 rounding made with x (fast/decode_rounded.py), read by that product."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.shape[1])  # [M, K]
     if x2.shape[0] <= MAX_DECODE_TOKENS:
-        out = _kernels().quant_matmul(x2, w.raw, w.qtype, w.shape[0], bias, use_pdl)
+        out = _kernels().quant_matmul(x2, w.raw, w.qtype, w.shape[0], bias, use_pdl, rounded)
     else:
         out = _prefill_linear(x2, w, bias)
     return out.view(*lead, w.shape[0])
 
 
 def apply_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
-                 use_pdl: bool = False) -> torch.Tensor:
-    """F.linear for a float weight, qlinear (use_pdl as there) for a QuantizedWeight."""
+                 use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
+    """F.linear for a float weight, qlinear (use_pdl, rounded as there) for a
+    QuantizedWeight."""
     if isinstance(weight, QuantizedWeight):
-        return qlinear(x, weight, bias, use_pdl)
+        return qlinear(x, weight, bias, use_pdl, rounded)
     return F.linear(x, weight, bias)
 
 
