@@ -1,7 +1,8 @@
-"""The norm and SiLU·mul kernels that round x to int8 in the same launch (fast/decode_rounded.py),
-through Triton's CPU interpreter: bit-equal to the separate kernels then quantize_x, and a
-quantized decode step that takes them launches quantize_x only for o_proj's input, with the
-logits of the step that rounds x by separate launches. tests/gpu/test_decode_fast.py and
+"""The norm, SiLU·mul and attention-combine kernels that round x to int8 in the same launch
+(fast/decode_rounded.py, decode_attention.py), through Triton's CPU interpreter: bit-equal to
+the separate kernels then quantize_x, and a quantized decode step that takes them launches
+quantize_x only for the MoE's activation rows, with the logits of the step that rounds x by
+separate launches. tests/gpu/test_decode_fast.py and
 test_quant_cuda.py run them compiled, in CUDA graphs, with PDL.
 """
 
@@ -75,6 +76,30 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
         gemv_dp4a.rounded_words(x, wrong)
 
 
+def test_attention_rounded_equals_the_attention_then_quantize_x() -> None:
+    """The combine kernel's rounding of the attention output (o_proj's x) is quantize_x's."""
+    from types import SimpleNamespace
+
+    from strata.engine.core.fast import decode_attention
+
+    attn = SimpleNamespace(num_heads=4, num_kv_heads=2, head_dim=64, q_norm=None, k_norm=None)
+    num_keys = 80  # two splits
+    q, k, v = _rand(1, 256, seed=5), _rand(1, 128, seed=6), _rand(1, 128, seed=7)
+    angles = torch.rand(1, 64, generator=torch.Generator().manual_seed(8)) * 6
+    caches = [_rand(num_keys, 2, 64, seed=9 + i) for i in range(2)]
+    args = (attn, q, k, v, angles.cos(), angles.sin())
+    position, keys = torch.tensor([50]), torch.arange(num_keys)
+    plain = decode_attention.fused_decode_attention(*args, *[c.clone() for c in caches],
+                                                    position, keys)
+    out, rounded = decode_attention.fused_decode_attention_rounded(*args, *caches, position,
+                                                                   keys)
+    assert torch.equal(out, plain)
+    _assert_same_rounding(rounded, gemv_dp4a.quantize_x(out))
+    with pytest.raises(ValueError, match="heads of a multiple of 32"):
+        decode_attention.fused_decode_attention_rounded(*args[:1], q.float(), *args[2:],
+                                                        *caches, position, keys)
+
+
 def _decode_logits(model, ops: PointwiseOps, moe_impl: str) -> list[torch.Tensor]:
     """Three decode steps (no prefill: the cache starts empty) of the fast forward."""
     from strata.engine.core.kv_cache import KVCache
@@ -99,7 +124,8 @@ def test_a_quantized_decode_step_rounds_x_in_the_kernels_that_make_it(
     from tests.helpers import gguf_writer
 
     if kind == "llama":
-        path = gguf_writer.write_tiny_q4_k_m_like_llama(tmp_path / "q4_k_m.gguf")
+        # Heads of 64: o_proj in Q4_K blocks, its x rounded by the attention's combine.
+        path = gguf_writer.write_tiny_q4_k_m_like_llama(tmp_path / "q4_k_m.gguf", head_dim=64)
     else:
         path, _ = gguf_writer.write_tiny_q4_k_m_like_moe(tmp_path / "moe.gguf")
     monkeypatch.setattr(engine_module, "compute_dtype", lambda device, config: torch.bfloat16)
@@ -120,19 +146,26 @@ def test_a_quantized_decode_step_rounds_x_in_the_kernels_that_make_it(
         ops = PointwiseOps(fused_attention=True, dense_kernels=True)
         moe_impl = "triton" if kind == "qwen3_moe" else "auto"
         fused = _decode_logits(model, ops, moe_impl)
-        # Per layer and step: o_proj's input where o_proj is blocks (the tiny Llama's is
-        # float: too small to quantize), and the MoE's k activation rows.
+        # Per layer and step: the MoE's k activation rows (made by the experts' gate/up kernel,
+        # a program a few rows of one expert), and o_proj's x where its blocks meet heads of
+        # less than 32 values (the tiny MoE's 16).
         layers = model.model.layers
-        per_step = (sum(isinstance(layer.self_attn.o_proj.weight, QuantizedWeight)
-                        for layer in layers) + (len(layers) if kind == "qwen3_moe" else 0))
+        quantized_o = sum(isinstance(layer.self_attn.o_proj.weight, QuantizedWeight)
+                          for layer in layers)
+        assert quantized_o == len(layers)
+        small_heads = layers[0].self_attn.head_dim % 32 != 0
+        assert small_heads == (kind == "qwen3_moe")
+        per_step = (len(layers) if kind == "qwen3_moe" else 0) + quantized_o * small_heads
         assert calls["quantize_x"] == 3 * per_step
         monkeypatch.setattr(forward, "_rounds_x", lambda *args: False)
         monkeypatch.setattr(forward, "takes_rounded_x", lambda *args: False)
         calls["quantize_x"] = 0
         separate = _decode_logits(model, ops, moe_impl)
-        # Separately: the q/k/v pair's, gate/up's (the experts'), the down's and the head's x.
+        # Separately: the q/k/v pair's, gate/up's (the experts'), the down's, o_proj's and the
+        # head's x.
         per_layer = 2 if kind == "qwen3_moe" else 3
-        assert calls["quantize_x"] == 3 * (per_step + per_layer * len(layers) + 1)
+        assert calls["quantize_x"] == 3 * (per_step + per_layer * len(layers) + 1
+                                           + quantized_o * (not small_heads))
     finally:
         engine.close()
     for a, b in zip(fused, separate, strict=True):

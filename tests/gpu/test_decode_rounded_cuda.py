@@ -79,3 +79,32 @@ def test_cuda_rounded_kernels_chained_by_pdl_equal_serial_launches() -> None:
         h.copy_(_rand(1, hidden))
         graph.replay()
         torch.testing.assert_close(out, chain(False), rtol=0, atol=0)
+
+
+# Llama-3-8B's heads (32 of 128 over 8 KV heads) and Qwen3-30B-A3B's (32 of 128 over 4, q/k
+# norms), at a bucket of one split and one of many.
+@pytest.mark.parametrize("num_keys", [64, 4096])
+@pytest.mark.parametrize("kv_heads,qk_norm", [(8, False), (4, True)])
+def test_cuda_attention_rounded_equals_the_attention_then_quantize_x(
+        num_keys: int, kv_heads: int, qk_norm: bool) -> None:
+    from types import SimpleNamespace
+
+    from strata.engine.core.fast import decode_attention
+    from strata.engine.core.quant.gemv_dp4a import quantize_x
+
+    norm = SimpleNamespace(weight=_rand(128), eps=1e-6) if qk_norm else None
+    attn = SimpleNamespace(num_heads=32, num_kv_heads=kv_heads, head_dim=128, q_norm=norm,
+                           k_norm=norm)
+    q, k, v = _rand(1, 32 * 128), _rand(1, kv_heads * 128), _rand(1, kv_heads * 128)
+    angles = torch.rand(1, 128, device="cuda") * 6
+    caches = [_rand(num_keys, kv_heads, 128) for _ in range(2)]
+    args = (attn, q, k, v, angles.cos(), angles.sin())
+    position = torch.tensor([num_keys * 3 // 4], device="cuda")
+    keys = torch.arange(num_keys, device="cuda")
+    plain = decode_attention.fused_decode_attention(*args, *[c.clone() for c in caches],
+                                                    position, keys)
+    out, rounded = decode_attention.fused_decode_attention_rounded(*args, *caches, position,
+                                                                   keys)
+    assert torch.equal(out, plain)
+    for got, want in zip(rounded, quantize_x(out), strict=True):
+        assert torch.equal(got, want)

@@ -208,9 +208,10 @@ Q4_K_M_LIKE_OVERRIDES = {"blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight":
                          "blk.1.ffn_down.weight": "Q8_0", "output.weight": "Q6_K"}
 
 
-def write_tiny_q4_k_m_like_llama(out_path: str | Path) -> Path:
+def write_tiny_q4_k_m_like_llama(out_path: str | Path, head_dim: int | None = None) -> Path:
     """A tiny random Llama (hidden and intermediate 256: whole K-quant blocks) as a GGUF
-    of Q4_K_M_LIKE_OVERRIDES' mix; block scales of 1e-4 keep its activations moderate."""
+    of Q4_K_M_LIKE_OVERRIDES' mix; block scales of 1e-4 keep its activations moderate.
+    head_dim 64 (4 heads of 64): o_proj's 256 inputs are whole Q4_K blocks too."""
     import torch
     import transformers
 
@@ -218,6 +219,8 @@ def write_tiny_q4_k_m_like_llama(out_path: str | Path) -> Path:
 
     config = make_tiny_hf_config("llama")
     config.hidden_size = config.intermediate_size = 256
+    if head_dim is not None:
+        config.head_dim = head_dim
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     return write_gguf_from_hf(model, None, out_path, "Q4_K", random_scale=1e-4,

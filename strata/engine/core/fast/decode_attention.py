@@ -11,7 +11,9 @@ layer's weights (figures: docs/benchmarks.md, "Figures behind the fast path"). H
    new K/V row is stored by split 0 and substituted in registers by every split, so no
    program ever reads a slot another one is writing. Splits past the position load nothing
    (masked loads).
-2. `_combine_kernel`, grid (query heads,): merges the splits (flash-decoding).
+2. `_combine_kernel`, grid (query heads,): merges the splits (flash-decoding). For o_proj's
+   dp4a product (`fused_decode_attention_rounded`) it also rounds its head's values to int8
+   per 32, as gemv_dp4a.quantize_x would in a launch of its own (fast/decode_rounded.py).
 
 `reference_decode_attention` is the torch twin (and the path when Triton cannot run);
 `check_fused` compares the two once on the real device before a decoder trusts the kernels.
@@ -34,6 +36,7 @@ try:
     import triton.language as tl
 
     from strata.engine.core.kernels.pdl import wait as pdl_wait
+    from strata.engine.core.quant.gemv_dp4a import X_GROUP, round_groups
 except ImportError:  # optional: the reference path needs only torch
     triton = None
 
@@ -140,8 +143,9 @@ if triton is not None:
         tl.store(acc_ptr + row[:, None] * HEAD_DIM + cols[None, :], acc, mask=g_ok[:, None])
 
     @triton.jit
-    def _combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, HEAD_DIM: tl.constexpr,
-                        NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+    def _combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, q_ptr, d_ptr, s_ptr,
+                        HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                        BLOCK_SPLITS: tl.constexpr, ROUND: tl.constexpr,
                         USE_PDL: tl.constexpr):
         head = tl.program_id(0)
         pdl_wait(USE_PDL)
@@ -154,8 +158,15 @@ if triton is not None:
         total = tl.sum(w * tl.load(sum_ptr + rows, mask=ok, other=0.0), axis=0)
         acc = tl.load(acc_ptr + rows[:, None] * HEAD_DIM + cols[None, :], mask=ok[:, None],
                       other=0.0)
-        out = tl.sum(w[:, None] * acc, axis=0) / total
-        tl.store(out_ptr + head * HEAD_DIM + cols, out.to(out_ptr.dtype.element_ty))
+        out = (tl.sum(w[:, None] * acc, axis=0) / total).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + head * HEAD_DIM + cols, out)
+        if ROUND:  # the head's groups of 32, as quantize_x rounds the stored values
+            q, d, s = round_groups(tl.reshape(out.to(tl.float32), (HEAD_DIM // 32, 32)))
+            q_cols = tl.arange(0, HEAD_DIM // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
+            tl.store(q_ptr + head * HEAD_DIM + q_cols, q.to(tl.int8))
+            sub = head * (HEAD_DIM // 32) + tl.arange(0, HEAD_DIM // 32)
+            tl.store(d_ptr + sub, d)
+            tl.store(s_ptr + sub, s)
 
 
 def is_usable(device: torch.device) -> bool:
@@ -180,6 +191,30 @@ def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, 
     cos/sin [1, D] float32; caches [S, Hkv, D] contiguous; writes K/V at `position` [1].
     use_pdl: launch both kernels as PDL secondaries (pdl.py).
     """
+    return _attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions,
+                      use_pdl, False)[0]
+
+
+def rounds_output(attn, dtype: torch.dtype) -> bool:
+    """Whether fused_decode_attention_rounded can round this layer's output: bf16/fp16, and
+    heads of whole groups of 32."""
+    return dtype in (torch.bfloat16, torch.float16) and attn.head_dim % X_GROUP == 0
+
+
+def fused_decode_attention_rounded(attn, q, k, v, cos, sin, k_cache, v_cache, position,
+                                   key_positions, use_pdl: bool = False) -> tuple:
+    """(out, (q8, d, s)): fused_decode_attention's out [1, Hq*D] and its int8 rounding as
+    gemv_dp4a.quantize_x(out) gives it, made by the kernel that makes out (rounds_output)."""
+    if not rounds_output(attn, q.dtype):
+        raise ValueError(f"the attention output rounds to int8 in bf16/fp16 heads of a multiple "
+                         f"of {X_GROUP} values, not {q.dtype} heads of {attn.head_dim}")
+    return _attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions,
+                      use_pdl, True)
+
+
+def _attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions,
+               use_pdl: bool, round_out: bool) -> tuple:
+    """(out, rounding or None): the split and combine launches."""
     num_keys = key_positions.shape[0]
     head_dim, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
     if head_dim & (head_dim - 1) or k_cache.dtype != q.dtype or not k_cache.is_contiguous():
@@ -202,11 +237,17 @@ def fused_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, 
         SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
         **pdl.launch_options(use_pdl),
     )
-    _combine_kernel[(num_heads,)](stats[0], stats[1], acc, out, HEAD_DIM=head_dim,
-                                  NUM_SPLITS=num_splits,
+    rounded = None
+    if round_out:
+        rounded = (torch.empty(out.shape, dtype=torch.int8, device=out.device),
+                   *torch.empty(2, 1, out.shape[1] // X_GROUP, dtype=torch.float32,
+                                device=out.device))
+    _combine_kernel[(num_heads,)](stats[0], stats[1], acc, out,
+                                  *(rounded if rounded is not None else (out, out, out)),
+                                  HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
                                   BLOCK_SPLITS=triton.next_power_of_2(num_splits),
-                                  **pdl.launch_options(use_pdl))
-    return out
+                                  ROUND=round_out, **pdl.launch_options(use_pdl))
+    return out, rounded
 
 
 def reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position,
@@ -261,12 +302,38 @@ def check_fused(attn, kv_dtype: torch.dtype, device: torch.device, num_keys: int
             got = fused_decode_attention(attn, q, k, v, cos, sin, *caches, position, key_positions)
             expected = reference_decode_attention(attn, q, k, v, cos, sin, *expected_caches,
                                                   position, key_positions)
+            rounding = _rounding_error(attn, q, k, v, cos, sin, position, key_positions, got)
     except Exception as exc:  # noqa: BLE001 - any compile or launch error means: do not use
         return f"{type(exc).__name__}: {str(exc)[:200]}"
+    if rounding:
+        return rounding
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     error = (got.float() - expected.float()).abs().max().item()
     cache_error = max((a.float() - b.float()).abs().max().item()
                       for a, b in zip(caches, expected_caches))
     if not error <= tolerance or not cache_error <= tolerance * 4:
         return f"mismatch: output error {error:.3g}, cache error {cache_error:.3g}"
+    return ""
+
+
+def _rounding_error(attn, q, k, v, cos, sin, position, key_positions, out) -> str:
+    """'' when fused_decode_attention_rounded gives `out` (fused_decode_attention's, for the
+    same inputs) and quantize_x's rounding of it, or the layer never rounds; else why."""
+    from strata.engine.core.quant.gemv_dp4a import quantize_x
+
+    if not rounds_output(attn, q.dtype):
+        return ""
+    num_keys = key_positions.shape[0]
+    caches = [torch.zeros(num_keys, attn.num_kv_heads, attn.head_dim, dtype=q.dtype,
+                          device=q.device) for _ in range(2)]
+    # Fresh caches hold other keys than check_fused's: compare against a plain call on them.
+    plain = fused_decode_attention(attn, q, k, v, cos, sin, *[c.clone() for c in caches],
+                                   position, key_positions)
+    got, rounded = fused_decode_attention_rounded(attn, q, k, v, cos, sin, *caches, position,
+                                                  key_positions)
+    if not torch.equal(got, plain) or out.shape != got.shape:
+        return "the rounding combine's output differs from the plain combine's"
+    expected = quantize_x(got)
+    if not all(torch.equal(a, b) for a, b in zip(rounded, expected)):
+        return "the combine's int8 rounding differs from quantize_x's"
     return ""

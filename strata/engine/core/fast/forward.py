@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from strata.engine.core.fast import decode_dense, decode_rounded
 from strata.engine.core.fast.decode_attention import (
     fused_decode_attention,
+    fused_decode_attention_rounded,
     reference_decode_attention,
+    rounds_output,
 )
 from strata.engine.core.fast.moe_grouped import moe_forward, takes_rounded_x
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
@@ -107,13 +109,17 @@ def attention_decode(
     ops: PointwiseOps,
 ) -> torch.Tensor:
     """One token's attention over the first len(key_positions) cache slots, then o_proj;
-    q [1, Hq*D], k and v [1, Hkv*D] as projected (contiguous for one token)."""
+    q [1, Hq*D], k and v [1, Hkv*D] as projected (contiguous for one token). Where o_proj
+    takes dp4a, the attention's last kernel rounds its output to int8 too."""
     args = (attn, q, k, v, cos, sin, k_cache, v_cache, position, key_positions)
-    if ops.fused_attention:
-        out = fused_decode_attention(*args, use_pdl=ops.pdl)
-    else:
+    rounded = None
+    if not ops.fused_attention:
         out = reference_decode_attention(*args, ops=ops)
-    return linear(out, attn.o_proj.weight, attn.o_proj.bias, ops)
+    elif rounds_output(attn, q.dtype) and _rounds_x(q, attn.o_proj.weight, ops):
+        out, rounded = fused_decode_attention_rounded(*args, use_pdl=ops.pdl)
+    else:
+        out = fused_decode_attention(*args, use_pdl=ops.pdl)
+    return linear(out, attn.o_proj.weight, attn.o_proj.bias, ops, rounded)
 
 
 def _rounds_x(x: torch.Tensor, weight, ops: PointwiseOps) -> bool:
