@@ -6,7 +6,9 @@ instructions a value (15 for Q6_K): more than the H200 issues in the time its by
 arrive. Here, as llama.cpp's mmvq does for its quantized matrix-vector products:
 
 1. `quantize_x`: x [M, K] in int8 per 32 values, with the scale d_x (max |x| / 127) and the
-   sum s_x = d_x * sum(q) of each 32: one small launch, read by every row's program.
+   sum s_x = d_x * sum(q) of each 32: one small launch, read by every row's program. In a
+   decode step the kernel that makes x rounds it instead (`round_groups`, the same math;
+   fast/decode_rounded.py), and the products take that as `rounded`.
 2. The GEMV (`_dp4a_kernel`, dp4a_dots.py's decoding per type) reads each block's packed
    values as int32 words and multiplies four by four int8 x values in one `dp4a`, scales
    once per sub-block. Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at
