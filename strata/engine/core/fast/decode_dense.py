@@ -33,6 +33,7 @@ try:
 
     from strata.engine.core.fast.moe_triton import tile_dot
     from strata.engine.core.kernels.pdl import wait as pdl_wait
+    from strata.engine.core.quant.gemv_dp4a import round_groups
 except ImportError:  # optional: the torch path needs neither
     triton = None
 
@@ -131,10 +132,11 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(
-        h_ptr, y_ptr, w_ptr, h_out_ptr, x_out_ptr, eps,
-        hidden: tl.constexpr, HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr,
-        BLOCK: tl.constexpr,
+        h_ptr, y_ptr, w_ptr, h_out_ptr, x_out_ptr, q_ptr, d_ptr, s_ptr, eps,
+        hidden: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND: tl.constexpr,
+        USE_PDL: tl.constexpr, BLOCK: tl.constexpr,
     ):
+        # ROUND: x's groups of 32 rounded to int8 too, for a dp4a product (decode_rounded.py).
         cols = tl.arange(0, BLOCK)
         ok = cols < hidden
         weight = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
@@ -145,7 +147,15 @@ if triton is not None:
         h32 = h.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(h32 * h32, axis=0) / hidden + eps)
         normed = (h32 * rstd).to(x_out_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(x_out_ptr + cols, (weight * normed).to(x_out_ptr.dtype.element_ty), mask=ok)
+        x = (weight * normed).to(x_out_ptr.dtype.element_ty)
+        tl.store(x_out_ptr + cols, x, mask=ok)
+        if ROUND:  # past `hidden` x is 0 (masked loads): padded groups round to 0, unstored
+            sub = tl.arange(0, BLOCK // 32)
+            q, d, s = round_groups(tl.reshape(x.to(tl.float32), (BLOCK // 32, 32)))
+            group_cols = sub[:, None] * 32 + tl.arange(0, 32)[None, :]
+            tl.store(q_ptr + group_cols, q.to(tl.int8), mask=group_cols < hidden)
+            tl.store(d_ptr + sub, d, mask=sub * 32 < hidden)
+            tl.store(s_ptr + sub, s, mask=sub * 32 < hidden)
 
     # Keyed by the prologue too: a norm or an activation in front changes the best tiles.
     _gemv_tuned = launch.tuned(_gemv_kernel, GEMV_CONFIGS,
@@ -227,6 +237,14 @@ def _launch_gemv(prologue: int, x: torch.Tensor, weight: torch.Tensor,
 def add_rms_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
                  use_pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + y, rms_norm(h + y)) for one token h, y [1, H]; y None: (h, rms_norm(h))."""
+    h_out, x, _ = launch_add_rms_norm(h, y, weight, eps, use_pdl, None)
+    return h_out, x
+
+
+def launch_add_rms_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
+                        eps: float, use_pdl: bool, rounded: tuple | None) -> tuple:
+    """add_rms_norm's one launch; rounded: empty (q, d, s) for x's int8 rounding, written
+    by the same program (decode_rounded.add_rms_norm_rounded), or None. (h + y, x, rounded)."""
     hidden = weight.shape[0]
     if h.numel() != hidden or (y is not None and y.numel() != hidden):
         raise ValueError(f"add_rms_norm takes one token of {hidden} values, got "
@@ -235,11 +253,12 @@ def add_rms_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, 
     x_out = torch.empty_like(h)
     block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(1,)](
-        h.contiguous(), (y if y is not None else h).contiguous(), weight, h_out, x_out, eps,
-        hidden=hidden, HAS_RESIDUAL=y is not None, BLOCK=block,
+        h.contiguous(), (y if y is not None else h).contiguous(), weight, h_out, x_out,
+        *(rounded if rounded is not None else (x_out, x_out, x_out)), eps,
+        hidden=hidden, HAS_RESIDUAL=y is not None, ROUND=rounded is not None, BLOCK=block,
         num_warps=8 if block >= 2048 else 4, **pdl.launch_options(use_pdl),
     )
-    return h_out, x_out
+    return h_out, x_out, rounded
 
 
 def check_kernels(model: torch.nn.Module, use_pdl: bool) -> str:

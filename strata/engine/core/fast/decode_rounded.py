@@ -6,8 +6,8 @@ launches where the rounding could be the last lines of the kernel that makes x. 
 step bound by its chain of short kernels, each launch costs its ramp-up and drain
 (docs/benchmarks.md, run 29). Here:
 
-- `add_rms_norm_rounded`: decode_dense.add_rms_norm, and x's rounding, in one program: the
-  residual, the norm and the rounding of the same bf16 values the separate kernels give.
+- `add_rms_norm_rounded`: decode_dense.add_rms_norm's kernel with its ROUND branch: the
+  residual and the norm as it gives them, then the rounding of those bf16 values.
 - `silu_mul_rounded`: silu(gate) * up rounded once to x's dtype (as decode_dense's SiLU·mul
   prologue and the compiled pointwise op round it), then to int8.
 
@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast.decode_dense import launch_add_rms_norm
 from strata.engine.core.kernels import pdl
 
 try:
     import triton
     import triton.language as tl
 
-    from strata.engine.core.fast.decode_dense import _residual
     from strata.engine.core.kernels.pdl import wait as pdl_wait
     from strata.engine.core.quant.gemv_dp4a import X_GROUP, quantize_x, round_groups
 except ImportError:  # optional: the torch path needs neither
@@ -37,35 +37,6 @@ SILU_SUBS = 32  # x groups (of 32) per program of silu_mul_rounded, as quantize_
 
 
 if triton is not None:
-
-    @triton.jit
-    def _add_rms_norm_round_kernel(
-        h_ptr, y_ptr, w_ptr, h_out_ptr, x_out_ptr, q_ptr, d_ptr, s_ptr, eps,
-        hidden: tl.constexpr, HAS_RESIDUAL: tl.constexpr, USE_PDL: tl.constexpr,
-        BLOCK: tl.constexpr,
-    ):
-        # decode_dense._add_rms_norm_kernel line for line (the same sums in the same order),
-        # then x's groups of 32 rounded to int8.
-        cols = tl.arange(0, BLOCK)
-        ok = cols < hidden
-        weight = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-        pdl_wait(USE_PDL)
-        h = _residual(h_ptr, y_ptr, cols, ok, HAS_RESIDUAL)
-        if HAS_RESIDUAL:
-            tl.store(h_out_ptr + cols, h, mask=ok)
-        h32 = h.to(tl.float32)
-        rstd = 1.0 / tl.sqrt(tl.sum(h32 * h32, axis=0) / hidden + eps)
-        normed = (h32 * rstd).to(x_out_ptr.dtype.element_ty).to(tl.float32)
-        x = (weight * normed).to(x_out_ptr.dtype.element_ty)
-        tl.store(x_out_ptr + cols, x, mask=ok)
-        # Past `hidden` x is 0 (masked loads), so padded groups round to 0 and are not stored.
-        groups = tl.reshape(x.to(tl.float32), (BLOCK // 32, 32))
-        sub = tl.arange(0, BLOCK // 32)
-        q, d, s = round_groups(groups)
-        group_cols = sub[:, None] * 32 + tl.arange(0, 32)[None, :]
-        tl.store(q_ptr + group_cols, q.to(tl.int8), mask=group_cols < hidden)
-        tl.store(d_ptr + sub, d, mask=sub * 32 < hidden)
-        tl.store(s_ptr + sub, s, mask=sub * 32 < hidden)
 
     @triton.jit
     def _silu_mul_round_kernel(gate_up_ptr, x_out_ptr, q_ptr, d_ptr, s_ptr, num_cols,
@@ -104,16 +75,7 @@ def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor | None, weight: torch.
         raise ValueError(f"add_rms_norm_rounded takes one token of {hidden} values (a multiple "
                          f"of {X_GROUP}) as [1, {hidden}], got {tuple(h.shape)} and "
                          f"{None if y is None else tuple(y.shape)}")
-    h_out = torch.empty_like(h) if y is not None else h
-    x = torch.empty_like(h)
-    rounded = _rounded_outputs(x)
-    block = triton.next_power_of_2(hidden)
-    _add_rms_norm_round_kernel[(1,)](
-        h.contiguous(), (y if y is not None else h).contiguous(), weight, h_out, x, *rounded,
-        eps, hidden=hidden, HAS_RESIDUAL=y is not None, BLOCK=block,
-        num_warps=8 if block >= 2048 else 4, **pdl.launch_options(use_pdl),
-    )
-    return h_out, x, rounded
+    return launch_add_rms_norm(h, y, weight, eps, use_pdl, _rounded_outputs(h))
 
 
 def silu_mul_rounded(gate_up: torch.Tensor, use_pdl: bool = False) -> tuple:
@@ -136,7 +98,8 @@ def check(model: torch.nn.Module, use_pdl: bool) -> str:
     """'' when both kernels match decode_dense.add_rms_norm, pointwise.silu_mul and
     gemv_dp4a.quantize_x for this model's hidden size and dtype on its device (or the model
     never takes them: float32, a hidden size not a multiple of 32); else why. Checked with
-    decode_dense.check_kernels: the decode step uses them where it uses the dense kernels."""
+    decode_dense.check_kernels (kernel_checks.check): the decode step uses them where it uses
+    the dense kernels."""
     from strata.engine.core.fast import decode_dense, pointwise
 
     norm = model.model.layers[0].post_attention_layernorm

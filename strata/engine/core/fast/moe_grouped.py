@@ -178,7 +178,7 @@ def moe_forward(
             return moe(x)
         return experts_triton(moe, x, ops.pdl, slot_layout(moe), rounded)
     if x.shape[0] == 1 and impl == "triton":
-        return experts_triton(moe, x, ops.pdl, rounded=rounded)
+        return experts_triton(moe, x, ops.pdl, None, rounded)
     if x.shape[0] != 1:
         return moe_block(moe, x, ops)
     weights, ids = route(moe, x)
