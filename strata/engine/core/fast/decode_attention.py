@@ -27,6 +27,7 @@ import torch
 
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
 from strata.engine.core.kernels import launch, pdl
+from strata.engine.core.quant.gemv_dp4a import X_GROUP, empty_rounding, quantize_x
 from strata.engine.core.quant.weight import compute_dtype
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ try:
     import triton.language as tl
 
     from strata.engine.core.kernels.pdl import wait as pdl_wait
-    from strata.engine.core.quant.gemv_dp4a import X_GROUP, round_groups
+    from strata.engine.core.quant.gemv_dp4a import round_groups
 except ImportError:  # optional: the reference path needs only torch
     triton = None
 
@@ -237,11 +238,7 @@ def _attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_position
         SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
         **pdl.launch_options(use_pdl),
     )
-    rounded = None
-    if round_out:
-        rounded = (torch.empty(out.shape, dtype=torch.int8, device=out.device),
-                   *torch.empty(2, 1, out.shape[1] // X_GROUP, dtype=torch.float32,
-                                device=out.device))
+    rounded = empty_rounding(1, out.shape[1], out.device) if round_out else None
     _combine_kernel[(num_heads,)](stats[0], stats[1], acc, out,
                                   *(rounded if rounded is not None else (out, out, out)),
                                   HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
@@ -302,7 +299,8 @@ def check_fused(attn, kv_dtype: torch.dtype, device: torch.device, num_keys: int
             got = fused_decode_attention(attn, q, k, v, cos, sin, *caches, position, key_positions)
             expected = reference_decode_attention(attn, q, k, v, cos, sin, *expected_caches,
                                                   position, key_positions)
-            rounding = _rounding_error(attn, q, k, v, cos, sin, position, key_positions, got)
+            rounding = _rounding_error(attn, (q, k, v, cos, sin, *caches, position,
+                                              key_positions), got)
     except Exception as exc:  # noqa: BLE001 - any compile or launch error means: do not use
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     if rounding:
@@ -316,24 +314,15 @@ def check_fused(attn, kv_dtype: torch.dtype, device: torch.device, num_keys: int
     return ""
 
 
-def _rounding_error(attn, q, k, v, cos, sin, position, key_positions, out) -> str:
-    """'' when fused_decode_attention_rounded gives `out` (fused_decode_attention's, for the
-    same inputs) and quantize_x's rounding of it, or the layer never rounds; else why."""
-    from strata.engine.core.quant.gemv_dp4a import quantize_x
-
-    if not rounds_output(attn, q.dtype):
+def _rounding_error(attn, args: tuple, out: torch.Tensor) -> str:
+    """'' when fused_decode_attention_rounded, called again with `args` (fused_decode_attention's,
+    whose K/V write it repeats with the same values), gives that call's `out` and quantize_x's
+    rounding of it, or the layer never rounds; else why."""
+    if not rounds_output(attn, out.dtype):
         return ""
-    num_keys = key_positions.shape[0]
-    caches = [torch.zeros(num_keys, attn.num_kv_heads, attn.head_dim, dtype=q.dtype,
-                          device=q.device) for _ in range(2)]
-    # Fresh caches hold other keys than check_fused's: compare against a plain call on them.
-    plain = fused_decode_attention(attn, q, k, v, cos, sin, *[c.clone() for c in caches],
-                                   position, key_positions)
-    got, rounded = fused_decode_attention_rounded(attn, q, k, v, cos, sin, *caches, position,
-                                                  key_positions)
-    if not torch.equal(got, plain) or out.shape != got.shape:
+    got, rounded = fused_decode_attention_rounded(attn, *args)
+    if not torch.equal(got, out):
         return "the rounding combine's output differs from the plain combine's"
-    expected = quantize_x(got)
-    if not all(torch.equal(a, b) for a, b in zip(rounded, expected)):
+    if not all(torch.equal(a, b) for a, b in zip(rounded, quantize_x(got))):
         return "the combine's int8 rounding differs from quantize_x's"
     return ""

@@ -22,16 +22,16 @@ import torch
 
 from strata.engine.core.fast.decode_dense import launch_add_rms_norm
 from strata.engine.core.kernels import pdl
+from strata.engine.core.quant.gemv_dp4a import X_GROUP, empty_rounding, quantize_x
 
 try:
     import triton
     import triton.language as tl
 
     from strata.engine.core.kernels.pdl import wait as pdl_wait
-    from strata.engine.core.quant.gemv_dp4a import X_GROUP, quantize_x, round_groups
+    from strata.engine.core.quant.gemv_dp4a import round_groups
 except ImportError:  # optional: the torch path needs neither
     triton = None
-    X_GROUP = 32
 
 SILU_SUBS = 32  # x groups (of 32) per program of silu_mul_rounded, as quantize_x's
 
@@ -56,14 +56,6 @@ if triton is not None:
         tl.store(s_ptr + sub, s, mask=sub < num_subs)
 
 
-def _rounded_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Empty (q int8, d, s) for x [1, K], shaped as quantize_x returns them."""
-    num_subs = x.shape[1] // X_GROUP
-    q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
-    d = torch.empty(1, num_subs, dtype=torch.float32, device=x.device)
-    return q, d, torch.empty_like(d)
-
-
 def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
                          eps: float, use_pdl: bool = False) -> tuple:
     """(h + y, x, (q, d, s)) for one token h, y [1, H] (y None: h itself): x = rms_norm(h + y)
@@ -75,7 +67,7 @@ def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor | None, weight: torch.
         raise ValueError(f"add_rms_norm_rounded takes one token of {hidden} values (a multiple "
                          f"of {X_GROUP}) as [1, {hidden}], got {tuple(h.shape)} and "
                          f"{None if y is None else tuple(y.shape)}")
-    return launch_add_rms_norm(h, y, weight, eps, use_pdl, _rounded_outputs(h))
+    return launch_add_rms_norm(h, y, weight, eps, use_pdl, empty_rounding(1, hidden, h.device))
 
 
 def silu_mul_rounded(gate_up: torch.Tensor, use_pdl: bool = False) -> tuple:
@@ -87,7 +79,7 @@ def silu_mul_rounded(gate_up: torch.Tensor, use_pdl: bool = False) -> tuple:
                          f"{2 * X_GROUP} values, got {tuple(gate_up.shape)}")
     num_cols = gate_up.shape[1] // 2
     x = torch.empty(1, num_cols, dtype=gate_up.dtype, device=gate_up.device)
-    rounded = _rounded_outputs(x)
+    rounded = empty_rounding(1, num_cols, x.device)
     _silu_mul_round_kernel[(triton.cdiv(num_cols // X_GROUP, SILU_SUBS),)](
         gate_up.contiguous(), x, *rounded, num_cols, BLOCK_SUBS=SILU_SUBS,
         **pdl.launch_options(use_pdl))

@@ -126,7 +126,7 @@ def _rounds_x(x: torch.Tensor, weight, ops: PointwiseOps) -> bool:
     """Whether the kernel that makes one token's x [1, K] (a norm, SiLU·mul) rounds it to int8
     too (decode_rounded.py): the product by `weight` after it takes dp4a (a QuantizedWeight of a
     dp4a type, or q/k/v's QuantizedPair), so a launch of quantize_x is saved."""
-    if not (ops.dense_kernels and x.shape[0] == 1) or weight is None:
+    if not (ops.dense_kernels and x.shape[0] == 1):
         return False
     if isinstance(weight, qweight.QuantizedWeight):
         return gemv_dp4a().is_enabled(x, weight.qtype, weight.raw)
@@ -134,11 +134,11 @@ def _rounds_x(x: torch.Tensor, weight, ops: PointwiseOps) -> bool:
 
 
 def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps,
-                weight=None, rounds: bool = False):
+                rounds: bool = False):
     """(h + y, norm(h + y), rounded) for one token; y None (the first layer): h itself.
-    rounded: norm(h + y)'s int8 rounding from the same launch where the product after it, by
-    `weight`, takes dp4a (or `rounds` says another consumer does), else None."""
-    if rounds or _rounds_x(h, weight, ops):
+    rounded: norm(h + y)'s int8 rounding from the same launch where `rounds` (the product
+    after it takes dp4a: _rounds_x, takes_rounded_x), else None."""
+    if rounds:
         return decode_rounded.add_rms_norm_rounded(h, y, norm.weight, norm.eps, use_pdl=ops.pdl)
     if ops.dense_kernels:
         return (*decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl), None)
@@ -160,7 +160,7 @@ def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps):
     norm_gemv) where it pays, else the norm then the projection."""
     if _takes_prologue(h, weight, ops):
         return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl)
-    h, x, rounded = _norm_token(h, y, norm, ops, weight)
+    h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops))
     return h, linear(x, weight, bias, ops, rounded)
 
 
@@ -170,7 +170,7 @@ def _norm_qkv(attn, h, y, norm, ops: PointwiseOps):
     if fused is None:
         paired = fused_qkv_pair(attn)
         weight = paired[0] if paired is not None else attn.q_proj.weight
-        h, x, rounded = _norm_token(h, y, norm, ops, weight)
+        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops))
         return h, project_qkv(attn, x, ops, rounded)
     weight, bias, sizes = fused
     h, out = _norm_linear(h, y, norm, weight, bias, ops)
@@ -182,11 +182,11 @@ def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str):
     takes the norm into its gate/up GEMV where that pays: with `_down`, 2 launches, not 4."""
     if isinstance(mlp, SparseMoE):
         rounds = ops.dense_kernels and takes_rounded_x(mlp, h, moe_impl)
-        h, x, rounded = _norm_token(h, y, norm, ops, rounds=rounds)
+        h, x, rounded = _norm_token(h, y, norm, ops, rounds)
         return h, moe_forward(mlp, x, moe_impl, ops, rounded)
     gate_up = fused_gate_up(mlp)
     if gate_up is None:
-        h, x, rounded = _norm_token(h, y, norm, ops, mlp.gate_proj.weight)
+        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, mlp.gate_proj.weight, ops))
         return h, mlp_forward(mlp, x, ops, moe_impl, rounded)
     h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops)  # [1, 2I]
     return h, _down(mlp, gate_up_out, ops)
@@ -244,5 +244,6 @@ def decode_step(
         y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i], cos, sin,
                              ops)
         h, y = _norm_mlp(layer.mlp, h, y, layer.post_attention_layernorm, ops, moe_impl)
-    _, x, rounded = _norm_token(h, y, model.model.norm, ops, head_weight(model))
+    head = head_weight(model)
+    _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops))
     return project_head(x, model, ops.pdl, rounded)  # [1, V]

@@ -202,14 +202,19 @@ def quantize_x(x: torch.Tensor, use_pdl: bool = False
     if num_cols % X_GROUP or x.stride(-1) != 1:
         raise ValueError(f"quantize_x takes rows of a multiple of {X_GROUP} contiguous values, "
                          f"got {tuple(x.shape)} strides {x.stride()}")
-    num_subs = num_cols // X_GROUP
-    q = torch.empty(num_tokens, num_cols, dtype=torch.int8, device=x.device)
-    d = torch.empty(num_tokens, num_subs, dtype=torch.float32, device=x.device)
-    s = torch.empty_like(d)
-    _quantize_x_kernel[(triton.cdiv(num_subs, QUANTIZE_SUBS), num_tokens)](
+    q, d, s = empty_rounding(num_tokens, num_cols, x.device)
+    _quantize_x_kernel[(triton.cdiv(num_cols // X_GROUP, QUANTIZE_SUBS), num_tokens)](
         x, q, d, s, x.stride(0), num_cols, BLOCK_SUBS=QUANTIZE_SUBS,
         **pdl.launch_options(use_pdl))
     return q, d, s
+
+
+def empty_rounding(num_tokens: int, num_cols: int, device: torch.device) -> tuple:
+    """Empty (q int8 [M, K], d, s float32 [M, K/32]): what quantize_x and the kernels that
+    round the x they make (fast/decode_rounded.py, the attention's combine) write."""
+    q = torch.empty(num_tokens, num_cols, dtype=torch.int8, device=device)
+    d = torch.empty(num_tokens, num_cols // X_GROUP, dtype=torch.float32, device=device)
+    return q, d, torch.empty_like(d)
 
 
 def rounded_words(x: torch.Tensor, rounded: tuple | None, use_pdl: bool = False) -> tuple:
@@ -217,11 +222,14 @@ def rounded_words(x: torch.Tensor, rounded: tuple | None, use_pdl: bool = False)
     quantize_x(x) made by the kernel that made x (fast/decode_rounded.py); None: x is rounded
     here by a launch of its own."""
     if rounded is None:
-        rounded = quantize_x(x, use_pdl)
-    q, d, s = rounded
-    if q.shape != x.shape or q.dtype != torch.int8 or d.shape != (x.shape[0], x.shape[1] // 32):
-        raise ValueError(f"x {tuple(x.shape)} comes with a rounding of int8 {tuple(q.shape)} "
-                         f"{q.dtype} and scales {tuple(d.shape)}: not quantize_x's of it")
+        q, d, s = quantize_x(x, use_pdl)
+    else:  # made elsewhere: it must be x's
+        q, d, s = rounded
+        if (q.shape != x.shape or q.dtype != torch.int8
+                or d.shape != (x.shape[0], x.shape[1] // X_GROUP)):
+            raise ValueError(f"x {tuple(x.shape)} comes with a rounding of int8 "
+                             f"{tuple(q.shape)} {q.dtype} and scales {tuple(d.shape)}: not "
+                             f"quantize_x's of it")
     return q.view(torch.int32), d, s
 
 
