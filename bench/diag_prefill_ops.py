@@ -28,16 +28,14 @@ from speed_rows import _prompt, engine_model
 
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.fast.pointwise import EAGER_OPS
+from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.kv_cache import KVCache
 
 
 def captured(fn, device: torch.device) -> torch.cuda.CUDAGraph:
     """fn captured in a CUDA graph after a warm-up on a side stream."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
+    with side_stream(device):
         fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()

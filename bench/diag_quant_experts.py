@@ -49,12 +49,11 @@ GRAPH_LAYERS = 16  # tokens per graph replay, each routed to other experts
 
 def _graph_us(step, xs, repeats: int = 20) -> float:
     """Microseconds per step(x) replayed from one CUDA graph over every x in xs."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # compile and autotune outside the capture
+    from strata.engine.core.fast.side_stream import side_stream
+
+    with side_stream():  # compile and autotune outside the capture
         for x in xs[:2]:
             step(x)
-    torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x in xs:

@@ -41,11 +41,10 @@ def _time_us(fn, repeats: int = 50) -> float:
 def _graph_time_us(fn) -> float:
     """Microseconds per call of fn replayed from one CUDA graph of GRAPH_CALLS calls (fn has
     run before, so no compile or autotuning is captured)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    from strata.engine.core.fast.side_stream import side_stream
+
+    with side_stream():
         fn()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(GRAPH_CALLS):

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from strata.engine.core.fast.side_stream import side_stream
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -56,11 +58,8 @@ def captured(fn: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any]:
     """(graph, what fn returned inside it): fn run once on a side stream, as torch asks
     before a capture, then captured. Callers run fn once before, outside, to compile and
     tune its kernels."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    with side_stream():
         fn()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from gpu_helpers import GIB, MIB, nvml_used_bytes, wait_for_free_vram
+from gpu_helpers import GIB, MIB, captured, nvml_used_bytes, wait_for_free_vram
 
 from strata.engine.core.memory.arena import Arena, ArenaMapError, ArenaReleasedError
 from strata.engine.core.memory.expert_store import ExpertStore
@@ -79,14 +79,7 @@ def test_cuda_graph_gives_identical_results_after_release_and_refill(cuda_backen
     x.copy_(torch.randn(64, 1024, device=device, generator=generator))
     host = HostCopy.snapshot(arena)
 
-    warmup = torch.cuda.Stream(device)  # torch.cuda.graph wants kernels warmed up off-stream
-    warmup.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(warmup):
-        torch.matmul(x, w, out=out).relu_()
-    torch.cuda.current_stream(device).wait_stream(warmup)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        torch.matmul(x, w, out=out).relu_()
+    graph, _ = captured(lambda: torch.matmul(x, w, out=out).relu_())
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()

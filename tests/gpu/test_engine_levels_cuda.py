@@ -16,7 +16,7 @@ import torch
 
 from strata.engine.core.engine import Engine, EngineConfig, EngineOutOfMemory
 from strata.engine.protocol import Done, SamplingSpec, Tokens
-from tests.gpu.gpu_helpers import GIB, MIB, nvml_used_bytes, wait_for_free_vram
+from tests.gpu.gpu_helpers import GIB, MIB, captured, nvml_used_bytes, wait_for_free_vram
 
 pytestmark = pytest.mark.gpu
 
@@ -127,15 +127,8 @@ def test_model_graph_captured_before_sleep_replays_after_wake(tmp_path) -> None:
         static_ids = torch.tensor([7], device=device)
         with torch.inference_mode():
             engine.model(prompt, 0, kv)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):  # warm-up, as torch.cuda.graph asks
-                for _ in range(2):
-                    engine.model(static_ids, 32, kv)
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_logits = engine.model(static_ids, 32, kv)
+            engine.model(static_ids, 32, kv)  # warm-ups: this one and captured's
+            graph, static_logits = captured(lambda: engine.model(static_ids, 32, kv))
             graph.replay()
             expected = static_logits.clone()
             engine.sleep()  # unmaps weights and this KV: a replay now would fault

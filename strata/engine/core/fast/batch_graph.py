@@ -33,6 +33,7 @@ from strata.engine.core.fast.batch_experts import experts_rows
 from strata.engine.core.fast.forward import linear, mlp_forward, project_head, project_qkv
 from strata.engine.core.fast.moe_grouped import is_grouped_capable, slot_layout
 from strata.engine.core.fast.pointwise import PointwiseOps
+from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.fast.static_step import (
     DEFAULT_MIN_BUCKET_TOKENS,
     StepHook,
@@ -258,13 +259,9 @@ class BatchDecoder:
             return graph
         # Warm-up on a side stream, as torch.cuda.graphs requires: it writes the real rows'
         # K/V with the values the replay writes anyway.
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with side_stream(self.device):
             for _ in range(WARMUP_STEPS):
                 self.step.run(buffers, self._kv_rows, num_keys)
-        current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # One pool for every bucket: replays are serialized on one stream and the logits land
         # in a buffer allocated outside it.

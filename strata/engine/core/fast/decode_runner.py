@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.fast.static_step import StaticStep, StepHook, bucket_for
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.protocol import TokenLogprob
@@ -104,15 +105,11 @@ class GraphRunner:
 
         # Warm up on a side stream as torch.cuda.graphs requires. The warm-up rewrites this
         # position's K/V with the values the real step will write anyway.
-        current = torch.cuda.current_stream(step.device)
-        side = torch.cuda.Stream(step.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with side_stream(step.device):
             for _ in range(WARMUP_STEPS):
                 restore()
                 step.run(kv, bucket, key)
             restore()
-        current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # One memory pool for every bucket: replays are serialized on one stream and every
         # output lands in buffers allocated outside the pool.

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.quant import expert_grouped
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.weight import scratch_tensor
@@ -162,24 +163,17 @@ class ExpertGraphs:
                  down) -> torch.Tensor:
         """This call's answer, called on the side stream (a capture's warm-up); from now on
         layers of this kind capture at this bucket."""
-        current = torch.cuda.current_stream(self.device)
-        side = self._side_stream()
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with side_stream(self.device, self._side_stream()):
             y = expert_grouped.experts_mlp(x, source, offsets, row_weights, gate, up, down)
-        current.wait_stream(side)
-        y.record_stream(current)  # the caller reads it on the current stream
+        y.record_stream(torch.cuda.current_stream(self.device))  # the caller reads it there
         self._warm.add(kind)
         return y
 
     def _capture(self, key: tuple, static: _Static, bucket: int, gate, up, down) -> None:
         """Capture this layer at this bucket (nothing runs); on failure, graphs go off."""
         graph = torch.cuda.CUDAGraph()
-        current = torch.cuda.current_stream(self.device)
-        side = self._side_stream()
-        side.wait_stream(current)
         try:
-            with torch.cuda.stream(side):
+            with side_stream(self.device, self._side_stream()):
                 graph.capture_begin(pool=self._pool)
                 try:
                     self._run(static, bucket, gate, up, down)
@@ -188,8 +182,6 @@ class ExpertGraphs:
         except RuntimeError as exc:  # out of memory, or something in it syncs
             self._turn_off(f"capturing {bucket} rows failed ({exc})")
             return
-        finally:
-            current.wait_stream(side)
         self._pool = graph.pool()
         self._graphs[key] = graph
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -102,13 +103,9 @@ class PrefillGraphs:
             return entry[2].clone()  # the pool's next replay may reuse the graph's output
         # This prompt runs as called on a side stream, as torch.cuda.graph wants its warm-up:
         # that warms every kernel up for this length (cuBLAS, cuDNN's plan, compiled groups).
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with side_stream(self.device):
             logits = self._run(kv, ids, self._last_index)
-        current.wait_stream(side)
-        logits.record_stream(current)  # the caller reads it on the current stream
+        logits.record_stream(torch.cuda.current_stream(self.device))  # the caller reads it there
         self._capture(key, kv, ids)
         return logits
 
