@@ -37,7 +37,7 @@ try:
     import triton.language as tl
 
     from strata.engine.core.kernels.pdl import wait as pdl_wait
-    from strata.engine.core.quant.gemv_dp4a import round_groups
+    from strata.engine.core.quant.gemv_dp4a import round_and_store
 except ImportError:  # optional: the reference path needs only torch
     triton = None
 
@@ -162,12 +162,9 @@ if triton is not None:
         out = (tl.sum(w[:, None] * acc, axis=0) / total).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + head * HEAD_DIM + cols, out)
         if ROUND:  # the head's groups of 32, as quantize_x rounds the stored values
-            q, d, s = round_groups(tl.reshape(out.to(tl.float32), (HEAD_DIM // 32, 32)))
-            q_cols = tl.arange(0, HEAD_DIM // 32)[:, None] * 32 + tl.arange(0, 32)[None, :]
-            tl.store(q_ptr + head * HEAD_DIM + q_cols, q.to(tl.int8))
-            sub = head * (HEAD_DIM // 32) + tl.arange(0, HEAD_DIM // 32)
-            tl.store(d_ptr + sub, d)
-            tl.store(s_ptr + sub, s)
+            round_and_store(tl.reshape(out.to(tl.float32), (HEAD_DIM // 32, 32)),
+                            head * (HEAD_DIM // 32) + tl.arange(0, HEAD_DIM // 32),
+                            tl.num_programs(0) * (HEAD_DIM // 32), q_ptr, d_ptr, s_ptr)
 
 
 def is_usable(device: torch.device) -> bool:

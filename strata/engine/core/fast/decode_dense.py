@@ -33,7 +33,7 @@ try:
 
     from strata.engine.core.fast.moe_triton import tile_dot
     from strata.engine.core.kernels.pdl import wait as pdl_wait
-    from strata.engine.core.quant.gemv_dp4a import round_groups
+    from strata.engine.core.quant.gemv_dp4a import round_and_store
 except ImportError:  # optional: the torch path needs neither
     triton = None
 
@@ -150,12 +150,8 @@ if triton is not None:
         x = (weight * normed).to(x_out_ptr.dtype.element_ty)
         tl.store(x_out_ptr + cols, x, mask=ok)
         if ROUND:  # past `hidden` x is 0 (masked loads): padded groups round to 0, unstored
-            sub = tl.arange(0, BLOCK // 32)
-            q, d, s = round_groups(tl.reshape(x.to(tl.float32), (BLOCK // 32, 32)))
-            group_cols = sub[:, None] * 32 + tl.arange(0, 32)[None, :]
-            tl.store(q_ptr + group_cols, q.to(tl.int8), mask=group_cols < hidden)
-            tl.store(d_ptr + sub, d, mask=sub * 32 < hidden)
-            tl.store(s_ptr + sub, s, mask=sub * 32 < hidden)
+            round_and_store(tl.reshape(x.to(tl.float32), (BLOCK // 32, 32)),
+                            tl.arange(0, BLOCK // 32), hidden // 32, q_ptr, d_ptr, s_ptr)
 
     # Keyed by the prologue too: a norm or an activation in front changes the best tiles.
     _gemv_tuned = launch.tuned(_gemv_kernel, GEMV_CONFIGS,

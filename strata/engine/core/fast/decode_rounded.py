@@ -12,7 +12,7 @@ step bound by its chain of short kernels, each launch costs its ramp-up and drai
   prologue and the compiled pointwise op round it), then to int8.
 
 Both write x in its own dtype too, so a consumer that does not take dp4a reads x as before.
-The rounding is `gemv_dp4a.round_groups`, the one `quantize_x` uses: given the same x, the
+The rounding is `gemv_dp4a.round_and_store`, the one `quantize_x` uses: given the same x, the
 int8 values, scales and sums are bit-identical.
 """
 
@@ -29,7 +29,7 @@ try:
     import triton.language as tl
 
     from strata.engine.core.kernels.pdl import wait as pdl_wait
-    from strata.engine.core.quant.gemv_dp4a import round_groups
+    from strata.engine.core.quant.gemv_dp4a import round_and_store
 except ImportError:  # optional: the torch path needs neither
     triton = None
 
@@ -50,10 +50,7 @@ if triton is not None:
         up = tl.load(gate_up_ptr + num_cols + cols, mask=ok, other=0.0).to(tl.float32)
         x = (gate * tl.sigmoid(gate) * up).to(x_out_ptr.dtype.element_ty)
         tl.store(x_out_ptr + cols, x, mask=ok)
-        q, d, s = round_groups(x.to(tl.float32))
-        tl.store(q_ptr + cols, q.to(tl.int8), mask=ok)
-        tl.store(d_ptr + sub, d, mask=sub < num_subs)
-        tl.store(s_ptr + sub, s, mask=sub < num_subs)
+        round_and_store(x.to(tl.float32), sub, num_subs, q_ptr, d_ptr, s_ptr)
 
 
 def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,

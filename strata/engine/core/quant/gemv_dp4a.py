@@ -112,6 +112,17 @@ if triton is not None:
         return q, d, d * tl.sum(q, axis=1).to(tl.float32)
 
     @triton.jit
+    def round_and_store(v, sub, num_subs, q_ptr, d_ptr, s_ptr):
+        """round_groups(v) for x's groups sub [S] (v [S, 32] float32), stored where sub <
+        num_subs: q at x's columns (int8), d and s at the group: what quantize_x writes."""
+        q, d, s = round_groups(v)
+        ok = sub < num_subs
+        cols = sub[:, None] * 32 + tl.arange(0, 32)[None, :]
+        tl.store(q_ptr + cols, q.to(tl.int8), mask=ok[:, None])
+        tl.store(d_ptr + sub, d, mask=ok)
+        tl.store(s_ptr + sub, s, mask=ok)
+
+    @triton.jit
     def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, stride_x, num_cols,
                            BLOCK_SUBS: tl.constexpr, USE_PDL: tl.constexpr):
         token = tl.program_id(1)
@@ -121,10 +132,8 @@ if triton is not None:
         cols = sub[:, None] * 32 + tl.arange(0, 32)[None, :]  # [S, 32]
         ok = (sub < num_subs)[:, None]
         v = tl.load(x_ptr + token * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-        q, d, s = round_groups(v)
-        tl.store(q_ptr + token * num_cols + cols, q.to(tl.int8), mask=ok)
-        tl.store(d_ptr + token * num_subs + sub, d, mask=sub < num_subs)
-        tl.store(s_ptr + token * num_subs + sub, s, mask=sub < num_subs)
+        round_and_store(v, sub, num_subs, q_ptr + token * num_cols, d_ptr + token * num_subs,
+                        s_ptr + token * num_subs)
 
     @triton.jit
     def _dp4a_kernel(
