@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.engine.api.chat_plan import plan_chat
+from strata.engine.api.chat_plan import ChatInputs, plan_chat
 from strata.engine.api.errors import ApiError
 from strata.engine.api.tool_spec import Tool, ToolRequest
 
@@ -52,9 +52,8 @@ EXPECTED = {
 async def test_family_template_renders_tools_calls_and_results(client, text_assets,
                                                                 template) -> None:
     assets = dataclasses.replace(text_assets, chat_template=(TEMPLATES / template).read_text())
-    plan = await plan_chat(client.app, assets, HISTORY,
-                           ToolRequest((WEATHER,), names=frozenset({"get_weather"})),
-                           None, None, {})
+    plan = await plan_chat(client.app, assets, ChatInputs(
+        HISTORY, ToolRequest((WEATHER,), names=frozenset({"get_weather"}))))
     rendered = assets.decode(plan.prompt_ids, skip_special=False)
     for needle in EXPECTED[template]:
         assert needle in rendered, (needle, rendered)
@@ -66,22 +65,22 @@ async def test_forced_call_on_a_thinking_template_turns_thinking_off(client, tex
     assets = dataclasses.replace(text_assets,
                                  chat_template=(TEMPLATES / "qwen3.jinja").read_text())
     tools = ToolRequest((WEATHER,), "named", "get_weather", True, frozenset({"get_weather"}))
-    plan = await plan_chat(client.app, assets, HISTORY[:1], tools, None, None, {})
+    plan = await plan_chat(client.app, assets, ChatInputs(HISTORY[:1], tools))
     assert plan.grammar is not None and not plan.thinks
     assert assets.decode(plan.prompt_ids, skip_special=False).endswith("<think>\n\n</think>\n\n")
     with pytest.raises(ApiError, match="thinking"):
-        await plan_chat(client.app, assets, HISTORY[:1], tools, None, True, {})
+        await plan_chat(client.app, assets, ChatInputs(HISTORY[:1], tools, thinking=True))
 
 
 async def test_a_template_that_always_thinks_refuses_constrained_output(client, text_assets
                                                                          ) -> None:
     assets = dataclasses.replace(text_assets,
                                  chat_template=(TEMPLATES / "deepseek-r1.jinja").read_text())
-    plan = await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), None, None, {})
+    plan = await plan_chat(client.app, assets, ChatInputs(HISTORY[:1]))
     assert plan.thinks and plan.starts_thinking
     with pytest.raises(ApiError, match="thinking"):
-        await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), '{"grammars": []}',
-                        None, {})
+        await plan_chat(client.app, assets,
+                        ChatInputs(HISTORY[:1], output_grammar='{"grammars": []}'))
 
 
 async def test_a_thinking_template_is_rendered_once_per_request(client, text_assets,
@@ -98,6 +97,6 @@ async def test_a_thinking_template_is_rendered_once_per_request(client, text_ass
         return render(self, *args, **kwargs)
 
     monkeypatch.setattr(type(assets), "apply_chat_template", counted)
-    plan = await plan_chat(client.app, assets, HISTORY[:1], ToolRequest(), None, True, {})
+    plan = await plan_chat(client.app, assets, ChatInputs(HISTORY[:1], thinking=True))
     assert plan.thinks and len(renders) == 1
     assert plan.prompt_ids == assets.encode_chat(HISTORY[:1], enable_thinking=True)

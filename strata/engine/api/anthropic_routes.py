@@ -12,7 +12,7 @@ from aiohttp import web
 from strata.engine.api.anthropic_chat import message_response, message_stream
 from strata.engine.api.chat_messages import parse_anthropic_messages
 from strata.engine.api.chat_output import ChatOutput
-from strata.engine.api.chat_plan import ChatPlan, plan_chat
+from strata.engine.api.chat_plan import ChatInputs, ChatPlan, plan_chat
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.model_routing import service_of
 from strata.engine.api.output_format import anthropic_output_grammar, anthropic_thinking
@@ -41,10 +41,9 @@ async def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
     system = parse_anthropic_system(body)
     if system:
         messages = [{"role": "system", "content": system}, *messages]
-    plan = await plan_chat(request.app, assets, messages, tools,
-                           anthropic_output_grammar(body),
-                           anthropic_thinking(body, params.max_tokens), {},
-                           thinking_param="thinking")
+    plan = await plan_chat(request.app, assets, ChatInputs(
+        messages, tools, anthropic_output_grammar(body),
+        anthropic_thinking(body, params.max_tokens), thinking_param="thinking"))
     return assets, params, plan
 
 

@@ -8,7 +8,7 @@ request for thinking the model's template cannot give.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -57,10 +57,11 @@ def template_kwargs(body: dict, source: str | None, param: str = "chat_template_
 class ChatInputs:
     """The parts of a chat body that shape its prompt: render_chat's and plan_chat's input."""
     messages: list[dict[str, Any]]
-    tools: ToolRequest
-    output_grammar: str | None
-    thinking: bool | None
-    template_kwargs: dict[str, Any]
+    tools: ToolRequest = field(default_factory=ToolRequest)
+    output_grammar: str | None = None
+    thinking: bool | None = None  # None: the template's default
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    thinking_param: str = "enable_thinking"  # the body's field that set `thinking`, for 400s
 
 
 def openai_chat_inputs(body: dict, service: Any) -> tuple[ChatInputs, Any]:
@@ -87,11 +88,11 @@ class ChatRender:
     thinks: bool
 
 
-def render_chat(assets: Any, messages: list[dict[str, Any]], tools: ToolRequest,
-                output_grammar: str | None, thinking: bool | None, kwargs: dict[str, Any],
-                thinking_param: str = "enable_thinking") -> ChatRender:
+def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     """The template's input for one chat request (see the module doc), refusing (400) what
     the model's template cannot give; /apply-template shows the same prompt."""
+    messages, tools, output_grammar = inputs.messages, inputs.tools, inputs.output_grammar
+    thinking, thinking_param = inputs.thinking, inputs.thinking_param
     source = assets.chat_template
     fmt = detect_format(source)
     forced = tools.forced_tools
@@ -101,7 +102,7 @@ def render_chat(assets: Any, messages: list[dict[str, Any]], tools: ToolRequest,
     # A named choice is one call of that tool; required may make several when parallel.
     is_parallel = tools.is_parallel and tools.mode == "required"
     grammar = output_grammar or (call_grammar(fmt, forced, is_parallel) if forced else None)
-    kwargs = dict(kwargs)
+    kwargs = dict(inputs.template_kwargs)
     if "enable_thinking" in kwargs and thinking is None:
         thinking = bool(kwargs.pop("enable_thinking"))
     thinks = template_thinks(source)
@@ -130,15 +131,12 @@ def render_chat(assets: Any, messages: list[dict[str, Any]], tools: ToolRequest,
     return ChatRender(rendered, kwargs, grammar, fmt if tools.is_active else None, thinks)
 
 
-async def plan_chat(app: web.Application, assets: Any, messages: list[dict[str, Any]],
-                    tools: ToolRequest, output_grammar: str | None, thinking: bool | None,
-                    kwargs: dict[str, Any], thinking_param: str = "enable_thinking") -> ChatPlan:
+async def plan_chat(app: web.Application, assets: Any, inputs: ChatInputs) -> ChatPlan:
     """The prompt and output handling of one chat request (render_chat's); templates render
     on the app's CPU pool, off the event loop."""
-    render = render_chat(assets, messages, tools, output_grammar, thinking, kwargs,
-                         thinking_param)
+    render = render_chat(assets, inputs)
     text, prompt_ids = await render_chat_prompt(app, assets, render.messages,
                                                 **render.template_kwargs)
     starts_thinking = render.thinks and prompt_opens_thinking(text)
-    return ChatPlan(prompt_ids, render.grammar, render.tool_format, tools, render.thinks,
-                    starts_thinking)
+    return ChatPlan(prompt_ids, render.grammar, render.tool_format, inputs.tools,
+                    render.thinks, starts_thinking)

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from strata import __version__ as STRATA_VERSION
 from strata.engine.api.chat_output import ChatOutput
-from strata.engine.api.chat_plan import ChatPlan, plan_chat
+from strata.engine.api.chat_plan import ChatInputs, ChatPlan, plan_chat
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.model_list import ollama_ps, ollama_tags
@@ -183,8 +183,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     tools = parse_openai_tools({"tools": body.get("tools")})
     messages = parse_ollama_messages(body)
     assets = text_assets(service)
-    plan = await plan_chat(request.app, assets, messages, tools, parsed.grammar,
-                           parse_ollama_think(body), {}, thinking_param="think")
+    plan = await plan_chat(request.app, assets, ChatInputs(
+        messages, tools, parsed.grammar, parse_ollama_think(body), thinking_param="think"))
     return await _answer(request, parsed, plan, assets, "message")
 
 
@@ -212,9 +212,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         plan = ChatPlan(list(prompt_ids), parsed.grammar, None, ToolRequest(), False, False)
     else:
         messages = [{"role": "system", "content": system}] if system else []
-        plan = await plan_chat(request.app, assets,
-                               [*messages, {"role": "user", "content": prompt}],
-                               ToolRequest(), parsed.grammar, think, {}, thinking_param="think")
+        plan = await plan_chat(request.app, assets, ChatInputs(
+            [*messages, {"role": "user", "content": prompt}], output_grammar=parsed.grammar,
+            thinking=think, thinking_param="think"))
     return await _answer(request, parsed, plan, assets, "response")
 
 

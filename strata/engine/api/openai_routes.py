@@ -55,8 +55,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = parse_openai(body)
     apply_ttl(service, body)
     inputs, assets = openai_chat_inputs(body, service)
-    plan = await plan_chat(request.app, assets, inputs.messages, inputs.tools,
-                           inputs.output_grammar, inputs.thinking, inputs.template_kwargs)
+    plan = await plan_chat(request.app, assets, inputs)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": service.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from strata.engine.api import sse
 from strata.engine.api.chat_messages import tool_call
 from strata.engine.api.chat_output import ChatOutput, ChatResult, arguments_object
-from strata.engine.api.chat_plan import plan_chat
+from strata.engine.api.chat_plan import ChatInputs, plan_chat
 from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.keys import RESPONSES_KEY
 from strata.engine.api.model_routing import service_of
@@ -161,8 +161,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     messages, slot = _conversation(request, parsed)
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     assets = text_assets(service)
-    plan = await plan_chat(request.app, assets, [*system, *messages], parsed.tools, None, None,
-                           {})
+    plan = await plan_chat(request.app, assets, ChatInputs([*system, *messages], parsed.tools))
     # Reasoning stays in the text until Responses gets its reasoning items (see docs/api.md).
     plan = dataclasses.replace(plan, thinks=False, starts_thinking=False)
     params = dataclasses.replace(parsed.params, slot=slot)

@@ -22,8 +22,7 @@ async def apply_template(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     parse_openai(body, "/apply-template")  # chat's checks: its sampling shapes no prompt
     inputs, assets = openai_chat_inputs(body, service_of(request))
-    render = render_chat(assets, inputs.messages, inputs.tools, inputs.output_grammar,
-                         inputs.thinking, inputs.template_kwargs)
+    render = render_chat(assets, inputs)
     try:  # templates from model files can be slow: keep /health answering meanwhile
         prompt = await run_cpu(request.app, assets.apply_chat_template, render.messages,
                                **render.template_kwargs)
