@@ -6,14 +6,20 @@
 #                                         # mem_get_info), one at a time: about 160 s
 # Each test is named as it ends (-v), so a call cut short by its time limit still says which
 # tests failed; tracebacks print at the end, so rerun those alone with --tb=long.
-# Needs the test requirements: pytest-xdist, and pytest-asyncio (pytest-aiohttp brings it)
-# for the async files.
+# Needs the test requirements: pytest-xdist, pytest-asyncio (pytest-aiohttp brings it) for
+# the async files, jsonschema for the constrained-output checks; without one of them those
+# tests fail or do not collect (run 30b), so the script refuses to start.
 set -u
 OUT=${1:?usage: bench/gpu_tests.sh OUT_DIR parallel|serial [timeout_s]}
 PART=${2:?usage: bench/gpu_tests.sh OUT_DIR parallel|serial [timeout_s]}
 LIMIT_S=${3:-540}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
+for module in xdist pytest_asyncio jsonschema; do
+  python -c "import $module" 2>/dev/null || {
+    echo "gpu_tests.sh: python cannot import $module; install the test requirements" \
+         "(pip install -e '.[dev]', or carry their wheels to the device)" >&2; exit 2; }
+done
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 SERIAL=(tests/gpu/test_arena_cuda.py tests/gpu/test_engine_levels_cuda.py
         tests/gpu/test_model_pool_cuda.py tests/gpu/test_game_scenario_cuda.py)
