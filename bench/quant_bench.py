@@ -206,6 +206,10 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
                        "stay in torch's cache", higher_is_better=False))
     if engine.memory.experts is not None and args.cycles > 0:  # --cycles 0: decode A/B runs
         rows += expert_figures(args, engine, raw)
+    if args.device == "cuda":
+        from strata.engine.core.quant import gemv_dp4a
+
+        raw["dp4a_tiles"] = gemv_dp4a.tuned_tiles()  # which tile each product ran (run 30)
     if args.profile_steps:
         # Last: the profiler leaves the rows after it slower (run 22d's 8B prefilled 4096
         # tokens at 12881 tok/s after a profile, run 22e's at 29614-31419 without one).

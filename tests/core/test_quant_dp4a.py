@@ -163,3 +163,25 @@ def test_a_pair_is_refused_where_a_part_cannot_be_read() -> None:
                                        (int(QT.Q4_K), int(QT.Q6_K)), (1, 1),
                                        (q4k_rows, q6k_rows), 768)
         gemv_dp4a.matmul_pair(torch.zeros(2, 768).half(), pair)
+
+
+def test_tuned_tiles_names_each_pick_of_the_autotuner() -> None:
+    """quant_bench records which tile each product ran; interpreted there is no autotuner,
+    compiled (a process without TRITON_INTERPRET: the picks are the autotuner's own cache)
+    each pick is named by kernel, key and tile."""
+    import ast
+    import subprocess
+    import sys
+
+    assert gemv_dp4a.tuned_tiles() == {}  # this module runs interpreted
+    script = ("import triton\n"
+              "from strata.engine.core.quant import gemv_dp4a\n"
+              "gemv_dp4a._tuned[12].cache[(28672, 64, 12)] = triton.Config("
+              "{'BLOCK_ROWS': 2, 'BLOCK_COLS': 2048, 'STAGES': 1}, num_warps=2)\n"
+              "print(gemv_dp4a.tuned_tiles())\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, check=True)
+    tiles = ast.literal_eval(done.stdout)
+    assert list(tiles) == ["_dp4a_kernel type 12 (28672, 64, 12)"]
+    assert "BLOCK_ROWS: 2" in tiles["_dp4a_kernel type 12 (28672, 64, 12)"]

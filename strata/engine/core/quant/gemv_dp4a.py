@@ -202,6 +202,20 @@ if triton is not None:
                    for iq2 in (False, True)}
 
 
+def tuned_tiles() -> dict[str, str]:
+    """The autotuner's pick for every (type, shape) the dp4a products have run in this
+    process: '{kernel} {key}' -> the tile. A kernel's tuning key changes with its source and
+    its line in the file, so a tree that edits gemv_dp4a.py tunes afresh, and two trees can
+    run the same product on different tiles (docs/benchmarks.md, run 30);
+    bench/quant_bench.py records these beside its figures. Empty when interpreting."""
+    if triton is None or launch.is_interpreting():
+        return {}
+    kernels = [*((f"_dp4a_kernel type {qtype}", tuned) for qtype, tuned in _tuned.items()),
+               *((f"_dp4a_pair_kernel iq2={iq2}", tuned) for iq2, tuned in _pair_tuned.items())]
+    return {f"{name} {key}": str(config)
+            for name, tuned in kernels for key, config in tuned.cache.items()}
+
+
 def quantize_x(x: torch.Tensor, use_pdl: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q int8 [M, K], d float32 [M, K/32], s float32 [M, K/32]) for x [M, K] (K % 32 == 0):
