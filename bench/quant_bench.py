@@ -2,6 +2,7 @@
 
     python bench/quant_bench.py FILE.gguf [--llama-bench PATH] [--hbm-gb-s 4300]
                                 [--label NAME] [--json out.json] [--device cpu]
+                                [--pin-tiles OTHER.json]
 
 Strata, through Engine (what the engine process runs; greedy, the server's CUDA graphs):
 load time to ready (the file is in the page cache: it was just written; once more at the
@@ -13,11 +14,17 @@ cache's release ms and refill GB/s (against pinned host-to-device bandwidth). Th
 is closed and llama-bench runs on the same file (every layer on the GPU, flash attention),
 and the ratios: Strata/llama.cpp per figure, and decode against the quantized-bytes roofline
 (weight bytes one token reads, as stored in the file, over --hbm-gb-s; roofline.py).
+
+The JSON records the tile each dp4a product ran (`strata.dp4a_tiles`). A tree that edits a
+file holding those kernels tunes them afresh, so an A/B of two trees may compare tiles as
+well as the change (docs/benchmarks.md, run 30): `--pin-tiles` takes the tiles of another
+run's JSON (same file, same GPU) instead of tuning.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -138,6 +145,20 @@ def prefill_plan(engine) -> dict:
             "compiled_groups": bool(prefiller.ops.is_compiled)}
 
 
+def pin_tiles(other_json: str) -> int:
+    """Pin the dp4a tiles another run of this bench recorded (gemv_dp4a.pin_tiles)."""
+    from strata.engine.core.quant import gemv_dp4a
+
+    tiles = json.loads(Path(other_json).read_text()).get("strata", {}).get("dp4a_tiles")
+    if not tiles:
+        raise SystemExit(f"{other_json} records no dp4a tiles (a quant_bench JSON of a CUDA "
+                         f"run since run 30)")
+    try:
+        return gemv_dp4a.pin_tiles(tiles)
+    except ValueError as exc:
+        raise SystemExit(f"--pin-tiles {other_json}: {exc}") from None
+
+
 def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     """Load the file in Strata and measure; (figures, raw numbers)."""
     from lifecycle_bench import decode_tok_s
@@ -146,6 +167,7 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
     from strata.engine.core.loader.quant_plan import kv_bytes
 
     _, baseline_used = vram_used_bytes()
+    pinned = pin_tiles(args.pin_tiles) if args.pin_tiles else 0
     context = max(args.prefill_tokens) + args.decode_tokens + 64
     engine = Engine(EngineConfig(model_path=str(path), device=args.device, num_slots=1,
                                  context_tokens=context, expert_cache=args.expert_cache,
@@ -158,6 +180,7 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
 
     raw = {"device": device_identity(engine.device),  # GPU, driver, CUDA, torch, Triton
            "load": info, "context_tokens": context, "kv_bytes": kv, "vram_process_bytes": own,
+           "dp4a_tiles_pinned": pinned,
            "vram_used_bytes": used, "vram_baseline_bytes": baseline_used,
            "memory_after_load": memory_breakdown(engine, own)}
     held = own if own is not None else (None if used is None else used - baseline_used)
@@ -388,6 +411,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llamacpp-timeout-s", type=float, default=300.0)
     p.add_argument("--device", default="cuda", help="cpu for a dry run")
     p.add_argument("--json")
+    p.add_argument("--pin-tiles", metavar="OTHER.json",
+                   help="run the dp4a products on the tiles another run recorded, untuned")
     return p
 
 

@@ -155,3 +155,20 @@ def test_quant_bench_sets_strata_against_a_recorded_llama_bench_run(tmp_path: Pa
     assert by_name["vs llama.cpp prefill 256 tok"]["ratio"] == pytest.approx(512 / tests[(256, 0)])
     assert by_name["vs llama.cpp prefill 64 tok"]["limit"] == pytest.approx(tests[(64, 0)])
     assert "-fa 1" in peer["command"] and "-ngl 99" in peer["command"]
+
+
+def test_quant_bench_pins_only_tiles_another_run_recorded(tmp_path: Path) -> None:
+    """--pin-tiles reads a JSON of this bench: one without tiles, or with a tile this tree
+    cannot run, stops the bench with one line naming the file (gemv_dp4a.pin_tiles checks
+    the tiles; tests/core/test_quant_dp4a.py pins them)."""
+    from quant_bench import pin_tiles
+
+    bare = tmp_path / "cpu.json"
+    bare.write_text(json.dumps({"strata": {"decode_tok_s": 1.0}}))
+    with pytest.raises(SystemExit, match="records no dp4a tiles"):
+        pin_tiles(str(bare))
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"strata": {"dp4a_tiles": {
+        "_dp4a_kernel type 12": {"(1, 2, 12)": "BLOCK_ROWS: 999"}}}}))
+    with pytest.raises(SystemExit, match=f"--pin-tiles {odd}: "):
+        pin_tiles(str(odd))

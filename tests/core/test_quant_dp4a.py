@@ -165,23 +165,36 @@ def test_a_pair_is_refused_where_a_part_cannot_be_read() -> None:
         gemv_dp4a.matmul_pair(torch.zeros(2, 768).half(), pair)
 
 
-def test_tuned_tiles_names_each_pick_of_the_autotuner() -> None:
-    """quant_bench records which tile each product ran; interpreted there is no autotuner,
-    compiled (a process without TRITON_INTERPRET: the picks are the autotuner's own cache)
-    each pick is named by kernel, key and tile."""
+def test_tuned_tiles_are_read_and_pinned_as_the_autotuner_keeps_them() -> None:
+    """quant_bench records which tile each product ran and can pin another run's, so two
+    trees are compared on the same tiles. Interpreted there is no autotuner; compiled (a
+    process without TRITON_INTERPRET, the picks the autotuner's own cache) a pin is read
+    back as pinned, and a tile that is not a candidate is refused before anything changes."""
     import ast
     import subprocess
     import sys
 
     assert gemv_dp4a.tuned_tiles() == {}  # this module runs interpreted
-    script = ("import triton\n"
-              "from strata.engine.core.quant import gemv_dp4a\n"
-              "gemv_dp4a._tuned[12].cache[(28672, 64, 12)] = triton.Config("
-              "{'BLOCK_ROWS': 2, 'BLOCK_COLS': 2048, 'STAGES': 1}, num_warps=2)\n"
-              "print(gemv_dp4a.tuned_tiles())\n")
+    with pytest.raises(ValueError, match="interpreter"):
+        gemv_dp4a.pin_tiles({})
+    script = """
+import triton
+from strata.engine.core.quant import gemv_dp4a
+tile = str(gemv_dp4a._tuned[12].configs[-1])
+key = repr((28672, 64, 12, 'torch.int32'))
+try:
+    gemv_dp4a.pin_tiles({"_dp4a_kernel type 12": {key: tile},
+                         "_dp4a_kernel type 14": {key: "BLOCK_ROWS: 999"}})
+except ValueError as exc:
+    print(repr(str(exc)))
+print(gemv_dp4a.tuned_tiles())
+print(gemv_dp4a.pin_tiles({"_dp4a_kernel type 12": {key: tile}}))
+print(gemv_dp4a.tuned_tiles() == {"_dp4a_kernel type 12": {key: tile}})
+"""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=env, check=True)
-    tiles = ast.literal_eval(done.stdout)
-    assert list(tiles) == ["_dp4a_kernel type 12 (28672, 64, 12)"]
-    assert "BLOCK_ROWS: 2" in tiles["_dp4a_kernel type 12 (28672, 64, 12)"]
+    refusal, before, count, same = done.stdout.splitlines()
+    assert "not among this tree's candidates" in ast.literal_eval(refusal)
+    assert ast.literal_eval(before) == {}  # the refused call pinned nothing
+    assert (count, same) == ("1", "True")

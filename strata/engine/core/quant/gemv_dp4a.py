@@ -202,18 +202,46 @@ if triton is not None:
                    for iq2 in (False, True)}
 
 
-def tuned_tiles() -> dict[str, str]:
+def _tuned_kernels() -> dict[str, object]:
+    """Every autotuned dp4a launcher by a stable name."""
+    return {**{f"_dp4a_kernel type {qtype}": tuned for qtype, tuned in _tuned.items()},
+            **{f"_dp4a_pair_kernel iq2={iq2}": tuned for iq2, tuned in _pair_tuned.items()}}
+
+
+def tuned_tiles() -> dict[str, dict[str, str]]:
     """The autotuner's pick for every (type, shape) the dp4a products have run in this
-    process: '{kernel} {key}' -> the tile. A kernel's tuning key changes with its source and
-    its line in the file, so a tree that edits gemv_dp4a.py tunes afresh, and two trees can
-    run the same product on different tiles (docs/benchmarks.md, run 30);
-    bench/quant_bench.py records these beside its figures. Empty when interpreting."""
+    process: {launcher: {repr(key): the tile}}. A kernel's tuning key changes with its source
+    and with its line in the file, so a tree that edits gemv_dp4a.py tunes afresh, and two
+    trees can run the same product on different tiles (docs/benchmarks.md, run 30);
+    bench/quant_bench.py records these and can pin another run's (`pin_tiles`). Empty when
+    interpreting."""
     if triton is None or launch.is_interpreting():
         return {}
-    kernels = [*((f"_dp4a_kernel type {qtype}", tuned) for qtype, tuned in _tuned.items()),
-               *((f"_dp4a_pair_kernel iq2={iq2}", tuned) for iq2, tuned in _pair_tuned.items())]
-    return {f"{name} {key}": str(config)
-            for name, tuned in kernels for key, config in tuned.cache.items()}
+    return {name: {repr(key): str(config) for key, config in tuned.cache.items()}
+            for name, tuned in _tuned_kernels().items() if tuned.cache}
+
+
+def pin_tiles(tiles: dict[str, dict[str, str]]) -> int:
+    """Make the autotuner take tuned_tiles()'s picks from another run, without timing, for
+    the keys they name (an A/B of two trees on the same tiles); returns how many. A tile
+    that is not among this tree's candidates, or a launcher it lacks, is refused (ValueError)
+    before any is pinned."""
+    import ast
+
+    if triton is None or launch.is_interpreting():
+        raise ValueError("pin_tiles needs compiled Triton kernels: the interpreter tunes nothing")
+    kernels, pins = _tuned_kernels(), []
+    for name, picks in tiles.items():
+        if name not in kernels:
+            raise ValueError(f"no dp4a launcher {name!r} here (these: {sorted(kernels)})")
+        by_text = {str(config): config for config in kernels[name].configs}
+        for key, text in picks.items():
+            if text not in by_text:
+                raise ValueError(f"{name}'s tile {text!r} is not among this tree's candidates")
+            pins.append((kernels[name], ast.literal_eval(key), by_text[text]))
+    for tuned, key, config in pins:
+        tuned.cache[key] = config
+    return len(pins)
 
 
 def quantize_x(x: torch.Tensor, use_pdl: bool = False
