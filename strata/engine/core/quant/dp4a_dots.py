@@ -44,6 +44,7 @@ try:
     import triton
     import triton.language as tl
 
+    from strata.engine.core.kernels.pdl import wait as pdl_wait
     from strata.engine.core.quant.dequant_tile import _KSIGNS, LUT_IQ2_XXS
     from strata.engine.core.quant.gemv_planes import _k4_scales
 except ImportError:  # Triton is optional: without it no tensor stays quantized
@@ -113,26 +114,39 @@ if triton is not None:
                       axis=2, keep_dims=True)
 
     @triton.jit
-    def _k4_group(row_bytes, row_words, group, same_row, xq_ptr, xd_ptr, xs_ptr,
-                  FIFTH_BIT: tl.constexpr, EMULATE: tl.constexpr):
-        """Sub-blocks 2p (low nibbles) and 2p + 1 (high) of block group // 4, p = group % 4:
-        of Q4_K (144 bytes, the nibbles at 16), or with FIFTH_BIT of Q5_K (176 bytes, qh at
-        16, the nibbles at 48), each value's fifth bit being bit 2p (low) or 2p + 1 (high)
-        of its qh byte, which shares the nibbles' word and lane."""
+    def _k4_words(row_bytes, row_words, group, FIFTH_BIT: tl.constexpr):
+        """The weight side of sub-blocks 2p (low nibbles) and 2p + 1 (high) of block
+        group // 4, p = group % 4, of Q4_K (144 bytes, the nibbles at 16) or with FIFTH_BIT
+        of Q5_K (176 bytes, qh at 16, the nibbles at 48): (qa, qb, ha, hb, dl0, ml0, dl1,
+        ml1), the nibble words, the qh words shifted to bit 2p (qa, qb without FIFTH_BIT)
+        and the two sub-blocks' d * scale and dmin * min."""
         BLOCK_WORDS: tl.constexpr = 44 if FIFTH_BIT else 36
         NIBBLE_WORD: tl.constexpr = 12 if FIFTH_BIT else 4
-        low = 0x0F0F0F0F
         word = tl.arange(0, 4)[None, None, :]
         blk = group // 4
         p = group % 4
         at = row_words + (blk * BLOCK_WORDS + NIBBLE_WORD + p * 8) + word  # [R, G, 4], + 4
         qa = tl.load(at)
         qb = tl.load(at + 4)
-        x_lo = xq_ptr + (group * 16 + same_row) + word  # x at the weights' full shape
         if FIFTH_BIT:
             h_at = row_words + (blk * BLOCK_WORDS + 4) + word  # the 32 qh bytes: 0-3, + 4
             ha = tl.load(h_at) >> (2 * p)  # bit 0 of each byte: 2p's, bit 1: 2p + 1's
             hb = tl.load(h_at + 4) >> (2 * p)
+        else:
+            ha = qa
+            hb = qb
+        dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * (4 * BLOCK_WORDS), p, True)
+        return qa, qb, ha, hb, dl0, ml0, dl1, ml1
+
+    @triton.jit
+    def _k4_dots(qa, qb, ha, hb, dl0, ml0, dl1, ml1, group, same_row, xq_ptr, xd_ptr, xs_ptr,
+                 FIFTH_BIT: tl.constexpr, EMULATE: tl.constexpr):
+        """_k4_words' group times x: each value's fifth bit (FIFTH_BIT) is bit 2p (low) or
+        2p + 1 (high) of its qh byte, which shares the nibbles' word and lane."""
+        low = 0x0F0F0F0F
+        word = tl.arange(0, 4)[None, None, :]
+        x_lo = xq_ptr + (group * 16 + same_row) + word  # x at the weights' full shape
+        if FIFTH_BIT:
             one, two = 0x01010101, 0x02020202
             lo = _dots4((qa & low) | ((ha & one) << 4), (qb & low) | ((hb & one) << 4), x_lo,
                         EMULATE)
@@ -141,19 +155,18 @@ if triton is not None:
         else:  # as written before Q5_K joined: the same sm_90 code (diag_quant_sass --dp4a)
             lo = _dots4(qa & low, qb & low, x_lo, EMULATE)
             hi = _dots4((qa >> 4) & low, (qb >> 4) & low, x_lo + 8, EMULATE)
-        dl0, ml0, dl1, ml1 = _k4_scales(row_bytes, blk * (4 * BLOCK_WORDS), p, True)
         return (dl0 * tl.load(xd_ptr + 2 * group) * lo.to(tl.float32)
                 - ml0 * tl.load(xs_ptr + 2 * group)
                 + dl1 * tl.load(xd_ptr + 2 * group + 1) * hi.to(tl.float32)
                 - ml1 * tl.load(xs_ptr + 2 * group + 1))
 
     @triton.jit
-    def _q6k_unit(row_bytes, row_words, row_mis, unit, same_row, xq_ptr, xd_ptr,
-                  EMULATE: tl.constexpr):
-        """32 values of a Q6_K block: unit u = 8 b + 4 h + j of a row is, in half h of block
-        b, the values l = 8j .. 8j + 7 of each quarter k (value 128 h + 32 k + l), from three
-        8-byte runs: ql bytes l and 32 + l of the half and its qh bytes l. Neighbouring
-        threads read a half's 32 contiguous bytes of each run (the module's docstring)."""
+    def _q6k_words(row_bytes, row_words, row_mis, unit, EMULATE: tl.constexpr):
+        """The weight side of 32 values of a Q6_K block: unit u = 8 b + 4 h + j of a row is,
+        in half h of block b, the values l = 8j .. 8j + 7 of each quarter k (value 128 h +
+        32 k + l), from three 8-byte runs: ql bytes l and 32 + l of the half and its qh bytes
+        l. Neighbouring threads read a half's 32 contiguous bytes of each run (the module's
+        docstring). (ql_a, ql_b, qh, the four quarters' scales, d)."""
         word = tl.arange(0, 2)[None, None, :]
         blk = unit // 8
         h = (unit // 4) % 2
@@ -164,42 +177,61 @@ if triton is not None:
         ql_a = realigned(at, shift, EMULATE)
         ql_b = realigned(at + 8, shift, EMULATE)
         qh = realigned(at + (32 - 8 * h), shift, EMULATE)
+        sc_at = (row_bytes + (blk * 210 + 192 + h * 8 + j // 2)).to(tl.pointer_type(tl.int8))
+        d = tl.load((row_bytes + (blk * 210 + 208)).to(tl.pointer_type(tl.float16)))
+        return (ql_a, ql_b, qh, tl.load(sc_at), tl.load(sc_at + 2), tl.load(sc_at + 4),
+                tl.load(sc_at + 6), d)
+
+    @triton.jit
+    def _q6k_dots(ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d, unit, same_row, xq_ptr, xd_ptr,
+                  EMULATE: tl.constexpr):
+        """_q6k_words' unit times x. Each value's 6 bits come from a nibble and two bits of
+        qh, merged by one bit-select."""
+        word = tl.arange(0, 2)[None, None, :]
+        blk = unit // 8
+        h = (unit // 4) % 2
+        j = unit % 4
         even = qh & 0x33333333  # the high bits of quarters 0 (bits 0-1) and 2 (bits 4-5)
         odd = (qh >> 2) & 0x33333333  # of quarters 1 and 3
         low = 0x0F0F0F0F
         x_at = xq_ptr + (blk * 64 + h * 32 + j * 2 + same_row) + word  # quarter k: + 8 k
         minus_32 = tl.full(x_at.shape, -522133280, tl.int32)  # 0xE0E0E0E0: bytes of -32
-        sc_at = (row_bytes + (blk * 210 + 192 + h * 8 + j // 2)).to(tl.pointer_type(tl.int8))
         xd_at = xd_ptr + (blk * 8 + h * 4)
         acc = tl.zeros((x_at.shape[0], x_at.shape[1], 1), dtype=tl.float32)
         for k in tl.static_range(4):
             if k == 0:
                 bits = (ql_a & low) | ((even << 4) & ~low)
+                scale = sc0
             elif k == 1:
                 bits = (ql_b & low) | ((odd << 4) & ~low)
+                scale = sc1
             elif k == 2:
                 bits = ((ql_a >> 4) & low) | (even & ~low)
+                scale = sc2
             else:
                 bits = ((ql_b >> 4) & low) | (odd & ~low)
+                scale = sc3
             x = tl.load(x_at + 8 * k)
             dot = tl.sum(dp4a_acc(bits, x, dp4a(minus_32, x, EMULATE), EMULATE), axis=2,
                          keep_dims=True)  # [R, G, 1]: the 8 values' q - 32 times x
-            acc += (tl.load(sc_at + 2 * k).to(tl.float32) * tl.load(xd_at + k)
-                    * dot.to(tl.float32))
-        d = tl.load((row_bytes + (blk * 210 + 208)).to(tl.pointer_type(tl.float16)))
+            acc += scale.to(tl.float32) * tl.load(xd_at + k) * dot.to(tl.float32)
         return d.to(tl.float32) * acc
 
     @triton.jit
-    def _q8_0_group(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr,
-                    EMULATE: tl.constexpr):
+    def _q8_0_words(row_bytes, row_words, row_mis, group, EMULATE: tl.constexpr):
+        """Block `group`'s 32 int8 as two runs of 4 words, and its d."""
         word = tl.arange(0, 4)[None, None, :]
         start = row_mis + group * 34 + 2  # [R, G, 1]: the 32 int8 after d
         at = row_words + (start >> 2) + word  # [R, G, 4]
         shift = (start & 2) * 8
-        x_at = xq_ptr + (group * 8 + same_row) + word
-        dot = _dots4(realigned(at, shift, EMULATE), realigned(at + 4, shift, EMULATE, False),
-                     x_at, EMULATE)
         d = tl.load((row_bytes + group * 34).to(tl.pointer_type(tl.float16)))
+        return realigned(at, shift, EMULATE), realigned(at + 4, shift, EMULATE, False), d
+
+    @triton.jit
+    def _q8_0_dots(a, b, d, group, same_row, xq_ptr, xd_ptr, EMULATE: tl.constexpr):
+        word = tl.arange(0, 4)[None, None, :]
+        x_at = xq_ptr + (group * 8 + same_row) + word
+        dot = _dots4(a, b, x_at, EMULATE)
         return (d.to(tl.float32) * tl.load(xd_ptr + group)) * dot.to(tl.float32)
 
     @triton.jit
@@ -209,13 +241,17 @@ if triton is not None:
         return (grid_word ^ (t * 255)) + t
 
     @triton.jit
-    def _iq2xxs_group(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr, lut_ptr,
-                      EMULATE: tl.constexpr):
-        """Block `group` (256 values): its 8 sub-blocks of 32 on the last axis."""
+    def _iq2xxs_words(row_bytes, row_words, row_mis, group, EMULATE: tl.constexpr):
+        """Block `group`'s (256 values) 16 words, 2 a sub-block of 32, and its d."""
         start = row_mis + group * 66 + 2  # [R, G, 1]: qs after d
         shift = (start & 2) * 8
         word = tl.arange(0, 16)[None, None, :]
         q = realigned(row_words + (start >> 2) + word, shift, EMULATE, False)  # [R, G, 16]
+        return q, tl.load((row_bytes + group * 66).to(tl.pointer_type(tl.float16)))
+
+    @triton.jit
+    def _iq2xxs_dots(q, d, group, same_row, xq_ptr, xd_ptr, lut_ptr, EMULATE: tl.constexpr):
+        """_iq2xxs_words' block times x: its 8 sub-blocks of 32 on the last axis."""
         grids, signs = tl.split(tl.reshape(q, (q.shape[0], q.shape[1], 8, 2)))  # [R, G, 8]
         sub = tl.arange(0, 8)[None, None, :]
         x_at = xq_ptr + (group * 64 + sub * 8 + same_row)  # [R, G, 8]: 8 words a sub-block
@@ -230,38 +266,61 @@ if triton is not None:
                            tl.load(x_at + 2 * part + 1), dot, EMULATE)
         scale = (0.5 + ((signs >> 28) & 15).to(tl.float32)) * 0.25
         xd = tl.load(xd_ptr + group * 8 + sub)
-        d = tl.load((row_bytes + group * 66).to(tl.pointer_type(tl.float16))).to(tl.float32)
-        return d * tl.sum(scale * xd * dot.to(tl.float32), axis=2, keep_dims=True)
+        return d.to(tl.float32) * tl.sum(scale * xd * dot.to(tl.float32), axis=2,
+                                         keep_dims=True)
+
+    @triton.jit
+    def _step(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
+              QTYPE: tl.constexpr, WAIT: tl.constexpr, EMULATE: tl.constexpr):
+        """One K step's groups [R, G, 1]: their weight words, then (WAIT) the PDL wait, then
+        their products with x. Weights are not written by any kernel of a step, so the first
+        step's loads are in flight while the kernel before still runs (pdl.py's contract)."""
+        if QTYPE == 12 or QTYPE == 13:  # Q4_K, Q5_K
+            qa, qb, ha, hb, dl0, ml0, dl1, ml1 = _k4_words(row_bytes, row_words, group,
+                                                           QTYPE == 13)
+            pdl_wait(WAIT)
+            part = _k4_dots(qa, qb, ha, hb, dl0, ml0, dl1, ml1, group, same_row, xq_ptr,
+                            xd_ptr, xs_ptr, QTYPE == 13, EMULATE)
+        elif QTYPE == 14:
+            ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d = _q6k_words(row_bytes, row_words, row_mis,
+                                                               group, EMULATE)
+            pdl_wait(WAIT)
+            part = _q6k_dots(ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d, group, same_row, xq_ptr,
+                             xd_ptr, EMULATE)
+        elif QTYPE == 16:
+            q, d = _iq2xxs_words(row_bytes, row_words, row_mis, group, EMULATE)
+            pdl_wait(WAIT)
+            part = _iq2xxs_dots(q, d, group, same_row, xq_ptr, xd_ptr, lut_ptr, EMULATE)
+        else:
+            a, b, d = _q8_0_words(row_bytes, row_words, row_mis, group, EMULATE)
+            pdl_wait(WAIT)
+            part = _q8_0_dots(a, b, d, group, same_row, xq_ptr, xd_ptr, EMULATE)
+        return part
 
     @triton.jit
     def row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups,
                  QTYPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                 BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr, EMULATE: tl.constexpr):
+                 BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr, EMULATE: tl.constexpr,
+                 WAIT: tl.constexpr = False):
         """W[rows, :] @ x in float32 [BLOCK_ROWS] for rows at even byte offsets row_off
         [R, 1, 1] (int64, every one a real row: callers clamp) from w_ptr (uint8, 4-aligned)
         of num_groups groups of GROUP (= GROUP_VALUES[QTYPE]) values; xq_ptr: x's int8 as
         int32 words; lut_ptr: lookup.py's table (int8, 4-aligned; read for IQ2_XXS). No load
-        is masked: the last step's groups past the row reread the last group and count zero."""
+        is masked: the last step's groups past the row reread the last group and count zero.
+        WAIT: the kernel's PDL wait (pdl.wait) is here, after the first step's weight loads."""
         GROUPS: tl.constexpr = BLOCK_COLS // GROUP
         row_bytes = w_ptr + row_off  # [R, 1, 1] uint8 pointers
         row_words = w_ptr.to(tl.pointer_type(tl.int32)) + (row_off >> 2)  # aligned at or before
         row_mis = (row_off & 2).to(tl.int32)  # 0 or 2
         same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
-        acc = tl.zeros((BLOCK_ROWS, GROUPS, 1), dtype=tl.float32)
-        for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
-            group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
-            read = tl.minimum(group, num_groups - 1)
-            if QTYPE == 12 or QTYPE == 13:  # Q4_K, Q5_K
-                part = _k4_group(row_bytes, row_words, read, same_row, xq_ptr, xd_ptr,
-                                 xs_ptr, QTYPE == 13, EMULATE)
-            elif QTYPE == 14:
-                part = _q6k_unit(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
-                                 xd_ptr, EMULATE)
-            elif QTYPE == 16:
-                part = _iq2xxs_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
-                                     xd_ptr, lut_ptr, EMULATE)
-            else:
-                part = _q8_0_group(row_bytes, row_words, row_mis, read, same_row, xq_ptr,
-                                   xd_ptr, EMULATE)
+        # The first step outside the loop: its weight loads come before the PDL wait (WAIT).
+        group = tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
+        part = _step(row_bytes, row_words, row_mis, tl.minimum(group, num_groups - 1), same_row,
+                     xq_ptr, xd_ptr, xs_ptr, lut_ptr, QTYPE, WAIT, EMULATE)
+        acc = tl.where(group < num_groups, part, 0.0)
+        for g0 in tl.range(GROUPS, num_groups, GROUPS, num_stages=STAGES):
+            group = g0 + tl.arange(0, GROUPS)[None, :, None]
+            part = _step(row_bytes, row_words, row_mis, tl.minimum(group, num_groups - 1),
+                         same_row, xq_ptr, xd_ptr, xs_ptr, lut_ptr, QTYPE, False, EMULATE)
             acc += tl.where(group < num_groups, part, 0.0)
         return tl.sum(tl.sum(acc, axis=2), axis=1)  # [R]

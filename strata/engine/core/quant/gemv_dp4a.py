@@ -142,13 +142,13 @@ if triton is not None:
         USE_PDL: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
         BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
-        """Rows of Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS blocks (dp4a_dots.row_dots) times one token."""
-        pdl_wait(USE_PDL)
+        """Rows of Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS blocks (dp4a_dots.row_dots) times one
+        token. The PDL wait is row_dots', after its first step's weight loads."""
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         read = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N reread the last: not stored
         row_off = (read * ROW_BYTES)[:, None, None]  # [R, 1, 1] bytes
         total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups,
-                         QTYPE, GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
+                         QTYPE, GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE, USE_PDL)
         if HAS_BIAS:
             total += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
@@ -169,8 +169,7 @@ if triton is not None:
     ):
         """_dp4a_kernel over two runs of rows of two types lying back to back (part b from
         B_OFFSET bytes): the first programs take part a's rows, the rest part b's; output row
-        N_A + r is part b's row r."""
-        pdl_wait(USE_PDL)
+        N_A + r is part b's row r. The PDL wait is row_dots' (after its first weight loads)."""
         pid = tl.program_id(0)
         programs_a = tl.cdiv(N_A, BLOCK_ROWS)
         local = tl.arange(0, BLOCK_ROWS)
@@ -179,7 +178,7 @@ if triton is not None:
             row_off = (tl.minimum(rows, N_A - 1).to(tl.int64) * ROW_BYTES_A)[:, None, None]
             total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
                              num_groups_a, QTYPE_A, GROUP_A, BLOCK_ROWS, BLOCK_COLS, STAGES,
-                             EMULATE)
+                             EMULATE, USE_PDL)
             ok = rows < N_A
             out_rows = rows
         else:
@@ -188,7 +187,7 @@ if triton is not None:
                        * ROW_BYTES_B)[:, None, None]
             total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
                              num_groups_b, QTYPE_B, GROUP_B, BLOCK_ROWS, BLOCK_COLS, STAGES,
-                             EMULATE)
+                             EMULATE, USE_PDL)
             ok = rows < N_B
             out_rows = N_A + rows
         if HAS_BIAS:
