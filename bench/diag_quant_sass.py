@@ -52,7 +52,8 @@ def _sass(qtype: int, tokens: int, rows: int, cols: int, warps: int, stages: int
 
         fn, base, divisible = gemv_dp4a._dp4a_kernel, _DP4A_SIGNATURE, tuple(_DP4A_SIGNATURE)
         constexprs = {"QTYPE": qtype, "GROUP": gemv_dp4a.GROUP_VALUES[qtype],
-                      "HAS_BIAS": False, "USE_PDL": False, "EMULATE": False}
+                      "HAS_BIAS": False, "USE_PDL": False, "PREWAIT": False,
+                      "EMULATE": False}
     else:
         fn, base, divisible = kernels._planes_kernel, _SIGNATURE, _DIVISIBLE
         constexprs = {"QTYPE": qtype, "LANES": kernels.gp.ALL_PLANE_LANES[qtype],

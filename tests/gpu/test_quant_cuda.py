@@ -7,6 +7,7 @@ through Triton's interpreter in float32; here they run compiled, in bf16, autotu
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import gguf
@@ -109,6 +110,7 @@ def test_cuda_dp4a_kernel_equals_the_weight_times_its_int8_x(qtype: QT) -> None:
 def test_cuda_every_dp4a_candidate_tile_gives_the_same_product(qtype: QT) -> None:
     """Each of the type's candidate tiles (CONFIGS) launched directly, not autotuned: a tile
     whose compiled layout went wrong would otherwise hide until the tuner picked it."""
+    from strata.engine.core.kernels import pdl
     from strata.engine.core.quant import gemv_dp4a
     from strata.engine.core.quant.lookup import lookup_table
 
@@ -119,16 +121,21 @@ def test_cuda_every_dp4a_candidate_tile_gives_the_same_product(qtype: QT) -> Non
     expected = _int8_rounded_x(x) @ dense.T
     xq, xd, xs = gemv_dp4a.quantize_x(x)
     group = gemv_dp4a.GROUP_VALUES[int(qtype)]
-    for block_rows, block_cols, warps, stages in gemv_dp4a.CONFIGS[int(qtype)]:
+    # PREWAIT: the first step's weights loaded before the PDL wait (launched as a secondary)
+    launches = [{"USE_PDL": False, "PREWAIT": False}]
+    if pdl.is_supported(x.device):
+        launches.append({"USE_PDL": True, "PREWAIT": True, "launch_pdl": True})
+    for (block_rows, block_cols, warps, stages), how in itertools.product(
+            gemv_dp4a.CONFIGS[int(qtype)], launches):
         out = torch.empty(1, rows, dtype=torch.bfloat16, device="cuda")
         gemv_dp4a._dp4a_kernel[(-(-rows // block_rows),)](
             xq.view(torch.int32), xd, xs, raw, lookup_table(x.device), x, out, N=rows,
             ROW_BYTES=raw.shape[1],
             num_groups=cols // group, QTYPE=int(qtype), GROUP=group, HAS_BIAS=False,
-            USE_PDL=False, EMULATE=False, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
-            STAGES=stages, num_warps=warps)
+            EMULATE=False, BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols,
+            STAGES=stages, num_warps=warps, **how)
         error = (out.float() - expected).abs().max().item()
-        assert error <= 8e-3 * expected.abs().max().item(), (block_rows, block_cols, warps)
+        assert error <= 8e-3 * expected.abs().max().item(), (block_rows, block_cols, warps, how)
 
 
 @pytest.mark.parametrize("qtype", DP4A_TYPES, ids=lambda t: t.name)

@@ -270,30 +270,39 @@ if triton is not None:
                                          keep_dims=True)
 
     @triton.jit
+    def _wait_first(first, WAIT: tl.constexpr):
+        """The PDL wait in the K loop's first step (first: a scalar, true once). A branch
+        in the loop, not a peeled first step: peeling took more registers a thread (sm_90,
+        Q4_K's 2-row tile 40 -> 44), and fewer warps fit an SM."""
+        if WAIT:  # noqa: SIM102 - compile-time; the inner test is at run time
+            if first:
+                pdl_wait(WAIT)
+
+    @triton.jit
     def _step(row_bytes, row_words, row_mis, group, same_row, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
-              QTYPE: tl.constexpr, WAIT: tl.constexpr, EMULATE: tl.constexpr):
+              first, QTYPE: tl.constexpr, WAIT: tl.constexpr, EMULATE: tl.constexpr):
         """One K step's groups [R, G, 1]: their weight words, then (WAIT) the PDL wait, then
         their products with x. Weights are not written by any kernel of a step, so the first
         step's loads are in flight while the kernel before still runs (pdl.py's contract)."""
         if QTYPE == 12 or QTYPE == 13:  # Q4_K, Q5_K
             qa, qb, ha, hb, dl0, ml0, dl1, ml1 = _k4_words(row_bytes, row_words, group,
                                                            QTYPE == 13)
-            pdl_wait(WAIT)
+            _wait_first(first, WAIT)
             part = _k4_dots(qa, qb, ha, hb, dl0, ml0, dl1, ml1, group, same_row, xq_ptr,
                             xd_ptr, xs_ptr, QTYPE == 13, EMULATE)
         elif QTYPE == 14:
             ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d = _q6k_words(row_bytes, row_words, row_mis,
                                                                group, EMULATE)
-            pdl_wait(WAIT)
+            _wait_first(first, WAIT)
             part = _q6k_dots(ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d, group, same_row, xq_ptr,
                              xd_ptr, EMULATE)
         elif QTYPE == 16:
             q, d = _iq2xxs_words(row_bytes, row_words, row_mis, group, EMULATE)
-            pdl_wait(WAIT)
+            _wait_first(first, WAIT)
             part = _iq2xxs_dots(q, d, group, same_row, xq_ptr, xd_ptr, lut_ptr, EMULATE)
         else:
             a, b, d = _q8_0_words(row_bytes, row_words, row_mis, group, EMULATE)
-            pdl_wait(WAIT)
+            _wait_first(first, WAIT)
             part = _q8_0_dots(a, b, d, group, same_row, xq_ptr, xd_ptr, EMULATE)
         return part
 
@@ -313,14 +322,11 @@ if triton is not None:
         row_words = w_ptr.to(tl.pointer_type(tl.int32)) + (row_off >> 2)  # aligned at or before
         row_mis = (row_off & 2).to(tl.int32)  # 0 or 2
         same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
-        # The first step outside the loop: its weight loads come before the PDL wait (WAIT).
-        group = tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
-        part = _step(row_bytes, row_words, row_mis, tl.minimum(group, num_groups - 1), same_row,
-                     xq_ptr, xd_ptr, xs_ptr, lut_ptr, QTYPE, WAIT, EMULATE)
-        acc = tl.where(group < num_groups, part, 0.0)
-        for g0 in tl.range(GROUPS, num_groups, GROUPS, num_stages=STAGES):
-            group = g0 + tl.arange(0, GROUPS)[None, :, None]
+        acc = tl.zeros((BLOCK_ROWS, GROUPS, 1), dtype=tl.float32)
+        for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):
+            group = g0 + tl.arange(0, GROUPS)[None, :, None]  # [1, G, 1]
             part = _step(row_bytes, row_words, row_mis, tl.minimum(group, num_groups - 1),
-                         same_row, xq_ptr, xd_ptr, xs_ptr, lut_ptr, QTYPE, False, EMULATE)
+                         same_row, xq_ptr, xd_ptr, xs_ptr, lut_ptr, g0 == 0, QTYPE, WAIT,
+                         EMULATE)
             acc += tl.where(group < num_groups, part, 0.0)
         return tl.sum(tl.sum(acc, axis=2), axis=1)  # [R]

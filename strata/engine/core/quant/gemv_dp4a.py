@@ -83,6 +83,16 @@ def interpreter_config(num_rows: int, num_cols: int, qtype: int) -> tuple:
     return ((rows, cols, 4, 1),)
 
 
+def prewait(use_pdl: bool, weight_bytes: int) -> bool:
+    """Whether a PDL product loads its first K step's weights before its wait: for weights
+    up to STRATA_DP4A_PREWAIT_MIB (default 16) MiB, whose products are short enough that
+    the wait's latency shows; larger ones keep the wait first, since holding a step's words
+    across it takes registers (sm_90: Q6_K's 8-row tile 72 -> 96 a thread) and costs warps
+    on bandwidth-bound products (docs/benchmarks.md, run 31)."""
+    limit_mib = float(os.environ.get("STRATA_DP4A_PREWAIT_MIB", "16"))
+    return use_pdl and weight_bytes <= limit_mib * 2**20
+
+
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
     """This path multiplies one token x by a weight of qtype: Q4_K, Q5_K, Q6_K, Q8_0 or
     IQ2_XXS, x in bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a
@@ -139,16 +149,20 @@ if triton is not None:
     def _dp4a_kernel(
         xq_ptr, xd_ptr, xs_ptr, w_ptr, lut_ptr, b_ptr, out_ptr, N, ROW_BYTES,
         num_groups, QTYPE: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
-        USE_PDL: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
+        USE_PDL: tl.constexpr, PREWAIT: tl.constexpr, EMULATE: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
         """Rows of Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS blocks (dp4a_dots.row_dots) times one
-        token. The PDL wait is row_dots', after its first step's weight loads."""
+        token. PREWAIT (with USE_PDL; prewait()): the first K step's weight loads come before
+        the PDL wait (row_dots' WAIT), else the wait comes first."""
+        EARLY: tl.constexpr = PREWAIT and STAGES == 1  # cp.async stages would hoist x's loads
+        if not EARLY:
+            pdl_wait(USE_PDL)
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         read = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N reread the last: not stored
         row_off = (read * ROW_BYTES)[:, None, None]  # [R, 1, 1] bytes
         total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups,
-                         QTYPE, GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE, USE_PDL)
+                         QTYPE, GROUP, BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE, EARLY)
         if HAS_BIAS:
             total += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=rows < N)
@@ -164,12 +178,15 @@ if triton is not None:
         ROW_BYTES_A, ROW_BYTES_B, B_OFFSET, num_groups_a, num_groups_b,
         QTYPE_A: tl.constexpr, GROUP_A: tl.constexpr, QTYPE_B: tl.constexpr,
         GROUP_B: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-        EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        PREWAIT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
         STAGES: tl.constexpr,
     ):
         """_dp4a_kernel over two runs of rows of two types lying back to back (part b from
         B_OFFSET bytes): the first programs take part a's rows, the rest part b's; output row
-        N_A + r is part b's row r. The PDL wait is row_dots' (after its first weight loads)."""
+        N_A + r is part b's row r. PREWAIT as _dp4a_kernel's."""
+        EARLY: tl.constexpr = PREWAIT and STAGES == 1
+        if not EARLY:
+            pdl_wait(USE_PDL)
         pid = tl.program_id(0)
         programs_a = tl.cdiv(N_A, BLOCK_ROWS)
         local = tl.arange(0, BLOCK_ROWS)
@@ -178,7 +195,7 @@ if triton is not None:
             row_off = (tl.minimum(rows, N_A - 1).to(tl.int64) * ROW_BYTES_A)[:, None, None]
             total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
                              num_groups_a, QTYPE_A, GROUP_A, BLOCK_ROWS, BLOCK_COLS, STAGES,
-                             EMULATE, USE_PDL)
+                             EMULATE, EARLY)
             ok = rows < N_A
             out_rows = rows
         else:
@@ -187,7 +204,7 @@ if triton is not None:
                        * ROW_BYTES_B)[:, None, None]
             total = row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr,
                              num_groups_b, QTYPE_B, GROUP_B, BLOCK_ROWS, BLOCK_COLS, STAGES,
-                             EMULATE, USE_PDL)
+                             EMULATE, EARLY)
             ok = rows < N_B
             out_rows = N_A + rows
         if HAS_BIAS:
@@ -347,7 +364,8 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
         pair.row_bytes[1], pair.b_offset_bytes, num_cols // GROUP_VALUES[qtype_a],
         num_cols // GROUP_VALUES[qtype_b], QTYPE_A=qtype_a, GROUP_A=GROUP_VALUES[qtype_a],
         QTYPE_B=qtype_b, GROUP_B=GROUP_VALUES[qtype_b], HAS_BIAS=bias is not None,
-        EMULATE=launch.is_interpreting(), use_pdl=use_pdl)
+        PREWAIT=prewait(use_pdl, pair.raw.numel()), EMULATE=launch.is_interpreting(),
+        use_pdl=use_pdl)
     return out
 
 
@@ -391,5 +409,5 @@ def kernel_args(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     kwargs = {"N": num_rows, "ROW_BYTES": raw.shape[1],
               "num_groups": x.shape[1] // GROUP_VALUES[qtype], "QTYPE": qtype,
               "GROUP": GROUP_VALUES[qtype], "HAS_BIAS": bias is not None,
-              "EMULATE": launch.is_interpreting()}
+              "PREWAIT": prewait(use_pdl, raw.numel()), "EMULATE": launch.is_interpreting()}
     return args, kwargs
