@@ -110,3 +110,34 @@ def test_engine_on_cuda_sends_logprobs_and_applies_penalties(tmp_path) -> None:
     banned, _ = run(logit_bias=((plain[0], -100.0),))
     assert banned[0] != plain[0]
     engine.close()
+
+
+@pytest.mark.parametrize("vocab", [128256, 151936, 1000])  # Llama-3's, Qwen3's, one program
+def test_cuda_argmax_from_a_replayed_graph_is_torch_argmax(vocab: int) -> None:
+    """fast/argmax.py compiled, as the decode graph holds it: launched as a PDL secondary of
+    the kernel that writes the logits, replayed with new logits (ties among them), and its
+    counter back at 0 after each replay."""
+    from strata.engine.core.fast import argmax
+    from strata.engine.core.kernels import pdl
+    from tests.gpu.gpu_helpers import captured
+
+    source = torch.empty(vocab, device="cuda")
+    counter = argmax.new_counter(torch.device("cuda"))
+    use_pdl = pdl.is_supported(torch.device("cuda"))
+
+    def step() -> torch.Tensor:
+        return argmax.first_max(source * 2.0, counter, use_pdl)
+
+    step()
+    graph, token = captured(step)
+    for trial in range(6):
+        source.copy_(torch.randn(vocab, device="cuda"))
+        if trial % 2:  # ties: the lowest index wins, as torch.argmax gives it
+            top = source.max()
+            source[torch.randint(0, vocab, (5,), device="cuda")] = top
+        graph.replay()
+        torch.cuda.synchronize()
+        assert token.item() == torch.argmax(source * 2.0).item()
+        assert counter.item() == 0
+    assert argmax.first_max(source.bfloat16(), counter).item() == torch.argmax(
+        source.bfloat16()).item()

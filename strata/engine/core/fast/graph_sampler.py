@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from strata.engine.core.fast import argmax
 from strata.engine.core.penalties import (
     TokenWindow,
     dense_bias,
@@ -82,6 +83,10 @@ class GraphSampler:
         # exact below 2**24), so the host copies one row per step.
         self.logprob_row = torch.zeros(1 + 2 * num_top, dtype=torch.float32, device=device)
         self.num_logprobs = 0
+        # On CUDA the vocabulary's argmax is argmax.py's one launch, not torch's one-block
+        # reduction; the CPU keeps torch's.
+        self._argmax_counter = (argmax.new_counter(device)
+                                if device.type == "cuda" and argmax.is_usable(device) else None)
 
     def prepare(self, spec: SamplingSpec, history: Sequence[int] = ()) -> None:
         """Load a request's parameters into the static buffers (before any replay); history:
@@ -130,19 +135,26 @@ class GraphSampler:
                               self.presence_penalty, self.frequency_penalty)
         return logits
 
-    def sample(self, logits: torch.Tensor, key: tuple) -> torch.Tensor:
+    def _argmax(self, values: torch.Tensor, use_pdl: bool) -> torch.Tensor:
+        """torch.argmax(values, dim=-1, keepdim=True) of one row [V]: [1] int64."""
+        if self._argmax_counter is None:
+            return torch.argmax(values, dim=-1, keepdim=True)
+        return argmax.first_max(values, self._argmax_counter, use_pdl)
+
+    def sample(self, logits: torch.Tensor, key: tuple, use_pdl: bool = False) -> torch.Tensor:
         """The next token [1] (int64) from logits [1, V]; advances the step counter on device
-        and, as the key asks, the penalty window and the logprob row."""
+        and, as the key asks, the penalty window and the logprob row. use_pdl: the argmax
+        launches as a PDL secondary of the kernel that made the logits (pdl.py)."""
         adjusted = self.adjust(logits[0], key)  # [V]
         if key[0] == "greedy":
-            token = torch.argmax(adjusted, dim=-1, keepdim=True)
+            token = self._argmax(adjusted, use_pdl)
         elif 0 < key[1] < adjusted.shape[-1]:
             token = self._sample_top_k(adjusted, key)
         else:
             probs = self.probabilities(adjusted, key)  # [V]
             noise = exponential_noise(self.seed, self.step, self.token_index)  # [V]
             self.step.add_(1)
-            token = torch.argmax(probs / noise, dim=-1, keepdim=True)
+            token = self._argmax(probs / noise, False)
         if "penalties" in key:
             self.window.push(token)
         if "logprobs" in key:

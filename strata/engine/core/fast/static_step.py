@@ -99,7 +99,7 @@ class StaticStep:
             self.logits_out.copy_(logits[0])
             self.position.add_(1)
             return
-        token = self.sampler.sample(logits, key)  # [1]
+        token = self.sampler.sample(logits, key, use_pdl=ops.pdl)  # [1]
         self.token_out.copy_(token)
         self.token_in.copy_(token)
         self.position.add_(1)
