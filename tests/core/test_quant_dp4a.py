@@ -198,3 +198,16 @@ print(gemv_dp4a.tuned_tiles() == {"_dp4a_kernel type 12": {key: tile}})
     assert "not among this tree's candidates" in ast.literal_eval(refusal)
     assert ast.literal_eval(before) == {}  # the refused call pinned nothing
     assert (count, same) == ("1", "True")
+
+
+def test_only_small_pdl_products_load_weights_before_their_wait(monkeypatch) -> None:
+    """prewait: a PDL secondary up to 16 MiB of weight loads its first step before the wait
+    (q/k/v, o); larger products and plain launches wait first; the bound is an env switch."""
+    mib = 2**20
+    assert gemv_dp4a.prewait(True, 16 * mib) and gemv_dp4a.prewait(True, 1)
+    assert not gemv_dp4a.prewait(True, 16 * mib + 1)
+    assert not gemv_dp4a.prewait(False, 1)
+    monkeypatch.setenv("STRATA_DP4A_PREWAIT_MIB", "0")
+    assert not gemv_dp4a.prewait(True, 1)
+    monkeypatch.setenv("STRATA_DP4A_PREWAIT_MIB", "64")
+    assert gemv_dp4a.prewait(True, 64 * mib)

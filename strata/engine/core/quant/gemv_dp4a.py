@@ -20,6 +20,12 @@ groups, but neighbouring threads read neighbouring bytes), 1.6-1.9 for Q8_0, aga
 15.3 and 12.1 for the planes kernel;
 IQ2_XXS (grid words looked up in L1) 4.9-5.2 against the planes kernel's 11-12.
 
+As a PDL secondary (pdl.py), a product of a small weight (`prewait`: up to 16 MiB, a
+decode's q/k/v and o) loads its first K step's weight words before the wait, while the
+kernel before still runs; larger products wait first: the words held across the wait cost
+registers a thread and so warps an SM, which bandwidth-bound products miss more than they
+gain (docs/benchmarks.md, run 31).
+
 The x rounding to int8 (about 0.4% of each 32's largest value) is the price: this path is
 for the bf16/fp16 compute dtype only; float32 (the CPU interpreter's tests of the other
 kernels, the verify mode) keeps the planes kernel.
