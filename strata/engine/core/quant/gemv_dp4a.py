@@ -184,8 +184,8 @@ if triton is not None:
         ROW_BYTES_A, ROW_BYTES_B, B_OFFSET, num_groups_a, num_groups_b,
         QTYPE_A: tl.constexpr, GROUP_A: tl.constexpr, QTYPE_B: tl.constexpr,
         GROUP_B: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-        PREWAIT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-        STAGES: tl.constexpr,
+        PREWAIT: tl.constexpr, EMULATE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
         """_dp4a_kernel over two runs of rows of two types lying back to back (part b from
         B_OFFSET bytes): the first programs take part a's rows, the rest part b's; output row
