@@ -31,7 +31,8 @@ case "$PART" in
   serial) args=("${SERIAL[@]}") ;;
   *) echo "the part is parallel or serial, not $PART" >&2; exit 2 ;;
 esac
-timeout "$LIMIT_S" python -m pytest -v -ra -p no:cacheprovider "${args[@]}" \
+# run_group.sh, not timeout: a cut run's xdist workers would keep the GPU busy.
+bench/run_group.sh "$LIMIT_S" python -m pytest -v -ra -p no:cacheprovider "${args[@]}" \
     --junitxml="$OUT/gpu-tests-$PART.xml" > "$OUT/gpu-tests-$PART.log" 2>&1
 echo "rc=$?" >> "$OUT/gpu-tests-$PART.log"
 grep -hE "FAILED|ERROR|passed|failed|^rc=" "$OUT/gpu-tests-$PART.log" | tail -40
