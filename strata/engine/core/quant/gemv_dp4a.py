@@ -44,6 +44,7 @@ import torch
 from strata.engine.core.kernels import launch, pdl
 from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES, WORD_ALIGNED_TYPES
 from strata.engine.core.quant.lookup import lookup_table
+from strata.units import MIB
 
 try:
     import triton
@@ -95,8 +96,8 @@ def prewait(use_pdl: bool, weight_bytes: int) -> bool:
     the wait's latency shows; larger ones keep the wait first, since holding a step's words
     across it takes registers (sm_90: Q6_K's 8-row tile 72 -> 96 a thread) and costs warps
     on bandwidth-bound products (docs/benchmarks.md, run 31)."""
-    limit_mib = float(os.environ.get("STRATA_DP4A_PREWAIT_MIB", "16"))
-    return use_pdl and weight_bytes <= limit_mib * 2**20
+    return use_pdl and weight_bytes <= float(
+        os.environ.get("STRATA_DP4A_PREWAIT_MIB", "16")) * MIB  # env read only for PDL
 
 
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
