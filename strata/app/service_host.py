@@ -147,6 +147,12 @@ class ThreadServiceHost:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.error("service thread did not stop within %.0f s", timeout_s)
+                return
+        # Nothing calls the listener now. Dropping it breaks the bridge <-> host cycle, so a
+        # stopped bridge (a QObject) is freed when its owner lets go, not by the cyclic GC at
+        # a later moment inside unrelated code: Qt objects freed that way are a known source
+        # of crashes (a CI test worker segfaulted in such a collection, stop 48).
+        self._listener = None
 
     @property
     def endpoint_url(self) -> str | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 from strata.app.bridge import ServiceBridge
 from strata.app.service_host import HostOptions, ThreadServiceHost
 from strata.errors import StrataError
@@ -28,3 +31,30 @@ def test_load_retries_a_failed_start_and_quit_stops_the_server(qtbot):
     assert attempts == ["s", "s"]
     bridge.stop(timeout_s=5)
     assert service.is_stopped
+
+
+def _served_and_stopped(qtbot, service: FakeService) -> ServiceBridge:
+    async def factory(settings):
+        return FakeRunningServer(service)
+
+    bridge = ServiceBridge(ThreadServiceHost(factory, options=HostOptions(telemetry_interval_s=0.05)))
+    bridge.start(settings="s")
+    qtbot.waitUntil(lambda: bool(bridge.last_status.get("endpoint")))
+    bridge.stop(timeout_s=5)
+    qtbot.wait(50)  # queued status signals from the worker thread are delivered, not pending
+    return bridge
+
+
+def test_a_stopped_bridge_is_freed_when_dropped_not_by_a_later_cyclic_collection(qtbot):
+    """The host lets go of its listener once its thread ended: the bridge (a QObject) goes
+    when its owner drops it, never as cyclic garbage freed inside some later, unrelated code."""
+    service = FakeService()
+    bridge = _served_and_stopped(qtbot, service)
+    assert service.is_stopped
+    freed = weakref.ref(bridge)
+    gc.disable()
+    try:
+        del bridge
+        assert freed() is None, "the stopped bridge is still held in a reference cycle"
+    finally:
+        gc.enable()
