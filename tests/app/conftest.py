@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 pytest.importorskip("PySide6")
@@ -9,6 +11,16 @@ pytest.importorskip("PySide6")
 from strata.app.bridge import ServiceBridge
 from strata.app.service_host import HostOptions, ThreadServiceHost
 from tests.app.fakes import FakeService, factory_for
+
+
+@pytest.fixture(autouse=True)
+def _qt_garbage_goes_with_its_test(qapp):
+    """Qt objects a test leaves in reference cycles are freed at its end, with no event being
+    dispatched, not by the cyclic GC inside another file's test later in the same worker (a
+    CI worker segfaulted in such a collection, stop 48)."""
+    yield
+    qapp.processEvents()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
