@@ -27,7 +27,7 @@ case "$PART" in
   parallel)
     ignore=()
     for f in "${SERIAL[@]}"; do ignore+=("--ignore=$f"); done
-    args=(-n "${WORKERS:-8}" --dist loadfile tests/gpu "${ignore[@]}") ;;
+    args=(-n "${WORKERS:-8}" --dist loadfile --max-worker-restart=0 tests/gpu "${ignore[@]}") ;;
   serial) args=("${SERIAL[@]}") ;;
   *) echo "the part is parallel or serial, not $PART" >&2; exit 2 ;;
 esac

@@ -24,7 +24,7 @@ _FENCE = re.compile(r"^\s*```")
 FOREIGN = {
     "pip": {"--extra-index-url", "--index-url"},
     "nvidia-smi": {"--query-compute-apps", "--format"},
-    "pytest": {"--dist", "--durations", "--timeout", "--deselect"},
+    "pytest": {"--dist", "--max-worker-restart", "--durations", "--timeout", "--deselect"},
     "compute-sanitizer": {"--tool", "--report-api-errors"},
 }
 
