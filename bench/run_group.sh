@@ -14,8 +14,12 @@ shift
 setsid "$@" &
 pid=$!
 cut_flag=$(mktemp)
-( sleep "$LIMIT_S"; echo cut > "$cut_flag"; kill -TERM -- -"$pid" 2>/dev/null
-  sleep 5; kill -KILL -- -"$pid" 2>/dev/null ) &
+# The watchdog takes its sleep with it when it is ended, and writes nowhere: a sleep left
+# behind would hold the caller's pipe open, so `$(run_group.sh ...)` waited out LIMIT_S.
+( trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  sleep "$LIMIT_S" & nap=$!; wait "$nap"
+  echo cut > "$cut_flag"; kill -TERM -- -"$pid" 2>/dev/null
+  sleep 5 & nap=$!; wait "$nap"; kill -KILL -- -"$pid" 2>/dev/null ) >/dev/null 2>&1 &
 watchdog=$!
 wait "$pid"
 rc=$?

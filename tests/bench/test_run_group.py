@@ -57,3 +57,11 @@ def test_a_command_that_ends_keeps_its_status_and_leaves_no_worker(tmp_path: Pat
 def test_a_call_without_a_command_is_refused() -> None:
     done = subprocess.run([str(SCRIPT), "5"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a bash script")
+def test_a_caller_reading_the_output_gets_it_when_the_command_ends() -> None:
+    # The watchdog's sleep once outlived the script and held the pipe until the limit.
+    done = subprocess.run([str(SCRIPT), "120", "echo", "hi"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0 and done.stdout == "hi\n"
