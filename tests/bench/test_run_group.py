@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "run_group.sh"
@@ -15,12 +16,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "run_group.sh"
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    # A zombie still answers kill 0; its state in /proc says it is gone.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def _run(limit_s: int, shell: str) -> tuple[int, float]:
