@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU test suite on one H200, in two device calls (one call's 600 s holds either):
 #   bench/gpu_tests.sh OUT_DIR parallel   # every file but the NVML ones, WORKERS at a time
-#                                         # (default 8; run 25a: 92% of 231 tests in 330 s on 6)
+#                                         # (default 8; run 32c: 246 tests in 437 s)
 #   bench/gpu_tests.sh OUT_DIR serial     # files that read device-wide free VRAM (NVML,
-#                                         # mem_get_info), one at a time: about 160 s
+#                                         # mem_get_info), one at a time (run 32b: 322 s)
 # Each test is named as it ends (-v), so a call cut short by its time limit still says which
 # tests failed; tracebacks print at the end, so rerun those alone with --tb=long.
 # Needs the test requirements: pytest-xdist, pytest-asyncio (pytest-aiohttp brings it) for
