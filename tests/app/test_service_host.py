@@ -8,7 +8,7 @@ import weakref
 from strata.app.bridge import ServiceBridge
 from strata.app.service_host import HostOptions, ThreadServiceHost
 from strata.errors import StrataError
-from tests.app.fakes import FakeRunningServer, FakeService
+from tests.app.fakes import FakeRunningServer, FakeService, factory_for
 
 
 def test_load_retries_a_failed_start_and_quit_stops_the_server(qtbot):
@@ -34,10 +34,9 @@ def test_load_retries_a_failed_start_and_quit_stops_the_server(qtbot):
 
 
 def _served_and_stopped(qtbot, service: FakeService) -> ServiceBridge:
-    async def factory(settings):
-        return FakeRunningServer(service)
-
-    bridge = ServiceBridge(ThreadServiceHost(factory, options=HostOptions(telemetry_interval_s=0.05)))
+    # A helper, so the waitUntil lambda's reference to the bridge ends with this frame.
+    bridge = ServiceBridge(ThreadServiceHost(factory_for(service),
+                                             options=HostOptions(telemetry_interval_s=0.05)))
     bridge.start(settings="s")
     qtbot.waitUntil(lambda: bool(bridge.last_status.get("endpoint")))
     bridge.stop(timeout_s=5)
