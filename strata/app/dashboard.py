@@ -7,6 +7,7 @@ from typing import Any
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
+    QFrame,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
@@ -15,6 +16,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -27,6 +29,7 @@ from strata.app.icons import icon
 from strata.app.menu_model import arena_bytes, gib_text
 from strata.app.models_view import budget_text, last_used_text, model_rows, state_label
 from strata.app.vram_chart import StackedChart
+from strata.app.window_size import fit_to_screen
 
 GPU_SERIES = [
     ("weights", "#2ea043"),
@@ -132,7 +135,7 @@ class Dashboard(QWidget):
         self.bridge = bridge
         self.setWindowTitle("Strata dashboard")
         self.setWindowIcon(icon("app"))
-        self.resize(760, 720)
+        fit_to_screen(self, 760, 720)
         self.mode = ""
         self.header = QLabel("Starting…")
         self.header.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -169,7 +172,16 @@ class Dashboard(QWidget):
         self.apply_status(bridge.last_status)
 
     def _build(self) -> None:
-        layout = QVBoxLayout(self)
+        # The panels scroll inside the window, so it fits a 1280x720 screen (or 150% of
+        # 1920x1080) whatever they hold; the window's own minimum stays small.
+        content = QWidget()
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+        layout = QVBoxLayout(content)
         layout.addWidget(self.header)
         memory = QGroupBox("Memory, last 10 minutes")
         box = QVBoxLayout(memory)
@@ -202,6 +214,7 @@ class Dashboard(QWidget):
         layout.addWidget(idle)
         layout.addWidget(self.activity)
         layout.addWidget(self.log, 2)
+        scroll.setWidget(content)
 
     def apply_status(self, status: dict[str, Any]) -> None:
         """Refresh every panel from one status snapshot."""

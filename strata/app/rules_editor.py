@@ -70,14 +70,14 @@ class RulesEditor(QWidget):
             buttons.addWidget(widget)
         buttons.addStretch()
         layout = QVBoxLayout(self)
-        layout.addWidget(
-            QLabel(
-                "When a trigger starts, Strata gives VRAM back at the chosen level. Patterns "
-                "are globs on what a process runs (executable, Python script); the command "
-                "line only when Match says so. For 'another process uses the GPU' the cell "
-                "lists programs to ignore."
-            )
+        intro = QLabel(
+            "When a trigger starts, Strata gives VRAM back at the chosen level. Patterns "
+            "are globs on what a process runs (executable, Python script); the command "
+            "line only when Match says so. For 'another process uses the GPU' the cell "
+            "lists programs to ignore."
         )
+        intro.setWordWrap(True)  # unwrapped, it made Settings 1569 px wide (issue 51.18)
+        layout.addWidget(intro)
         layout.addLayout(buttons)
         layout.addWidget(self.table)
 

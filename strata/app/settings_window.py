@@ -26,6 +26,7 @@ from strata.app.icons import icon
 from strata.app.pull_panel import PullPanel
 from strata.app.rules_editor import RulesEditor
 from strata.app.setting_editors import SettingEditor, TextEditor, editor_for
+from strata.app.window_size import fit_to_screen
 from strata.engine.service.config_file import read_config, write_config
 from strata.engine.service.rules import rule_to_table, rules_from_config
 from strata.engine.service.settings import (
@@ -136,10 +137,12 @@ class SettingsWindow(QDialog):
         buttons.addWidget(save)
         buttons.addWidget(close)
         layout = QVBoxLayout(self)
-        layout.addWidget(QLabel(f"Config file: {self.config_file}"))
+        config_label = QLabel(f"Config file: {self.config_file}")
+        config_label.setWordWrap(True)  # a long path must not widen the window
+        layout.addWidget(config_label)
         layout.addWidget(tabs)
         layout.addLayout(buttons)
-        self.resize(640, 600)
+        fit_to_screen(self, 640, 600)
 
     def _pick_path(self, edit: QLineEdit, kind: str) -> None:
         """Browse for a model file (a chosen config.json means its directory) or a folder."""
