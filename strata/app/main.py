@@ -50,7 +50,8 @@ class TrayApp:
         self.dashboard = Dashboard(self.bridge)
         self.settings_window = SettingsWindow(
             config_file, running_endpoint=lambda: self.bridge.last_status.get("endpoint"),
-            models_dir=lambda: self.bridge.host.models_dir)
+            models_dir=lambda: self.bridge.host.models_dir,
+            running_settings=lambda: self.settings)
         self.tray.dashboard_requested.connect(self.show_dashboard)
         self.tray.settings_requested.connect(self.settings_window.open_settings)
         self.tray.quit_requested.connect(app.quit)

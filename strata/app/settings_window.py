@@ -60,13 +60,17 @@ class SettingsWindow(QDialog):
 
     def __init__(self, config_file: Path, parent: QWidget | None = None,
                  running_endpoint: Callable[[], str | None] | None = None,
-                 models_dir: Callable[[], Path] | None = None):
+                 models_dir: Callable[[], Path] | None = None,
+                 running_settings: Callable[[], Any] | None = None):
         """running_endpoint: the URL the server answers at now (None while it is down), shown
         next to the config file's port, which may differ (--port, or port 0).
-        models_dir: the library the running server reads, where the Models tab pulls to."""
+        models_dir: the library the running server reads, where the Models tab pulls to.
+        running_settings: the ServeSettings the server runs with now (command-line flags
+        included); an idle timer running with another value than the file's says so."""
         super().__init__(parent)
         self.config_file = Path(config_file)
         self._running_endpoint = running_endpoint or (lambda: None)
+        self._running_settings = running_settings or (lambda: None)
         self.setWindowTitle("Strata settings")
         self.setWindowIcon(icon("app"))
         # One editor per labelled setting, built from the schema; each input is also an
@@ -80,6 +84,8 @@ class SettingsWindow(QDialog):
         self.snapshot_ram_mib = self.editors["snapshot_ram_budget_bytes"].input
         self.snapshot_disk_mib = self.editors["snapshot_disk_budget_bytes"].input
         self.port_note = QLabel("")
+        # A timer the tray counts down while the file says "off" (a flag set it): shown here.
+        self.idle_notes = {name: QLabel("") for name in IDLE_FIELDS}
         self.autostart = QCheckBox("Start Strata when I log in")
         self.rules_enabled = QCheckBox("Rules enabled")
         self.rules_editor = RulesEditor()
@@ -110,6 +116,12 @@ class SettingsWindow(QDialog):
             box.setContentsMargins(0, 0, 0, 0)
             box.addWidget(self.editors["port"].input)
             box.addWidget(self.port_note, 1)
+        elif name in self.idle_notes:
+            row = QWidget()
+            box = QHBoxLayout(row)
+            box.setContentsMargins(0, 0, 0, 0)
+            box.addWidget(self.editors[name].input)
+            box.addWidget(self.idle_notes[name], 1)
         return row
 
     def _build(self) -> None:
@@ -177,6 +189,7 @@ class SettingsWindow(QDialog):
             editor.set(values.get(name))
         endpoint = self._running_endpoint()
         self.port_note.setText(f"running now at {endpoint}" if endpoint else "not running now")
+        self._show_running_timers(self._effective(values))
         self.autostart.setChecked(autostart.is_autostart_enabled())
         self.rules_enabled.setChecked(bool(raw.get(TRAY_TABLE, {}).get("rules_enabled", True)))
         try:
@@ -185,6 +198,17 @@ class SettingsWindow(QDialog):
             self._say(
                 f"rules in the config file are invalid: {user_message(exc) or exc}", is_error=True
             )
+
+    def _show_running_timers(self, from_file: dict[str, Any]) -> None:
+        """Next to each idle timer, the value the server runs with where it is not the file's
+        (a command-line flag, or a saved change that waits for a restart)."""
+        running = self._running_settings()
+        for name, note in self.idle_notes.items():
+            value = getattr(running, name, None) if running is not None else None
+            if running is None or value == from_file.get(name):
+                note.setText("")
+            else:
+                note.setText(f"running now: {f'{value:g} s' if value else 'off'}")
 
     def server_values(self) -> dict[str, Any]:
         """The ServeSettings fields as the form has them; None means "absent from the file"."""

@@ -175,3 +175,23 @@ def test_the_rules_table_shows_each_trigger_whole(qtbot, tmp_path):
     for column in (2, 4, 5):  # the combo boxes
         needed = editor.table.cellWidget(0, column).sizeHint().width()
         assert editor.table.columnWidth(column) >= needed, COLUMNS[column]
+
+
+def test_an_idle_timer_the_server_runs_with_is_shown_where_the_file_says_off(qtbot, tmp_path):
+    """The tray counted a sleep timer down (started with --sleep-idle 60) while Settings read
+    the file and showed "off" (issue 51, item 21)."""
+    from strata.engine.service.settings import ServeSettings
+
+    config = tmp_path / "config.toml"
+    config.write_text("session-offload-idle = 30\n")
+    running = ServeSettings(sleep_idle_s=60.0, session_offload_idle_s=30.0)
+    window = SettingsWindow(config, running_settings=lambda: running)
+    qtbot.addWidget(window)
+    window.load()
+    assert window.sleep_idle_s.value() == 0  # the file's value, shown as "off"
+    assert window.idle_notes["sleep_idle_s"].text() == "running now: 60 s"
+    assert window.idle_notes["session_offload_idle_s"].text() == ""  # the same: no note
+    stopped = SettingsWindow(config, running_settings=lambda: None)
+    qtbot.addWidget(stopped)
+    stopped.load()
+    assert stopped.idle_notes["sleep_idle_s"].text() == ""
