@@ -18,12 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata.library.pull_errors import DownloadError, PullCancelled, PullError, RepoNotFoundError
-from strata.library.transfer import Source, check_cancel, fetch, transport_errors
+from strata.library.hub_names import check_commit, check_repo_id, inside
+from strata.library.pull_errors import (
+    BadListingError,
+    DownloadError,
+    HubOfflineError,
+    PullCancelled,
+    PullError,
+    RepoNotFoundError,
+)
+from strata.library.transfer import Source, check_cancel, fetch, offline_error, transport_errors
 from strata.paths import model_cache_dir
 
-__all__ = ["DownloadError", "PullCancelled", "PullError", "PullProgress", "RemoteFile",
-           "RepoNotFoundError", "choose_files", "parse_spec", "pull"]
+__all__ = ["BadListingError", "DownloadError", "HubOfflineError", "PullCancelled", "PullError",
+           "PullProgress", "RemoteFile", "RepoNotFoundError", "choose_files", "parse_spec",
+           "pull"]
 
 # What a Hugging Face directory needs to load; weights, tokenizer and templates.
 HF_PATTERNS = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -56,11 +65,13 @@ ProgressCallback = Callable[[PullProgress], None]
 
 
 def parse_spec(spec: str) -> tuple[str, str | None]:
-    """'owner/repo' or 'owner/repo:FILE' (a .gguf name or a quantization such as Q4_K_M)."""
+    """'owner/repo' or 'owner/repo:FILE' (a .gguf name or a quantization such as Q4_K_M); a
+    repository id the hub would refuse is a PullError (it becomes the library's folder)."""
     repo, _, selector = spec.partition(":")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise PullError(f"{spec!r} is not a hub model; use OWNER/REPO or OWNER/REPO:FILE, "
                         "e.g. bartowski/Qwen_Qwen3-8B-GGUF:Q4_K_M")
+    check_repo_id(repo)
     return repo, (selector or None)
 
 
@@ -68,21 +79,41 @@ def _remote_files(repo: str, endpoint: str | None,
                   token: str | None) -> tuple[str | None, list[RemoteFile]]:
     """The commit the listing is of, and the repository's files."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        HFValidationError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
 
+    hub = endpoint or "the hub"
     try:
         info = HfApi(endpoint=endpoint, token=token).model_info(repo, files_metadata=True)
     except RepositoryNotFoundError:
-        raise RepoNotFoundError(f"{repo} was not found on {endpoint or 'the hub'} (or it is private: "
-                        "set HF_TOKEN)") from None
+        raise RepoNotFoundError(f"{repo} was not found on {hub} (or it is private: "
+                                "set HF_TOKEN)") from None
     except HfHubHTTPError as exc:
         raise DownloadError(f"the hub did not list {repo}: {str(exc).splitlines()[0]}") from None
+    except OfflineModeIsEnabled:
+        raise offline_error(f"list {repo}") from None
     except transport_errors() as exc:
-        raise DownloadError(f"cannot reach {endpoint or 'the hub'} to list {repo}: {exc}; "
+        raise DownloadError(f"cannot reach {hub} to list {repo}: {exc}; "
                             "check the network or HF_ENDPOINT") from None
+    except HFValidationError as exc:  # parse_spec checks first; a newer rule of the library
+        raise PullError(f"{repo!r} is not a hub repository id: {exc}") from None
+    except (ValueError, TypeError, KeyError) as exc:  # JSON that is no model's listing
+        raise BadListingError(f"{hub}'s answer for {repo} is not a model listing "
+                              f"({type(exc).__name__}); check HF_ENDPOINT") from None
+    check_commit(info.sha, repo)
     files = []
     for sibling in info.siblings or []:
         lfs = sibling.lfs
+        if not isinstance(sibling.rfilename, str):
+            raise BadListingError(f"the hub's listing of {repo} names a file "
+                                  f"{sibling.rfilename!r}, which is not a file name; refused")
+        if sibling.size is not None and (not isinstance(sibling.size, int) or sibling.size < 0):
+            raise BadListingError(f"the hub's listing of {repo} gives {sibling.rfilename!r} "
+                                  f"the size {sibling.size!r}; refused")
         files.append(RemoteFile(sibling.rfilename, sibling.size,
                                 getattr(lfs, "sha256", None) if lfs else None,
                                 sibling.blob_id))
@@ -163,14 +194,19 @@ def pull(spec: str, models_dir: Path | None = None, *, progress: bool = True,
     commit, listed = _remote_files(repo, endpoint, token)
     files = choose_files(repo, selector, listed, preferred=preferred)
     target = (models_dir or model_cache_dir()) / repo
-    target.mkdir(parents=True, exist_ok=True)
+    for file in files:  # every name checked before a folder is made
+        inside(target, file.name, repo)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DownloadError(f"cannot create {target}: {exc}") from None
     headers = build_hf_headers(token=token, library_name="strata")
     for index, file in enumerate(files):
         check_cancel(cancel)
         # pinned to the listed commit, so the bytes are those of the SHA-256 it records
         url = hf_hub_url(repo, file.name, revision=commit, endpoint=endpoint)
         source = Source(url, headers, identity=file.sha256 or file.blob_id or f"{commit}:{url}",
-                        size_bytes=file.size_bytes, sha256=file.sha256,
+                        size_bytes=file.size_bytes, sha256=file.sha256, repo=repo,
                         label=f"{file.name} of {repo}")
         report = functools.partial(PullProgress, file, file_index=index, num_files=len(files))
         size_bytes = file.size_bytes or 0

@@ -20,3 +20,13 @@ class DownloadError(PullError):
 class PullCancelled(PullError):
     """The caller stopped the pull (its `cancel` event was set); the partial file is kept, so
     the next pull of that file resumes where this one stopped."""
+
+
+class BadListingError(PullError):
+    """The hub's answer is not one Strata can act on safely: a file name that would leave the
+    library, a commit that is not a git id, or no model listing at all (HF_ENDPOINT is not a
+    hub)."""
+
+
+class HubOfflineError(PullError):
+    """huggingface_hub's offline mode (HF_HUB_OFFLINE) forbids reaching the hub."""

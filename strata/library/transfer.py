@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from strata.library.pull_errors import DownloadError, PullCancelled, PullError
+from strata.library.hub_names import inside
+from strata.library.pull_errors import DownloadError, HubOfflineError, PullCancelled, PullError
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +46,15 @@ BytesCallback = Callable[[int], None]  # completed bytes of the file so far
 @dataclass(frozen=True)
 class Source:
     """What to fetch: url (pinned to a commit), headers (user agent, token), what the listing
-    says the file is (identity: its SHA-256, else its git blob id), and a label for messages."""
+    says the file is (identity: its SHA-256, else its git blob id), the repository it is of,
+    and a label for messages."""
 
     url: str
     headers: dict[str, str]
     identity: str
     size_bytes: int | None
     sha256: str | None
+    repo: str  # OWNER/REPO
     label: str  # 'FILE of OWNER/REPO'
 
 
@@ -118,17 +121,20 @@ def fetch(source: Source, target: Path, name: str, *, on_bytes: BytesCallback,
     on_verify is called once the bytes are in, before they are checked against source.sha256.
     A cancel stops between chunks with PullCancelled and keeps the part; a dropped connection
     is retried from the part a few times; a file whose SHA-256 differs from the hub's is
-    deleted with PullError.
+    deleted with PullError. A name that would leave target is refused (BadListingError).
     """
     from filelock import FileLock, Timeout  # a dependency of huggingface_hub
 
-    dest = target / name
+    dest = inside(target, name, source.repo)
     if _is_in_place(source, dest, on_bytes, on_verify, cancel):
         return dest
     part = part_path(target, name)
     record_path = part.with_name(part.name + ".json")
     lock_path = part.with_name(part.name + ".lock")
-    part.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        part.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DownloadError(f"cannot write the part of {source.label}: {exc}") from None
     lock = FileLock(str(lock_path), timeout=_LOCK_WAIT_S)
     try:
         lock.acquire()
@@ -199,6 +205,8 @@ def _discard_stale(source: Source, part_path: Path, record_path: Path) -> None:
 def _transfer(source: Source, part: _Part, on_bytes: BytesCallback,
               cancel: threading.Event | None) -> None:
     """GET the rest of the file into part, retrying a dropped connection from where it got."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
     num_failed = 0  # attempts in a row that brought no byte
     wait_s = _RETRY_WAIT_S
     while True:
@@ -213,6 +221,8 @@ def _transfer(source: Source, part: _Part, on_bytes: BytesCallback,
             failure = f"the body ended at byte {part.done_bytes} of {source.size_bytes}"
         except _Restart:
             continue
+        except OfflineModeIsEnabled:  # a ConnectionError, but not one to retry
+            raise offline_error(f"download {source.label}") from None
         except transport_errors() as exc:
             failure = str(exc) or type(exc).__name__
         except OSError as exc:  # the disk (full, gone): the part so far is kept
@@ -294,8 +304,12 @@ def _finish(source: Source, part: _Part, dest: Path, record_path: Path) -> Path:
         record_path.unlink(missing_ok=True)
         raise PullError(f"{source.label} arrived corrupted (SHA-256 differs from the hub's); "
                         "it was deleted, pull again")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(part.path, dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part.path, dest)
+    except OSError as exc:  # a folder of that name is a file, the disk went away
+        raise DownloadError(f"cannot put {source.label} in place: {exc}; the part is kept, "
+                            "pull again") from None
     record_path.unlink(missing_ok=True)
     return dest
 
@@ -312,6 +326,12 @@ def _rmdir(folder: Path) -> bool:
     except OSError:  # not empty: another file's part is in it
         return False
     return True
+
+
+def offline_error(what: str) -> HubOfflineError:
+    """The one-line error for a pull stopped by offline mode; what: 'list OWNER/REPO'."""
+    return HubOfflineError(f"cannot {what}: HF_HUB_OFFLINE is set, so the hub is not "
+                           "contacted; unset it (or TRANSFORMERS_OFFLINE) and pull again")
 
 
 @functools.cache

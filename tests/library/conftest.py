@@ -6,9 +6,11 @@ import json
 
 import pytest
 
+from strata.engine.api import create_app
 from tests.text.spm_gguf import write_spm_gguf
 
 from .fake_hub import FakeHub
+from .library_service import LibraryService
 
 
 @pytest.fixture
@@ -37,3 +39,15 @@ def tiny_model_dir(tmp_path_factory):
     from fakes.tiny_model import write_tiny_model_dir
 
     return write_tiny_model_dir(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def library(tmp_path) -> LibraryService:
+    return LibraryService(tmp_path / "models")
+
+
+@pytest.fixture
+async def client(aiohttp_client, library):
+    # handler_cancellation as `strata serve` runs it (listen.py): a client gone cancels
+    return await aiohttp_client(create_app(library),
+                                server_kwargs={"handler_cancellation": True})

@@ -23,7 +23,9 @@ class FakeHub:
     chunk_bytes/chunk_delay_s: send downloads in pieces with a pause between, as a slow link
     does, so a test can stop a pull halfway. drop_after_bytes: {file name: n}: the next GET of
     that file breaks its connection after n bytes of body (once). ranges: (file name, Range
-    header or None) of every GET; served_bytes: body bytes sent per file name."""
+    header or None) of every GET; served_bytes: body bytes sent per file name. commit: what
+    the listing calls its commit. any_path_bytes: a hostile mirror's answer to a GET of any path
+    it does not know (a listed '../x.gguf' arrives as the URL's normalized path)."""
 
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     corrupt: set[str] = field(default_factory=set)
@@ -36,13 +38,22 @@ class FakeHub:
     served_bytes: dict[str, int] = field(default_factory=dict)
     honours_ranges: bool = True  # False: a Range header is ignored (200, the whole file)
     is_broken: bool = False  # True: every GET's connection breaks before a byte of the body
+    commit: str = COMMIT
+    any_path_bytes: bytes | None = None
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/api/models/{owner}/{repo}", self.model_info)
         app.router.add_get("/api/models/{owner}/{repo}/revision/{rev}", self.model_info)
         app.router.add_get("/{owner}/{repo}/resolve/{rev}/{name:.+}", self.resolve)
+        app.router.add_get("/{path:.*}", self.any_path)
         return app
+
+    async def any_path(self, request: web.Request) -> web.Response:
+        self.requests.append((request.method, request.path))
+        if self.any_path_bytes is None:
+            raise web.HTTPNotFound()
+        return web.Response(body=self.any_path_bytes)
 
     def _files(self, request: web.Request) -> tuple[str, dict[str, bytes]]:
         self.requests.append((request.method, request.path))
@@ -59,16 +70,16 @@ class FakeHub:
                      "lfs": {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                              "pointerSize": 134}}
                     for name, data in files.items()]
-        return web.json_response({"_id": repo, "id": repo, "modelId": repo, "sha": COMMIT,
+        return web.json_response({"_id": repo, "id": repo, "modelId": repo, "sha": self.commit,
                                   "private": False, "siblings": siblings})
 
     async def resolve(self, request: web.Request) -> web.StreamResponse:
         _, files = self._files(request)
         name = request.match_info["name"]
-        if name not in files:
+        data = files.get(name, self.any_path_bytes)
+        if data is None:
             raise web.HTTPNotFound(headers={"X-Error-Code": "EntryNotFound"})
-        data = files[name]
-        headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+        headers = {"X-Repo-Commit": self.commit, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
                    "Accept-Ranges": "bytes"}
         if name in self.corrupt:
             data = bytes(reversed(data))

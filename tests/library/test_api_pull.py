@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -15,34 +14,7 @@ from strata.engine.api.errors import ApiError
 from strata.engine.api.ollama_pull import hub_spec
 from tests.api.fake_service import FakeService
 
-
-class LibraryService(FakeService):
-    """The pool's side of a pull (POOL_CONTRACT.md: models_dir, rescan) over the API fake."""
-
-    def __init__(self, models_dir: Path):
-        super().__init__(text=None)
-        self.models_dir = models_dir
-        self.num_rescans = 0
-
-    async def rescan(self) -> list:
-        self.num_rescans += 1
-        return []
-
-
-@pytest.fixture
-def library(tmp_path) -> LibraryService:
-    return LibraryService(tmp_path / "models")
-
-
-@pytest.fixture
-async def client(aiohttp_client, library):
-    # handler_cancellation as `strata serve` runs it (listen.py): a client gone cancels
-    return await aiohttp_client(create_app(library),
-                                server_kwargs={"handler_cancellation": True})
-
-
-def ndjson(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+from .library_service import ndjson
 
 
 async def test_stream_follows_ollamas_progress_shape(hub, client, library, gguf_bytes):

@@ -4,7 +4,8 @@ Ollama's own registry is not reachable from here; its names for hub models (`hf.
 with a quantization tag) and Strata's `OWNER/REPO[:FILE]` are. The transfer runs on a worker
 thread; its progress comes back as Ollama's NDJSON lines (`pulling manifest`, `pulling FILE`
 with digest/total/completed, `verifying sha256 digest`, `success`). A client that goes away
-stops the transfer at its next chunk.
+stops the transfer at its next chunk; every other way a pull ends is an error in Ollama's
+shape (a status with `stream: false`, the stream's last line otherwise).
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from strata.engine.api.keys import SERVICE_KEY
 from strata.engine.api.request_fields import refuse_unknown_fields
 from strata.engine.api.validation import read_json_object
 from strata.library.pull import (
+    BadListingError,
     DownloadError,
+    HubOfflineError,
     PullCancelled,
     PullError,
     PullProgress,
     RepoNotFoundError,
+    parse_spec,
     pull,
 )
 from strata.paths import model_cache_dir
@@ -72,6 +76,10 @@ def hub_spec(name: Any) -> tuple[str, str | None]:
                           f"hf.co/OWNER/REPO:QUANT or OWNER/REPO[:FILE], e.g. {_EXAMPLE}",
                           param="model")
     spec = f"{repo}:{tag}" if tag else repo
+    try:
+        parse_spec(spec)  # a repository id the hub refuses: a 400 before the stream starts
+    except PullError as exc:
+        raise bad_request(str(exc), param="model") from None
     # Ollama's default for a tagless hf.co name; a plain OWNER/REPO keeps Strata's rule
     # (several GGUF files: name one).
     preferred = _OLLAMA_DEFAULT_QUANT if host_less != name and not tag else None
@@ -152,9 +160,13 @@ def _retrieve(task: asyncio.Future) -> None:
 
 
 def _api_error(exc: PullError) -> ApiError:
+    """404 no such repository, 503 offline mode, 502 a hub that failed or answered what
+    Strata refuses to write, 400 a name that picks no single file."""
     if isinstance(exc, RepoNotFoundError):
         return ApiError(404, str(exc), "model_not_found")
-    if isinstance(exc, DownloadError):
+    if isinstance(exc, HubOfflineError):
+        return ApiError(503, str(exc), "hub_offline")
+    if isinstance(exc, (DownloadError, BadListingError)):
         return ApiError(502, str(exc), "pull_failed")
     return ApiError(400, str(exc), "invalid_request")
 
@@ -191,6 +203,11 @@ async def pull_model(request: web.Request) -> web.StreamResponse:
         job.cancel()  # the handler was cancelled (client gone, server stopping): stop too
 
 
+class _ClientGone(Exception):
+    """Writing to the client failed: it disconnected. Only this ends a stream quietly; a
+    ConnectionError from the pull itself (huggingface_hub's offline mode is one) is an error."""
+
+
 async def _stream(request: web.Request, job: PullJob, service: Any) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
@@ -200,17 +217,28 @@ async def _stream(request: web.Request, job: PullJob, service: Any) -> web.Strea
             await _write(response, line)
         await _after_success(service)
         await _write(response, {"status": "success"})
-    except ConnectionError:
+    except _ClientGone:
         log.info("client went away during the pull of %s; stopped", job.spec)
     except PullCancelled:
         log.info("the pull of %s was cancelled", job.spec)
     except PullError as exc:
-        await _write(response, {"error": str(exc)})
+        await _write_last(response, {"error": str(exc)})
     except Exception as exc:  # the stream must end with an error line, never a cut
         log.exception("pull of %s failed", job.spec)
-        await _write(response, {"error": f"the pull failed: {type(exc).__name__}: {exc}"})
+        await _write_last(response, {"error": f"the pull failed: {type(exc).__name__}: {exc}"})
     return response
 
 
 async def _write(response: web.StreamResponse, line: dict[str, Any]) -> None:
-    await response.write(json.dumps(line).encode() + b"\n")
+    try:
+        await response.write(json.dumps(line).encode() + b"\n")
+    except ConnectionError:
+        raise _ClientGone from None
+
+
+async def _write_last(response: web.StreamResponse, line: dict[str, Any]) -> None:
+    """The error line; a client already gone has nobody to tell."""
+    try:
+        await _write(response, line)
+    except _ClientGone:
+        log.info("client went away before the pull's error was sent: %s", line)

@@ -105,6 +105,6 @@ def paths(op, ok, body) -> dict[str, Any]:
         "/api/pull": {"post": op("Fetch a model from the Hugging Face hub into the library",
                                  "Ollama", ok("OllamaPullProgress", "The final object; "
                                               "application/x-ndjson progress lines when "
-                                              "stream is true"), 400, 404, 502,
+                                              "stream is true"), 400, 404, 502, 503,
                                  body=body("OllamaPullRequest"))},
     }
