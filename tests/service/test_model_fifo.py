@@ -90,7 +90,7 @@ async def complete(base: str, model: str) -> tuple[int, dict]:
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_fifo_in_the_models_dir_is_refused_and_other_models_still_load(pool_server):
-    base, models_dir = pool_server
+    base, _ = pool_server
     async with asyncio.timeout(120):  # the old code never answered
         status, answer = await complete(base, "fifo")
     assert status == 400, answer
