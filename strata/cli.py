@@ -16,6 +16,12 @@ def _model_path(arg: str | None) -> str:
     if arg is not None and not Path(arg).expanduser().exists():
         raise StrataError(f"model {arg} not found: pass a .gguf file or a Hugging Face "
                           "directory, or leave --model out for the default model")
+    if arg is not None:  # a FIFO or a device: opening it would block (issue 51)
+        from strata.engine.gguf_file import model_path_problem
+
+        problem = model_path_problem(Path(arg).expanduser())
+        if problem is not None:
+            raise StrataError(problem)
     return resolve_model_path(arg)
 
 

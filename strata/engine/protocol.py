@@ -16,8 +16,9 @@ from typing import Any, get_args
 
 # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
-# a typed EngineStatus in Status and in every level Reply
-PROTOCOL_VERSION = 4
+# a typed EngineStatus in Status and in every level Reply; 5: Embed is a request (request_id,
+# answered in batches of Embeddings and a Done, ended early by Cancel)
+PROTOCOL_VERSION = 5
 # The default number of KV cache slots of a loaded model (--slots N changes it): slots are
 # 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
 NUM_CACHE_SLOTS = 4
@@ -179,11 +180,15 @@ POOLINGS = ("last", "mean")
 class Embed:
     """Embed each token sequence into one L2-normalized vector of hidden_size floats.
 
-    Runs the model over the tokens without reading or writing any cache slot; answered by an
-    Embeddings event with this command's id. pooling: "last" (the last token's hidden state,
-    the only one a causal model computes over the whole input) or "mean" (of all tokens).
+    A request like Generate: runs without reading or writing any cache slot, a few sequences
+    per engine-loop step, so generations keep decoding beside it. Answered by Embeddings
+    events with this request_id (the next vectors, in order) and a Done (usage.prompt_tokens:
+    the tokens run; finish_reason "cancelled" after a Cancel). pooling: "last" (the last
+    token's hidden state, the only one a causal model computes over the whole input) or
+    "mean" (of all tokens).
     """
 
+    request_id: str
     token_ids: tuple[tuple[int, ...], ...]
     pooling: str = "last"
 
@@ -362,9 +367,10 @@ class Reply:
 
 @dataclass(frozen=True)
 class Embeddings:
-    """The answer to Embed: one vector per sequence, in order, and the tokens it ran."""
+    """Part of the answer to Embed: the vectors of the next sequences, in order, and the
+    tokens they ran."""
 
-    command_id: int
+    request_id: str
     vectors: tuple[tuple[float, ...], ...]
     num_tokens: int
 

@@ -104,7 +104,7 @@ class FakeService:
                    for j in range(EMBEDDING_SIZE)]
             length = math.sqrt(sum(x * x for x in raw))
             vectors.append(tuple(x / length for x in raw))
-        return Embeddings(0, tuple(vectors), sum(len(ids) for ids in token_ids))
+        return Embeddings("embed-fake", tuple(vectors), sum(len(ids) for ids in token_ids))
 
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         self.calls.append(("control", action, kwargs))

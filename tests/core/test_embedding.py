@@ -35,8 +35,8 @@ def reference(hf_model, ids: list[int], pooling: str) -> torch.Tensor:
 def test_vectors_equal_transformers_hidden_states_pooled(tiny, pooling) -> None:
     engine, hf_model = tiny
     inputs = ((5, 9, 17, 33, 2), tuple(range(3, 40)))
-    answer = embedding.embed(engine, p.Embed(inputs, pooling), command_id=7)
-    assert answer.command_id == 7 and answer.num_tokens == 5 + 37
+    answer = embedding.embed(engine, p.Embed("e", inputs, pooling))
+    assert answer.request_id == "e" and answer.num_tokens == 5 + 37
     for ids, vector in zip(inputs, answer.vectors, strict=True):
         got = torch.tensor(vector)
         assert got.shape == (hf_model.config.hidden_size,)
@@ -50,7 +50,7 @@ def test_a_long_input_runs_in_chunks_with_the_same_result(tiny, monkeypatch) -> 
     engine, hf_model = tiny
     ids = tuple((i * 7) % 300 + 3 for i in range(50))
     monkeypatch.setattr(embedding, "CHUNK_TOKENS", 16)  # 4 chunks, the K/V carried across
-    answer = embedding.embed(engine, p.Embed((ids,), "mean"), command_id=1)
+    answer = embedding.embed(engine, p.Embed("e", (ids,), "mean"))
     torch.testing.assert_close(torch.tensor(answer.vectors[0]),
                                reference(hf_model, list(ids), "mean"), atol=1e-4, rtol=1e-4)
 
@@ -60,20 +60,38 @@ def test_embedding_touches_no_cache_slot(tiny) -> None:
     prompt = list(range(3, 30))
     list(engine.generate(prompt, SamplingSpec(max_tokens=4), slot=0))
     before = engine.slots_status()
-    embedding.embed(engine, p.Embed((tuple(range(40, 90)),), "last"), command_id=1)
+    embedding.embed(engine, p.Embed("e", (tuple(range(40, 90)),), "last"))
     assert engine.slots_status() == before
     list(engine.generate(prompt, SamplingSpec(max_tokens=4), slot=0))
     assert engine.last_usage.cached_tokens == len(prompt) - 1  # the slot's prefix survived
 
 
+def test_a_job_runs_a_step_of_sequences_at_a_time(tiny, monkeypatch) -> None:
+    """The engine loop reads the pipe between steps (chat tokens, Cancel): a job of many
+    sequences takes several steps of at most STEP_TOKENS tokens, in order, same vectors."""
+    engine, _ = tiny
+    monkeypatch.setattr(embedding, "STEP_TOKENS", 20)
+    inputs = tuple(tuple(range(3 + i, 10 + i)) for i in range(9))  # 7 tokens each
+    inputs += (tuple(range(3, 60)),)  # one longer than a step runs alone
+    job = embedding.EmbedJob(engine, p.Embed("e", inputs, "mean"))
+    steps = []
+    while not job.is_done:
+        steps.append(job.step(engine))
+    assert [len(s.vectors) for s in steps] == [2, 2, 2, 2, 1, 1]
+    assert [s.num_tokens for s in steps] == [14, 14, 14, 14, 7, 57]
+    whole = embedding.embed(engine, p.Embed("e", inputs, "mean"))
+    assert [v for s in steps for v in s.vectors] == list(whole.vectors)
+    assert job.num_tokens == whole.num_tokens == 9 * 7 + 57
+
+
 @pytest.mark.parametrize(("command", "message"), [
-    (p.Embed(((1, 2),), "cls"), "pooling must be one of"),
-    (p.Embed((), "last"), "at least one sequence"),
-    (p.Embed(((),), "last"), "sequence 0 is empty"),
-    (p.Embed(((1, 10_000),), "last"), "outside 0..319"),
-    (p.Embed((tuple(range(3, 3 + 257)),), "last"), "the context is 256"),
+    (p.Embed("e", ((1, 2),), "cls"), "pooling must be one of"),
+    (p.Embed("e", (), "last"), "at least one sequence"),
+    (p.Embed("e", ((),), "last"), "sequence 0 is empty"),
+    (p.Embed("e", ((1, 10_000),), "last"), "outside 0..319"),
+    (p.Embed("e", (tuple(range(3, 3 + 257)),), "last"), "the context is 256"),
 ])
 def test_bad_input_is_refused(tiny, command, message) -> None:
     engine, _ = tiny
     with pytest.raises(EngineError, match=message):
-        embedding.embed(engine, command, command_id=1)
+        embedding.embed(engine, command)

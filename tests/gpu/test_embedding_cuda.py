@@ -22,7 +22,7 @@ def test_cuda_vectors_match_transformers(tmp_path, variant) -> None:
     engine.load()
     try:
         ids = tuple(range(3, 60))
-        answer = embedding.embed(engine, p.Embed((ids,), "mean"), command_id=1)
+        answer = embedding.embed(engine, p.Embed("e", (ids,), "mean"))
         with torch.no_grad():
             hidden = hf_model.model(torch.tensor([list(ids)])).last_hidden_state[0]
         expected = F.normalize(hidden.mean(dim=0), dim=0)
@@ -31,9 +31,9 @@ def test_cuda_vectors_match_transformers(tmp_path, variant) -> None:
         assert F.cosine_similarity(got, expected, dim=0).item() > 0.999
         engine.sleep()
         with pytest.raises(EngineError):
-            embedding.embed(engine, p.Embed((ids,), "last"), command_id=2)
+            embedding.embed(engine, p.Embed("e", (ids,), "last"))
         engine.wake()
-        again = embedding.embed(engine, p.Embed((ids,), "mean"), command_id=3)
+        again = embedding.embed(engine, p.Embed("e", (ids,), "mean"))
         assert torch.allclose(torch.tensor(again.vectors[0]), got, atol=1e-6)
     finally:
         engine.close()

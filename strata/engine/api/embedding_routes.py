@@ -4,6 +4,9 @@ Ollama /api/embed and the older /api/embeddings.
 Every route tokenizes on the host and asks the service for one vector per input (Service.embed:
 the model's final hidden states, pooled, L2-normalized; text/embedding_spec.py says which
 pooling). Inputs longer than the context are a 400, except where Ollama truncates by default.
+A request holds at most MAX_EMBED_INPUTS inputs and MAX_EMBED_TOKENS tokens in all (413 past
+either, docs/api.md); the engine runs it a few inputs at a time beside the chats, and a client
+that leaves cancels the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from aiohttp import web
 
 from strata.engine.api import validation as v
 from strata.engine.api.cpu_pool import run_cpu
-from strata.engine.api.errors import bad_request
+from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.model_routing import apply_ttl, service_of
 from strata.engine.api.ollama_params import parse_keep_alive
 from strata.engine.api.ollama_routes import after_answer, apply_keep_alive, check_model
@@ -32,6 +35,11 @@ from strata.engine.api.request_fields import (
 from strata.engine.api.textgen import text_assets
 from strata.engine.api.validation import read_json_object
 from strata.engine.text.embedding_spec import embedding_spec
+
+# Per request, as OpenAI's /v1/embeddings bounds it: inputs, and tokens over all inputs (each
+# input is also bounded by the context). Past either: 413 naming the limit.
+MAX_EMBED_INPUTS = 2048
+MAX_EMBED_TOKENS = 300_000
 
 # Ollama options that mean something for an embedding; sampling ones do not.
 _OLLAMA_OPTIONS = frozenset({"num_ctx"})
@@ -50,6 +58,10 @@ def _inputs(value: Any, name: str) -> list[str | list[int]]:
     else:
         raise bad_request(f"'{name}' must be a string, a list of strings, a list of token ids "
                           "or a list of token id lists", param=name)
+    if len(items) > MAX_EMBED_INPUTS:
+        raise ApiError(413, f"'{name}' has {len(items)} inputs; at most {MAX_EMBED_INPUTS} are "
+                       "embedded per request: send them in several requests",
+                       "request_too_large", param=name)
     for i, item in enumerate(items):
         if isinstance(item, str):
             if not item:
@@ -108,6 +120,11 @@ async def _embed(request: web.Request, body: dict, items: Sequence[str | list[in
     context = service.context_tokens
     limit = min(limit, context) if limit and context else (limit or context)
     ids = _fit(ids, limit, name, truncate)
+    num_tokens = sum(map(len, ids))
+    if num_tokens > MAX_EMBED_TOKENS:
+        raise ApiError(413, f"'{name}' is {num_tokens} tokens in all; at most "
+                       f"{MAX_EMBED_TOKENS} are embedded per request: send them in several "
+                       "requests", "request_too_large", param=name)
     result = await service.embed(ids, spec.pooling)
     return [list(vector) for vector in result.vectors], result.num_tokens
 

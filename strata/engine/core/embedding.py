@@ -3,6 +3,10 @@
 Runs the loaded model eagerly over each sequence with a KV buffer of its own, so no cache slot
 is read or written: an embedding never evicts a chat's cached prefix. The vectors are
 L2-normalized, as OpenAI's are (cosine similarity is then a dot product).
+
+An Embed runs as an EmbedJob, a few sequences per step of the engine loop (core/process.py), so
+a chat decodes and a Cancel is read between steps (issue 51: 10,000 inputs held the engine for
+400 s in one piece).
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from strata.engine.core.kv_cache import KVCache
 # Tokens per forward: bounds the activations ([T, intermediate]) of a long input, as the
 # engine's prefill does; the K/V of earlier chunks stay in the sequence's own buffer.
 CHUNK_TOKENS = 512
+# Tokens one EmbedJob step runs (at least one whole sequence): between steps the engine loop
+# decodes its batch and reads Cancel, so this bounds what a chat waits per embedding step.
+STEP_TOKENS = 512
 
 
 @torch.inference_mode()
@@ -69,15 +76,51 @@ def check_embed(command: p.Embed, vocab_size: int, max_tokens: int) -> None:
                               f"{max_tokens}")
 
 
-def embed(engine: Any, command: p.Embed, command_id: int) -> p.Embeddings:
-    """Answer an Embed with the loaded Engine's model; EngineError when it cannot run now."""
-    model = engine.model
-    if model is None:
-        raise EngineError("no model is loaded: load one first")
-    engine.memory.check_resident()  # asleep or experts released: an error, never a GPU fault
-    check_embed(command, model.config.vocab_size, engine.context_tokens)
-    vectors = [embed_sequence(model, ids, command.pooling, engine.device, engine.dtype)
-               for ids in command.token_ids]
-    stacked = torch.stack(vectors).cpu()  # [N, H]: one copy to the host
-    return p.Embeddings(command_id, tuple(tuple(row) for row in stacked.tolist()),
-                        sum(len(ids) for ids in command.token_ids))
+class EmbedJob:
+    """One Embed in the engine loop: `step()` embeds the next sequences (about STEP_TOKENS
+    tokens, at least one sequence) until `is_done`; num_tokens counts what has run."""
+
+    def __init__(self, engine: Any, command: p.Embed):
+        """EngineError when the command cannot run on this engine now."""
+        model = engine.model
+        if model is None:
+            raise EngineError("no model is loaded: load one first")
+        check_embed(command, model.config.vocab_size, engine.context_tokens)
+        self.command = command
+        self.next_index = 0
+        self.num_tokens = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.command.request_id
+
+    @property
+    def is_done(self) -> bool:
+        return self.next_index >= len(self.command.token_ids)
+
+    def step(self, engine: Any) -> p.Embeddings:
+        """The vectors of the next sequences, in order."""
+        engine.memory.check_resident()  # asleep or experts released: an error, not a GPU fault
+        sequences = self.command.token_ids
+        start = end = self.next_index
+        step_tokens = 0
+        while end < len(sequences) and (end == start or
+                                        step_tokens + len(sequences[end]) <= STEP_TOKENS):
+            step_tokens += len(sequences[end])
+            end += 1
+        vectors = [embed_sequence(engine.model, ids, self.command.pooling, engine.device,
+                                  engine.dtype) for ids in sequences[start:end]]
+        stacked = torch.stack(vectors).cpu()  # [N, H]: one copy to the host
+        self.next_index, self.num_tokens = end, self.num_tokens + step_tokens
+        return p.Embeddings(self.request_id, tuple(tuple(row) for row in stacked.tolist()),
+                            step_tokens)
+
+
+def embed(engine: Any, command: p.Embed) -> p.Embeddings:
+    """Answer a whole Embed at once with the loaded Engine's model (tests and benchmarks; the
+    engine loop runs an EmbedJob step by step); EngineError when it cannot run now."""
+    job = EmbedJob(engine, command)
+    vectors: list[tuple[float, ...]] = []
+    while not job.is_done:
+        vectors.extend(job.step(engine).vectors)
+    return p.Embeddings(command.request_id, tuple(vectors), job.num_tokens)

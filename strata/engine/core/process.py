@@ -5,8 +5,11 @@ continuous batch: each Generate joins the engine's scheduler (add), and while an
 or waits the loop alternates between reading what arrived (without blocking) and one engine
 step, sending each request's Tokens and its Done. Cancel and GetStatus are answered between
 steps; every other command (levels, slots, load) waits in a queue until the batch drains, and
-Generates that arrive after such a command wait behind it. A failing command answers an Error
-and the loop goes on; only Unload, or the host closing the pipe, ends the process.
+Generates that arrive after such a command wait behind it. An Embed is a request too: it joins
+as a Generate does and runs a few sequences per loop turn (core/embedding.py EmbedJob), beside
+the batch's steps, so a chat decodes while it runs and a Cancel ends it between turns. A failing
+command answers an Error and the loop goes on; only Unload, or the host closing the pipe, ends
+the process.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ _LEVEL_METHODS: dict[type, str] = {
 }
 
 log = logging.getLogger("strata.engine.process")
+
+# Commands that start a request (request_id; Tokens/Embeddings, then Done or Error) rather than
+# a control command answered by one Reply.
+_REQUESTS = (p.Generate, p.Embed)
 
 
 class _HostGone(Exception):
@@ -159,6 +166,7 @@ class EngineLoop:
         self.engine: Any = None
         self.load_info: dict[str, Any] | None = None
         self.pending: deque[p.Envelope] = deque()  # commands waiting for the batch to drain
+        self.embeds: dict[str, Any] = {}  # request id -> EmbedJob, run first come first
         # Per request: tokens (and their logprob records) made while the pipe was full.
         self.unsent: dict[str, tuple[list[int], list[p.TokenLogprob]]] = {}
         self._factory: Callable[[Any], Any] | None = None
@@ -215,9 +223,12 @@ class EngineLoop:
                                              name=WARM_THREAD_NAME, daemon=True)
             self._warming.start()
         while True:
-            if self._is_batch_running():
+            if self._is_batch_running() or self.embeds:
                 self._read_during_batch()
-                self._step()
+                if self._is_batch_running():
+                    self._step()
+                if self.embeds:
+                    self._embed_step()
             elif self.pending:
                 if not self.handle(self.pending.popleft()):
                     return
@@ -284,14 +295,15 @@ class EngineLoop:
 
     def _read_during_batch(self) -> None:
         """Take in what arrived since the last step, without waiting: Cancel and GetStatus at
-        once, Generates join the batch unless a command waits before them, the rest waits."""
-        while self.pending and isinstance(getattr(self.pending[0], "command", None), p.Generate):
+        once, Generates (and Embeds) join unless a command waits before them, the rest waits."""
+        while self.pending and isinstance(getattr(self.pending[0], "command", None),
+                                          _REQUESTS):
             self.handle(self.pending.popleft())  # the command they waited behind has run
-        while self.conn.poll(0):
+        while self._poll(0):
             envelope = self.recv()
             command = getattr(envelope, "command", None)
             is_now = isinstance(command, (p.Cancel, p.GetStatus)) or (
-                isinstance(command, p.Generate) and not self.pending)
+                isinstance(command, _REQUESTS) and not self.pending)
             if is_now:
                 self.handle(envelope)
             else:
@@ -313,7 +325,7 @@ class EngineLoop:
                 command_id=command_id,
             ))
             return True
-        request_id = command.request_id if isinstance(command, p.Generate) else None
+        request_id = command.request_id if isinstance(command, _REQUESTS) else None
         try:
             if isinstance(command, p.Unload):
                 kept = self._close_engine(for_exit=True, keep_sessions_as=command.keep_sessions_as)
@@ -330,7 +342,7 @@ class EngineLoop:
             elif type(command) in _LEVEL_METHODS:
                 self.send(self.level_command(command, command_id))
             elif isinstance(command, p.Embed):
-                self.send(self.embed(command, command_id))
+                self.start_embed(command)
             else:
                 self.send(p.Error(
                     "bad_request", f"unknown command {type(command).__name__}",
@@ -414,12 +426,32 @@ class EngineLoop:
         result = dict(method(**fields) or {})
         return p.Reply(command_id, result, self.engine_status())
 
-    def embed(self, command: p.Embed, command_id: int) -> p.Embeddings:
+    def start_embed(self, command: p.Embed) -> None:
+        """The Embed joins the loop's embedding jobs; one it cannot run answers an Error."""
         if self.engine is None:
             raise _CommandRefused("not_loaded", "no model is loaded: send Load first")
-        from strata.engine.core.embedding import embed  # torch: imported in the engine only
+        if command.request_id in self.embeds:
+            raise _CommandRefused("bad_request", f"request {command.request_id} already runs")
+        from strata.engine.core.embedding import EmbedJob  # torch: imported in the engine only
 
-        return embed(self.engine, command, command_id)
+        self.embeds[command.request_id] = EmbedJob(self.engine, command)
+
+    def _embed_step(self) -> None:
+        """One step of the oldest embedding: its next vectors, then Done when it is over."""
+        job = next(iter(self.embeds.values()))
+        try:
+            event = job.step(self.engine)
+        except Exception as exc:  # noqa: BLE001 - that request fails, the engine goes on
+            del self.embeds[job.request_id]
+            code = error_code(exc, job.command)
+            if code == "internal":
+                traceback.print_exc(file=sys.stderr)
+            self.send(p.Error(code, one_line(exc), request_id=job.request_id))
+            return
+        self.send(event)
+        if job.is_done:
+            del self.embeds[job.request_id]
+            self.send(p.Done(job.request_id, p.Usage(job.num_tokens, 0, 0, "stop")))
 
     # ---- the batch ---------------------------------------------------------------------------
 
@@ -434,15 +466,20 @@ class EngineLoop:
     def cancel(self, request_id: str) -> None:
         """End a running or waiting request with Done(cancelled); a request that already
         ended owes no answer."""
+        job = self.embeds.pop(request_id, None)
+        if job is not None:
+            self.send(p.Done(request_id, p.Usage(job.num_tokens, 0, 0, "cancelled")))
+            return
         event = self.engine.cancel(request_id) if self.engine is not None else None
         if event is not None:
             self._send_event(event)
             return
         for envelope in list(self.pending):  # a Generate still queued behind a level command
             command = envelope.command
-            if isinstance(command, p.Generate) and command.request_id == request_id:
+            if isinstance(command, _REQUESTS) and command.request_id == request_id:
                 self.pending.remove(envelope)
-                usage = p.Usage(len(command.prompt_ids), 0, 0, "cancelled")
+                num_prompt = len(command.prompt_ids) if isinstance(command, p.Generate) else 0
+                usage = p.Usage(num_prompt, 0, 0, "cancelled")
                 self.send(p.Done(request_id, usage, slot=None))
 
     def _step(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.core.memory.vram import read_free_vram_bytes
+from strata.engine.gguf_file import model_path_problem
 from strata.engine.service.facade import GenerationRequest, ServiceError
 from strata.engine.service.levels import State
 from strata.engine.service.load_size import LOAD_WORKSPACE_BYTES
@@ -81,7 +82,9 @@ class ModelPool:
         self._index: ModelIndex | None = None
         self._sizes: dict[str, MemberSize] = {}
         self._room_lock = asyncio.Lock()  # one bring-up (room, then load/wake) at a time
-        self._create_lock = asyncio.Lock()
+        # One per model name: creating a member reads its files (tokenizer), and a file that
+        # blocks must hold up that model's requests alone, never every other model's.
+        self._create_locks: dict[str, asyncio.Lock] = {}
         self._files: frozenset[tuple[str, int]] = frozenset()  # what the last scan saw
         self.taken_down: list[str] = []  # what the last all-model down action took down
         self.is_gpu = False
@@ -214,7 +217,11 @@ class ModelPool:
         member = self._members.get(spec.name)
         if member is not None:
             return member
-        async with self._create_lock:
+        # A FIFO or device named *.gguf: refused before anything opens it (issue 51).
+        problem = await asyncio.to_thread(model_path_problem, spec.path, missing_ok=True)
+        if problem is not None:
+            raise ServiceError("bad_model", problem)
+        async with self._create_locks.setdefault(spec.name, asyncio.Lock()):
             member = self._members.get(spec.name)
             if member is not None:
                 return member

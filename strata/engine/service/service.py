@@ -26,6 +26,7 @@ from strata.default_model import (
 from strata.engine import protocol as p
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
+from strata.engine.gguf_file import model_path_problem
 from strata.engine.protocol import Done, Error, Tokens
 from strata.engine.service.before_load import DEFAULT_TIMEOUT_S, BeforeLoadHook
 from strata.engine.service.engine_handle import EngineCommandError
@@ -49,9 +50,6 @@ log = logging.getLogger(__name__)
 
 SLOT_COMMANDS = {"slot_save": p.SaveSlot, "slot_restore": p.RestoreSlot, "slot_erase": p.EraseSlot}
 ACTIONS = (*UP_ACTIONS, *DOWN_ACTIONS, *SLOT_COMMANDS, "slots")
-# Added to the command timeout per token an Embed runs: a CPU forward of a 7B model takes
-# about this long per token, and a wedged engine is still caught.
-EMBED_S_PER_TOKEN = 0.05
 
 
 @dataclass(frozen=True)
@@ -210,6 +208,11 @@ class Service:
                 self._model_path = await loop.run_in_executor(None, resolve_model_path, None)
             except (RuntimeError, OSError) as exc:  # DefaultModelError is a RuntimeError
                 raise ServiceError("model_unavailable", _one_line(exc)) from None
+        # A FIFO or a device named as the model: every later open would block (issue 51).
+        problem = await asyncio.to_thread(model_path_problem, self._model_path,
+                                          missing_ok=True)
+        if problem is not None:
+            raise ServiceError("bad_model", problem)
         if self._text is None:
             try:
                 self._text = await loop.run_in_executor(None, self._text_loader, self._model_path)
@@ -311,9 +314,11 @@ class Service:
             await lifecycle.end_request(request_id)
 
     async def embed(self, token_ids: Sequence[Sequence[int]], pooling: str) -> p.Embeddings:
-        """Embed each token sequence (protocol.Embed) on the one lane, bringing the engine up
-        first as a generation does. Raises ServiceError: 400 for a bad input, 503 when the
-        engine cannot come up or fails."""
+        """Embed each token sequence (protocol.Embed), bringing the engine up first as a
+        generation does; it holds a place at the gate as one. The engine runs it a few
+        sequences at a time beside the generations; a caller cancelled meanwhile (its client
+        left) cancels it in the engine, which goes on serving. Raises ServiceError: 400 for a
+        bad input, 503 when the engine cannot come up or fails."""
         sequences = tuple(tuple(ids) for ids in token_ids)
         if not sequences or not all(sequences):  # the engine checks ids and lengths
             self.metrics.num_rejected += 1
@@ -325,13 +330,20 @@ class Service:
         except ServiceError:
             self.metrics.num_rejected += 1
             raise
-        # A long batch on a CPU runs for a while; the supervisor kills an engine past this.
-        timeout_s = self.supervisor.command_timeout_s + EMBED_S_PER_TOKEN * sum(
-            map(len, sequences))
+        vectors: list[tuple[float, ...]] = []
         try:
-            return await self.supervisor.command(p.Embed(sequences, pooling), timeout_s)
-        except EngineCommandError as exc:
-            raise engine_level_error("embed", exc) from None
+            async with aclosing(self.supervisor.embed(request_id, sequences, pooling)) as events:
+                async for event in events:
+                    if isinstance(event, p.Embeddings):
+                        vectors.extend(event.vectors)
+                    elif isinstance(event, Error):
+                        raise engine_level_error(
+                            "embed", EngineCommandError(event.code, event.message))
+                    elif isinstance(event, Done) and event.usage.finish_reason != "stop":
+                        # the server is stopping the engine: no partial answer
+                        raise ServiceError("cancelled", "the embedding was cancelled: the "
+                                           "engine is stopping; retry")
+            return p.Embeddings(request_id, tuple(vectors), sum(map(len, sequences)))
         finally:
             await lifecycle.end_request(request_id)
 

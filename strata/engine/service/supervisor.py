@@ -401,6 +401,28 @@ class Supervisor:
         Done, so the next request finds the engine idle; a stuck engine is killed instead.
         `on_end` gets the final event (None if none came).
         """
+        command = p.Generate(request_id, tuple(prompt_ids), sampling, slot)
+        async with contextlib.aclosing(self.request(command, on_end)) as events:
+            async for event in events:
+                yield event
+
+    async def embed(self, request_id: str, token_ids: tuple[tuple[int, ...], ...],
+                    pooling: str) -> AsyncGenerator[p.Embeddings | p.Done | p.Error, None]:
+        """Run one Embed and yield its Embeddings in order, ending with Done or Error; closing
+        the iterator early cancels it, as `stream` does a Generate."""
+        async with contextlib.aclosing(self.request(p.Embed(request_id, token_ids,
+                                                            pooling))) as events:
+            async for event in events:
+                yield event
+
+    async def request(
+        self,
+        command: p.Generate | p.Embed,
+        on_end: Callable[[p.Done | p.Error | None], None] | None = None,
+    ) -> AsyncGenerator[Any, None]:
+        """Send a request command and yield the events of its request_id up to its Done or
+        Error; closing early sends Cancel and waits for the engine's Done (see `stream`)."""
+        request_id = command.request_id
         handle = self._handle
         if handle is None or not handle.is_alive:
             raise EngineUnavailable("the engine is not running")
@@ -409,7 +431,7 @@ class Supervisor:
         final: p.Done | p.Error | None = None
         try:
             try:
-                self._send(handle, p.Generate(request_id, tuple(prompt_ids), sampling, slot))
+                self._send(handle, command)
             except EngineCommandError as exc:
                 queue.put_nowait(p.Error(exc.code, str(exc), request_id=request_id))
             while True:

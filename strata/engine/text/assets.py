@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from strata.engine.gguf_file import model_path_problem
 from strata.engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from strata.engine.text.errors import ChatTemplateError, TextAssetsError
 from strata.engine.text.gguf_tokenizer import (
@@ -126,6 +127,9 @@ def load_text_assets(path: str | Path) -> TextAssets:
         raise TextAssetsError(
             f"model path {path} does not exist; pass a .gguf file or a Hugging Face model directory"
         ) from None
+    problem = model_path_problem(path)  # a FIFO or device: opening it would block
+    if problem is not None:
+        raise TextAssetsError(problem)
     return _load_cached(str(path.resolve()), _version_key(path, stat.st_mtime_ns))
 
 

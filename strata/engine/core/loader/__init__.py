@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
-from strata.engine.gguf_file import is_gguf_file, missing_model_error
+from strata.engine.gguf_file import check_model_path, is_gguf_file
 
 if TYPE_CHECKING:
     import torch
@@ -31,8 +31,7 @@ __all__ = ["detect_format", "inspect_model", "load_model_config", "load_tensors"
 def detect_format(path: str | os.PathLike[str]) -> str:
     """The format of `path`: gguf (a GGUF file) or hf (a directory with config.json)."""
     p = Path(path)
-    if not p.exists():
-        raise missing_model_error(p)
+    check_model_path(p)  # missing, or a FIFO or device an open would block on
     if p.is_dir():
         if (p / "config.json").is_file():
             return "hf"
