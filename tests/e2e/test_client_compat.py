@@ -5,6 +5,7 @@ client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.request
 from typing import Any
@@ -148,3 +149,27 @@ def test_ollama_load_duration_is_the_load_a_request_waited_for(server):
     _check_timings(answer)
     # The engine process started and loaded the weights for this request.
     assert answer.load_duration > answer.prompt_eval_duration
+
+
+async def test_four_parallel_streams_interleave_on_the_cpu(server):
+    # The default settings (4 slots, parallel one per slot) batch on the CPU too: each stream
+    # has tokens before any of the four ends (asserted by event order, never by timings).
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                                max_retries=0, timeout=300)
+    order: list[tuple[int, str]] = []  # (stream, "token" | "end") in arrival order
+
+    async def stream(index: int, question: str) -> None:
+        chunks = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=12,
+            temperature=0, stream=True)
+        async for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                order.append((index, "token"))
+        order.append((index, "end"))
+
+    questions = ("Tell me about Paris.", "Tell me about Rome.", "Tell me about Oslo.",
+                 "Tell me about Lima.")
+    await asyncio.gather(*(stream(i, q) for i, q in enumerate(questions)))
+    await client.close()
+    first_end = next(n for n, (_, kind) in enumerate(order) if kind == "end")
+    assert {index for index, _ in order[:first_end]} == {0, 1, 2, 3}, order
