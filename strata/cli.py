@@ -216,8 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _never_fail_on_encoding() -> None:
+    """A pipe or console whose encoding lacks a character (cp1252 on Windows) gets '?' for it
+    instead of a UnicodeEncodeError that ends the command mid-answer."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # absent on a replaced stream
+        if reconfigure is not None:
+            reconfigure(errors="replace")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _never_fail_on_encoding()
     parser = build_parser()
     is_bench = bool(argv) and argv[0] == "bench"
     args = None if is_bench else parser.parse_args(argv)

@@ -3,6 +3,7 @@ answers instead of printing a blank line (issue #17 item 22)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -54,3 +55,18 @@ def test_bench_help_says_all_the_suite_does():
     text = " ".join(done.stdout.split())
     assert "against measured limits and a peer." in text
     assert "Targets: DESIGN.md §8." in text and "--no-lifecycle" in text
+
+
+@pytest.mark.slow
+def test_generate_piped_into_a_cp1252_stream_replaces_what_it_cannot_encode(smollm2_gguf):
+    # Windows pipes are cp1252: Japanese text ended the command in a UnicodeEncodeError.
+    done = subprocess.run(
+        [sys.executable, "-m", "strata.cli", "generate", " ".join(["日本"] * 8), "--raw",
+         "--model", str(smollm2_gguf), "--device", "cpu", "--max-tokens", "8",
+         "--temperature", "0"],
+        capture_output=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONIOENCODING": "cp1252", "OMP_WAIT_POLICY": "PASSIVE"})
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert b"Traceback" not in done.stderr
+    # The model copies the pattern: characters cp1252 lacks, written as '?'.
+    assert b"??" in done.stdout, done.stdout

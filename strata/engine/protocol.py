@@ -17,7 +17,7 @@ from typing import Any, get_args
 # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
 # a typed EngineStatus in Status and in every level Reply; 5: Embed is a request (request_id,
-# answered in batches of Embeddings and a Done, ended early by Cancel)
+# answered in batches of Embeddings and a Done, ended early by Cancel), timings in Usage
 PROTOCOL_VERSION = 5
 # The default number of KV cache slots of a loaded model (--slots N changes it): slots are
 # 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
@@ -218,6 +218,14 @@ class Usage:
     completion_tokens: int
     cached_tokens: int
     finish_reason: str  # stop | length | cancelled
+    # The engine's clock for this sequence: waiting for a slot, prompt evaluation until the
+    # first token, decoding from the first token to the last (0 where it never got there).
+    # Measurements, not counts: two usages of the same tokens compare equal whatever they took.
+    queued_s: float = field(default=0.0, compare=False)
+    prefill_s: float = field(default=0.0, compare=False)
+    decode_s: float = field(default=0.0, compare=False)
+    # Set by the host: bringing the model up (load, wake) for the request.
+    load_s: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -255,6 +255,8 @@ class FakeEngine:
         if slot in self.offloaded:  # the engine restores an offloaded session by itself
             self.slot_tokens[slot] = self.offloaded.pop(slot)
         history = self.slot_tokens.get(slot, [])
+        started_s = time.monotonic()
+        token_times_s: list[float] = []  # the real engine's timings, in Usage, from these
         num_cached = 0
         while num_cached < min(len(history), len(prompt) - 1) and history[num_cached] == prompt[num_cached]:
             num_cached += 1
@@ -274,6 +276,7 @@ class FakeEngine:
                 if self.is_moe:
                     self.expert_hits += 1
                 generated.append(token)
+                token_times_s.append(time.monotonic())
                 record = None
                 if sampling.num_logprobs is not None:
                     record = self._logprob(token, sampling.num_logprobs)
@@ -288,7 +291,10 @@ class FakeEngine:
             self.slot_tokens[slot] = prompt + generated
             self._last_used[slot] = time.monotonic()
             self._sync_kv()
-            result["usage"] = Usage(len(prompt), len(generated), num_cached, finish_reason)
+            first_s, last_s = (token_times_s[0], token_times_s[-1]) if token_times_s else (
+                time.monotonic(), time.monotonic())
+            result["usage"] = Usage(len(prompt), len(generated), num_cached, finish_reason,
+                                    prefill_s=first_s - started_s, decode_s=last_s - first_s)
 
     # ---- the batch API, as Engine's (core/batch): add, cancel, step ------------------------
 

@@ -4,6 +4,10 @@ Decides, per request: the prompt (tools rendered by the model's template, or Str
 prompt), the grammar the engine enforces (a response format, or a forced tool call), which
 tool-call format to parse, and whether reasoning is split out, honouring or refusing (400) a
 request for thinking the model's template cannot give.
+
+A last assistant message is a prefill, as on Anthropic's API and llama.cpp's server: the
+prompt is the conversation before it with the generation prompt, then its text, so the model
+continues that turn instead of answering anew, and the answer holds only the continuation.
 """
 
 from __future__ import annotations
@@ -86,13 +90,28 @@ class ChatRender:
     grammar: str | None
     tool_format: str | None
     thinks: bool
+    prefill: str = ""  # the last assistant message's text, written after the generation prompt
+
+
+def split_prefill(messages: list[dict[str, Any]], thinking_param: str
+                  ) -> tuple[list[dict[str, Any]], str | None]:
+    """(the messages before a prefill, its text), or (messages, None) without one. A prefill
+    is a last assistant message without tool calls; one with reasoning is refused (400)."""
+    last = messages[-1] if messages else None
+    if last is None or last["role"] != "assistant" or last.get("tool_calls"):
+        return messages, None
+    if last.get("reasoning_content"):
+        raise bad_request("the last assistant message is continued (a prefill) and cannot hold "
+                          "reasoning; send its text only", param=thinking_param)
+    return messages[:-1], last.get("content") or ""
 
 
 def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     """The template's input for one chat request (see the module doc), refusing (400) what
     the model's template cannot give; /apply-template shows the same prompt."""
-    messages, tools, output_grammar = inputs.messages, inputs.tools, inputs.output_grammar
+    tools, output_grammar = inputs.tools, inputs.output_grammar
     thinking, thinking_param = inputs.thinking, inputs.thinking_param
+    messages, prefill = split_prefill(inputs.messages, thinking_param)
     source = assets.chat_template
     fmt = detect_format(source)
     forced = tools.forced_tools
@@ -115,11 +134,23 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     elif thinking is False and thinks:
         raise bad_request(f"'{thinking_param}' turns thinking off, but this model's template "
                           "always thinks", param=thinking_param)
+    if prefill and grammar is not None:
+        raise bad_request("a last assistant message (a prefill to continue) cannot be combined "
+                          "with constrained output (a JSON schema, grammar or forced tool "
+                          "call): the grammar starts at the answer's first token; send one "
+                          "of them", param="messages")
     if grammar is not None and thinks:
         if thinking is True or not can_switch:
             raise bad_request("constrained output (a JSON schema, grammar or forced tool call) "
                               "cannot be combined with thinking; turn thinking off",
                               param=thinking_param)
+        kwargs["enable_thinking"] = False
+    if prefill and thinks:
+        # The prefill would land inside an open think block, or before one the model opens.
+        if thinking is True or not can_switch:
+            raise bad_request("a last assistant message (a prefill to continue) cannot be "
+                              "combined with thinking; turn thinking off or end the messages "
+                              "with a user turn", param=thinking_param)
         kwargs["enable_thinking"] = False
     thinks = thinks and kwargs.get("enable_thinking") is not False
     rendered = messages
@@ -128,14 +159,15 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
             kwargs["tools"] = [t.as_openai() for t in tools.tools]
     else:
         rendered = hermes_messages(messages, tools.tools)
-    return ChatRender(rendered, kwargs, grammar, fmt if tools.is_active else None, thinks)
+    return ChatRender(rendered, kwargs, grammar, fmt if tools.is_active else None, thinks,
+                      prefill or "")
 
 
 async def plan_chat(app: web.Application, assets: Any, inputs: ChatInputs) -> ChatPlan:
     """The prompt and output handling of one chat request (render_chat's); templates render
     on the app's CPU pool, off the event loop."""
     render = render_chat(assets, inputs)
-    text, prompt_ids = await render_chat_prompt(app, assets, render.messages,
+    text, prompt_ids = await render_chat_prompt(app, assets, render.messages, render.prefill,
                                                 **render.template_kwargs)
     starts_thinking = render.thinks and prompt_opens_thinking(text)
     return ChatPlan(prompt_ids, render.grammar, render.tool_format, inputs.tools,

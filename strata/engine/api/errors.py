@@ -42,13 +42,15 @@ class ApiError(Exception):
     """A request failure with its HTTP status, a short machine code and a one-line message."""
 
     def __init__(self, status: int, message: str, code: str = "invalid_request",
-                 *, param: str | None = None, retry_after_s: float | None = None):
+                 *, param: str | None = None, retry_after_s: float | None = None,
+                 details: dict[str, Any] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.retry_after_s = retry_after_s
+        self.details = details  # Anthropic's error.details, which its SDK branches on
 
 
 def bad_request(message: str, *, param: str | None = None,
@@ -89,7 +91,10 @@ def error_body(error: ApiError, *, anthropic: bool, ollama: bool = False) -> dic
         return {"error": message}
     if anthropic:
         kind = _ANTHROPIC_TYPES.get(error.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": message}}
+        body: dict[str, Any] = {"type": kind, "message": message}
+        if error.details is not None:
+            body["details"] = error.details
+        return {"type": "error", "error": body}
     kind = _OPENAI_TYPES.get(error.status, "server_error")
     return {"error": {"message": message, "type": kind, "param": error.param,
                       "code": error.code}}

@@ -30,15 +30,10 @@ def now() -> str:
 
 
 class Clock:
-    """Ollama's durations (ns): prompt evaluation until the first piece, then evaluation."""
+    """When the request arrived, for Ollama's total_duration; the parts come from the engine."""
 
     def __init__(self) -> None:
         self.started_ns = time.monotonic_ns()
-        self.first_ns: int | None = None
-
-    def tick(self) -> None:
-        if self.first_ns is None:
-            self.first_ns = time.monotonic_ns()
 
 
 def _calls(calls: list[dict[str, str]], first_index: int = 0) -> list[dict[str, Any]]:
@@ -60,17 +55,27 @@ def _piece(field: str, text: str = "", thinking: str = "",
     return {"response": text, **({"thinking": thinking} if thinking else {})}
 
 
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
 def _final(output: ChatOutput, clock: Clock) -> dict[str, Any]:
-    end_ns = time.monotonic_ns()
-    first_ns = clock.first_ns or end_ns
+    """The last line's counts and durations (ns): load and prompt evaluation (until the
+    first token) and evaluation (first token to last) as the engine timed them, the total
+    from the request's arrival. Clients divide the counts by these."""
     generation = output.generation
     usage = generation.usage
+    total_ns = time.monotonic_ns() - clock.started_ns
+    if usage is None:  # ended without a count (never reached: deltas() raises first)
+        return {"done": True, "done_reason": generation.finish_reason or "stop",
+                "total_duration": total_ns}
+    # One token has no decode interval; 1 ns keeps eval_count / eval_duration finite.
+    eval_ns = max(_ns(usage.decode_s), 1 if usage.completion_tokens else 0)
     return {"done": True, "done_reason": generation.finish_reason or "stop",
-            "total_duration": end_ns - clock.started_ns, "load_duration": 0,
-            "prompt_eval_count": usage.prompt_tokens if usage else 0,
-            "prompt_eval_duration": first_ns - clock.started_ns,
-            "eval_count": usage.completion_tokens if usage else 0,
-            "eval_duration": end_ns - first_ns}
+            "total_duration": total_ns, "load_duration": _ns(usage.load_s),
+            "prompt_eval_count": usage.prompt_tokens,
+            "prompt_eval_duration": _ns(usage.prefill_s),
+            "eval_count": usage.completion_tokens, "eval_duration": eval_ns}
 
 
 async def answer_whole(output: ChatOutput, parsed: OllamaRequest, field: str,
@@ -110,7 +115,6 @@ async def answer_stream(request: web.Request, output: ChatOutput, parsed: Ollama
     try:
         async with contextlib.aclosing(output.pieces()) as pieces:
             async for piece in pieces:
-                clock.tick()
                 if isinstance(piece, CallArguments) and call is not None:
                     call["arguments"] += piece.text
                     continue

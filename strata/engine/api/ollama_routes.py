@@ -176,6 +176,7 @@ def _capabilities(template: str | None) -> list[str]:
 
 async def chat(request: web.Request) -> web.StreamResponse:
     """POST /api/chat: tools, tool results and `think` included."""
+    clock = Clock()
     service = service_of(request)
     body = await read_json_object(request)
     parsed = parse_ollama(body)
@@ -185,11 +186,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
     assets = text_assets(service)
     plan = await plan_chat(request.app, assets, ChatInputs(
         messages, tools, parsed.grammar, parse_ollama_think(body), thinking_param="think"))
-    return await _answer(request, parsed, plan, assets, "message")
+    return await _answer(request, parsed, plan, assets, "message", clock)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     """POST /api/generate; an empty prompt only loads (or, with keep_alive 0, unloads)."""
+    clock = Clock()
     service = service_of(request)
     body = await read_json_object(request)
     parsed = parse_ollama(body, refuse=("tools", "suffix", "template", "context"))
@@ -215,7 +217,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         plan = await plan_chat(request.app, assets, ChatInputs(
             [*messages, {"role": "user", "content": prompt}], output_grammar=parsed.grammar,
             thinking=think, thinking_param="think"))
-    return await _answer(request, parsed, plan, assets, "response")
+    return await _answer(request, parsed, plan, assets, "response", clock)
 
 
 async def _load_or_unload(service: Any, parsed: OllamaRequest) -> web.Response:
@@ -247,14 +249,13 @@ async def after_answer(service: Any, keep_alive_s: float | None) -> None:
 
 
 async def _answer(request: web.Request, parsed: OllamaRequest, plan: ChatPlan,
-                  assets: Any, field: str) -> web.StreamResponse:
+                  assets: Any, field: str, clock: Clock) -> web.StreamResponse:
     service = service_of(request)
     if parsed.context_tokens is not None:
         check_fits_context(len(plan.prompt_ids), parsed.params.max_tokens,
                            min(parsed.context_tokens, service.context_tokens or
                                parsed.context_tokens))
     apply_keep_alive(service, parsed.keep_alive_s)
-    clock = Clock()
     generation = await start_text_generation(service, assets, plan.prompt_ids, parsed.params,
                                              plan.grammar)
     output = ChatOutput(generation, plan, "call_")

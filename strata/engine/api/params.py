@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.engine.api import validation as v
-from strata.engine.api.errors import bad_request
+from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.request_fields import (
     ANTHROPIC_COUNT_TOKENS_FIELDS,
     ANTHROPIC_MESSAGES_FIELDS,
@@ -146,6 +146,12 @@ def parse_anthropic_system(body: dict) -> str | None:
 def parse_anthropic(body: dict, *, needs_max_tokens: bool = True) -> GenerationParams:
     """Sampling and streaming fields of /v1/messages (Anthropic's temperature is 0..1);
     needs_max_tokens=False is count_tokens, which takes only the prompt's fields."""
+    if "thread" in body:
+        # The SDK's tool_runner sends `thread` and resends the whole history without it on
+        # exactly this error code (anthropic/lib/threads/_thread_state.py).
+        raise ApiError(400, "'thread' (message threads) is not supported; send the whole "
+                       "conversation in 'messages' without it", "thread_unsupported_request",
+                       param="thread", details={"error_code": "thread_unsupported_request"})
     refuse_unknown_fields(body, ANTHROPIC_MESSAGES_FIELDS if needs_max_tokens
                           else ANTHROPIC_COUNT_TOKENS_FIELDS,
                           "/v1/messages" if needs_max_tokens else "/v1/messages/count_tokens")

@@ -25,7 +25,7 @@ async def apply_template(request: web.Request) -> web.Response:
     render = render_chat(assets, inputs)
     try:  # templates from model files can be slow: keep /health answering meanwhile
         prompt = await run_cpu(request.app, assets.apply_chat_template, render.messages,
-                               **render.template_kwargs)
+                               **render.template_kwargs) + render.prefill
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None

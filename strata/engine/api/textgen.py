@@ -187,8 +187,8 @@ class TextGeneration:
     def _take_engine_usage(self, usage: Usage) -> None:
         """A stop string ended the text: the engine's prompt and cached counts, ours for the
         completion (tokens past the stop string were never shown)."""
-        self.usage = Usage(usage.prompt_tokens, self._num_completion_tokens,
-                           usage.cached_tokens, "stop")
+        self.usage = dataclasses.replace(usage, completion_tokens=self._num_completion_tokens,
+                                         finish_reason="stop")
 
     def _finish(self, usage: Usage) -> str:
         text = self._push(self._detokenizer.flush(), is_last=True)
@@ -241,13 +241,14 @@ class TextGeneration:
 
 
 async def render_chat_prompt(app: web.Application, assets: TextAssets,
-                             messages: list[dict[str, Any]], **extra: Any
+                             messages: list[dict[str, Any]], prefill: str = "", **extra: Any
                              ) -> tuple[str, list[int]]:
     """(text, token ids) of the model's chat template applied to messages, off the event
-    loop, rendered once; template failures are the client's 400. extra (tools,
+    loop, rendered once; template failures are the client's 400. prefill: assistant text
+    written after the generation prompt, for the model to continue. extra (tools,
     enable_thinking, ...) reaches the template."""
     def render_and_encode() -> tuple[str, list[int]]:
-        text = assets.apply_chat_template(messages, **extra)
+        text = assets.apply_chat_template(messages, **extra) + prefill
         return text, assets.encode_rendered(text)
 
     try:

@@ -6,6 +6,7 @@ use a fake engine behind the same Supervisor, so the routes never know which one
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,6 +26,23 @@ class GenerationRequest:
     # Called with the engine's final event once the generation is over, also when the caller
     # closed the iterator early (a stop string): that Done carries the real usage.
     on_final: Callable[[Done | Error | None], None] | None = field(default=None, compare=False)
+
+
+def with_load_time(request: GenerationRequest, load_s: float
+                   ) -> tuple[GenerationRequest, Callable[[Any], Any]]:
+    """The request whose final event, and a function that makes any event, count load_s more
+    in Usage.load_s: the time spent bringing the model up before the generation could start."""
+    def add(event: Any) -> Any:
+        if not isinstance(event, Done) or load_s <= 0:
+            return event
+        usage = event.usage
+        return dataclasses.replace(event, usage=dataclasses.replace(
+            usage, load_s=usage.load_s + load_s))
+
+    on_final = request.on_final
+    if on_final is not None:
+        request = dataclasses.replace(request, on_final=lambda final: on_final(add(final)))
+    return request, add
 
 
 class ServiceFacade(Protocol):

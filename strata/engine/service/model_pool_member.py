@@ -10,7 +10,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
 from strata.engine import protocol as p
-from strata.engine.service.facade import GenerationRequest, ServiceError
+from strata.engine.service.facade import GenerationRequest, ServiceError, with_load_time
 from strata.engine.service.levels import UP_ACTIONS, State
 from strata.engine.service.model_pool_names import ModelSpec
 from strata.engine.service.model_pool_size import MemberSize, observed_size
@@ -110,10 +110,12 @@ class PooledModel:
         """Service.generate, after the pool made room and brought the model up."""
         self.num_requests += 1
         try:
+            began_s = time.monotonic()
             await self.pool.bring_up(self)
+            request, with_load = with_load_time(request, time.monotonic() - began_s)
             async with aclosing(self.service.generate(request)) as events:
                 async for event in events:
-                    yield event
+                    yield with_load(event)
         finally:
             self._used()
 

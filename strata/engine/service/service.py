@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
@@ -30,7 +31,7 @@ from strata.engine.gguf_file import model_path_problem
 from strata.engine.protocol import Done, Error, Tokens
 from strata.engine.service.before_load import DEFAULT_TIMEOUT_S, BeforeLoadHook
 from strata.engine.service.engine_handle import EngineCommandError
-from strata.engine.service.facade import GenerationRequest, ServiceError
+from strata.engine.service.facade import GenerationRequest, ServiceError, with_load_time
 from strata.engine.service.levels import DOWN_ACTIONS, UP_ACTIONS, Action, State
 from strata.engine.service.lifecycle import IDLE_TIMERS, Lifecycle, slot_row
 from strata.engine.service.lifecycle_return import engine_level_error
@@ -291,11 +292,13 @@ class Service:
         self._check_request(request)
         request_id = f"req-{uuid.uuid4().hex[:16]}"
         clock = self.metrics.start_request()  # from arrival: the queue wait counts
+        began_s = time.monotonic()
         try:
             await lifecycle.begin_request(request_id)  # load / wake / refill first
         except ServiceError:
             self.metrics.num_rejected += 1
             raise
+        request, with_load = with_load_time(request, time.monotonic() - began_s)
         try:
             def on_end(final: Done | Error | None) -> None:
                 self.metrics.record(final, clock)
@@ -309,7 +312,7 @@ class Service:
                 async for event in events:
                     if isinstance(event, Tokens):
                         clock.tokens(len(event.token_ids))
-                    yield event
+                    yield with_load(event)
         finally:
             await lifecycle.end_request(request_id)
 

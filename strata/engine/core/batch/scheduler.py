@@ -15,6 +15,7 @@ meanwhile waits for at most that one chunk.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -122,6 +123,7 @@ class BatchScheduler:
             wanted = frozenset(s.requested_slot for s in self.waiting
                                if s.requested_slot is not None)
             slot = choose_slot(seq.prompt, idle, avoid=wanted)
+        seq.started_s = time.monotonic()  # a restored snapshot counts as prompt evaluation
         cache = self.checkout(slot)  # restores a snapshot; fails with nothing held
         seq.slot, seq.cache = slot, cache
         # Always recompute at least the last prompt token: its logits give the first token.

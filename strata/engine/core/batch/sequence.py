@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,11 @@ class Sequence:
     generated: list[int] = field(default_factory=list)
     pending: int | None = None
     finish_reason: str = "cancelled"
+    # time.monotonic() when it was added, got its slot, made its first and its last token.
+    added_s: float = field(default_factory=time.monotonic)
+    started_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
 
     @property
     def num_prefilled(self) -> int:
@@ -62,6 +68,9 @@ class Sequence:
         """Record a sampled token; True when it ends the sequence (stop id, grammar, length)."""
         self.generated.append(token)
         self.pending = token
+        self.last_token_s = time.monotonic()
+        if self.first_token_s is None:
+            self.first_token_s = self.last_token_s
         if token in self.stop_ids or (self.constraint is not None and self.constraint.is_stopped):
             self.finish_reason = "stop"  # a complete grammar that allows no end token stops too
             return True
@@ -71,6 +80,13 @@ class Sequence:
         return False
 
     def usage(self) -> Usage:
+        """Token counts and the engine's timings so far."""
+        now_s = time.monotonic()
+        started_s = self.started_s if self.started_s is not None else now_s
+        first_s = self.first_token_s if self.first_token_s is not None else now_s
+        last_s = self.last_token_s if self.last_token_s is not None else first_s
         return Usage(prompt_tokens=len(self.prompt), completion_tokens=len(self.generated),
-                     cached_tokens=self.num_cached, finish_reason=self.finish_reason)
+                     cached_tokens=self.num_cached, finish_reason=self.finish_reason,
+                     queued_s=started_s - self.added_s, prefill_s=first_s - started_s,
+                     decode_s=last_s - first_s)
 
