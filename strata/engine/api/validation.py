@@ -16,6 +16,11 @@ from strata.engine.protocol import slot_problem
 _MAX_SLOT_DIGITS = 6  # more digits than any slot count needs; int() of 4,301 digits raises
 MAX_STOP_STRINGS = 4
 _SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+# The bound of an integer field that states none: past any count of tokens, slots or MiB,
+# and what the engine's int32/int64 tensors and the protocol carry without overflow.
+MAX_INT_FIELD = 2**31 - 1
+# Token ids and counts written as decimal strings: int() of 4,301 digits raises ValueError.
+MAX_ID_DIGITS = 10
 
 
 _INLINE_PARSE_BYTES = 64 * 1024  # smaller bodies parse on the loop: quicker than a hand-off
@@ -72,15 +77,26 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     most MAX_JSON_DEPTH deep, else a one-line 400."""
     try:
         body = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
-        if isinstance(exc, RecursionError):
-            raise _too_deep() from None
-        raise bad_request(f"request body is not valid JSON ({_first_line(exc)}); "
-                          "send a JSON object") from None
+    except RecursionError:
+        raise _too_deep() from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int past 4,300 digits
+        if not isinstance(exc, json.JSONDecodeError) and "digits" in str(exc):
+            # Parse again with such integers as infinity, so the check below names the field.
+            body = json.loads(raw, parse_int=_bounded_int)
+        else:
+            raise bad_request(f"request body is not valid JSON ({_first_line(exc)}); "
+                              "send a JSON object") from None
     if not isinstance(body, dict):
         raise bad_request(f"request body must be a JSON object, not {_json_type(body)}")
     check_json_values(body)
     return body
+
+
+def _bounded_int(text: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:  # past sys.get_int_max_str_digits()
+        return math.inf
 
 
 def _too_deep() -> ApiError:
@@ -148,18 +164,20 @@ def get_int(body: dict, name: str, default: None = None, *, minimum: int | None 
             maximum: int | None = None) -> int | None: ...
 def get_int(body: dict, name: str, default: int | None = None, *, minimum: int | None = None,
             maximum: int | None = None) -> int | None:
-    """An optional integer field (JSON null means absent); booleans are refused."""
+    """An optional integer field (JSON null means absent); booleans are refused. Without a
+    maximum it is MAX_INT_FIELD: every number a request carries is bounded."""
     value = body.get(name)
     if value is None:
         return default
+    maximum = MAX_INT_FIELD if maximum is None else maximum
     if isinstance(value, float) and value.is_integer() and math.isfinite(value):
         value = int(value)  # some clients send 256.0
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'{name}' must be an integer, got {_json_type(value)}", param=name)
     if minimum is not None and value < minimum:
         raise bad_request(f"'{name}' is {value}; it must be at least {minimum}", param=name)
-    if maximum is not None and value > maximum:
-        raise bad_request(f"'{name}' is {value}; it must be at most {maximum}", param=name)
+    if value > maximum:
+        raise bad_request(f"'{name}' is {value:.6g}; it must be at most {maximum}", param=name)
     return value
 
 
@@ -177,6 +195,14 @@ def get_float(body: dict, name: str, default: float, *, minimum: float, maximum:
         raise bad_request(f"'{name}' is {value}; it must be in {bracket}{minimum}, {maximum}]",
                           param=name)
     return float(value)
+
+
+def parse_id_string(text: str) -> int | None:
+    """A non-negative integer written in ASCII digits ("50256"), else None (int() alone takes
+    '²', full-width digits, '+5' and raises on 4,301 digits)."""
+    if text.isascii() and text.isdigit() and len(text) <= MAX_ID_DIGITS:
+        return int(text)
+    return None
 
 
 def get_bool(body: dict, name: str, default: bool = False) -> bool:
