@@ -178,7 +178,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """POST /api/chat: tools, tool results and `think` included."""
     service = service_of(request)
     body = await read_json_object(request)
-    parsed = parse_ollama(body)
+    parsed = await run_cpu(request.app, parse_ollama, body)  # `format` compiles: off the loop
     check_model(request, service, parsed.model)
     tools = parse_openai_tools({"tools": body.get("tools")})
     messages = parse_ollama_messages(body)
@@ -192,7 +192,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     """POST /api/generate; an empty prompt only loads (or, with keep_alive 0, unloads)."""
     service = service_of(request)
     body = await read_json_object(request)
-    parsed = parse_ollama(body, refuse=("tools", "suffix", "template", "context"))
+    parsed = await run_cpu(request.app, parse_ollama, body,
+                           refuse=("tools", "suffix", "template", "context"))
     check_model(request, service, parsed.model)
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):
