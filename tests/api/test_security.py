@@ -12,6 +12,10 @@ USER = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     ("[::1]:8080", 200), ("LOCALHOST.", 200), ("evil.example", 403),
     ("evil.example:8080", 403), ("127.0.0.1.nip.io", 403), ("localhost:notaport", 403),
     ("", 403),
+    # Zone ids and junk around a loopback name (issue 51 item 8): not that name.
+    ("localhost%anything", 403), ("localhost%25x:8080", 403), ("[::1%lo]:8080", 403),
+    ("[::1%25lo]", 403), ("localhost:\u0668\u0660", 403), ("127.0.0.1:+80", 403),
+    ("localhost :80", 403), ("local host", 403),
 ])
 async def test_host_header_must_be_loopback(client, host, status):
     resp = await client.get("/v1/models", headers={"Host": host})

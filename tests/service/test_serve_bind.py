@@ -95,6 +95,30 @@ async def test_loopback_serve_with_a_key_gives_no_warning(tiny_model_dir, caplog
     assert urls and "without an API key" not in caplog.text
 
 
+async def test_an_ipv6_wildcard_bind_announces_an_address_that_answers(tiny_model_dir, caplog):
+    # '::' listens on IPv6 only (IPV6_V6ONLY): 127.0.0.1 would be refused (issue 51 item 7).
+    settings = ServeSettings(model=str(tiny_model_dir), host="::", port=0, api_key="k",
+                             allowed_origins=("*",))
+    stop = asyncio.Event()
+    urls: list[str] = []
+    caplog.set_level(logging.INFO)
+    server = asyncio.create_task(serve(settings, service=_service(tiny_model_dir, settings),
+                                       stop_event=stop, on_listening=urls.append))
+    for _ in range(400):
+        if urls or server.done():
+            break
+        await asyncio.sleep(0.05)
+    try:
+        assert urls and urls[0].startswith("http://[::1]:"), urls
+        async with aiohttp.ClientSession() as session, \
+                session.get(urls[0].removesuffix("/v1") + "/health") as response:
+            assert response.status == 200
+        assert "allowed-origins has '*'" in caplog.text
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(server, 20) == 0
+
+
 async def test_the_tray_binds_like_serve(tiny_model_dir):
     settings = ServeSettings(model=str(tiny_model_dir), host="0.0.0.0", port=0,
                              allowed_hosts=("host.docker.internal",))

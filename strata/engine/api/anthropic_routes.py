@@ -42,7 +42,7 @@ async def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
     if system:
         messages = [{"role": "system", "content": system}, *messages]
     plan = await plan_chat(request.app, assets, ChatInputs(
-        messages, tools, anthropic_output_grammar(body),
+        messages, tools, await run_cpu(request.app, anthropic_output_grammar, body),
         anthropic_thinking(body, params.max_tokens), thinking_param="thinking"))
     return assets, params, plan
 

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from strata.engine.api.chat_messages import parse_openai_messages
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
 from strata.engine.api.output_format import openai_output_grammar, openai_thinking
 from strata.engine.api.textgen import render_chat_prompt, text_assets
@@ -165,8 +166,8 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
 
 async def plan_chat(app: web.Application, assets: Any, inputs: ChatInputs) -> ChatPlan:
     """The prompt and output handling of one chat request (render_chat's); templates render
-    on the app's CPU pool, off the event loop."""
-    render = render_chat(assets, inputs)
+    and grammars compile on the app's CPU pool, off the event loop."""
+    render = await run_cpu(app, render_chat, assets, inputs)  # a forced call's grammar
     text, prompt_ids = await render_chat_prompt(app, assets, render.messages, render.prefill,
                                                 **render.template_kwargs)
     starts_thinking = render.thinks and prompt_opens_thinking(text)

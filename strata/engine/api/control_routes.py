@@ -8,7 +8,7 @@ from aiohttp import web
 
 from strata.engine.api.errors import bad_request
 from strata.engine.api.model_routing import service_of
-from strata.engine.api.validation import parse_slot, read_json_object
+from strata.engine.api.validation import get_int, parse_slot, read_json_object
 from strata.engine.protocol import filename_problem
 
 # Route path -> the service's action name.
@@ -45,10 +45,10 @@ async def shrink_experts(request: web.Request) -> web.Response:
     if unknown:
         raise bad_request(f"unknown field(s) {', '.join(unknown)}; /cache/shrink takes "
                           "keep_free_mib (and model)", param=unknown[0])
-    keep_free_mib = body.get("keep_free_mib")
-    if isinstance(keep_free_mib, bool) or not isinstance(keep_free_mib, int) or keep_free_mib < 0:
-        raise bad_request("'keep_free_mib' must be the MiB of VRAM to keep free, an integer "
-                          ">= 0", param="keep_free_mib")
+    keep_free_mib = get_int(body, "keep_free_mib", None, minimum=0)
+    if keep_free_mib is None:
+        raise bad_request("'keep_free_mib' is required: the MiB of VRAM to keep free, an "
+                          "integer >= 0", param="keep_free_mib")
     service = service_of(request)
     return _json(await service.control("shrink_experts", keep_free_mib=keep_free_mib))
 

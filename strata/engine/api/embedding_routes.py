@@ -171,7 +171,7 @@ async def llama_embedding(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     refuse_unknown_fields(body, LLAMA_EMBEDDING_FIELDS, "/embedding")
     name = "content" if body.get("content") is not None else "input"
-    norm = v.get_int(body, "embd_normalize", 2, minimum=-1)
+    norm = v.get_int(body, "embd_normalize", 2, minimum=-1, maximum=64)
     if norm == -1:
         raise bad_request("'embd_normalize' -1 (no normalization) is not supported: Strata's "
                           "vectors are normalized; use 2 (euclidean), 1 or 0",

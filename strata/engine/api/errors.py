@@ -154,6 +154,13 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         error = ApiError(503, "the engine did not answer in time; it is busy or stuck, retry "
                          "shortly", "engine_timeout", retry_after_s=TIMEOUT_RETRY_AFTER_S)
         return error_response(error, **shape)
+    except RecursionError:
+        # The body parser refuses deep nesting (validation.MAX_JSON_DEPTH); this is the net
+        # under it: a request nested past what some later walk can take is still the client's.
+        log.warning("%s %s: the request is nested too deeply", request.method, request.path,
+                    exc_info=True)
+        return error_response(ApiError(400, "the request is nested too deeply; send a "
+                                       "flatter JSON object", "too_deep"), **shape)
     except Exception:
         log.exception("unexpected error in %s %s", request.method, request.path)
         error = ApiError(500, "internal server error; the details are in the server log",

@@ -98,9 +98,13 @@ def _bound_addresses(runner: web.AppRunner) -> tuple[str, ...]:
     return tuple(bound)
 
 
-def _client_host(bind_host: str) -> str:
+def client_host(bind_host: str, bound: Iterable[str]) -> str:
+    """The host a client on this machine uses for a bind: a wildcard bind's loopback in a
+    family it listens on ('::' binds IPv6 only, where 127.0.0.1 is refused), else the bind
+    address itself, bracketed when IPv6."""
     if bind_host in WILDCARD_HOSTS:
-        return "127.0.0.1"
+        has_ipv4 = any(not address.startswith("[") for address in bound)
+        return "127.0.0.1" if has_ipv4 or not bound else "[::1]"
     return f"[{bind_host}]" if ":" in bind_host else bind_host
 
 
@@ -176,11 +180,14 @@ async def start_listening(service: Any, settings: Any, *, port_advice: str = "--
                           ) from None
     bound = _bound_addresses(runner)
     port = int(bound[0].rsplit(":", 1)[1]) if bound else settings.port
-    url = f"http://{_client_host(settings.host)}:{port}/v1"
+    url = f"http://{client_host(settings.host, bound)}:{port}/v1"
     log.info("listening on %s", ", ".join(bound) or f"{settings.host}:{port}")
     if "*" in allowed_hosts:
         log.warning("allowed-hosts has '*': any Host header is accepted, which lets web pages "
                     "reach this server through DNS rebinding")
+    if "*" in settings.allowed_origins:
+        log.warning("allowed-origins has '*': any web page the user opens can call this "
+                    "server and read its answers; name the origins that need it instead")
     if not is_loopback(settings.host) and not settings.api_key:
         log.warning("listening beyond this machine (%s) without an API key: anyone who can "
                     "reach it can use, unload and reconfigure the model; set api-key in the "

@@ -55,10 +55,11 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise bad_request("'logit_bias' entries must be [token id, bias]", param="logit_bias")
         token, amount = pair
-        token = int(token) if isinstance(token, str) and token.isascii() and token.isdigit() \
-            else token
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise bad_request(f"'logit_bias' token {token!r} is not a token id",
+        if isinstance(token, str):
+            token = v.parse_id_string(token)
+        if (isinstance(token, bool) or not isinstance(token, int)
+                or not 0 <= token <= v.MAX_INT_FIELD):
+            raise bad_request(f"'logit_bias' token {token!r:.20} is not a token id",
                               param="logit_bias")
         amount = -100.0 if amount is False else amount
         if isinstance(amount, bool) or not isinstance(amount, (int, float)) \

@@ -9,13 +9,13 @@ API tests' fake) has nothing to choose from: every request gets that service.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
 
 from strata.engine.api.errors import ApiError
 from strata.engine.api.keys import SERVICE_KEY
+from strata.engine.api.validation import optional_json_object
 from strata.engine.service.facade import ServiceFacade
 from strata.engine.service.model_pool import ModelNotFound, ModelPool
 
@@ -40,15 +40,12 @@ def model_pool(app: web.Application) -> ModelPool | None:
 
 async def requested_model(request: web.Request) -> str | None:
     """The model a request names: its JSON body's "model" (Ollama's /api/show also "name"),
-    else ?model=; None when it names none. A body that is not a JSON object names none: the
-    handler reports what is wrong with it."""
+    else ?model=; None when it names none. The body is read through the one body parser
+    (validation.py), so a body that is no JSON object is that parser's 400 here already."""
     name: Any = None
     if request.method == "POST" and request.can_read_body:
-        try:
-            body = json.loads(await request.read() or b"null")
-        except (ValueError, UnicodeDecodeError):
-            body = None
-        if isinstance(body, dict):
+        body = await optional_json_object(request)
+        if body is not None:
             name = body.get("model")
             if name is None and request.path == "/api/show":
                 name = body.get("name")

@@ -7,6 +7,7 @@ names it, so an app never believes a setting took effect when it did not.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,9 @@ OLLAMA_ROLES = ("system", "user", "assistant", "tool")
 SUPPORTED_OPTIONS = frozenset({"num_predict", "temperature", "top_k", "top_p", "min_p", "seed",
                                "stop", "num_ctx", "repeat_penalty", "repeat_last_n",
                                "presence_penalty", "frequency_penalty"})
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+MAX_KEEP_ALIVE_S = 1e9  # about 31 years; "-1" keeps the model loaded for good
+_PLAIN_NUMBER = re.compile(r"\d{1,12}(?:\.\d{1,12})?")
+_DURATION_PART = re.compile(r"(\d{1,12}(?:\.\d{1,12})?)(ns|us|µs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -51,24 +54,32 @@ def _format_grammar(value: object) -> str | None:
 
 
 def parse_keep_alive(value: object) -> float | None:
-    """Ollama's keep_alive: seconds as a number, or a Go duration string ("5m", "1h30m", "-1")."""
+    """Ollama's keep_alive: seconds as a number, or a Go duration string ("5m", "1h30m", "-1");
+    finite and at most MAX_KEEP_ALIVE_S ("NaN" once unloaded the model after every request)."""
     if value is None:
         return None
+    seconds = _keep_alive_s(value)
+    if seconds is None or not math.isfinite(seconds) or seconds > MAX_KEEP_ALIVE_S:
+        raise bad_request(f"'keep_alive' is {value!r:.40}; use seconds (at most "
+                          f"{MAX_KEEP_ALIVE_S:.0e}) or a duration such as '5m', '1h', '0' "
+                          "(unload when done) or '-1' (keep loaded)", param="keep_alive")
+    return seconds
+
+
+def _keep_alive_s(value: object) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        body = text.lstrip("+-")
-        try:
-            return sign * float(body)
-        except ValueError:
-            pass
-        parts = _DURATION_PART.findall(body)
-        if parts and "".join(n + u for n, u in parts) == body:
-            return sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
-    raise bad_request(f"'keep_alive' is {value!r}; use seconds or a duration such as '5m', "
-                      "'1h', '0' (unload when done) or '-1' (keep loaded)", param="keep_alive")
+        return float(value) if abs(value) <= MAX_KEEP_ALIVE_S else math.inf
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    if _PLAIN_NUMBER.fullmatch(body):  # float() alone would take 'nan', 'inf', '1e400'
+        return sign * float(body)
+    parts = _DURATION_PART.findall(body)
+    if parts and "".join(n + u for n, u in parts) == body:
+        return sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
+    return None
 
 
 def _options(body: dict) -> dict:

@@ -179,7 +179,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     clock = Clock()
     service = service_of(request)
     body = await read_json_object(request)
-    parsed = parse_ollama(body)
+    parsed = await run_cpu(request.app, parse_ollama, body)  # `format` compiles: off the loop
     check_model(request, service, parsed.model)
     tools = parse_openai_tools({"tools": body.get("tools")})
     messages = parse_ollama_messages(body)
@@ -194,7 +194,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     clock = Clock()
     service = service_of(request)
     body = await read_json_object(request)
-    parsed = parse_ollama(body, refuse=("tools", "suffix", "template", "context"))
+    parsed = await run_cpu(request.app, parse_ollama, body,
+                           refuse=("tools", "suffix", "template", "context"))
     check_model(request, service, parsed.model)
     prompt = body.get("prompt", "")
     if not isinstance(prompt, str):

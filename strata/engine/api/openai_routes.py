@@ -13,6 +13,7 @@ from aiohttp import web
 from strata import __version__ as STRATA_VERSION
 from strata.engine.api import sse
 from strata.engine.api.chat_plan import openai_chat_inputs, plan_chat
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request, error_body
 from strata.engine.api.model_list import openai_model_by_name, openai_models
 from strata.engine.api.model_routing import apply_ttl, model_pool, service_of
@@ -54,7 +55,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     params = parse_openai(body)
     apply_ttl(service, body)
-    inputs, assets = openai_chat_inputs(body, service)
+    # Off the loop: a large schema compiles for a second (api/grammar.py).
+    inputs, assets = await run_cpu(request.app, openai_chat_inputs, body, service)
     plan = await plan_chat(request.app, assets, inputs)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": service.model_id, "system_fingerprint": SYSTEM_FINGERPRINT}
@@ -184,7 +186,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prompt_ids = await prompt_token_ids(request.app, assets, body.get("prompt"))
     return await _respond(request, assets, prompt_ids, params, "cmpl", "text_completion",
                           "text_completion", _completion_choice, _completion_choice,
-                          completion_logprobs, openai_output_grammar(body))
+                          completion_logprobs,
+                          await run_cpu(request.app, openai_output_grammar, body))
 
 
 def _model_object(request: web.Request) -> dict[str, Any]:

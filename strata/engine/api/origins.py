@@ -7,6 +7,9 @@ here are a few lines and are the same for every route.
 
 from __future__ import annotations
 
+import ipaddress
+import re
+
 from yarl import URL
 
 # Origins a local server lets call it by default, as Ollama does: pages served from this
@@ -18,6 +21,9 @@ DEFAULT_ALLOWED_ORIGINS = (
     "vscode-webview://*",
 )
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# A DNS name or IPv4 address as a Host header carries it (RFC 3986 reg-name, the characters
+# names use): nothing else, so 'localhost%00evil' cannot pass as localhost.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.-]{1,253}")
 
 
 def split_host_header(value: str) -> tuple[str, int | None]:
@@ -37,7 +43,15 @@ def split_host_header(value: str) -> tuple[str, int | None]:
         name, port_text = value, ""
     if not name:
         raise ValueError("empty Host")
-    port = int(port_text) if port_text else None  # int() raises ValueError on junk
+    if value.startswith("["):
+        ipaddress.IPv6Address(name)  # ValueError on junk; a zone id ('%eth0') is refused
+        if "%" in name:
+            raise ValueError(f"Host {value!r} has an IPv6 zone id")
+    elif not _HOST_NAME.fullmatch(name):
+        raise ValueError(f"malformed Host {value!r}")
+    if port_text and not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5):
+        raise ValueError(f"malformed port in Host {value!r}")
+    port = int(port_text) if port_text else None
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"port {port} out of range")
     return name.lower().rstrip("."), port

@@ -11,6 +11,7 @@ from typing import Any
 
 from strata.engine.api.errors import bad_request
 from strata.engine.api.grammar import gbnf_grammar, json_object_grammar, json_schema_grammar
+from strata.engine.api.validation import MAX_INT_FIELD
 
 
 def _only_one(body: dict, names: tuple[str, ...]) -> None:
@@ -95,7 +96,8 @@ def anthropic_thinking(body: dict, max_tokens: int | None) -> bool | None:
         raise bad_request("'thinking' must have type 'enabled', 'disabled' or 'adaptive'",
                           param="thinking")
     budget = thinking.get("budget_tokens")
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1024:
+    if (isinstance(budget, bool) or not isinstance(budget, int)
+            or not 1024 <= budget <= MAX_INT_FIELD):
         raise bad_request("'thinking.budget_tokens' must be an integer of at least 1024",
                           param="thinking")
     if max_tokens is not None and budget >= max_tokens:

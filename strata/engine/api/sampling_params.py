@@ -60,13 +60,15 @@ def parse_logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
                           f"{MAX_LOGIT_BIAS_ENTRIES} are allowed", param="logit_bias")
     bias = []
     for key, amount in value.items():
-        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
-            raise bad_request(f"'logit_bias' key {key!r} is not a token id", param="logit_bias")
+        token_id = v.parse_id_string(key)
+        if token_id is None:
+            raise bad_request(f"'logit_bias' key {key[:20]!r} is not a token id",
+                              param="logit_bias")
         if (isinstance(amount, bool) or not isinstance(amount, (int, float))
                 or not math.isfinite(amount) or not -100 <= amount <= 100):
             raise bad_request(f"'logit_bias' value for token {key} must be a number in "
                               "-100..100", param="logit_bias")
-        bias.append((int(key), float(amount)))
+        bias.append((token_id, float(amount)))
     return tuple(bias)
 
 

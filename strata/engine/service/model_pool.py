@@ -201,14 +201,16 @@ class ModelPool:
     async def resolve(self, name: str | None, *, strict: bool = False) -> PooledModel:
         """The model `name` means (None: the default), its Service started (tokenizer read)
         but not loaded: the first request loads it. An unknown name rescans the directory
-        once, then gets the default model when --model-fallback is "default" (unless strict),
-        else raises ModelNotFound."""
+        once, then gets the default model when it is the only model (as llama.cpp's server
+        answers any name: apps hard-code gpt-4o-mini or claude-*) or --model-fallback is
+        "default" (unless strict), else raises ModelNotFound."""
         spec = self.find(name)
         if spec is None and await asyncio.to_thread(self._library_changed):
             await self.rescan()
             spec = self.find(name)
         if spec is None:
-            if self.settings.model_fallback == "default" and not strict:
+            is_only_model = self._index is not None and self._index.has_one_model
+            if (is_only_model or self.settings.model_fallback == "default") and not strict:
                 return self.default
             raise ModelNotFound(str(name), self._index.names if self._index else [])
         return await self._member(spec)

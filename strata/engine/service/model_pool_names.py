@@ -108,6 +108,12 @@ class ModelIndex:
         return None
 
     @property
+    def has_one_model(self) -> bool:
+        """Whether the default is the only model on disk: the embedded default that the
+        library lists before its first download is an offer, not a second model."""
+        return sum(s.is_default or s.entry.is_downloaded for s in self.specs) == 1
+
+    @property
     def names(self) -> list[str]:
         return [s.name for s in self.specs]
 

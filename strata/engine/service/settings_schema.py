@@ -124,8 +124,9 @@ class ServeSettings:
         "requests may name (unset: STRATA_HOME/models, where `strata pull` puts them)",
         goes=Goes.SERVICE, env="STRATA_MODELS_DIR", metavar="DIR", label="Models directory")
     model_fallback: str = setting(
-        "off", Choice(MODEL_FALLBACKS), "what a request naming an unknown model gets: off "
-        "(404), default (the default model answers; for apps with a fixed model name)",
+        "off", Choice(MODEL_FALLBACKS), "what a request naming an unknown model gets when "
+        "there are several models (with one, it always answers): off (404), default (the "
+        "default model answers; for apps with a fixed model name)",
         goes=Goes.SERVICE)
     host: str = setting("127.0.0.1", HostAddress(), "address to bind", goes=Goes.API)
     port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)",
