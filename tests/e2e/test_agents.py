@@ -86,7 +86,7 @@ def test_named_tool_choice_streams_a_valid_call(oai) -> None:
                 assert delta.id.startswith("call_")
             pieces.append(delta.function.arguments or "")
     assert names == ["get_time"] and finish == "tool_calls"
-    assert len([p for p in pieces if p]) > 1  # the arguments came in pieces
+    assert len([p for p in pieces if p]) == 1  # sent whole, once they are complete JSON
     _check_call("get_time", "".join(pieces))
 
 
