@@ -85,7 +85,9 @@ async def test_a_failure_mid_stream_ends_with_error_and_failed(oai, service):
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "call_id"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema"}}}, "text.format"),
+    ({"text": {"verbosity": "high"}}, "text.verbosity"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"previous_response_id": "resp_missing"}, "previous_response_id"),
     ({"frequency_penalty": 1}, "frequency_penalty"),
@@ -96,3 +98,28 @@ async def test_what_is_not_honoured_is_a_400_naming_it(oai, service, extra, fiel
         await oai.responses.create(model="m", input="hi", extra_body=extra)
     assert field in str(raised.value)
     assert not service.requests
+
+
+async def test_text_format_json_schema_is_enforced_and_parsed_by_the_sdk(oai, service):
+    """client.responses.parse (and .stream) with a pydantic text_format: the schema goes to
+    the engine as a grammar, the format is echoed, the SDK parses the output (issue 51 item 9)."""
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        answer: int
+
+    service.reply_text = '{"answer": 42}'
+    response = await oai.responses.parse(model="m", input="The answer?", text_format=Answer)
+    assert response.output_parsed == Answer(answer=42)
+    assert response.text.format.type == "json_schema" and response.text.format.name == "Answer"
+    grammar = service.requests[-1].sampling.grammar
+    assert grammar is not None and '"answer"' in grammar
+    async with oai.responses.stream(model="m", input="The answer?", text_format=Answer) as stream:
+        deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert "".join(deltas) == service.reply_text and final.output_parsed == Answer(answer=42)
+    assert service.requests[-1].sampling.grammar == grammar
+    plain = await oai.responses.create(model="m", input="hi",
+                                       text={"format": {"type": "json_object"}})
+    assert plain.text.format.type == "json_object"
+    assert service.requests[-1].sampling.grammar is not None

@@ -86,7 +86,7 @@ def test_named_tool_choice_streams_a_valid_call(oai) -> None:
                 assert delta.id.startswith("call_")
             pieces.append(delta.function.arguments or "")
     assert names == ["get_time"] and finish == "tool_calls"
-    assert len([p for p in pieces if p]) > 1  # the arguments came in pieces
+    assert len([p for p in pieces if p]) == 1  # sent whole, once they are complete JSON
     _check_call("get_time", "".join(pieces))
 
 
@@ -247,3 +247,86 @@ def test_responses_named_tool_choice_streams_a_valid_call(oai) -> None:
     assert done.arguments == deltas
     _check_call("get_time", done.arguments)
     assert events[-1].type == "response.completed"
+
+
+class Person:
+    """PERSON as a pydantic model (built lazily: pydantic is imported by the SDK anyway)."""
+
+    @staticmethod
+    def model():
+        from pydantic import BaseModel, Field
+
+        class PersonModel(BaseModel):
+            name: str = Field(min_length=1, max_length=16)
+            age: int = Field(ge=0, le=120)
+
+        return PersonModel
+
+
+def test_responses_parse_and_stream_with_a_pydantic_model(oai) -> None:
+    """client.responses.parse / .stream with text_format (issue 51 item 9)."""
+    model = Person.model()
+    ask = {"model": "default", "input": "Invent a person.", "max_output_tokens": 60,
+           "temperature": 0, "text_format": model}
+    parsed = oai.responses.parse(**ask)
+    assert parsed.status == "completed"
+    assert isinstance(parsed.output_parsed, model) and parsed.output_parsed.name
+    with oai.responses.stream(**ask) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == parsed.output_text  # greedy: the same
+    assert final.output_parsed == parsed.output_parsed
+
+
+def test_langchain_responses_mode_structured_output(server: ServerProcess) -> None:
+    """langchain-openai's ChatOpenAI on the Responses API, with_structured_output(pydantic)."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    model = Person.model()
+    llm = langchain_openai.ChatOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                                      model="default", temperature=0, max_tokens=60,
+                                      max_retries=0, timeout=300, use_responses_api=True)
+    person = llm.with_structured_output(model, method="json_schema").invoke("Invent a person.")
+    assert isinstance(person, model) and person.name
+
+
+def test_a_schema_without_additional_properties_gives_only_its_keys(oai) -> None:
+    """No additionalProperties (as pydantic, LangChain and `llm --schema` write schemas): the
+    object is closed, so the model stops after its keys instead of adding more (item 10)."""
+    open_person = {k: v for k, v in PERSON.items() if k != "additionalProperties"}
+    for seed in (1, 2, 3):
+        reply = oai.chat.completions.create(
+            model="default", max_tokens=60, temperature=1.0, seed=seed,
+            messages=[{"role": "user", "content": "Invent a person with many details."}],
+            response_format={"type": "json_schema", "json_schema": {
+                "name": "person", "schema": open_person}})
+        assert reply.choices[0].finish_reason == "stop"
+        assert set(json.loads(reply.choices[0].message.content)) == {"name", "age"}
+
+
+def test_a_forced_call_cut_by_max_tokens_is_not_returned_and_such_history_is_taken(oai) -> None:
+    """A forced call that max_tokens cuts off comes back as finish `length` without the call;
+    a history holding a cut call (as servers used to return) is accepted (item 12)."""
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+
+    def ask(max_tokens: int):
+        return oai.chat.completions.create(model="default", messages=ASK, tools=TOOLS,
+                                           tool_choice=forced, max_tokens=max_tokens,
+                                           temperature=0)
+
+    num_tokens = ask(60).usage.completion_tokens  # the whole call, greedy: the same each time
+    num_dropped = 0
+    for cut in range(num_tokens - 12, num_tokens):  # some end inside the arguments
+        choice = ask(cut).choices[0]
+        assert choice.finish_reason == "length", cut
+        for call in choice.message.tool_calls or []:  # cut after the arguments: whole
+            _check_call(call.function.name, call.function.arguments)
+        num_dropped += not choice.message.tool_calls
+    assert num_dropped > 0
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Pa'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    follow = oai.chat.completions.create(model="default", messages=history, tools=TOOLS,
+                                         tool_choice=forced, max_tokens=60, temperature=0)
+    (call,) = follow.choices[0].message.tool_calls
+    _check_call(call.function.name, call.function.arguments)

@@ -17,20 +17,26 @@ _OPENAI_ROLES = {"system": "system", "developer": "system", "user": "user",
                  "assistant": "assistant", "tool": "tool"}
 
 
-def call_arguments(raw: Any, where: str) -> dict[str, Any]:
+def call_arguments(raw: Any, where: str, *, is_lenient: bool = True) -> dict[str, Any] | str:
+    """A history call's arguments as templates read them: an object, or, when is_lenient and
+    the string is not a JSON object (OpenAI's arguments "may not be valid JSON": a call cut
+    off by max_tokens, by any server), that string as it came, for the template to print:
+    refusing the client's own history would end its agent loop."""
     if isinstance(raw, dict):
         return raw
     try:
         value = json.loads(raw) if isinstance(raw, str) else None
-    except ValueError:
+    except (ValueError, RecursionError):
         value = None
-    if not isinstance(value, dict):
-        raise bad_request(f"{where} arguments must be a JSON object (as a string)",
-                          param="messages")
-    return value
+    if isinstance(value, dict):
+        return value
+    if is_lenient and isinstance(raw, str):
+        return raw
+    raise bad_request(f"{where} arguments must be a JSON object (as a string)",
+                      param="messages")
 
 
-def tool_call(call_id: str, name: str, arguments: dict) -> dict[str, Any]:
+def tool_call(call_id: str, name: str, arguments: dict | str) -> dict[str, Any]:
     return {"id": call_id, "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
@@ -123,7 +129,7 @@ def parse_anthropic_messages(body: dict) -> list[dict[str, Any]]:
                                       param="messages")
                 names_by_id[block["id"]] = block["name"]
                 calls.append(tool_call(block["id"], block["name"],
-                                   call_arguments(block.get("input", {}), here)))
+                                   call_arguments(block.get("input", {}), here, is_lenient=False)))
             elif kind == "tool_result" and role == "user":
                 call_id = block.get("tool_use_id")
                 if not isinstance(call_id, str):

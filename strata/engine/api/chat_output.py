@@ -1,13 +1,22 @@
 """A chat generation's text as typed pieces: reasoning, answer text, tool calls.
 
-The same pieces feed both dialects, streamed or whole: OpenAI's reasoning_content, content and
-tool_calls deltas; Anthropic's thinking, text and tool_use blocks.
+The same pieces feed every dialect, streamed or whole: OpenAI's reasoning_content, content and
+tool_calls deltas; Anthropic's thinking, text and tool_use blocks; Responses and Ollama items.
+
+A tool call goes out only once its arguments are complete JSON, as one CallStart and one
+CallArguments: a call cut off by max_tokens is dropped, never sent half-written. A client
+cannot take back what a stream sent, and a call it cannot parse breaks every agent loop (it
+cannot be run, and sent back it used to be refused). OpenAI's clients handle the result:
+finish_reason `length` with the text so far and no tool_calls (the SDK's parse() raises its
+LengthFinishReasonError, LangChain returns a message without calls), where a truncated call
+would reach the tool as a JSON error, or be sent back as history nobody can read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -18,7 +27,20 @@ from strata.engine.api.textgen import TextDeltas
 from strata.engine.text.reasoning import Answer, Reasoning, ReasoningSplitter
 from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece, ToolCallParser
 
+log = logging.getLogger(__name__)
 Piece = Reasoning | TextPiece | CallStart | CallArguments
+
+
+def is_complete_json(text: str) -> bool:
+    """Whether text is one whole JSON value (a call's arguments that may go out)."""
+    stripped = text.strip()
+    if not stripped or (stripped[0] in "{[" and stripped[-1] not in "}]"):
+        return False  # an object or array not closed yet: skip the parse
+    try:
+        json.loads(stripped)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -42,7 +64,9 @@ class ChatOutput:
         # Mistral's templates refuse a history whose call ids are not 9 alphanumerics.
         self._is_short_id = plan.tool_format == "mistral"
         self._id_prefix = id_prefix
-        self.call_ids: list[str] = []
+        self.call_ids: list[str] = []  # of the calls that went out, by their index
+        self._held: CallStart | None = None  # the call being written, until it is complete
+        self._held_arguments = ""
 
     @property
     def has_calls(self) -> bool:
@@ -70,17 +94,43 @@ class ChatOutput:
                 out.extend(self._parser.feed(part.text))
         if is_final and self._parser is not None:
             out.extend(self._parser.finish())
-        return [p for p in out if self._keep(p)]
+        kept = [piece for p in out if self._keep(p) for piece in self._complete_calls(p)]
+        if is_final:
+            self._drop_held()
+        return kept
 
     def _keep(self, piece: Piece) -> bool:
         if isinstance(piece, TextPiece | Reasoning):
             return bool(piece.text)
-        if self._max_calls is not None and piece.index >= self._max_calls:
-            return False  # parallel_tool_calls false: the first call only
+        # parallel_tool_calls false: the first call only
+        return self._max_calls is None or piece.index < self._max_calls
+
+    def _complete_calls(self, piece: Piece) -> list[Piece]:
+        """Text as it comes; a call held back until its arguments are complete JSON, then as
+        one CallStart and one CallArguments, numbered among the calls that went out."""
         if isinstance(piece, CallStart):
+            self._drop_held()
+            self._held, self._held_arguments = piece, ""
+            return []
+        if isinstance(piece, CallArguments):
+            if self._held is None or piece.index != self._held.index:
+                return []
+            self._held_arguments += piece.text
+            if not is_complete_json(self._held_arguments):
+                return []
+            index = len(self.call_ids)
             self.call_ids.append(uuid.uuid4().hex[:9] if self._is_short_id
                                  else f"{self._id_prefix}{uuid.uuid4().hex[:24]}")
-        return True
+            start, self._held = self._held, None
+            return [CallStart(index, start.name), CallArguments(index, self._held_arguments)]
+        self._drop_held()
+        return [piece]
+
+    def _drop_held(self) -> None:
+        if self._held is not None:
+            log.info("tool call %r dropped: the output ended before its arguments were "
+                     "complete JSON", self._held.name)
+            self._held = None
 
     async def collect(self) -> ChatResult:
         """The whole output, for a non-streaming response."""

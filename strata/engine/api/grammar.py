@@ -29,6 +29,15 @@ if TYPE_CHECKING:  # only in llguidance's stubs
 _JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
                                      "key_separator": ": "}
 _ANY_JSON_OBJECT = {"type": "object"}
+# Keywords whose value is one subschema, or a list or a map of them: where closed_objects walks.
+_ONE_SUBSCHEMA = ("items", "additionalItems", "additionalProperties", "contains", "not", "if",
+                  "then", "else", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
+# Beside these, an object's keys come from more than its own `properties`.
+_ADDS_KEYS = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas",
+              "additionalProperties", "unevaluatedProperties")
 
 
 def _checked(grammar: str, param: str, what: str) -> str:
@@ -41,14 +50,53 @@ def _checked(grammar: str, param: str, what: str) -> str:
     return grammar
 
 
+def closed_objects(schema: Any, param: str) -> Any:
+    """schema (a copy) with `additionalProperties: false` on every object schema that lists
+    `properties` and says nothing about other keys, as llama.cpp and Ollama read schemas:
+    pydantic, LangChain's @tool and `llm --schema` leave it out, and an open object lets a
+    small model add keys until max_tokens. llguidance follows JSON Schema (open by default)
+    and has no option for this, so the schema is rewritten. The members of an allOf of
+    several, and objects beside an allOf/anyOf/oneOf/$ref/if (which may add keys), are left
+    open: closing them would refuse the keys the other schemas add."""
+    try:
+        return _closed(schema)
+    except RecursionError:
+        raise bad_request(f"the JSON schema in '{param}' is nested too deeply",
+                          param=param) from None
+
+
+def _closed(schema: Any, *, is_closable: bool = True) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _ONE_SUBSCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = _closed(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_closed(s) for s in out[key]]
+    all_of = out.get("allOf")
+    if isinstance(all_of, list):
+        out["allOf"] = [_closed(s, is_closable=len(all_of) == 1) for s in all_of]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _closed(s) for name, s in out[key].items()}
+    if (is_closable and isinstance(out.get("properties"), dict)
+            and not any(key in out for key in _ADDS_KEYS)):
+        out["additionalProperties"] = False
+    return out
+
+
 def json_schema_grammar(schema: Any, param: str) -> str:
-    """The grammar of JSON text valid against schema; 400 naming what cannot be enforced."""
+    """The grammar of JSON text valid against schema (objects closed: closed_objects); 400
+    naming what cannot be enforced."""
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise bad_request(f"'{param}' must be a JSON schema object", param=param)
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_OPTIONS)
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed_objects(schema, param),
+                                                                overrides=_JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
         raise bad_request(f"'{param}' is not a usable JSON schema: {exc}", param=param) from None
     return _checked(grammar, param, f"the JSON schema in '{param}'")
@@ -80,6 +128,7 @@ def lark_literal(text: str) -> str:
     return json.dumps(text)
 
 
-def lark_json(schema: dict) -> str:
-    """An inline JSON value of schema, in llguidance's Lark dialect (compact separators)."""
-    return "%json " + json.dumps({**schema, "x-guidance": _JSON_OPTIONS})
+def lark_json(schema: dict, param: str) -> str:
+    """An inline JSON value of schema (objects closed: closed_objects), in llguidance's Lark
+    dialect (compact separators)."""
+    return "%json " + json.dumps({**closed_objects(schema, param), "x-guidance": _JSON_OPTIONS})

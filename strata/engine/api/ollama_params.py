@@ -155,7 +155,7 @@ def _tool_calls(message: dict, where: str, index: int) -> list[dict[str, Any]]:
                               param="messages")
         call_id = str(call.get("id") or f"call_{index}_{j}")
         out.append(tool_call(call_id, function["name"], call_arguments(
-            function.get("arguments", {}), f"{where}.tool_calls[{j}]")))
+            function.get("arguments", {}), f"{where}.tool_calls[{j}]", is_lenient=False)))
     return out
 
 

@@ -46,7 +46,13 @@ SCHEMAS: dict[str, Any] = {
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "stream": {"type": "boolean", "default": False},
-        "metadata": {"type": "object"}}},
+        "metadata": {"type": "object"},
+        "text": {"type": "object", "properties": {"format": {
+            "type": "object", "required": ["type"], "description": "structured output, "
+            "enforced by constrained decoding",
+            "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
+                           "name": {"type": "string"}, "description": {"type": "string"},
+                           "schema": {"type": "object"}, "strict": {"type": "boolean"}}}}}}},
     "Response": {"type": "object", "additionalProperties": True, "properties": {
         "id": {"type": "string"}, "object": {"const": "response"},
         "status": {"enum": ["completed", "incomplete", "in_progress"]},
@@ -60,7 +66,7 @@ def paths(op, ok, body) -> dict[str, Any]:
     """The /v1/responses paths, built with openapi.py's helpers."""
     stream_text = "The response; text/event-stream when stream is true"
     return {
-        "/v1/responses": {"post": op("OpenAI Responses: text and function calls", "OpenAI",
+        "/v1/responses": {"post": op("OpenAI Responses: text, JSON and function calls", "OpenAI",
                                      ok("Response", stream_text, stream=True), 400, 503,
                                      body=body("ResponsesRequest"))},
         "/v1/responses/{response_id}": {"get": {

@@ -1,8 +1,9 @@
 """Structured-output fields of each dialect, and thinking switches, parsed into native values.
 
-OpenAI: response_format (text, json_object, json_schema); llama.cpp's json_schema and grammar
-(GBNF) fields; Anthropic: output_config.format (and the beta's output_format) with type
-json_schema, and thinking (enabled, disabled, adaptive). Each becomes a grammar for the engine.
+OpenAI: response_format (text, json_object, json_schema); the Responses API's text.format
+(the same three, flattened); llama.cpp's json_schema and grammar (GBNF) fields; Anthropic:
+output_config.format (and the beta's output_format) with type json_schema, and thinking
+(enabled, disabled, adaptive). Each becomes a grammar for the engine.
 """
 
 from __future__ import annotations
@@ -51,6 +52,52 @@ def openai_output_grammar(body: dict) -> str | None:
         return json_schema_grammar(spec["schema"], "response_format.json_schema.schema")
     raise bad_request("'response_format' must have type 'text', 'json_object' or "
                       "'json_schema'", param="response_format")
+
+
+_TEXT_FORMAT_KEYS = frozenset({"type", "name", "description", "schema", "strict"})
+
+
+def responses_output_grammar(body: dict) -> tuple[str | None, dict[str, Any]]:
+    """The Responses API's text.format ({type: text | json_object | json_schema, name, schema,
+    strict}) as (grammar or None, the format to echo in the response's `text`)."""
+    text = body.get("text")
+    if text is None:
+        text = {}
+    if not isinstance(text, dict):
+        raise bad_request("'text' must be an object", param="text")
+    for key in text:
+        if key == "verbosity" and text[key] not in (None, "medium"):
+            raise bad_request("'text.verbosity' other than 'medium' is not supported: a local "
+                              "model has no verbosity setting", param="text.verbosity")
+        if key not in ("format", "verbosity"):
+            raise bad_request(f"'text.{key}' is not supported by Strata; leave it out",
+                              param=f"text.{key}")
+    fmt = text.get("format")
+    if fmt is None:
+        return None, {"type": "text"}
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        raise bad_request("'text.format' must have type 'text', 'json_object' or "
+                          "'json_schema'", param="text.format")
+    unknown = sorted(set(fmt) - _TEXT_FORMAT_KEYS)
+    if unknown:
+        raise bad_request(f"'text.format.{unknown[0]}' is not supported by Strata; leave it "
+                          "out", param="text.format")
+    if kind == "text":
+        return None, {"type": "text"}
+    if kind == "json_object":
+        return json_object_grammar("text.format"), {"type": "json_object"}
+    if "schema" not in fmt:
+        raise bad_request("'text.format' of type 'json_schema' needs a 'schema'",
+                          param="text.format")
+    for key in ("name", "description"):
+        if fmt.get(key) is not None and not isinstance(fmt[key], str):
+            raise bad_request(f"'text.format.{key}' must be a string", param="text.format")
+    strict = fmt.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_request("'text.format.strict' must be true or false", param="text.format")
+    # strict or not, the schema is enforced: constrained decoding has no looser mode.
+    return json_schema_grammar(fmt["schema"], "text.format.schema"), dict(fmt)
 
 
 def anthropic_output_grammar(body: dict) -> str | None:

@@ -1,18 +1,20 @@
 """Request bodies of OpenAI's Responses API (`POST /v1/responses`) in Strata's native terms.
 
-Fields Strata honours are parsed (function tools included, through the chat tools' parser);
-fields it cannot honour yet (structured output, reasoning, images, hosted tools, background
-runs) are a 400 naming the field, never silently dropped.
+Fields Strata honours are parsed (function tools, through the chat tools' parser, and
+structured output in text.format, through the chat formats' constrained decoding); fields it
+cannot honour yet (reasoning, images, hosted tools, background runs) are a 400 naming the
+field, never silently dropped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from strata.engine.api import validation as v
 from strata.engine.api.chat_messages import call_arguments, tool_call
 from strata.engine.api.errors import bad_request
+from strata.engine.api.output_format import responses_output_grammar
 from strata.engine.api.params import GenerationParams
 from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools, tool_list
 
@@ -38,6 +40,8 @@ class ResponsesRequest:
     is_stored: bool
     metadata: dict[str, Any]
     tools: ToolRequest
+    output_grammar: str | None = None  # text.format json_schema / json_object, compiled
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})  # its echo
 
 
 def _refuse(body: dict) -> None:
@@ -45,10 +49,6 @@ def _refuse(body: dict) -> None:
     if unknown:
         raise bad_request(f"{', '.join(map(repr, unknown))} is not supported by Strata's "
                           "Responses API; leave it out", param=unknown[0])
-    text_format = (v.get_object(body, "text").get("format") or {"type": "text"})
-    if not isinstance(text_format, dict) or text_format.get("type") != "text":
-        raise bad_request("'text.format' other than {'type': 'text'} (structured output) is "
-                          "not supported yet", param="text.format")
     if body.get("reasoning") not in (None, {}):
         raise bad_request("'reasoning' is not supported: this server does not split reasoning "
                           "out of Responses output yet", param="reasoning")
@@ -179,6 +179,7 @@ def parse_responses(body: dict) -> ResponsesRequest:
         raise bad_request("'previous_response_id' must be a string",
                           param="previous_response_id")
     metadata = v.get_object(body, "metadata")
+    output_grammar, text_format = responses_output_grammar(body)
     params = GenerationParams(
         max_tokens=v.get_int(body, "max_output_tokens", None, minimum=1),
         temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
@@ -187,4 +188,5 @@ def parse_responses(body: dict) -> ResponsesRequest:
     return ResponsesRequest(
         params=params, instructions=instructions, input_messages=parse_input(body.get("input")),
         previous_response_id=previous, is_stored=v.get_bool(body, "store", True),
-        metadata=metadata, tools=parse_responses_tools(body))
+        metadata=metadata, tools=parse_responses_tools(body), output_grammar=output_grammar,
+        text_format=text_format)

@@ -1,8 +1,9 @@
 """OpenAI's Responses API: POST /v1/responses (stream and not), GET /v1/responses/{id}.
 
-Text in, text and function calls out, with `instructions`, function tools (through the chat
-tools' machinery: plan_chat, ChatOutput) and `previous_response_id`: a follow-up continues the
-stored conversation in the cache slot it ran in, so only the new turn is prefilled.
+Text in, text (free, or JSON by text.format's schema) and function calls out, with
+`instructions`, function tools (through the chat tools' machinery: plan_chat, ChatOutput) and
+`previous_response_id`: a follow-up continues the stored conversation in the cache slot it
+ran in, so only the new turn is prefilled.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class _Response:
             "parallel_tool_calls": tools.is_parallel,
             "previous_response_id": parsed.previous_response_id,
             "reasoning": {"effort": None, "summary": None}, "store": parsed.is_stored,
-            "temperature": parsed.params.temperature, "text": {"format": {"type": "text"}},
+            "temperature": parsed.params.temperature, "text": {"format": parsed.text_format},
             "tool_choice": _choice_echo(tools), "tools": _tools_echo(tools),
             "top_p": parsed.params.top_p, "truncation": "disabled",
             "metadata": parsed.metadata, "completed_at": None}
@@ -161,7 +162,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     messages, slot = _conversation(request, parsed)
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     assets = text_assets(service)
-    plan = await plan_chat(request.app, assets, ChatInputs([*system, *messages], parsed.tools))
+    plan = await plan_chat(request.app, assets, ChatInputs([*system, *messages], parsed.tools,
+                                                           parsed.output_grammar))
     # Reasoning stays in the text until Responses gets its reasoning items (see docs/api.md).
     plan = dataclasses.replace(plan, thinks=False, starts_thinking=False)
     params = dataclasses.replace(parsed.params, slot=slot)

@@ -70,10 +70,10 @@ def call_grammar(format_name: str, tools: tuple[Tool, ...], is_parallel: bool) -
     way format_name's parser reads them; a 400 naming the tool whose schema cannot be enforced."""
     key = "parameters" if format_name == "llama3" else "arguments"
     for tool in tools:  # check each tool alone, so the error names it
-        lark_grammar(f"start: {lark_json(_call_schema(tool, key))}", "tools",
+        lark_grammar(f"start: {lark_json(_call_schema(tool, key), 'tools')}", "tools",
                      f"the parameters of tool {tool.name!r}")
     schemas = [_call_schema(t, key) for t in tools]
-    one = lark_json(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
+    one = lark_json(schemas[0] if len(schemas) == 1 else {"anyOf": schemas}, "tools")
     more = MAX_PARALLEL_CALLS - 1 if is_parallel else 0
     if format_name == "hermes":
         call, separator, head, tail = (
