@@ -21,6 +21,7 @@ from strata.engine.api import sse
 from strata.engine.api.chat_messages import tool_call
 from strata.engine.api.chat_output import ChatOutput, ChatResult, arguments_object
 from strata.engine.api.chat_plan import ChatInputs, plan_chat
+from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request
 from strata.engine.api.keys import RESPONSES_KEY
 from strata.engine.api.model_routing import service_of
@@ -158,7 +159,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     """POST /v1/responses."""
     service = service_of(request)
     body = await read_json_object(request)
-    parsed = parse_responses(body)
+    parsed = await run_cpu(request.app, parse_responses, body)  # text.format's grammar
     messages, slot = _conversation(request, parsed)
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     assets = text_assets(service)
