@@ -1,6 +1,7 @@
 """Output grammars compile off the event loop (issue 51 item 8): a large JSON schema took up
 to 1.6 s in llguidance, and /health waited as long. Each route's grammar (response_format,
-completions, Anthropic's output_config, Ollama's format, a forced tool call) must be
+completions, Anthropic's output_config, Ollama's format, Responses' text.format, a forced
+tool call) must be
 checked on a worker thread (llguidance releases the GIL there, so the loop runs on)."""
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ CASES = [
                    "stream": False}),
     ("/api/generate", {"model": "tiny-test-model", "prompt": "hi", "format": "json",
                        "stream": False}),
+    ("/v1/responses", {"input": "hi", "text": {"format": {
+        "type": "json_schema", "name": "x", "schema": SCHEMA}}}),
 ]
 
 
