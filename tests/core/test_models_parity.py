@@ -194,7 +194,7 @@ def test_each_gemma3_feature_changes_the_result(tmp_path, change):
     directory, hf_model = make_tiny_hf_model("gemma3", tmp_path)
     config = load_hf_config(directory)
     assert config.layer_types[-1] == "full_attention" and config.sliding_window == 8
-    assert PROMPT_TOKENS > 4 * config.sliding_window
+    assert 4 * config.sliding_window < PROMPT_TOKENS
     changed = dataclasses.replace(config, **change)
     model = build_model(changed, load_hf_tensors(directory, changed))
     prompt = torch.arange(PROMPT_TOKENS) % config.vocab_size

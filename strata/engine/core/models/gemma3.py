@@ -19,7 +19,7 @@ from strata.engine.core.models.decoder import (
     SandwichDecoderLayer,
     drop_unused_tensors,
 )
-from strata.engine.core.models.layers import Attention, GemmaRMSNorm, GeGLU, RotaryEmbedding
+from strata.engine.core.models.layers import Attention, GeGLU, GemmaRMSNorm, RotaryEmbedding
 
 log = logging.getLogger(__name__)
 
