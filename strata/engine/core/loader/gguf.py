@@ -200,7 +200,7 @@ class GGUFBlocks(DeferredTensor):
 
     def __init__(self, tensor: TensorInfo, shape: tuple[int, ...], rope_heads: int | None,
                  make):
-        super().__init__(shape, torch.float32, make)
+        super().__init__(shape, torch.float32, make, tensor.name)
         self.qtype = tensor.tensor_type
         self.gguf_name = tensor.name
         self._tensor = tensor
@@ -239,12 +239,13 @@ def _gguf_tensor(tensor: TensorInfo, rope_heads: int | None) -> DeferredTensor:
 
     if native_dtype is None and tensor.tensor_type != GGMLQuantizationType.BF16:
         return GGUFBlocks(tensor, shape, rope_heads, read)
-    return DeferredTensor(shape, native_dtype or torch.float32, read)
+    return DeferredTensor(shape, native_dtype or torch.float32, read, tensor.name)
 
 
 def _norm_unshifted(tensor: DeferredTensor) -> DeferredTensor:
     """A Gemma norm weight stored as 1 + w, read as w (float32: 1 + w is exact there)."""
-    return DeferredTensor(tensor.shape, torch.float32, lambda: tensor.read().float() - 1.0)
+    return DeferredTensor(tensor.shape, torch.float32, lambda: tensor.read().float() - 1.0,
+                          tensor.source_name)
 
 
 def _log_projector_beside(path: str | os.PathLike[str]) -> None:
