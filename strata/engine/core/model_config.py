@@ -159,17 +159,16 @@ def gemma3_text_dict(d: dict[str, Any]) -> dict[str, Any]:
     keys from_hf_dict reads, Gemma3TextConfig's defaults filled in and both RoPE layouts
     (transformers 5's rope_parameters per layer type, older rope_theta/rope_local_base_freq/
     rope_scaling) read; layer_types from sliding_window_pattern where absent."""
-    if d.get("model_type") == "gemma3":
-        d = {**(d.get("text_config") or {}), "model_type": "gemma3_text"}
+    if d.get("model_type") == "gemma3":  # the token ids live at the top level
+        ids = {key: d[key] for key in ("bos_token_id", "eos_token_id") if key in d}
+        d = {**ids, **(d.get("text_config") or {}), "model_type": "gemma3_text"}
     if d.get("attn_logit_softcapping"):
         raise ModelFormatError("attn_logit_softcapping is set: Strata runs Gemma 3, which has "
                                "none (Gemma 2 has it and is not supported)")
     if d.get("use_bidirectional_attention"):
         raise ModelFormatError("use_bidirectional_attention is set: that is an embedding "
                                "model, which Strata does not run")
-    out = {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in d.items() if v is not None}}
-    if d.get("sliding_window", 0) is None:
-        out["sliding_window"] = None
+    out = {**_GEMMA3_TEXT_DEFAULTS, **d}  # an explicit null stays null, as in transformers
     per_type = d.get("rope_parameters") or {}
     full, local = per_type.get("full_attention"), per_type.get("sliding_attention")
     if full is not None:
