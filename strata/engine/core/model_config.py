@@ -95,7 +95,8 @@ class ModelConfig:
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dict."""
         model_type = d.get("model_type", "")
-        if model_type in ("gemma3", "gemma3_text"):
+        is_gemma3 = model_type in ("gemma3", "gemma3_text")
+        if is_gemma3:
             d = gemma3_text_dict(d)
             model_type = "gemma3_text"
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -138,8 +139,10 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            layer_types=tuple(d.get("layer_types") or ()),
-            sliding_window=d.get("sliding_window"),
+            # Only where the model reads them: Qwen2/3 configs list layer_types too (all full
+            # unless use_sliding_window, which Strata's Qwen does not implement).
+            layer_types=tuple(d.get("layer_types") or ()) if is_gemma3 else (),
+            sliding_window=d.get("sliding_window") if is_gemma3 else None,
             rope_local_theta=d.get("rope_local_base_freq", 10000.0),
             query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
             final_logit_softcapping=d.get("final_logit_softcapping"),
