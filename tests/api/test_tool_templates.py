@@ -45,6 +45,13 @@ EXPECTED = {
     "smollm2-135m-instruct.jinja": ("<tools>", ('<tool_call>\n{"name": "get_weather", '
                                     '"arguments": {"city": "Paris"}}\n</tool_call>'),
                                     "<tool_response>\nsunny\n</tool_response>"),
+    # No tools in Gemma 3's template: Strata's Hermes prompt, its system message folded into
+    # the first user turn and the results in a user turn, so the turns still alternate.
+    "google-gemma-3-it.jinja": ("<start_of_turn>user\n# Tools", (
+                                '<start_of_turn>model\n<tool_call>\n{"name": "get_weather", '
+                                '"arguments": {"city": "Paris"}}\n</tool_call><end_of_turn>'),
+                                "<start_of_turn>user\n<tool_response>\nsunny\n"
+                                "</tool_response><end_of_turn>\n<start_of_turn>model\n"),
 }
 
 

@@ -22,14 +22,20 @@ from strata.engine.core.engine import Engine, EngineConfig
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.protocol import SamplingSpec
 from tests.helpers.gguf_writer import _encode, write_gguf_from_hf
-from tests.helpers.tiny_models import make_tiny_hf_config
+from tests.helpers.tiny_models import make_tiny_hf_config, randomize_norms
 
 ATOL = 1e-4
 PROMPT_TOKENS = 40
 NEW_TOKENS = 20
 QTYPES = ["F32", "F16", "Q8_0"]
-# "llama": untied head, GQA; "smollm2": the default model's shape family (tied embeddings).
-VARIANTS = ["llama", "smollm2"]
+# "llama": untied head, GQA; "smollm2": the default model's shape family (tied embeddings);
+# "gemma3": norms stored as 1 + w, its window and soft-cap in metadata, and QAT's Q4_0.
+VARIANTS = ["llama", "smollm2", "gemma3"]
+EXTRA_QTYPES = {"gemma3": ["Q4_0"]}
+MODEL_TYPES = {"llama": "llama", "smollm2": "llama", "gemma3": "gemma3_text"}
+# What a GGUF cannot say, llama.cpp derives: Gemma 3's query scale is 1/sqrt(head_dim) but
+# for the 27B, so the model written here has that scale.
+GGUF_CONFIG_CHANGES = {"gemma3": {"query_pre_attn_scalar": 16}}
 
 
 @functools.cache
@@ -38,7 +44,11 @@ def hf_model(variant: str):
 
     torch.manual_seed(0)
     config = make_tiny_hf_config(variant)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    for key, value in GGUF_CONFIG_CHANGES.get(variant, {}).items():
+        setattr(config, key, value)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize_norms(model, variant)
+    return model.eval()
 
 
 def as_stored(values: np.ndarray, qtype: str) -> np.ndarray:
@@ -59,7 +69,8 @@ def hf_model_on_stored_weights(model, qtype: str):
     return stored.eval()
 
 
-@pytest.fixture(scope="module", params=[(v, q) for v in VARIANTS for q in QTYPES],
+@pytest.fixture(scope="module",
+                params=[(v, q) for v in VARIANTS for q in QTYPES + EXTRA_QTYPES.get(v, [])],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def case(request, tmp_path_factory):
     """(qtype, Engine on the GGUF, transformers on the stored weights, original HF, prompt)."""
@@ -71,7 +82,7 @@ def case(request, tmp_path_factory):
     engine.load()
     generator = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, model.config.vocab_size, (PROMPT_TOKENS,), generator=generator)
-    yield qtype, engine, hf_model_on_stored_weights(model, qtype), model, prompt
+    yield qtype, engine, hf_model_on_stored_weights(model, qtype), model, prompt, variant
     engine.close()
 
 
@@ -86,17 +97,17 @@ def hf_logits(model, prompt: torch.Tensor) -> torch.Tensor:
     return model(prompt[None]).logits[0].float()  # [T, V]
 
 
-def test_engine_loads_the_gguf_as_llama(case) -> None:
-    _, engine, _, model, _ = case
+def test_engine_loads_the_gguf_as_its_architecture(case) -> None:
+    _, engine, _, model, _, variant = case
     info = engine.info()
-    assert info["model_type"] == "llama" and info["dtype"] == "float32"
+    assert info["model_type"] == MODEL_TYPES[variant] and info["dtype"] == "float32"
     assert engine.model_config.tie_word_embeddings == model.config.tie_word_embeddings
     assert info["parameter_count"] == sum(
         p.numel() for name, p in model.named_parameters())
 
 
 def test_logits_match_transformers_on_the_stored_weights(case) -> None:
-    _, engine, stored, _, prompt = case
+    _, engine, stored, _, prompt, _ = case
     got = engine_logits(engine, prompt)
     torch.testing.assert_close(got, hf_logits(stored, prompt), atol=ATOL, rtol=0)
 
@@ -104,7 +115,7 @@ def test_logits_match_transformers_on_the_stored_weights(case) -> None:
 def test_quantized_files_really_differ_from_the_float_weights(case) -> None:
     """Guards the oracle: F16 and Q8_0 change the logits by far more than ATOL (about 0.02 and
     1.0 here), so the equality above holds only if the dequantized values are the file's own."""
-    qtype, engine, _, original, prompt = case
+    qtype, engine, _, original, prompt, _ = case
     difference = (engine_logits(engine, prompt) - hf_logits(original, prompt)).abs().max()
     if qtype == "F32":
         assert difference <= ATOL
@@ -113,7 +124,7 @@ def test_quantized_files_really_differ_from_the_float_weights(case) -> None:
 
 
 def test_twenty_greedy_tokens_equal_transformers(case) -> None:
-    _, engine, stored, _, prompt = case
+    _, engine, stored, _, prompt, _ = case
     spec = SamplingSpec(max_tokens=NEW_TOKENS, temperature=0.0)
     ours = [t for ids in engine.generate(prompt.tolist(), spec) for t in ids]
     with torch.no_grad():

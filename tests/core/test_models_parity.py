@@ -178,3 +178,25 @@ def test_moe_layers_take_expert_weights_from_a_provider(tmp_path):
         layer.expert_weights = RecordingExperts(layer, scale=0.0)
     logits = model(prompt, 0, KVCache.for_config(config, MAX_TOKENS))
     assert (logits - expected).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("change", [
+    {"sliding_window": 10_000},  # the window cuts nothing
+    {"layer_types": ("sliding_attention",) * 6},  # no global layer
+    {"rope_local_theta": 1e6},  # the local layers read the global base
+    {"rope_scaling": None},  # the global layers' linear scaling ignored
+    {"query_pre_attn_scalar": None},  # 1/sqrt(head_dim)
+    {"final_logit_softcapping": None},
+], ids=lambda change: next(iter(change)))
+@torch.no_grad()
+def test_each_gemma3_feature_changes_the_result(tmp_path, change):
+    # Guards the parity tests above: a Gemma 3 feature ignored would change the logits.
+    directory, hf_model = make_tiny_hf_model("gemma3", tmp_path)
+    config = load_hf_config(directory)
+    assert config.layer_types[-1] == "full_attention" and config.sliding_window == 8
+    assert 4 * config.sliding_window < PROMPT_TOKENS
+    changed = dataclasses.replace(config, **change)
+    model = build_model(changed, load_hf_tensors(directory, changed))
+    prompt = torch.arange(PROMPT_TOKENS) % config.vocab_size
+    logits = model(prompt, 0, KVCache.for_config(changed, MAX_TOKENS))
+    assert (logits - reference_logits(hf_model, prompt)).abs().max() > 1e-2

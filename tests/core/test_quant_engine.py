@@ -71,6 +71,9 @@ def _dequantized_run(path, monkeypatch) -> tuple[list[int], int]:
     ("llama", "Q8_0", None),
     # Mixed types in one layer, as Q4_K_M files have: layer 0's v cannot fuse with q and k.
     ("smollm2", "Q4_0", {"blk.0.attn_v.weight": "Q5_0", "blk.1.ffn_down.weight": "Q8_0"}),
+    # Gemma 3 QAT files are Q4_0: its reference forward (the fast path stands aside) reads
+    # the blocks through the same kernels.
+    ("gemma3", "Q4_0", None),
 ])
 def test_quantized_engine_decodes_like_the_dequantized_one(tmp_path, monkeypatch, variant,
                                                            qtype, overrides) -> None:

@@ -7,6 +7,7 @@ Test helper: the oracle for the GGUF loader is "load(write(hf)) == hf".
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ _ARCH_FOR_MODEL_TYPE = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
+    "gemma3_text": "gemma3",
 }
 
 
@@ -139,6 +141,7 @@ def write_gguf_from_hf(
     per_expert_tensors: bool = False,
     seed: int = 0,
     random_scale: float = 0.02,
+    edit_tensors: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> Path:
     """Write `hf_model` (a transformers *ForCausalLM) as a GGUF file of quant type `qtype`.
 
@@ -147,6 +150,8 @@ def write_gguf_from_hf(
     `per_expert_tensors` writes experts one tensor each, as llama.cpp did before March 2024.
     `random_scale`: the fp16 scales of the random blocks written for K- and I-quants (0.02
     makes large random weights; 1e-4 keeps a wide model's activations moderate).
+    `edit_tensors` may change the {gguf name: float32 array} dict before it is written (a
+    damaged file: a tensor dropped or misshapen).
     """
     cfg = hf_model.config
     arch = _ARCH_FOR_MODEL_TYPE[cfg.model_type]
@@ -157,6 +162,8 @@ def write_gguf_from_hf(
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    if arch == "gemma3":  # per layer type; the GGUF keeps the global layers' (llama.cpp)
+        rope = dict(rope["full_attention"])
     rope_theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -182,10 +189,20 @@ def write_gguf_from_hf(
         writer.add_rope_scaling_factor(rope["factor"])
         if "original_max_position_embeddings" in rope:
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == "gemma3":
+        if cfg.sliding_window:
+            writer.add_sliding_window(cfg.sliding_window)
+        if cfg.final_logit_softcapping:
+            writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
     if hf_tokenizer is not None:
         _add_tokenizer(writer, hf_tokenizer, cfg.vocab_size)
 
     tensors = _hf_tensors_in_gguf_order(hf_model, arch)
+    if arch == "gemma3":  # the converter stores Gemma's norms as 1 + w (Gemma3Model.norm_shift)
+        tensors = {name: values + 1.0 if name.endswith("norm.weight") else values
+                   for name, values in tensors.items()}
+    if edit_tensors is not None:
+        edit_tensors(tensors)
     if rope.get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = llama3_freqs(rope, rope_theta, head_dim)
     if per_expert_tensors:

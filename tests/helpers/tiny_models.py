@@ -62,7 +62,29 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         },
     ),
     "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # 6 layers: the 5 local to 1 global pattern once; a window of 8 tokens, far shorter than
+    # the tests' prompts; both RoPE bases, the global one scaled; a query scale other than
+    # 1/sqrt(head_dim); soft-capped logits.
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "num_hidden_layers": 6,
+            "head_dim": 16,
+            "sliding_window": 8,
+            "sliding_window_pattern": 6,
+            "query_pre_attn_scalar": 24,
+            "final_logit_softcapping": 30.0,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+        },
+    ),
 }
+
+# Variants whose norm weights are drawn at random instead of transformers' constant init, so
+# a norm applied as w instead of (1 + w) (or a GGUF's 1 + w not undone) changes the logits.
+_RANDOM_NORM_VARIANTS = {"gemma3"}
 
 
 def make_tiny_hf_config(variant: str):
@@ -86,7 +108,18 @@ def make_tiny_hf_model(model_type: str, tmp_path: Path, seed: int = 0, **save_kw
     config = make_tiny_hf_config(model_type)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize_norms(model, model_type)
     model.eval()
     directory = Path(tmp_path) / model_type
     model.save_pretrained(directory, **save_kwargs)
     return directory, model
+
+
+@torch.no_grad()
+def randomize_norms(model, variant: str) -> None:
+    """Draw a _RANDOM_NORM_VARIANTS model's norm weights at random (seeded by the caller)."""
+    if variant not in _RANDOM_NORM_VARIANTS:
+        return
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.normal_(0.0, 0.3)

@@ -85,3 +85,17 @@ def test_sandbox_hides_internals():
     assert ChatTemplate("{{ messages.__class__ }}").render(CONVERSATION) == ""
     with pytest.raises(ChatTemplateError, match="unsafe"):
         ChatTemplate("{{ messages.__class__.__mro__ }}").render(CONVERSATION)
+
+
+def test_gemma3_template_folds_the_system_prompt_into_the_first_user_turn():
+    from pathlib import Path
+
+    source = (Path(__file__).parent / "templates" / "google-gemma-3-it.jinja").read_text()
+    template = ChatTemplate(source, bos_token="<bos>", eos_token="<eos>")
+    text = template.render(CONVERSATION, add_generation_prompt=True)
+    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi, 東京?<end_of_turn>\n"
+                    "<start_of_turn>model\nHello!<end_of_turn>\n"
+                    "<start_of_turn>user\n🚀<end_of_turn>\n<start_of_turn>model\n")
+    # Gemma's template is strict about turns; its own message reaches the caller, one line.
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        template.render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])

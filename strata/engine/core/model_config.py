@@ -7,7 +7,18 @@ from typing import Any
 
 from strata.errors import StrataError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text")
+
+# Gemma3TextConfig's defaults: released config.json files (the multimodal ones' text_config
+# above all) leave out every value equal to them.
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 131_072, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6,
+    "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
+}
 
 
 class ModelFormatError(StrataError, ValueError):
@@ -42,6 +53,15 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Gemma 3: "sliding_attention" / "full_attention" per layer (empty: all full), the local
+    # layers' window (tokens, the query's own included) and RoPE base, the attention scale's
+    # 1/sqrt(query_pre_attn_scalar) (None: head_dim), tanh soft-capped logits, the MLP's gate.
+    layer_types: tuple[str, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None
+    rope_local_theta: float = 10000.0
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
+    hidden_activation: str = "silu"
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -54,6 +74,18 @@ class ModelConfig:
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}: the config is inconsistent"
             )
+        if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
+            raise ModelFormatError(
+                f"layer_types names {len(self.layer_types)} layers but the model has "
+                f"{self.num_hidden_layers}: the config is inconsistent"
+            )
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            raise ModelFormatError("sliding_attention layers need a sliding_window: the config "
+                                   "is inconsistent")
+
+    def is_sliding_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` attends over a sliding window (Gemma 3's local ones)."""
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
 
     @property
     def is_moe(self) -> bool:
@@ -63,6 +95,10 @@ class ModelConfig:
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dict."""
         model_type = d.get("model_type", "")
+        is_gemma3 = model_type in ("gemma3", "gemma3_text")
+        if is_gemma3:
+            d = gemma3_text_dict(d)
+            model_type = "gemma3_text"
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelFormatError(
                 f"unsupported architecture {model_type!r}: Strata runs "
@@ -103,4 +139,57 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            # Only where the model reads them: Qwen2/3 configs list layer_types too (all full
+            # unless use_sliding_window, which Strata's Qwen does not implement).
+            layer_types=tuple(d.get("layer_types") or ()) if is_gemma3 else (),
+            sliding_window=d.get("sliding_window") if is_gemma3 else None,
+            rope_local_theta=d.get("rope_local_base_freq", 10000.0),
+            query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
+            final_logit_softcapping=d.get("final_logit_softcapping"),
+            hidden_activation=d.get("hidden_activation") or d.get("hidden_act") or "silu",
         )
+
+
+def hf_text_model_type(d: dict[str, Any]) -> str:
+    """The model_type Strata builds for a config.json: a multimodal Gemma 3's text model
+    ("gemma3" with a text_config) is "gemma3_text"; others as written."""
+    model_type = str(d.get("model_type", "unknown"))
+    return "gemma3_text" if model_type == "gemma3" else model_type
+
+
+def gemma3_text_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma 3 config.json (text, or multimodal: its text_config) as one flat dict of the
+    keys from_hf_dict reads, Gemma3TextConfig's defaults filled in and both RoPE layouts
+    (transformers 5's rope_parameters per layer type, older rope_theta/rope_local_base_freq/
+    rope_scaling) read; layer_types from sliding_window_pattern where absent."""
+    if d.get("model_type") == "gemma3":  # the token ids live at the top level
+        ids = {key: d[key] for key in ("bos_token_id", "eos_token_id") if key in d}
+        d = {**ids, **(d.get("text_config") or {}), "model_type": "gemma3_text"}
+    if d.get("attn_logit_softcapping"):
+        raise ModelFormatError("attn_logit_softcapping is set: Strata runs Gemma 3, which has "
+                               "none (Gemma 2 has it and is not supported)")
+    if d.get("use_bidirectional_attention"):
+        raise ModelFormatError("use_bidirectional_attention is set: that is an embedding "
+                               "model, which Strata does not run")
+    out = {**_GEMMA3_TEXT_DEFAULTS, **d}  # an explicit null stays null, as in transformers
+    per_type = d.get("rope_parameters") or {}
+    full, local = per_type.get("full_attention"), per_type.get("sliding_attention")
+    if full is not None:
+        out["rope_theta"] = full.get("rope_theta", out["rope_theta"])
+        out["rope_scaling"] = full if full.get("rope_type", "default") != "default" else None
+    if local is not None:
+        if local.get("rope_type", "default") != "default":
+            raise ModelFormatError("the sliding layers' RoPE is scaled "
+                                   f"({local.get('rope_type')}): Strata runs plain local RoPE")
+        out["rope_local_base_freq"] = local.get("rope_theta", out["rope_local_base_freq"])
+    out.pop("rope_parameters", None)
+    if not d.get("layer_types"):
+        period = int(out["sliding_window_pattern"])
+        out["layer_types"] = [
+            "full_attention" if (i + 1) % period == 0 or not out["sliding_window"]
+            else "sliding_attention" for i in range(int(out["num_hidden_layers"]))
+        ]
+    if out["hidden_activation"] not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ModelFormatError(f"hidden_activation {out['hidden_activation']!r}: Strata runs "
+                               "Gemma 3's tanh-approximated GELU only")
+    return out

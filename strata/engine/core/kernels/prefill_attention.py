@@ -19,6 +19,10 @@ per head (20 GiB for a 32k prompt in 2k chunks). So everything here is 4-D with 
 
 On CUDA the math kernel is never a silent fallback: `flash_attention` raises if neither fused
 kernel can take the inputs. On the CPU (tests, the reference) SDPA's own kernels run.
+
+A sliding window (Gemma 3's local layers) keeps only the keys the chunk can see; one query
+needs no mask then, a chunk a band mask [T, S'] that only the memory-efficient kernel takes
+(flash has no mask input), with K/V repeated to the query heads for that chunk.
 """
 
 from __future__ import annotations
@@ -65,14 +69,15 @@ def _can_use(kernel: str, q, k, v, is_causal: bool, is_gqa: bool) -> bool:
     return check is not None and bool(check(params, False))
 
 
-def _cudnn_causal(q4, k4, v4, is_gqa: bool) -> torch.Tensor | None:
+def _cudnn_causal(q4, k4, v4, is_gqa: bool, scale: float | None = None) -> torch.Tensor | None:
     """Causal attention by cuDNN, or None where it cannot run (learned once, then skipped)."""
     global _cudnn_works
     if _cudnn_works is False or not _can_use("cudnn", q4, k4, v4, True, is_gqa):
         return None
     try:
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=is_gqa)
+            out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale,
+                                                 enable_gqa=is_gqa)
     except RuntimeError as exc:
         if _cudnn_works:  # it ran before: this is a real error, not a capability
             raise
@@ -83,13 +88,44 @@ def _cudnn_causal(q4, k4, v4, is_gqa: bool) -> torch.Tensor | None:
     return out
 
 
+def _band_mask(num_tokens: int, num_keys: int, window: int, device) -> torch.Tensor:
+    """[T, S] True where query i (at S - T + i) sees key j: j <= S - T + i < j + window."""
+    query_pos = torch.arange(num_keys - num_tokens, num_keys, device=device)[:, None]
+    key_pos = torch.arange(num_keys, device=device)[None, :]
+    return (key_pos <= query_pos) & (key_pos > query_pos - window)
+
+
+def _windowed(q4, k4, v4, window: int, group: int, scale: float | None) -> torch.Tensor:
+    """Causal attention of q4 [1, Hq, T, D] over the last S keys, each query seeing only the
+    newest `window` of them (itself included)."""
+    num_tokens, num_keys = q4.shape[2], k4.shape[2]
+    if num_keys > window + num_tokens - 1:  # keys no query of the chunk sees
+        k4, v4 = k4[:, :, -(window + num_tokens - 1):], v4[:, :, -(window + num_tokens - 1):]
+        num_keys = k4.shape[2]
+    if num_tokens == 1:
+        mask, is_causal = None, False  # the one query sees every key left
+    elif num_keys <= window:
+        mask, is_causal = _mask_args(num_tokens, num_keys)  # the window cuts nothing
+    else:
+        mask, is_causal = _band_mask(num_tokens, num_keys, window, q4.device), False
+    if q4.device.type != "cuda":
+        return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=is_causal,
+                                              scale=scale, enable_gqa=group > 1)
+    k4, v4 = repeat_kv_heads(k4, group), repeat_kv_heads(v4, group)
+    with sdpa_kernel(FUSED_BACKENDS):
+        return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=is_causal,
+                                              scale=scale)
+
+
 def flash_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefer_cudnn: bool = False
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, prefer_cudnn: bool = False,
+    scale: float | None = None, window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the last T of S positions: q [Hq, T, D], keys/values [Hkv, S, D].
 
-    Returns [Hq, T, D]. Query i attends to keys 0..S-T+i. Hq must be a multiple of Hkv.
-    prefer_cudnn: try cuDNN first when T == S (for a length that recurs: see above).
+    Returns [Hq, T, D]. Query i attends to keys 0..S-T+i (with `window`, only the newest
+    `window` of those). Hq must be a multiple of Hkv. scale: the scores' factor (None:
+    1/sqrt(D)). prefer_cudnn: try cuDNN first when T == S (for a length that recurs: see above).
     """
     global _flash_takes_gqa
     num_heads, num_tokens, _ = q.shape
@@ -101,15 +137,17 @@ def flash_attention(
             "keys must include the queries"
         )
     group = num_heads // num_kv_heads
+    if window is not None:
+        return _windowed(q[None], keys[None], values[None], window, group, scale)[0]
     mask, is_causal = _mask_args(num_tokens, num_keys)
     q4, k4, v4 = q[None], keys[None], values[None]  # [1, heads, L, D]
     if q.device.type != "cuda":
         out = F.scaled_dot_product_attention(
-            q4, k4, v4, attn_mask=mask, is_causal=is_causal, enable_gqa=group > 1
+            q4, k4, v4, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=group > 1
         )
         return out[0]
     if prefer_cudnn and is_causal and num_tokens > 1:
-        out = _cudnn_causal(q4, k4, v4, group > 1)
+        out = _cudnn_causal(q4, k4, v4, group > 1, scale)
         if out is not None:
             return out[0]
     # The kernel checks ignore the mask; CausalBias hands flash its lower-right causal flag.
@@ -118,7 +156,8 @@ def flash_attention(
         try:
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
                 out = F.scaled_dot_product_attention(
-                    q4, k4, v4, attn_mask=mask, is_causal=is_causal, enable_gqa=group > 1
+                    q4, k4, v4, attn_mask=mask, is_causal=is_causal, scale=scale,
+                    enable_gqa=group > 1
                 )
             if group > 1:
                 _flash_takes_gqa = True
@@ -136,5 +175,6 @@ def flash_attention(
             "math kernel would build [heads, T, S] scores; use bf16/fp16 and head_dim <= 256"
         )
     with sdpa_kernel(FUSED_BACKENDS):
-        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, is_causal=is_causal,
+                                             scale=scale)
     return out[0]

@@ -3,8 +3,10 @@ or, for weights that stay quantized, as their GGML blocks (GGUFBlocks)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,16 @@ SUPPORTED_QUANT_TYPES = frozenset(
 # Types torch reads straight from the mapped file, in their own dtype.
 _NATIVE_DTYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16}
 _ROPE_PERMUTED_ARCHS = ("llama",)  # qwen2/qwen3 GGUFs keep HF's Q/K row order
+# llama.cpp's converter writes Gemma's norm weights as 1 + w (convert_hf_to_gguf.py,
+# Gemma3Model.norm_shift); the model applies (1 + w) itself, so the loader takes the 1 off.
+_NORM_SHIFTED_ARCHS = ("gemma3",)
+# llama.cpp's Gemma 3: every 6th layer global, local ones at RoPE base 10000 unscaled
+# (llama-model.cpp, LLM_ARCH_GEMMA3: set_swa_pattern(6), rope_freq_base_train_swa).
+_GEMMA3_SWA_PERIOD = 6
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+_GEMMA3_27B_LAYERS = 62  # whose queries llama.cpp scales by 1/sqrt(hidden / heads)
+
+log = logging.getLogger(__name__)
 
 
 def _float32_value(value: float) -> float:
@@ -110,6 +122,7 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     dense_layers = tuple(
         i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
     )
+    extra = _gemma3_fields(meta, num_layers, hidden // heads, head_dim) if arch == "gemma3" else {}
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab_size,
@@ -138,7 +151,28 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         mlp_only_layers=dense_layers if num_experts else (),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(eos_ids),
+        **extra,
     )
+
+
+def _gemma3_fields(meta: dict[str, Any], num_layers: int, hidden_per_head: int,
+                   head_dim: int) -> dict[str, Any]:
+    """The Gemma 3 ModelConfig fields of a gemma3 GGUF, read as llama.cpp reads them: the
+    window from metadata (none: every layer global), the rest fixed by llama.cpp."""
+    window = int(meta.get("attention.sliding_window") or 0) or None
+    layer_types = tuple(
+        "sliding_attention" if window and (i + 1) % _GEMMA3_SWA_PERIOD else "full_attention"
+        for i in range(num_layers))
+    softcap = meta.get("final_logit_softcapping")
+    return {
+        "layer_types": layer_types,
+        "sliding_window": window,
+        "rope_local_theta": float(meta.get("rope.freq_base_swa", _GEMMA3_LOCAL_ROPE_THETA)),
+        "query_pre_attn_scalar": float(
+            hidden_per_head if num_layers == _GEMMA3_27B_LAYERS else head_dim),
+        "final_logit_softcapping": _float32_value(softcap) if softcap else None,
+        "hidden_activation": "gelu_pytorch_tanh",
+    }
 
 
 def _check_quant_type(name: str, tensor_type: GGMLQuantizationType) -> None:
@@ -166,7 +200,7 @@ class GGUFBlocks(DeferredTensor):
 
     def __init__(self, tensor: TensorInfo, shape: tuple[int, ...], rope_heads: int | None,
                  make):
-        super().__init__(shape, torch.float32, make)
+        super().__init__(shape, torch.float32, make, tensor.name)
         self.qtype = tensor.tensor_type
         self.gguf_name = tensor.name
         self._tensor = tensor
@@ -205,15 +239,32 @@ def _gguf_tensor(tensor: TensorInfo, rope_heads: int | None) -> DeferredTensor:
 
     if native_dtype is None and tensor.tensor_type != GGMLQuantizationType.BF16:
         return GGUFBlocks(tensor, shape, rope_heads, read)
-    return DeferredTensor(shape, native_dtype or torch.float32, read)
+    return DeferredTensor(shape, native_dtype or torch.float32, read, tensor.name)
+
+
+def _norm_unshifted(tensor: DeferredTensor) -> DeferredTensor:
+    """A Gemma norm weight stored as 1 + w, read as w (float32: 1 + w is exact there)."""
+    return DeferredTensor(tensor.shape, torch.float32, lambda: tensor.read().float() - 1.0,
+                          tensor.source_name)
+
+
+def _log_projector_beside(path: str | os.PathLike[str]) -> None:
+    """One log line where a multimodal model's projector file (llama.cpp's mmproj-*.gguf)
+    lies beside the text model: Strata loads the text part only."""
+    projectors = sorted(p.name for p in Path(path).parent.glob("*.gguf")
+                        if "mmproj" in p.name.lower() and p.name != Path(path).name)
+    if projectors:
+        log.info("%s has a vision projector beside it (%s): loading the text model only; "
+                 "Strata does not read images", Path(path).name, ", ".join(projectors))
 
 
 def open_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict[str, LazyTensor]:
     """All tensors of a GGUF file, unread, in canonical (HF) names and layouts: Linear weights
-    [out, in], stacked experts [E, out, in], llama Q/K un-permuted. Each is dequantized (or,
-    for F32/F16, viewed in the mapped file) only when read."""
+    [out, in], stacked experts [E, out, in], llama Q/K un-permuted, Gemma norms un-shifted.
+    Each is dequantized (or, for F32/F16, viewed in the mapped file) only when read."""
     reader = open_gguf(path)
     arch = gguf_architecture(reader, path)
+    _log_projector_beside(path)
     to_canonical = gguf_to_canonical(arch, config)
     out: dict[str, LazyTensor] = {}
     per_expert: dict[str, dict[int, LazyTensor]] = {}
@@ -236,6 +287,8 @@ def open_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict
         if arch in _ROPE_PERMUTED_ARCHS and (is_q or is_k):
             rope_heads = config.num_attention_heads if is_q else config.num_key_value_heads
         out[canonical] = _gguf_tensor(t, rope_heads)
+        if arch in _NORM_SHIFTED_ARCHS and canonical.endswith("norm.weight"):
+            out[canonical] = _norm_unshifted(out[canonical])
     for name, experts in per_expert.items():
         out[name] = StackedTensor([experts[e] for e in sorted(experts)])
 

@@ -14,7 +14,8 @@ import numpy as np
 from strata.engine.core.model_config import ModelConfig
 
 # general.architecture -> model_type (llama with experts is mixtral; see load_gguf_config).
-GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
+                      "gemma3": "gemma3_text"}
 
 # The canonical MoE names differ from every HF checkpoint, so they are looked up in the gguf map
 # through a name it knows; the dict says which (canonical suffix -> name the map understands).
@@ -45,10 +46,14 @@ def canonical_names(config: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
-    has_qk_norm = config.model_type in ("qwen3", "qwen3_moe")
+    has_qk_norm = config.model_type in ("qwen3", "qwen3_moe", "gemma3_text")
+    has_sandwich_norms = config.model_type == "gemma3_text"
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        if has_sandwich_norms:
+            names += [p + "pre_feedforward_layernorm.weight",
+                      p + "post_feedforward_layernorm.weight"]
         names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
         if config.attention_bias:
             names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]

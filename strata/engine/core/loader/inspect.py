@@ -15,7 +15,11 @@ from strata.engine.core.loader.quant_plan import (
     estimate_vram,
     kv_bytes,
 )
-from strata.engine.core.model_config import SUPPORTED_MODEL_TYPES, ModelFormatError
+from strata.engine.core.model_config import (
+    SUPPORTED_MODEL_TYPES,
+    ModelFormatError,
+    hf_text_model_type,
+)
 from strata.engine.core.model_info import ModelInfo
 from strata.engine.gguf_file import open_gguf
 from strata.engine.gguf_reader import GGUFFile
@@ -106,14 +110,15 @@ def inspect_hf(directory: Path) -> ModelInfo:
             raise ModelFormatError(
                 f"{file} is truncated or damaged ({e}): download it again"
             ) from None
-    model_type = str(config.get("model_type", "unknown"))
+    model_type = hf_text_model_type(config)
+    text_config = config.get("text_config") or config
     return ModelInfo(
         path=str(directory),
         format="hf",
         model_type=model_type,
         parameter_count=parameter_count,
         quant_types=dict(dtypes),
-        context_tokens=int(config.get("max_position_embeddings") or 0),
+        context_tokens=int(text_config.get("max_position_embeddings") or 0),
         has_chat_template=_has_hf_chat_template(directory),
         file_bytes=sum(p.stat().st_size for p in directory.iterdir() if p.is_file()),
         is_supported=model_type in SUPPORTED_MODEL_TYPES,

@@ -29,10 +29,14 @@ class DeferredTensor:
     """A tensor that `make()` produces when read: a view into a mapped file, a dequantized
     GGUF tensor, a slice of another lazy tensor, or a tensor already in memory."""
 
-    def __init__(self, shape: Sequence[int], dtype: torch.dtype, make: Callable[[], torch.Tensor]):
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype, make: Callable[[], torch.Tensor],
+                 source_name: str | None = None):
         self.shape = tuple(int(d) for d in shape)
         self.dtype = dtype
         self._make = make
+        # The tensor's name in its file where that differs from the canonical one (GGUF), so
+        # an error about it can name what the user's tools show.
+        self.source_name = source_name
 
     def read(self) -> torch.Tensor:
         return self._make()

@@ -27,9 +27,11 @@ def check_tensors(expected: dict[str, tuple[int, ...]], tensors: dict[str, torch
     for name, shape in expected.items():
         actual = tuple(tensors[name].shape)
         if actual != shape:
+            source = getattr(tensors[name], "source_name", None)  # a GGUF's own name
             raise ModelFormatError(
-                f"tensor {name} has shape {actual} but the config expects {shape}: "
-                "the file is damaged or its config.json does not match"
+                f"tensor {name}{f' ({source} in the file)' if source else ''} has shape "
+                f"{actual} but the config expects {shape}: the file is damaged or its "
+                f"{'metadata' if source else 'config.json'} does not match"
             )
 
 

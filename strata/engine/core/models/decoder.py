@@ -20,12 +20,13 @@ from strata.engine.core.quant.weight import apply_linear
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, attention: Attention, mlp: nn.Module):
+    def __init__(self, config: ModelConfig, attention: Attention, mlp: nn.Module,
+                 norm: type[RMSNorm] = RMSNorm):
         super().__init__()
         self.self_attn = attention
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = norm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = norm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, h, start_pos, k_cache, v_cache, cos, sin) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), start_pos, k_cache, v_cache, cos, sin)
@@ -38,32 +39,60 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class SandwichDecoderLayer(DecoderLayer):
+    """Gemma 2/3's block: each sublayer's output is normed too before the residual add,
+    x + post_attn(attn(input(x))), then x + post_ff(mlp(pre_ff(x)))."""
+
+    def __init__(self, config: ModelConfig, attention: Attention, mlp: nn.Module,
+                 norm: type[RMSNorm] = RMSNorm):
+        super().__init__(config, attention, mlp, norm)
+        self.pre_feedforward_layernorm = norm(config.hidden_size, config.rms_norm_eps)
+        self.post_feedforward_layernorm = norm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, start_pos, k_cache, v_cache, cos, sin) -> torch.Tensor:
+        y = self.self_attn(self.input_layernorm(h), start_pos, k_cache, v_cache, cos, sin)
+        h = h + self.post_attention_layernorm(y)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+    def decode_batch(self, h, positions, k_caches, v_caches, cos, sin) -> torch.Tensor:
+        y = self.self_attn.decode_batch(self.input_layernorm(h), positions, k_caches, v_caches,
+                                        cos, sin)
+        h = h + self.post_attention_layernorm(y)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
 class DecoderBody(nn.Module):
     """Holds what sits under `model.` in the tensor names: embeddings, layers, final norm."""
 
-    def __init__(self, config: ModelConfig, layers: list[DecoderLayer]):
+    def __init__(self, config: ModelConfig, layers: list[DecoderLayer],
+                 norm: type[RMSNorm] = RMSNorm):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
 
 
 class DecoderLM(nn.Module):
-    """A causal language model; parameter names are the canonical Hugging Face names."""
+    """A causal language model; parameter names are the canonical Hugging Face names.
+
+    An architecture may pick the layer class and the norm class, and override `embed` (the
+    embedding lookup) and `layer_ropes` (which RoPE table each layer reads)."""
 
     def __init__(
         self,
         config: ModelConfig,
         make_attention: Callable[[int], Attention],
         make_mlp: Callable[[int], nn.Module],
+        layer_class: type[DecoderLayer] = DecoderLayer,
+        norm: type[RMSNorm] = RMSNorm,
     ):
         super().__init__()
         self.config = config
         layers = [
-            DecoderLayer(config, make_attention(i), make_mlp(i))
+            layer_class(config, make_attention(i), make_mlp(i), norm)
             for i in range(config.num_hidden_layers)
         ]
-        self.model = DecoderBody(config, layers)
+        self.model = DecoderBody(config, layers, norm)
         # Tied models read the output projection from the embedding table: no lm_head tensor.
         self.lm_head = (
             None
@@ -93,10 +122,10 @@ class DecoderLM(nn.Module):
                 f"{kv.max_tokens} tokens: start a new sequence or use a larger context"
             )
         positions = torch.arange(start_pos, start_pos + num_tokens, device=input_ids.device)
-        cos, sin = self.rope(positions)  # [T, D] each
-        h = self.model.embed_tokens(input_ids)  # [T, H]
+        ropes = self.layer_ropes(positions)  # per layer: cos, sin [T, D] each
+        h = self.embed(input_ids)  # [T, H]
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, start_pos, kv.k[i], kv.v[i], cos, sin)
+            h = layer(h, start_pos, kv.k[i], kv.v[i], *ropes[i])
         if last_only:
             h = h[-1:]
         return self._logits(h)
@@ -115,18 +144,30 @@ class DecoderLM(nn.Module):
             raise ValueError(f"a batched decode step needs one token, position and KV cache per "
                              f"sequence, got {tuple(input_ids.shape)}, {len(positions)}, {len(kvs)}")
         check_positions(positions, kvs)
-        cos, sin = self.rope(torch.tensor(list(positions), device=input_ids.device))  # [B, D]
-        h = self.model.embed_tokens(input_ids)  # [B, H]
+        ropes = self.layer_ropes(torch.tensor(list(positions), device=input_ids.device))
+        h = self.embed(input_ids)  # [B, H]
         for i, layer in enumerate(self.model.layers):
             h = layer.decode_batch(h, positions, [kv.k[i] for kv in kvs],
-                                   [kv.v[i] for kv in kvs], cos, sin)
+                                   [kv.v[i] for kv in kvs], *ropes[i])
         return self._logits(h)
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of input_ids [T]: [T, H]."""
+        return self.model.embed_tokens(input_ids)
+
+    def layer_ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) [T, D] each for every layer: one table shared by all of them here."""
+        cos_sin = self.rope(positions)
+        return [cos_sin] * len(self.model.layers)
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Final norm and vocabulary projection: h [T, H] -> logits [T, V] float32."""
+        """Final norm and vocabulary projection: h [T, H] -> logits [T, V] float32, tanh
+        soft-capped where the config says (Gemma)."""
         h = self.model.norm(h)
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return apply_linear(h, head).float()  # [T, V]
+        logits = apply_linear(h, head).float()  # [T, V]
+        cap = self.config.final_logit_softcapping
+        return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 def drop_unused_tensors(tensors: dict, config: ModelConfig) -> dict:

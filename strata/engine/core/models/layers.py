@@ -1,4 +1,5 @@
-"""Building blocks shared by every architecture: RMSNorm, RoPE, GQA attention, SwiGLU MLP.
+"""Building blocks shared by every architecture: RMSNorm, RoPE, GQA attention, SwiGLU MLP,
+and Gemma's variants (GemmaRMSNorm, GeGLU; attention's sliding window and scale).
 
 Tensors are unbatched: one sequence of T tokens, `x [T, hidden]`. Attention writes its K/V
 into the layer's KVCache buffers and attends over every cached position up to the newest.
@@ -33,6 +34,20 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight w is stored centred on 0 and applied as (1 + w), in float32
+    before the cast back (Llama casts first, then multiplies)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -95,10 +110,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Grouped-query attention over the KV cache, with optional q/k biases and q/k RMSNorm."""
+    """Grouped-query attention over the KV cache, with optional q/k biases and q/k RMSNorm.
 
-    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool):
+    Gemma 3's extras: `norm` (the q/k norm's class), `scale` (the scores' factor, None for
+    1/sqrt(head_dim)) and `sliding_window` (a query sees only the newest that many positions,
+    itself included; None: all of them)."""
+
+    def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool, *,
+                 norm: type[RMSNorm] = RMSNorm, scale: float | None = None,
+                 sliding_window: int | None = None):
         super().__init__()
+        self.scale = scale
+        self.sliding_window = sliding_window
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -108,8 +131,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=o_bias)
         # Qwen3 normalises each head of q and k before RoPE.
-        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.q_norm = norm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = norm(head_dim, config.rms_norm_eps) if qk_norm else None
 
     def forward(
         self,
@@ -162,15 +185,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    @staticmethod
-    def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    def _attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 end_pos: int) -> torch.Tensor:
         """Causal attention of q [T, Hq, D] (the last T of end_pos positions): [Hq, T, D]."""
         keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
         values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
         # 4-D fused kernels with a lower-right causal mask: the 3-D / explicit-mask form of SDPA
         # falls to the math kernel, which materialises [heads, T, S] scores (20 GiB at 32k).
-        return flash_attention(q.transpose(0, 1), keys, values)  # [Hq, T, D]
+        return flash_attention(q.transpose(0, 1), keys, values, scale=self.scale,
+                               window=self.sliding_window)  # [Hq, T, D]
 
 
 class SwiGLU(nn.Module):
@@ -184,3 +207,17 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GeGLU(nn.Module):
+    """Gemma's feed-forward block: down(gelu_tanh(gate(x)) * up(x)). Its own class, not a
+    SwiGLU: the fast path recognises SwiGLU by type and would apply SiLU."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
