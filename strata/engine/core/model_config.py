@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from strata.errors import StrataError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi3", "mistral")
+
+# Multimodal wrappers whose text_config is a supported language model: the language model
+# loads alone (its sanitize drops the vision tower and projector tensors).
+_TEXT_CONFIG_WRAPPERS = ("mistral3",)
+
+log = logging.getLogger(__name__)
 
 
 class ModelFormatError(StrataError, ValueError):
@@ -42,6 +49,14 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # The leading fraction of each head that RoPE rotates (Phi-4-mini: 0.75). Below 1 the
+    # architecture's sanitize() puts the rotated dims in half-split order around the rest
+    # (layers.partial_rotary_rows), so every kernel sees a full-width RoPE whose extra
+    # frequencies are zero (cos 1, sin 0: those dims pass through unchanged).
+    partial_rotary_factor: float = 1.0
+    # Attention sees only the last sliding_window positions (None: every position). The
+    # engine caps its context at the window, where full attention is exact.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -59,10 +74,20 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (head_dim unless partial)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dict."""
         model_type = d.get("model_type", "")
+        if model_type in _TEXT_CONFIG_WRAPPERS and isinstance(d.get("text_config"), dict):
+            text = d["text_config"]
+            log.info("%s is a multimodal model: loading its %s language model only (no "
+                     "images)", model_type, text.get("model_type", "mistral"))
+            return cls.from_hf_dict({"model_type": "mistral", **text})
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelFormatError(
                 f"unsupported architecture {model_type!r}: Strata runs "
@@ -76,6 +101,13 @@ class ModelConfig:
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = dict(rope_params)
+        if rope_scaling is not None and rope_scaling.get(
+                "rope_type", rope_scaling.get("type")) == "longrope":
+            # Phi-3/4 keep the pre-training context beside rope_scaling, not inside it.
+            rope_scaling = {"original_max_position_embeddings":
+                            d.get("original_max_position_embeddings"), **rope_scaling}
+        partial_rotary = d.get("partial_rotary_factor") or rope_params.get(
+            "partial_rotary_factor") or 1.0
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -92,7 +124,8 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
-            attention_bias=d.get("attention_bias", model_type == "qwen2"),
+            attention_bias=d.get("attention_bias", model_type == "qwen2")
+            and model_type != "phi3",
             num_experts=num_experts,
             num_experts_per_tok=d.get("num_experts_per_tok", 0) or 0,
             moe_intermediate_size=d.get("moe_intermediate_size", d.get("intermediate_size", 0))
@@ -103,4 +136,8 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            partial_rotary_factor=float(partial_rotary),
+            # Qwen2/3 configs carry a window they do not use (use_sliding_window false).
+            sliding_window=(d.get("sliding_window") or None)
+            if model_type in ("phi3", "mistral") else None,
         )

@@ -165,22 +165,33 @@ class GGUFBlocks(DeferredTensor):
     un-permuted: a row's blocks move with it), for weights that stay quantized."""
 
     def __init__(self, tensor: TensorInfo, shape: tuple[int, ...], rope_heads: int | None,
-                 make):
+                 make, blocks=None):
         super().__init__(shape, torch.float32, make)
         self.qtype = tensor.tensor_type
         self.gguf_name = tensor.name
         self._tensor = tensor
         self._rope_heads = rope_heads
+        self._blocks = blocks or self._file_blocks
 
     def read_blocks(self) -> torch.Tensor:
         """The blocks, uint8 [..., rows, row_bytes]; a view of the mapped file where no rows
         move."""
+        return self._blocks()
+
+    def _file_blocks(self) -> torch.Tensor:
         blocks = self._tensor.data.reshape(*self.shape[:-1], -1)
         if self._rope_heads is not None:
             blocks = np.ascontiguousarray(unpermute_rope_rows(blocks, self._rope_heads))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
             return torch.from_numpy(blocks)
+
+    def rows_of(self, index: torch.Tensor) -> GGUFBlocks:
+        """These rows (lazy.rows_of), still in blocks: a fused tensor's part, or reordered
+        rows. Whole rows are whole blocks, so any row split is block-aligned."""
+        shape = (int(index.numel()), *self.shape[1:])
+        return GGUFBlocks(self._tensor, shape, self._rope_heads,
+                          lambda: self.read()[index], blocks=lambda: self.read_blocks()[index])
 
 
 def _gguf_tensor(tensor: TensorInfo, rope_heads: int | None) -> DeferredTensor:

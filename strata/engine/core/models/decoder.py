@@ -115,7 +115,8 @@ class DecoderLM(nn.Module):
             raise ValueError(f"a batched decode step needs one token, position and KV cache per "
                              f"sequence, got {tuple(input_ids.shape)}, {len(positions)}, {len(kvs)}")
         check_positions(positions, kvs)
-        cos, sin = self.rope(torch.tensor(list(positions), device=input_ids.device))  # [B, D]
+        cos, sin = self.rope(torch.tensor(list(positions), device=input_ids.device),
+                             per_row=True)  # [B, D] each
         h = self.model.embed_tokens(input_ids)  # [B, H]
         for i, layer in enumerate(self.model.layers):
             h = layer.decode_batch(h, positions, [kv.k[i] for kv in kvs],

@@ -14,6 +14,8 @@ _ARCHITECTURES = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",
+    "phi3": "phi3",
+    "mistral": "mistral",
 }
 
 
