@@ -28,8 +28,12 @@ ATOL = 1e-4
 PROMPT_TOKENS = 40
 NEW_TOKENS = 20
 QTYPES = ["F32", "F16", "Q8_0"]
-# "llama": untied head, GQA; "smollm2": the default model's shape family (tied embeddings).
-VARIANTS = ["llama", "smollm2"]
+# "llama": untied head, GQA; "smollm2": the default model's shape family (tied embeddings);
+# "phi3*": fused qkv and gate_up in the file (quantized blocks split by rows), partial RoPE
+# and LongRoPE from the file's metadata and factor tensors; "mistral": head_dim 32 != 64 / 4,
+# written as llama (as llama.cpp writes Mistral Small 3.x), so it loads as llama.
+VARIANTS = ["llama", "smollm2", "phi3", "phi3_partial_longrope", "mistral"]
+LOADS_AS = {"phi3": "phi3", "phi3_partial_longrope": "phi3"}
 
 
 @functools.cache
@@ -62,7 +66,8 @@ def hf_model_on_stored_weights(model, qtype: str):
 @pytest.fixture(scope="module", params=[(v, q) for v in VARIANTS for q in QTYPES],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def case(request, tmp_path_factory):
-    """(qtype, Engine on the GGUF, transformers on the stored weights, original HF, prompt)."""
+    """(qtype, Engine on the GGUF, transformers on the stored weights, original HF, prompt,
+    variant)."""
     variant, qtype = request.param
     model = hf_model(variant)
     path = write_gguf_from_hf(model, None, tmp_path_factory.mktemp(variant) / f"m-{qtype}.gguf",
@@ -71,7 +76,7 @@ def case(request, tmp_path_factory):
     engine.load()
     generator = torch.Generator().manual_seed(7)
     prompt = torch.randint(0, model.config.vocab_size, (PROMPT_TOKENS,), generator=generator)
-    yield qtype, engine, hf_model_on_stored_weights(model, qtype), model, prompt
+    yield qtype, engine, hf_model_on_stored_weights(model, qtype), model, prompt, variant
     engine.close()
 
 
@@ -86,17 +91,20 @@ def hf_logits(model, prompt: torch.Tensor) -> torch.Tensor:
     return model(prompt[None]).logits[0].float()  # [T, V]
 
 
-def test_engine_loads_the_gguf_as_llama(case) -> None:
-    _, engine, _, model, _ = case
+def test_engine_loads_the_gguf_as_its_architecture(case) -> None:
+    _, engine, _, model, _, variant = case
     info = engine.info()
-    assert info["model_type"] == "llama" and info["dtype"] == "float32"
+    assert info["model_type"] == LOADS_AS.get(variant, "llama") and info["dtype"] == "float32"
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert engine.model_config.head_dim == head_dim
     assert engine.model_config.tie_word_embeddings == model.config.tie_word_embeddings
     assert info["parameter_count"] == sum(
         p.numel() for name, p in model.named_parameters())
 
 
 def test_logits_match_transformers_on_the_stored_weights(case) -> None:
-    _, engine, stored, _, prompt = case
+    _, engine, stored, _, prompt, _ = case
     got = engine_logits(engine, prompt)
     torch.testing.assert_close(got, hf_logits(stored, prompt), atol=ATOL, rtol=0)
 
@@ -104,7 +112,7 @@ def test_logits_match_transformers_on_the_stored_weights(case) -> None:
 def test_quantized_files_really_differ_from_the_float_weights(case) -> None:
     """Guards the oracle: F16 and Q8_0 change the logits by far more than ATOL (about 0.02 and
     1.0 here), so the equality above holds only if the dequantized values are the file's own."""
-    qtype, engine, _, original, prompt = case
+    qtype, engine, _, original, prompt, _ = case
     difference = (engine_logits(engine, prompt) - hf_logits(original, prompt)).abs().max()
     if qtype == "F32":
         assert difference <= ATOL
@@ -113,7 +121,7 @@ def test_quantized_files_really_differ_from_the_float_weights(case) -> None:
 
 
 def test_twenty_greedy_tokens_equal_transformers(case) -> None:
-    _, engine, stored, _, prompt = case
+    _, engine, stored, _, prompt, _ = case
     spec = SamplingSpec(max_tokens=NEW_TOKENS, temperature=0.0)
     ours = [t for ids in engine.generate(prompt.tolist(), spec) for t in ids]
     with torch.no_grad():

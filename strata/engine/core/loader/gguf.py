@@ -85,7 +85,9 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     rope_theta = float(meta.get("rope.freq_base", 10000.0))
 
     rope_scaling = rope_scaling_from_metadata(meta)
-    if rope_scaling is None and "rope_freqs.weight" in tensors:
+    if "rope_factors_long.weight" in tensors and "rope_factors_short.weight" in tensors:
+        rope_scaling = _longrope_scaling(tensors, meta)
+    elif rope_scaling is None and "rope_freqs.weight" in tensors:
         freqs_tensor = tensors["rope_freqs.weight"]
         freqs = dequantize_tensor(freqs_tensor.name, freqs_tensor.tensor_type, freqs_tensor.data)
         rope_scaling = llama3_scaling_from_freqs(freqs, rope_theta, head_dim)
@@ -107,6 +109,8 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
             eos_ids.append(int(value))
     bos = reader.metadata.get("tokenizer.ggml.bos_token_id")
 
+    rotary_dim = int(meta.get("rope.dimension_count") or head_dim)
+    sliding_window = int(meta.get("attention.sliding_window") or 0) if arch == "phi3" else 0
     dense_layers = tuple(
         i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
     )
@@ -138,7 +142,24 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         mlp_only_layers=dense_layers if num_experts else (),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(eos_ids),
+        partial_rotary_factor=rotary_dim / head_dim,
+        sliding_window=sliding_window or None,
     )
+
+
+def _longrope_scaling(tensors: dict[str, TensorInfo], meta: dict[str, Any]) -> dict[str, Any]:
+    """HF longrope rope_scaling from Phi-3/4's factor tensors and metadata (llama.cpp's
+    converter writes the attention factor it derived; transformers would derive the same)."""
+    scaling: dict[str, Any] = {"rope_type": "longrope"}
+    for kind in ("short", "long"):
+        info = tensors[f"rope_factors_{kind}.weight"]
+        factors = dequantize_tensor(info.name, info.tensor_type, info.data).reshape(-1)
+        scaling[f"{kind}_factor"] = [float(f) for f in factors]
+    original = meta.get("rope.scaling.original_context_length") or meta.get("context_length")
+    scaling["original_max_position_embeddings"] = int(original or 2048)
+    if meta.get("rope.scaling.attn_factor") is not None:
+        scaling["attention_factor"] = float(meta["rope.scaling.attn_factor"])
+    return scaling
 
 
 def _check_quant_type(name: str, tensor_type: GGMLQuantizationType) -> None:
