@@ -87,7 +87,9 @@ class ModelConfig:
             text = d["text_config"]
             log.info("%s is a multimodal model: loading its %s language model only (no "
                      "images)", model_type, text.get("model_type", "mistral"))
-            return cls.from_hf_dict({"model_type": "mistral", **text})
+            # transformers 5 ties the head by the wrapper's flag where it has one.
+            tied = {k: d[k] for k in ("tie_word_embeddings",) if k in d}
+            return cls.from_hf_dict({"model_type": "mistral", **text, **tied})
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ModelFormatError(
                 f"unsupported architecture {model_type!r}: Strata runs "
