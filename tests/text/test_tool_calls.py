@@ -57,6 +57,9 @@ RECORDED = [
     ("mistral",  # Mistral Small 3.2 (v11 tokenizer): name, [ARGS], arguments; two calls
      '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "q": "a}\\"b"}[TOOL_CALLS]get_time[ARGS]{}',
      "", [("get_weather", {"city": "Paris", "q": 'a}"b'}), ("get_time", {})]),
+    ("mistral",  # Mistral Small 3.2 / Devstral as their template writes calls: a call id
+     '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}', "",
+     [("get_weather", {"city": "Paris"})]),
     ("mistral", "Bonjour! Paris is sunny.", "Bonjour! Paris is sunny.", []),
     ("generic",  # arguments as a JSON string, name after arguments
      '{"arguments": "{\\"city\\": \\"Rome\\"}", "name": "get_weather"}', "",
