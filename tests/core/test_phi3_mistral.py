@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.loader import load_model_config, load_tensors
+from strata.engine.core.loader import inspect_model, load_model_config, load_tensors
 from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors
 from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.models.build import build_model
@@ -103,6 +103,8 @@ def test_mistral3_multimodal_directory_loads_its_language_model(tmp_path, caplog
     with caplog.at_level("INFO", logger="strata.engine.core.model_config"):
         ours = load_hf_config(tmp_path)
     assert ours.model_type == "mistral" and ours.head_dim == 32
+    info = inspect_model(tmp_path)  # strata info
+    assert info.model_type == "mistral" and info.is_supported
     assert [r.getMessage() for r in caplog.records] == [
         "mistral3 is a multimodal model: loading its mistral language model only (no images)"]
     model = build_model(ours, load_hf_tensors(tmp_path, ours))

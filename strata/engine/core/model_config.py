@@ -12,7 +12,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "phi
 
 # Multimodal wrappers whose text_config is a supported language model: the language model
 # loads alone (its sanitize drops the vision tower and projector tensors).
-_TEXT_CONFIG_WRAPPERS = ("mistral3",)
+TEXT_CONFIG_WRAPPERS = ("mistral3",)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class ModelConfig:
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dict."""
         model_type = d.get("model_type", "")
-        if model_type in _TEXT_CONFIG_WRAPPERS and isinstance(d.get("text_config"), dict):
+        if model_type in TEXT_CONFIG_WRAPPERS and isinstance(d.get("text_config"), dict):
             text = d["text_config"]
             log.info("%s is a multimodal model: loading its %s language model only (no "
                      "images)", model_type, text.get("model_type", "mistral"))

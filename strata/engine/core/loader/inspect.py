@@ -15,7 +15,11 @@ from strata.engine.core.loader.quant_plan import (
     estimate_vram,
     kv_bytes,
 )
-from strata.engine.core.model_config import SUPPORTED_MODEL_TYPES, ModelFormatError
+from strata.engine.core.model_config import (
+    SUPPORTED_MODEL_TYPES,
+    TEXT_CONFIG_WRAPPERS,
+    ModelFormatError,
+)
 from strata.engine.core.model_info import ModelInfo
 from strata.engine.gguf_file import open_gguf
 from strata.engine.gguf_reader import GGUFFile
@@ -107,6 +111,9 @@ def inspect_hf(directory: Path) -> ModelInfo:
                 f"{file} is truncated or damaged ({e}): download it again"
             ) from None
     model_type = str(config.get("model_type", "unknown"))
+    text_config = config.get("text_config")
+    if model_type in TEXT_CONFIG_WRAPPERS and isinstance(text_config, dict):
+        model_type = str(text_config.get("model_type", "mistral"))  # its language model runs
     return ModelInfo(
         path=str(directory),
         format="hf",
