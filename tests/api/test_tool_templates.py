@@ -52,6 +52,16 @@ EXPECTED = {
                                 '"arguments": {"city": "Paris"}}\n</tool_call><end_of_turn>'),
                                 "<start_of_turn>user\n<tool_response>\nsunny\n"
                                 "</tool_response><end_of_turn>\n<start_of_turn>model\n"),
+    # Mistral Small 3.2 / Devstral: calls carry their 9-character id, as the template demands.
+    "mistral-small-3.2-instruct-2506.jinja": (
+        '[AVAILABLE_TOOLS][{"type": "function", "function": {"name": "get_weather"',
+        '[TOOL_CALLS]get_weather[CALL_ID]abc123XYZ[ARGS]{"city": "Paris"}',
+        "[TOOL_RESULTS]abc123XYZ[TOOL_CONTENT]sunny[/TOOL_RESULTS]"),
+    # Phi-4's template has no tools: Strata's Hermes prompt, inside its own turns.
+    "phi-4.jinja": ("<|im_start|>system<|im_sep|># Tools", (
+        '<|im_start|>assistant<|im_sep|><tool_call>\n{"name": "get_weather", '
+        '"arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'),
+        "<|im_start|>user<|im_sep|><tool_response>\nsunny\n</tool_response><|im_end|>"),
 }
 
 

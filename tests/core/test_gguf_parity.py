@@ -30,9 +30,12 @@ NEW_TOKENS = 20
 QTYPES = ["F32", "F16", "Q8_0"]
 # "llama": untied head, GQA; "smollm2": the default model's shape family (tied embeddings);
 # "gemma3": norms stored as 1 + w, its window and soft-cap in metadata, and QAT's Q4_0.
-VARIANTS = ["llama", "smollm2", "gemma3"]
+# "phi3*": fused qkv and gate_up in the file (quantized blocks split by rows), partial RoPE
+# and LongRoPE from the file's metadata and factor tensors; "mistral": head_dim 32 != 64 / 4,
+# written as llama (as llama.cpp writes Mistral Small 3.x), so it loads as llama.
+VARIANTS = ["llama", "smollm2", "gemma3", "phi3", "phi3_partial_longrope", "mistral"]
 EXTRA_QTYPES = {"gemma3": ["Q4_0"]}
-MODEL_TYPES = {"llama": "llama", "smollm2": "llama", "gemma3": "gemma3_text"}
+LOADS_AS = {"gemma3": "gemma3_text", "phi3": "phi3", "phi3_partial_longrope": "phi3"}
 # What a GGUF cannot say, llama.cpp derives: Gemma 3's query scale is 1/sqrt(head_dim) but
 # for the 27B, so the model written here has that scale.
 GGUF_CONFIG_CHANGES = {"gemma3": {"query_pre_attn_scalar": 16}}
@@ -73,7 +76,8 @@ def hf_model_on_stored_weights(model, qtype: str):
                 params=[(v, q) for v in VARIANTS for q in QTYPES + EXTRA_QTYPES.get(v, [])],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def case(request, tmp_path_factory):
-    """(qtype, Engine on the GGUF, transformers on the stored weights, original HF, prompt)."""
+    """(qtype, Engine on the GGUF, transformers on the stored weights, original HF, prompt,
+    variant)."""
     variant, qtype = request.param
     model = hf_model(variant)
     path = write_gguf_from_hf(model, None, tmp_path_factory.mktemp(variant) / f"m-{qtype}.gguf",
@@ -100,7 +104,10 @@ def hf_logits(model, prompt: torch.Tensor) -> torch.Tensor:
 def test_engine_loads_the_gguf_as_its_architecture(case) -> None:
     _, engine, _, model, _, variant = case
     info = engine.info()
-    assert info["model_type"] == MODEL_TYPES[variant] and info["dtype"] == "float32"
+    assert info["model_type"] == LOADS_AS.get(variant, "llama") and info["dtype"] == "float32"
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert engine.model_config.head_dim == head_dim
     assert engine.model_config.tie_word_embeddings == model.config.tie_word_embeddings
     assert info["parameter_count"] == sum(
         p.numel() for name, p in model.named_parameters())

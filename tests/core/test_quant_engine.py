@@ -74,6 +74,9 @@ def _dequantized_run(path, monkeypatch) -> tuple[list[int], int]:
     # Gemma 3 QAT files are Q4_0: its reference forward (the fast path stands aside) reads
     # the blocks through the same kernels.
     ("gemma3", "Q4_0", None),
+    # Phi-4-mini's shape: fused attn_qkv / ffn_up blocks split by rows (partial RoPE also
+    # reorders q/k rows), then fused again by the arena.
+    ("phi3_partial_longrope", "Q8_0", None),
 ])
 def test_quantized_engine_decodes_like_the_dequantized_one(tmp_path, monkeypatch, variant,
                                                            qtype, overrides) -> None:
@@ -91,6 +94,8 @@ def test_quantized_engine_decodes_like_the_dequantized_one(tmp_path, monkeypatch
             assert fused[0] is None and isinstance(fused[1], QuantizedWeight)
         else:
             assert all(isinstance(w, QuantizedWeight) for w in fused)
+            assert all(isinstance(layer.mlp.gate_up_weight, QuantizedWeight)
+                       for layer in engine.model.model.layers)
         assert _greedy(engine) == expected
         # The host copy was filled from the file: it equals the arena byte for byte, and
         # sleep/wake restores blocks that decode the same.
@@ -121,6 +126,24 @@ def test_fast_schedule_on_quantized_weights_matches_the_reference(tmp_path, monk
                                dense_kernels=dense_kernels, min_bucket_tokens=16,
                                prefill_chunk_tokens=20)
         assert decoder.ops.dense_kernels == dense_kernels
+        kv = KVCache.for_config(engine.model.config, 64)
+        spec = SamplingSpec(max_tokens=NUM_NEW, temperature=0.0)
+        assert list(decoder.generate(kv, PROMPT, spec, max_new_tokens=NUM_NEW)) == expected
+    finally:
+        engine.close()
+
+
+def test_fast_schedule_on_quantized_phi3_matches_the_reference(tmp_path, monkeypatch) -> None:
+    """Phi-4-mini's shape (partial RoPE, LongRoPE) through GraphDecoder over Q8_0 blocks:
+    the fast kernels take the model's cos/sin tables, whose passed-through dims rotate by 0."""
+    path = _gguf(tmp_path, "phi3_partial_longrope", "Q8_0")
+    engine = _engine(path, monkeypatch, quantized=True)
+    try:
+        assert engine.model_config.rotary_dim < engine.model_config.head_dim
+        expected = _greedy(engine)
+        decoder = GraphDecoder(engine.model, use_cuda_graphs=False, compile_pointwise=False,
+                               dense_kernels=True, min_bucket_tokens=16,
+                               prefill_chunk_tokens=20)
         kv = KVCache.for_config(engine.model.config, 64)
         spec = SamplingSpec(max_tokens=NUM_NEW, temperature=0.0)
         assert list(decoder.generate(kv, PROMPT, spec, max_new_tokens=NUM_NEW)) == expected

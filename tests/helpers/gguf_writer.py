@@ -25,6 +25,8 @@ _ARCH_FOR_MODEL_TYPE = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
     "gemma3_text": "gemma3",
+    "phi3": "phi3",
+    "mistral": "llama",  # llama.cpp writes Mistral Small 3.x / Devstral as llama
 }
 
 
@@ -103,6 +105,21 @@ def _split_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def _add_longrope(writer: gguf.GGUFWriter, tensors: dict[str, np.ndarray], cfg: Any,
+                  rope: dict) -> None:
+    """Phi-3/4 LongRoPE as llama.cpp's converter stores it: the two factor sets as F32
+    tensors, the pre-training context and the attention factor it derives as metadata."""
+    import math
+
+    original = rope.get("original_max_position_embeddings") or cfg.original_max_position_embeddings
+    factor = cfg.max_position_embeddings / original
+    attn_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_scaling_attn_factors(attn_factor)
+    tensors["rope_factors_long.weight"] = np.asarray(rope["long_factor"], np.float32)
+    tensors["rope_factors_short.weight"] = np.asarray(rope["short_factor"], np.float32)
+
+
 def _add_tokenizer(writer: gguf.GGUFWriter, tokenizer: Any, vocab_size: int) -> None:
     """gpt2-style BPE vocabulary, padded to the model's vocab size like the converter does."""
     id_to_token = {i: t for t, i in tokenizer.get_vocab().items()}
@@ -177,6 +194,10 @@ def write_gguf_from_hf(
     writer.add_value_length(head_dim)
     if arch == "llama":
         writer.add_rope_dimension_count(head_dim)
+    if arch == "phi3":  # partial RoPE: the rotated dims; LongRoPE: the factor tensors below
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        if getattr(cfg, "sliding_window", None):
+            writer.add_sliding_window(cfg.sliding_window)
     num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", 0) or 0
     if num_experts:
         writer.add_expert_count(num_experts)
@@ -205,6 +226,8 @@ def write_gguf_from_hf(
         edit_tensors(tensors)
     if rope.get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = llama3_freqs(rope, rope_theta, head_dim)
+    if rope.get("rope_type") == "longrope":
+        _add_longrope(writer, tensors, cfg, rope)
     if per_expert_tensors:
         tensors = _split_experts(tensors)
     overrides = qtype_overrides or {}

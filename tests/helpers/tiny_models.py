@@ -80,6 +80,20 @@ VARIANTS: dict[str, tuple[str, dict]] = {
             },
         },
     ),
+    # Phi-4's shape: fused qkv and gate_up in the file, full RoPE, untied head.
+    "phi3": ("Phi3Config", {"sliding_window": None}),
+    # Phi-4-mini's: 3/4 of each head rotated, LongRoPE, tied embeddings. Prompt and greedy
+    # tokens (60) stay within the pre-training context (64): transformers' generate re-encodes
+    # its whole cache on crossing it, which Strata does not (test_phi3.py checks the long
+    # factors and the crossing against transformers' forward).
+    "phi3_partial_longrope": ("Phi3Config", {
+        "sliding_window": None, "tie_word_embeddings": True, "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": 64,
+        "rope_scaling": {"type": "longrope",
+                         "short_factor": [1.0, 1.1, 1.3, 1.7, 2.2, 3.0],
+                         "long_factor": [1.5, 2.5, 4.0, 6.5, 9.0, 14.0]}}),
+    # head_dim 32 given explicitly, not hidden / heads (16), as in Mistral Small 3.x.
+    "mistral": ("MistralConfig", {"head_dim": 32, "sliding_window": None}),
 }
 
 # Variants whose norm weights are drawn at random instead of transformers' constant init, so

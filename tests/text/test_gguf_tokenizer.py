@@ -119,3 +119,51 @@ def test_sentencepiece_follows_llama_cpp_where_transformers_differs(tmp_path):
     no_bos = load_text_assets(write_spm_gguf(tmp_path / "nobos.gguf", add_bos=False))
     assert no_bos.encode("x") == [no_bos.tokenizer.token_to_id("▁"),
                                   no_bos.tokenizer.token_to_id("x")]
+
+
+# Mistral's Tekken (Mistral Nemo, Small 3.x, Devstral): a byte-level BPE GGUF with pre "tekken".
+
+def _write_tekken_gguf(path) -> object:
+    """Control tokens, the 256 byte-level characters, a few merges, and "ĠParis": a word
+    token no merge builds, as tiktoken vocabularies have (only ignore_merges reaches it)."""
+    import gguf
+
+    from strata.engine.text.token_bytes import _byte_level_decoder
+
+    controls = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[ARGS]"]
+    by_byte = {b: char for char, b in _byte_level_decoder().items()}
+    chars = [by_byte[b] for b in range(256)]
+    merges = ["H e", "He l", "Hel l", "Hell o", "Ġ w", "Ġw o", "Ġwo r", "Ġwor l", "Ġworl d"]
+    merged = ["He", "Hel", "Hell", "Hello", "Ġw", "Ġwo", "Ġwor", "Ġworl", "Ġworld"]
+    tokens = controls + chars + merged + ["ĠParis"]
+    types = [gguf.TokenType.CONTROL] * len(controls) + [gguf.TokenType.NORMAL] * (
+        len(tokens) - len(controls))
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("tekken")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_tekken_vocabulary_round_trips_and_follows_llama_cpp(tmp_path):
+    assets = load_text_assets(_write_tekken_gguf(tmp_path / "tekken.gguf"))
+    vocab = assets.tokenizer
+    # No add_bos key: llama.cpp adds BOS for tekken.
+    assert assets.add_bos and assets.encode("Hello")[0] == 1
+    # A piece that is itself a token is taken whole (ignore_merges), merges build the rest.
+    pieces = vocab.encode("Hello world Paris", add_special_tokens=False).tokens
+    assert pieces == ["Hello", "Ġworld", "ĠParis"]
+    # Control tokens stay whole; text of any kind comes back exactly.
+    ids = assets.encode("[INST]Hello[/INST][TOOL_CALLS]f[ARGS]{}")
+    assert [vocab.id_to_token(i) for i in ids[:3]] == ["<s>", "[INST]", "Hello"]
+    for text in [*varied_strings(100), MIXED, "CamelCase HTTPServer l'été 123456"]:
+        ids = assets.encode(text)
+        assert assets.decode(ids[1:]) == text

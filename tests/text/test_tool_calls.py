@@ -57,6 +57,9 @@ RECORDED = [
     ("mistral",  # Mistral Small 3.2 (v11 tokenizer): name, [ARGS], arguments; two calls
      '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "q": "a}\\"b"}[TOOL_CALLS]get_time[ARGS]{}',
      "", [("get_weather", {"city": "Paris", "q": 'a}"b'}), ("get_time", {})]),
+    ("mistral",  # Mistral Small 3.2 / Devstral as their template writes calls: a call id
+     '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}', "",
+     [("get_weather", {"city": "Paris"})]),
     ("mistral", "Bonjour! Paris is sunny.", "Bonjour! Paris is sunny.", []),
     ("generic",  # arguments as a JSON string, name after arguments
      '{"arguments": "{\\"city\\": \\"Rome\\"}", "name": "get_weather"}', "",
@@ -118,7 +121,8 @@ def test_any_split_gives_the_whole_result(case, cuts) -> None:
     ("qwen2.5-instruct.jinja", "hermes"), ("qwen3.jinja", "hermes"),
     ("hermes-3-llama-3.1-tool-use.jinja", "hermes"), ("llama-3.1-instruct.jinja", "llama3"),
     ("mistral-nemo-instruct-2407.jinja", "mistral"),
-    ("mistral-small-3.2-instruct-2506.jinja", "mistral"), ("smollm2-135m-instruct.jinja", "hermes")])
+    ("mistral-small-3.2-instruct-2506.jinja", "mistral"), ("smollm2-135m-instruct.jinja", "hermes"),
+    ("phi-4.jinja", "hermes")])
 def test_format_is_detected_from_the_real_template(template, fmt) -> None:
     path = TEMPLATES / template
     assert detect_format(path.read_text()) == fmt

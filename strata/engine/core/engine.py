@@ -175,6 +175,13 @@ class Engine:
         self.context_tokens = self.config.context_tokens or min(
             config.max_position_embeddings, DEFAULT_MAX_CONTEXT_TOKENS
         )
+        if (config.sliding_window and not config.layer_types
+                and self.context_tokens > config.sliding_window):
+            # A window on every layer (Phi-3, Mistral), which attention does not apply: within
+            # the window that is exact. Gemma 3's local layers apply theirs (layer_types).
+            log.info("context capped at the model's sliding window of %d tokens (asked for %d)",
+                     config.sliding_window, self.context_tokens)
+            self.context_tokens = config.sliding_window
         self.kv_arena = KVArena(config, self.context_tokens, self.dtype, backend,
                                 self.config.num_slots)
         self.memory.arenas.add(self.kv_arena.arena)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from strata.errors import StrataError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "phi3",
+                         "mistral")
 
 # Gemma3TextConfig's defaults: released config.json files (the multimodal ones' text_config
 # above all) leave out every value equal to them.
@@ -19,6 +21,12 @@ _GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
     "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window_pattern": 6,
     "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
 }
+
+# Multimodal wrappers whose text_config is a supported language model: the language model
+# loads alone (its sanitize drops the vision tower and projector tensors).
+TEXT_CONFIG_WRAPPERS = ("mistral3",)
+
+log = logging.getLogger(__name__)
 
 
 class ModelFormatError(StrataError, ValueError):
@@ -54,14 +62,23 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # Gemma 3: "sliding_attention" / "full_attention" per layer (empty: all full), the local
-    # layers' window (tokens, the query's own included) and RoPE base, the attention scale's
-    # 1/sqrt(query_pre_attn_scalar) (None: head_dim), tanh soft-capped logits, the MLP's gate.
+    # layers' RoPE base, the attention scale's 1/sqrt(query_pre_attn_scalar) (None:
+    # head_dim), tanh soft-capped logits, the MLP's gate.
     layer_types: tuple[str, ...] = field(default_factory=tuple)
-    sliding_window: int | None = None
     rope_local_theta: float = 10000.0
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
     hidden_activation: str = "silu"
+    # The leading fraction of each head that RoPE rotates (Phi-4-mini: 0.75). Below 1 the
+    # architecture's sanitize() puts the rotated dims in half-split order around the rest
+    # (layers.partial_rotary_rows), so every kernel sees a full-width RoPE whose extra
+    # frequencies are zero (cos 1, sin 0: those dims pass through unchanged).
+    partial_rotary_factor: float = 1.0
+    # The window (tokens, the query's own included) attention sees: on the "sliding_attention"
+    # layers where layer_types names them (Gemma 3), else on every layer (Phi-3, Mistral),
+    # where the engine caps its context at the window, in which full attention is exact.
+    # None: every position.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -91,10 +108,22 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (head_dim unless partial)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dict."""
         model_type = d.get("model_type", "")
+        if model_type in TEXT_CONFIG_WRAPPERS and isinstance(d.get("text_config"), dict):
+            text = d["text_config"]
+            log.info("%s is a multimodal model: loading its %s language model only (no "
+                     "images)", model_type, text.get("model_type", "mistral"))
+            # transformers 5 ties the head by the wrapper's flag where it has one.
+            tied = {k: d[k] for k in ("tie_word_embeddings",) if k in d}
+            return cls.from_hf_dict({"model_type": "mistral", **text, **tied})
         is_gemma3 = model_type in ("gemma3", "gemma3_text")
         if is_gemma3:
             d = gemma3_text_dict(d)
@@ -112,6 +141,13 @@ class ModelConfig:
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = dict(rope_params)
+        if rope_scaling is not None and rope_scaling.get(
+                "rope_type", rope_scaling.get("type")) == "longrope":
+            # Phi-3/4 keep the pre-training context beside rope_scaling, not inside it.
+            rope_scaling = {"original_max_position_embeddings":
+                            d.get("original_max_position_embeddings"), **rope_scaling}
+        partial_rotary = d.get("partial_rotary_factor") or rope_params.get(
+            "partial_rotary_factor") or 1.0
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -128,7 +164,8 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
-            attention_bias=d.get("attention_bias", model_type == "qwen2"),
+            attention_bias=d.get("attention_bias", model_type == "qwen2")
+            and model_type != "phi3",
             num_experts=num_experts,
             num_experts_per_tok=d.get("num_experts_per_tok", 0) or 0,
             moe_intermediate_size=d.get("moe_intermediate_size", d.get("intermediate_size", 0))
@@ -139,21 +176,26 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            # Only where the model reads them: Qwen2/3 configs list layer_types too (all full
-            # unless use_sliding_window, which Strata's Qwen does not implement).
+            # Only where the model reads them: Qwen2/3 configs list layer_types and a window
+            # too (all full unless use_sliding_window, which Strata's Qwen does not implement).
             layer_types=tuple(d.get("layer_types") or ()) if is_gemma3 else (),
-            sliding_window=d.get("sliding_window") if is_gemma3 else None,
+            sliding_window=(d.get("sliding_window") or None)
+            if is_gemma3 or model_type in ("phi3", "mistral") else None,
             rope_local_theta=d.get("rope_local_base_freq", 10000.0),
             query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
             final_logit_softcapping=d.get("final_logit_softcapping"),
             hidden_activation=d.get("hidden_activation") or d.get("hidden_act") or "silu",
+            partial_rotary_factor=float(partial_rotary),
         )
 
 
 def hf_text_model_type(d: dict[str, Any]) -> str:
     """The model_type Strata builds for a config.json: a multimodal Gemma 3's text model
-    ("gemma3" with a text_config) is "gemma3_text"; others as written."""
+    ("gemma3" with a text_config) is "gemma3_text", a TEXT_CONFIG_WRAPPERS one's is its
+    text_config's; others as written."""
     model_type = str(d.get("model_type", "unknown"))
+    if model_type in TEXT_CONFIG_WRAPPERS and isinstance(d.get("text_config"), dict):
+        return str(d["text_config"].get("model_type", "mistral"))
     return "gemma3_text" if model_type == "gemma3" else model_type
 
 

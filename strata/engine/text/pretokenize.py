@@ -67,8 +67,11 @@ _SPLITS_BY_PRE: dict[str, list[str]] = {
 
 # Vocabularies whose upstream tokenizer.json sets BPE `ignore_merges`: a word that is itself
 # a token is taken whole instead of being rebuilt from merges.
+# Mistral's tekken is a tiktoken vocabulary (a piece that is a token is taken whole), and
+# llama.cpp sets ignore_merges for it too.
 IGNORE_MERGES_PRES = frozenset(
-    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
+    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+     "tekken")
 )
 
 SUPPORTED_PRES = tuple(sorted(_SPLITS_BY_PRE))

@@ -211,8 +211,8 @@ class _CallObjects:
 
 
 class _NamedArguments:
-    """Mistral's v11 form, `[TOOL_CALLS]name[ARGS]{...}`: a name, then one JSON value streamed
-    until it closes."""
+    """Mistral's v11 form, `[TOOL_CALLS]name[ARGS]{...}` (v13: `name[CALL_ID]id[ARGS]{...}`):
+    a name, then one JSON value streamed until it closes."""
 
     def __init__(self, parser: ToolCallParser):
         self._parser = parser
@@ -227,7 +227,9 @@ class _NamedArguments:
         self.text += char
         if self.name is None:
             if self.text.endswith("[ARGS]"):
-                self.name = self.text[:-len("[ARGS]")].rsplit("]", 1)[-1]
+                # v13 templates (Mistral Small 3.2, Devstral) put `[CALL_ID]id` before [ARGS].
+                head = self.text[:-len("[ARGS]")].split("[CALL_ID]", 1)[0]
+                self.name = head.rsplit("]", 1)[-1]
                 self.index = self._parser.next_index()
                 events.append(CallStart(self.index, self.name))
                 return "more"

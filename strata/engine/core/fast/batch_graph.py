@@ -167,7 +167,7 @@ class BatchStep:
         """Logits of every row into buffers.logits; writes each real row's K/V. No host sync
         on the fused path: a graph can hold it."""
         model, ops = self.model, self.ops
-        cos, sin = model.rope(buffers.positions.clamp(min=0))  # [B, D] each
+        cos, sin = model.rope(buffers.positions.clamp(min=0), per_row=True)  # [B, D] each
         h = model.model.embed_tokens(buffers.tokens)  # [B, H]
         y = None
         for i, layer in enumerate(model.model.layers):

@@ -97,7 +97,9 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     rope_theta = float(meta.get("rope.freq_base", 10000.0))
 
     rope_scaling = rope_scaling_from_metadata(meta)
-    if rope_scaling is None and "rope_freqs.weight" in tensors:
+    if "rope_factors_long.weight" in tensors and "rope_factors_short.weight" in tensors:
+        rope_scaling = _longrope_scaling(tensors, meta)
+    elif rope_scaling is None and "rope_freqs.weight" in tensors:
         freqs_tensor = tensors["rope_freqs.weight"]
         freqs = dequantize_tensor(freqs_tensor.name, freqs_tensor.tensor_type, freqs_tensor.data)
         rope_scaling = llama3_scaling_from_freqs(freqs, rope_theta, head_dim)
@@ -119,6 +121,8 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
             eos_ids.append(int(value))
     bos = reader.metadata.get("tokenizer.ggml.bos_token_id")
 
+    rotary_dim = int(meta.get("rope.dimension_count") or head_dim)
+    sliding_window = int(meta.get("attention.sliding_window") or 0) if arch == "phi3" else 0
     dense_layers = tuple(
         i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
     )
@@ -151,7 +155,9 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         mlp_only_layers=dense_layers if num_experts else (),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(eos_ids),
-        **extra,
+        partial_rotary_factor=rotary_dim / head_dim,
+        # Gemma 3's window is its local layers' (extra); Phi-3's is every layer's.
+        **{"sliding_window": sliding_window or None, **extra},
     )
 
 
@@ -173,6 +179,21 @@ def _gemma3_fields(meta: dict[str, Any], num_layers: int, hidden_per_head: int,
         "final_logit_softcapping": _float32_value(softcap) if softcap else None,
         "hidden_activation": "gelu_pytorch_tanh",
     }
+
+
+def _longrope_scaling(tensors: dict[str, TensorInfo], meta: dict[str, Any]) -> dict[str, Any]:
+    """HF longrope rope_scaling from Phi-3/4's factor tensors and metadata (llama.cpp's
+    converter writes the attention factor it derived; transformers would derive the same)."""
+    scaling: dict[str, Any] = {"rope_type": "longrope"}
+    for kind in ("short", "long"):
+        info = tensors[f"rope_factors_{kind}.weight"]
+        factors = dequantize_tensor(info.name, info.tensor_type, info.data).reshape(-1)
+        scaling[f"{kind}_factor"] = [float(f) for f in factors]
+    original = meta.get("rope.scaling.original_context_length") or meta.get("context_length")
+    scaling["original_max_position_embeddings"] = int(original or 2048)
+    if meta.get("rope.scaling.attn_factor") is not None:
+        scaling["attention_factor"] = float(meta["rope.scaling.attn_factor"])
+    return scaling
 
 
 def _check_quant_type(name: str, tensor_type: GGMLQuantizationType) -> None:
@@ -199,22 +220,33 @@ class GGUFBlocks(DeferredTensor):
     un-permuted: a row's blocks move with it), for weights that stay quantized."""
 
     def __init__(self, tensor: TensorInfo, shape: tuple[int, ...], rope_heads: int | None,
-                 make):
+                 make, blocks=None):
         super().__init__(shape, torch.float32, make, tensor.name)
         self.qtype = tensor.tensor_type
         self.gguf_name = tensor.name
         self._tensor = tensor
         self._rope_heads = rope_heads
+        self._blocks = blocks or self._file_blocks
 
     def read_blocks(self) -> torch.Tensor:
         """The blocks, uint8 [..., rows, row_bytes]; a view of the mapped file where no rows
         move."""
+        return self._blocks()
+
+    def _file_blocks(self) -> torch.Tensor:
         blocks = self._tensor.data.reshape(*self.shape[:-1], -1)
         if self._rope_heads is not None:
             blocks = np.ascontiguousarray(unpermute_rope_rows(blocks, self._rope_heads))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
             return torch.from_numpy(blocks)
+
+    def rows_of(self, index: torch.Tensor) -> GGUFBlocks:
+        """These rows (lazy.rows_of), still in blocks: a fused tensor's part, or reordered
+        rows. Whole rows are whole blocks, so any row split is block-aligned."""
+        shape = (int(index.numel()), *self.shape[1:])
+        return GGUFBlocks(self._tensor, shape, self._rope_heads,
+                          lambda: self.read()[index], blocks=lambda: self.read_blocks()[index])
 
 
 def _gguf_tensor(tensor: TensorInfo, rope_heads: int | None) -> DeferredTensor:

@@ -15,7 +15,8 @@ from strata.engine.core.model_config import ModelConfig
 
 # general.architecture -> model_type (llama with experts is mixtral; see load_gguf_config).
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
-                      "gemma3": "gemma3_text"}
+                      "gemma3": "gemma3_text",
+                      "phi3": "phi3"}
 
 # The canonical MoE names differ from every HF checkpoint, so they are looked up in the gguf map
 # through a name it knows; the dict says which (canonical suffix -> name the map understands).
@@ -31,7 +32,9 @@ _PER_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
 _PER_EXPERT_PROJ = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
 
 # Tensors a GGUF may carry that are folded into the config instead (llama3 rope factors).
-IGNORED_GGUF_TENSORS = frozenset({"rope_freqs.weight"})
+# Phi-3/4's LongRoPE factors likewise (load_gguf_config reads them).
+IGNORED_GGUF_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight",
+                                  "rope_factors_short.weight"})
 
 
 def is_moe_layer(config: ModelConfig, layer: int) -> bool:
@@ -42,7 +45,8 @@ def is_moe_layer(config: ModelConfig, layer: int) -> bool:
 
 
 def canonical_names(config: ModelConfig) -> list[str]:
-    """Every tensor name `load_tensors` returns for this config, in a stable order."""
+    """Every tensor name a GGUF of this config holds, in canonical names before the
+    architecture's sanitize() (phi3's fused ones), in a stable order."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
@@ -54,13 +58,18 @@ def canonical_names(config: ModelConfig) -> list[str]:
         if has_sandwich_norms:
             names += [p + "pre_feedforward_layernorm.weight",
                       p + "post_feedforward_layernorm.weight"]
-        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        if config.model_type == "phi3":  # stored fused; phi3.sanitize splits them
+            names += [p + "self_attn.qkv_proj.weight", p + "self_attn.o_proj.weight"]
+        else:
+            names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
         if config.attention_bias:
             names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if has_qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         if is_moe_layer(config, i):
             names += [p + suffix for suffix in _MOE_PROBE_NAMES]
+        elif config.model_type == "phi3":
+            names += [p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"]
         else:
             names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
     return names

@@ -82,6 +82,20 @@ def narrowed(source: LazyTensor, dim: int, start: int, length: int) -> DeferredT
     return DeferredTensor(shape, source.dtype, lambda: source.read().narrow(dim, start, length))
 
 
+def rows_of(source: LazyTensor, index: torch.Tensor) -> LazyTensor:
+    """source[index] along its first dim, read when asked for: a view where index is one run
+    of rows, a gather otherwise. A tensor of GGML blocks (loader/gguf.py) stays one, each
+    row's blocks moving with it, so a fused qkv split or a row reorder stays quantized."""
+    if hasattr(source, "rows_of"):
+        return source.rows_of(index)
+    shape = (int(index.numel()), *source.shape[1:])
+    start = int(index[0]) if index.numel() else 0
+    if torch.equal(index, torch.arange(start, start + index.numel())):
+        return DeferredTensor(shape, source.dtype,
+                              lambda: source.read().narrow(0, start, index.numel()))
+    return DeferredTensor(shape, source.dtype, lambda: source.read()[index])
+
+
 def materialize(
     tensors: dict[str, LazyTensor], dtype: torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:

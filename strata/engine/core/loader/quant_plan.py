@@ -43,7 +43,7 @@ _EXPERT_STACK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 # The same in GGUF names, for `strata info` (which reads no config to map names): stacked
 # experts (ffn_*_exps) and the per-expert tensors of old Mixtral files (ffn_*.E) included.
 _QUANTIZABLE_GGUF = re.compile(
-    r"^(token_embd|output|blk\.\d+\.(attn_[qkv]|attn_output|ffn_gate|ffn_up|ffn_down|"
+    r"^(token_embd|output|blk\.\d+\.(attn_[qkv]|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down|"
     r"ffn_(gate|up|down)_exps|ffn_(gate|up|down)\.\d+))\.weight$"
 )
 

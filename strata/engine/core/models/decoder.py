@@ -144,7 +144,9 @@ class DecoderLM(nn.Module):
             raise ValueError(f"a batched decode step needs one token, position and KV cache per "
                              f"sequence, got {tuple(input_ids.shape)}, {len(positions)}, {len(kvs)}")
         check_positions(positions, kvs)
-        ropes = self.layer_ropes(torch.tensor(list(positions), device=input_ids.device))
+        # LongRoPE picks its factors per row here, as each sequence's own call would.
+        ropes = self.layer_ropes(torch.tensor(list(positions), device=input_ids.device),
+                                 per_row=True)
         h = self.embed(input_ids)  # [B, H]
         for i, layer in enumerate(self.model.layers):
             h = layer.decode_batch(h, positions, [kv.k[i] for kv in kvs],
@@ -155,9 +157,11 @@ class DecoderLM(nn.Module):
         """The embeddings of input_ids [T]: [T, H]."""
         return self.model.embed_tokens(input_ids)
 
-    def layer_ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(cos, sin) [T, D] each for every layer: one table shared by all of them here."""
-        cos_sin = self.rope(positions)
+    def layer_ropes(self, positions: torch.Tensor, per_row: bool = False
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) [T, D] each for every layer: one table shared by all of them here.
+        per_row: positions are B sequences' single tokens (RotaryEmbedding.forward)."""
+        cos_sin = self.rope(positions, per_row=per_row)
         return [cos_sin] * len(self.model.layers)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:

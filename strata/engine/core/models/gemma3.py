@@ -59,9 +59,10 @@ class Model(DecoderLM):
         h = self.model.embed_tokens(input_ids)  # [T, H]
         return h * torch.tensor(self.embed_scale).to(h.dtype).item()
 
-    def layer_ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        global_table = self.rope(positions)
-        local_table = self.local_rope(positions)
+    def layer_ropes(self, positions: torch.Tensor, per_row: bool = False
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        global_table = self.rope(positions, per_row=per_row)
+        local_table = self.local_rope(positions, per_row=per_row)
         return [local_table if self.config.is_sliding_layer(i) else global_table
                 for i in range(len(self.model.layers))]
 

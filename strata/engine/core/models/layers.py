@@ -19,7 +19,7 @@ from torch import nn
 from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 class RMSNorm(nn.Module):
@@ -50,23 +50,48 @@ class GemmaRMSNorm(RMSNorm):
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
-def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies [head_dim / 2] (float32, CPU), with the config's scaling."""
-    dim = config.head_dim
+def _rope_type(config: ModelConfig) -> str:
+    scaling = config.rope_scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+def rope_inverse_frequencies(config: ModelConfig, factors: str = "short") -> torch.Tensor:
+    """RoPE inverse frequencies [rotary_dim / 2] (float32, CPU), with the config's scaling.
+
+    `factors` picks LongRoPE's set (short or long); other scalings have one set."""
+    dim = config.rotary_dim
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
     scaling = config.rope_scaling or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = _rope_type(config)
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
         return inv_freq / float(scaling["factor"])
     if rope_type == "llama3":
         return _llama3_scaled(inv_freq, scaling, config.max_position_embeddings)
+    if rope_type == "longrope":
+        # Phi-3/4 (transformers' _compute_longrope_parameters): one divisor per frequency.
+        ext = torch.tensor(scaling[f"{factors}_factor"], dtype=torch.float32, device="cpu")
+        if ext.shape != inv_freq.shape:
+            raise ModelFormatError(
+                f"longrope {factors}_factor has {ext.numel()} values but RoPE rotates "
+                f"{inv_freq.numel()} frequencies: the config is inconsistent")
+        return 1.0 / (ext * config.rope_theta**exponents)
     raise ModelFormatError(
         f"RoPE scaling type {rope_type!r} is not supported: Strata runs "
         f"{', '.join(SUPPORTED_ROPE_TYPES)} RoPE; pick a model without it"
     )
+
+
+def longrope_attention_factor(config: ModelConfig) -> float:
+    """LongRoPE's cos/sin multiplier: given, else from the context ratio (transformers)."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or config.max_position_embeddings / original)
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict, max_positions: int) -> torch.Tensor:
@@ -86,18 +111,70 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict, max_positions: int) ->
     return torch.where(is_medium, smoothed, scaled)
 
 
+def partial_rotary_rows(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Row order [head_dim] that turns a head with partial RoPE into a full-width one.
+
+    HF rotates dims [0, r) as pairs (i, i + r/2) and passes [r, D) through. Reordered, the
+    rotated pairs sit at (j, j + D/2) for j < r/2, the half-split layout every Strata kernel
+    uses, and the passed dims fill the rest, where RotaryEmbedding puts frequency 0. q and k
+    get the same order, so their dot products, and attention, are unchanged.
+    """
+    half_rot, half_pass = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    rotated_pass = torch.arange(rotary_dim, head_dim)
+    return torch.cat([torch.arange(half_rot), rotated_pass[:half_pass],
+                      torch.arange(half_rot, rotary_dim), rotated_pass[half_pass:]])
+
+
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for given positions; the frequencies stay float32 whatever the model dtype."""
+    """cos/sin tables [T, head_dim] for given positions; frequencies stay float32 whatever the
+    model dtype. Partial RoPE pads the frequencies with zeros (see partial_rotary_rows);
+    LongRoPE switches to its long factors once a call reaches past the pre-training context
+    (transformers' rule) and scales the rotated dims' cos/sin by its attention factor."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
+        self.head_dim = config.head_dim
+        self.rotary_dim = config.rotary_dim
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim or self.rotary_dim <= 0:
+            raise ModelFormatError(
+                f"RoPE over {self.rotary_dim} of {self.head_dim} head dims is not possible: "
+                "partial_rotary_factor must leave an even count; the config is inconsistent")
         # Not persistent: derived from the config, never read from or written to a file.
-        self.register_buffer("inv_freq", rope_inverse_frequencies(config), persistent=False)
+        self.register_buffer("inv_freq", self._padded(rope_inverse_frequencies(config)),
+                             persistent=False)
+        self.is_longrope = _rope_type(config) == "longrope"
+        self.attention_factor = 1.0
+        self.original_positions = 0
+        if self.is_longrope:
+            self.register_buffer(
+                "long_inv_freq", self._padded(rope_inverse_frequencies(config, "long")),
+                persistent=False)
+            self.attention_factor = longrope_attention_factor(config)
+            self.original_positions = int(config.rope_scaling["original_max_position_embeddings"])
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        angles = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-        return angles.cos(), angles.sin()
+    def _padded(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        zeros = torch.zeros((self.head_dim - self.rotary_dim) // 2, dtype=inv_freq.dtype,
+                            device=inv_freq.device)
+        return torch.cat([inv_freq, zeros])  # [D/2]
+
+    def forward(self, positions: torch.Tensor, per_row: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, D] for positions [T] of one sequence's call, or (per_row) of T
+        sequences' single tokens: LongRoPE then picks its factors per row, as each
+        sequence's own call would."""
+        inv_freq = self.inv_freq[None, :]  # [1, D/2]
+        if self.is_longrope:
+            reach = positions[:, None] if per_row else positions.max().reshape(1, 1)
+            inv_freq = torch.where(reach + 1 > self.original_positions,
+                                   self.long_inv_freq[None, :], inv_freq)  # [T or 1, D/2]
+        freqs = positions.float()[:, None] * inv_freq  # [T, D/2]
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.attention_factor != 1.0:
+            # Only the rotated dims are scaled; the passed-through ones keep cos 1, sin 0.
+            is_rotated = torch.arange(cos.shape[-1], device=cos.device) < self.rotary_dim // 2
+            cos = torch.where(is_rotated, cos * self.attention_factor, cos)
+            sin = sin * self.attention_factor
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)  # [T, D] each
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ _ARCHITECTURES = {
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",
     "gemma3_text": "gemma3",
+    "phi3": "phi3",
+    "mistral": "mistral",
 }
 
 
