@@ -39,6 +39,7 @@ from strata.engine.service.metrics import ServiceMetrics
 from strata.engine.service.settings import ServeSettings, engine_config_for
 from strata.engine.service.status_schema import ServiceStatus
 from strata.engine.service.supervisor import Supervisor
+from strata.engine.triton_support import gpu_kernel_notice
 from strata.engine.service.vram_guard import FreeVramReader, VramGuard
 from strata.engine.text.sampling_defaults import (
     SAMPLING_FIELDS,
@@ -413,6 +414,13 @@ class Service:
             device = "cuda" if self._has_gpu else "cpu"
         return "VRAM" if device.startswith("cuda") else "RAM"
 
+    def kernel_notice(self, model_info: dict[str, Any] | None) -> str | None:
+        """Why GGUF blocks are (or will be) expanded on the GPU: the loaded engine's own word,
+        else the host's forecast for a GPU load (triton_support.py); None on the CPU."""
+        if model_info:
+            return model_info.get("kernel_notice")
+        return gpu_kernel_notice("cuda") if self.memory_kind() == "VRAM" else None
+
     def status(self) -> ServiceStatus:
         """A snapshot for /v1/status, /health and /metrics; reads only what the last request or
         level change left behind: it never wakes anything or restarts an idle clock. Its shape
@@ -453,6 +461,7 @@ class Service:
             or supervisor_status.get("last_error"),
             "last_hook": self._hook.status(),
             "free_vram_bytes": self._guard.last_free_bytes,
+            "kernel_notice": self.kernel_notice(supervisor_status.get("engine")),
             "waiting_for_vram": lifecycle.waiting_for_vram if lifecycle else None,
             "retry_in_s": supervisor_status.get("retry_in_s", 0.0),
             "engine_starts": supervisor_status.get("num_starts", 0),
