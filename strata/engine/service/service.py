@@ -39,7 +39,6 @@ from strata.engine.service.metrics import ServiceMetrics
 from strata.engine.service.settings import ServeSettings, engine_config_for
 from strata.engine.service.status_schema import ServiceStatus
 from strata.engine.service.supervisor import Supervisor
-from strata.engine.triton_support import gpu_kernel_notice
 from strata.engine.service.vram_guard import FreeVramReader, VramGuard
 from strata.engine.text.sampling_defaults import (
     SAMPLING_FIELDS,
@@ -47,6 +46,7 @@ from strata.engine.text.sampling_defaults import (
     read_model_sampling,
     resolve_sampling_defaults,
 )
+from strata.engine.triton_support import gpu_kernel_notice
 
 log = logging.getLogger(__name__)
 
