@@ -4,10 +4,10 @@ A load maps the weights as the engine will hold them: GGUF blocks stay quantized
 engine has Triton and a kernel for their type, and are expanded to bf16 where not (Windows
 without triton-windows: triton_support.py); Hugging Face floats become bf16; the expert
 cache per its policy (auto and N slots start from what the engine's own sizing needs at
-least: one sparse layer's experts, plus the engine's 2 GiB auto reserve), and a workspace for the CUDA context, cuBLAS and the first activations. A wake or refill maps what
-the engine reports as released. The guard compares these with free VRAM minus
---min-free-vram-mib (vram_guard.py), so a load that cannot fit is refused before any process
-is spawned.
+least: one sparse layer's experts, plus the engine's 2 GiB auto reserve), and a workspace for
+the CUDA context, cuBLAS and the first activations. A wake or refill maps what the engine
+reports as released. The guard compares these with free VRAM minus --min-free-vram-mib
+(vram_guard.py), so a load that cannot fit is refused before any process is spawned.
 """
 
 from __future__ import annotations
