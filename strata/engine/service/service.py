@@ -230,8 +230,10 @@ class Service:
                 None, engine_config_for, self.settings, self._model_path
             )
         if self._supervisor is None:
+            options = {"ready_timeout_s": self.settings.engine_start_timeout_s,
+                       **self._supervisor_options}
             self._supervisor = Supervisor(
-                self._engine_config, self._engine_factory, **self._supervisor_options
+                self._engine_config, self._engine_factory, **options
             )
             self._lifecycle = Lifecycle(
                 self._supervisor,
