@@ -228,6 +228,11 @@ class Dashboard(QWidget):
                 if status.get("last_error")
                 else ""
             )
+            + (
+                f"<br><font color='#b7791f'>{status['kernel_notice']}</font>"
+                if status.get("kernel_notice")
+                else ""
+            )
         )
         self._apply_chart(status)
         self._apply_models(status)

@@ -147,13 +147,13 @@ def status_line(status: Mapping[str, Any]) -> str:
 
 
 def tooltip(status: Mapping[str, Any]) -> str:
-    """Tray tooltip: model, state, VRAM held, endpoint."""
+    """Tray tooltip: model, state, VRAM held, endpoint, and the kernel notice (no Triton)."""
     state = effective_state(status)
-    return "\n".join(
-        [
-            f"Strata — {status.get('model') or 'no model'}",
-            f"{STATE_LABEL[state]}, {gib_text(held_bytes(status))} held in "
-            + memory_word(status),
-            str(status.get("endpoint") or "endpoint not up yet"),
-        ]
-    )
+    lines = [
+        f"Strata — {status.get('model') or 'no model'}",
+        f"{STATE_LABEL[state]}, {gib_text(held_bytes(status))} held in " + memory_word(status),
+        str(status.get("endpoint") or "endpoint not up yet"),
+    ]
+    if status.get("kernel_notice"):
+        lines.append(str(status["kernel_notice"]))
+    return "\n".join(lines)

@@ -50,6 +50,7 @@ def service_status(*, model: str, state: str = "loaded", **changes: Any) -> dict
         "slots": None,
         "experts": None,
         "last_error": None,
+        "kernel_notice": None,
         "waiting_for_vram": None,
         "last_hook": None,
         "free_vram_bytes": None,

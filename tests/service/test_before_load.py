@@ -184,3 +184,15 @@ async def test_a_required_hook_that_succeeds_lets_the_load_through(tiny_model_di
         assert ids == expected_tokens(PROMPT, 6)
     finally:
         await service.stop()
+
+
+def test_on_windows_the_hook_starts_without_a_console_window(monkeypatch):
+    """The tray runs windowless (pythonw): a console hook (curl.exe) flashed a console window
+    per load. CREATE_NO_WINDOW is Windows' value (subprocess has it only there); POSIX keeps
+    its own session, which the timeout's process-group kill needs."""
+    from strata.engine.service import before_load
+
+    assert before_load.spawn_options() == {"start_new_session": True}
+    monkeypatch.setattr(before_load, "_is_windows", lambda: True)
+    assert before_load.spawn_options() == {"creationflags": 0x08000000}
+    assert "start_new_session" not in before_load.spawn_options()

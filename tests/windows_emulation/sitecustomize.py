@@ -8,7 +8,9 @@ of them with what Windows lacks taken away:
 - mmap: no MAP_*/PROT_*/MADV_* constants, no flags/prot arguments, no madvise();
 - select.select() raises WinError 10038 on anything but a socket (a multiprocessing pipe);
 - os: no fork, killpg, setsid, process groups, getuid and the other POSIX-only calls;
-- signal: only the signals Windows has (no SIGKILL, SIGSTOP, SIGCONT, SIGHUP, SIGALRM, ...).
+- signal: only the signals Windows has (no SIGKILL, SIGSTOP, SIGCONT, SIGHUP, SIGALRM, ...);
+- with STRATA_EMULATE_NO_TRITON=1, no Triton at all (Windows without triton-windows, where
+  PyTorch pulls none): `import triton` fails and importlib finds no spec, for every module.
 
 The standard library, pytest and third-party packages keep the real modules, as they have
 their own Windows implementations there. sys.platform and path syntax stay Linux's: the
@@ -24,6 +26,7 @@ import select as _select
 import signal as _signal
 import socket as _socket
 import stat as _stat
+import sys as _sys
 import types
 
 _REPO = _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
@@ -102,5 +105,9 @@ def _import(name, globals=None, locals=None, fromlist=(), level=0):
 
 
 builtins.__import__ = _import
+if _os.environ.get("STRATA_EMULATE_NO_TRITON") == "1":
+    # None in sys.modules: `import triton` raises ModuleNotFoundError and find_spec answers
+    # None, as where the package is not installed (torch's own checks see the same).
+    _sys.modules["triton"] = None  # type: ignore[assignment]
 _os.environ.setdefault("USERNAME", "strata")  # Windows always has it; getpass reads it
 _os.environ["STRATA_WINDOWS_EMULATION"] = "1"  # tests that must skip say why

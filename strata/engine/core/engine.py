@@ -48,7 +48,7 @@ from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.memory.budget import BudgetedBackend
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.quant.census import count_parameters, count_quantized
-from strata.engine.core.quant.weight import release_scratch, scratch_bytes
+from strata.engine.core.quant.weight import blocks_notice, release_scratch, scratch_bytes
 from strata.engine.core.random_weights import (
     DEFAULT_STD,
     random_weights_config,
@@ -90,6 +90,7 @@ class Engine:
         self.load_time_s = 0.0
         self.load_phases_s: dict[str, float] = {}  # seconds per phase of the last load
         self.tuning_source = "none"  # the prefill tuning: none | stored | measured
+        self.kernel_notice: str | None = None  # why GGUF blocks were expanded (no Triton)
         self._logprobs: list[TokenLogprob] = []  # of tokens yielded, until take_logprobs()
         self._generate_ids = itertools.count()
 
@@ -141,6 +142,9 @@ class Engine:
                 backend = BudgetedBackend(backend, self.config.vram_budget_bytes)
             self.device = backend.device  # cuda:N: views and new tensors agree on the index
             phases.device = self.device  # a CUDA context not made yet is made at phase end
+            self.kernel_notice = blocks_notice(self.device)
+            if self.kernel_notice:
+                log.warning("%s", self.kernel_notice)
         with phases.phase("read_file"):
             if self.config.random_weights:
                 config = random_weights_config(self.config.random_weights)
@@ -218,6 +222,7 @@ class Engine:
             "load_time_s": round(self.load_time_s, 3),
             "load_phases_s": dict(self.load_phases_s),
             "tuning": self.tuning_source,
+            "kernel_notice": self.kernel_notice,  # None, or why blocks were expanded
             # When the prefill groups compile (none | at_load | deferred: after the load,
             # deferred_compile.py) and whether that is done; where the decode kernels'
             # verdicts came from (none | checked | stored).

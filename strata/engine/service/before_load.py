@@ -51,6 +51,19 @@ def _is_windows() -> bool:
     return sys.platform == "win32"
 
 
+# subprocess.CREATE_NO_WINDOW (Windows only, so not importable here): a console program
+# started by the windowless tray (pythonw) would otherwise flash a console window per load.
+CREATE_NO_WINDOW = 0x08000000
+
+
+def spawn_options() -> dict[str, Any]:
+    """Extra create_subprocess_exec arguments for the hook: no console window on Windows;
+    a session of its own on POSIX, so a timeout can end the command's process group."""
+    if _is_windows():
+        return {"creationflags": CREATE_NO_WINDOW}
+    return {"start_new_session": True}
+
+
 def split_command(command: str) -> list[str]:
     """A command line as argv, by this platform's rules (see the module docstring).
 
@@ -127,10 +140,9 @@ class BeforeLoadHook:
         # The hook has no use for the server's API key: it does not inherit it.
         env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV} | {"STRATA_BEFORE": reason}
         try:
-            # A session of its own (POSIX), so a timeout can end the command's process group.
             process = await asyncio.create_subprocess_exec(
                 *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+                stderr=asyncio.subprocess.PIPE, env=env, **spawn_options(),
             )
         except OSError as exc:
             return None, f"could not start: {exc.strerror or exc}"

@@ -1,12 +1,13 @@
 """The VRAM a load, wake or refill will map, computed on the host without torch.
 
-A load maps the weights as stored (GGUF blocks stay quantized; Hugging Face floats become
-bf16), the expert cache per its policy (auto and N slots start from what the engine's own
-sizing needs at least: one sparse layer's experts, plus the engine's 2 GiB auto reserve), and a
-workspace for the CUDA context, cuBLAS and the first activations. A wake or refill maps what
-the engine reports as released. The guard compares these with free VRAM minus
---min-free-vram-mib (vram_guard.py), so a load that cannot fit is refused before any process
-is spawned.
+A load maps the weights as the engine will hold them: GGUF blocks stay quantized where the
+engine has Triton and a kernel for their type, and are expanded to bf16 where not (Windows
+without triton-windows: triton_support.py); Hugging Face floats become bf16; the expert
+cache per its policy (auto and N slots start from what the engine's own sizing needs at
+least: one sparse layer's experts, plus the engine's 2 GiB auto reserve), and a workspace for
+the CUDA context, cuBLAS and the first activations. A wake or refill maps what the engine
+reports as released. The guard compares these with free VRAM minus --min-free-vram-mib
+(vram_guard.py), so a load that cannot fit is refused before any process is spawned.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strata.engine.core.loader.quant_plan import COMPUTE_ITEMSIZE_BYTES, keeps_blocks
+from strata.engine.triton_support import keeps_quantized_on_gpu
 from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
@@ -57,18 +60,23 @@ class StoredSize:
         return min(self.expert_bytes, one_layer + AUTO_EXPERT_RESERVE_BYTES)
 
 
-def _gguf_size(path: Path) -> StoredSize:
+def _gguf_size(path: Path, keeps_quantized: bool) -> StoredSize:
     from strata.engine.gguf_file import open_gguf  # numpy + gguf constants, no torch
 
     reader = open_gguf(path)
     dense = experts = 0
     sparse_layers: set[str] = set()
     for tensor in reader.tensors:
+        # As quant_plan.estimate_vram: kept blocks as stored, the rest in bf16.
+        if keeps_quantized and keeps_blocks(tensor.name, tensor.tensor_type.name):
+            num_bytes = int(tensor.n_bytes)
+        else:
+            num_bytes = int(tensor.n_elements) * COMPUTE_ITEMSIZE_BYTES
         if "_exps." in tensor.name:
-            experts += int(tensor.n_bytes)
+            experts += num_bytes
             sparse_layers.add(tensor.name.split(".")[1])
         else:
-            dense += int(tensor.n_bytes)
+            dense += num_bytes
     arch = reader.metadata.get("general.architecture", "")
     num_experts = int(reader.metadata.get(f"{arch}.expert_count", 0) or 0)
     return StoredSize(dense, experts, len(sparse_layers), num_experts)
@@ -105,14 +113,18 @@ def _hf_size(directory: Path) -> StoredSize:
     return StoredSize(dense, experts, len(sparse_layers), num_experts)
 
 
-def stored_size(model_path: str) -> StoredSize | None:
-    """The model's StoredSize, or None when it cannot be told (random weights, unreadable)."""
+def stored_size(model_path: str, keeps_quantized: bool | None = None) -> StoredSize | None:
+    """The model's StoredSize on a GPU, or None when it cannot be told (random weights,
+    unreadable). keeps_quantized: whether GGUF blocks stay quantized (default: whether the
+    engine will have Triton here, triton_support.keeps_quantized_on_gpu)."""
+    if keeps_quantized is None:
+        keeps_quantized = keeps_quantized_on_gpu()
     path = Path(model_path)
     try:
         if path.is_dir():
             return _hf_size(path)
         if path.is_file():
-            return _gguf_size(path)
+            return _gguf_size(path, keeps_quantized)
     except Exception as exc:  # noqa: BLE001 - a model the loader will refuse with its own words
         log.debug("cannot size %s for the VRAM guard: %s", model_path, exc)
     return None

@@ -46,6 +46,7 @@ from strata.engine.text.sampling_defaults import (
     read_model_sampling,
     resolve_sampling_defaults,
 )
+from strata.engine.triton_support import gpu_kernel_notice
 
 log = logging.getLogger(__name__)
 
@@ -229,8 +230,10 @@ class Service:
                 None, engine_config_for, self.settings, self._model_path
             )
         if self._supervisor is None:
+            options = {"ready_timeout_s": self.settings.engine_start_timeout_s,
+                       **self._supervisor_options}
             self._supervisor = Supervisor(
-                self._engine_config, self._engine_factory, **self._supervisor_options
+                self._engine_config, self._engine_factory, **options
             )
             self._lifecycle = Lifecycle(
                 self._supervisor,
@@ -413,6 +416,13 @@ class Service:
             device = "cuda" if self._has_gpu else "cpu"
         return "VRAM" if device.startswith("cuda") else "RAM"
 
+    def kernel_notice(self, model_info: dict[str, Any] | None) -> str | None:
+        """Why GGUF blocks are (or will be) expanded on the GPU: the loaded engine's own word,
+        else the host's forecast for a GPU load (triton_support.py); None on the CPU."""
+        if model_info:
+            return model_info.get("kernel_notice")
+        return gpu_kernel_notice("cuda") if self.memory_kind() == "VRAM" else None
+
     def status(self) -> ServiceStatus:
         """A snapshot for /v1/status, /health and /metrics; reads only what the last request or
         level change left behind: it never wakes anything or restarts an idle clock. Its shape
@@ -453,6 +463,7 @@ class Service:
             or supervisor_status.get("last_error"),
             "last_hook": self._hook.status(),
             "free_vram_bytes": self._guard.last_free_bytes,
+            "kernel_notice": self.kernel_notice(supervisor_status.get("engine")),
             "waiting_for_vram": lifecycle.waiting_for_vram if lifecycle else None,
             "retry_in_s": supervisor_status.get("retry_in_s", 0.0),
             "engine_starts": supervisor_status.get("num_starts", 0),

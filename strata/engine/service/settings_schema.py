@@ -207,6 +207,12 @@ class ServeSettings:
                          goes=Goes.ENGINE, engine_field="num_slots")
     parallel: int = setting(0, Integer(0), "sequences that decode together (0: one per slot)",
                             goes=Goes.ENGINE)
+    # A new engine process imports torch before it answers; the first import after an install
+    # or an update is slow where an antivirus (Windows Defender) scans each of torch's DLLs.
+    engine_start_timeout_s: float = setting(
+        180.0, Seconds(), "seconds a new engine process may take to start (its first import "
+        "of torch, slow while an antivirus scans torch's files) before the start fails",
+        goes=Goes.SERVICE, flag="--engine-start-timeout", unit="s")
     max_queue: int = setting(64, Integer(1), "requests that may wait for a turn; past it the "
                              "server answers 503 with Retry-After", goes=Goes.SERVICE)
     # The fast decode path's switches, for diagnosing a GPU-specific problem: environment only.

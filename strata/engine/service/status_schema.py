@@ -100,6 +100,9 @@ class ServiceStatus(TypedDict):
     slots: list[SlotStatus] | None
     experts: dict[str, Any] | None
     last_error: str | None
+    # One line when the engine runs on a GPU without Triton (GGUF blocks expanded to bf16,
+    # fast kernels off): the engine's word once loaded, the host's forecast before.
+    kernel_notice: str | None
     # Set while a step back up is refused for want of VRAM: {"what", "reason"} (a state).
     waiting_for_vram: dict[str, str] | None
     last_hook: dict[str, Any] | None

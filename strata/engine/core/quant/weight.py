@@ -108,6 +108,17 @@ def keeps_quantized_blocks(device: torch.device) -> bool:
     return device.type == "cuda" or setting == "1"
 
 
+def blocks_notice(device: torch.device) -> str | None:
+    """The one-line notice when `device` would keep GGUF blocks (CUDA; the CPU with
+    STRATA_QUANTIZED=1) but Triton cannot run here, so they are expanded at load; else None."""
+    from strata.engine.core.kernels import launch
+    from strata.engine.triton_support import NO_TRITON_NOTICE
+
+    setting = os.environ.get("STRATA_QUANTIZED")
+    wanted = setting != "0" and (device.type == "cuda" or setting == "1")
+    return NO_TRITON_NOTICE if wanted and not launch.is_usable(device) else None
+
+
 def row_pieces(w: QuantizedWeight) -> list[tuple[int, int]]:
     """The row ranges [n0, n1) a prefill dequantizes w in: one piece of at most
     SCRATCH_PIECE_BYTES (whole PIECE_ROW_MULTIPLE rows), or the whole matrix if it fits."""
