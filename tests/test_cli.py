@@ -70,3 +70,25 @@ def test_generate_piped_into_a_cp1252_stream_replaces_what_it_cannot_encode(smol
     assert b"Traceback" not in done.stderr
     # The model copies the pattern: characters cp1252 lacks, written as '?'.
     assert b"??" in done.stdout, done.stdout
+
+
+def test_info_names_an_architecture_it_cannot_run_and_lists_those_it_can(tmp_path):
+    """issue 52 item 5: a file of another architecture is described, refused in words, and
+    the user learns which architectures would run."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "mamba.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    done = strata("info", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "mamba (not supported by Strata)" in done.stdout
+    runs = next(line for line in done.stdout.splitlines() if line.startswith("Strata runs:"))
+    for arch in ("llama", "qwen3moe", "gemma3", "phi3"):
+        assert arch in runs, runs

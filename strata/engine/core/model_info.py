@@ -39,6 +39,18 @@ def _human_bytes(n: int) -> str:
     return f"{n} bytes"
 
 
+def runnable_text(file_format: str) -> str:
+    """The architectures Strata runs, named as a file of this format names them."""
+    from strata.engine.core.loader.gguf_names import GGUF_ARCHITECTURES
+    from strata.engine.core.model_config import SUPPORTED_MODEL_TYPES, TEXT_CONFIG_WRAPPERS
+
+    if file_format == "gguf":
+        return ("GGUF architectures " + ", ".join(sorted(GGUF_ARCHITECTURES))
+                + " (llama with experts: Mixtral); see docs/models.md")
+    names = sorted({*SUPPORTED_MODEL_TYPES, "gemma3", *TEXT_CONFIG_WRAPPERS})
+    return "model_type " + ", ".join(names) + "; see docs/models.md"
+
+
 def format_model_info(info: ModelInfo) -> str:
     """Multi-line, aligned text for `strata info` (no trailing newline)."""
     # Most-used type first: that is what people call the file's quantization (Q4_K, F16, ...).
@@ -54,6 +66,8 @@ def format_model_info(info: ModelInfo) -> str:
         ("chat template", "yes" if info.has_chat_template else "no"),
         ("size on disk", _human_bytes(info.file_bytes)),
     ]
+    if not info.is_supported:
+        rows.append(("Strata runs", runnable_text(info.format)))
     if info.vram is not None:
         v = info.vram
         rows.append(("VRAM on a GPU", (
