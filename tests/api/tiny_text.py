@@ -35,3 +35,35 @@ def write_tiny_model_dir(directory: Path, *, vocab_size: int = 300) -> Path:
               "pad_token": "<|endoftext|>", "add_bos_token": False}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
+
+
+HARMONY_SPECIAL_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                          "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
+HARMONY_TEMPLATE = Path(__file__).parent.parent / "text" / "templates" / \
+    "openai-gpt-oss-120b.jinja"
+_HARMONY_CORPUS = [
+    "analysis final commentary functions get_weather json assistant user system developer",
+    "The user asks about the weather in Paris. It is sunny.", "Reasoning: low medium high",
+] * 20
+
+
+def write_tiny_harmony_dir(directory: Path, *, vocab_size: int = 400) -> Path:
+    """A byte-level BPE with gpt-oss's special tokens and its real chat template, written as
+    gpt-oss's Hugging Face directory has them (eos <|return|>; <|call|> and <|endoftext|> as
+    further end ids in generation_config.json)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=HARMONY_SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(_CORPUS + _HARMONY_CORPUS, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": HARMONY_TEMPLATE.read_text(), "eos_token": "<|return|>",
+              "bos_token": "<|startoftext|>", "pad_token": "<|endoftext|>",
+              "add_bos_token": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    end_ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|endoftext|>", "<|call|>")]
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}))
+    return directory
