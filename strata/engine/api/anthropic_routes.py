@@ -17,6 +17,7 @@ from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.model_routing import service_of
 from strata.engine.api.output_format import anthropic_output_grammar, anthropic_thinking
 from strata.engine.api.params import GenerationParams, parse_anthropic, parse_anthropic_system
+from strata.engine.api.reasoning_effort import TEMPLATE_VARIABLE, budget_effort
 from strata.engine.api.textgen import (
     TextDeltas,
     TextGeneration,
@@ -28,6 +29,7 @@ from strata.engine.api.thinking_budget import CLOSE_TEXT, BudgetedGeneration
 from strata.engine.api.tool_spec import parse_anthropic_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
+from strata.engine.text.reasoning import template_uses
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,14 @@ async def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
     system = parse_anthropic_system(body)
     if system:
         messages = [{"role": "system", "content": system}, *messages]
+    thinking = anthropic_thinking(body, params.max_tokens)
+    # A template that takes an effort (gpt-oss) gets the budget as one (reasoning_effort.py).
+    budget = _thinking_budget(body)
+    effort = budget_effort(budget) if budget is not None and template_uses(
+        assets.chat_template, TEMPLATE_VARIABLE) else None
     plan = await plan_chat(request.app, assets, ChatInputs(
-        messages, tools, anthropic_output_grammar(body),
-        anthropic_thinking(body, params.max_tokens), thinking_param="thinking"))
+        messages, tools, anthropic_output_grammar(body), thinking, thinking_param="thinking",
+        effort=effort, effort_param="thinking"))
     return assets, params, plan
 
 
@@ -61,7 +68,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     assets, params, plan = await _plan(request, body, needs_max_tokens=True)
     budget = _thinking_budget(body)
     generation: TextDeltas
-    if budget is not None and plan.thinks:
+    if budget is not None and plan.thinks and not plan.is_harmony:
         generation = await _budgeted(request, params, plan, budget)
     else:
         generation = await start_text_generation(service, assets, plan.prompt_ids, params,

@@ -1,8 +1,8 @@
 """Request bodies of OpenAI's Responses API (`POST /v1/responses`) in Strata's native terms.
 
 Fields Strata honours are parsed (function tools included, through the chat tools' parser);
-fields it cannot honour yet (structured output, reasoning, images, hosted tools, background
-runs) are a 400 naming the field, never silently dropped.
+fields it cannot honour yet (structured output, reasoning summaries, images, hosted tools,
+background runs) are a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from strata.engine.api import validation as v
 from strata.engine.api.chat_messages import call_arguments, tool_call
 from strata.engine.api.errors import bad_request
 from strata.engine.api.params import GenerationParams
+from strata.engine.api.reasoning_effort import responses_reasoning_effort
 from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools, tool_list
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -38,6 +39,7 @@ class ResponsesRequest:
     is_stored: bool
     metadata: dict[str, Any]
     tools: ToolRequest
+    effort: str | None = None  # reasoning.effort, for a template that takes one
 
 
 def _refuse(body: dict) -> None:
@@ -49,9 +51,6 @@ def _refuse(body: dict) -> None:
     if not isinstance(text_format, dict) or text_format.get("type") != "text":
         raise bad_request("'text.format' other than {'type': 'text'} (structured output) is "
                           "not supported yet", param="text.format")
-    if body.get("reasoning") not in (None, {}):
-        raise bad_request("'reasoning' is not supported: this server does not split reasoning "
-                          "out of Responses output yet", param="reasoning")
     for name in ("include", "background"):
         if body.get(name):
             raise bad_request(f"{name!r} is not supported by Strata; leave it out", param=name)
@@ -111,6 +110,16 @@ def _function_call(item: dict, where: str) -> dict[str, Any]:
     return tool_call(item["call_id"], item["name"], call_arguments(item["arguments"], where))
 
 
+def _reasoning_text(item: dict, where: str) -> str:
+    """A reasoning item sent back: its reasoning_text parts (summaries are not Strata's)."""
+    parts = item.get("content") or []
+    if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise bad_request(f"{where} (reasoning) must have a list of reasoning_text parts as "
+                          "'content'", param="input")
+    return "".join(p["text"] for p in parts)
+
+
 def _output_text(output: Any, where: str) -> str:
     if isinstance(output, str):
         return output
@@ -129,15 +138,21 @@ def parse_input(value: Any) -> tuple[dict[str, Any], ...]:
         raise bad_request("'input' must be a non-empty string or list of messages",
                           param="input")
     messages: list[dict[str, Any]] = []
+    reasoning = ""  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(value):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "reasoning":
+            reasoning += _reasoning_text(item, where)
+            continue
         if kind == "function_call":
             call = _function_call(item, where)
-            if messages and messages[-1]["role"] == "assistant":
+            if messages and messages[-1]["role"] == "assistant" and not reasoning:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if reasoning:
+                messages[-1]["reasoning_content"], reasoning = reasoning, ""
             continue
         if kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
@@ -148,14 +163,16 @@ def parse_input(value: Any) -> tuple[dict[str, Any], ...]:
             continue
         if kind != "message":
             raise bad_request(f"{where} is an item of type {kind!r}; only messages, "
-                              "function_call and function_call_output are supported",
-                              param="input")
+                              "reasoning, function_call and function_call_output are "
+                              "supported", param="input")
         role = item.get("role")
         if role not in _ROLES:
             raise bad_request(f"{where} has unknown role {role!r}; use one of "
                               f"{', '.join(_ROLES)}", param="input")
         messages.append({"role": _ROLES[role], "content": _content_text(item.get("content"),
                                                                         where)})
+        if reasoning and role == "assistant":
+            messages[-1]["reasoning_content"], reasoning = reasoning, ""
     return tuple(messages)
 
 
@@ -187,4 +204,5 @@ def parse_responses(body: dict) -> ResponsesRequest:
     return ResponsesRequest(
         params=params, instructions=instructions, input_messages=parse_input(body.get("input")),
         previous_response_id=previous, is_stored=v.get_bool(body, "store", True),
-        metadata=metadata, tools=parse_responses_tools(body))
+        metadata=metadata, tools=parse_responses_tools(body),
+        effort=responses_reasoning_effort(body))

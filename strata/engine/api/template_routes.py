@@ -29,4 +29,4 @@ async def apply_template(request: web.Request) -> web.Response:
     except ChatTemplateError as exc:
         raise bad_request(f"the model's chat template refused the messages: {exc}",
                           param="messages") from None
-    return web.json_response({"prompt": prompt})
+    return web.json_response({"prompt": prompt + render.prefill})

@@ -241,13 +241,14 @@ class TextGeneration:
 
 
 async def render_chat_prompt(app: web.Application, assets: TextAssets,
-                             messages: list[dict[str, Any]], **extra: Any
+                             messages: list[dict[str, Any]], prefill: str = "", **extra: Any
                              ) -> tuple[str, list[int]]:
     """(text, token ids) of the model's chat template applied to messages, off the event
     loop, rendered once; template failures are the client's 400. extra (tools,
-    enable_thinking, ...) reaches the template."""
+    enable_thinking, ...) reaches the template; prefill (the start of the answer) follows
+    the rendered prompt."""
     def render_and_encode() -> tuple[str, list[int]]:
-        text = assets.apply_chat_template(messages, **extra)
+        text = assets.apply_chat_template(messages, **extra) + prefill
         return text, assets.encode_rendered(text)
 
     try:
