@@ -226,3 +226,41 @@ async def test_sse_chunks_carry_no_harmony_markers(client, service) -> None:
     assert "<|" not in body
     chunks = [data for _, data in parse_sse(body) if data != "[DONE]"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_apply_template_shows_the_prompt_chat_would_feed(client, service) -> None:
+    response = await client.post("/apply-template", json={
+        "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+        "reasoning_effort": "high"})
+    assert response.status == 200, await response.text()
+    prompt = (await response.json())["prompt"]
+    assert "Reasoning: high\n" in prompt
+    assert prompt.endswith("<|start|>assistant<|channel|>commentary to=functions.get_weather "
+                           "<|constrain|>json<|message|>")  # one tool: its whole header
+
+
+async def test_response_format_answers_in_the_final_channel(client, service) -> None:
+    service.reply_text = '{"answer": 42}'
+    response = await client.post("/v1/chat/completions", json={
+        "messages": ASK, "response_format": {"type": "json_object"}})
+    assert response.status == 200, await response.text()
+    message = (await response.json())["choices"][0]["message"]
+    assert message["content"] == '{"answer": 42}' and "reasoning_content" not in message
+    assert _prompt(service).endswith("<|start|>assistant<|channel|>final<|message|>")
+    assert service.requests[-1].sampling.grammar is not None
+
+
+async def test_forced_choice_among_several_tools_names_them_in_the_grammar(client, service
+                                                                           ) -> None:
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {}}}}
+    service.reply_text = 'get_time <|constrain|>json<|message|>{}'
+    response = await client.post("/v1/chat/completions", json={
+        "messages": ASK, "tools": [WEATHER, other], "tool_choice": "required"})
+    assert response.status == 200, await response.text()
+    calls = (await response.json())["choices"][0]["message"]["tool_calls"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("get_time", "{}")]
+    assert _prompt(service).endswith("<|channel|>commentary to=functions.")
+    grammar = service.requests[-1].sampling.grammar
+    assert "get_weather <|constrain|>json<|message|>" in grammar and "get_time" in grammar
