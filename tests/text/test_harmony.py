@@ -16,7 +16,11 @@ from strata.engine.text import IncrementalDetokenizer, load_text_assets
 from strata.engine.text.harmony import HarmonyParser, template_is_harmony
 from strata.engine.text.reasoning import Reasoning
 from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece
-from tests.api.tiny_text import HARMONY_TEMPLATE, write_tiny_harmony_dir
+from tests.api.tiny_text import (
+    HARMONY_TEMPLATE,
+    write_tiny_harmony_dir,
+    write_tiny_harmony_gguf,
+)
 
 ANALYSIS = "<|channel|>analysis<|message|>The user wants Paris weather. Use get_weather.<|end|>"
 CALL = ("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
@@ -101,6 +105,18 @@ def test_harmony_tokenizer_stops_at_return_and_call_not_end(harmony_assets) -> N
     names = {harmony_assets.tokenizer.id_to_token(i) for i in harmony_assets.eos_token_ids}
     assert {"<|return|>", "<|call|>"} <= names
     assert "<|end|>" not in names  # it ends the analysis; the answer follows it
+
+
+def test_a_harmony_gguf_gets_the_same_stops_and_shown_tokens(tmp_path, harmony_assets
+                                                            ) -> None:
+    model_dir = write_tiny_harmony_dir(tmp_path / "hf")
+    gguf_assets = load_text_assets(write_tiny_harmony_gguf(tmp_path / "tiny.gguf", model_dir))
+    names = {gguf_assets.tokenizer.id_to_token(i) for i in gguf_assets.eos_token_ids}
+    assert {"<|return|>", "<|call|>"} <= names and "<|end|>" not in names
+    assert gguf_assets.shown_special_ids == harmony_assets.shown_special_ids
+    text = ANALYSIS + CALL
+    assert gguf_assets.encode(text, add_special=False) == \
+        harmony_assets.encode(text, add_special=False)
 
 
 @pytest.mark.parametrize("output", [ANALYSIS + CALL, ANALYSIS + FINAL])
