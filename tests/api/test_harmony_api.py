@@ -14,6 +14,7 @@ import pytest
 
 from strata.engine.api import create_app
 from strata.engine.text import load_text_assets
+from strata.engine.text.harmony import CLOSE_ANALYSIS
 
 from .conftest import parse_sse
 from .fake_service import FakeService
@@ -264,3 +265,25 @@ async def test_forced_choice_among_several_tools_names_them_in_the_grammar(clien
     assert _prompt(service).endswith("<|channel|>commentary to=functions.")
     grammar = service.requests[-1].sampling.grammar
     assert "get_weather <|constrain|>json<|message|>" in grammar and "get_time" in grammar
+
+
+async def test_anthropic_budget_ends_the_analysis(client, service) -> None:
+    """Past budget_tokens, Strata ends the analysis message and opens the final one itself
+    (in the same slot), and the model answers with what is left of max_tokens."""
+    answers = {1: "<|channel|>analysis<|message|>" + "hmm " * 1400}
+    service.reply_ids = lambda: [  # type: ignore[method-assign]
+        *service.text.encode(answers.get(len(service.requests), "Hello!"), add_special=False),
+        service.text.eos_token_ids[0]]
+    response = await client.post("/v1/messages", json={
+        "model": "m", "max_tokens": 1500, "messages": ASK,
+        "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert response.status == 200, await response.text()
+    thinking, text = (await response.json())["content"]
+    assert thinking["thinking"].startswith("hmm hmm") and "<|" not in thinking["thinking"]
+    assert text == {"type": "text", "text": "Hello!"}
+    first, second = service.requests
+    assert first.sampling.max_tokens == 1024
+    close = service.text.encode(CLOSE_ANALYSIS, add_special=False)
+    assert list(second.prompt_ids) == [*first.prompt_ids,
+                                       *service.text.encode(answers[1], add_special=False)
+                                       [:1024], *close]

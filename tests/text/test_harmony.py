@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from strata.engine.text import IncrementalDetokenizer, load_text_assets
-from strata.engine.text.harmony import HarmonyParser, template_is_harmony
+from strata.engine.text.harmony import HarmonyParser, analysis_is_open, template_is_harmony
 from strata.engine.text.reasoning import Reasoning
 from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece
 from tests.api.tiny_text import (
@@ -178,3 +178,16 @@ def test_template_is_harmony() -> None:
     templates = Path(__file__).parent / "templates"
     assert not any(template_is_harmony(p.read_text()) for p in templates.glob("*.jinja")
                    if p != HARMONY_TEMPLATE)
+
+
+@pytest.mark.parametrize(("text", "is_open"), [
+    ("<|channel|>analysis<|message|>still going", True),
+    ("<|channel|>analysis<|message|>done<|end|>", False),
+    ("<|channel|>analysis<|message|>done<|end|><|start|>assistant<|chan", False),
+    ("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b",
+     False),
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{", False),
+    ('{"city": "Paris"', False),  # a forced call: its header was in the prompt
+])
+def test_analysis_is_open(text, is_open) -> None:
+    assert analysis_is_open(text) is is_open

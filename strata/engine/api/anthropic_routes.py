@@ -25,7 +25,7 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.api.thinking_budget import CLOSE_TEXT, BudgetedGeneration
+from strata.engine.api.thinking_budget import HARMONY, THINK_BLOCK, BudgetedGeneration
 from strata.engine.api.tool_spec import parse_anthropic_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
@@ -68,7 +68,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     assets, params, plan = await _plan(request, body, needs_max_tokens=True)
     budget = _thinking_budget(body)
     generation: TextDeltas
-    if budget is not None and plan.thinks and not plan.is_harmony:
+    if budget is not None and plan.thinks:
         generation = await _budgeted(request, params, plan, budget)
     else:
         generation = await start_text_generation(service, assets, plan.prompt_ids, params,
@@ -98,7 +98,8 @@ async def _budgeted(request: web.Request, params: GenerationParams, plan: ChatPl
     assets = text_assets(service)
     max_tokens = check_fits_context(len(plan.prompt_ids), params.max_tokens,
                                     service.context_tokens)
-    close_ids = list(await run_cpu(request.app, assets.encode, CLOSE_TEXT, False))
+    thinking = HARMONY if plan.is_harmony else THINK_BLOCK
+    close_ids = list(await run_cpu(request.app, assets.encode, thinking.close_text, False))
 
     async def start_part(prompt_ids: list[int], num_tokens: int) -> TextGeneration:
         return await start_text_generation(service, assets, prompt_ids,
@@ -106,7 +107,7 @@ async def _budgeted(request: web.Request, params: GenerationParams, plan: ChatPl
                                            plan.grammar)
 
     return await BudgetedGeneration.start(start_part, plan.prompt_ids, budget_tokens,
-                                          max_tokens, close_ids)
+                                          max_tokens, close_ids, thinking)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

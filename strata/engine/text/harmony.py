@@ -29,6 +29,8 @@ _MAX_HEADER_CHARS = 512  # a "header" this long without <|message|> is no header
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
 FUNCTIONS = "functions."
+# What ends the analysis and opens the answer, for a server that cuts reasoning at a budget.
+CLOSE_ANALYSIS = f"{END}{START}assistant{CHANNEL}final{MESSAGE}"
 
 Event = Reasoning | TextPiece | CallStart | CallArguments
 
@@ -48,6 +50,17 @@ def harmony_token_ids(tokenizer: Tokenizer, eos_ids: Iterable[int]
     stops += [i for i in map(tokenizer.token_to_id, STOP_TOKENS) if i is not None]
     shown = frozenset(i for i in map(tokenizer.token_to_id, SHOWN_TOKENS) if i is not None)
     return tuple(dict.fromkeys(stops)), shown
+
+
+def analysis_is_open(text: str) -> bool:
+    """The output (so far) ends inside an analysis message's body."""
+    at = text.rfind(MESSAGE)
+    if at < 0 or any(marker in text[at:] for marker in _BODY_ENDS):
+        return False
+    header = text[:at].rsplit(START, 1)[-1]
+    channel = _CHANNEL_NAME.search(header)
+    return channel is not None and channel.group(1) == "analysis" \
+        and _RECIPIENT.search(header) is None
 
 
 class HarmonyParser:
