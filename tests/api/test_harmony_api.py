@@ -264,7 +264,8 @@ async def test_forced_choice_among_several_tools_names_them_in_the_grammar(clien
         ("get_time", "{}")]
     assert _prompt(service).endswith("<|channel|>commentary to=functions.")
     grammar = service.requests[-1].sampling.grammar
-    assert "get_weather <|constrain|>json<|message|>" in grammar and "get_time" in grammar
+    assert '"get_weather " <|constrain|> "json" <|message|>' in grammar
+    assert '"get_time " <|constrain|> "json" <|message|>' in grammar
 
 
 async def test_anthropic_budget_ends_the_analysis(client, service) -> None:

@@ -80,3 +80,25 @@ async def test_openai_sdk_tool_loop_with_a_forced_call(server: ServerProcess) ->
             f"{json.dumps(arguments, ensure_ascii=False)}<|call|><|start|>functions.get_weather to=assistant"
             '<|channel|>commentary<|message|>"sunny"<|end|><|start|>assistant') in prompt
     await client.close()
+
+
+async def test_required_choice_among_two_tools(server: ServerProcess) -> None:
+    """With two tools to choose from, the grammar writes the name and the rest of the header
+    (as text the parser reads like the special tokens), then that tool's arguments."""
+    clock = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+        "required": ["zone"], "additionalProperties": False}}}
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                                max_retries=0, timeout=300)
+    chat = await client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Weather or time?"}],
+        tools=[WEATHER, clock], tool_choice="required", max_tokens=64, temperature=0)
+    assert chat.choices[0].finish_reason == "tool_calls", chat
+    (call,) = chat.choices[0].message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    if call.function.name == "get_time":
+        assert arguments["zone"] in ("UTC", "CET")
+    else:
+        assert call.function.name == "get_weather" and set(arguments) == {"city"}
+    assert not chat.choices[0].message.content
+    await client.close()

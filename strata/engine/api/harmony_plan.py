@@ -73,12 +73,16 @@ def _forced_call(messages: list[dict[str, Any]], forced: tuple[Tool, ...]) -> Ha
     for tool in forced:  # each alone, so the error names the tool
         lark_grammar(f"start: {lark_json(tool.parameters)}", "tools",
                      f"the parameters of tool {tool.name!r}")
-    tail = f" {CONSTRAIN}json{MESSAGE}"
     if len(forced) == 1:
         grammar = lark_grammar(f"start: {lark_json(forced[0].parameters)}\n", "tool_choice",
                                "the forced tool call")
-        return HarmonyRender(messages, grammar, f"{CALL_HEADER}{forced[0].name}{tail}")
-    calls = " | ".join(f"{lark_literal(t.name + tail)} {lark_json(t.parameters)}"
+        return HarmonyRender(messages, grammar,
+                             f"{CALL_HEADER}{forced[0].name} {CONSTRAIN}json{MESSAGE}")
+    # The special tokens by name (bare <|...|>): llguidance's masks treat a quoted literal
+    # holding a special token's text inconsistently (the mask allows the token, the parser
+    # then refuses it), found by tests/e2e/test_harmony_e2e.py.
+    tail = f'{CONSTRAIN} "json" {MESSAGE}'
+    calls = " | ".join(f"{lark_literal(t.name + ' ')} {tail} {lark_json(t.parameters)}"
                        for t in forced)
     grammar = lark_grammar(f"start: {calls}\n", "tool_choice", "the forced tool call")
     return HarmonyRender(messages, grammar, CALL_HEADER)
