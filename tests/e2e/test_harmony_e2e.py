@@ -102,3 +102,18 @@ async def test_required_choice_among_two_tools(server: ServerProcess) -> None:
         assert call.function.name == "get_weather" and set(arguments) == {"city"}
     assert not chat.choices[0].message.content
     await client.close()
+
+
+async def test_response_format_is_the_final_message(server: ServerProcess) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                                max_retries=0, timeout=300)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    chat = await client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Fine?"}], max_tokens=32,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": schema}})
+    message = chat.choices[0].message
+    assert isinstance(json.loads(message.content)["ok"], bool)
+    assert not (message.model_extra or {}).get("reasoning_content")
+    await client.close()
