@@ -191,6 +191,8 @@ async def test_ollama_chat_thinking_and_tool_calls(client, service) -> None:
 @pytest.mark.parametrize(("route", "body", "param"), [
     ("/v1/chat/completions", {"messages": ASK, "enable_thinking": False}, "enable_thinking"),
     ("/v1/chat/completions", {"messages": ASK, "reasoning_effort": "max"}, "reasoning_effort"),
+    ("/v1/chat/completions", {"messages": ASK, "chat_template_kwargs": {
+        "builtin_tools": ["python"]}}, "chat_template_kwargs"),
     ("/api/chat", {"model": "gpt-oss-tiny", "messages": ASK, "think": False}, "think"),
     ("/api/chat", {"model": "gpt-oss-tiny", "messages": ASK, "think": "extreme"}, "think"),
     ("/v1/responses", {"input": "hi", "reasoning": {"summary": "auto"}}, "reasoning"),

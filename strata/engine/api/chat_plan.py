@@ -112,6 +112,10 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
                               param=inputs.effort_param)
         kwargs[TEMPLATE_VARIABLE] = inputs.effort
     if template_is_harmony(source):
+        if kwargs.get("builtin_tools"):
+            raise bad_request("'chat_template_kwargs' sets builtin_tools, but Strata runs no "
+                              "built-in tools (browser, python); declare them as function "
+                              "tools instead", param="chat_template_kwargs")
         harmony = render_harmony(messages, tools, output_grammar, thinking, thinking_param)
         if tools.tools:
             kwargs["tools"] = [t.as_openai() for t in tools.tools]
