@@ -90,7 +90,7 @@ async def test_think_splits_reasoning_into_thinking(client, service):
 
 
 @pytest.mark.parametrize(("call", "words"), [
-    ({"think": "high"}, "'think' must be true or false"),
+    ({"think": "high"}, "'think' sets a reasoning effort, but this model's chat template"),
     ({"tools": [{"type": "web_search"}]}, "only 'function' tools"),
 ])
 async def test_refusals_name_the_field(client, service, call, words):

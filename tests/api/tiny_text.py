@@ -35,3 +35,67 @@ def write_tiny_model_dir(directory: Path, *, vocab_size: int = 300) -> Path:
               "pad_token": "<|endoftext|>", "add_bos_token": False}
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
     return directory
+
+
+HARMONY_SPECIAL_TOKENS = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                          "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]
+HARMONY_TEMPLATE = Path(__file__).parent.parent / "text" / "templates" / \
+    "openai-gpt-oss-120b.jinja"
+_HARMONY_CORPUS = [
+    "analysis final commentary functions get_weather json assistant user system developer",
+    "The user asks about the weather in Paris. It is sunny.", "Reasoning: low medium high",
+] * 20
+
+
+def write_tiny_harmony_dir(directory: Path, *, vocab_size: int = 400) -> Path:
+    """A byte-level BPE with gpt-oss's special tokens and its real chat template, written as
+    gpt-oss's Hugging Face directory has them (eos <|return|>; <|call|> and <|endoftext|> as
+    further end ids in generation_config.json)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=HARMONY_SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(_CORPUS + _HARMONY_CORPUS, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": HARMONY_TEMPLATE.read_text(), "eos_token": "<|return|>",
+              "bos_token": "<|startoftext|>", "pad_token": "<|endoftext|>",
+              "add_bos_token": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    end_ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|endoftext|>", "<|call|>")]
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}))
+    return directory
+
+
+def write_tiny_harmony_gguf(path: Path, model_dir: Path) -> Path:
+    """The tiny Harmony tokenizer (write_tiny_harmony_dir's) as a GGUF vocabulary the way
+    llama.cpp's converter writes gpt-oss's: BPE with the gpt-4o pre-tokenizer, the special
+    tokens as CONTROL, eos <|return|>, the template in the metadata. `<|end|>` is written
+    as the eot token, the worst case a converter could write: it must still not stop."""
+    import gguf  # only the GGUF tests need it
+
+    data = json.loads((model_dir / "tokenizer.json").read_text())
+    vocab = {**data["model"]["vocab"], **{t["content"]: t["id"] for t in data["added_tokens"]}}
+    tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    specials = set(HARMONY_SPECIAL_TOKENS)
+    types = [gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    writer = gguf.GGUFWriter(str(path), "gpt-oss")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-4o")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(vocab["<|startoftext|>"])
+    writer.add_eos_token_id(vocab["<|return|>"])
+    writer.add_eot_token_id(vocab["<|end|>"])
+    writer.add_pad_token_id(vocab["<|endoftext|>"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(HARMONY_TEMPLATE.read_text())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

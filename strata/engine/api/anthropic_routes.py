@@ -17,6 +17,7 @@ from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.model_routing import service_of
 from strata.engine.api.output_format import anthropic_output_grammar, anthropic_thinking
 from strata.engine.api.params import GenerationParams, parse_anthropic, parse_anthropic_system
+from strata.engine.api.reasoning_effort import TEMPLATE_VARIABLE, budget_effort
 from strata.engine.api.textgen import (
     TextDeltas,
     TextGeneration,
@@ -24,10 +25,11 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.api.thinking_budget import CLOSE_TEXT, BudgetedGeneration
+from strata.engine.api.thinking_budget import HARMONY, THINK_BLOCK, BudgetedGeneration
 from strata.engine.api.tool_spec import parse_anthropic_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
+from strata.engine.text.reasoning import template_uses
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,14 @@ async def _plan(request: web.Request, body: dict, *, needs_max_tokens: bool
     system = parse_anthropic_system(body)
     if system:
         messages = [{"role": "system", "content": system}, *messages]
+    thinking = anthropic_thinking(body, params.max_tokens)
+    # A template that takes an effort (gpt-oss) gets the budget as one (reasoning_effort.py).
+    budget = _thinking_budget(body)
+    effort = budget_effort(budget) if budget is not None and template_uses(
+        assets.chat_template, TEMPLATE_VARIABLE) else None
     plan = await plan_chat(request.app, assets, ChatInputs(
-        messages, tools, await run_cpu(request.app, anthropic_output_grammar, body),
-        anthropic_thinking(body, params.max_tokens), thinking_param="thinking"))
+        messages, tools, await run_cpu(request.app, anthropic_output_grammar, body), thinking,
+        thinking_param="thinking", effort=effort, effort_param="thinking"))
     return assets, params, plan
 
 
@@ -91,7 +98,8 @@ async def _budgeted(request: web.Request, params: GenerationParams, plan: ChatPl
     assets = text_assets(service)
     max_tokens = check_fits_context(len(plan.prompt_ids), params.max_tokens,
                                     service.context_tokens)
-    close_ids = list(await run_cpu(request.app, assets.encode, CLOSE_TEXT, False))
+    thinking = HARMONY if plan.is_harmony else THINK_BLOCK
+    close_ids = list(await run_cpu(request.app, assets.encode, thinking.close_text, False))
 
     async def start_part(prompt_ids: list[int], num_tokens: int) -> TextGeneration:
         return await start_text_generation(service, assets, prompt_ids,
@@ -99,7 +107,7 @@ async def _budgeted(request: web.Request, params: GenerationParams, plan: ChatPl
                                            plan.grammar)
 
     return await BudgetedGeneration.start(start_part, plan.prompt_ids, budget_tokens,
-                                          max_tokens, close_ids)
+                                          max_tokens, close_ids, thinking)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from typing import Any
 
 from strata.engine.api.chat_plan import ChatPlan
 from strata.engine.api.textgen import TextDeltas
+from strata.engine.text.harmony import HarmonyParser
 from strata.engine.text.reasoning import Answer, Reasoning, ReasoningSplitter
 from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece, ToolCallParser
 
@@ -59,7 +60,11 @@ class ChatOutput:
         self.generation = generation
         self._splitter = ReasoningSplitter(starts_inside=plan.starts_thinking) \
             if plan.thinks else None
-        self._parser = ToolCallParser(plan.tool_format) if plan.tool_format else None
+        self._parser = ToolCallParser(plan.tool_format) \
+            if plan.tool_format and not plan.is_harmony else None
+        # Harmony's channels carry reasoning, answer and calls alike: one parser for all.
+        self._harmony = HarmonyParser(has_calls=plan.tool_format is not None,
+                                      prefix=plan.prefill) if plan.is_harmony else None
         self._max_calls = None if plan.tools.is_parallel else 1
         # Mistral's templates refuse a history whose call ids are not 9 alphanumerics.
         self._is_short_id = plan.tool_format == "mistral"
@@ -83,17 +88,20 @@ class ChatOutput:
 
     def _split(self, text: str, is_final: bool) -> list[Piece]:
         out: list[Piece] = []
-        parts = [Answer(text)] if self._splitter is None else (
-            self._splitter.finish() if is_final else self._splitter.feed(text))
-        for part in parts:
-            if isinstance(part, Reasoning):
-                out.append(part)
-            elif self._parser is None:
-                out.append(TextPiece(part.text))
-            else:
-                out.extend(self._parser.feed(part.text))
-        if is_final and self._parser is not None:
-            out.extend(self._parser.finish())
+        if self._harmony is not None:
+            out.extend(self._harmony.finish() if is_final else self._harmony.feed(text))
+        else:
+            parts = [Answer(text)] if self._splitter is None else (
+                self._splitter.finish() if is_final else self._splitter.feed(text))
+            for part in parts:
+                if isinstance(part, Reasoning):
+                    out.append(part)
+                elif self._parser is None:
+                    out.append(TextPiece(part.text))
+                else:
+                    out.extend(self._parser.feed(part.text))
+            if is_final and self._parser is not None:
+                out.extend(self._parser.finish())
         kept = [piece for p in out if self._keep(p) for piece in self._complete_calls(p)]
         if is_final:
             self._drop_held()

@@ -20,10 +20,13 @@ from aiohttp import web
 from strata.engine.api.chat_messages import parse_openai_messages
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
+from strata.engine.api.harmony_plan import render_harmony
 from strata.engine.api.output_format import openai_output_grammar, openai_thinking
+from strata.engine.api.reasoning_effort import TEMPLATE_VARIABLE, openai_reasoning_effort
 from strata.engine.api.textgen import render_chat_prompt, text_assets
 from strata.engine.api.tool_prompt import call_grammar, hermes_messages, template_reads_tools
 from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
+from strata.engine.text.harmony import template_is_harmony
 from strata.engine.text.reasoning import prompt_opens_thinking, template_thinks, template_uses
 from strata.engine.text.tool_calls import detect_format
 
@@ -39,6 +42,8 @@ class ChatPlan:
     tools: ToolRequest
     thinks: bool  # split <think> reasoning out of the output
     starts_thinking: bool  # the prompt opened the think block
+    is_harmony: bool = False  # gpt-oss: channels carry reasoning, answer and calls
+    prefill: str = ""  # output already in the prompt (a Harmony header), read first
 
 
 def template_kwargs(body: dict, source: str | None, param: str = "chat_template_kwargs"
@@ -67,6 +72,8 @@ class ChatInputs:
     thinking: bool | None = None  # None: the template's default
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     thinking_param: str = "enable_thinking"  # the body's field that set `thinking`, for 400s
+    effort: str | None = None  # low | medium | high, for a template that reads it
+    effort_param: str = "reasoning_effort"  # the body's field that set `effort`, for 400s
 
 
 def openai_chat_inputs(body: dict, service: Any) -> tuple[ChatInputs, Any]:
@@ -79,8 +86,9 @@ def openai_chat_inputs(body: dict, service: Any) -> tuple[ChatInputs, Any]:
     messages = parse_openai_messages(body)  # tool calls and results too
     output_grammar, thinking = openai_output_grammar(body), openai_thinking(body)
     assets = text_assets(service)
+    effort = openai_reasoning_effort(body)
     return (ChatInputs(messages, tools, output_grammar, thinking,
-                       template_kwargs(body, assets.chat_template)), assets)
+                       template_kwargs(body, assets.chat_template), effort=effort), assets)
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,10 @@ class ChatRender:
     grammar: str | None
     tool_format: str | None
     thinks: bool
-    prefill: str = ""  # the last assistant message's text, written after the generation prompt
+    is_harmony: bool = False
+    # Text written after the generation prompt: the last assistant message's (a prefill to
+    # continue), or the Harmony header a forced format opens.
+    prefill: str = ""
 
 
 def split_prefill(messages: list[dict[str, Any]], thinking_param: str
@@ -114,6 +125,28 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     thinking, thinking_param = inputs.thinking, inputs.thinking_param
     messages, prefill = split_prefill(inputs.messages, thinking_param)
     source = assets.chat_template
+    kwargs = dict(inputs.template_kwargs)
+    if inputs.effort is not None:
+        if not template_uses(source, TEMPLATE_VARIABLE):
+            raise bad_request(f"'{inputs.effort_param}' sets a reasoning effort, but this "
+                              "model's chat template takes none; leave it out",
+                              param=inputs.effort_param)
+        kwargs[TEMPLATE_VARIABLE] = inputs.effort
+    if template_is_harmony(source):
+        if prefill is not None:
+            raise bad_request("a last assistant message (a prefill to continue) is not "
+                              "supported on a Harmony (gpt-oss) model: its answer opens with "
+                              "a channel header; end the messages with a user turn",
+                              param="messages")
+        if kwargs.get("builtin_tools"):
+            raise bad_request("'chat_template_kwargs' sets builtin_tools, but Strata runs no "
+                              "built-in tools (browser, python); declare them as function "
+                              "tools instead", param="chat_template_kwargs")
+        harmony = render_harmony(messages, tools, output_grammar, thinking, thinking_param)
+        if tools.tools:
+            kwargs["tools"] = [t.as_openai() for t in tools.tools]
+        return ChatRender(harmony.messages, kwargs, harmony.grammar,
+                          "harmony" if tools.is_active else None, True, True, harmony.prefill)
     fmt = detect_format(source)
     forced = tools.forced_tools
     if forced and output_grammar is not None:
@@ -122,7 +155,6 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     # A named choice is one call of that tool; required may make several when parallel.
     is_parallel = tools.is_parallel and tools.mode == "required"
     grammar = output_grammar or (call_grammar(fmt, forced, is_parallel) if forced else None)
-    kwargs = dict(inputs.template_kwargs)
     if "enable_thinking" in kwargs and thinking is None:
         thinking = bool(kwargs.pop("enable_thinking"))
     thinks = template_thinks(source)
@@ -161,7 +193,7 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     else:
         rendered = hermes_messages(messages, tools.tools)
     return ChatRender(rendered, kwargs, grammar, fmt if tools.is_active else None, thinks,
-                      prefill or "")
+                      prefill=prefill or "")
 
 
 async def plan_chat(app: web.Application, assets: Any, inputs: ChatInputs) -> ChatPlan:
@@ -172,4 +204,4 @@ async def plan_chat(app: web.Application, assets: Any, inputs: ChatInputs) -> Ch
                                                 **render.template_kwargs)
     starts_thinking = render.thinks and prompt_opens_thinking(text)
     return ChatPlan(prompt_ids, render.grammar, render.tool_format, inputs.tools,
-                    render.thinks, starts_thinking)
+                    render.thinks, starts_thinking, render.is_harmony, render.prefill)

@@ -16,6 +16,7 @@ from strata.engine.api import validation as v
 from strata.engine.api.chat_messages import call_arguments, tool_call
 from strata.engine.api.errors import bad_request
 from strata.engine.api.params import GenerationParams
+from strata.engine.api.reasoning_effort import ollama_think
 from strata.engine.api.sampling_params import parse_penalties
 
 OLLAMA_ROLES = ("system", "user", "assistant", "tool")
@@ -133,14 +134,11 @@ def parse_ollama(body: dict, *, refuse: tuple[str, ...] = ()) -> OllamaRequest:
                          grammar=_format_grammar(body.get("format")))
 
 
-def parse_ollama_think(body: dict) -> bool | None:
-    """`think`: true or false turns a thinking model's reasoning on or off (it comes back as
-    message.thinking); None leaves the template's default. Effort levels are refused."""
-    think = body.get("think")
-    if think is not None and not isinstance(think, bool):
-        raise bad_request("'think' must be true or false; effort levels ('high', 'medium', "
-                          "'low') are not supported", param="think")
-    return think
+def parse_ollama_think(body: dict) -> tuple[bool | None, str | None]:
+    """`think`: (thinking, effort). true or false turns a thinking model's reasoning on or
+    off (it comes back as message.thinking); "low" | "medium" | "high" is a reasoning effort,
+    for a template that takes one (gpt-oss); None leaves the template's default."""
+    return ollama_think(body)
 
 
 def _tool_calls(message: dict, where: str, index: int) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.service.facade import ServiceError
 from strata.engine.service.levels import resident_bytes
+from strata.engine.text.harmony import template_is_harmony
 from strata.engine.text.reasoning import template_thinks
 
 log = logging.getLogger(__name__)
@@ -170,8 +171,10 @@ async def show(request: web.Request) -> web.Response:
 
 def _capabilities(template: str | None) -> list[str]:
     """Ollama's capability words: every model gets tools (a template that cannot render them
-    gets Strata's Hermes prompt), and thinking where its template writes a think block."""
-    return ["completion", "tools", *(["thinking"] if template_thinks(template) else [])]
+    gets Strata's Hermes prompt), and thinking where its template writes a think block or
+    Harmony's analysis channel."""
+    thinks = template_thinks(template) or template_is_harmony(template)
+    return ["completion", "tools", *(["thinking"] if thinks else [])]
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -184,8 +187,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
     tools = parse_openai_tools({"tools": body.get("tools")})
     messages = parse_ollama_messages(body)
     assets = text_assets(service)
+    think, effort = parse_ollama_think(body)
     plan = await plan_chat(request.app, assets, ChatInputs(
-        messages, tools, parsed.grammar, parse_ollama_think(body), thinking_param="think"))
+        messages, tools, parsed.grammar, think, thinking_param="think", effort=effort,
+        effort_param="think"))
     return await _answer(request, parsed, plan, assets, "message", clock)
 
 
@@ -203,12 +208,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     system = body.get("system")
     if system is not None and not isinstance(system, str):
         raise bad_request("'system' must be a string", param="system")
-    think = parse_ollama_think(body)
+    think, effort = parse_ollama_think(body)
     if not prompt:
         return await _load_or_unload(service, parsed)
     assets = text_assets(service)
     if body.get("raw"):
-        if think is not None:
+        if think is not None or effort is not None:
             raise bad_request("'think' needs the chat template, which 'raw' leaves out",
                               param="think")
         prompt_ids = await run_cpu(request.app, assets.encode, prompt, True)
@@ -217,7 +222,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages = [{"role": "system", "content": system}] if system else []
         plan = await plan_chat(request.app, assets, ChatInputs(
             [*messages, {"role": "user", "content": prompt}], output_grammar=parsed.grammar,
-            thinking=think, thinking_param="think"))
+            thinking=think, thinking_param="think", effort=effort, effort_param="think"))
     return await _answer(request, parsed, plan, assets, "response", clock)
 
 

@@ -105,6 +105,8 @@ _CHAT_EXTRA = {
     "parallel_tool_calls": {"type": "boolean", "default": True},
     "chat_template_kwargs": {"type": "object"},
     "enable_thinking": {"type": "boolean"},
+    "reasoning_effort": {"enum": ["low", "medium", "high"],
+                         "description": "for a template that takes it (gpt-oss); else a 400"},
 }
 _TOOL_CALL = _obj({"id": {"type": "string"}, "type": {"const": "function"},
                    "function": _obj({"name": {"type": "string"},

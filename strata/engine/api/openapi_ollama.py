@@ -30,8 +30,9 @@ _TIMINGS = {name: {"type": "integer"} for name in (
     "total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
     "eval_count", "eval_duration")}
 _THINK = "think"
-_THINK_SCHEMA = {"type": "boolean", "description": "split a thinking model's reasoning into "
-                 "`thinking` (true) or turn thinking off (false)"}
+_THINK_SCHEMA = {"oneOf": [{"type": "boolean"}, {"enum": ["low", "medium", "high"]}],
+                 "description": "split a thinking model's reasoning into `thinking` (true), "
+                 "turn thinking off (false), or a reasoning effort (gpt-oss)"}
 _TOOL_CALL = _obj({"id": {"type": "string"}, "function": _obj({
     "index": {"type": "integer"}, "name": {"type": "string"},
     "arguments": {"type": "object"}}, ("name", "arguments"))}, ("function",))

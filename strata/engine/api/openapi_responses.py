@@ -26,12 +26,20 @@ _TOOL = {"type": "object", "properties": {
                "forces the call; in auto mode arguments come back as the model wrote them"}},
     "required": ["type", "name"]}
 
+# A reasoning output item sent back: its reasoning_text goes to the next assistant turn.
+_REASONING = {"type": "object", "properties": {
+    "type": {"const": "reasoning"}, "content": {"type": "array", "items": {
+        "type": "object", "properties": {"type": {"const": "reasoning_text"},
+                                         "text": {"type": "string"}}}}},
+    "required": ["type"]}
+
 SCHEMAS: dict[str, Any] = {
     "ResponsesRequest": {"type": "object", "required": ["input"], "properties": {
         "model": {"type": "string"},
         "input": {"oneOf": [{"type": "string", "minLength": 1},
                             {"type": "array", "minItems": 1, "items": {
-                                "oneOf": [_MESSAGE, _FUNCTION_CALL, _CALL_OUTPUT]}}]},
+                                "oneOf": [_MESSAGE, _REASONING, _FUNCTION_CALL,
+                                          _CALL_OUTPUT]}}]},
         "tools": {"type": "array", "items": _TOOL},
         "tool_choice": {"oneOf": [{"enum": ["auto", "none", "required"]}, {
             "type": "object", "properties": {"type": {"const": "function"},
@@ -52,12 +60,15 @@ SCHEMAS: dict[str, Any] = {
             "enforced by constrained decoding",
             "properties": {"type": {"enum": ["text", "json_object", "json_schema"]},
                            "name": {"type": "string"}, "description": {"type": "string"},
-                           "schema": {"type": "object"}, "strict": {"type": "boolean"}}}}}}},
+                           "schema": {"type": "object"}, "strict": {"type": "boolean"}}}}},
+        "reasoning": {"type": "object", "properties": {
+            "effort": {"enum": ["low", "medium", "high"],
+                       "description": "for a template that takes it (gpt-oss); else a 400"}}}}},
     "Response": {"type": "object", "additionalProperties": True, "properties": {
         "id": {"type": "string"}, "object": {"const": "response"},
         "status": {"enum": ["completed", "incomplete", "in_progress"]},
         "output": {"type": "array", "items": {"type": "object", "properties": {
-            "type": {"enum": ["message", "function_call"]}}}},
+            "type": {"enum": ["reasoning", "message", "function_call"]}}}},
         "usage": {"type": ["object", "null"]}}},
 }
 

@@ -25,7 +25,7 @@ _OUTPUT = frozenset({"response_format", "json_schema", "grammar"})
 OPENAI_CHAT_FIELDS = _OPENAI_SAMPLING | _OUTPUT | frozenset({
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
     "parallel_tool_calls", "functions", "function_call", "chat_template_kwargs",
-    "enable_thinking"})
+    "enable_thinking", "reasoning_effort"})
 OPENAI_COMPLETION_FIELDS = _OPENAI_SAMPLING | _OUTPUT | frozenset({
     "prompt", "echo", "suffix", "best_of"})
 ANTHROPIC_MESSAGES_FIELDS = _SLOT | frozenset({
@@ -44,7 +44,6 @@ OLLAMA_EMBEDDINGS_FIELDS = frozenset({"model", "prompt", "options", "keep_alive"
 
 # Fields clients commonly send that Strata does not do, with what to do instead.
 _HINTS = {
-    "reasoning_effort": "turn thinking on or off with enable_thinking or chat_template_kwargs",
     "mirostat": "use temperature, top_k, top_p and min_p",
     "typical_p": "use top_p or min_p",
 }

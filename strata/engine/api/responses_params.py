@@ -1,9 +1,9 @@
 """Request bodies of OpenAI's Responses API (`POST /v1/responses`) in Strata's native terms.
 
-Fields Strata honours are parsed (function tools, through the chat tools' parser, and
-structured output in text.format, through the chat formats' constrained decoding); fields it
-cannot honour yet (reasoning, images, hosted tools, background runs) are a 400 naming the
-field, never silently dropped.
+Fields Strata honours are parsed (function tools, through the chat tools' parser;
+structured output in text.format, through the chat formats' constrained decoding; reasoning
+effort); fields it cannot honour yet (reasoning summaries, images, hosted tools, background
+runs) are a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from strata.engine.api.chat_messages import call_arguments, tool_call
 from strata.engine.api.errors import bad_request
 from strata.engine.api.output_format import responses_output_grammar
 from strata.engine.api.params import GenerationParams
+from strata.engine.api.reasoning_effort import responses_reasoning_effort
 from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools, tool_list
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -42,6 +43,7 @@ class ResponsesRequest:
     tools: ToolRequest
     output_grammar: str | None = None  # text.format json_schema / json_object, compiled
     text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})  # its echo
+    effort: str | None = None  # reasoning.effort, for a template that takes one
 
 
 def _refuse(body: dict) -> None:
@@ -49,9 +51,6 @@ def _refuse(body: dict) -> None:
     if unknown:
         raise bad_request(f"{', '.join(map(repr, unknown))} is not supported by Strata's "
                           "Responses API; leave it out", param=unknown[0])
-    if body.get("reasoning") not in (None, {}):
-        raise bad_request("'reasoning' is not supported: this server does not split reasoning "
-                          "out of Responses output yet", param="reasoning")
     for name in ("include", "background"):
         if body.get(name):
             raise bad_request(f"{name!r} is not supported by Strata; leave it out", param=name)
@@ -111,6 +110,16 @@ def _function_call(item: dict, where: str) -> dict[str, Any]:
     return tool_call(item["call_id"], item["name"], call_arguments(item["arguments"], where))
 
 
+def _reasoning_text(item: dict, where: str) -> str:
+    """A reasoning item sent back: its reasoning_text parts (summaries are not Strata's)."""
+    parts = item.get("content") or []
+    if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts):
+        raise bad_request(f"{where} (reasoning) must have a list of reasoning_text parts as "
+                          "'content'", param="input")
+    return "".join(p["text"] for p in parts)
+
+
 def _output_text(output: Any, where: str) -> str:
     if isinstance(output, str):
         return output
@@ -129,15 +138,21 @@ def parse_input(value: Any) -> tuple[dict[str, Any], ...]:
         raise bad_request("'input' must be a non-empty string or list of messages",
                           param="input")
     messages: list[dict[str, Any]] = []
+    reasoning = ""  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(value):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "reasoning":
+            reasoning += _reasoning_text(item, where)
+            continue
         if kind == "function_call":
             call = _function_call(item, where)
-            if messages and messages[-1]["role"] == "assistant":
+            if messages and messages[-1]["role"] == "assistant" and not reasoning:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if reasoning:
+                messages[-1]["reasoning_content"], reasoning = reasoning, ""
             continue
         if kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
@@ -148,14 +163,16 @@ def parse_input(value: Any) -> tuple[dict[str, Any], ...]:
             continue
         if kind != "message":
             raise bad_request(f"{where} is an item of type {kind!r}; only messages, "
-                              "function_call and function_call_output are supported",
-                              param="input")
+                              "reasoning, function_call and function_call_output are "
+                              "supported", param="input")
         role = item.get("role")
         if role not in _ROLES:
             raise bad_request(f"{where} has unknown role {role!r}; use one of "
                               f"{', '.join(_ROLES)}", param="input")
         messages.append({"role": _ROLES[role], "content": _content_text(item.get("content"),
                                                                         where)})
+        if reasoning and role == "assistant":
+            messages[-1]["reasoning_content"], reasoning = reasoning, ""
     return tuple(messages)
 
 
@@ -189,4 +206,4 @@ def parse_responses(body: dict) -> ResponsesRequest:
         params=params, instructions=instructions, input_messages=parse_input(body.get("input")),
         previous_response_id=previous, is_stored=v.get_bool(body, "store", True),
         metadata=metadata, tools=parse_responses_tools(body), output_grammar=output_grammar,
-        text_format=text_format)
+        text_format=text_format, effort=responses_reasoning_effort(body))

@@ -1,9 +1,9 @@
 """OpenAI's Responses API: POST /v1/responses (stream and not), GET /v1/responses/{id}.
 
-Text in, text (free, or JSON by text.format's schema) and function calls out, with
-`instructions`, function tools (through the chat tools' machinery: plan_chat, ChatOutput) and
-`previous_response_id`: a follow-up continues the stored conversation in the cache slot it
-ran in, so only the new turn is prefilled.
+Text in, reasoning, text (free, or JSON by text.format's schema) and function calls out, with
+`instructions`, function tools (through the chat tools' machinery: plan_chat, ChatOutput),
+`reasoning.effort` and `previous_response_id`: a follow-up continues the stored conversation
+in the cache slot it ran in, so only the new turn is prefilled.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from strata.engine.api.textgen import start_text_generation, text_assets
 from strata.engine.api.tool_spec import ToolRequest
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
+from strata.engine.text.reasoning import Reasoning
 from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,12 @@ def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]
     content = [] if text is None else [_text_part(text)]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": content}
+
+
+def _reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content,
+            "status": status}
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -94,7 +101,8 @@ class _Response:
             "model": service_of(request).model_id, "output": [],
             "parallel_tool_calls": tools.is_parallel,
             "previous_response_id": parsed.previous_response_id,
-            "reasoning": {"effort": None, "summary": None}, "store": parsed.is_stored,
+            "reasoning": {"effort": parsed.effort, "summary": None},
+            "store": parsed.is_stored,
             "temperature": parsed.params.temperature, "text": {"format": parsed.text_format},
             "tool_choice": _choice_echo(tools), "tools": _tools_echo(tools),
             "top_p": parsed.params.top_p, "truncation": "disabled",
@@ -116,9 +124,11 @@ class _Response:
 
 
 def _output_items(output: ChatOutput, result: ChatResult) -> list[dict[str, Any]]:
-    """The message (when there is text, or nothing else), then each function call."""
+    """The reasoning, the message (when there is text, or nothing else), then each call."""
     status = _Response.item_status(output)
     items = []
+    if result.reasoning:
+        items.append(_reasoning_item(f"rs_{uuid.uuid4().hex}", result.reasoning, status))
     if result.text.strip() or not result.calls:
         items.append(_message_item(f"msg_{uuid.uuid4().hex}", result.text, status))
     items += [_call_item(f"fc_{uuid.uuid4().hex}", c["id"], c["name"], c["arguments"], status)
@@ -126,10 +136,14 @@ def _output_items(output: ChatOutput, result: ChatResult) -> list[dict[str, Any]
     return items
 
 
-def _assistant_turn(text: str, calls: list[dict[str, str]]) -> dict[str, Any]:
-    """The answer as the next turn's history: text and the calls, as templates read them."""
+def _assistant_turn(text: str, calls: list[dict[str, str]], reasoning: str
+                    ) -> dict[str, Any]:
+    """The answer as the next turn's history: reasoning, text and the calls, as templates
+    read them."""
     # Whitespace around calls is no message: the history a client would send back has none.
     message: dict[str, Any] = {"role": "assistant", "content": text if text.strip() else ""}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [tool_call(c["id"], c["name"], arguments_object(c["arguments"]))
                                  for c in calls]
@@ -163,10 +177,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     messages, slot = _conversation(request, parsed)
     system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
     assets = text_assets(service)
-    plan = await plan_chat(request.app, assets, ChatInputs([*system, *messages], parsed.tools,
-                                                           parsed.output_grammar))
-    # Reasoning stays in the text until Responses gets its reasoning items (see docs/api.md).
-    plan = dataclasses.replace(plan, thinks=False, starts_thinking=False)
+    plan = await plan_chat(request.app, assets, ChatInputs(
+        [*system, *messages], parsed.tools, parsed.output_grammar, effort=parsed.effort,
+        effort_param="reasoning"))
     params = dataclasses.replace(parsed.params, slot=slot)
     generation = await start_text_generation(service, assets, plan.prompt_ids, params,
                                              plan.grammar)
@@ -179,7 +192,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     finally:
         await generation.close()
     final = response.finish(output, _output_items(output, result))
-    _store(request, response, messages, _assistant_turn(result.text, result.calls))
+    _store(request, response, messages,
+           _assistant_turn(result.text, result.calls, result.reasoning))
     return web.json_response(final)
 
 
@@ -212,6 +226,7 @@ class _Items:
         self.open_text = ""
         self.pending_space = ""  # whitespace between calls opens no message of its own
         self.text = ""
+        self.reasoning = ""
         self.calls: list[dict[str, str]] = []
 
     def _where(self) -> dict[str, Any]:
@@ -226,6 +241,18 @@ class _Items:
                         item=dict(self.open))
         await self.send("response.content_part.added", **self._where(), content_index=0,
                         part=_text_part(""))
+
+    async def reasoning_piece(self, text: str) -> None:
+        self.reasoning += text
+        if self.open is None or self.open["type"] != "reasoning":
+            await self.close()
+            self.open, self.open_text = _reasoning_item(f"rs_{uuid.uuid4().hex}", None,
+                                                        "in_progress"), ""
+            await self.send("response.output_item.added", output_index=len(self.items),
+                            item=dict(self.open))
+        self.open_text += text
+        await self.send("response.reasoning_text.delta", **self._where(), content_index=0,
+                        delta=text)
 
     async def text_piece(self, text: str) -> None:
         self.text += text
@@ -270,6 +297,10 @@ class _Items:
             await self.send("response.content_part.done", **where, content_index=0,
                             part=_text_part(text))
             done = _message_item(item["id"], text, status)
+        elif item["type"] == "reasoning":
+            await self.send("response.reasoning_text.done", **where, content_index=0,
+                            text=self.open_text)
+            done = _reasoning_item(item["id"], self.open_text, status)
         else:
             await self.send("response.function_call_arguments.done", **where,
                             name=item["name"], arguments=item["arguments"])
@@ -300,17 +331,22 @@ async def _stream(request: web.Request, output: ChatOutput, response: _Response,
         await send("response.in_progress", response=dict(response.body))
         async with contextlib.aclosing(output.pieces()) as pieces:
             async for piece in pieces:
-                if isinstance(piece, TextPiece):
+                if isinstance(piece, Reasoning):
+                    await items.reasoning_piece(piece.text)
+                elif isinstance(piece, TextPiece):
                     await items.text_piece(piece.text)
                 elif isinstance(piece, CallStart):
                     await items.call_start(piece)
                 elif isinstance(piece, CallArguments):
                     await items.arguments(piece)
-        if not items.items and items.open is None:  # nothing came out: one empty message
+        if not any(i["type"] != "reasoning" for i in items.items) and (
+                items.open is None or items.open["type"] == "reasoning"):
+            # no answer came out: one empty message
             await items.open_message()
         await items.close()
         final = response.finish(output, items.items)
-        _store(request, response, messages, _assistant_turn(items.text, items.calls))
+        _store(request, response, messages,
+               _assistant_turn(items.text, items.calls, items.reasoning))
         await send(f"response.{final['status']}", response=final)
     except ConnectionError:
         log.info("client went away during /v1/responses; generation cancelled")

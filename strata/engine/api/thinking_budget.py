@@ -4,19 +4,33 @@ The generation runs with max_tokens = budget first. If it is cut there while sti
 think block, Strata closes the block itself (appends `</think>` to the tokens so far, in the
 same cache slot, so nothing is prefilled again) and the model answers with what is left of
 max_tokens. Cut there after the block closed, it simply continues. Anthropic calls the budget
-a target; here it is a limit, the way llama.cpp's reasoning budget ends thinking.
+a target; here it is a limit, the way llama.cpp's reasoning budget ends thinking. A Harmony
+model (gpt-oss) has its analysis message ended and a final one opened instead (HARMONY).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 
 from strata.engine.api.textgen import TextGeneration
 from strata.engine.protocol import TokenLogprob, Usage
+from strata.engine.text.harmony import CLOSE_ANALYSIS, analysis_is_open
 from strata.engine.text.reasoning import THINK_END
 
 CLOSE_TEXT = f"\n{THINK_END}\n\n"  # what Qwen3 and DeepSeek-R1 write between thought and answer
+
+
+@dataclass(frozen=True)
+class ThinkingFormat:
+    """How to tell the reasoning is still open, and the text that closes it."""
+    close_text: str
+    is_open: Callable[[str], bool]
+
+
+THINK_BLOCK = ThinkingFormat(CLOSE_TEXT, lambda text: THINK_END not in text)
+HARMONY = ThinkingFormat(CLOSE_ANALYSIS, analysis_is_open)
 
 StartPart = Callable[[list[int], int], Awaitable[TextGeneration]]  # (prompt ids, max tokens)
 
@@ -26,7 +40,8 @@ class BudgetedGeneration:
     budget, then (when it was cut) the rest. Start with `await BudgetedGeneration.start(...)`."""
 
     def __init__(self, first: TextGeneration, start_part: StartPart, prompt_ids: list[int],
-                 budget_tokens: int, max_tokens: int, close_ids: list[int]):
+                 budget_tokens: int, max_tokens: int, close_ids: list[int],
+                 thinking: ThinkingFormat = THINK_BLOCK):
         self._current = first
         self._first = first
         self._start_part = start_part
@@ -34,15 +49,18 @@ class BudgetedGeneration:
         self._budget_tokens = budget_tokens
         self._max_tokens = max_tokens
         self._close_ids = close_ids
+        self._thinking = thinking
         self._text = ""
         self.usage: Usage | None = None
         self.is_budget_hit = False
 
     @classmethod
     async def start(cls, start_part: StartPart, prompt_ids: list[int], budget_tokens: int,
-                    max_tokens: int, close_ids: list[int]) -> BudgetedGeneration:
+                    max_tokens: int, close_ids: list[int],
+                    thinking: ThinkingFormat = THINK_BLOCK) -> BudgetedGeneration:
         first = await start_part(prompt_ids, min(budget_tokens, max_tokens))
-        return cls(first, start_part, prompt_ids, budget_tokens, max_tokens, close_ids)
+        return cls(first, start_part, prompt_ids, budget_tokens, max_tokens, close_ids,
+                   thinking)
 
     @property
     def finish_reason(self) -> str | None:
@@ -69,10 +87,10 @@ class BudgetedGeneration:
         if self._first.finish_reason != "length" or left <= 0:
             return
         # Cut by the budget: close the think block if it is still open, then go on.
-        extra = self._close_ids if THINK_END not in self._text else []
+        extra = self._close_ids if self._thinking.is_open(self._text) else []
         self.is_budget_hit = bool(extra)
         if extra:
-            yield CLOSE_TEXT
+            yield self._thinking.close_text
         prompt = [*self._prompt_ids, *self._first.token_ids, *extra]
         self._current = await self._start_part(prompt, left - len(extra))
         async for text in self._current.deltas():

@@ -6,6 +6,7 @@ tokenizer files, so tokenizing, token counting and templating work while the mod
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import threading
@@ -23,6 +24,7 @@ from strata.engine.text.gguf_tokenizer import (
     read_gguf_vocab,
     set_special_post_processor,
 )
+from strata.engine.text.harmony import harmony_token_ids, template_is_harmony
 
 __all__ = ["ChatTemplateError", "TextAssets", "TextAssetsError", "load_text_assets"]
 
@@ -44,6 +46,8 @@ class TextAssets:
     add_bos: bool
     vocab_size: int
     source: str = ""
+    # Special tokens whose text the output keeps (Harmony's structure tokens, read by its parser).
+    shown_special_ids: frozenset[int] = frozenset()
     _compiled: ChatTemplate | None = field(default=None, init=False, repr=False)
     _compile_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -164,12 +168,12 @@ def _load_gguf(path: Path) -> TextAssets:
     vocab = read_gguf_vocab(path)
     tokenizer = build_tokenizer(vocab)
     eos = [i for i in (vocab.eos_token_id, vocab.eot_token_id, vocab.eom_token_id) if i is not None]
-    return TextAssets(
+    return _by_format(TextAssets(
         tokenizer=tokenizer, chat_template=vocab.chat_template,
         bos_token_id=vocab.bos_token_id, eos_token_ids=_with_turn_ends(tokenizer, eos),
         add_bos=vocab.add_bos and vocab.bos_token_id is not None,
         vocab_size=len(vocab.tokens), source=str(path),
-    )
+    ))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -232,11 +236,20 @@ def _load_hf_dir(directory: Path) -> TextAssets:
         add_bos = bos_id is not None and probe[:1] == [bos_id]
     add_bos = bool(add_bos) and bos_id is not None
     set_special_post_processor(tokenizer, bos_text if add_bos else None, None)
-    return TextAssets(
+    return _by_format(TextAssets(
         tokenizer=tokenizer, chat_template=_hf_chat_template(directory, config),
         bos_token_id=bos_id, eos_token_ids=_with_turn_ends(tokenizer, eos), add_bos=add_bos,
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True), source=str(directory),
-    )
+    ))
+
+
+def _by_format(assets: TextAssets) -> TextAssets:
+    """A Harmony model (gpt-oss) stops at <|return|> and <|call|>, not <|end|>, and shows the
+    structure tokens its output parser reads (text/harmony.py)."""
+    if not template_is_harmony(assets.chat_template):
+        return assets
+    stops, shown = harmony_token_ids(assets.tokenizer, assets.eos_token_ids)
+    return dataclasses.replace(assets, eos_token_ids=stops, shown_special_ids=shown)
 
 
 def _with_turn_ends(tokenizer: Tokenizer, eos_ids: list[int | None]) -> tuple[int, ...]:

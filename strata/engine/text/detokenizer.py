@@ -37,12 +37,20 @@ class IncrementalDetokenizer:
             )
         self._tokenizer = tokenizer
         self._skip_special = skip_special
+        # Special tokens the model's output format is read by (Harmony's) stay in the text.
+        shown = getattr(assets_or_tokenizer, "shown_special_ids", frozenset())
+        self._hidden_ids: frozenset[int] = frozenset()
+        if skip_special and shown:
+            self._hidden_ids = assets_or_tokenizer.special_token_ids - shown
+            self._skip_special = False
         # Only the window is kept: ids[:_read] were emitted already and serve as context,
         # ids[_read:] are not emitted yet. Older ids are dropped as text goes out.
         self._ids: list[int] = list(prompt_ids[-_PROMPT_CONTEXT_TOKENS:])
         self._read = len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._hidden_ids:
+            ids = [i for i in ids if i not in self._hidden_ids]
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
 
     def push(self, ids: Sequence[int]) -> str:
