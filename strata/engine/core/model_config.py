@@ -7,7 +7,7 @@ from typing import Any
 
 from strata.errors import StrataError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "glm4_moe")
 
 
 class ModelFormatError(StrataError, ValueError):
@@ -40,6 +40,16 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+    # GLM-4.5 (glm4_moe): sigmoid routing whose expert choice adds a score-correction bias,
+    # grouped top-k, routed weights scaled, shared experts beside the routed ones.
+    moe_scoring: str = "softmax"  # softmax | sigmoid
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    n_shared_experts: int = 0
+    use_qk_norm: bool = False  # glm4_moe's optional per-head q/k RMSNorm
+    # RoPE rotates the first head_dim * partial_rotary_factor dims of each head (GLM: half).
+    partial_rotary_factor: float = 1.0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
@@ -54,10 +64,28 @@ class ModelConfig:
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}: the config is inconsistent"
             )
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ModelFormatError(
+                f"partial_rotary_factor {self.partial_rotary_factor} of head_dim {self.head_dim} "
+                "does not give an even number of rotated dims: the config is inconsistent"
+            )
+        if self.moe_scoring not in ("softmax", "sigmoid"):
+            raise ModelFormatError(f"MoE scoring {self.moe_scoring!r} is not softmax or sigmoid")
+        if self.num_experts and (self.n_group < 1 or self.num_experts % self.n_group
+                                 or not 0 < self.topk_group <= self.n_group):
+            raise ModelFormatError(
+                f"{self.num_experts} experts cannot be split into n_group {self.n_group} groups "
+                f"of which topk_group {self.topk_group} are used: the config is inconsistent"
+            )
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many leading dims of each head RoPE rotates (head_dim unless partial)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -69,13 +97,19 @@ class ModelConfig:
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}; pick a model of one of those families"
             )
         heads = d["num_attention_heads"]
-        num_experts = d.get("num_experts", d.get("num_local_experts", 0)) or 0
+        num_experts = d.get("num_experts") or d.get("num_local_experts") or \
+            d.get("n_routed_experts") or 0
+        mlp_only_layers = tuple(d.get("mlp_only_layers") or ())
+        if model_type == "glm4_moe":  # the first layers are dense; the rest all sparse
+            mlp_only_layers = tuple(range(d.get("first_k_dense_replace", 1)))
         # transformers 5 writes rope_theta and the scaling inside `rope_parameters`.
         rope_params = d.get("rope_parameters") or {}
         rope_theta = d.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = dict(rope_params)
+        partial_rotary_factor = d.get("partial_rotary_factor") or rope_params.get(
+            "partial_rotary_factor") or (0.5 if model_type == "glm4_moe" else 1.0)
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -100,7 +134,14 @@ class ModelConfig:
             else 0,
             norm_topk_prob=d.get("norm_topk_prob", model_type == "mixtral"),
             decoder_sparse_step=d.get("decoder_sparse_step", 1) or 1,
-            mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
+            mlp_only_layers=mlp_only_layers,
+            moe_scoring="sigmoid" if model_type == "glm4_moe" else "softmax",
+            routed_scaling_factor=float(d.get("routed_scaling_factor") or 1.0),
+            n_group=int(d.get("n_group") or 1),
+            topk_group=int(d.get("topk_group") or 1),
+            n_shared_experts=int(d.get("n_shared_experts") or 0) if num_experts else 0,
+            use_qk_norm=bool(d.get("use_qk_norm", False)),
+            partial_rotary_factor=float(partial_rotary_factor),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )

@@ -36,8 +36,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """RoPE inverse frequencies [head_dim / 2] (float32, CPU), with the config's scaling."""
-    dim = config.head_dim
+    """RoPE inverse frequencies [rotary_dim / 2] (float32, CPU), with the config's scaling."""
+    dim = config.rotary_dim  # head_dim, or its rotated part under partial RoPE (GLM)
     exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
     inv_freq = 1.0 / (config.rope_theta**exponents)
     scaling = config.rope_scaling or {}
@@ -86,7 +86,13 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by position (HF layout: the two halves of D form the pairs)."""
+    """Rotate x [T, heads, D] by position (HF layout: the two halves of D form the pairs).
+
+    cos/sin [T, R] with R < D (partial RoPE, GLM): the first R dims rotate, half-split within
+    them, and the other D - R pass through unchanged."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
     cos = cos[:, None, :].to(x.dtype)  # [T, 1, D]
     sin = sin[:, None, :].to(x.dtype)
     half = x.shape[-1] // 2
