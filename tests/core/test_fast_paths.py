@@ -467,3 +467,29 @@ def test_compiled_op_runs_eagerly_past_the_recompile_limit(caplog) -> None:
             x = torch.randn(num_rows, 8)
             torch.testing.assert_close(op(x, weight, 1e-6), rms_norm(x, weight, 1e-6))
     assert sum("gave no variant" in r.message for r in caplog.records) == 1
+
+
+def test_glm4_moe_runs_the_reference_path_with_a_log_line(tmp_path, caplog) -> None:
+    """The fast paths know softmax routing over routed experts and full-head RoPE only: for
+    GLM the engine builds no fast decoder (and says what is missing) rather than a wrong one."""
+    from strata.engine.core.engine_config import EngineConfig
+    from strata.engine.core.engine_setup import make_fast_decoder
+    from strata.engine.core.fast.coverage import fast_path_gaps
+    from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors
+    from strata.engine.core.models.build import build_model
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    directory, _ = make_tiny_hf_model("glm4_moe", tmp_path)
+    config = load_hf_config(directory)
+    model = build_model(config, load_hf_tensors(directory, config))
+    assert fast_path_gaps(model) == [
+        "sigmoid expert routing with a score-correction bias", "grouped top-k routing",
+        "routed expert scaling", "a shared expert", "partial RoPE (8 of 16 dims)"]
+    forced = EngineConfig(model_path=str(directory), device="cpu", fast_compile_pointwise=True)
+    with caplog.at_level("INFO", logger="strata.engine.core.engine"):
+        assert make_fast_decoder(model, torch.device("cpu"), forced) == (None, "none")
+    assert "fast decode off: the fast paths lack sigmoid expert routing" in caplog.text
+    with pytest.raises(ValueError, match="the fast paths lack .* a shared expert"):
+        GraphDecoder(model)
+    for other in TINY_CONFIGS.values():  # the models the fast paths do cover
+        assert fast_path_gaps(build_random_model(other, dtype=torch.float32)) == []

@@ -64,6 +64,12 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
     is_forced_on_cpu = device.type == "cpu" and config.fast_compile_pointwise is True
     if (device.type != "cuda" and not is_forced_on_cpu) or not config.fast_decode:
         return None, "none"
+    from strata.engine.core.fast.coverage import fast_path_gaps
+
+    if gaps := fast_path_gaps(model):
+        log.info("fast decode off: the fast paths lack %s; decode and prefill run the "
+                 "reference model", ", ".join(gaps))
+        return None, "none"
     from strata.engine.core.fast.decode_graph import GraphDecoder
     from strata.engine.core.fast.tuning_store import TuningStore
 
