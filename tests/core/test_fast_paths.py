@@ -489,7 +489,7 @@ def test_glm4_moe_runs_the_reference_path_with_a_log_line(tmp_path, caplog) -> N
     with caplog.at_level("INFO", logger="strata.engine.core.engine"):
         assert make_fast_decoder(model, torch.device("cpu"), forced) == (None, "none")
     assert "fast decode off: the fast paths lack sigmoid expert routing" in caplog.text
-    with pytest.raises(ValueError, match="the fast paths lack .* a shared expert"):
+    with pytest.raises(ValueError, match=r"the fast paths lack .* a shared expert"):
         GraphDecoder(model)
     for other in TINY_CONFIGS.values():  # the models the fast paths do cover
         assert fast_path_gaps(build_random_model(other, dtype=torch.float32)) == []
