@@ -228,3 +228,23 @@ def _decode_logits(engine: Engine, token: int) -> torch.Tensor:
     kv = KVCache.for_config(engine.model_config, 64, engine.dtype, engine.device)
     engine.model(torch.tensor(PROMPT), 0, kv, last_only=True)  # prefill: dequantized, cuBLAS
     return engine.model(torch.tensor([token]), len(PROMPT), kv, last_only=True)[-1].float()
+
+
+def test_quantized_glm4_moe_keeps_its_shared_expert_and_experts_as_blocks(tmp_path,
+                                                                          monkeypatch) -> None:
+    """GLM-4.5's shared expert is a linear layer like any dense MLP: it stays in its blocks,
+    beside the routed experts, and the model decodes as with everything dequantized."""
+    from strata.engine.core.quant.experts import is_quantized_experts
+
+    path = _gguf(tmp_path, "glm4_moe", "Q8_0")
+    expected, float_bytes = _dequantized_run(path, monkeypatch)
+    engine = _engine(path, monkeypatch, quantized=True)
+    try:
+        moe = engine.model.model.layers[1].mlp
+        assert isinstance(moe.shared_experts.up_proj, QuantizedLinear)
+        assert is_quantized_experts(moe.experts.up_proj)
+        assert not isinstance(moe.router, QuantizedLinear)  # routers stay float
+        assert engine.memory.weights.allocated_bytes < float_bytes / 2
+        assert _greedy(engine) == expected
+    finally:
+        engine.close()

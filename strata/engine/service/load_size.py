@@ -61,15 +61,21 @@ def _gguf_size(path: Path) -> StoredSize:
     from strata.engine.gguf_file import open_gguf  # numpy + gguf constants, no torch
 
     reader = open_gguf(path)
+    arch = reader.metadata.get("general.architecture", "")
+    # GLM's converter appends MTP blocks past the decoder's; the engine skips them.
+    num_layers = int(reader.metadata.get(f"{arch}.block_count", 0) or 0) - int(
+        reader.metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
     dense = experts = 0
     sparse_layers: set[str] = set()
     for tensor in reader.tensors:
+        block = tensor.name.split(".")[1] if tensor.name.startswith("blk.") else ""
+        if block.isdigit() and int(block) >= num_layers > 0:
+            continue
         if "_exps." in tensor.name:
             experts += int(tensor.n_bytes)
             sparse_layers.add(tensor.name.split(".")[1])
         else:
             dense += int(tensor.n_bytes)
-    arch = reader.metadata.get("general.architecture", "")
     num_experts = int(reader.metadata.get(f"{arch}.expert_count", 0) or 0)
     return StoredSize(dense, experts, len(sparse_layers), num_experts)
 
@@ -80,12 +86,25 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         return json.loads(f.read(length))
 
 
+def _is_mtp_layer(name: str, num_layers: int) -> bool:
+    """A tensor of a layer past num_hidden_layers (GLM's MTP layer; dropped at load)."""
+    parts = name.split(".")
+    return (num_layers > 0 and len(parts) > 2 and parts[:2] == ["model", "layers"]
+            and parts[2].isdigit() and int(parts[2]) >= num_layers)
+
+
 def _hf_size(directory: Path) -> StoredSize:
+    config: Mapping[str, Any] = {}
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    num_layers = int(config.get("num_hidden_layers") or 0)
     dense = experts = 0
     sparse_layers: set[str] = set()
     for file in sorted(directory.glob("*.safetensors")):
         for name, entry in _safetensors_header(file).items():
-            if name == "__metadata__":
+            if name == "__metadata__" or _is_mtp_layer(name, num_layers):
                 continue
             begin, end = entry["data_offsets"]
             itemsize = _FLOAT_BYTES.get(entry.get("dtype", ""), 0)
@@ -96,12 +115,8 @@ def _hf_size(directory: Path) -> StoredSize:
                 sparse_layers.add(name.split(".experts.")[0])
             else:
                 dense += num_bytes
-    config: Mapping[str, Any] = {}
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        pass
-    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts")
+                      or config.get("n_routed_experts") or 0)
     return StoredSize(dense, experts, len(sparse_layers), num_experts)
 
 
