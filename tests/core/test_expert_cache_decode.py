@@ -144,3 +144,29 @@ def test_glm4_moe_over_a_partial_cache_answers_like_all_resident(tmp_path) -> No
     finally:
         partial.close()
         resident.close()
+
+
+def test_glm_routing_bias_stays_float32_in_a_bf16_model(tmp_path) -> None:
+    """The correction bias only chooses experts, by differences bf16 would round away at its
+    magnitude: in a bf16 model it stays float32, in the weights arena, equal to the file's."""
+    from strata.engine.core.loader.hf import load_hf_config
+    from strata.engine.core.weight_source import FileWeights
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    directory, hf_model = make_tiny_hf_model("glm4_moe", tmp_path)
+    config = load_hf_config(directory)
+    memory = ModelMemory(backend_for("cpu"), torch.bfloat16)
+    try:
+        model = memory.build(config, FileWeights.open(directory, config), "all")
+        bias = model.model.layers[1].mlp.e_score_correction_bias
+        assert bias.dtype == torch.float32 and model.model.layers[1].mlp.router.weight.dtype \
+            == torch.bfloat16
+        want = hf_model.model.layers[1].mlp.gate.e_score_correction_bias
+        assert torch.equal(bias, want)
+        base = memory.weights.base_address
+        assert base <= bias.data_ptr() < base + memory.weights.allocated_bytes
+        with torch.inference_mode():  # and the model runs in bf16 around it
+            logits = model(torch.tensor(PROMPT), 0, KVCache.for_config(config, 32, torch.bfloat16))
+        assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    finally:
+        memory.close()
