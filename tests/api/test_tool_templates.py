@@ -42,6 +42,9 @@ EXPECTED = {
     "mistral-nemo-instruct-2407.jinja": ('[AVAILABLE_TOOLS]', ('[TOOL_CALLS][{"name": '
                                          '"get_weather", "arguments": {"city": "Paris"}'),
                                          '[TOOL_RESULTS]{"content": sunny'),
+    "glm-4.6.jinja": ('"name": "get_weather"', ("<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+                      "<arg_value>Paris</arg_value>\n</tool_call>"),
+                      "<|observation|>\n<tool_response>\nsunny\n</tool_response>"),
     "smollm2-135m-instruct.jinja": ("<tools>", ('<tool_call>\n{"name": "get_weather", '
                                     '"arguments": {"city": "Paris"}}\n</tool_call>'),
                                     "<tool_response>\nsunny\n</tool_response>"),

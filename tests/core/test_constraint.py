@@ -136,7 +136,7 @@ def test_random_schemas_always_give_valid_json(engine, smollm2, schema, seed) ->
     jsonschema.validate(json.loads(text), schema)
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic"])
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic", "glm"])
 def test_forced_call_grammar_output_parses_back_in_its_format(engine, smollm2, fmt) -> None:
     """What the forced-call grammar lets the model write, the same format's parser reads."""
     from strata.engine.api.tool_prompt import call_grammar

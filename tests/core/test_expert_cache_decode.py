@@ -108,3 +108,65 @@ def test_bmm_over_a_partial_cache_falls_back_to_the_loop() -> None:
         assert "MoE loop" in decoder.note
     finally:
         memory.close()
+
+
+def test_glm4_moe_over_a_partial_cache_answers_like_all_resident(tmp_path) -> None:
+    """GLM-4.5's experts (sigmoid-routed, beside a shared expert that lives with the dense
+    weights) go through the same expert store: a partial cache, its release, refill and
+    shrink answer exactly as all resident, on the reference path the engine picks for GLM."""
+    from tests.core.engine_memory_helpers import make_engine, run
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    directory, _ = make_tiny_hf_model("glm4_moe", tmp_path)
+    prompts = [PROMPT, [(5 * i + 1) % 96 for i in range(9)]]
+    resident = make_engine(directory, tmp_path / "a", expert_cache="all")
+    partial = make_engine(directory, tmp_path / "b", expert_cache="10")  # of 2 x 8 experts
+    try:
+        assert resident.fast is None and partial.fast is None  # the CPU: reference path
+        expected = [run(resident, p) for p in prompts]
+        status = partial.status()["experts"]
+        assert status["mode"] == "slots" and status["num_slots"] == 10
+        assert run(partial, prompts[0]) == expected[0]
+        counters = partial.status()["experts"]
+        assert counters["num_misses"] > 0 and counters["num_evictions"] > 0
+        sparse = partial.model.model.layers[1].mlp
+        assert sparse.expert_weights is not None  # routed experts come from the store
+        assert not sparse.shared_experts.gate_proj.weight.is_meta  # the shared one is dense
+        partial.release_experts()
+        with pytest.raises(Exception, match="refill it first"):
+            run(partial, prompts[1])
+        partial.refill_experts()
+        assert partial.memory.experts.verify_slots() == 0
+        assert run(partial, prompts[1], slot=1) == expected[1]
+        shrunk = partial.resize_experts(8)  # one layer's experts: the rest read from the host
+        assert shrunk["num_slots"] == 8 and partial.status()["experts"]["num_slots"] == 8
+        assert run(partial, prompts[0], slot=2) == expected[0]
+    finally:
+        partial.close()
+        resident.close()
+
+
+def test_glm_routing_bias_stays_float32_in_a_bf16_model(tmp_path) -> None:
+    """The correction bias only chooses experts, by differences bf16 would round away at its
+    magnitude: in a bf16 model it stays float32, in the weights arena, equal to the file's."""
+    from strata.engine.core.loader.hf import load_hf_config
+    from strata.engine.core.weight_source import FileWeights
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    directory, hf_model = make_tiny_hf_model("glm4_moe", tmp_path)
+    config = load_hf_config(directory)
+    memory = ModelMemory(backend_for("cpu"), torch.bfloat16)
+    try:
+        model = memory.build(config, FileWeights.open(directory, config), "all")
+        bias = model.model.layers[1].mlp.e_score_correction_bias
+        assert bias.dtype == torch.float32 and model.model.layers[1].mlp.router.weight.dtype \
+            == torch.bfloat16
+        want = hf_model.model.layers[1].mlp.gate.e_score_correction_bias
+        assert torch.equal(bias, want)
+        base = memory.weights.base_address
+        assert base <= bias.data_ptr() < base + memory.weights.allocated_bytes
+        with torch.inference_mode():  # and the model runs in bf16 around it
+            logits = model(torch.tensor(PROMPT), 0, KVCache.for_config(config, 32, torch.bfloat16))
+        assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    finally:
+        memory.close()

@@ -329,7 +329,8 @@ def test_random_weight_presets() -> None:
     moe = random_weights_config("qwen3-30b-a3b")
     assert moe.is_moe and moe.num_experts == 128 and moe.moe_intermediate_size == 768
     # Parameter counts of the published models, to within 2%.
-    expected = {"smollm2-135m": 134.5e6, "llama3-8b": 8.03e9, "qwen3-30b-a3b": 30.5e9}
+    expected = {"smollm2-135m": 134.5e6, "llama3-8b": 8.03e9, "qwen3-30b-a3b": 30.5e9,
+                "glm-4.5-air": 106e9}  # GLM's model card, its MTP layer not counted
     for name in PRESETS:
         count = parameter_bytes(random_weights_config(name)) / 2
         assert abs(count / expected[name] - 1) < 0.02, (name, count)
@@ -467,3 +468,30 @@ def test_compiled_op_runs_eagerly_past_the_recompile_limit(caplog) -> None:
             x = torch.randn(num_rows, 8)
             torch.testing.assert_close(op(x, weight, 1e-6), rms_norm(x, weight, 1e-6))
     assert sum("gave no variant" in r.message for r in caplog.records) == 1
+
+
+def test_glm4_moe_runs_the_reference_path_with_a_log_line(tmp_path, caplog) -> None:
+    """The fast paths know softmax routing over routed experts and full-head RoPE only: for
+    GLM the engine builds no fast decoder (and says what is missing) rather than a wrong one."""
+    from strata.engine.core.engine_config import EngineConfig
+    from strata.engine.core.engine_setup import make_fast_decoder
+    from strata.engine.core.fast.coverage import missing_features
+    from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors
+    from strata.engine.core.models.build import build_model
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    directory, _ = make_tiny_hf_model("glm4_moe", tmp_path)
+    config = load_hf_config(directory)
+    model = build_model(config, load_hf_tensors(directory, config))
+    # Partial RoPE is no gap: its q/k rows are reordered at load (reorder_partial_rotary).
+    assert missing_features(model) == [
+        "sigmoid expert routing with a score-correction bias", "grouped top-k routing",
+        "routed expert scaling", "a shared expert"]
+    forced = EngineConfig(model_path=str(directory), device="cpu", fast_compile_pointwise=True)
+    with caplog.at_level("INFO", logger="strata.engine.core.engine"):
+        assert make_fast_decoder(model, torch.device("cpu"), forced) == (None, "none")
+    assert "the fast path lacks sigmoid expert routing" in caplog.text
+    with pytest.raises(ValueError, match=r"the fast paths lack .* a shared expert"):
+        GraphDecoder(model)
+    for other in TINY_CONFIGS.values():  # the models the fast paths do cover
+        assert missing_features(build_random_model(other, dtype=torch.float32)) == []

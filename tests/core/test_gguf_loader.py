@@ -23,9 +23,10 @@ from strata.engine.core.loader.gguf_rope import llama3_freqs, llama3_scaling_fro
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.core.model_info import format_model_info
 from tests.helpers.gguf_writer import write_gguf_from_hf
-from tests.helpers.tiny_models import make_tiny_hf_config
+from tests.helpers.tiny_models import make_tiny_hf_config, randomize_routing_biases
 
-VARIANTS = ["llama", "smollm2", "qwen2", "qwen3", "qwen3_moe_mixed", "mixtral", "llama_llama3_rope"]
+VARIANTS = ["llama", "smollm2", "qwen2", "qwen3", "qwen3_moe_mixed", "mixtral", "llama_llama3_rope",
+            "glm4_moe"]
 
 
 @functools.cache
@@ -36,7 +37,9 @@ def hf_model(variant: str, **overrides):
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    randomize_routing_biases(model)
+    return model
 
 
 def hf_canonical(model) -> dict[str, torch.Tensor]:
@@ -47,6 +50,8 @@ def hf_canonical(model) -> dict[str, torch.Tensor]:
             continue
         if name.endswith("mlp.gate.weight") and ".experts" not in name:
             out[name.replace("mlp.gate.weight", "mlp.router.weight")] = tensor
+        elif name.endswith("mlp.gate.e_score_correction_bias"):
+            out[name.replace("gate.e_score", "e_score")] = tensor
         elif name.endswith("mlp.experts.gate_up_proj"):
             gate, up = tensor.chunk(2, dim=1)
             out[name.replace("gate_up_proj", "gate_proj")] = gate
@@ -322,3 +327,49 @@ def test_file_that_does_not_match_its_config(llama_gguf):
 
 def test_directory_without_config(tmp_path):
     assert "without config.json" in _one_line_error(load_model_config, tmp_path)
+
+
+def test_glm_mtp_block_is_in_the_file_and_skipped_with_a_log_line(tmp_path, caplog):
+    """Guards the glm4_moe rows above: the file carries the converter's extra MTP block."""
+    model = hf_model("glm4_moe")
+    path = write_gguf_from_hf(model, None, tmp_path / "m.gguf", "F16")
+    reader = gguf.GGUFReader(path)
+    names = {t.name for t in reader.tensors}
+    layers = model.config.num_hidden_layers
+    assert f"blk.{layers}.nextn.eh_proj.weight" in names
+    assert f"blk.{layers}.ffn_gate_exps.weight" in names
+    assert load_gguf_config(path).num_hidden_layers == layers
+    with caplog.at_level("INFO", logger="strata.engine.core.loader.gguf"):
+        tensors = load_gguf_tensors(path, load_gguf_config(path))
+    assert not any(f"layers.{layers}." in name for name in tensors)
+    assert f"MTP (next-token prediction) blocks from blk.{layers}" in caplog.text
+
+
+def test_glm_gguf_config_reads_the_routing_keys(tmp_path):
+    config = load_gguf_config(write_gguf_from_hf(hf_model("glm4_moe"), None,
+                                                 tmp_path / "m.gguf", "F16"))
+    assert (config.moe_scoring, config.routed_scaling_factor, config.n_shared_experts) == \
+        ("sigmoid", 2.5, 1)
+    assert (config.n_group, config.topk_group, config.mlp_only_layers) == (2, 1, (0,))
+    assert config.rotary_dim == config.head_dim // 2 and config.use_qk_norm
+
+
+def test_glm_file_without_its_correction_bias_names_the_tensor(tmp_path):
+    path = write_gguf_from_hf(hf_model("glm4_moe"), None, tmp_path / "m.gguf", "F16",
+                              edit_tensors=lambda t: t.pop("blk.2.exp_probs_b.bias"))
+    message = _one_line_error(load_gguf_tensors, path, load_gguf_config(path))
+    assert "lacks tensor blk.2.exp_probs_b.bias" in message
+
+
+def test_glm_shared_expert_of_the_wrong_shape_is_named(tmp_path):
+    from strata.engine.core.engine import Engine, EngineConfig
+
+    def narrow(tensors):
+        name = "blk.1.ffn_up_shexp.weight"
+        tensors[name] = tensors[name][:16]
+
+    path = write_gguf_from_hf(hf_model("glm4_moe"), None, tmp_path / "m.gguf", "F16",
+                              edit_tensors=narrow)
+    engine = Engine(EngineConfig(model_path=str(path), device="cpu", context_tokens=64))
+    message = _one_line_error(engine.load)
+    assert "model.layers.1.mlp.shared_experts.up_proj.weight (blk.1.ffn_up_shexp.weight in the file) has shape (16, 64)" in message

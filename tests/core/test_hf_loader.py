@@ -285,3 +285,24 @@ def test_quantized_dtype_is_refused(llama_copy):
 def test_unsupported_rope_scaling(llama_copy):
     edit_config(llama_copy, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
     assert load_error(llama_copy).startswith("RoPE scaling type 'yarn' is not supported")
+
+
+def test_glm_mtp_layer_of_a_checkpoint_is_dropped_with_a_log_line(tmp_path, caplog):
+    """Published GLM-4.5 checkpoints carry their MTP layer as model.layers.{num_hidden_layers}
+    (transformers ignores it on load); Strata drops it too, and says so."""
+    directory, hf_model = make_tiny_hf_model("glm4_moe", tmp_path)
+    layers, hidden = hf_model.config.num_hidden_layers, hf_model.config.hidden_size
+    mtp = {f"model.layers.{layers}.eh_proj.weight": torch.randn(hidden, 2 * hidden),
+           f"model.layers.{layers}.enorm.weight": torch.ones(hidden),
+           f"model.layers.{layers}.mlp.gate.weight": torch.randn(8, hidden)}
+    save_file(mtp, str(directory / "mtp.safetensors"))
+    config = load_hf_config(directory)
+    with caplog.at_level("INFO", logger="strata.engine.core.models.glm4_moe"):
+        tensors = load_hf_tensors(directory, config)
+    assert not any(name.startswith(f"model.layers.{layers}.") for name in tensors)
+    assert f"dropping 3 tensors of the MTP (next-token prediction) layers [{layers}]" in \
+        caplog.text
+    model = build_model(config, tensors)  # everything else is the model's, checked
+    prompt = torch.arange(12)
+    torch.testing.assert_close(model(prompt, 0, KVCache.for_config(config, 16)),
+                               hf_model(prompt[None]).logits[0].detach(), atol=1e-4, rtol=0)

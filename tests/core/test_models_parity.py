@@ -200,3 +200,35 @@ def test_each_gemma3_feature_changes_the_result(tmp_path, change):
     prompt = torch.arange(PROMPT_TOKENS) % config.vocab_size
     logits = model(prompt, 0, KVCache.for_config(changed, MAX_TOKENS))
     assert (logits - reference_logits(hf_model, prompt)).abs().max() > 1e-2
+
+
+def _without_correction_bias(model):
+    for name, param in model.named_parameters():
+        if name.endswith("e_score_correction_bias"):
+            param.zero_()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("change", ["no_correction_bias", "one_group", "no_scaling",
+                                    "full_rotary", "no_shared_expert"])
+def test_each_glm_routing_feature_changes_the_result(change, tmp_path):
+    """Guards the glm4_moe parity: the tiny config exercises every GLM feature, so a model
+    that skipped any of them would not match transformers."""
+    directory, hf_model = make_tiny_hf_model("glm4_moe", tmp_path)
+    config = load_hf_config(directory)
+    tensors = load_hf_tensors(directory, config)
+    if change == "one_group":
+        config = dataclasses.replace(config, n_group=1, topk_group=1)
+    elif change == "no_scaling":
+        config = dataclasses.replace(config, routed_scaling_factor=1.0)
+    elif change == "full_rotary":
+        config = dataclasses.replace(config, partial_rotary_factor=1.0)
+    elif change == "no_shared_expert":
+        for name in [n for n in tensors if ".shared_experts." in n]:
+            tensors[name] = torch.zeros_like(tensors[name])
+    model = build_model(config, tensors)
+    if change == "no_correction_bias":
+        _without_correction_bias(model)
+    prompt = torch.arange(PROMPT_TOKENS) % config.vocab_size
+    logits = model(prompt, 0, KVCache.for_config(config, MAX_TOKENS))
+    assert (logits - reference_logits(hf_model, prompt)).abs().max() > 1e-2

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(
 from strata.engine.core.engine import Engine, EngineConfig
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.models.layers import SwiGLU
 from strata.engine.core.quant.weight import (
     QuantizedEmbedding,
     QuantizedLinear,
@@ -94,8 +95,10 @@ def test_quantized_engine_decodes_like_the_dequantized_one(tmp_path, monkeypatch
             assert fused[0] is None and isinstance(fused[1], QuantizedWeight)
         else:
             assert all(isinstance(w, QuantizedWeight) for w in fused)
+            # SwiGLU's gate and up fuse in the arena (Gemma's GeGLU keeps its own two).
             assert all(isinstance(layer.mlp.gate_up_weight, QuantizedWeight)
-                       for layer in engine.model.model.layers)
+                       for layer in engine.model.model.layers
+                       if isinstance(layer.mlp, SwiGLU))
         assert _greedy(engine) == expected
         # The host copy was filled from the file: it equals the arena byte for byte, and
         # sleep/wake restores blocks that decode the same.
@@ -254,3 +257,23 @@ def _decode_logits(engine: Engine, token: int) -> torch.Tensor:
     kv = KVCache.for_config(engine.model_config, 64, engine.dtype, engine.device)
     engine.model(torch.tensor(PROMPT), 0, kv, last_only=True)  # prefill: dequantized, cuBLAS
     return engine.model(torch.tensor([token]), len(PROMPT), kv, last_only=True)[-1].float()
+
+
+def test_quantized_glm4_moe_keeps_its_shared_expert_and_experts_as_blocks(tmp_path,
+                                                                          monkeypatch) -> None:
+    """GLM-4.5's shared expert is a linear layer like any dense MLP: it stays in its blocks,
+    beside the routed experts, and the model decodes as with everything dequantized."""
+    from strata.engine.core.quant.experts import is_quantized_experts
+
+    path = _gguf(tmp_path, "glm4_moe", "Q8_0")
+    expected, float_bytes = _dequantized_run(path, monkeypatch)
+    engine = _engine(path, monkeypatch, quantized=True)
+    try:
+        moe = engine.model.model.layers[1].mlp
+        assert isinstance(moe.shared_experts.up_proj, QuantizedLinear)
+        assert is_quantized_experts(moe.experts.up_proj)
+        assert not isinstance(moe.router, QuantizedLinear)  # routers stay float
+        assert engine.memory.weights.allocated_bytes < float_bytes / 2
+        assert _greedy(engine) == expected
+    finally:
+        engine.close()

@@ -28,6 +28,8 @@ from tests.helpers.tiny_models import make_tiny_hf_config
     ("lm_head.weight", True),
     ("model.layers.0.mlp.experts.gate_proj", True),  # dequantized per step (quant/experts.py)
     ("model.layers.0.mlp.router.weight", False),
+    ("model.layers.1.mlp.shared_experts.up_proj.weight", True),  # GLM's shared expert
+    ("model.layers.1.mlp.e_score_correction_bias", False),
     ("model.layers.0.self_attn.q_proj.bias", False),
     ("model.norm.weight", False),
 ])
@@ -40,6 +42,7 @@ def test_gguf_names_follow_the_same_rule() -> None:
     assert keeps_blocks("token_embd.weight", "Q8_0")
     assert keeps_blocks("blk.0.ffn_gate_exps.weight", "Q4_K")
     assert keeps_blocks("blk.0.ffn_down.3.weight", "Q4_0")  # old per-expert Mixtral files
+    assert keeps_blocks("blk.1.ffn_down_shexp.weight", "Q4_K")  # GLM's shared expert
     assert not keeps_blocks("blk.0.attn_norm.weight", "F32")
     assert keeps_blocks("blk.0.attn_q.weight", "IQ2_XXS")
     assert not keeps_blocks("blk.0.attn_q.weight", "TQ2_0")  # no kernel: dequantized

@@ -27,6 +27,7 @@ _ARCH_FOR_MODEL_TYPE = {
     "gemma3_text": "gemma3",
     "phi3": "phi3",
     "mistral": "llama",  # llama.cpp writes Mistral Small 3.x / Devstral as llama
+    "glm4_moe": "glm4moe",
 }
 
 
@@ -81,6 +82,8 @@ def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]
         if name.endswith("mlp.experts.down_proj"):
             out[name_map.get_name(name) + ".weight"] = values
             continue
+        if name.endswith("e_score_correction_bias"):  # the converter's own rename
+            name = name.replace("e_score_correction_bias", "e_score_correction.bias")
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             values = permute_rope_rows(values, heads if ".q_proj." in name else kv_heads)
         suffixes = (".weight", ".bias")
@@ -89,6 +92,37 @@ def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]
         if gguf_name is None:
             raise KeyError(f"no GGUF name for {name}")
         out[gguf_name] = values
+    return out
+
+
+def _add_glm4moe_keys(writer: gguf.GGUFWriter, cfg: Any, head_dim: int, rope: dict,
+                      num_mtp_layers: int) -> None:
+    """The hyper-parameters llama.cpp's Glm4MoeModel converter writes beyond the common ones."""
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.5)))
+    writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    writer.add_expert_shared_count(cfg.n_shared_experts)
+    writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    writer.add_expert_weights_scale(cfg.routed_scaling_factor)
+    writer.add_expert_weights_norm(bool(cfg.norm_topk_prob))
+    if cfg.n_group > 1:  # the converter omits these: every published GLM-4.5 has one group
+        writer.add_expert_group_count(cfg.n_group)
+        writer.add_expert_group_used_count(cfg.topk_group)
+    if num_mtp_layers:
+        writer.add_nextn_predict_layers(num_mtp_layers)
+
+
+def _mtp_block(tensors: dict[str, np.ndarray], block: int, hidden: int,
+               rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A GLM next-token-prediction block: a copy of the last decoder block's tensors under
+    blk.{block} plus its nextn.* tensors, as the converter writes them from model.layers.L."""
+    last = f"blk.{block - 1}."
+    out = {f"blk.{block}." + name[len(last):]: values.copy()
+           for name, values in tensors.items() if name.startswith(last)}
+    nextn = {"eh_proj": (hidden, 2 * hidden), "enorm": (hidden,), "hnorm": (hidden,),
+             "shared_head_norm": (hidden,)}
+    for name, shape in nextn.items():
+        out[f"blk.{block}.nextn.{name}.weight"] = rng.standard_normal(shape).astype(np.float32)
     return out
 
 
@@ -158,6 +192,7 @@ def write_gguf_from_hf(
     per_expert_tensors: bool = False,
     seed: int = 0,
     random_scale: float = 0.02,
+    mtp_layers: bool = True,
     edit_tensors: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> Path:
     """Write `hf_model` (a transformers *ForCausalLM) as a GGUF file of quant type `qtype`.
@@ -165,10 +200,12 @@ def write_gguf_from_hf(
     `qtype_overrides` maps GGUF tensor names to another type (e.g. "IQ2_XXS" written raw);
     `architecture` overrides general.architecture (to test refusal of other archs);
     `per_expert_tensors` writes experts one tensor each, as llama.cpp did before March 2024.
+    `mtp_layers`: for glm4_moe, append the multi-token-prediction block the converter writes
+    (random values: Strata skips it).
+    `edit_tensors` may change the {gguf name: float32 array} dict before it is written (to
+    make a damaged file: a tensor dropped or of the wrong shape).
     `random_scale`: the fp16 scales of the random blocks written for K- and I-quants (0.02
     makes large random weights; 1e-4 keeps a wide model's activations moderate).
-    `edit_tensors` may change the {gguf name: float32 array} dict before it is written (a
-    damaged file: a tensor dropped or misshapen).
     """
     cfg = hf_model.config
     arch = _ARCH_FOR_MODEL_TYPE[cfg.model_type]
@@ -182,9 +219,11 @@ def write_gguf_from_hf(
     if arch == "gemma3":  # per layer type; the GGUF keeps the global layers' (llama.cpp)
         rope = dict(rope["full_attention"])
     rope_theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    # GLM's converter appends its multi-token-prediction layers as extra blocks.
+    num_mtp_layers = int(getattr(cfg, "num_nextn_predict_layers", 0) or 0) if mtp_layers else 0
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_block_count(cfg.num_hidden_layers + num_mtp_layers)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
@@ -198,6 +237,8 @@ def write_gguf_from_hf(
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
         if getattr(cfg, "sliding_window", None):
             writer.add_sliding_window(cfg.sliding_window)
+    if arch == "glm4moe":
+        _add_glm4moe_keys(writer, cfg, head_dim, rope, num_mtp_layers)
     num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", 0) or 0
     if num_experts:
         writer.add_expert_count(num_experts)
@@ -222,14 +263,16 @@ def write_gguf_from_hf(
     if arch == "gemma3":  # the converter stores Gemma's norms as 1 + w (Gemma3Model.norm_shift)
         tensors = {name: values + 1.0 if name.endswith("norm.weight") else values
                    for name, values in tensors.items()}
-    if edit_tensors is not None:
-        edit_tensors(tensors)
+    if num_mtp_layers:
+        tensors.update(_mtp_block(tensors, cfg.num_hidden_layers, cfg.hidden_size, rng))
     if rope.get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = llama3_freqs(rope, rope_theta, head_dim)
     if rope.get("rope_type") == "longrope":
         _add_longrope(writer, tensors, cfg, rope)
     if per_expert_tensors:
         tensors = _split_experts(tensors)
+    if edit_tensors is not None:
+        edit_tensors(tensors)
     overrides = qtype_overrides or {}
     for name, values in tensors.items():
         data, written = _encode(values, QT[overrides.get(name, qtype)], rng, random_scale)

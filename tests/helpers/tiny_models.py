@@ -94,6 +94,29 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                          "long_factor": [1.5, 2.5, 4.0, 6.5, 9.0, 14.0]}}),
     # head_dim 32 given explicitly, not hidden / heads (16), as in Mistral Small 3.x.
     "mistral": ("MistralConfig", {"head_dim": 32, "sliding_window": None}),
+    # GLM-4.5's shape: layer 0 dense, then sigmoid-routed MoE with a correction bias in 2
+    # groups (1 used), routed scaling, a shared expert, q/k/v biases, q/k norm, half-rotary
+    # RoPE; 3 layers so two are sparse.
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True,
+            "attention_bias": True,
+            "use_qk_norm": True,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.5},
+        },
+    ),
 }
 
 # Variants whose norm weights are drawn at random instead of transformers' constant init, so
@@ -111,6 +134,16 @@ def make_tiny_hf_config(variant: str):
     return getattr(transformers, class_name)(**{**_COMMON, **extra})
 
 
+def randomize_routing_biases(model) -> None:
+    """transformers initialises GLM's e_score_correction_bias to zeros, which would let a
+    model that ignores it pass; seeded values as large as the sigmoid scores' spread make it
+    change the chosen experts."""
+    generator = torch.Generator().manual_seed(99)
+    for name, buffer in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.rand(buffer.shape, generator=generator) * 0.5)
+
+
 def make_tiny_hf_model(model_type: str, tmp_path: Path, seed: int = 0, **save_kwargs):
     """Build a seeded random float32 transformers model, save it (safetensors) under tmp_path.
 
@@ -123,6 +156,7 @@ def make_tiny_hf_model(model_type: str, tmp_path: Path, seed: int = 0, **save_kw
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize_norms(model, model_type)
+    randomize_routing_biases(model)
     model.eval()
     directory = Path(tmp_path) / model_type
     model.save_pretrained(directory, **save_kwargs)

@@ -195,3 +195,31 @@ async def test_a_rule_unload_keeps_the_sessions_for_the_next_load(tiny_model_dir
         assert usage.cached_tokens == 0
     finally:
         await service.stop()
+
+
+def test_glm_mtp_layers_are_not_sized_and_its_experts_are_counted(tmp_path):
+    """GLM files carry a multi-token-prediction layer past the decoder's, which the engine
+    skips: neither a GGUF block nor a HF layer of it counts toward the VRAM a load needs."""
+    writer = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "glm4moe")
+    writer.add_block_count(2)
+    writer.add_nextn_predict_layers(1)
+    writer.add_expert_count(4)
+    for name, shape in (("blk.0.ffn_gate_exps.weight", (4, 16, 32)),
+                        ("blk.1.ffn_gate_exps.weight", (4, 16, 32)),
+                        ("blk.0.attn_q.weight", (32, 32)), ("blk.1.attn_q.weight", (32, 32))):
+        writer.add_tensor(name, np.zeros(shape, np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert stored_size(str(tmp_path / "g.gguf")) == StoredSize(32 * 32 * 2, 4 * 16 * 32 * 2, 1, 4)
+
+    directory = tmp_path / "hf"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(
+        {"model_type": "glm4_moe", "num_hidden_layers": 1, "n_routed_experts": 4}))
+    save_file({"model.layers.0.mlp.experts.0.up_proj.weight": np.zeros((16, 32), np.float16),
+               "model.layers.0.mlp.shared_experts.up_proj.weight": np.zeros((16, 32), np.float16),
+               "model.layers.1.eh_proj.weight": np.zeros((32, 64), np.float16)},
+              str(directory / "model.safetensors"))
+    assert stored_size(str(directory)) == StoredSize(16 * 32 * 2, 16 * 32 * 2, 1, 4)

@@ -25,6 +25,9 @@ CASES = [  # (output, starts inside, reasoning, answer)
     ("Just an answer.", False, "", "Just an answer."),
     ("<thin", False, "", "<thin"),
     ("<think>\ncut off by max_tokens", False, "cut off by max_tokens", ""),
+    # GLM-4.5 after `<|assistant|>`: a newline, then its think block without inner newlines
+    ("\n<think>The user says hi.</think>\nHello!", False, "The user says hi.", "Hello!"),
+    ("\nHello!", False, "", "Hello!"),  # GLM with thinking off: the prompt closed the block
 ]
 
 
@@ -54,5 +57,7 @@ def test_thinking_templates_are_recognised() -> None:
     assert template_thinks((TEMPLATES / "qwen3.jinja").read_text())
     assert template_thinks((TEMPLATES / "deepseek-r1.jinja").read_text())
     assert not template_thinks((TEMPLATES / "qwen2.5-instruct.jinja").read_text())
+    assert template_thinks((TEMPLATES / "glm-4.6.jinja").read_text())
+    assert not prompt_opens_thinking("[gMASK]<sop><|user|>\nHi<|assistant|>\n<think></think>")
     assert prompt_opens_thinking("<｜Assistant｜><think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")

@@ -2,7 +2,8 @@
 
 The outputs are what the families' chat templates teach (tests/text/templates/ holds the real
 templates): Qwen2.5/Qwen3 and Strata's own prompt write Hermes <tool_call> blocks, Llama 3.1+
-writes a JSON object with "parameters", Mistral a [TOOL_CALLS] list. Streaming must give the same
+writes a JSON object with "parameters", Mistral a [TOOL_CALLS] list, GLM-4.5 XML arguments
+inside <tool_call>. Streaming must give the same
 calls and text as parsing the whole output, however the text is split.
 """
 
@@ -66,6 +67,19 @@ RECORDED = [
      [("get_weather", {"city": "Rome"})]),
     ("generic", '{"a": 1} is JSON', '{"a": 1} is JSON', []),
     ("generic", "Hi {\"name\": \"x\"}", "Hi {\"name\": \"x\"}", []),
+    ("glm",  # GLM-4.5 after its thinking was split off: a sentence, two calls; values are
+     # JSON where they parse (the template tojson's non-strings), else strings
+     ('Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York'
+      '</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>opts'
+      '</arg_key>\n<arg_value>{"unit": "C", "hours": [6, 12]}</arg_value>\n</tool_call>\n'
+      '<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>a < b "c"</arg_value>\n'
+      '</tool_call>'),
+     "Let me check.\n\n",
+     [("get_weather", {"city": "New York", "days": 3, "opts": {"unit": "C", "hours": [6, 12]}}),
+      ("get_time", {"zone": 'a < b "c"'})]),
+    ("glm",  # a call without arguments, its name right before the end tag
+     "<tool_call>list_files</tool_call>", "", [("list_files", {})]),
+    ("glm", "Paris is in France; <tool is a word.", "Paris is in France; <tool is a word.", []),
 ]
 
 
@@ -122,7 +136,19 @@ def test_any_split_gives_the_whole_result(case, cuts) -> None:
     ("hermes-3-llama-3.1-tool-use.jinja", "hermes"), ("llama-3.1-instruct.jinja", "llama3"),
     ("mistral-nemo-instruct-2407.jinja", "mistral"),
     ("mistral-small-3.2-instruct-2506.jinja", "mistral"), ("smollm2-135m-instruct.jinja", "hermes"),
-    ("phi-4.jinja", "hermes")])
+    ("phi-4.jinja", "hermes"),
+    ("glm-4.6.jinja", "glm")])
 def test_format_is_detected_from_the_real_template(template, fmt) -> None:
     path = TEMPLATES / template
     assert detect_format(path.read_text()) == fmt
+
+
+def test_glm_call_streams_its_name_then_each_argument_as_it_closes() -> None:
+    parser = ToolCallParser("glm")
+    assert parser.feed("Ok.\n<tool_call>get_weather\n<arg_key>ci") == [
+        TextPiece("Ok.\n"), CallStart(0, "get_weather")]
+    assert parser.feed("ty</arg_key>\n<arg_value>Par") == []  # a value is whole or nothing
+    assert parser.feed("is</arg_value>\n<arg_") == [CallArguments(0, '{"city": "Paris"')]
+    assert parser.feed("key>n</arg_key><arg_value>2</arg_value></tool_call>") == [
+        CallArguments(0, ', "n": 2}')]
+    assert parser.finish() == []

@@ -65,9 +65,42 @@ def _call_schema(tool: Tool, argument_key: str) -> dict[str, Any]:
             "required": ["name", argument_key], "additionalProperties": False}
 
 
+def _xml_value(schema: Any) -> str:
+    """One GLM argument value: a string property is written raw (no '<', which would open a
+    tag), an enum of strings as its literals, anything else as JSON of its schema."""
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
+        return "(" + " | ".join(lark_literal(v) for v in schema["enum"]) + ")"
+    if schema.get("type") == "string" and not ({"const", "pattern", "format"} & set(schema)):
+        return "/[^<]*/"
+    return lark_json(schema, "tools")
+
+
+def _xml_call(tool: Tool) -> str:
+    """GLM-4.5's XML call of `tool`: its required arguments in order, then each optional one
+    or not, every value per its schema."""
+    properties = tool.parameters.get("properties") or {}
+    required = [k for k in tool.parameters.get("required") or [] if k in properties]
+    pairs = []
+    for key in [*required, *(k for k in properties if k not in required)]:
+        pair = (f"{lark_literal(f'<arg_key>{key}</arg_key>' + chr(10) + '<arg_value>')} "
+                f"{_xml_value(properties[key])} {lark_literal('</arg_value>' + chr(10))}")
+        pairs.append(pair if key in required else f"({pair})?")
+    head = lark_literal(f"<tool_call>{tool.name}\n")
+    return f"{head} {' '.join(pairs)} {lark_literal('</tool_call>')}"
+
+
 def call_grammar(format_name: str, tools: tuple[Tool, ...], is_parallel: bool) -> str:
     """The grammar of one (or, parallel, up to MAX_PARALLEL_CALLS) calls of tools, written the
     way format_name's parser reads them; a 400 naming the tool whose schema cannot be enforced."""
+    if format_name == "glm":
+        for tool in tools:
+            lark_grammar(f"start: {_xml_call(tool)}", "tools",
+                         f"the parameters of tool {tool.name!r}")
+        more = MAX_PARALLEL_CALLS - 1 if is_parallel else 0
+        repeat = f' ("\\n" call){{0,{more}}}' if more else ""
+        lark = f"start: call{repeat}\ncall: {' | '.join(_xml_call(t) for t in tools)}\n"
+        return lark_grammar(lark, "tool_choice", "the forced tool call")
     key = "parameters" if format_name == "llama3" else "arguments"
     for tool in tools:  # check each tool alone, so the error names it
         lark_grammar(f"start: {lark_json(_call_schema(tool, key), 'tools')}", "tools",

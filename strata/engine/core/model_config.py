@@ -9,7 +9,7 @@ from typing import Any
 from strata.errors import StrataError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "phi3",
-                         "mistral")
+                         "mistral", "glm4_moe")
 
 # Gemma3TextConfig's defaults: released config.json files (the multimodal ones' text_config
 # above all) leave out every value equal to them.
@@ -59,6 +59,14 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+    # GLM-4.5 (glm4_moe): sigmoid routing whose expert choice adds a score-correction bias,
+    # grouped top-k, routed weights scaled, shared experts beside the routed ones.
+    moe_scoring: str = "softmax"  # softmax | sigmoid
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    n_shared_experts: int = 0
+    use_qk_norm: bool = False  # glm4_moe's optional per-head q/k RMSNorm
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # Gemma 3: "sliding_attention" / "full_attention" per layer (empty: all full), the local
@@ -69,7 +77,7 @@ class ModelConfig:
     query_pre_attn_scalar: float | None = None
     final_logit_softcapping: float | None = None
     hidden_activation: str = "silu"
-    # The leading fraction of each head that RoPE rotates (Phi-4-mini: 0.75). Below 1 the
+    # The leading fraction of each head that RoPE rotates (Phi-4-mini 0.75, GLM 0.5). Below 1 the
     # architecture's sanitize() puts the rotated dims in half-split order around the rest
     # (layers.partial_rotary_rows), so every kernel sees a full-width RoPE whose extra
     # frequencies are zero (cos 1, sin 0: those dims pass through unchanged).
@@ -90,6 +98,19 @@ class ModelConfig:
             raise ModelFormatError(
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}: the config is inconsistent"
+            )
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
+            raise ModelFormatError(
+                f"partial_rotary_factor {self.partial_rotary_factor} of head_dim {self.head_dim} "
+                "does not give an even number of rotated dims: the config is inconsistent"
+            )
+        if self.moe_scoring not in ("softmax", "sigmoid"):
+            raise ModelFormatError(f"MoE scoring {self.moe_scoring!r} is not softmax or sigmoid")
+        if self.num_experts and (self.n_group < 1 or self.num_experts % self.n_group
+                                 or not 0 < self.topk_group <= self.n_group):
+            raise ModelFormatError(
+                f"{self.num_experts} experts cannot be split into n_group {self.n_group} groups "
+                f"of which topk_group {self.topk_group} are used: the config is inconsistent"
             )
         if self.layer_types and len(self.layer_types) != self.num_hidden_layers:
             raise ModelFormatError(
@@ -134,7 +155,11 @@ class ModelConfig:
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}; pick a model of one of those families"
             )
         heads = d["num_attention_heads"]
-        num_experts = d.get("num_experts", d.get("num_local_experts", 0)) or 0
+        num_experts = d.get("num_experts") or d.get("num_local_experts") or \
+            d.get("n_routed_experts") or 0
+        mlp_only_layers = tuple(d.get("mlp_only_layers") or ())
+        if model_type == "glm4_moe":  # the first layers are dense; the rest all sparse
+            mlp_only_layers = tuple(range(d.get("first_k_dense_replace", 1)))
         # transformers 5 writes rope_theta and the scaling inside `rope_parameters`.
         rope_params = d.get("rope_parameters") or {}
         rope_theta = d.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
@@ -147,7 +172,7 @@ class ModelConfig:
             rope_scaling = {"original_max_position_embeddings":
                             d.get("original_max_position_embeddings"), **rope_scaling}
         partial_rotary = d.get("partial_rotary_factor") or rope_params.get(
-            "partial_rotary_factor") or 1.0
+            "partial_rotary_factor") or (0.5 if model_type == "glm4_moe" else 1.0)
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -173,7 +198,13 @@ class ModelConfig:
             else 0,
             norm_topk_prob=d.get("norm_topk_prob", model_type == "mixtral"),
             decoder_sparse_step=d.get("decoder_sparse_step", 1) or 1,
-            mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
+            mlp_only_layers=mlp_only_layers,
+            moe_scoring="sigmoid" if model_type == "glm4_moe" else "softmax",
+            routed_scaling_factor=float(d.get("routed_scaling_factor") or 1.0),
+            n_group=int(d.get("n_group") or 1),
+            topk_group=int(d.get("topk_group") or 1),
+            n_shared_experts=int(d.get("n_shared_experts") or 0) if num_experts else 0,
+            use_qk_norm=bool(d.get("use_qk_norm", False)),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             # Only where the model reads them: Qwen2/3 configs list layer_types and a window

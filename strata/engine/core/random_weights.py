@@ -47,6 +47,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
         "max_position_embeddings": 40960, "tie_word_embeddings": False,
     },
+    "glm-4.5-air": {
+        "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096,
+        "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 46,
+        "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
+        "n_routed_experts": 128, "num_experts_per_tok": 8, "n_shared_experts": 1,
+        "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0, "attention_bias": True, "use_qk_norm": False,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                            "partial_rotary_factor": 0.5},
+    },
 }
 
 

@@ -36,7 +36,7 @@ from strata.engine.core.memory.expert_store import ExpertStore
 from strata.engine.core.memory.host_copy import HostCopy
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.models.build import build_model
+from strata.engine.core.models.build import build_model, parameter_dtype
 from strata.engine.core.models.registry import model_module
 from strata.engine.core.models.switch import SlotLayout, SparseMoE
 from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
@@ -258,7 +258,8 @@ class ModelMemory:
         # q, k, v (and gate, up) back to back, so one arena view can span each group.
         names = fusion_order(names)
         layout = {name: (block_shape(blocks[name], shapes[name]), torch.uint8)
-                  if name in blocks else (shapes[name], self.dtype) for name in names}
+                  if name in blocks else (shapes[name], parameter_dtype(name, self.dtype))
+                  for name in names}
         # Blocks of one fusion group lie end to end (whole rows of even bytes), so one view
         # spans them whatever their size; every other tensor starts 256-byte aligned.
         align = {name: 2 if name in blocks and i and names[i - 1] in blocks

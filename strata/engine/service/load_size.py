@@ -64,9 +64,16 @@ def _gguf_size(path: Path, keeps_quantized: bool) -> StoredSize:
     from strata.engine.gguf_file import open_gguf  # numpy + gguf constants, no torch
 
     reader = open_gguf(path)
+    arch = reader.metadata.get("general.architecture", "")
+    # GLM's converter appends MTP blocks past the decoder's; the engine skips them.
+    num_layers = int(reader.metadata.get(f"{arch}.block_count", 0) or 0) - int(
+        reader.metadata.get(f"{arch}.nextn_predict_layers", 0) or 0)
     dense = experts = 0
     sparse_layers: set[str] = set()
     for tensor in reader.tensors:
+        block = tensor.name.split(".")[1] if tensor.name.startswith("blk.") else ""
+        if block.isdigit() and int(block) >= num_layers > 0:
+            continue
         # As quant_plan.estimate_vram: kept blocks as stored, the rest in bf16.
         if keeps_quantized and keeps_blocks(tensor.name, tensor.tensor_type.name):
             num_bytes = int(tensor.n_bytes)
@@ -77,7 +84,6 @@ def _gguf_size(path: Path, keeps_quantized: bool) -> StoredSize:
             sparse_layers.add(tensor.name.split(".")[1])
         else:
             dense += num_bytes
-    arch = reader.metadata.get("general.architecture", "")
     num_experts = int(reader.metadata.get(f"{arch}.expert_count", 0) or 0)
     return StoredSize(dense, experts, len(sparse_layers), num_experts)
 
@@ -88,12 +94,25 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
         return json.loads(f.read(length))
 
 
+def _is_mtp_layer(name: str, num_layers: int) -> bool:
+    """A tensor of a layer past num_hidden_layers (GLM's MTP layer; dropped at load)."""
+    parts = name.split(".")
+    return (num_layers > 0 and len(parts) > 2 and parts[:2] == ["model", "layers"]
+            and parts[2].isdigit() and int(parts[2]) >= num_layers)
+
+
 def _hf_size(directory: Path) -> StoredSize:
+    config: Mapping[str, Any] = {}
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    num_layers = int(config.get("num_hidden_layers") or 0)
     dense = experts = 0
     sparse_layers: set[str] = set()
     for file in sorted(directory.glob("*.safetensors")):
         for name, entry in _safetensors_header(file).items():
-            if name == "__metadata__":
+            if name == "__metadata__" or _is_mtp_layer(name, num_layers):
                 continue
             begin, end = entry["data_offsets"]
             itemsize = _FLOAT_BYTES.get(entry.get("dtype", ""), 0)
@@ -104,12 +123,8 @@ def _hf_size(directory: Path) -> StoredSize:
                 sparse_layers.add(name.split(".experts.")[0])
             else:
                 dense += num_bytes
-    config: Mapping[str, Any] = {}
-    try:
-        config = json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        pass
-    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts")
+                      or config.get("n_routed_experts") or 0)
     return StoredSize(dense, experts, len(sparse_layers), num_experts)
 
 

@@ -1,4 +1,5 @@
-"""Reasoning split out of a thinking model's output (Qwen3, DeepSeek-R1: `<think>...</think>`).
+"""Reasoning split out of a thinking model's output (Qwen3, DeepSeek-R1, GLM-4.5:
+`<think>...</think>`).
 
 The model's text before `</think>` is its reasoning (OpenAI's `reasoning_content`, Anthropic's
 thinking blocks); what follows is the answer. A template that opens the think block itself
@@ -63,7 +64,9 @@ class ReasoningSplitter:
             elif not is_final and THINK_START.startswith(stripped):
                 return out  # maybe the opening tag: wait
             else:
-                self._state = "answer"
+                # No think block (GLM with thinking off: the prompt closed an empty one): the
+                # newlines its template puts before an answer are not the answer's.
+                self._state, self._strip_answer_start = "answer", True
         if self._state == "inside":
             if self._strip_reasoning_start:
                 self._pending = self._pending.lstrip("\n")

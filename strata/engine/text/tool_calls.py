@@ -6,6 +6,7 @@ arguments (JSON text, in order, as they arrive). Non-streaming responses feed ev
 once and get the same result. Formats (FORMATS): Hermes `<tool_call>{...}</tool_call>` (Qwen2.5,
 Qwen3, and the prompt Strata writes for templates without tools), Llama 3.1+ JSON
 (`{"name", "parameters"}`, optionally after `<|python_tag|>`), Mistral `[TOOL_CALLS][{...}]`,
+GLM-4.5's XML (`<tool_call>name` then `<arg_key>k</arg_key><arg_value>v</arg_value>` pairs),
 and a generic fallback that takes a JSON object with a name at the start of the output.
 """
 
@@ -54,12 +55,15 @@ FORMATS = {
     "llama3": ToolFormat("llama3", "<|python_tag|>", None, True),
     "mistral": ToolFormat("mistral", "[TOOL_CALLS]", None, True),
     "generic": ToolFormat("generic", None, None, True),
+    "glm": ToolFormat("glm", "<tool_call>", "</tool_call>", False),
 }
 
 
 def detect_format(template_source: str | None) -> str:
     """The call format a chat template teaches its model; hermes when it has no tools."""
     source = template_source or ""
+    if "<arg_key>" in source:  # GLM-4.5 / 4.6: <tool_call> too, but XML arguments
+        return "glm"
     if "<tool_call>" in source:
         return "hermes"
     if "[TOOL_CALLS]" in source:
@@ -210,6 +214,78 @@ class _CallObjects:
         self._reset()
 
 
+class _XmlCall:
+    """The inside of one GLM call, `name` then `<arg_key>k</arg_key><arg_value>v</arg_value>`
+    pairs (whitespace between): the name is a CallStart as soon as it ends, each pair a piece
+    of the arguments' JSON object once its value closes. A value is the JSON it parses as (the
+    template writes non-strings with tojson), else a string (written raw)."""
+
+    _KEY, _VALUE = ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>")
+
+    def __init__(self, parser: ToolCallParser):
+        self._parser = parser
+        self.between = ""  # the ToolCallParser interface (_CallObjects gives text back)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.text = ""  # taken and not yet consumed
+        self.index: int | None = None
+        self.key: str | None = None
+        self.num_pairs = 0
+
+    @property
+    def is_inside(self) -> bool:
+        return True
+
+    def feed_char(self, char: str, events: list[Event]) -> bool:
+        """Take one character of the call's inside; always part of the call."""
+        self.text += char
+        if self.index is None:  # the name runs to a newline or the first <arg_key>
+            at = self.text.find(self._KEY[0])
+            if at >= 0:
+                self._start(self.text[:at].strip(), events)
+                self.text = self.text[at:]
+            elif char == "\n" and self.text.strip():
+                self._start(self.text.strip(), events)
+                self.text = ""
+            return True
+        body = self.text.lstrip()
+        opening, closing = self._KEY if self.key is None else self._VALUE
+        if (body.startswith(opening) and body.endswith(closing)
+                and len(body) >= len(opening) + len(closing)):
+            inner = body[len(opening):-len(closing)]
+            if self.key is None:
+                self.key = inner.strip()
+            else:
+                lead = "{" if self.num_pairs == 0 else ", "
+                pair = f"{json.dumps(self.key, ensure_ascii=False)}: {_json_value(inner)}"
+                events.append(CallArguments(self.index, lead + pair))
+                self.key = None
+                self.num_pairs += 1
+            self.text = ""
+        return True
+
+    def _start(self, name: str, events: list[Event]) -> None:
+        self.index = self._parser.next_index()
+        events.append(CallStart(self.index, name))
+
+    def finish(self, events: list[Event]) -> None:
+        """The call ended (its end tag, or the output's end): close the arguments."""
+        if self.index is None and self.text.strip():
+            self._start(self.text.strip(), events)
+        if self.index is not None:
+            events.append(CallArguments(self.index, "}" if self.num_pairs else "{}"))
+        self._reset()
+
+
+def _json_value(text: str) -> str:
+    """An argument value as JSON text: itself where it parses as JSON, else a JSON string."""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        return json.dumps(text, ensure_ascii=False)
+
+
 class _NamedArguments:
     """Mistral's v11 form, `[TOOL_CALLS]name[ARGS]{...}` (v13: `name[CALL_ID]id[ARGS]{...}`):
     a name, then one JSON value streamed until it closes."""
@@ -261,7 +337,8 @@ class ToolCallParser:
         self._pending = ""
         self._in_calls = False
         self._seen_text = False  # a non-blank character went out as text
-        self._objects = _CallObjects(self)
+        self._objects: _CallObjects | _XmlCall = (
+            _XmlCall(self) if format_name == "glm" else _CallObjects(self))
         self._named: _NamedArguments | None = None
         self.num_calls = 0
 

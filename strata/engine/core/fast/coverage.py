@@ -5,6 +5,8 @@ shared decoder: pre-norm blocks of Llama's RMSNorm, one RoPE table, causal atten
 1/sqrt(head_dim) over every cached position, SwiGLU or SparseMoE MLPs, plain embeddings and
 logits. A model needing more runs the reference forward instead (engine_setup.py): slower,
 never wrong.
+Its MoE layers route by softmax top-k over routed experts only; GLM-4.5's sigmoid routing with
+a correction bias, groups, scaling and a shared expert run the reference forward too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def missing_features(model: nn.Module) -> list[str]:
         return [f"the {type(model).__name__} architecture"]
     layers = list(model.model.layers)
     attentions = [m for m in model.modules() if isinstance(m, Attention)]
+    moe_layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
     checks = [
         (any(type(layer) is not DecoderLayer for layer in layers),
          "sandwich norms (post-attention and post-MLP norms)"),
@@ -35,5 +38,10 @@ def missing_features(model: nn.Module) -> list[str]:
         (type(model).embed is not DecoderLM.embed, "scaled embeddings"),
         (type(model).layer_ropes is not DecoderLM.layer_ropes, "a RoPE table per layer kind"),
         (bool(model.config.final_logit_softcapping), "final logit soft-capping"),
+        (any(m.routing.scoring != "softmax" for m in moe_layers),
+         "sigmoid expert routing with a score-correction bias"),
+        (any(m.routing.n_group > 1 for m in moe_layers), "grouped top-k routing"),
+        (any(m.routing.scaling != 1.0 for m in moe_layers), "routed expert scaling"),
+        (any(m.shared_experts is not None for m in moe_layers), "a shared expert"),
     ]
     return [feature for is_missing, feature in checks if is_missing]

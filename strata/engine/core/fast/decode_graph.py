@@ -22,6 +22,7 @@ import torch
 
 from strata.engine.core.fast import expert_graphs, kernel_checks, tuning
 from strata.engine.core.fast.compiled import compiled_ops
+from strata.engine.core.fast.coverage import missing_features
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
 from strata.engine.core.fast.deferred_compile import DeferredWork
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
@@ -73,6 +74,8 @@ class GraphDecoder:
         """step_hook: called around every decode step; used only by the grouped MoE paths
         (a partial expert cache's promotion; its loop path moves experts itself). store:
         where the decode kernels' verdicts are kept (kernel_checks.py); None: always check."""
+        if gaps := missing_features(model):
+            raise ValueError(f"the fast paths lack {', '.join(gaps)}: run the reference model")
         self.model = model
         self.device = next(model.parameters()).device
         is_cuda = self.device.type == "cuda"

@@ -17,6 +17,7 @@ from gguf.quants import dequantize
 from strata.engine.core.loader.gguf_names import (
     GGUF_ARCHITECTURES,
     IGNORED_GGUF_TENSORS,
+    block_index,
     gguf_to_canonical,
     per_expert_target,
     unpermute_rope_rows,
@@ -40,7 +41,7 @@ SUPPORTED_QUANT_TYPES = frozenset(
 
 # Types torch reads straight from the mapped file, in their own dtype.
 _NATIVE_DTYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16}
-_ROPE_PERMUTED_ARCHS = ("llama",)  # qwen2/qwen3 GGUFs keep HF's Q/K row order
+_ROPE_PERMUTED_ARCHS = ("llama",)  # qwen2/qwen3/glm4moe GGUFs keep HF's Q/K row order
 # llama.cpp's converter writes Gemma's norm weights as 1 + w (convert_hf_to_gguf.py,
 # Gemma3Model.norm_shift); the model applies (1 + w) itself, so the loader takes the 1 off.
 _NORM_SHIFTED_ARCHS = ("gemma3",)
@@ -49,6 +50,8 @@ _NORM_SHIFTED_ARCHS = ("gemma3",)
 _GEMMA3_SWA_PERIOD = 6
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _GEMMA3_27B_LAYERS = 62  # whose queries llama.cpp scales by 1/sqrt(hidden / heads)
+# Architectures whose converter appends multi-token-prediction blocks (skipped at load).
+_MTP_ARCHS = ("glm4moe",)
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +93,10 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
 
     hidden = int(required("embedding_length"))
     heads = int(required("attention.head_count"))
-    num_layers = int(required("block_count"))
+    # GLM's converter counts its multi-token-prediction layers as blocks past the decoder's.
+    num_layers = int(required("block_count")) - int(meta.get("nextn_predict_layers") or 0)
     head_dim = int(meta.get("attention.key_length") or hidden // heads)
+    rotary_dim = int(meta.get("rope.dimension_count") or head_dim)
     num_experts = int(meta.get("expert_count") or 0)
     model_type = "mixtral" if arch == "llama" and num_experts > 0 else GGUF_ARCHITECTURES[arch]
     rope_theta = float(meta.get("rope.freq_base", 10000.0))
@@ -121,12 +126,18 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
             eos_ids.append(int(value))
     bos = reader.metadata.get("tokenizer.ggml.bos_token_id")
 
-    rotary_dim = int(meta.get("rope.dimension_count") or head_dim)
     sliding_window = int(meta.get("attention.sliding_window") or 0) if arch == "phi3" else 0
     dense_layers = tuple(
         i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
     )
     extra = _gemma3_fields(meta, num_layers, hidden // heads, head_dim) if arch == "gemma3" else {}
+    # llama.cpp's gating function enum: 1 softmax, 2 sigmoid (GLM's, its default there).
+    gating = int(meta.get("expert_gating_func") or (2 if arch == "glm4moe" else 1))
+    if gating not in (1, 2):
+        raise ModelFormatError(
+            f"{path} uses expert gating function {gating}, which Strata does not run "
+            "(softmax 1 and sigmoid 2 only)"
+        )
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab_size,
@@ -153,6 +164,12 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         # llama.cpp renormalises the top-k weights of qwen3moe/mixtral unless told otherwise.
         norm_topk_prob=bool(meta.get("expert_weights_norm", True)) if num_experts else False,
         mlp_only_layers=dense_layers if num_experts else (),
+        moe_scoring="sigmoid" if gating == 2 else "softmax",
+        routed_scaling_factor=_float32_value(meta.get("expert_weights_scale") or 1.0),
+        n_group=int(meta.get("expert_group_count") or 1),
+        topk_group=int(meta.get("expert_group_used_count") or 1),
+        n_shared_experts=int(meta.get("expert_shared_count") or 0) if num_experts else 0,
+        use_qk_norm=arch == "glm4moe" and "blk.0.attn_q_norm.weight" in tensors,
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(eos_ids),
         partial_rotary_factor=rotary_dim / head_dim,
@@ -300,8 +317,13 @@ def open_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict
     to_canonical = gguf_to_canonical(arch, config)
     out: dict[str, LazyTensor] = {}
     per_expert: dict[str, dict[int, LazyTensor]] = {}
+    mtp_tensors = 0
     for t in reader.tensors:
         if t.name in IGNORED_GGUF_TENSORS:
+            continue
+        block = block_index(t.name)
+        if arch in _MTP_ARCHS and block is not None and block >= config.num_hidden_layers:
+            mtp_tensors += 1  # a next-token-prediction block (nextn_predict_layers)
             continue
         stacked = per_expert_target(t.name)
         canonical = to_canonical.get(t.name)
@@ -323,6 +345,9 @@ def open_gguf_tensors(path: str | os.PathLike[str], config: ModelConfig) -> dict
             out[canonical] = _norm_unshifted(out[canonical])
     for name, experts in per_expert.items():
         out[name] = StackedTensor([experts[e] for e in sorted(experts)])
+    if mtp_tensors:
+        log.info("%s: skipping %d tensors of the MTP (next-token prediction) blocks from blk.%d: "
+                 "not used for decoding", path, mtp_tensors, config.num_hidden_layers)
 
     missing = [name for name in to_canonical.values() if name not in out]
     if missing:

@@ -16,7 +16,8 @@ from strata.engine.core.model_config import ModelConfig
 # general.architecture -> model_type (llama with experts is mixtral; see load_gguf_config).
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
                       "gemma3": "gemma3_text",
-                      "phi3": "phi3"}
+                      "phi3": "phi3",
+                      "glm4moe": "glm4_moe"}
 
 # The canonical MoE names differ from every HF checkpoint, so they are looked up in the gguf map
 # through a name it knows; the dict says which (canonical suffix -> name the map understands).
@@ -25,7 +26,11 @@ _MOE_PROBE_NAMES = {
     "mlp.experts.gate_proj": "mlp.experts.gate_proj",
     "mlp.experts.up_proj": "mlp.experts.up_proj",
     "mlp.experts.down_proj": "mlp.experts.down_proj",
+    # The converter renames HF's e_score_correction_bias to e_score_correction.bias first.
+    "mlp.e_score_correction_bias": "mlp.gate.e_score_correction.bias",
 }
+_SHARED_EXPERT = [f"mlp.shared_experts.{x}_proj.weight" for x in ("gate", "up", "down")]
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
 
 # Old Mixtral GGUFs (before llama.cpp stacked experts) store one tensor per expert.
 _PER_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
@@ -50,7 +55,7 @@ def canonical_names(config: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
-    has_qk_norm = config.model_type in ("qwen3", "qwen3_moe", "gemma3_text")
+    has_qk_norm = config.model_type in ("qwen3", "qwen3_moe", "gemma3_text") or config.use_qk_norm
     has_sandwich_norms = config.model_type == "gemma3_text"
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
@@ -67,7 +72,10 @@ def canonical_names(config: ModelConfig) -> list[str]:
         if has_qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         if is_moe_layer(config, i):
-            names += [p + suffix for suffix in _MOE_PROBE_NAMES]
+            names += [p + suffix for suffix in _MOE_PROBE_NAMES
+                      if config.moe_scoring == "sigmoid" or "e_score" not in suffix]
+            if config.n_shared_experts:
+                names += [p + suffix for suffix in _SHARED_EXPERT]
         elif config.model_type == "phi3":
             names += [p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"]
         else:
@@ -105,6 +113,12 @@ def gguf_to_canonical(arch_name: str, config: ModelConfig) -> dict[str, str]:
             gguf_name += ".weight"  # stacked experts: the GGUF keeps .weight, canonical drops it
         result[gguf_name] = canonical
     return result
+
+
+def block_index(gguf_name: str) -> int | None:
+    """The decoder block a GGUF tensor belongs to (blk.N.*), or None for the others."""
+    m = _BLOCK_RE.match(gguf_name)
+    return int(m.group(1)) if m else None
 
 
 def per_expert_target(gguf_name: str) -> tuple[str, int] | None:

@@ -25,6 +25,12 @@ from strata.engine.gguf_file import open_gguf
 from strata.engine.gguf_reader import GGUFFile
 
 
+def _is_block_past(gguf_name: str, num_layers: int) -> bool:
+    """Whether a tensor belongs to a block at or past num_layers (an MTP block)."""
+    parts = gguf_name.split(".")
+    return parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= num_layers
+
+
 def _gguf_vram(reader: GGUFFile, arch: str, context_tokens: int) -> VramEstimate | None:
     """What the file will hold on a GPU at context_tokens; None without the shape metadata."""
     layers = reader.metadata.get(f"{arch}.block_count")
@@ -34,9 +40,12 @@ def _gguf_vram(reader: GGUFFile, arch: str, context_tokens: int) -> VramEstimate
         return None
     kv_heads = reader.metadata.get(f"{arch}.attention.head_count_kv") or heads
     head_dim = reader.metadata.get(f"{arch}.attention.key_length") or int(hidden) // int(heads)
-    kv = kv_bytes(int(layers), int(kv_heads), int(head_dim), context_tokens)
+    # GLM's MTP blocks (nextn_predict_layers, past the decoder's) are skipped at load.
+    layers = int(layers) - int(reader.metadata.get(f"{arch}.nextn_predict_layers") or 0)
+    kv = kv_bytes(layers, int(kv_heads), int(head_dim), context_tokens)
     tensors = [(t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes),
-                int(t.shape[-1]) if len(t.shape) > 1 else 1) for t in reader.tensors]
+                int(t.shape[-1]) if len(t.shape) > 1 else 1) for t in reader.tensors
+               if not _is_block_past(t.name, layers)]
     return estimate_vram(tensors, kv)
 
 

@@ -35,7 +35,7 @@ DEFAULT_MAX_CONTEXT_TOKENS = 8192  # the engine's context when none is configure
 _QUANTIZABLE = re.compile(
     r"^(model\.embed_tokens\.weight|lm_head\.weight|"
     r"model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight|"
-    r"model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight|"
+    r"model\.layers\.\d+\.mlp\.(shared_experts\.)?(gate|up|down)_proj\.weight|"
     r"model\.layers\.\d+\.mlp\.experts\.(gate|up|down)_proj)$"
 )
 # A layer's stacked experts in GGUF names: (layer, projection).
@@ -44,6 +44,7 @@ _EXPERT_STACK = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 # experts (ffn_*_exps) and the per-expert tensors of old Mixtral files (ffn_*.E) included.
 _QUANTIZABLE_GGUF = re.compile(
     r"^(token_embd|output|blk\.\d+\.(attn_[qkv]|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down|"
+    r"ffn_(gate|up|down)_shexp|"
     r"ffn_(gate|up|down)_exps|ffn_(gate|up|down)\.\d+))\.weight$"
 )
 

@@ -10,6 +10,16 @@ from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.core.models.registry import model_module
 from strata.engine.core.quant.weight import QuantizedWeight, install_quantized
 
+# Parameters kept in float32 whatever the compute dtype: GLM's routing bias only chooses
+# experts, by differences far below bf16's step at its magnitude (transformers keeps it
+# float32 too).
+_FLOAT32_PARAMETERS = ("e_score_correction_bias",)
+
+
+def parameter_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype parameter `name` is held in when the model computes in `dtype`."""
+    return torch.float32 if name.endswith(_FLOAT32_PARAMETERS) else dtype
+
 
 def check_tensors(expected: dict[str, tuple[int, ...]], tensors: dict[str, torch.Tensor]) -> None:
     """Raise ModelFormatError for the first missing, unexpected or misshapen tensor."""
@@ -66,7 +76,7 @@ def build_model(
     install_quantized(model, quantized)
     # .to() returns the same tensor when dtype and device already match: no copy then.
     state = {
-        name: tensors[name].to(device=device, dtype=dtype)
+        name: tensors[name].to(device=device, dtype=parameter_dtype(name, dtype))
         for name in expected
         if name not in placeholders and name not in quantized
     }

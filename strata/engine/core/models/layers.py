@@ -10,6 +10,7 @@ attending over its own cache.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import torch
@@ -125,6 +126,23 @@ def partial_rotary_rows(head_dim: int, rotary_dim: int) -> torch.Tensor:
                       torch.arange(half_rot, rotary_dim), rotated_pass[half_pass:]])
 
 
+def reorder_partial_rotary(tensors: dict, config: ModelConfig) -> dict:
+    """Under partial RoPE, every per-head-dim tensor of q and k (projection rows and biases,
+    q/k norm weights) in partial_rotary_rows order, so full-width RoPE tables rotate the right
+    pairs; a no-op for full RoPE. Lazy tensors stay lazy (quantized rows move whole)."""
+    from strata.engine.core.loader.lazy import rows_of
+
+    if config.rotary_dim == config.head_dim:
+        return tensors
+    order = partial_rotary_rows(config.head_dim, config.rotary_dim)
+    pattern = re.compile(r"\.self_attn\.([qk]_proj\.(weight|bias)|[qk]_norm\.weight)$")
+    for name in [n for n in tensors if pattern.search(n)]:
+        heads = tensors[name].shape[0] // config.head_dim
+        rows = (torch.arange(heads)[:, None] * config.head_dim + order).reshape(-1)
+        tensors[name] = rows_of(tensors[name], rows)
+    return tensors
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables [T, head_dim] for given positions; frequencies stay float32 whatever the
     model dtype. Partial RoPE pads the frequencies with zeros (see partial_rotary_rows);
@@ -178,7 +196,9 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, D] by position (HF layout: the two halves of D form the pairs)."""
+    """Rotate x [T, heads, D] by position (HF layout: the two halves of D form the pairs).
+    Partial RoPE needs nothing here: its heads' rows are reordered at load
+    (reorder_partial_rotary) and the passed-through dims get frequency 0."""
     cos = cos[:, None, :].to(x.dtype)  # [T, 1, D]
     sin = sin[:, None, :].to(x.dtype)
     half = x.shape[-1] // 2

@@ -14,7 +14,7 @@ import torch
 from strata.engine.core.loader.lazy import LazyTensor, rows_of
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.core.models.decoder import DecoderLM, drop_unused_tensors
-from strata.engine.core.models.layers import Attention, SwiGLU, partial_rotary_rows
+from strata.engine.core.models.layers import Attention, SwiGLU, reorder_partial_rotary
 
 _FUSED_QKV = re.compile(r"^(model\.layers\.\d+\.self_attn)\.qkv_proj\.weight$")
 _FUSED_GATE_UP = re.compile(r"^(model\.layers\.\d+\.mlp)\.gate_up_proj\.weight$")
@@ -57,10 +57,4 @@ def sanitize(tensors: dict[str, LazyTensor], config: ModelConfig) -> dict[str, L
         prefix = _FUSED_GATE_UP.match(name).group(1)
         _split_rows(tensors, name, {f"{prefix}.gate_proj.weight": config.intermediate_size,
                                     f"{prefix}.up_proj.weight": config.intermediate_size})
-    if config.rotary_dim < config.head_dim:
-        order = partial_rotary_rows(config.head_dim, config.rotary_dim)
-        for name in [n for n in tensors if re.search(r"\.self_attn\.[qk]_proj\.weight$", n)]:
-            heads = tensors[name].shape[0] // config.head_dim
-            rows = (torch.arange(heads)[:, None] * config.head_dim + order).reshape(-1)
-            tensors[name] = rows_of(tensors[name], rows)
-    return drop_unused_tensors(tensors, config)
+    return drop_unused_tensors(reorder_partial_rotary(tensors, config), config)

@@ -17,6 +17,7 @@ _ARCHITECTURES = {
     "gemma3_text": "gemma3",
     "phi3": "phi3",
     "mistral": "mistral",
+    "glm4_moe": "glm4_moe",
 }
 
 

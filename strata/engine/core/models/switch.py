@@ -1,4 +1,9 @@
-"""Mixture-of-experts dispatch, shared by Qwen3-MoE and Mixtral; where the expert cache plugs in.
+"""Mixture-of-experts dispatch, shared by Qwen3-MoE, Mixtral and GLM-4.5; where the expert cache
+plugs in.
+
+Routing is softmax top-k (Qwen3-MoE, Mixtral) or sigmoid top-k whose choice adds a
+score-correction bias, optionally within the best groups of experts (GLM-4.5, DeepSeek-V3's
+scheme); a shared expert, when the model has one, runs on every token beside the routed ones.
 
 Expert weights are stacked per layer: gate/up [E, I, H], down [E, H, I]. The layer asks an
 `ExpertWeights` provider for the experts a call needs; the default one indexes the stacked
@@ -19,6 +24,7 @@ from torch import nn
 
 from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, narrowed
 from strata.engine.core.model_config import ModelFormatError
+from strata.engine.core.models.layers import SwiGLU
 from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
@@ -77,8 +83,24 @@ class StackedExperts(nn.Module):
         )
 
 
+@dataclass(frozen=True)
+class Routing:
+    """How router logits become each token's experts and their weights.
+
+    softmax: top-k of the softmax. sigmoid: top-k of sigmoid + e_score_correction_bias (the
+    bias only chooses; the weights are the unbiased sigmoid scores), taken within the
+    topk_group best of n_group groups (a group scores its two best). Then the top-k weights
+    are renormalised (norm_topk_prob) and multiplied by scaling (routed_scaling_factor)."""
+
+    scoring: str = "softmax"  # softmax | sigmoid
+    scaling: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+
+
 class SparseMoE(nn.Module):
-    """Router softmax -> top-k -> optional renormalisation -> per-expert SwiGLU, weighted sum."""
+    """Router -> top-k -> optional renormalisation -> per-expert SwiGLU, weighted sum; plus the
+    shared expert's SwiGLU where shared_intermediate_size is set."""
 
     def __init__(
         self,
@@ -87,6 +109,8 @@ class SparseMoE(nn.Module):
         num_experts: int,
         num_experts_per_tok: int,
         norm_topk_prob: bool,
+        routing: Routing = Routing(),
+        shared_intermediate_size: int = 0,
     ):
         super().__init__()
         if not 0 < num_experts_per_tok <= num_experts:
@@ -98,15 +122,54 @@ class SparseMoE(nn.Module):
         self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
         self.top_k = num_experts_per_tok
         self.norm_topk_prob = norm_topk_prob
+        self.routing = routing
+        # Sigmoid routing's selection bias [E] (HF: mlp.gate.e_score_correction_bias).
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(num_experts)) if routing.scoring == "sigmoid" else None
+        )
+        self.shared_experts = (
+            SwiGLU(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
+        )
         # Replaced by the expert cache; None means the stacked parameters above.
         self.expert_weights: ExpertWeights | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = F.softmax(self.router(x).float(), dim=-1)  # [T, E]
-        top_probs, top_ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+    @property
+    def is_plain_softmax(self) -> bool:
+        """Softmax routing without scaling or a shared expert: what fast/ kernels implement."""
+        return self.routing == Routing() and self.shared_experts is None
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] in x's dtype, expert ids [T, k]) for x [T, H]."""
+        logits = self.router(x).float()  # [T, E]
+        if self.routing.scoring == "sigmoid":
+            top_probs, top_ids = self._sigmoid_top_k(logits)
+        else:
+            top_probs, top_ids = torch.topk(F.softmax(logits, dim=-1), self.top_k, dim=-1)
         if self.norm_topk_prob:
-            top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
-        top_probs = top_probs.to(x.dtype)
+            # The epsilon is the reference's (sigmoid weights can all be tiny).
+            top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
+        if self.routing.scaling != 1.0:
+            top_probs = top_probs * self.routing.scaling
+        return top_probs.to(x.dtype), top_ids
+
+    def _sigmoid_top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.sigmoid(logits)  # [T, E]
+        choice = scores + self.e_score_correction_bias.float()  # [T, E], chooses only
+        groups = self.routing.n_group
+        if groups > 1:
+            num_tokens, num_experts = choice.shape
+            grouped = choice.view(num_tokens, groups, num_experts // groups)  # [T, G, E/G]
+            best = min(2, grouped.shape[-1])
+            group_scores = grouped.topk(best, dim=-1).values.sum(dim=-1)  # [T, G]
+            kept = group_scores.topk(self.routing.topk_group, dim=-1).indices  # [T, g]
+            mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+            choice = choice.masked_fill(~mask.repeat_interleave(num_experts // groups, 1),
+                                        float("-inf"))
+        top_ids = torch.topk(choice, self.top_k, dim=-1).indices  # [T, k]
+        return scores.gather(1, top_ids), top_ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_probs, top_ids = self.route(x)  # [T, k] each
         # One host sync per layer to learn which experts run; fine for batch-1 decoding.
         expert_ids = torch.unique(top_ids).tolist()
         provider = self.experts if self.expert_weights is None else self.expert_weights
@@ -117,6 +180,8 @@ class SparseMoE(nn.Module):
             h = x[token_idx]  # [n, H]
             y = F.linear(F.silu(F.linear(h, gates[j])) * F.linear(h, ups[j]), downs[j])  # [n, H]
             out.index_add_(0, token_idx, y * top_probs[token_idx, slot_idx, None])
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
         return out
 
 
