@@ -372,4 +372,5 @@ def test_glm_shared_expert_of_the_wrong_shape_is_named(tmp_path):
                               edit_tensors=narrow)
     engine = Engine(EngineConfig(model_path=str(path), device="cpu", context_tokens=64))
     message = _one_line_error(engine.load)
-    assert "model.layers.1.mlp.shared_experts.up_proj.weight (blk.1.ffn_up_shexp.weight in the file) has shape (16, 64)" in message
+    assert ("model.layers.1.mlp.shared_experts.up_proj.weight (blk.1.ffn_up_shexp.weight in "
+            "the file) has shape (16, 64)") in message
