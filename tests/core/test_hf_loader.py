@@ -283,5 +283,5 @@ def test_quantized_dtype_is_refused(llama_copy):
 
 
 def test_unsupported_rope_scaling(llama_copy):
-    edit_config(llama_copy, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
-    assert load_error(llama_copy).startswith("RoPE scaling type 'yarn' is not supported")
+    edit_config(llama_copy, rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4})
+    assert load_error(llama_copy).startswith("RoPE scaling type 'dynamic' is not supported")

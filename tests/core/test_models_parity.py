@@ -97,6 +97,28 @@ def test_llama3_rope_scaling_changes_the_result(tmp_path):
     assert (logits - reference_logits(hf_model, prompt)).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("change", ["no_window", "no_sinks", "no_yarn"])
+@torch.no_grad()
+def test_gpt_oss_window_sinks_and_yarn_change_the_result(tmp_path, change):
+    # Guards the gpt_oss parity above: the prompt is longer than the sliding window, the
+    # sinks and YaRN's scaling (attention factor included) each move the logits.
+    directory, hf_model = make_tiny_hf_model("gpt_oss", tmp_path)
+    config = load_hf_config(directory)
+    assert config.sliding_window < PROMPT_TOKENS and config.rope_scaling["rope_type"] == "yarn"
+    if change == "no_window":
+        config = dataclasses.replace(config, sliding_window=0)
+    elif change == "no_yarn":
+        config = dataclasses.replace(config, rope_scaling=None)
+    tensors = load_hf_tensors(directory, config)
+    if change == "no_sinks":
+        for name in [n for n in tensors if n.endswith(".sinks")]:
+            tensors[name] = torch.full_like(tensors[name], -1e9)
+    model = build_model(config, tensors)
+    prompt = torch.arange(PROMPT_TOKENS) % config.vocab_size
+    logits = model(prompt, 0, KVCache.for_config(config, MAX_TOKENS))
+    assert (logits - reference_logits(hf_model, prompt)).abs().max() > 1e-3
+
+
 @torch.no_grad()
 def test_kv_buffers_from_an_allocate_hook_are_used(tmp_path):
     """The KV arena will hand out views over one range; the model must write through them."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from strata.errors import StrataError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt_oss")
 
 
 class ModelFormatError(StrataError, ValueError):
@@ -42,6 +42,13 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Sliding-window attention (gpt_oss): layer i attends over its last `sliding_window`
+    # positions where layer_types[i] == "sliding_attention"; () means every layer is full.
+    sliding_window: int = 0
+    layer_types: tuple[str, ...] = field(default_factory=tuple)
+    # gpt_oss's clamped SwiGLU in the experts: gate * sigmoid(alpha * gate) * (up + 1).
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -103,4 +110,8 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            sliding_window=d.get("sliding_window") or 0,
+            layer_types=tuple(d.get("layer_types") or ()),
+            swiglu_alpha=d.get("swiglu_alpha", 1.702),
+            swiglu_limit=d.get("swiglu_limit", 7.0),
         )

@@ -23,7 +23,13 @@ from strata.engine.core.loader.gguf_rope import (
     llama3_scaling_from_freqs,
     rope_scaling_from_metadata,
 )
-from strata.engine.core.loader.lazy import DeferredTensor, LazyTensor, StackedTensor, materialize
+from strata.engine.core.loader.lazy import (
+    BlockTensor,
+    DeferredTensor,
+    LazyTensor,
+    StackedTensor,
+    materialize,
+)
 from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import open_gguf
@@ -159,15 +165,15 @@ def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.nda
     return values
 
 
-class GGUFBlocks(DeferredTensor):
+class GGUFBlocks(BlockTensor):
     """A quantized GGUF tensor: read() dequantizes it to float32 like any DeferredTensor, and
     `read_blocks()` gives its GGML blocks as stored, uint8 [..., rows, row_bytes] (llama Q/K rows
     un-permuted: a row's blocks move with it), for weights that stay quantized."""
 
     def __init__(self, tensor: TensorInfo, shape: tuple[int, ...], rope_heads: int | None,
                  make):
-        super().__init__(shape, torch.float32, make)
-        self.qtype = tensor.tensor_type
+        super().__init__(shape, tensor.tensor_type, None)
+        self._make = make  # dequantized by gguf-py, llama rows un-permuted
         self.gguf_name = tensor.name
         self._tensor = tensor
         self._rope_heads = rope_heads

@@ -14,6 +14,7 @@ _ARCHITECTURES = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3_moe",
     "mixtral": "mixtral",
+    "gpt_oss": "gpt_oss",
 }
 
 

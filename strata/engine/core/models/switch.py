@@ -1,9 +1,14 @@
-"""Mixture-of-experts dispatch, shared by Qwen3-MoE and Mixtral; where the expert cache plugs in.
+"""Mixture-of-experts dispatch, shared by Qwen3-MoE, Mixtral and GPT-OSS; where the expert cache
+plugs in.
 
 Expert weights are stacked per layer: gate/up [E, I, H], down [E, H, I]. The layer asks an
 `ExpertWeights` provider for the experts a call needs; the default one indexes the stacked
 parameters, an expert cache can supply views into its own slots instead. Quantized experts
 (quant/experts.py) replace the three parameters; indexing them dequantizes one expert.
+
+GPT-OSS adds per-expert biases (ExpertBiases: small, always resident beside the router, so the
+expert cache keeps moving the three matrices only), a router bias, softmax over the top-k
+logits, and its clamped SwiGLU (`ExpertActivation`).
 """
 
 from __future__ import annotations
@@ -77,8 +82,41 @@ class StackedExperts(nn.Module):
         )
 
 
+class ExpertBiases(nn.Module):
+    """Per-expert biases of gate/up [E, I] and down [E, H] (GPT-OSS)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate = nn.Parameter(torch.empty(num_experts, intermediate_size))
+        self.up = nn.Parameter(torch.empty(num_experts, intermediate_size))
+        self.down = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+
+@dataclass(frozen=True)
+class ExpertActivation:
+    """How an expert joins its gate and up projections. Plain: silu(gate) * up. Clamped
+    (GPT-OSS): gate clamped above and up on both sides at `limit`, then
+    gate * sigmoid(alpha * gate) * (up + 1)."""
+
+    limit: float | None = None
+    alpha: float = 1.0
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.limit is None:
+            return F.silu(gate) * up
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
+
+
+SILU = ExpertActivation()
+
+
 class SparseMoE(nn.Module):
-    """Router softmax -> top-k -> optional renormalisation -> per-expert SwiGLU, weighted sum."""
+    """Router -> top-k -> weights -> per-expert gated MLP, weighted sum.
+
+    Weights: softmax over all experts, then top-k, renormalised if norm_topk_prob (Qwen3-MoE,
+    Mixtral); or, with softmax_after_topk, softmax over the k chosen logits (GPT-OSS)."""
 
     def __init__(
         self,
@@ -87,6 +125,10 @@ class SparseMoE(nn.Module):
         num_experts: int,
         num_experts_per_tok: int,
         norm_topk_prob: bool,
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        softmax_after_topk: bool = False,
+        activation: ExpertActivation = SILU,
     ):
         super().__init__()
         if not 0 < num_experts_per_tok <= num_experts:
@@ -94,28 +136,52 @@ class SparseMoE(nn.Module):
                 f"num_experts_per_tok {num_experts_per_tok} must be in 1..{num_experts}: "
                 "the config is inconsistent"
             )
-        self.router = nn.Linear(hidden_size, num_experts, bias=False)
+        self.router = nn.Linear(hidden_size, num_experts, bias=router_bias)
         self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
+        self.expert_bias = (ExpertBiases(num_experts, hidden_size, intermediate_size)
+                            if expert_bias else None)
         self.top_k = num_experts_per_tok
         self.norm_topk_prob = norm_topk_prob
+        self.softmax_after_topk = softmax_after_topk
+        self.activation = activation
         # Replaced by the expert cache; None means the stacked parameters above.
         self.expert_weights: ExpertWeights | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = F.softmax(self.router(x).float(), dim=-1)  # [T, E]
-        top_probs, top_ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+    @property
+    def is_plain(self) -> bool:
+        """Routed and computed as Qwen3-MoE/Mixtral are: what the fast MoE paths implement."""
+        return (self.router.bias is None and self.expert_bias is None
+                and not self.softmax_after_topk and self.activation == SILU)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] in x's dtype, expert ids [T, k]) for tokens x [T, H]."""
+        logits = self.router(x).float()  # [T, E]
+        if self.softmax_after_topk:
+            top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
+            return F.softmax(top_logits, dim=-1).to(x.dtype), top_ids
+        top_probs, top_ids = torch.topk(F.softmax(logits, dim=-1), self.top_k, dim=-1)
         if self.norm_topk_prob:
             top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
-        top_probs = top_probs.to(x.dtype)
+        return top_probs.to(x.dtype), top_ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        top_probs, top_ids = self.route(x)  # [T, k] each
         # One host sync per layer to learn which experts run; fine for batch-1 decoding.
         expert_ids = torch.unique(top_ids).tolist()
         provider = self.experts if self.expert_weights is None else self.expert_weights
         out = torch.zeros_like(x)  # [T, H]
         gates, ups, downs = provider.get(expert_ids)
+        bias = self.expert_bias
         for j, expert_id in enumerate(expert_ids):
             token_idx, slot_idx = torch.where(top_ids == expert_id)  # [n], [n]
             h = x[token_idx]  # [n, H]
-            y = F.linear(F.silu(F.linear(h, gates[j])) * F.linear(h, ups[j]), downs[j])  # [n, H]
+            if bias is None:
+                gate, up = F.linear(h, gates[j]), F.linear(h, ups[j])
+                y = F.linear(self.activation(gate, up), downs[j])  # [n, H]
+            else:
+                gate = F.linear(h, gates[j], bias.gate[expert_id])
+                up = F.linear(h, ups[j], bias.up[expert_id])
+                y = F.linear(self.activation(gate, up), downs[j], bias.down[expert_id])
             out.index_add_(0, token_idx, y * top_probs[token_idx, slot_idx, None])
         return out
 
