@@ -7,6 +7,7 @@ Test helper: the oracle for the GGUF loader is "load(write(hf)) == hf".
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ _ARCH_FOR_MODEL_TYPE = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
+    "gpt_oss": "gpt-oss",
 }
 
 
@@ -68,6 +70,9 @@ def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         values = tensor.detach().float().numpy().copy()
+        if arch == "gpt-oss" and (".mlp.experts." in name or name.endswith(".sinks")):
+            out.update(_gpt_oss_tensor(name, values, name_map))
+            continue
         if name.endswith("mlp.experts.gate_up_proj"):  # transformers 5 fuses [E, 2I, H]
             base = name[: -len("gate_up_proj")]
             gate, up = np.split(values, 2, axis=1)
@@ -85,6 +90,33 @@ def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]
         if gguf_name is None:
             raise KeyError(f"no GGUF name for {name}")
         out[gguf_name] = values
+    return out
+
+
+def gpt_oss_experts_to_gguf(name: str, values: np.ndarray) -> dict[str, np.ndarray]:
+    """A gpt-oss expert tensor of transformers' layout -> {canonical stacked name: array} the
+    way llama.cpp's converter splits it: gate_up [E, H, 2I] (gate at even columns) -> gate and
+    up [E, I, H]; down [E, I, H] -> [E, H, I]; biases split the same way. Names are
+    transformers' with gate_proj/up_proj/down_proj[.bias]."""
+    base = name[: name.rindex(".") + 1]
+    if name.endswith("gate_up_proj"):
+        return {base + "gate_proj": np.ascontiguousarray(values[:, :, 0::2].transpose(0, 2, 1)),
+                base + "up_proj": np.ascontiguousarray(values[:, :, 1::2].transpose(0, 2, 1))}
+    if name.endswith("gate_up_proj_bias"):
+        return {base + "gate_proj.bias": np.ascontiguousarray(values[:, 0::2]),
+                base + "up_proj.bias": np.ascontiguousarray(values[:, 1::2])}
+    if name.endswith("down_proj"):
+        return {base + "down_proj": np.ascontiguousarray(values.transpose(0, 2, 1))}
+    return {base + "down_proj.bias": values}
+
+
+def _gpt_oss_tensor(name: str, values: np.ndarray, name_map) -> dict[str, np.ndarray]:
+    if name.endswith(".sinks"):
+        return {name_map.get_name(name) + ".weight": values}
+    out = {}
+    for split_name, split in gpt_oss_experts_to_gguf(name, values).items():
+        gguf_name = name_map.get_name(split_name, (".weight", ".bias"))
+        out[gguf_name if split_name.endswith(".bias") else gguf_name + ".weight"] = split
     return out
 
 
@@ -139,6 +171,7 @@ def write_gguf_from_hf(
     per_expert_tensors: bool = False,
     seed: int = 0,
     random_scale: float = 0.02,
+    edit_tensors: Callable[[dict[str, np.ndarray]], None] | None = None,
 ) -> Path:
     """Write `hf_model` (a transformers *ForCausalLM) as a GGUF file of quant type `qtype`.
 
@@ -147,6 +180,8 @@ def write_gguf_from_hf(
     `per_expert_tensors` writes experts one tensor each, as llama.cpp did before March 2024.
     `random_scale`: the fp16 scales of the random blocks written for K- and I-quants (0.02
     makes large random weights; 1e-4 keeps a wide model's activations moderate).
+    `edit_tensors` may change the {gguf name: float32 array} dict before it is written (drop
+    or reshape a tensor: damaged files).
     """
     cfg = hf_model.config
     arch = _ARCH_FOR_MODEL_TYPE[cfg.model_type]
@@ -177,6 +212,9 @@ def write_gguf_from_hf(
         if cfg.model_type == "qwen3_moe":
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
             writer.add_expert_weights_norm(bool(cfg.norm_topk_prob))
+        if cfg.model_type == "gpt_oss":
+            writer.add_expert_feed_forward_length(cfg.intermediate_size)
+            writer.add_sliding_window(cfg.sliding_window)
     if rope.get("rope_type") in ("linear", "yarn"):
         writer.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
         writer.add_rope_scaling_factor(rope["factor"])
@@ -190,6 +228,8 @@ def write_gguf_from_hf(
         tensors["rope_freqs.weight"] = llama3_freqs(rope, rope_theta, head_dim)
     if per_expert_tensors:
         tensors = _split_experts(tensors)
+    if edit_tensors is not None:
+        edit_tensors(tensors)
     overrides = qtype_overrides or {}
     for name, values in tensors.items():
         data, written = _encode(values, QT[overrides.get(name, qtype)], rng, random_scale)

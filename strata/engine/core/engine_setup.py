@@ -64,6 +64,13 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
     is_forced_on_cpu = device.type == "cpu" and config.fast_compile_pointwise is True
     if (device.type != "cuda" and not is_forced_on_cpu) or not config.fast_decode:
         return None, "none"
+    from strata.engine.core.fast.eligibility import fast_path_gaps
+
+    gaps = fast_path_gaps(model)
+    if gaps:
+        log.info("fast decode off: the fast paths have no %s; this model runs on the "
+                 "reference path", ", ".join(gaps))
+        return None, "none"
     from strata.engine.core.fast.decode_graph import GraphDecoder
     from strata.engine.core.fast.tuning_store import TuningStore
 

@@ -83,6 +83,11 @@ class ModelConfig:
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
             rope_scaling = dict(rope_params)
+        layer_types = tuple(d.get("layer_types") or ())
+        if model_type == "gpt_oss" and not layer_types:  # transformers' default: even layers
+            layer_types = tuple("sliding_attention" if i % 2 == 0 else "full_attention"
+                                for i in range(d["num_hidden_layers"]))
+        sliding = "sliding_attention" in layer_types
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -110,8 +115,10 @@ class ModelConfig:
             mlp_only_layers=tuple(d.get("mlp_only_layers") or ()),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            sliding_window=d.get("sliding_window") or 0,
-            layer_types=tuple(d.get("layer_types") or ()),
+            # Kept only where some layer slides: transformers 5 writes all-"full_attention"
+            # layer_types (and an unused window) for every model.
+            sliding_window=(d.get("sliding_window") or 0) if sliding else 0,
+            layer_types=layer_types if sliding else (),
             swiglu_alpha=d.get("swiglu_alpha", 1.702),
             swiglu_limit=d.get("swiglu_limit", 7.0),
         )

@@ -35,11 +35,11 @@ from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import open_gguf
 from strata.engine.gguf_reader import GGUFFile, TensorInfo
 
-# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats; the
-# CPU path dequantizes them with gguf-py (the kernels' test oracle). The gguf package knows a
-# few more (TQ1_0, TQ2_0, MXFP4, ...), refused with a clear message instead.
+# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats and
+# MXFP4 (gpt-oss's experts); the CPU path dequantizes them with gguf-py (the kernels' test
+# oracle). The gguf package knows a few more (TQ1_0, TQ2_0, ...), refused with a clear message.
 SUPPORTED_QUANT_TYPES = frozenset(
-    GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", *KERNEL_QUANT_TYPES)
+    GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "MXFP4", *KERNEL_QUANT_TYPES)
 )
 
 # Types torch reads straight from the mapped file, in their own dtype.
@@ -116,6 +116,7 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
     dense_layers = tuple(
         i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensors
     )
+    extra = _gpt_oss_fields(meta, num_layers, rope_scaling) if arch == "gpt-oss" else {}
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab_size,
@@ -144,7 +145,26 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
         mlp_only_layers=dense_layers if num_experts else (),
         bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=tuple(eos_ids),
+        **extra,
     )
+
+
+def _gpt_oss_fields(meta: dict[str, Any], num_layers: int,
+                    rope_scaling: dict[str, Any] | None) -> dict[str, Any]:
+    """gpt-oss's fields the GGUF keeps implicit: llama.cpp slides the window on even layers
+    and takes YaRN's beta_fast/slow and the clamped SwiGLU's alpha/limit as fixed constants;
+    these are the values of OpenAI's config.json, truncate=False included, so a GGUF and the
+    Hugging Face checkpoint it came from compute the same RoPE."""
+    window = int(meta.get("attention.sliding_window") or 0)
+    if rope_scaling is not None and rope_scaling["rope_type"] == "yarn":
+        rope_scaling.update(beta_fast=float(meta.get("rope.scaling.yarn_beta_fast") or 32.0),
+                            beta_slow=float(meta.get("rope.scaling.yarn_beta_slow") or 1.0),
+                            truncate=False)
+    return {
+        "sliding_window": window,
+        "layer_types": tuple("sliding_attention" if window and i % 2 == 0 else "full_attention"
+                             for i in range(num_layers)),
+    }
 
 
 def _check_quant_type(name: str, tensor_type: GGMLQuantizationType) -> None:

@@ -126,9 +126,13 @@ def sanitize(tensors: dict[str, LazyTensor], config: ModelConfig) -> dict[str, L
     from strata.engine.core.loader.mxfp4_hf import gather_mxfp4_experts
 
     tensors = gather_mxfp4_experts(tensors)
+    # A canonical down_proj (GGUF, or the MXFP4 form above) is already [E, H, I]; only a layer
+    # in transformers' layout (fused gate_up) has its down_proj transposed [E, I, H].
+    fused_layers = {m.group(1) for n in tensors
+                    if (m := _FUSED.match(n)) and m.group(2) == "gate_up_proj" and not m.group(3)}
     for name in list(tensors):
         match = _FUSED.match(name)
-        if match is None:
+        if match is None or (match.group(1) not in fused_layers and not match.group(3)):
             continue
         prefix, kind, is_bias = match.groups()
         fused = tensors.pop(name)
