@@ -228,3 +228,38 @@ def _decode_logits(engine: Engine, token: int) -> torch.Tensor:
     kv = KVCache.for_config(engine.model_config, 64, engine.dtype, engine.device)
     engine.model(torch.tensor(PROMPT), 0, kv, last_only=True)  # prefill: dequantized, cuBLAS
     return engine.model(torch.tensor([token]), len(PROMPT), kv, last_only=True)[-1].float()
+
+
+@pytest.mark.parametrize("intermediate", [64, 32])
+def test_gpt_oss_mxfp4_experts_stay_blocks_and_decode_like_dequantized(
+        tmp_path, monkeypatch, caplog, intermediate) -> None:
+    """MXFP4 experts read by the tile kernels (the reference MoE dequantizes the routed
+    experts one at a time); down rows of 32 values are one 17-byte block, an odd row the
+    kernels cannot read: then the experts are dequantized at load, with one log line."""
+    import transformers
+
+    from strata.engine.core.quant.experts import QuantizedExperts
+
+    config = make_tiny_hf_config("gpt_oss")
+    config.intermediate_size = intermediate
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    mix = {f"blk.{i}.ffn_{p}_exps.weight": "MXFP4"
+           for i in range(config.num_hidden_layers) for p in ("gate", "up", "down")}
+    path = write_gguf_from_hf(model, None, tmp_path / "gpt-oss.gguf", "Q8_0",
+                              qtype_overrides=mix)
+    expected, _ = _dequantized_run(path, monkeypatch)
+    with caplog.at_level(logging.INFO, logger="strata.engine.core.residency"):
+        engine = _engine(path, monkeypatch, quantized=True)
+    try:
+        experts = engine.model.model.layers[0].mlp.experts
+        lines = [r.getMessage() for r in caplog.records if "experts of" in r.getMessage()]
+        if intermediate == 64:
+            assert isinstance(experts.down_proj, QuantizedExperts) and not lines
+            assert experts.down_proj.qtype.name == "MXFP4"
+        else:
+            assert experts.down_proj.dtype == torch.float32 and len(lines) == 1
+        assert isinstance(engine.model.model.layers[0].self_attn.q_proj, QuantizedLinear)
+        assert _greedy(engine) == expected
+    finally:
+        engine.close()

@@ -232,7 +232,9 @@ def write_gguf_from_hf(
         edit_tensors(tensors)
     overrides = qtype_overrides or {}
     for name, values in tensors.items():
-        data, written = _encode(values, QT[overrides.get(name, qtype)], rng, random_scale)
+        # Biases stay F32 whatever their rank (gpt-oss's expert biases are [E, N]).
+        default = "F32" if name.endswith(".bias") else qtype
+        data, written = _encode(values, QT[overrides.get(name, default)], rng, random_scale)
         writer.add_tensor(name, data, raw_dtype=written if data.dtype == np.uint8 else None)
 
     writer.write_header_to_file()

@@ -18,6 +18,7 @@ HALF_OFFSETS = {
     QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
     QT.IQ2_XXS: (0,), QT.IQ2_XS: (0,), QT.IQ2_S: (0,), QT.IQ3_XXS: (0,), QT.IQ3_S: (0,),
     QT.IQ1_S: (0,), QT.IQ1_M: (),
+    QT.MXFP4: (),
 }  # fmt: skip
 IQ1_M_SCALES_OFFSET = 48  # IQ1_M's d is the top nibbles of its 4 uint16 scales there
 
@@ -30,6 +31,9 @@ def random_blocks(qtype: QT, rows: int, cols: int, seed: int, scale: float = 1.0
     for offset in HALF_OFFSETS[qtype]:
         halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
         blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    if qtype == QT.MXFP4:  # E8M0 exponents near 2**log2(scale): finite products
+        center = 127 + int(np.round(np.log2(scale)))
+        blocks[:, :, 0] = rng.integers(center - 6, center + 3, size=blocks.shape[:2])
     if qtype == QT.IQ1_M:
         bits = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16).view(np.uint16)
         scales = blocks[:, :, IQ1_M_SCALES_OFFSET:].copy().view(np.uint16)  # [rows, n, 4]

@@ -35,11 +35,11 @@ from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import open_gguf
 from strata.engine.gguf_reader import GGUFFile, TensorInfo
 
-# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats and
-# MXFP4 (gpt-oss's experts); the CPU path dequantizes them with gguf-py (the kernels' test
-# oracle). The gguf package knows a few more (TQ1_0, TQ2_0, ...), refused with a clear message.
+# The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats; the
+# CPU path dequantizes them with gguf-py (the kernels' test oracle). The gguf package knows a
+# few more (TQ1_0, TQ2_0, NVFP4, ...), refused with a clear message instead.
 SUPPORTED_QUANT_TYPES = frozenset(
-    GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "MXFP4", *KERNEL_QUANT_TYPES)
+    GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", *KERNEL_QUANT_TYPES)
 )
 
 # Types torch reads straight from the mapped file, in their own dtype.
