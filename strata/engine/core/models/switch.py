@@ -25,6 +25,7 @@ from torch import nn
 from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, narrowed
 from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
+from strata.engine.core.quant.weight import apply_linear
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
 # j-th id's matrix. A stacked tensor [k, ...] and a list of k views both qualify.
@@ -178,12 +179,18 @@ class SparseMoE(nn.Module):
             if bias is None:
                 gate, up = F.linear(h, gates[j]), F.linear(h, ups[j])
                 y = F.linear(self.activation(gate, up), downs[j])  # [n, H]
-            else:
-                gate = F.linear(h, gates[j], bias.gate[expert_id])
-                up = F.linear(h, ups[j], bias.up[expert_id])
-                y = F.linear(self.activation(gate, up), downs[j], bias.down[expert_id])
+            else:  # GPT-OSS: blocks (MXFP4) go through qlinear's kernels, not a dequantization
+                gate = apply_linear(h, _matrix(gates, j), bias.gate[expert_id])
+                up = apply_linear(h, _matrix(ups, j), bias.up[expert_id])
+                y = apply_linear(self.activation(gate, up), _matrix(downs, j),
+                                 bias.down[expert_id])
             out.index_add_(0, token_idx, y * top_probs[token_idx, slot_idx, None])
         return out
+
+
+def _matrix(matrices: Sequence, j: int):
+    """Matrix j of a provider's batch: a QuantizedWeight for quantized experts, else a tensor."""
+    return matrices.weight(j) if isinstance(matrices, ExpertMatrices) else matrices[j]
 
 
 _PER_EXPERT = re.compile(
