@@ -29,6 +29,7 @@ from strata.engine.core.models.build import build_model
 from strata.engine.protocol import SamplingSpec
 from tests.core.engine_memory_helpers import make_engine, run
 from tests.helpers.gguf_writer import gpt_oss_experts_to_gguf, write_gguf_from_hf
+from tests.helpers.quant_blocks import save_experts_as_openai_mxfp4
 from tests.helpers.tiny_models import make_tiny_hf_config, make_tiny_hf_model
 
 PROMPT_TOKENS = 40  # longer than the tiny model's window of 8
@@ -113,39 +114,15 @@ def test_openai_mxfp4_layout_equals_transformers_dequantization():
     np.testing.assert_array_equal(ours, theirs.transpose(1, 2).numpy())
 
 
-def _openai_blocks(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[E, N, K] float -> OpenAI's (blocks [E, N, K/32, 16], scales [E, N, K/32]), through
-    gguf-py's quantizer and the inverse of openai_to_ggml's byte shuffle."""
-    num_experts, rows, cols = values.shape
-    raw = torch.from_numpy(gguf.quants.quantize(values.numpy(), QT.MXFP4))
-    raw = raw.view(num_experts, rows, cols // 32, 17)
-    scales, packed = raw[..., 0], raw[..., 1:]
-    codes = torch.cat((packed & 0x0F, packed >> 4), dim=-1)  # [.., 32] in value order
-    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return blocks.contiguous(), scales.contiguous()
-
-
 @torch.no_grad()
 def test_openai_mxfp4_safetensors_load_like_transformers(tmp_path):
     """The original release's form: experts as *_blocks/*_scales in an HF directory."""
-    from safetensors.torch import load_file, save_file
-
     directory, model = make_tiny_hf_model("gpt_oss", tmp_path)
-    path = directory / "model.safetensors"
-    state = load_file(path)
-    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
-        # transformers multiplies x @ W: [E, K, N]; the MXFP4 form is [E, N, K]
-        blocks, scales = _openai_blocks(state.pop(name).transpose(1, 2).contiguous())
-        state[name + "_blocks"], state[name + "_scales"] = blocks, scales
-        from transformers.integrations.mxfp4 import _convert_moe_packed_tensors
-
-        model.state_dict()[name].copy_(
-            _convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
-    save_file(state, path)
+    save_experts_as_openai_mxfp4(directory, model)
     config = load_model_config(directory)
-    tensors = load_tensors(directory, config)
-    ours = build_model(config, tensors)(prompt_ids(), 0, KVCache.for_config(config, 64))
-    torch.testing.assert_close(ours, model(prompt_ids()[None]).logits[0], atol=ATOL, rtol=0)
+    ours = build_model(config, load_tensors(directory, config))
+    logits = ours(prompt_ids(), 0, KVCache.for_config(config, 64))
+    torch.testing.assert_close(logits, model(prompt_ids()[None]).logits[0], atol=ATOL, rtol=0)
 
 
 def _error(path) -> str:

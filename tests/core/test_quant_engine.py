@@ -263,3 +263,29 @@ def test_gpt_oss_mxfp4_experts_stay_blocks_and_decode_like_dequantized(
         assert _greedy(engine) == expected
     finally:
         engine.close()
+
+
+def test_gpt_oss_openai_mxfp4_safetensors_stay_blocks(tmp_path, monkeypatch) -> None:
+    """The original release's MXFP4 experts (an HF directory) become GGML MXFP4 blocks in the
+    expert store, decoding like the same directory dequantized at load."""
+    import transformers
+
+    from strata.engine.core.quant.experts import QuantizedExperts
+    from tests.helpers.quant_blocks import save_experts_as_openai_mxfp4
+
+    config = make_tiny_hf_config("gpt_oss")
+    config.intermediate_size = 64  # down rows of two 17-byte blocks: even, read as blocks
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    directory = tmp_path / "gpt-oss"
+    model.save_pretrained(directory)
+    save_experts_as_openai_mxfp4(directory, model)
+    expected, _ = _dequantized_run(directory, monkeypatch)
+    engine = _engine(directory, monkeypatch, quantized=True)
+    try:
+        experts = engine.model.model.layers[1].mlp.experts
+        assert isinstance(experts.gate_proj, QuantizedExperts)
+        assert experts.gate_proj.qtype.name == "MXFP4"
+        assert _greedy(engine) == expected
+    finally:
+        engine.close()

@@ -100,3 +100,39 @@ def random_pair(type_a: QT, rows_a: int, type_b: QT, rows_b: int, cols: int, see
     assert gemv_dp4a.pair_supported(qtypes, row_bytes, cols, both.data_ptr(), rows_a)
     pair = gemv_dp4a.QuantizedPair(both, qtypes, (rows_a, rows_b), row_bytes, cols)
     return torch.from_numpy(raw_a).to(device), torch.from_numpy(raw_b).to(device), pair
+
+
+def openai_mxfp4(values):
+    """[E, N, K] float tensor -> OpenAI's MXFP4 (blocks uint8 [E, N, K/32, 16], scales uint8
+    [E, N, K/32]): gguf-py's quantizer, then the inverse of loader/mxfp4_hf.py's byte shuffle
+    (OpenAI: code 2j in byte j's low nibble, 2j + 1 in its high one)."""
+    import torch
+
+    num_experts, rows, cols = values.shape
+    raw = torch.from_numpy(gguf.quants.quantize(values.float().numpy(), QT.MXFP4))
+    raw = raw.view(num_experts, rows, cols // 32, 17)
+    scales, packed = raw[..., 0], raw[..., 1:]
+    codes = torch.cat((packed & 0x0F, packed >> 4), dim=-1)  # [.., 32] in value order
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous(), scales.contiguous()
+
+
+def save_experts_as_openai_mxfp4(directory, model) -> None:
+    """Rewrite a saved tiny gpt-oss's experts in the original release's MXFP4 form
+    (`*_blocks` + `*_scales`), and set `model`'s experts to the values those hold
+    (transformers' own MXFP4 dequantizer: the oracle)."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import _convert_moe_packed_tensors
+
+    path = Path(directory) / "model.safetensors"
+    state = load_file(path)
+    params = model.state_dict()
+    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        # transformers multiplies x @ W, [E, K, N]; the MXFP4 form is [E, N, K]
+        blocks, scales = openai_mxfp4(state.pop(name).transpose(1, 2).contiguous())
+        state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+        with torch.no_grad():
+            params[name].copy_(_convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    save_file(state, path)
