@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 
 import gguf
 import numpy as np
@@ -156,6 +157,26 @@ def test_fast_paths_name_what_they_lack(mxfp4_gguf):
     assert fast_path_gaps(model) == [
         "attention sinks", "sliding-window attention", "a router bias",
         "softmax over the top-k logits", "expert biases", "the clamped SwiGLU"]
+
+
+def test_engine_keeps_gpt_oss_off_the_fast_path_with_one_log_line(mxfp4_gguf, caplog):
+    """fast_compile_pointwise=True builds the fast decoder on the CPU too (what CPU tests of
+    the load's compile use): for gpt-oss the engine refuses it and says why."""
+    config = EngineConfig(model_path=str(mxfp4_gguf), device="cpu", context_tokens=128,
+                          fast_compile_pointwise=True)
+    engine = Engine(config)
+    with caplog.at_level(logging.INFO, logger="strata.engine.core.engine"):
+        engine.load()
+    try:
+        assert engine.fast is None
+        lines = [r.getMessage() for r in caplog.records if "fast decode off" in r.getMessage()]
+        assert lines == ["fast decode off: the fast paths have no attention sinks, "
+                         "sliding-window attention, a router bias, softmax over the top-k "
+                         "logits, expert biases, the clamped SwiGLU; this model runs on the "
+                         "reference path"]
+        assert len(run(engine, prompt_ids().tolist(), spec=GREEDY)) == NEW_TOKENS
+    finally:
+        engine.close()
 
 
 @torch.no_grad()

@@ -187,7 +187,9 @@ if triton is not None:
         """Twice an E2M1 code's value as float32: 0, 1, 2, 3, 4, 6, 8, 12, and the negatives
         for codes 8..15 (ggml's kvalues_mxfp4)."""
         m = q & 7
-        big = (4 + (m & 1) * 2) << ((m >> 1) - 2)  # 4, 6, 8, 12 for m = 4..7
+        # 4, 6, 8, 12 for m = 4..7; the shift clamped so m < 4 (not taken) never shifts by
+        # a negative amount, which compiled code leaves undefined.
+        big = (4 + (m & 1) * 2) << tl.maximum((m >> 1) - 2, 0)
         magnitude = tl.where(m < 4, m, big).to(tl.float32)
         return tl.where(q >= 8, -magnitude, magnitude)
 
