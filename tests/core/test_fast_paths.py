@@ -475,7 +475,7 @@ def test_glm4_moe_runs_the_reference_path_with_a_log_line(tmp_path, caplog) -> N
     GLM the engine builds no fast decoder (and says what is missing) rather than a wrong one."""
     from strata.engine.core.engine_config import EngineConfig
     from strata.engine.core.engine_setup import make_fast_decoder
-    from strata.engine.core.fast.coverage import missing_features
+    from strata.engine.core.fast_coverage import missing_features
     from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors
     from strata.engine.core.models.build import build_model
     from tests.helpers.tiny_models import make_tiny_hf_model

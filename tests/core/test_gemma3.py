@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from strata.engine.core.engine import Engine, EngineConfig
-from strata.engine.core.fast.coverage import missing_features
+from strata.engine.core.fast_coverage import missing_features
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.loader import inspect_model, load_model_config, load_tensors
 from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors

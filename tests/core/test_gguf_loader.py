@@ -154,7 +154,7 @@ def test_old_per_expert_mixtral_layout_is_stacked(tmp_path):
 
 _QUANTIZABLE = {  # type -> largest allowed RMS error relative to the data's RMS
     "F32": 0.0, "F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2,
-    "Q5_0": 0.06, "Q5_1": 0.06, "Q4_0": 0.12, "Q4_1": 0.12,
+    "Q5_0": 0.06, "Q5_1": 0.06, "Q4_0": 0.12, "Q4_1": 0.12, "MXFP4": 0.2,
 }  # fmt: skip
 _NOT_QUANTIZABLE_HERE = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
                          "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]

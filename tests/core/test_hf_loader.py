@@ -283,8 +283,8 @@ def test_quantized_dtype_is_refused(llama_copy):
 
 
 def test_unsupported_rope_scaling(llama_copy):
-    edit_config(llama_copy, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
-    assert load_error(llama_copy).startswith("RoPE scaling type 'yarn' is not supported")
+    edit_config(llama_copy, rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4})
+    assert load_error(llama_copy).startswith("RoPE scaling type 'dynamic' is not supported")
 
 
 def test_glm_mtp_layer_of_a_checkpoint_is_dropped_with_a_log_line(tmp_path, caplog):

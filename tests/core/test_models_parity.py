@@ -13,6 +13,7 @@ import torch
 
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors
+from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import build_model
 from strata.engine.core.models.switch import SparseMoE
 from tests.helpers.tiny_models import VARIANTS, make_tiny_hf_model
@@ -95,6 +96,51 @@ def test_llama3_rope_scaling_changes_the_result(tmp_path):
     prompt = torch.arange(PROMPT_TOKENS) % config.vocab_size
     logits = model(prompt, 0, KVCache.for_config(plain, MAX_TOKENS))
     assert (logits - reference_logits(hf_model, prompt)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("extra", [
+    {"truncate": False},  # gpt-oss
+    {},  # transformers' default: the ramp's ends rounded outwards
+    {"mscale": 0.707, "mscale_all_dim": 0.707},  # DeepSeek-style ratio
+    {"attention_factor": 1.25, "beta_fast": 16.0, "beta_slow": 2.0},
+])
+def test_yarn_frequencies_and_attention_factor_equal_transformers(extra):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from strata.engine.core.models.layers import rope_attention_factor, rope_inverse_frequencies
+
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+            "original_max_position_embeddings": 4096, **extra}
+    hf = LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=131072,
+                     rope_parameters=rope)
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    ours = ModelConfig.from_hf_dict({**hf.to_dict(), "model_type": "llama"})
+    assert ours.rope_scaling["rope_type"] == "yarn"
+    torch.testing.assert_close(rope_inverse_frequencies(ours), inv_freq, rtol=0, atol=0)
+    assert rope_attention_factor(ours) == pytest.approx(factor, rel=1e-12)
+
+
+@pytest.mark.parametrize("change", ["no_window", "no_sinks", "no_yarn"])
+@torch.no_grad()
+def test_gpt_oss_window_sinks_and_yarn_change_the_result(tmp_path, change):
+    # Guards the gpt_oss parity above: the prompt is longer than the sliding window, the
+    # sinks and YaRN's scaling (attention factor included) each move the logits.
+    directory, hf_model = make_tiny_hf_model("gpt_oss", tmp_path)
+    config = load_hf_config(directory)
+    assert config.sliding_window < PROMPT_TOKENS and config.rope_scaling["rope_type"] == "yarn"
+    if change == "no_window":
+        config = dataclasses.replace(config, sliding_window=None, layer_types=())
+    elif change == "no_yarn":
+        config = dataclasses.replace(config, rope_scaling=None)
+    tensors = load_hf_tensors(directory, config)
+    if change == "no_sinks":
+        for name in [n for n in tensors if n.endswith(".sinks")]:
+            tensors[name] = torch.full_like(tensors[name], -1e9)
+    model = build_model(config, tensors)
+    prompt = torch.arange(PROMPT_TOKENS) % config.vocab_size
+    logits = model(prompt, 0, KVCache.for_config(config, MAX_TOKENS))
+    assert (logits - reference_logits(hf_model, prompt)).abs().max() > 1e-3
 
 
 @torch.no_grad()

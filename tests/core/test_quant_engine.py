@@ -277,3 +277,64 @@ def test_quantized_glm4_moe_keeps_its_shared_expert_and_experts_as_blocks(tmp_pa
         assert _greedy(engine) == expected
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("intermediate", [64, 32])
+def test_gpt_oss_mxfp4_experts_stay_blocks_and_decode_like_dequantized(
+        tmp_path, monkeypatch, caplog, intermediate) -> None:
+    """MXFP4 experts read by the tile kernels (the reference MoE dequantizes the routed
+    experts one at a time); down rows of 32 values are one 17-byte block, an odd row the
+    kernels cannot read: then the experts are dequantized at load, with one log line."""
+    import transformers
+
+    from strata.engine.core.quant.experts import QuantizedExperts
+
+    config = make_tiny_hf_config("gpt_oss")
+    config.intermediate_size = intermediate
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    mix = {f"blk.{i}.ffn_{p}_exps.weight": "MXFP4"
+           for i in range(config.num_hidden_layers) for p in ("gate", "up", "down")}
+    path = write_gguf_from_hf(model, None, tmp_path / "gpt-oss.gguf", "Q8_0",
+                              qtype_overrides=mix)
+    expected, _ = _dequantized_run(path, monkeypatch)
+    with caplog.at_level(logging.INFO, logger="strata.engine.core.residency"):
+        engine = _engine(path, monkeypatch, quantized=True)
+    try:
+        experts = engine.model.model.layers[0].mlp.experts
+        lines = [r.getMessage() for r in caplog.records if "experts of" in r.getMessage()]
+        if intermediate == 64:
+            assert isinstance(experts.down_proj, QuantizedExperts) and not lines
+            assert experts.down_proj.qtype.name == "MXFP4"
+        else:
+            assert experts.down_proj.dtype == torch.float32 and len(lines) == 1
+        assert isinstance(engine.model.model.layers[0].self_attn.q_proj, QuantizedLinear)
+        assert _greedy(engine) == expected
+    finally:
+        engine.close()
+
+
+def test_gpt_oss_openai_mxfp4_safetensors_stay_blocks(tmp_path, monkeypatch) -> None:
+    """The original release's MXFP4 experts (an HF directory) become GGML MXFP4 blocks in the
+    expert store, decoding like the same directory dequantized at load."""
+    import transformers
+
+    from strata.engine.core.quant.experts import QuantizedExperts
+    from tests.helpers.quant_blocks import save_experts_as_openai_mxfp4
+
+    config = make_tiny_hf_config("gpt_oss")
+    config.intermediate_size = 64  # down rows of two 17-byte blocks: even, read as blocks
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    directory = tmp_path / "gpt-oss"
+    model.save_pretrained(directory)
+    save_experts_as_openai_mxfp4(directory, model)
+    expected, _ = _dequantized_run(directory, monkeypatch)
+    engine = _engine(directory, monkeypatch, quantized=True)
+    try:
+        experts = engine.model.model.layers[1].mlp.experts
+        assert isinstance(experts.gate_proj, QuantizedExperts)
+        assert experts.gate_proj.qtype.name == "MXFP4"
+        assert _greedy(engine) == expected
+    finally:
+        engine.close()

@@ -51,7 +51,7 @@ def test_dequantize_equals_gguf_py_on_random_blocks(qtype: QT) -> None:
     np.testing.assert_array_equal(got.numpy(), expected)
 
 
-@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0],
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.MXFP4],
                          ids=lambda t: t.name)
 def test_dequantize_equals_gguf_py_on_quantized_values(qtype: QT) -> None:
     """Blocks gguf-py itself quantized (zero rows, tiny and large scales included)."""
@@ -59,6 +59,22 @@ def test_dequantize_equals_gguf_py_on_quantized_values(qtype: QT) -> None:
     expected = gguf.quants.dequantize(raw, qtype)
     got = kernels.dequantize(torch.from_numpy(raw), qtype, 256, torch.float32)
     np.testing.assert_array_equal(got.numpy(), expected)
+
+
+def test_mxfp4_every_exponent_and_code_equals_gguf_py() -> None:
+    """All 256 E8M0 exponents (0 and 1: ggml's subnormal halves; the largest overflow to
+    inf in float32, as in gguf-py) times all 16 E2M1 codes, bit for bit."""
+    codes = np.arange(32, dtype=np.uint8) % 16
+    packed = codes[:16] | (codes[16:] << 4)  # value j: low nibble of byte j, j + 16: high
+    raw = np.zeros((256, 2, 17), dtype=np.uint8)  # 256 rows of two blocks
+    raw[:, :, 0] = np.arange(256, dtype=np.uint8)[:, None]
+    raw[:, :, 1:] = packed
+    raw = raw.reshape(256, 34)
+    with np.errstate(over="ignore"):
+        expected = gguf.quants.dequantize(raw, QT.MXFP4)
+        got = kernels.dequantize(torch.from_numpy(raw), QT.MXFP4, 64, torch.float32)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert got[127, 1].item() == 0.5 and got[127, 15].item() == -6.0  # code 15: -6 * 2**0
 
 
 @pytest.mark.skipif(not DEFAULT_MODEL.is_file(), reason="default model not downloaded")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from strata.engine.core.fast.coverage import missing_features
+from strata.engine.core.fast_coverage import missing_features
 from strata.engine.core.loader.gguf_names import GGUF_ARCHITECTURES
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.registry import model_module, supported_model_types

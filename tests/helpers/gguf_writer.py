@@ -28,6 +28,7 @@ _ARCH_FOR_MODEL_TYPE = {
     "phi3": "phi3",
     "mistral": "llama",  # llama.cpp writes Mistral Small 3.x / Devstral as llama
     "glm4_moe": "glm4moe",
+    "gpt_oss": "gpt-oss",
 }
 
 
@@ -73,6 +74,9 @@ def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         values = tensor.detach().float().numpy().copy()
+        if arch == "gpt-oss" and (".mlp.experts." in name or name.endswith(".sinks")):
+            out.update(_gpt_oss_tensor(name, values, name_map))
+            continue
         if name.endswith("mlp.experts.gate_up_proj"):  # transformers 5 fuses [E, 2I, H]
             base = name[: -len("gate_up_proj")]
             gate, up = np.split(values, 2, axis=1)
@@ -123,6 +127,33 @@ def _mtp_block(tensors: dict[str, np.ndarray], block: int, hidden: int,
              "shared_head_norm": (hidden,)}
     for name, shape in nextn.items():
         out[f"blk.{block}.nextn.{name}.weight"] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+def gpt_oss_experts_to_gguf(name: str, values: np.ndarray) -> dict[str, np.ndarray]:
+    """A gpt-oss expert tensor of transformers' layout -> {canonical stacked name: array} the
+    way llama.cpp's converter splits it: gate_up [E, H, 2I] (gate at even columns) -> gate and
+    up [E, I, H]; down [E, I, H] -> [E, H, I]; biases split the same way. Names are
+    transformers' with gate_proj/up_proj/down_proj[.bias]."""
+    base = name[: name.rindex(".") + 1]
+    if name.endswith("gate_up_proj"):
+        return {base + "gate_proj": np.ascontiguousarray(values[:, :, 0::2].transpose(0, 2, 1)),
+                base + "up_proj": np.ascontiguousarray(values[:, :, 1::2].transpose(0, 2, 1))}
+    if name.endswith("gate_up_proj_bias"):
+        return {base + "gate_proj.bias": np.ascontiguousarray(values[:, 0::2]),
+                base + "up_proj.bias": np.ascontiguousarray(values[:, 1::2])}
+    if name.endswith("down_proj"):
+        return {base + "down_proj": np.ascontiguousarray(values.transpose(0, 2, 1))}
+    return {base + "down_proj.bias": values}
+
+
+def _gpt_oss_tensor(name: str, values: np.ndarray, name_map) -> dict[str, np.ndarray]:
+    if name.endswith(".sinks"):
+        return {name_map.get_name(name) + ".weight": values}
+    out = {}
+    for split_name, split in gpt_oss_experts_to_gguf(name, values).items():
+        gguf_name = name_map.get_name(split_name, (".weight", ".bias"))
+        out[gguf_name if split_name.endswith(".bias") else gguf_name + ".weight"] = split
     return out
 
 
@@ -206,6 +237,8 @@ def write_gguf_from_hf(
     make a damaged file: a tensor dropped or of the wrong shape).
     `random_scale`: the fp16 scales of the random blocks written for K- and I-quants (0.02
     makes large random weights; 1e-4 keeps a wide model's activations moderate).
+    `edit_tensors` may change the {gguf name: float32 array} dict before it is written (drop
+    or reshape a tensor: damaged files).
     """
     cfg = hf_model.config
     arch = _ARCH_FOR_MODEL_TYPE[cfg.model_type]
@@ -246,6 +279,9 @@ def write_gguf_from_hf(
         if cfg.model_type == "qwen3_moe":
             writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
             writer.add_expert_weights_norm(bool(cfg.norm_topk_prob))
+        if cfg.model_type == "gpt_oss":
+            writer.add_expert_feed_forward_length(cfg.intermediate_size)
+            writer.add_sliding_window(cfg.sliding_window)
     if rope.get("rope_type") in ("linear", "yarn"):
         writer.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
         writer.add_rope_scaling_factor(rope["factor"])
@@ -275,7 +311,9 @@ def write_gguf_from_hf(
         edit_tensors(tensors)
     overrides = qtype_overrides or {}
     for name, values in tensors.items():
-        data, written = _encode(values, QT[overrides.get(name, qtype)], rng, random_scale)
+        # Biases stay F32 whatever their rank (gpt-oss's expert biases are [E, N]).
+        default = "F32" if name.endswith(".bias") else qtype
+        data, written = _encode(values, QT[overrides.get(name, default)], rng, random_scale)
         writer.add_tensor(name, data, raw_dtype=written if data.dtype == np.uint8 else None)
 
     writer.write_header_to_file()

@@ -18,6 +18,7 @@ HALF_OFFSETS = {
     QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
     QT.IQ2_XXS: (0,), QT.IQ2_XS: (0,), QT.IQ2_S: (0,), QT.IQ3_XXS: (0,), QT.IQ3_S: (0,),
     QT.IQ1_S: (0,), QT.IQ1_M: (),
+    QT.MXFP4: (),
 }  # fmt: skip
 IQ1_M_SCALES_OFFSET = 48  # IQ1_M's d is the top nibbles of its 4 uint16 scales there
 
@@ -30,6 +31,9 @@ def random_blocks(qtype: QT, rows: int, cols: int, seed: int, scale: float = 1.0
     for offset in HALF_OFFSETS[qtype]:
         halves = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
         blocks[:, :, offset : offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    if qtype == QT.MXFP4:  # E8M0 exponents near 2**log2(scale): finite products
+        center = 127 + int(np.round(np.log2(scale)))
+        blocks[:, :, 0] = rng.integers(center - 6, center + 3, size=blocks.shape[:2])
     if qtype == QT.IQ1_M:
         bits = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16).view(np.uint16)
         scales = blocks[:, :, IQ1_M_SCALES_OFFSET:].copy().view(np.uint16)  # [rows, n, 4]
@@ -96,3 +100,39 @@ def random_pair(type_a: QT, rows_a: int, type_b: QT, rows_b: int, cols: int, see
     assert gemv_dp4a.pair_supported(qtypes, row_bytes, cols, both.data_ptr(), rows_a)
     pair = gemv_dp4a.QuantizedPair(both, qtypes, (rows_a, rows_b), row_bytes, cols)
     return torch.from_numpy(raw_a).to(device), torch.from_numpy(raw_b).to(device), pair
+
+
+def openai_mxfp4(values):
+    """[E, N, K] float tensor -> OpenAI's MXFP4 (blocks uint8 [E, N, K/32, 16], scales uint8
+    [E, N, K/32]): gguf-py's quantizer, then the inverse of loader/mxfp4_hf.py's byte shuffle
+    (OpenAI: code 2j in byte j's low nibble, 2j + 1 in its high one)."""
+    import torch
+
+    num_experts, rows, cols = values.shape
+    raw = torch.from_numpy(gguf.quants.quantize(values.float().numpy(), QT.MXFP4))
+    raw = raw.view(num_experts, rows, cols // 32, 17)
+    scales, packed = raw[..., 0], raw[..., 1:]
+    codes = torch.cat((packed & 0x0F, packed >> 4), dim=-1)  # [.., 32] in value order
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous(), scales.contiguous()
+
+
+def save_experts_as_openai_mxfp4(directory, model) -> None:
+    """Rewrite a saved tiny gpt-oss's experts in the original release's MXFP4 form
+    (`*_blocks` + `*_scales`), and set `model`'s experts to the values those hold
+    (transformers' own MXFP4 dequantizer: the oracle)."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import _convert_moe_packed_tensors
+
+    path = Path(directory) / "model.safetensors"
+    state = load_file(path)
+    params = model.state_dict()
+    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        # transformers multiplies x @ W, [E, K, N]; the MXFP4 form is [E, N, K]
+        blocks, scales = openai_mxfp4(state.pop(name).transpose(1, 2).contiguous())
+        state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+        with torch.no_grad():
+            params[name].copy_(_convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    save_file(state, path)

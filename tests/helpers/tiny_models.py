@@ -117,6 +117,22 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                                 "partial_rotary_factor": 0.5},
         },
     ),
+    # Sliding layers (0 and 2) see 8 positions, fewer than the parity prompts; YaRN with a
+    # small original context so every band of its ramp has frequencies; sinks and biases.
+    "gpt_oss": (
+        "GptOssConfig",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 4,
+            "intermediate_size": 32,
+            "sliding_window": 8,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                "original_max_position_embeddings": 64},
+        },
+    ),
 }
 
 # Variants whose norm weights are drawn at random instead of transformers' constant init, so

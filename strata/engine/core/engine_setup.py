@@ -64,7 +64,7 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
     is_forced_on_cpu = device.type == "cpu" and config.fast_compile_pointwise is True
     if (device.type != "cuda" and not is_forced_on_cpu) or not config.fast_decode:
         return None, "none"
-    from strata.engine.core.fast.coverage import missing_features
+    from strata.engine.core.fast_coverage import missing_features
 
     if missing := missing_features(model):
         log.info("fast decode and prefill: off, the reference forward runs (slower): the fast "

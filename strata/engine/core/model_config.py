@@ -9,7 +9,7 @@ from typing import Any
 from strata.errors import StrataError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "phi3",
-                         "mistral", "glm4_moe")
+                         "mistral", "glm4_moe", "gpt_oss")
 
 # Gemma3TextConfig's defaults: released config.json files (the multimodal ones' text_config
 # above all) leave out every value equal to them.
@@ -83,10 +83,14 @@ class ModelConfig:
     # frequencies are zero (cos 1, sin 0: those dims pass through unchanged).
     partial_rotary_factor: float = 1.0
     # The window (tokens, the query's own included) attention sees: on the "sliding_attention"
-    # layers where layer_types names them (Gemma 3), else on every layer (Phi-3, Mistral),
+    # layers where layer_types names them (Gemma 3, GPT-OSS), else on every layer (Phi-3,
+    # Mistral),
     # where the engine caps its context at the window, in which full attention is exact.
     # None: every position.
     sliding_window: int | None = None
+    # gpt_oss's clamped SwiGLU in the experts: gate * sigmoid(alpha * gate) * (up + 1).
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -173,6 +177,11 @@ class ModelConfig:
                             d.get("original_max_position_embeddings"), **rope_scaling}
         partial_rotary = d.get("partial_rotary_factor") or rope_params.get(
             "partial_rotary_factor") or (0.5 if model_type == "glm4_moe" else 1.0)
+        layer_types = tuple(d.get("layer_types") or ())
+        if model_type == "gpt_oss" and not layer_types:  # transformers' default: even layers
+            layer_types = tuple("sliding_attention" if i % 2 == 0 else "full_attention"
+                                for i in range(d["num_hidden_layers"]))
+        sliding = "sliding_attention" in layer_types
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         return cls(
@@ -209,14 +218,17 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             # Only where the model reads them: Qwen2/3 configs list layer_types and a window
             # too (all full unless use_sliding_window, which Strata's Qwen does not implement).
-            layer_types=tuple(d.get("layer_types") or ()) if is_gemma3 else (),
+            layer_types=layer_types if is_gemma3 or (sliding and model_type == "gpt_oss") else (),
             sliding_window=(d.get("sliding_window") or None)
-            if is_gemma3 or model_type in ("phi3", "mistral") else None,
+            if is_gemma3 or model_type in ("phi3", "mistral") or (sliding and
+            model_type == "gpt_oss") else None,
             rope_local_theta=d.get("rope_local_base_freq", 10000.0),
             query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
             final_logit_softcapping=d.get("final_logit_softcapping"),
             hidden_activation=d.get("hidden_activation") or d.get("hidden_act") or "silu",
             partial_rotary_factor=float(partial_rotary),
+            swiglu_alpha=d.get("swiglu_alpha", 1.702),
+            swiglu_limit=d.get("swiglu_limit", 7.0),
         )
 
 

@@ -25,7 +25,7 @@ from strata.engine.core import load_phases
 from strata.engine.core.engine_config import parse_expert_cache
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
-from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES, is_quantizable
+from strata.engine.core.loader.quant_plan import has_kernel, is_quantizable
 from strata.engine.core.memory.arena import Arena, ArenaMapError
 from strata.engine.core.memory.arena_set import ArenaSet
 from strata.engine.core.memory.backend import ArenaBackend, round_up
@@ -140,8 +140,8 @@ class ModelMemory:
             in_store = set()
         dense = [n for n in shapes if n not in in_store]
 
-        expert_blocks = self._kept_expert_blocks(source, by_layer)
-        blocks = self._kept_blocks(dense, source)
+        expert_blocks = self._kept_expert_blocks(source, by_layer, shapes)
+        blocks = self._kept_blocks(dense, source, shapes)
         if self.expert_mode == "off":  # experts in the weights arena, as blocks where kept
             blocks.update(expert_blocks)
         views = self._fill_weights(dense, shapes, source, blocks)
@@ -197,7 +197,8 @@ class ModelMemory:
                 log.info("quantized kernels ready: %d variants in %.1f s", variants,
                          time.perf_counter() - t0)
 
-    def _kept_blocks(self, names: list[str], source: Any) -> dict[str, Any]:
+    def _kept_blocks(self, names: list[str], source: Any,
+                     shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
         """name -> GGML type of the dense tensors that stay in their blocks in the weights
         arena; a quantized tensor no kernel reads here is dequantized, with one log line."""
         if not keeps_quantized_blocks(self.device):
@@ -207,15 +208,15 @@ class ModelMemory:
             qtype = source.quant_type(name)
             if qtype is None or ".mlp.experts." in name:  # experts: _kept_expert_blocks
                 continue
-            if qtype.name in KERNEL_QUANT_TYPES and is_quantizable(name):
+            if has_kernel(qtype.name, shapes[name][-1]) and is_quantizable(name):
                 kept[name] = qtype
             else:
                 log.info("tensor %s (%s) has no quantized kernel here: dequantized to %s",
                          name, qtype.name, str(self.dtype).removeprefix("torch."))
         return kept
 
-    def _kept_expert_blocks(self, source: Any,
-                            by_layer: dict[int, tuple[str, str, str]]) -> dict[str, Any]:
+    def _kept_expert_blocks(self, source: Any, by_layer: dict[int, tuple[str, str, str]],
+                            shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
         """name -> GGML type of every stacked expert tensor, when all stay in their blocks:
         the store's slots hold any layer's experts, so it holds blocks or floats, not both.
         Otherwise {} and one log line naming the types dequantized."""
@@ -225,7 +226,7 @@ class ModelMemory:
         if not quantized:
             return {}
         if keeps_quantized_blocks(self.device) and all(
-                t is not None and t.name in KERNEL_QUANT_TYPES for t in types.values()):
+                t is not None and has_kernel(t.name, shapes[n][-1]) for n, t in types.items()):
             return types
         if keeps_quantized_blocks(self.device):
             log.info("experts of %d layers (%s) are dequantized to %s: one expert store "

@@ -18,8 +18,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from strata.engine.core.loader import open_tensors
-from strata.engine.core.loader.gguf import GGUFBlocks
-from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, as_lazy
+from strata.engine.core.loader.lazy import BlockTensor, LazyTensor, StackedTensor, as_lazy
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import check_tensors
 from strata.engine.core.quant.weight import block_shape
@@ -59,7 +58,7 @@ class FileWeights:
         lazy = self._tensors.get(name)
         if isinstance(lazy, StackedTensor):  # experts: the type they are stored in
             lazy = lazy.parts[0]
-        return lazy.qtype if isinstance(lazy, GGUFBlocks) else None
+        return lazy.qtype if isinstance(lazy, BlockTensor) else None
 
     def fill_blocks(self, name: str, dst: torch.Tensor) -> None:
         """Copy tensor `name`'s GGML blocks as stored into dst (uint8 [..., rows, row_bytes])."""
@@ -120,7 +119,7 @@ class _BlocksOnCopy:
 
     def __init__(self, lazy: LazyTensor, dtype: torch.dtype):
         part = lazy.parts[0] if isinstance(lazy, StackedTensor) else lazy
-        if not isinstance(part, GGUFBlocks):
+        if not isinstance(part, BlockTensor):
             raise TypeError(f"{type(part).__name__} has no GGML blocks")
         self.lazy = lazy
         self.qtype = part.qtype

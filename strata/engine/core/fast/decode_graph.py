@@ -22,7 +22,6 @@ import torch
 
 from strata.engine.core.fast import expert_graphs, kernel_checks, tuning
 from strata.engine.core.fast.compiled import compiled_ops
-from strata.engine.core.fast.coverage import missing_features
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
 from strata.engine.core.fast.deferred_compile import DeferredWork
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
@@ -40,6 +39,7 @@ from strata.engine.core.fast.static_step import (
     kv_buckets,
 )
 from strata.engine.core.fast.tuning_store import TuningStore
+from strata.engine.core.fast_coverage import missing_features
 from strata.engine.core.kernels import pdl
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.switch import SparseMoE

@@ -26,7 +26,13 @@ from strata.engine.core.loader.gguf_rope import (
     llama3_scaling_from_freqs,
     rope_scaling_from_metadata,
 )
-from strata.engine.core.loader.lazy import DeferredTensor, LazyTensor, StackedTensor, materialize
+from strata.engine.core.loader.lazy import (
+    BlockTensor,
+    DeferredTensor,
+    LazyTensor,
+    StackedTensor,
+    materialize,
+)
 from strata.engine.core.loader.quant_plan import KERNEL_QUANT_TYPES
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.gguf_file import open_gguf
@@ -34,7 +40,7 @@ from strata.engine.gguf_reader import GGUFFile, TensorInfo
 
 # The types Strata reads: every type with a quantized kernel (quant_plan.py), plus floats; the
 # CPU path dequantizes them with gguf-py (the kernels' test oracle). The gguf package knows a
-# few more (TQ1_0, TQ2_0, MXFP4, ...), refused with a clear message instead.
+# few more (TQ1_0, TQ2_0, NVFP4, ...), refused with a clear message instead.
 SUPPORTED_QUANT_TYPES = frozenset(
     GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", *KERNEL_QUANT_TYPES)
 )
@@ -138,6 +144,7 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
             f"{path} uses expert gating function {gating}, which Strata does not run "
             "(softmax 1 and sigmoid 2 only)"
         )
+    extra |= _gpt_oss_fields(meta, num_layers, rope_scaling) if arch == "gpt-oss" else {}
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab_size,
@@ -213,6 +220,24 @@ def _longrope_scaling(tensors: dict[str, TensorInfo], meta: dict[str, Any]) -> d
     return scaling
 
 
+def _gpt_oss_fields(meta: dict[str, Any], num_layers: int,
+                    rope_scaling: dict[str, Any] | None) -> dict[str, Any]:
+    """gpt-oss's fields the GGUF keeps implicit: llama.cpp slides the window on even layers
+    and takes YaRN's beta_fast/slow and the clamped SwiGLU's alpha/limit as fixed constants;
+    these are the values of OpenAI's config.json, truncate=False included, so a GGUF and the
+    Hugging Face checkpoint it came from compute the same RoPE."""
+    window = int(meta.get("attention.sliding_window") or 0)
+    if rope_scaling is not None and rope_scaling["rope_type"] == "yarn":
+        rope_scaling.update(beta_fast=float(meta.get("rope.scaling.yarn_beta_fast") or 32.0),
+                            beta_slow=float(meta.get("rope.scaling.yarn_beta_slow") or 1.0),
+                            truncate=False)
+    return {
+        "sliding_window": window,
+        "layer_types": tuple("sliding_attention" if window and i % 2 == 0 else "full_attention"
+                             for i in range(num_layers)),
+    }
+
+
 def _check_quant_type(name: str, tensor_type: GGMLQuantizationType) -> None:
     if tensor_type not in SUPPORTED_QUANT_TYPES:
         raise ModelFormatError(
@@ -231,24 +256,20 @@ def dequantize_tensor(name: str, tensor_type: GGMLQuantizationType, data: np.nda
     return values
 
 
-class GGUFBlocks(DeferredTensor):
+class GGUFBlocks(BlockTensor):
     """A quantized GGUF tensor: read() dequantizes it to float32 like any DeferredTensor, and
     `read_blocks()` gives its GGML blocks as stored, uint8 [..., rows, row_bytes] (llama Q/K rows
     un-permuted: a row's blocks move with it), for weights that stay quantized."""
 
     def __init__(self, tensor: TensorInfo, shape: tuple[int, ...], rope_heads: int | None,
                  make, blocks=None):
-        super().__init__(shape, torch.float32, make, tensor.name)
-        self.qtype = tensor.tensor_type
+        # blocks: a part's (rows_of); else the file's, a view of the mapped file.
+        super().__init__(shape, tensor.tensor_type, blocks or self._file_blocks)
+        self._make = make  # dequantized by gguf-py, llama rows un-permuted
+        self.source_name = tensor.name
         self.gguf_name = tensor.name
         self._tensor = tensor
         self._rope_heads = rope_heads
-        self._blocks = blocks or self._file_blocks
-
-    def read_blocks(self) -> torch.Tensor:
-        """The blocks, uint8 [..., rows, row_bytes]; a view of the mapped file where no rows
-        move."""
-        return self._blocks()
 
     def _file_blocks(self) -> torch.Tensor:
         blocks = self._tensor.data.reshape(*self.shape[:-1], -1)

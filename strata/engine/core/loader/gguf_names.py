@@ -17,7 +17,8 @@ from strata.engine.core.model_config import ModelConfig
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
                       "gemma3": "gemma3_text",
                       "phi3": "phi3",
-                      "glm4moe": "glm4_moe"}
+                      "glm4moe": "glm4_moe",
+                      "gpt-oss": "gpt_oss"}
 
 # The canonical MoE names differ from every HF checkpoint, so they are looked up in the gguf map
 # through a name it knows; the dict says which (canonical suffix -> name the map understands).
@@ -31,6 +32,15 @@ _MOE_PROBE_NAMES = {
 }
 _SHARED_EXPERT = [f"mlp.shared_experts.{x}_proj.weight" for x in ("gate", "up", "down")]
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+# gpt-oss's router and expert biases (ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias).
+_BIAS_PROBE_NAMES = {
+    "mlp.router.bias": "mlp.gate.bias",
+    "mlp.expert_bias.gate": "mlp.experts.gate_proj.bias",
+    "mlp.expert_bias.up": "mlp.experts.up_proj.bias",
+    "mlp.expert_bias.down": "mlp.experts.down_proj.bias",
+}
+# Canonical names whose GGUF tensor the converter gives a ".weight" the map does not know.
+_WEIGHT_ADDED = ("self_attn.sinks",)
 
 # Old Mixtral GGUFs (before llama.cpp stacked experts) store one tensor per expert.
 _PER_EXPERT_RE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
@@ -71,6 +81,9 @@ def canonical_names(config: ModelConfig) -> list[str]:
             names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if has_qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if config.model_type == "gpt_oss":
+            names += [p + "self_attn.o_proj.bias", p + "self_attn.sinks", p + "mlp.router.bias"]
+            names += [p + f"mlp.expert_bias.{x}" for x in ("gate", "up", "down")]
         if is_moe_layer(config, i):
             names += [p + suffix for suffix in _MOE_PROBE_NAMES
                       if config.moe_scoring == "sigmoid" or "e_score" not in suffix]
@@ -100,7 +113,7 @@ def gguf_to_canonical(arch_name: str, config: ModelConfig) -> dict[str, str]:
     result: dict[str, str] = {}
     for canonical in canonical_names(config):
         probe = canonical
-        for suffix, probe_suffix in _MOE_PROBE_NAMES.items():
+        for suffix, probe_suffix in {**_MOE_PROBE_NAMES, **_BIAS_PROBE_NAMES}.items():
             if canonical.endswith(suffix):
                 probe = canonical[: -len(suffix)] + probe_suffix
         # The map keys have no .weight/.bias; try_suffixes carries the suffix across.
@@ -111,6 +124,8 @@ def gguf_to_canonical(arch_name: str, config: ModelConfig) -> dict[str, str]:
             raise KeyError(f"the gguf name map has no entry for {probe}")
         if canonical.startswith("model.layers.") and ".mlp.experts." in canonical:
             gguf_name += ".weight"  # stacked experts: the GGUF keeps .weight, canonical drops it
+        if canonical.endswith(_WEIGHT_ADDED):
+            gguf_name += ".weight"
         result[gguf_name] = canonical
     return result
 

@@ -16,6 +16,7 @@ _NEEDS = "a Hugging Face model directory needs config.json and *.safetensors"
 _INDEX_NAME = "model.safetensors.index.json"
 # safetensors dtype names Strata reads (each widens to float32 without loss of meaning).
 _FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_MXFP4_SUFFIXES = ("_blocks", "_scales")  # gpt-oss's MXFP4 experts: uint8 blocks, exponents
 
 
 def _model_dir(path: str | Path) -> Path:
@@ -81,6 +82,8 @@ def safetensors_files(path: str | Path) -> list[Path]:
 
 
 def _dtype_of(file: Path, name: str, dtype_name: str) -> torch.dtype:
+    if dtype_name == "U8" and name.endswith(_MXFP4_SUFFIXES):
+        return torch.uint8  # MXFP4 experts (loader/mxfp4_hf.py)
     if dtype_name not in _FLOAT_DTYPES:
         raise ModelFormatError(
             f"tensor {name} in {file.name} has dtype {dtype_name}: Strata reads "

@@ -45,6 +45,29 @@ class DeferredTensor:
         dst.copy_(self.read())
 
 
+class BlockTensor(DeferredTensor):
+    """A tensor held as GGML blocks of type `qtype`: `read()` dequantizes it to float32 (on the
+    CPU, with gguf-py), `read_blocks()` gives the blocks as stored, uint8 [..., rows, row_bytes],
+    for weights that stay quantized. make_blocks: the blocks (for the base class; GGUF tensors
+    override read_blocks and read)."""
+
+    def __init__(self, shape: Sequence[int], qtype, make_blocks: Callable[[], torch.Tensor]
+                 | None):
+        super().__init__(shape, torch.float32, self._dequantized)
+        self.qtype = qtype
+        self._make_blocks = make_blocks
+
+    def read_blocks(self) -> torch.Tensor:
+        assert self._make_blocks is not None
+        return self._make_blocks()
+
+    def _dequantized(self) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        values = dequantize(self.read_blocks().numpy(), self.qtype)
+        return torch.from_numpy(values.astype("float32", copy=False)).reshape(self.shape)
+
+
 class StackedTensor:
     """Parts of equal shape stacked on a new first axis ([E, ...] experts); copy_to writes
     each part into its row, so the stack itself never exists in the source's dtype."""

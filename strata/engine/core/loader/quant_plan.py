@@ -17,6 +17,7 @@ KERNEL_QUANT_TYPES = (
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
     "IQ4_NL", "IQ4_XS",
     "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
+    "MXFP4",
 )  # fmt: skip
 FLOAT_TYPES = ("F32", "F16", "BF16")
 COMPUTE_ITEMSIZE_BYTES = 2  # bf16 on a GPU: what a float or dequantized tensor costs
@@ -52,6 +53,15 @@ _QUANTIZABLE_GGUF = re.compile(
 def is_quantizable(canonical_name: str) -> bool:
     """Whether a canonical tensor is read only through qlinear / the quantized embedding."""
     return _QUANTIZABLE.match(canonical_name) is not None
+
+
+def has_kernel(type_name: str, num_cols: int) -> bool:
+    """Whether the kernels read rows of num_cols values of this type as blocks: a kernel type
+    whose rows fill whole even byte counts (the kernels read every type's fp16 fields at even
+    offsets; MXFP4's blocks are 17 bytes, so its rows need an even number of them)."""
+    if type_name not in KERNEL_QUANT_TYPES:
+        return False
+    return type_name != "MXFP4" or (num_cols // 32) % 2 == 0
 
 
 def keeps_blocks(gguf_name: str, type_name: str) -> bool:

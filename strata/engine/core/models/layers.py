@@ -20,7 +20,7 @@ from torch import nn
 from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.model_config import ModelConfig, ModelFormatError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 class RMSNorm(nn.Module):
@@ -79,6 +79,8 @@ def rope_inverse_frequencies(config: ModelConfig, factors: str = "short") -> tor
                 f"longrope {factors}_factor has {ext.numel()} values but RoPE rotates "
                 f"{inv_freq.numel()} frequencies: the config is inconsistent")
         return 1.0 / (ext * config.rope_theta**exponents)
+    if rope_type == "yarn":
+        return _yarn_scaled(inv_freq, scaling, config)
     raise ModelFormatError(
         f"RoPE scaling type {rope_type!r} is not supported: Strata runs "
         f"{', '.join(SUPPORTED_ROPE_TYPES)} RoPE; pick a model without it"
@@ -143,6 +145,59 @@ def reorder_partial_rotary(tensors: dict, config: ModelConfig) -> dict:
     return tensors
 
 
+def _yarn_factor(scaling: dict, config: ModelConfig) -> float:
+    factor = scaling.get("factor")
+    if factor is None:  # DeepSeek-style configs give the two context lengths instead
+        return config.max_position_embeddings / scaling["original_max_position_embeddings"]
+    return float(factor)
+
+
+def _yarn_scaled(inv_freq: torch.Tensor, scaling: dict, config: ModelConfig) -> torch.Tensor:
+    # YaRN (arXiv 2309.00071): frequencies that turn fewer than beta_slow times over the
+    # original context are divided by `factor`, those turning more than beta_fast times are
+    # kept, a linear ramp over the dimensions between (transformers' _compute_yarn_parameters).
+    dim = config.rotary_dim
+    factor = _yarn_factor(scaling, config)
+    original = float(scaling.get("original_max_position_embeddings",
+                                 config.max_position_embeddings))
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def dimension_of(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(
+            config.rope_theta))
+
+    low, high = dimension_of(beta_fast), dimension_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    dims = torch.arange(dim // 2, dtype=torch.float32, device="cpu")
+    ramp = ((dims - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # 1 where the frequency is kept (extrapolated)
+    return (inv_freq / factor) * (1 - kept) + inv_freq * kept
+
+
+def rope_attention_factor(config: ModelConfig) -> float:
+    """The factor cos and sin are multiplied by: YaRN's temperature 0.1 * ln(factor) + 1 (or
+    the config's attention_factor, or the mscale ratio DeepSeek's configs give); else 1."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(scaling, config)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if m and m_all:
+        return float(mscale(factor, m) / mscale(factor, m_all))
+    return mscale(factor)
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables [T, head_dim] for given positions; frequencies stay float32 whatever the
     model dtype. Partial RoPE pads the frequencies with zeros (see partial_rotary_rows);
@@ -161,7 +216,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", self._padded(rope_inverse_frequencies(config)),
                              persistent=False)
         self.is_longrope = _rope_type(config) == "longrope"
-        self.attention_factor = 1.0
+        self.attention_factor = rope_attention_factor(config)  # YaRN's; else 1
         self.original_positions = 0
         if self.is_longrope:
             self.register_buffer(

@@ -18,6 +18,7 @@ _ARCHITECTURES = {
     "phi3": "phi3",
     "mistral": "mistral",
     "glm4_moe": "glm4_moe",
+    "gpt_oss": "gpt_oss",
 }
 
 

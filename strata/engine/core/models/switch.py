@@ -1,14 +1,20 @@
-"""Mixture-of-experts dispatch, shared by Qwen3-MoE, Mixtral and GLM-4.5; where the expert cache
-plugs in.
+"""Mixture-of-experts dispatch, shared by Qwen3-MoE, Mixtral, GLM-4.5 and GPT-OSS; where the
+expert cache plugs in.
 
-Routing is softmax top-k (Qwen3-MoE, Mixtral) or sigmoid top-k whose choice adds a
-score-correction bias, optionally within the best groups of experts (GLM-4.5, DeepSeek-V3's
-scheme); a shared expert, when the model has one, runs on every token beside the routed ones.
+Routing is softmax top-k (Qwen3-MoE, Mixtral), softmax over the top-k logits with a router
+bias (GPT-OSS), or sigmoid top-k whose choice adds a score-correction bias, optionally within
+the best groups of experts (GLM-4.5, DeepSeek-V3's scheme); a shared expert, when the model
+has one, runs on every token beside the routed ones; GPT-OSS's experts add biases and clamp
+their SwiGLU.
 
 Expert weights are stacked per layer: gate/up [E, I, H], down [E, H, I]. The layer asks an
 `ExpertWeights` provider for the experts a call needs; the default one indexes the stacked
 parameters, an expert cache can supply views into its own slots instead. Quantized experts
 (quant/experts.py) replace the three parameters; indexing them dequantizes one expert.
+
+GPT-OSS adds per-expert biases (ExpertBiases: small, always resident beside the router, so the
+expert cache keeps moving the three matrices only), a router bias, softmax over the top-k
+logits, and its clamped SwiGLU (`ExpertActivation`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, narrowed
 from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.models.layers import SwiGLU
 from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
+from strata.engine.core.quant.weight import apply_linear
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
 # j-th id's matrix. A stacked tensor [k, ...] and a list of k views both qualify.
@@ -98,9 +105,43 @@ class Routing:
     topk_group: int = 1
 
 
+class ExpertBiases(nn.Module):
+    """Per-expert biases of gate/up [E, I] and down [E, H] (GPT-OSS)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate = nn.Parameter(torch.empty(num_experts, intermediate_size))
+        self.up = nn.Parameter(torch.empty(num_experts, intermediate_size))
+        self.down = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+
+@dataclass(frozen=True)
+class ExpertActivation:
+    """How an expert joins its gate and up projections. Plain: silu(gate) * up. Clamped
+    (GPT-OSS): gate clamped above and up on both sides at `limit`, then
+    gate * sigmoid(alpha * gate) * (up + 1)."""
+
+    limit: float | None = None
+    alpha: float = 1.0
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.limit is None:
+            return F.silu(gate) * up
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
+
+
+SILU = ExpertActivation()
+
+
 class SparseMoE(nn.Module):
-    """Router -> top-k -> optional renormalisation -> per-expert SwiGLU, weighted sum; plus the
-    shared expert's SwiGLU where shared_intermediate_size is set."""
+    """Router -> top-k -> weights -> per-expert gated MLP, weighted sum; plus the shared
+    expert's SwiGLU where shared_intermediate_size is set.
+
+    Weights: softmax over all experts, then top-k, renormalised if norm_topk_prob (Qwen3-MoE,
+    Mixtral); with softmax_after_topk, softmax over the k chosen logits (GPT-OSS); or the
+    sigmoid scores of `routing` (GLM-4.5)."""
 
     def __init__(
         self,
@@ -111,6 +152,10 @@ class SparseMoE(nn.Module):
         norm_topk_prob: bool,
         routing: Routing = Routing(),
         shared_intermediate_size: int = 0,
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        softmax_after_topk: bool = False,
+        activation: ExpertActivation = SILU,
     ):
         super().__init__()
         if not 0 < num_experts_per_tok <= num_experts:
@@ -118,8 +163,10 @@ class SparseMoE(nn.Module):
                 f"num_experts_per_tok {num_experts_per_tok} must be in 1..{num_experts}: "
                 "the config is inconsistent"
             )
-        self.router = nn.Linear(hidden_size, num_experts, bias=False)
+        self.router = nn.Linear(hidden_size, num_experts, bias=router_bias)
         self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
+        self.expert_bias = (ExpertBiases(num_experts, hidden_size, intermediate_size)
+                            if expert_bias else None)
         self.top_k = num_experts_per_tok
         self.norm_topk_prob = norm_topk_prob
         self.routing = routing
@@ -130,17 +177,25 @@ class SparseMoE(nn.Module):
         self.shared_experts = (
             SwiGLU(hidden_size, shared_intermediate_size) if shared_intermediate_size else None
         )
+        self.softmax_after_topk = softmax_after_topk
+        self.activation = activation
         # Replaced by the expert cache; None means the stacked parameters above.
         self.expert_weights: ExpertWeights | None = None
 
     @property
-    def is_plain_softmax(self) -> bool:
-        """Softmax routing without scaling or a shared expert: what fast/ kernels implement."""
-        return self.routing == Routing() and self.shared_experts is None
+    def is_plain(self) -> bool:
+        """Routed and computed as Qwen3-MoE/Mixtral are (softmax top-k, no biases, scaling or
+        shared expert, plain SwiGLU): what the fast MoE paths implement."""
+        return (self.routing == Routing() and self.shared_experts is None
+                and self.router.bias is None and self.expert_bias is None
+                and not self.softmax_after_topk and self.activation == SILU)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in x's dtype, expert ids [T, k]) for x [T, H]."""
         logits = self.router(x).float()  # [T, E]
+        if self.softmax_after_topk:
+            top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
+            return F.softmax(top_logits, dim=-1).to(x.dtype), top_ids
         if self.routing.scoring == "sigmoid":
             top_probs, top_ids = self._sigmoid_top_k(logits)
         else:
@@ -151,7 +206,6 @@ class SparseMoE(nn.Module):
         if self.routing.scaling != 1.0:
             top_probs = top_probs * self.routing.scaling
         return top_probs.to(x.dtype), top_ids
-
     def _sigmoid_top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = torch.sigmoid(logits)  # [T, E]
         choice = scores + self.e_score_correction_bias.float()  # [T, E], chooses only
@@ -175,14 +229,27 @@ class SparseMoE(nn.Module):
         provider = self.experts if self.expert_weights is None else self.expert_weights
         out = torch.zeros_like(x)  # [T, H]
         gates, ups, downs = provider.get(expert_ids)
+        bias = self.expert_bias
         for j, expert_id in enumerate(expert_ids):
             token_idx, slot_idx = torch.where(top_ids == expert_id)  # [n], [n]
             h = x[token_idx]  # [n, H]
-            y = F.linear(F.silu(F.linear(h, gates[j])) * F.linear(h, ups[j]), downs[j])  # [n, H]
+            if bias is None:
+                gate, up = F.linear(h, gates[j]), F.linear(h, ups[j])
+                y = F.linear(self.activation(gate, up), downs[j])  # [n, H]
+            else:  # GPT-OSS: blocks (MXFP4) go through qlinear's kernels, not a dequantization
+                gate = apply_linear(h, _matrix(gates, j), bias.gate[expert_id])
+                up = apply_linear(h, _matrix(ups, j), bias.up[expert_id])
+                y = apply_linear(self.activation(gate, up), _matrix(downs, j),
+                                 bias.down[expert_id])
             out.index_add_(0, token_idx, y * top_probs[token_idx, slot_idx, None])
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
+
+
+def _matrix(matrices: Sequence, j: int):
+    """Matrix j of a provider's batch: a QuantizedWeight for quantized experts, else a tensor."""
+    return matrices.weight(j) if isinstance(matrices, ExpertMatrices) else matrices[j]
 
 
 _PER_EXPERT = re.compile(

@@ -10,7 +10,9 @@ floating-point contraction off (the dequantize kernel) the result equals it bit 
 
 Layouts follow ggml's block structs (ggml-common.h): QK elements per block, fields in order:
   Q4_0 [d, qs16] 18 B, Q4_1 [d, m, qs16] 20 B, Q5_0 [d, qh4, qs16] 22 B,
-  Q5_1 [d, m, qh4, qs16] 24 B, Q8_0 [d, qs32] 34 B, IQ4_NL [d, qs16] 18 B (32 values each);
+  Q5_1 [d, m, qh4, qs16] 24 B, Q8_0 [d, qs32] 34 B, IQ4_NL [d, qs16] 18 B,
+  MXFP4 [e8m0 exponent, qs16] 17 B (32 values each: its blocks sit at odd offsets, read
+  byte by byte; it has no fp16 field);
   Q2_K [scales16, qs64, d, dmin] 84 B, Q3_K [hmask32, qs64, scales12, d] 110 B,
   Q4_K [d, dmin, scales12, qs128] 144 B, Q5_K [d, dmin, scales12, qh32, qs128] 176 B,
   Q6_K [ql128, qh64, scales16, d] 210 B, IQ4_XS [d, scales_h2, scales_l4, qs128] 136 B,
@@ -32,6 +34,7 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
 IQ4_NL, IQ4_XS = 20, 23
+MXFP4 = 39
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M = 16, 17, 18, 19, 21, 22, 29
 
 # Offsets into the lookup table (lookup.py builds it; int8 entries).
@@ -173,6 +176,24 @@ if triton is not None:
         return v
 
     @triton.jit
+    def _mxfp4_half_scale(e):
+        """Half of 2**(e - 127) as float32 (ggml's e8m0_to_fp32_half): the codes below are
+        doubled so that every E2M1 value is an integer; e < 2 gives subnormals."""
+        bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _e2m1_doubled(q):
+        """Twice an E2M1 code's value as float32: 0, 1, 2, 3, 4, 6, 8, 12, and the negatives
+        for codes 8..15 (ggml's kvalues_mxfp4)."""
+        m = q & 7
+        # 4, 6, 8, 12 for m = 4..7; the shift clamped so m < 4 (not taken) never shifts by
+        # a negative amount, which compiled code leaves undefined.
+        big = (4 + (m & 1) * 2) << tl.maximum((m >> 1) - 2, 0)
+        magnitude = tl.where(m < 4, m, big).to(tl.float32)
+        return tl.where(q >= 8, -magnitude, magnitude)
+
+    @triton.jit
     def _k4_scale_min(w_ptr, scales, s, ok):
         """Sub-block s's 6-bit scale and min of a Q4_K/Q5_K block (12 packed bytes)."""
         low = s < 4
@@ -220,6 +241,10 @@ if triton is not None:
             q = _nibble32(w_ptr, blk + 2, cols % 32, ok)
             grid = tl.load(table_ptr + q, mask=ok, other=0).to(tl.float32)
             v = _half(wh_ptr, blk, ok) * grid
+        elif QTYPE == 39:  # MXFP4: E2M1 codes in Q4_0's nibble order, an E8M0 exponent
+            blk = row_off + (cols // 32) * 17
+            v = _mxfp4_half_scale(_byte(w_ptr, blk, ok)) * _e2m1_doubled(
+                _nibble32(w_ptr, blk + 1, cols % 32, ok))
         elif QTYPE == 12 or QTYPE == 13:  # Q4_K, Q5_K: 8 sub-blocks of 32, 6-bit scale/min
             j = cols % 256
             s = j // 32

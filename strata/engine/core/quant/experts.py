@@ -14,7 +14,9 @@ expert matmuls themselves stay float; what they need is dequantized just before:
   decode the blocks inside their K loop; more take expert_grouped.py, which dequantizes the
   experts (dequant.py) a bounded group at a time and runs torch's grouped GEMM per group
   (fast/moe_prefill.py chooses by the routed rows).
-- the reference loop: `ExpertMatrices` dequantizes one expert when indexed.
+- the reference loop: `ExpertMatrices` gives one expert's QuantizedWeight (`weight`), which
+  qlinear multiplies from its blocks (a few tokens) or dequantizes (more); indexing
+  dequantizes it.
 """
 
 from __future__ import annotations
@@ -98,3 +100,7 @@ class ExpertMatrices(Sequence):
         if isinstance(j, slice):
             raise TypeError("ExpertMatrices are indexed one expert at a time")
         return self.experts.expert(self.ids[j]).dequantize()
+
+    def weight(self, j: int) -> QuantizedWeight:
+        """Expert ids[j]'s matrix as blocks, for qlinear."""
+        return self.experts.expert(self.ids[j])

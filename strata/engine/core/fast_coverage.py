@@ -5,8 +5,9 @@ shared decoder: pre-norm blocks of Llama's RMSNorm, one RoPE table, causal atten
 1/sqrt(head_dim) over every cached position, SwiGLU or SparseMoE MLPs, plain embeddings and
 logits. A model needing more runs the reference forward instead (engine_setup.py): slower,
 never wrong.
-Its MoE layers route by softmax top-k over routed experts only; GLM-4.5's sigmoid routing with
-a correction bias, groups, scaling and a shared expert run the reference forward too.
+Its MoE layers route by softmax top-k over routed experts only, without biases, into plain
+SwiGLU experts; GLM-4.5's sigmoid routing and shared expert, and GPT-OSS's sinks, router and
+expert biases and clamped SwiGLU, run the reference forward too.
 """
 
 from __future__ import annotations
@@ -43,5 +44,10 @@ def missing_features(model: nn.Module) -> list[str]:
         (any(m.routing.n_group > 1 for m in moe_layers), "grouped top-k routing"),
         (any(m.routing.scaling != 1.0 for m in moe_layers), "routed expert scaling"),
         (any(m.shared_experts is not None for m in moe_layers), "a shared expert"),
+        (any(getattr(a, "sinks", None) is not None for a in attentions), "attention sinks"),
+        (any(m.router.bias is not None for m in moe_layers), "a router bias"),
+        (any(m.softmax_after_topk for m in moe_layers), "softmax over the top-k logits"),
+        (any(m.expert_bias is not None for m in moe_layers), "expert biases"),
+        (any(m.activation.limit is not None for m in moe_layers), "the clamped SwiGLU"),
     ]
     return [feature for is_missing, feature in checks if is_missing]
