@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from torch import nn
 from strata.engine.core.loader.lazy import LazyTensor, StackedTensor, narrowed
 from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
+
+if TYPE_CHECKING:
+    from strata.engine.core.models.forced_routing import ForcedLayer
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
 # j-th id's matrix. A stacked tensor [k, ...] and a list of k views both qualify.
@@ -100,10 +103,16 @@ class SparseMoE(nn.Module):
         self.norm_topk_prob = norm_topk_prob
         # Replaced by the expert cache; None means the stacked parameters above.
         self.expert_weights: ExpertWeights | None = None
+        # Benchmarks only (forced_routing.py): a trace's ids in place of the top-k.
+        self.forced: ForcedLayer | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         probs = F.softmax(self.router(x).float(), dim=-1)  # [T, E]
-        top_probs, top_ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+        if self.forced is None:
+            top_probs, top_ids = torch.topk(probs, self.top_k, dim=-1)  # [T, k]
+        else:
+            top_ids = self.forced.rows(x.shape[0])  # [T, k]
+            top_probs = probs.gather(-1, top_ids)  # [T, k]
         if self.norm_topk_prob:
             top_probs = top_probs / top_probs.sum(dim=-1, keepdim=True)
         top_probs = top_probs.to(x.dtype)
