@@ -15,7 +15,8 @@ context, activations, scratch and the CUDA graphs. Strata gets
 (the same division the engine's --vram-budget with --expert-cache auto makes); llama.cpp
 keeps the experts of the first N layers on the CPU (`-ncmoe N`), N the fewest layers whose
 removal leaves the GPU's expert layers within expert_bytes(B). Strata loads once with the
-largest budget's slots and shrinks the cache (Engine.resize_experts) for each smaller one.
+largest budget's slots and resizes the cache (Engine.resize_experts) for each budget, in the
+order given (the first rows first, should --deadline-s cut the run).
 
 Routing, per budget: "zipf" (skewed popularity and reuse of the last token's experts) and
 "uniform" (the worst case) are imposed on every MoE layer from a trace (routing_trace.py,
@@ -25,10 +26,11 @@ experts on the CPU every token reads them from RAM whichever they are, so its ro
 depend on the routing.
 
 Per row: decode tok/s over --decode-tokens after --warmup-tokens (batch 1, greedy, the
-server's CUDA graphs), prefill tok/s of a fresh --prefill-tokens prompt (the second of two:
-the first compiles), the expert cache's hit rate over the decode, and the bytes moved from
-host to device per decoded token (copies into slots plus experts read in place from the
-pinned host copy). Then llama-bench per budget on the same file, and the ratios: Strata /
+server's CUDA graphs), prefill tok/s of a fresh --prefill-tokens prompt (the load's first
+row prefills one more before, unmeasured: it compiles), the expert cache's hit rate over the
+decode, and the bytes moved from host to device per decoded token (copies into slots plus
+experts read in place from the pinned host copy). llama-bench runs first, per budget on the
+same file (its rows are bounded; without them no row has a ratio); ratios are Strata /
 llama.cpp. A table on stdout and JSON (hardware, versions, figure, limit, ratio).
 """
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -180,18 +183,18 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
             "counters": delta}
 
 
-def prefill_row(engine, num_tokens: int, tag: str) -> dict:
-    """A fresh prompt of num_tokens, twice (the first compiles, captures and fills the cache
-    its way); tok/s of the second, prompt in to first token out."""
+def prefill_row(engine, num_tokens: int, tag: str, warm_up: bool) -> dict:
+    """A fresh prompt of num_tokens, after another when warm_up (the first prefill of a load
+    compiles its kernels); tok/s of the last, prompt in to first token out."""
     vocab = engine.model_config.vocab_size
     runs_s = [first_token_s(engine, f"prefill-{tag}-{i}", prompt(vocab, 100 + i, num_tokens), 0)
-              for i in range(2)]
+              for i in range(2 if warm_up else 1)]
     return {"prefill_tok_s": num_tokens / runs_s[-1], "runs_s": runs_s}
 
 
 def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -> None:
-    """Load once, then per budget (largest first) shrink the cache and measure each routing;
-    results land in report["strata"][budget label][routing]."""
+    """Load once with the largest budget's slots, then per budget (in the order given) resize
+    the cache and measure each routing; results land in report["strata"][label][routing]."""
     import torch
 
     from strata.engine.core.engine import Engine, EngineConfig
@@ -215,7 +218,8 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     decode_len = args.warmup_tokens + args.decode_tokens + 64
     strata: dict = report.setdefault("strata", {})
     try:
-        for plan in sorted(plans, key=lambda p: -p.budget_bytes):
+        warm_up = True
+        for plan in plans:
             resized = engine.resize_experts(plan.slots)
             rows: dict = strata.setdefault(plan.label, {"resize": resized})
             for routing in args.routings:
@@ -237,7 +241,9 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
                         forced.set_prefill(make_trace(spec, args.prefill_tokens,
                                                       shape.num_layers, shape.num_experts,
                                                       shape.top_k))
-                    row |= prefill_row(engine, args.prefill_tokens, f"{plan.label}-{routing}")
+                    row |= prefill_row(engine, args.prefill_tokens, f"{plan.label}-{routing}",
+                                       warm_up)
+                    warm_up = False
                 finally:
                     if forced is not None:
                         forced.detach()
@@ -273,8 +279,20 @@ def parse_llama_bench(stdout: str, prefill_tokens: int, decode_tokens: int) -> d
             "backends": tests[0].get("backends", "")}
 
 
+def llama_bench_env(args) -> dict:
+    """The environment llama-bench runs in: torch's CUDA libraries on LD_LIBRARY_PATH, as
+    peer_run.py gives a binary built elsewhere (bench/build_llamacpp.sh with CUDA_ROOT)."""
+    from peer_run import cuda_library_dirs
+
+    dirs = [*cuda_library_dirs(), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(dirs)}
+
+
 def llamacpp_rows(args, plans: list[BudgetPlan], report: dict) -> None:
+    """llama-bench per budget; results in report["llamacpp"][label]. Run before Strata's rows:
+    they are bounded, and without them no row has a ratio."""
     peer: dict = report.setdefault("llamacpp", {})
+    env = llama_bench_env(args)
     for plan in plans:
         command = llamacpp_command(args, plan)
         left_s = args.deadline - time.monotonic()
@@ -283,7 +301,7 @@ def llamacpp_rows(args, plans: list[BudgetPlan], report: dict) -> None:
             continue
         try:
             done = subprocess.run(command, capture_output=True, text=True, check=False,
-                                  timeout=left_s)
+                                  timeout=left_s, env=env)
             if done.returncode != 0:
                 raise RuntimeError(f"exit {done.returncode}: {done.stderr[-600:]}")
             row = parse_llama_bench(done.stdout, args.prefill_tokens, args.decode_tokens)
@@ -332,18 +350,23 @@ def run(args) -> dict:
               "trace": {"zipf_s": args.zipf_s, "p_reuse": args.p_reuse, "seed": args.seed},
               "plans": [plan.__dict__ | {"label": plan.label} for plan in plans]}
     for plan in plans:
-        print(f"{plan.label}: experts get {plan.expert_bytes / GIB:.2f} GiB -> Strata "
+        print(f"{plan.label}: experts get {plan.expert_bytes / MIB:.0f} MiB -> Strata "
               f"{plan.slots} of {shape.total_experts} slots; llama.cpp -ncmoe {plan.ncmoe} "
-              f"({plan.gpu_expert_layer_bytes / GIB:.2f} GiB of experts on the GPU)",
+              f"({plan.gpu_expert_layer_bytes / MIB:.0f} MiB of experts on the GPU)",
               flush=True)
     if args.device == "cuda":
         import torch
         from limits import pinned_bandwidth_gb_s
 
         report["pinned_h2d_gb_s"], _ = pinned_bandwidth_gb_s(torch.device("cuda", 0), GIB, 3)
-    strata_rows(args, shape, plans, report)
+    if args.bin_dir:
+        from peer_run import unpack_tools
+
+        tools = unpack_tools(Path(args.bin_dir), Path("/tmp/llamacpp-bin"), print)
+        args.llama_bench = args.llama_bench or tools.get("llama-bench")
     if args.llama_bench:
         llamacpp_rows(args, plans, report)
+    strata_rows(args, shape, plans, report)
     report["figures"] = figures(args, plans, report)
     print(format_figures(report["figures"], "llama.cpp"), flush=True)
     write_json(report, args.json)
@@ -354,7 +377,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("gguf", help="a MoE GGUF (bench/random_gguf.py qwen3-30b-a3b F --type Q4_K_M)")
     p.add_argument("--budgets", type=parse_budget, nargs="+",
-                   default=[parse_budget(b) for b in ("8GiB", "12GiB", "16GiB")])
+                   default=[parse_budget(b) for b in ("12GiB", "8GiB", "16GiB")],
+                   help="measured in this order (the first rows first, if time runs out)")
     p.add_argument("--routings", nargs="+", default=[*ROUTINGS, "model"],
                    choices=[*ROUTINGS, "model"])
     p.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of popularity")
@@ -367,6 +391,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reserve-mib", type=int, default=RESERVE_MIB,
                    help="of each budget, what KV, activations and graphs keep")
     p.add_argument("--llama-bench", help="llama-bench binary (bench/build_llamacpp.sh)")
+    p.add_argument("--bin-dir", help="a folder holding llama-bench or llama-bench.xz (as "
+                   "peer_run.py takes it): unpacked into /tmp/llamacpp-bin")
     p.add_argument("--ubatch", type=int, default=2048, help="llama-bench -ub")
     p.add_argument("--llamacpp-repeats", type=int, default=2, help="llama-bench -r")
     p.add_argument("--deadline-s", type=float, default=480.0,

@@ -9,7 +9,8 @@ router's softmax probabilities of those ids, renormalised as norm_topk_prob says
 
 Each decode step takes the trace's next row: `before_step` (a StepHook wrapped around the
 decoder's own, an expert cache's promotion) copies it into the buffer on the compute stream,
-so a CUDA graph replayed after it reads it; the promotion then sees the forced ids in
+so a CUDA graph replayed after it reads it (attach and detach drop the decoder's graphs: a
+graph holds the router launch it captured, forced or not); the promotion then sees the forced ids in
 step_ids like any routed ones. Without a fast decoder (the CPU's plain path) a forward
 pre-hook on the model does the same for each one-token forward. Prefill chunks (many tokens)
 take their rows from a separate prefill trace, in order, per layer.
@@ -156,6 +157,7 @@ class ForcedRouting:
         if decoder is not None:
             self.inner = decoder.step_hook
             decoder.set_step_hook(self)
+            decoder.clear()  # graphs captured before launched the routers' own top-k
             self._decoder = decoder
         else:
             self._decoder = None
@@ -175,4 +177,5 @@ class ForcedRouting:
         self._handles.clear()
         if getattr(self, "_decoder", None) is not None:
             self._decoder.set_step_hook(self.inner)
+            self._decoder.clear()  # their graphs launched the forced routers
             self._decoder = None
