@@ -250,8 +250,13 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
                 rows[routing] = row
                 print(f"{plan.label} {routing}: {json.dumps(row, default=str)}", flush=True)
                 write_json(report, args.json)
-        if args.device == "cuda":
-            report["vram_process_bytes"] = torch.cuda.memory_reserved()
+            if args.device == "cuda":
+                # What the process holds after this budget's rows (NVML: the CUDA context,
+                # torch's pools and the prefill's activations included).
+                from quant_bench import vram_used_bytes
+
+                rows["vram_process_bytes"], _ = vram_used_bytes()
+                rows["torch_reserved_bytes"] = torch.cuda.memory_reserved()
     finally:
         engine.close()
         sync()
@@ -318,6 +323,11 @@ def figures(args, plans: list[BudgetPlan], report: dict) -> list[dict]:
     rows = []
     for plan in plans:
         peer = report.get("llamacpp", {}).get(plan.label, {})
+        held = report.get("strata", {}).get(plan.label, {}).get("vram_process_bytes")
+        rows.append(figure(f"{plan.label} VRAM held (process)",
+                           None if held is None else held / GIB, "GiB", plan.budget_bytes / GIB,
+                           1.0, "NVML, after the budget's rows; limit = the budget",
+                           higher_is_better=False))
         note = (f"{plan.slots} slots ({plan.slots * 100 // max(1, report['total_experts'])}%"
                 f" of experts); llama.cpp -ncmoe {plan.ncmoe}")
         for routing in args.routings:
