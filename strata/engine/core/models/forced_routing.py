@@ -56,8 +56,9 @@ class ForcedLayer:
         self.ids = owner.ids[layer]  # [k] int32 view: the Triton router reads it
 
     def rows(self, num_tokens: int) -> torch.Tensor:
-        """The ids of num_tokens tokens, int64 [T, k]: the step's row for one token, the
-        prefill trace's next rows for more (the step's row repeated when there is none)."""
+        """The ids of num_tokens tokens, int64 [T, k]: the step's row for one token (a decode
+        step, or a prefill's last layer, which computes the last token alone), the prefill
+        trace's next rows for more (the step's row repeated when there is none)."""
         if num_tokens == 1 or self.owner.prefill_trace is None:
             return self.ids.long().expand(num_tokens, -1)
         return self.owner.prefill_rows(self.layer, num_tokens)
@@ -155,7 +156,7 @@ class ForcedRouting:
             moe.forced = ForcedLayer(self, layer)
             self._attached.append(moe)
         if decoder is not None:
-            self.inner = decoder.step_hook
+            self.inner = self._decoder_hook = decoder.step_hook
             decoder.set_step_hook(self)
             decoder.clear()  # graphs captured before launched the routers' own top-k
             self._decoder = decoder
@@ -176,6 +177,6 @@ class ForcedRouting:
             handle.remove()
         self._handles.clear()
         if getattr(self, "_decoder", None) is not None:
-            self._decoder.set_step_hook(self.inner)
+            self._decoder.set_step_hook(self._decoder_hook)
             self._decoder.clear()  # their graphs launched the forced routers
             self._decoder = None
