@@ -154,6 +154,7 @@ class FakeEngine:
         self.context_tokens = config.context_tokens or 4096
         self.arenas: dict[str, FakeArena] = {}
         self.expert_hits = self.expert_misses = 0
+        self.expert_copied_bytes = 0  # into slots, by refills
         self.num_expert_slots = NUM_EXPERT_SLOTS
         self._snapshot_dir: Path | None = None
         self._is_temp_dir = False
@@ -381,6 +382,7 @@ class FakeEngine:
             raise FakeEngineError("cannot refill experts while the weights sleep; wake first")
         mapped = arena.refill(self.config.oom_file)  # what a shrink released comes back too
         self.num_expert_slots = NUM_EXPERT_SLOTS
+        self.expert_copied_bytes += mapped
         return {"mapped_bytes": mapped}
 
     @property
@@ -505,7 +507,15 @@ class FakeEngine:
                        "num_evictions": 0, "is_all_resident": False,
                        "hit_rate": self.expert_hits / lookups if lookups else None,
                        "is_released": arena.resident_bytes == 0, "state": arena.state,
-                       "resident_bytes": arena.resident_bytes}
+                       "resident_bytes": arena.resident_bytes,
+                       "copied_bytes": self.expert_copied_bytes,
+                       "host_read_bytes": self.expert_misses * self._bytes_per_expert,
+                       # One MoE layer: every routed expert of the fake's is a hit.
+                       "layers": [{"layer": 0, "num_hits": self.expert_hits,
+                                   "num_misses": self.expert_misses,
+                                   "copied_bytes": self.expert_copied_bytes,
+                                   "host_read_bytes": self.expert_misses
+                                   * self._bytes_per_expert}]}
         return {
             "state": "sleeping" if self.is_sleeping else "loaded",
             **self.info(),

@@ -160,3 +160,36 @@ def test_release_refill_and_bad_input(backend):
     with pytest.raises(ValueError, match="hit and miss counts"):
         store.cache.count(-1, 0)
     store.close()
+
+
+def test_hits_misses_and_bytes_moved_are_counted_per_layer(backend):
+    """What /v1/status's experts.layers reports: each layer's hits and misses, the bytes its
+    misses read in place from the host copy, and the bytes copied into its slots."""
+    store = _store(backend)  # layer 0's 8 experts preloaded, layer 1 on the host
+    promotion = ExpertPromotion(store)
+    per_expert = store.bytes_per_expert
+    before = {row["layer"]: row for row in store.status()["layers"]}
+    assert before[0]["copied_bytes"] == E * per_expert and before[1]["copied_bytes"] == 0
+    _route(store, promotion, {0: [6, 7], 1: [3, 5]})
+    promotion.before_step()
+    promotion.land()
+    _route(store, promotion, {0: [6, 2], 1: [3, 4]})
+    promotion.before_step()
+    promotion.land()
+    status = store.status()
+    rows = {row["layer"]: row for row in status["layers"]}
+
+    def delta(layer, key):
+        return rows[layer][key] - before[layer][key]
+
+    # Layer 0: 6, 7, 6, 2 all resident (layer 1's first misses evicted 0 and 1). Layer 1: 3
+    # and 5 missed, then 3 hit (promoted meanwhile) and 4 missed (evicting layer 0's 2).
+    assert (delta(0, "num_hits"), delta(0, "num_misses")) == (4, 0)
+    assert (delta(1, "num_hits"), delta(1, "num_misses")) == (1, 3)
+    assert delta(0, "host_read_bytes") == 0 and delta(1, "host_read_bytes") == 3 * per_expert
+    assert delta(0, "copied_bytes") == 0 and delta(1, "copied_bytes") == 3 * per_expert
+    assert status["num_hits"] == sum(r["num_hits"] for r in rows.values())
+    assert status["num_misses"] == sum(r["num_misses"] for r in rows.values())
+    assert status["host_read_bytes"] == sum(r["host_read_bytes"] for r in rows.values())
+    assert status["copied_bytes"] == sum(r["copied_bytes"] for r in rows.values())
+    store.close()

@@ -28,6 +28,9 @@ def experts_rows(moe, x: torch.Tensor, layout: SlotLayout | None = None) -> torc
     rows, and types those cannot read, go row by row through the one-token kernels. Over the
     resident stacked experts, or a partial cache's layout: its slot table, the host copy for
     the rest, ids left in layout.step_ids[:T] for the cache. [T, H] in x's dtype."""
+    if moe.forced is not None:
+        raise ValueError("forced routing (a benchmark's) imposes one row a step: decode one "
+                         "sequence at a time")
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[: x.shape[0]] if layout is not None else None
     weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob,

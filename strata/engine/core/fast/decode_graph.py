@@ -132,6 +132,14 @@ class GraphDecoder:
         self.runner: DecodeRunner = self._eager_runner
         self.use_cuda_graphs = use_graphs
 
+    def set_step_hook(self, hook: StepHook | None) -> None:
+        """Call `hook` around every decode step from now on (a benchmark's forced routing
+        wraps the expert cache's promotion this way: models/forced_routing.py)."""
+        self.step_hook = hook
+        for runner in (self._eager_runner, self._graph_runner):
+            if runner is not None:
+                runner.hook = hook
+
     def _add_note(self, text: str) -> None:
         """Append to `note`, what the decoder runs differently from its defaults, and why."""
         self.note = f"{self.note}; {text}" if self.note else text

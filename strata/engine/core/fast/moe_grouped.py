@@ -85,8 +85,16 @@ def is_grouped_capable(moe: SparseMoE, impl: str = "triton") -> bool:
 
 
 def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k] in x's dtype, expert ids [T, k]) exactly as SparseMoE routes."""
-    return route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)
+    """(weights [T, k] in x's dtype, expert ids [T, k]) exactly as SparseMoE routes (a
+    benchmark's forced ids included)."""
+    if moe.forced is None:
+        return route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)
+    probs = F.softmax(moe.router(x).float(), dim=-1)  # [T, E]
+    ids = moe.forced.rows(x.shape[0])  # [T, k]
+    weights = probs.gather(-1, ids)  # [T, k]
+    if moe.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(x.dtype), ids
 
 
 def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
@@ -129,8 +137,10 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
 
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[0] if layout is not None else None
+    forced_ids = moe.forced.ids if moe.forced is not None else None
     weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
-                                          out_ids=out_ids, use_pdl=use_pdl)
+                                          out_ids=out_ids, use_pdl=use_pdl,
+                                          forced_ids=forced_ids)
     return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded)
 
 
@@ -180,7 +190,8 @@ def moe_forward(
     if x.shape[0] == 1 and impl == "triton":
         return experts_triton(moe, x, ops.pdl, None, rounded)
     if x.shape[0] != 1:
-        return moe_block(moe, x, ops)
+        # A benchmark's forced prefill rows are read on the host: the loop takes them.
+        return moe_block(moe, x, ops) if moe.forced is None else moe(x)
     weights, ids = route(moe, x)
     if impl == "bmm":
         return experts_bmm(moe, x, weights, ids)

@@ -47,11 +47,34 @@ DOWN_SUM_CONFIGS = ((1, 1024, 4, False), (4, 1024, 4, False), (2, 1024, 4, False
 if triton is not None:
 
     @triton.jit
+    def _top_k(probs, experts, ok, slots, top_k: tl.constexpr, BLOCK_E: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+        """(ids, probabilities) [BLOCK_K] of the top_k probs, descending (slots past top_k:
+        0)."""
+        # One max per pick over (probability bits, reversed index) packed in an int64:
+        # non-negative floats order like their bits, and on a tie the lower index wins,
+        # as with argmax. Half the reductions of an argmax and a max per pick.
+        key = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
+            BLOCK_E - 1 - experts).to(tl.int64)
+        key = tl.where(ok, key, -1)  # padding never wins
+        top_p = tl.zeros([BLOCK_K], dtype=tl.float32)
+        top_id = tl.zeros([BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(top_k):  # descending, like torch.topk
+            best_key = tl.max(key, axis=0)
+            best = BLOCK_E - 1 - (best_key & 0xFFFFFFFF)
+            prob = (best_key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            top_p = tl.where(slots == j, prob, top_p)
+            top_id = tl.where(slots == j, best, top_id)
+            key = tl.where(experts == best, -1, key)
+        return top_id, top_p
+
+    @triton.jit
     def _router_kernel(
-        x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr,
+        x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr, forced_ptr,
         num_experts: tl.constexpr, hidden: tl.constexpr, top_k: tl.constexpr,
         norm_topk: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+        FORCED: tl.constexpr,
     ):
         # Each program: ROWS router logits (w[rows] @ x), rounded to x's dtype as F.linear's
         # output is, so the selection sees the values the reference module sees. The router
@@ -76,22 +99,13 @@ if triton is not None:
             z = z.to(tl.float32)
             e = tl.exp(z - tl.max(z, axis=0))
             probs = e / tl.sum(e, axis=0)
-            # One max per pick over (probability bits, reversed index) packed in an int64:
-            # non-negative floats order like their bits, and on a tie the lower index wins,
-            # as with argmax. Half the reductions of an argmax and a max per pick.
-            key = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
-                BLOCK_E - 1 - experts).to(tl.int64)
-            key = tl.where(ok, key, -1)  # padding never wins
             slots = tl.arange(0, BLOCK_K)
-            top_p = tl.zeros([BLOCK_K], dtype=tl.float32)
-            top_id = tl.zeros([BLOCK_K], dtype=tl.int64)
-            for j in tl.static_range(top_k):  # descending, like torch.topk
-                best_key = tl.max(key, axis=0)
-                best = BLOCK_E - 1 - (best_key & 0xFFFFFFFF)
-                prob = (best_key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-                top_p = tl.where(slots == j, prob, top_p)
-                top_id = tl.where(slots == j, best, top_id)
-                key = tl.where(experts == best, -1, key)
+            if FORCED:  # a benchmark's trace (models/forced_routing.py): its ids, read now
+                top_id = tl.load(forced_ptr + slots, mask=slots < top_k, other=0).to(tl.int64)
+                picked = (experts[None, :] == top_id[:, None]) & (slots < top_k)[:, None]
+                top_p = tl.sum(tl.where(picked, probs[None, :], 0.0), axis=1)
+            else:
+                top_id, top_p = _top_k(probs, experts, ok, slots, top_k, BLOCK_E, BLOCK_K)
             if norm_topk:
                 top_p = top_p / tl.sum(top_p, axis=0)
             tl.store(ids_ptr + slots, top_id, mask=slots < top_k)
@@ -216,13 +230,17 @@ def _counter(device: torch.device) -> torch.Tensor:
 def router_topk(
     x: torch.Tensor, router_weight: torch.Tensor, top_k: int, norm_topk_prob: bool,
     out_ids: torch.Tensor | None = None, use_pdl: bool = False,
+    forced_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [k] in x's dtype, ids [k] int64) for one token x [H], as SparseMoE routes:
     logits router_weight [E, H] @ x in x's dtype, softmax in float32, top-k descending,
     optionally renormalised. One launch: the router product and the selection together.
 
     out_ids: a persistent int64 [k] buffer to write the ids into (an expert cache reads them
-    back after the step to learn which experts ran); default a new tensor."""
+    back after the step to learn which experts ran); default a new tensor.
+    forced_ids: benchmarks only (models/forced_routing.py), a persistent int32 [k] device
+    buffer whose ids replace the top-k, read when the kernel runs (a CUDA graph replay reads
+    what was written before it); their probabilities are the weights, renormalised alike."""
     num_experts, hidden = router_weight.shape
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in 1..{num_experts}, not {top_k}")
@@ -234,14 +252,21 @@ def router_topk(
                          f"{out_ids.dtype} {tuple(out_ids.shape)}")
     else:
         ids = out_ids
+    if forced_ids is not None and (
+            forced_ids.shape != (top_k,) or forced_ids.dtype != torch.int32
+            or not forced_ids.is_contiguous() or forced_ids.device != x.device):
+        raise ValueError(f"forced_ids must be a contiguous int32 [{top_k}] tensor on "
+                         f"{x.device}, got {forced_ids.dtype} {tuple(forced_ids.shape)} on "
+                         f"{forced_ids.device}")
     weights = torch.empty(top_k, dtype=x.dtype, device=x.device)
     logits = torch.empty(num_experts, dtype=x.dtype, device=x.device)
     _router_kernel[(triton.cdiv(num_experts, ROUTER_ROWS),)](
         x.contiguous(), router_weight, logits, _counter(x.device), ids, weights,
+        forced_ids if forced_ids is not None else ids,  # never read unless FORCED
         num_experts=num_experts, hidden=hidden, top_k=top_k, norm_topk=norm_topk_prob,
         ROWS=ROUTER_ROWS, BLOCK_H=triton.next_power_of_2(hidden),
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=1, **pdl.launch_options(use_pdl),
+        num_warps=1, FORCED=forced_ids is not None, **pdl.launch_options(use_pdl),
     )
     return weights, ids
 

@@ -77,6 +77,9 @@ class ExpertCache:
         self.num_hits = 0
         self.num_misses = 0
         self.num_evictions = 0
+        # The same counts per layer (index: layer; dense layers stay 0).
+        self.layer_hits = [0] * num_layers
+        self.layer_misses = [0] * num_layers
 
     @property
     def num_slots(self) -> int:
@@ -159,20 +162,26 @@ class ExpertCache:
                     self._slot_of[key] = slot
                     misses.append((expert, slot))
                     self.num_misses += int(count_uses)
+                    self.layer_misses[layer] += int(count_uses)
                 else:
                     self.num_hits += int(count_uses)
+                    self.layer_hits[layer] += int(count_uses)
                 lru[key] = None
                 lru.move_to_end(key)
             slots.append(slot)
         return slots, misses
 
-    def count(self, num_hits: int, num_misses: int) -> None:
+    def count(self, num_hits: int, num_misses: int, layer: int | None = None) -> None:
         """Add uses that a caller classified itself, e.g. decode steps that read a missing
-        expert from the host copy while its copy into a slot was still on the way."""
+        expert from the host copy while its copy into a slot was still on the way; with a
+        layer, that layer's counts too."""
         if num_hits < 0 or num_misses < 0:
             raise ValueError(f"hit and miss counts must be >= 0, got {num_hits}, {num_misses}")
         self.num_hits += num_hits
         self.num_misses += num_misses
+        if layer is not None:
+            self.layer_hits[layer] += num_hits
+            self.layer_misses[layer] += num_misses
 
     def _check_ids(self, layer: int, experts: set[int]) -> None:
         self.pool_of(layer)

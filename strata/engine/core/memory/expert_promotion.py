@@ -7,7 +7,8 @@ inside it:
 
 - after_step: copy the step's ids (its real rows) to pinned host memory behind an event.
 - before_step, for steps whose ids have arrived: count hits (the table the step ran with
-  had a slot) and misses, let ExpertCache choose slots (LRU eviction), publish the table with
+  had a slot) and misses per layer, and the host bytes the misses read in place, let
+  ExpertCache choose slots (LRU eviction), publish the table with
   the evicted experts at -1 first, then copy the new experts in on the side stream once the
   compute stream has passed that point; for copies that have landed, publish their slots,
   each only if the cache still maps that expert there (a later choice may have taken it).
@@ -109,8 +110,10 @@ class ExpertPromotion:
         # a step, not a few per layer: this runs every token.
         read_slot = step.table[layers].gather(1, routed) >= 0  # [MoE layers, rows * k]
         first = ~(routed[:, :, None] == routed[:, None, :]).tril(-1).any(dim=2)  # no repeat
-        num_reads, num_hits = int(first.sum()), int((read_slot & first).sum())
-        cache.count(num_hits, num_reads - num_hits)
+        reads, hits = first.sum(dim=1).tolist(), (read_slot & first).sum(dim=1).tolist()
+        for layer, num_reads, num_hits in zip(layers, reads, hits):
+            cache.count(num_hits, num_reads - num_hits, layer)
+        self.store.count_host_reads(layers, [r - h for r, h in zip(reads, hits)])
         return assignments
 
     def _start_copies(self, assignments: list[tuple[int, int, int]]) -> None:

@@ -180,6 +180,10 @@ class ExpertStore:
             self._layer_base[c.layers] = base
         self.step_ids = torch.zeros(num_layers, MAX_STEP_ROWS, num_experts_per_tok,
                                     dtype=torch.long, device=self.device)
+        # Host-to-device traffic per layer: copies into slots, and what decode kernels read
+        # in place from the host copy (misses; counted by ExpertPromotion).
+        self.copied_bytes = [0] * num_layers
+        self.host_read_bytes = [0] * num_layers
         self.preload()
 
     def _check_float_layers(self, layers: dict[int, ExpertWeights],
@@ -339,6 +343,7 @@ class ExpertStore:
         as one copy per weight: a refill of 14 layers x 128 experts was 5376 copies of 3 MiB,
         where pinned copies reach PCIe's rate only from ~16 MiB (H200: 46-48 GB/s of 55)."""
         for layer, expert, slot, count in contiguous_runs(assignments):
+            self.copied_bytes[layer] += count * self._class(layer).bytes_per_expert
             first = self.local_slot(layer, slot)
             for dst, src in zip(self.slot_weights_of(layer), self._host_layers[layer]):
                 dst[first : first + count].copy_(src[expert : expert + count],
@@ -485,15 +490,29 @@ class ExpertStore:
                     break
         return differing
 
+    def count_host_reads(self, layers: Sequence[int], num_misses: Sequence[int]) -> None:
+        """Note experts that decode kernels read in place from the host copy (misses)."""
+        for layer, misses in zip(layers, num_misses):
+            self.host_read_bytes[layer] += misses * self._class(layer).bytes_per_expert
+
     def status(self) -> dict[str, Any]:
-        """Slots, residency counters and arena bytes, as plain values."""
+        """Slots, residency counters, arena bytes and host-to-device traffic, as plain
+        values; `layers` has each MoE layer's hits, misses and bytes moved."""
+        cache = self.cache
         return {
-            **self.cache.stats(),
+            **cache.stats(),
             "bytes_per_expert": self.bytes_per_expert,
             "max_slots": self.max_slots,
             "is_all_resident": self.is_all_resident,
             "state": self.arena.state,
             "resident_bytes": self.arena.resident_bytes,
+            "copied_bytes": sum(self.copied_bytes),
+            "host_read_bytes": sum(self.host_read_bytes),
+            "layers": [{"layer": layer, "num_hits": cache.layer_hits[layer],
+                        "num_misses": cache.layer_misses[layer],
+                        "copied_bytes": self.copied_bytes[layer],
+                        "host_read_bytes": self.host_read_bytes[layer]}
+                       for layer in self.layer_ids],
         }
 
     def close(self) -> None:

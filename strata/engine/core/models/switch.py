@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,9 @@ from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.models.layers import SwiGLU
 from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
 from strata.engine.core.quant.weight import apply_linear
+
+if TYPE_CHECKING:
+    from strata.engine.core.models.forced_routing import ForcedLayer
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
 # j-th id's matrix. A stacked tensor [k, ...] and a list of k views both qualify.
@@ -181,6 +184,8 @@ class SparseMoE(nn.Module):
         self.activation = activation
         # Replaced by the expert cache; None means the stacked parameters above.
         self.expert_weights: ExpertWeights | None = None
+        # Benchmarks only (forced_routing.py): a trace's ids in place of the top-k.
+        self.forced: ForcedLayer | None = None
 
     @property
     def is_plain(self) -> bool:
@@ -198,14 +203,18 @@ class SparseMoE(nn.Module):
             return F.softmax(top_logits, dim=-1).to(x.dtype), top_ids
         if self.routing.scoring == "sigmoid":
             top_probs, top_ids = self._sigmoid_top_k(logits)
-        else:
+        elif self.forced is None:
             top_probs, top_ids = torch.topk(F.softmax(logits, dim=-1), self.top_k, dim=-1)
+        else:  # benchmarks: the trace's ids, weighted by their own softmax probabilities
+            top_ids = self.forced.rows(x.shape[0])  # [T, k]
+            top_probs = F.softmax(logits, dim=-1).gather(-1, top_ids)  # [T, k]
         if self.norm_topk_prob:
             # The epsilon is the reference's (sigmoid weights can all be tiny).
             top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
         if self.routing.scaling != 1.0:
             top_probs = top_probs * self.routing.scaling
         return top_probs.to(x.dtype), top_ids
+
     def _sigmoid_top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = torch.sigmoid(logits)  # [T, E]
         choice = scores + self.e_score_correction_bias.float()  # [T, E], chooses only

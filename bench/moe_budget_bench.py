@@ -1,0 +1,423 @@
+"""A MoE GGUF under VRAM budgets with realistic routing: Strata's expert cache against
+llama.cpp's experts on the CPU (issue 54's first deliverable).
+
+    python bench/moe_budget_bench.py FILE.gguf [--budgets 8GiB 12GiB 16GiB]
+        [--routings zipf uniform model] [--zipf-s 1.0] [--p-reuse 0.3] [--seed 0]
+        [--decode-tokens 128] [--warmup-tokens 16] [--prefill-tokens 4096]
+        [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
+
+Budget arithmetic, the same for both engines: of a budget B, the experts may hold
+    expert_bytes(B) = B - dense - reserve
+where dense is the file's non-expert tensor bytes and reserve (--reserve-mib, default 2 GiB:
+the engine's --expert-cache auto reserve, EXPERT_RESERVE_BYTES) covers the KV cache at the
+context, activations, scratch and the CUDA graphs. Strata gets
+    slots = expert_bytes(B) // (file's expert bytes / (MoE layers * experts))
+(the same division the engine's --vram-budget with --expert-cache auto makes); llama.cpp
+keeps the experts of the first N layers on the CPU (`-ncmoe N`), N the fewest layers whose
+removal leaves the GPU's expert layers within expert_bytes(B). Strata loads once with the
+largest budget's slots and resizes the cache (Engine.resize_experts) for each budget, in the
+order given (the first rows first, should --deadline-s cut the run).
+
+Routing, per budget: "zipf" (skewed popularity and reuse of the last token's experts) and
+"uniform" (the worst case) are imposed on every MoE layer from a trace (routing_trace.py,
+models/forced_routing.py); "model" is the random weights' own routes (nearly the same
+experts every token: the all-hits reference). llama.cpp runs its own routes: with its
+experts on the CPU every token reads them from RAM whichever they are, so its rows do not
+depend on the routing.
+
+Per row: decode tok/s over --decode-tokens after --warmup-tokens (batch 1, greedy, the
+server's CUDA graphs), prefill tok/s of a fresh --prefill-tokens prompt (the load's first
+row prefills one more before, unmeasured: it compiles), the expert cache's hit rate over the
+decode, and the bytes moved from host to device per decoded token (copies into slots plus
+experts read in place from the pinned host copy). llama-bench runs first, per budget on the
+same file (its rows are bounded; without them no row has a ratio); ratios are Strata /
+llama.cpp. A table on stdout and JSON (hardware, versions, figure, limit, ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR.parent))  # the checkout, for strata
+sys.path.insert(0, str(BENCH_DIR))
+
+from strata.engine.core.process import use_engine_allocator
+
+# Before torch is imported: the VRAM rows measure the allocator the server's engine runs.
+use_engine_allocator()
+
+from batch_bench import first_token_s, prompt, sync
+from report import figure, format_figures, write_json
+from routing_trace import ROUTINGS, TraceSpec, make_trace, reuse_fraction
+
+from strata.units import GIB, MIB
+
+DECODE_TARGETS = {"zipf": 1.5, "uniform": 1.0}  # Strata / llama.cpp, issue 54 at 12 GiB
+PREFILL_TARGET = 1.0
+RESERVE_MIB = 2048  # = residency.EXPERT_RESERVE_BYTES, what --expert-cache auto leaves free
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(MiB|GiB)\s*$", re.IGNORECASE)
+
+
+def parse_budget(text: str) -> int:
+    """'12GiB' or '512MiB' -> bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"a budget is like 12GiB or 512MiB, not {text!r}")
+    return int(float(match.group(1)) * (GIB if match.group(2).lower() == "gib" else MIB))
+
+
+@dataclass(frozen=True)
+class FileShape:
+    """What the budget arithmetic reads of the GGUF: bytes as stored, per MoE layer."""
+
+    num_layers: int
+    num_experts: int
+    top_k: int
+    dense_bytes: int
+    layer_expert_bytes: dict[int, int]  # MoE layer -> its experts' bytes (gate+up+down)
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(self.layer_expert_bytes.values())
+
+    @property
+    def bytes_per_expert(self) -> int:
+        return self.expert_bytes // (len(self.layer_expert_bytes) * self.num_experts)
+
+    @property
+    def total_experts(self) -> int:
+        return len(self.layer_expert_bytes) * self.num_experts
+
+
+def file_shape(path: Path) -> FileShape:
+    """The file's MoE shape and its dense and per-layer expert bytes."""
+    from strata.engine.gguf_file import open_gguf
+
+    reader = open_gguf(path)
+    arch = reader.metadata.get("general.architecture")
+    num_experts = int(reader.metadata.get(f"{arch}.expert_count") or 0)
+    if not num_experts:
+        raise SystemExit(f"{path} is not a MoE file ({arch}.expert_count is not set)")
+    layer_bytes: dict[int, int] = {}
+    dense = 0
+    for tensor in reader.tensors:
+        match = re.match(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.", tensor.name)
+        if match:
+            layer = int(match.group(1))
+            layer_bytes[layer] = layer_bytes.get(layer, 0) + tensor.n_bytes
+        else:
+            dense += tensor.n_bytes
+    return FileShape(int(reader.metadata[f"{arch}.block_count"]), num_experts,
+                     int(reader.metadata[f"{arch}.expert_used_count"]), dense, layer_bytes)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """One budget's share for the experts, as Strata slots and llama.cpp's -ncmoe."""
+
+    budget_bytes: int
+    expert_bytes: int  # budget - dense - reserve (>= 0)
+    slots: int  # Strata's expert cache
+    ncmoe: int  # llama.cpp: layers whose experts stay on the CPU
+    gpu_expert_layer_bytes: int  # what llama.cpp's GPU expert layers hold
+
+    @property
+    def label(self) -> str:
+        gib = self.budget_bytes / GIB
+        return f"{gib:g}GiB" if gib >= 1 else f"{self.budget_bytes / MIB:g}MiB"
+
+
+def plan_budget(shape: FileShape, budget_bytes: int, reserve_bytes: int) -> BudgetPlan:
+    """Split a budget: expert bytes, Strata's slots (at least one layer's experts, at most
+    all but one: the cache stays a cache so one load serves every budget) and the fewest
+    CPU layers for llama.cpp whose GPU expert layers fit the same bytes."""
+    expert_bytes = max(budget_bytes - shape.dense_bytes - reserve_bytes, 0)
+    slots = expert_bytes // shape.bytes_per_expert
+    slots = max(min(slots, shape.total_experts - 1), shape.num_experts)
+    # -ncmoe N puts the experts of layers 0..N-1 on the CPU: the GPU keeps the later ones.
+    for ncmoe in range(shape.num_layers + 1):
+        on_gpu = sum(nbytes for layer, nbytes in shape.layer_expert_bytes.items()
+                     if layer >= ncmoe)
+        if on_gpu <= expert_bytes:
+            break
+    return BudgetPlan(budget_bytes, expert_bytes, slots, ncmoe, on_gpu)
+
+
+def expert_counters(engine) -> dict:
+    """The expert cache's running totals (ExpertStore.status())."""
+    status = engine.memory.experts.status()
+    return {key: status[key] for key in ("num_hits", "num_misses", "copied_bytes",
+                                         "host_read_bytes")}
+
+
+def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
+    """Greedy decode of num_tokens after the first (which carries a short prompt's prefill)
+    and warmup_tokens more; tok/s, hit rate and bytes moved per token over the timed ones."""
+    from strata.engine.protocol import SamplingSpec
+
+    spec = SamplingSpec(max_tokens=1 + warmup_tokens + num_tokens, temperature=0.0)
+    steps = engine.generate(prompt(engine.model_config.vocab_size, 5, 32), spec, slot=0)
+    count = 0
+    while count < 1 + warmup_tokens:
+        count += len(next(steps))
+    sync()
+    before, started_s = expert_counters(engine), time.perf_counter()
+    timed = sum(len(ids) for ids in steps)
+    sync()
+    seconds = time.perf_counter() - started_s
+    after = expert_counters(engine)
+    delta = {key: after[key] - before[key] for key in after}
+    lookups = delta["num_hits"] + delta["num_misses"]
+    return {"tokens": timed, "seconds": seconds, "decode_tok_s": timed / seconds,
+            "hit_rate": delta["num_hits"] / lookups if lookups else None,
+            "h2d_bytes_per_token": (delta["copied_bytes"] + delta["host_read_bytes"]) / timed,
+            "counters": delta}
+
+
+def prefill_row(engine, num_tokens: int, tag: str, warm_up: bool) -> dict:
+    """A fresh prompt of num_tokens, after another when warm_up (the first prefill of a load
+    compiles its kernels); tok/s of the last, prompt in to first token out."""
+    vocab = engine.model_config.vocab_size
+    runs_s = [first_token_s(engine, f"prefill-{tag}-{i}", prompt(vocab, 100 + i, num_tokens), 0)
+              for i in range(2 if warm_up else 1)]
+    return {"prefill_tok_s": num_tokens / runs_s[-1], "runs_s": runs_s}
+
+
+def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -> None:
+    """Load once with the largest budget's slots, then per budget (in the order given) resize
+    the cache and measure each routing; results land in report["strata"][label][routing]."""
+    import torch
+
+    from strata.engine.core.engine import Engine, EngineConfig
+    from strata.engine.core.fast.tuning_store import device_identity
+    from strata.engine.core.models.forced_routing import ForcedRouting
+
+    context = args.prefill_tokens + args.decode_tokens + args.warmup_tokens + 64
+    engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
+                                 context_tokens=context,
+                                 expert_cache=str(max(p.slots for p in plans))))
+    started_s = time.perf_counter()
+    info = engine.load()
+    report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
+    report["device"] = device_identity(engine.device)
+    store = engine.memory.experts
+    if store is None or engine.memory.expert_mode != "slots":
+        raise SystemExit(f"the engine did not build an expert cache ({engine.memory.expert_mode})")
+    arenas = engine.status().get("arenas", {})
+    report["strata_arena_bytes"] = {name: row.get("resident_bytes")
+                                    for name, row in arenas.items()}
+    decode_len = args.warmup_tokens + args.decode_tokens + 64
+    strata: dict = report.setdefault("strata", {})
+    try:
+        warm_up = True
+        for plan in plans:
+            resized = engine.resize_experts(plan.slots)
+            rows: dict = strata.setdefault(plan.label, {"resize": resized})
+            for routing in args.routings:
+                if time.monotonic() > args.deadline:
+                    rows[routing] = {"skipped": "deadline"}
+                    continue
+                forced = None
+                if routing != "model":
+                    spec = TraceSpec(routing, args.zipf_s, args.p_reuse, args.seed)
+                    trace = make_trace(spec, decode_len, shape.num_layers, shape.num_experts,
+                                       shape.top_k)
+                    forced = ForcedRouting(trace, shape.num_experts, engine.device)
+                    forced.attach(engine.model, engine.fast)
+                try:
+                    row = decode_row(engine, args.decode_tokens, args.warmup_tokens)
+                    if forced is not None:
+                        row["trace_reuse_fraction"] = reuse_fraction(trace)
+                        spec = TraceSpec(routing, args.zipf_s, args.p_reuse, args.seed + 1)
+                        forced.set_prefill(make_trace(spec, args.prefill_tokens,
+                                                      shape.num_layers, shape.num_experts,
+                                                      shape.top_k))
+                    row |= prefill_row(engine, args.prefill_tokens, f"{plan.label}-{routing}",
+                                       warm_up)
+                    warm_up = False
+                finally:
+                    if forced is not None:
+                        forced.detach()
+                rows[routing] = row
+                print(f"{plan.label} {routing}: {json.dumps(row, default=str)}", flush=True)
+                write_json(report, args.json)
+            if args.device == "cuda":
+                # What the process holds after this budget's rows (NVML: the CUDA context,
+                # torch's pools and the prefill's activations included).
+                from quant_bench import vram_used_bytes
+
+                rows["vram_process_bytes"], _ = vram_used_bytes()
+                rows["torch_reserved_bytes"] = torch.cuda.memory_reserved()
+    finally:
+        engine.close()
+        sync()
+
+
+def llamacpp_command(args, plan: BudgetPlan) -> list[str]:
+    """llama-bench on the same file: every layer on the GPU except the first ncmoe layers'
+    experts, flash attention, one prompt of --prefill-tokens and --decode-tokens generated."""
+    return [args.llama_bench, "-m", str(args.gguf), "-p", str(args.prefill_tokens),
+            "-n", str(args.decode_tokens), "-ngl", "99", "-ncmoe", str(plan.ncmoe), "-fa", "1",
+            "-ub", str(args.ubatch), "-b", str(max(args.ubatch, args.prefill_tokens)),
+            "-r", str(args.llamacpp_repeats), "-o", "json"]
+
+
+def parse_llama_bench(stdout: str, prefill_tokens: int, decode_tokens: int) -> dict:
+    """{prefill_tok_s, decode_tok_s, llamacpp, backends} from llama-bench's JSON list."""
+    tests = json.loads(stdout[stdout.index("["):])
+    rate = {(t["n_prompt"], t["n_gen"]): t["avg_ts"] for t in tests}
+    missing = [k for k in ((prefill_tokens, 0), (0, decode_tokens)) if k not in rate]
+    if missing:
+        raise ValueError(f"llama-bench gave no result for (prompt, generated) {missing}: {rate}")
+    return {"prefill_tok_s": rate[(prefill_tokens, 0)], "decode_tok_s": rate[(0, decode_tokens)],
+            "llamacpp": f"{tests[0].get('build_commit', '?')} "
+                        f"(build {tests[0].get('build_number', '?')})",
+            "backends": tests[0].get("backends", "")}
+
+
+def llama_bench_env(args) -> dict:
+    """The environment llama-bench runs in: torch's CUDA libraries on LD_LIBRARY_PATH, as
+    peer_run.py gives a binary built elsewhere (bench/build_llamacpp.sh with CUDA_ROOT)."""
+    from peer_run import cuda_library_dirs
+
+    dirs = [*cuda_library_dirs(), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(dirs)}
+
+
+def llamacpp_rows(args, plans: list[BudgetPlan], report: dict) -> None:
+    """llama-bench per budget; results in report["llamacpp"][label]. Run before Strata's rows:
+    they are bounded, and without them no row has a ratio."""
+    peer: dict = report.setdefault("llamacpp", {})
+    env = llama_bench_env(args)
+    for plan in plans:
+        command = llamacpp_command(args, plan)
+        left_s = args.deadline - time.monotonic()
+        if left_s < 20:
+            peer[plan.label] = {"skipped": "deadline", "command": " ".join(command)}
+            continue
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, check=False,
+                                  timeout=left_s, env=env)
+            if done.returncode != 0:
+                raise RuntimeError(f"exit {done.returncode}: {done.stderr[-600:]}")
+            row = parse_llama_bench(done.stdout, args.prefill_tokens, args.decode_tokens)
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as exc:
+            row = {"error": str(exc)[-800:]}
+        peer[plan.label] = row | {"command": " ".join(command), "ncmoe": plan.ncmoe}
+        print(f"llama.cpp {plan.label}: {json.dumps(peer[plan.label])}", flush=True)
+        write_json(report, args.json)
+
+
+def figures(args, plans: list[BudgetPlan], report: dict) -> list[dict]:
+    """The table: per budget and routing, decode and prefill against llama.cpp's at that
+    budget (ratio = Strata / llama.cpp), the hit rate and the bytes moved per token."""
+    rows = []
+    for plan in plans:
+        peer = report.get("llamacpp", {}).get(plan.label, {})
+        held = report.get("strata", {}).get(plan.label, {}).get("vram_process_bytes")
+        rows.append(figure(f"{plan.label} VRAM held (process)",
+                           None if held is None else held / GIB, "GiB", plan.budget_bytes / GIB,
+                           1.0, "NVML, after the budget's rows; limit = the budget",
+                           higher_is_better=False))
+        note = (f"{plan.slots} slots ({plan.slots * 100 // max(1, report['total_experts'])}%"
+                f" of experts); llama.cpp -ncmoe {plan.ncmoe}")
+        for routing in args.routings:
+            row = report.get("strata", {}).get(plan.label, {}).get(routing, {})
+            name = f"{plan.label} {routing}"
+            rows.append(figure(f"{name} decode", row.get("decode_tok_s"), "tok/s",
+                               peer.get("decode_tok_s"), DECODE_TARGETS.get(routing),
+                               note + "; limit = llama.cpp's decode"))
+            rows.append(figure(f"{name} prefill {args.prefill_tokens}",
+                               row.get("prefill_tok_s"), "tok/s", peer.get("prefill_tok_s"),
+                               PREFILL_TARGET, "limit = llama.cpp's prefill"))
+            rows.append(figure(f"{name} hit rate", row.get("hit_rate"), "",
+                               notes="expert cache hits over the timed decode"))
+            moved = row.get("h2d_bytes_per_token")
+            rows.append(figure(f"{name} host->device per token",
+                               None if moved is None else moved / MIB, "MiB",
+                               notes="copies into slots + experts read in place"))
+    return rows
+
+
+def run(args) -> dict:
+    shape = file_shape(Path(args.gguf))
+    reserve = args.reserve_mib * MIB
+    plans = [plan_budget(shape, budget, reserve) for budget in args.budgets]
+    report = {"benchmark": "moe_budget", "file": str(args.gguf),
+              "file_bytes": Path(args.gguf).stat().st_size, "command": " ".join(sys.argv),
+              "dense_bytes": shape.dense_bytes, "expert_bytes": shape.expert_bytes,
+              "bytes_per_expert": shape.bytes_per_expert, "total_experts": shape.total_experts,
+              "reserve_bytes": reserve,
+              "trace": {"zipf_s": args.zipf_s, "p_reuse": args.p_reuse, "seed": args.seed},
+              "plans": [plan.__dict__ | {"label": plan.label} for plan in plans]}
+    for plan in plans:
+        print(f"{plan.label}: experts get {plan.expert_bytes / MIB:.0f} MiB -> Strata "
+              f"{plan.slots} of {shape.total_experts} slots; llama.cpp -ncmoe {plan.ncmoe} "
+              f"({plan.gpu_expert_layer_bytes / MIB:.0f} MiB of experts on the GPU)",
+              flush=True)
+    if args.device == "cuda":
+        import torch
+        from limits import pinned_bandwidth_gb_s
+
+        report["pinned_h2d_gb_s"], _ = pinned_bandwidth_gb_s(torch.device("cuda", 0), GIB, 3)
+    if args.bin_dir:
+        from peer_run import unpack_tools
+
+        tools = unpack_tools(Path(args.bin_dir), Path("/tmp/llamacpp-bin"), print)
+        args.llama_bench = args.llama_bench or tools.get("llama-bench")
+    if args.llama_bench:
+        llamacpp_rows(args, plans, report)
+    strata_rows(args, shape, plans, report)
+    report["figures"] = figures(args, plans, report)
+    print(format_figures(report["figures"], "llama.cpp"), flush=True)
+    write_json(report, args.json)
+    return report
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("gguf", help="a MoE GGUF (bench/random_gguf.py qwen3-30b-a3b F --type Q4_K_M)")
+    p.add_argument("--budgets", type=parse_budget, nargs="+",
+                   default=[parse_budget(b) for b in ("12GiB", "8GiB", "16GiB")],
+                   help="measured in this order (the first rows first, if time runs out)")
+    p.add_argument("--routings", nargs="+", default=[*ROUTINGS, "model"],
+                   choices=[*ROUTINGS, "model"])
+    p.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of popularity")
+    p.add_argument("--p-reuse", type=float, default=0.3,
+                   help="probability that each of the last token's experts is used again")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--warmup-tokens", type=int, default=16)
+    p.add_argument("--prefill-tokens", type=int, default=4096)
+    p.add_argument("--reserve-mib", type=int, default=RESERVE_MIB,
+                   help="of each budget, what KV, activations and graphs keep")
+    p.add_argument("--llama-bench", help="llama-bench binary (bench/build_llamacpp.sh)")
+    p.add_argument("--bin-dir", help="a folder holding llama-bench or llama-bench.xz (as "
+                   "peer_run.py takes it): unpacked into /tmp/llamacpp-bin")
+    p.add_argument("--ubatch", type=int, default=2048, help="llama-bench -ub")
+    p.add_argument("--llamacpp-repeats", type=int, default=2, help="llama-bench -r")
+    p.add_argument("--deadline-s", type=float, default=480.0,
+                   help="rows not started by then are skipped (a device call's limit)")
+    p.add_argument("--device", default="cuda", help="cpu for a dry run")
+    p.add_argument("--json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.deadline = time.monotonic() + args.deadline_s
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""bench/moe_budget_bench.py: the budget arithmetic both engines get, llama-bench's command and
+results, and the whole bench end to end on the CPU over a tiny random MoE GGUF (forced
+routes through the real engine: the imposed uniform trace misses where the model's own
+routes hit)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import moe_budget_bench as bench
+from random_gguf import write_random_gguf
+
+from strata.engine.core.model_config import ModelConfig
+from strata.units import MIB
+
+TINY_MOE = ModelConfig(model_type="qwen3_moe", vocab_size=512, hidden_size=128,
+                       intermediate_size=256, moe_intermediate_size=64, num_experts=8,
+                       num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                       rms_norm_eps=1e-6)
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _shape() -> bench.FileShape:
+    # 4 layers of 8 experts, 10 MiB each (a layer's experts 80 MiB); 100 MiB dense.
+    return bench.FileShape(num_layers=4, num_experts=8, top_k=2, dense_bytes=100 * MIB,
+                           layer_expert_bytes=dict.fromkeys(range(4), 80 * MIB))
+
+
+def test_a_budget_gives_both_engines_the_same_expert_bytes() -> None:
+    shape = _shape()
+    plan = bench.plan_budget(shape, 300 * MIB, 20 * MIB)  # 180 MiB for experts
+    assert plan.expert_bytes == 180 * MIB
+    assert plan.slots == 18  # 180 MiB of 10 MiB experts
+    assert plan.ncmoe == 2 and plan.gpu_expert_layer_bytes == 160 * MIB  # layers 2, 3 fit
+    # Room for everything: llama.cpp keeps all on the GPU; Strata's cache stays a cache.
+    roomy = bench.plan_budget(shape, 2000 * MIB, 20 * MIB)
+    assert roomy.ncmoe == 0 and roomy.slots == shape.total_experts - 1
+    # No room: every layer's experts on the CPU; Strata keeps one layer's worth of slots.
+    tight = bench.plan_budget(shape, 100 * MIB, 20 * MIB)
+    assert tight.expert_bytes == 0 and tight.ncmoe == 4 and tight.slots == 8
+    assert bench.parse_budget("12GiB") == 12 << 30 and bench.parse_budget("1.5MiB") == 3 << 19
+    with pytest.raises(Exception, match="12GiB or 512MiB"):
+        bench.parse_budget("12G")
+
+
+def test_llama_bench_runs_with_ncmoe_and_its_json_is_read() -> None:
+    args = bench.parser().parse_args(["f.gguf", "--llama-bench", "lb", "--prefill-tokens",
+                                      "256", "--decode-tokens", "8"])
+    command = bench.llamacpp_command(args, bench.plan_budget(_shape(), 300 * MIB, 20 * MIB))
+    assert command[command.index("-ncmoe") + 1] == "2"
+    assert command[command.index("-p") + 1] == "256" and command[command.index("-n") + 1] == "8"
+    peer = bench.parse_llama_bench("log line\n" + (DATA / "llama-bench-cpu.json").read_text(),
+                                   256, 8)
+    assert peer["prefill_tok_s"] == pytest.approx(671.018791)
+    assert peer["decode_tok_s"] > 0 and peer["llamacpp"].startswith("0c1e570")
+    with pytest.raises(ValueError, match="no result"):
+        bench.parse_llama_bench((DATA / "llama-bench-cpu.json").read_text(), 4096, 8)
+
+
+def _fake_llama_bench(tmp_path: Path) -> Path:
+    """A stand-in llama-bench (none is built here) that answers in its JSON shape and
+    records its arguments: the plumbing around the real one."""
+    script = tmp_path / "llama-bench"
+    script.write_text(f"""#!{sys.executable}
+import json, sys
+args = sys.argv[1:]
+open({str(tmp_path / "calls.txt")!r}, "a").write(" ".join(args) + "\\n")
+p, n = int(args[args.index("-p") + 1]), int(args[args.index("-n") + 1])
+print(json.dumps([{{"n_prompt": p, "n_gen": 0, "avg_ts": 100.0, "build_commit": "fake",
+                   "build_number": 0, "backends": "CPU"}},
+                  {{"n_prompt": 0, "n_gen": n, "avg_ts": 10.0, "build_commit": "fake",
+                   "build_number": 0, "backends": "CPU"}}]))
+""")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
+def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
+    gguf = tmp_path / "tiny-moe.gguf"
+    write_random_gguf(TINY_MOE, gguf, mix="F16")
+    shape = bench.file_shape(gguf)
+    assert (shape.num_layers, shape.num_experts, shape.top_k) == (2, 8, 2)
+    # Budgets for 10 and 12 of the 16 experts, nothing reserved (the tiny model's KV is small).
+    budgets = [f"{(shape.dense_bytes + n * shape.bytes_per_expert) / MIB + 0.001:.4f}MiB"
+               for n in (10, 12)]
+    out = tmp_path / "moe.json"
+    assert bench.main([str(gguf), "--device", "cpu", "--budgets", *budgets, "--reserve-mib",
+                       "0", "--decode-tokens", "12", "--warmup-tokens", "2",
+                       "--prefill-tokens", "24", "--llama-bench", str(_fake_llama_bench(tmp_path)),
+                       "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [plan["slots"] for plan in report["plans"]] == [10, 12]
+    labels = [plan["label"] for plan in report["plans"]]
+    for label in labels:
+        rows = report["strata"][label]
+        assert rows["resize"]["num_slots"] == next(
+            p["slots"] for p in report["plans"] if p["label"] == label)
+        for routing in ("zipf", "uniform", "model"):
+            row = rows[routing]
+            assert row["tokens"] == 12 and row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0
+        # The imposed uniform trace misses (and copies experts in); the model's own routes
+        # on random weights repeat, so they hit more.
+        assert rows["uniform"]["hit_rate"] < 1.0
+        assert rows["uniform"]["counters"]["copied_bytes"] > 0
+        assert rows["uniform"]["h2d_bytes_per_token"] > 0
+        assert rows["model"]["hit_rate"] > rows["uniform"]["hit_rate"]
+        assert report["llamacpp"][label]["decode_tok_s"] == 10.0
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    assert [c.split()[c.split().index("-ncmoe") + 1] for c in calls] == [
+        str(p["ncmoe"]) for p in report["plans"]]
+    decode = {f["figure"]: f for f in report["figures"]}
+    row = decode[f"{labels[0]} uniform decode"]
+    assert row["limit"] == 10.0 and row["ratio"] == pytest.approx(row["value"] / 10.0)
+    assert row["target"] == 1.0 and decode[f"{labels[0]} zipf decode"]["target"] == 1.5
