@@ -260,7 +260,6 @@ begin
   { uv's own settings (UV_DEFAULT_INDEX, UV_PYTHON_INSTALL_MIRROR, proxies) pass through. }
   SetEnvironmentVariable('UV_PYTHON_INSTALL_DIR', App + '\python');
   SetEnvironmentVariable('UV_CACHE_DIR', App + '\uv-cache');
-  SetEnvironmentVariable('UV_PYTHON_PREFERENCE', 'only-managed');
   ProgressPage.SetProgress(1, 5);
   { --no-bin, --no-registry: no python.exe on the user's PATH, no PEP 514 registry entry. }
   if not RunStep('Step 1 of 4: downloading Python 3.12 (private to Strata, about 30 MB)', Uv,
