@@ -29,7 +29,7 @@
 #define TorchCudaIndex "https://download.pytorch.org/whl/cu128"
 ; Free space asked for before downloading, MiB: PyTorch's CUDA build downloads about 3 GB and
 ; unpacks to about 4.5 GB next to uv's cache of it (hard links, the same drive); the CPU build
-; about 0.3 GB and 1 GB; Python and Strata's other wheels about 0.6 GB.
+; about 0.2 GB and 1 GB; Python and Strata's other wheels about 0.6 GB.
 #define NeedCudaMiB "8192"
 #define NeedCpuMiB "2560"
 #ifndef PowerShell
@@ -98,6 +98,7 @@ var
   ProgressPage: TOutputProgressWizardPage;
   CurrentStep: String;
   LastLine: String;
+  ErrorLine: String;  { uv's first "error:" line: its causes and output follow it }
 
 function SetEnvironmentVariable(Name, Value: String): BOOL;
   external 'SetEnvironmentVariableW@kernel32.dll stdcall';
@@ -144,6 +145,8 @@ begin
   if Trim(S) <> '' then
   begin
     LastLine := Trim(S);
+    if (ErrorLine = '') and (Pos('error:', LastLine) = 1) then
+      ErrorLine := LastLine;
     ProgressPage.SetText(CurrentStep, LastLine);
   end;
 end;
@@ -155,6 +158,7 @@ var
 begin
   CurrentStep := Step;
   LastLine := '';
+  ErrorLine := '';
   ProgressPage.SetText(Step, '');
   Log('Step "' + Step + '": ' + Exe + ' ' + Parameters);
   Result := ExecAndLogOutput(Exe, Parameters, ExpandConstant('{app}'), SW_HIDE,
@@ -164,6 +168,8 @@ begin
   if not FileExists(Exe) then
     Reason := Step + ' failed: ' + Exe + ' could not be started (' +
       SysErrorMessage(ResultCode) + ')'
+  else if ErrorLine <> '' then
+    Reason := Step + ' failed (exit code ' + IntToStr(ResultCode) + '): ' + ErrorLine
   else if LastLine <> '' then
     Reason := Step + ' failed (exit code ' + IntToStr(ResultCode) + '): ' + LastLine
   else
@@ -251,7 +257,8 @@ begin
   { --no-config: a uv.toml of the user's changes nothing here. }
   Common := ' --no-config';
   Cuda := HasNvidiaDriver;
-  ProgressPage.SetProgress(0, 5);
+  { SetProgress shows the bar, which runs as a marquee (PrepareToInstall) and so ignores it. }
+  ProgressPage.SetProgress(0, 1);
   if not CheckDiskSpace(Cuda, Result) then
     Exit;
   if not StopRunningStrata(Result) then
@@ -260,16 +267,13 @@ begin
   { uv's own settings (UV_DEFAULT_INDEX, UV_PYTHON_INSTALL_MIRROR, proxies) pass through. }
   SetEnvironmentVariable('UV_PYTHON_INSTALL_DIR', App + '\python');
   SetEnvironmentVariable('UV_CACHE_DIR', App + '\uv-cache');
-  ProgressPage.SetProgress(1, 5);
   { --no-bin, --no-registry: no python.exe on the user's PATH, no PEP 514 registry entry. }
   if not RunStep('Step 1 of 4: downloading Python 3.12 (private to Strata, about 30 MB)', Uv,
       'python install 3.12 --no-bin --no-registry' + Common, Result) then
     Exit;
-  ProgressPage.SetProgress(2, 5);
   if not RunStep('Step 2 of 4: creating Strata''s environment', Uv,
       'venv --managed-python --python 3.12 --allow-existing' + Common + ' ' + Quoted(Venv), Result) then
     Exit;
-  ProgressPage.SetProgress(3, 5);
   Torch := 'pip install --python ' + Quoted(Python) + ' --constraints ' + Quoted(Constraints) +
     Common + ' torch=={#TorchVersion}';
   if Cuda then
@@ -279,10 +283,9 @@ begin
         Torch + ' --index-url {#TorchCudaIndex}', Result) then
       Exit;
   end
-  else if not RunStep('Step 3 of 4: downloading PyTorch {#TorchVersion}, CPU build (about 300 MB)',
+  else if not RunStep('Step 3 of 4: downloading PyTorch {#TorchVersion}, CPU build (about 200 MB)',
       Uv, Torch, Result) then
     Exit;
-  ProgressPage.SetProgress(4, 5);
   { --reinstall-package: the same version again (a rebuilt wheel) is installed too. }
   if not RunStep('Step 4 of 4: installing Strata and its libraries', Uv,
       'pip install --python ' + Quoted(Python) + ' --constraints ' + Quoted(Constraints) + Common +
@@ -290,7 +293,6 @@ begin
     Exit;
   if not RunStep('Checking the installation', Venv + '\Scripts\strata.exe', '--version', Result) then
     Exit;
-  ProgressPage.SetProgress(5, 5);
 end;
 
 { Windows shortcuts need an .ico: rendered from the packaged SVG with Qt, which Strata ships.

@@ -40,7 +40,7 @@ SETUP_CANNOT_PROCEED = 7  # Inno Setup's exit code when PrepareToInstall returns
 PS1 = REPO_ROOT / "installer" / "windows" / "install.ps1"
 STEPS = ("Step 1 of 4: downloading Python 3.12 (private to Strata, about 30 MB)",
          "Step 2 of 4: creating Strata's environment",
-         "Step 3 of 4: downloading PyTorch 2.13.0, CPU build (about 300 MB)",
+         "Step 3 of 4: downloading PyTorch 2.13.0, CPU build (about 200 MB)",
          "Step 4 of 4: installing Strata and its libraries",
          "Checking the installation")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata-tests"

@@ -143,7 +143,12 @@ static int pip_install(int argc, char **argv) {
             snprintf(page, MAX_PATH, "%s\\%s.index.html", scripts, name);
             printf("Downloading %s\n", name);
             fflush(stdout);
-            if ((size = fetch(url, page)) < 0) return fail("Failed to fetch: ", url);
+            if ((size = fetch(url, page)) < 0) {
+                /* uv's errors go on with their causes: the reason is the "error:" line. */
+                fail("Failed to fetch: ", url);
+                fprintf(stderr, "  Caused by: HTTP status client error (404 Not Found) for url (%s)\n", url);
+                return 2;
+            }
             printf("Downloaded %s (%ld bytes)\n", name, size);
             fflush(stdout);
             Sleep(300);
