@@ -34,6 +34,7 @@ param(
     [switch]$Autostart,
     [switch]$NoShortcut,             # the Inno Setup installer makes its own shortcut
     [switch]$Uninstall,
+    [switch]$StopOnly,               # only stop a running Strata of -Prefix (strata.iss, upgrades)
     [switch]$PurgeModels
 )
 
@@ -226,4 +227,5 @@ function Uninstall-Strata {
 }
 
 if ($PurgeModels -and -not $Uninstall) { Fail "-PurgeModels only goes with -Uninstall" }
+if ($StopOnly) { Stop-RunningStrata; exit 0 }
 if ($Uninstall) { Uninstall-Strata } else { Install-Strata }

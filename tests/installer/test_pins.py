@@ -49,6 +49,8 @@ def test_installers_default_to_the_pinned_torch():
     assert re.search(r'\[string\]\$TorchVersion = "([\w.]+)"', ps1)[1] == torch
     sh = (REPO_ROOT / "installer/linux/install.sh").read_text(encoding="utf-8")
     assert re.search(r'^TORCH_VERSION="([\w.]+)"', sh, re.MULTILINE)[1] == torch
+    iss = (REPO_ROOT / "installer/windows/strata.iss").read_text(encoding="utf-8")
+    assert re.search(r'^#define TorchVersion "([\w.]+)"', iss, re.MULTILINE)[1] == torch
     ci = (REPO_ROOT / ".ci/run").read_text(encoding="utf-8")
     assert f"torch=={torch}" in ci
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")

@@ -23,8 +23,10 @@ def test_inno_script_version_and_wheel_match_the_package():
     assert f'#define AppVersion "{__version__}"' in iss
     assert '#define Wheel "strata-" + AppVersion + "-py3-none-any.whl"' in iss
     for source in re.findall(r'^Source: "([^"]+)"', iss, re.MULTILINE):
-        if "{#" not in source and "LICENSE" not in source:
-            assert (WINDOWS / source).is_file(), f"strata.iss ships {source}, which is missing"
+        # dist\ holds build outputs (the wheel, fetch_uv.py's uv.exe)
+        if "{#" not in source and "LICENSE" not in source and "dist\\" not in source:
+            path = WINDOWS.joinpath(*source.split("\\"))
+            assert path.is_file(), f"strata.iss ships {source}, which is missing"
 
 
 def test_inno_script_passes_only_parameters_install_ps1_has():
@@ -62,5 +64,6 @@ def test_inno_script_checks_install_ps1s_exit_code_before_installing_anything():
     code = _iss_section(iss, "Code")
     assert "function PrepareToInstall(var NeedsRestart: Boolean): String;" in code
     assert "if ResultCode <> 0 then" in code and "LoadStringFromFile(ErrorFile, Message)" in code
-    assert "Result := Reason;" in code  # a non-empty result stops the setup
+    assert "Result := InstallRuntime;" in code  # a non-empty result stops the setup
+    assert "MB_RETRYCANCEL" in code  # a failed step offers Retry
     assert "procedure CurUninstallStepChanged" in code and "-Uninstall" in code

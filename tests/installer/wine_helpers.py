@@ -75,10 +75,13 @@ class Wine:
         self.stop()
 
     def run(self, args: list[str], cwd: Path | None = None, timeout: float = 120,
-            check: bool = False) -> subprocess.CompletedProcess[str]:
-        """wine ARGS, then wait until every process of the prefix has ended (the uninstaller
-        hands over to a copy of itself and returns at once)."""
-        done = subprocess.run([self.wine, *args], cwd=cwd, env=self.env, capture_output=True,
+            check: bool = False, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+        """wine ARGS (with env added to the prefix's environment), then wait until every
+        process of the prefix has ended (the uninstaller hands over to a copy of itself and
+        returns at once)."""
+        done = subprocess.run([self.wine, *args], cwd=cwd, env={**self.env, **(env or {})},
+                              capture_output=True,
                               text=True, errors="replace", timeout=timeout)
         subprocess.run(["wineserver", "-w"], env=self.env, timeout=timeout, check=True)
         if check and done.returncode != 0:
