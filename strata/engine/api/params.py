@@ -50,6 +50,7 @@ class GenerationParams:
     num_logprobs: int | None = None  # None: no logprobs; k: the top k alternatives too
     n: int = 1  # choices of the one prompt
     slot_param: str = "strata_cache_slot"  # the field the slot came in, for its 400
+    reuse_cache: bool = True  # False: no cached prefix is reused (llama.cpp's cache_prompt)
 
     def sampling(self, max_tokens: int, eos_token_ids: tuple[int, ...],
                  defaults: SamplingDefaults = LLAMA_CPP_DEFAULTS, vocab_size: int | None = None,
@@ -72,7 +73,8 @@ class GenerationParams:
             repeat_penalty=pick(penalties.repeat, defaults.repeat_penalty),
             presence_penalty=penalties.presence, frequency_penalty=penalties.frequency,
             penalty_last_n=pick(penalties.repeat_last_n, defaults.repeat_last_n),
-            logit_bias=self.logit_bias, num_logprobs=self.num_logprobs)
+            logit_bias=self.logit_bias, num_logprobs=self.num_logprobs,
+            reuse_cache=self.reuse_cache)
 
 
 def _text_of(content: Any, where: str, *, allow_null: bool = False) -> str:
