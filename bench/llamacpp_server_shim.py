@@ -47,6 +47,7 @@ def llama_server_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-key")
     p.add_argument("--cors-origins")
     p.add_argument("--sleep-idle-seconds", type=int)
+    p.add_argument("--kv-unified", action="store_true")
     args, _ignored = p.parse_known_args(argv)
     return args
 
@@ -65,7 +66,10 @@ def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
     if args.alias:
         out += ["--alias", args.alias]
     if args.ctx_size:
-        out += ["--context", str(args.ctx_size)]
+        # llama-server splits --ctx-size among its --parallel slots (unless --kv-unified);
+        # each of Strata's slots has the whole --context, so give it one slot's share.
+        share = 1 if args.kv_unified or not args.parallel else args.parallel
+        out += ["--context", str(args.ctx_size // share)]
     if args.parallel:
         out += ["--slots", str(args.parallel)]
     if args.api_key:

@@ -133,3 +133,13 @@ async def test_embedding_input_forms(base_url):
     for bad in ({"content": "w5"}, {"content": [{"type": "image_url"}]}, []):
         status, body = await _post(url, {"input": bad})
         assert status == 400 and isinstance(body, dict) and body["error"]["param"] == "input"
+
+
+async def test_ignore_eos_bans_the_end_of_sequence_tokens(base_url):
+    status, body = await _post(f"{base_url}/completion", {"prompt": PROMPT, "ignore_eos": True,
+                                                          "return_tokens": True, **GREEDY})
+    assert status == 200, body
+    assert isinstance(body, dict) and body["tokens_predicted"] == 4
+    banned = body["generation_settings"]["logit_bias"]
+    assert banned and all(entry["bias"] is None for entry in banned)  # -inf, as llama.cpp
+    assert not {entry["token"] for entry in banned} & set(body["tokens"])

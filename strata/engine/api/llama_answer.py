@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +76,9 @@ def generation_settings(spec: SamplingSpec | None, params: GenerationParams,
             "min_p": spec.min_p, "repeat_penalty": spec.repeat_penalty,
             "repeat_last_n": spec.penalty_last_n, "presence_penalty": spec.presence_penalty,
             "frequency_penalty": spec.frequency_penalty,
-            "logit_bias": [[token, bias] for token, bias in spec.logit_bias]}
+            # llama.cpp's form; a banned token's -inf is null in JSON, as llama.cpp writes it.
+            "logit_bias": [{"token": token, "bias": None if math.isinf(bias) else bias}
+                           for token, bias in spec.logit_bias]}
     return settings
 
 

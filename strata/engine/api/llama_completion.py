@@ -49,7 +49,7 @@ COMPLETION_FIELDS = frozenset({
     "prompt", "n_predict", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop", "stream",
     "n_probs", "id_slot", "cache_prompt", "logit_bias", "model", "return_tokens",
-    "response_fields",
+    "response_fields", "ignore_eos",
 })
 
 
@@ -102,7 +102,8 @@ def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
         slot=None if slot == -1 else slot, slot_param="id_slot",
         penalties=parse_penalties(body), logit_bias=_logit_bias(body),
         num_logprobs=v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None,
-        reuse_cache=v.get_bool(body, "cache_prompt", True))
+        reuse_cache=v.get_bool(body, "cache_prompt", True),
+        ignore_eos=v.get_bool(body, "ignore_eos"))
 
 
 def completion_probabilities(assets: Any, records: Sequence[TokenLogprob]) -> list[dict]:
