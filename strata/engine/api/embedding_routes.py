@@ -82,8 +82,9 @@ def _fit(ids: list[list[int]], limit: int, name: str, truncate: bool) -> list[li
         return ids
     for i, sequence in enumerate(ids):
         if len(sequence) > limit and not truncate:
-            raise bad_request(f"'{name}'[{i}] is {len(sequence)} tokens, the context is {limit}"
-                              "; shorten it", code="context_length_exceeded", param=name)
+            raise bad_request(f"'{name}'[{i}] is too large: {len(sequence)} tokens, the "
+                              f"context is {limit}; shorten it", code="context_length_exceeded",
+                              param=name)
     return [sequence[:limit] for sequence in ids]
 
 
