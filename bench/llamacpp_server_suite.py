@@ -1,7 +1,7 @@
 """Run llama.cpp's own server tests (tools/server/tests) against a real `strata serve`.
 
     python bench/llamacpp_server_suite.py --tests DIR [--fresh] [--all] [--junit FILE]
-                                          [--model GGUF] [-- PYTEST ARGS...]
+                                          [--model GGUF] [--report JUNIT] [-- PYTEST ARGS...]
 
 DIR is a copy of llama.cpp's tools/server/tests (utils.py, conftest.py, unit/); the tests start
 `llama-server` through utils.py's ServerProcess, and LLAMA_SERVER_BIN_PATH points that at
@@ -72,6 +72,8 @@ def main() -> int:
     p.add_argument("--fresh", action="store_true", help="one strata serve per test")
     p.add_argument("--all", action="store_true", help="run every test, not only agnostic ones")
     p.add_argument("--junit", type=Path, help="keep pytest's JUnit XML here")
+    p.add_argument("--report", type=Path, help="run nothing: count an earlier run's JUnit XML "
+                   "with today's classification")
     p.add_argument("pytest_args", nargs="*")
     args = p.parse_args()
     tests = args.tests.resolve()
@@ -90,13 +92,24 @@ def main() -> int:
     classes = {test_id: classify(test_id) for test_id in ids}
     chosen = [t for t in ids if args.all or classes[t] is None]
     junit = args.junit.resolve() if args.junit else work / "junit.xml"
-    try:
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "--junitxml", str(junit), *args.pytest_args, *chosen],
-                       cwd=tests, env=env, check=False)
-    finally:
-        stop_pool(work / "pool")
+    if args.report:
+        junit = args.report.resolve()
+    else:
+        try:
+            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            "--junitxml", str(junit), *args.pytest_args, *chosen],
+                           cwd=tests, env=env, check=False)
+        finally:
+            stop_pool(work / "pool")
     outcome = results(junit)
+    print_report(ids, classes, outcome)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(outcome.get(t) == "passed" for t in ids if classes[t] is None) else 1
+
+
+def print_report(ids: list[str], classes: dict[str, str | None], outcome: dict[str, str]
+                 ) -> None:
+    """Per file and in all: how many model-agnostic tests passed; the ones that did not."""
     agnostic = [t for t in ids if classes[t] is None]
     passed = [t for t in agnostic if outcome.get(t) == "passed"]
     by_file: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
@@ -110,8 +123,6 @@ def main() -> int:
             print(f"not passed ({outcome.get(t, 'not run')}): {t}")
     print(f"{len(passed)} of {len(agnostic)} model-agnostic tests pass "
           f"({len(ids) - len(agnostic)} of {len(ids)} collected are not model-agnostic)")
-    shutil.rmtree(work, ignore_errors=True)
-    return 0 if len(passed) == len(agnostic) else 1
 
 
 if __name__ == "__main__":
