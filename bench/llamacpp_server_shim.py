@@ -74,7 +74,8 @@ def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
         out += ["--slots", str(args.parallel)]
     if args.api_key:
         out += ["--api-key", args.api_key]
-    if args.cors_origins:
+    # "localhost" is llama-server's word for the local origins, which Strata allows already.
+    if args.cors_origins and args.cors_origins != "localhost":
         out += ["--allowed-origins", args.cors_origins]
     if args.sleep_idle_seconds:
         out += ["--sleep-idle", str(args.sleep_idle_seconds)]

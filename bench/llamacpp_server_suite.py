@@ -1,7 +1,7 @@
 """Run llama.cpp's own server tests (tools/server/tests) against a real `strata serve`.
 
     python bench/llamacpp_server_suite.py --tests DIR [--fresh] [--all] [--junit FILE]
-                                          [--model GGUF] [--report JUNIT] [-- PYTEST ARGS...]
+                                          [--model GGUF] [--report JUNIT...] [-- PYTEST ARGS...]
 
 DIR is a copy of llama.cpp's tools/server/tests (utils.py, conftest.py, unit/); the tests start
 `llama-server` through utils.py's ServerProcess, and LLAMA_SERVER_BIN_PATH points that at
@@ -72,8 +72,8 @@ def main() -> int:
     p.add_argument("--fresh", action="store_true", help="one strata serve per test")
     p.add_argument("--all", action="store_true", help="run every test, not only agnostic ones")
     p.add_argument("--junit", type=Path, help="keep pytest's JUnit XML here")
-    p.add_argument("--report", type=Path, help="run nothing: count an earlier run's JUnit XML "
-                   "with today's classification")
+    p.add_argument("--report", type=Path, nargs="+", help="run nothing: count earlier runs' "
+                   "JUnit XML with today's classification (a later file's result wins)")
     p.add_argument("pytest_args", nargs="*")
     args = p.parse_args()
     tests = args.tests.resolve()
@@ -93,7 +93,9 @@ def main() -> int:
     chosen = [t for t in ids if args.all or classes[t] is None]
     junit = args.junit.resolve() if args.junit else work / "junit.xml"
     if args.report:
-        junit = args.report.resolve()
+        outcome = {}
+        for earlier in args.report:
+            outcome |= results(earlier.resolve())
     else:
         try:
             subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -101,7 +103,7 @@ def main() -> int:
                            cwd=tests, env=env, check=False)
         finally:
             stop_pool(work / "pool")
-    outcome = results(junit)
+        outcome = results(junit)
     print_report(ids, classes, outcome)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if all(outcome.get(t) == "passed" for t in ids if classes[t] is None) else 1

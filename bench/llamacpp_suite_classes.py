@@ -81,6 +81,8 @@ TESTS: list[tuple[str, str]] = [
     (r"test_embedding.py::test_embedding_mixed_input\[-False\]", "a model that adds special "
      "tokens (CLS/BOS) to an empty text"),
     (r"test_embedding.py::test_embedding_usage_", "the token counts of bge-small's tokenizer"),
+    # test_tokenize.py
+    (r"test_tokenize.py::test_tokenize_with_bos", "stories260K's BOS token id (1)"),
     # test_compat_anthropic.py
     (r"test_compat_anthropic.py::test_anthropic_vision", "a vision model"),
     (r"test_compat_anthropic.py::test_anthropic_tool_result_with_image", "a vision model"),
