@@ -143,3 +143,15 @@ async def test_ignore_eos_bans_the_end_of_sequence_tokens(base_url):
     banned = body["generation_settings"]["logit_bias"]
     assert banned and all(entry["bias"] is None for entry in banned)  # -inf, as llama.cpp
     assert not {entry["token"] for entry in banned} & set(body["tokens"])
+
+
+async def test_logit_bias_keys_that_are_text_bias_their_tokens(base_url):
+    url = f"{base_url}/completion"
+    _, plain = await _post(url, {"prompt": PROMPT, "return_tokens": True, **GREEDY})
+    assert isinstance(plain, dict)
+    first = plain["tokens"][0]
+    for bias in ([[f"w{first}", False]], {f"w{first}": -100}):
+        status, biased = await _post(url, {"prompt": PROMPT, "return_tokens": True,
+                                           "logit_bias": bias, **GREEDY})
+        assert status == 200, biased
+        assert isinstance(biased, dict) and first not in biased["tokens"]

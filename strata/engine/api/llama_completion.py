@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -53,8 +53,10 @@ COMPLETION_FIELDS = frozenset({
 })
 
 
-def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
-    """llama.cpp's logit_bias: [[id, bias], ...] or {"id": bias}; a bias of false bans."""
+def _logit_bias(body: dict, encode: Callable[[str], list[int]] | None
+                ) -> tuple[tuple[int, float], ...]:
+    """llama.cpp's logit_bias: [[id, bias], ...] or {"id": bias}; a bias of false bans. With
+    encode, a key that is text (not digits) biases each of its tokens, as llama.cpp does."""
     value = body.get("logit_bias")
     if value is None:
         return ()
@@ -67,24 +69,30 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         if not isinstance(pair, (list, tuple)) or len(pair) != 2:
             raise bad_request("'logit_bias' entries must be [token id, bias]", param="logit_bias")
         token, amount = pair
+        tokens = [token]
         if isinstance(token, str):
-            token = v.parse_id_string(token)
-        if (isinstance(token, bool) or not isinstance(token, int)
-                or not 0 <= token <= v.MAX_INT_FIELD):
-            raise bad_request(f"'logit_bias' token {token!r:.20} is not a token id",
+            is_digits = token.isascii() and token.isdigit()  # an id, perhaps out of range
+            tokens = [v.parse_id_string(token)] if is_digits or encode is None \
+                else encode(token)
+        if not tokens or any(isinstance(t, bool) or not isinstance(t, int)
+                             or not 0 <= t <= v.MAX_INT_FIELD for t in tokens):
+            raise bad_request(f"'logit_bias' token {token!r:.20} is not a token id"
+                              + (" or a text" if encode is not None else ""),
                               param="logit_bias")
         amount = -100.0 if amount is False else amount
         if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
                 or not -100 <= amount <= 100:
-            raise bad_request(f"'logit_bias' for token {token} must be a number in -100..100 "
-                              "or false", param="logit_bias")
-        bias.append((token, float(amount)))
+            raise bad_request(f"'logit_bias' for token {token!r:.20} must be a number in "
+                              "-100..100 or false", param="logit_bias")
+        bias += [(t, float(amount)) for t in tokens]
     return tuple(bias)
 
 
 def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
-                     route: str = "/completion") -> GenerationParams:
-    """The fields of llama.cpp's /completion as GenerationParams (n_predict is max_tokens)."""
+                     route: str = "/completion",
+                     encode: Callable[[str], list[int]] | None = None) -> GenerationParams:
+    """The fields of llama.cpp's /completion as GenerationParams (n_predict is max_tokens);
+    encode tokenizes logit_bias keys that are text."""
     refuse_unknown_fields(body, fields, route)
     n_predict = v.get_int(body, "n_predict", -1, minimum=-1)
     if n_predict == 0:
@@ -100,7 +108,7 @@ def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
         seed=None if seed == -1 else v.get_seed(body), stops=v.get_stop_strings(body, "stop"),
         is_stream=v.get_bool(body, "stream"), include_usage=False,
         slot=None if slot == -1 else slot, slot_param="id_slot",
-        penalties=parse_penalties(body), logit_bias=_logit_bias(body),
+        penalties=parse_penalties(body), logit_bias=_logit_bias(body, encode),
         num_logprobs=v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None,
         reuse_cache=v.get_bool(body, "cache_prompt", True),
         ignore_eos=v.get_bool(body, "ignore_eos"))
@@ -159,9 +167,9 @@ async def completion(request: web.Request) -> web.StreamResponse:
     with a list, one answer per prompt in order."""
     service = service_of(request)
     body = await v.read_json_object(request)
-    params = parse_completion(body)
-    options = parse_answer_options(body)
     assets = text_assets(service)
+    params = parse_completion(body, encode=lambda text: assets.encode(text, add_special=False))
+    options = parse_answer_options(body)
     prompts, is_batch = await llama_prompts(request.app, assets, body.get("prompt"))
     if not is_batch:
         return await answer_completion(request, assets, prompts[0], params, options)
