@@ -53,6 +53,8 @@ async def test_completion_answers_timings_tokens_and_settings(base_url):
     timings = body["timings"]
     assert timings["prompt_n"] + timings["cache_n"] == 8 and timings["predicted_n"] == 4
     assert timings["prompt_ms"] > 0 and timings["predicted_per_second"] > 0
+    # the first token comes with the prompt: the rate is over the 3 decode steps after it
+    assert timings["predicted_per_second"] == pytest.approx(3000 / timings["predicted_ms"])
     assert len(body["tokens"]) == 4 and all(isinstance(t, int) for t in body["tokens"])
     settings = body["generation_settings"]
     assert (settings["n_predict"], settings["seed"], settings["temperature"]) == (4, 7, 0)

@@ -46,6 +46,9 @@ def timings(usage: Usage) -> dict[str, Any]:
     prompt_n = usage.prompt_tokens - usage.cached_tokens
     prompt_ms, predicted_ms = usage.prefill_s * 1000.0, usage.decode_s * 1000.0
     predicted_n = usage.completion_tokens
+    # decode_s runs from the first token to the last: the first came with the prompt's
+    # logits, so the rate is over the predicted_n - 1 decode steps (as llama.cpp's is).
+    num_steps = max(predicted_n - 1, 0)
 
     def per_token_ms(ms: float, n: int) -> float:
         return ms / n if n else 0.0
@@ -57,8 +60,8 @@ def timings(usage: Usage) -> dict[str, Any]:
             "prompt_per_token_ms": per_token_ms(prompt_ms, prompt_n),
             "prompt_per_second": per_second(prompt_ms, prompt_n),
             "predicted_n": predicted_n, "predicted_ms": predicted_ms,
-            "predicted_per_token_ms": per_token_ms(predicted_ms, predicted_n),
-            "predicted_per_second": per_second(predicted_ms, predicted_n)}
+            "predicted_per_token_ms": per_token_ms(predicted_ms, num_steps),
+            "predicted_per_second": per_second(predicted_ms, num_steps)}
 
 
 def generation_settings(spec: SamplingSpec | None, params: GenerationParams,
