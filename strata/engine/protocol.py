@@ -75,6 +75,9 @@ class SamplingSpec:
     penalty_last_n: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     num_logprobs: int | None = None  # None: none; k: each token's logprob and the top k
+    # False: evaluate the whole prompt, reusing none of the slot's cached prefix (llama.cpp's
+    # cache_prompt: false); the slot's cache still holds this prompt afterwards.
+    reuse_cache: bool = True
 
     @property
     def has_penalties(self) -> bool:

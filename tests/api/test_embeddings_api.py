@@ -43,7 +43,9 @@ async def test_token_inputs_are_sent_as_given(client, service):
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": ""}, "input"),
     ({"input": []}, "input"),
-    ({"input": ["a", 3]}, "input"),
+    ({"input": ["a", True]}, "input"),
+    ({"input": {"content": "a"}}, "input"),
+    ({"input": {"content": [{"type": "image_url"}]}}, "input"),
     ({"input": [[1, 99999]]}, "input"),
     ({"input": "a", "encoding_format": "int8"}, "encoding_format"),
     ({"input": "a", "dimensions": 0}, "dimensions"),

@@ -22,7 +22,7 @@ _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 _FENCE = re.compile(r"^\s*```")
 # Flags of other programs the docs show in their own commands: the program, then its flags.
 FOREIGN = {
-    "pip": {"--extra-index-url", "--index-url", "--no-deps"},
+    "pip": {"--extra-index-url", "--index-url", "--no-deps", "--no-binary"},
     "nvidia-smi": {"--query-compute-apps", "--format"},
     "pytest": {"--dist", "--max-worker-restart", "--durations", "--timeout", "--deselect"},
     "compute-sanitizer": {"--tool", "--report-api-errors"},

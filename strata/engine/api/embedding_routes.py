@@ -22,6 +22,7 @@ from aiohttp import web
 from strata.engine.api import validation as v
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request
+from strata.engine.api.llama_prompts import is_single_prompt, tokenize_prompt
 from strata.engine.api.model_routing import apply_ttl, service_of
 from strata.engine.api.ollama_params import parse_keep_alive
 from strata.engine.api.ollama_routes import after_answer, apply_keep_alive, check_model
@@ -45,47 +46,34 @@ MAX_EMBED_TOKENS = 300_000
 _OLLAMA_OPTIONS = frozenset({"num_ctx"})
 
 
-def _inputs(value: Any, name: str) -> list[str | list[int]]:
-    """A string, a list of strings, a list of token ids, or a list of token id lists."""
-    def is_ids(item: Any) -> bool:
-        return isinstance(item, list) and bool(item) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in item)
-
-    if isinstance(value, str) or is_ids(value):
-        items = [value]
-    elif isinstance(value, list) and value:
-        items = value
-    else:
+def _inputs(value: Any, name: str) -> list[Any]:
+    """A string, a list of token ids (mixed with strings), {"prompt_string"} or {"content":
+    [text parts]}, or a list of those (llama_prompts.py): one entry per input."""
+    if value is None or value == []:
         raise bad_request(f"'{name}' must be a string, a list of strings, a list of token ids "
                           "or a list of token id lists", param=name)
+    items = [value] if is_single_prompt(value) else value
     if len(items) > MAX_EMBED_INPUTS:
         raise ApiError(413, f"'{name}' has {len(items)} inputs; at most {MAX_EMBED_INPUTS} are "
                        "embedded per request: send them in several requests",
                        "request_too_large", param=name)
     for i, item in enumerate(items):
-        if isinstance(item, str):
-            if not item:
-                raise bad_request(f"'{name}'[{i}] is empty; send some text", param=name)
-        elif not is_ids(item):
-            raise bad_request(f"'{name}'[{i}] must be a non-empty string or list of token ids",
-                              param=name)
+        if isinstance(item, str) and not item:
+            raise bad_request(f"'{name}'[{i}] is empty; send some text", param=name)
     return items
 
 
-async def _token_ids(app: web.Application, assets: Any, items: Sequence[str | list[int]],
+async def _token_ids(app: web.Application, assets: Any, items: Sequence[Any],
                      name: str) -> list[list[int]]:
+    return await run_cpu(app, _encode_all, assets, items, name)
+
+
+def _encode_all(assets: Any, items: Sequence[Any], name: str) -> list[list[int]]:
+    """Plain strings in one batch (encode_batch releases the GIL), the other forms each."""
     texts = [item for item in items if isinstance(item, str)]
-    encoded = iter(await run_cpu(app, _encode_all, assets, texts) if texts else [])
-    ids = [next(encoded) if isinstance(item, str) else list(item) for item in items]
-    for i, sequence in enumerate(ids):
-        if not all(0 <= t < assets.vocab_size for t in sequence):
-            raise bad_request(f"'{name}'[{i}] has token ids outside "
-                              f"0..{assets.vocab_size - 1}", param=name)
-    return ids
-
-
-def _encode_all(assets: Any, texts: list[str]) -> list[list[int]]:
-    return [assets.encode(text, add_special=True) for text in texts]
+    encoded = iter([assets.encode(text, add_special=True) for text in texts])
+    return [next(encoded) if isinstance(item, str) else tokenize_prompt(assets, item, name)
+            for item in items]
 
 
 def _fit(ids: list[list[int]], limit: int, name: str, truncate: bool) -> list[list[int]]:
@@ -94,8 +82,9 @@ def _fit(ids: list[list[int]], limit: int, name: str, truncate: bool) -> list[li
         return ids
     for i, sequence in enumerate(ids):
         if len(sequence) > limit and not truncate:
-            raise bad_request(f"'{name}'[{i}] is {len(sequence)} tokens, the context is {limit}"
-                              "; shorten it", code="context_length_exceeded", param=name)
+            raise bad_request(f"'{name}'[{i}] is too large: {len(sequence)} tokens, the "
+                              f"context is {limit}; shorten it", code="context_length_exceeded",
+                              param=name)
     return [sequence[:limit] for sequence in ids]
 
 

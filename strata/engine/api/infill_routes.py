@@ -15,6 +15,7 @@ from aiohttp import web
 from strata.engine.api import validation as v
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import bad_request
+from strata.engine.api.llama_answer import parse_answer_options
 from strata.engine.api.llama_completion import (
     COMPLETION_FIELDS,
     answer_completion,
@@ -83,4 +84,5 @@ async def infill(request: web.Request) -> web.StreamResponse:
                           param="input_extra")
     prompt_ids = await run_cpu(request.app, infill_prompt, assets, fim, prefix, suffix, prompt,
                                extra)
-    return await answer_completion(request, assets, prompt_ids, params)
+    return await answer_completion(request, assets, prompt_ids, params,
+                                   parse_answer_options(body))

@@ -84,4 +84,11 @@ def paths(op, ok, body) -> dict[str, Any]:
             **op("A stored response", "OpenAI", ok("Response"), 404),
             "parameters": [{"name": "response_id", "in": "path", "required": True,
                             "schema": {"type": "string"}}]}},
+        "/responses": {"post": op("Alias of /v1/responses", "OpenAI",
+                                  ok("Response", stream_text, stream=True), 400, 503,
+                                  body=body("ResponsesRequest"))},
+        "/responses/{response_id}": {"get": {
+            **op("Alias of /v1/responses/{response_id}", "OpenAI", ok("Response"), 404),
+            "parameters": [{"name": "response_id", "in": "path", "required": True,
+                            "schema": {"type": "string"}}]}},
     }

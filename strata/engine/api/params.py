@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,8 @@ class GenerationParams:
     num_logprobs: int | None = None  # None: no logprobs; k: the top k alternatives too
     n: int = 1  # choices of the one prompt
     slot_param: str = "strata_cache_slot"  # the field the slot came in, for its 400
+    reuse_cache: bool = True  # False: no cached prefix is reused (llama.cpp's cache_prompt)
+    ignore_eos: bool = False  # True: the end-of-sequence tokens are banned, not stops
 
     def sampling(self, max_tokens: int, eos_token_ids: tuple[int, ...],
                  defaults: SamplingDefaults = LLAMA_CPP_DEFAULTS, vocab_size: int | None = None,
@@ -59,6 +62,8 @@ class GenerationParams:
         if vocab_size is not None:
             check_token_ids(self.logit_bias, vocab_size)
         penalties = self.penalties
+        # llama.cpp's ignore_eos: an end-of-sequence token can never be sampled.
+        banned = tuple((t, -math.inf) for t in eos_token_ids) if self.ignore_eos else ()
 
         def pick(value, default):
             return default if value is None else value
@@ -68,11 +73,12 @@ class GenerationParams:
             top_p=pick(self.top_p, defaults.top_p), top_k=pick(self.top_k, defaults.top_k),
             min_p=pick(self.min_p, defaults.min_p),
             seed=self.seed if self.seed is None or not choice else (self.seed + choice) % 2**64,
-            stop_token_ids=tuple(eos_token_ids),
+            stop_token_ids=() if self.ignore_eos else tuple(eos_token_ids),
             repeat_penalty=pick(penalties.repeat, defaults.repeat_penalty),
             presence_penalty=penalties.presence, frequency_penalty=penalties.frequency,
             penalty_last_n=pick(penalties.repeat_last_n, defaults.repeat_last_n),
-            logit_bias=self.logit_bias, num_logprobs=self.num_logprobs)
+            logit_bias=self.logit_bias + banned, num_logprobs=self.num_logprobs,
+            reuse_cache=self.reuse_cache)
 
 
 def _text_of(content: Any, where: str, *, allow_null: bool = False) -> str:

@@ -36,7 +36,11 @@ def setup_routes(app: web.Application) -> None:
         web.post("/apply-template", template_routes.apply_template),
         # llama.cpp serves the OpenAI routes without the /v1 prefix too; some clients use them.
         web.post("/chat/completions", openai_routes.chat_completions),
-        web.post("/completions", openai_routes.completions),
+        # llama-server's /completions is its native /completion; OpenAI bodies go to
+        # /v1/completions' handler (llama_completion.completions says how they are told).
+        web.post("/completions", llama_completion.completions),
+        web.post("/responses", responses_routes.create_response),
+        web.get("/responses/{response_id}", responses_routes.get_response),
         web.get("/models", openai_routes.list_models),
         web.get("/props", llama_routes.props),
         web.get("/metrics", llama_routes.metrics),

@@ -93,8 +93,10 @@ class TextGeneration:
 
     def __init__(self, events: Events, first_event: Event, assets: TextAssets,
                  stops: Sequence[str], num_prompt_tokens: int,
-                 finals: list[Done | Error | None] | None = None):
+                 finals: list[Done | Error | None] | None = None,
+                 sampling: SamplingSpec | None = None):
         self._events = events
+        self.sampling = sampling  # what the engine was asked for, defaults filled
         self._finals = finals if finals is not None else []  # the engine's final event
         self._pending: Event | None = first_event
         self._detokenizer = IncrementalDetokenizer(assets, skip_special=True)
@@ -135,7 +137,7 @@ class TextGeneration:
         if isinstance(first, Error):
             await events.aclose()
             raise from_error_event(first)
-        return cls(events, first, assets, stops, len(prompt_ids), finals)
+        return cls(events, first, assets, stops, len(prompt_ids), finals, sampling)
 
     async def deltas(self) -> AsyncGenerator[str, None]:
         """Non-empty text pieces in order; raises ApiError if the engine fails mid-way."""

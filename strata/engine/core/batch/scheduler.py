@@ -127,7 +127,9 @@ class BatchScheduler:
         cache = self.checkout(slot)  # restores a snapshot; fails with nothing held
         seq.slot, seq.cache = slot, cache
         # Always recompute at least the last prompt token: its logits give the first token.
-        seq.num_cached = min(common_prefix_length(cache.tokens, seq.prompt), len(seq.prompt) - 1)
+        num_shared = common_prefix_length(cache.tokens, seq.prompt) if seq.sampling.reuse_cache \
+            else 0
+        seq.num_cached = min(num_shared, len(seq.prompt) - 1)
         del cache.tokens[seq.num_cached:]
         seq.phase = Phase.PREFILL
 
