@@ -9,7 +9,7 @@ import torch
 def moe_stub(gate, up, down, top_k: int | None = None, router: torch.nn.Module | None = None,
              norm_topk_prob: bool = True) -> torch.nn.Module:
     """moe.experts.{gate,up,down}_proj = the stacks (float or QuantizedExperts); top_k,
-    router and norm_topk_prob as SparseMoE names them, where given."""
+    router, norm_topk_prob and forced as SparseMoE names them, where given."""
     moe = torch.nn.Module()
     moe.experts = torch.nn.Module()
     moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj = gate, up, down
@@ -18,4 +18,5 @@ def moe_stub(gate, up, down, top_k: int | None = None, router: torch.nn.Module |
     if router is not None:
         moe.router = router
     moe.norm_topk_prob = norm_topk_prob
+    moe.forced = None  # as SparseMoE has it: no benchmark's forced routing
     return moe
