@@ -37,9 +37,16 @@ def assert_parameters_equal(model, expected: dict[str, torch.Tensor]) -> None:
         assert torch.equal(params[name], want), name
 
 
+# Architectures whose sanitize() changes transformers' tensors on purpose (Phi's fused qkv and
+# gate_up split, partial RoPE's q/k row order, gpt-oss's interleaved gate_up): their loads are
+# checked by logits against transformers (test_models_parity.py), not parameter by parameter.
+RESHAPED = {"phi3", "phi3_partial_longrope", "glm4_moe", "gpt_oss"}
+
+
 @pytest.mark.parametrize(
     ("variant", "expert_cache"),
-    [(v, "all") for v in VARIANTS] + [(v, "off") for v in MOE_VARIANTS],
+    [(v, "all") for v in VARIANTS if v not in RESHAPED]
+    + [(v, "off") for v in MOE_VARIANTS if v not in RESHAPED],
 )
 def test_lazy_load_equals_transformers_parameters(variant, expert_cache, tmp_path):
     directory, hf_model = make_tiny_hf_model(variant, tmp_path)

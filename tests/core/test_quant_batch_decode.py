@@ -104,13 +104,16 @@ def test_a_batch_through_a_partial_expert_cache_decodes_like_each_sequence_alone
         cache = engine.memory.experts.cache
         counted: list[tuple[int, int]] = []  # (hits, misses) of each step the promotion saw
         count = cache.count
-        monkeypatch.setattr(cache, "count", lambda h, m: (counted.append((h, m)), count(h, m)))
+        monkeypatch.setattr(cache, "count", lambda h, m, layer=None: (
+            counted.append((h, m, layer)), count(h, m, layer)))
         _batch_equals_alone(engine, calls, step_hook=engine.memory.promotion)
         assert calls and set(calls) <= {(4, True), (2, True)}
         # The promotion saw the batch steps' reads (the loop of a sequence alone counts its
         # own), and some of them missed: read in place from the host copy.
         engine.memory.promotion.before_step()  # collects the last step
-        assert len(counted) == len(calls) // len(engine.model.model.layers)
-        assert sum(m for _, m in counted) > 0
+        # One count per MoE layer a step (the per-layer counters of /v1/status).
+        num_steps = len(calls) // len(engine.model.model.layers)
+        assert len(counted) == num_steps * len({layer for *_, layer in counted})
+        assert sum(m for _, m, _ in counted) > 0
     finally:
         engine.close()

@@ -220,7 +220,7 @@ SCHEMAS: dict[str, Any] = {
         "tokens_predicted": {"type": "integer"}, "tokens_evaluated": {"type": "integer"},
         "tokens_cached": {"type": "integer"}, "index": {"type": "integer"},
         "tokens": {"type": "array", "items": {"type": "integer"}},
-        "id_slot": {"type": "integer"}, "model": {"type": "string"},
+        "id_slot": {**_SLOT, "description": "the slot it ran in"}, "model": {"type": "string"},
         "prompt": {"type": "string"}, "has_new_line": {"type": "boolean"},
         "truncated": {"type": "boolean"},
         "generation_settings": {"type": "object",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +33,6 @@ from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.models.layers import SwiGLU
 from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
 from strata.engine.core.quant.weight import apply_linear
-
-if TYPE_CHECKING:
-    from strata.engine.core.models.forced_routing import ForcedLayer
 
 # Per kind (gate, up, down), the requested experts in request order: position j holds the
 # j-th id's matrix. A stacked tensor [k, ...] and a list of k views both qualify.
@@ -185,7 +182,7 @@ class SparseMoE(nn.Module):
         # Replaced by the expert cache; None means the stacked parameters above.
         self.expert_weights: ExpertWeights | None = None
         # Benchmarks only (forced_routing.py): a trace's ids in place of the top-k.
-        self.forced: ForcedLayer | None = None
+        self.forced: Any = None  # a forced_routing.ForcedLayer (it imports this module)
 
     @property
     def is_plain(self) -> bool:
