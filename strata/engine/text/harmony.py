@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer
 
 from strata.engine.text.reasoning import Reasoning
-from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece
+from strata.engine.text.tool_calls import CallArguments, CallStart, TextPiece, merged_pieces
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 CONSTRAIN, CALL, RETURN = "<|constrain|>", "<|call|>", "<|return|>"
@@ -80,7 +80,7 @@ class HarmonyParser:
     def feed(self, text: str) -> list[Event]:
         """Events for one more piece of the output."""
         self._pending += text
-        return _merged(self._run(is_final=False))
+        return merged_pieces(self._run(is_final=False))
 
     def finish(self) -> list[Event]:
         """Events for whatever was held back when the output ends."""
@@ -90,7 +90,7 @@ class HarmonyParser:
         elif self._pending.strip() and not _is_header(self._pending):
             events.append(TextPiece(self._pending))  # no Harmony at all: plain text
         self._pending = ""
-        return _merged(events)
+        return merged_pieces(events)
 
     def _run(self, is_final: bool) -> list[Event]:
         events: list[Event] = []
@@ -176,20 +176,3 @@ def _plain(header: str) -> str:
     for marker in (START, CHANNEL, CONSTRAIN):
         header = header.replace(marker, "")
     return header
-
-
-def _merged(events: list[Event]) -> list[Event]:
-    """Adjacent pieces of one kind (and one call) joined."""
-    out: list[Event] = []
-    for event in events:
-        last = out[-1] if out else None
-        if isinstance(event, Reasoning) and isinstance(last, Reasoning):
-            out[-1] = Reasoning(last.text + event.text)
-        elif isinstance(event, TextPiece) and isinstance(last, TextPiece):
-            out[-1] = TextPiece(last.text + event.text)
-        elif (isinstance(event, CallArguments) and isinstance(last, CallArguments)
-              and last.index == event.index):
-            out[-1] = CallArguments(last.index, last.text + event.text)
-        else:
-            out.append(event)
-    return out

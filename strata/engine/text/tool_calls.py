@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
+
+from strata.engine.text.reasoning import Reasoning
 
 _ARGUMENT_KEYS = ("arguments", "parameters")
 _SEPARATORS = " \t\r\n,;[]"
@@ -351,7 +354,7 @@ class ToolCallParser:
         events: list[Event] = []
         self._pending += text
         self._run(events, is_final=False)
-        return _merged(events)
+        return merged_pieces(events)
 
     def finish(self) -> list[Event]:
         """Events for whatever was held back when the output ends."""
@@ -364,7 +367,7 @@ class ToolCallParser:
         elif self._pending:
             events.append(TextPiece(self._pending))
         self._pending = ""
-        return _merged(events)
+        return merged_pieces(events)
 
     def _run(self, events: list[Event], is_final: bool) -> None:
         while self._pending:
@@ -441,12 +444,15 @@ class ToolCallParser:
         return False
 
 
-def _merged(events: list[Event]) -> list[Event]:
-    """Adjacent text pieces, or argument pieces of one call, joined."""
-    out: list[Event] = []
+def merged_pieces(events: list[Any]) -> list[Any]:
+    """Adjacent pieces of one kind (reasoning, text, or argument pieces of one call) joined;
+    the Harmony parser's events too."""
+    out: list[Any] = []
     for event in events:
         last = out[-1] if out else None
-        if isinstance(event, TextPiece) and isinstance(last, TextPiece):
+        if isinstance(event, Reasoning) and isinstance(last, Reasoning):
+            out[-1] = Reasoning(last.text + event.text)
+        elif isinstance(event, TextPiece) and isinstance(last, TextPiece):
             out[-1] = TextPiece(last.text + event.text)
         elif (isinstance(event, CallArguments) and isinstance(last, CallArguments)
               and last.index == event.index):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from strata.engine.core.loader.lazy import LazyTensor
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.models.decoder import DecoderLM, drop_unused_tensors
-from strata.engine.core.models.layers import Attention, SwiGLU
+from strata.engine.core.models.decoder import drop_unused_tensors
+from strata.engine.core.models.llama import Model  # Llama's layers; head_dim from the config
+
+__all__ = ["Model", "sanitize"]
 
 # Language-model prefixes of Mistral3ForConditionalGeneration checkpoints: the hub files
 # (transformers 4) and what transformers 5 saves.
@@ -15,17 +17,6 @@ _TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.
                   ("model.language_model.", "model."))
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                     "model.multi_modal_projector.")
-
-
-class Model(DecoderLM):
-    def __init__(self, config: ModelConfig):
-        super().__init__(
-            config,
-            make_attention=lambda i: Attention(
-                config, config.attention_bias, config.attention_bias, qk_norm=False
-            ),
-            make_mlp=lambda i: SwiGLU(config.hidden_size, config.intermediate_size),
-        )
 
 
 def sanitize(tensors: dict[str, LazyTensor], config: ModelConfig) -> dict[str, LazyTensor]:
