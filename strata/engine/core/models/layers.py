@@ -348,28 +348,26 @@ class Attention(nn.Module):
                                window=self.sliding_window)  # [Hq, T, D]
 
 
-class SwiGLU(nn.Module):
-    """The dense feed-forward block: down(silu(gate(x)) * up(x))."""
+class GatedMLP(nn.Module):
+    """gate, up and down projections without biases: what SwiGLU and GeGLU share."""
 
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+
+class SwiGLU(GatedMLP):
+    """The dense feed-forward block: down(silu(gate(x)) * up(x))."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class GeGLU(nn.Module):
-    """Gemma's feed-forward block: down(gelu_tanh(gate(x)) * up(x)). Its own class, not a
-    SwiGLU: the fast path recognises SwiGLU by type and would apply SiLU."""
-
-    def __init__(self, hidden_size: int, intermediate_size: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+class GeGLU(GatedMLP):
+    """Gemma's feed-forward block: down(gelu_tanh(gate(x)) * up(x)). Not a SwiGLU: the fast
+    path recognises SwiGLU by type and would apply SiLU."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
