@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
+from strata.engine.core.memory.heap_trim import trim_heap
 from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
 from strata.errors import StrataError
 from strata.logs import setup_logging
@@ -174,6 +175,7 @@ class EngineLoop:
         self._warming: threading.Thread | None = None  # the standby's imports (run)
         self._warm_stop = threading.Event()  # set by a load: no import runs beside it
         self._last_command_s = 0.0  # monotonic; status reads do not count (deferred work)
+        self._worked_since_trim = False  # requests ran since the heap was last trimmed
 
     # ---- pipe ------------------------------------------------------------------------------
 
@@ -224,6 +226,7 @@ class EngineLoop:
             self._warming.start()
         while True:
             if self._is_batch_running() or self.embeds:
+                self._worked_since_trim = True
                 self._read_during_batch()
                 if self._is_batch_running():
                     self._step()
@@ -244,8 +247,17 @@ class EngineLoop:
                     self._poll(DEFERRED_WORK_IDLE_S)
                 else:
                     self._run_deferred_step()
-            elif not self.handle(self.recv()):
-                return
+            else:
+                self._trim_after_work()
+                if not self.handle(self.recv()):
+                    return
+
+    def _trim_after_work(self) -> None:
+        """Going idle after requests ran: the heap's free pages back to the OS (heap_trim.py),
+        so one long prompt's activations do not stay resident while nothing runs."""
+        if self._worked_since_trim:
+            self._worked_since_trim = False
+            trim_heap()
 
     def _warm_imports(self, warm_imports: Callable[..., Any]) -> None:
         try:

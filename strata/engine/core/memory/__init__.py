@@ -12,5 +12,6 @@ Modules (import them directly; this package imports nothing, so the host process
 - host_copy.py    HostCopy: host mirror of an arena, pinned once, chunked side-stream copies
 - expert_cache.py ExpertCache residency table (LRU) and size_slots for --expert-cache
 - expert_store.py ExpertStore: host copy of all experts + VRAM slots, fetch on demand
+- heap_trim.py    trim_heap: the C heap's free pages back to the OS when the engine goes idle
 - vram.py         NVML: free VRAM and the processes holding it
 """
