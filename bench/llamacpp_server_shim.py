@@ -74,9 +74,11 @@ def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
         out += ["--slots", str(args.parallel)]
     if args.api_key:
         out += ["--api-key", args.api_key]
-    # "localhost" is llama-server's word for the local origins, which Strata allows already.
-    if args.cors_origins and args.cors_origins != "localhost":
-        out += ["--allowed-origins", args.cors_origins]
+    # llama-server allows any origin unless told otherwise ('*', Strata's '*'); "localhost" is
+    # its word for the local origins, Strata's own default.
+    cors_origins = args.cors_origins or "*"
+    if cors_origins != "localhost":
+        out += ["--allowed-origins", cors_origins]
     if args.sleep_idle_seconds:
         out += ["--sleep-idle", str(args.sleep_idle_seconds)]
     return out
