@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psutil
 from aiohttp import web
 
 from strata import __version__ as STRATA_VERSION
@@ -22,6 +23,8 @@ from strata.engine.service.levels import State, resident_bytes
 from strata.engine.text.token_bytes import token_piece
 from strata.units import MIB
 
+# When this server process started (seconds since the epoch), as llama-server reports it.
+PROCESS_START_S = int(psutil.Process().create_time())
 _DUMP_SLICE = 65536  # token ids per json.dumps call when writing a /tokenize answer
 
 
@@ -62,9 +65,14 @@ async def props(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """GET /metrics: Prometheus text."""
-    return web.Response(body=render_metrics(_status(request)).encode(),
-                        headers={"Content-Type": CONTENT_TYPE})
+    """GET /metrics: Prometheus text, with llama-server's Process-Start-Time-Unix header. A
+    scrape starts a new window for the throughput gauges (llama-server's behaviour)."""
+    service = service_of(request)
+    counters = getattr(service, "metrics", None)
+    rates = counters.take_rates() if counters is not None else (0.0, 0.0)
+    return web.Response(body=render_metrics(_status(request), rates).encode(),
+                        headers={"Content-Type": CONTENT_TYPE,
+                                 "Process-Start-Time-Unix": str(PROCESS_START_S)})
 
 
 async def v1_status(request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from strata.engine.api.cpu_pool import run_cpu
-from strata.engine.api.errors import ApiError, bad_request, from_error_event
+from strata.engine.api.errors import CONTEXT_EXCEEDED, ApiError, bad_request, from_error_event
 from strata.engine.api.params import GenerationParams
 from strata.engine.api.validation import check_slot
 from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
@@ -72,16 +72,22 @@ def check_fits_context(num_prompt_tokens: int, max_tokens: int | None,
         return max_tokens if max_tokens is not None else 256
     if max_tokens is None:
         if num_prompt_tokens >= context_tokens:
-            raise bad_request(f"prompt is {num_prompt_tokens} tokens, the context is "
-                              f"{context_tokens} tokens; shorten the prompt",
-                              code="context_length_exceeded", param="messages")
+            raise _past_context(f"prompt is {num_prompt_tokens} tokens, the context is "
+                                f"{context_tokens} tokens; shorten the prompt",
+                                num_prompt_tokens, context_tokens)
         return context_tokens - num_prompt_tokens
     if num_prompt_tokens + max_tokens > context_tokens:
-        raise bad_request(f"prompt is {num_prompt_tokens} tokens, the context is "
-                          f"{context_tokens} tokens and max_tokens {max_tokens} does not fit "
-                          "after it; shorten the prompt or lower max_tokens",
-                          code="context_length_exceeded", param="messages")
+        raise _past_context(f"prompt is {num_prompt_tokens} tokens, the context is "
+                            f"{context_tokens} tokens and max_tokens {max_tokens} does not fit "
+                            "after it; shorten the prompt or lower max_tokens",
+                            num_prompt_tokens, context_tokens)
     return max_tokens
+
+
+def _past_context(message: str, num_prompt_tokens: int, context_tokens: int) -> ApiError:
+    """The 400 for a prompt past the context, with llama-server's n_prompt_tokens and n_ctx."""
+    return ApiError(400, message, CONTEXT_EXCEEDED, param="messages",
+                    fields={"n_prompt_tokens": num_prompt_tokens, "n_ctx": context_tokens})
 
 
 class TextGeneration:
