@@ -3,8 +3,8 @@
 Run by bench/llamacpp_server_suite.py (through LLAMA_SERVER_BIN_PATH), never by hand. It maps
 the llama-server flags that utils.py's ServerProcess passes to `strata serve` flags and
 ignores the ones that only tune llama.cpp (threads, batch sizes, --jinja...). Flags that
-change what the server does and have no Strata counterpart (--n-predict, --lora, a draft
-model, --chat-template...) are dropped too: the tests that need them are classified as not
+change what the server does and have no Strata counterpart (--lora, a draft model,
+--chat-template...) are dropped too: the tests that need them are classified as not
 model-agnostic in llamacpp_server_suite.py, and they fail on their own if they run.
 
 With LLAMACPP_SHIM_POOL=DIR (the suite's default) one `strata serve` per distinct flag set is
@@ -48,6 +48,8 @@ def llama_server_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cors-origins")
     p.add_argument("--sleep-idle-seconds", type=int)
     p.add_argument("--kv-unified", action="store_true")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--n-predict", type=int)
     args, _ignored = p.parse_known_args(argv)
     return args
 
@@ -72,6 +74,11 @@ def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
         out += ["--context", str(args.ctx_size // share)]
     if args.parallel:
         out += ["--slots", str(args.parallel)]
+    # llama-server's -1 (its default) is a random seed / no limit: Strata's unset.
+    if args.seed is not None and 0 <= args.seed < 0xFFFFFFFF:
+        out += ["--seed", str(args.seed)]
+    if args.n_predict is not None and args.n_predict > 0:
+        out += ["--max-tokens", str(args.n_predict)]
     if args.api_key:
         out += ["--api-key", args.api_key]
     # llama-server allows any origin unless told otherwise ('*', Strata's '*'); "localhost" is

@@ -1,6 +1,6 @@
 """What llama.cpp's own server tests expect of llama-server, against `serve` with the real
 engine process on a tiny llama (CPU): its /metrics names and header, its context-size error
-type, its token-counting routes."""
+type, its server-wide seed and n-predict (--seed, --max-tokens)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.asyncio(lo
 
 PROMPT = "w5 w9 w17 w33 w40 w41 w42 w43"
 CONTEXT_TOKENS = 64
+SERVER_SEED, SERVER_MAX_TOKENS = 42, 6
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -28,7 +29,8 @@ async def base_url(tmp_path_factory):
     model_dir = save_tiny_llama(tmp_path_factory.mktemp("real-tiny"), seed=0)
     write_tiny_model_dir(model_dir, vocab_size=VOCAB)  # word-level: "w5" is token 5
     settings = ServeSettings(model=str(model_dir), port=0, device="cpu",
-                             context_tokens=CONTEXT_TOKENS, slots=1,
+                             context_tokens=CONTEXT_TOKENS, slots=1, seed=SERVER_SEED,
+                             max_tokens=SERVER_MAX_TOKENS,
                              snapshot_dir=str(tmp_path_factory.mktemp("snapshots")))
     async with serving(settings, Service(settings)) as url:
         yield url
@@ -94,3 +96,19 @@ async def test_a_prompt_past_the_context_is_llama_servers_error(base_url, stream
     assert error["type"] == "exceed_context_size_error"
     assert error["code"] == "context_length_exceeded"
     assert error["n_prompt_tokens"] > CONTEXT_TOKENS and error["n_ctx"] == CONTEXT_TOKENS
+
+
+async def test_the_server_seed_and_max_tokens_fill_and_cap_requests(base_url):
+    async with aiohttp.ClientSession() as session, session.get(f"{base_url}/props") as resp:
+        params = (await resp.json())["default_generation_settings"]["params"]
+    assert params["seed"] == SERVER_SEED and params["n_predict"] == SERVER_MAX_TOKENS
+    answers = []
+    for extra in ({}, {}, {"n_predict": 50}):
+        status, body = await _post(f"{base_url}/completion", {
+            "prompt": PROMPT, "temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+            "ignore_eos": True, **extra})
+        assert status == 200, body
+        assert body["timings"]["predicted_n"] == SERVER_MAX_TOKENS  # the default, and a cap
+        assert body["generation_settings"]["seed"] == SERVER_SEED
+        answers.append(body["tokens"] if "tokens" in body else body["content"])
+    assert answers[0] == answers[1]  # the server's seed: the same draw each time

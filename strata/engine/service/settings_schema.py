@@ -198,6 +198,15 @@ class ServeSettings:
                                              is_positive=True)
     repeat_last_n: int | None = _sampling("repeat last n", "64; -1: the whole context",
                                           is_integer=True, low=-1, high=1 << 20)
+    seed: int | None = setting(
+        None, Sampling(is_integer=True, low=0, high=2**64 - 1), "default sampling seed for "
+        "requests that leave it out (unset: a random one for each request)",
+        goes=Goes.SERVICE)
+    max_tokens: int | None = setting(
+        None, Sampling(is_integer=True, low=1, high=1 << 24), "most tokens a request "
+        "generates: the default for one that leaves max_tokens out, and a cap on one that asks "
+        "for more (finish reason 'length'); unset: up to the end of the context",
+        goes=Goes.SERVICE)
     vram_budget_bytes: int = setting(
         0, Size(), "VRAM the engine may map in all (weights, experts, KV), e.g. 16GiB to act "
         "as a 16 GiB card; the expert cache sizes itself inside it (0: no limit)",
