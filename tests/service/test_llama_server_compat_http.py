@@ -1,6 +1,6 @@
 """What llama.cpp's own server tests expect of llama-server, against `serve` with the real
 engine process on a tiny llama (CPU): its /metrics names and header, its context-size error
-type, its server-wide seed and n-predict (--seed, --max-tokens)."""
+type, its server-wide seed and n-predict (--seed, --max-tokens), its token-counting routes."""
 
 from __future__ import annotations
 
@@ -112,3 +112,25 @@ async def test_the_server_seed_and_max_tokens_fill_and_cap_requests(base_url):
         assert body["generation_settings"]["seed"] == SERVER_SEED
         answers.append(body["tokens"] if "tokens" in body else body["content"])
     assert answers[0] == answers[1]  # the server's seed: the same draw each time
+
+
+@pytest.mark.parametrize("prefix", ["/v1", ""])
+async def test_input_tokens_count_the_prompt_a_request_would_run(base_url, prefix):
+    messages = [{"role": "system", "content": "w7 w8"}, {"role": "user", "content": PROMPT}]
+    status, counted = await _post(f"{base_url}{prefix}/chat/completions/input_tokens",
+                                  {"messages": messages})
+    assert status == 200, counted
+    _, answer = await _post(f"{base_url}/v1/chat/completions",
+                            {"messages": messages, "max_tokens": 1})
+    assert counted == {"input_tokens": answer["usage"]["prompt_tokens"]}
+    status, counted = await _post(f"{base_url}{prefix}/responses/input_tokens",
+                                  {"input": PROMPT, "instructions": "w7 w8"})
+    assert status == 200, counted
+    _, answer = await _post(f"{base_url}/v1/responses",
+                            {"input": PROMPT, "instructions": "w7 w8", "max_output_tokens": 1})
+    assert counted == {"object": "response.input_tokens",
+                       "input_tokens": answer["usage"]["input_tokens"]}
+    # The body is checked as the completion's would be: a field Strata does not know is a 400.
+    status, error = await _post(f"{base_url}{prefix}/chat/completions/input_tokens",
+                                {"messages": messages, "mirostat": 2})
+    assert status == 400 and error["error"]["param"] == "mirostat"

@@ -70,6 +70,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await chat_response(start, plan, params, assets, head, openai_usage)
 
 
+async def chat_input_tokens(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions/input_tokens (llama-server's): the prompt's token count for a
+    chat completion body (tools and template included), checked as the completion would be."""
+    service = service_of(request)
+    body = await read_json_object(request)
+    parse_openai(body)
+    inputs, assets = await run_cpu(request.app, openai_chat_inputs, body, service)
+    plan = await plan_chat(request.app, assets, inputs)
+    return web.json_response({"input_tokens": len(plan.prompt_ids)})
+
+
 async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], params: Any,
                    id_prefix: str, kind: str, chunk_kind: str, chunk_choice, final_choice,
                    format_logprobs, grammar: str | None = None) -> web.StreamResponse:
