@@ -134,3 +134,21 @@ async def test_input_tokens_count_the_prompt_a_request_would_run(base_url, prefi
     status, error = await _post(f"{base_url}{prefix}/chat/completions/input_tokens",
                                 {"messages": messages, "mirostat": 2})
     assert status == 400 and error["error"]["param"] == "mirostat"
+
+
+async def test_verbose_adds_the_answer_in_llama_servers_own_terms(base_url):
+    messages = [{"role": "system", "content": "w7 w8"}, {"role": "user", "content": PROMPT}]
+    status, body = await _post(f"{base_url}/chat/completions",
+                               {"messages": messages, "max_tokens": 2, "verbose": True})
+    assert status == 200, body
+    native = body["__verbose"]
+    assert "w7 w8" in native["prompt"] and PROMPT in native["prompt"]
+    assert native["content"] == body["choices"][0]["message"]["content"]
+    assert native["tokens_evaluated"] == body["usage"]["prompt_tokens"]
+    assert native["tokens_predicted"] == 2 and native["timings"]["predicted_n"] == 2
+    _, plain = await _post(f"{base_url}/chat/completions",
+                           {"messages": messages, "max_tokens": 2, "verbose": False})
+    assert "__verbose" not in plain
+    status, error = await _post(f"{base_url}/chat/completions", {
+        "messages": messages, "max_tokens": 2, "verbose": True, "stream": True})
+    assert status == 400 and error["error"]["param"] == "verbose"

@@ -27,7 +27,7 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.api.validation import read_json_object
+from strata.engine.api.validation import get_bool, read_json_object
 from strata.engine.protocol import Usage
 from strata.engine.service.levels import State
 
@@ -66,8 +66,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                      choice=index)
 
     if params.is_stream:
+        if get_bool(body, "verbose"):
+            raise bad_request("'verbose' is answered without stream only; leave it out or "
+                              "set stream to false", param="verbose")
         return await chat_stream(request, start, plan, params, assets, head, openai_usage)
-    return await chat_response(start, plan, params, assets, head, openai_usage)
+    return await chat_response(start, plan, params, assets, head, openai_usage,
+                               verbose=get_bool(body, "verbose"))
 
 
 async def chat_input_tokens(request: web.Request) -> web.Response:
