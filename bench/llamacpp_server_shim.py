@@ -49,6 +49,8 @@ def llama_server_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sleep-idle-seconds", type=int)
     p.add_argument("--kv-unified", action="store_true")
     p.add_argument("--seed", type=int)
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--no-slots", action="store_true")
     p.add_argument("--n-predict", type=int)
     args, _ignored = p.parse_known_args(argv)
     return args
@@ -86,6 +88,11 @@ def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
     cors_origins = args.cors_origins or "*"
     if cors_origins != "localhost":
         out += ["--allowed-origins", cors_origins]
+    # llama-server serves /metrics only with --metrics, /slots unless --no-slots.
+    if not args.metrics:
+        out += ["--no-metrics-endpoint"]
+    if args.no_slots:
+        out += ["--no-slots-endpoint"]
     if args.sleep_idle_seconds:
         out += ["--sleep-idle", str(args.sleep_idle_seconds)]
     return out

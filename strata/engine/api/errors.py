@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
-    413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error",
-    507: "server_error",
+    413: "invalid_request_error", 429: "rate_limit_error", 501: "not_supported_error",
+    503: "unavailable_error", 507: "server_error",
 }
 CONTEXT_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the context
 # Anthropic's error "type" per HTTP status (docs.anthropic.com/en/api/errors).

@@ -165,7 +165,9 @@ async def start_listening(service: Any, settings: Any, *, port_advice: str = "--
     """
     allowed_hosts = await allowed_hosts_for_bind(settings.host, settings.allowed_hosts)
     app = create_app(service, api_key=settings.api_key, allowed_hosts=allowed_hosts,
-                     allowed_origins=settings.allowed_origins)
+                     allowed_origins=settings.allowed_origins,
+                     metrics_endpoint=settings.metrics_endpoint,
+                     slots_endpoint=settings.slots_endpoint)
     runner = web.AppRunner(app, handler_cancellation=True, handle_signals=False)
     await runner.setup()
     try:

@@ -145,6 +145,14 @@ class ServeSettings:
         (), NameList(is_origins=True), "comma-separated browser origins allowed to call the "
         "API besides the local ones (e.g. https://chat.example.com, http://10.0.0.5:*)",
         goes=Goes.API)
+    # llama-server answers 501 on these without --metrics / with --no-slots; Strata serves
+    # them unless told not to (they show usage counts and slot sizes, no text).
+    metrics_endpoint: bool = setting(
+        True, Boolean(sample=False), "serve GET /metrics (off: it answers 501, as llama-server without "
+        "--metrics)", goes=Goes.API)
+    slots_endpoint: bool = setting(
+        True, Boolean(sample=False), "serve GET /slots (off: it answers 501, as llama-server with "
+        "--no-slots)", goes=Goes.API)
     context_tokens: int = setting(
         0, Integer(0), "context length in tokens (0: the model's own, capped)",
         goes=Goes.ENGINE, flag="--context", unit="tokens", metavar="TOKENS")
