@@ -56,13 +56,14 @@ def llama_server_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
+def strata_args(args: argparse.Namespace, port: int, home: Path,
+                host: str = "127.0.0.1") -> list[str]:
     """`strata serve` flags equivalent to the llama-server ones that matter to the tests."""
     model = args.model if args.model and Path(args.model).is_file() else os.environ.get(
         "LLAMACPP_SHIM_MODEL", str(DEFAULT_MODEL))
     models_dir = home / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    out = ["serve", "--model", model, "--models-dir", str(models_dir), "--host", "127.0.0.1",
+    out = ["serve", "--model", model, "--models-dir", str(models_dir), "--host", host,
            "--port", str(port), "--device", "cpu", "--no-persist-sessions",
            "--snapshot-dir", str(home / "snapshots")]
     if args.temp is not None:
@@ -180,7 +181,8 @@ async def forward(host: str, port: int, target_port: int) -> None:
             return
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
-    server = await asyncio.start_server(handle, host, port)
+    # Every address of llama-server's comma list, as `strata serve --host` binds them.
+    server = await asyncio.start_server(handle, host.split(","), port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -197,7 +199,7 @@ def main(argv: list[str]) -> int:
         asyncio.run(forward(args.host, args.port, target))
         return 0
     home = Path(os.environ.get("LLAMACPP_SHIM_HOME", "tmp/strata-home"))
-    command = [*_strata_command(), *strata_args(args, args.port, home)]
+    command = [*_strata_command(), *strata_args(args, args.port, home, args.host)]
     os.environ["STRATA_HOME"] = str(home)
     os.execv(command[0], command)  # SIGTERM from the test reaches strata itself
 

@@ -128,7 +128,8 @@ class ServeSettings:
         "there are several models (with one, it always answers): off (404), default (the "
         "default model answers; for apps with a fixed model name)",
         goes=Goes.SERVICE)
-    host: str = setting("127.0.0.1", HostAddress(), "address to bind", goes=Goes.API)
+    host: str = setting("127.0.0.1", HostAddress(), "address to bind; several separated by "
+                        "commas (127.0.0.1,::1)", goes=Goes.API)
     port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)",
                         goes=Goes.API, label="Port", placeholder="any free port")
     api_key: str | None = setting(
