@@ -76,6 +76,10 @@ async def test_llama_cpp_metric_names_count_what_the_answers_report(base_url):
     assert delta["llamacpp:prompt_seconds_total"] > 0
     assert values["llamacpp:n_tokens_max"] >= 8 + 4
     assert values["llamacpp:requests_processing"] == 0
+    # The engine's forward calls: a prefill each (8 tokens, then 1 past the cached prefix)
+    # and a decode step per token after the first (0 + 3 + 3); one sequence in each.
+    assert delta["llamacpp:n_decode_total"] == 3 + 6
+    assert values["llamacpp:n_busy_slots_per_decode"] == 1.0
     assert types["llamacpp:prompt_tokens_total"] == "counter"
     assert types["llamacpp:predicted_tokens_seconds"] == "gauge"
     # The throughput gauges cover the time since the previous scrape, as llama-server's do.
@@ -83,6 +87,13 @@ async def test_llama_cpp_metric_names_count_what_the_answers_report(base_url):
     again, _, _ = await _metrics(base_url)
     assert again["llamacpp:predicted_tokens_seconds"] == 0
     assert again["llamacpp:tokens_predicted_total"] == values["llamacpp:tokens_predicted_total"]
+    # Embeddings evaluate prompts too (llama-server counts them): one forward per input here.
+    status, _ = await _post(f"{base_url}/v1/embeddings", {"input": ["w5 w6", "w7"]})
+    assert status == 200
+    after, _, _ = await _metrics(base_url)
+    assert after["llamacpp:prompt_tokens_total"] - again["llamacpp:prompt_tokens_total"] == 3
+    assert after["llamacpp:n_decode_total"] - again["llamacpp:n_decode_total"] == 2
+    assert after["llamacpp:tokens_predicted_total"] == again["llamacpp:tokens_predicted_total"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

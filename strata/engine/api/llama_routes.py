@@ -79,7 +79,8 @@ async def metrics(request: web.Request) -> web.Response:
     service = service_of(request)
     counters = getattr(service, "metrics", None)
     rates = counters.take_rates() if counters is not None else (0.0, 0.0)
-    return web.Response(body=render_metrics(_status(request), rates).encode(),
+    forwards = await service.forward_counts()  # asks the engine; wakes nothing
+    return web.Response(body=render_metrics(_status(request), rates, forwards).encode(),
                         headers={"Content-Type": CONTENT_TYPE,
                                  "Process-Start-Time-Unix": str(PROCESS_START_S)})
 

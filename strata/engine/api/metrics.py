@@ -43,8 +43,8 @@ _HISTOGRAMS = (
 
 
 # llama-server's metric names (its --metrics), for dashboards made for it: (name, type, help,
-# key in status()["counters"] or "batch"). Its n_decode_total and n_busy_slots_per_decode
-# count llama_decode() calls, which Strata's batch does not report; they are left out.
+# key in status()["counters"] or "batch"); n_decode_total and n_busy_slots_per_decode come
+# from the engine's forward counts (render_metrics' forwards).
 _LLAMACPP_METRICS = (
     ("prompt_tokens_total", "counter",
      "Number of prompt tokens processed, excluding cached tokens", "evaluated_tokens_total"),
@@ -94,9 +94,11 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render_metrics(status: dict[str, Any], rates: tuple[float, float] = (0.0, 0.0)) -> str:
+def render_metrics(status: dict[str, Any], rates: tuple[float, float] = (0.0, 0.0),
+                   forwards: Any = None) -> str:
     """The status snapshot as Prometheus text; missing counters read as 0. rates: prompt and
-    generation tokens per second since the last scrape (ServiceMetrics.take_rates)."""
+    generation tokens per second since the last scrape (ServiceMetrics.take_rates);
+    forwards: the engine's protocol.ForwardCounts (None: no engine runs, not reported)."""
     lines = []
     for name, kind, help_text, keys in _METRICS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
@@ -117,12 +119,12 @@ def render_metrics(status: dict[str, Any], rates: tuple[float, float] = (0.0, 0.
         lines += _histogram_lines(name, help_text, counters.get(key))
     lines += _arena_lines(status)
     lines += _model_lines(status.get("models"))
-    lines += _llamacpp_lines(counters, batch, rates)
+    lines += _llamacpp_lines(counters, batch, rates, forwards)
     return "\n".join(lines) + "\n"
 
 
 def _llamacpp_lines(counters: dict[str, Any], batch: dict[str, Any],
-                    rates: tuple[float, float]) -> list[str]:
+                    rates: tuple[float, float], forwards: Any) -> list[str]:
     """llama-server's metrics under its names (llamacpp:...), from the same counters."""
     items = [(name, kind, help_text, _number({**counters, **batch}.get(key)) or 0.0)
              for name, kind, help_text, key in _LLAMACPP_METRICS]
@@ -131,6 +133,11 @@ def _llamacpp_lines(counters: dict[str, Any], batch: dict[str, Any],
                rates[0]),
               ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s",
                rates[1])]
+    if forwards is not None:  # since the model's load, as llama-server's since its start
+        items += [("n_decode_total", "counter", "Total number of model forward calls (prefill "
+                   "chunks, decode steps, embedding chunks)", float(forwards.steps)),
+                  ("n_busy_slots_per_decode", "gauge", "Average number of sequences per "
+                   "forward call", forwards.sequences / max(forwards.steps, 1))]
     lines = []
     for name, kind, help_text, value in items:
         lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from strata.engine.protocol import Done, Error
+from strata.engine.protocol import Done, Error, Usage
 from strata.engine.service.latency import LatencyHistograms, RequestClock
 from strata.engine.service.status_schema import ServiceCounters
 
@@ -79,6 +79,13 @@ class ServiceMetrics:
             self.error_codes[final.code] += 1
         else:
             self.error_codes["no_answer"] += 1
+
+    def record_embedding(self, usage: Usage) -> None:
+        """Count an embedding's prompt tokens as evaluated, as llama-server counts them."""
+        self.evaluated_tokens += usage.prompt_tokens
+        self.prefill_s += usage.prefill_s
+        self.window[0] += usage.prompt_tokens
+        self.window[1] += usage.prefill_s
 
     def take_rates(self) -> tuple[float, float]:
         """(prompt, generation) tokens per second since the last call, and a new window:
