@@ -3,8 +3,8 @@
 Run by bench/llamacpp_server_suite.py (through LLAMA_SERVER_BIN_PATH), never by hand. It maps
 the llama-server flags that utils.py's ServerProcess passes to `strata serve` flags and
 ignores the ones that only tune llama.cpp (threads, batch sizes, --jinja...). Flags that
-change what the server does and have no Strata counterpart (--n-predict, --lora, a draft
-model, --chat-template...) are dropped too: the tests that need them are classified as not
+change what the server does and have no Strata counterpart (--lora, a draft model,
+--chat-template...) are dropped too: the tests that need them are classified as not
 model-agnostic in llamacpp_server_suite.py, and they fail on their own if they run.
 
 With LLAMACPP_SHIM_POOL=DIR (the suite's default) one `strata serve` per distinct flag set is
@@ -48,17 +48,22 @@ def llama_server_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cors-origins")
     p.add_argument("--sleep-idle-seconds", type=int)
     p.add_argument("--kv-unified", action="store_true")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--metrics", action="store_true")
+    p.add_argument("--no-slots", action="store_true")
+    p.add_argument("--n-predict", type=int)
     args, _ignored = p.parse_known_args(argv)
     return args
 
 
-def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
+def strata_args(args: argparse.Namespace, port: int, home: Path,
+                host: str = "127.0.0.1") -> list[str]:
     """`strata serve` flags equivalent to the llama-server ones that matter to the tests."""
     model = args.model if args.model and Path(args.model).is_file() else os.environ.get(
         "LLAMACPP_SHIM_MODEL", str(DEFAULT_MODEL))
     models_dir = home / "models"
     models_dir.mkdir(parents=True, exist_ok=True)
-    out = ["serve", "--model", model, "--models-dir", str(models_dir), "--host", "127.0.0.1",
+    out = ["serve", "--model", model, "--models-dir", str(models_dir), "--host", host,
            "--port", str(port), "--device", "cpu", "--no-persist-sessions",
            "--snapshot-dir", str(home / "snapshots")]
     if args.temp is not None:
@@ -72,11 +77,23 @@ def strata_args(args: argparse.Namespace, port: int, home: Path) -> list[str]:
         out += ["--context", str(args.ctx_size // share)]
     if args.parallel:
         out += ["--slots", str(args.parallel)]
+    # llama-server's -1 (its default) is a random seed / no limit: Strata's unset.
+    if args.seed is not None and 0 <= args.seed < 0xFFFFFFFF:
+        out += ["--seed", str(args.seed)]
+    if args.n_predict is not None and args.n_predict > 0:
+        out += ["--max-tokens", str(args.n_predict)]
     if args.api_key:
         out += ["--api-key", args.api_key]
-    # "localhost" is llama-server's word for the local origins, which Strata allows already.
-    if args.cors_origins and args.cors_origins != "localhost":
-        out += ["--allowed-origins", args.cors_origins]
+    # llama-server allows any origin unless told otherwise ('*', Strata's '*'); "localhost" is
+    # its word for the local origins, Strata's own default.
+    cors_origins = args.cors_origins or "*"
+    if cors_origins != "localhost":
+        out += ["--allowed-origins", cors_origins]
+    # llama-server serves /metrics only with --metrics, /slots unless --no-slots.
+    if not args.metrics:
+        out += ["--no-metrics-endpoint"]
+    if args.no_slots:
+        out += ["--no-slots-endpoint"]
     if args.sleep_idle_seconds:
         out += ["--sleep-idle", str(args.sleep_idle_seconds)]
     return out
@@ -164,7 +181,8 @@ async def forward(host: str, port: int, target_port: int) -> None:
             return
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
-    server = await asyncio.start_server(handle, host, port)
+    # Every address of llama-server's comma list, as `strata serve --host` binds them.
+    server = await asyncio.start_server(handle, host.split(","), port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -181,7 +199,7 @@ def main(argv: list[str]) -> int:
         asyncio.run(forward(args.host, args.port, target))
         return 0
     home = Path(os.environ.get("LLAMACPP_SHIM_HOME", "tmp/strata-home"))
-    command = [*_strata_command(), *strata_args(args, args.port, home)]
+    command = [*_strata_command(), *strata_args(args, args.port, home, args.host)]
     os.environ["STRATA_HOME"] = str(home)
     os.execv(command[0], command)  # SIGTERM from the test reaches strata itself
 

@@ -77,6 +77,9 @@ TESTS: list[tuple[str, str]] = [
      "the integer stories260K writes"),
     (r"test_chat_completion.py::test_return_progress", "llama.cpp's --batch-size prompt "
      "chunks of stories260K's tokens"),
+    # test_compat_oai_responses.py: both look for "Suddenly" in the answer
+    (r"test_compat_oai_responses.py::test_responses_(stream_)?with_openai_library",
+     _STORIES_TEXT),
     # test_embedding.py
     (r"test_embedding.py::test_embedding_mixed_input\[-False\]", "a model that adds special "
      "tokens (CLS/BOS) to an empty text"),

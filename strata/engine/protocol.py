@@ -305,8 +305,17 @@ class BatchCounts:
     parallel: int
 
 
+@dataclass(frozen=True)
+class ForwardCounts:
+    """The model's forward calls since its load (prefill chunks, decode steps, embedding
+    chunks) and the sequences in them summed: a batched step is one call of many sequences."""
+
+    steps: int
+    sequences: int
+
+
 _INT_FIELDS = ("reserved_bytes", "resident_bytes", "released_bytes", "id", "n_tokens", "bytes",
-               "n_ctx", "running", "waiting", "parallel")
+               "n_ctx", "running", "waiting", "parallel", "steps", "sequences")
 
 
 def _typed_row(cls: type, row: Mapping[str, Any]) -> Any:
@@ -339,6 +348,7 @@ class EngineStatus:
     standby: dict[str, bool] = field(default_factory=dict)  # a standby's import state
     num_slots: int = 0  # cache slots of the loaded model (--slots); 0 without a model
     batch: BatchCounts | None = None
+    forwards: ForwardCounts | None = None  # None: an engine that does not count them
 
     @classmethod
     def of_engine(cls, report: Mapping[str, Any], pid: int) -> EngineStatus:
@@ -353,7 +363,10 @@ class EngineStatus:
         num_slots = int(report.pop("num_slots", 0) or 0)
         batch_row = report.pop("batch", None)
         batch = _typed_row(BatchCounts, batch_row) if batch_row is not None else None
-        return cls(state, pid, report, arenas, slots, experts, num_slots=num_slots, batch=batch)
+        forwards_row = report.pop("forwards", None)
+        forwards = _typed_row(ForwardCounts, forwards_row) if forwards_row is not None else None
+        return cls(state, pid, report, arenas, slots, experts, num_slots=num_slots, batch=batch,
+                   forwards=forwards)
 
     @property
     def device(self) -> str | None:

@@ -117,6 +117,9 @@ class FakeService:
     def set_unload_idle(self, seconds: float | None) -> None:
         self.calls.append(("set_unload_idle", seconds))
 
+    async def forward_counts(self) -> Any:
+        return None  # no engine runs behind this fake
+
     def status(self) -> dict[str, Any]:
         return service_status(model=self.model_id, state=self.state,
                               model_path="/models/tiny", context_tokens=self.context_tokens,

@@ -160,6 +160,7 @@ class FakeEngine:
         self._is_temp_dir = False
         self.num_slots = getattr(config, "num_slots", NUM_SLOTS)
         self.num_parallel = getattr(config, "parallel", 0) or self.num_slots
+        self.num_forwards = self.num_forward_sequences = 0  # what Engine.forward_counts says
         self._waiting: deque[_FakeSequence] = deque()
         self._running: list[_FakeSequence] = []
         self._last_used: dict[int, float] = {}
@@ -349,6 +350,9 @@ class FakeEngine:
             seq.steps = self._tokens(seq.prompt, seq.sampling, seq.slot, seq.result)
             self._running.append(seq)
         events = []
+        if self._running:  # one "forward" per step, of every running sequence, as the engine
+            self.num_forwards += 1
+            self.num_forward_sequences += len(self._running)
         for seq in list(self._running):
             try:
                 token, record = next(seq.steps)
@@ -523,6 +527,7 @@ class FakeEngine:
             "slots": self.slots_status(),
             "num_slots": self.num_slots,
             "batch": self.batch_status(),
+            "forwards": {"steps": self.num_forwards, "sequences": self.num_forward_sequences},
             "experts": experts,
         }
 

@@ -17,7 +17,9 @@ def counters(**changes: Any) -> dict[str, Any]:
     """ServiceMetrics.snapshot() of a service that has served nothing, with `changes`."""
     return {
         "requests_total": 0, "rejected_total": 0, "prompt_tokens_total": 0,
-        "completion_tokens_total": 0, "cached_tokens_total": 0, "tokens_per_second": 0.0,
+        "completion_tokens_total": 0, "cached_tokens_total": 0, "evaluated_tokens_total": 0,
+        "prefill_seconds_total": 0.0, "decode_seconds_total": 0.0, "max_sequence_tokens": 0,
+        "tokens_per_second": 0.0,
         "last_prompt_tokens": 0, "last_completion_tokens": 0, "finish_reasons": {},
         "errors": {}, "level_changes": {}, "level_failures": {},
         **LatencyHistograms().snapshot(), **changes,

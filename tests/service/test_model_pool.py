@@ -159,6 +159,23 @@ def test_names_match_by_tag_file_name_alias_and_case(tmp_path):
     assert index.find("nope") is None
 
 
+def test_the_default_models_file_served_from_elsewhere_is_listed_once(tmp_path, monkeypatch,
+                                                                      smollm2_gguf):
+    """`serve --model /else/SmolLM2...gguf` with an empty cache: the embedded default's offer
+    is that same model, not a second one (llama.cpp's tests expect one entry)."""
+    served = tmp_path / "elsewhere" / smollm2_gguf.name
+    served.parent.mkdir()
+    served.symlink_to(smollm2_gguf)
+    monkeypatch.setenv("STRATA_HOME", str(tmp_path / "home"))  # its cache holds nothing
+    models_dir = tmp_path / "home" / "models"
+    models_dir.mkdir(parents=True)
+    assert build_index(models_dir, [], served, "tinyllama-2").names == ["tinyllama-2"]
+    other = tmp_path / "other" / "mine.gguf"
+    other.parent.mkdir()
+    other.symlink_to(smollm2_gguf)  # another file: the default stays on offer beside it
+    assert len(build_index(models_dir, [], other, "mine").names) == 2
+
+
 def test_a_gguf_file_answers_with_and_without_its_suffix(tmp_path):
     from strata.engine.service.model_pool_names import ModelIndex
 

@@ -141,3 +141,34 @@ async def test_the_tray_binds_like_serve(tiny_model_dir):
         assert not service.status()["is_busy"], "the abandoned generation is still running"
     finally:
         await tray.stop()
+
+
+async def test_several_addresses_are_bound_and_all_answer(tiny_model_dir, caplog):
+    """--host 127.0.0.1,::1 (llama-server's comma list): one port on both, both answer, and
+    loopback only, so no warning about other machines."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    settings = ServeSettings(model=str(tiny_model_dir), host="127.0.0.1,::1", port=0)
+    stop = asyncio.Event()
+    urls: list[str] = []
+    caplog.set_level(logging.INFO)
+    server = asyncio.create_task(serve(settings, service=_service(tiny_model_dir, settings),
+                                       stop_event=stop, on_listening=urls.append))
+    for _ in range(400):
+        if urls or server.done():
+            break
+        await asyncio.sleep(0.05)
+    try:
+        assert urls and urls[0].startswith("http://127.0.0.1:"), urls
+        port = int(urls[0].removesuffix("/v1").rsplit(":", 1)[1])
+        async with aiohttp.ClientSession() as session:
+            for base in (f"http://127.0.0.1:{port}", f"http://[::1]:{port}"):
+                async with session.get(f"{base}/health") as response:
+                    assert response.status == 200, base
+        assert "without an API key" not in caplog.text
+    finally:
+        stop.set()
+        assert await asyncio.wait_for(server, 20) == 0

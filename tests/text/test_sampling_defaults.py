@@ -72,7 +72,8 @@ def test_settings_win_over_the_model_which_wins_over_llama_cpp(tmp_path: Path) -
         pytest.approx((0.6, 5, 0.95, 0.1))
     assert defaults.sources == {"temperature": "model", "top_k": "settings",
                                 "top_p": "llama.cpp", "min_p": "settings",
-                                "repeat_penalty": "llama.cpp", "repeat_last_n": "llama.cpp"}
+                                "repeat_penalty": "llama.cpp", "repeat_last_n": "llama.cpp",
+                                "seed": "llama.cpp", "max_tokens": "llama.cpp"}
 
 
 def test_the_embedded_default_model_decodes_greedily(tmp_path: Path) -> None:

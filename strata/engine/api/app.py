@@ -27,12 +27,14 @@ from strata.engine.service.facade import ServiceFacade
 
 def create_app(service: ServiceFacade, *, api_key: str | None = None,
                allowed_hosts: Iterable[str] = (),
-               allowed_origins: Iterable[str] = ()) -> web.Application:
+               allowed_origins: Iterable[str] = (), metrics_endpoint: bool = True,
+               slots_endpoint: bool = True) -> web.Application:
     """Build the API app over a service.
 
     allowed_hosts: Host names accepted besides the loopback names ('*' accepts any).
     allowed_origins: browser Origins allowed to call the API (CORS) besides our own and
     DEFAULT_ALLOWED_ORIGINS: exact origins or patterns (http://host:*, app://*, *).
+    metrics_endpoint, slots_endpoint: off, GET /metrics or /slots answers 501.
     The caller owns the service's lifetime and the bind address.
     """
     # The model is resolved after the key and origin checks: an unknown name is no clue for a
@@ -43,7 +45,9 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
     app[SETTINGS_KEY] = ApiSettings(api_key=api_key or None,
                                     allowed_hosts=tuple(allowed_hosts),
                                     allowed_origins=(*DEFAULT_ALLOWED_ORIGINS,
-                                                     *(o.rstrip("/") for o in allowed_origins)))
+                                                     *(o.rstrip("/") for o in allowed_origins)),
+                                    metrics_endpoint=metrics_endpoint,
+                                    slots_endpoint=slots_endpoint)
     app.on_response_prepare.append(add_cors_headers)
     app[LIFECYCLE_KEY] = Lifecycle()
     app.on_shutdown.append(_mark_stopping)

@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 405: "invalid_request_error", 409: "invalid_request_error",
-    413: "invalid_request_error", 429: "rate_limit_error", 503: "unavailable_error",
-    507: "server_error",
+    413: "invalid_request_error", 429: "rate_limit_error", 501: "not_supported_error",
+    503: "unavailable_error", 507: "server_error",
 }
+CONTEXT_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the context
 # Anthropic's error "type" per HTTP status (docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -43,7 +44,8 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, code: str = "invalid_request",
                  *, param: str | None = None, retry_after_s: float | None = None,
-                 details: dict[str, Any] | None = None):
+                 details: dict[str, Any] | None = None,
+                 fields: dict[str, Any] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -51,6 +53,7 @@ class ApiError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
         self.details = details  # Anthropic's error.details, which its SDK branches on
+        self.fields = fields  # more keys of an OpenAI-shaped error (llama-server's)
 
 
 def bad_request(message: str, *, param: str | None = None,
@@ -95,9 +98,11 @@ def error_body(error: ApiError, *, anthropic: bool, ollama: bool = False) -> dic
         if error.details is not None:
             body["details"] = error.details
         return {"type": "error", "error": body}
-    kind = _OPENAI_TYPES.get(error.status, "server_error")
+    # llama-server's type for a prompt past the context; the code stays OpenAI's.
+    kind = "exceed_context_size_error" if error.code == CONTEXT_EXCEEDED else \
+        _OPENAI_TYPES.get(error.status, "server_error")
     return {"error": {"message": message, "type": kind, "param": error.param,
-                      "code": error.code}}
+                      "code": error.code, **(error.fields or {})}}
 
 
 def error_response(error: ApiError, *, anthropic: bool, ollama: bool = False) -> web.Response:

@@ -21,6 +21,8 @@ class ApiSettings:
     api_key: str | None = None
     allowed_hosts: tuple[str, ...] = ()  # besides LOOPBACK_HOSTS, which are always allowed
     allowed_origins: tuple[str, ...] = ()
+    metrics_endpoint: bool = True  # off: GET /metrics answers 501
+    slots_endpoint: bool = True  # off: GET /slots answers 501
 
 
 @dataclass

@@ -43,8 +43,19 @@ class Listening:
     bound: tuple[str, ...]  # 'host:port' per listening socket, the real port when 0 was asked
 
 
+def bind_hosts(host: str) -> list[str]:
+    """The addresses of a --host value: one, or several separated by commas (as llama-server
+    takes them: '127.0.0.1,::1'); '' stays the wildcard."""
+    parts = [part.strip() for part in host.split(",")]
+    return [part for part in parts if part] or [""]
+
+
 def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses (127.0.0.0/8, ::1)."""
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1); for several addresses,
+    when every one is."""
+    hosts = bind_hosts(host)
+    if len(hosts) > 1:
+        return all(is_loopback(one) for one in hosts)
     name = normalize_host_name(host)
     if name in LOOPBACK_HOSTS:
         return True
@@ -83,8 +94,8 @@ async def allowed_hosts_for_bind(bind_host: str, extra: Iterable[str] = ()) -> t
     """
     names = [normalize_host_name(h) for h in extra]
     if not is_loopback(bind_host):
-        if bind_host not in WILDCARD_HOSTS:
-            names.append(normalize_host_name(bind_host))
+        names += [normalize_host_name(one) for one in bind_hosts(bind_host)
+                  if one not in WILDCARD_HOSTS]
         names.extend(sorted(await machine_host_names()))
     return tuple(dict.fromkeys(n for n in names if n))
 
@@ -102,6 +113,7 @@ def client_host(bind_host: str, bound: Iterable[str]) -> str:
     """The host a client on this machine uses for a bind: a wildcard bind's loopback in a
     family it listens on ('::' binds IPv6 only, where 127.0.0.1 is refused), else the bind
     address itself, bracketed when IPv6."""
+    bind_host = bind_hosts(bind_host)[0]
     if bind_host in WILDCARD_HOSTS:
         has_ipv4 = any(not address.startswith("[") for address in bound)
         return "127.0.0.1" if has_ipv4 or not bound else "[::1]"
@@ -117,8 +129,9 @@ def bind_sockets(host: str, port: int, *, port_advice: str = "--port") -> list[s
     Raises ListenError (one line).
     """
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
+        infos = [info for one in bind_hosts(host)
+                 for info in socket.getaddrinfo(one or None, port, type=socket.SOCK_STREAM,
+                                                flags=socket.AI_PASSIVE)]
     except socket.gaierror as exc:
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host"
                           ) from None
@@ -165,12 +178,14 @@ async def start_listening(service: Any, settings: Any, *, port_advice: str = "--
     """
     allowed_hosts = await allowed_hosts_for_bind(settings.host, settings.allowed_hosts)
     app = create_app(service, api_key=settings.api_key, allowed_hosts=allowed_hosts,
-                     allowed_origins=settings.allowed_origins)
+                     allowed_origins=settings.allowed_origins,
+                     metrics_endpoint=settings.metrics_endpoint,
+                     slots_endpoint=settings.slots_endpoint)
     runner = web.AppRunner(app, handler_cancellation=True, handle_signals=False)
     await runner.setup()
     try:
-        if sockets is None:
-            await web.TCPSite(runner, settings.host, settings.port).start()
+        for host in bind_hosts(settings.host) if sockets is None else ():
+            await web.TCPSite(runner, host, settings.port).start()
         for sock in sockets or ():
             await web.SockSite(runner, sock).start()
     except OSError as exc:

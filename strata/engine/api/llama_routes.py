@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psutil
 from aiohttp import web
 
 from strata import __version__ as STRATA_VERSION
 from strata.engine.api.cpu_pool import run_cpu
-from strata.engine.api.errors import bad_request
+from strata.engine.api.errors import ApiError, bad_request
+from strata.engine.api.keys import SETTINGS_KEY
 from strata.engine.api.metrics import CONTENT_TYPE, render_metrics
 from strata.engine.api.model_routing import service_of
 from strata.engine.api.redact import file_name, redact
@@ -22,7 +24,16 @@ from strata.engine.service.levels import State, resident_bytes
 from strata.engine.text.token_bytes import token_piece
 from strata.units import MIB
 
+# When this server process started (seconds since the epoch), as llama-server reports it.
+PROCESS_START_S = int(psutil.Process().create_time())
 _DUMP_SLICE = 65536  # token ids per json.dumps call when writing a /tokenize answer
+
+
+def _check_endpoint(request: web.Request, name: str) -> None:
+    """501 when the server was started with this endpoint off (--no-NAME-endpoint)."""
+    if not getattr(request.app[SETTINGS_KEY], f"{name}_endpoint"):
+        raise ApiError(501, f"this server does not serve /{name}; start it without "
+                       f"--no-{name}-endpoint", "not_supported")
 
 
 def _status(request: web.Request) -> dict[str, Any]:
@@ -62,9 +73,16 @@ async def props(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """GET /metrics: Prometheus text."""
-    return web.Response(body=render_metrics(_status(request)).encode(),
-                        headers={"Content-Type": CONTENT_TYPE})
+    """GET /metrics: Prometheus text, with llama-server's Process-Start-Time-Unix header. A
+    scrape starts a new window for the throughput gauges (llama-server's behaviour)."""
+    _check_endpoint(request, "metrics")
+    service = service_of(request)
+    counters = getattr(service, "metrics", None)
+    rates = counters.take_rates() if counters is not None else (0.0, 0.0)
+    forwards = await service.forward_counts()  # asks the engine; wakes nothing
+    return web.Response(body=render_metrics(_status(request), rates, forwards).encode(),
+                        headers={"Content-Type": CONTENT_TYPE,
+                                 "Process-Start-Time-Unix": str(PROCESS_START_S)})
 
 
 async def v1_status(request: web.Request) -> web.Response:
@@ -79,6 +97,7 @@ def _dumps(value: Any) -> str:
 
 async def slots(request: web.Request) -> web.Response:
     """GET /slots: the cache slots as the service reports them (one entry per slot)."""
+    _check_endpoint(request, "slots")
     service = service_of(request)
     reported = _status(request).get("slots")
     if isinstance(reported, list):

@@ -1,4 +1,5 @@
-"""Prometheus text exposition (format 0.0.4) of service.status(), for GET /metrics."""
+"""Prometheus text exposition (format 0.0.4) of service.status(), for GET /metrics: Strata's
+own strata_* metrics, then llama.cpp's llamacpp:* names for what Strata measures alike."""
 
 from __future__ import annotations
 
@@ -41,6 +42,34 @@ _HISTOGRAMS = (
 )
 
 
+# llama-server's metric names (its --metrics), for dashboards made for it: (name, type, help,
+# key in status()["counters"] or "batch"); n_decode_total and n_busy_slots_per_decode come
+# from the engine's forward counts (render_metrics' forwards).
+_LLAMACPP_METRICS = (
+    ("prompt_tokens_total", "counter",
+     "Number of prompt tokens processed, excluding cached tokens", "evaluated_tokens_total"),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache",
+     "cached_tokens_total"),
+    ("prompt_seconds_total", "counter", "Total time spent processing prompts",
+     "prefill_seconds_total"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed",
+     "completion_tokens_total"),
+    ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens",
+     "decode_seconds_total"),
+    ("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)",
+     "max_sequence_tokens"),
+    ("requests_processing", "gauge", "Number of requests processing", "running"),
+    ("requests_deferred", "gauge", "Number of requests deferred", "waiting"),
+)
+# Strata has no speculative decoding: llama.cpp's counters of it stay 0.
+_LLAMACPP_SPECULATIVE = (
+    ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total",
+     "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "Speculative: Total speculative decoding verification steps"),
+)
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -65,8 +94,11 @@ def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render_metrics(status: dict[str, Any]) -> str:
-    """The status snapshot as Prometheus text; missing counters read as 0."""
+def render_metrics(status: dict[str, Any], rates: tuple[float, float] = (0.0, 0.0),
+                   forwards: Any = None) -> str:
+    """The status snapshot as Prometheus text; missing counters read as 0. rates: prompt and
+    generation tokens per second since the last scrape (ServiceMetrics.take_rates);
+    forwards: the engine's protocol.ForwardCounts (None: no engine runs, not reported)."""
     lines = []
     for name, kind, help_text, keys in _METRICS:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
@@ -87,7 +119,30 @@ def render_metrics(status: dict[str, Any]) -> str:
         lines += _histogram_lines(name, help_text, counters.get(key))
     lines += _arena_lines(status)
     lines += _model_lines(status.get("models"))
+    lines += _llamacpp_lines(counters, batch, rates, forwards)
     return "\n".join(lines) + "\n"
+
+
+def _llamacpp_lines(counters: dict[str, Any], batch: dict[str, Any],
+                    rates: tuple[float, float], forwards: Any) -> list[str]:
+    """llama-server's metrics under its names (llamacpp:...), from the same counters."""
+    items = [(name, kind, help_text, _number({**counters, **batch}.get(key)) or 0.0)
+             for name, kind, help_text, key in _LLAMACPP_METRICS]
+    items += [(name, "counter", help_text, 0.0) for name, help_text in _LLAMACPP_SPECULATIVE]
+    items += [("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s",
+               rates[0]),
+              ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s",
+               rates[1])]
+    if forwards is not None:  # since the model's load, as llama-server's since its start
+        items += [("n_decode_total", "counter", "Total number of model forward calls (prefill "
+                   "chunks, decode steps, embedding chunks)", float(forwards.steps)),
+                  ("n_busy_slots_per_decode", "gauge", "Average number of sequences per "
+                   "forward call", forwards.sequences / max(forwards.steps, 1))]
+    lines = []
+    for name, kind, help_text, value in items:
+        lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                  f"llamacpp:{name} {_format(value)}"]
+    return lines
 
 
 def _model_lines(models: Any) -> list[str]:

@@ -23,7 +23,9 @@ MODEL_SERVICE_KEY = web.RequestKey("strata_model_service", ServiceFacade)
 # Routes whose request may name a model (a JSON body's "model", or ?model= on a GET).
 MODEL_ROUTES = frozenset({
     "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
-    "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/responses", "/responses", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/chat/completions/input_tokens", "/chat/completions/input_tokens",
+    "/v1/responses/input_tokens", "/responses/input_tokens",
     "/v1/embeddings", "/embeddings", "/embedding",
     "/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show",
     "/completion", "/infill", "/tokenize", "/detokenize", "/apply-template", "/props", "/slots",

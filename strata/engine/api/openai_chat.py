@@ -17,6 +17,7 @@ from aiohttp import web
 from strata.engine.api import sse
 from strata.engine.api.chat_output import ChatOutput
 from strata.engine.api.chat_plan import ChatPlan
+from strata.engine.api.llama_answer import timings
 from strata.engine.api.openai_logprobs import chat_logprobs, summed_usage
 from strata.engine.api.textgen import TextGeneration, ended_usage
 from strata.engine.text.reasoning import Reasoning
@@ -40,9 +41,10 @@ def _logprobs(output: ChatOutput, params: Any, assets: Any) -> dict | None:
 
 
 async def chat_response(start: StartChoice, plan: ChatPlan, params: Any, assets: Any,
-                        head: dict, usage) -> web.Response:
-    """The whole chat.completion object, with its n choices."""
-    choices, usages = [], []
+                        head: dict, usage, *, verbose: bool = False) -> web.Response:
+    """The whole chat.completion object, with its n choices; verbose adds llama-server's
+    `__verbose`: the first choice as its /completion answers it, the templated prompt too."""
+    choices, usages, native = [], [], {}
     for index in range(params.n):
         output = ChatOutput(await start(index), plan, "call_")
         try:
@@ -64,8 +66,17 @@ async def chat_response(start: StartChoice, plan: ChatPlan, params: Any, assets:
                         "logprobs": _logprobs(output, params, assets),
                         "finish_reason": finish_reason(output)})
         usages.append(ended_usage(output.generation))
+        if verbose and index == 0:
+            native = {"__verbose": _native_answer(plan, assets, result.text, usages[0])}
     return web.json_response({**head, "object": "chat.completion", "choices": choices,
-                              "usage": usage(summed_usage(usages))})
+                              "usage": usage(summed_usage(usages)), **native})
+
+
+def _native_answer(plan: ChatPlan, assets: Any, text: str, used: Any) -> dict[str, Any]:
+    """A choice in llama-server's /completion terms (its `verbose` debug field)."""
+    return {"prompt": assets.decode(plan.prompt_ids, skip_special=False), "content": text,
+            "tokens_evaluated": used.prompt_tokens, "tokens_cached": used.cached_tokens,
+            "tokens_predicted": used.completion_tokens, "timings": timings(used)}
 
 
 def _delta(piece: Any, output: ChatOutput) -> dict[str, Any]:

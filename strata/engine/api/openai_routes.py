@@ -27,7 +27,7 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.api.validation import read_json_object
+from strata.engine.api.validation import get_bool, read_json_object
 from strata.engine.protocol import Usage
 from strata.engine.service.levels import State
 
@@ -66,8 +66,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                      choice=index)
 
     if params.is_stream:
+        if get_bool(body, "verbose"):
+            raise bad_request("'verbose' is answered without stream only; leave it out or "
+                              "set stream to false", param="verbose")
         return await chat_stream(request, start, plan, params, assets, head, openai_usage)
-    return await chat_response(start, plan, params, assets, head, openai_usage)
+    return await chat_response(start, plan, params, assets, head, openai_usage,
+                               verbose=get_bool(body, "verbose"))
+
+
+async def chat_input_tokens(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions/input_tokens (llama-server's): the prompt's token count for a
+    chat completion body (tools and template included), checked as the completion would be."""
+    service = service_of(request)
+    body = await read_json_object(request)
+    parse_openai(body)
+    inputs, assets = await run_cpu(request.app, openai_chat_inputs, body, service)
+    plan = await plan_chat(request.app, assets, inputs)
+    return web.json_response({"input_tokens": len(plan.prompt_ids)})
 
 
 async def _respond(request: web.Request, assets: Any, prompt_ids: list[int], params: Any,

@@ -261,6 +261,9 @@ SCHEMAS: dict[str, Any] = {
                                 "system": _STRING_OR_TEXT_PARTS, **_ANTHROPIC_EXTRA},
                                ("messages",)),
     "TokenCount": _obj({"input_tokens": {"type": "integer"}}, ("input_tokens",)),
+    "ResponseInputTokens": _obj({"object": {"const": "response.input_tokens"},
+                                 "input_tokens": {"type": "integer"}},
+                                ("object", "input_tokens")),
     "Health": _obj({"status": {"enum": ["ok", "loading", "error"]},
                     "state": {"type": "string"}}, ("status", "state")),
     "Status": _obj({
@@ -383,6 +386,12 @@ def _paths() -> dict[str, Any]:
         "/apply-template": {"post": _op("The chat template applied to messages, no generation",
                                         "llama.cpp", _ok("Prompt"), 400,
                                         body=_body("ChatCompletionRequest"))},
+        "/v1/chat/completions/input_tokens": {"post": _op(
+            "Count a chat completion's prompt tokens (llama-server's)", "OpenAI",
+            _ok("TokenCount"), 400, body=_body("ChatCompletionRequest"))},
+        "/chat/completions/input_tokens": {"post": _op(
+            "Alias of /v1/chat/completions/input_tokens", "OpenAI", _ok("TokenCount"), 400,
+            body=_body("ChatCompletionRequest"))},
         "/chat/completions": {"post": _op(
             "Alias of /v1/chat/completions", "OpenAI",
             _ok("ChatCompletion", stream_text, stream=True), 400, 503,

@@ -87,6 +87,12 @@ def paths(op, ok, body) -> dict[str, Any]:
         "/responses": {"post": op("Alias of /v1/responses", "OpenAI",
                                   ok("Response", stream_text, stream=True), 400, 503,
                                   body=body("ResponsesRequest"))},
+        "/v1/responses/input_tokens": {"post": op(
+            "Count a Responses request's prompt tokens", "OpenAI", ok("ResponseInputTokens"),
+            400, body=body("ResponsesRequest"))},
+        "/responses/input_tokens": {"post": op(
+            "Alias of /v1/responses/input_tokens", "OpenAI", ok("ResponseInputTokens"), 400,
+            body=body("ResponsesRequest"))},
         "/responses/{response_id}": {"get": {
             **op("Alias of /v1/responses/{response_id}", "OpenAI", ok("Response"), 404),
             "parameters": [{"name": "response_id", "in": "path", "required": True,

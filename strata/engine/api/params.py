@@ -68,11 +68,13 @@ class GenerationParams:
         def pick(value, default):
             return default if value is None else value
 
+        seed = pick(self.seed, defaults.seed)
+
         return SamplingSpec(
             max_tokens=max_tokens, temperature=pick(self.temperature, defaults.temperature),
             top_p=pick(self.top_p, defaults.top_p), top_k=pick(self.top_k, defaults.top_k),
             min_p=pick(self.min_p, defaults.min_p),
-            seed=self.seed if self.seed is None or not choice else (self.seed + choice) % 2**64,
+            seed=seed if seed is None or not choice else (seed + choice) % 2**64,
             stop_token_ids=() if self.ignore_eos else tuple(eos_token_ids),
             repeat_penalty=pick(penalties.repeat, defaults.repeat_penalty),
             presence_penalty=penalties.presence, frequency_penalty=penalties.frequency,

@@ -25,7 +25,7 @@ _OUTPUT = frozenset({"response_format", "json_schema", "grammar"})
 OPENAI_CHAT_FIELDS = _OPENAI_SAMPLING | _OUTPUT | frozenset({
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
     "parallel_tool_calls", "functions", "function_call", "chat_template_kwargs",
-    "enable_thinking", "reasoning_effort"})
+    "enable_thinking", "reasoning_effort", "verbose"})
 OPENAI_COMPLETION_FIELDS = _OPENAI_SAMPLING | _OUTPUT | frozenset({
     "prompt", "echo", "suffix", "best_of"})
 ANTHROPIC_MESSAGES_FIELDS = _SLOT | frozenset({

@@ -197,6 +197,21 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return web.json_response(final)
 
 
+async def input_tokens(request: web.Request) -> web.Response:
+    """POST /v1/responses/input_tokens: the prompt's token count for a Responses body
+    (instructions, the previous response's turns and tools included)."""
+    service = service_of(request)
+    body = await read_json_object(request)
+    parsed = await run_cpu(request.app, parse_responses, body)
+    messages, _ = _conversation(request, parsed)
+    system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
+    plan = await plan_chat(request.app, text_assets(service), ChatInputs(
+        [*system, *messages], parsed.tools, parsed.output_grammar, effort=parsed.effort,
+        effort_param="reasoning"))
+    return web.json_response({"object": "response.input_tokens",
+                              "input_tokens": len(plan.prompt_ids)})
+
+
 def _store(request: web.Request, response: _Response, messages: tuple[dict[str, Any], ...],
            answer: dict[str, Any]) -> None:
     if response.parsed.is_stored:

@@ -8,6 +8,7 @@ refused) nor an answer it can read (no Access-Control-Allow-Origin for it).
 from __future__ import annotations
 
 import hmac
+import logging
 
 from aiohttp import web
 
@@ -21,6 +22,8 @@ from strata.engine.api.origins import (
 )
 
 __all__ = ["add_cors_headers", "is_host_allowed", "security_middleware", "split_host_header"]
+
+log = logging.getLogger(__name__)
 
 # Routes a supervisor or load balancer must reach without the key.
 _OPEN_PATHS = frozenset({"/health", "/v1/health"})
@@ -61,11 +64,18 @@ def _origin_refused(origin: str) -> ApiError:
 
 
 def _preflight(request: web.Request, origin: str, settings: ApiSettings) -> web.Response:
-    """Answer a CORS preflight: 204 with the CORS headers for an allowed Origin, else 403."""
+    """Answer a CORS preflight: 200 with the CORS headers for an allowed Origin, 200 without
+    them for any other (the browser then sends nothing: the answer lacks the Origin's grant).
+
+    200 for both, as llama-server answers: the browser decides by the headers alone. A refused
+    Origin's request, if sent anyway (a simple request needs no preflight), still gets a 403.
+    """
     if not _is_allowed_origin(request, origin, settings):
-        raise _origin_refused(origin)
+        log.info("CORS preflight from Origin %r refused; --allowed-origins %s lets it call",
+                 origin, origin)
+        return web.Response(status=200, headers={"Vary": "Origin"})
     asked = request.headers.get("Access-Control-Request-Headers", "").strip()
-    return web.Response(status=204, headers={
+    return web.Response(status=200, headers={
         "Access-Control-Allow-Origin": origin,
         "Access-Control-Allow-Methods": _CORS_METHODS,
         # Echo what the page asks for: SDKs add headers (x-stainless-*) that change by version.
@@ -78,7 +88,7 @@ def _preflight(request: web.Request, origin: str, settings: ApiSettings) -> web.
 @web.middleware
 async def security_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Refuse foreign Hosts and cross-site writes with 403, missing/wrong keys with 401;
-    answer CORS preflights for allowed Origins."""
+    answer CORS preflights."""
     settings = request.app[SETTINGS_KEY]
     host = request.headers.get("Host")
     if host is None or not is_host_allowed(host, settings):

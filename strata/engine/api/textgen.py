@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from strata.engine.api.cpu_pool import run_cpu
-from strata.engine.api.errors import ApiError, bad_request, from_error_event
+from strata.engine.api.errors import CONTEXT_EXCEEDED, ApiError, bad_request, from_error_event
 from strata.engine.api.params import GenerationParams
 from strata.engine.api.validation import check_slot
 from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
@@ -66,22 +66,31 @@ def text_assets(service: ServiceFacade) -> TextAssets:
 
 
 def check_fits_context(num_prompt_tokens: int, max_tokens: int | None,
-                       context_tokens: int) -> int:
-    """The max_tokens to use: the request's, or what is left of the context. 400 if too long."""
+                       context_tokens: int, server_max_tokens: int | None = None) -> int:
+    """The max_tokens to use: the request's (capped at the server's --max-tokens), else the
+    server's or what is left of the context, whichever is less. 400 if too long."""
+    if max_tokens is not None and server_max_tokens is not None:
+        max_tokens = min(max_tokens, server_max_tokens)
     if context_tokens <= 0:  # the service does not know its context yet; the engine checks
-        return max_tokens if max_tokens is not None else 256
+        return max_tokens if max_tokens is not None else server_max_tokens or 256
     if max_tokens is None:
         if num_prompt_tokens >= context_tokens:
-            raise bad_request(f"prompt is {num_prompt_tokens} tokens, the context is "
-                              f"{context_tokens} tokens; shorten the prompt",
-                              code="context_length_exceeded", param="messages")
-        return context_tokens - num_prompt_tokens
+            raise _past_context(f"prompt is {num_prompt_tokens} tokens, the context is "
+                                f"{context_tokens} tokens; shorten the prompt",
+                                num_prompt_tokens, context_tokens)
+        return min(context_tokens - num_prompt_tokens, server_max_tokens or context_tokens)
     if num_prompt_tokens + max_tokens > context_tokens:
-        raise bad_request(f"prompt is {num_prompt_tokens} tokens, the context is "
-                          f"{context_tokens} tokens and max_tokens {max_tokens} does not fit "
-                          "after it; shorten the prompt or lower max_tokens",
-                          code="context_length_exceeded", param="messages")
+        raise _past_context(f"prompt is {num_prompt_tokens} tokens, the context is "
+                            f"{context_tokens} tokens and max_tokens {max_tokens} does not fit "
+                            "after it; shorten the prompt or lower max_tokens",
+                            num_prompt_tokens, context_tokens)
     return max_tokens
+
+
+def _past_context(message: str, num_prompt_tokens: int, context_tokens: int) -> ApiError:
+    """The 400 for a prompt past the context, with llama-server's n_prompt_tokens and n_ctx."""
+    return ApiError(400, message, CONTEXT_EXCEEDED, param="messages",
+                    fields={"n_prompt_tokens": num_prompt_tokens, "n_ctx": context_tokens})
 
 
 class TextGeneration:
@@ -287,9 +296,11 @@ async def start_text_generation(service: ServiceFacade, assets: TextAssets,
     constrains the output. choice: which of the request's n choices (its seed is offset)."""
     if params.slot is not None:  # the configured slots (--slots), known only here
         check_slot(params.slot, params.slot_param, service.num_slots)
-    max_tokens = check_fits_context(len(prompt_ids), params.max_tokens, service.context_tokens)
-    sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids),
-                               service.sampling_defaults, assets.vocab_size, choice)
+    defaults = service.sampling_defaults
+    max_tokens = check_fits_context(len(prompt_ids), params.max_tokens, service.context_tokens,
+                                    defaults.max_tokens)
+    sampling = params.sampling(max_tokens, tuple(assets.eos_token_ids), defaults,
+                               assets.vocab_size, choice)
     if grammar is not None:
         sampling = dataclasses.replace(sampling, grammar=grammar)
     return await TextGeneration.start(service, assets, prompt_ids, sampling, params.stops,

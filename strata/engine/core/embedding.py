@@ -111,6 +111,8 @@ class EmbedJob:
         vectors = [embed_sequence(engine.model, ids, self.command.pooling, engine.device,
                                   engine.dtype) for ids in sequences[start:end]]
         stacked = torch.stack(vectors).cpu()  # [N, H]: one copy to the host
+        engine.num_embed_forwards += sum(-(-len(ids) // CHUNK_TOKENS)  # a forward per chunk
+                                         for ids in sequences[start:end])
         self.next_index, self.num_tokens = end, self.num_tokens + step_tokens
         return p.Embeddings(self.request_id, tuple(tuple(row) for row in stacked.tolist()),
                             step_tokens)

@@ -77,6 +77,7 @@ class Engine:
         self.model_config: ModelConfig | None = None
         self.model: torch.nn.Module | None = None
         self.scheduler: BatchScheduler | None = None  # set by load
+        self.num_embed_forwards = 0  # the model's forward calls for embeddings (EmbedJob)
         self._runner: BatchRunner | None = None
         self._fast = None
         self.device = torch.device("cpu")
@@ -415,8 +416,18 @@ class Engine:
             "slots": self.slots_status(),
             "num_slots": self.config.num_slots,
             "batch": self.batch_status(),
+            "forwards": self.forward_counts(),
             "experts": self.memory.status(),
         }
+
+    def forward_counts(self) -> dict:
+        """{"steps", "sequences"}: the model's forward calls since the load (prefill chunks,
+        decode steps, embedding chunks) and the sequences in them summed."""
+        scheduler = self.scheduler
+        steps = scheduler.num_forwards if scheduler else 0
+        sequences = scheduler.num_forward_sequences if scheduler else 0
+        return {"steps": steps + self.num_embed_forwards,
+                "sequences": sequences + self.num_embed_forwards}
 
     # ---- memory levels (DESIGN §4) ------------------------------------------------------------
 

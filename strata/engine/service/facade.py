@@ -82,6 +82,10 @@ class ServiceFacade(Protocol):
     async def control(self, action: str, **kwargs: Any) -> dict[str, Any]:
         """A lifecycle action by name (load, unload, sleep, wake, release_experts, ...)."""
 
+    async def forward_counts(self) -> Any:
+        """protocol.ForwardCounts of the engine since the model's load, asked now (None while
+        no engine runs); wakes nothing."""
+
     def set_unload_idle(self, seconds: float | None) -> None:
         """Unload after this many idle seconds from now on (None: never); Ollama's keep_alive."""
 

@@ -259,6 +259,14 @@ class Lifecycle(ComingBack):
             self._mark_activity()
         return dict(reply.result)
 
+    async def read_forwards(self) -> p.ForwardCounts | None:
+        """The engine's forward counts now (GetStatus), None without an engine or a count."""
+        if self.supervisor.pid is None:
+            return None
+        with contextlib.suppress(EngineCommandError, TimeoutError):
+            self.engine = (await self.supervisor.command(p.GetStatus(), STATUS_TIMEOUT_S)).engine
+        return self.engine.forwards if self.engine is not None else None
+
     async def read_slots(self) -> list[schema.SlotStatus] | None:
         """The engine's slots now (GetStatus is answered even mid-generation), else the cache."""
         engine = self.engine

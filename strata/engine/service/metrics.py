@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from strata.engine.protocol import Done, Error
+from strata.engine.protocol import Done, Error, Usage
 from strata.engine.service.latency import LatencyHistograms, RequestClock
 from strata.engine.service.status_schema import ServiceCounters
 
@@ -30,6 +30,14 @@ class ServiceMetrics:
     level_changes: Counter = field(default_factory=Counter)  # sleep, wake, ... that changed
     level_failures: Counter = field(default_factory=Counter)  # ... that failed
     latency: LatencyHistograms = field(default_factory=LatencyHistograms)
+    # llama.cpp's /metrics counters: prompt tokens evaluated (cached ones not), the engine's
+    # prompt and decode time, the longest sequence (prompt + completion).
+    evaluated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    max_sequence_tokens: int = 0
+    # The same since the last take_rates() (a /metrics scrape): its throughput gauges.
+    window: list[float] = field(default_factory=lambda: [0, 0.0, 0, 0.0])
 
     def start_request(self) -> RequestClock:
         """A clock for a request that just arrived (its queue wait counts)."""
@@ -49,6 +57,16 @@ class ServiceMetrics:
             self.completion_tokens += usage.completion_tokens
             self.cached_tokens += usage.cached_tokens
             self.finish_reasons[usage.finish_reason] += 1
+            evaluated = max(usage.prompt_tokens - usage.cached_tokens, 0)
+            decode_steps = max(usage.completion_tokens - 1, 0)  # the first came with the prompt
+            self.evaluated_tokens += evaluated
+            self.prefill_s += usage.prefill_s
+            self.decode_s += usage.decode_s
+            self.max_sequence_tokens = max(self.max_sequence_tokens,
+                                           usage.prompt_tokens + usage.completion_tokens)
+            for i, value in enumerate((evaluated, usage.prefill_s, decode_steps,
+                                       usage.decode_s)):
+                self.window[i] += value
             self.last_prompt_tokens = usage.prompt_tokens
             self.last_completion_tokens = usage.completion_tokens
             # Decode speed: tokens after the first over the time since it (prefill excluded).
@@ -62,6 +80,21 @@ class ServiceMetrics:
         else:
             self.error_codes["no_answer"] += 1
 
+    def record_embedding(self, usage: Usage) -> None:
+        """Count an embedding's prompt tokens as evaluated, as llama-server counts them."""
+        self.evaluated_tokens += usage.prompt_tokens
+        self.prefill_s += usage.prefill_s
+        self.window[0] += usage.prompt_tokens
+        self.window[1] += usage.prefill_s
+
+    def take_rates(self) -> tuple[float, float]:
+        """(prompt, generation) tokens per second since the last call, and a new window:
+        llama.cpp's throughput gauges, averaged between two /metrics scrapes."""
+        prompt_n, prompt_s, decode_n, decode_s = self.window
+        self.window = [0, 0.0, 0, 0.0]
+        return (prompt_n / prompt_s if prompt_s > 0 else 0.0,
+                decode_n / decode_s if decode_s > 0 else 0.0)
+
     def snapshot(self) -> ServiceCounters:
         """The counters as a JSON-ready dict."""
         latency = self.latency.snapshot()
@@ -71,6 +104,10 @@ class ServiceMetrics:
             "prompt_tokens_total": self.prompt_tokens,
             "completion_tokens_total": self.completion_tokens,
             "cached_tokens_total": self.cached_tokens,
+            "evaluated_tokens_total": self.evaluated_tokens,
+            "prefill_seconds_total": round(self.prefill_s, 6),
+            "decode_seconds_total": round(self.decode_s, 6),
+            "max_sequence_tokens": self.max_sequence_tokens,
             "tokens_per_second": round(self.last_tokens_per_s, 3),
             "last_prompt_tokens": self.last_prompt_tokens,
             "last_completion_tokens": self.last_completion_tokens,

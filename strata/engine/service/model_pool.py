@@ -355,6 +355,9 @@ class ModelPool:
     def metrics(self) -> Any:
         return self._default_service.metrics
 
+    async def forward_counts(self) -> Any:
+        return await self._default_service.forward_counts()
+
     @property
     def lifecycle(self) -> Any:
         return self._default_service.lifecycle

@@ -95,6 +95,13 @@ class PooledModel:
         return self.service.state_listeners
 
     @property
+    def metrics(self) -> Any:
+        return self.service.metrics
+
+    async def forward_counts(self) -> Any:
+        return await self.service.forward_counts()
+
+    @property
     def settings(self) -> Any:
         return self.service.settings
 

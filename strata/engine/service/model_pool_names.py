@@ -133,6 +133,10 @@ def build_index(models_dir: Path, configured: list[Configured], default_path: Pa
         default_entry = describe(default_path, default_name) if default_path.exists() else \
             ModelEntry(default_name, default_path, "gguf", 0, "unknown", "", 0, 0,
                        is_downloaded=False)
+    # The embedded default's offer (listed before its first download) is the served model
+    # itself when --model names a copy of that file elsewhere: not a second model.
+    by_path = {path: e for path, e in by_path.items()
+               if e.is_downloaded or e.path.name != default_path.name}
     default_aliases = tuple({default_entry.name} - {default_name})
     specs[default_name] = ModelSpec(default_name, replace(default_entry, name=default_name),
                                     default_aliases, is_default=True)

@@ -349,9 +349,16 @@ class Service:
                         # the server is stopping the engine: no partial answer
                         raise ServiceError("cancelled", "the embedding was cancelled: the "
                                            "engine is stopping; retry")
+                    elif isinstance(event, Done):
+                        self.metrics.record_embedding(event.usage)
             return p.Embeddings(request_id, tuple(vectors), sum(map(len, sequences)))
         finally:
             await lifecycle.end_request(request_id)
+
+    async def forward_counts(self) -> p.ForwardCounts | None:
+        """The engine's forward calls since the model's load, asked now; None while no engine
+        runs. Wakes nothing."""
+        return await self._lifecycle.read_forwards() if self._lifecycle is not None else None
 
     # ---- control and status ----------------------------------------------------------------
 

@@ -113,14 +113,15 @@ class ModelName(Kind):
 
 @dataclass(frozen=True)
 class HostAddress(Kind):
-    """The address to bind: a host name or address, never empty."""
+    """The address to bind: a host name or address, or several separated by commas; never
+    empty."""
 
     metavar: str | None = "ADDR"
     sample: Any = "0.0.0.0"
 
     def check(self, name: str, value: Any) -> Any:
-        if not isinstance(value, str) or not value.strip():
-            raise type_error(name, "a host name or address", value)
+        if not isinstance(value, str) or not all(part.strip() for part in value.split(",")):
+            raise type_error(name, "a host name or address (several: comma-separated)", value)
         return value
 
 

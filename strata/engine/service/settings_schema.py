@@ -128,7 +128,8 @@ class ServeSettings:
         "there are several models (with one, it always answers): off (404), default (the "
         "default model answers; for apps with a fixed model name)",
         goes=Goes.SERVICE)
-    host: str = setting("127.0.0.1", HostAddress(), "address to bind", goes=Goes.API)
+    host: str = setting("127.0.0.1", HostAddress(), "address to bind; several separated by "
+                        "commas (127.0.0.1,::1)", goes=Goes.API)
     port: int = setting(8080, Integer(0, 65535), "port to listen on (0: any free port)",
                         goes=Goes.API, label="Port", placeholder="any free port")
     api_key: str | None = setting(
@@ -145,6 +146,14 @@ class ServeSettings:
         (), NameList(is_origins=True), "comma-separated browser origins allowed to call the "
         "API besides the local ones (e.g. https://chat.example.com, http://10.0.0.5:*)",
         goes=Goes.API)
+    # llama-server answers 501 on these without --metrics / with --no-slots; Strata serves
+    # them unless told not to (they show usage counts and slot sizes, no text).
+    metrics_endpoint: bool = setting(
+        True, Boolean(sample=False), "serve GET /metrics (off: it answers 501, as llama-server without "
+        "--metrics)", goes=Goes.API)
+    slots_endpoint: bool = setting(
+        True, Boolean(sample=False), "serve GET /slots (off: it answers 501, as llama-server with "
+        "--no-slots)", goes=Goes.API)
     context_tokens: int = setting(
         0, Integer(0), "context length in tokens (0: the model's own, capped)",
         goes=Goes.ENGINE, flag="--context", unit="tokens", metavar="TOKENS")
@@ -198,6 +207,15 @@ class ServeSettings:
                                              is_positive=True)
     repeat_last_n: int | None = _sampling("repeat last n", "64; -1: the whole context",
                                           is_integer=True, low=-1, high=1 << 20)
+    seed: int | None = setting(
+        None, Sampling(is_integer=True, low=0, high=2**64 - 1), "default sampling seed for "
+        "requests that leave it out (unset: a random one for each request)",
+        goes=Goes.SERVICE)
+    max_tokens: int | None = setting(
+        None, Sampling(is_integer=True, low=1, high=1 << 24), "most tokens a request "
+        "generates: the default for one that leaves max_tokens out, and a cap on one that asks "
+        "for more (finish reason 'length'); unset: up to the end of the context",
+        goes=Goes.SERVICE)
     vram_budget_bytes: int = setting(
         0, Size(), "VRAM the engine may map in all (weights, experts, KV), e.g. 16GiB to act "
         "as a 16 GiB card; the expert cache sizes itself inside it (0: no limit)",

@@ -65,6 +65,10 @@ class ServiceCounters(TypedDict):
     prompt_tokens_total: int
     completion_tokens_total: int
     cached_tokens_total: int
+    evaluated_tokens_total: int  # prompt tokens the engine evaluated (not from a cache)
+    prefill_seconds_total: float  # the engine's prompt evaluation time, all requests
+    decode_seconds_total: float  # its decode time, from each first token to the last
+    max_sequence_tokens: int  # the longest sequence served: prompt + completion
     tokens_per_second: float  # decode speed of the last finished request
     last_prompt_tokens: int
     last_completion_tokens: int

@@ -45,6 +45,8 @@ class SamplingDefaults:
     min_p: float = 0.05
     repeat_penalty: float = 1.0  # 1.0: off
     repeat_last_n: int = 64  # the window of penalties: last N tokens; -1: the whole context
+    seed: int | None = None  # None: a new random seed for each request
+    max_tokens: int | None = None  # None: up to the context's end; else also a cap
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def params(self) -> dict[str, Any]:
@@ -52,7 +54,8 @@ class SamplingDefaults:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
                 "min_p": self.min_p, "repeat_penalty": self.repeat_penalty,
                 "repeat_last_n": self.repeat_last_n, "presence_penalty": 0.0,
-                "frequency_penalty": 0.0}
+                "frequency_penalty": 0.0, "seed": self.seed,
+                "n_predict": -1 if self.max_tokens is None else self.max_tokens}
 
 
 SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingDefaults) if f.name != "sources")

@@ -48,6 +48,10 @@ class BatchScheduler:
         self.solo_chunk_tokens = solo_chunk_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
+        # The model's forward calls (a prefill chunk, a decode step) and the sequences in them
+        # summed, for /metrics (llama-server's n_decode_total, n_busy_slots_per_decode).
+        self.num_forwards = 0
+        self.num_forward_sequences = 0
 
     # ---- the synchronous API ----------------------------------------------------------------
 
@@ -160,6 +164,8 @@ class BatchScheduler:
             budget -= len(chunk)
             try:
                 logits = self.runner.prefill(seq, chunk)
+                self.num_forwards += 1
+                self.num_forward_sequences += 1
                 if seq.num_prefilled < len(seq.prompt):
                     continue
                 if seq.max_new <= 0:
@@ -180,6 +186,8 @@ class BatchScheduler:
         except Exception as exc:  # noqa: BLE001 - the shared forward failed: all of them fail
             events.extend(self._fail(seq, exc) for seq in decoding)
             return
+        self.num_forwards += 1
+        self.num_forward_sequences += len(decoding)
         for seq, result in zip(decoding, results, strict=True):
             if isinstance(result, Exception):
                 events.append(self._fail(seq, result))
