@@ -125,13 +125,15 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     assert store.cache.slot_of(0, 4) is not None
     assert store.cache.slot_of(0, 5) is None and store.cache.slot_of(0, 6) is None
     _assert_table_is_the_cache(store)
-    # Rows wanting more experts than there are slots: the first ones move in, the rest stay
-    # on the host (the step read them there), with no error.
+    # Rows wanting more experts than there are slots: the first four are candidates, and a
+    # miss moves in only where it outranks the expert it would evict (7 over 3, used once
+    # by the preload long ago; 0 and 1, used twice, stay); the rest stay on the host (the
+    # step read them there), with no error.
     store.step_ids[0, :4] = torch.tensor([[7, 6], [5, 4], [3, 2], [1, 0]])
     promotion.after_step(num_rows=4)
     promotion.before_step()
     promotion.land()
-    assert sorted(e for _, e, _ in store.cache.resident()) == [4, 5, 6, 7]
+    assert sorted(e for _, e, _ in store.cache.resident()) == [0, 1, 4, 7]
     assert store.cache.num_hits + store.cache.num_misses - hits - misses == 3 + 8
     _assert_table_is_the_cache(store)
     store.close()
