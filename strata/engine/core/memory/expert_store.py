@@ -419,13 +419,40 @@ class ExpertStore:
         for offset, nbytes in self._slot_ranges([0] * len(self.classes), self.cache.sizes):
             self.arena.check_mapped(offset, nbytes)
 
+    def _clamp_slots(self, num_slots: int) -> int:
+        """What resize() makes of num_slots: num_experts..max_slots."""
+        return max(min(num_slots, self.max_slots), min(self.num_experts, self.max_slots))
+
+    def mapped_bytes_at(self, num_slots: int) -> int:
+        """VRAM the slot arena maps once resized to num_slots: whole chunks, so a chunk that
+        holds one slot in use (of any class and projection) stays mapped, and with it the
+        slots past the new count that share it. num_slots x bytes_per_expert is less by up
+        to a chunk per class and projection (6 x 512 MiB chunks for a Q4_K_M Qwen3-30B-A3B
+        was 1.3 GiB over a budget: docs/benchmarks.md, run 33b)."""
+        sizes = self.cache.pool_sizes(self._clamp_slots(num_slots))
+        return self.arena.bytes_kept_by(self._slot_ranges(sizes, self.cache.max_sizes))
+
+    def slots_within(self, nbytes: int) -> int:
+        """The most slots whose mapped_bytes_at fits nbytes (at least one layer's experts of
+        each class, which may not fit: then that floor)."""
+        low, high = self._clamp_slots(0), self.max_slots
+        if self.mapped_bytes_at(high) <= nbytes:
+            return high
+        while low < high:  # mapped bytes grow with the slots: the last count that fits
+            middle = (low + high + 1) // 2
+            if self.mapped_bytes_at(middle) <= nbytes:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
     def resize(self, num_slots: int) -> dict[str, Any]:
         """Use about num_slots slots (num_experts..max_slots, shared by the classes as the
         cache's pools say): shrinking frees the chunks wholly above each class's new count
         (the experts there are read from the host copy again); growing maps them back, empty
         (misses fill them). Raises ArenaMapError (nothing changed) when growing finds too
         little VRAM."""
-        num_slots = max(min(num_slots, self.max_slots), min(self.num_experts, self.max_slots))
+        num_slots = self._clamp_slots(num_slots)
         old, new = self.cache.sizes, self.cache.pool_sizes(num_slots)
         freed = mapped = 0
         done: list[tuple[int, int]] = []
