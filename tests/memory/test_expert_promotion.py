@@ -115,6 +115,7 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     sharing an expert read it once, and padding rows after the real ones route too but
     must not move anything in."""
     store = _store(backend, num_slots=4, num_layers=1)  # experts 0..3 preloaded
+    preloaded, preload_calls = store.status()["copied_bytes"], store.num_copy_calls
     promotion = ExpertPromotion(store)
     hits, misses = store.cache.num_hits, store.cache.num_misses
     store.step_ids[0, :4] = torch.tensor([[0, 4], [4, 1], [0, 1], [5, 6]])  # row 3: padding
@@ -136,6 +137,14 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     assert sorted(e for _, e, _ in store.cache.resident()) == [0, 1, 4, 7]
     assert store.cache.num_hits + store.cache.num_misses - hits - misses == 3 + 8
     _assert_table_is_the_cache(store)
+    # /v1/status: 6 and 5 were read on the host and left there; the copies (4, then 7) timed.
+    status = store.status()
+    assert status["num_left_out"] == status["layers"][0]["num_left_out"] == 2
+    promoted_bytes = 2 * store.bytes_per_expert
+    assert status["timed_copy_bytes"] == status["copied_bytes"]  # the preload's, and these
+    assert status["copied_bytes"] - preloaded == promoted_bytes
+    assert status["num_copy_calls"] - preload_calls == 2 * 3  # a run of one: 3 projections
+    assert status["copy_seconds"] > 0 and status["copy_gb_s"] > 0
     store.close()
 
 

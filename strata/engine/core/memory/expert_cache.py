@@ -113,6 +113,9 @@ class ExpertCache:
         # The same counts per layer (index: layer; dense layers stay 0).
         self.layer_hits = [0] * num_layers
         self.layer_misses = [0] * num_layers
+        # Misses that admission (admit_all=False) left on the host: read there, not copied.
+        self.num_left_out = 0
+        self.layer_left_out = [0] * num_layers
 
     @property
     def num_slots(self) -> int:
@@ -209,6 +212,9 @@ class ExpertCache:
                     lru[key] = None
                     if self.policy == "lfu":
                         self._push(pool, key, score)
+                else:
+                    self.num_left_out += 1
+                    self.layer_left_out[layer] += 1
             else:
                 self.num_hits += int(count_uses)
                 self.layer_hits[layer] += int(count_uses)
@@ -378,6 +384,7 @@ class ExpertCache:
             "num_hits": self.num_hits,
             "num_misses": self.num_misses,
             "num_evictions": self.num_evictions,
+            "num_left_out": self.num_left_out,
             "policy": self.policy,
             "hit_rate": self.num_hits / lookups if lookups else None,
             "is_released": self.is_released,
