@@ -238,6 +238,8 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     store = engine.memory.experts
     if store is None or engine.memory.expert_mode != "slots":
         raise SystemExit(f"the engine did not build an expert cache ({engine.memory.expert_mode})")
+    store.cache.set_policy(args.policy)
+    report["policy"] = args.policy
     arenas = engine.status().get("arenas", {})
     report["strata_arena_bytes"] = {name: row.get("resident_bytes")
                                     for name, row in arenas.items()}
@@ -450,6 +452,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--p-reuse", type=float, default=0.3,
                    help="probability that each of the last token's experts is used again")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="lfu", choices=["lfu", "lru"],
+                   help="the expert cache's replacement (lru: the one before issue 54, which "
+                   "copies every miss in), for an A/B on one machine")
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--prefill-tokens", type=int, default=4096)

@@ -98,6 +98,7 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [plan["slots"] for plan in report["plans"]] == [10, 12]
+    assert report["policy"] == "lfu"  # --policy lru gives the A/B against the old one
     labels = [plan["label"] for plan in report["plans"]]
     for label in labels:
         rows = report["strata"][label]

@@ -100,6 +100,18 @@ def test_the_victim_is_always_the_lowest_count_outside_the_step():
         assert len(gone) <= len(misses)
 
 
+def test_the_policy_can_change_on_a_running_cache():
+    cache = ExpertCache(num_layers=1, num_experts=16, num_slots=3, policy="lru")
+    for experts in [[0]] * 6 + [[1], [2]]:
+        cache.lookup(0, experts)
+    cache.set_policy("lfu")  # 0, used most, stays; 1 (the lowest count) goes
+    _, misses = cache.lookup(0, [3])
+    assert misses == [(3, cache.slot_of(0, 3))] and cache.slot_of(0, 1) is None
+    assert cache.stats()["policy"] == "lfu"
+    with pytest.raises(ValueError, match="one of lfu, lru"):
+        cache.set_policy("fifo")
+
+
 def test_counts_survive_the_rebase_of_a_long_run():
     cache = ExpertCache(num_layers=1, num_experts=8, num_slots=2, half_life_steps=0.5)
     for step in range(400):  # 800 half-lives: past the rebase at 256

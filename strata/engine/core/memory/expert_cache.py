@@ -259,6 +259,15 @@ class ExpertCache:
         heapq.heapify(heap)
         self._heaps[pool] = heap
 
+    def set_policy(self, policy: str) -> None:
+        """Evict by `policy` from now on (counts are kept either way; a benchmark's A/B)."""
+        if policy not in POLICIES:
+            raise ValueError(f"expert cache policy must be one of {', '.join(POLICIES)}, "
+                             f"not {policy!r}")
+        self.policy = policy
+        for pool in range(len(self._max)):
+            self._rebuild_heap(pool)
+
     def use_count(self, layer: int, expert: int) -> float:
         """The expert's decayed use count now (1.0: one use this step); 0 if never used."""
         pool = self.pool_of(layer)
