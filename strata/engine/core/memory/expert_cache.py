@@ -101,7 +101,8 @@ class ExpertCache:
         # lfu: per pool, each (layer, expert)'s use count as sum of 2 ** (clock / half-life)
         # over its uses (resident or not: a returning expert keeps its history), the clock
         # (steps of the pool's layers, rebased at _MAX_EXPONENT), and a min-heap of the
-        # resident ones' (count, layer, expert), stale entries skipped when popped.
+        # resident ones' (count, layer, expert), refreshed lazily when popped (a hit costs
+        # a dict update, not a heap push: decode counts every routed expert every step).
         self._scores: list[dict[tuple[int, int], float]] = [{} for _ in pools]
         self._clock = [0.0] * len(pools)
         self._heaps: list[list[tuple[float, int, int]]] = [[] for _ in pools]
@@ -191,6 +192,7 @@ class ExpertCache:
         in_use = {(layer, e) for e in wanted}
         lru = self._lru[pool]
         use_weight = self._tick(pool)
+        scores = self._scores[pool]
         admit_all = admit_all or self.policy != "lfu"
         slots: list[int | None] = []
         misses: list[tuple[int, int]] = []
@@ -201,7 +203,9 @@ class ExpertCache:
                 continue
             key = (layer, expert)
             slot = self._slot_of.get(key)
-            score = self._use(pool, key, use_weight)
+            # The use counts; a resident key's heap entry stays behind (counts only grow:
+            # _lowest_count refreshes it), so a hit costs no heap push.
+            score = scores[key] = scores.get(key, 0.0) + use_weight
             if slot is None:
                 slot = self._take_slot(pool, in_use, None if admit_all else score)
                 self.num_misses += int(count_uses)
@@ -238,14 +242,6 @@ class ExpertCache:
             self._clock[pool], exponent = 0.0, 0.0
             self._rebuild_heap(pool)
         return 2.0 ** exponent
-
-    def _use(self, pool: int, key: tuple[int, int], weight: float) -> float:
-        """Count a use of key; its count now (in the pool's undecayed units)."""
-        scores = self._scores[pool]
-        score = scores[key] = scores.get(key, 0.0) + weight
-        if self.policy == "lfu" and key in self._lru[pool]:
-            self._push(pool, key, score)
-        return score
 
     def _push(self, pool: int, key: tuple[int, int], score: float) -> None:
         heap = self._heaps[pool]
@@ -316,11 +312,17 @@ class ExpertCache:
         heap, scores, lru = self._heaps[pool], self._scores[pool], self._lru[pool]
         kept: list[tuple[float, int, int]] = []
         try:
+            # Every resident key has an entry no higher than its count (counts only grow):
+            # an entry that is up to date is the lowest count.
             while heap:
                 entry = heap[0]
                 key = entry[1:]
-                if key not in lru or scores.get(key, 0.0) != entry[0]:
-                    heapq.heappop(heap)  # stale: evicted, or used again since
+                if key not in lru:
+                    heapq.heappop(heap)  # evicted since
+                    continue
+                score = scores.get(key, 0.0)
+                if score != entry[0]:  # used since: its entry moves up to its count
+                    heapq.heapreplace(heap, (score, *key))
                     continue
                 if key in in_use:
                     kept.append(heapq.heappop(heap))
