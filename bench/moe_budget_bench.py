@@ -29,9 +29,14 @@ Per row: decode tok/s over --decode-tokens after --warmup-tokens (batch 1, greed
 server's CUDA graphs), prefill tok/s of a fresh --prefill-tokens prompt (the load's first
 row prefills one more before, unmeasured: it compiles), the expert cache's hit rate over the
 decode, and the bytes moved from host to device per decoded token (copies into slots plus
-experts read in place from the pinned host copy). llama-bench runs first, per budget on the
-same file (its rows are bounded; without them no row has a ratio); ratios are Strata /
-llama.cpp. A table on stdout and JSON (hardware, versions, figure, limit, ratio).
+experts read in place from the pinned host copy), split into the two, with the fraction of
+misses the cache's admission left on the host, the copy calls a token and the rate the
+promotion copies ran at (device events); per layer in the JSON. On a GPU Strata's slots per
+budget come from the VRAM the process holds beside them (measured after a decode and a long
+prompt) and the chunks the slot arena keeps mapped (ExpertStore.slots_within).
+llama-bench runs first, per budget on the same file (its rows are bounded; without them no
+row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
+versions, figure, limit, ratio).
 """
 
 from __future__ import annotations
@@ -155,8 +160,16 @@ def plan_budget(shape: FileShape, budget_bytes: int, reserve_bytes: int) -> Budg
 def expert_counters(engine) -> dict:
     """The expert cache's running totals (ExpertStore.status())."""
     status = engine.memory.experts.status()
-    return {key: status[key] for key in ("num_hits", "num_misses", "copied_bytes",
-                                         "host_read_bytes")}
+    return {key: status[key] for key in ("num_hits", "num_misses", "num_left_out",
+                                         "num_evictions", "copied_bytes", "host_read_bytes",
+                                         "num_copy_calls", "timed_copy_bytes",
+                                         "copy_seconds")}
+
+
+def layer_counters(engine) -> dict[int, dict]:
+    """Per MoE layer: hits, misses, misses left on the host, bytes copied and read in place."""
+    return {row["layer"]: {k: v for k, v in row.items() if k != "layer"}
+            for row in engine.memory.experts.status()["layers"]}
 
 
 def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
@@ -171,16 +184,29 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
         count += len(next(steps))
     sync()
     before, started_s = expert_counters(engine), time.perf_counter()
+    layers_before = layer_counters(engine)
     timed = sum(len(ids) for ids in steps)
     sync()
     seconds = time.perf_counter() - started_s
     after = expert_counters(engine)
     delta = {key: after[key] - before[key] for key in after}
+    layers = {layer: {k: v - layers_before[layer][k] for k, v in row.items()}
+              for layer, row in layer_counters(engine).items()}
     lookups = delta["num_hits"] + delta["num_misses"]
     return {"tokens": timed, "seconds": seconds, "decode_tok_s": timed / seconds,
             "hit_rate": delta["num_hits"] / lookups if lookups else None,
             "h2d_bytes_per_token": (delta["copied_bytes"] + delta["host_read_bytes"]) / timed,
-            "counters": delta}
+            "copied_bytes_per_token": delta["copied_bytes"] / timed,
+            "host_read_bytes_per_token": delta["host_read_bytes"] / timed,
+            # Misses read in place and not copied in (the cache's admission), of all misses.
+            "left_out_fraction": (delta["num_left_out"] / delta["num_misses"]
+                                  if delta["num_misses"] else None),
+            # The rate promotion copies ran at on the side stream (device events), not bytes
+            # over decode time.
+            "copy_gb_s": (delta["timed_copy_bytes"] / delta["copy_seconds"] / 1e9
+                          if delta["copy_seconds"] > 0 else None),
+            "copy_calls_per_token": delta["num_copy_calls"] / timed,
+            "counters": delta, "layers": layers}
 
 
 def prefill_row(engine, num_tokens: int, tag: str, warm_up: bool) -> dict:
@@ -212,6 +238,8 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     store = engine.memory.experts
     if store is None or engine.memory.expert_mode != "slots":
         raise SystemExit(f"the engine did not build an expert cache ({engine.memory.expert_mode})")
+    store.cache.set_policy(args.policy)
+    report["policy"] = args.policy
     arenas = engine.status().get("arenas", {})
     report["strata_arena_bytes"] = {name: row.get("resident_bytes")
                                     for name, row in arenas.items()}
@@ -219,9 +247,29 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     strata: dict = report.setdefault("strata", {})
     try:
         warm_up = True
+        non_expert = None
+        if args.device == "cuda":
+            # Size each budget from what the process holds beside the slots once a decode
+            # and a long prompt have run (CUDA context, weights, KV, torch's pools with the
+            # graphs and the prefill's activations), not the file's dense bytes plus a
+            # constant: run 33b held 0.81/1.31 GiB over 12/8 GiB that way.
+            from quant_bench import vram_used_bytes
+
+            decode_row(engine, 4, 0)
+            prefill_row(engine, args.prefill_tokens, "sizing", warm_up=True)
+            warm_up = False
+            held, _ = vram_used_bytes()
+            non_expert = held - store.arena.resident_bytes
+            report["non_expert_vram_bytes"] = non_expert
         for plan in plans:
-            resized = engine.resize_experts(plan.slots)
-            rows: dict = strata.setdefault(plan.label, {"resize": resized})
+            slots = plan.slots
+            if non_expert is not None:  # slots whose mapped chunks fit what is left
+                room = plan.budget_bytes - non_expert - args.margin_mib * MIB
+                slots = store.slots_within(max(room, 0))
+            resized = engine.resize_experts(slots)
+            rows: dict = strata.setdefault(plan.label, {
+                "resize": resized, "slots": slots,
+                "expert_mapped_bytes": store.arena.resident_bytes})
             for routing in args.routings:
                 if time.monotonic() > args.deadline:
                     rows[routing] = {"skipped": "deadline"}
@@ -345,6 +393,15 @@ def figures(args, plans: list[BudgetPlan], report: dict) -> list[dict]:
             rows.append(figure(f"{name} host->device per token",
                                None if moved is None else moved / MIB, "MiB",
                                notes="copies into slots + experts read in place"))
+            copied = row.get("copied_bytes_per_token")
+            rows.append(figure(f"{name} copied per token",
+                               None if copied is None else copied / MIB, "MiB",
+                               notes=f"left on the host: {row.get('left_out_fraction')} of "
+                                     f"misses; {row.get('copy_calls_per_token')} copy calls "
+                                     "a token"))
+            rows.append(figure(f"{name} copy rate", row.get("copy_gb_s"), "GB/s",
+                               report.get("pinned_h2d_gb_s"), 0.8,
+                               "promotion copies, device-timed; limit = pinned host->device"))
     return rows
 
 
@@ -395,11 +452,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--p-reuse", type=float, default=0.3,
                    help="probability that each of the last token's experts is used again")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--policy", default="lfu", choices=["lfu", "lru"],
+                   help="the expert cache's replacement (lru: the one before issue 54, which "
+                   "copies every miss in), for an A/B on one machine")
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--prefill-tokens", type=int, default=4096)
     p.add_argument("--reserve-mib", type=int, default=RESERVE_MIB,
-                   help="of each budget, what KV, activations and graphs keep")
+                   help="of each budget, what KV, activations and graphs keep (llama.cpp's "
+                   "-ncmoe, and Strata's slots where VRAM cannot be measured)")
+    p.add_argument("--margin-mib", type=int, default=256,
+                   help="on a GPU, Strata's slots fit budget - measured non-expert VRAM - "
+                   "this margin")
     p.add_argument("--llama-bench", help="llama-bench binary (bench/build_llamacpp.sh)")
     p.add_argument("--bin-dir", help="a folder holding llama-bench or llama-bench.xz (as "
                    "peer_run.py takes it): unpacked into /tmp/llamacpp-bin")

@@ -98,6 +98,7 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [plan["slots"] for plan in report["plans"]] == [10, 12]
+    assert report["policy"] == "lfu"  # --policy lru gives the A/B against the old one
     labels = [plan["label"] for plan in report["plans"]]
     for label in labels:
         rows = report["strata"][label]
@@ -110,7 +111,14 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
         # on random weights repeat, so they hit more.
         assert rows["uniform"]["hit_rate"] < 1.0
         assert rows["uniform"]["counters"]["copied_bytes"] > 0
-        assert rows["uniform"]["h2d_bytes_per_token"] > 0
+        uniform = rows["uniform"]
+        assert uniform["h2d_bytes_per_token"] == pytest.approx(
+            uniform["copied_bytes_per_token"] + uniform["host_read_bytes_per_token"])
+        assert 0 <= uniform["left_out_fraction"] <= 1 and uniform["copy_gb_s"] > 0
+        assert uniform["copy_calls_per_token"] > 0 and rows["expert_mapped_bytes"] > 0
+        # Per MoE layer, the same counters (what /v1/status's experts.layers shows).
+        assert sum(row["copied_bytes"] for row in uniform["layers"].values()) == (
+            uniform["counters"]["copied_bytes"])
         assert rows["model"]["hit_rate"] > rows["uniform"]["hit_rate"]
         assert report["llamacpp"][label]["decode_tok_s"] == 10.0
     calls = (tmp_path / "calls.txt").read_text().splitlines()

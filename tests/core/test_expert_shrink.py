@@ -27,7 +27,7 @@ def moe_dir(tmp_path_factory):
 
 
 def test_a_shrunk_cache_answers_like_a_full_one_and_grows_back(moe_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(residency, "WEIGHTS_CHUNK_BYTES", 2 * MIB)  # small chunks: visible frees
+    monkeypatch.setattr(residency, "EXPERTS_CHUNK_BYTES", 2 * MIB)  # small chunks: visible frees
     engine = make_engine(moe_dir, tmp_path / "a", expert_cache="48")
     reference = make_engine(moe_dir, tmp_path / "b", expert_cache="all")
     try:

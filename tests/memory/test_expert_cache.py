@@ -1,4 +1,5 @@
-"""ExpertCache residency table: LRU order, hit/miss counters, release/restore; size_slots."""
+"""ExpertCache residency table: LRU order (the lfu policy: test_expert_policy.py), hit/miss
+counters, release/restore; size_slots."""
 
 import pytest
 
@@ -18,7 +19,7 @@ def test_misses_fill_free_slots_then_hits_reuse_them():
 
 
 def test_least_recently_used_is_evicted_never_one_of_the_same_step():
-    cache = ExpertCache(num_layers=1, num_experts=8, num_slots=3)
+    cache = ExpertCache(num_layers=1, num_experts=8, num_slots=3, policy="lru")
     cache.lookup(0, [0, 1, 2])
     cache.lookup(0, [0])  # 1 is now the least recently used
     _, misses = cache.lookup(0, [3])

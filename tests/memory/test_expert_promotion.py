@@ -115,6 +115,7 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     sharing an expert read it once, and padding rows after the real ones route too but
     must not move anything in."""
     store = _store(backend, num_slots=4, num_layers=1)  # experts 0..3 preloaded
+    preloaded, preload_calls = store.status()["copied_bytes"], store.num_copy_calls
     promotion = ExpertPromotion(store)
     hits, misses = store.cache.num_hits, store.cache.num_misses
     store.step_ids[0, :4] = torch.tensor([[0, 4], [4, 1], [0, 1], [5, 6]])  # row 3: padding
@@ -125,15 +126,25 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     assert store.cache.slot_of(0, 4) is not None
     assert store.cache.slot_of(0, 5) is None and store.cache.slot_of(0, 6) is None
     _assert_table_is_the_cache(store)
-    # Rows wanting more experts than there are slots: the first ones move in, the rest stay
-    # on the host (the step read them there), with no error.
+    # Rows wanting more experts than there are slots: the first four are candidates, and a
+    # miss moves in only where it outranks the expert it would evict (7 over 3, used once
+    # by the preload long ago; 0 and 1, used twice, stay); the rest stay on the host (the
+    # step read them there), with no error.
     store.step_ids[0, :4] = torch.tensor([[7, 6], [5, 4], [3, 2], [1, 0]])
     promotion.after_step(num_rows=4)
     promotion.before_step()
     promotion.land()
-    assert sorted(e for _, e, _ in store.cache.resident()) == [4, 5, 6, 7]
+    assert sorted(e for _, e, _ in store.cache.resident()) == [0, 1, 4, 7]
     assert store.cache.num_hits + store.cache.num_misses - hits - misses == 3 + 8
     _assert_table_is_the_cache(store)
+    # /v1/status: 6 and 5 were read on the host and left there; the copies (4, then 7) timed.
+    status = store.status()
+    assert status["num_left_out"] == status["layers"][0]["num_left_out"] == 2
+    promoted_bytes = 2 * store.bytes_per_expert
+    assert status["timed_copy_bytes"] == status["copied_bytes"]  # the preload's, and these
+    assert status["copied_bytes"] - preloaded == promoted_bytes
+    assert status["num_copy_calls"] - preload_calls == 2 * 3  # a run of one: 3 projections
+    assert status["copy_seconds"] > 0 and status["copy_gb_s"] > 0
     store.close()
 
 

@@ -136,3 +136,39 @@ async def test_a_shrink_rule_shrinks_then_refills_when_the_program_exits(tiny_mo
         assert counters["shrink_experts"] == 1 and counters["refill_experts"] == 1
     finally:
         await service.stop()
+
+
+async def test_a_shrink_while_a_stream_decodes_lands_between_its_tokens(tiny_model_dir,
+                                                                       monkeypatch):
+    """Issue 54: a rule or the route shrinks while a chat streams: no 409, the cache is
+    smaller at the next tokens, the stream loses none, and the grower maps the slots back
+    while it still streams (the engine answers ResizeExperts between steps)."""
+    from fakes.fake_engine import expected_tokens
+
+    monkeypatch.setattr(expert_shrink, "GROW_INTERVAL_S", 0.05)
+    gpu_box = {}
+    service = make_service(tiny_model_dir, engine=moe(token_delay_s=0.02),
+                           vram_reader=lambda: gpu_box["gpu"]())
+    gpu = gpu_box["gpu"] = Gpu(service)
+    await service.start()
+    try:
+        await answer(service, (5, 6, 7))  # loaded
+        stream = asyncio.create_task(answer(service, (1, 2, 3), max_tokens=150))
+        for _ in range(500):
+            if service.lifecycle.gate.num_running:
+                break
+            await asyncio.sleep(0.01)
+        gpu.other_bytes = gpu() - 4 * MIB
+        result = await service.control("shrink_experts", keep_free_mib=10)
+        assert not stream.done(), "the shrink waited for the stream to end"
+        assert result["changed"] and slots(service) == NUM_EXPERT_SLOTS - 12
+        gpu.other_bytes = 0  # the game leaves: the slots come back mid-stream
+        for _ in range(100):
+            if slots(service) == NUM_EXPERT_SLOTS or stream.done():
+                break
+            await asyncio.sleep(0.02)
+        assert not stream.done() and slots(service) == NUM_EXPERT_SLOTS
+        ids, usage = await stream
+        assert ids == expected_tokens((1, 2, 3), 150) and usage.completion_tokens == 150
+    finally:
+        await service.stop()

@@ -447,10 +447,15 @@ class Engine:
 
     def resize_experts(self, num_slots: int) -> dict:
         """Serve from num_slots expert slots: fewer frees VRAM while the model keeps answering
-        (misses read from the host copy), more grows back; see ModelMemory.resize_experts."""
+        (misses read from the host copy), more grows back; see ModelMemory.resize_experts.
+        Safe between the steps of running streams (the process loop runs it there)."""
         self._require_model()
         result = self.memory.resize_experts(num_slots)
-        self._empty_device_cache()
+        if self.has_work:  # between a stream's tokens: keep the prefill graphs (no recapture)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        else:
+            self._empty_device_cache()
         return result
 
     def sleep(self) -> dict:

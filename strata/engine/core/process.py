@@ -3,8 +3,9 @@
 The Supervisor (engine/service/supervisor.py) spawns `engine_main`. Generations share one
 continuous batch: each Generate joins the engine's scheduler (add), and while any request runs
 or waits the loop alternates between reading what arrived (without blocking) and one engine
-step, sending each request's Tokens and its Done. Cancel and GetStatus are answered between
-steps; every other command (levels, slots, load) waits in a queue until the batch drains, and
+step, sending each request's Tokens and its Done. Cancel, GetStatus and ResizeExperts (the expert
+cache follows a shrunk or grown budget at the next token, without a reload) are answered
+between steps; every other command (levels, slots, load) waits in a queue until the batch drains, and
 Generates that arrive after such a command wait behind it. An Embed is a request too: it joins
 as a Generate does and runs a few sequences per loop turn (core/embedding.py EmbedJob), beside
 the batch's steps, so a chat decodes while it runs and a Cancel ends it between turns. A failing
@@ -307,7 +308,8 @@ class EngineLoop:
 
     def _read_during_batch(self) -> None:
         """Take in what arrived since the last step, without waiting: Cancel and GetStatus at
-        once, Generates (and Embeds) join unless a command waits before them, the rest waits."""
+        once, Generates (and Embeds) and ResizeExperts unless a command waits before them,
+        the rest waits."""
         while self.pending and isinstance(getattr(self.pending[0], "command", None),
                                           _REQUESTS):
             self.handle(self.pending.popleft())  # the command they waited behind has run
@@ -315,7 +317,7 @@ class EngineLoop:
             envelope = self.recv()
             command = getattr(envelope, "command", None)
             is_now = isinstance(command, (p.Cancel, p.GetStatus)) or (
-                isinstance(command, _REQUESTS) and not self.pending)
+                isinstance(command, (*_REQUESTS, p.ResizeExperts)) and not self.pending)
             if is_now:
                 self.handle(envelope)
             else:

@@ -53,6 +53,12 @@ from strata.units import GIB, MIB
 log = logging.getLogger(__name__)
 
 WEIGHTS_CHUNK_BYTES = 512 * MIB  # 16 GiB unmaps in ~10 ms at this size (DESIGN §8)
+# The expert slots shrink and grow with a budget, freeing whole chunks: each class and
+# projection keeps the chunk its last slot in use lies in (6 x 512 MiB held 1.3 GiB over an
+# 8 GiB budget, run 33b). 128 MiB keeps that under 0.75 GiB worst case; 16 GiB then unmaps
+# in ~13 ms by DESIGN §8's figures (~31 us a chunk + ~9 ms for the bytes), estimated, not
+# measured. Sizing by mapped bytes (ExpertStore.slots_within) keeps a budget exact.
+EXPERTS_CHUNK_BYTES = 128 * MIB
 EXPERT_RESERVE_BYTES = 2 * GIB  # left free by --expert-cache auto: KV and activations
 TENSOR_ALIGN_BYTES = 256
 _PROJS = ("gate_proj", "up_proj", "down_proj")
@@ -158,7 +164,7 @@ class ModelMemory:
                                            num_classes)
             self.experts = ExpertStore(
                 layers, num_slots, self.backend, num_layers=config.num_hidden_layers,
-                chunk_bytes=WEIGHTS_CHUNK_BYTES, num_experts_per_tok=config.num_experts_per_tok,
+                chunk_bytes=EXPERTS_CHUNK_BYTES, num_experts_per_tok=config.num_experts_per_tok,
             )
             del layers
             self.arenas.add(self.experts.arena)

@@ -3,7 +3,8 @@ that generations and level changes share, and the state they leave.
 
 The admission gate (admission.py) lets up to `parallel` generations run at once and makes level
 changes run alone, FIFO: a request that arrives during a level change waits for it and then
-runs. Going down while a request runs or waits is refused (409); coming back waits its turn
+runs. Going down while a request runs or waits is refused (409), except shrink_experts, which
+resizes the expert cache between the running streams' tokens; coming back waits its turn
 (lifecycle_return.py: hook and VRAM guard first). The idle timers (lifecycle_idle.py) fire
 through the gate too.
 
@@ -82,6 +83,7 @@ class Lifecycle(ComingBack):
         self._kept_slots: list[int] = []  # saved before a rule's unload, restored after load
         self._load_need_bytes: int | None = None
         self.shrinker = ExpertShrinker(guard.read_free_bytes)
+        self._resize_lock = asyncio.Lock()  # one shrink or grow at a time, live or not
         self._grow_task: asyncio.Task | None = None
         # A loaded engine that crashed (or was killed for a timeout) comes back by itself.
         self._restart_task: asyncio.Task | None = None
@@ -213,7 +215,12 @@ class Lifecycle(ComingBack):
         vram_wait_s: how long the guard waits for VRAM on the way up (None: --vram-wait; a
         rule's restore passes 0 and retries itself). keep_sessions: an unload saves the
         slots' sessions first and the next load restores them (a rule's unload).
-        keep_free_mib: shrink_experts' target of free VRAM."""
+        keep_free_mib: shrink_experts' target of free VRAM.
+
+        shrink_experts runs beside running generations (the engine resizes between their
+        tokens, issue 54); the other levels down wait for none (409)."""
+        if action is Action.SHRINK_EXPERTS and self.gate.num_running:
+            return await self._shrink_live(keep_free_mib or 0)
         if action.is_down and self.is_busy:
             raise ServiceError("busy", f"{self.num_running} requests run and "
                                f"{self.num_waiting} wait; {action.replace('_', ' ')} again when "
@@ -225,7 +232,8 @@ class Lifecycle(ComingBack):
                 if action is Action.UNLOAD:
                     result = await self._unload(keep_sessions=keep_sessions)
                 elif action is Action.SHRINK_EXPERTS:
-                    result = await self._shrink(keep_free_mib or 0)
+                    async with self._resize_lock:
+                        result = await self._shrink(keep_free_mib or 0)
                 elif action.is_down:
                     result = await self._go_down(action)
                 else:
@@ -312,6 +320,25 @@ class Lifecycle(ComingBack):
             return {"changed": True, "result": result}
         return {"changed": before != (self.state(), self.levels())}
 
+    async def _shrink_live(self, keep_free_mib: int) -> dict[str, Any]:
+        """shrink_experts while generations run: outside the gate (which would wait for them
+        to end), one resize at a time; the streams go on at the new size."""
+        before = self._engine_now()
+        async with self._resize_lock:
+            try:
+                result = await self._shrink(keep_free_mib)
+            except ServiceError as exc:
+                self.last_error = exc.message
+                self._on_change(Action.SHRINK_EXPERTS, False)
+                raise
+            finally:
+                self._notify()
+        if result.get("changed"):
+            self.last_error = None
+            self._on_change(Action.SHRINK_EXPERTS, True)
+        return {"action": Action.SHRINK_EXPERTS,
+                "freed_bytes": lv.freed_bytes(before, self._engine_now()), **result}
+
     def _is_shrunk(self) -> bool:
         cache = cache_info(self.engine.experts if self.engine is not None else None)
         return cache is not None and cache["num_slots"] < cache["max_slots"]
@@ -338,9 +365,15 @@ class Lifecycle(ComingBack):
         try:
             while self.shrinker.keep_free_bytes is not None:
                 await asyncio.sleep(GROW_INTERVAL_S)
-                if self.gate.is_in_use or self.transition or not self.is_up():
+                if self.transition or not self.is_up():
                     continue
-                async with self.gate.exclusive():
+                if self.gate.num_running:  # streams decode: grow between their tokens
+                    guard: Any = contextlib.nullcontext()
+                elif self.gate.is_in_use:  # a level change runs or waits
+                    continue
+                else:
+                    guard = self.gate.exclusive()
+                async with guard, self._resize_lock:
                     experts = self.engine.experts if self.engine is not None else None
                     if await self.shrinker.grow_step(self._command, experts):
                         self.shrinker.clear()

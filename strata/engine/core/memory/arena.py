@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
@@ -261,13 +261,8 @@ class Arena:
         synchronize=False skips the device-wide sync for a caller that knows nothing queued
         reads the range (an offload after the copy of those bytes completed): a sync per
         range would wait for the copies still queued behind it."""
-        whole = [
-            i
-            for i in self._chunk_span(offset_bytes, nbytes)
-            if i * self.chunk_bytes >= offset_bytes
-            and i * self.chunk_bytes + self._chunk_size(i) <= offset_bytes + nbytes
-            and self._handles[i] is not None
-        ]
+        whole = [i for i in self._whole_chunks(offset_bytes, nbytes)
+                 if self._handles[i] is not None]
         if not whole:
             return 0
         if synchronize:
@@ -276,6 +271,18 @@ class Arena:
         for i in whole:
             self._held_content[i] = True
         return sum(self._chunk_size(i) for i in whole)
+
+    def _whole_chunks(self, offset_bytes: int, nbytes: int) -> list[int]:
+        """Indices of the chunks wholly inside [offset, offset + nbytes)."""
+        return [i for i in self._chunk_span(offset_bytes, nbytes)
+                if i * self.chunk_bytes >= offset_bytes
+                and i * self.chunk_bytes + self._chunk_size(i) <= offset_bytes + nbytes]
+
+    def bytes_kept_by(self, released: Sequence[tuple[int, int]]) -> int:
+        """What a fully mapped arena still maps after release_range over each (offset,
+        nbytes): a chunk that also holds bytes outside those ranges stays whole."""
+        freed = {i for offset, nbytes in released for i in self._whole_chunks(offset, nbytes)}
+        return self.reserved_bytes - sum(self._chunk_size(i) for i in freed)
 
     def attach_host_copy(self, host_copy: HostContent) -> None:
         """Use host_copy as the content that refill() restores."""

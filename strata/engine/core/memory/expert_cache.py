@@ -1,17 +1,37 @@
-"""The expert cache's bookkeeping: which (layer, expert) sits in which VRAM slot, LRU order.
+"""The expert cache's bookkeeping: which (layer, expert) sits in which VRAM slot, and which
+one a miss evicts.
 
 Pure Python, no torch: `ExpertStore` (expert_store.py) moves the bytes; this table decides
 where they go. `size_slots` turns `--expert-cache auto|all|N|<size>MiB` into a slot count.
+
+Replacement (`policy`): "lfu" (the default) evicts the resident expert of the pool with the
+lowest decayed use count: each use adds 1, and every count halves over HALF_LIFE_STEPS
+steps of its layer, so an expert a token just used (count >= 1) outranks one used a few
+times long ago, and a popular expert outranks one used once a while back. "lru" evicts the
+least recently used. With skewed routing (a few experts of a layer take most tokens) LRU
+lets a run of rare experts push the popular ones out; counts keep them
+(tests/memory/test_expert_policy.py: a Zipf trace at 55% of the experts resident).
 """
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from strata.units import MIB
+
+POLICIES = ("lfu", "lru")
+# Steps of a layer over which an expert's use count halves: long enough that a popular
+# expert outranks one a single token used a while ago, short enough that the last tokens'
+# experts (reused well above chance) mostly stay. Of 8, 16, 24, 32, 64 and 128 on
+# routing_trace's zipf traces (s 1.0 reuse 0.3; s 1.2 reuse 0.5) at 31% and 55% resident, 16
+# was the one never below LRU's hit rate by more than 0.005 (tests/memory/test_expert_policy.py).
+HALF_LIFE_STEPS = 16.0
+# Counts are kept as 2 ** (age in half-lives) per use, rebased before they overflow a float.
+_MAX_EXPONENT = 256.0
 
 
 class ExpertCacheReleasedError(RuntimeError):
@@ -33,7 +53,7 @@ def split_slots(num_slots: int, layer_counts: Sequence[int], num_experts: int) -
 
 
 class ExpertCache:
-    """Residency table (layer, expert) <-> slot with least-recently-used eviction.
+    """Residency table (layer, expert) <-> slot; a miss evicts by `policy` (module doc).
 
     Slots may come in pools, each serving some layers (ExpertStore gives layers whose
     experts differ in size their own slots): a layer's experts take and evict slots of its
@@ -41,12 +61,18 @@ class ExpertCache:
     the first `pool_slots` are in use (resize)."""
 
     def __init__(self, num_layers: int, num_experts: int, num_slots: int,
-                 pools: Sequence[tuple[Sequence[int], int]] | None = None):
+                 pools: Sequence[tuple[Sequence[int], int]] | None = None,
+                 policy: str = "lfu", half_life_steps: float = HALF_LIFE_STEPS):
         if min(num_layers, num_experts, num_slots) <= 0:
             raise ValueError(
                 f"expert cache needs positive sizes, got num_layers={num_layers}, "
                 f"num_experts={num_experts}, num_slots={num_slots}"
             )
+        if policy not in POLICIES or not half_life_steps > 0:
+            raise ValueError(f"expert cache policy must be one of {', '.join(POLICIES)} with a "
+                             f"positive half-life, not {policy!r}, {half_life_steps}")
+        self.policy = policy
+        self.half_life_steps = float(half_life_steps)
         self.num_layers = num_layers
         self.num_experts = num_experts
         pools = pools if pools is not None else [(range(num_layers), num_slots)]
@@ -72,6 +98,14 @@ class ExpertCache:
         # Oldest first, one order per pool: a miss evicts within its pool.
         self._lru: list[OrderedDict[tuple[int, int], None]] = [OrderedDict() for _ in pools]
         self._free_slots = self._all_free()
+        # lfu: per pool, each (layer, expert)'s use count as sum of 2 ** (clock / half-life)
+        # over its uses (resident or not: a returning expert keeps its history), the clock
+        # (steps of the pool's layers, rebased at _MAX_EXPONENT), and a min-heap of the
+        # resident ones' (count, layer, expert), refreshed lazily when popped (a hit costs
+        # a dict update, not a heap push: decode counts every routed expert every step).
+        self._scores: list[dict[tuple[int, int], float]] = [{} for _ in pools]
+        self._clock = [0.0] * len(pools)
+        self._heaps: list[list[tuple[float, int, int]]] = [[] for _ in pools]
         self._saved: list[tuple[int, int, int]] = []  # residency at the last release
         self.is_released = False
         self.num_hits = 0
@@ -80,6 +114,9 @@ class ExpertCache:
         # The same counts per layer (index: layer; dense layers stay 0).
         self.layer_hits = [0] * num_layers
         self.layer_misses = [0] * num_layers
+        # Misses that admission (admit_all=False) left on the host: read there, not copied.
+        self.num_left_out = 0
+        self.layer_left_out = [0] * num_layers
 
     @property
     def num_slots(self) -> int:
@@ -126,13 +163,18 @@ class ExpertCache:
                 for lru in self._lru for layer, expert in lru]
 
     def lookup(
-        self, layer: int, experts: Iterable[int], count_uses: bool = True
-    ) -> tuple[list[int], list[tuple[int, int]]]:
+        self, layer: int, experts: Iterable[int], count_uses: bool = True,
+        admit_all: bool = True,
+    ) -> tuple[list[int | None], list[tuple[int, int]]]:
         """Slots for the experts one step of `layer` needs, and the misses to copy in.
 
         Returns (slots aligned with experts, [(expert, slot)] to fill). Experts of this call
         are never evicted by each other; a repeated expert counts once. count_uses=False
         leaves the hit/miss counters to a caller that knows better (`count`).
+        admit_all=False (lfu; a caller that can read a miss where it is, as decode reads the
+        host copy): a miss takes a slot only when one is free or its use count beats the
+        expert it would evict; else its slot is None and nothing moves. Rare experts then
+        cost one read, not a read and a copy that evicts a more popular one.
         """
         if self.is_released:
             raise ExpertCacheReleasedError(
@@ -149,27 +191,84 @@ class ExpertCache:
             )
         in_use = {(layer, e) for e in wanted}
         lru = self._lru[pool]
-        slots: list[int] = []
+        use_weight = self._tick(pool)
+        scores = self._scores[pool]
+        admit_all = admit_all or self.policy != "lfu"
+        slots: list[int | None] = []
         misses: list[tuple[int, int]] = []
-        seen: set[int] = set()
+        seen: dict[int, int | None] = {}
         for expert in experts:
+            if expert in seen:
+                slots.append(seen[expert])
+                continue
             key = (layer, expert)
             slot = self._slot_of.get(key)
-            if expert not in seen:
-                seen.add(expert)
-                if slot is None:
-                    slot = self._take_slot(pool, in_use)
+            # The use counts; a resident key's heap entry stays behind (counts only grow:
+            # _lowest_count refreshes it), so a hit costs no heap push.
+            score = scores[key] = scores.get(key, 0.0) + use_weight
+            if slot is None:
+                slot = self._take_slot(pool, in_use, None if admit_all else score)
+                self.num_misses += int(count_uses)
+                self.layer_misses[layer] += int(count_uses)
+                if slot is not None:
                     self._slot_of[key] = slot
                     misses.append((expert, slot))
-                    self.num_misses += int(count_uses)
-                    self.layer_misses[layer] += int(count_uses)
+                    lru[key] = None
+                    if self.policy == "lfu":
+                        self._push(pool, key, score)
                 else:
-                    self.num_hits += int(count_uses)
-                    self.layer_hits[layer] += int(count_uses)
+                    self.num_left_out += 1
+                    self.layer_left_out[layer] += 1
+            else:
+                self.num_hits += int(count_uses)
+                self.layer_hits[layer] += int(count_uses)
+            if slot is not None:
                 lru[key] = None
                 lru.move_to_end(key)
+            seen[expert] = slot
             slots.append(slot)
         return slots, misses
+
+    def _tick(self, pool: int) -> float:
+        """Advance the pool's clock by one layer's step; the weight a use adds now."""
+        layers = self._layer_counts[pool]
+        self._clock[pool] += 1.0 / layers
+        exponent = self._clock[pool] / self.half_life_steps
+        if exponent > _MAX_EXPONENT:  # rebase: every count of the pool times 2 ** -exponent
+            scale = 2.0 ** -exponent
+            scores = self._scores[pool]
+            for key in scores:
+                scores[key] *= scale
+            self._clock[pool], exponent = 0.0, 0.0
+            self._rebuild_heap(pool)
+        return 2.0 ** exponent
+
+    def _push(self, pool: int, key: tuple[int, int], score: float) -> None:
+        heap = self._heaps[pool]
+        heapq.heappush(heap, (score, *key))
+        if len(heap) > 4 * len(self._lru[pool]) + 64:  # mostly stale entries: compact
+            self._rebuild_heap(pool)
+
+    def _rebuild_heap(self, pool: int) -> None:
+        scores = self._scores[pool]
+        heap = [(scores.get(key, 0.0), *key) for key in self._lru[pool]]
+        heapq.heapify(heap)
+        self._heaps[pool] = heap
+
+    def set_policy(self, policy: str) -> None:
+        """Evict by `policy` from now on (counts are kept either way; a benchmark's A/B)."""
+        if policy not in POLICIES:
+            raise ValueError(f"expert cache policy must be one of {', '.join(POLICIES)}, "
+                             f"not {policy!r}")
+        self.policy = policy
+        for pool in range(len(self._max)):
+            self._rebuild_heap(pool)
+
+    def use_count(self, layer: int, expert: int) -> float:
+        """The expert's decayed use count now (1.0: one use this step); 0 if never used."""
+        pool = self.pool_of(layer)
+        score = self._scores[pool].get((layer, expert), 0.0)
+        return score * 2.0 ** -(self._clock[pool] / self.half_life_steps)
 
     def count(self, num_hits: int, num_misses: int, layer: int | None = None) -> None:
         """Add uses that a caller classified itself, e.g. decode steps that read a missing
@@ -189,14 +288,53 @@ class ExpertCache:
         if bad:
             raise ValueError(f"expert ids {bad} are outside 0..{self.num_experts - 1}")
 
-    def _take_slot(self, pool: int, in_use: set[tuple[int, int]]) -> int:
+    def _take_slot(self, pool: int, in_use: set[tuple[int, int]],
+                   must_beat: float | None = None) -> int | None:
+        """A free slot, else the victim's; None (nothing evicted) when must_beat is set and
+        the victim's count is not below it."""
         if self._free_slots[pool]:
             return self._free_slots[pool].pop()
         lru = self._lru[pool]
-        victim = next(key for key in lru if key not in in_use)
+        if self.policy == "lfu":
+            victim = self._lowest_count(pool, in_use, must_beat)
+            if victim is None:
+                return None
+        else:
+            victim = next(key for key in lru if key not in in_use)
         del lru[victim]
         self.num_evictions += 1
         return self._slot_of.pop(victim)
+
+    def _lowest_count(self, pool: int, in_use: set[tuple[int, int]],
+                      must_beat: float | None = None) -> tuple[int, int] | None:
+        """The resident expert of the pool with the lowest use count, not one of in_use;
+        None when must_beat is set and that count is not below it (it stays)."""
+        heap, scores, lru = self._heaps[pool], self._scores[pool], self._lru[pool]
+        kept: list[tuple[float, int, int]] = []
+        try:
+            # Every resident key has an entry no higher than its count (counts only grow):
+            # an entry that is up to date is the lowest count.
+            while heap:
+                entry = heap[0]
+                key = entry[1:]
+                if key not in lru:
+                    heapq.heappop(heap)  # evicted since
+                    continue
+                score = scores.get(key, 0.0)
+                if score != entry[0]:  # used since: its entry moves up to its count
+                    heapq.heapreplace(heap, (score, *key))
+                    continue
+                if key in in_use:
+                    kept.append(heapq.heappop(heap))
+                    continue
+                if must_beat is not None and entry[0] >= must_beat:
+                    return None
+                heapq.heappop(heap)
+                return key  # type: ignore[return-value]
+        finally:
+            for entry in kept:
+                heapq.heappush(heap, entry)
+        raise RuntimeError("expert cache: no resident expert outside this step to evict")
 
     def pool_sizes(self, num_slots: int) -> list[int]:
         """Slots each pool would use if the cache used num_slots (split_slots, capped by
@@ -241,6 +379,8 @@ class ExpertCache:
         for layer, expert, slot in self._saved:
             self._slot_of[(layer, expert)] = slot
             self._lru[self._pool_of[layer]][(layer, expert)] = None
+        for pool in range(len(self._max)):
+            self._rebuild_heap(pool)
         self._free_slots = self._all_free({slot for _, _, slot in self._saved})
         restored, self._saved = self._saved, []
         self.is_released = False
@@ -255,6 +395,8 @@ class ExpertCache:
             "num_hits": self.num_hits,
             "num_misses": self.num_misses,
             "num_evictions": self.num_evictions,
+            "num_left_out": self.num_left_out,
+            "policy": self.policy,
             "hit_rate": self.num_hits / lookups if lookups else None,
             "is_released": self.is_released,
         }

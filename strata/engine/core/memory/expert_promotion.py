@@ -8,7 +8,8 @@ inside it:
 - after_step: copy the step's ids (its real rows) to pinned host memory behind an event.
 - before_step, for steps whose ids have arrived: count hits (the table the step ran with
   had a slot) and misses per layer, and the host bytes the misses read in place, let
-  ExpertCache choose slots (LRU eviction), publish the table with
+  ExpertCache choose slots (its policy; a miss that does not outrank the expert it would
+  evict stays on the host: one read, no copy), publish the table with
   the evicted experts at -1 first, then copy the new experts in on the side stream once the
   compute stream has passed that point; for copies that have landed, publish their slots,
   each only if the cache still maps that expert there (a later choice may have taken it).
@@ -102,8 +103,9 @@ class ExpertPromotion:
             # Rows of a batch share experts (one row's top-k ids differ); a step may want more
             # than fit, and the rest stay on the host, where the step read them.
             used = list(dict.fromkeys(experts))[: cache.pool_slots(layer)]
-            # Checks the ids, touches the LRU order of hits, gives misses slots (evicting).
-            _, new = cache.lookup(layer, used, count_uses=False)
+            # Checks the ids, counts the uses, gives misses slots where they outrank the
+            # expert they would evict (the step read them from the host copy already).
+            _, new = cache.lookup(layer, used, count_uses=False, admit_all=False)
             assignments += [(layer, expert, slot) for expert, slot in new]
         # Where the step read each routed expert, once however many rows routed there: its
         # slot (a hit) or the host copy (a miss), by the table it ran with. A few tensor ops

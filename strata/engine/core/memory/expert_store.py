@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -184,6 +185,12 @@ class ExpertStore:
         # in place from the host copy (misses; counted by ExpertPromotion).
         self.copied_bytes = [0] * num_layers
         self.host_read_bytes = [0] * num_layers
+        self.num_copy_calls = 0  # host-to-device copies issued (one per run and projection)
+        # Copies into slots timed where they run (device events around each batch, read once
+        # done): the rate misses move at, not bytes over decode time.
+        self.timed_copy_bytes = 0
+        self.copy_seconds = 0.0
+        self._timings: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
         self.preload()
 
     def _check_float_layers(self, layers: dict[int, ExpertWeights],
@@ -341,9 +348,32 @@ class ExpertStore:
 
         Experts that follow each other in a layer and land in slots that follow each other go
         as one copy per weight: a refill of 14 layers x 128 experts was 5376 copies of 3 MiB,
-        where pinned copies reach PCIe's rate only from ~16 MiB (H200: 46-48 GB/s of 55)."""
+        where pinned copies reach PCIe's rate only from ~16 MiB (H200: 46-48 GB/s of 55).
+        Timed: device events on the current stream (read by status once done), or the wall
+        clock for synchronous copies."""
+        nbytes = sum(self.bytes_of(layer) for layer, _, _ in assignments)
+        if not nbytes:
+            return
+        self._read_timings()  # the earlier batches' (keeps the list short)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            started = torch.cuda.Event(enable_timing=True)
+            started.record()
+        started_s = time.perf_counter()
+        self._copy_runs(assignments, non_blocking)
+        if cuda:
+            copied = torch.cuda.Event(enable_timing=True)
+            copied.record()
+            self._timings.append((started, copied, nbytes))
+        else:
+            self.timed_copy_bytes += nbytes
+            self.copy_seconds += time.perf_counter() - started_s
+
+    def _copy_runs(self, assignments: Sequence[tuple[int, int, int]],
+                   non_blocking: bool) -> None:
         for layer, expert, slot, count in contiguous_runs(assignments):
             self.copied_bytes[layer] += count * self._class(layer).bytes_per_expert
+            self.num_copy_calls += len(self._host_layers[layer])
             first = self.local_slot(layer, slot)
             for dst, src in zip(self.slot_weights_of(layer), self._host_layers[layer]):
                 dst[first : first + count].copy_(src[expert : expert + count],
@@ -419,13 +449,40 @@ class ExpertStore:
         for offset, nbytes in self._slot_ranges([0] * len(self.classes), self.cache.sizes):
             self.arena.check_mapped(offset, nbytes)
 
+    def _clamp_slots(self, num_slots: int) -> int:
+        """What resize() makes of num_slots: num_experts..max_slots."""
+        return max(min(num_slots, self.max_slots), min(self.num_experts, self.max_slots))
+
+    def mapped_bytes_at(self, num_slots: int) -> int:
+        """VRAM the slot arena maps once resized to num_slots: whole chunks, so a chunk that
+        holds one slot in use (of any class and projection) stays mapped, and with it the
+        slots past the new count that share it. num_slots x bytes_per_expert is less by up
+        to a chunk per class and projection (6 x 512 MiB chunks for a Q4_K_M Qwen3-30B-A3B
+        was 1.3 GiB over a budget: docs/benchmarks.md, run 33b)."""
+        sizes = self.cache.pool_sizes(self._clamp_slots(num_slots))
+        return self.arena.bytes_kept_by(self._slot_ranges(sizes, self.cache.max_sizes))
+
+    def slots_within(self, nbytes: int) -> int:
+        """The most slots whose mapped_bytes_at fits nbytes (at least one layer's experts of
+        each class, which may not fit: then that floor)."""
+        low, high = self._clamp_slots(0), self.max_slots
+        if self.mapped_bytes_at(high) <= nbytes:
+            return high
+        while low < high:  # mapped bytes grow with the slots: the last count that fits
+            middle = (low + high + 1) // 2
+            if self.mapped_bytes_at(middle) <= nbytes:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
     def resize(self, num_slots: int) -> dict[str, Any]:
         """Use about num_slots slots (num_experts..max_slots, shared by the classes as the
         cache's pools say): shrinking frees the chunks wholly above each class's new count
         (the experts there are read from the host copy again); growing maps them back, empty
         (misses fill them). Raises ArenaMapError (nothing changed) when growing finds too
         little VRAM."""
-        num_slots = max(min(num_slots, self.max_slots), min(self.num_experts, self.max_slots))
+        num_slots = self._clamp_slots(num_slots)
         old, new = self.cache.sizes, self.cache.pool_sizes(num_slots)
         freed = mapped = 0
         done: list[tuple[int, int]] = []
@@ -490,15 +547,29 @@ class ExpertStore:
                     break
         return differing
 
+    def bytes_of(self, layer: int) -> int:
+        """One expert of layer: gate, up and down as its slot class holds them."""
+        return self._class(layer).bytes_per_expert
+
     def count_host_reads(self, layers: Sequence[int], num_misses: Sequence[int]) -> None:
         """Note experts that decode kernels read in place from the host copy (misses)."""
         for layer, misses in zip(layers, num_misses):
             self.host_read_bytes[layer] += misses * self._class(layer).bytes_per_expert
 
+    def _read_timings(self) -> None:
+        """Add the copies whose end event has passed to the timed totals (never waits)."""
+        while self._timings and self._timings[0][1].query():
+            started, copied, nbytes = self._timings.popleft()
+            self.timed_copy_bytes += nbytes
+            self.copy_seconds += started.elapsed_time(copied) / 1e3
+
     def status(self) -> dict[str, Any]:
         """Slots, residency counters, arena bytes and host-to-device traffic, as plain
         values; `layers` has each MoE layer's hits, misses and bytes moved."""
         cache = self.cache
+        self._read_timings()
+        copy_gb_s = (self.timed_copy_bytes / self.copy_seconds / 1e9
+                     if self.copy_seconds > 0 else None)
         return {
             **cache.stats(),
             "bytes_per_expert": self.bytes_per_expert,
@@ -508,8 +579,13 @@ class ExpertStore:
             "resident_bytes": self.arena.resident_bytes,
             "copied_bytes": sum(self.copied_bytes),
             "host_read_bytes": sum(self.host_read_bytes),
+            "num_copy_calls": self.num_copy_calls,
+            "timed_copy_bytes": self.timed_copy_bytes,
+            "copy_seconds": self.copy_seconds,
+            "copy_gb_s": copy_gb_s,
             "layers": [{"layer": layer, "num_hits": cache.layer_hits[layer],
                         "num_misses": cache.layer_misses[layer],
+                        "num_left_out": cache.layer_left_out[layer],
                         "copied_bytes": self.copied_bytes[layer],
                         "host_read_bytes": self.host_read_bytes[layer]}
                        for layer in self.layer_ids],
