@@ -126,3 +126,25 @@ def test_tiny_family_file_loads_in_strata_and_runs_a_forward(tmp_path: Path, pre
         logits = model(prompt, 0, KVCache.for_config(loaded, 64))
     assert logits.shape == (16, config.vocab_size) and torch.isfinite(logits).all()
     assert logits.std() > 0  # random weights give logits that differ
+
+
+def test_glm_down_projections_in_fallback_types_load_and_run(tmp_path: Path) -> None:
+    """GLM-4.5-Air's down projections are Q5_0 and Q8_0 in a Q4_K_M file (rows of 1408 and
+    10944): a tiny GLM with rows of 288 and 800 values (whole 32-blocks, not 256-blocks)
+    gets the same types, and Strata loads and runs them."""
+    import dataclasses
+
+    config = dataclasses.replace(random_gguf_config("glm-4.5-air", tiny=True),
+                                 moe_intermediate_size=288, intermediate_size=800)
+    path = tmp_path / "glm.gguf"
+    write_random_gguf(config, path, mix="Q4_K_M")
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    # 2 layers: layer 1 uses more bits (Q6_K -> Q8_0), layer 0 does not (Q4_K -> Q5_0).
+    assert types["blk.0.ffn_down.weight"] == QT.Q5_0
+    assert types["blk.1.ffn_down_exps.weight"] == types["blk.1.ffn_down_shexp.weight"] == QT.Q8_0
+    assert types["blk.1.ffn_up_exps.weight"] == QT.Q4_K  # rows of hidden 256
+    loaded = load_model_config(path)
+    model = build_model(loaded, load_tensors(path, loaded))
+    with torch.no_grad():
+        logits = model(torch.arange(3, 19), 0, KVCache.for_config(loaded, 64))
+    assert torch.isfinite(logits).all() and logits.std() > 0
