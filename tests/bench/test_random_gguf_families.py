@@ -41,6 +41,15 @@ def test_sizes_match_the_published_files(preset: str, mix: str, published_gb: fl
                                                                                  rel=0.01)
 
 
+@pytest.mark.parametrize(("preset", "published_b"), [
+    ("gpt-oss-20b", 21.0), ("phi-4", 14.7), ("phi-4-mini", 3.8), ("glm-4.5-air", 106.0)])
+def test_parameter_counts_match_the_model_cards(preset: str, published_b: float) -> None:
+    from strata.engine.core.random_weights import parameter_bytes, random_weights_config
+
+    count = parameter_bytes(random_weights_config(preset), torch.bfloat16) / 2
+    assert count / 1e9 == pytest.approx(published_b, rel=0.015)
+
+
 def test_gpt_oss_mxfp4_moe_is_mxfp4_experts_and_q8_0_elsewhere() -> None:
     types = tensor_types(random_gguf_config("gpt-oss-20b"), "MXFP4_MOE")
     assert types["token_embd.weight"] == types["output.weight"] == QT.Q8_0
