@@ -15,9 +15,10 @@ import json
 import sys
 from pathlib import Path
 
-# Figures of quant_bench.py kept in the table (by the name after the step's label).
+# Figures of quant_bench.py kept in the table (by the name after the step's label); "Strata"
+# is the row saying why Strata failed on the file.
 _KEPT = ("decode bs1", "prefill ", "vs llama.cpp ", "VRAM held after load",
-         "refill experts")
+         "refill experts", "Strata")
 
 
 def target_rows(report: dict) -> list[dict]:

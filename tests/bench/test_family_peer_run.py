@@ -65,6 +65,31 @@ def test_the_table_keeps_the_target_rows_of_each_step_and_says_what_was_missed()
     assert lines[6].endswith("| 0.90 | 1.00 | **MISSED** |")
 
 
+def test_llama_cpps_rows_stay_when_strata_fails_on_the_file(tmp_path: Path) -> None:
+    """A family Strata cannot run yet still gets llama.cpp's figures on its file: here the
+    engine is asked for a device that does not exist; llama-bench is a stand-in printing a
+    real CPU run's JSON (tests/bench/data/llama-bench-cpu.json)."""
+    from quant_bench import parser, run
+
+    path = tmp_path / "phi.gguf"
+    write_random_gguf("phi-4", path, mix="Q4_K_M", tiny=True)
+    recorded = ROOT / "tests" / "bench" / "data" / "llama-bench-cpu.json"
+    fake = tmp_path / "llama-bench"
+    fake.write_text(f"#!/bin/sh\ncat {recorded}\n")
+    fake.chmod(0o755)
+    args = parser().parse_args([str(path), "--device", "no-such-device", "--llama-bench", str(fake),
+                                "--prefill-tokens", "64", "256", "--decode-tokens", "8",
+                                "--json", str(tmp_path / "q.json")])
+    report = run(args)
+    assert "Traceback" in report["strata"]["error"]
+    rows = {r["figure"]: r for r in target_rows({"steps": [
+        {"step": {"name": "phi"}, "status": "exit 1", "report": report}]})}
+    assert rows["Strata"]["value"] is None and "Strata failed" in rows["Strata"]["notes"]
+    decode = rows["vs llama.cpp decode bs1"]
+    assert decode["value"] is None and decode["limit"] > 0 and decode["ok"] is None
+    assert json.loads((tmp_path / "q.json").read_text())["llamacpp"]["decode_tok_s"] > 0
+
+
 @pytest.mark.slow
 def test_family_dry_plan_benches_every_family_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
