@@ -10,8 +10,12 @@ torch's `nvidia` package on LD_LIBRARY_PATH. Each step of the plan writes its GG
 19's row: Strata, then llama-bench) or batch_bench.py (issue 22's row: Strata, then
 llama-batched-bench) on it in a subprocess, and deletes the file. Steps run in order until
 --deadline-s; one that cannot end in time is skipped, a failed one costs only its row.
-Everything lands in two files (a device call brings back few): OUT/peer_PLAN.json (each
-step's report, rewritten after every step) and OUT/peer_PLAN.log (every subprocess's output).
+Everything lands in three files (a device call brings back few): OUT/peer_PLAN.json (each
+step's report, rewritten after every step), OUT/peer_PLAN.md (its target rows as one table:
+Strata / llama.cpp per figure, peer_table.py) and OUT/peer_PLAN.log (every subprocess's
+output). Plan `family` is issue 52's: gpt-oss-20b MXFP4, Gemma-3-27B Q4_0 (QAT layout),
+GLM-4.5-Air Q4_K_M (12 of 46 layers) and Phi-4 Q4_K_M; `family-dry` runs it at a tiny width
+on the CPU (--device cpu).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
+from peer_table import markdown, target_rows
 from random_gguf import random_gguf_config, stored_bytes, write_random_gguf
 
 TOOLS = ("llama-bench", "llama-batched-bench")
@@ -44,6 +49,14 @@ class Step:
     mix: str
     bench: str  # "quant" (quant_bench.py) or "batch" (batch_bench.py)
     num_layers: int | None = None
+    tiny: bool = False  # random_gguf's --tiny: the family at a tiny width (CPU dry runs)
+    bench_args: tuple[str, ...] = ()  # before --bench-args, which can override them
+
+
+# Issue 52's rows: 4 files in one device call (about 560 s), so each bench is trimmed: no
+# second load, 2 measured runs a figure (the first, compiling one unmeasured), 2 expert cycles.
+_FAMILY_ARGS = ("--decode-tokens", "64", "--prefill-tokens", "512", "4096", "--ttft-tokens",
+                "512", "--repeats", "2", "--cycles", "2", "--no-reload")
 
 
 PLANS = {
@@ -65,6 +78,24 @@ PLANS = {
     # A CPU dry run of the machinery (tiny files need --device cpu and no binaries).
     "dry": [Step("smollm2-Q8_0", "smollm2-135m", "Q8_0", "quant", 2),
             Step("smollm2-Q8_0-batch", "smollm2-135m", "Q8_0", "batch", 2)],
+    # Issue 52's targets: the families' files in their published mixes (random_gguf.py;
+    # 12.1, 17.2 and 9.1 GB whole). GLM-4.5-Air keeps 12 of 46 layers (18 GB; whole it is
+    # 70 GB, past /dev/shm and the disk), typed as llama-quantize types a 12-layer model.
+    "family": [Step("gpt-oss-20b-MXFP4", "gpt-oss-20b", "MXFP4_MOE", "quant",
+                    bench_args=_FAMILY_ARGS),
+               Step("gemma-3-27b-Q4_0", "gemma-3-27b", "Q4_0_QAT", "quant",
+                    bench_args=_FAMILY_ARGS),
+               Step("glm-4.5-air-12L-Q4_K_M", "glm-4.5-air", "Q4_K_M", "quant", 12,
+                    bench_args=_FAMILY_ARGS),
+               Step("phi-4-Q4_K_M", "phi-4", "Q4_K_M", "quant", bench_args=_FAMILY_ARGS)],
+    # The same on the CPU at a tiny width (with --device cpu): the machinery, and llama.cpp's
+    # loader on each family's file when --bin-dir holds a CPU llama-bench.
+    "family-dry": [Step("gpt-oss-tiny-MXFP4", "gpt-oss-20b", "MXFP4_MOE", "quant", tiny=True,
+                        bench_args=("--cycles", "1")),
+                   Step("gemma-3-tiny-Q4_0", "gemma-3-27b", "Q4_0_QAT", "quant", tiny=True),
+                   Step("glm-4.5-tiny-Q4_K_M", "glm-4.5-air", "Q4_K_M", "quant", tiny=True,
+                        bench_args=("--cycles", "1")),
+                   Step("phi-4-tiny-Q4_K_M", "phi-4", "Q4_K_M", "quant", tiny=True)],
 }
 
 
@@ -135,7 +166,7 @@ def bench_command(step: Step, path: Path, json_path: Path, tools: dict, args) ->
                  "--repeats", "1"] if step.bench == "quant" else
                 ["--streams", "1", "2", "--slots", "2", "--prompt-tokens", "16",
                  "--max-tokens", "8", "--no-ttft"])
-    return cmd + args.bench_args
+    return cmd + list(step.bench_args) + args.bench_args
 
 
 def run_step(step: Step, tools: dict, env: dict, args, log, log_file) -> dict:
@@ -146,12 +177,13 @@ def run_step(step: Step, tools: dict, env: dict, args, log, log_file) -> dict:
         record["status"] = f"skipped: {remaining_s:.0f} s left of {args.deadline_s:.0f} s"
         log(f"{step.name}: {record['status']}")
         return record
-    work = work_dir(args.work_dir, stored_bytes(random_gguf_config(step.preset, step.num_layers),
-                                                step.mix))
+    config = random_gguf_config(step.preset, step.num_layers, step.tiny)
+    work = work_dir(args.work_dir, stored_bytes(config, step.mix))
     path, json_path = work / f"{step.name}.gguf", work / f"{step.name}.json"
     try:
         t0 = time.perf_counter()
-        write_random_gguf(step.preset, path, mix=step.mix, num_layers=step.num_layers)
+        write_random_gguf(step.preset, path, mix=step.mix, num_layers=step.num_layers,
+                          tiny=step.tiny)
         record |= {"write_s": round(time.perf_counter() - t0, 1),
                    "file_bytes": path.stat().st_size}
         log(f"{step.name}: wrote {path.stat().st_size / 1e9:.2f} GB in {record['write_s']} s "
@@ -208,6 +240,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_path, json_path = out / f"peer_{args.plan}.log", out / f"peer_{args.plan}.json"
+    table_path = out / f"peer_{args.plan}.md"  # the target rows (peer_table.py)
     with log_path.open("w", buffering=1) as log_file:
         def log(message: str) -> None:
             line = f"[peer_run {time.perf_counter() - args.started_s:6.1f}s] {message}"
@@ -235,9 +268,11 @@ def main() -> int:
             log_file.flush()
             report["steps"].append(run_step(step, tools, env, args, log, log_file))
             json_path.write_text(json.dumps(report, indent=1, default=str))
+            table_path.write_text(markdown(target_rows(report)))
         log(f"done in {time.perf_counter() - args.started_s:.0f} s: {json_path}")
     for record in report["steps"]:
         print(f"{record['step']['name']}: {record['status']}")
+    print(table_path.read_text(), end="")
     return 0
 
 

@@ -13,7 +13,8 @@ reused) and the time to first token of the --ttft-tokens one; on an MoE file the
 cache's release ms and refill GB/s (against pinned host-to-device bandwidth). Then the engine
 is closed and llama-bench runs on the same file (every layer on the GPU, flash attention),
 and the ratios: Strata/llama.cpp per figure, and decode against the quantized-bytes roofline
-(weight bytes one token reads, as stored in the file, over --hbm-gb-s; roofline.py).
+(weight bytes one token reads, as stored in the file, over --hbm-gb-s; roofline.py). Where
+Strata fails on the file, llama-bench still runs: one row says why, the exit status is 1.
 
 The JSON records the tile each dp4a product ran (`strata.dp4a_tiles`). A tree that edits a
 file holding those kernels tunes them afresh, so an A/B of two trees may compare tiles as
@@ -366,11 +367,34 @@ def llamacpp_figures(args, path: Path, ours: dict) -> tuple[list[dict], dict]:
     return rows, peer
 
 
+def _strata_or_error(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
+    """strata_figures, or where Strata fails (a family whose fast path is not there yet) one
+    row saying why: llama.cpp's rows on the file are still worth having (issue 52's table)."""
+    import gc
+    import traceback
+
+    try:
+        return strata_figures(args, path, weights)
+    except Exception as exc:  # noqa: BLE001 - the peer's rows must not be lost with Strata's
+        note = f"Strata failed: {type(exc).__name__}: {exc}"
+        error = traceback.format_exc()
+    gc.collect()  # the failed engine's tensors, before llama-bench wants the memory
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except RuntimeError:
+        pass  # a broken CUDA context: llama-bench runs in its own process anyway
+    print(error, file=sys.stderr, flush=True)
+    return [figure("Strata", None, "-", notes=note[:600])], {"error": error}
+
+
 def run(args) -> dict:
     path = Path(args.gguf)
     weights = decode_weight_bytes(open_gguf(path))
     label = args.label or path.stem
-    figures, raw = strata_figures(args, path, weights)
+    figures, raw = _strata_or_error(args, path, weights)
     report = {"benchmark": "quant", "file": str(path), "file_bytes": path.stat().st_size,
               "label": label, "weights": weights, "hbm_gb_s": args.hbm_gb_s,
               "figures": figures, "strata": raw, "llamacpp": None,
@@ -421,8 +445,8 @@ def main() -> int:
     args = p.parse_args()
     if args.repeats < 1:
         p.error("--repeats takes 1 or more: each row is the best of that many measured runs")
-    run(args)
-    return 0
+    report = run(args)
+    return 1 if "error" in report["strata"] else 0
 
 
 if __name__ == "__main__":

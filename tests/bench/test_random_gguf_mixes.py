@@ -84,13 +84,18 @@ def test_sizes_match_the_published_files(preset: str, mix: str, published_gb: fl
                                                                                  rel=0.01)
 
 
-def test_layers_cut_the_model_and_odd_rows_are_refused(tmp_path: Path) -> None:
+def test_layers_cut_the_model_and_odd_rows_take_llama_quantizes_fallback() -> None:
     assert random_gguf_config("qwen3-30b-a3b", 12).num_hidden_layers == 12
     import dataclasses
 
-    odd = dataclasses.replace(TINY_DENSE, intermediate_size=200)
-    with pytest.raises(ValueError, match="multiples of 256"):
-        write_random_gguf(odd, tmp_path / "odd.gguf", mix="Q4_K_M")
+    # tensor_type_fallback: rows of 224 values (7 blocks of 32) take Q5_0 for Q4_K and Q8_0
+    # for Q6_K (layer 1 of 2 uses more bits); rows of 200 fit no block: F16.
+    types = tensor_types(dataclasses.replace(TINY_DENSE, intermediate_size=224), "Q4_K_M")
+    assert (types["blk.0.ffn_down.weight"], types["blk.1.ffn_down.weight"]) == (QT.Q5_0,
+                                                                                QT.Q8_0)
+    assert types["blk.0.ffn_up.weight"] == QT.Q4_K  # rows of hidden 256: whole blocks
+    types = tensor_types(dataclasses.replace(TINY_DENSE, intermediate_size=200), "Q4_K_M")
+    assert types["blk.0.ffn_down.weight"] == types["blk.1.ffn_down.weight"] == QT.F16
 
 
 @pytest.mark.parametrize("mix", ["Q4_K_M", "Q8_0", "IQ2_XXS", "BF16"])

@@ -19,7 +19,12 @@ from strata.engine.core.models.registry import model_module
 
 DEFAULT_STD = 0.02
 
-# Hugging Face config.json values of the published models (shapes only).
+# Hugging Face config.json values of the published models (shapes only). No model hub is
+# reachable where these were written: gpt-oss, Gemma 3 and Phi-4 are from memory of the
+# published config.json files (openai/gpt-oss-20b, google/gemma-3-27b-it's and -1b-it's
+# text_config, microsoft/phi-4, microsoft/Phi-4-mini-instruct), checked against the published
+# GGUF files' sizes (tests/bench/test_random_gguf_families.py). Phi-4-mini's LongRoPE factors
+# are placeholders (1.0): they change its RoPE frequencies, not its work.
 PRESETS: dict[str, dict[str, Any]] = {
     "smollm2-135m": {
         "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
@@ -57,6 +62,50 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
                             "partial_rotary_factor": 0.5},
+    },
+    "gpt-oss-20b": {
+        "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+        "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+        "num_experts_per_tok": 4, "attention_bias": True, "sliding_window": 128,
+        "rms_norm_eps": 1e-5, "swiglu_limit": 7.0, "max_position_embeddings": 131072,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 4096},
+    },
+    "gemma-3-27b": {  # the text model of the multimodal checkpoint
+        "model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 5376,
+        "intermediate_size": 21504, "num_hidden_layers": 62, "num_attention_heads": 32,
+        "num_key_value_heads": 16, "head_dim": 128, "query_pre_attn_scalar": 168,
+        "sliding_window": 1024, "sliding_window_pattern": 6, "rope_theta": 1e6,
+        "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "tie_word_embeddings": True,
+    },
+    "gemma-3-1b": {
+        "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152,
+        "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256,
+        "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1e6,
+        "rope_local_base_freq": 10000.0, "rope_scaling": None, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768, "tie_word_embeddings": True,
+    },
+    "phi-4": {
+        "model_type": "phi3", "vocab_size": 100352, "hidden_size": 5120,
+        "intermediate_size": 17920, "num_hidden_layers": 40, "num_attention_heads": 40,
+        "num_key_value_heads": 10, "rms_norm_eps": 1e-5, "rope_theta": 250000.0,
+        "max_position_embeddings": 16384, "original_max_position_embeddings": 16384,
+        "rope_scaling": None, "tie_word_embeddings": False,
+    },
+    "phi-4-mini": {
+        "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
+        "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24,
+        "num_key_value_heads": 8, "partial_rotary_factor": 0.75, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096, "sliding_window": 262144,
+        "rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48,
+                         "short_factor": [1.0] * 48},
+        "tie_word_embeddings": True,
     },
 }
 
