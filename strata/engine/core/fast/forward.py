@@ -23,9 +23,18 @@ from strata.engine.core.fast.decode_attention import (
     rounds_output,
 )
 from strata.engine.core.fast.moe_grouped import moe_forward, takes_rounded_x
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
+from strata.engine.core.fast.pointwise import (
+    EAGER_OPS,
+    PointwiseOps,
+    apply_add_norm,
+    attn_qk_norm_rope,
+    gate_mul,
+    is_unit_offset,
+)
 from strata.engine.core.fused_views import fused_gate_up, fused_qkv, fused_qkv_pair
 from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.models.decoder import SandwichDecoderLayer
+from strata.engine.core.models.layers import GeGLU
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.core.quant import weight as qweight
 
@@ -47,7 +56,19 @@ def project_head(x: torch.Tensor, model, use_pdl: bool = False,
     """Logits [T, V] float32 for x [T, H], whatever form the head's weight takes. use_pdl: a
     quantized head's one-token product launches as a PDL secondary (qlinear), as the decode
     step's other products do; rounded: x's int8 rounding made with x (decode_rounded.py)."""
-    return qweight.apply_linear(x, head_weight(model), use_pdl=use_pdl, rounded=rounded).float()
+    logits = qweight.apply_linear(x, head_weight(model), use_pdl=use_pdl,
+                                  rounded=rounded).float()
+    cap = model.config.final_logit_softcapping
+    return logits if not cap else torch.tanh(logits / cap) * cap  # Gemma's soft-capping
+
+
+def block_norms(layer) -> tuple:
+    """(after attention, before the MLP, after the MLP): a pre-norm block has only the middle
+    one (its post_attention_layernorm); Gemma's sandwich block all three (decoder.py)."""
+    if isinstance(layer, SandwichDecoderLayer):
+        return (layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                layer.post_feedforward_layernorm)
+    return None, layer.post_attention_layernorm, None
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None,
@@ -138,13 +159,14 @@ def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps
     """(h + y, norm(h + y), rounded) for one token; y None (the first layer): h itself.
     rounded: norm(h + y)'s int8 rounding from the same launch where `rounds` (the product
     after it takes dp4a: _rounds_x, takes_rounded_x), else None."""
+    offset = is_unit_offset(norm)
     if rounds:
-        return decode_rounded.add_rms_norm_rounded(h, y, norm.weight, norm.eps, use_pdl=ops.pdl)
+        return decode_rounded.add_rms_norm_rounded(h, y, norm.weight, norm.eps, use_pdl=ops.pdl,
+                                                   unit_offset=offset)
     if ops.dense_kernels:
-        return (*decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl), None)
-    if y is None:
-        return h, ops.rms_norm(h, norm.weight, norm.eps), None
-    return (*ops.add_rms_norm(h, y, norm.weight, norm.eps), None)
+        return (*decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl,
+                                           unit_offset=offset), None)
+    return (*apply_add_norm(ops, h, y, norm), None)
 
 
 def _takes_prologue(x: torch.Tensor, weight: torch.Tensor, ops: PointwiseOps) -> bool:
@@ -159,7 +181,8 @@ def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps):
     """(h + y, linear(norm(h + y), weight, bias)) for one token: one launch (decode_dense's
     norm_gemv) where it pays, else the norm then the projection."""
     if _takes_prologue(h, weight, ops):
-        return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl)
+        return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl,
+                                      unit_offset=is_unit_offset(norm))
     h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops))
     return h, linear(x, weight, bias, ops, rounded)
 
@@ -193,21 +216,24 @@ def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str):
 
 
 def _down(mlp, gate_up_out: torch.Tensor, ops: PointwiseOps) -> torch.Tensor:
-    """down_proj(silu(gate) * up) for gate_up_out [T, 2I] = [gate | up]: one launch
-    (decode_dense.silu_mul_gemv) for one token where it pays."""
+    """down_proj(silu(gate) * up) for gate_up_out [T, 2I] = [gate | up] (GeGLU: gelu_tanh):
+    one launch (decode_dense.silu_mul_gemv) for one token where it pays."""
     down = mlp.down_proj
+    gelu = isinstance(mlp, GeGLU)
     if _takes_prologue(gate_up_out, down.weight, ops):
-        return decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias, use_pdl=ops.pdl)
+        return decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias, use_pdl=ops.pdl,
+                                          gelu=gelu)
     if _rounds_x(gate_up_out, down.weight, ops):  # SiLU·mul and x's int8 in one launch
-        x, rounded = decode_rounded.silu_mul_rounded(gate_up_out, use_pdl=ops.pdl)
+        x, rounded = decode_rounded.silu_mul_rounded(gate_up_out, use_pdl=ops.pdl, gelu=gelu)
         return linear(x, down.weight, down.bias, ops, rounded)
     gate, up = gate_up_out.chunk(2, dim=-1)  # two [T, I] views
-    return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
+    return linear(gate_mul(ops, mlp, gate, up), down.weight, down.bias, ops)
 
 
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str,
                 rounded: tuple | None = None) -> torch.Tensor:
-    """The layer's feed-forward on x [T, H]: SwiGLU with fused activation, or the MoE path.
+    """The layer's feed-forward on x [T, H]: SwiGLU (or GeGLU) with fused activation, or the
+    MoE path.
     rounded: one token's int8 rounding made with x, for the quantized products by dp4a."""
     if isinstance(mlp, SparseMoE):
         return moe_forward(mlp, x, moe_impl, ops, rounded)
@@ -217,7 +243,7 @@ def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str,
     gate = linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias, ops, rounded)
     up = linear(x, mlp.up_proj.weight, mlp.up_proj.bias, ops, rounded)
     down = mlp.down_proj
-    return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
+    return linear(gate_mul(ops, mlp, gate, up), down.weight, down.bias, ops)
 
 
 def decode_step(
@@ -235,15 +261,20 @@ def decode_step(
     caller guarantees position < len(key_positions) <= kv.max_tokens. No host sync unless
     moe_impl is "loop".
     """
-    cos, sin = model.rope(position)  # [1, D] each
-    h = model.model.embed_tokens(token_ids)  # [1, H]
+    ropes = model.layer_ropes(position)  # per layer: cos, sin [1, D] (one table unless Gemma)
+    h = model.embed(token_ids)  # [1, H]
     y = None  # the last block's output, added to h by the next norm
     for i, layer in enumerate(model.model.layers):
         attn = layer.self_attn
+        after_attn, before_mlp, after_mlp = block_norms(layer)
         h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops)
-        y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i], cos, sin,
-                             ops)
-        h, y = _norm_mlp(layer.mlp, h, y, layer.post_attention_layernorm, ops, moe_impl)
+        y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
+                             *ropes[i], ops)
+        if after_attn is not None:  # Gemma's sandwich: the sublayer's output normed too
+            y = _norm_token(y, None, after_attn, ops)[1]
+        h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl)
+        if after_mlp is not None:
+            y = _norm_token(y, None, after_mlp, ops)[1]
     head = head_weight(model)
     _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops))
     return project_head(x, model, ops.pdl, rounded)  # [1, V]
