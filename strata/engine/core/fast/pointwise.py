@@ -103,13 +103,15 @@ def attn_qk_norm_rope(attn, q, k, cos, sin, ops: PointwiseOps):
 
 
 def attention_scale(attn) -> float:
-    """The scores' factor: the layer's own (Gemma's query_pre_attn_scalar) or 1/sqrt(D)."""
-    return attn.scale if attn.scale is not None else attn.head_dim**-0.5
+    """The scores' factor: the layer's own (Gemma's query_pre_attn_scalar) or 1/sqrt(D).
+    Read with defaults: a layer may be any object with the shape fields (tests' stand-ins)."""
+    scale = getattr(attn, "scale", None)
+    return scale if scale is not None else attn.head_dim**-0.5
 
 
 def attention_window(attn) -> int:
     """The layer's sliding window in positions, 0 where it sees every cached position."""
-    return attn.sliding_window or 0
+    return getattr(attn, "sliding_window", None) or 0
 
 
 def attention_sinks(attn) -> torch.Tensor | None:
