@@ -25,6 +25,7 @@ import torch
 
 from strata.engine.core.fast import pointwise
 from strata.engine.core.kernels import launch, pdl
+from strata.engine.core.models.decoder import SandwichDecoderLayer
 from strata.engine.core.models.layers import GeGLU
 from strata.units import MIB
 
@@ -154,16 +155,27 @@ if triton is not None:
 
     @triton.jit
     def _add_rms_norm_kernel(
-        h_ptr, y_ptr, w_ptr, h_out_ptr, x_out_ptr, q_ptr, d_ptr, s_ptr, eps,
+        h_ptr, y_ptr, w_ptr, h_out_ptr, x_out_ptr, q_ptr, d_ptr, s_ptr, yw_ptr, eps, y_eps,
         hidden: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND: tl.constexpr,
-        UNIT_OFFSET: tl.constexpr, USE_PDL: tl.constexpr, BLOCK: tl.constexpr,
+        UNIT_OFFSET: tl.constexpr, Y_NORM: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK: tl.constexpr,
     ):
         # ROUND: x's groups of 32 rounded to int8 too, for a dp4a product (decode_rounded.py).
+        # Y_NORM: y is normed first by its own weight (Gemma's post-sublayer norm), rounded
+        # to h's dtype as a separate norm launch would give it.
         cols = tl.arange(0, BLOCK)
         ok = cols < hidden
         weight = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         pdl_wait(USE_PDL)
-        h = _residual(h_ptr, y_ptr, cols, ok, HAS_RESIDUAL)
+        if Y_NORM:
+            y32 = tl.load(y_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            y_rstd = 1.0 / tl.sqrt(tl.sum(y32 * y32, axis=0) / hidden + y_eps)
+            y_weight = tl.load(yw_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+            y = scale_normed(y32, y_rstd, y_weight, h_ptr.dtype.element_ty, UNIT_OFFSET)
+            h = tl.load(h_ptr + cols, mask=ok, other=0.0)
+            h = (h.to(tl.float32) + y.to(tl.float32)).to(h_ptr.dtype.element_ty)
+        else:
+            h = _residual(h_ptr, y_ptr, cols, ok, HAS_RESIDUAL)
         if HAS_RESIDUAL:
             tl.store(h_out_ptr + cols, h, mask=ok)
         h32 = h.to(tl.float32)
@@ -255,31 +267,37 @@ def _launch_gemv(prologue: int, x: torch.Tensor, weight: torch.Tensor,
 
 
 def add_rms_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                 use_pdl: bool = False, unit_offset: bool = False
+                 use_pdl: bool = False, unit_offset: bool = False,
+                 y_norm: tuple[torch.Tensor, float] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + y, rms_norm(h + y)) for one token h, y [1, H]; y None: (h, rms_norm(h)).
-    unit_offset: Gemma's norm (pointwise.rms_norm)."""
-    h_out, x, _ = launch_add_rms_norm(h, y, weight, eps, use_pdl, None, unit_offset)
+    unit_offset: Gemma's norm (pointwise.rms_norm), for both norms. y_norm: (weight, eps) of
+    a norm applied to y first (Gemma's sandwich): (h + norm(y), rms_norm(h + norm(y)))."""
+    h_out, x, _ = launch_add_rms_norm(h, y, weight, eps, use_pdl, None, unit_offset, y_norm)
     return h_out, x
 
 
 def launch_add_rms_norm(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
                         eps: float, use_pdl: bool, rounded: tuple | None,
-                        unit_offset: bool = False) -> tuple:
+                        unit_offset: bool = False,
+                        y_norm: tuple[torch.Tensor, float] | None = None) -> tuple:
     """add_rms_norm's one launch; rounded: empty (q, d, s) for x's int8 rounding, written
     by the same program (decode_rounded.add_rms_norm_rounded), or None. (h + y, x, rounded)."""
     hidden = weight.shape[0]
     if h.numel() != hidden or (y is not None and y.numel() != hidden):
         raise ValueError(f"add_rms_norm takes one token of {hidden} values, got "
                          f"{tuple(h.shape)} and {None if y is None else tuple(y.shape)}")
+    if y_norm is not None and (y is None or y_norm[0].shape != weight.shape):
+        raise ValueError("a norm of y needs y and a weight of the hidden size")
     h_out = torch.empty_like(h) if y is not None else h
     x_out = torch.empty_like(h)
     block = triton.next_power_of_2(hidden)
+    y_weight, y_eps = y_norm if y_norm is not None else (weight, 0.0)
     _add_rms_norm_kernel[(1,)](
         h.contiguous(), (y if y is not None else h).contiguous(), weight, h_out, x_out,
-        *(rounded if rounded is not None else (x_out, x_out, x_out)), eps,
+        *(rounded if rounded is not None else (x_out, x_out, x_out)), y_weight, eps, y_eps,
         hidden=hidden, HAS_RESIDUAL=y is not None, ROUND=rounded is not None,
-        UNIT_OFFSET=unit_offset, BLOCK=block,
+        UNIT_OFFSET=unit_offset, Y_NORM=y_norm is not None, BLOCK=block,
         num_warps=8 if block >= 2048 else 4, **pdl.launch_options(use_pdl),
     )
     return h_out, x_out, rounded
@@ -297,6 +315,7 @@ def check_kernels(model: torch.nn.Module, use_pdl: bool) -> str:
     norm = model.model.layers[0].post_attention_layernorm
     offset = pointwise.is_unit_offset(norm)  # the variants this model takes: Gemma's norm
     gelu = isinstance(model.model.layers[0].mlp, GeGLU)  # and GeGLU
+    sandwich = isinstance(model.model.layers[0], SandwichDecoderLayer)  # and y's own norm
     act_mul = pointwise.gelu_mul if gelu else pointwise.silu_mul
     device, dtype = norm.weight.device, norm.weight.dtype
     if not launch.is_usable(device):  # False without Triton too
@@ -321,11 +340,19 @@ def check_kernels(model: torch.nn.Module, use_pdl: bool) -> str:
             expected = [linear(x, weight), h_sum, normed, h_sum, linear(normed, weight),
                         linear(pointwise.rms_norm(h, norm.weight, norm.eps, offset), weight),
                         linear(act_mul(*gate_up.chunk(2, dim=-1)), weight)]
+            if sandwich:  # the norm of y first (Gemma's post-sublayer norm), then the add
+                y_norm = model.model.layers[0].pre_feedforward_layernorm
+                got += add_rms_norm(h, y, norm.weight, norm.eps, use_pdl, offset,
+                                    (y_norm.weight, y_norm.eps))
+                expected += pointwise.add_rms_norm(
+                    h, pointwise.rms_norm(y, y_norm.weight, y_norm.eps, offset), norm.weight,
+                    norm.eps, offset)
     except Exception as exc:  # noqa: BLE001 - any compile or launch error means: do not use
         return f"{type(exc).__name__}: {str(exc)[:200]}"
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     names = ("gemv", "residual", "norm", "norm_gemv residual", "norm_gemv",
-             "norm_gemv without residual", "silu_mul_gemv")
+             "norm_gemv without residual", "silu_mul_gemv", "residual of a normed y",
+             "norm after a normed y")
     for name, a, b in zip(names, got, expected):
         scale = max(b.float().abs().max().item(), 1.0)
         error = (a.float() - b.float()).abs().max().item() / scale

@@ -59,10 +59,12 @@ if triton is not None:
 
 
 def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor,
-                         eps: float, use_pdl: bool = False, unit_offset: bool = False) -> tuple:
+                         eps: float, use_pdl: bool = False, unit_offset: bool = False,
+                         y_norm: tuple[torch.Tensor, float] | None = None) -> tuple:
     """(h + y, x, (q, d, s)) for one token h, y [1, H] (y None: h itself): x = rms_norm(h + y)
     as decode_dense.add_rms_norm gives it, and (q, d, s) = gemv_dp4a.quantize_x(x), in one
-    launch. H must be a multiple of 32. unit_offset: Gemma's norm (pointwise.rms_norm)."""
+    launch. H must be a multiple of 32. unit_offset: Gemma's norm (pointwise.rms_norm);
+    y_norm: (weight, eps) of a norm applied to y first (decode_dense.add_rms_norm)."""
     hidden = weight.shape[0]
     if (h.shape != (1, hidden) or (y is not None and y.numel() != hidden)
             or hidden % X_GROUP):
@@ -70,7 +72,7 @@ def add_rms_norm_rounded(h: torch.Tensor, y: torch.Tensor | None, weight: torch.
                          f"of {X_GROUP}) as [1, {hidden}], got {tuple(h.shape)} and "
                          f"{None if y is None else tuple(y.shape)}")
     return launch_add_rms_norm(h, y, weight, eps, use_pdl, empty_rounding(1, hidden, h.device),
-                               unit_offset)
+                               unit_offset, y_norm)
 
 
 def silu_mul_rounded(gate_up: torch.Tensor, use_pdl: bool = False, gelu: bool = False

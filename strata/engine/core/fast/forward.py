@@ -27,6 +27,7 @@ from strata.engine.core.fast.pointwise import (
     EAGER_OPS,
     PointwiseOps,
     apply_add_norm,
+    apply_norm,
     attn_qk_norm_rope,
     gate_mul,
     is_unit_offset,
@@ -155,17 +156,24 @@ def _rounds_x(x: torch.Tensor, weight, ops: PointwiseOps) -> bool:
 
 
 def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps,
-                rounds: bool = False):
+                rounds: bool = False, y_norm=None):
     """(h + y, norm(h + y), rounded) for one token; y None (the first layer): h itself.
     rounded: norm(h + y)'s int8 rounding from the same launch where `rounds` (the product
-    after it takes dp4a: _rounds_x, takes_rounded_x), else None."""
+    after it takes dp4a: _rounds_x, takes_rounded_x), else None. y_norm: a norm module that
+    y passes first (Gemma's post-sublayer norm), in the same launch with the dense kernels."""
     offset = is_unit_offset(norm)
+    fused_y_norm = None
+    if y_norm is not None:
+        if ops.dense_kernels and is_unit_offset(y_norm) == offset:
+            fused_y_norm = (y_norm.weight, y_norm.eps)
+        else:
+            y = apply_norm(ops, y, y_norm)
     if rounds:
         return decode_rounded.add_rms_norm_rounded(h, y, norm.weight, norm.eps, use_pdl=ops.pdl,
-                                                   unit_offset=offset)
+                                                   unit_offset=offset, y_norm=fused_y_norm)
     if ops.dense_kernels:
         return (*decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl,
-                                           unit_offset=offset), None)
+                                           unit_offset=offset, y_norm=fused_y_norm), None)
     return (*apply_add_norm(ops, h, y, norm), None)
 
 
@@ -177,41 +185,46 @@ def _takes_prologue(x: torch.Tensor, weight: torch.Tensor, ops: PointwiseOps) ->
             and decode_dense.use_prologue(weight))
 
 
-def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps):
+def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps, y_norm=None):
     """(h + y, linear(norm(h + y), weight, bias)) for one token: one launch (decode_dense's
-    norm_gemv) where it pays, else the norm then the projection."""
+    norm_gemv) where it pays, else the norm then the projection. y_norm: _norm_token's."""
     if _takes_prologue(h, weight, ops):
+        if y_norm is not None:
+            y = _norm_token(y, None, y_norm, ops)[1]
         return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl,
                                       unit_offset=is_unit_offset(norm))
-    h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops))
+    h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops), y_norm)
     return h, linear(x, weight, bias, ops, rounded)
 
 
-def _norm_qkv(attn, h, y, norm, ops: PointwiseOps):
-    """(h + y, (q, k, v)) for one token: the input norm and the q/k/v projections."""
+def _norm_qkv(attn, h, y, norm, ops: PointwiseOps, y_norm=None):
+    """(h + y, (q, k, v)) for one token: the input norm and the q/k/v projections.
+    y_norm: _norm_token's."""
     fused = fused_qkv(attn)
     if fused is None:
         paired = fused_qkv_pair(attn)
         weight = paired[0] if paired is not None else attn.q_proj.weight
-        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops))
+        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops), y_norm)
         return h, project_qkv(attn, x, ops, rounded)
     weight, bias, sizes = fused
-    h, out = _norm_linear(h, y, norm, weight, bias, ops)
+    h, out = _norm_linear(h, y, norm, weight, bias, ops, y_norm)
     return h, out.split(sizes, dim=-1)
 
 
-def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str):
+def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str, y_norm=None):
     """(h + y, mlp(norm(h + y))) for one token. A dense SwiGLU with the fused gate/up view
-    takes the norm into its gate/up GEMV where that pays: with `_down`, 2 launches, not 4."""
+    takes the norm into its gate/up GEMV where that pays: with `_down`, 2 launches, not 4.
+    y_norm: _norm_token's."""
     if isinstance(mlp, SparseMoE):
         rounds = ops.dense_kernels and takes_rounded_x(mlp, h, moe_impl)
-        h, x, rounded = _norm_token(h, y, norm, ops, rounds)
+        h, x, rounded = _norm_token(h, y, norm, ops, rounds, y_norm)
         return h, moe_forward(mlp, x, moe_impl, ops, rounded)
     gate_up = fused_gate_up(mlp)
     if gate_up is None:
-        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, mlp.gate_proj.weight, ops))
+        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, mlp.gate_proj.weight, ops),
+                                    y_norm)
         return h, mlp_forward(mlp, x, ops, moe_impl, rounded)
-    h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops)  # [1, 2I]
+    h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops, y_norm)  # [1, 2I]
     return h, _down(mlp, gate_up_out, ops)
 
 
@@ -264,17 +277,15 @@ def decode_step(
     ropes = model.layer_ropes(position)  # per layer: cos, sin [1, D] (one table unless Gemma)
     h = model.embed(token_ids)  # [1, H]
     y = None  # the last block's output, added to h by the next norm
+    y_norm = None  # the norm y passes before that add: Gemma's post-sublayer norm, or none
     for i, layer in enumerate(model.model.layers):
         attn = layer.self_attn
         after_attn, before_mlp, after_mlp = block_norms(layer)
-        h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops)
+        h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops, y_norm)
         y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
                              *ropes[i], ops)
-        if after_attn is not None:  # Gemma's sandwich: the sublayer's output normed too
-            y = _norm_token(y, None, after_attn, ops)[1]
-        h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl)
-        if after_mlp is not None:
-            y = _norm_token(y, None, after_mlp, ops)[1]
+        h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl, after_attn)
+        y_norm = after_mlp
     head = head_weight(model)
-    _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops))
+    _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops), y_norm)
     return project_head(x, model, ops.pdl, rounded)  # [1, V]
