@@ -217,3 +217,20 @@ def test_engine_takes_the_fast_path_and_generates_like_transformers(gguf_model, 
         assert tokens == expected
     finally:
         engine.close()
+
+
+def test_embeddings_run_gemma_as_its_forward_does():
+    """The embeddings endpoint's hidden states (embedding.py) are the forward's: Gemma's
+    scaled embedding and its local layers' own RoPE table, not the shared defaults."""
+    from strata.engine.core.embedding import final_hidden_states
+    from strata.engine.core.random_weights import build_random_model
+    from tests.helpers.fast_configs import TINY_CONFIGS
+
+    model = build_random_model(TINY_CONFIGS["gemma3"], "cpu", torch.float32, seed=0, std=0.15)
+    ids = torch.arange(12) % 96
+    with torch.inference_mode():
+        logits = model(ids, 0, KVCache.for_config(model.config, 16))
+        hidden = final_hidden_states(model, ids, 0, KVCache.for_config(model.config, 16))
+        cap = model.config.final_logit_softcapping
+        got = torch.tanh(torch.nn.functional.linear(hidden, model.lm_head.weight) / cap) * cap
+    torch.testing.assert_close(got, logits, rtol=1e-5, atol=1e-5)
