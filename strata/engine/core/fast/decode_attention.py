@@ -15,6 +15,11 @@ layer's weights (figures: docs/benchmarks.md, "Figures behind the fast path"). H
    dp4a product (`fused_decode_attention_rounded`) it also rounds its head's values to int8
    per 32, as gemv_dp4a.quantize_x would in a launch of its own (fast/decode_rounded.py).
 
+Per layer, at compile time (constexprs, so a plain layer's kernels are unchanged): Gemma's
+(1 + w) q/k norms and own query scale; a sliding window (Gemma 3's local layers, GPT-OSS's
+alternate ones), whose slots outside the window are never loaded; GPT-OSS's sinks, one logit
+per query head that joins the combine's denominator.
+
 `reference_decode_attention` is the torch twin (and the path when Triton cannot run);
 `check_fused` compares the two once on the real device before a decoder trusts the kernels.
 """

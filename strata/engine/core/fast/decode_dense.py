@@ -15,6 +15,10 @@ reduce kernel, and every projection and norm is a separate launch with its own r
   recomputes the norm's statistics over the whole token (a few KB from L2); the first one
   writes h + y.
 
+Gemma's variants are compile-time flags: the (1 + w) norm (UNIT_OFFSET), GeGLU's gelu_tanh in
+the activation prologue (GELU_MUL), and its post-sublayer norm of y done in the residual
+add's launch (Y_NORM).
+
 `use_gemv` decides per weight: small matrices, where the fixed costs weigh most, take the
 kernel; large ones keep cuBLAS, which streams them near the bandwidth limit.
 """

@@ -8,6 +8,9 @@ per bucket replays for every position inside that bucket. The chunked prefill is
 Where the weights arena holds q/k/v (gate/up) back to back, one GEMM over the fused view
 (fused_views.py) replaces three (two); the outputs are split into views, never copied. q/k/v
 blocks of two types take one dp4a launch for one token (gemv_dp4a.matmul_pair).
+What an architecture adds (Gemma's sandwich norms and GeGLU, its embedding and RoPE tables,
+soft-capped logits; attention windows, scales and sinks) is read from the modules while the
+step is traced, so a graph holds only the kernels the model needs (fast_coverage.py).
 """
 
 from __future__ import annotations
