@@ -26,7 +26,7 @@ from strata.engine.core.fast.graph_sampler import GraphSampler, exponential_nois
 from strata.engine.core.fast.moe_grouped import experts_bmm, route, select_moe_impl
 from strata.engine.core.fast.static_step import bucket_for
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.model_config import ModelFormatError
+from strata.engine.core.model_config import ModelConfig, ModelFormatError
 from strata.engine.core.random_weights import (
     PRESETS,
     build_random_model,
@@ -43,7 +43,34 @@ GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
 
 def tiny_model(name: str, seed: int = 0):
     # A wide std keeps logits far apart, so greedy picks are not coin flips between paths.
-    return build_random_model(CONFIGS[name], "cpu", torch.float32, seed=seed, std=0.15)
+    model = build_random_model(CONFIGS[name], "cpu", torch.float32, seed=seed, std=0.15)
+    if name == "gemma3":
+        # Gemma's norms apply 1 + w: random w, so a norm applied as w (or 1 + w twice) shows.
+        gen = torch.Generator().manual_seed(seed + 100)
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("norm.weight"):
+                param.data.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+    return model
+
+
+def tiny_gpt_oss(seed: int = 0):
+    """A tiny GPT-OSS (random weights): sinks large enough to matter, windows of 5 on layers
+    0 and 2 (GPT-OSS's alternation), q/k/v/o biases, YaRN. Its MoE side still runs the
+    reference module (moe_impl "loop"): the fast MoE kernels lack its biases and clamp."""
+    from tests.helpers.fast_configs import _TINY
+
+    config = ModelConfig(
+        model_type="gpt_oss", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+        sliding_window=5, attention_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702,
+        rope_theta=150000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                      "truncate": False, "original_max_position_embeddings": 64},
+        **{**_TINY, "num_hidden_layers": 3})
+    model = build_random_model(config, "cpu", torch.float32, seed=seed, std=0.15)
+    gen = torch.Generator().manual_seed(seed + 100)
+    for layer in model.model.layers:
+        layer.self_attn.sinks.data.copy_(torch.randn(4, generator=gen) * 2)
+    return model
 
 
 def reference_greedy(model, prompt: list[int], num_new: int, max_tokens: int):
@@ -100,7 +127,7 @@ def test_decode_step_logits_match_reference() -> None:
         torch.testing.assert_close(step_logits, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3"])
 def test_chunked_prefill_after_cached_tokens(name: str) -> None:
     """Chunks after cached keys (lower-right causal bias) match one reference pass."""
     model = tiny_model(name, seed=1)
@@ -365,7 +392,7 @@ def test_fused_decode_attention_refuses_what_it_cannot_run() -> None:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "gemma3"])
 def test_decode_with_fused_attention_matches_reference(name: str) -> None:
     model = tiny_model(name)
     prompt = [(7 * i + 3) % 96 for i in range(21)]
@@ -377,7 +404,7 @@ def test_decode_with_fused_attention_matches_reference(name: str) -> None:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3_moe", "gemma3"])
 def test_dense_decode_kernels_match_torch(name: str) -> None:
     """gemv (with and without bias) and the one-token add + RMSNorm against torch."""
     import torch.nn.functional as F
@@ -432,11 +459,12 @@ def test_gemv_refuses_what_it_cannot_run() -> None:
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "gemma3"])
 def test_decode_with_dense_kernels_matches_reference(name: str) -> None:
     """The whole Triton decode step (projections, norms, attention, experts) vs the reference.
 
-    One dense and one MoE model: interpreted, each costs a minute of CI; the GPU tests
+    One dense and one MoE model, and Gemma 3 for its kernel variants ((1 + w) norms, GeGLU,
+    windows): interpreted, each costs a minute of CI; the GPU tests
     (tests/gpu/test_decode_fast.py) run the same kernels on every architecture."""
     model = tiny_model(name)
     prompt = [(7 * i + 3) % 96 for i in range(21)]
@@ -495,3 +523,130 @@ def test_glm4_moe_runs_the_reference_path_with_a_log_line(tmp_path, caplog) -> N
         GraphDecoder(model)
     for other in TINY_CONFIGS.values():  # the models the fast paths do cover
         assert missing_features(build_random_model(other, dtype=torch.float32)) == []
+
+
+@pytest.mark.parametrize("name", ["gemma3"])
+def test_decode_step_logits_follow_the_reference_past_the_window(name: str) -> None:
+    """Gemma 3's every decode step's logits (torch attention), not only the greedy picks:
+    the prompt of 21 and the 10 steps after run well past the local layers' window of 5."""
+    from strata.engine.core.fast.forward import decode_step
+
+    model = tiny_model(name)
+    prompt = [(7 * i + 3) % 96 for i in range(21)]
+    tokens, ref_logits = reference_greedy(model, prompt, 10, 40)
+    assert len(set(tokens)) > 2  # the picks are not one token repeated
+    kv = KVCache.for_config(model.config, 40)
+    with torch.inference_mode():
+        logits = prefill(model, kv, torch.tensor(prompt), 0, chunk_tokens=8)
+        torch.testing.assert_close(logits, ref_logits[0], rtol=1e-4, atol=1e-4)
+        for i, token in enumerate(tokens[:-1]):
+            step = decode_step(model, kv, torch.tensor([token]), torch.tensor([len(prompt) + i]),
+                               torch.arange(40))[0]
+            torch.testing.assert_close(step, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name", ["gemma3", "gpt_oss"])
+def test_decode_attention_kernels_of_every_layer_kind(name: str) -> None:
+    """The fused and the batched decode attention against their torch twins for each kind of
+    layer the model has: windowed (5 of 300 keys: most splits see none) and global; Gemma's
+    (1 + w) q/k norms and own scale; GPT-OSS's sinks and biases."""
+    from strata.engine.core.fast.batch_attention import check_batch_attention
+    from strata.engine.core.fast.decode_attention import check_fused
+    from strata.engine.core.fast.kernel_checks import attention_kinds
+
+    model = tiny_gpt_oss() if name == "gpt_oss" else tiny_model(name)
+    kinds = attention_kinds(model)
+    assert sorted(a.sliding_window or 0 for a in kinds) == [0, 5]
+    for attn in kinds:
+        assert check_fused(attn, torch.float32, torch.device("cpu"), 300) == ""
+        assert check_batch_attention(attn, torch.float32, torch.device("cpu"), 80) == ""
+
+
+def test_sinks_and_windows_change_the_reference_decode_attention() -> None:
+    """The torch decode attention (what the kernels are checked against) follows the model's
+    own attention: with the layer's sinks and window, and not without them."""
+    from strata.engine.core.fast.decode_attention import reference_decode_attention
+
+    attn = tiny_gpt_oss().model.layers[0].self_attn  # windowed, with sinks
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, n * 16, generator=gen) for n in (4, 2, 2))
+    angles = torch.rand(1, 16, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    position, num_keys = 30, 40
+    caches = [torch.randn(num_keys, 2, 16, generator=gen) for _ in range(2)]
+
+    def attend() -> torch.Tensor:
+        k_cache, v_cache = (c.clone() for c in caches)
+        with torch.inference_mode():
+            return reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache,
+                                              torch.tensor([position]), torch.arange(num_keys))
+
+    got = attend()
+    # The model's own attention over the same cache, the new K/V written first.
+    from strata.engine.core.models.layers import apply_rope
+
+    k_cache, v_cache = (c.clone() for c in caches)
+    q_rot = apply_rope(q.view(1, 4, 16), cos, sin)
+    k_cache[position] = apply_rope(k.view(1, 2, 16), cos, sin)[0]
+    v_cache[position] = v.view(2, 16)
+    expected = attn._attend(q_rot, k_cache, v_cache, position + 1)  # [Hq, 1, D]
+    torch.testing.assert_close(got, expected.transpose(0, 1).reshape(1, -1), rtol=1e-5,
+                               atol=1e-5)
+    for change in ("sinks", "window"):
+        saved = attn.sinks, attn.sliding_window
+        if change == "sinks":
+            attn.sinks = None
+        else:
+            attn.sliding_window = None
+        try:
+            assert not torch.allclose(attend(), got, atol=1e-3), change
+        finally:
+            attn.sinks, attn.sliding_window = saved
+
+
+@needs_interpreter
+@pytest.mark.parametrize("fused_attention", [False, True])
+def test_gpt_oss_attention_on_the_fast_paths(fused_attention: bool) -> None:
+    """GPT-OSS's attention (sinks, alternating windows cut by the prompt, biases, YaRN) through
+    the fast prefill (in chunks after cached tokens), every decode step's logits and the
+    batched step, its MoE by the reference module: equal to the reference forward. The fast
+    paths refuse the model only for its MoE side."""
+    import dataclasses
+
+    from strata.engine.core.fast.batch_graph import BatchDecoder
+    from strata.engine.core.fast.forward import decode_step
+    from strata.engine.core.fast.pointwise import EAGER_OPS
+    from strata.engine.core.fast_coverage import missing_features
+
+    model = tiny_gpt_oss()
+    assert "attention sinks" not in missing_features(model)
+    assert "sliding-window attention" not in missing_features(model)
+    prompt = [(7 * i + 3) % 96 for i in range(21)]
+    tokens, ref_logits = reference_greedy(model, prompt, 6, 40)
+    kv = KVCache.for_config(model.config, 40)
+    ops = dataclasses.replace(EAGER_OPS, fused_attention=fused_attention)
+    with torch.inference_mode():
+        prefill(model, kv, torch.tensor(prompt[:9]), 0, chunk_tokens=4, moe_impl="loop")
+        logits = prefill(model, kv, torch.tensor(prompt[9:]), 9, chunk_tokens=8,
+                         moe_impl="loop")
+        torch.testing.assert_close(logits, ref_logits[0], rtol=1e-4, atol=1e-4)
+        for i, token in enumerate(tokens[:-1]):
+            step = decode_step(model, kv, torch.tensor([token]), torch.tensor([len(prompt) + i]),
+                               torch.arange(40), ops, "loop")[0]
+            torch.testing.assert_close(step, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
+    # Three sequences at once, each past the window, one row of padding.
+    lengths = [6, 30, 17]
+    caches, expected_caches = [], []
+    for length in lengths:
+        for target in (caches, expected_caches):
+            target.append(KVCache.for_config(model.config, 40))
+            with torch.inference_mode():
+                model(torch.tensor(prompt + prompt)[:length], 0, target[-1])
+    batch = BatchDecoder(model, EAGER_OPS, "loop", use_cuda_graphs=False,
+                         fused_attention=fused_attention, min_bucket_tokens=8)
+    got = batch.forward([7, 19, 33], lengths, caches).clone()
+    with torch.inference_mode():
+        expected = model.forward_decode_batch(torch.tensor([7, 19, 33]), lengths,
+                                              expected_caches)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -46,6 +46,12 @@ CONFIGS = {
     "qwen2": ModelConfig(model_type="qwen2", attention_bias=True, **_COMMON),
     "qwen3_moe": ModelConfig(model_type="qwen3_moe", num_experts=6, num_experts_per_tok=2,
                              moe_intermediate_size=24, mlp_only_layers=(0,), **_COMMON),
+    # Sandwich norms whose post-sublayer norm runs before the fused GEMV's norm prologue,
+    # GeGLU's activation in the down GEMV's, windows of 5 that the prompt of 19 cuts.
+    "gemma3_text": ModelConfig(
+        model_type="gemma3_text", sliding_window=5, query_pre_attn_scalar=24,
+        final_logit_softcapping=30.0, rope_local_theta=10000.0,
+        layer_types=("sliding_attention", "full_attention"), **_COMMON),
 }
 # head_dim 16: a k bias is 128 bytes, under the 256-byte alignment, so q/k/v biases are apart.
 UNALIGNED_QWEN2 = ModelConfig(model_type="qwen2", attention_bias=True,
@@ -214,7 +220,7 @@ def test_fused_views_feed_the_triton_decode_attention(arena_model) -> None:
                     reason="Triton CPU interpreter not enabled")
 # qwen2 (biases) is left to test_fused_fast_path_matches_unfused_and_reference and the GPU
 # tests: interpreted, each model here costs a minute of CI.
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "gemma3_text"])
 def test_fused_views_take_the_norm_and_activation_into_the_gemvs(name, arena_model,
                                                                   monkeypatch) -> None:
     """With Triton projections, a fused q/k/v (gate/up) view's GEMV runs the norm before it,

@@ -1,6 +1,6 @@
 """Gemma 3 beyond the shared parity tests: its config files as published, multimodal
 checkpoints and GGUFs (text part only), norms stored as 1 + w in GGUF, damaged files, and the
-fast path standing aside for what it lacks.
+fast path it takes.
 
 The parity with transformers itself is in test_models_parity.py (HF) and test_gguf_parity.py
 (GGUF of every type, QAT's Q4_0 included, through the engine).
@@ -195,38 +195,42 @@ def _greedy(num_tokens: int):
     return SamplingSpec(max_tokens=num_tokens, temperature=0.0)
 
 
-def test_fast_path_names_what_it_lacks_and_stands_aside(gguf_model, tmp_path, caplog):
-    """On the CPU, fast_compile_pointwise=True builds the fast decoder as CUDA would; for
-    Gemma 3 the engine keeps the reference forward and says why in one line."""
-    import transformers
-
-    torch.manual_seed(0)
-    llama = transformers.AutoModelForCausalLM.from_config(
-        make_tiny_hf_config("llama"), dtype=torch.float32).eval()
-    llama_path = write_gguf_from_hf(llama, None, tmp_path / "llama.gguf", "F32")
+def test_engine_takes_the_fast_path_and_generates_like_transformers(gguf_model, tmp_path,
+                                                                    caplog):
+    """On the CPU, fast_compile_pointwise=True builds the fast decoder as CUDA would: Gemma 3
+    (sandwich and (1 + w) norms, GeGLU, windows cut by the 40-token prompt, its query scale,
+    scaled embeddings, two RoPE tables, soft-capped logits) now takes it, with compiled
+    element-wise groups, and generates transformers' greedy tokens."""
     gemma_path = write_gguf_from_hf(gguf_model, None, tmp_path / "gemma.gguf", "F32")
-    engines = {}
-    for name, path in (("llama", llama_path), ("gemma", gemma_path)):
-        engines[name] = Engine(EngineConfig(model_path=str(path), device="cpu",
-                                            context_tokens=64, fast_compile_pointwise=True))
-        with caplog.at_level(logging.INFO):
-            engines[name].load()
+    engine = Engine(EngineConfig(model_path=str(gemma_path), device="cpu", context_tokens=64,
+                                 fast_compile_pointwise=True))
+    with caplog.at_level(logging.INFO):
+        engine.load()
     try:
-        assert missing_features(engines["llama"].model) == []
-        assert engines["llama"].fast is not None
-        assert missing_features(engines["gemma"].model) == [
-            "sandwich norms (post-attention and post-MLP norms)", "Gemma's (1 + w) RMSNorm",
-            "a GeGLU MLP", "sliding-window attention", "an attention scale of its own",
-            "scaled embeddings", "a RoPE table per layer kind", "final logit soft-capping"]
-        assert engines["gemma"].fast is None
-        lines = [r.getMessage() for r in caplog.records if "fast path lacks" in r.getMessage()]
-        assert len(lines) == 1 and "sliding-window attention" in lines[0]
-        tokens = [t for ids in engines["gemma"].generate(PROMPT.tolist(), _greedy(6))
-                  for t in ids]
+        assert missing_features(engine.model) == []
+        assert engine.fast is not None
+        assert not [r for r in caplog.records if "fast path lacks" in r.getMessage()]
+        tokens = [t for ids in engine.generate(PROMPT.tolist(), _greedy(6)) for t in ids]
         with torch.no_grad():
             expected = gguf_model.generate(PROMPT[None], max_new_tokens=6, min_new_tokens=6,
                                            do_sample=False)[0, len(PROMPT):].tolist()
         assert tokens == expected
     finally:
-        for engine in engines.values():
-            engine.close()
+        engine.close()
+
+
+def test_embeddings_run_gemma_as_its_forward_does():
+    """The embeddings endpoint's hidden states (embedding.py) are the forward's: Gemma's
+    scaled embedding and its local layers' own RoPE table, not the shared defaults."""
+    from strata.engine.core.embedding import final_hidden_states
+    from strata.engine.core.random_weights import build_random_model
+    from tests.helpers.fast_configs import TINY_CONFIGS
+
+    model = build_random_model(TINY_CONFIGS["gemma3"], "cpu", torch.float32, seed=0, std=0.15)
+    ids = torch.arange(12) % 96
+    with torch.inference_mode():
+        logits = model(ids, 0, KVCache.for_config(model.config, 16))
+        hidden = final_hidden_states(model, ids, 0, KVCache.for_config(model.config, 16))
+        cap = model.config.final_logit_softcapping
+        got = torch.tanh(torch.nn.functional.linear(hidden, model.lm_head.weight) / cap) * cap
+    torch.testing.assert_close(got, logits, rtol=1e-5, atol=1e-5)

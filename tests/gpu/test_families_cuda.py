@@ -1,6 +1,6 @@
 """Every architecture of the registry on CUDA, through the engine's own choice of path (the
-fast paths where they cover the model, the reference forward where they do not: fast/
-coverage.py): bf16 logits track the float32 CPU ones, and the engine generates."""
+fast paths where they cover the model, Gemma 3 included; the reference forward where they do
+not: fast_coverage.py): bf16 logits track the float32 CPU ones, and the engine generates."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from strata.engine.core.engine import Engine, EngineConfig
+from strata.engine.core.fast_coverage import missing_features
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.protocol import SamplingSpec
 from tests.helpers.tiny_models import VARIANTS, make_tiny_hf_model
@@ -44,6 +45,11 @@ def test_cuda_logits_track_cpu(engines) -> None:
 
 def test_cuda_engine_generates_and_reuses_its_prefix(engines) -> None:
     variant, _, gpu = engines
+    # The fast decoder wherever the fast paths cover the model; Gemma 3 (windows of 8, cut by
+    # the prompt) is one of those now; the MoE families wait for their routing (GLM, GPT-OSS).
+    assert (gpu.fast is not None) == (not missing_features(gpu.model)), variant
+    if variant == "gemma3":
+        assert gpu.fast is not None
     spec = SamplingSpec(max_tokens=16, temperature=0.0)
     first = [t for ids in gpu.generate(PROMPT, spec, slot=1) for t in ids]
     assert len(first) == 16, variant

@@ -16,6 +16,17 @@ TINY_CONFIGS = {
                              moe_intermediate_size=24, mlp_only_layers=(0,), **_TINY),
     "mixtral": ModelConfig(model_type="mixtral", num_experts=4, num_experts_per_tok=2,
                            moe_intermediate_size=32, **_TINY),
+    # Gemma 3's shape: sandwich norms, (1 + w) norms, GeGLU, scaled embeddings, its own query
+    # scale and soft-capped logits; local layers (a window of 5, which prompts of 21 cut) at
+    # their own RoPE base, the last layer global with linear-scaled RoPE. Untied (Gemma ties):
+    # tied, the scaled embedding of the last token wins every random greedy pick.
+    "gemma3": ModelConfig(
+        model_type="gemma3_text", sliding_window=5, query_pre_attn_scalar=24,
+        final_logit_softcapping=30.0, rope_local_theta=10000.0, rope_theta=1e6,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        hidden_activation="gelu_pytorch_tanh",
+        layer_types=("sliding_attention", "sliding_attention", "full_attention"),
+        **{**_TINY, "num_hidden_layers": 3}),
 }
 
 _SMALL = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384,

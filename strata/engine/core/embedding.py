@@ -35,10 +35,10 @@ def final_hidden_states(model: Any, token_ids: torch.Tensor, start_pos: int,
     """Hidden states [T, H] of token_ids [T] at start_pos.., with the model's final norm: the
     decoder's forward without the vocabulary projection. Writes those positions' K/V to kv."""
     positions = torch.arange(start_pos, start_pos + token_ids.shape[0], device=token_ids.device)
-    cos, sin = model.rope(positions)  # [T, D] each
-    h = model.model.embed_tokens(token_ids)  # [T, H]
+    ropes = model.layer_ropes(positions)  # per layer: cos, sin [T, D] (Gemma: two tables)
+    h = model.embed(token_ids)  # [T, H] (Gemma scales it)
     for i, layer in enumerate(model.model.layers):
-        h = layer(h, start_pos, kv.k[i], kv.v[i], cos, sin)
+        h = layer(h, start_pos, kv.k[i], kv.v[i], *ropes[i])
     return model.model.norm(h)  # [T, H]
 
 

@@ -87,12 +87,16 @@ class BatchRunner:
         # interpreter is chosen before, by a test).
         from strata.engine.core.fast.batch_attention import check_batch_attention
         from strata.engine.core.fast.batch_graph import BatchDecoder, is_capturable
+        from strata.engine.core.fast.kernel_checks import attention_kinds
 
         if not is_capturable(self.model, fast.moe_impl):
             return None  # an MoE step that asks the host which experts run (the loop)
 
-        attn = self.model.model.layers[0].self_attn
-        problem = check_batch_attention(attn, compute_dtype(attn), self.device)  # KV's too
+        problem = ""
+        for attn in attention_kinds(self.model):  # each kernel variant: windowed or not
+            problem = check_batch_attention(attn, compute_dtype(attn), self.device)  # KV's too
+            if problem:
+                break
         if problem:
             log.warning("batched decode attention kernels unusable (%s): batches run eagerly",
                         problem)

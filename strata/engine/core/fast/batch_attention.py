@@ -21,16 +21,23 @@ import torch
 
 from strata.engine.core.fast.decode_attention import (
     is_usable,
+    kernel_norm,
     reference_decode_attention,
     split_plan,
 )
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast.pointwise import (
+    EAGER_OPS,
+    PointwiseOps,
+    attention_scale,
+    attention_sinks,
+    attention_window,
+)
 
 try:
     import triton
     import triton.language as tl
 
-    from strata.engine.core.fast.decode_attention import _norm_rope
+    from strata.engine.core.fast.decode_attention import _norm_rope, merge_splits
 except ImportError:  # optional: the reference path needs only torch
     triton = None
 
@@ -51,6 +58,7 @@ if triton is not None:
         NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
         GROUP_PAD: tl.constexpr, HAS_NORM: tl.constexpr, NUM_KEYS: tl.constexpr,
         SPLIT_KEYS: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+        UNIT_OFFSET: tl.constexpr, WINDOW: tl.constexpr,
     ):
         head = tl.program_id(0)
         split = tl.program_id(1)
@@ -67,7 +75,8 @@ if triton is not None:
         k_row = k_ptr + row * kv_row
         k_new = _norm_rope(tl.load(k_row + k_off + cols[None, :]).to(tl.float32),
                            tl.load(k_row + k_off + partner[None, :]).to(tl.float32),
-                           kn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM)
+                           kn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM,
+                           UNIT_OFFSET)
         k_new = k_new.to(k_base.dtype.element_ty)
         v_new = tl.load(v_ptr + row * kv_row + k_off + cols[None, :]).to(v_base.dtype.element_ty)
         if split == 0 and pos >= 0:  # padding rows own no cache
@@ -82,7 +91,7 @@ if triton is not None:
         q_partners = tl.load(q_row_ptr + q_off + partner[None, :], mask=g_ok[:, None],
                              other=0.0)
         q = _norm_rope(q_rows.to(tl.float32), q_partners.to(tl.float32),
-                       qn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM)
+                       qn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM, UNIT_OFFSET)
         q = (q * scale).to(k_base.dtype.element_ty)
         m_i = tl.full([GROUP_PAD], _EMPTY_MAX, tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -90,6 +99,8 @@ if triton is not None:
         for offset in range(0, SPLIT_KEYS, BLOCK_S):
             keys = split * SPLIT_KEYS + offset + tl.arange(0, BLOCK_S)
             valid = (keys <= pos) & (keys < NUM_KEYS)
+            if WINDOW > 0:  # the window's slots only: the others are never read
+                valid = valid & (keys > pos - WINDOW)
             kv_off = keys[:, None].to(tl.int64) * stride_token + head * HEAD_DIM + cols[None, :]
             fresh = keys[:, None] == pos  # the slot this step writes: use the registers
             kb = tl.load(k_cache + kv_off, mask=valid[:, None] & ~fresh, other=0.0)
@@ -110,9 +121,10 @@ if triton is not None:
         tl.store(acc_ptr + out_row[:, None] * HEAD_DIM + cols[None, :], acc, mask=g_ok[:, None])
 
     @triton.jit
-    def _batch_combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, NUM_HEADS: tl.constexpr,
-                              HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                              BLOCK_SPLITS: tl.constexpr):
+    def _batch_combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, sink_ptr,
+                              NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                              NUM_SPLITS: tl.constexpr, BLOCK_SPLITS: tl.constexpr,
+                              HAS_SINKS: tl.constexpr):
         head = tl.program_id(0)
         row = tl.program_id(1)
         splits = tl.arange(0, BLOCK_SPLITS)
@@ -120,11 +132,11 @@ if triton is not None:
         cols = tl.arange(0, HEAD_DIM)
         rows = (row * NUM_HEADS + head) * NUM_SPLITS + splits
         m = tl.load(max_ptr + rows, mask=ok, other=_EMPTY_MAX)
-        w = tl.exp(m - tl.max(m, axis=0))
-        total = tl.sum(w * tl.load(sum_ptr + rows, mask=ok, other=0.0), axis=0)
+        w, total = merge_splits(m, tl.load(sum_ptr + rows, mask=ok, other=0.0), sink_ptr, head,
+                                HAS_SINKS)
         acc = tl.load(acc_ptr + rows[:, None] * HEAD_DIM + cols[None, :], mask=ok[:, None],
                       other=0.0)
-        # A padding row saw no key (total 0): zeros, never 0/0.
+        # A padding row saw no key (total 0, or a sink's alone): zeros, never 0/0.
         out = tl.sum(w[:, None] * acc, axis=0) / tl.maximum(total, 1e-30)
         out = tl.where(total > 0, out, 0.0)
         tl.store(out_ptr + (row * NUM_HEADS + head) * HEAD_DIM + cols,
@@ -156,21 +168,21 @@ def batch_attention(attn, q, k, v, cos, sin, k_base, v_base, k_offsets, v_offset
     acc = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32,
                       device=q.device)
     out = torch.empty(batch, num_heads * head_dim, dtype=q.dtype, device=q.device)
-    has_norm = attn.q_norm is not None
-    q_norm = attn.q_norm.weight if has_norm else q
-    k_norm = attn.k_norm.weight if has_norm else q
-    eps = attn.q_norm.eps if has_norm else 0.0
+    norm = kernel_norm(attn, q)
+    sinks = attention_sinks(attn)
     _batch_split_kernel[(attn.num_kv_heads, num_splits, batch)](
-        q, k, v, cos.contiguous(), sin.contiguous(), q_norm, k_norm, k_base, v_base,
-        k_offsets, v_offsets, positions, stats[0], stats[1], acc, eps, head_dim**-0.5,
-        k_base.stride(0), q.stride(0), k.stride(0),
+        q, k, v, cos.contiguous(), sin.contiguous(), norm.q_weight, norm.k_weight, k_base,
+        v_base, k_offsets, v_offsets, positions, stats[0], stats[1], acc, norm.eps,
+        attention_scale(attn), k_base.stride(0), q.stride(0), k.stride(0),
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), HAS_NORM=has_norm,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HAS_NORM=norm.has_norm,
         NUM_KEYS=num_keys, SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
+        UNIT_OFFSET=norm.unit_offset, WINDOW=attention_window(attn),
     )
     _batch_combine_kernel[(num_heads, batch)](
-        stats[0], stats[1], acc, out, NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-        NUM_SPLITS=num_splits, BLOCK_SPLITS=triton.next_power_of_2(num_splits))
+        stats[0], stats[1], acc, out, sinks if sinks is not None else out,
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        BLOCK_SPLITS=triton.next_power_of_2(num_splits), HAS_SINKS=sinks is not None)
     return out
 
 

@@ -30,9 +30,15 @@ import torch
 
 from strata.engine.core.fast import batch_attention
 from strata.engine.core.fast.batch_experts import experts_rows
-from strata.engine.core.fast.forward import linear, mlp_forward, project_head, project_qkv
+from strata.engine.core.fast.forward import (
+    block_norms,
+    linear,
+    mlp_forward,
+    project_head,
+    project_qkv,
+)
 from strata.engine.core.fast.moe_grouped import is_grouped_capable, slot_layout
-from strata.engine.core.fast.pointwise import PointwiseOps
+from strata.engine.core.fast.pointwise import PointwiseOps, apply_add_norm, apply_norm
 from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.fast.static_step import (
     DEFAULT_MIN_BUCKET_TOKENS,
@@ -167,12 +173,14 @@ class BatchStep:
         """Logits of every row into buffers.logits; writes each real row's K/V. No host sync
         on the fused path: a graph can hold it."""
         model, ops = self.model, self.ops
-        cos, sin = model.rope(buffers.positions.clamp(min=0), per_row=True)  # [B, D] each
-        h = model.model.embed_tokens(buffers.tokens)  # [B, H]
+        # Per layer: cos, sin [B, D] each (one table unless Gemma's two).
+        ropes = model.layer_ropes(buffers.positions.clamp(min=0), per_row=True)
+        h = model.embed(buffers.tokens)  # [B, H]
         y = None
         for i, layer in enumerate(model.model.layers):
             attn = layer.self_attn
-            h, x = self._norm(h, y, layer.input_layernorm)
+            cos, sin = ropes[i]
+            h, x = apply_add_norm(ops, h, y, layer.input_layernorm)
             q, k, v = project_qkv(attn, x, ops)  # [B, Hq*D], [B, Hkv*D] x2
             if self.fused_attention:
                 out = batch_attention.batch_attention(
@@ -185,15 +193,15 @@ class BatchStep:
                     [None if kv is None else kv.v[i] for kv in kvs], buffers.host_positions,
                     num_keys, ops)
             y = linear(out, attn.o_proj.weight, attn.o_proj.bias, ops)
-            h, x = self._norm(h, y, layer.post_attention_layernorm)
+            after_attn, before_mlp, after_mlp = block_norms(layer)
+            if after_attn is not None:  # Gemma's sandwich: the sublayer's output normed too
+                y = apply_norm(ops, y, after_attn)
+            h, x = apply_add_norm(ops, h, y, before_mlp)
             y = _mlp_rows(layer.mlp, x, ops, self.moe_impl)
-        _, x = self._norm(h, y, model.model.norm)
+            if after_mlp is not None:
+                y = apply_norm(ops, y, after_mlp)
+        _, x = apply_add_norm(ops, h, y, model.model.norm)
         buffers.logits.copy_(project_head(x, model))  # [B, V]
-
-    def _norm(self, h, y, norm):
-        if y is None:
-            return h, self.ops.rms_norm(h, norm.weight, norm.eps)
-        return self.ops.add_rms_norm(h, y, norm.weight, norm.eps)
 
 
 class BatchDecoder:

@@ -17,6 +17,7 @@ from strata.engine.core.fast.moe_prefill import grouped_block
 from strata.engine.core.fast.pointwise import (
     PointwiseOps,
     add_rms_norm,
+    gelu_mul,
     masked_softmax,
     qk_norm_rope,
     rms_norm,
@@ -98,6 +99,7 @@ def compiled_ops(dynamic: bool = False) -> PointwiseOps:
         qk_norm_rope=compile_one(qk_norm_rope),
         masked_softmax=compile_one(masked_softmax),
         silu_mul=compile_one(silu_mul),
+        gelu_mul=compile_one(gelu_mul),
         silu_mul_scale=compile_one(silu_mul_scale),
         sum_rows=compile_one(sum_rows),
         moe_block=compile_one(grouped_block) if dynamic else None,  # only prefill groups rows

@@ -15,6 +15,11 @@ layer's weights (figures: docs/benchmarks.md, "Figures behind the fast path"). H
    dp4a product (`fused_decode_attention_rounded`) it also rounds its head's values to int8
    per 32, as gemv_dp4a.quantize_x would in a launch of its own (fast/decode_rounded.py).
 
+Per layer, at compile time (constexprs, so a plain layer's kernels are unchanged): Gemma's
+(1 + w) q/k norms and own query scale; a sliding window (Gemma 3's local layers, GPT-OSS's
+alternate ones), whose slots outside the window are never loaded; GPT-OSS's sinks, one logit
+per query head that joins the combine's denominator.
+
 `reference_decode_attention` is the torch twin (and the path when Triton cannot run);
 `check_fused` compares the two once on the real device before a decoder trusts the kernels.
 """
@@ -22,10 +27,19 @@ layer's weights (figures: docs/benchmarks.md, "Figures behind the fast path"). H
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
+from strata.engine.core.fast.pointwise import (
+    EAGER_OPS,
+    PointwiseOps,
+    attention_scale,
+    attention_sinks,
+    attention_window,
+    attn_qk_norm_rope,
+    is_unit_offset,
+)
 from strata.engine.core.kernels import launch, pdl
 from strata.engine.core.quant.gemv_dp4a import X_GROUP, empty_rounding, quantize_x
 from strata.engine.core.quant.weight import compute_dtype
@@ -51,22 +65,32 @@ if triton is not None:
 
     @triton.jit
     def _norm_rope(x, xp, w_ptr, cols, partner, cos, sin, HAS_NORM: tl.constexpr, eps,
-                   HEAD_DIM: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
         # x [R, D] float32 and xp its RoPE partner columns (d + D/2) % D; returns rotated rows.
+        # UNIT_OFFSET: Gemma's q/k norm scales by 1 + w.
         if HAS_NORM:
             rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
-            x = x * rstd[:, None] * tl.load(w_ptr + cols).to(tl.float32)[None, :]
-            xp = xp * rstd[:, None] * tl.load(w_ptr + partner).to(tl.float32)[None, :]
+            w = tl.load(w_ptr + cols).to(tl.float32)
+            wp = tl.load(w_ptr + partner).to(tl.float32)
+            if UNIT_OFFSET:
+                w = w + 1.0
+                wp = wp + 1.0
+            x = x * rstd[:, None] * w[None, :]
+            xp = xp * rstd[:, None] * wp[None, :]
         sign = tl.where(cols < HEAD_DIM // 2, -1.0, 1.0)
         return x * cos[None, :] + sign[None, :] * xp * sin[None, :]
 
     @triton.jit
     def _cached_keys(k_cache, v_cache, keys, pos, head, cols, stride_token, NUM_KEYS: tl.constexpr,
-                     HEAD_DIM: tl.constexpr):
-        """This kv head's cached K and V rows of slots `keys` [BLOCK_S] before pos, zeros for
-        the others (the slot at pos is this step's, the later ones unused): [BLOCK_S, D]."""
+                     HEAD_DIM: tl.constexpr, WINDOW: tl.constexpr):
+        """This kv head's cached K and V rows of slots `keys` [BLOCK_S] before pos (and inside
+        the window, if any), zeros for the others (the slot at pos is this step's, the later
+        ones unused): [BLOCK_S, D]."""
         kv_off = keys[:, None].to(tl.int64) * stride_token + head * HEAD_DIM + cols[None, :]
-        ok = ((keys < pos) & (keys < NUM_KEYS))[:, None]
+        ok = (keys < pos) & (keys < NUM_KEYS)
+        if WINDOW > 0:  # slots the window has left are never read
+            ok = ok & (keys > pos - WINDOW)
+        ok = ok[:, None]
         return (tl.load(k_cache + kv_off, mask=ok, other=0.0),
                 tl.load(v_cache + kv_off, mask=ok, other=0.0))
 
@@ -77,6 +101,7 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         HAS_NORM: tl.constexpr, NUM_KEYS: tl.constexpr, SPLIT_KEYS: tl.constexpr,
         NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr,
+        UNIT_OFFSET: tl.constexpr, WINDOW: tl.constexpr,
     ):
         head = tl.program_id(0)
         split = tl.program_id(1)
@@ -90,14 +115,15 @@ if triton is not None:
         cos = tl.load(cos_ptr + cols).to(tl.float32)
         sin = tl.load(sin_ptr + cols).to(tl.float32)
         kb, vb = _cached_keys(k_cache, v_cache, split * SPLIT_KEYS + tl.arange(0, BLOCK_S), pos,
-                              head, cols, stride_token, NUM_KEYS, HEAD_DIM)
+                              head, cols, stride_token, NUM_KEYS, HEAD_DIM, WINDOW)
         pdl_wait(USE_PDL)  # q, k, v come from the projection just before (pdl.py)
         one = tl.arange(0, 1)
         # The new key and value of this kv head, [1, D].
         k_off = (head + one)[:, None] * HEAD_DIM
         k_new = _norm_rope(tl.load(k_ptr + k_off + cols[None, :]).to(tl.float32),
                            tl.load(k_ptr + k_off + partner[None, :]).to(tl.float32),
-                           kn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM)
+                           kn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM,
+                           UNIT_OFFSET)
         k_new = k_new.to(k_cache.dtype.element_ty)
         v_new = tl.load(v_ptr + k_off + cols[None, :]).to(v_cache.dtype.element_ty)
         if split == 0:
@@ -111,7 +137,7 @@ if triton is not None:
         q_rows = tl.load(q_ptr + q_off + cols[None, :], mask=g_ok[:, None], other=0.0)
         q_partners = tl.load(q_ptr + q_off + partner[None, :], mask=g_ok[:, None], other=0.0)
         q = _norm_rope(q_rows.to(tl.float32), q_partners.to(tl.float32),
-                       qn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM)
+                       qn_ptr, cols, partner, cos, sin, HAS_NORM, eps, HEAD_DIM, UNIT_OFFSET)
         q = (q * scale).to(k_cache.dtype.element_ty)
         m_i = tl.full([GROUP_PAD], _EMPTY_MAX, tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -121,10 +147,12 @@ if triton is not None:
             if SPLIT_KEYS > BLOCK_S:  # the next block's slots load while this one is used
                 upcoming = tl.where(offset + BLOCK_S < SPLIT_KEYS, keys + BLOCK_S, NUM_KEYS)
                 next_kb, next_vb = _cached_keys(k_cache, v_cache, upcoming, pos, head, cols,
-                                                stride_token, NUM_KEYS, HEAD_DIM)
+                                                stride_token, NUM_KEYS, HEAD_DIM, WINDOW)
             else:  # one block a split (buckets up to 8192 keys): nothing to load ahead
                 next_kb, next_vb = kb, vb
             valid = (keys <= pos) & (keys < NUM_KEYS)
+            if WINDOW > 0:  # Gemma 3's local layers, GPT-OSS's alternate ones
+                valid = valid & (keys > pos - WINDOW)
             fresh = keys[:, None] == pos  # the slot this step writes: use the registers
             kb = tl.where(fresh, k_new, kb)
             vb = tl.where(fresh, v_new, vb)
@@ -144,10 +172,25 @@ if triton is not None:
         tl.store(acc_ptr + row[:, None] * HEAD_DIM + cols[None, :], acc, mask=g_ok[:, None])
 
     @triton.jit
-    def _combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, q_ptr, d_ptr, s_ptr,
+    def merge_splits(m, sums, sink_ptr, head, HAS_SINKS: tl.constexpr):
+        """(weight per split, denominator) of the splits' (max, sum) statistics; with sinks,
+        the head's sink logit joins the denominator (GPT-OSS)."""
+        # The split holding the position saw a key, so the max is finite.
+        top = tl.max(m, axis=0)
+        if HAS_SINKS:
+            sink = tl.load(sink_ptr + head).to(tl.float32)
+            top = tl.maximum(top, sink)
+        w = tl.exp(m - top)
+        total = tl.sum(w * sums, axis=0)
+        if HAS_SINKS:
+            total += tl.exp(sink - top)
+        return w, total
+
+    @triton.jit
+    def _combine_kernel(max_ptr, sum_ptr, acc_ptr, out_ptr, q_ptr, d_ptr, s_ptr, sink_ptr,
                         HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
                         BLOCK_SPLITS: tl.constexpr, ROUND: tl.constexpr,
-                        USE_PDL: tl.constexpr):
+                        HAS_SINKS: tl.constexpr, USE_PDL: tl.constexpr):
         head = tl.program_id(0)
         pdl_wait(USE_PDL)
         splits = tl.arange(0, BLOCK_SPLITS)
@@ -155,8 +198,8 @@ if triton is not None:
         cols = tl.arange(0, HEAD_DIM)
         rows = head * NUM_SPLITS + splits
         m = tl.load(max_ptr + rows, mask=ok, other=_EMPTY_MAX)
-        w = tl.exp(m - tl.max(m, axis=0))  # split 0 always holds key 0, so the max is finite
-        total = tl.sum(w * tl.load(sum_ptr + rows, mask=ok, other=0.0), axis=0)
+        w, total = merge_splits(m, tl.load(sum_ptr + rows, mask=ok, other=0.0), sink_ptr, head,
+                                HAS_SINKS)
         acc = tl.load(acc_ptr + rows[:, None] * HEAD_DIM + cols[None, :], mask=ok[:, None],
                       other=0.0)
         out = (tl.sum(w[:, None] * acc, axis=0) / total).to(out_ptr.dtype.element_ty)
@@ -223,25 +266,44 @@ def _attention(attn, q, k, v, cos, sin, k_cache, v_cache, position, key_position
     stats = torch.empty(2, num_heads, num_splits, dtype=torch.float32, device=q.device)
     acc = torch.empty(num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     out = torch.empty(1, num_heads * head_dim, dtype=q.dtype, device=q.device)
-    has_norm = attn.q_norm is not None
-    q_norm = attn.q_norm.weight if has_norm else q
-    k_norm = attn.k_norm.weight if has_norm else q
-    eps = attn.q_norm.eps if has_norm else 0.0
+    norm = kernel_norm(attn, q)
+    sinks = attention_sinks(attn)
     _split_kernel[(attn.num_kv_heads, num_splits)](
         q.contiguous(), k.contiguous(), v.contiguous(), cos.contiguous(), sin.contiguous(),
-        q_norm, k_norm, k_cache, v_cache, position, stats[0], stats[1], acc, eps,
-        head_dim**-0.5, k_cache.stride(0), HEAD_DIM=head_dim, GROUP=group,
-        GROUP_PAD=max(16, triton.next_power_of_2(group)), HAS_NORM=has_norm, NUM_KEYS=num_keys,
-        SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
+        norm.q_weight, norm.k_weight, k_cache, v_cache, position, stats[0], stats[1], acc,
+        norm.eps, attention_scale(attn), k_cache.stride(0), HEAD_DIM=head_dim, GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)), HAS_NORM=norm.has_norm,
+        NUM_KEYS=num_keys, SPLIT_KEYS=per_split, NUM_SPLITS=num_splits, BLOCK_S=BLOCK_KEYS,
+        UNIT_OFFSET=norm.unit_offset, WINDOW=attention_window(attn),
         **pdl.launch_options(use_pdl),
     )
     rounded = empty_rounding(1, out.shape[1], out.device) if round_out else None
     _combine_kernel[(num_heads,)](stats[0], stats[1], acc, out,
                                   *(rounded if rounded is not None else (out, out, out)),
+                                  sinks if sinks is not None else out,
                                   HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
                                   BLOCK_SPLITS=triton.next_power_of_2(num_splits),
-                                  ROUND=round_out, **pdl.launch_options(use_pdl))
+                                  ROUND=round_out, HAS_SINKS=sinks is not None,
+                                  **pdl.launch_options(use_pdl))
     return out, rounded
+
+
+class KernelNorm(NamedTuple):
+    """What the attention kernels take of a layer's q/k norms (unused pointers: q)."""
+
+    has_norm: bool
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    unit_offset: bool
+
+
+def kernel_norm(attn, q: torch.Tensor) -> KernelNorm:
+    """The layer's q/k norms as the kernels take them: Qwen3's, Gemma's (1 + w) or none."""
+    if attn.q_norm is None:
+        return KernelNorm(False, q, q, 0.0, False)
+    return KernelNorm(True, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps,
+                      is_unit_offset(attn.q_norm))
 
 
 def reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, position,
@@ -261,7 +323,12 @@ def reference_decode_attention(attn, q, k, v, cos, sin, k_cache, v_cache, positi
     keys = k_cache[:num_keys].to(q.dtype).permute(1, 2, 0)  # [Hkv, D, S]
     values = v_cache[:num_keys].to(q.dtype).permute(1, 0, 2)  # [Hkv, S, D]
     scores = torch.matmul(q_grouped, keys)  # [Hkv, G, S]
-    probs = ops.masked_softmax(scores, key_positions, position, attn.head_dim**-0.5)
+    window, sinks = attention_window(attn), attention_sinks(attn)
+    if window or sinks is not None:  # a branch taken when the step is traced, not per step
+        probs = ops.masked_softmax(scores, key_positions, position, attention_scale(attn),
+                                   window, sinks)
+    else:
+        probs = ops.masked_softmax(scores, key_positions, position, attention_scale(attn))
     return torch.matmul(probs, values).reshape(1, attn.num_heads * attn.head_dim)
 
 

@@ -28,14 +28,15 @@ from strata.engine.core.fast.moe_prefill import grouped_block
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.fast.prefill_runner import PrefillRunner
 from strata.engine.core.fast.prefill_warm import warm_cudnn_plan, warm_prefill_pass
+from strata.engine.core.models.layers import GeGLU
 
 log = logging.getLogger(__name__)
 
 Step = tuple[str, Callable[[], None]]
 
 # The compiled groups, compiled one per step in this order (each step keeps the earlier ones).
-GROUP_NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "silu_mul", "silu_mul_scale",
-               "sum_rows", "masked_softmax", "moe_block")
+GROUP_NAMES = ("rms_norm", "add_rms_norm", "qk_norm_rope", "silu_mul", "gelu_mul",
+               "silu_mul_scale", "sum_rows", "masked_softmax", "moe_block")
 
 
 class DeferredWork:
@@ -89,7 +90,8 @@ def defer_prefill_compile(prefiller: PrefillRunner, compiled: PointwiseOps,
     chosen = prefiller.ops
     interim = interim_ops(compiled)
     prefiller.set_ops(interim if _has_compiled(chosen) else chosen, interim)
-    names = [name for name in GROUP_NAMES if getattr(compiled, name) is not None]
+    names = [name for name in GROUP_NAMES
+             if getattr(compiled, name) is not None and _calls(prefiller.model, name)]
     steps: list[Step] = []
     for count in range(1, len(names) + 1):
         # Each pass keeps the groups compiled before it, so the last one runs every group
@@ -108,6 +110,12 @@ def defer_prefill_compile(prefiller: PrefillRunner, compiled: PointwiseOps,
 
     steps.append(("use compiled groups", finish))
     return steps
+
+
+def _calls(model, name: str) -> bool:
+    """Whether a prefill of model calls group `name`: GeGLU's only where it has GeGLU (Gemma),
+    so other models spend no pass on it."""
+    return name != "gelu_mul" or any(isinstance(m, GeGLU) for m in model.modules())
 
 
 def _has_compiled(ops: PointwiseOps) -> bool:

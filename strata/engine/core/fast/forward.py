@@ -8,6 +8,9 @@ per bucket replays for every position inside that bucket. The chunked prefill is
 Where the weights arena holds q/k/v (gate/up) back to back, one GEMM over the fused view
 (fused_views.py) replaces three (two); the outputs are split into views, never copied. q/k/v
 blocks of two types take one dp4a launch for one token (gemv_dp4a.matmul_pair).
+What an architecture adds (Gemma's sandwich norms and GeGLU, its embedding and RoPE tables,
+soft-capped logits; attention windows, scales and sinks) is read from the modules while the
+step is traced, so a graph holds only the kernels the model needs (fast_coverage.py).
 """
 
 from __future__ import annotations
@@ -23,9 +26,19 @@ from strata.engine.core.fast.decode_attention import (
     rounds_output,
 )
 from strata.engine.core.fast.moe_grouped import moe_forward, takes_rounded_x
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, attn_qk_norm_rope
+from strata.engine.core.fast.pointwise import (
+    EAGER_OPS,
+    PointwiseOps,
+    apply_add_norm,
+    apply_norm,
+    attn_qk_norm_rope,
+    gate_mul,
+    is_unit_offset,
+)
 from strata.engine.core.fused_views import fused_gate_up, fused_qkv, fused_qkv_pair
 from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.models.decoder import SandwichDecoderLayer
+from strata.engine.core.models.layers import GeGLU
 from strata.engine.core.models.switch import SparseMoE
 from strata.engine.core.quant import weight as qweight
 
@@ -47,7 +60,19 @@ def project_head(x: torch.Tensor, model, use_pdl: bool = False,
     """Logits [T, V] float32 for x [T, H], whatever form the head's weight takes. use_pdl: a
     quantized head's one-token product launches as a PDL secondary (qlinear), as the decode
     step's other products do; rounded: x's int8 rounding made with x (decode_rounded.py)."""
-    return qweight.apply_linear(x, head_weight(model), use_pdl=use_pdl, rounded=rounded).float()
+    logits = qweight.apply_linear(x, head_weight(model), use_pdl=use_pdl,
+                                  rounded=rounded).float()
+    cap = model.config.final_logit_softcapping
+    return logits if not cap else torch.tanh(logits / cap) * cap  # Gemma's soft-capping
+
+
+def block_norms(layer) -> tuple:
+    """(after attention, before the MLP, after the MLP): a pre-norm block has only the middle
+    one (its post_attention_layernorm); Gemma's sandwich block all three (decoder.py)."""
+    if isinstance(layer, SandwichDecoderLayer):
+        return (layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                layer.post_feedforward_layernorm)
+    return None, layer.post_attention_layernorm, None
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None,
@@ -134,17 +159,25 @@ def _rounds_x(x: torch.Tensor, weight, ops: PointwiseOps) -> bool:
 
 
 def _norm_token(h: torch.Tensor, y: torch.Tensor | None, norm, ops: PointwiseOps,
-                rounds: bool = False):
+                rounds: bool = False, y_norm=None):
     """(h + y, norm(h + y), rounded) for one token; y None (the first layer): h itself.
     rounded: norm(h + y)'s int8 rounding from the same launch where `rounds` (the product
-    after it takes dp4a: _rounds_x, takes_rounded_x), else None."""
+    after it takes dp4a: _rounds_x, takes_rounded_x), else None. y_norm: a norm module that
+    y passes first (Gemma's post-sublayer norm), in the same launch with the dense kernels."""
+    offset = is_unit_offset(norm)
+    fused_y_norm = None
+    if y_norm is not None:
+        if ops.dense_kernels and is_unit_offset(y_norm) == offset:
+            fused_y_norm = (y_norm.weight, y_norm.eps)
+        else:
+            y = apply_norm(ops, y, y_norm)
     if rounds:
-        return decode_rounded.add_rms_norm_rounded(h, y, norm.weight, norm.eps, use_pdl=ops.pdl)
+        return decode_rounded.add_rms_norm_rounded(h, y, norm.weight, norm.eps, use_pdl=ops.pdl,
+                                                   unit_offset=offset, y_norm=fused_y_norm)
     if ops.dense_kernels:
-        return (*decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl), None)
-    if y is None:
-        return h, ops.rms_norm(h, norm.weight, norm.eps), None
-    return (*ops.add_rms_norm(h, y, norm.weight, norm.eps), None)
+        return (*decode_dense.add_rms_norm(h, y, norm.weight, norm.eps, use_pdl=ops.pdl,
+                                           unit_offset=offset, y_norm=fused_y_norm), None)
+    return (*apply_add_norm(ops, h, y, norm), None)
 
 
 def _takes_prologue(x: torch.Tensor, weight: torch.Tensor, ops: PointwiseOps) -> bool:
@@ -155,59 +188,68 @@ def _takes_prologue(x: torch.Tensor, weight: torch.Tensor, ops: PointwiseOps) ->
             and decode_dense.use_prologue(weight))
 
 
-def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps):
+def _norm_linear(h, y, norm, weight, bias, ops: PointwiseOps, y_norm=None):
     """(h + y, linear(norm(h + y), weight, bias)) for one token: one launch (decode_dense's
-    norm_gemv) where it pays, else the norm then the projection."""
+    norm_gemv) where it pays, else the norm then the projection. y_norm: _norm_token's."""
     if _takes_prologue(h, weight, ops):
-        return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl)
-    h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops))
+        if y_norm is not None:
+            y = _norm_token(y, None, y_norm, ops)[1]
+        return decode_dense.norm_gemv(h, y, norm.weight, norm.eps, weight, bias, use_pdl=ops.pdl,
+                                      unit_offset=is_unit_offset(norm))
+    h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops), y_norm)
     return h, linear(x, weight, bias, ops, rounded)
 
 
-def _norm_qkv(attn, h, y, norm, ops: PointwiseOps):
-    """(h + y, (q, k, v)) for one token: the input norm and the q/k/v projections."""
+def _norm_qkv(attn, h, y, norm, ops: PointwiseOps, y_norm=None):
+    """(h + y, (q, k, v)) for one token: the input norm and the q/k/v projections.
+    y_norm: _norm_token's."""
     fused = fused_qkv(attn)
     if fused is None:
         paired = fused_qkv_pair(attn)
         weight = paired[0] if paired is not None else attn.q_proj.weight
-        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops))
+        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, weight, ops), y_norm)
         return h, project_qkv(attn, x, ops, rounded)
     weight, bias, sizes = fused
-    h, out = _norm_linear(h, y, norm, weight, bias, ops)
+    h, out = _norm_linear(h, y, norm, weight, bias, ops, y_norm)
     return h, out.split(sizes, dim=-1)
 
 
-def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str):
+def _norm_mlp(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str, y_norm=None):
     """(h + y, mlp(norm(h + y))) for one token. A dense SwiGLU with the fused gate/up view
-    takes the norm into its gate/up GEMV where that pays: with `_down`, 2 launches, not 4."""
+    takes the norm into its gate/up GEMV where that pays: with `_down`, 2 launches, not 4.
+    y_norm: _norm_token's."""
     if isinstance(mlp, SparseMoE):
         rounds = ops.dense_kernels and takes_rounded_x(mlp, h, moe_impl)
-        h, x, rounded = _norm_token(h, y, norm, ops, rounds)
+        h, x, rounded = _norm_token(h, y, norm, ops, rounds, y_norm)
         return h, moe_forward(mlp, x, moe_impl, ops, rounded)
     gate_up = fused_gate_up(mlp)
     if gate_up is None:
-        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, mlp.gate_proj.weight, ops))
+        h, x, rounded = _norm_token(h, y, norm, ops, _rounds_x(h, mlp.gate_proj.weight, ops),
+                                    y_norm)
         return h, mlp_forward(mlp, x, ops, moe_impl, rounded)
-    h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops)  # [1, 2I]
+    h, gate_up_out = _norm_linear(h, y, norm, gate_up, None, ops, y_norm)  # [1, 2I]
     return h, _down(mlp, gate_up_out, ops)
 
 
 def _down(mlp, gate_up_out: torch.Tensor, ops: PointwiseOps) -> torch.Tensor:
-    """down_proj(silu(gate) * up) for gate_up_out [T, 2I] = [gate | up]: one launch
-    (decode_dense.silu_mul_gemv) for one token where it pays."""
+    """down_proj(silu(gate) * up) for gate_up_out [T, 2I] = [gate | up] (GeGLU: gelu_tanh):
+    one launch (decode_dense.silu_mul_gemv) for one token where it pays."""
     down = mlp.down_proj
+    gelu = isinstance(mlp, GeGLU)
     if _takes_prologue(gate_up_out, down.weight, ops):
-        return decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias, use_pdl=ops.pdl)
+        return decode_dense.silu_mul_gemv(gate_up_out, down.weight, down.bias, use_pdl=ops.pdl,
+                                          gelu=gelu)
     if _rounds_x(gate_up_out, down.weight, ops):  # SiLU·mul and x's int8 in one launch
-        x, rounded = decode_rounded.silu_mul_rounded(gate_up_out, use_pdl=ops.pdl)
+        x, rounded = decode_rounded.silu_mul_rounded(gate_up_out, use_pdl=ops.pdl, gelu=gelu)
         return linear(x, down.weight, down.bias, ops, rounded)
     gate, up = gate_up_out.chunk(2, dim=-1)  # two [T, I] views
-    return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
+    return linear(gate_mul(ops, mlp, gate, up), down.weight, down.bias, ops)
 
 
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str,
                 rounded: tuple | None = None) -> torch.Tensor:
-    """The layer's feed-forward on x [T, H]: SwiGLU with fused activation, or the MoE path.
+    """The layer's feed-forward on x [T, H]: SwiGLU (or GeGLU) with fused activation, or the
+    MoE path.
     rounded: one token's int8 rounding made with x, for the quantized products by dp4a."""
     if isinstance(mlp, SparseMoE):
         return moe_forward(mlp, x, moe_impl, ops, rounded)
@@ -217,7 +259,7 @@ def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str,
     gate = linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias, ops, rounded)
     up = linear(x, mlp.up_proj.weight, mlp.up_proj.bias, ops, rounded)
     down = mlp.down_proj
-    return linear(ops.silu_mul(gate, up), down.weight, down.bias, ops)
+    return linear(gate_mul(ops, mlp, gate, up), down.weight, down.bias, ops)
 
 
 def decode_step(
@@ -235,15 +277,18 @@ def decode_step(
     caller guarantees position < len(key_positions) <= kv.max_tokens. No host sync unless
     moe_impl is "loop".
     """
-    cos, sin = model.rope(position)  # [1, D] each
-    h = model.model.embed_tokens(token_ids)  # [1, H]
+    ropes = model.layer_ropes(position)  # per layer: cos, sin [1, D] (one table unless Gemma)
+    h = model.embed(token_ids)  # [1, H]
     y = None  # the last block's output, added to h by the next norm
+    y_norm = None  # the norm y passes before that add: Gemma's post-sublayer norm, or none
     for i, layer in enumerate(model.model.layers):
         attn = layer.self_attn
-        h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops)
-        y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i], cos, sin,
-                             ops)
-        h, y = _norm_mlp(layer.mlp, h, y, layer.post_attention_layernorm, ops, moe_impl)
+        after_attn, before_mlp, after_mlp = block_norms(layer)
+        h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops, y_norm)
+        y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
+                             *ropes[i], ops)
+        h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl, after_attn)
+        y_norm = after_mlp
     head = head_weight(model)
-    _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops))
+    _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops), y_norm)
     return project_head(x, model, ops.pdl, rounded)  # [1, V]

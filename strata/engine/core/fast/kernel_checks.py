@@ -25,7 +25,7 @@ import torch
 from strata.engine.core import load_phases
 from strata.engine.core.fast import decode_dense, decode_rounded
 from strata.engine.core.fast.decode_attention import check_fused
-from strata.engine.core.fast.pointwise import PointwiseOps
+from strata.engine.core.fast.pointwise import PointwiseOps, attention_window
 from strata.engine.core.fast.tuning_store import (
     TuningKey,
     TuningStore,
@@ -86,11 +86,23 @@ def check(model: torch.nn.Module, device: torch.device, *, fused_attention: bool
     """Run the checks asked for (on this device, now)."""
     attention = dense = None
     if fused_attention:
-        attn = model.model.layers[0].self_attn
-        attention = check_fused(attn, next(model.parameters()).dtype, device)
+        dtype = next(model.parameters()).dtype
+        for attn in attention_kinds(model):  # each kernel variant the model compiles
+            attention = check_fused(attn, dtype, device)
+            if attention:
+                break
     if dense_kernels:
         dense = decode_dense.check_kernels(model, use_pdl) or decode_rounded.check(model, use_pdl)
     return Verdicts(attention, dense, use_pdl)
+
+
+def attention_kinds(model: torch.nn.Module) -> list:
+    """One attention layer of each kind the decode kernels compile apart: a sliding window
+    (Gemma 3's local layers, GPT-OSS's alternate ones) or none."""
+    kinds: dict = {}
+    for layer in model.model.layers:
+        kinds.setdefault(attention_window(layer.self_attn), layer.self_attn)
+    return list(kinds.values())
 
 
 def read_stored(store: TuningStore, key: TuningKey) -> Verdicts | None:

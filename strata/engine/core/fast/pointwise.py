@@ -17,20 +17,49 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from strata.engine.core.models.layers import GeGLU, GemmaRMSNorm
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The RMSNorm of models/layers.py: float32 statistics, rounded to x's dtype, then scaled."""
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             unit_offset: bool = False) -> torch.Tensor:
+    """The RMSNorm of models/layers.py: float32 statistics, rounded to x's dtype, then scaled.
+    unit_offset: Gemma's (GemmaRMSNorm), scaled by 1 + weight in float32, then rounded."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if unit_offset:
+        return (x32 * (1.0 + weight.float())).to(x.dtype)
     return weight * x32.to(x.dtype)
 
 
 def add_rms_norm(
-    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float
+    h: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float,
+    unit_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + y, rms_norm(h + y)): the residual add and the next block's norm in one pass."""
     h = h + y
-    return h, rms_norm(h, weight, eps)
+    return h, rms_norm(h, weight, eps, unit_offset)
+
+
+def is_unit_offset(norm) -> bool:
+    """Whether a norm module scales by 1 + weight (Gemma's), as rms_norm's unit_offset."""
+    return isinstance(norm, GemmaRMSNorm)
+
+
+def apply_norm(ops: PointwiseOps, x: torch.Tensor, norm) -> torch.Tensor:
+    """ops.rms_norm by a norm module's weight, eps and kind."""
+    if is_unit_offset(norm):
+        return ops.rms_norm(x, norm.weight, norm.eps, True)
+    return ops.rms_norm(x, norm.weight, norm.eps)
+
+
+def apply_add_norm(ops: PointwiseOps, h: torch.Tensor, y: torch.Tensor | None, norm
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + y, norm(h + y)) by ops.add_rms_norm; y None: (h, norm(h))."""
+    if y is None:
+        return h, apply_norm(ops, h, norm)
+    if is_unit_offset(norm):
+        return ops.add_rms_norm(h, y, norm.weight, norm.eps, True)
+    return ops.add_rms_norm(h, y, norm.weight, norm.eps)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -43,45 +72,88 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def norm_rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, eps: float
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None, eps: float,
+    unit_offset: bool = False,
 ) -> torch.Tensor:
-    """Optional per-head RMSNorm (Qwen3's q/k norm), then RoPE, on x [T, heads, D]."""
+    """Optional per-head RMSNorm (Qwen3's and Gemma's q/k norm), then RoPE, on x [T, heads, D]."""
     if weight is not None:
-        x = rms_norm(x, weight, eps)
+        x = rms_norm(x, weight, eps, unit_offset)
     return rope(x, cos, sin)
 
 
 def qk_norm_rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+    unit_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """norm_rope of the queries and of the keys: one compiled call for both."""
-    return norm_rope(q, cos, sin, q_weight, eps), norm_rope(k, cos, sin, k_weight, eps)
+    return (norm_rope(q, cos, sin, q_weight, eps, unit_offset),
+            norm_rope(k, cos, sin, k_weight, eps, unit_offset))
 
 
 def attn_qk_norm_rope(attn, q, k, cos, sin, ops: PointwiseOps):
-    """ops.qk_norm_rope with the attention module's q/k norms (Qwen3), if it has them."""
+    """ops.qk_norm_rope with the attention module's q/k norms (Qwen3, Gemma), if it has them."""
     if attn.q_norm is None:
         return ops.qk_norm_rope(q, k, cos, sin, None, None, 0.0)
+    if is_unit_offset(attn.q_norm):
+        return ops.qk_norm_rope(q, k, cos, sin, attn.q_norm.weight, attn.k_norm.weight,
+                                attn.q_norm.eps, True)
     return ops.qk_norm_rope(q, k, cos, sin, attn.q_norm.weight, attn.k_norm.weight,
                             attn.q_norm.eps)
 
 
+def attention_scale(attn) -> float:
+    """The scores' factor: the layer's own (Gemma's query_pre_attn_scalar) or 1/sqrt(D).
+    Read with defaults: a layer may be any object with the shape fields (tests' stand-ins)."""
+    scale = getattr(attn, "scale", None)
+    return scale if scale is not None else attn.head_dim**-0.5
+
+
+def attention_window(attn) -> int:
+    """The layer's sliding window in positions, 0 where it sees every cached position."""
+    return getattr(attn, "sliding_window", None) or 0
+
+
+def attention_sinks(attn) -> torch.Tensor | None:
+    """GPT-OSS's per-head sink logits [Hq], or None."""
+    return getattr(attn, "sinks", None)
+
+
 def masked_softmax(
-    scores: torch.Tensor, key_positions: torch.Tensor, position: torch.Tensor, scale: float
+    scores: torch.Tensor, key_positions: torch.Tensor, position: torch.Tensor, scale: float,
+    window: int = 0, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(scale * scores) over keys at or before `position`; float32 math, scores' dtype out.
 
     scores [Hkv, G, S]; key_positions [S] (0..S-1); position [1]: the query's position.
+    window > 0: only keys after position - window count. sinks [Hkv * G]: each head's logit
+    that joins the denominator and attends to nothing (GPT-OSS).
     """
     logits = scores.float() * scale
-    logits = logits.masked_fill(key_positions > position, float("-inf"))
-    return torch.softmax(logits, dim=-1).to(scores.dtype)
+    hidden = key_positions > position
+    if window:
+        hidden = hidden | (key_positions <= position - window)
+    logits = logits.masked_fill(hidden, float("-inf"))
+    if sinks is None:
+        return torch.softmax(logits, dim=-1).to(scores.dtype)
+    sink = sinks.float().view(logits.shape[0], logits.shape[1], 1)
+    probs = torch.softmax(torch.cat((logits, sink), dim=-1), dim=-1)[..., :-1]
+    return probs.to(scores.dtype)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up: the SwiGLU activation."""
     return F.silu(gate) * up
+
+
+def gelu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up: the GeGLU activation (Gemma)."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def gate_mul(ops: PointwiseOps, mlp, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """A dense gated MLP's activation: GeGLU's gelu_mul, else SwiGLU's silu_mul."""
+    return ops.gelu_mul(gate, up) if isinstance(mlp, GeGLU) else ops.silu_mul(gate, up)
 
 
 def silu_mul_scale(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -114,6 +186,7 @@ class PointwiseOps:
     qk_norm_rope: Callable = qk_norm_rope
     masked_softmax: Callable = masked_softmax
     silu_mul: Callable = silu_mul
+    gelu_mul: Callable = gelu_mul
     silu_mul_scale: Callable = silu_mul_scale
     sum_rows: Callable = sum_rows
     # A whole MoE block for many tokens (moe_prefill.grouped_block), compiled: not element-wise,

@@ -12,10 +12,18 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.fast.forward import mlp_forward, project_head, qkv
-from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast.forward import block_norms, mlp_forward, project_head, qkv
+from strata.engine.core.fast.pointwise import (
+    EAGER_OPS,
+    PointwiseOps,
+    apply_add_norm,
+    apply_norm,
+    attention_sinks,
+    attention_window,
+)
 from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
+from strata.engine.core.models.gpt_oss import sink_attention
 
 # Fewer, larger chunks: a 4096-token MoE prefill in two chunks spent more time launching
 # kernels than running them (H200 profile); 4096 rows keep activations near 0.5 GiB.
@@ -46,7 +54,12 @@ def attention_prefill(
         q = q[-1:]  # [1, Hq, D]: one query sees every key up to itself
     keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
     values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
-    out = flash_attention(q.transpose(0, 1), keys, values, prefer_cudnn=full_chunk)  # [Hq, T, D]
+    sinks = attention_sinks(attn)
+    if sinks is not None:  # GPT-OSS: no fused kernel takes sinks; torch, by query blocks
+        out = sink_attention(q.transpose(0, 1), keys, values, sinks, attention_window(attn))
+    else:  # Gemma's own scale and window where the layer has them
+        out = flash_attention(q.transpose(0, 1), keys, values, prefer_cudnn=full_chunk,
+                              scale=attn.scale, window=attn.sliding_window)  # [Hq, T, D]
     return attn.o_proj(out.transpose(0, 1).reshape(q.shape[0], -1))
 
 
@@ -95,11 +108,11 @@ def prefill(
         chunk_start = start_pos + begin
         is_last_chunk = begin + chunk_tokens >= num_tokens
         positions = torch.arange(chunk_start, chunk_start + chunk.shape[0], device=chunk.device)
-        cos, sin = model.rope(positions)  # [T, D] each
-        h = model.model.embed_tokens(chunk)  # [T, H]
-        first_norm = layers[0].input_layernorm
-        x = ops.rms_norm(h, first_norm.weight, first_norm.eps)
+        ropes = model.layer_ropes(positions)  # per layer: cos, sin [T, D] each
+        h = model.embed(chunk)  # [T, H]
+        x = apply_norm(ops, h, layers[0].input_layernorm)
         for i, layer in enumerate(layers):
+            cos, sin = ropes[i]
             if i == len(layers) - 1 and not is_last_chunk:
                 # Later chunks read only this layer's K/V: its attention and MLP feed nothing.
                 write_kv(layer.self_attn, x, chunk_start, kv.k[i], kv.v[i], cos, sin, ops)
@@ -117,13 +130,15 @@ def prefill(
                 h = h[-1:].clone()
             elif last_layer:
                 h, y = h.index_select(0, last_index), y.index_select(0, last_index)  # [1, H]
-            post = layer.post_attention_layernorm
-            h, x = ops.add_rms_norm(h, y, post.weight, post.eps)
+            after_attn, before_mlp, after_mlp = block_norms(layer)
+            if after_attn is not None:  # Gemma's sandwich: the sublayer's output normed too
+                y = apply_norm(ops, y, after_attn)
+            h, x = apply_add_norm(ops, h, y, before_mlp)
             y = mlp_forward(layer.mlp, x, ops, moe_impl)
+            if after_mlp is not None:
+                y = apply_norm(ops, y, after_mlp)
             if i + 1 < len(layers):  # the residual add and the next layer's input norm
-                nxt = layers[i + 1].input_layernorm
-                h, x = ops.add_rms_norm(h, y, nxt.weight, nxt.eps)
+                h, x = apply_add_norm(ops, h, y, layers[i + 1].input_layernorm)
             else:  # the last chunk's last layer: only the last row needs the final norm
-                final = model.model.norm
-                _, x = ops.add_rms_norm(h, y, final.weight, final.eps)  # [1, H] both
+                _, x = apply_add_norm(ops, h, y, model.model.norm)  # [1, H] both
     return project_head(x[-1:], model)[0]  # [V]
