@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.moe_triton import _check_stacked, _check_table, _counter
 from strata.engine.core.kernels.launch import is_interpreting, launch, tuned
 
@@ -33,6 +35,7 @@ try:
     import triton
     import triton.language as tl
 
+    from strata.engine.core.fast.moe_triton import activate
     from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
@@ -150,11 +153,12 @@ if triton is not None:
     @triton.jit
     def _pairs_gate_up_kernel(
         x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr, table_ptr, gate_host_offset,
-        up_host_offset, stride_expert,
+        up_host_offset, stride_expert, gate_bias_ptr, up_bias_ptr,
         num_tokens: tl.constexpr, top_k: tl.constexpr, num_cols: tl.constexpr,
         num_rows: tl.constexpr, HAS_TABLE: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, LIMIT: tl.constexpr,
+        ALPHA: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
         pdl_wait(USE_PDL)  # launch.launch passes it; launched without PDL
         pair = tl.program_id(0)
@@ -173,18 +177,24 @@ if triton is not None:
                              BLOCK_COLS, PRECISION)
         acc_up = _rows_dot(up_ptr, up_base, rows, row_ok, x_ptr, tokens, uses, num_cols,
                            BLOCK_COLS, PRECISION)
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+        if HAS_BIAS:  # the expert's biases, by its id (resident whatever its slot)
+            bias_at = expert * num_rows + rows
+            acc_gate += tl.load(gate_bias_ptr + bias_at, mask=row_ok, other=0.0).to(
+                tl.float32)[None, :]
+            acc_up += tl.load(up_bias_ptr + bias_at, mask=row_ok, other=0.0).to(
+                tl.float32)[None, :]
+        act = activate(acc_gate, acc_up, CLAMP, LIMIT, ALPHA)
         out = out_ptr + token_pair[:, None].to(tl.int64) * num_rows + rows[None, :]
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=uses[:, None] & row_ok[None, :])
 
     @triton.jit
     def _pairs_down_kernel(
         act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr, table_ptr, down_host_offset,
-        stride_expert,
+        stride_expert, down_bias_ptr,
         num_tokens: tl.constexpr, top_k: tl.constexpr, num_cols: tl.constexpr,
         num_rows: tl.constexpr, HAS_TABLE: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
         pdl_wait(USE_PDL)  # launch.launch passes it; launched without PDL
         pair = tl.program_id(0)
@@ -199,6 +209,9 @@ if triton is not None:
         base = _expert_offset(expert, table_ptr, down_host_offset, stride_expert, HAS_TABLE)
         acc = _rows_dot(down_ptr, base, rows, row_ok, act_ptr, token_pair, uses, num_cols,
                         BLOCK_COLS, PRECISION)  # [BLOCK_T, BLOCK_ROWS]
+        if HAS_BIAS:
+            acc += tl.load(down_bias_ptr + expert * num_rows + rows, mask=row_ok,
+                           other=0.0).to(tl.float32)[None, :]
         weight = tl.load(weights_ptr + token_pair, mask=uses, other=0.0).to(tl.float32)
         out = out_ptr + token_pair[:, None].to(tl.int64) * num_rows + rows[None, :]
         tl.store(out, acc * weight[:, None], mask=uses[:, None] & row_ok[None, :])
@@ -270,42 +283,49 @@ def router_topk_rows(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
 
 def pairs_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ids: torch.Tensor,
                   table: torch.Tensor | None = None,
-                  host_offsets: tuple[int, int] = (0, 0)) -> torch.Tensor:
+                  host_offsets: tuple[int, int] = (0, 0),
+                  epilogue: Epilogue | None = None) -> torch.Tensor:
     """silu(gate[ids[t, j]] @ x[t]) * (up[ids[t, j]] @ x[t]): x [T, H], gate/up [E, I, H],
     ids [T, k] -> [T*k, I] (pair t*k + j). table/host_offsets: a partial expert cache's slot
-    table, as for moe_triton.grouped_gate_up."""
+    table, as for moe_triton.grouped_gate_up; an epilogue (GPT-OSS): its biases and
+    activation, as there."""
     _check_stacked("gate_proj", gate)
     _check_stacked("up_proj", up)
     table_arg = _check_table(table, ids, 2, host_offsets)
     num_tokens, top_k = ids.shape
     num_rows, num_cols = gate.shape[1], gate.shape[2]
     out = torch.empty(num_tokens * top_k, num_rows, dtype=x.dtype, device=x.device)
+    (_, gate_bias, up_bias, _), switches = expert_epilogue.kernel_args(epilogue, ids)
     launch(
         _gate_up_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         PAIR_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out, table_arg,
-        int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), num_tokens=num_tokens,
-        top_k=top_k, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
-        PRECISION=_precision(gate.dtype), **_token_blocks(num_tokens, top_k),
+        int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), gate_bias, up_bias,
+        num_tokens=num_tokens, top_k=top_k, num_cols=num_cols, num_rows=num_rows,
+        HAS_TABLE=table is not None, PRECISION=_precision(gate.dtype),
+        **_token_blocks(num_tokens, top_k), **switches,
     )
     return out
 
 
 def pairs_down_sum(act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
                    weights: torch.Tensor, table: torch.Tensor | None = None,
-                   host_offset: int = 0) -> torch.Tensor:
+                   host_offset: int = 0, epilogue: Epilogue | None = None) -> torch.Tensor:
     """sum_j weights[t, j] * (down[ids[t, j]] @ act[t*k + j]): act [T*k, I], down [E, H, I]
-    -> [T, H] in act's dtype, summed in float32 and rounded once."""
+    -> [T, H] in act's dtype, summed in float32 and rounded once. An epilogue's down bias of
+    each pair's expert joins its product before the weight."""
     _check_stacked("down_proj", down)
     table_arg = _check_table(table, ids, 1, (host_offset,))
     num_tokens, top_k = ids.shape
     num_rows, num_cols = down.shape[1], down.shape[2]
     parts = torch.empty(num_tokens * top_k, num_rows, dtype=torch.float32, device=act.device)
+    (_, _, _, down_bias), switches = expert_epilogue.kernel_args(epilogue, ids)
     launch(
         _down_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         PAIR_CONFIGS, act.contiguous(), down, ids.contiguous(), weights.contiguous(), parts,
-        table_arg, int(host_offset), down.stride(0), num_tokens=num_tokens, top_k=top_k,
-        num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
-        PRECISION=_precision(down.dtype), **_token_blocks(num_tokens, top_k),
+        table_arg, int(host_offset), down.stride(0), down_bias, num_tokens=num_tokens,
+        top_k=top_k, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
+        PRECISION=_precision(down.dtype), HAS_BIAS=switches["HAS_BIAS"],
+        **_token_blocks(num_tokens, top_k),
     )
     out = torch.empty(num_tokens, num_rows, dtype=act.dtype, device=act.device)
     block = min(SUM_COLS, triton.next_power_of_2(num_rows))

@@ -28,6 +28,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.kernels import launch
@@ -86,7 +88,11 @@ def is_grouped_capable(moe: SparseMoE, impl: str = "triton") -> bool:
 
 def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] in x's dtype, expert ids [T, k]) exactly as SparseMoE routes (a
-    benchmark's forced ids included)."""
+    benchmark's forced ids included). Routing other than softmax top-k (GLM-4.5's sigmoid
+    with its correction bias, groups and scaling; GPT-OSS's biased router and softmax over
+    the top-k logits) is the module's own: device ops only, no host sync."""
+    if not moe.softmax_routing:
+        return moe.route(x)
     if moe.forced is None:
         return route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)
     probs = F.softmax(moe.router(x).float(), dim=-1)  # [T, E]
@@ -105,8 +111,18 @@ def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     up = stacked.up_proj.index_select(0, ids)  # [k, I, H]
     down = stacked.down_proj.index_select(0, ids)  # [k, H, I]
     xs = x.expand(ids.shape[0], -1).unsqueeze(-1)  # [k, H, 1]
-    act = F.silu(torch.bmm(gate, xs)) * torch.bmm(up, xs)  # [k, I, 1]
-    y = torch.bmm(down, act).squeeze(-1)  # [k, H]
+    epilogue = expert_epilogue.of(moe)
+    if epilogue is None:
+        act = F.silu(torch.bmm(gate, xs)) * torch.bmm(up, xs)  # [k, I, 1]
+        y = torch.bmm(down, act).squeeze(-1)  # [k, H]
+    else:
+        gate_bias, up_bias, down_bias = expert_epilogue.row_biases(epilogue, ids)
+        g, u = torch.bmm(gate, xs).squeeze(-1), torch.bmm(up, xs).squeeze(-1)  # [k, I]
+        if gate_bias is not None:
+            g, u = g + gate_bias, u + up_bias
+        y = torch.bmm(down, epilogue.activate(g, u).unsqueeze(-1)).squeeze(-1)  # [k, H]
+        if down_bias is not None:
+            y = y + down_bias
     return (y * weights[0, :, None]).sum(dim=0, keepdim=True)  # [1, H]
 
 
@@ -114,7 +130,8 @@ def takes_rounded_x(moe: SparseMoE, x: torch.Tensor, impl: str) -> bool:
     """Whether one token x [1, H] of this block reaches quantized experts that multiply it by
     dp4a (expert_gemv), so the norm before can round x to int8 in its own launch
     (fast/decode_rounded.py) and the experts take that rounding."""
-    if x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl):
+    if (x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl)
+            or not moe.plain_experts):  # an epilogue's experts are dequantized first
         return False
     gate, up, down, table, offsets = expert_stacks(moe, slot_layout(moe))
     if not is_quantized_experts(gate):
@@ -137,36 +154,49 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
 
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[0] if layout is not None else None
-    forced_ids = moe.forced.ids if moe.forced is not None else None
-    weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
-                                          out_ids=out_ids, use_pdl=use_pdl,
-                                          forced_ids=forced_ids)
-    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded)
+    if moe.softmax_routing:
+        forced_ids = moe.forced.ids if moe.forced is not None else None
+        weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k,
+                                              moe.norm_topk_prob, out_ids=out_ids,
+                                              use_pdl=use_pdl, forced_ids=forced_ids)
+    else:  # GLM-4.5's or GPT-OSS's routing, by device ops (chosen at build: softmax_routing)
+        weights, ids = (t[0] for t in moe.route(x))
+        if out_ids is not None:
+            ids = out_ids.copy_(ids)
+    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded,
+                          expert_epilogue.of(moe))
 
 
 def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: torch.Tensor,
                    table: torch.Tensor | None = None,
                    offsets: tuple[int, int, int] = (0, 0, 0),
-                   use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
+                   use_pdl: bool = False, rounded: tuple | None = None,
+                   epilogue: Epilogue | None = None) -> torch.Tensor:
     """One routed token's experts: x [1, H], ids and weights [k] on the device -> [1, H].
     Float or quantized stacks (or a partial cache's slots, through table and offsets);
-    rounded: x's int8 rounding, read where the quantized experts take dp4a."""
+    rounded: x's int8 rounding, read where the quantized experts take dp4a; epilogue: GPT-OSS's
+    expert biases and clamped SwiGLU (expert_epilogue.py), which the grouped float kernels
+    apply (quantized experts are then dequantized first, MXFP4 among them)."""
     from strata.engine.core.fast import moe_triton
 
+    bias_ids = ids
     if is_quantized_experts(gate):
         from strata.engine.core.quant import expert_gemv
         from strata.engine.core.quant.expert_kernels import dequantize_routed
 
-        if expert_gemv.supports(gate, up, down, table, offsets):  # read from the blocks
+        if epilogue is None and expert_gemv.supports(gate, up, down, table, offsets):
             return expert_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table, offsets,
-                                          use_pdl, rounded)[None]  # [1, H]
-        # Other types: the k routed experts dequantized first, then as float.
+                                          use_pdl, rounded)[None]  # [1, H], from the blocks
+        # Other types (MXFP4 too) and epilogues: the k routed experts dequantized by the
+        # shared tile decoder (dequant_tile.py), then as float.
         gate, up, down, ids = dequantize_routed(gate, up, down, ids, table, offsets)
         table, offsets = None, (0, 0, 0)
     act = moe_triton.grouped_gate_up(x[0], gate, up, ids, table, offsets[:2],
-                                     use_pdl=use_pdl)  # [k, I]
+                                     use_pdl=use_pdl, epilogue=epilogue,
+                                     bias_ids=bias_ids)  # [k, I]
     return moe_triton.grouped_down_sum(act, down, ids, weights, table, offsets[2],
-                                       use_pdl=use_pdl)[None]  # [1, H]
+                                       use_pdl=use_pdl, epilogue=epilogue,
+                                       bias_ids=bias_ids)[None]  # [1, H]
 
 
 def moe_forward(
@@ -181,17 +211,29 @@ def moe_forward(
     """
     if impl == "loop" or not is_grouped_capable(moe, impl):
         return moe(x)
+    routed = _routed_forward(moe, x, impl, ops, rounded)
+    if moe.shared_experts is None:
+        return routed
+    # GLM-4.5's shared expert: a dense SwiGLU on every token, by the dense fast path.
+    from strata.engine.core.fast.forward import mlp_forward  # it imports this module
+
+    return routed + mlp_forward(moe.shared_experts, x, ops, impl)
+
+
+def _routed_forward(moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps,
+                    rounded: tuple | None) -> torch.Tensor:
+    """The routed experts' part of moe_forward (grouped: not the loop)."""
     if moe.expert_weights is not None:
         # A partial cache: one token reads through the slot table; many (prefill) take the
         # loop, which copies their misses in (the table follows).
         if x.shape[0] != 1:
-            return moe(x)
+            return moe.routed(x)
         return experts_triton(moe, x, ops.pdl, slot_layout(moe), rounded)
     if x.shape[0] == 1 and impl == "triton":
         return experts_triton(moe, x, ops.pdl, None, rounded)
     if x.shape[0] != 1:
         # A benchmark's forced prefill rows are read on the host: the loop takes them.
-        return moe_block(moe, x, ops) if moe.forced is None else moe(x)
+        return moe_block(moe, x, ops) if moe.forced is None else moe.routed(x)
     weights, ids = route(moe, x)
     if impl == "bmm":
         return experts_bmm(moe, x, weights, ids)

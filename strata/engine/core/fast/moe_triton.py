@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import pdl
 from strata.engine.core.kernels.launch import launch, tuned
 
@@ -154,11 +156,29 @@ if triton is not None:
         return expert * stride_expert
 
     @triton.jit
+    def activate(g, u, CLAMP: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr):
+        """The experts' gated activation of float32 gate and up values: silu(g) * u, or
+        GPT-OSS's clamped SwiGLU (models/switch.py, ExpertActivation)."""
+        if CLAMP:
+            g = tl.minimum(g, LIMIT)
+            u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
+            return g / (1.0 + tl.exp(-ALPHA * g)) * (u + 1.0)
+        return g / (1.0 + tl.exp(-g)) * u
+
+    @triton.jit
+    def expert_bias(bias_ids_ptr, j, bias_ptr, rows, row_ok, num_rows: tl.constexpr):
+        """Float32 bias [BLOCK_ROWS] of the j-th routed expert (by its real id) at rows."""
+        expert = tl.load(bias_ids_ptr + j).to(tl.int64)
+        return tl.load(bias_ptr + expert * num_rows + rows, mask=row_ok,
+                       other=0.0).to(tl.float32)
+
+    @triton.jit
     def _gate_up_kernel(
         x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr, table_ptr, gate_host_offset, up_host_offset,
-        stride_expert, stride_row,
+        stride_expert, stride_row, bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
         num_cols: tl.constexpr, num_rows: tl.constexpr, HAS_TABLE: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        USE_PDL: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr,
+        LIMIT: tl.constexpr, ALPHA: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         slot = tl.program_id(0)
@@ -174,16 +194,20 @@ if triton is not None:
                              BLOCK_COLS, UNROLL)
         acc_up = _row_dots(up_ptr, up_base, x_ptr, row_ok, num_cols, BLOCK_ROWS, BLOCK_COLS,
                            UNROLL)
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+        if HAS_BIAS:
+            acc_gate += expert_bias(bias_ids_ptr, slot, gate_bias_ptr, rows, row_ok, num_rows)
+            acc_up += expert_bias(bias_ids_ptr, slot, up_bias_ptr, rows, row_ok, num_rows)
+        act = activate(acc_gate, acc_up, CLAMP, LIMIT, ALPHA)
         out = out_ptr + slot * num_rows + rows
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
     def _down_sum_kernel(
         act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr, table_ptr, down_host_offset,
-        stride_expert, stride_row,
+        stride_expert, stride_row, bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
         num_cols: tl.constexpr, num_rows: tl.constexpr, top_k: tl.constexpr,
-        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
+        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr, HAS_BIAS: tl.constexpr,
+        CLAMP: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -194,8 +218,11 @@ if triton is not None:
             weight = tl.load(weights_ptr + slot).to(tl.float32)
             base = _expert_base(ids_ptr, slot, table_ptr, down_host_offset, stride_expert,
                                 HAS_TABLE) + rows[:, None].to(tl.int64) * stride_row
-            acc += weight * _row_dots(down_ptr, base, act_ptr + slot * num_cols, row_ok,
-                                      num_cols, BLOCK_ROWS, BLOCK_COLS, UNROLL)
+            dot = _row_dots(down_ptr, base, act_ptr + slot * num_cols, row_ok, num_cols,
+                            BLOCK_ROWS, BLOCK_COLS, UNROLL)
+            if HAS_BIAS:
+                dot += expert_bias(bias_ids_ptr, slot, down_bias_ptr, rows, row_ok, num_rows)
+            acc += weight * dot
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
     _gate_up_tuned = tuned(_gate_up_kernel, GATE_UP_CONFIGS)
@@ -288,9 +315,12 @@ def _check_table(table: torch.Tensor | None, ids: torch.Tensor, num_offsets: int
 def grouped_gate_up(
     x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ids: torch.Tensor,
     table: torch.Tensor | None = None, host_offsets: tuple[int, int] = (0, 0),
-    use_pdl: bool = False,
+    use_pdl: bool = False, epilogue: Epilogue | None = None,
+    bias_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x) for each j: x [H], gate/up [E, I, H] -> [k, I].
+    With an epilogue (GPT-OSS), gate and up add the biases of experts bias_ids[j] (default
+    ids[j]) and the epilogue's activation joins them.
 
     With a partial expert cache, gate/up are the slot weights [N, I, H] and table [E] int32
     says where expert e is: slot table[e], or (-1) the host copy's [E, I, H] rows, which start
@@ -300,12 +330,14 @@ def grouped_gate_up(
     table_arg = _check_table(table, ids, 2, host_offsets)
     num_experts_used = ids.shape[0]
     num_rows, num_cols = gate.shape[1], gate.shape[2]
+    bias_args, switches = expert_epilogue.kernel_args(epilogue, ids, bias_ids)
     out = torch.empty(num_experts_used, num_rows, dtype=x.dtype, device=x.device)
     launch(
         _gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(num_rows, rows)),
         GATE_UP_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out, table_arg,
         int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), gate.stride(1),
-        num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None, use_pdl=use_pdl,
+        *bias_args, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
+        use_pdl=use_pdl, **switches,
     )
     return out
 
@@ -313,20 +345,24 @@ def grouped_gate_up(
 def grouped_down_sum(
     act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     table: torch.Tensor | None = None, host_offset: int = 0, use_pdl: bool = False,
+    epilogue: Epilogue | None = None, bias_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_j weights[j] * (down[ids[j]] @ act[j]): act [k, I], down [E, H, I] -> [H] in act's dtype.
 
     The sum runs in float32 inside the kernel; one rounding at the end. table and host_offset
-    as for grouped_gate_up, with down the slot weights [N, H, I].
+    as for grouped_gate_up, with down the slot weights [N, H, I]; an epilogue's down bias of
+    expert bias_ids[j] joins each product before its weight.
     """
     _check_stacked("down_proj", down)
     table_arg = _check_table(table, ids, 1, (host_offset,))
     num_rows, num_cols = down.shape[1], down.shape[2]
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
+    bias_args, switches = expert_epilogue.kernel_args(epilogue, ids, bias_ids)
     launch(
         _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),), DOWN_SUM_CONFIGS,
         act.contiguous(), down, ids.contiguous(), weights.contiguous(), out, table_arg,
-        int(host_offset), down.stride(0), down.stride(1), num_cols=num_cols,
+        int(host_offset), down.stride(0), down.stride(1), *bias_args, num_cols=num_cols,
         num_rows=num_rows, top_k=ids.shape[0], HAS_TABLE=table is not None, use_pdl=use_pdl,
+        **switches,
     )
     return out
