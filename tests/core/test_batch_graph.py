@@ -61,7 +61,7 @@ def clones(caches: list[KVCache]) -> list[KVCache]:
     return out
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "mixtral", "glm4_moe"])
 def test_a_padded_step_equals_the_eager_batched_forward(name: str) -> None:
     model = tiny_model(name)
     lengths = [5, 40, 17]  # three rows: padded to the bucket of 4

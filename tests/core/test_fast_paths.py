@@ -530,11 +530,16 @@ def test_moe_layer_paths_match_reference(name: str, mxfp4: bool, monkeypatch) ->
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.fast.batch_experts import experts_rows
     from strata.engine.core.fast.moe_grouped import moe_forward
+    from strata.engine.core.quant import expert_grouped
 
     model = tiny_model(name, seed=5)
     moe = model.model.layers[1].mlp
     if mxfp4:
         mxfp4_experts(moe)
+    epilogues = []  # what the quantized prefill's grouped dequantize path was given
+    grouped = expert_grouped.experts_mlp
+    monkeypatch.setattr(expert_grouped, "experts_mlp", lambda *a, **k: (
+        epilogues.append(k.get("epilogue")), grouped(*a, **k))[1])
     gen = torch.Generator().manual_seed(3)
     x = {rows: torch.randn(rows, 64, generator=gen) for rows in (1, 3, 13)}
     with torch.inference_mode():
@@ -549,6 +554,8 @@ def test_moe_layer_paths_match_reference(name: str, mxfp4: bool, monkeypatch) ->
     for path, y in got.items():
         rows = y.shape[0]
         torch.testing.assert_close(y, ref[rows], rtol=1e-5, atol=1e-5, msg=path)
+    # MXFP4 prefill rows went through the grouped dequantize path with GPT-OSS's epilogue.
+    assert [e is not None for e in epilogues] == ([True] if mxfp4 else [])
     # The features are really there: the correction bias and the clamp change the output.
     if name == "glm4_moe":
         with torch.inference_mode():
