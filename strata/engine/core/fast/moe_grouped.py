@@ -181,14 +181,16 @@ def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: 
 
     bias_ids = ids
     if is_quantized_experts(gate):
-        from strata.engine.core.quant import expert_gemv
+        from strata.engine.core.quant import expert_gemv, expert_tile_gemv
         from strata.engine.core.quant.expert_kernels import dequantize_routed
 
         if epilogue is None and expert_gemv.supports(gate, up, down, table, offsets):
             return expert_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table, offsets,
                                           use_pdl, rounded)[None]  # [1, H], from the blocks
-        # Other types (MXFP4 too) and epilogues: the k routed experts dequantized by the
-        # shared tile decoder (dequant_tile.py), then as float.
+        if expert_tile_gemv.takes(gate, epilogue):  # MXFP4, GPT-OSS: the tile decoder's GEMV
+            return expert_tile_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table,
+                                               offsets, epilogue)[None]  # [1, H]
+        # Other types: the k routed experts dequantized by the tile decoder, then as float.
         gate, up, down, ids = dequantize_routed(gate, up, down, ids, table, offsets)
         table, offsets = None, (0, 0, 0)
     act = moe_triton.grouped_gate_up(x[0], gate, up, ids, table, offsets[:2],
