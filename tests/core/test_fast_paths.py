@@ -517,23 +517,31 @@ def mxfp4_experts(moe) -> None:
                                                     tuple(values.shape), blocks, values.dtype))
 
 
-MOE_LAYER_CASES = [("glm4_moe", False), ("gpt_oss", False), ("gpt_oss", True)]
+# (name, n_group, MXFP4 experts): GLM in one group (the Triton routers) and in two (the
+# module's own routing), GPT-OSS with float and MXFP4 experts.
+MOE_LAYER_CASES = [("glm4_moe", 1, False), ("glm4_moe", 2, False), ("gpt_oss", 1, False),
+                   ("gpt_oss", 1, True)]
 
 
 @needs_interpreter
-@pytest.mark.parametrize("name,mxfp4", MOE_LAYER_CASES)
-def test_moe_layer_paths_match_reference(name: str, mxfp4: bool, monkeypatch) -> None:
+@pytest.mark.parametrize("name,groups,mxfp4", MOE_LAYER_CASES)
+def test_moe_layer_paths_match_reference(name: str, groups: int, mxfp4: bool,
+                                         monkeypatch) -> None:
     """GLM-4.5's and GPT-OSS's MoE layers through every fast MoE path against the module:
     one token (Triton kernels, bmm), a batch step's rows (pair kernels; quantized: row by
     row), prefill rows (grouped GEMMs; quantized: the grouped dequantize path; and the
-    per-expert loop). GPT-OSS's experts also as MXFP4 blocks (the tile decoder's path)."""
+    per-expert loop). GPT-OSS's experts also as MXFP4 blocks (the tile decoder's GEMV)."""
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.fast.batch_experts import experts_rows
-    from strata.engine.core.fast.moe_grouped import moe_forward
+    from strata.engine.core.fast.moe_grouped import moe_forward, router_kind
     from strata.engine.core.quant import expert_grouped
 
-    model = tiny_model(name, seed=5)
+    config = dataclasses.replace(CONFIGS[name], n_group=groups, topk_group=1)
+    model = build_random_model(config, "cpu", torch.float32, seed=5, std=0.15)
     moe = model.model.layers[1].mlp
+    assert (router_kind(moe) is None) == (groups > 1)  # groups: the module's own routing
+    if name == "glm4_moe":  # corrections of both signs, as large as the scores' spread
+        assert (moe.e_score_correction_bias < 0).any() and (moe.e_score_correction_bias > 0).any()
     if mxfp4:
         mxfp4_experts(moe)
     epilogues = []  # what the quantized prefill's grouped dequantize path was given

@@ -16,11 +16,12 @@ TINY_CONFIGS = {
                              moe_intermediate_size=24, mlp_only_layers=(0,), **_TINY),
     "mixtral": ModelConfig(model_type="mixtral", num_experts=4, num_experts_per_tok=2,
                            moe_intermediate_size=32, **_TINY),
-    # GLM-4.5's MoE: sigmoid routing with its correction bias, 2 groups of which 1 is kept,
-    # routed scaling, a shared expert; q/k/v biases, q/k norm, half-rotary RoPE.
+    # GLM-4.5's MoE: sigmoid routing with its correction bias in one group (as GLM-4.5,
+    # 4.5-Air and 4.6 ship; tiny_models.py's variant has 2), routed scaling, a shared
+    # expert; q/k/v biases, q/k norm, half-rotary RoPE.
     "glm4_moe": ModelConfig(model_type="glm4_moe", num_experts=8, num_experts_per_tok=2,
-                            moe_intermediate_size=24, mlp_only_layers=(0,), n_group=2,
-                            topk_group=1, routed_scaling_factor=2.5, n_shared_experts=1,
+                            moe_intermediate_size=24, mlp_only_layers=(0,),
+                            routed_scaling_factor=2.5, n_shared_experts=1,
                             attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
                             **_TINY),
     # GPT-OSS's MoE: a biased router, softmax over the top-4 logits, biased experts with the

@@ -9,7 +9,12 @@ import torch
 
 from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.moe_batch import pairs_down_sum, pairs_gate_up, router_topk_rows
-from strata.engine.core.fast.moe_grouped import expert_stacks, routed_experts
+from strata.engine.core.fast.moe_grouped import (
+    expert_stacks,
+    routed_experts,
+    routed_norm,
+    router_kind,
+)
 from strata.engine.core.models.switch import SlotLayout
 from strata.engine.core.quant.experts import is_quantized_experts
 
@@ -38,10 +43,11 @@ def experts_rows(moe, x: torch.Tensor, layout: SlotLayout | None = None) -> torc
                          "sequence at a time")
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[: x.shape[0]] if layout is not None else None
-    if moe.softmax_routing:
-        weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob,
-                                        out_ids)
-    else:
+    kind = router_kind(moe)
+    if kind is not None:
+        weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, routed_norm(moe),
+                                        out_ids, kind)
+    else:  # groups of experts: the module's own routing, by device ops
         weights, ids = moe.route(x)
         if out_ids is not None:
             ids = out_ids.copy_(ids)

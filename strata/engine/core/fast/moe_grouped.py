@@ -19,11 +19,19 @@ place from the pinned host copy; the cache promotes them between steps (expert_p
 Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
 whatever the decode choice, except "loop". `select_moe_impl` picks at load; the benchmark
 measures the decode paths.
+
+Layers other than Qwen3-MoE's kind branch on flags SparseMoE fixes at build: GLM-4.5's sigmoid
+routing (one group) and GPT-OSS's biased router take the Triton routers' other variants
+(`router_kind`), grouped routing (n_group > 1) the module's own device ops; GPT-OSS's expert
+biases and clamped SwiGLU are the expert kernels' epilogue (expert_epilogue.py), its MXFP4
+experts read by the tile decoder's GEMV (quant/expert_tile_gemv.py); GLM's shared expert is
+added by the dense path (`moe_forward`).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +41,11 @@ from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.kernels import launch
-from strata.engine.core.models.switch import SlotLayout, SparseMoE
+from strata.engine.core.models.switch import Routing, SlotLayout, SparseMoE
 from strata.engine.core.quant.experts import is_quantized_experts
+
+if TYPE_CHECKING:
+    from strata.engine.core.fast.moe_triton import RouterKind
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +114,32 @@ def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weights.to(x.dtype), ids
 
 
+def router_kind(moe: SparseMoE) -> RouterKind | None:
+    """What the Triton routers do for this layer (moe_triton.RouterKind), from its build-time
+    shape; None where only the module's own routing serves (GLM-style groups, n_group > 1).
+    A benchmark's forced ids apply to softmax routing only, as in SparseMoE.route."""
+    from strata.engine.core.fast import moe_triton  # decorates kernels: on first use
+
+    if moe.softmax_routing:
+        return moe_triton.SOFTMAX
+    if moe.forced is not None:
+        return None
+    routing = moe.routing
+    if moe.softmax_after_topk and routing == Routing():  # GPT-OSS
+        return moe_triton.RouterKind(bias=moe.router.bias)
+    if (routing.scoring == "sigmoid" and routing.n_group == 1 and moe.router.bias is None
+            and not moe.softmax_after_topk):  # GLM-4.5, GLM-4.6
+        return moe_triton.RouterKind(correction=moe.e_score_correction_bias,
+                                     scaling=routing.scaling)
+    return None
+
+
+def routed_norm(moe: SparseMoE) -> bool:
+    """Whether the routers renormalise the top-k weights: norm_topk_prob, or softmax over
+    the top-k logits (GPT-OSS), which is softmax top-k renormalised."""
+    return moe.norm_topk_prob or moe.softmax_after_topk
+
+
 def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     """One token's experts by batched matmul over index-selected weights; x [1, H] -> [1, H]."""
     stacked = moe.experts
@@ -154,12 +191,14 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
 
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[0] if layout is not None else None
-    if moe.softmax_routing:
+    kind = router_kind(moe)
+    if kind is not None:
         forced_ids = moe.forced.ids if moe.forced is not None else None
         weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k,
-                                              moe.norm_topk_prob, out_ids=out_ids,
-                                              use_pdl=use_pdl, forced_ids=forced_ids)
-    else:  # GLM-4.5's or GPT-OSS's routing, by device ops (chosen at build: softmax_routing)
+                                              routed_norm(moe), out_ids=out_ids,
+                                              use_pdl=use_pdl, forced_ids=forced_ids,
+                                              router=kind)
+    else:  # groups of experts: the module's own routing, by device ops
         weights, ids = (t[0] for t in moe.route(x))
         if out_ids is not None:
             ids = out_ids.copy_(ids)
