@@ -15,6 +15,7 @@ from strata.engine.core.fast.moe_grouped import (
     routed_norm,
     router_kind,
 )
+from strata.engine.core.fast.shared_expert import shared_expert
 from strata.engine.core.models.switch import SlotLayout
 from strata.engine.core.quant.experts import is_quantized_experts
 
@@ -54,10 +55,7 @@ def experts_rows(moe, x: torch.Tensor, layout: SlotLayout | None = None) -> torc
     out = _routed_rows(moe, x, gate, up, down, ids, weights, table, offsets)
     if moe.shared_experts is None:
         return out
-    from strata.engine.core.fast.forward import mlp_forward
-    from strata.engine.core.fast.pointwise import EAGER_OPS
-
-    return out + mlp_forward(moe.shared_experts, x, EAGER_OPS, "triton")
+    return out + shared_expert(moe.shared_experts, x)
 
 
 def _routed_rows(moe, x: torch.Tensor, gate, up, down, ids: torch.Tensor,

@@ -40,6 +40,7 @@ from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast.shared_expert import shared_expert
 from strata.engine.core.kernels import launch
 from strata.engine.core.models.switch import Routing, SlotLayout, SparseMoE
 from strata.engine.core.quant.experts import is_quantized_experts
@@ -168,7 +169,7 @@ def takes_rounded_x(moe: SparseMoE, x: torch.Tensor, impl: str) -> bool:
     dp4a (expert_gemv), so the norm before can round x to int8 in its own launch
     (fast/decode_rounded.py) and the experts take that rounding."""
     if (x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl)
-            or not moe.plain_experts):  # an epilogue's experts are dequantized first
+            or not moe.plain_experts):  # an epilogue's experts take the tile GEMV: no int8 x
         return False
     gate, up, down, table, offsets = expert_stacks(moe, slot_layout(moe))
     if not is_quantized_experts(gate):
@@ -255,10 +256,7 @@ def moe_forward(
     routed = _routed_forward(moe, x, impl, ops, rounded)
     if moe.shared_experts is None:
         return routed
-    # GLM-4.5's shared expert: a dense SwiGLU on every token, by the dense fast path.
-    from strata.engine.core.fast.forward import mlp_forward  # it imports this module
-
-    return routed + mlp_forward(moe.shared_experts, x, ops, impl)
+    return routed + shared_expert(moe.shared_experts, x, ops)  # GLM-4.5's
 
 
 def _routed_forward(moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps,
