@@ -67,7 +67,8 @@ def clones(caches: list[KVCache]) -> list[KVCache]:
     return out
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "mixtral", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "qwen3_moe", "mixtral", "gemma3", "glm4_moe",
+                                  "gpt_oss"])
 def test_a_padded_step_equals_the_eager_batched_forward(name: str) -> None:
     model = tiny_model(name)
     lengths = [5, 40, 17]  # three rows: padded to the bucket of 4

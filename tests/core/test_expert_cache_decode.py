@@ -4,6 +4,7 @@ the host copy, and promotion leaves the experts the steps used in slots."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -174,5 +175,43 @@ def test_glm_routing_bias_stays_float32_in_a_bf16_model(tmp_path) -> None:
         with torch.inference_mode():  # and the model runs in bf16 around it
             logits = model(torch.tensor(PROMPT), 0, KVCache.for_config(config, 32, torch.bfloat16))
         assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    finally:
+        memory.close()
+
+
+@pytest.mark.parametrize("name", ["glm4_moe", "gpt_oss"])
+def test_glm_and_gpt_oss_layers_read_a_partial_cache_like_the_reference(name: str) -> None:
+    """GLM-4.5's routing and shared expert, GPT-OSS's routing, expert biases and clamp,
+    through the fast kernels over a partial cache's slot table (misses read from the host
+    copy; the biases, resident beside the router, by expert id): one token and a batch
+    step's rows equal the reference loop, the step's ids are left for the cache, and a
+    release and refill keep the answers."""
+    from strata.engine.core.fast.batch_experts import experts_rows
+    from strata.engine.core.fast.moe_grouped import moe_forward, slot_layout
+    from tests.helpers.fast_configs import TINY_CONFIGS
+
+    memory = ModelMemory(backend_for("cpu"), torch.float32)
+    try:
+        # 3 layers, 10 slots for 16 or 24 experts: the last layer's start on the host copy.
+        config = dataclasses.replace(TINY_CONFIGS[name], num_hidden_layers=3)
+        model = memory.build(config, RandomWeights(torch.device("cpu"), std=0.15), "10")
+        assert memory.expert_mode == "slots"
+        moe = model.model.layers[2].mlp
+        layout = slot_layout(moe)
+        assert layout is not None and bool((layout.table < 0).any())
+        gen = torch.Generator().manual_seed(4)
+        one, rows = torch.randn(1, 64, generator=gen), torch.randn(3, 64, generator=gen)
+        with torch.inference_mode():
+            fast_one = moe_forward(moe, one, "triton")
+            step_ids = layout.step_ids[0].clone()
+            fast_rows = experts_rows(moe, rows, layout)
+            _, want_ids = moe.route(one)
+            assert torch.equal(step_ids, want_ids[0])  # what the cache promotes from
+            torch.testing.assert_close(fast_one, moe(one), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fast_rows, moe(rows), rtol=1e-5, atol=1e-5)
+            memory.experts.release()
+            memory.experts.refill()
+            torch.testing.assert_close(moe_forward(moe, one, "triton"), fast_one, rtol=1e-6,
+                                       atol=1e-6)
     finally:
         memory.close()

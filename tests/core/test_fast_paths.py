@@ -498,9 +498,10 @@ def test_compiled_op_runs_eagerly_past_the_recompile_limit(caplog) -> None:
     assert sum("gave no variant" in r.message for r in caplog.records) == 1
 
 
-def test_glm4_moe_runs_the_reference_path_with_a_log_line(tmp_path, caplog) -> None:
-    """The fast paths know softmax routing over routed experts and full-head RoPE only: for
-    GLM the engine builds no fast decoder (and says what is missing) rather than a wrong one."""
+def test_glm4_moe_takes_the_fast_path(tmp_path) -> None:
+    """GLM-4.5 from its transformers checkpoint (sigmoid routing with a seeded correction
+    bias, 2 groups, routed scaling, a shared expert, partial RoPE): the engine builds the
+    fast decoder, whose greedy tokens are the reference forward's."""
     from strata.engine.core.engine_config import EngineConfig
     from strata.engine.core.engine_setup import make_fast_decoder
     from strata.engine.core.fast_coverage import missing_features
@@ -512,17 +513,91 @@ def test_glm4_moe_runs_the_reference_path_with_a_log_line(tmp_path, caplog) -> N
     config = load_hf_config(directory)
     model = build_model(config, load_hf_tensors(directory, config))
     # Partial RoPE is no gap: its q/k rows are reordered at load (reorder_partial_rotary).
-    assert missing_features(model) == [
-        "sigmoid expert routing with a score-correction bias", "grouped top-k routing",
-        "routed expert scaling", "a shared expert"]
+    assert missing_features(model) == []
     forced = EngineConfig(model_path=str(directory), device="cpu", fast_compile_pointwise=True)
-    with caplog.at_level("INFO", logger="strata.engine.core.engine"):
-        assert make_fast_decoder(model, torch.device("cpu"), forced) == (None, "none")
-    assert "the fast path lacks sigmoid expert routing" in caplog.text
-    with pytest.raises(ValueError, match=r"the fast paths lack .* a shared expert"):
-        GraphDecoder(model)
-    for other in TINY_CONFIGS.values():  # the models the fast paths do cover
-        assert missing_features(build_random_model(other, dtype=torch.float32)) == []
+    decoder, _ = make_fast_decoder(model, torch.device("cpu"), forced)
+    assert decoder is not None and decoder.moe_impl in ("triton", "bmm")
+    prompt = [(7 * i + 3) % config.vocab_size for i in range(21)]
+    expected, _ = reference_greedy(model, prompt, 8, 40)
+    got = list(decoder.generate(KVCache.for_config(config, 40), prompt, GREEDY, 8))
+    assert got == expected
+    for name, other in TINY_CONFIGS.items():  # the models the fast paths cover whole
+        gaps = missing_features(build_random_model(other, dtype=torch.float32))
+        assert gaps == [], name
+
+
+def mxfp4_experts(moe) -> None:
+    """Put the layer's expert stacks in MXFP4 blocks (gguf-py's quantizer), as a GPT-OSS GGUF
+    holds them; the reference forward then multiplies the same blocks."""
+    import gguf
+
+    from strata.engine.core.quant.experts import QuantizedExperts
+
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        values = getattr(moe.experts, name).detach()  # [E, N, K]
+        raw = gguf.quants.quantize(values.reshape(-1, values.shape[-1]).numpy(),
+                                   gguf.GGMLQuantizationType.MXFP4)
+        blocks = torch.from_numpy(raw).view(values.shape[0], values.shape[1], -1)
+        del moe.experts._parameters[name]
+        setattr(moe.experts, name, QuantizedExperts(gguf.GGMLQuantizationType.MXFP4,
+                                                    tuple(values.shape), blocks, values.dtype))
+
+
+# (name, n_group, MXFP4 experts): GLM in one group (the Triton routers) and in two (the
+# module's own routing), GPT-OSS with float and MXFP4 experts.
+MOE_LAYER_CASES = [("glm4_moe", 1, False), ("glm4_moe", 2, False), ("gpt_oss", 1, False),
+                   ("gpt_oss", 1, True)]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("name,groups,mxfp4", MOE_LAYER_CASES)
+def test_moe_layer_paths_match_reference(name: str, groups: int, mxfp4: bool,
+                                         monkeypatch) -> None:
+    """GLM-4.5's and GPT-OSS's MoE layers through every fast MoE path against the module:
+    one token (Triton kernels, bmm), a batch step's rows (pair kernels; quantized: row by
+    row), prefill rows (grouped GEMMs; quantized: the grouped dequantize path; and the
+    per-expert loop). GPT-OSS's experts also as MXFP4 blocks (the tile decoder's GEMV)."""
+    from strata.engine.core.fast import moe_prefill
+    from strata.engine.core.fast.batch_experts import experts_rows
+    from strata.engine.core.fast.moe_grouped import moe_forward, router_kind
+    from strata.engine.core.quant import expert_grouped
+
+    config = dataclasses.replace(CONFIGS[name], n_group=groups, topk_group=1)
+    model = build_random_model(config, "cpu", torch.float32, seed=5, std=0.15)
+    moe = model.model.layers[1].mlp
+    assert (router_kind(moe) is None) == (groups > 1)  # groups: the module's own routing
+    if name == "glm4_moe":  # corrections of both signs, as large as the scores' spread
+        assert (moe.e_score_correction_bias < 0).any() and (moe.e_score_correction_bias > 0).any()
+    if mxfp4:
+        mxfp4_experts(moe)
+    epilogues = []  # what the quantized prefill's grouped dequantize path was given
+    grouped = expert_grouped.experts_mlp
+    monkeypatch.setattr(expert_grouped, "experts_mlp", lambda *a, **k: (
+        epilogues.append(k.get("epilogue")), grouped(*a, **k))[1])
+    gen = torch.Generator().manual_seed(3)
+    x = {rows: torch.randn(rows, 64, generator=gen) for rows in (1, 3, 13)}
+    with torch.inference_mode():
+        ref = {rows: moe(v) for rows, v in x.items()}
+        got = {"triton": moe_forward(moe, x[1], "triton"),
+               "batch": experts_rows(moe, x[3]),
+               "prefill": moe_forward(moe, x[13], "triton")}
+        if not mxfp4:
+            got["bmm"] = moe_forward(moe, x[1], "bmm")
+        monkeypatch.setattr(moe_prefill, "_grouped_mm_works", False)  # the per-expert loop
+        got["prefill loop"] = moe_forward(moe, x[13], "triton")
+    for path, y in got.items():
+        rows = y.shape[0]
+        torch.testing.assert_close(y, ref[rows], rtol=1e-5, atol=1e-5, msg=path)
+    # MXFP4 prefill rows went through the grouped dequantize path with GPT-OSS's epilogue.
+    assert [e is not None for e in epilogues] == ([True] if mxfp4 else [])
+    # The features are really there: the correction bias and the clamp change the output.
+    if name == "glm4_moe":
+        with torch.inference_mode():
+            moe.e_score_correction_bias.zero_()
+            assert not torch.allclose(moe_forward(moe, x[13], "triton"), ref[13], atol=1e-3)
+    else:
+        gate = (x[13] @ moe.experts.gate_proj[0].T if not mxfp4 else None)
+        assert gate is None or gate.max() > moe.activation.limit
 
 
 @pytest.mark.parametrize("name", ["gemma3"])

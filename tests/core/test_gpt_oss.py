@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
 
 import gguf
 import numpy as np
@@ -154,28 +153,29 @@ def test_a_misshapen_tensor_is_named(tmp_path):
 def test_fast_paths_name_what_they_lack(mxfp4_gguf):
     config = load_model_config(mxfp4_gguf)
     model = build_model(config, load_tensors(mxfp4_gguf, config))
-    # The attention side (sinks, alternating windows, biases, YaRN) is covered
-    # (test_fast_paths.py::test_gpt_oss_attention_on_the_fast_paths): the MoE side is left.
-    assert missing_features(model) == [
-        "a router bias", "softmax over the top-k logits", "expert biases", "the clamped SwiGLU"]
+    # Its attention (sinks, alternating windows, biases, YaRN: test_fast_paths.py::
+    # test_gpt_oss_attention_on_the_fast_paths) and its MoE (router bias, softmax over the
+    # top-k logits, expert biases, clamped SwiGLU, MXFP4 experts:
+    # test_moe_layer_paths_match_reference) are both covered.
+    assert missing_features(model) == []
 
 
-def test_engine_keeps_gpt_oss_off_the_fast_path_with_one_log_line(mxfp4_gguf, caplog):
+@torch.no_grad()
+def test_engine_takes_the_fast_path_with_transformers_tokens(mxfp4_gguf):
     """fast_compile_pointwise=True builds the fast decoder on the CPU too (what CPU tests of
-    the load's compile use): for gpt-oss the engine refuses it and says why."""
+    the load's compile use): gpt-oss takes it, MXFP4 experts, sinks and windows included, and
+    its greedy tokens are transformers' on the same blocks."""
     config = EngineConfig(model_path=str(mxfp4_gguf), device="cpu", context_tokens=128,
                           fast_compile_pointwise=True)
     engine = Engine(config)
-    with caplog.at_level(logging.INFO, logger="strata.engine.core.engine"):
-        engine.load()
+    engine.load()
     try:
-        assert engine.fast is None
-        lines = [r.getMessage() for r in caplog.records if "the fast path lacks" in
-                 r.getMessage()]
-        assert lines == ["fast decode and prefill: off, the reference forward runs (slower): "
-                         "the fast path lacks a router bias, softmax over the top-k logits, "
-                         "expert biases, the clamped SwiGLU"]
-        assert len(run(engine, prompt_ids().tolist(), spec=GREEDY)) == NEW_TOKENS
+        assert engine.fast is not None
+        prompt = prompt_ids()
+        tokens = run(engine, prompt.tolist(), spec=GREEDY)
+        expected = hf_model_on_mxfp4_experts(hf_model()).generate(
+            prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False)[0, PROMPT_TOKENS:]
+        assert tokens == expected.tolist()
     finally:
         engine.close()
 

@@ -26,7 +26,7 @@ from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.random_weights import build_random_model
 from tests.helpers.fast_configs import TINY_CONFIGS
 
-CONFIGS = {name: TINY_CONFIGS[name] for name in ("llama", "qwen3_moe")}
+CONFIGS = {name: TINY_CONFIGS[name] for name in ("llama", "qwen3_moe", "glm4_moe")}
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -27,7 +27,22 @@ TINY_CONFIGS = {
         hidden_activation="gelu_pytorch_tanh",
         layer_types=("sliding_attention", "sliding_attention", "full_attention"),
         **{**_TINY, "num_hidden_layers": 3}),
+    # GLM-4.5's MoE: sigmoid routing with its correction bias in one group (as GLM-4.5,
+    # 4.5-Air and 4.6 ship; tiny_models.py's variant has 2), routed scaling, a shared
+    # expert; q/k/v biases, q/k norm, half-rotary RoPE.
+    "glm4_moe": ModelConfig(model_type="glm4_moe", num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=24, mlp_only_layers=(0,),
+                            routed_scaling_factor=2.5, n_shared_experts=1,
+                            attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5,
+                            **_TINY),
+    # GPT-OSS's MoE: a biased router, softmax over the top-4 logits, biased experts with the
+    # clamped SwiGLU (a low limit, so the clamp binds at std 0.15), 64 wide so that an MXFP4
+    # row of either projection is whole 2-byte words (34 bytes); attention sinks.
+    "gpt_oss": ModelConfig(model_type="gpt_oss", num_experts=8, num_experts_per_tok=4,
+                           moe_intermediate_size=64, attention_bias=True, swiglu_limit=0.5,
+                           **_TINY),
 }
+
 
 _SMALL = {"vocab_size": 512, "hidden_size": 256, "intermediate_size": 384,
           "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,

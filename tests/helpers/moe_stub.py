@@ -9,7 +9,8 @@ import torch
 def moe_stub(gate, up, down, top_k: int | None = None, router: torch.nn.Module | None = None,
              norm_topk_prob: bool = True) -> torch.nn.Module:
     """moe.experts.{gate,up,down}_proj = the stacks (float or QuantizedExperts); top_k,
-    router, norm_topk_prob and forced as SparseMoE names them, where given."""
+    router, norm_topk_prob, forced and the routing and expert flags as SparseMoE names them,
+    where given."""
     moe = torch.nn.Module()
     moe.experts = torch.nn.Module()
     moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj = gate, up, down
@@ -19,4 +20,7 @@ def moe_stub(gate, up, down, top_k: int | None = None, router: torch.nn.Module |
         moe.router = router
     moe.norm_topk_prob = norm_topk_prob
     moe.forced = None  # as SparseMoE has it: no benchmark's forced routing
+    # Qwen3-MoE's kind of layer, as SparseMoE's build-time flags say it: softmax top-k into
+    # plain SwiGLU experts, no shared expert.
+    moe.softmax_routing, moe.plain_experts, moe.shared_experts = True, True, None
     return moe

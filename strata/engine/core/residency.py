@@ -520,8 +520,15 @@ def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None) -> bool:
     """Whether a prefill chunk of max_prefill_tokens can route enough rows to moe's experts
     for the dequantize-then-grouped path (expert_grouped.min_rows, the lower crossover of a
     path replayed from graphs); None: no bound."""
+    from strata.engine.core.fast import expert_epilogue
+    from strata.engine.core.fast.moe_prefill import decodes_in_gemm
+    from strata.engine.core.kernels import launch
     from strata.engine.core.quant import expert_grouped
 
+    stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
+    if launch.is_usable(stacks[0].device) and not decodes_in_gemm(
+            *stacks, expert_epilogue.of(moe)):
+        return True  # expert_gemm cannot take them (MXFP4, an epilogue): every chunk can
     num_experts = moe.experts.gate_proj.shape[0]
     return (max_prefill_tokens is None or max_prefill_tokens * moe.top_k
             >= expert_grouped.min_rows(num_experts, replayed=True))

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.moe_batch import pairs_down_sum, pairs_gate_up, router_topk_rows
-from strata.engine.core.fast.moe_grouped import expert_stacks, routed_experts
+from strata.engine.core.fast.moe_grouped import (
+    expert_stacks,
+    routed_experts,
+    routed_norm,
+    router_kind,
+)
+from strata.engine.core.fast.shared_expert import shared_expert
 from strata.engine.core.models.switch import SlotLayout
 from strata.engine.core.quant.experts import is_quantized_experts
 
@@ -27,23 +34,44 @@ def experts_rows(moe, x: torch.Tensor, layout: SlotLayout | None = None) -> torc
     expert's blocks decoded once for all its rows) from QUANT_BATCHED_MIN_ROWS rows; fewer
     rows, and types those cannot read, go row by row through the one-token kernels. Over the
     resident stacked experts, or a partial cache's layout: its slot table, the host copy for
-    the rest, ids left in layout.step_ids[:T] for the cache. [T, H] in x's dtype."""
+    the rest, ids left in layout.step_ids[:T] for the cache. [T, H] in x's dtype.
+
+    GLM-4.5's and GPT-OSS's routing run as the module's device ops, GPT-OSS's expert biases
+    and clamp in the pair kernels (quantized: dequantized row by row), GLM's shared expert
+    by the dense path; each chosen by the layer's build-time flags."""
     if moe.forced is not None:
         raise ValueError("forced routing (a benchmark's) imposes one row a step: decode one "
                          "sequence at a time")
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[: x.shape[0]] if layout is not None else None
-    weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, moe.norm_topk_prob,
-                                    out_ids)
+    kind = router_kind(moe)
+    if kind is not None:
+        weights, ids = router_topk_rows(x, moe.router.weight, moe.top_k, routed_norm(moe),
+                                        out_ids, kind)
+    else:  # groups of experts: the module's own routing, by device ops
+        weights, ids = moe.route(x)
+        if out_ids is not None:
+            ids = out_ids.copy_(ids)
+    out = _routed_rows(moe, x, gate, up, down, ids, weights, table, offsets)
+    if moe.shared_experts is None:
+        return out
+    return out + shared_expert(moe.shared_experts, x)
+
+
+def _routed_rows(moe, x: torch.Tensor, gate, up, down, ids: torch.Tensor,
+                 weights: torch.Tensor, table, offsets) -> torch.Tensor:
+    """The routed experts' weighted sum of the rows x [T, H] (experts_rows without routing
+    and the shared expert)."""
+    epilogue = expert_epilogue.of(moe)
     if is_quantized_experts(gate):
         from strata.engine.core.quant import expert_batch
 
-        if (x.shape[0] >= QUANT_BATCHED_MIN_ROWS
+        if (epilogue is None and x.shape[0] >= QUANT_BATCHED_MIN_ROWS
                 and expert_batch.supports(gate, up, down, table, offsets)):
             return expert_batch.routed_rows(x, gate, up, down, ids, weights, table,
                                             offsets)  # [T, H]
         return torch.cat([routed_experts(x[b : b + 1], gate, up, down, ids[b], weights[b],
-                                         table, offsets)
+                                         table, offsets, epilogue=epilogue)
                           for b in range(x.shape[0])])  # [T, H]
-    act = pairs_gate_up(x, gate, up, ids, table, offsets[:2])  # [T*k, I]
-    return pairs_down_sum(act, down, ids, weights, table, offsets[2])  # [T, H]
+    act = pairs_gate_up(x, gate, up, ids, table, offsets[:2], epilogue)  # [T*k, I]
+    return pairs_down_sum(act, down, ids, weights, table, offsets[2], epilogue)  # [T, H]

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.quant import expert_grouped
 from strata.engine.core.quant.experts import QuantizedExperts
@@ -68,6 +69,7 @@ class _Static:
     offsets: torch.Tensor  # [E] int32
     row_weights: torch.Tensor  # [max rows]
     out: torch.Tensor  # [max rows, H]
+    row_experts: torch.Tensor  # [max rows] int64: each sorted row's expert (an epilogue's)
 
 
 class ExpertGraphs:
@@ -94,29 +96,34 @@ class ExpertGraphs:
 
     def experts_mlp(self, x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                     row_weights: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
-                    down: QuantizedExperts) -> torch.Tensor:
+                    down: QuantizedExperts, epilogue: Epilogue | None = None,
+                    row_experts: torch.Tensor | None = None) -> torch.Tensor:
         """What expert_grouped.experts_mlp returns, [R, H], replayed where a graph takes it;
-        a replayed result is valid until the next call."""
+        a replayed result is valid until the next call. epilogue and row_experts: GPT-OSS's
+        expert biases and activation, as there (a layer's graph holds its own biases)."""
         num_tokens, num_rows = x.shape[0], source.shape[0]
+        experts = (gate, up, down)
+        called = (x, source, offsets, row_weights, *experts)
+        extra = {"epilogue": epilogue, "row_experts": row_experts}
         if (not self.is_on or num_tokens > self.max_tokens or num_rows > self.max_rows
                 or num_rows == 0 or torch.cuda.is_current_stream_capturing()):
-            return expert_grouped.experts_mlp(x, source, offsets, row_weights, gate, up, down)
+            return expert_grouped.experts_mlp(*called, **extra)
         bucket = min(bucket_rows(num_rows), self.max_rows)
         self._check_scratch(x.device, gate, up, down)
         key = (gate.raw.data_ptr(), up.raw.data_ptr(), down.raw.data_ptr(), bucket)
-        kind = (*((w.qtype, w.shape, w.expert_stride) for w in (gate, up, down)), bucket)
+        switches = tuple(epilogue.constexprs().values()) if epilogue is not None else ()
+        kind = (*((w.qtype, w.shape, w.expert_stride) for w in experts), bucket, switches)
         if key not in self._graphs and kind not in self._warm:
-            return self._warm_up(kind, x, source, offsets, row_weights, gate, up, down)
+            return self._warm_up(kind, called, extra)
         try:
-            static = self._inputs(x, source, offsets, row_weights)
+            static = self._inputs(x, source, offsets, row_weights, row_experts)
         except torch.cuda.OutOfMemoryError as exc:  # a GPU shared to its last GiB
             self._turn_off(f"their buffers for {self.max_rows} rows do not fit ({exc})")
-            return expert_grouped.experts_mlp(x, source, offsets, row_weights, gate, up, down)
+            return expert_grouped.experts_mlp(*called, **extra)
         if key not in self._graphs:
-            self._capture(key, static, bucket, gate, up, down)
+            self._capture(key, static, bucket, experts, epilogue)
             if key not in self._graphs:  # the capture failed (logged)
-                return expert_grouped.experts_mlp(x, source, offsets, row_weights, gate, up,
-                                                  down)
+                return expert_grouped.experts_mlp(*called, **extra)
         self._graphs[key].replay()
         return static.out[:num_rows]
 
@@ -128,7 +135,7 @@ class ExpertGraphs:
             self._drop_graphs()
             self._scratch_ptr = scratch.data_ptr()
 
-    def _inputs(self, x, source, offsets, row_weights) -> _Static:
+    def _inputs(self, x, source, offsets, row_weights, row_experts) -> _Static:
         """The static buffers, holding this call's inputs (allocated on first use)."""
         static = self._static
         num_experts, hidden = offsets.shape[0], x.shape[1]
@@ -141,42 +148,47 @@ class ExpertGraphs:
                 offsets=torch.zeros(num_experts, dtype=torch.int32, device=x.device),
                 row_weights=torch.zeros(self.max_rows, dtype=row_weights.dtype,
                                         device=x.device),
-                out=torch.empty(self.max_rows, hidden, dtype=x.dtype, device=x.device))
+                out=torch.empty(self.max_rows, hidden, dtype=x.dtype, device=x.device),
+                row_experts=torch.zeros(self.max_rows, dtype=torch.long, device=x.device))
         num_rows = source.shape[0]
         static.x[: x.shape[0]].copy_(x)
         static.source[:num_rows].copy_(source)
         static.offsets.copy_(offsets)
         static.row_weights[:num_rows].copy_(row_weights)
+        if row_experts is not None:
+            static.row_experts[:num_rows].copy_(row_experts)
         return static
 
-    def _run(self, static: _Static, bucket: int, gate, up, down) -> torch.Tensor:
+    def _run(self, static: _Static, bucket: int, experts: tuple,
+             epilogue: Epilogue | None) -> torch.Tensor:
         return expert_grouped.experts_mlp(
             static.x, static.source[:bucket], static.offsets, static.row_weights[:bucket],
-            gate, up, down, out=static.out[:bucket])
+            *experts, out=static.out[:bucket], epilogue=epilogue,
+            row_experts=static.row_experts[:bucket] if epilogue is not None else None)
 
     def _side_stream(self) -> torch.cuda.Stream:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
         return self._stream
 
-    def _warm_up(self, kind: tuple, x, source, offsets, row_weights, gate, up,
-                 down) -> torch.Tensor:
+    def _warm_up(self, kind: tuple, called: tuple, extra: dict) -> torch.Tensor:
         """This call's answer, called on the side stream (a capture's warm-up); from now on
         layers of this kind capture at this bucket."""
         with side_stream(self.device, self._side_stream()):
-            y = expert_grouped.experts_mlp(x, source, offsets, row_weights, gate, up, down)
+            y = expert_grouped.experts_mlp(*called, **extra)
         y.record_stream(torch.cuda.current_stream(self.device))  # the caller reads it there
         self._warm.add(kind)
         return y
 
-    def _capture(self, key: tuple, static: _Static, bucket: int, gate, up, down) -> None:
+    def _capture(self, key: tuple, static: _Static, bucket: int, experts: tuple,
+                 epilogue: Epilogue | None) -> None:
         """Capture this layer at this bucket (nothing runs); on failure, graphs go off."""
         graph = torch.cuda.CUDAGraph()
         try:
             with side_stream(self.device, self._side_stream()):
                 graph.capture_begin(pool=self._pool)
                 try:
-                    self._run(static, bucket, gate, up, down)
+                    self._run(static, bucket, experts, epilogue)
                 finally:
                     graph.capture_end()
         except RuntimeError as exc:  # out of memory, or something in it syncs

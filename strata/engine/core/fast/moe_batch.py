@@ -8,12 +8,14 @@ fixed shapes per batch bucket:
 
 1. `router_topk_rows`: the router's logits for every row (each program reads its router rows
    once for all B rows), then softmax, top-k and renormalisation of every row by whichever
-   program finishes last (moe_triton's completion counter): ids [B, k], weights [B, k].
+   program finishes last (moe_triton's completion counter): ids [B, k], weights [B, k];
+   GPT-OSS's router bias and GLM-4.5's sigmoid routing as moe_triton's RouterKind says.
 2. `pairs_gate_up`: silu(gate[e] @ x_b) * (up[e] @ x_b) for every pair (b, e). A pair whose
    expert an earlier pair already has is skipped; the first pair of each expert (its leader)
    computes every row that routed there, so each routed expert's rows are read once.
 3. `pairs_down`: weights[b, j] * down[e] @ act[b, j] for every pair, by the leaders likewise,
-   into a float32 scratch [B*k, H].
+   into a float32 scratch [B*k, H]. GPT-OSS's expert biases and clamped SwiGLU join 2 and 3
+   as an epilogue (expert_epilogue.py).
 4. `sum_pairs`: each row's k contributions summed in float32 and rounded once: [B, H].
 
 A leader multiplies its weight tile by all B rows of x (rows that did not route there are
@@ -26,13 +28,22 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.fast.moe_triton import _check_stacked, _check_table, _counter
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
+from strata.engine.core.fast.moe_triton import (
+    SOFTMAX,
+    RouterKind,
+    _check_stacked,
+    _check_table,
+    _counter,
+)
 from strata.engine.core.kernels.launch import is_interpreting, launch, tuned
 
 try:
     import triton
     import triton.language as tl
 
+    from strata.engine.core.fast.moe_triton import activate
     from strata.engine.core.kernels.pdl import wait as pdl_wait
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
@@ -48,12 +59,69 @@ ROUTER_ROWS = 2  # router rows per program, as for one token (moe_triton.py)
 if triton is not None:
 
     @triton.jit
+    def _softmax_top_k_rows(z, tokens, experts, ok, slots, num_tokens: tl.constexpr,
+                            top_k: tl.constexpr, norm_topk: tl.constexpr,
+                            BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
+        """(ids, weights) [BLOCK_T, BLOCK_K] of softmax top-k for every token's logits z."""
+        # Tokens past num_tokens (BLOCK_T is a power of 2) are all -inf: max 0 for them.
+        z_max = tl.where(tokens < num_tokens, tl.max(z, axis=1), 0.0)
+        e = tl.where(ok, tl.exp(z - z_max[:, None]), 0.0)
+        probs = e / tl.maximum(tl.sum(e, axis=1)[:, None], 1e-30)
+        # (probability bits, reversed index) in an int64: one max per pick and token;
+        # on a tie the lower index wins, as with torch.topk.
+        key = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
+            BLOCK_E - 1 - experts[None, :]).to(tl.int64)
+        key = tl.where(ok, key, -1)
+        top_p = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        top_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(top_k):  # descending, like torch.topk
+            best_key = tl.max(key, axis=1)  # [BLOCK_T]
+            best = BLOCK_E - 1 - (best_key & 0xFFFFFFFF)
+            prob = (best_key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            top_p = tl.where(slots[None, :] == j, prob[:, None], top_p)
+            top_id = tl.where(slots[None, :] == j, best[:, None], top_id)
+            key = tl.where(experts[None, :] == best[:, None], -1, key)
+        if norm_topk:
+            top_p = top_p / tl.sum(top_p, axis=1)[:, None]
+        return top_id, top_p
+
+    @triton.jit
+    def _sigmoid_top_k_rows(z, correction_ptr, experts, ok, slots, num_experts: tl.constexpr,
+                            top_k: tl.constexpr,
+                            norm_topk: tl.constexpr, SCALING: tl.constexpr,
+                            BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
+        """GLM-4.5's routing of every token (moe_triton.sigmoid_top_k, row by row)."""
+        scores = 1.0 / (1.0 + tl.exp(-z))
+        correction = tl.load(correction_ptr + experts, mask=experts < num_experts,
+                             other=0.0)
+        values = scores + correction.to(tl.float32)[None, :]
+        # Float order as integers above a 16-bit reversed index (see moe_triton.top_k_ids).
+        bits = values.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+        key = tl.where(ok, (ordered << 16) | (BLOCK_E - 1 - experts[None, :]).to(tl.int64), -1)
+        top_p = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        top_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(top_k):
+            best = BLOCK_E - 1 - (tl.max(key, axis=1) & 0xFFFF)  # [BLOCK_T]
+            picked = experts[None, :] == best[:, None]
+            score = tl.sum(tl.where(picked, scores, 0.0), axis=1)
+            top_p = tl.where(slots[None, :] == j, score[:, None], top_p)
+            top_id = tl.where(slots[None, :] == j, best[:, None], top_id)
+            key = tl.where(picked, -1, key)
+        if norm_topk:
+            top_p = top_p / (tl.sum(top_p, axis=1)[:, None] + 1e-20)
+        return top_id, top_p * SCALING
+
+    @triton.jit
     def _router_rows_kernel(
-        x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr,
+        x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr, bias_ptr, correction_ptr,
         num_tokens: tl.constexpr, num_experts: tl.constexpr, hidden: tl.constexpr,
         top_k: tl.constexpr, norm_topk: tl.constexpr, ROWS: tl.constexpr,
         BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-        BLOCK_K: tl.constexpr,
+        BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SIGMOID: tl.constexpr,
+        SCALING: tl.constexpr,
     ):
         # Each program: ROWS router logits for every token, rounded to x's dtype as F.linear's
         # output is; its router rows are loaded once for all tokens.
@@ -66,6 +134,8 @@ if triton is not None:
         for t in tl.static_range(num_tokens):
             xv = tl.load(x_ptr + t * hidden + cols, mask=col_ok, other=0.0).to(tl.float32)
             acc = tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
+            if HAS_BIAS:  # GPT-OSS's router bias, before the rounding as F.linear adds it
+                acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
             tl.store(logits_ptr + t * num_experts + rows, acc.to(x_ptr.dtype.element_ty),
                      mask=row_ok)
         # The last program to finish selects for every token (see moe_triton._router_kernel).
@@ -76,27 +146,15 @@ if triton is not None:
             ok = (tokens < num_tokens)[:, None] & (experts < num_experts)[None, :]
             z = tl.load(logits_ptr + tokens[:, None] * num_experts + experts[None, :], mask=ok,
                         other=float("-inf"), volatile=True).to(tl.float32)
-            # Tokens past num_tokens (BLOCK_T is a power of 2) are all -inf: max 0 for them.
-            z_max = tl.where(tokens < num_tokens, tl.max(z, axis=1), 0.0)
-            e = tl.where(ok, tl.exp(z - z_max[:, None]), 0.0)
-            probs = e / tl.maximum(tl.sum(e, axis=1)[:, None], 1e-30)
-            # (probability bits, reversed index) in an int64: one max per pick and token;
-            # on a tie the lower index wins, as with torch.topk.
-            key = (probs.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (
-                BLOCK_E - 1 - experts[None, :]).to(tl.int64)
-            key = tl.where(ok, key, -1)
             slots = tl.arange(0, BLOCK_K)
-            top_p = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-            top_id = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int64)
-            for j in tl.static_range(top_k):  # descending, like torch.topk
-                best_key = tl.max(key, axis=1)  # [BLOCK_T]
-                best = BLOCK_E - 1 - (best_key & 0xFFFFFFFF)
-                prob = (best_key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-                top_p = tl.where(slots[None, :] == j, prob[:, None], top_p)
-                top_id = tl.where(slots[None, :] == j, best[:, None], top_id)
-                key = tl.where(experts[None, :] == best[:, None], -1, key)
-            if norm_topk:
-                top_p = top_p / tl.sum(top_p, axis=1)[:, None]
+            if SIGMOID:
+                top_id, top_p = _sigmoid_top_k_rows(z, correction_ptr, experts, ok, slots,
+                                                    num_experts, top_k, norm_topk, SCALING,
+                                                    BLOCK_T, BLOCK_E, BLOCK_K)
+            else:
+                top_id, top_p = _softmax_top_k_rows(z, tokens, experts, ok, slots, num_tokens,
+                                                    top_k, norm_topk, BLOCK_T, BLOCK_E,
+                                                    BLOCK_K)
             out = tokens[:, None] * top_k + slots[None, :]
             store_ok = (tokens < num_tokens)[:, None] & (slots < top_k)[None, :]
             tl.store(ids_ptr + out, top_id, mask=store_ok)
@@ -150,11 +208,12 @@ if triton is not None:
     @triton.jit
     def _pairs_gate_up_kernel(
         x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr, table_ptr, gate_host_offset,
-        up_host_offset, stride_expert,
+        up_host_offset, stride_expert, gate_bias_ptr, up_bias_ptr,
         num_tokens: tl.constexpr, top_k: tl.constexpr, num_cols: tl.constexpr,
         num_rows: tl.constexpr, HAS_TABLE: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, LIMIT: tl.constexpr,
+        ALPHA: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
         pdl_wait(USE_PDL)  # launch.launch passes it; launched without PDL
         pair = tl.program_id(0)
@@ -173,18 +232,24 @@ if triton is not None:
                              BLOCK_COLS, PRECISION)
         acc_up = _rows_dot(up_ptr, up_base, rows, row_ok, x_ptr, tokens, uses, num_cols,
                            BLOCK_COLS, PRECISION)
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+        if HAS_BIAS:  # the expert's biases, by its id (resident whatever its slot)
+            bias_at = expert * num_rows + rows
+            acc_gate += tl.load(gate_bias_ptr + bias_at, mask=row_ok, other=0.0).to(
+                tl.float32)[None, :]
+            acc_up += tl.load(up_bias_ptr + bias_at, mask=row_ok, other=0.0).to(
+                tl.float32)[None, :]
+        act = activate(acc_gate, acc_up, CLAMP, LIMIT, ALPHA)
         out = out_ptr + token_pair[:, None].to(tl.int64) * num_rows + rows[None, :]
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=uses[:, None] & row_ok[None, :])
 
     @triton.jit
     def _pairs_down_kernel(
         act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr, table_ptr, down_host_offset,
-        stride_expert,
+        stride_expert, down_bias_ptr,
         num_tokens: tl.constexpr, top_k: tl.constexpr, num_cols: tl.constexpr,
         num_rows: tl.constexpr, HAS_TABLE: tl.constexpr, PRECISION: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        HAS_BIAS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
     ):
         pdl_wait(USE_PDL)  # launch.launch passes it; launched without PDL
         pair = tl.program_id(0)
@@ -199,6 +264,9 @@ if triton is not None:
         base = _expert_offset(expert, table_ptr, down_host_offset, stride_expert, HAS_TABLE)
         acc = _rows_dot(down_ptr, base, rows, row_ok, act_ptr, token_pair, uses, num_cols,
                         BLOCK_COLS, PRECISION)  # [BLOCK_T, BLOCK_ROWS]
+        if HAS_BIAS:
+            acc += tl.load(down_bias_ptr + expert * num_rows + rows, mask=row_ok,
+                           other=0.0).to(tl.float32)[None, :]
         weight = tl.load(weights_ptr + token_pair, mask=uses, other=0.0).to(tl.float32)
         out = out_ptr + token_pair[:, None].to(tl.int64) * num_rows + rows[None, :]
         tl.store(out, acc * weight[:, None], mask=uses[:, None] & row_ok[None, :])
@@ -235,13 +303,14 @@ def _token_blocks(num_tokens: int, top_k: int) -> dict:
 
 def router_topk_rows(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
                      norm_topk_prob: bool, out_ids: torch.Tensor | None = None,
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     router: RouterKind = SOFTMAX) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] in x's dtype, ids [T, k] int64) for tokens x [T, H], as SparseMoE
     routes each: logits in x's dtype, softmax in float32, top-k descending, optionally
     renormalised. One launch; T is a compile-time constant (a batch bucket).
 
     out_ids: a persistent contiguous int64 [T, k] buffer to write the ids into (a partial
-    expert cache reads them back after the step); default a new tensor."""
+    expert cache reads them back after the step); default a new tensor. router: what else
+    the router does (moe_triton.RouterKind: GPT-OSS's bias, GLM-4.5's sigmoid)."""
     num_tokens = x.shape[0]
     num_experts, hidden = router_weight.shape
     if not 0 < top_k <= num_experts:
@@ -259,53 +328,60 @@ def router_topk_rows(x: torch.Tensor, router_weight: torch.Tensor, top_k: int,
     logits = torch.empty(num_tokens, num_experts, dtype=x.dtype, device=x.device)
     _router_rows_kernel[(triton.cdiv(num_experts, ROUTER_ROWS),)](
         x.contiguous(), router_weight, logits, _counter(x.device), ids, weights,
-        num_tokens=num_tokens, num_experts=num_experts, hidden=hidden, top_k=top_k,
-        norm_topk=norm_topk_prob, ROWS=ROUTER_ROWS, BLOCK_H=triton.next_power_of_2(hidden),
-        BLOCK_T=triton.next_power_of_2(num_tokens),
+        *router.pointers(ids), num_tokens=num_tokens, num_experts=num_experts, hidden=hidden,
+        top_k=top_k, norm_topk=norm_topk_prob, ROWS=ROUTER_ROWS,
+        BLOCK_H=triton.next_power_of_2(hidden), BLOCK_T=triton.next_power_of_2(num_tokens),
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=1,
+        num_warps=1, **router.constexprs(),
     )
     return weights, ids
 
 
 def pairs_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ids: torch.Tensor,
                   table: torch.Tensor | None = None,
-                  host_offsets: tuple[int, int] = (0, 0)) -> torch.Tensor:
+                  host_offsets: tuple[int, int] = (0, 0),
+                  epilogue: Epilogue | None = None) -> torch.Tensor:
     """silu(gate[ids[t, j]] @ x[t]) * (up[ids[t, j]] @ x[t]): x [T, H], gate/up [E, I, H],
     ids [T, k] -> [T*k, I] (pair t*k + j). table/host_offsets: a partial expert cache's slot
-    table, as for moe_triton.grouped_gate_up."""
+    table, as for moe_triton.grouped_gate_up; an epilogue (GPT-OSS): its biases and
+    activation, as there."""
     _check_stacked("gate_proj", gate)
     _check_stacked("up_proj", up)
     table_arg = _check_table(table, ids, 2, host_offsets)
     num_tokens, top_k = ids.shape
     num_rows, num_cols = gate.shape[1], gate.shape[2]
     out = torch.empty(num_tokens * top_k, num_rows, dtype=x.dtype, device=x.device)
+    (_, gate_bias, up_bias, _), switches = expert_epilogue.kernel_args(epilogue, ids)
     launch(
         _gate_up_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         PAIR_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out, table_arg,
-        int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), num_tokens=num_tokens,
-        top_k=top_k, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
-        PRECISION=_precision(gate.dtype), **_token_blocks(num_tokens, top_k),
+        int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), gate_bias, up_bias,
+        num_tokens=num_tokens, top_k=top_k, num_cols=num_cols, num_rows=num_rows,
+        HAS_TABLE=table is not None, PRECISION=_precision(gate.dtype),
+        **_token_blocks(num_tokens, top_k), **switches,
     )
     return out
 
 
 def pairs_down_sum(act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor,
                    weights: torch.Tensor, table: torch.Tensor | None = None,
-                   host_offset: int = 0) -> torch.Tensor:
+                   host_offset: int = 0, epilogue: Epilogue | None = None) -> torch.Tensor:
     """sum_j weights[t, j] * (down[ids[t, j]] @ act[t*k + j]): act [T*k, I], down [E, H, I]
-    -> [T, H] in act's dtype, summed in float32 and rounded once."""
+    -> [T, H] in act's dtype, summed in float32 and rounded once. An epilogue's down bias of
+    each pair's expert joins its product before the weight."""
     _check_stacked("down_proj", down)
     table_arg = _check_table(table, ids, 1, (host_offset,))
     num_tokens, top_k = ids.shape
     num_rows, num_cols = down.shape[1], down.shape[2]
     parts = torch.empty(num_tokens * top_k, num_rows, dtype=torch.float32, device=act.device)
+    (_, _, _, down_bias), switches = expert_epilogue.kernel_args(epilogue, ids)
     launch(
         _down_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         PAIR_CONFIGS, act.contiguous(), down, ids.contiguous(), weights.contiguous(), parts,
-        table_arg, int(host_offset), down.stride(0), num_tokens=num_tokens, top_k=top_k,
-        num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
-        PRECISION=_precision(down.dtype), **_token_blocks(num_tokens, top_k),
+        table_arg, int(host_offset), down.stride(0), down_bias, num_tokens=num_tokens,
+        top_k=top_k, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
+        PRECISION=_precision(down.dtype), HAS_BIAS=switches["HAS_BIAS"],
+        **_token_blocks(num_tokens, top_k),
     )
     out = torch.empty(num_tokens, num_rows, dtype=act.dtype, device=act.device)
     block = min(SUM_COLS, triton.next_power_of_2(num_rows))

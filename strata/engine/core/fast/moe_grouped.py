@@ -19,20 +19,34 @@ place from the pinned host copy; the cache promotes them between steps (expert_p
 Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
 whatever the decode choice, except "loop". `select_moe_impl` picks at load; the benchmark
 measures the decode paths.
+
+Layers other than Qwen3-MoE's kind branch on flags SparseMoE fixes at build: GLM-4.5's sigmoid
+routing (one group) and GPT-OSS's biased router take the Triton routers' other variants
+(`router_kind`), grouped routing (n_group > 1) the module's own device ops; GPT-OSS's expert
+biases and clamped SwiGLU are the expert kernels' epilogue (expert_epilogue.py), its MXFP4
+experts read by the tile decoder's GEMV (quant/expert_tile_gemv.py); GLM's shared expert is
+added by the dense path (`moe_forward`).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
+from strata.engine.core.fast.shared_expert import shared_expert
 from strata.engine.core.kernels import launch
-from strata.engine.core.models.switch import SlotLayout, SparseMoE
+from strata.engine.core.models.switch import Routing, SlotLayout, SparseMoE
 from strata.engine.core.quant.experts import is_quantized_experts
+
+if TYPE_CHECKING:
+    from strata.engine.core.fast.moe_triton import RouterKind
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +100,11 @@ def is_grouped_capable(moe: SparseMoE, impl: str = "triton") -> bool:
 
 def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] in x's dtype, expert ids [T, k]) exactly as SparseMoE routes (a
-    benchmark's forced ids included)."""
+    benchmark's forced ids included). Routing other than softmax top-k (GLM-4.5's sigmoid
+    with its correction bias, groups and scaling; GPT-OSS's biased router and softmax over
+    the top-k logits) is the module's own: device ops only, no host sync."""
+    if not moe.softmax_routing:
+        return moe.route(x)
     if moe.forced is None:
         return route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)
     probs = F.softmax(moe.router(x).float(), dim=-1)  # [T, E]
@@ -97,6 +115,32 @@ def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weights.to(x.dtype), ids
 
 
+def router_kind(moe: SparseMoE) -> RouterKind | None:
+    """What the Triton routers do for this layer (moe_triton.RouterKind), from its build-time
+    shape; None where only the module's own routing serves (GLM-style groups, n_group > 1).
+    A benchmark's forced ids apply to softmax routing only, as in SparseMoE.route."""
+    from strata.engine.core.fast import moe_triton  # decorates kernels: on first use
+
+    if moe.softmax_routing:
+        return moe_triton.SOFTMAX
+    if moe.forced is not None:
+        return None
+    routing = moe.routing
+    if moe.softmax_after_topk and routing == Routing():  # GPT-OSS
+        return moe_triton.RouterKind(bias=moe.router.bias)
+    if (routing.scoring == "sigmoid" and routing.n_group == 1 and moe.router.bias is None
+            and not moe.softmax_after_topk):  # GLM-4.5, GLM-4.6
+        return moe_triton.RouterKind(correction=moe.e_score_correction_bias,
+                                     scaling=routing.scaling)
+    return None
+
+
+def routed_norm(moe: SparseMoE) -> bool:
+    """Whether the routers renormalise the top-k weights: norm_topk_prob, or softmax over
+    the top-k logits (GPT-OSS), which is softmax top-k renormalised."""
+    return moe.norm_topk_prob or moe.softmax_after_topk
+
+
 def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     """One token's experts by batched matmul over index-selected weights; x [1, H] -> [1, H]."""
     stacked = moe.experts
@@ -105,8 +149,18 @@ def experts_bmm(moe: SparseMoE, x: torch.Tensor, weights, ids) -> torch.Tensor:
     up = stacked.up_proj.index_select(0, ids)  # [k, I, H]
     down = stacked.down_proj.index_select(0, ids)  # [k, H, I]
     xs = x.expand(ids.shape[0], -1).unsqueeze(-1)  # [k, H, 1]
-    act = F.silu(torch.bmm(gate, xs)) * torch.bmm(up, xs)  # [k, I, 1]
-    y = torch.bmm(down, act).squeeze(-1)  # [k, H]
+    epilogue = expert_epilogue.of(moe)
+    if epilogue is None:
+        act = F.silu(torch.bmm(gate, xs)) * torch.bmm(up, xs)  # [k, I, 1]
+        y = torch.bmm(down, act).squeeze(-1)  # [k, H]
+    else:
+        gate_bias, up_bias, down_bias = expert_epilogue.row_biases(epilogue, ids)
+        g, u = torch.bmm(gate, xs).squeeze(-1), torch.bmm(up, xs).squeeze(-1)  # [k, I]
+        if gate_bias is not None:
+            g, u = g + gate_bias, u + up_bias
+        y = torch.bmm(down, epilogue.activate(g, u).unsqueeze(-1)).squeeze(-1)  # [k, H]
+        if down_bias is not None:
+            y = y + down_bias
     return (y * weights[0, :, None]).sum(dim=0, keepdim=True)  # [1, H]
 
 
@@ -114,7 +168,8 @@ def takes_rounded_x(moe: SparseMoE, x: torch.Tensor, impl: str) -> bool:
     """Whether one token x [1, H] of this block reaches quantized experts that multiply it by
     dp4a (expert_gemv), so the norm before can round x to int8 in its own launch
     (fast/decode_rounded.py) and the experts take that rounding."""
-    if x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl):
+    if (x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl)
+            or not moe.plain_experts):  # an epilogue's experts take the tile GEMV: no int8 x
         return False
     gate, up, down, table, offsets = expert_stacks(moe, slot_layout(moe))
     if not is_quantized_experts(gate):
@@ -137,36 +192,53 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
 
     gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[0] if layout is not None else None
-    forced_ids = moe.forced.ids if moe.forced is not None else None
-    weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, moe.norm_topk_prob,
-                                          out_ids=out_ids, use_pdl=use_pdl,
-                                          forced_ids=forced_ids)
-    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded)
+    kind = router_kind(moe)
+    if kind is not None:
+        forced_ids = moe.forced.ids if moe.forced is not None else None
+        weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k,
+                                              routed_norm(moe), out_ids=out_ids,
+                                              use_pdl=use_pdl, forced_ids=forced_ids,
+                                              router=kind)
+    else:  # groups of experts: the module's own routing, by device ops
+        weights, ids = (t[0] for t in moe.route(x))
+        if out_ids is not None:
+            ids = out_ids.copy_(ids)
+    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded,
+                          expert_epilogue.of(moe))
 
 
 def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: torch.Tensor,
                    table: torch.Tensor | None = None,
                    offsets: tuple[int, int, int] = (0, 0, 0),
-                   use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
+                   use_pdl: bool = False, rounded: tuple | None = None,
+                   epilogue: Epilogue | None = None) -> torch.Tensor:
     """One routed token's experts: x [1, H], ids and weights [k] on the device -> [1, H].
     Float or quantized stacks (or a partial cache's slots, through table and offsets);
-    rounded: x's int8 rounding, read where the quantized experts take dp4a."""
+    rounded: x's int8 rounding, read where the quantized experts take dp4a; epilogue: GPT-OSS's
+    expert biases and clamped SwiGLU (expert_epilogue.py), which the grouped float kernels
+    apply (quantized experts are then dequantized first, MXFP4 among them)."""
     from strata.engine.core.fast import moe_triton
 
+    bias_ids = ids
     if is_quantized_experts(gate):
-        from strata.engine.core.quant import expert_gemv
+        from strata.engine.core.quant import expert_gemv, expert_tile_gemv
         from strata.engine.core.quant.expert_kernels import dequantize_routed
 
-        if expert_gemv.supports(gate, up, down, table, offsets):  # read from the blocks
+        if epilogue is None and expert_gemv.supports(gate, up, down, table, offsets):
             return expert_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table, offsets,
-                                          use_pdl, rounded)[None]  # [1, H]
-        # Other types: the k routed experts dequantized first, then as float.
+                                          use_pdl, rounded)[None]  # [1, H], from the blocks
+        if expert_tile_gemv.takes(gate, epilogue):  # MXFP4, GPT-OSS: the tile decoder's GEMV
+            return expert_tile_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table,
+                                               offsets, epilogue)[None]  # [1, H]
+        # Other types: the k routed experts dequantized by the tile decoder, then as float.
         gate, up, down, ids = dequantize_routed(gate, up, down, ids, table, offsets)
         table, offsets = None, (0, 0, 0)
     act = moe_triton.grouped_gate_up(x[0], gate, up, ids, table, offsets[:2],
-                                     use_pdl=use_pdl)  # [k, I]
+                                     use_pdl=use_pdl, epilogue=epilogue,
+                                     bias_ids=bias_ids)  # [k, I]
     return moe_triton.grouped_down_sum(act, down, ids, weights, table, offsets[2],
-                                       use_pdl=use_pdl)[None]  # [1, H]
+                                       use_pdl=use_pdl, epilogue=epilogue,
+                                       bias_ids=bias_ids)[None]  # [1, H]
 
 
 def moe_forward(
@@ -181,17 +253,26 @@ def moe_forward(
     """
     if impl == "loop" or not is_grouped_capable(moe, impl):
         return moe(x)
+    routed = _routed_forward(moe, x, impl, ops, rounded)
+    if moe.shared_experts is None:
+        return routed
+    return routed + shared_expert(moe.shared_experts, x, ops)  # GLM-4.5's
+
+
+def _routed_forward(moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOps,
+                    rounded: tuple | None) -> torch.Tensor:
+    """The routed experts' part of moe_forward (grouped: not the loop)."""
     if moe.expert_weights is not None:
         # A partial cache: one token reads through the slot table; many (prefill) take the
         # loop, which copies their misses in (the table follows).
         if x.shape[0] != 1:
-            return moe(x)
+            return moe.routed(x)
         return experts_triton(moe, x, ops.pdl, slot_layout(moe), rounded)
     if x.shape[0] == 1 and impl == "triton":
         return experts_triton(moe, x, ops.pdl, None, rounded)
     if x.shape[0] != 1:
         # A benchmark's forced prefill rows are read on the host: the loop takes them.
-        return moe_block(moe, x, ops) if moe.forced is None else moe(x)
+        return moe_block(moe, x, ops) if moe.forced is None else moe.routed(x)
     weights, ids = route(moe, x)
     if impl == "bmm":
         return experts_bmm(moe, x, weights, ids)

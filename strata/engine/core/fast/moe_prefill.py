@@ -30,6 +30,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps, sum_rows
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant.experts import ExpertMatrices, is_quantized_experts
@@ -76,35 +78,49 @@ def route_logits(
     return top_probs.to(dtype), top_ids
 
 
+def _act(gate_rows: torch.Tensor, up_rows: torch.Tensor, row_weights: torch.Tensor,
+         ops: PointwiseOps, epilogue: Epilogue | None, row_gate_bias, row_up_bias):
+    """The rows' scaled activation [R, I]: SiLU·mul·weight, or an epilogue's (biased gate
+    and up rows, then its activation) scaled by the weights."""
+    if epilogue is None:
+        return ops.silu_mul_scale(gate_rows, up_rows, row_weights)
+    if row_gate_bias is not None:
+        gate_rows, up_rows = gate_rows + row_gate_bias, up_rows + row_up_bias
+    return epilogue.activate(gate_rows, up_rows) * row_weights[:, None]
+
+
 def _grouped(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-             offsets: torch.Tensor, row_weights: torch.Tensor, ops: PointwiseOps):
+             offsets: torch.Tensor, row_weights: torch.Tensor, ops: PointwiseOps,
+             epilogue: Epilogue | None = None, biases: tuple = (None, None)):
     # Weights are [E, out, in] like nn.Linear; the transpose is the column-major B it wants.
     gate_rows = torch._grouped_mm(rows, gate.transpose(-2, -1), offs=offsets)  # [R, I]
     up_rows = torch._grouped_mm(rows, up.transpose(-2, -1), offs=offsets)  # [R, I]
-    act = ops.silu_mul_scale(gate_rows, up_rows, row_weights)
+    act = _act(gate_rows, up_rows, row_weights, ops, epilogue, *biases)
     return torch._grouped_mm(act, down.transpose(-2, -1), offs=offsets)  # [R, H]
 
 
 def _looped(rows: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-            offsets: torch.Tensor, row_weights: torch.Tensor, ops: PointwiseOps):
+            offsets: torch.Tensor, row_weights: torch.Tensor, ops: PointwiseOps,
+            epilogue: Epilogue | None = None, biases: tuple = (None, None)):
     out = torch.empty_like(rows)  # [R, H]
     ends = offsets.tolist()  # the one host sync
     begin = 0
     for expert, end in enumerate(ends):
         if end > begin:  # experts without rows cost nothing
             part = rows[begin:end]  # [n, H]
-            act = ops.silu_mul_scale(F.linear(part, gate[expert]), F.linear(part, up[expert]),
-                                     row_weights[begin:end])  # [n, I]
+            part_biases = [b if b is None else b[begin:end] for b in biases]
+            act = _act(F.linear(part, gate[expert]), F.linear(part, up[expert]),
+                       row_weights[begin:end], ops, epilogue, *part_biases)  # [n, I]
             out[begin:end] = F.linear(act, down[expert])
         begin = end
     return out
 
 
-def decodes_in_gemm(gate, up, down) -> bool:
+def decodes_in_gemm(gate, up, down, epilogue: Epilogue | None = None) -> bool:
     """Whether prefill multiplies these quantized experts by expert_gemm.py's kernels,
     which read their blocks as stored (no dequantized copy): Triton runs on their device
-    and decodes all three types."""
-    if not launch.is_usable(gate.device):
+    and decodes all three types, and the experts are plain SwiGLU (no epilogue)."""
+    if epilogue is not None or not launch.is_usable(gate.device):
         return False
     from strata.engine.core.quant import expert_gemm  # decorates kernels: only where usable
 
@@ -129,36 +145,43 @@ def _unless_grouped_mm_refuses(run, what: str) -> torch.Tensor | None:
 
 def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                        row_weights: torch.Tensor, experts: tuple,
-                       replayed: Callable | None = None) -> torch.Tensor | None:
+                       replayed: Callable | None = None, epilogue: Epilogue | None = None,
+                       row_experts: torch.Tensor | None = None) -> torch.Tensor | None:
     """The sorted rows through quantized experts dequantized a group at a time, then
     torch._grouped_mm (quant/expert_grouped.py), or `replayed` (the same from CUDA graphs:
-    PointwiseOps.grouped_experts); None where _grouped_mm refuses them."""
+    PointwiseOps.grouped_experts); None where _grouped_mm refuses them. An epilogue's gate
+    and up biases (by row_experts) and activation are applied there."""
     from strata.engine.core.quant import expert_grouped
 
     run = replayed or expert_grouped.experts_mlp
+    extra = {} if epilogue is None else {"epilogue": epilogue, "row_experts": row_experts}
     return _unless_grouped_mm_refuses(
-        lambda: run(x, source, offsets, row_weights, *experts), "the quantized MoE prefill")
+        lambda: run(x, source, offsets, row_weights, *experts, **extra),
+        "the quantized MoE prefill")
 
 
 def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                row_weights: torch.Tensor, experts: tuple,
-               replayed: Callable | None = None) -> torch.Tensor | None:
+               replayed: Callable | None = None, epilogue: Epilogue | None = None,
+               row_experts: torch.Tensor | None = None) -> torch.Tensor | None:
     """[R, H] of the sorted rows through quantized experts by whichever Triton path their
     count favours: expert_gemm.py's decode-in-the-K-loop GEMMs for few rows per expert,
     expert_grouped.py's dequantize-then-grouped-GEMM from min_rows on (or for types
     expert_gemm cannot read), replayed from graphs where `replayed` is given (which moves
-    the crossover); None where neither runs here (the caller loops)."""
+    the crossover); None where neither runs here (the caller loops). An epilogue (GPT-OSS,
+    MXFP4 among its types) takes the grouped path: expert_gemm has no epilogue."""
     if not launch.is_usable(x.device):
         return None
     from strata.engine.core.quant import expert_grouped
 
-    in_gemm = decodes_in_gemm(*experts)
+    in_gemm = decodes_in_gemm(*experts, epilogue)
     grouped = grouped_mm_supported(x)
     # Inside a graph being captured (a prefill graph), the path costs no host time either.
     crossover = expert_grouped.min_rows(offsets.shape[0], replayed=replayed is not None or (
         x.is_cuda and torch.cuda.is_current_stream_capturing()))
     if grouped and (not in_gemm or source.shape[0] >= crossover):
-        y = _quantized_grouped(x, source, offsets, row_weights, experts, replayed)
+        y = _quantized_grouped(x, source, offsets, row_weights, experts, replayed, epilogue,
+                               row_experts)
         if y is not None or not in_gemm:
             return y
     if not in_gemm:
@@ -208,17 +231,27 @@ def experts_sorted(
     order, source, offsets = sort_by_expert(ids, stacked.gate_proj.shape[0])
     row_weights = weights.reshape(-1).index_select(0, order)
     quantized = is_quantized_experts(stacked.gate_proj)
+    epilogue = expert_epilogue.of(moe)  # GPT-OSS's biases and clamp, else None
+    row_experts = None if epilogue is None else ids.reshape(-1).index_select(0, order)
+    biases = (None, None, None)
+    if epilogue is not None:
+        biases = expert_epilogue.row_biases(epilogue, row_experts)  # type: ignore[arg-type]
     y = None
     if quantized:
-        y = _quantized(x, source, offsets, row_weights, experts, ops.grouped_experts)
+        y = _quantized(x, source, offsets, row_weights, experts, ops.grouped_experts,
+                       epilogue, row_experts)
     elif grouped_mm_supported(x):
         y = _unless_grouped_mm_refuses(
-            lambda: _grouped(x.index_select(0, source), *experts, offsets, row_weights, ops),
+            lambda: _grouped(x.index_select(0, source), *experts, offsets, row_weights, ops,
+                             epilogue, biases[:2]),
             "the MoE prefill")
     if y is None:
         if quantized:  # one expert's matrix dequantized at a time
             experts = tuple(ExpertMatrices(w) for w in experts)
-        y = _looped(x.index_select(0, source), *experts, offsets, row_weights, ops)
+        y = _looped(x.index_select(0, source), *experts, offsets, row_weights, ops, epilogue,
+                    biases[:2])
+    if biases[2] is not None:  # each row's down bias, scaled by its weight as its product
+        y = y + biases[2] * row_weights[:, None]
     return ops.sum_rows(y, _inverse(order), top_k)
 
 
@@ -235,21 +268,28 @@ def warm_up_quantized(moe, grouped: bool = True) -> None:
     source = torch.arange(moe.top_k, device=gate.device)
     offsets = torch.full((num_experts,), moe.top_k, dtype=torch.int32, device=gate.device)
     row_weights = torch.zeros(moe.top_k, dtype=gate.dtype, device=gate.device)
-    if decodes_in_gemm(*experts):
+    epilogue = expert_epilogue.of(moe)
+    if decodes_in_gemm(*experts, epilogue):
         from strata.engine.core.quant import expert_gemm
 
         expert_gemm.experts_mlp(x, *experts, offsets, row_weights)
     if grouped and launch.is_usable(gate.device) and grouped_mm_supported(x):
-        _quantized_grouped(x, source, offsets, row_weights, experts)
+        _quantized_grouped(x, source, offsets, row_weights, experts, None, epilogue,
+                           source)  # the rows' experts: any valid ids
 
 
 def moe_block(moe, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
     """The MoE block of many tokens x [T, H] with resident experts: the compiled grouped
     block once grouped GEMMs are known to run here, else route + experts_sorted."""
     stacked = moe.experts
+    # Build-time flags: only softmax-routed plain experts (Qwen3-MoE, Mixtral) compile whole.
     if (ops.moe_block is not None and _grouped_mm_works and grouped_mm_supported(x)
+            and moe.softmax_routing and moe.plain_experts
             and not is_quantized_experts(stacked.gate_proj)):
         return ops.moe_block(x, moe.router.weight, stacked.gate_proj, stacked.up_proj,
                              stacked.down_proj, moe.top_k, moe.norm_topk_prob)
-    weights, ids = route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)
+    if moe.softmax_routing:
+        weights, ids = route_logits(moe.router(x), moe.top_k, moe.norm_topk_prob, x.dtype)
+    else:  # GLM-4.5's sigmoid or GPT-OSS's routing: the module's own device ops
+        weights, ids = moe.route(x)
     return experts_sorted(moe, x, weights, ids, ops)

@@ -2,11 +2,16 @@
 
 1. `router_topk`: the router's logits (64 programs), then softmax, top-k and renormalisation
    by whichever program finishes last (a completion counter): one launch where a cuBLAS
-   product and a selection kernel took two, with a gap between them.
+   product and a selection kernel took two, with a gap between them. A `RouterKind` adds
+   GPT-OSS's router bias, or GLM-4.5's sigmoid choice with its correction bias and scaling.
 2. `grouped_gate_up`: silu(gate[e] @ x) * (up[e] @ x) for the k experts; gate and up rows are
-   read in the same program.
-3. `grouped_down_sum`: sum_j w_j * down[e_j] @ act_j; every program owns output rows and
-   loops over the k experts, so the weighted sum and the cast need no extra kernels.
+   read in the same program. An epilogue (expert_epilogue.py: GPT-OSS) adds the experts'
+   biases and takes the clamped SwiGLU instead.
+3. `grouped_down_sum`: sum_j w_j * down[e_j] @ act_j (+ the epilogue's down bias); every
+   program owns output rows and loops over the k experts, so the weighted sum and the cast
+   need no extra kernels.
+
+Those extras are compile-time switches: Qwen3-MoE and Mixtral run the variants they ran.
 
 The expert ids stay in device memory: each program loads its expert id and reads only that
 expert's rows of the stacked [E, I, H] / [E, H, I] weights, so the k experts cost exactly
@@ -17,8 +22,12 @@ tests) the first candidate runs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import pdl
 from strata.engine.core.kernels.launch import launch, tuned
 
@@ -69,12 +78,48 @@ if triton is not None:
         return top_id, top_p
 
     @triton.jit
+    def top_k_ids(values, experts, ok, slots, top_k: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+        """ids [BLOCK_K] of the top_k of float32 values of any sign, descending, the lower
+        index first on a tie (as torch.topk); slots past top_k: 0. Sigmoid routing chooses
+        by scores plus a correction bias, which may be negative."""
+        # Float order as integers: negative floats' magnitude bits flipped, then made
+        # non-negative (< 2**32) and packed above a 16-bit reversed index.
+        bits = values.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+        key = tl.where(ok, (ordered << 16) | (BLOCK_E - 1 - experts).to(tl.int64), -1)
+        top_id = tl.zeros([BLOCK_K], dtype=tl.int64)
+        for j in tl.static_range(top_k):
+            best = BLOCK_E - 1 - (tl.max(key, axis=0) & 0xFFFF)
+            top_id = tl.where(slots == j, best, top_id)
+            key = tl.where(experts == best, -1, key)
+        return top_id
+
+    @triton.jit
+    def sigmoid_top_k(z, correction_ptr, experts, ok, slots, top_k: tl.constexpr,
+                      norm_topk: tl.constexpr, SCALING: tl.constexpr, BLOCK_E: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+        """(ids, weights) [BLOCK_K] of GLM-4.5's routing (SparseMoE._sigmoid_top_k, one
+        group): top-k of sigmoid(z) + correction, weighted by their sigmoid scores,
+        renormalised (with the reference's epsilon) and scaled."""
+        scores = 1.0 / (1.0 + tl.exp(-z))
+        correction = tl.load(correction_ptr + experts, mask=ok, other=0.0).to(tl.float32)
+        top_id = top_k_ids(scores + correction, experts, ok, slots, top_k, BLOCK_E, BLOCK_K)
+        picked = (experts[None, :] == top_id[:, None]) & (slots < top_k)[:, None]
+        top_p = tl.sum(tl.where(picked, scores[None, :], 0.0), axis=1)
+        if norm_topk:
+            top_p = top_p / (tl.sum(top_p, axis=0) + 1e-20)
+        return top_id, top_p * SCALING
+
+    @triton.jit
     def _router_kernel(
-        x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr, forced_ptr,
+        x_ptr, w_ptr, logits_ptr, counter_ptr, ids_ptr, weights_ptr, forced_ptr, bias_ptr,
+        correction_ptr,
         num_experts: tl.constexpr, hidden: tl.constexpr, top_k: tl.constexpr,
         norm_topk: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-        FORCED: tl.constexpr,
+        FORCED: tl.constexpr, HAS_BIAS: tl.constexpr, SIGMOID: tl.constexpr,
+        SCALING: tl.constexpr,
     ):
         # Each program: ROWS router logits (w[rows] @ x), rounded to x's dtype as F.linear's
         # output is, so the selection sees the values the reference module sees. The router
@@ -88,6 +133,8 @@ if triton is not None:
         pdl_wait(USE_PDL)
         xv = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         acc = tl.sum(w.to(tl.float32) * xv[None, :], axis=1)
+        if HAS_BIAS:  # GPT-OSS's router bias, added before the rounding as F.linear does
+            acc += tl.load(bias_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
         tl.store(logits_ptr + rows, acc.to(x_ptr.dtype.element_ty), mask=row_ok)
         # The last program to finish selects: acq_rel orders every program's logits before
         # its count, and the counter goes back to 0 for the next launch (or graph replay).
@@ -97,17 +144,22 @@ if triton is not None:
             ok = experts < num_experts
             z = tl.load(logits_ptr + experts, mask=ok, other=float("-inf"), volatile=True)
             z = z.to(tl.float32)
-            e = tl.exp(z - tl.max(z, axis=0))
-            probs = e / tl.sum(e, axis=0)
             slots = tl.arange(0, BLOCK_K)
-            if FORCED:  # a benchmark's trace (models/forced_routing.py): its ids, read now
-                top_id = tl.load(forced_ptr + slots, mask=slots < top_k, other=0).to(tl.int64)
-                picked = (experts[None, :] == top_id[:, None]) & (slots < top_k)[:, None]
-                top_p = tl.sum(tl.where(picked, probs[None, :], 0.0), axis=1)
+            if SIGMOID:
+                top_id, top_p = sigmoid_top_k(z, correction_ptr, experts, ok, slots, top_k,
+                                              norm_topk, SCALING, BLOCK_E, BLOCK_K)
             else:
-                top_id, top_p = _top_k(probs, experts, ok, slots, top_k, BLOCK_E, BLOCK_K)
-            if norm_topk:
-                top_p = top_p / tl.sum(top_p, axis=0)
+                e = tl.exp(z - tl.max(z, axis=0))
+                probs = e / tl.sum(e, axis=0)
+                if FORCED:  # a benchmark's trace (models/forced_routing.py): its ids, now
+                    top_id = tl.load(forced_ptr + slots, mask=slots < top_k,
+                                     other=0).to(tl.int64)
+                    picked = (experts[None, :] == top_id[:, None]) & (slots < top_k)[:, None]
+                    top_p = tl.sum(tl.where(picked, probs[None, :], 0.0), axis=1)
+                else:
+                    top_id, top_p = _top_k(probs, experts, ok, slots, top_k, BLOCK_E, BLOCK_K)
+                if norm_topk:
+                    top_p = top_p / tl.sum(top_p, axis=0)
             tl.store(ids_ptr + slots, top_id, mask=slots < top_k)
             tl.store(weights_ptr + slots, top_p.to(weights_ptr.dtype.element_ty),
                      mask=slots < top_k)
@@ -154,11 +206,29 @@ if triton is not None:
         return expert * stride_expert
 
     @triton.jit
+    def activate(g, u, CLAMP: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr):
+        """The experts' gated activation of float32 gate and up values: silu(g) * u, or
+        GPT-OSS's clamped SwiGLU (models/switch.py, ExpertActivation)."""
+        if CLAMP:
+            g = tl.minimum(g, LIMIT)
+            u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
+            return g / (1.0 + tl.exp(-ALPHA * g)) * (u + 1.0)
+        return g / (1.0 + tl.exp(-g)) * u
+
+    @triton.jit
+    def expert_bias(bias_ids_ptr, j, bias_ptr, rows, row_ok, num_rows: tl.constexpr):
+        """Float32 bias [BLOCK_ROWS] of the j-th routed expert (by its real id) at rows."""
+        expert = tl.load(bias_ids_ptr + j).to(tl.int64)
+        return tl.load(bias_ptr + expert * num_rows + rows, mask=row_ok,
+                       other=0.0).to(tl.float32)
+
+    @triton.jit
     def _gate_up_kernel(
         x_ptr, gate_ptr, up_ptr, ids_ptr, out_ptr, table_ptr, gate_host_offset, up_host_offset,
-        stride_expert, stride_row,
+        stride_expert, stride_row, bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
         num_cols: tl.constexpr, num_rows: tl.constexpr, HAS_TABLE: tl.constexpr,
-        USE_PDL: tl.constexpr,
+        USE_PDL: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr,
+        LIMIT: tl.constexpr, ALPHA: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         slot = tl.program_id(0)
@@ -174,16 +244,20 @@ if triton is not None:
                              BLOCK_COLS, UNROLL)
         acc_up = _row_dots(up_ptr, up_base, x_ptr, row_ok, num_cols, BLOCK_ROWS, BLOCK_COLS,
                            UNROLL)
-        act = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up  # silu(gate) * up
+        if HAS_BIAS:
+            acc_gate += expert_bias(bias_ids_ptr, slot, gate_bias_ptr, rows, row_ok, num_rows)
+            acc_up += expert_bias(bias_ids_ptr, slot, up_bias_ptr, rows, row_ok, num_rows)
+        act = activate(acc_gate, acc_up, CLAMP, LIMIT, ALPHA)
         out = out_ptr + slot * num_rows + rows
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=row_ok)
 
     @triton.jit
     def _down_sum_kernel(
         act_ptr, down_ptr, ids_ptr, weights_ptr, out_ptr, table_ptr, down_host_offset,
-        stride_expert, stride_row,
+        stride_expert, stride_row, bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
         num_cols: tl.constexpr, num_rows: tl.constexpr, top_k: tl.constexpr,
-        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr,
+        HAS_TABLE: tl.constexpr, USE_PDL: tl.constexpr, HAS_BIAS: tl.constexpr,
+        CLAMP: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, UNROLL: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -194,8 +268,11 @@ if triton is not None:
             weight = tl.load(weights_ptr + slot).to(tl.float32)
             base = _expert_base(ids_ptr, slot, table_ptr, down_host_offset, stride_expert,
                                 HAS_TABLE) + rows[:, None].to(tl.int64) * stride_row
-            acc += weight * _row_dots(down_ptr, base, act_ptr + slot * num_cols, row_ok,
-                                      num_cols, BLOCK_ROWS, BLOCK_COLS, UNROLL)
+            dot = _row_dots(down_ptr, base, act_ptr + slot * num_cols, row_ok, num_cols,
+                            BLOCK_ROWS, BLOCK_COLS, UNROLL)
+            if HAS_BIAS:
+                dot += expert_bias(bias_ids_ptr, slot, down_bias_ptr, rows, row_ok, num_rows)
+            acc += weight * dot
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
     _gate_up_tuned = tuned(_gate_up_kernel, GATE_UP_CONFIGS)
@@ -208,6 +285,30 @@ def _check_stacked(name: str, weight: torch.Tensor) -> None:
             f"{name} must be a stacked [E, rows, cols] tensor with contiguous rows, got shape "
             f"{tuple(weight.shape)} strides {weight.stride()}: use the loop or bmm MoE path"
         )
+
+
+@dataclass(frozen=True, eq=False)
+class RouterKind:
+    """What a router kernel does beyond softmax top-k: GPT-OSS adds a bias to the logits
+    (and takes softmax over the top-k logits, which is softmax top-k renormalised); GLM-4.5
+    chooses by sigmoid scores plus a correction bias and scales the weights (one group of
+    experts: more groups take the module's own routing)."""
+
+    bias: torch.Tensor | None = None  # [E], added to the logits
+    correction: torch.Tensor | None = None  # [E] float32: sigmoid routing when given
+    scaling: float = 1.0
+
+    def pointers(self, stand_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bias, correction) to pass; stand_in where absent (never read)."""
+        return (self.bias if self.bias is not None else stand_in,
+                self.correction if self.correction is not None else stand_in)
+
+    def constexprs(self) -> dict:
+        return {"HAS_BIAS": self.bias is not None, "SIGMOID": self.correction is not None,
+                "SCALING": float(self.scaling)}
+
+
+SOFTMAX = RouterKind()  # Qwen3-MoE, Mixtral
 
 
 # Router rows per program: 128 experts over 64 one-warp programs put a 2048-wide router's
@@ -230,7 +331,7 @@ def _counter(device: torch.device) -> torch.Tensor:
 def router_topk(
     x: torch.Tensor, router_weight: torch.Tensor, top_k: int, norm_topk_prob: bool,
     out_ids: torch.Tensor | None = None, use_pdl: bool = False,
-    forced_ids: torch.Tensor | None = None,
+    forced_ids: torch.Tensor | None = None, router: RouterKind = SOFTMAX,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [k] in x's dtype, ids [k] int64) for one token x [H], as SparseMoE routes:
     logits router_weight [E, H] @ x in x's dtype, softmax in float32, top-k descending,
@@ -240,7 +341,8 @@ def router_topk(
     back after the step to learn which experts ran); default a new tensor.
     forced_ids: benchmarks only (models/forced_routing.py), a persistent int32 [k] device
     buffer whose ids replace the top-k, read when the kernel runs (a CUDA graph replay reads
-    what was written before it); their probabilities are the weights, renormalised alike."""
+    what was written before it); their probabilities are the weights, renormalised alike.
+    router: what else the router does (RouterKind: GPT-OSS's bias, GLM-4.5's sigmoid)."""
     num_experts, hidden = router_weight.shape
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in 1..{num_experts}, not {top_k}")
@@ -263,10 +365,11 @@ def router_topk(
     _router_kernel[(triton.cdiv(num_experts, ROUTER_ROWS),)](
         x.contiguous(), router_weight, logits, _counter(x.device), ids, weights,
         forced_ids if forced_ids is not None else ids,  # never read unless FORCED
-        num_experts=num_experts, hidden=hidden, top_k=top_k, norm_topk=norm_topk_prob,
-        ROWS=ROUTER_ROWS, BLOCK_H=triton.next_power_of_2(hidden),
+        *router.pointers(ids), num_experts=num_experts, hidden=hidden, top_k=top_k,
+        norm_topk=norm_topk_prob, ROWS=ROUTER_ROWS, BLOCK_H=triton.next_power_of_2(hidden),
         BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=1, FORCED=forced_ids is not None, **pdl.launch_options(use_pdl),
+        num_warps=1, FORCED=forced_ids is not None, **router.constexprs(),
+        **pdl.launch_options(use_pdl),
     )
     return weights, ids
 
@@ -288,9 +391,12 @@ def _check_table(table: torch.Tensor | None, ids: torch.Tensor, num_offsets: int
 def grouped_gate_up(
     x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, ids: torch.Tensor,
     table: torch.Tensor | None = None, host_offsets: tuple[int, int] = (0, 0),
-    use_pdl: bool = False,
+    use_pdl: bool = False, epilogue: Epilogue | None = None,
+    bias_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x) for each j: x [H], gate/up [E, I, H] -> [k, I].
+    With an epilogue (GPT-OSS), gate and up add the biases of experts bias_ids[j] (default
+    ids[j]) and the epilogue's activation joins them.
 
     With a partial expert cache, gate/up are the slot weights [N, I, H] and table [E] int32
     says where expert e is: slot table[e], or (-1) the host copy's [E, I, H] rows, which start
@@ -300,12 +406,14 @@ def grouped_gate_up(
     table_arg = _check_table(table, ids, 2, host_offsets)
     num_experts_used = ids.shape[0]
     num_rows, num_cols = gate.shape[1], gate.shape[2]
+    bias_args, switches = expert_epilogue.kernel_args(epilogue, ids, bias_ids)
     out = torch.empty(num_experts_used, num_rows, dtype=x.dtype, device=x.device)
     launch(
         _gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(num_rows, rows)),
         GATE_UP_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out, table_arg,
         int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), gate.stride(1),
-        num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None, use_pdl=use_pdl,
+        *bias_args, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
+        use_pdl=use_pdl, **switches,
     )
     return out
 
@@ -313,20 +421,24 @@ def grouped_gate_up(
 def grouped_down_sum(
     act: torch.Tensor, down: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     table: torch.Tensor | None = None, host_offset: int = 0, use_pdl: bool = False,
+    epilogue: Epilogue | None = None, bias_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_j weights[j] * (down[ids[j]] @ act[j]): act [k, I], down [E, H, I] -> [H] in act's dtype.
 
     The sum runs in float32 inside the kernel; one rounding at the end. table and host_offset
-    as for grouped_gate_up, with down the slot weights [N, H, I].
+    as for grouped_gate_up, with down the slot weights [N, H, I]; an epilogue's down bias of
+    expert bias_ids[j] joins each product before its weight.
     """
     _check_stacked("down_proj", down)
     table_arg = _check_table(table, ids, 1, (host_offset,))
     num_rows, num_cols = down.shape[1], down.shape[2]
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
+    bias_args, switches = expert_epilogue.kernel_args(epilogue, ids, bias_ids)
     launch(
         _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),), DOWN_SUM_CONFIGS,
         act.contiguous(), down, ids.contiguous(), weights.contiguous(), out, table_arg,
-        int(host_offset), down.stride(0), down.stride(1), num_cols=num_cols,
+        int(host_offset), down.stride(0), down.stride(1), *bias_args, num_cols=num_cols,
         num_rows=num_rows, top_k=ids.shape[0], HAS_TABLE=table is not None, use_pdl=use_pdl,
+        **switches,
     )
     return out

@@ -183,14 +183,13 @@ class SparseMoE(nn.Module):
         self.expert_weights: ExpertWeights | None = None
         # Benchmarks only (forced_routing.py): a trace's ids in place of the top-k.
         self.forced: Any = None  # a forced_routing.ForcedLayer (it imports this module)
-
-    @property
-    def is_plain(self) -> bool:
-        """Routed and computed as Qwen3-MoE/Mixtral are (softmax top-k, no biases, scaling or
-        shared expert, plain SwiGLU): what the fast MoE paths implement."""
-        return (self.routing == Routing() and self.shared_experts is None
-                and self.router.bias is None and self.expert_bias is None
-                and not self.softmax_after_topk and self.activation == SILU)
+        # Fixed at build, so the fast paths choose their kernels once (fast/moe_grouped.py):
+        # softmax top-k over an unbiased router (Qwen3-MoE, Mixtral) is what the Triton
+        # routers compute; plain SwiGLU experts without biases are what every expert kernel
+        # computes. GLM-4.5 routes otherwise, GPT-OSS does both otherwise.
+        self.softmax_routing = (routing == Routing() and not router_bias
+                                and not softmax_after_topk)
+        self.plain_experts = not expert_bias and activation == SILU
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in x's dtype, expert ids [T, k]) for x [T, H]."""
@@ -229,6 +228,13 @@ class SparseMoE(nn.Module):
         return scores.gather(1, top_ids), top_ids
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.routed(x)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum for x [T, H], without the shared expert."""
         top_probs, top_ids = self.route(x)  # [T, k] each
         # One host sync per layer to learn which experts run; fine for batch-1 decoding.
         expert_ids = torch.unique(top_ids).tolist()
@@ -248,8 +254,6 @@ class SparseMoE(nn.Module):
                 y = apply_linear(self.activation(gate, up), _matrix(downs, j),
                                  bias.down[expert_id])
             out.index_add_(0, token_idx, y * top_probs[token_idx, slot_idx, None])
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
         return out
 
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import launch
 from strata.engine.core.loader import quant_plan
 from strata.engine.core.quant import dequant
@@ -43,6 +45,8 @@ from strata.engine.core.quant.weight import scratch_tensor
 try:
     import triton
     import triton.language as tl
+
+    from strata.engine.core.fast.moe_triton import activate
 except ImportError:
     triton = None
 
@@ -127,10 +131,14 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["first", "last"])
     def _act_kernel(gate_up_ptr, weights_ptr, offsets_ptr, out_ptr, first, last, inter,
-                    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+                    row_experts_ptr, gate_bias_ptr, up_bias_ptr,
+                    HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, LIMIT: tl.constexpr,
+                    ALPHA: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
         """out[i] = silu(gate) * up * weight[start + i] for the group's rows, gate and up
         the two halves of gate_up[i]; rounded where pointwise.silu_mul_scale rounds (the
-        SiLU, the product, the scaled product, each to the rows' dtype)."""
+        SiLU, the product, the scaled product, each to the rows' dtype). An epilogue
+        (GPT-OSS): gate and up add the biases of row start + i's expert (row_experts), then
+        its activation (moe_triton.activate), rounded once."""
         start, end = _group_rows(offsets_ptr, first, last)
         if tl.program_id(0) * BLOCK_ROWS >= end - start:
             return
@@ -142,8 +150,16 @@ if triton is not None:
         dtype: tl.constexpr = out_ptr.dtype.element_ty
         g = tl.load(at, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(at + inter, mask=mask, other=0.0).to(tl.float32)
-        silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-        act = (silu * u).to(dtype).to(tl.float32)
+        if HAS_BIAS or CLAMP:
+            if HAS_BIAS:
+                expert = tl.load(row_experts_ptr + start + i, mask=ok, other=0).to(tl.int64)
+                at_bias = expert[:, None] * inter + cols[None, :]
+                g += tl.load(gate_bias_ptr + at_bias, mask=mask, other=0.0).to(tl.float32)
+                u += tl.load(up_bias_ptr + at_bias, mask=mask, other=0.0).to(tl.float32)
+            act = activate(g, u, CLAMP, LIMIT, ALPHA).to(dtype).to(tl.float32)
+        else:
+            silu = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+            act = (silu * u).to(dtype).to(tl.float32)
         weight = tl.load(weights_ptr + start + i, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + i.to(tl.int64)[:, None] * inter + cols[None, :],
                  (act * weight[:, None]).to(dtype), mask=mask)
@@ -166,12 +182,17 @@ def _move_rows(src: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor,
 
 
 def _act(gate_up: torch.Tensor, row_weights: torch.Tensor, offsets: torch.Tensor,
-         first: int, last: int) -> torch.Tensor:
+         first: int, last: int, epilogue: Epilogue | None,
+         row_experts: torch.Tensor | None) -> torch.Tensor:
     num_rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(num_rows, inter, dtype=gate_up.dtype, device=gate_up.device)
     grid, block_rows, block_cols = _grid(num_rows, inter)
-    _act_kernel[grid](gate_up, row_weights, offsets, out, first, last, inter,
-                      BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols)
+    (experts_arg, gate_bias, up_bias, _), switches = expert_epilogue.kernel_args(
+        epilogue, offsets, row_experts)
+    _act_kernel[grid](gate_up, row_weights, offsets, out, first, last, inter, experts_arg,
+                      gate_bias, up_bias, HAS_BIAS=switches["HAS_BIAS"],
+                      CLAMP=switches["CLAMP"], LIMIT=switches["LIMIT"],
+                      ALPHA=switches["ALPHA"], BLOCK_ROWS=block_rows, BLOCK_COLS=block_cols)
     return out
 
 
@@ -185,12 +206,18 @@ def _group_offsets(offsets: torch.Tensor, group: int) -> torch.Tensor:
 
 def experts_mlp(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                 row_weights: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
-                down: QuantizedExperts, out: torch.Tensor | None = None) -> torch.Tensor:
+                down: QuantizedExperts, out: torch.Tensor | None = None,
+                epilogue: Epilogue | None = None,
+                row_experts: torch.Tensor | None = None) -> torch.Tensor:
     """Sorted row r, token source[r] of x [T, H], through its expert e (offsets [E] int32
     cumulative ends): silu(x @ gate[e]^T) * (x @ up[e]^T) * row_weights[r] @ down[e]^T;
     [R, H] in x's dtype, the rows in sorted order (what expert_gemm.experts_mlp returns for
     x[source]). Rows past offsets[-1] (padding) are neither read nor written. out: [R, H]
-    to write into (a CUDA graph's static output, fast/expert_graphs.py)."""
+    to write into (a CUDA graph's static output, fast/expert_graphs.py). epilogue (GPT-OSS):
+    gate/up biases of each row's expert row_experts[r] and its activation; the down bias is
+    the caller's (moe_prefill.experts_sorted adds it to every path's rows)."""
+    if epilogue is not None and row_experts is None:
+        raise ValueError("an epilogue's biases need each sorted row's expert (row_experts)")
     num_experts, inter, hidden = gate.shape
     num_rows = source.shape[0]
     if out is not None and (out.shape != (num_rows, hidden) or out.dtype != x.dtype):
@@ -213,7 +240,8 @@ def experts_mlp(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
         _move_rows(x, source, offsets, rows, first, last, gather=True)
         offs = rel[first:last]
         gate_up_rows = torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs)  # [R, 2I]
-        act = _act(gate_up_rows, row_weights, offsets, first, last)  # [R, I]
+        act = _act(gate_up_rows, row_weights, offsets, first, last, epilogue,
+                   row_experts)  # [R, I]
         down_w = scratch[: count * hidden * inter].view(count, hidden, inter)
         dequant.dequantize_experts(down, first, down_w)
         down_rows = torch._grouped_mm(act, down_w.transpose(-2, -1), offs=offs)  # [R, H]

@@ -1,0 +1,177 @@
+"""One token's routed experts read straight from their GGML blocks by the shared tile decoder
+(dequant_tile.py): MXFP4 (GPT-OSS), and any type when the layer has an epilogue (GPT-OSS's
+expert biases and clamped SwiGLU, fast/expert_epilogue.py), which expert_gemv's planes and
+dp4a kernels do not apply.
+
+Before, such experts went through expert_kernels.dequantize_routed: the k routed experts
+dequantized into a [k, N, K] buffer, then the float grouped kernels read it back, so each
+value cost its block bits plus a 16-bit write and a 16-bit read (about 36 bits a value for
+MXFP4's 4.25). Here each program decodes a [BLOCK_ROWS, BLOCK_COLS] tile of its expert's
+blocks in registers and multiplies it by x at once: the blocks are read once, nothing is
+written but the result. Two launches as in moe_triton.py: gate/up (+ biases, activation),
+then down, its biases and the weighted sum over the k experts.
+
+Hopper has no FP4 MMA and a matrix-vector product needs none: the decode is integer and
+float arithmetic on the E2M1 codes and E8M0 exponents. A Blackwell path (sm_100/sm_120 FP4
+tensor cores, for the batched and prefill products where an MMA pays) would be another
+kernel chosen beside `supports`, with the same arguments.
+
+Imported on first use (like kernels.py): importing it decorates Triton kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
+from strata.engine.core.kernels.launch import is_interpreting
+from strata.engine.core.quant import dequant_tile as dt
+from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.core.quant.lookup import lookup_table
+
+try:
+    import triton
+    import triton.language as tl
+
+    from strata.engine.core.fast.moe_triton import activate, expert_bias
+except ImportError:
+    triton = None
+
+# (rows, columns) of a tile: 4 KB of values a program step, as the gather kernel's tiles.
+BLOCK_ROWS, BLOCK_COLS = 16, 256
+INTERPRETER_BLOCK_ROWS = 128  # the interpreter pays per program, not per value
+
+if triton is not None:
+
+    @triton.jit
+    def _expert_bytes(ids_ptr, j, table_ptr, host_offset, stride_expert, HAS_TABLE: tl.constexpr):
+        """Byte offset of the j-th routed expert's blocks: its own, its slot's, or (table -1)
+        the host copy's, host_offset bytes past the slots' base."""
+        expert = tl.load(ids_ptr + j).to(tl.int64)
+        base = expert * stride_expert
+        if HAS_TABLE:
+            slot = tl.load(table_ptr + expert).to(tl.int64)
+            base = tl.where(slot >= 0, slot * stride_expert, host_offset + base)
+        return base
+
+    @triton.jit
+    def _tile_dots(w_ptr, wh_ptr, lut_ptr, base, rows, row_ok, v_ptr, ROW_BYTES: tl.constexpr,
+                   QTYPE: tl.constexpr, K: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                   BLOCK_COLS: tl.constexpr):
+        """W[rows, :] @ v for a matrix of GGML blocks at byte `base`: float32 [BLOCK_ROWS]."""
+        row_off = (base + rows.to(tl.int64) * ROW_BYTES)[:, None]
+        acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        for start in range(0, K, BLOCK_COLS):
+            cols = start + tl.arange(0, BLOCK_COLS)
+            col_ok = cols < K
+            v = tl.load(v_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            w = dt.dequant_tile(w_ptr, wh_ptr, lut_ptr, row_off, cols[None, :],
+                                row_ok[:, None] & col_ok[None, :], QTYPE)
+            acc += tl.sum(w * v[None, :], axis=1)
+        return acc
+
+    # Offsets and strides per layer: never specialized, so a new layer never compiles again.
+    @triton.jit(do_not_specialize=["gate_host_offset", "up_host_offset", "gate_stride",
+                                   "up_stride"])
+    def _gate_up_kernel(
+        x_ptr, gate_ptr, gate_h_ptr, up_ptr, up_h_ptr, lut_ptr, ids_ptr, table_ptr,
+        gate_host_offset, up_host_offset, gate_stride, up_stride, out_ptr,
+        bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
+        N: tl.constexpr, K: tl.constexpr, GATE_ROW_BYTES: tl.constexpr,
+        UP_ROW_BYTES: tl.constexpr, GATE_QTYPE: tl.constexpr, UP_QTYPE: tl.constexpr,
+        HAS_TABLE: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr,
+        LIMIT: tl.constexpr, ALPHA: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr,
+    ):
+        j = tl.program_id(0)
+        rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        row_ok = rows < N
+        gate_base = _expert_bytes(ids_ptr, j, table_ptr, gate_host_offset, gate_stride,
+                                  HAS_TABLE)
+        up_base = _expert_bytes(ids_ptr, j, table_ptr, up_host_offset, up_stride, HAS_TABLE)
+        g = _tile_dots(gate_ptr, gate_h_ptr, lut_ptr, gate_base, rows, row_ok, x_ptr,
+                       GATE_ROW_BYTES, GATE_QTYPE, K, BLOCK_ROWS, BLOCK_COLS)
+        u = _tile_dots(up_ptr, up_h_ptr, lut_ptr, up_base, rows, row_ok, x_ptr,
+                       UP_ROW_BYTES, UP_QTYPE, K, BLOCK_ROWS, BLOCK_COLS)
+        if HAS_BIAS:
+            g += expert_bias(bias_ids_ptr, j, gate_bias_ptr, rows, row_ok, N)
+            u += expert_bias(bias_ids_ptr, j, up_bias_ptr, rows, row_ok, N)
+        act = activate(g, u, CLAMP, LIMIT, ALPHA)
+        tl.store(out_ptr + j * N + rows, act.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+    @triton.jit(do_not_specialize=["host_offset", "stride_expert"])
+    def _down_sum_kernel(
+        act_ptr, down_ptr, down_h_ptr, lut_ptr, ids_ptr, weights_ptr, table_ptr, host_offset,
+        stride_expert, out_ptr, bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
+        N: tl.constexpr, K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
+        TOP_K: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_BIAS: tl.constexpr,
+        CLAMP: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+        row_ok = rows < N
+        acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            base = _expert_bytes(ids_ptr, j, table_ptr, host_offset, stride_expert, HAS_TABLE)
+            dot = _tile_dots(down_ptr, down_h_ptr, lut_ptr, base, rows, row_ok, act_ptr + j * K,
+                             ROW_BYTES, QTYPE, K, BLOCK_ROWS, BLOCK_COLS)
+            if HAS_BIAS:
+                dot += expert_bias(bias_ids_ptr, j, down_bias_ptr, rows, row_ok, N)
+            acc += tl.load(weights_ptr + j).to(tl.float32) * dot
+        tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+def takes(gate: QuantizedExperts, epilogue: Epilogue | None) -> bool:
+    """Whether one token's experts go through these kernels: an epilogue (whatever the type),
+    or MXFP4 blocks, which expert_gemv does not read."""
+    return triton is not None and (epilogue is not None or int(gate.qtype) == dt.MXFP4)
+
+
+def _halves(experts: QuantizedExperts) -> torch.Tensor:
+    """The blocks as float16, for their fp16 fields (at even offsets: QuantizedExperts checks
+    the expert stride; MXFP4 has none and never reads them)."""
+    raw = experts.raw
+    return raw.view(torch.float16) if raw.shape[-1] % 2 == 0 else raw
+
+
+def _block_rows() -> int:
+    return INTERPRETER_BLOCK_ROWS if is_interpreting() else BLOCK_ROWS
+
+
+def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
+               down: QuantizedExperts, ids: torch.Tensor, weights: torch.Tensor,
+               table: torch.Tensor | None = None,
+               host_offsets: tuple[int, int, int] = (0, 0, 0),
+               epilogue: Epilogue | None = None) -> torch.Tensor:
+    """sum_j weights[j] * down[ids[j]] @ act(gate[ids[j]] @ x, up[ids[j]] @ x) for one token
+    x [H], ids and weights [k] on the device -> [H] in x's dtype. table and host_offsets
+    (bytes) as for expert_gemv: a partial cache's slots, and where its host copy lies; the
+    epilogue's biases are read by the real ids."""
+    num_experts_used = ids.shape[0]
+    _, inter, hidden = gate.shape
+    if table is not None and (table.dtype != torch.int32 or not table.is_contiguous()):
+        raise ValueError(f"the slot table must be contiguous int32, got {table.dtype}")
+    if any(offset % 2 for offset in host_offsets):
+        raise ValueError("the host copy must sit an even number of bytes from the slots")
+    ids = ids.contiguous()
+    table_arg = table if table is not None else ids
+    lut = lookup_table(x.device)
+    bias_args, switches = expert_epilogue.kernel_args(epilogue, ids)
+    block_rows = _block_rows()
+    act = torch.empty(num_experts_used, inter, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(num_experts_used, triton.cdiv(inter, block_rows))](
+        x.contiguous(), gate.raw, _halves(gate), up.raw, _halves(up), lut, ids, table_arg,
+        int(host_offsets[0]), int(host_offsets[1]), gate.expert_stride, up.expert_stride, act,
+        *bias_args, N=inter, K=hidden, GATE_ROW_BYTES=gate.raw.shape[2],
+        UP_ROW_BYTES=up.raw.shape[2], GATE_QTYPE=int(gate.qtype), UP_QTYPE=int(up.qtype),
+        HAS_TABLE=table is not None, **switches, BLOCK_ROWS=block_rows, BLOCK_COLS=BLOCK_COLS,
+    )
+    out = torch.empty(hidden, dtype=x.dtype, device=x.device)
+    _down_sum_kernel[(triton.cdiv(hidden, block_rows),)](
+        act, down.raw, _halves(down), lut, ids, weights.contiguous(), table_arg,
+        int(host_offsets[2]), down.expert_stride, out, *bias_args, N=hidden, K=inter,
+        ROW_BYTES=down.raw.shape[2], QTYPE=int(down.qtype), TOP_K=num_experts_used,
+        HAS_TABLE=table is not None, **switches, BLOCK_ROWS=block_rows, BLOCK_COLS=BLOCK_COLS,
+    )
+    return out
