@@ -76,10 +76,11 @@ def test_graph_decode_over_a_partial_cache_equals_all_resident() -> None:
         tokens, cold_hit_rate = decode_pass()
         assert tokens == expected[1:]  # bit for bit, misses read from the mapped host copy
         assert cold_hit_rate < 1.0
-        # The same steps again (same position, same K/V): promoted experts now hit.
+        # The same steps again (same position, same K/V): promoted experts now hit. Not all:
+        # a miss takes a slot only if used more than its victim (expert_cache.py's admission).
         tokens, warm_hit_rate = decode_pass()
         assert tokens == expected[1:]
-        assert warm_hit_rate == 1.0 > cold_hit_rate
+        assert warm_hit_rate > cold_hit_rate
         assert store.verify_slots() == 0
         published = (store.table >= 0).nonzero().tolist()
         assert published and all(
