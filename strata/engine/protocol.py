@@ -17,8 +17,9 @@ from typing import Any, get_args
 # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
 # a typed EngineStatus in Status and in every level Reply; 5: Embed is a request (request_id,
-# answered in batches of Embeddings and a Done, ended early by Cancel), timings in Usage
-PROTOCOL_VERSION = 5
+# answered in batches of Embeddings and a Done, ended early by Cancel), timings in Usage;
+# 6: SamplingSpec.return_progress and the PromptProgress event
+PROTOCOL_VERSION = 6
 # The default number of KV cache slots of a loaded model (--slots N changes it): slots are
 # 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
 NUM_CACHE_SLOTS = 4
@@ -78,6 +79,9 @@ class SamplingSpec:
     # False: evaluate the whole prompt, reusing none of the slot's cached prefix (llama.cpp's
     # cache_prompt: false); the slot's cache still holds this prompt afterwards.
     reuse_cache: bool = True
+    # True: the engine sends PromptProgress when the sequence gets its slot and after each
+    # prefill chunk (llama.cpp's return_progress); off, a prompt costs no extra events.
+    return_progress: bool = False
 
     @property
     def has_penalties(self) -> bool:
@@ -249,6 +253,20 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """How far a prompt's evaluation is (asked by SamplingSpec.return_progress): sent when
+    the sequence gets its slot (processed == cached) and after each prefill chunk, the last
+    with processed == total, before its first Tokens. prefill_s: the engine's clock since the
+    sequence got its slot."""
+
+    request_id: str
+    total: int  # prompt tokens
+    cached: int  # reused from the slot's cache
+    processed: int  # in the cache now, the reused ones included
+    prefill_s: float = field(default=0.0, compare=False)
+
+
+@dataclass(frozen=True)
 class Done:
     request_id: str
     usage: Usage
@@ -415,7 +433,7 @@ class Ready:
     version: int = PROTOCOL_VERSION
 
 
-Event = Tokens | Done | Error | Reply | Status | Ready | Embeddings
+Event = Tokens | Done | Error | Reply | Status | Ready | Embeddings | PromptProgress
 
 COMMAND_TYPES = get_args(Command)
 EVENT_TYPES = get_args(Event)

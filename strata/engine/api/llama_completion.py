@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +28,8 @@ from strata.engine.api.llama_answer import (
     generation_settings,
     only_fields,
     parse_answer_options,
+    progress_json,
+    running_timings,
     timings,
 )
 from strata.engine.api.llama_prompts import llama_prompts
@@ -39,7 +43,7 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.protocol import TokenLogprob
+from strata.engine.protocol import PromptProgress, TokenLogprob
 from strata.engine.text.token_bytes import token_bytes
 
 log = logging.getLogger(__name__)
@@ -49,7 +53,7 @@ COMPLETION_FIELDS = frozenset({
     "prompt", "n_predict", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop", "stream",
     "n_probs", "id_slot", "cache_prompt", "logit_bias", "model", "return_tokens",
-    "response_fields", "ignore_eos",
+    "response_fields", "ignore_eos", "return_progress", "timings_per_token",
 })
 
 
@@ -221,21 +225,38 @@ async def answer_completion(request: web.Request, assets: Any, prompt_ids: list[
         answer = await _answer_one(request.app, service, assets, prompt_ids, params, options,
                                    0)
         return web.json_response(answer)
+    # The engine's prompt reports also give the per-token timings their prompt figures.
+    params = dataclasses.replace(
+        params, return_progress=options.return_progress or options.timings_per_token)
     generation = await start_text_generation(service, assets, prompt_ids, params)
     response = await sse.open_stream(request)
     try:
         num_sent_ids, has_new_line = 0, False
-        async with contextlib.aclosing(generation.deltas()) as deltas:
-            async for text in deltas:
-                ids = _generated_ids(generation, num_sent_ids)
-                num_sent_ids = len(generation.token_ids)
-                has_new_line = has_new_line or "\n" in text
-                await sse.send_data(response, {
-                    "index": 0, "content": text, "tokens": ids, "stop": False,
-                    "id_slot": _slot(generation, params),
-                    "tokens_predicted": len(generation.token_ids),
-                    "tokens_evaluated": len(prompt_ids),
-                    **_probabilities(generation, params, assets)})
+        progress: PromptProgress | None = None
+        first_token_s: float | None = None
+        async with contextlib.aclosing(generation.pieces()) as pieces:
+            async for piece in pieces:
+                chunk = {"index": 0, "content": "", "tokens": [], "stop": False,
+                         "id_slot": _slot(generation, params),
+                         "tokens_predicted": len(generation.token_ids),
+                         "tokens_evaluated": len(prompt_ids)}
+                if isinstance(piece, PromptProgress):
+                    progress = piece
+                    if not options.return_progress:
+                        continue
+                    chunk["prompt_progress"] = progress_json(piece)
+                else:
+                    first_token_s = first_token_s or time.monotonic()
+                    chunk["content"] = piece
+                    chunk["tokens"] = _generated_ids(generation, num_sent_ids)
+                    num_sent_ids = len(generation.token_ids)
+                    has_new_line = has_new_line or "\n" in piece
+                    chunk |= _probabilities(generation, params, assets)
+                if options.timings_per_token:
+                    decode_s = time.monotonic() - first_token_s if first_token_s else 0.0
+                    chunk["timings"] = running_timings(progress, len(generation.token_ids),
+                                                       decode_s)
+                await sse.send_data(response, chunk)
         prompt = await run_cpu(request.app, assets.decode, prompt_ids, False)
         final = {"index": 0, **_final(generation, params, service.model_id, "", prompt, options,
                                       has_new_line),
