@@ -18,7 +18,7 @@ from typing import Any, get_args
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
 # a typed EngineStatus in Status and in every level Reply; 5: Embed is a request (request_id,
 # answered in batches of Embeddings and a Done, ended early by Cancel), timings in Usage;
-# 6: SamplingSpec.return_progress and the PromptProgress event
+# 6: SamplingSpec.return_progress and the PromptProgress event, Embed pooling "none"
 PROTOCOL_VERSION = 6
 # The default number of KV cache slots of a loaded model (--slots N changes it): slots are
 # 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
@@ -179,8 +179,9 @@ class GetStatus:
     pass
 
 
-# How Embed pools a sequence's final hidden states (after the final norm) into one vector.
-POOLINGS = ("last", "mean")
+# How Embed pools a sequence's final hidden states (after the final norm) into one vector;
+# "none": no pooling, a vector per token.
+POOLINGS = ("last", "mean", "none")
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,10 @@ class Embed:
     per engine-loop step, so generations keep decoding beside it. Answered by Embeddings
     events with this request_id (the next vectors, in order) and a Done (usage.prompt_tokens:
     the tokens run; finish_reason "cancelled" after a Cancel). pooling: "last" (the last
-    token's hidden state, the only one a causal model computes over the whole input) or
-    "mean" (of all tokens).
+    token's hidden state, the only one a causal model computes over the whole input),
+    "mean" (of all tokens) or "none" (every token's hidden state, not normalized: the
+    Embeddings carry a vector per token of each sequence, in order, as llama.cpp's pooling
+    none answers).
     """
 
     request_id: str
@@ -409,8 +412,8 @@ class Reply:
 
 @dataclass(frozen=True)
 class Embeddings:
-    """Part of the answer to Embed: the vectors of the next sequences, in order, and the
-    tokens they ran."""
+    """Part of the answer to Embed: the vectors of the next sequences, in order (pooling
+    "none": a vector per token of each, whole sequences only), and the tokens they ran."""
 
     request_id: str
     vectors: tuple[tuple[float, ...], ...]
