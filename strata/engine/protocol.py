@@ -18,7 +18,8 @@ from typing import Any, get_args
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
 # a typed EngineStatus in Status and in every level Reply; 5: Embed is a request (request_id,
 # answered in batches of Embeddings and a Done, ended early by Cancel), timings in Usage;
-# 6: SamplingSpec.return_progress and the PromptProgress event, Embed pooling "none"
+# 6: SamplingSpec.return_progress and the PromptProgress event, Embed pooling "none",
+# SamplingSpec.post_sampling_probs
 PROTOCOL_VERSION = 6
 # The default number of KV cache slots of a loaded model (--slots N changes it): slots are
 # 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
@@ -76,6 +77,10 @@ class SamplingSpec:
     penalty_last_n: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     num_logprobs: int | None = None  # None: none; k: each token's logprob and the top k
+    # With num_logprobs: the records hold the log of the probabilities the sampler drew from
+    # (after bias, penalties, temperature, top-k, min-p, top-p; greedy: 1 for its pick), the
+    # top ones those it kept (llama.cpp's post_sampling_probs), not the raw logits' logprobs.
+    post_sampling_probs: bool = False
     # False: evaluate the whole prompt, reusing none of the slot's cached prefix (llama.cpp's
     # cache_prompt: false); the slot's cache still holds this prompt afterwards.
     reuse_cache: bool = True

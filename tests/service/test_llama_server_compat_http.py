@@ -5,6 +5,7 @@ type, its server-wide seed and n-predict (--seed, --max-tokens), its token-count
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -201,3 +202,30 @@ async def test_completion_streams_prompt_progress_and_timings_per_token(base_url
     status, error = await _post(f"{base_url}/completion",
                                 {**body, "stream": False})
     assert status == 400 and error["error"]["param"] == "return_progress"
+
+
+async def test_post_sampling_probs_are_the_distribution_the_sampler_drew_from(base_url):
+    body = {"prompt": PROMPT, "n_predict": 4, "n_probs": 5, "temperature": 1.0, "top_k": 3,
+            "top_p": 1.0, "min_p": 0.0, "seed": 7, "post_sampling_probs": True}
+    status, answer = await _post(f"{base_url}/completion", body)
+    assert status == 200, answer
+    records = answer["completion_probabilities"]
+    assert len(records) == 4
+    for record in records:
+        assert "logprob" not in record and 0 < record["prob"] <= 1
+        top = record["top_probs"]
+        # top_k 3 keeps three tokens: all of them listed (n_probs 5), their mass is all of it.
+        assert 1 <= len(top) <= 3 and sum(t["prob"] for t in top) == pytest.approx(1.0)
+        assert [t["prob"] for t in top] == sorted((t["prob"] for t in top), reverse=True)
+        assert record["prob"] == pytest.approx(next(t["prob"] for t in top
+                                                    if t["id"] == record["id"]))
+    # The raw logprobs of the same draw: the chosen token's probability before top_k is less.
+    _, raw = await _post(f"{base_url}/completion", {**body, "post_sampling_probs": False})
+    assert raw["completion_probabilities"][0]["id"] == records[0]["id"]
+    assert math.exp(raw["completion_probabilities"][0]["logprob"]) < records[0]["prob"]
+    # Greedy: all the mass on its pick.
+    _, greedy = await _post(f"{base_url}/completion", {**body, "temperature": 0})
+    assert all(r["prob"] == 1.0 and [t["prob"] for t in r["top_probs"]] == [1.0]
+               for r in greedy["completion_probabilities"])
+    status, error = await _post(f"{base_url}/completion", {**body, "n_probs": 0})
+    assert status == 400 and error["error"]["param"] == "post_sampling_probs"

@@ -97,7 +97,8 @@ def generation_settings(spec: SamplingSpec | None, params: GenerationParams,
     settings: dict[str, Any] = {
         "n_predict": -1 if params.max_tokens is None else params.max_tokens,
         "stop": list(params.stops), "stream": params.is_stream,
-        "n_probs": params.num_logprobs or 0, "cache_prompt": params.reuse_cache,
+        "n_probs": params.num_logprobs or 0, "post_sampling_probs": params.post_sampling_probs,
+        "cache_prompt": params.reuse_cache,
         "id_slot": id_slot}
     if spec is not None:
         settings |= {

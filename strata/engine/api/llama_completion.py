@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +55,7 @@ COMPLETION_FIELDS = frozenset({
     "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop", "stream",
     "n_probs", "id_slot", "cache_prompt", "logit_bias", "model", "return_tokens",
     "response_fields", "ignore_eos", "return_progress", "timings_per_token",
+    "post_sampling_probs",
 })
 
 
@@ -105,6 +107,12 @@ def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
                           param="n_predict")
     seed = v.get_int(body, "seed", -1)
     slot = v.get_int(body, "id_slot", -1, minimum=-1)  # -1: any slot (the engine picks)
+    num_logprobs = v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None
+    post_sampling_probs = v.get_bool(body, "post_sampling_probs")
+    if post_sampling_probs and num_logprobs is None:
+        raise bad_request("'post_sampling_probs' gives the n_probs records as the sampler's "
+                          "probabilities; set 'n_probs' too, or leave it out",
+                          param="post_sampling_probs")
     return GenerationParams(
         max_tokens=None if n_predict == -1 else n_predict,
         temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
@@ -113,19 +121,23 @@ def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
         is_stream=v.get_bool(body, "stream"), include_usage=False,
         slot=None if slot == -1 else slot, slot_param="id_slot",
         penalties=parse_penalties(body), logit_bias=_logit_bias(body, encode),
-        num_logprobs=v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None,
+        num_logprobs=num_logprobs, post_sampling_probs=post_sampling_probs,
         reuse_cache=v.get_bool(body, "cache_prompt", True),
         ignore_eos=v.get_bool(body, "ignore_eos"))
 
 
-def completion_probabilities(assets: Any, records: Sequence[TokenLogprob]) -> list[dict]:
-    """llama.cpp's completion_probabilities entries: id, token, bytes, logprob, top_logprobs."""
+def completion_probabilities(assets: Any, records: Sequence[TokenLogprob],
+                             post_sampling: bool = False) -> list[dict]:
+    """llama.cpp's completion_probabilities entries: id, token, bytes, logprob, top_logprobs;
+    post_sampling: prob and top_probs (the sampler's probabilities, post_sampling_probs)."""
+    value, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+
     def entry(token_id: int, logprob: float) -> dict:
         raw = token_bytes(assets, token_id)
         return {"id": token_id, "token": raw.decode("utf-8", errors="replace"),
-                "bytes": list(raw), "logprob": logprob}
+                "bytes": list(raw), value: math.exp(logprob) if post_sampling else logprob}
 
-    return [{**entry(r.token_id, r.logprob), "top_logprobs": [entry(i, lp) for i, lp in r.top]}
+    return [{**entry(r.token_id, r.logprob), top: [entry(i, lp) for i, lp in r.top]}
             for r in records]
 
 
@@ -163,7 +175,7 @@ def _probabilities(generation: TextGeneration, params: GenerationParams, assets:
     if params.num_logprobs is None:
         return {}
     return {"completion_probabilities": completion_probabilities(
-        assets, generation.take_logprobs())}
+        assets, generation.take_logprobs(), params.post_sampling_probs)}
 
 
 async def completion(request: web.Request) -> web.StreamResponse:
