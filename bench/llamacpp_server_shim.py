@@ -52,6 +52,7 @@ def llama_server_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--metrics", action="store_true")
     p.add_argument("--no-slots", action="store_true")
     p.add_argument("--n-predict", type=int)
+    p.add_argument("--pooling")
     args, _ignored = p.parse_known_args(argv)
     return args
 
@@ -94,6 +95,9 @@ def strata_args(args: argparse.Namespace, port: int, home: Path,
         out += ["--no-metrics-endpoint"]
     if args.no_slots:
         out += ["--no-slots-endpoint"]
+    # --pooling: Strata's own choices (llama-server's rank is for rerankers, left out).
+    if args.pooling in ("last", "mean", "none"):
+        out += ["--pooling", args.pooling]
     if args.sleep_idle_seconds:
         out += ["--sleep-idle", str(args.sleep_idle_seconds)]
     return out

@@ -17,8 +17,10 @@ from typing import Any, get_args
 # 2: penalties, logit_bias, num_logprobs, Tokens.logprobs; 3: grammar, ResizeExperts;
 # 4: batching (Generate.slot None = the engine picks, Done.slot, EngineConfig.num_slots/parallel),
 # a typed EngineStatus in Status and in every level Reply; 5: Embed is a request (request_id,
-# answered in batches of Embeddings and a Done, ended early by Cancel), timings in Usage
-PROTOCOL_VERSION = 5
+# answered in batches of Embeddings and a Done, ended early by Cancel), timings in Usage;
+# 6: SamplingSpec.return_progress and the PromptProgress event, Embed pooling "none",
+# SamplingSpec.post_sampling_probs
+PROTOCOL_VERSION = 6
 # The default number of KV cache slots of a loaded model (--slots N changes it): slots are
 # 0..num_slots-1, one number for host and engine (EngineConfig.num_slots).
 NUM_CACHE_SLOTS = 4
@@ -75,9 +77,16 @@ class SamplingSpec:
     penalty_last_n: int = 64
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     num_logprobs: int | None = None  # None: none; k: each token's logprob and the top k
+    # With num_logprobs: the records hold the log of the probabilities the sampler drew from
+    # (after bias, penalties, temperature, top-k, min-p, top-p; greedy: 1 for its pick), the
+    # top ones those it kept (llama.cpp's post_sampling_probs), not the raw logits' logprobs.
+    post_sampling_probs: bool = False
     # False: evaluate the whole prompt, reusing none of the slot's cached prefix (llama.cpp's
     # cache_prompt: false); the slot's cache still holds this prompt afterwards.
     reuse_cache: bool = True
+    # True: the engine sends PromptProgress when the sequence gets its slot and after each
+    # prefill chunk (llama.cpp's return_progress); off, a prompt costs no extra events.
+    return_progress: bool = False
 
     @property
     def has_penalties(self) -> bool:
@@ -175,8 +184,9 @@ class GetStatus:
     pass
 
 
-# How Embed pools a sequence's final hidden states (after the final norm) into one vector.
-POOLINGS = ("last", "mean")
+# How Embed pools a sequence's final hidden states (after the final norm) into one vector;
+# "none": no pooling, a vector per token.
+POOLINGS = ("last", "mean", "none")
 
 
 @dataclass(frozen=True)
@@ -187,8 +197,10 @@ class Embed:
     per engine-loop step, so generations keep decoding beside it. Answered by Embeddings
     events with this request_id (the next vectors, in order) and a Done (usage.prompt_tokens:
     the tokens run; finish_reason "cancelled" after a Cancel). pooling: "last" (the last
-    token's hidden state, the only one a causal model computes over the whole input) or
-    "mean" (of all tokens).
+    token's hidden state, the only one a causal model computes over the whole input),
+    "mean" (of all tokens) or "none" (every token's hidden state, not normalized: the
+    Embeddings carry a vector per token of each sequence, in order, as llama.cpp's pooling
+    none answers).
     """
 
     request_id: str
@@ -246,6 +258,20 @@ class Tokens:
     request_id: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id when the request asked
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a prompt's evaluation is (asked by SamplingSpec.return_progress): sent when
+    the sequence gets its slot (processed == cached) and after each prefill chunk, the last
+    with processed == total, before its first Tokens. prefill_s: the engine's clock since the
+    sequence got its slot."""
+
+    request_id: str
+    total: int  # prompt tokens
+    cached: int  # reused from the slot's cache
+    processed: int  # in the cache now, the reused ones included
+    prefill_s: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -391,8 +417,8 @@ class Reply:
 
 @dataclass(frozen=True)
 class Embeddings:
-    """Part of the answer to Embed: the vectors of the next sequences, in order, and the
-    tokens they ran."""
+    """Part of the answer to Embed: the vectors of the next sequences, in order (pooling
+    "none": a vector per token of each, whole sequences only), and the tokens they ran."""
 
     request_id: str
     vectors: tuple[tuple[float, ...], ...]
@@ -415,7 +441,7 @@ class Ready:
     version: int = PROTOCOL_VERSION
 
 
-Event = Tokens | Done | Error | Reply | Status | Ready | Embeddings
+Event = Tokens | Done | Error | Reply | Status | Ready | Embeddings | PromptProgress
 
 COMMAND_TYPES = get_args(Command)
 EVENT_TYPES = get_args(Event)

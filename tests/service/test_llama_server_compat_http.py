@@ -4,6 +4,8 @@ type, its server-wide seed and n-predict (--seed, --max-tokens), its token-count
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from typing import Any
 
@@ -163,3 +165,67 @@ async def test_verbose_adds_the_answer_in_llama_servers_own_terms(base_url):
     status, error = await _post(f"{base_url}/chat/completions", {
         "messages": messages, "max_tokens": 2, "verbose": True, "stream": True})
     assert status == 400 and error["error"]["param"] == "verbose"
+
+
+async def _stream(url: str, body: dict) -> list[dict]:
+    chunks = []
+    async with aiohttp.ClientSession() as session, session.post(url, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        async for line in resp.content:
+            if line.startswith(b"data: ") and b"[DONE]" not in line:
+                chunks.append(json.loads(line[6:]))
+    return chunks
+
+
+async def test_completion_streams_prompt_progress_and_timings_per_token(base_url):
+    body = {"prompt": PROMPT, "n_predict": 3, "stream": True, "cache_prompt": False,
+            "return_progress": True, "timings_per_token": True}
+    chunks = await _stream(f"{base_url}/completion", body)
+    progress = [c for c in chunks if "prompt_progress" in c]
+    first_text = next(i for i, c in enumerate(chunks) if c["tokens"])
+    assert progress and chunks[:first_text] == progress  # the prompt's reports come first
+    reports = [c["prompt_progress"] for c in progress]
+    assert reports[0]["processed"] == reports[0]["cache"] == 0 < reports[0]["total"]
+    assert reports[-1]["processed"] == reports[-1]["total"]
+    assert all(c["content"] == "" and c["stop"] is False for c in progress)
+    # llama-server's timings in every chunk; the first before any prompt token ran.
+    assert all("timings" in c for c in chunks)
+    assert progress[0]["timings"]["prompt_n"] == 0 and progress[0]["timings"]["prompt_ms"] == 0
+    assert chunks[-1]["stop"] is True and chunks[-1]["timings"]["predicted_n"] >= 1
+    prompt_ms = [c["timings"]["prompt_ms"] for c in progress]
+    assert prompt_ms == sorted(prompt_ms) and prompt_ms[-1] > 0
+    # Not asked: no reports, and timings only in the last chunk.
+    plain = await _stream(f"{base_url}/completion", {**body, "return_progress": False,
+                                                     "timings_per_token": False})
+    assert not [c for c in plain if "prompt_progress" in c]
+    assert [c for c in plain if "timings" in c] == [plain[-1]]
+    status, error = await _post(f"{base_url}/completion",
+                                {**body, "stream": False})
+    assert status == 400 and error["error"]["param"] == "return_progress"
+
+
+async def test_post_sampling_probs_are_the_distribution_the_sampler_drew_from(base_url):
+    body = {"prompt": PROMPT, "n_predict": 4, "n_probs": 5, "temperature": 1.0, "top_k": 3,
+            "top_p": 1.0, "min_p": 0.0, "seed": 7, "post_sampling_probs": True}
+    status, answer = await _post(f"{base_url}/completion", body)
+    assert status == 200, answer
+    records = answer["completion_probabilities"]
+    assert len(records) == 4
+    for record in records:
+        assert "logprob" not in record and 0 < record["prob"] <= 1
+        top = record["top_probs"]
+        # top_k 3 keeps three tokens: all of them listed (n_probs 5), their mass is all of it.
+        assert 1 <= len(top) <= 3 and sum(t["prob"] for t in top) == pytest.approx(1.0)
+        assert [t["prob"] for t in top] == sorted((t["prob"] for t in top), reverse=True)
+        assert record["prob"] == pytest.approx(next(t["prob"] for t in top
+                                                    if t["id"] == record["id"]))
+    # The raw logprobs of the same draw: the chosen token's probability before top_k is less.
+    _, raw = await _post(f"{base_url}/completion", {**body, "post_sampling_probs": False})
+    assert raw["completion_probabilities"][0]["id"] == records[0]["id"]
+    assert math.exp(raw["completion_probabilities"][0]["logprob"]) < records[0]["prob"]
+    # Greedy: all the mass on its pick.
+    _, greedy = await _post(f"{base_url}/completion", {**body, "temperature": 0})
+    assert all(r["prob"] == 1.0 and [t["prob"] for t in r["top_probs"]] == [1.0]
+               for r in greedy["completion_probabilities"])
+    status, error = await _post(f"{base_url}/completion", {**body, "n_probs": 0})
+    assert status == 400 and error["error"]["param"] == "post_sampling_probs"

@@ -28,13 +28,15 @@ from strata.engine.service.facade import ServiceFacade
 def create_app(service: ServiceFacade, *, api_key: str | None = None,
                allowed_hosts: Iterable[str] = (),
                allowed_origins: Iterable[str] = (), metrics_endpoint: bool = True,
-               slots_endpoint: bool = True) -> web.Application:
+               slots_endpoint: bool = True,
+               embedding_pooling: str = "model") -> web.Application:
     """Build the API app over a service.
 
     allowed_hosts: Host names accepted besides the loopback names ('*' accepts any).
     allowed_origins: browser Origins allowed to call the API (CORS) besides our own and
     DEFAULT_ALLOWED_ORIGINS: exact origins or patterns (http://host:*, app://*, *).
     metrics_endpoint, slots_endpoint: off, GET /metrics or /slots answers 501.
+    embedding_pooling: the embeddings' pooling (model: what the model declares).
     The caller owns the service's lifetime and the bind address.
     """
     # The model is resolved after the key and origin checks: an unknown name is no clue for a
@@ -47,7 +49,8 @@ def create_app(service: ServiceFacade, *, api_key: str | None = None,
                                     allowed_origins=(*DEFAULT_ALLOWED_ORIGINS,
                                                      *(o.rstrip("/") for o in allowed_origins)),
                                     metrics_endpoint=metrics_endpoint,
-                                    slots_endpoint=slots_endpoint)
+                                    slots_endpoint=slots_endpoint,
+                                    embedding_pooling=embedding_pooling)
     app.on_response_prepare.append(add_cors_headers)
     app[LIFECYCLE_KEY] = Lifecycle()
     app.on_shutdown.append(_mark_stopping)

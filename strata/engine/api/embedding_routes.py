@@ -22,6 +22,7 @@ from aiohttp import web
 from strata.engine.api import validation as v
 from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import ApiError, bad_request
+from strata.engine.api.keys import SETTINGS_KEY
 from strata.engine.api.llama_prompts import is_single_prompt, tokenize_prompt
 from strata.engine.api.model_routing import apply_ttl, service_of
 from strata.engine.api.ollama_params import parse_keep_alive
@@ -41,6 +42,8 @@ from strata.engine.text.embedding_spec import embedding_spec
 # input is also bounded by the context). Past either: 413 naming the limit.
 MAX_EMBED_INPUTS = 2048
 MAX_EMBED_TOKENS = 300_000
+# With --pooling none every token is a vector of hidden_size floats in the JSON answer.
+MAX_TOKEN_VECTORS = 8192
 
 # Ollama options that mean something for an embedding; sampling ones do not.
 _OLLAMA_OPTIONS = frozenset({"num_ctx"})
@@ -97,25 +100,53 @@ def _check_dimensions(body: dict, dimensions: int) -> None:
                           param="dimensions")
 
 
+def _pooling(request: web.Request, spec_pooling: str) -> str:
+    """The server's --pooling, else the model's own."""
+    pooling = request.app[SETTINGS_KEY].embedding_pooling
+    return spec_pooling if pooling == "model" else pooling
+
+
+def refuse_pooling_none(request: web.Request) -> None:
+    """A route whose answer has one vector per input: 400 while the server pools none."""
+    if request.app[SETTINGS_KEY].embedding_pooling == "none":
+        raise bad_request(f"{request.path} answers one vector per input, and this server "
+                          "runs with --pooling none (a vector per token); use /embedding, or "
+                          "serve with another --pooling", param="input")
+
+
 async def _embed(request: web.Request, body: dict, items: Sequence[str | list[int]],
                  name: str, *, truncate: bool = False, limit: int | None = None
                  ) -> tuple[list[list[float]], int]:
-    """(vectors, tokens run) of the inputs."""
+    """(vectors, tokens run) of the inputs, one vector per input."""
+    refuse_pooling_none(request)
+    vectors, lengths = await _embed_tokens(request, body, items, name, truncate=truncate,
+                                           limit=limit)
+    return vectors, sum(lengths)
+
+
+async def _embed_tokens(request: web.Request, body: dict, items: Sequence[str | list[int]],
+                        name: str, *, truncate: bool = False, limit: int | None = None
+                        ) -> tuple[list[list[float]], list[int]]:
+    """(vectors, each input's tokens): a vector per input, or with --pooling none a vector
+    per token of every input, in order."""
     service = service_of(request)
     assets = text_assets(service)
     spec = embedding_spec(assets.source)
+    pooling = _pooling(request, spec.pooling)
     _check_dimensions(body, spec.dimensions)
     ids = await _token_ids(request.app, assets, items, name)
     context = service.context_tokens
     limit = min(limit, context) if limit and context else (limit or context)
     ids = _fit(ids, limit, name, truncate)
     num_tokens = sum(map(len, ids))
-    if num_tokens > MAX_EMBED_TOKENS:
+    max_tokens = MAX_TOKEN_VECTORS if pooling == "none" else MAX_EMBED_TOKENS
+    if num_tokens > max_tokens:
         raise ApiError(413, f"'{name}' is {num_tokens} tokens in all; at most "
-                       f"{MAX_EMBED_TOKENS} are embedded per request: send them in several "
-                       "requests", "request_too_large", param=name)
-    result = await service.embed(ids, spec.pooling)
-    return [list(vector) for vector in result.vectors], result.num_tokens
+                       f"{max_tokens} are embedded per request"
+                       + (" with --pooling none (a vector each)" if pooling == "none" else "")
+                       + ": send them in several requests", "request_too_large", param=name)
+    result = await service.embed(ids, pooling)
+    return [list(vector) for vector in result.vectors], [len(sequence) for sequence in ids]
 
 
 def _base64(vector: list[float]) -> str:
@@ -128,6 +159,7 @@ async def openai_embeddings(request: web.Request) -> web.Response:
     service = service_of(request)
     body = await read_json_object(request)
     refuse_unknown_fields(body, OPENAI_EMBEDDING_FIELDS, "/v1/embeddings")
+    refuse_pooling_none(request)
     apply_ttl(service, body)
     encoding = body.get("encoding_format") or "float"
     if encoding not in ("float", "base64"):
@@ -156,18 +188,44 @@ def _renormalize(vector: list[float], norm: int) -> list[float]:
 
 
 async def llama_embedding(request: web.Request) -> web.Response:
-    """POST /embedding: llama.cpp's own shape, [{"index", "embedding": [vector]}]."""
+    """POST /embedding: llama.cpp's own shape, [{"index", "embedding": [vector]}]; with
+    --pooling none, "embedding" is every token's vector, not normalized."""
     body = await read_json_object(request)
-    refuse_unknown_fields(body, LLAMA_EMBEDDING_FIELDS, "/embedding")
+    refuse_unknown_fields(body, LLAMA_EMBEDDING_FIELDS, request.path)
     name = "content" if body.get("content") is not None else "input"
     norm = v.get_int(body, "embd_normalize", 2, minimum=-1, maximum=64)
-    if norm == -1:
+    pooling_none = request.app[SETTINGS_KEY].embedding_pooling == "none"
+    if norm == -1 and not pooling_none:
         raise bad_request("'embd_normalize' -1 (no normalization) is not supported: Strata's "
-                          "vectors are normalized; use 2 (euclidean), 1 or 0",
+                          "pooled vectors are normalized; use 2 (euclidean), 1 or 0",
                           param="embd_normalize")
-    vectors, _ = await _embed(request, body, _inputs(body.get(name), name), name)
+    if norm != 2 and body.get("embd_normalize") is not None and pooling_none:
+        raise bad_request("'embd_normalize' does not apply with --pooling none: the token "
+                          "vectors are not normalized; leave it out", param="embd_normalize")
+    items = _inputs(body.get(name), name)
+    vectors, lengths = await _embed_tokens(request, body, items, name)
+    if pooling_none:
+        rows, answer = iter(vectors), []
+        for i, length in enumerate(lengths):
+            answer.append({"index": i, "embedding": [next(rows) for _ in range(length)]})
+        return web.json_response(answer)
     return web.json_response([{"index": i, "embedding": [_renormalize(vector, norm)]}
                               for i, vector in enumerate(vectors)])
+
+
+# Fields of OpenAI's embeddings API that llama.cpp's native one does not have: a body with one
+# of them (or `model`, which OpenAI's clients always send) on /embeddings is OpenAI's.
+_OPENAI_EMBEDDING_ONLY = (OPENAI_EMBEDDING_FIELDS - LLAMA_EMBEDDING_FIELDS) | {"model"}
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """POST /embeddings: llama.cpp's native route there, as llama-server has it, unless the
+    body is OpenAI's (it names a model or an OpenAI-only field such as encoding_format);
+    those are answered as /v1/embeddings, for OpenAI clients given a base URL without /v1."""
+    body = await read_json_object(request)
+    if any(body.get(field) is not None for field in _OPENAI_EMBEDDING_ONLY):
+        return await openai_embeddings(request)
+    return await llama_embedding(request)
 
 
 def _ollama_limit(body: dict) -> int | None:

@@ -23,6 +23,7 @@ class ApiSettings:
     allowed_origins: tuple[str, ...] = ()
     metrics_endpoint: bool = True  # off: GET /metrics answers 501
     slots_endpoint: bool = True  # off: GET /slots answers 501
+    embedding_pooling: str = "model"  # model (its own declaration) or protocol.POOLINGS
 
 
 @dataclass

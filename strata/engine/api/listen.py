@@ -180,7 +180,8 @@ async def start_listening(service: Any, settings: Any, *, port_advice: str = "--
     app = create_app(service, api_key=settings.api_key, allowed_hosts=allowed_hosts,
                      allowed_origins=settings.allowed_origins,
                      metrics_endpoint=settings.metrics_endpoint,
-                     slots_endpoint=settings.slots_endpoint)
+                     slots_endpoint=settings.slots_endpoint,
+                     embedding_pooling=settings.embedding_pooling)
     runner = web.AppRunner(app, handler_cancellation=True, handle_signals=False)
     await runner.setup()
     try:

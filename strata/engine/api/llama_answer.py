@@ -11,7 +11,7 @@ from typing import Any
 from strata.engine.api import validation as v
 from strata.engine.api.errors import bad_request
 from strata.engine.api.params import GenerationParams
-from strata.engine.protocol import SamplingSpec, Usage
+from strata.engine.protocol import PromptProgress, SamplingSpec, Usage
 
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a new seed for every request
 MAX_RESPONSE_FIELDS = 64
@@ -24,6 +24,10 @@ class AnswerOptions:
 
     return_tokens: bool = False
     response_fields: tuple[str, ...] = ()
+    # Streamed: a chunk per prompt chunk the engine evaluates (prompt_progress), and `timings`
+    # in every chunk, not only the last.
+    return_progress: bool = False
+    timings_per_token: bool = False
 
 
 def parse_answer_options(body: dict) -> AnswerOptions:
@@ -36,8 +40,13 @@ def parse_answer_options(body: dict) -> AnswerOptions:
         raise bad_request(f"'response_fields' must be a list of at most {MAX_RESPONSE_FIELDS} "
                           "field names (paths such as \"generation_settings/n_predict\")",
                           param="response_fields")
+    return_progress = v.get_bool(body, "return_progress")
+    if return_progress and not v.get_bool(body, "stream"):
+        raise bad_request("'return_progress' reports a prompt's evaluation in a stream; set "
+                          "'stream': true or leave it out", param="return_progress")
     return AnswerOptions(return_tokens=v.get_bool(body, "return_tokens"),
-                         response_fields=tuple(fields))
+                         response_fields=tuple(fields), return_progress=return_progress,
+                         timings_per_token=v.get_bool(body, "timings_per_token"))
 
 
 def timings(usage: Usage) -> dict[str, Any]:
@@ -64,13 +73,32 @@ def timings(usage: Usage) -> dict[str, Any]:
             "predicted_per_second": per_second(predicted_ms, num_steps)}
 
 
+def progress_json(progress: PromptProgress) -> dict[str, Any]:
+    """llama.cpp's `prompt_progress`: prompt tokens in all, reused, in the cache now, and the
+    milliseconds of evaluation so far."""
+    return {"total": progress.total, "cache": progress.cached,
+            "processed": progress.processed, "time_ms": progress.prefill_s * 1000.0}
+
+
+def running_timings(progress: PromptProgress | None, num_predicted: int,
+                    decode_s: float) -> dict[str, Any]:
+    """`timings` while a generation runs (timings_per_token): the prompt's from the engine's
+    last report, decoding on the host's clock since the first token arrived."""
+    if progress is None:
+        progress = PromptProgress("", 0, 0, 0)
+    return timings(Usage(prompt_tokens=progress.processed, completion_tokens=num_predicted,
+                         cached_tokens=progress.cached, finish_reason="",
+                         prefill_s=progress.prefill_s, decode_s=decode_s))
+
+
 def generation_settings(spec: SamplingSpec | None, params: GenerationParams,
                         id_slot: int) -> dict[str, Any]:
     """The settings the generation ran with, the server's defaults filled in."""
     settings: dict[str, Any] = {
         "n_predict": -1 if params.max_tokens is None else params.max_tokens,
         "stop": list(params.stops), "stream": params.is_stream,
-        "n_probs": params.num_logprobs or 0, "cache_prompt": params.reuse_cache,
+        "n_probs": params.num_logprobs or 0, "post_sampling_probs": params.post_sampling_probs,
+        "cache_prompt": params.reuse_cache,
         "id_slot": id_slot}
     if spec is not None:
         settings |= {

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +29,8 @@ from strata.engine.api.llama_answer import (
     generation_settings,
     only_fields,
     parse_answer_options,
+    progress_json,
+    running_timings,
     timings,
 )
 from strata.engine.api.llama_prompts import llama_prompts
@@ -39,7 +44,7 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.protocol import TokenLogprob
+from strata.engine.protocol import PromptProgress, TokenLogprob
 from strata.engine.text.token_bytes import token_bytes
 
 log = logging.getLogger(__name__)
@@ -49,7 +54,8 @@ COMPLETION_FIELDS = frozenset({
     "prompt", "n_predict", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "stop", "stream",
     "n_probs", "id_slot", "cache_prompt", "logit_bias", "model", "return_tokens",
-    "response_fields", "ignore_eos",
+    "response_fields", "ignore_eos", "return_progress", "timings_per_token",
+    "post_sampling_probs",
 })
 
 
@@ -101,6 +107,12 @@ def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
                           param="n_predict")
     seed = v.get_int(body, "seed", -1)
     slot = v.get_int(body, "id_slot", -1, minimum=-1)  # -1: any slot (the engine picks)
+    num_logprobs = v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None
+    post_sampling_probs = v.get_bool(body, "post_sampling_probs")
+    if post_sampling_probs and num_logprobs is None:
+        raise bad_request("'post_sampling_probs' gives the n_probs records as the sampler's "
+                          "probabilities; set 'n_probs' too, or leave it out",
+                          param="post_sampling_probs")
     return GenerationParams(
         max_tokens=None if n_predict == -1 else n_predict,
         temperature=v.get_temperature(body, maximum=2.0), top_p=v.get_top_p(body),
@@ -109,19 +121,23 @@ def parse_completion(body: dict, fields: frozenset[str] = COMPLETION_FIELDS,
         is_stream=v.get_bool(body, "stream"), include_usage=False,
         slot=None if slot == -1 else slot, slot_param="id_slot",
         penalties=parse_penalties(body), logit_bias=_logit_bias(body, encode),
-        num_logprobs=v.get_int(body, "n_probs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS) or None,
+        num_logprobs=num_logprobs, post_sampling_probs=post_sampling_probs,
         reuse_cache=v.get_bool(body, "cache_prompt", True),
         ignore_eos=v.get_bool(body, "ignore_eos"))
 
 
-def completion_probabilities(assets: Any, records: Sequence[TokenLogprob]) -> list[dict]:
-    """llama.cpp's completion_probabilities entries: id, token, bytes, logprob, top_logprobs."""
+def completion_probabilities(assets: Any, records: Sequence[TokenLogprob],
+                             post_sampling: bool = False) -> list[dict]:
+    """llama.cpp's completion_probabilities entries: id, token, bytes, logprob, top_logprobs;
+    post_sampling: prob and top_probs (the sampler's probabilities, post_sampling_probs)."""
+    value, top = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+
     def entry(token_id: int, logprob: float) -> dict:
         raw = token_bytes(assets, token_id)
         return {"id": token_id, "token": raw.decode("utf-8", errors="replace"),
-                "bytes": list(raw), "logprob": logprob}
+                "bytes": list(raw), value: math.exp(logprob) if post_sampling else logprob}
 
-    return [{**entry(r.token_id, r.logprob), "top_logprobs": [entry(i, lp) for i, lp in r.top]}
+    return [{**entry(r.token_id, r.logprob), top: [entry(i, lp) for i, lp in r.top]}
             for r in records]
 
 
@@ -159,7 +175,7 @@ def _probabilities(generation: TextGeneration, params: GenerationParams, assets:
     if params.num_logprobs is None:
         return {}
     return {"completion_probabilities": completion_probabilities(
-        assets, generation.take_logprobs())}
+        assets, generation.take_logprobs(), params.post_sampling_probs)}
 
 
 async def completion(request: web.Request) -> web.StreamResponse:
@@ -221,21 +237,38 @@ async def answer_completion(request: web.Request, assets: Any, prompt_ids: list[
         answer = await _answer_one(request.app, service, assets, prompt_ids, params, options,
                                    0)
         return web.json_response(answer)
+    # The engine's prompt reports also give the per-token timings their prompt figures.
+    params = dataclasses.replace(
+        params, return_progress=options.return_progress or options.timings_per_token)
     generation = await start_text_generation(service, assets, prompt_ids, params)
     response = await sse.open_stream(request)
     try:
         num_sent_ids, has_new_line = 0, False
-        async with contextlib.aclosing(generation.deltas()) as deltas:
-            async for text in deltas:
-                ids = _generated_ids(generation, num_sent_ids)
-                num_sent_ids = len(generation.token_ids)
-                has_new_line = has_new_line or "\n" in text
-                await sse.send_data(response, {
-                    "index": 0, "content": text, "tokens": ids, "stop": False,
-                    "id_slot": _slot(generation, params),
-                    "tokens_predicted": len(generation.token_ids),
-                    "tokens_evaluated": len(prompt_ids),
-                    **_probabilities(generation, params, assets)})
+        progress: PromptProgress | None = None
+        first_token_s: float | None = None
+        async with contextlib.aclosing(generation.pieces()) as pieces:
+            async for piece in pieces:
+                chunk = {"index": 0, "content": "", "tokens": [], "stop": False,
+                         "id_slot": _slot(generation, params),
+                         "tokens_predicted": len(generation.token_ids),
+                         "tokens_evaluated": len(prompt_ids)}
+                if isinstance(piece, PromptProgress):
+                    progress = piece
+                    if not options.return_progress:
+                        continue
+                    chunk["prompt_progress"] = progress_json(piece)
+                else:
+                    first_token_s = first_token_s or time.monotonic()
+                    chunk["content"] = piece
+                    chunk["tokens"] = _generated_ids(generation, num_sent_ids)
+                    num_sent_ids = len(generation.token_ids)
+                    has_new_line = has_new_line or "\n" in piece
+                    chunk |= _probabilities(generation, params, assets)
+                if options.timings_per_token:
+                    decode_s = time.monotonic() - first_token_s if first_token_s else 0.0
+                    chunk["timings"] = running_timings(progress, len(generation.token_ids),
+                                                       decode_s)
+                await sse.send_data(response, chunk)
         prompt = await run_cpu(request.app, assets.decode, prompt_ids, False)
         final = {"index": 0, **_final(generation, params, service.model_id, "", prompt, options,
                                       has_new_line),

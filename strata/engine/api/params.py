@@ -53,6 +53,8 @@ class GenerationParams:
     slot_param: str = "strata_cache_slot"  # the field the slot came in, for its 400
     reuse_cache: bool = True  # False: no cached prefix is reused (llama.cpp's cache_prompt)
     ignore_eos: bool = False  # True: the end-of-sequence tokens are banned, not stops
+    return_progress: bool = False  # True: the engine reports the prompt's evaluation
+    post_sampling_probs: bool = False  # logprob records of the sampler's distribution
 
     def sampling(self, max_tokens: int, eos_token_ids: tuple[int, ...],
                  defaults: SamplingDefaults = LLAMA_CPP_DEFAULTS, vocab_size: int | None = None,
@@ -80,7 +82,8 @@ class GenerationParams:
             presence_penalty=penalties.presence, frequency_penalty=penalties.frequency,
             penalty_last_n=pick(penalties.repeat_last_n, defaults.repeat_last_n),
             logit_bias=self.logit_bias + banned, num_logprobs=self.num_logprobs,
-            reuse_cache=self.reuse_cache)
+            reuse_cache=self.reuse_cache, return_progress=self.return_progress,
+            post_sampling_probs=self.post_sampling_probs)
 
 
 def _text_of(content: Any, where: str, *, allow_null: bool = False) -> str:

@@ -66,7 +66,7 @@ def setup_routes(app: web.Application) -> None:
         web.post("/api/generate", ollama_routes.generate),
         web.post("/api/pull", ollama_pull.pull_model),
         web.post("/v1/embeddings", embedding_routes.openai_embeddings),
-        web.post("/embeddings", embedding_routes.openai_embeddings),
+        web.post("/embeddings", embedding_routes.embeddings),
         web.post("/embedding", embedding_routes.llama_embedding),
         web.post("/api/embed", embedding_routes.ollama_embed),
         web.post("/api/embeddings", embedding_routes.ollama_embeddings),

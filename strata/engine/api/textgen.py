@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -16,13 +17,21 @@ from strata.engine.api.cpu_pool import run_cpu
 from strata.engine.api.errors import CONTEXT_EXCEEDED, ApiError, bad_request, from_error_event
 from strata.engine.api.params import GenerationParams
 from strata.engine.api.validation import check_slot
-from strata.engine.protocol import Done, Error, SamplingSpec, TokenLogprob, Tokens, Usage
+from strata.engine.protocol import (
+    Done,
+    Error,
+    PromptProgress,
+    SamplingSpec,
+    TokenLogprob,
+    Tokens,
+    Usage,
+)
 from strata.engine.service.facade import GenerationRequest, ServiceError, ServiceFacade
 from strata.engine.text import ChatTemplateError, IncrementalDetokenizer, StopMatcher
 from strata.engine.text.assets import TextAssets
 from strata.engine.text.token_bytes import token_text
 
-Event = Tokens | Done | Error
+Event = Tokens | Done | Error | PromptProgress
 Events = AsyncGenerator[Event, None]  # what ServiceFacade.generate hands out
 
 
@@ -150,10 +159,21 @@ class TextGeneration:
 
     async def deltas(self) -> AsyncGenerator[str, None]:
         """Non-empty text pieces in order; raises ApiError if the engine fails mid-way."""
+        async with aclosing(self.pieces()) as pieces:
+            async for piece in pieces:
+                if isinstance(piece, str):
+                    yield piece
+
+    async def pieces(self) -> AsyncGenerator[str | PromptProgress, None]:
+        """deltas(), with the engine's PromptProgress reports before the text where the
+        request asked for them (SamplingSpec.return_progress)."""
         try:
             while self.finish_reason is None:
                 event = self._pending if self._pending is not None else await self._next()
                 self._pending = None
+                if isinstance(event, PromptProgress):
+                    yield event
+                    continue
                 if isinstance(event, Tokens):
                     self._num_completion_tokens += len(event.token_ids)
                     self.token_ids += event.token_ids

@@ -45,18 +45,25 @@ def final_hidden_states(model: Any, token_ids: torch.Tensor, start_pos: int,
 @torch.inference_mode()
 def embed_sequence(model: Any, token_ids: Sequence[int], pooling: str, device: torch.device,
                    dtype: torch.dtype) -> torch.Tensor:
-    """One sequence's pooled, L2-normalized embedding [H] (float32)."""
+    """One sequence's pooled, L2-normalized embedding [1, H] (float32); pooling "none":
+    every token's hidden state [T, H], not normalized (llama.cpp's pooling none)."""
     kv = KVCache.for_config(model.config, len(token_ids), dtype=dtype, device=device)
     total = torch.zeros(model.config.hidden_size, dtype=torch.float32, device=device)
     last = total
+    rows = []
     for start in range(0, len(token_ids), CHUNK_TOKENS):
         chunk = torch.tensor(token_ids[start : start + CHUNK_TOKENS], dtype=torch.long,
                              device=device)  # [T]
         hidden = final_hidden_states(model, chunk, start, kv).float()  # [T, H]
+        if pooling == "none":
+            rows.append(hidden)
+            continue
         total += hidden.sum(dim=0)
         last = hidden[-1]
+    if pooling == "none":
+        return torch.cat(rows)
     pooled = last if pooling == "last" else total / len(token_ids)
-    return F.normalize(pooled, dim=0)
+    return F.normalize(pooled, dim=0).unsqueeze(0)
 
 
 def check_embed(command: p.Embed, vocab_size: int, max_tokens: int) -> None:
@@ -110,7 +117,7 @@ class EmbedJob:
             end += 1
         vectors = [embed_sequence(engine.model, ids, self.command.pooling, engine.device,
                                   engine.dtype) for ids in sequences[start:end]]
-        stacked = torch.stack(vectors).cpu()  # [N, H]: one copy to the host
+        stacked = torch.cat(vectors).cpu()  # [N, H] (none: [tokens, H]): one copy to the host
         engine.num_embed_forwards += sum(-(-len(ids) // CHUNK_TOKENS)  # a forward per chunk
                                          for ids in sequences[start:end])
         self.next_index, self.num_tokens = end, self.num_tokens + step_tokens

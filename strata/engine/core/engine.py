@@ -287,6 +287,10 @@ class Engine:
             raise EngineError(f"token ids must be in 0..{config.vocab_size - 1}")
         if slot is not None:
             self._check_slot(slot)
+        if sampling.post_sampling_probs and self.fast is not None:
+            # The graph decoder samples on the GPU and keeps no filtered distribution.
+            raise EngineError("post_sampling_probs is not supported on the GPU's graph "
+                              "sampler; leave it out (n_probs alone gives the logprobs)")
         if self.scheduler.has_request(request_id):
             raise EngineError(f"request {request_id!r} is already running or waiting")
         self.memory.check_resident()  # the service brings released arenas back first

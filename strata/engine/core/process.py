@@ -516,7 +516,10 @@ class EngineLoop:
 
     def _send_event(self, event: Any) -> None:
         """A SequenceEvent (core/batch/events.py): buffer its tokens; at its end flush them
-        and send Done, or Error when it failed."""
+        and send Done, or Error when it failed; a prompt's progress goes out at once."""
+        if event.progress is not None:
+            self._flush(event.request_id)
+            self.send(event.progress)
         if event.token_ids:
             tokens, logprobs = self.unsent.setdefault(event.request_id, ([], []))
             tokens.extend(event.token_ids)

@@ -8,6 +8,7 @@ penalties (penalties.py) adjust the logits first, for greedy and random sampling
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -56,6 +57,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """Return the chosen token id as a 0-dim long tensor on the logits' device."""
         adjusted = self.adjust(logits)
+        probs = None
         if self.is_greedy:
             token = torch.argmax(adjusted, dim=-1)
         else:
@@ -64,7 +66,10 @@ class Sampler:
             token = torch.argmax(probs / noise, dim=-1)
         if self._window is not None:
             self._window.push(token.view(1))
-        if self.spec.num_logprobs is not None:
+        if self.spec.num_logprobs is not None and self.spec.post_sampling_probs:
+            self.last_logprob = post_sampling_record(int(token), probs,
+                                                     self.spec.num_logprobs)
+        elif self.spec.num_logprobs is not None:
             k = min(max(self.spec.num_logprobs, 1), logits.shape[-1])
             chosen, values, ids = top_logprobs(logits, token, k)
             self.last_logprob = token_logprob(int(token), chosen, values, ids,
@@ -100,3 +105,17 @@ class Sampler:
             sorted_probs = sorted_probs.masked_fill(before >= spec.top_p, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
         return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def post_sampling_record(token_id: int, probs: torch.Tensor | None, num_top: int
+                         ) -> TokenLogprob:
+    """The record of a draw from `probs` [V] (the filtered distribution; None: greedy, all
+    the mass on token_id): logs of the probabilities, the top num_top of those above 0."""
+    if probs is None:
+        return TokenLogprob(token_id, 0.0, ((token_id, 0.0),) if num_top else ())
+    k = min(max(num_top, 1), probs.shape[-1])
+    values, ids = torch.topk(probs, k, dim=-1)
+    chosen = float(probs[token_id])
+    top = tuple((int(i), math.log(p)) for i, p in zip(ids.tolist(), values.tolist(), strict=True)
+                if p > 0.0)[:num_top]
+    return TokenLogprob(token_id, math.log(chosen) if chosen > 0.0 else -math.inf, top)

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from strata.engine.protocol import Done, Embeddings, Error, SamplingSpec, Tokens
+from strata.engine.protocol import Done, Embeddings, Error, PromptProgress, SamplingSpec, Tokens
 from strata.engine.service.error_codes import ServiceError as ServiceError  # re-exported
 
 if TYPE_CHECKING:  # the tokenizer library stays out of the facade's import
@@ -67,7 +67,8 @@ class ServiceFacade(Protocol):
     def sampling_defaults(self) -> Any:
         """SamplingDefaults (engine/text/sampling_defaults.py) for fields a request leaves out."""
 
-    def generate(self, request: GenerationRequest) -> AsyncGenerator[Tokens | Done | Error, None]:
+    def generate(self, request: GenerationRequest
+                 ) -> AsyncGenerator[Tokens | Done | Error | PromptProgress, None]:
         """Queue a generation (up to `parallel` run at once, the rest wait FIFO), bring the
         engine up first if it is down.
 

@@ -28,7 +28,7 @@ from strata.engine import protocol as p
 from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
 from strata.engine.gguf_file import model_path_problem
-from strata.engine.protocol import Done, Error, Tokens
+from strata.engine.protocol import Done, Error, PromptProgress, Tokens
 from strata.engine.service.before_load import DEFAULT_TIMEOUT_S, BeforeLoadHook
 from strata.engine.service.engine_handle import EngineCommandError
 from strata.engine.service.facade import GenerationRequest, ServiceError, with_load_time
@@ -284,7 +284,7 @@ class Service:
             raise ServiceError("bad_request", problem)
 
     async def generate(self, request: GenerationRequest
-                       ) -> AsyncGenerator[Tokens | Done | Error, None]:
+                       ) -> AsyncGenerator[Tokens | Done | Error | PromptProgress, None]:
         """Queue a generation at the gate; bring the engine up first; yield its events.
 
         Raises ServiceError before any event when the request is invalid (400), the queue is

@@ -39,6 +39,7 @@ from strata.units import GIB
 
 DEVICES = ("auto", "cpu", "cuda")
 MODEL_FALLBACKS = ("off", "default")
+EMBEDDING_POOLINGS = ("model", "last", "mean", "none")  # model: what the model declares
 _SPEC = "strata_setting"
 _DERIVED = "derived"  # flag/key from the field name: sleep_idle_s -> --sleep-idle-s
 
@@ -154,6 +155,12 @@ class ServeSettings:
     slots_endpoint: bool = setting(
         True, Boolean(sample=False), "serve GET /slots (off: it answers 501, as llama-server with "
         "--no-slots)", goes=Goes.API)
+    # llama-server's --pooling: how embeddings pool a sequence's hidden states.
+    embedding_pooling: str = setting(
+        "model", Choice(EMBEDDING_POOLINGS), "how embeddings pool the hidden states: model "
+        "(its own declaration, else the last token's), last, mean, or none (a vector per "
+        "token on /embedding and /embeddings, as llama-server; the OpenAI and Ollama routes "
+        "refuse it)", goes=Goes.API, flag="--pooling", key="pooling")
     context_tokens: int = setting(
         0, Integer(0), "context length in tokens (0: the model's own, capped)",
         goes=Goes.ENGINE, flag="--context", unit="tokens", metavar="TOKENS")

@@ -394,7 +394,7 @@ class Supervisor:
         sampling: p.SamplingSpec,
         slot: int | None = None,
         on_end: Callable[[p.Done | p.Error | None], None] | None = None,
-    ) -> AsyncGenerator[p.Tokens | p.Done | p.Error, None]:
+    ) -> AsyncGenerator[p.Tokens | p.Done | p.Error | p.PromptProgress, None]:
         """Run one Generate and yield its events, ending with Done or Error.
 
         Closing the iterator early sends Cancel and waits (cancel_timeout_s) for the engine's

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata.engine.protocol import TokenLogprob, Usage
+from strata.engine.protocol import PromptProgress, TokenLogprob, Usage
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class SequenceEvent:
     A finished sequence has `usage` (finish_reason stop | length | cancelled); one that failed
     has `error` too (the exception; the request gets an Error, not a Done; its usage says
     "cancelled" and what it had made). `slot` is the cache slot it ran in, None if it never
-    got one.
+    got one. `progress`: how far its prompt is, when the request asked (return_progress).
     """
 
     request_id: str
@@ -26,6 +26,7 @@ class SequenceEvent:
     usage: Usage | None = None
     error: Exception | None = None
     slot: int | None = None
+    progress: PromptProgress | None = None
 
     @property
     def is_finished(self) -> bool:

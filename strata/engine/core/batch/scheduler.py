@@ -117,6 +117,9 @@ class BatchScheduler:
                 events.append(SequenceEvent(seq.request_id, usage=seq.usage(), error=exc))
                 continue
             self.running.append(seq)
+            if seq.sampling.return_progress:  # before any prompt token runs: processed == cached
+                events.append(SequenceEvent(seq.request_id,
+                                            progress=seq.progress(is_start=True)))
 
     def _start(self, seq: Sequence) -> None:
         """Give the sequence its slot and reuse the longest common prefix of its cache."""
@@ -166,6 +169,8 @@ class BatchScheduler:
                 logits = self.runner.prefill(seq, chunk)
                 self.num_forwards += 1
                 self.num_forward_sequences += 1
+                if seq.sampling.return_progress:
+                    events.append(SequenceEvent(seq.request_id, progress=seq.progress()))
                 if seq.num_prefilled < len(seq.prompt):
                     continue
                 if seq.max_new <= 0:

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from strata.engine.protocol import SamplingSpec, Usage
+from strata.engine.protocol import PromptProgress, SamplingSpec, Usage
 
 if TYPE_CHECKING:
     from strata.engine.core.constraint import TokenConstraint
@@ -78,6 +78,14 @@ class Sequence:
             self.finish_reason = "length"  # max_tokens, or the end of the context
             return True
         return False
+
+    def progress(self, *, is_start: bool = False) -> PromptProgress:
+        """How far the prompt's evaluation is now (SamplingSpec.return_progress); is_start:
+        the report before its first chunk, whose evaluation time is 0 by definition."""
+        started_s = self.started_s if self.started_s is not None else time.monotonic()
+        prefill_s = 0.0 if is_start else time.monotonic() - started_s
+        return PromptProgress(self.request_id, total=len(self.prompt), cached=self.num_cached,
+                              processed=self.num_prefilled, prefill_s=prefill_s)
 
     def usage(self) -> Usage:
         """Token counts and the engine's timings so far."""
