@@ -16,7 +16,6 @@ step is traced, so a graph holds only the kernels the model needs (fast_coverage
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from strata.engine.core.fast import decode_dense, decode_rounded
 from strata.engine.core.fast.decode_attention import (
@@ -25,6 +24,7 @@ from strata.engine.core.fast.decode_attention import (
     reference_decode_attention,
     rounds_output,
 )
+from strata.engine.core.fast.linear import linear
 from strata.engine.core.fast.moe_grouped import moe_forward, takes_rounded_x
 from strata.engine.core.fast.pointwise import (
     EAGER_OPS,
@@ -73,19 +73,6 @@ def block_norms(layer) -> tuple:
         return (layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
                 layer.post_feedforward_layernorm)
     return None, layer.post_attention_layernorm, None
-
-
-def linear(x: torch.Tensor, weight, bias: torch.Tensor | None,
-           ops: PointwiseOps = EAGER_OPS, rounded: tuple | None = None) -> torch.Tensor:
-    """F.linear, or for one token with ops.dense_kernels and a small weight, decode_dense.gemv;
-    a weight held as GGML blocks takes its own branch, qlinear (quant/weight.py), its one-token
-    kernels launched as PDL secondaries where ops.pdl says the dense ones are, reading
-    `rounded` (x's int8 rounding made with x) if given."""
-    if isinstance(weight, qweight.QuantizedWeight):
-        return qweight.qlinear(x, weight, bias, use_pdl=ops.pdl, rounded=rounded)
-    if ops.dense_kernels and x.shape[0] == 1 and decode_dense.use_gemv(weight):
-        return decode_dense.gemv(x, weight, bias, use_pdl=ops.pdl)
-    return F.linear(x, weight, bias)
 
 
 def project_qkv(attn, x: torch.Tensor, ops: PointwiseOps = EAGER_OPS,
