@@ -514,9 +514,13 @@ class FakeEngine:
                        "resident_bytes": arena.resident_bytes,
                        "copied_bytes": self.expert_copied_bytes,
                        "host_read_bytes": self.expert_misses * self._bytes_per_expert,
+                       # The real store's policy and copy counters (memory/expert_store.py);
+                       # a refill's copy is not timed, so the rate is unknown (None).
+                       "policy": "lfu", "num_left_out": 0, "num_copy_calls": 0,
+                       "timed_copy_bytes": 0, "copy_seconds": 0.0, "copy_gb_s": None,
                        # One MoE layer: every routed expert of the fake's is a hit.
                        "layers": [{"layer": 0, "num_hits": self.expert_hits,
-                                   "num_misses": self.expert_misses,
+                                   "num_misses": self.expert_misses, "num_left_out": 0,
                                    "copied_bytes": self.expert_copied_bytes,
                                    "host_read_bytes": self.expert_misses
                                    * self._bytes_per_expert}]}

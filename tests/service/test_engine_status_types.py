@@ -62,6 +62,22 @@ def test_standby_status_is_typed(engines):
         assert status.engine.standby["is_cuda_initialized"] is False, name
 
 
+def expert_keys(experts: dict | None) -> dict[str, str]:
+    """The expert cache's counters (an untyped dict: /v1/status and the bench read its keys),
+    by key: the value's type name, a number's as "number" (an int count may read 0.0 in a
+    rate; a rate is None before its first figure), each layer row's keys as layers.KEY."""
+    def kind(value) -> str:
+        is_number = value is None or (isinstance(value, (int, float))
+                                      and not isinstance(value, bool))
+        return "number" if is_number else type(value).__name__
+    if experts is None:
+        return {}
+    keys = {key: kind(value) for key, value in experts.items()}
+    for row in experts.get("layers") or []:
+        keys |= {f"layers.{key}": kind(value) for key, value in row.items()}
+    return keys
+
+
 def test_real_and_fake_report_the_same_types_at_every_level(engines):
     seen: dict[str, dict[str, dict[str, type]]] = {}
     for name, engine in engines.items():
@@ -73,7 +89,7 @@ def test_real_and_fake_report_the_same_types_at_every_level(engines):
         assert {"weights", "experts", "kv"} <= set(status.arenas), name
         assert levels_of(status).experts == Level.RESIDENT, name
         assert levels_of(status).session == Level.RESIDENT, name
-        seen[name] = {"status": field_types(status)}
+        seen[name] = {"status": field_types(status), "experts": expert_keys(status.experts)}
 
         # A level command's reply carries the status after it: no second round trip.
         released = engine.ask(p.ReleaseExperts())
