@@ -7,7 +7,6 @@ resident, with it 34 MiB (the KV it wrote and allocator slack)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
 import time
 
@@ -17,9 +16,9 @@ import pytest
 from strata.engine import protocol as p
 from strata.engine.core.engine import EngineConfig
 from strata.engine.core.memory.heap_trim import trim_heap
-from strata.engine.core.process import DEFAULT_ENGINE_FACTORY, engine_main
+from strata.engine.core.process import DEFAULT_ENGINE_FACTORY
+from tests.helpers.engine_pipe import EnginePipe
 
-CTX = multiprocessing.get_context("spawn")
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 
 
@@ -59,36 +58,27 @@ def test_engine_process_trims_after_a_long_prompt(tmp_path) -> None:
     save_wide_llama(model_dir)
     config = EngineConfig(model_path=str(model_dir), device="cpu", context_tokens=8192,
                           snapshot_dir=str(tmp_path / "snapshots"))
-    conn, child = CTX.Pipe()
-    process = CTX.Process(target=engine_main, args=(child, DEFAULT_ENGINE_FACTORY, config),
-                         daemon=True)
-    process.start()
-    child.close()
-    engine = psutil.Process(process.pid)
+    engine = EnginePipe(DEFAULT_ENGINE_FACTORY, config)
+    process = psutil.Process(engine.process.pid)
     try:
-        assert isinstance(conn.recv(), p.Ready)
-        conn.send(p.Envelope(1, p.Load(str(model_dir), 8192, "cpu")))
-        while not isinstance(reply := conn.recv(), p.Reply):
-            assert not isinstance(reply, p.Error), reply
+        loaded = engine.ask(p.Load(str(model_dir), 8192, "cpu"))
+        assert isinstance(loaded, p.Reply), loaded
         time.sleep(0.5)
-        before = engine.memory_info().rss
+        before = process.memory_info().rss
         prompt = tuple((7 * i) % 300 + 5 for i in range(4000))
-        conn.send(p.Envelope(2, p.Generate("g", prompt, p.SamplingSpec(max_tokens=4), slot=None)))
+        engine.conn.send(p.Envelope(0, p.Generate("g", prompt, p.SamplingSpec(max_tokens=4))))
         peak = before
         while True:
-            if conn.poll(0.02):
-                event = conn.recv()
+            if engine.conn.poll(0.02):
+                event = engine.conn.recv()
                 assert not isinstance(event, p.Error), event
                 if isinstance(event, p.Done):
                     break
-            peak = max(peak, engine.memory_info().rss)
+            peak = max(peak, process.memory_info().rss)
         time.sleep(1.0)  # the loop trims as it goes idle, right after the Done
-        after = engine.memory_info().rss
+        after = process.memory_info().rss
     finally:
-        conn.send(p.Envelope(9, p.Unload()))
-        process.join(30)
-        if process.exitcode is None:
-            process.kill()
+        engine.close()
     grown_mib, kept_mib = (peak - before) / 2**20, (after - before) / 2**20
     assert grown_mib > 50, f"the prompt grew the engine by only {grown_mib:.0f} MiB"
     assert kept_mib < 0.5 * grown_mib, (
