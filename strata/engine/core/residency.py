@@ -77,6 +77,12 @@ class SlotExperts:
     def __init__(self, store: ExpertStore, layer: int, dtype: torch.dtype):
         self.store = store
         self.layer = layer
+        self.dtype = dtype
+        self._staged: tuple | None = None  # the staging as this layer's stacks (made once)
+        # The MoE layer after this one, whose experts a prefill chunk stages while this one
+        # computes; not the model's last layer, whose MLP a chunk before the last skips.
+        later = [i for i in store.layer_ids if i > layer]
+        self.next_layer = later[0] if later and later[0] < store.table.shape[0] - 1 else None
         # Quantized: the slots as this layer's QuantizedExperts (its types and row bytes).
         slots = store.slot_weights_of(layer)
         self.quantized = (quantized_experts(store, layer, slots, dtype)
@@ -86,6 +92,28 @@ class SlotExperts:
         self.layout = None if offsets is None else SlotLayout(
             *weights, store.table[layer], offsets, store.step_ids[layer]
         )
+
+    @property
+    def can_stage(self) -> bool:
+        """Whether prefill chunks stage this layer's experts whole (a partial cache has the
+        staging area; see memory/expert_staging.py)."""
+        return self.store.staging is not None
+
+    def staged(self, experts: Sequence[int] | None = None) -> tuple:
+        """(gate, up, down) of every expert of this layer, stacked [E, ...] as the grouped
+        prefill reads resident experts, from the staging area; `experts` (None: all) hold
+        their weights, the others stale bytes. Nothing enters the cache."""
+        stacks = self.store.staging.stage(self.layer, experts)
+        if self._staged is None:
+            self._staged = (quantized_experts(self.store, self.layer, stacks, self.dtype)
+                            if self.quantized is not None else stacks)
+        return self._staged
+
+    def prefetch_next(self) -> None:
+        """Stage the next MoE layer's experts behind the work queued so far (a long chunk,
+        which routes to nearly all of them); its `staged` call waits for them."""
+        if self.next_layer is not None:
+            self.store.staging.stage(self.next_layer, None, wait=False)
 
     def get(self, expert_ids: Sequence[int]):
         slots = self.store.fetch_slots(self.layer, expert_ids)

@@ -222,15 +222,19 @@ def grouped_block(
 
 def experts_sorted(
     moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    ops: PointwiseOps = EAGER_OPS,
+    ops: PointwiseOps = EAGER_OPS, stacks: tuple | None = None,
 ) -> torch.Tensor:
-    """The routed experts of x [T, H] with weights/ids [T, k]; returns [T, H] in x's dtype."""
+    """The routed experts of x [T, H] with weights/ids [T, k]; returns [T, H] in x's dtype.
+    stacks: (gate, up, down) [E, ...] to read instead of the module's resident ones (a
+    partial cache's staging: fast/moe_staged.py)."""
     top_k = ids.shape[1]
-    stacked = moe.experts
-    experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
-    order, source, offsets = sort_by_expert(ids, stacked.gate_proj.shape[0])
+    if stacks is None:
+        stacked = moe.experts
+        stacks = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
+    experts = stacks
+    order, source, offsets = sort_by_expert(ids, experts[0].shape[0])
     row_weights = weights.reshape(-1).index_select(0, order)
-    quantized = is_quantized_experts(stacked.gate_proj)
+    quantized = is_quantized_experts(experts[0])
     epilogue = expert_epilogue.of(moe)  # GPT-OSS's biases and clamp, else None
     row_experts = None if epilogue is None else ids.reshape(-1).index_select(0, order)
     biases = (None, None, None)
