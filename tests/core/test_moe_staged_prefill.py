@@ -136,3 +136,21 @@ def test_staging_is_mapped_and_counted_with_the_slots() -> None:
                                  store.staging.nbytes)
     finally:
         memory.close()
+
+
+def test_auto_sizing_leaves_room_for_the_staging_of_a_partial_cache(monkeypatch) -> None:
+    from strata.engine.core import residency
+    from strata.units import MIB
+
+    memory = ModelMemory.__new__(ModelMemory)
+    memory.device, memory.dtype = torch.device("cuda", 0), torch.bfloat16  # no GPU touched
+    memory.backend = None
+    per_expert, staging = 1 * MIB, 8 * MIB
+    free = residency.EXPERT_RESERVE_BYTES + 20 * MIB
+    monkeypatch.setattr(residency, "read_free_vram_bytes", lambda index: free)
+    # 20 MiB holds 20 of 32 experts; the staging's 8 MiB leaves 12.
+    assert memory._expert_slots("auto", CONFIG, NUM_LAYERS, per_expert, 1, staging) == 12
+    assert memory._expert_slots("auto", CONFIG, NUM_LAYERS, per_expert, 1, 0) == 20
+    # All resident: no staging to leave room for.
+    monkeypatch.setattr(residency, "read_free_vram_bytes", lambda index: free + 12 * MIB)
+    assert memory._expert_slots("auto", CONFIG, NUM_LAYERS, per_expert, 1, staging) == 32

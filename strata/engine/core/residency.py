@@ -187,9 +187,10 @@ class ModelMemory:
                 layers = source.experts(by_layer, shapes, self.dtype, quantized=True)
             else:
                 layers = source.experts(by_layer, shapes, self.dtype)
-            per_expert, num_classes = self._bytes_per_expert(shapes, by_layer, expert_blocks)
+            per_expert, num_classes, largest = self._bytes_per_expert(shapes, by_layer,
+                                                                      expert_blocks)
             num_slots = self._expert_slots(spec, config, len(by_layer), per_expert,
-                                           num_classes)
+                                           num_classes, config.num_experts * largest)
             self.experts = ExpertStore(
                 layers, num_slots, self.backend, num_layers=config.num_hidden_layers,
                 chunk_bytes=EXPERTS_CHUNK_BYTES, num_experts_per_tok=config.num_experts_per_tok,
@@ -272,17 +273,19 @@ class ModelMemory:
 
     def _bytes_per_expert(self, shapes: dict[str, tuple[int, ...]],
                           by_layer: dict[int, tuple[str, str, str]],
-                          blocks: dict[str, Any]) -> tuple[int, int]:
+                          blocks: dict[str, Any]) -> tuple[int, int, int]:
         """(What one expert slot holds on average over the layers, the number of slot
-        classes): gate, up and down in the compute dtype, or as each layer stores their
-        blocks; layers of different sizes take slots of their own (expert_store.py)."""
+        classes, the largest expert's bytes): gate, up and down in the compute dtype, or as
+        each layer stores their blocks; layers of different sizes take slots of their own
+        (expert_store.py)."""
         sizes = []
         for names in by_layer.values():
             size = tuple(torch.Size(block_shape(blocks[n], shapes[n][1:]) if blocks
                                     else shapes[n][1:]).numel() for n in names)
             sizes.append(size)
         itemsize = 1 if blocks else self.dtype.itemsize
-        return -(-sum(map(sum, sizes)) * itemsize // len(sizes)), len(set(sizes))
+        return (-(-sum(map(sum, sizes)) * itemsize // len(sizes)), len(set(sizes)),
+                max(map(sum, sizes)) * itemsize)
 
     def _fill_weights(
         self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any,
@@ -333,10 +336,11 @@ class ModelMemory:
 
     def _expert_slots(
         self, spec: str, config: ModelConfig, num_layers: int, bytes_per_expert: int,
-        num_classes: int = 1,
+        num_classes: int = 1, staging_bytes: int = 0,
     ) -> int:
         """Slots for the store: every expert for all (and auto when they fit), else N >= E
-        for each slot class."""
+        for each slot class. A partial cache also maps staging_bytes (one layer's experts
+        for prefill: memory/expert_staging.py), which auto leaves room for."""
         total = num_layers * config.num_experts
         budget_free = budget_free_bytes(self.backend)
         if spec == "all" or (spec == "auto" and self.device.type != "cuda" and budget_free is None):
@@ -352,14 +356,20 @@ class ModelMemory:
         # One layer's prefill chunk can route to every expert of that layer at once, and a
         # class's slots take only its layers' experts.
         min_slots = min(total, config.num_experts * num_classes)
+        reserve = EXPERT_RESERVE_BYTES
         try:
-            return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
-                              min_slots=min_slots)
+            slots = size_slots(spec, bytes_per_expert, free_bytes, reserve, total,
+                               min_slots=min_slots)
+            if spec == "auto" and slots < total:  # partial: the staging comes out of it too
+                reserve += staging_bytes
+                slots = size_slots(spec, bytes_per_expert, free_bytes, reserve, total,
+                                   min_slots=min_slots)
+            return slots
         except ValueError as exc:
             if spec != "auto":
                 raise  # an explicit size that is too small: the setting is wrong
             # auto found too little free VRAM: another program holds it; a later load can fit.
-            missing = min_slots * bytes_per_expert + EXPERT_RESERVE_BYTES - free_bytes
+            missing = min_slots * bytes_per_expert + reserve - free_bytes
             raise EngineOutOfMemory(f"the expert cache does not fit: {exc}",
                                     max(missing, 0)) from exc
 
