@@ -103,8 +103,14 @@ class SlotExperts:
         """(gate, up, down) of every expert of this layer, stacked [E, ...] as the grouped
         prefill reads resident experts, from the staging area; `experts` (None: all) hold
         their weights, the others stale bytes. Nothing enters the cache."""
-        stacks = self.store.staging.stage(self.layer, experts)
+        self.store.staging.stage(self.layer, experts)
+        return self.staging_stacks()
+
+    def staging_stacks(self) -> tuple:
+        """The staging as this layer's (gate, up, down) stacks, whatever they hold now
+        (`staged` fills them): QuantizedExperts for blocks."""
         if self._staged is None:
+            stacks = self.store.staging.views(self.layer)
             self._staged = (quantized_experts(self.store, self.layer, stacks, self.dtype)
                             if self.quantized is not None else stacks)
         return self._staged
@@ -544,43 +550,53 @@ def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,
     return QuantizedWeight(qtype, shape, raw, dtype)  # type: ignore[arg-type]
 
 
-def _resident_quantized(moe: SparseMoE) -> tuple[QuantizedExperts, ...]:
-    """The layer's (gate, up, down) when all its experts are resident blocks, else ()."""
+def _resident_quantized(moe: SparseMoE, stage: bool = False) -> tuple[QuantizedExperts, ...]:
+    """The layer's (gate, up, down) as prefill multiplies them, when they are blocks: all
+    resident, or a partial cache's staging (memory/expert_staging.py; filled first where
+    `stage`, for a warm-up that reads real blocks); else ()."""
     from strata.engine.core.fast.moe_grouped import slot_layout
 
+    provider = moe.expert_weights
+    if isinstance(provider, SlotExperts):
+        if not provider.can_stage or provider.quantized is None:
+            return ()
+        return provider.staged() if stage else provider.staging_stacks()
     stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
     if slot_layout(moe) is not None or not isinstance(stacks[0], QuantizedExperts):
         return ()
     return stacks  # type: ignore[return-value]
 
 
-def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None) -> bool:
+def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None,
+                     stacks: tuple | None = None) -> bool:
     """Whether a prefill chunk of max_prefill_tokens can route enough rows to moe's experts
-    for the dequantize-then-grouped path (expert_grouped.min_rows, the lower crossover of a
-    path replayed from graphs); None: no bound."""
+    (stacks: where prefill reads them, default the module's) for the dequantize-then-grouped
+    path (expert_grouped.min_rows, the lower crossover of a path replayed from graphs);
+    None: no bound."""
     from strata.engine.core.fast import expert_epilogue
     from strata.engine.core.fast.moe_prefill import decodes_in_gemm
     from strata.engine.core.kernels import launch
     from strata.engine.core.quant import expert_grouped
 
-    stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
+    if stacks is None:
+        stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
     if launch.is_usable(stacks[0].device) and not decodes_in_gemm(
             *stacks, expert_epilogue.of(moe)):
         return True  # expert_gemm cannot take them (MXFP4, an epilogue): every chunk can
-    num_experts = moe.experts.gate_proj.shape[0]
+    num_experts = stacks[0].shape[0]
     return (max_prefill_tokens is None or max_prefill_tokens * moe.top_k
             >= expert_grouped.min_rows(num_experts, replayed=True))
 
 
 def expert_scratch_numel(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
-    """The most values a prefill dequantizes at once for resident quantized experts: one
-    group of experts of one layer (quant/expert_grouped.py; slot-cached experts are
-    dequantized one by one); 0 where no chunk reaches that path."""
+    """The most values a prefill dequantizes at once for quantized experts (resident, or
+    staged from a partial cache): one group of experts of one layer
+    (quant/expert_grouped.py); 0 where no chunk reaches that path."""
     from strata.engine.core.quant import expert_grouped
 
     return max((expert_grouped.scratch_numel(*stacks) for m in model.modules()
                 if isinstance(m, SparseMoE) and (stacks := _resident_quantized(m))
-                and _reaches_grouped(m, max_prefill_tokens)), default=0)
+                and _reaches_grouped(m, max_prefill_tokens, stacks)), default=0)
 
 
 def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
@@ -598,7 +614,9 @@ def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = Non
             key = ("prefill", *((w.qtype, w.shape, w.expert_stride) for w in resident))
             if key not in seen:
                 seen.add(key)
-                warm_up_quantized(moe, grouped=_reaches_grouped(moe, max_prefill_tokens))
+                resident = _resident_quantized(moe, stage=True)  # real blocks to read
+                warm_up_quantized(moe, _reaches_grouped(moe, max_prefill_tokens, resident),
+                                  resident)
         stacks = expert_stacks(moe, layout)[:3]
         for p, w in enumerate(stacks):
             key = (w.qtype if isinstance(w, QuantizedExperts) else None, w.shape[1:], layout

@@ -259,14 +259,17 @@ def experts_sorted(
     return ops.sum_rows(y, _inverse(order), top_k)
 
 
-def warm_up_quantized(moe, grouped: bool = True) -> None:
+def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) -> None:
     """Both quantized prefill paths once over a few rows, so their kernels compile (and on
     CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
     types) and, if `grouped` (a prefill chunk can reach it), the grouped one's, every group
-    (whose launches do not depend on the rows)."""
-    stacked = moe.experts
-    experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
-    gate = stacked.gate_proj
+    (whose launches do not depend on the rows). stacks: the experts to read instead of the
+    module's resident ones (a partial cache's staging)."""
+    if stacks is None:
+        stacked = moe.experts
+        stacks = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
+    experts = stacks
+    gate = experts[0]
     num_experts, _, hidden = gate.shape
     x = torch.zeros(moe.top_k, hidden, dtype=gate.dtype, device=gate.device)
     source = torch.arange(moe.top_k, device=gate.device)
