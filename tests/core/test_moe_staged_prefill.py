@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="Triton CPU interpreter not enabled"
 )
 
-from strata.engine.core.fast import moe_staged  # noqa: E402 (after TRITON_INTERPRET)
+from strata.engine.core.fast import moe_staged
 from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.fast.prefill import prefill
 from strata.engine.core.kv_cache import KVCache

@@ -26,14 +26,12 @@ bytes count it; a release unmaps it with the slots.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
+from strata.engine.core.memory.host_copy import side_stream
 from strata.units import MIB
-
-if TYPE_CHECKING:
-    from strata.engine.core.memory.expert_store import ExpertStore
 
 # A gap of resident experts between two runs of missing ones is copied from the host with
 # them when it holds fewer bytes than this: one copy call per projection less. Pinned copies
@@ -76,8 +74,8 @@ def copy_runs(missing: Sequence[int], resident: set[int], bytes_per_expert: int,
 class ExpertStaging:
     """The staging area of an ExpertStore, and which layer's experts it holds."""
 
-    def __init__(self, store: ExpertStore, flat: torch.Tensor, num_layers: int):
-        self.store = store
+    def __init__(self, store: Any, flat: torch.Tensor, num_layers: int):
+        self.store = store  # its ExpertStore (not imported: that module imports this one)
         self.flat = flat  # uint8 (blocks) or the experts' dtype, staging_bytes long
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}  # slot class -> projections
         self.layer: int | None = None  # the layer whose experts `experts` hold valid bytes
@@ -141,8 +139,6 @@ class ExpertStaging:
         gathered = [e for e in needed if e not in from_host]
         cuda = store.device.type == "cuda"
         if cuda:
-            from strata.engine.core.memory.host_copy import side_stream
-
             stream = side_stream(store.device)
             # The staging may still be read by GEMMs queued on the compute stream.
             stream.wait_stream(torch.cuda.current_stream(store.device))
