@@ -31,7 +31,9 @@ row prefills one more before, unmeasured: it compiles), the expert cache's hit r
 decode, and the bytes moved from host to device per decoded token (copies into slots plus
 experts read in place from the pinned host copy), split into the two, with the fraction of
 misses the cache's admission left on the host, the copy calls a token and the rate the
-promotion copies ran at (device events); per layer in the JSON. On a GPU Strata's slots per
+promotion copies ran at (device events); per layer in the JSON. Per prefill: the bytes its
+layers staged from the host copy and gathered from slots, its staging copy calls, and the
+staging area's size (memory/expert_staging.py). On a GPU Strata's slots per
 budget come from the VRAM the process holds beside them (measured after a decode and a long
 prompt) and the chunks the slot arena keeps mapped (ExpertStore.slots_within).
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
@@ -209,13 +211,26 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
             "counters": delta, "layers": layers}
 
 
+PREFILL_COUNTERS = ("staged_bytes", "gathered_bytes", "num_staged_copy_calls", "copied_bytes",
+                    "num_copy_calls", "num_evictions")
+
+
 def prefill_row(engine, num_tokens: int, tag: str, warm_up: bool) -> dict:
     """A fresh prompt of num_tokens, after another when warm_up (the first prefill of a load
-    compiles its kernels); tok/s of the last, prompt in to first token out."""
+    compiles its kernels); tok/s of the last, prompt in to first token out, and what the
+    last moved: bytes staged from the host copy and gathered from slots for its layers
+    (memory/expert_staging.py), its staging copy calls, and any copies into slots."""
     vocab = engine.model_config.vocab_size
-    runs_s = [first_token_s(engine, f"prefill-{tag}-{i}", prompt(vocab, 100 + i, num_tokens), 0)
-              for i in range(2 if warm_up else 1)]
-    return {"prefill_tok_s": num_tokens / runs_s[-1], "runs_s": runs_s}
+    store = engine.memory.experts
+    runs_s = []
+    for i in range(2 if warm_up else 1):
+        before = store.status()
+        runs_s.append(first_token_s(engine, f"prefill-{tag}-{i}",
+                                    prompt(vocab, 100 + i, num_tokens), 0))
+    after = store.status()
+    moved = {f"prefill_{key}": after[key] - before[key] for key in PREFILL_COUNTERS}
+    return {"prefill_tok_s": num_tokens / runs_s[-1], "runs_s": runs_s,
+            "staging_bytes": after["staging_bytes"], **moved}
 
 
 def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -> None:
@@ -387,6 +402,13 @@ def figures(args, plans: list[BudgetPlan], report: dict) -> list[dict]:
             rows.append(figure(f"{name} prefill {args.prefill_tokens}",
                                row.get("prefill_tok_s"), "tok/s", peer.get("prefill_tok_s"),
                                PREFILL_TARGET, "limit = llama.cpp's prefill"))
+            staged = row.get("prefill_staged_bytes")
+            rows.append(figure(f"{name} prefill staged from host",
+                               None if staged is None else staged / MIB, "MiB",
+                               notes=f"{row.get('prefill_num_staged_copy_calls')} copy calls; "
+                                     f"{(row.get('prefill_gathered_bytes') or 0) / MIB:.0f} "
+                                     "MiB gathered from slots; staging "
+                                     f"{(row.get('staging_bytes') or 0) / MIB:.0f} MiB"))
             rows.append(figure(f"{name} hit rate", row.get("hit_rate"), "",
                                notes="expert cache hits over the timed decode"))
             moved = row.get("h2d_bytes_per_token")

@@ -107,6 +107,10 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
         for routing in ("zipf", "uniform", "model"):
             row = rows[routing]
             assert row["tokens"] == 12 and row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0
+            # What the prefill moved: the staging's traffic (none here: the CPU engine's
+            # reference loop copies into slots) and its size, mapped with the slots.
+            assert row["staging_bytes"] > 0 and row["prefill_staged_bytes"] >= 0
+            assert row["prefill_num_staged_copy_calls"] >= 0
         # The imposed uniform trace misses (and copies experts in); the model's own routes
         # on random weights repeat, so they hit more.
         assert rows["uniform"]["hit_rate"] < 1.0
@@ -128,3 +132,4 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     row = decode[f"{labels[0]} uniform decode"]
     assert row["limit"] == 10.0 and row["ratio"] == pytest.approx(row["value"] / 10.0)
     assert row["target"] == 1.0 and decode[f"{labels[0]} zipf decode"]["target"] == 1.5
+    assert decode[f"{labels[0]} uniform prefill staged from host"]["unit"] == "MiB"

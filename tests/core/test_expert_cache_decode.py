@@ -71,9 +71,11 @@ def test_partial_cache_decodes_like_all_resident_and_promotes(resident_tokens) -
                                step_hook=promotion)
         assert decoder.moe_impl == "triton" and decoder.step_hook is promotion
         kv = KVCache.for_config(CONFIG, 64)
-        logits = decoder.prefill(kv, torch.tensor(PROMPT), 0)  # the loop copies misses in
+        resident = store.cache.resident()
+        logits = decoder.prefill(kv, torch.tensor(PROMPT), 0)  # staged: the slots stay
+        assert store.cache.resident() == resident and store.status()["staged_bytes"] > 0
         tokens = [decoder.sample_first(logits, GREEDY)]
-        # The prefill's copies are in the table already.
+        # The table says what the cache holds.
         for layer, expert, slot in store.cache.resident():
             assert int(store.table[layer, expert]) == slot
         hits, misses = store.cache.num_hits, store.cache.num_misses

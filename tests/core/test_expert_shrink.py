@@ -89,8 +89,9 @@ def test_an_auto_expert_cache_without_room_is_out_of_memory_not_a_bad_model(monk
                          num_experts_per_tok=2, moe_intermediate_size=32)
     names = ("g", "u", "d")
     shapes = {"g": (8, 32, 64), "u": (8, 32, 64), "d": (8, 64, 32)}
-    per_expert, num_classes = memory._bytes_per_expert(shapes, {0: names, 1: names}, {})
-    assert (per_expert, num_classes) == (3 * 32 * 64 * 2, 1)  # bf16, one size of expert
+    per_expert, num_classes, largest = memory._bytes_per_expert(shapes, {0: names, 1: names},
+                                                                {})
+    assert (per_expert, num_classes, largest) == (3 * 32 * 64 * 2, 1, per_expert)  # bf16
     with pytest.raises(EngineOutOfMemory) as refused:
         memory._expert_slots("auto", config, 2, per_expert)
     assert error_code(refused.value, p.Load("m")) == "out_of_memory"

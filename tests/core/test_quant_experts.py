@@ -166,8 +166,9 @@ def test_quantized_experts_keep_their_blocks_and_decode_like_the_dequantized_pat
                            for w in store.slot_weights_of(c.layers[0]))
             assert store.bytes_per_expert < float_bytes / 3
             assert store.host.size_bytes == store.num_experts * sum(map(sum, per_layer.values()))
+            staging = store.staging.nbytes if store.staging is not None else 0
             assert store.arena.allocated_bytes <= sum(
-                c.max_slots * c.bytes_per_expert + 3 * 256 for c in store.classes)
+                c.max_slots * c.bytes_per_expert + 3 * 256 for c in store.classes) + staging + 256
             mode = engine.memory.expert_mode
             assert mode == ("all" if cache == "auto" else "slots")
             assert _greedy(engine) == expected
@@ -253,7 +254,8 @@ def test_fused_expert_kernels_decode_like_the_dequantized_path(tmp_path, monkeyp
     """The engine's decode through GraphDecoder (graphs off: the step a CUDA graph captures)
     reads the routed experts' blocks with expert_gemv.py's kernels, resident or through the
     partial cache's slot table (24 slots of 32, 12 in each slot class: some experts read
-    from the host copy), and its greedy tokens equal the dequantized model's."""
+    from the host copy), and its greedy tokens equal the dequantized model's; the partial
+    cache's prefill multiplies the layer's blocks from the staging."""
     path = _gguf(tmp_path, "qwen3_moe", "Q8_0", overrides, wide=overrides is not None)
     expected, _ = _reference(path, monkeypatch)
     fused_calls = count_fused_calls(monkeypatch)
@@ -266,6 +268,8 @@ def test_fused_expert_kernels_decode_like_the_dequantized_path(tmp_path, monkeyp
         assert _greedy(engine) == expected
         num_layers = len(engine.model.model.layers)
         assert fused_calls[0] >= (NUM_NEW - 1) * num_layers
+        if cache != "auto":  # the prompt's experts were staged whole (expert_staging.py)
+            assert engine.memory.experts.status()["staged_bytes"] > 0
     finally:
         engine.close()
 

@@ -77,6 +77,12 @@ class SlotExperts:
     def __init__(self, store: ExpertStore, layer: int, dtype: torch.dtype):
         self.store = store
         self.layer = layer
+        self.dtype = dtype
+        self._staged: tuple | None = None  # the staging as this layer's stacks (made once)
+        # The MoE layer after this one, whose experts a prefill chunk stages while this one
+        # computes; not the model's last layer, whose MLP a chunk before the last skips.
+        later = [i for i in store.layer_ids if i > layer]
+        self.next_layer = later[0] if later and later[0] < store.table.shape[0] - 1 else None
         # Quantized: the slots as this layer's QuantizedExperts (its types and row bytes).
         slots = store.slot_weights_of(layer)
         self.quantized = (quantized_experts(store, layer, slots, dtype)
@@ -86,6 +92,34 @@ class SlotExperts:
         self.layout = None if offsets is None else SlotLayout(
             *weights, store.table[layer], offsets, store.step_ids[layer]
         )
+
+    @property
+    def can_stage(self) -> bool:
+        """Whether prefill chunks stage this layer's experts whole (a partial cache has the
+        staging area; see memory/expert_staging.py)."""
+        return self.store.staging is not None
+
+    def staged(self, experts: Sequence[int] | None = None) -> tuple:
+        """(gate, up, down) of every expert of this layer, stacked [E, ...] as the grouped
+        prefill reads resident experts, from the staging area; `experts` (None: all) hold
+        their weights, the others stale bytes. Nothing enters the cache."""
+        self.store.staging.stage(self.layer, experts)
+        return self.staging_stacks()
+
+    def staging_stacks(self) -> tuple:
+        """The staging as this layer's (gate, up, down) stacks, whatever they hold now
+        (`staged` fills them): QuantizedExperts for blocks."""
+        if self._staged is None:
+            stacks = self.store.staging.views(self.layer)
+            self._staged = (quantized_experts(self.store, self.layer, stacks, self.dtype)
+                            if self.quantized is not None else stacks)
+        return self._staged
+
+    def prefetch_next(self) -> None:
+        """Stage the next MoE layer's experts behind the work queued so far (a long chunk,
+        which routes to nearly all of them); its `staged` call waits for them."""
+        if self.next_layer is not None:
+            self.store.staging.stage(self.next_layer, None, wait=False)
 
     def get(self, expert_ids: Sequence[int]):
         slots = self.store.fetch_slots(self.layer, expert_ids)
@@ -159,9 +193,10 @@ class ModelMemory:
                 layers = source.experts(by_layer, shapes, self.dtype, quantized=True)
             else:
                 layers = source.experts(by_layer, shapes, self.dtype)
-            per_expert, num_classes = self._bytes_per_expert(shapes, by_layer, expert_blocks)
+            per_expert, num_classes, largest = self._bytes_per_expert(shapes, by_layer,
+                                                                      expert_blocks)
             num_slots = self._expert_slots(spec, config, len(by_layer), per_expert,
-                                           num_classes)
+                                           num_classes, config.num_experts * largest)
             self.experts = ExpertStore(
                 layers, num_slots, self.backend, num_layers=config.num_hidden_layers,
                 chunk_bytes=EXPERTS_CHUNK_BYTES, num_experts_per_tok=config.num_experts_per_tok,
@@ -244,17 +279,19 @@ class ModelMemory:
 
     def _bytes_per_expert(self, shapes: dict[str, tuple[int, ...]],
                           by_layer: dict[int, tuple[str, str, str]],
-                          blocks: dict[str, Any]) -> tuple[int, int]:
+                          blocks: dict[str, Any]) -> tuple[int, int, int]:
         """(What one expert slot holds on average over the layers, the number of slot
-        classes): gate, up and down in the compute dtype, or as each layer stores their
-        blocks; layers of different sizes take slots of their own (expert_store.py)."""
+        classes, the largest expert's bytes): gate, up and down in the compute dtype, or as
+        each layer stores their blocks; layers of different sizes take slots of their own
+        (expert_store.py)."""
         sizes = []
         for names in by_layer.values():
             size = tuple(torch.Size(block_shape(blocks[n], shapes[n][1:]) if blocks
                                     else shapes[n][1:]).numel() for n in names)
             sizes.append(size)
         itemsize = 1 if blocks else self.dtype.itemsize
-        return -(-sum(map(sum, sizes)) * itemsize // len(sizes)), len(set(sizes))
+        return (-(-sum(map(sum, sizes)) * itemsize // len(sizes)), len(set(sizes)),
+                max(map(sum, sizes)) * itemsize)
 
     def _fill_weights(
         self, names: list[str], shapes: dict[str, tuple[int, ...]], source: Any,
@@ -305,10 +342,11 @@ class ModelMemory:
 
     def _expert_slots(
         self, spec: str, config: ModelConfig, num_layers: int, bytes_per_expert: int,
-        num_classes: int = 1,
+        num_classes: int = 1, staging_bytes: int = 0,
     ) -> int:
         """Slots for the store: every expert for all (and auto when they fit), else N >= E
-        for each slot class."""
+        for each slot class. A partial cache also maps staging_bytes (one layer's experts
+        for prefill: memory/expert_staging.py), which auto leaves room for."""
         total = num_layers * config.num_experts
         budget_free = budget_free_bytes(self.backend)
         if spec == "all" or (spec == "auto" and self.device.type != "cuda" and budget_free is None):
@@ -324,14 +362,20 @@ class ModelMemory:
         # One layer's prefill chunk can route to every expert of that layer at once, and a
         # class's slots take only its layers' experts.
         min_slots = min(total, config.num_experts * num_classes)
+        reserve = EXPERT_RESERVE_BYTES
         try:
-            return size_slots(spec, bytes_per_expert, free_bytes, EXPERT_RESERVE_BYTES, total,
-                              min_slots=min_slots)
+            slots = size_slots(spec, bytes_per_expert, free_bytes, reserve, total,
+                               min_slots=min_slots)
+            if spec == "auto" and slots < total:  # partial: the staging comes out of it too
+                reserve += staging_bytes
+                slots = size_slots(spec, bytes_per_expert, free_bytes, reserve, total,
+                                   min_slots=min_slots)
+            return slots
         except ValueError as exc:
             if spec != "auto":
                 raise  # an explicit size that is too small: the setting is wrong
             # auto found too little free VRAM: another program holds it; a later load can fit.
-            missing = min_slots * bytes_per_expert + EXPERT_RESERVE_BYTES - free_bytes
+            missing = min_slots * bytes_per_expert + reserve - free_bytes
             raise EngineOutOfMemory(f"the expert cache does not fit: {exc}",
                                     max(missing, 0)) from exc
 
@@ -506,43 +550,53 @@ def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,
     return QuantizedWeight(qtype, shape, raw, dtype)  # type: ignore[arg-type]
 
 
-def _resident_quantized(moe: SparseMoE) -> tuple[QuantizedExperts, ...]:
-    """The layer's (gate, up, down) when all its experts are resident blocks, else ()."""
+def _resident_quantized(moe: SparseMoE, stage: bool = False) -> tuple[QuantizedExperts, ...]:
+    """The layer's (gate, up, down) as prefill multiplies them, when they are blocks: all
+    resident, or a partial cache's staging (memory/expert_staging.py; filled first where
+    `stage`, for a warm-up that reads real blocks); else ()."""
     from strata.engine.core.fast.moe_grouped import slot_layout
 
+    provider = moe.expert_weights
+    if isinstance(provider, SlotExperts):
+        if not provider.can_stage or provider.quantized is None:
+            return ()
+        return provider.staged() if stage else provider.staging_stacks()
     stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
     if slot_layout(moe) is not None or not isinstance(stacks[0], QuantizedExperts):
         return ()
     return stacks  # type: ignore[return-value]
 
 
-def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None) -> bool:
+def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None,
+                     stacks: tuple | None = None) -> bool:
     """Whether a prefill chunk of max_prefill_tokens can route enough rows to moe's experts
-    for the dequantize-then-grouped path (expert_grouped.min_rows, the lower crossover of a
-    path replayed from graphs); None: no bound."""
+    (stacks: where prefill reads them, default the module's) for the dequantize-then-grouped
+    path (expert_grouped.min_rows, the lower crossover of a path replayed from graphs);
+    None: no bound."""
     from strata.engine.core.fast import expert_epilogue
     from strata.engine.core.fast.moe_prefill import decodes_in_gemm
     from strata.engine.core.kernels import launch
     from strata.engine.core.quant import expert_grouped
 
-    stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
+    if stacks is None:
+        stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
     if launch.is_usable(stacks[0].device) and not decodes_in_gemm(
             *stacks, expert_epilogue.of(moe)):
         return True  # expert_gemm cannot take them (MXFP4, an epilogue): every chunk can
-    num_experts = moe.experts.gate_proj.shape[0]
+    num_experts = stacks[0].shape[0]
     return (max_prefill_tokens is None or max_prefill_tokens * moe.top_k
             >= expert_grouped.min_rows(num_experts, replayed=True))
 
 
 def expert_scratch_numel(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
-    """The most values a prefill dequantizes at once for resident quantized experts: one
-    group of experts of one layer (quant/expert_grouped.py; slot-cached experts are
-    dequantized one by one); 0 where no chunk reaches that path."""
+    """The most values a prefill dequantizes at once for quantized experts (resident, or
+    staged from a partial cache): one group of experts of one layer
+    (quant/expert_grouped.py); 0 where no chunk reaches that path."""
     from strata.engine.core.quant import expert_grouped
 
     return max((expert_grouped.scratch_numel(*stacks) for m in model.modules()
                 if isinstance(m, SparseMoE) and (stacks := _resident_quantized(m))
-                and _reaches_grouped(m, max_prefill_tokens)), default=0)
+                and _reaches_grouped(m, max_prefill_tokens, stacks)), default=0)
 
 
 def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
@@ -560,7 +614,9 @@ def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = Non
             key = ("prefill", *((w.qtype, w.shape, w.expert_stride) for w in resident))
             if key not in seen:
                 seen.add(key)
-                warm_up_quantized(moe, grouped=_reaches_grouped(moe, max_prefill_tokens))
+                resident = _resident_quantized(moe, stage=True)  # real blocks to read
+                warm_up_quantized(moe, _reaches_grouped(moe, max_prefill_tokens, resident),
+                                  resident)
         stacks = expert_stacks(moe, layout)[:3]
         for p, w in enumerate(stacks):
             key = (w.qtype if isinstance(w, QuantizedExperts) else None, w.shape[1:], layout

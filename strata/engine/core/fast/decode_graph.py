@@ -116,8 +116,9 @@ class GraphDecoder:
         sampler = GraphSampler(model.config.vocab_size, self.device,
                                min(model.config.max_position_embeddings, 1 << 17))
         self.step = StaticStep(model, ops, self.moe_impl, sampler)
-        # A prefill graph cannot hold the MoE loop, which asks the host which experts run: a
-        # partial expert cache prefills through it whatever decode uses.
+        # A prefill graph cannot hold the MoE loop, which asks the host which experts run,
+        # nor a partial expert cache's staging, whose copies the host plans per chunk from
+        # the residency of the moment (fast/moe_staged.py).
         self.prefiller = PrefillRunner(
             model, self.moe_impl, prefill_ops, prefill_chunk_tokens,
             is_capturable=not moe_layers or (

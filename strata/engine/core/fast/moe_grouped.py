@@ -15,6 +15,7 @@ device instead:
 With a partial expert cache (a provider with a SlotLayout), one token takes the "triton"
 kernels through the cache's slot table: resident experts from their slots, the others read in
 place from the pinned host copy; the cache promotes them between steps (expert_promotion.py).
+Many tokens stage the layer's experts whole and take the grouped GEMMs (moe_staged.py).
 
 Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
 whatever the decode choice, except "loop". `select_moe_impl` picks at load; the benchmark
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.fast.moe_prefill import moe_block, route_logits
+from strata.engine.core.fast.moe_staged import staged_experts, stages
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.fast.shared_expert import shared_expert
 from strata.engine.core.kernels import launch
@@ -263,8 +265,11 @@ def _routed_forward(moe: SparseMoE, x: torch.Tensor, impl: str, ops: PointwiseOp
                     rounded: tuple | None) -> torch.Tensor:
     """The routed experts' part of moe_forward (grouped: not the loop)."""
     if moe.expert_weights is not None:
-        # A partial cache: one token reads through the slot table; many (prefill) take the
-        # loop, which copies their misses in (the table follows).
+        # A partial cache: one token reads through the slot table; many (prefill) stage the
+        # layer's experts and run the grouped GEMMs (moe_staged.py), or, without a staging
+        # area, take the loop, which copies their misses in (the table follows).
+        if stages(moe, x):
+            return staged_experts(moe, x, *route(moe, x), ops)
         if x.shape[0] != 1:
             return moe.routed(x)
         return experts_triton(moe, x, ops.pdl, slot_layout(moe), rounded)

@@ -222,15 +222,19 @@ def grouped_block(
 
 def experts_sorted(
     moe, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-    ops: PointwiseOps = EAGER_OPS,
+    ops: PointwiseOps = EAGER_OPS, stacks: tuple | None = None,
 ) -> torch.Tensor:
-    """The routed experts of x [T, H] with weights/ids [T, k]; returns [T, H] in x's dtype."""
+    """The routed experts of x [T, H] with weights/ids [T, k]; returns [T, H] in x's dtype.
+    stacks: (gate, up, down) [E, ...] to read instead of the module's resident ones (a
+    partial cache's staging: fast/moe_staged.py)."""
     top_k = ids.shape[1]
-    stacked = moe.experts
-    experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
-    order, source, offsets = sort_by_expert(ids, stacked.gate_proj.shape[0])
+    if stacks is None:
+        stacked = moe.experts
+        stacks = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
+    experts = stacks
+    order, source, offsets = sort_by_expert(ids, experts[0].shape[0])
     row_weights = weights.reshape(-1).index_select(0, order)
-    quantized = is_quantized_experts(stacked.gate_proj)
+    quantized = is_quantized_experts(experts[0])
     epilogue = expert_epilogue.of(moe)  # GPT-OSS's biases and clamp, else None
     row_experts = None if epilogue is None else ids.reshape(-1).index_select(0, order)
     biases = (None, None, None)
@@ -255,14 +259,17 @@ def experts_sorted(
     return ops.sum_rows(y, _inverse(order), top_k)
 
 
-def warm_up_quantized(moe, grouped: bool = True) -> None:
+def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) -> None:
     """Both quantized prefill paths once over a few rows, so their kernels compile (and on
     CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
     types) and, if `grouped` (a prefill chunk can reach it), the grouped one's, every group
-    (whose launches do not depend on the rows)."""
-    stacked = moe.experts
-    experts = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
-    gate = stacked.gate_proj
+    (whose launches do not depend on the rows). stacks: the experts to read instead of the
+    module's resident ones (a partial cache's staging)."""
+    if stacks is None:
+        stacked = moe.experts
+        stacks = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
+    experts = stacks
+    gate = experts[0]
     num_experts, _, hidden = gate.shape
     x = torch.zeros(moe.top_k, hidden, dtype=gate.dtype, device=gate.device)
     source = torch.arange(moe.top_k, device=gate.device)

@@ -33,6 +33,7 @@ from strata.engine.core.loader.lazy import as_lazy
 from strata.engine.core.memory.arena import DEFAULT_CHUNK_BYTES, Arena
 from strata.engine.core.memory.backend import ArenaBackend
 from strata.engine.core.memory.expert_cache import ExpertCache, split_slots
+from strata.engine.core.memory.expert_staging import ExpertStaging, staging_bytes
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down
@@ -163,12 +164,19 @@ class ExpertStore:
         if backend.device.type == "cuda":
             self.host.pin(backend.device.index or 0)
 
+        # A partial cache also holds one layer's experts whole for prefill chunks
+        # (expert_staging.py), after the slots: mapped and budgeted with them.
+        extra = 0 if self.max_slots >= total else staging_bytes(
+            [c.proj_bytes for c in self.classes], self.num_experts)
         self.arena = Arena(name, sum(c.max_slots * c.bytes_per_expert + 3 * 256
-                                     for c in self.classes), backend, chunk_bytes)
+                                     for c in self.classes) + extra + 256, backend,
+                           chunk_bytes)
         self.arena.map()
         for c in self.classes:
             c.weights = tuple(self.arena.allocate((c.max_slots, *shape), self.dtype)
                               for shape in c.shapes)
+        self.staging = None if not extra else ExpertStaging(
+            self, self.arena.allocate((extra // self.dtype.itemsize,), self.dtype), num_layers)
         # Allocated once (CUDA graphs keep their addresses), outside the arena: a release
         # unmaps the slots, never these. The mirror (the cache's global slot numbers) is
         # replaced, never written, on a change, so a step can keep the table it ran with
@@ -293,6 +301,10 @@ class ExpertStore:
     @property
     def is_all_resident(self) -> bool:
         return self.num_slots >= len(self.layer_ids) * self.num_experts
+
+    def host_layers(self, layer: int) -> list[torch.Tensor]:
+        """The host copy of layer's experts: gate, up and down, [E, ...] each."""
+        return self._host_layers[layer]
 
     def host_expert(self, layer: int, expert: int) -> ExpertWeights:
         """The host copy of one expert's gate, up and down."""
@@ -509,6 +521,8 @@ class ExpertStore:
         """Give the slots' VRAM back, remembering who was resident; returns bytes freed."""
         self.cache.mark_all_released()
         freed = self.arena.release()
+        if self.staging is not None:
+            self.staging.forget()
         self.table_mirror = torch.full_like(self.table_mirror, -1)
         self.table.fill_(-1)  # refill publishes who came back
         return freed
@@ -583,11 +597,17 @@ class ExpertStore:
             "timed_copy_bytes": self.timed_copy_bytes,
             "copy_seconds": self.copy_seconds,
             "copy_gb_s": copy_gb_s,
+            # Prefill chunks' staging (expert_staging.py): 0 and no traffic when all resident.
+            **(self.staging.status() if self.staging is not None else {
+                "staging_bytes": 0, "staged_experts": 0, "staged_bytes": 0,
+                "gathered_bytes": 0, "num_staged_copy_calls": 0}),
             "layers": [{"layer": layer, "num_hits": cache.layer_hits[layer],
                         "num_misses": cache.layer_misses[layer],
                         "num_left_out": cache.layer_left_out[layer],
                         "copied_bytes": self.copied_bytes[layer],
-                        "host_read_bytes": self.host_read_bytes[layer]}
+                        "host_read_bytes": self.host_read_bytes[layer],
+                        "staged_bytes": (self.staging.staged_bytes[layer]
+                                         if self.staging is not None else 0)}
                        for layer in self.layer_ids],
         }
 
