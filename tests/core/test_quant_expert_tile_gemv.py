@@ -71,11 +71,16 @@ def _slots(host: QuantizedExperts, resident: dict[int, int], num_slots: int = 3)
     return slots, table, host.raw.data_ptr() - slot_rows.data_ptr()
 
 
-@pytest.mark.parametrize("qtype,with_epilogue", [(QT.MXFP4, True), (QT.MXFP4, False),
-                                                 (QT.Q8_0, True)])
-def test_tile_gemv_matches_the_dequantized_experts(qtype, with_epilogue) -> None:
+@pytest.mark.parametrize("qtype,with_epilogue,by_block", [
+    (QT.MXFP4, True, None), (QT.MXFP4, False, None), (QT.MXFP4, True, True),
+    (QT.MXFP4, True, False), (QT.Q8_0, True, None)])
+def test_tile_gemv_matches_the_dequantized_experts(qtype, with_epilogue, by_block) -> None:
+    """by_block None: the launch a model takes (its tuned tiles); else tiles given, MXFP4
+    read a block at a time or by the generic tile decoder, 4 blocks a step: HIDDEN is 2
+    blocks and INTER 3 a row, so the mask cuts the step."""
     from strata.engine.core.quant import expert_tile_gemv
 
+    tiles = None if by_block is None else expert_tile_gemv.Tiles(8, 16, 128, by_block)
     stacks = [_stack(qtype, INTER, HIDDEN, 1), _stack(qtype, INTER, HIDDEN, 2),
               _stack(qtype, HIDDEN, INTER, 3)]
     experts, values = [s[0] for s in stacks], [s[1] for s in stacks]
@@ -85,7 +90,8 @@ def test_tile_gemv_matches_the_dequantized_experts(qtype, with_epilogue) -> None
     ids = torch.tensor([4, 0, 2])
     weights = torch.tensor([0.5, 0.3, 0.2])
     expected = _reference(x, values, ids, weights, epilogue)
-    got = expert_tile_gemv.routed_mlp(x, *experts, ids, weights, epilogue=epilogue)
+    got = expert_tile_gemv.routed_mlp(x, *experts, ids, weights, epilogue=epilogue,
+                                      tiles=tiles)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     if with_epilogue:  # the clamp binds: some gate or up value lies past the limit
         gate = torch.stack([values[0][e] @ x for e in ids.tolist()])
@@ -94,7 +100,8 @@ def test_tile_gemv_matches_the_dequantized_experts(qtype, with_epilogue) -> None
     layout = [_slots(w, {4: 2, 2: 0}) for w in experts]
     table = layout[0][1]
     got = expert_tile_gemv.routed_mlp(x, *(s for s, _, _ in layout), ids, weights, table,
-                                      tuple(offset for _, _, offset in layout), epilogue)
+                                      tuple(offset for _, _, offset in layout), epilogue,
+                                      tiles)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 

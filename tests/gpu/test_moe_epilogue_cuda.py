@@ -94,3 +94,38 @@ def test_glm_in_groups_routes_by_the_module_in_a_graph() -> None:
             out = moe_forward(moe, one, "triton")
         graph.replay()
         _close(out, moe(one))
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 256, False), (16, 16, 256, True),
+                                   (4, 4, 512, True), (8, 2, 256, True)])
+def test_mxfp4_tile_choices_match_the_dequantized_experts(tiles) -> None:
+    """Every tile shape bench/diag_mxfp4_gemv.py times, the block reader and the generic
+    decoder, gives gpt-oss-20b's one-token MoE of its dequantized experts (K = 90 blocks:
+    the last step of 8 or 16 blocks is cut by the mask)."""
+    from strata.engine.core.fast import expert_epilogue
+    from strata.engine.core.quant import expert_tile_gemv
+
+    model = build_random_model(GPT_OSS_20B, "cuda", torch.bfloat16, seed=0, std=0.02)
+    moe = model.model.layers[-1].mlp
+    _mxfp4(moe)
+    epilogue = expert_epilogue.of(moe)
+    stacks = [getattr(moe.experts, name) for name in ("gate_proj", "up_proj", "down_proj")]
+
+    def dequantized(stack, expert: int) -> torch.Tensor:
+        blocks = stack.raw[expert].cpu().numpy()
+        return torch.from_numpy(gguf.quants.dequantize(blocks, stack.qtype)).cuda()
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(2880, generator=g, device="cuda", dtype=torch.bfloat16)
+    ids = torch.tensor([31, 0, 7, 18], device="cuda")
+    weights = torch.tensor([0.4, 0.3, 0.2, 0.1], device="cuda")
+    want = torch.zeros(2880, device="cuda")
+    for j, e in enumerate(ids.tolist()):
+        gate_w, up_w, down_w = (dequantized(stack, e) for stack in stacks)
+        gate = gate_w @ x.float() + epilogue.gate_bias[e].float()
+        up = up_w @ x.float() + epilogue.up_bias[e].float()
+        act = epilogue.activate(gate, up).to(torch.bfloat16).float()  # stored in bf16
+        want += weights[j] * (down_w @ act + epilogue.down_bias[e].float())
+    got = expert_tile_gemv.routed_mlp(x, *stacks, ids, weights, epilogue=epilogue,
+                                      tiles=expert_tile_gemv.Tiles(*tiles))
+    _close(got, want)

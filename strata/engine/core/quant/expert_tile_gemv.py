@@ -21,10 +21,13 @@ Imported on first use (like kernels.py): importing it decorates Triton kernels.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.expert_epilogue import Epilogue
+from strata.engine.core.kernels import launch
 from strata.engine.core.kernels.launch import is_interpreting
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant.experts import QuantizedExperts
@@ -38,9 +41,31 @@ try:
 except ImportError:
     triton = None
 
-# (rows, columns) of a tile: 4 KB of values a program step, as the gather kernel's tiles.
-BLOCK_ROWS, BLOCK_COLS = 16, 256
-INTERPRETER_BLOCK_ROWS = 128  # the interpreter pays per program, not per value
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One launch's tiles, for a benchmark or test that picks them (routed_mlp's `tiles`):
+    rows a program of each kernel takes, columns a step, warps, and whether MXFP4 is read a
+    block at a time (_mxfp4_dots) or by the generic tile decoder."""
+
+    gate_up_rows: int = 16
+    down_rows: int = 16
+    cols: int = 256
+    by_block: bool = True
+    num_warps: int = 4
+
+
+# Autotuned candidates (rows, columns, warps, None) per kernel, timed once per shape on the
+# GPU (kernels/launch.py): the down kernel's grid is its rows alone (the k experts are
+# summed inside), so it also gets few-row tiles that keep every SM busy (gpt-oss: 2880 rows
+# over 132 SMs). bench/diag_mxfp4_gemv.py times them one by one.
+GATE_UP_CANDIDATES = ((16, 256, 4, None), (8, 256, 4, None), (4, 256, 4, None),
+                      (8, 512, 4, None), (4, 512, 4, None), (16, 512, 8, None))
+DOWN_CANDIDATES = ((16, 256, 4, None), (8, 256, 4, None), (4, 256, 4, None),
+                   (2, 256, 2, None), (4, 512, 4, None), (2, 512, 2, None))
+# The interpreter pays per program, not per value: one tile of many rows.
+INTERPRETER_CANDIDATES = ((128, 256, 4, None),)
 
 if triton is not None:
 
@@ -56,19 +81,52 @@ if triton is not None:
         return base
 
     @triton.jit
+    def _mxfp4_dots(w_ptr, base, rows, row_ok, v_ptr, ROW_BYTES: tl.constexpr, K: tl.constexpr,
+                    BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+        """W[rows, :] @ v for rows of MXFP4 blocks, a block at a time: each step reads
+        BLOCK_COLS // 32 whole blocks a row, each code byte once (its low nibble is value i,
+        its high one value 16 + i) and each exponent once, where the generic decoder reads a
+        byte and an exponent per value."""
+        BLOCKS: tl.constexpr = BLOCK_COLS // 32
+        NUM_BLOCKS: tl.constexpr = K // 32
+        row_off = base + rows.to(tl.int64) * ROW_BYTES
+        lane = tl.arange(0, 16)
+        acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        for first in range(0, NUM_BLOCKS, BLOCKS):
+            b = first + tl.arange(0, BLOCKS)
+            b_ok = b < NUM_BLOCKS
+            blk = row_off[:, None] + (b * 17)[None, :]  # [rows, blocks]
+            ok = row_ok[:, None] & b_ok[None, :]
+            scale = dt._mxfp4_half_scale(tl.load(w_ptr + blk, mask=ok, other=0).to(tl.int32))
+            q = tl.load(w_ptr + blk[:, :, None] + 1 + lane[None, None, :], mask=ok[:, :, None],
+                        other=0).to(tl.int32)  # [rows, blocks, 16]
+            at = (b * 32)[:, None] + lane[None, :]
+            x_low = tl.load(v_ptr + at, mask=b_ok[:, None], other=0.0).to(tl.float32)
+            x_high = tl.load(v_ptr + at + 16, mask=b_ok[:, None], other=0.0).to(tl.float32)
+            part = tl.sum(dt._e2m1_doubled(q & 15) * x_low[None, :, :]
+                          + dt._e2m1_doubled(q >> 4) * x_high[None, :, :], axis=2)
+            acc += tl.sum(part * scale, axis=1)
+        return acc
+
+    @triton.jit
     def _tile_dots(w_ptr, wh_ptr, lut_ptr, base, rows, row_ok, v_ptr, ROW_BYTES: tl.constexpr,
                    QTYPE: tl.constexpr, K: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                   BLOCK_COLS: tl.constexpr):
-        """W[rows, :] @ v for a matrix of GGML blocks at byte `base`: float32 [BLOCK_ROWS]."""
-        row_off = (base + rows.to(tl.int64) * ROW_BYTES)[:, None]
-        acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
-        for start in range(0, K, BLOCK_COLS):
-            cols = start + tl.arange(0, BLOCK_COLS)
-            col_ok = cols < K
-            v = tl.load(v_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            w = dt.dequant_tile(w_ptr, wh_ptr, lut_ptr, row_off, cols[None, :],
-                                row_ok[:, None] & col_ok[None, :], QTYPE)
-            acc += tl.sum(w * v[None, :], axis=1)
+                   BLOCK_COLS: tl.constexpr, BY_BLOCK: tl.constexpr):
+        """W[rows, :] @ v for a matrix of GGML blocks at byte `base`: float32 [BLOCK_ROWS].
+        BY_BLOCK: MXFP4 through _mxfp4_dots (the generic decoder stays for the comparison)."""
+        if BY_BLOCK and QTYPE == 39:
+            acc = _mxfp4_dots(w_ptr, base, rows, row_ok, v_ptr, ROW_BYTES, K, BLOCK_ROWS,
+                              BLOCK_COLS)
+        else:
+            row_off = (base + rows.to(tl.int64) * ROW_BYTES)[:, None]
+            acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+            for start in range(0, K, BLOCK_COLS):
+                cols = start + tl.arange(0, BLOCK_COLS)
+                col_ok = cols < K
+                v = tl.load(v_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                w = dt.dequant_tile(w_ptr, wh_ptr, lut_ptr, row_off, cols[None, :],
+                                    row_ok[:, None] & col_ok[None, :], QTYPE)
+                acc += tl.sum(w * v[None, :], axis=1)
         return acc
 
     # Offsets and strides per layer: never specialized, so a new layer never compiles again.
@@ -82,7 +140,7 @@ if triton is not None:
         UP_ROW_BYTES: tl.constexpr, GATE_QTYPE: tl.constexpr, UP_QTYPE: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr,
         LIMIT: tl.constexpr, ALPHA: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr, BY_BLOCK: tl.constexpr,
     ):
         j = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -91,9 +149,9 @@ if triton is not None:
                                   HAS_TABLE)
         up_base = _expert_bytes(ids_ptr, j, table_ptr, up_host_offset, up_stride, HAS_TABLE)
         g = _tile_dots(gate_ptr, gate_h_ptr, lut_ptr, gate_base, rows, row_ok, x_ptr,
-                       GATE_ROW_BYTES, GATE_QTYPE, K, BLOCK_ROWS, BLOCK_COLS)
+                       GATE_ROW_BYTES, GATE_QTYPE, K, BLOCK_ROWS, BLOCK_COLS, BY_BLOCK)
         u = _tile_dots(up_ptr, up_h_ptr, lut_ptr, up_base, rows, row_ok, x_ptr,
-                       UP_ROW_BYTES, UP_QTYPE, K, BLOCK_ROWS, BLOCK_COLS)
+                       UP_ROW_BYTES, UP_QTYPE, K, BLOCK_ROWS, BLOCK_COLS, BY_BLOCK)
         if HAS_BIAS:
             g += expert_bias(bias_ids_ptr, j, gate_bias_ptr, rows, row_ok, N)
             u += expert_bias(bias_ids_ptr, j, up_bias_ptr, rows, row_ok, N)
@@ -107,7 +165,7 @@ if triton is not None:
         N: tl.constexpr, K: tl.constexpr, ROW_BYTES: tl.constexpr, QTYPE: tl.constexpr,
         TOP_K: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_BIAS: tl.constexpr,
         CLAMP: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr,
-        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BY_BLOCK: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < N
@@ -115,11 +173,16 @@ if triton is not None:
         for j in tl.static_range(TOP_K):
             base = _expert_bytes(ids_ptr, j, table_ptr, host_offset, stride_expert, HAS_TABLE)
             dot = _tile_dots(down_ptr, down_h_ptr, lut_ptr, base, rows, row_ok, act_ptr + j * K,
-                             ROW_BYTES, QTYPE, K, BLOCK_ROWS, BLOCK_COLS)
+                             ROW_BYTES, QTYPE, K, BLOCK_ROWS, BLOCK_COLS, BY_BLOCK)
             if HAS_BIAS:
                 dot += expert_bias(bias_ids_ptr, j, down_bias_ptr, rows, row_ok, N)
             acc += tl.load(weights_ptr + j).to(tl.float32) * dot
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+    _gate_up_tuned = launch.tuned(_gate_up_kernel, GATE_UP_CANDIDATES,
+                                  key=("N", "K", "GATE_QTYPE", "UP_QTYPE", "HAS_BIAS"))
+    _down_sum_tuned = launch.tuned(_down_sum_kernel, DOWN_CANDIDATES,
+                                   key=("N", "K", "QTYPE", "TOP_K", "HAS_BIAS"))
 
 
 def takes(gate: QuantizedExperts, epilogue: Epilogue | None) -> bool:
@@ -135,19 +198,16 @@ def _halves(experts: QuantizedExperts) -> torch.Tensor:
     return raw.view(torch.float16) if raw.shape[-1] % 2 == 0 else raw
 
 
-def _block_rows() -> int:
-    return INTERPRETER_BLOCK_ROWS if is_interpreting() else BLOCK_ROWS
-
-
 def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
                down: QuantizedExperts, ids: torch.Tensor, weights: torch.Tensor,
                table: torch.Tensor | None = None,
                host_offsets: tuple[int, int, int] = (0, 0, 0),
-               epilogue: Epilogue | None = None) -> torch.Tensor:
+               epilogue: Epilogue | None = None, tiles: Tiles | None = None) -> torch.Tensor:
     """sum_j weights[j] * down[ids[j]] @ act(gate[ids[j]] @ x, up[ids[j]] @ x) for one token
     x [H], ids and weights [k] on the device -> [H] in x's dtype. table and host_offsets
     (bytes) as for expert_gemv: a partial cache's slots, and where its host copy lies; the
-    epilogue's biases are read by the real ids."""
+    epilogue's biases are read by the real ids. tiles: the autotuner's pick (on CUDA; the
+    interpreter's one tile on the CPU) unless a benchmark or test gives them."""
     num_experts_used = ids.shape[0]
     _, inter, hidden = gate.shape
     if table is not None and (table.dtype != torch.int32 or not table.is_contiguous()):
@@ -158,20 +218,32 @@ def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
     table_arg = table if table is not None else ids
     lut = lookup_table(x.device)
     bias_args, switches = expert_epilogue.kernel_args(epilogue, ids)
-    block_rows = _block_rows()
     act = torch.empty(num_experts_used, inter, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(num_experts_used, triton.cdiv(inter, block_rows))](
+    gate_up_args = (
         x.contiguous(), gate.raw, _halves(gate), up.raw, _halves(up), lut, ids, table_arg,
         int(host_offsets[0]), int(host_offsets[1]), gate.expert_stride, up.expert_stride, act,
-        *bias_args, N=inter, K=hidden, GATE_ROW_BYTES=gate.raw.shape[2],
-        UP_ROW_BYTES=up.raw.shape[2], GATE_QTYPE=int(gate.qtype), UP_QTYPE=int(up.qtype),
-        HAS_TABLE=table is not None, **switches, BLOCK_ROWS=block_rows, BLOCK_COLS=BLOCK_COLS,
-    )
+        *bias_args)
+    gate_up_meta = dict(N=inter, K=hidden, GATE_ROW_BYTES=gate.raw.shape[2],
+                        UP_ROW_BYTES=up.raw.shape[2], GATE_QTYPE=int(gate.qtype),
+                        UP_QTYPE=int(up.qtype), HAS_TABLE=table is not None, **switches)
     out = torch.empty(hidden, dtype=x.dtype, device=x.device)
-    _down_sum_kernel[(triton.cdiv(hidden, block_rows),)](
-        act, down.raw, _halves(down), lut, ids, weights.contiguous(), table_arg,
-        int(host_offsets[2]), down.expert_stride, out, *bias_args, N=hidden, K=inter,
-        ROW_BYTES=down.raw.shape[2], QTYPE=int(down.qtype), TOP_K=num_experts_used,
-        HAS_TABLE=table is not None, **switches, BLOCK_ROWS=block_rows, BLOCK_COLS=BLOCK_COLS,
-    )
+    down_args = (act, down.raw, _halves(down), lut, ids, weights.contiguous(), table_arg,
+                 int(host_offsets[2]), down.expert_stride, out, *bias_args)
+    down_meta = dict(N=hidden, K=inter, ROW_BYTES=down.raw.shape[2], QTYPE=int(down.qtype),
+                     TOP_K=num_experts_used, HAS_TABLE=table is not None, **switches)
+    if tiles is not None:  # a benchmark's or test's pick, launched as given
+        _gate_up_kernel[(num_experts_used, triton.cdiv(inter, tiles.gate_up_rows))](
+            *gate_up_args, **gate_up_meta, BLOCK_ROWS=tiles.gate_up_rows, BLOCK_COLS=tiles.cols,
+            BY_BLOCK=tiles.by_block, num_warps=tiles.num_warps)
+        _down_sum_kernel[(triton.cdiv(hidden, tiles.down_rows),)](
+            *down_args, **down_meta, BLOCK_ROWS=tiles.down_rows, BLOCK_COLS=tiles.cols,
+            BY_BLOCK=tiles.by_block, num_warps=tiles.num_warps)
+        return out
+    interpreting = is_interpreting()
+    launch.launch(_gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(inter, rows)),
+                  INTERPRETER_CANDIDATES if interpreting else GATE_UP_CANDIDATES,
+                  *gate_up_args, **gate_up_meta, BY_BLOCK=True)
+    launch.launch(_down_sum_tuned, lambda rows: (triton.cdiv(hidden, rows),),
+                  INTERPRETER_CANDIDATES if interpreting else DOWN_CANDIDATES,
+                  *down_args, **down_meta, BY_BLOCK=True)
     return out
