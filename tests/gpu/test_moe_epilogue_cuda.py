@@ -96,18 +96,25 @@ def test_glm_in_groups_routes_by_the_module_in_a_graph() -> None:
         _close(out, moe(one))
 
 
-@pytest.mark.parametrize("tiles", [(16, 16, 256, False), (16, 16, 256, True),
-                                   (4, 4, 512, True), (8, 2, 256, True)])
-def test_mxfp4_tile_choices_match_the_dequantized_experts(tiles) -> None:
-    """Every tile shape bench/diag_mxfp4_gemv.py times, the block reader and the generic
-    decoder, gives gpt-oss-20b's one-token MoE of its dequantized experts (K = 90 blocks:
-    the last step of 8 or 16 blocks is cut by the mask)."""
-    from strata.engine.core.fast import expert_epilogue
-    from strata.engine.core.quant import expert_tile_gemv
-
+@pytest.fixture(scope="module")
+def gpt_oss_mxfp4_moe():
+    """gpt-oss-20b's MoE layer with MXFP4 experts, quantized once (gguf-py takes a while)."""
     model = build_random_model(GPT_OSS_20B, "cuda", torch.bfloat16, seed=0, std=0.02)
     moe = model.model.layers[-1].mlp
     _mxfp4(moe)
+    return moe
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 256, False), (16, 16, 256, True),
+                                   (4, 4, 512, True), (8, 2, 256, True), None])
+def test_mxfp4_tile_choices_match_the_dequantized_experts(gpt_oss_mxfp4_moe, tiles) -> None:
+    """Every tile shape bench/diag_mxfp4_gemv.py times, the block reader and the generic
+    decoder, gives gpt-oss-20b's one-token MoE of its dequantized experts (K = 90 blocks:
+    the last step of 8 or 16 blocks is cut by the mask); None: the autotuned launch."""
+    from strata.engine.core.fast import expert_epilogue
+    from strata.engine.core.quant import expert_tile_gemv
+
+    moe = gpt_oss_mxfp4_moe
     epilogue = expert_epilogue.of(moe)
     stacks = [getattr(moe.experts, name) for name in ("gate_proj", "up_proj", "down_proj")]
 
@@ -127,5 +134,5 @@ def test_mxfp4_tile_choices_match_the_dequantized_experts(tiles) -> None:
         act = epilogue.activate(gate, up).to(torch.bfloat16).float()  # stored in bf16
         want += weights[j] * (down_w @ act + epilogue.down_bias[e].float())
     got = expert_tile_gemv.routed_mlp(x, *stacks, ids, weights, epilogue=epilogue,
-                                      tiles=expert_tile_gemv.Tiles(*tiles))
+                                      tiles=tiles and expert_tile_gemv.Tiles(*tiles))
     _close(got, want)

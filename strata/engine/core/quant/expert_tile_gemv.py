@@ -81,32 +81,41 @@ if triton is not None:
         return base
 
     @triton.jit
+    def _e2m1_doubled_fast(q):
+        """dequant_tile._e2m1_doubled's values (twice each E2M1 code's) for q in 0..15, read
+        from a constant: the magnitudes 0 1 2 3 4 6 8 12 as its nibbles (3 integer ops)."""
+        # 0xC8643210 as an int32 (Triton takes no larger literal): the mask undoes the sign.
+        magnitude = ((-0x379BCDF0 >> ((q & 7) * 4)) & 15).to(tl.float32)
+        return tl.where((q & 8) != 0, -magnitude, magnitude)
+
+    @triton.jit
     def _mxfp4_dots(w_ptr, base, rows, row_ok, v_ptr, ROW_BYTES: tl.constexpr, K: tl.constexpr,
                     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
         """W[rows, :] @ v for rows of MXFP4 blocks, a block at a time: each step reads
         BLOCK_COLS // 32 whole blocks a row, each code byte once (its low nibble is value i,
         its high one value 16 + i) and each exponent once, where the generic decoder reads a
-        byte and an exponent per value."""
+        byte and an exponent per value. Products accumulate element-wise and are summed once
+        at the end: a sum inside the loop costs shuffles every step."""
         BLOCKS: tl.constexpr = BLOCK_COLS // 32
         NUM_BLOCKS: tl.constexpr = K // 32
-        row_off = base + rows.to(tl.int64) * ROW_BYTES
+        row_ptr = (w_ptr + base + rows.to(tl.int64) * ROW_BYTES)[:, None, None]
         lane = tl.arange(0, 16)
-        acc = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_ROWS, BLOCKS, 16], dtype=tl.float32)
         for first in range(0, NUM_BLOCKS, BLOCKS):
             b = first + tl.arange(0, BLOCKS)
             b_ok = b < NUM_BLOCKS
-            blk = row_off[:, None] + (b * 17)[None, :]  # [rows, blocks]
-            ok = row_ok[:, None] & b_ok[None, :]
-            scale = dt._mxfp4_half_scale(tl.load(w_ptr + blk, mask=ok, other=0).to(tl.int32))
-            q = tl.load(w_ptr + blk[:, :, None] + 1 + lane[None, None, :], mask=ok[:, :, None],
+            ok = (row_ok[:, None] & b_ok[None, :])[:, :, None]
+            at_block = (b * 17)[None, :, None]
+            scale = dt._mxfp4_half_scale(
+                tl.load(row_ptr + at_block, mask=ok, other=0).to(tl.int32))  # [rows, blocks, 1]
+            q = tl.load(row_ptr + at_block + 1 + lane[None, None, :], mask=ok,
                         other=0).to(tl.int32)  # [rows, blocks, 16]
             at = (b * 32)[:, None] + lane[None, :]
             x_low = tl.load(v_ptr + at, mask=b_ok[:, None], other=0.0).to(tl.float32)
             x_high = tl.load(v_ptr + at + 16, mask=b_ok[:, None], other=0.0).to(tl.float32)
-            part = tl.sum(dt._e2m1_doubled(q & 15) * x_low[None, :, :]
-                          + dt._e2m1_doubled(q >> 4) * x_high[None, :, :], axis=2)
-            acc += tl.sum(part * scale, axis=1)
-        return acc
+            acc += (_e2m1_doubled_fast(q & 15) * x_low[None, :, :]
+                    + _e2m1_doubled_fast(q >> 4) * x_high[None, :, :]) * scale
+        return tl.sum(tl.sum(acc, axis=2), axis=1)
 
     @triton.jit
     def _tile_dots(w_ptr, wh_ptr, lut_ptr, base, rows, row_ok, v_ptr, ROW_BYTES: tl.constexpr,
@@ -140,8 +149,9 @@ if triton is not None:
         UP_ROW_BYTES: tl.constexpr, GATE_QTYPE: tl.constexpr, UP_QTYPE: tl.constexpr,
         HAS_TABLE: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr,
         LIMIT: tl.constexpr, ALPHA: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr, BY_BLOCK: tl.constexpr,
+        BLOCK_COLS: tl.constexpr, BY_BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
     ):
+        # USE_PDL: kernels/launch.py passes it; these kernels launch without PDL (False).
         j = tl.program_id(0)
         rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < N
@@ -166,6 +176,7 @@ if triton is not None:
         TOP_K: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_BIAS: tl.constexpr,
         CLAMP: tl.constexpr, LIMIT: tl.constexpr, ALPHA: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BY_BLOCK: tl.constexpr,
+        USE_PDL: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < N
@@ -234,10 +245,10 @@ def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
     if tiles is not None:  # a benchmark's or test's pick, launched as given
         _gate_up_kernel[(num_experts_used, triton.cdiv(inter, tiles.gate_up_rows))](
             *gate_up_args, **gate_up_meta, BLOCK_ROWS=tiles.gate_up_rows, BLOCK_COLS=tiles.cols,
-            BY_BLOCK=tiles.by_block, num_warps=tiles.num_warps)
+            BY_BLOCK=tiles.by_block, USE_PDL=False, num_warps=tiles.num_warps)
         _down_sum_kernel[(triton.cdiv(hidden, tiles.down_rows),)](
             *down_args, **down_meta, BLOCK_ROWS=tiles.down_rows, BLOCK_COLS=tiles.cols,
-            BY_BLOCK=tiles.by_block, num_warps=tiles.num_warps)
+            BY_BLOCK=tiles.by_block, USE_PDL=False, num_warps=tiles.num_warps)
         return out
     interpreting = is_interpreting()
     launch.launch(_gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(inter, rows)),
