@@ -518,12 +518,16 @@ class FakeEngine:
                        # a refill's copy is not timed, so the rate is unknown (None).
                        "policy": "lfu", "num_left_out": 0, "num_copy_calls": 0,
                        "timed_copy_bytes": 0, "copy_seconds": 0.0, "copy_gb_s": None,
+                       # The prefill staging's figures (memory/expert_staging.py): the
+                       # fake runs no prefill through it.
+                       "staging_bytes": 0, "staged_experts": 0, "staged_bytes": 0,
+                       "gathered_bytes": 0, "num_staged_copy_calls": 0,
                        # One MoE layer: every routed expert of the fake's is a hit.
                        "layers": [{"layer": 0, "num_hits": self.expert_hits,
                                    "num_misses": self.expert_misses, "num_left_out": 0,
                                    "copied_bytes": self.expert_copied_bytes,
                                    "host_read_bytes": self.expert_misses
-                                   * self._bytes_per_expert}]}
+                                   * self._bytes_per_expert, "staged_bytes": 0}]}
         return {
             "state": "sleeping" if self.is_sleeping else "loaded",
             **self.info(),
