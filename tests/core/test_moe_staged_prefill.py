@@ -5,6 +5,7 @@ and the cache's residency (decode's working set) is left as it was."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -21,15 +22,14 @@ from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.fast.prefill import prefill
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.memory import expert_staging
-from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.residency import ModelMemory
-from tests.helpers.moe_cache_cpu import build_on_cpu
+from tests.helpers import moe_cache_cpu
+from tests.helpers.moe_cache_cpu import TOP_K, E, build_on_cpu
 
-E, TOP_K, NUM_LAYERS = 8, 2, 4
-CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=96, hidden_size=64, intermediate_size=80,
-                     num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, max_position_embeddings=512, num_experts=E,
-                     num_experts_per_tok=TOP_K, moe_intermediate_size=24)
+# The decode tests' tiny MoE with a fourth layer, and room for the long prompt.
+NUM_LAYERS = 4
+CONFIG = dataclasses.replace(moe_cache_cpu.CONFIG, num_hidden_layers=NUM_LAYERS,
+                             max_position_embeddings=512)
 PROMPT = [(7 * i + 3) % 96 for i in range(150)]
 
 
