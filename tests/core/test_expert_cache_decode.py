@@ -20,26 +20,10 @@ from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.memory.arena import ArenaReleasedError
 from strata.engine.core.memory.backend import backend_for
-from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.residency import ModelMemory
-from strata.engine.core.weight_source import RandomWeights
-from strata.engine.protocol import SamplingSpec
+from tests.helpers.moe_cache_cpu import CONFIG, GREEDY, NUM_LAYERS, PROMPT, TOP_K, E, build_on_cpu
 
-E, TOP_K, NUM_LAYERS = 8, 2, 3
-CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=96, hidden_size=64, intermediate_size=80,
-                     num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, max_position_embeddings=256, num_experts=E,
-                     num_experts_per_tok=TOP_K, moe_intermediate_size=24)
-GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
-PROMPT = [(7 * i + 3) % 96 for i in range(13)]
 NUM_NEW = 8
-
-
-def _build(expert_cache: str):
-    memory = ModelMemory(backend_for("cpu"), torch.float32)
-    # A wide std keeps greedy picks far from ties between paths.
-    model = memory.build(CONFIG, RandomWeights(torch.device("cpu"), std=0.15), expert_cache)
-    return memory, model
 
 
 def _generate(decoder: GraphDecoder) -> list[int]:
@@ -49,7 +33,7 @@ def _generate(decoder: GraphDecoder) -> list[int]:
 
 @pytest.fixture(scope="module")
 def resident_tokens() -> list[int]:
-    memory, model = _build("all")
+    memory, model = build_on_cpu(CONFIG, "all")
     try:
         assert memory.expert_mode == "all"
         # bmm: the stacked experts by another path (the Triton one runs slowly interpreted).
@@ -63,7 +47,8 @@ def resident_tokens() -> list[int]:
 
 
 def test_partial_cache_decodes_like_all_resident_and_promotes(resident_tokens) -> None:
-    memory, model = _build(str(E))  # 8 slots for 24 experts: layers 1 and 2 start on the host
+    # 8 slots for 24 experts: layers 1 and 2 start on the host.
+    memory, model = build_on_cpu(CONFIG, str(E))
     try:
         store, promotion = memory.experts, memory.promotion
         assert memory.expert_mode == "slots" and promotion is not None
@@ -110,7 +95,7 @@ def test_partial_cache_decodes_like_all_resident_and_promotes(resident_tokens) -
 
 
 def test_bmm_over_a_partial_cache_falls_back_to_the_loop() -> None:
-    memory, model = _build(str(E))
+    memory, model = build_on_cpu(CONFIG, str(E))
     try:
         decoder = GraphDecoder(model, moe_impl="bmm", step_hook=memory.promotion)
         assert decoder.moe_impl == "loop" and decoder.step_hook is None
@@ -192,11 +177,10 @@ def test_glm_and_gpt_oss_layers_read_a_partial_cache_like_the_reference(name: st
     from strata.engine.core.fast.moe_grouped import moe_forward, slot_layout
     from tests.helpers.fast_configs import TINY_CONFIGS
 
-    memory = ModelMemory(backend_for("cpu"), torch.float32)
+    # 3 layers, 10 slots for 16 or 24 experts: the last layer's start on the host copy.
+    config = dataclasses.replace(TINY_CONFIGS[name], num_hidden_layers=3)
+    memory, model = build_on_cpu(config, "10")
     try:
-        # 3 layers, 10 slots for 16 or 24 experts: the last layer's start on the host copy.
-        config = dataclasses.replace(TINY_CONFIGS[name], num_hidden_layers=3)
-        model = memory.build(config, RandomWeights(torch.device("cpu"), std=0.15), "10")
         assert memory.expert_mode == "slots"
         moe = model.model.layers[2].mlp
         layout = slot_layout(moe)

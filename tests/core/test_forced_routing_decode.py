@@ -19,33 +19,20 @@ pytestmark = pytest.mark.skipif(
 
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.memory.backend import backend_for
-from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.forced_routing import ForcedRouting
-from strata.engine.core.residency import ModelMemory
-from strata.engine.core.weight_source import RandomWeights
-from strata.engine.protocol import SamplingSpec
+from tests.helpers.moe_cache_cpu import CONFIG, GREEDY, NUM_LAYERS, PROMPT, TOP_K, E, build_on_cpu
+from tests.helpers.routing_trace import StepRecorder, random_trace
 
-E, TOP_K, NUM_LAYERS = 8, 2, 3
-CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=96, hidden_size=64, intermediate_size=80,
-                     num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, max_position_embeddings=256, num_experts=E,
-                     num_experts_per_tok=TOP_K, moe_intermediate_size=24)
-GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
-PROMPT = [(7 * i + 3) % 96 for i in range(13)]
 NUM_NEW = 4
 
 
 def _trace(num_tokens: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.array([[rng.permutation(E)[:TOP_K] for _ in range(NUM_LAYERS)]
-                     for _ in range(num_tokens)], dtype=np.int32)
+    return random_trace(num_tokens, NUM_LAYERS, E, TOP_K, seed)
 
 
 def _decode(moe_impl: str) -> tuple[list[int], list[list[int]], int, int]:
     """(tokens, each step's routed ids, hits, misses) of a forced decode over 8 of 24 slots."""
-    memory = ModelMemory(backend_for("cpu"), torch.float32)
-    model = memory.build(CONFIG, RandomWeights(torch.device("cpu"), std=0.15), str(E))
+    memory, model = build_on_cpu(CONFIG, str(E))
     try:
         store, promotion = memory.experts, memory.promotion
         decoder = GraphDecoder(model, moe_impl=moe_impl, min_bucket_tokens=16,
@@ -56,19 +43,8 @@ def _decode(moe_impl: str) -> tuple[list[int], list[list[int]], int, int]:
         forced.attach(model, decoder)
         assert decoder.step_hook is forced
         assert forced.inner is (promotion if moe_impl != "loop" else None)
-        routed: list[list[int]] = []
-
-        class Recorder:  # the ids each step's routers left for the cache
-            def before_step(self) -> None:
-                if moe_impl != "loop":
-                    promotion.before_step()
-
-            def after_step(self, num_rows: int = 1) -> None:
-                routed.append(store.step_ids[:, 0].flatten().tolist())
-                if moe_impl != "loop":
-                    promotion.after_step(num_rows)
-
-        forced.inner = Recorder()
+        recorder = StepRecorder(store, forced.inner)  # the ids each step's routers left
+        forced.inner = recorder
         kv = KVCache.for_config(CONFIG, 64)
         logits = decoder.prefill(kv, torch.tensor(PROMPT), 0)
         # Every layer took a row per prompt token, but the last: a prefill computes its MLP
@@ -83,7 +59,7 @@ def _decode(moe_impl: str) -> tuple[list[int], list[list[int]], int, int]:
         forced.detach()
         assert decoder.step_hook is (promotion if moe_impl != "loop" else None)
         assert all(layer.mlp.forced is None for layer in model.model.layers)
-        return tokens, routed, hits, misses
+        return tokens, recorder.routed, hits, misses
     finally:
         memory.close()
 

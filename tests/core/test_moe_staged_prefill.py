@@ -5,6 +5,7 @@ and the cache's residency (decode's working set) is left as it was."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -21,23 +22,15 @@ from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.fast.prefill import prefill
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.memory import expert_staging
-from strata.engine.core.memory.backend import backend_for
-from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.residency import ModelMemory
-from strata.engine.core.weight_source import RandomWeights
+from tests.helpers import moe_cache_cpu
+from tests.helpers.moe_cache_cpu import TOP_K, E, build_on_cpu
 
-E, TOP_K, NUM_LAYERS = 8, 2, 4
-CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=96, hidden_size=64, intermediate_size=80,
-                     num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, max_position_embeddings=512, num_experts=E,
-                     num_experts_per_tok=TOP_K, moe_intermediate_size=24)
+# The decode tests' tiny MoE with a fourth layer, and room for the long prompt.
+NUM_LAYERS = 4
+CONFIG = dataclasses.replace(moe_cache_cpu.CONFIG, num_hidden_layers=NUM_LAYERS,
+                             max_position_embeddings=512)
 PROMPT = [(7 * i + 3) % 96 for i in range(150)]
-
-
-def _build(expert_cache: str):
-    memory = ModelMemory(backend_for("cpu"), torch.float32)
-    model = memory.build(CONFIG, RandomWeights(torch.device("cpu"), std=0.15), expert_cache)
-    return memory, model
 
 
 def _prefill(model, chunk_tokens: int) -> torch.Tensor:
@@ -48,7 +41,7 @@ def _prefill(model, chunk_tokens: int) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def resident_logits() -> dict[int, torch.Tensor]:
-    memory, model = _build("all")
+    memory, model = build_on_cpu(CONFIG, "all")
     try:
         assert memory.expert_mode == "all" and memory.experts.staging is None
         return {chunk: _prefill(model, chunk) for chunk in (64, 8)}
@@ -63,7 +56,7 @@ def test_staged_prefill_equals_all_resident_and_copies_each_missing_expert_once(
     # 64 tokens x 2 of 8 experts: 16 rows an expert, the staged-all threshold; 8: below it.
     assert (chunk_tokens * TOP_K >= moe_staged.STAGE_ALL_ROWS_PER_EXPERT * E) == (
         chunk_tokens == 64)
-    memory, model = _build("12")  # 12 slots for 32 experts
+    memory, model = build_on_cpu(CONFIG, "12")  # 12 slots for 32 experts
     try:
         store = memory.experts
         assert memory.expert_mode == "slots" and store.staging is not None
@@ -124,7 +117,7 @@ def test_copy_runs_bridge_small_gaps_of_resident_experts_only() -> None:
 
 
 def test_staging_is_mapped_and_counted_with_the_slots() -> None:
-    memory, _ = _build("12")
+    memory, _ = build_on_cpu(CONFIG, "12")
     try:
         store = memory.experts
         per_layer = E * store.bytes_of(0)

@@ -9,19 +9,11 @@ import torch
 
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.model_config import ModelConfig
-from strata.engine.protocol import SamplingSpec
 from tests.gpu.gpu_helpers import build_with_expert_cache
+from tests.helpers.moe_cache_cuda import CONFIG, GREEDY, NUM_LAYERS, PROMPT, TOP_K, settle
 
 pytestmark = pytest.mark.gpu
 
-E, TOP_K, NUM_LAYERS = 16, 2, 3
-CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=512, hidden_size=256,
-                     intermediate_size=384, num_hidden_layers=NUM_LAYERS, num_attention_heads=8,
-                     num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-                     num_experts=E, num_experts_per_tok=TOP_K, moe_intermediate_size=128)
-GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
-PROMPT = [(11 * i + 5) % 512 for i in range(40)]
 # 4 steps route to at most 4 * 3 * 2 = 24 experts: as many as the cache's slots, so a second
 # pass over the same steps finds every one of them promoted.
 NUM_DECODE, NUM_SLOTS = 4, 24
@@ -33,13 +25,6 @@ def _build(expert_cache: str):
 
 def _counters(store) -> tuple[int, int]:
     return store.cache.num_hits, store.cache.num_misses
-
-
-def _settle(promotion) -> None:
-    """Collect the last step's ids and land every copy (a test's wait, never decode's)."""
-    for _ in range(2):
-        torch.cuda.synchronize()
-        promotion.before_step()
 
 
 def test_graph_decode_over_a_partial_cache_equals_all_resident() -> None:
@@ -68,7 +53,7 @@ def test_graph_decode_over_a_partial_cache_equals_all_resident() -> None:
             before = _counters(store)
             tokens = list(decoder.decode(kv, first, len(PROMPT), NUM_DECODE, GREEDY,
                                          continue_request=True))
-            _settle(promotion)
+            settle(promotion)
             hits, misses = (a - b for a, b in zip(_counters(store), before))
             assert hits + misses == NUM_DECODE * NUM_LAYERS * TOP_K
             return tokens, hits / (hits + misses)

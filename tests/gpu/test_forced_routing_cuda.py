@@ -4,33 +4,24 @@ the graph-replayed tokens equal the same steps called eagerly."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.forced_routing import ForcedRouting
-from strata.engine.protocol import SamplingSpec
 from tests.gpu.gpu_helpers import build_with_expert_cache
+from tests.helpers.moe_cache_cuda import CONFIG, GREEDY, NUM_LAYERS, PROMPT, TOP_K, E, settle
+from tests.helpers.routing_trace import StepRecorder, random_trace
 
 pytestmark = pytest.mark.gpu
 
-E, TOP_K, NUM_LAYERS = 16, 2, 3
-CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=512, hidden_size=256,
-                     intermediate_size=384, num_hidden_layers=NUM_LAYERS, num_attention_heads=8,
-                     num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-                     num_experts=E, num_experts_per_tok=TOP_K, moe_intermediate_size=128)
-GREEDY = SamplingSpec(max_tokens=64, temperature=0.0)
-PROMPT = [(11 * i + 5) % 512 for i in range(40)]
 NUM_DECODE, NUM_SLOTS = 12, 24
 
 
 def _trace() -> torch.Tensor:
-    rng = np.random.default_rng(0)
-    rows = [[rng.permutation(E)[:TOP_K] for _ in range(NUM_LAYERS)] for _ in range(7)]
-    return torch.tensor(np.array(rows), dtype=torch.int32)  # [7 steps, layers, k], cycles
+    """[7 steps, layers, k]: the decode cycles through it."""
+    return torch.from_numpy(random_trace(7, NUM_LAYERS, E, TOP_K, seed=0))
 
 
 def _decode(use_cuda_graphs: bool) -> tuple[list[int], list[list[int]], float]:
@@ -43,30 +34,19 @@ def _decode(use_cuda_graphs: bool) -> tuple[list[int], list[list[int]], float]:
         assert decoder.moe_impl == "triton", decoder.note
         forced = ForcedRouting(_trace(), E, torch.device("cuda"))
         forced.attach(model, decoder)
-        routed: list[list[int]] = []
-
-        class Recorder:  # after each step, the ids its routers left for the cache
-            def before_step(self) -> None:
-                promotion.before_step()
-
-            def after_step(self, num_rows: int = 1) -> None:
-                routed.append(store.step_ids[:, 0].flatten().tolist())  # a test may sync
-                promotion.after_step(num_rows)
-
-        forced.inner = Recorder()
+        recorder = StepRecorder(store, promotion)  # after each step, the ids its routers left
+        forced.inner = recorder
         kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
         logits = decoder.prefill(kv, torch.tensor(PROMPT, device="cuda"), 0)
         first = decoder.sample_first(logits, GREEDY)
         hits, misses = store.cache.num_hits, store.cache.num_misses
         tokens = list(decoder.decode(kv, first, len(PROMPT), NUM_DECODE, GREEDY))
-        for _ in range(2):
-            torch.cuda.synchronize()
-            promotion.before_step()
+        settle(promotion)
         hits, misses = store.cache.num_hits - hits, store.cache.num_misses - misses
-        assert forced.position == len(routed)
+        assert forced.position == len(recorder.routed)
         forced.detach()
         assert decoder.step_hook is promotion
-        return [first, *tokens], routed, hits / (hits + misses)
+        return [first, *tokens], recorder.routed, hits / (hits + misses)
     finally:
         memory.close()
 

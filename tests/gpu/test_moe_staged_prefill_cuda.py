@@ -5,6 +5,8 @@ and each layer's missing experts are copied from the host once per chunk."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,16 +14,14 @@ from strata.engine.core.fast import moe_staged
 from strata.engine.core.fast.pointwise import EAGER_OPS
 from strata.engine.core.fast.prefill import prefill
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.model_config import ModelConfig
 from tests.gpu.gpu_helpers import build_with_expert_cache
+from tests.helpers import moe_cache_cuda
+from tests.helpers.moe_cache_cuda import TOP_K, E
 
 pytestmark = pytest.mark.gpu
 
-E, TOP_K, NUM_LAYERS = 16, 2, 4
-CONFIG = ModelConfig(model_type="qwen3_moe", vocab_size=512, hidden_size=256,
-                     intermediate_size=384, num_hidden_layers=NUM_LAYERS, num_attention_heads=8,
-                     num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-                     num_experts=E, num_experts_per_tok=TOP_K, moe_intermediate_size=128)
+NUM_LAYERS = 4  # the decode tests' MoE with a fourth layer
+CONFIG = dataclasses.replace(moe_cache_cuda.CONFIG, num_hidden_layers=NUM_LAYERS)
 PROMPT = [(11 * i + 5) % 512 for i in range(300)]
 CHUNK = 128  # 256 routed rows: 16 an expert, so every expert is staged and the next prefetched
 

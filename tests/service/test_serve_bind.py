@@ -21,7 +21,7 @@ from fakes.fake_engine import FAKE_ENGINE_FACTORY, FakeEngineConfig
 from strata.engine.service.service import Service
 from strata.engine.service.settings import ServeSettings
 from strata.host.root import Host
-from strata.host.serve import serve
+from tests.helpers.serving import serving
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -29,6 +29,13 @@ pytestmark = pytest.mark.timeout(90)
 def _service(model_dir, settings, **engine) -> Service:
     return Service(settings, engine_factory=FAKE_ENGINE_FACTORY,
                    engine_config=FakeEngineConfig(model_path=str(model_dir), **engine))
+
+
+def _serving(model_dir, settings):
+    """serve() over the fake engine until the block ends; yields the base URL (no /v1). The
+    fake engine starts and stops at once: 20 s for each is ample."""
+    return serving(settings, _service(model_dir, settings), start_timeout_s=20,
+                   stop_timeout_s=20)
 
 
 def _interface_address() -> str:
@@ -56,67 +63,35 @@ async def _check_hosts(base: str, port: int) -> None:
 async def test_wildcard_serve_checks_host_warns_and_logs_the_real_port(tiny_model_dir, caplog):
     settings = ServeSettings(model=str(tiny_model_dir), host="0.0.0.0", port=0,
                              allowed_hosts=("host.docker.internal",))
-    stop = asyncio.Event()
-    urls: list[str] = []
     caplog.set_level(logging.INFO)
-    server = asyncio.create_task(serve(settings, service=_service(tiny_model_dir, settings),
-                                       stop_event=stop, on_listening=urls.append))
-    for _ in range(400):
-        if urls or server.done():
-            break
-        await asyncio.sleep(0.05)
-    assert urls, "the server did not start"
-    base = urls[0].removesuffix("/v1")
-    port = int(base.rsplit(":", 1)[1])
-    try:
+    async with _serving(tiny_model_dir, settings) as base:
+        port = int(base.rsplit(":", 1)[1])
         assert port != 0
         await _check_hosts(base, port)
         log = caplog.text
         assert re.search(rf"listening on 0\.0\.0\.0:{port}\b", log), log
         assert "without an API key" in log
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(server, 20) == 0
 
 
 async def test_loopback_serve_with_a_key_gives_no_warning(tiny_model_dir, caplog):
     settings = ServeSettings(model=str(tiny_model_dir), port=0, api_key="k")
-    stop = asyncio.Event()
-    urls: list[str] = []
     caplog.set_level(logging.INFO)
-    server = asyncio.create_task(serve(settings, service=_service(tiny_model_dir, settings),
-                                       stop_event=stop, on_listening=urls.append))
-    for _ in range(400):
-        if urls or server.done():
-            break
-        await asyncio.sleep(0.05)
-    stop.set()
-    assert await asyncio.wait_for(server, 20) == 0
-    assert urls and "without an API key" not in caplog.text
+    async with _serving(tiny_model_dir, settings):
+        pass
+    assert "without an API key" not in caplog.text
 
 
 async def test_an_ipv6_wildcard_bind_announces_an_address_that_answers(tiny_model_dir, caplog):
     # '::' listens on IPv6 only (IPV6_V6ONLY): 127.0.0.1 would be refused (issue 51 item 7).
     settings = ServeSettings(model=str(tiny_model_dir), host="::", port=0, api_key="k",
                              allowed_origins=("*",))
-    stop = asyncio.Event()
-    urls: list[str] = []
     caplog.set_level(logging.INFO)
-    server = asyncio.create_task(serve(settings, service=_service(tiny_model_dir, settings),
-                                       stop_event=stop, on_listening=urls.append))
-    for _ in range(400):
-        if urls or server.done():
-            break
-        await asyncio.sleep(0.05)
-    try:
-        assert urls and urls[0].startswith("http://[::1]:"), urls
+    async with _serving(tiny_model_dir, settings) as base:
+        assert base.startswith("http://[::1]:"), base
         async with aiohttp.ClientSession() as session, \
-                session.get(urls[0].removesuffix("/v1") + "/health") as response:
+                session.get(base + "/health") as response:
             assert response.status == 200
         assert "allowed-origins has '*'" in caplog.text
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(server, 20) == 0
 
 
 async def test_the_tray_binds_like_serve(tiny_model_dir):
@@ -152,23 +127,12 @@ async def test_several_addresses_are_bound_and_all_answer(tiny_model_dir, caplog
     except OSError:
         pytest.skip("no IPv6 loopback here")
     settings = ServeSettings(model=str(tiny_model_dir), host="127.0.0.1,::1", port=0)
-    stop = asyncio.Event()
-    urls: list[str] = []
     caplog.set_level(logging.INFO)
-    server = asyncio.create_task(serve(settings, service=_service(tiny_model_dir, settings),
-                                       stop_event=stop, on_listening=urls.append))
-    for _ in range(400):
-        if urls or server.done():
-            break
-        await asyncio.sleep(0.05)
-    try:
-        assert urls and urls[0].startswith("http://127.0.0.1:"), urls
-        port = int(urls[0].removesuffix("/v1").rsplit(":", 1)[1])
+    async with _serving(tiny_model_dir, settings) as first:
+        assert first.startswith("http://127.0.0.1:"), first
+        port = int(first.rsplit(":", 1)[1])
         async with aiohttp.ClientSession() as session:
             for base in (f"http://127.0.0.1:{port}", f"http://[::1]:{port}"):
                 async with session.get(f"{base}/health") as response:
                     assert response.status == 200, base
         assert "without an API key" not in caplog.text
-    finally:
-        stop.set()
-        assert await asyncio.wait_for(server, 20) == 0
