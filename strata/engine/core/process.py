@@ -32,9 +32,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
+from strata.engine.core.error_codes import CommandRefused, error_code, one_line
 from strata.engine.core.memory.heap_trim import trim_heap
-from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
-from strata.errors import StrataError
 from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
@@ -92,61 +91,6 @@ def resolve_factory(spec: str) -> Callable[[Any], Any]:
     if not callable(target):
         raise TypeError(f"engine factory {spec!r} is not callable")
     return target
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line a user can read: the first line of its message, else its type."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-class _CommandRefused(Exception):
-    """A command that cannot run in the current state; carries its protocol error code."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-# Storage faults are the server's, not the client's: codes of their own, so the host answers
-# 5xx (507 for no space) rather than a 400 the client cannot fix.
-
-
-def storage_error_code(exc: BaseException | None) -> str | None:
-    """The storage code of an OSError in exc's cause chain (SnapshotWriteError wraps one)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNO_CODES:
-            return STORAGE_ERRNO_CODES[exc.errno]
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def error_code(exc: BaseException, command: Any) -> str:
-    """The protocol error code for an exception raised while running `command`: the `code` the
-    exception carries (EngineError subclasses, ArenaMapError, ...), else by its type, never by
-    its class name (tests/core/test_process_errors.py checks)."""
-    storage_code = None if isinstance(command, p.Load) else storage_error_code(exc)
-    if storage_code is not None and not isinstance(exc, _CommandRefused):
-        return storage_code
-    code = getattr(exc, "code", None)
-    if isinstance(code, str) and code.isidentifier() and code.islower():
-        return code
-    if isinstance(exc, (MemoryError, *_torch_out_of_memory_types())):
-        return "out_of_memory"
-    # The engine's own user-facing errors (StrataError) and bad model files (ModelFormatError,
-    # a ValueError) are the caller's to fix, not bugs.
-    if isinstance(exc, (StrataError, ValueError, OSError)):
-        return "load_failed" if isinstance(command, p.Load) else "bad_request"
-    return "internal"
-
-
-def _torch_out_of_memory_types() -> tuple[type[BaseException], ...]:
-    """torch's CUDA out-of-memory error, when torch is imported (a standby may not have it)."""
-    torch = sys.modules.get("torch")
-    error = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-    return (error,) if isinstance(error, type) else ()
 
 
 _can_select_pipes = sys.platform != "win32"
@@ -382,7 +326,7 @@ class EngineLoop:
         if self.engine is not None:
             if config == self.config:
                 return dict(self.load_info or {})  # already loaded: loading is idempotent
-            raise _CommandRefused(
+            raise CommandRefused(
                 "busy", f"{self.config.model_path} is loaded; unload it before loading another model"
             )
         if self._factory is None:
@@ -443,9 +387,9 @@ class EngineLoop:
     def start_embed(self, command: p.Embed) -> None:
         """The Embed joins the loop's embedding jobs; one it cannot run answers an Error."""
         if self.engine is None:
-            raise _CommandRefused("not_loaded", "no model is loaded: send Load first")
+            raise CommandRefused("not_loaded", "no model is loaded: send Load first")
         if command.request_id in self.embeds:
-            raise _CommandRefused("bad_request", f"request {command.request_id} already runs")
+            raise CommandRefused("bad_request", f"request {command.request_id} already runs")
         from strata.engine.core.embedding import EmbedJob  # torch: imported in the engine only
 
         self.embeds[command.request_id] = EmbedJob(self.engine, command)
