@@ -17,23 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import os
 import select
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
 from strata.engine.core.error_codes import CommandRefused, error_code, one_line
 from strata.engine.core.memory.heap_trim import trim_heap
+from strata.engine.core.process_standby import Standby
 from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
@@ -52,7 +50,6 @@ DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
 # How long the loop waits for a command before it runs a step of a load's deferred work
 # (engine.has_deferred_work): a request sent right after the Load reply runs first.
 DEFERRED_WORK_IDLE_S = 0.25
-WARM_THREAD_NAME = "strata-warm-imports"  # the standby's import warm-up (standby_imports.py)
 
 # Commands answered by an engine method of this name when the engine has one (lifecycle work
 # adds them); an engine without it answers not_applicable.
@@ -80,19 +77,6 @@ class _HostGone(Exception):
     """The host closed its end of the pipe: nobody is left to serve."""
 
 
-def resolve_factory(spec: str) -> Callable[[Any], Any]:
-    """Import "module:callable" (dots after the colon walk attributes) and return the callable."""
-    module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(f"engine factory {spec!r} must look like 'package.module:callable'")
-    target: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        target = getattr(target, part)
-    if not callable(target):
-        raise TypeError(f"engine factory {spec!r} is not callable")
-    return target
-
-
 _can_select_pipes = sys.platform != "win32"
 
 
@@ -107,7 +91,7 @@ class EngineLoop:
 
     def __init__(self, conn: Connection, factory: str, config: Any):
         self.conn = conn
-        self.factory_spec = factory
+        self.standby = Standby(factory)
         self.config = config
         self.engine: Any = None
         self.load_info: dict[str, Any] | None = None
@@ -115,10 +99,6 @@ class EngineLoop:
         self.embeds: dict[str, Any] = {}  # request id -> EmbedJob, run first come first
         # Per request: tokens (and their logprob records) made while the pipe was full.
         self.unsent: dict[str, tuple[list[int], list[p.TokenLogprob]]] = {}
-        self._factory: Callable[[Any], Any] | None = None
-        self._factory_error: BaseException | None = None
-        self._warming: threading.Thread | None = None  # the standby's imports (run)
-        self._warm_stop = threading.Event()  # set by a load: no import runs beside it
         self._last_command_s = 0.0  # monotonic; status reads do not count (deferred work)
         self._worked_since_trim = False  # requests ran since the heap was last trimmed
 
@@ -153,22 +133,7 @@ class EngineLoop:
 
     def run(self) -> None:
         self.send(p.Ready(pid=os.getpid()))
-        # Import the engine module right after Ready: an idle process then stands by with torch
-        # imported, so the first Load pays only for the model itself.
-        try:
-            self._factory = resolve_factory(self.factory_spec)
-        except Exception as exc:  # noqa: BLE001 - reported on Load, where the host listens
-            traceback.print_exc(file=sys.stderr)
-            self._factory_error = exc
-        # Then what a GPU load would import (torch.compile's compiler, the kernels), still
-        # without a CUDA context, on a thread of its own: a Load that comes meanwhile stops
-        # it after its current module instead of waiting seconds for the compiler (issue 18:
-        # load from standby), and a load that has run before needs no compiler until ready.
-        warm_imports = getattr(self._factory, "warm_imports", None)
-        if warm_imports is not None:
-            self._warming = threading.Thread(target=self._warm_imports, args=(warm_imports,),
-                                             name=WARM_THREAD_NAME, daemon=True)
-            self._warming.start()
+        self.standby.start(self.config)  # the engine module, then a load's imports on a thread
         while True:
             if self._is_batch_running() or self.embeds:
                 self._worked_since_trim = True
@@ -188,7 +153,7 @@ class EngineLoop:
                 if self._poll(max(0.0, DEFERRED_WORK_IDLE_S - idle_s)):
                     if not self.handle(self.recv()):
                         return
-                elif self._is_warming():  # compiling needs the compiler imported
+                elif self.standby.is_warming:  # compiling needs the compiler imported
                     self._poll(DEFERRED_WORK_IDLE_S)
                 else:
                     self._run_deferred_step()
@@ -203,29 +168,6 @@ class EngineLoop:
         if self._worked_since_trim:
             self._worked_since_trim = False
             trim_heap()
-
-    def _warm_imports(self, warm_imports: Callable[..., Any]) -> None:
-        try:
-            warm_imports(self.config, stop=self._warm_stop)
-        except Exception:  # an optimisation: the load imports what it needs
-            log.warning("warming the standby's imports failed", exc_info=True)
-
-    def _stop_warming(self) -> None:
-        """Stop the standby's imports after the module in hand and wait for that. Python's
-        per-module import locks let two threads importing one graph each see a module the
-        other has half run (`cannot import name ... from partially initialized module`:
-        the GPU tests met it in run 25b), so nothing imports beside a load."""
-        warming = self._warming
-        if warming is None or not warming.is_alive():
-            return
-        self._warm_stop.set()
-        started_s = time.monotonic()
-        warming.join()
-        log.info("the standby's imports stopped for the load in %.2f s",
-                 time.monotonic() - started_s)
-
-    def _is_warming(self) -> bool:
-        return self._warming is not None and self._warming.is_alive()
 
     def _has_deferred_work(self) -> bool:
         return bool(getattr(self.engine, "has_deferred_work", False))
@@ -329,12 +271,9 @@ class EngineLoop:
             raise CommandRefused(
                 "busy", f"{self.config.model_path} is loaded; unload it before loading another model"
             )
-        if self._factory is None:
-            raise RuntimeError(
-                f"cannot import the engine {self.factory_spec!r}: {one_line(self._factory_error)}"
-            )
-        self._stop_warming()
-        engine = self._factory(config)
+        factory = self.standby.factory()
+        self.standby.stop_warming()
+        engine = factory(config)
         info = engine.load()
         self.engine, self.config, self.load_info = engine, config, dict(info or {})
         return dict(self.load_info)
@@ -357,22 +296,8 @@ class EngineLoop:
         """The engine's status, typed once here for every host reader."""
         if self.engine is None:
             return p.EngineStatus(p.EngineState.STANDBY, os.getpid(),
-                                  standby=self._standby_info())
+                                  standby=self.standby.info())
         return p.EngineStatus.of_engine(self.engine.status(), os.getpid())
-
-    def _standby_info(self) -> dict[str, bool]:
-        """What a process without a model has ready: the engine module (torch) imported, and
-        whether CUDA was touched (it must not be: a standby holds no VRAM), and whether its
-        warm-up imports (the compiler, the kernels: a thread of their own) are done."""
-        torch = sys.modules.get("torch")
-        is_cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
-        return {
-            "is_factory_imported": self._factory is not None,
-            "is_torch_imported": torch is not None,
-            "is_cuda_initialized": is_cuda_initialized,
-            "is_compiler_imported": "torch._dynamo" in sys.modules,
-            "is_warm": self._factory is not None and not self._is_warming(),
-        }
 
     def level_command(self, command: Any, command_id: int) -> p.Event:
         method = getattr(self.engine, _LEVEL_METHODS[type(command)], None)
