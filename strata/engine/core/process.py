@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import select
 import signal
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 from strata.engine import protocol as p
 from strata.engine.core.error_codes import CommandRefused, error_code, one_line
 from strata.engine.core.memory.heap_trim import trim_heap
+from strata.engine.core.process_pipe import HostGone, HostPipe
 from strata.engine.core.process_standby import Standby
 from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
@@ -73,24 +73,11 @@ log = logging.getLogger("strata.engine.process")
 _REQUESTS = (p.Generate, p.Embed)
 
 
-class _HostGone(Exception):
-    """The host closed its end of the pipe: nobody is left to serve."""
-
-
-_can_select_pipes = sys.platform != "win32"
-
-
-def _stop_selecting_pipes(exc: BaseException) -> None:
-    global _can_select_pipes
-    _can_select_pipes = False
-    log.info("select() cannot poll the engine pipe here (%s); tokens go out every step", exc)
-
-
 class EngineLoop:
     """The command loop of one engine process; `run()` returns when the process should exit."""
 
     def __init__(self, conn: Connection, factory: str, config: Any):
-        self.conn = conn
+        self.pipe = HostPipe(conn)
         self.standby = Standby(factory)
         self.config = config
         self.engine: Any = None
@@ -102,37 +89,10 @@ class EngineLoop:
         self._last_command_s = 0.0  # monotonic; status reads do not count (deferred work)
         self._worked_since_trim = False  # requests ran since the heap was last trimmed
 
-    # ---- pipe ------------------------------------------------------------------------------
-
-    def send(self, event: p.Event) -> None:
-        try:
-            self.conn.send(event)
-        except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
-            raise _HostGone() from exc
-
-    def recv(self) -> Any:
-        try:
-            return self.conn.recv()
-        except (EOFError, ConnectionResetError, OSError) as exc:
-            raise _HostGone() from exc
-
-    def _pipe_is_writable(self) -> bool:
-        # select() takes only sockets on Windows (WinError 10038 on a pipe), and there is no
-        # portable "room to write" test: there, send every step (send blocks only once the
-        # host is a whole pipe buffer behind).
-        if not _can_select_pipes:
-            return True
-        try:
-            _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
-        except (OSError, ValueError) as exc:
-            _stop_selecting_pipes(exc)
-            return True
-        return bool(writable)
-
     # ---- main loop -------------------------------------------------------------------------
 
     def run(self) -> None:
-        self.send(p.Ready(pid=os.getpid()))
+        self.pipe.send(p.Ready(pid=os.getpid()))
         self.standby.start(self.config)  # the engine module, then a load's imports on a thread
         while True:
             if self._is_batch_running() or self.embeds:
@@ -150,16 +110,16 @@ class EngineLoop:
                 # status read has come for a moment, so a request right after the load runs
                 # first, and a client polling the status often does not hold the work off.
                 idle_s = time.monotonic() - self._last_command_s
-                if self._poll(max(0.0, DEFERRED_WORK_IDLE_S - idle_s)):
-                    if not self.handle(self.recv()):
+                if self.pipe.poll(max(0.0, DEFERRED_WORK_IDLE_S - idle_s)):
+                    if not self.handle(self.pipe.recv()):
                         return
                 elif self.standby.is_warming:  # compiling needs the compiler imported
-                    self._poll(DEFERRED_WORK_IDLE_S)
+                    self.pipe.poll(DEFERRED_WORK_IDLE_S)
                 else:
                     self._run_deferred_step()
             else:
                 self._trim_after_work()
-                if not self.handle(self.recv()):
+                if not self.handle(self.pipe.recv()):
                     return
 
     def _trim_after_work(self) -> None:
@@ -171,12 +131,6 @@ class EngineLoop:
 
     def _has_deferred_work(self) -> bool:
         return bool(getattr(self.engine, "has_deferred_work", False))
-
-    def _poll(self, timeout_s: float) -> bool:
-        try:
-            return self.conn.poll(timeout_s)
-        except (EOFError, ConnectionResetError, OSError) as exc:
-            raise _HostGone() from exc
 
     def _run_deferred_step(self) -> None:
         """One step of the engine's deferred load work; a failing step ends that work with a
@@ -199,8 +153,8 @@ class EngineLoop:
         while self.pending and isinstance(getattr(self.pending[0], "command", None),
                                           _REQUESTS):
             self.handle(self.pending.popleft())  # the command they waited behind has run
-        while self._poll(0):
-            envelope = self.recv()
+        while self.pipe.poll(0):
+            envelope = self.pipe.recv()
             command = getattr(envelope, "command", None)
             is_now = isinstance(command, (p.Cancel, p.GetStatus)) or (
                 isinstance(command, (*_REQUESTS, p.ResizeExperts)) and not self.pending)
@@ -212,13 +166,13 @@ class EngineLoop:
     def handle(self, envelope: Any) -> bool:
         """Run one command; False when the process should exit (after Unload)."""
         if not isinstance(envelope, p.Envelope):
-            self.send(p.Error("bad_request", f"expected an Envelope, got {type(envelope).__name__}"))
+            self.pipe.send(p.Error("bad_request", f"expected an Envelope, got {type(envelope).__name__}"))
             return True
         command, command_id = envelope.command, envelope.command_id
         if not isinstance(command, p.GetStatus):
             self._last_command_s = time.monotonic()
         if envelope.version != p.PROTOCOL_VERSION:
-            self.send(p.Error(
+            self.pipe.send(p.Error(
                 "version_mismatch",
                 f"host speaks protocol {envelope.version}, engine {p.PROTOCOL_VERSION}; "
                 "restart Strata so both come from one install",
@@ -229,26 +183,26 @@ class EngineLoop:
         try:
             if isinstance(command, p.Unload):
                 kept = self._close_engine(for_exit=True, keep_sessions_as=command.keep_sessions_as)
-                self.send(p.Reply(command_id, {"unloaded": True, "kept_slots": kept}))
+                self.pipe.send(p.Reply(command_id, {"unloaded": True, "kept_slots": kept}))
                 return False
             if isinstance(command, p.Generate):
                 self.admit(command)
             elif isinstance(command, p.Cancel):
                 self.cancel(command.request_id)
             elif isinstance(command, p.GetStatus):
-                self.send(self.status_event(command_id))
+                self.pipe.send(self.status_event(command_id))
             elif isinstance(command, p.Load):
-                self.send(p.Reply(command_id, self.load(command), self.engine_status()))
+                self.pipe.send(p.Reply(command_id, self.load(command), self.engine_status()))
             elif type(command) in _LEVEL_METHODS:
-                self.send(self.level_command(command, command_id))
+                self.pipe.send(self.level_command(command, command_id))
             elif isinstance(command, p.Embed):
                 self.start_embed(command)
             else:
-                self.send(p.Error(
+                self.pipe.send(p.Error(
                     "bad_request", f"unknown command {type(command).__name__}",
                     command_id=command_id,
                 ))
-        except _HostGone:
+        except HostGone:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one command
             # The host gets a one-line Error and the loop goes on. The log gets a traceback
@@ -258,7 +212,7 @@ class EngineLoop:
                 traceback.print_exc(file=sys.stderr)
             else:
                 log.info("%s refused (%s): %s", type(command).__name__, code, one_line(exc))
-            self.send(p.Error(code, one_line(exc), request_id=request_id, command_id=command_id))
+            self.pipe.send(p.Error(code, one_line(exc), request_id=request_id, command_id=command_id))
         return True
 
     # ---- commands --------------------------------------------------------------------------
@@ -329,19 +283,19 @@ class EngineLoop:
             code = error_code(exc, job.command)
             if code == "internal":
                 traceback.print_exc(file=sys.stderr)
-            self.send(p.Error(code, one_line(exc), request_id=job.request_id))
+            self.pipe.send(p.Error(code, one_line(exc), request_id=job.request_id))
             return
-        self.send(event)
+        self.pipe.send(event)
         if job.is_done:
             del self.embeds[job.request_id]
-            self.send(p.Done(job.request_id, p.Usage(job.num_tokens, 0, 0, "stop")))
+            self.pipe.send(p.Done(job.request_id, p.Usage(job.num_tokens, 0, 0, "stop")))
 
     # ---- the batch ---------------------------------------------------------------------------
 
     def admit(self, command: p.Generate) -> None:
         """The request joins the engine's batch; a request it refuses answers an Error."""
         if self.engine is None:
-            self.send(p.Error("not_loaded", "no model is loaded: send Load first",
+            self.pipe.send(p.Error("not_loaded", "no model is loaded: send Load first",
                               request_id=command.request_id))
             return
         self.engine.add(command.request_id, command.prompt_ids, command.sampling, command.slot)
@@ -351,7 +305,7 @@ class EngineLoop:
         ended owes no answer."""
         job = self.embeds.pop(request_id, None)
         if job is not None:
-            self.send(p.Done(request_id, p.Usage(job.num_tokens, 0, 0, "cancelled")))
+            self.pipe.send(p.Done(request_id, p.Usage(job.num_tokens, 0, 0, "cancelled")))
             return
         event = self.engine.cancel(request_id) if self.engine is not None else None
         if event is not None:
@@ -363,7 +317,7 @@ class EngineLoop:
                 self.pending.remove(envelope)
                 num_prompt = len(command.prompt_ids) if isinstance(command, p.Generate) else 0
                 usage = p.Usage(num_prompt, 0, 0, "cancelled")
-                self.send(p.Done(request_id, usage, slot=None))
+                self.pipe.send(p.Done(request_id, usage, slot=None))
 
     def _step(self) -> None:
         """One engine step; its tokens go out while the pipe takes them (else they ride along
@@ -375,11 +329,11 @@ class EngineLoop:
             failed = [e.request_id for e in self.engine.cancel_all()]
             for request_id in failed:
                 self._flush(request_id)
-                self.send(p.Error("internal", one_line(exc), request_id=request_id))
+                self.pipe.send(p.Error("internal", one_line(exc), request_id=request_id))
             return
         for event in events:
             self._send_event(event)
-        if self.unsent and self._pipe_is_writable():
+        if self.unsent and self.pipe.is_writable():
             for request_id in list(self.unsent):
                 self._flush(request_id)
 
@@ -388,7 +342,7 @@ class EngineLoop:
         and send Done, or Error when it failed; a prompt's progress goes out at once."""
         if event.progress is not None:
             self._flush(event.request_id)
-            self.send(event.progress)
+            self.pipe.send(event.progress)
         if event.token_ids:
             tokens, logprobs = self.unsent.setdefault(event.request_id, ([], []))
             tokens.extend(event.token_ids)
@@ -400,15 +354,15 @@ class EngineLoop:
                 traceback.print_exception(event.error, file=sys.stderr)
             else:
                 log.info("Generate refused (%s): %s", code, one_line(event.error))
-            self.send(p.Error(code, one_line(event.error), request_id=event.request_id))
+            self.pipe.send(p.Error(code, one_line(event.error), request_id=event.request_id))
         elif event.usage is not None:
             self._flush(event.request_id)
-            self.send(p.Done(event.request_id, event.usage, slot=event.slot))
+            self.pipe.send(p.Done(event.request_id, event.usage, slot=event.slot))
 
     def _flush(self, request_id: str) -> None:
         tokens, logprobs = self.unsent.pop(request_id, ((), ()))
         if tokens:
-            self.send(p.Tokens(request_id, tuple(tokens), tuple(logprobs)))
+            self.pipe.send(p.Tokens(request_id, tuple(tokens), tuple(logprobs)))
 
     def _close_engine(self, for_exit: bool = False, keep_sessions_as: str | None = None,
                       ) -> list[int]:
@@ -457,7 +411,7 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     loop = EngineLoop(conn, factory, config)
     try:
         loop.run()
-    except _HostGone:
+    except HostGone:
         log.info("the host closed the pipe; engine process exiting")
     finally:
         try:
