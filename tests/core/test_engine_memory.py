@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from strata.engine.core.engine import Engine, EngineError, EngineOutOfMemory, LevelNotApplicable
+from strata.engine.core.error_codes import error_code
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.memory.cpu_mmap import CpuMmapBackend
-from strata.engine.core.process import error_code
 from strata.engine.protocol import ReleaseExperts
 from tests.core.engine_memory_helpers import (
     ALL_EXPERTS_BYTES,

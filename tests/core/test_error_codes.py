@@ -8,8 +8,8 @@ import pytest
 
 from strata.engine import protocol as p
 from strata.engine.core.engine_errors import EngineBusy, EngineOutOfMemory, LevelNotApplicable
+from strata.engine.core.error_codes import error_code
 from strata.engine.core.memory.arena import ArenaMapError
-from strata.engine.core.process import error_code
 from strata.engine.service.error_codes import CODES, http_status, level_error
 from strata.errors import StrataError
 

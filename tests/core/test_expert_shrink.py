@@ -76,8 +76,8 @@ def test_an_auto_expert_cache_without_room_is_out_of_memory_not_a_bad_model(monk
 
     from strata.engine import protocol as p
     from strata.engine.core.engine_errors import EngineOutOfMemory
+    from strata.engine.core.error_codes import error_code
     from strata.engine.core.model_config import ModelConfig
-    from strata.engine.core.process import error_code
 
     memory = residency.ModelMemory.__new__(residency.ModelMemory)
     memory.device, memory.dtype = torch.device("cuda", 0), torch.bfloat16  # no GPU touched

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from strata.engine.core.engine import Engine
-from strata.engine.core.process import WARM_THREAD_NAME
+from strata.engine.core.process_standby import WARM_THREAD_NAME
 
 GATE_ENV = "STRATA_TEST_WARM_GATE"
 FACTORY = "tests.helpers.gated_warm_engine:GatedWarmEngine"

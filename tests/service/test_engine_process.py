@@ -161,13 +161,13 @@ def test_generation_streams_where_select_cannot_poll_pipes(monkeypatch):
     import select
     import threading
 
-    from strata.engine.core import process
+    from strata.engine.core import process, process_pipe
 
     def windows_select(*args):
         raise OSError(10038, "An operation was attempted on something that is not a socket")
 
     monkeypatch.setattr(select, "select", windows_select)
-    monkeypatch.setattr(process, "_can_select_pipes", True)  # as if first tried on Windows
+    monkeypatch.setattr(process_pipe, "_can_select_pipes", True)  # as if first tried on Windows
     host, child = CTX.Pipe()
     loop = process.EngineLoop(child, FAKE_ENGINE_FACTORY, FakeEngineConfig())
     thread = threading.Thread(target=loop.run, daemon=True)
@@ -183,7 +183,7 @@ def test_generation_streams_where_select_cannot_poll_pipes(monkeypatch):
             events.append(host.recv())
         assert tokens_of(events) == expected_tokens((5, 6, 7), 6)
         assert events[-1].usage == p.Usage(3, 6, 0, "length")
-        assert process._can_select_pipes is False  # tried once, then never again
+        assert process_pipe._can_select_pipes is False  # tried once, then never again
         host.send(p.Envelope(3, p.Unload()))
         assert host.recv() == p.Reply(3, {"unloaded": True, "kept_slots": []})
         thread.join(10)

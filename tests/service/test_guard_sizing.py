@@ -12,8 +12,8 @@ from fakes.services import EXPERT_BYTES, WEIGHTS_BYTES, answer, make_service, mo
 from safetensors.numpy import save_file
 
 from strata.engine import protocol as p
+from strata.engine.core.error_codes import error_code
 from strata.engine.core.memory.arena import ArenaMapError
-from strata.engine.core.process import error_code
 from strata.engine.service.facade import ServiceError
 from strata.engine.service.load_size import (
     AUTO_EXPERT_RESERVE_BYTES,

@@ -11,7 +11,7 @@ import pytest
 
 from strata.engine import protocol as p
 from strata.engine.api.errors import from_error_event
-from strata.engine.core.process import error_code
+from strata.engine.core.error_codes import error_code
 from strata.engine.core.snapshots import SnapshotWriteError
 from strata.engine.core.snapshots import format as fmt
 from strata.engine.service.error_codes import level_error

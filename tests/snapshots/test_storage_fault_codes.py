@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from strata.engine import protocol as p
+from strata.engine.core.error_codes import error_code
 from strata.engine.core.kv_cache import KVCache
-from strata.engine.core.process import error_code
 from strata.engine.core.snapshots import KVSnapshot, SlotCache, SnapshotWriteError
 from strata.engine.core.snapshots import format as fmt
 from tests.helpers.tmpfs import fill, remount_read_only, small_tmpfs

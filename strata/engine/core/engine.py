@@ -34,26 +34,27 @@ from strata.engine.core.engine_errors import (
     LevelNotApplicable,
     kv_mapping,
 )
+from strata.engine.core.engine_levels import EngineLevels
 from strata.engine.core.engine_setup import (
     compute_dtype,
     make_fast_decoder,
     max_prefill_tokens,
     pick_device,
 )
+from strata.engine.core.engine_status import EngineReport
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
 from strata.engine.core.load_phases import LoadPhases
 from strata.engine.core.loader import load_model_config
-from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS, kv_bytes
+from strata.engine.core.loader.quant_plan import DEFAULT_MAX_CONTEXT_TOKENS
 from strata.engine.core.memory.backend import ArenaBackend, backend_for
 from strata.engine.core.memory.budget import BudgetedBackend
 from strata.engine.core.model_config import ModelConfig
-from strata.engine.core.quant.census import count_parameters, count_quantized
-from strata.engine.core.quant.weight import blocks_notice, release_scratch, scratch_bytes
+from strata.engine.core.quant.weight import blocks_notice, release_scratch
 from strata.engine.core.random_weights import (
     DEFAULT_STD,
     random_weights_config,
 )
-from strata.engine.core.residency import ASLEEP, ModelMemory
+from strata.engine.core.residency import ModelMemory
 from strata.engine.core.snapshots import KVLayout, SlotCache, SnapshotStore, model_fingerprint
 from strata.engine.core.snapshots.kv_state import dtype_name
 from strata.engine.core.standby_imports import warm_imports
@@ -66,9 +67,11 @@ __all__ = ["Engine", "EngineBusy", "EngineConfig", "EngineError", "EngineOutOfMe
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(EngineLevels, EngineReport):
     """Loads one model and generates from it: requests join a continuous batch (add, step,
-    cancel; batch/scheduler.py), or run one at a time through generate()."""
+    cancel; batch/scheduler.py), or run one at a time through generate(). Its memory levels
+    and slot sessions are EngineLevels' (engine_levels.py), its status EngineReport's
+    (engine_status.py)."""
 
     def __init__(self, config: EngineConfig, backend: ArenaBackend | None = None):
         """backend: the arenas' memory (default: CUDA VMM on a GPU, mmap on the CPU); tests pass
@@ -198,41 +201,6 @@ class Engine:
                                         self.config.prefill_chunk_tokens,
                                         self.config.prefill_solo_chunk_tokens)
 
-    def _log_memory(self, config: ModelConfig) -> None:
-        """One line: what the model holds on its device (the figure `strata info` estimates)."""
-        weights = self.memory.weights.reserved_bytes
-        experts = self.memory.experts.arena.reserved_bytes if self.memory.experts else 0
-        kv = kv_bytes(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                      self.context_tokens) * self.dtype.itemsize // 2
-        workspace = scratch_bytes()
-        mib = 1 << 20
-        log.info("model holds %.0f MiB on %s: weights %.0f MiB (%d tensors in GGML blocks), "
-                 "experts %.0f MiB, KV %.0f MiB for one slot at %d tokens, workspace %.0f MiB",
-                 (weights + experts + kv + workspace) / mib, self.device, weights / mib,
-                 count_quantized(self.model), experts / mib, kv / mib, self.context_tokens,
-                 workspace / mib)
-
-    def info(self) -> dict:
-        config = self._require_model()
-        return {
-            "model_type": config.model_type,
-            "context_tokens": self.context_tokens,
-            "device": self.device.type,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "parameter_count": count_parameters(self.model),
-            "load_time_s": round(self.load_time_s, 3),
-            "load_phases_s": dict(self.load_phases_s),
-            "tuning": self.tuning_source,
-            "kernel_notice": self.kernel_notice,  # None, or why blocks were expanded
-            # When the prefill groups compile (none | at_load | deferred: after the load,
-            # deferred_compile.py) and whether that is done; where the decode kernels'
-            # verdicts came from (none | checked | stored).
-            "compile": self.fast.compile if self.fast is not None else "none",
-            "compile_state": self.fast.deferred.state if self.fast is not None else "none",
-            "kernel_check": self.fast.kernel_check if self.fast is not None else "none",
-            "expert_cache": self.memory.expert_mode,
-        }
-
     def _require_model(self) -> ModelConfig:
         if self.model is None or self.model_config is None:
             raise EngineError("no model is loaded: load one first")
@@ -341,13 +309,6 @@ class Engine:
         self.memory.check_resident()
         return self.fast.run_deferred_step()
 
-    def batch_status(self) -> dict:
-        """{"running", "waiting", "parallel"}: the batch now, for /v1/status."""
-        scheduler = self.scheduler
-        return {"running": len(scheduler.running) if scheduler else 0,
-                "waiting": len(scheduler.waiting) if scheduler else 0,
-                "parallel": self.config.num_parallel}
-
     def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingSpec, slot: int | None = 0
     ) -> Iterator[list[int]]:
@@ -407,157 +368,7 @@ class Engine:
         with kv_mapping(f"slot {slot}'s KV could not be mapped"):
             return self.slots.checkout(slot)
 
-    def status(self) -> dict:
-        """Engine-side state for /v1/status: arenas by name, slots, the expert cache."""
-        if self.model is None:
-            return {"state": "unloaded"}
-        arena_status = self.memory.arenas.status()
-        return {
-            "state": "sleeping" if self.memory.is_sleeping else "loaded",
-            **self.info(),
-            "arenas": arena_status["arenas"],
-            "arena_totals": arena_status["totals"],
-            "slots": self.slots_status(),
-            "num_slots": self.config.num_slots,
-            "batch": self.batch_status(),
-            "forwards": self.forward_counts(),
-            "experts": self.memory.status(),
-        }
-
-    def forward_counts(self) -> dict:
-        """{"steps", "sequences"}: the model's forward calls since the load (prefill chunks,
-        decode steps, embedding chunks) and the sequences in them summed."""
-        scheduler = self.scheduler
-        steps = scheduler.num_forwards if scheduler else 0
-        sequences = scheduler.num_forward_sequences if scheduler else 0
-        return {"steps": steps + self.num_embed_forwards,
-                "sequences": sequences + self.num_embed_forwards}
-
-    # ---- memory levels (DESIGN §4) ------------------------------------------------------------
-
-    def release_experts(self) -> dict:
-        """Give the expert cache's memory back (MoE); not_applicable on a dense model or with
-        the expert cache off. Returns freed_bytes once the memory is really free."""
-        self._require_model()
-        result = self.memory.release_experts()
-        self._empty_device_cache()
-        return result
-
-    def refill_experts(self) -> dict:
-        """Map the expert cache back and restore its residency; out_of_memory (state unchanged)
-        when VRAM is short. With STRATA_VERIFY_REFILL=1 the result has differing_slots."""
-        self._require_model()
-        return self.memory.refill_experts()
-
-    def resize_experts(self, num_slots: int) -> dict:
-        """Serve from num_slots expert slots: fewer frees VRAM while the model keeps answering
-        (misses read from the host copy), more grows back; see ModelMemory.resize_experts.
-        Safe between the steps of running streams (the process loop runs it there)."""
-        self._require_model()
-        result = self.memory.resize_experts(num_slots)
-        if self.has_work:  # between a stream's tokens: keep the prefill graphs (no recapture)
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-        else:
-            self._empty_device_cache()
-        return result
-
-    def sleep(self) -> dict:
-        """Offload the sessions (snapshots first), then release weights, experts and KV.
-
-        A session that cannot be written keeps its memory and nothing else is released."""
-        slots = self._require_slots()
-        if self.memory.is_sleeping:
-            return {"freed_bytes": 0}
-        if slots.in_use or self.has_work:
-            raise EngineBusy("a generation is running: sleep after it ends")
-        resident_before = self._resident_bytes()
-        offloaded = slots.offload_session()
-        self.kv_arena.release_all()
-        self.memory.release_for_sleep()
-        self._free_caches_for_sleep()
-        return {"freed_bytes": resident_before - self._resident_bytes(),
-                "offloaded_slots": offloaded["offloaded_slots"]}
-
-    def _resident_bytes(self) -> int:
-        return sum(arena.resident_bytes for arena in self.memory.arenas)
-
-    def wake(self) -> dict:
-        """Map and copy back weights, then experts, at the same addresses; the sessions come
-        back with their next request. out_of_memory (still asleep) when VRAM is short."""
-        self._require_model()
-        return self.memory.wake()
-
-    def _check_awake(self) -> None:
-        if self.memory is not None and self.memory.is_sleeping:
-            raise EngineError(ASLEEP)
-
-    # ---- slots and sessions (DESIGN §5) -------------------------------------------------------
-
-    def slots_status(self) -> list[dict]:
-        """Per slot: id, n_ctx, n_tokens, location (gpu|cpu resident, ram, disk, empty), bytes."""
-        slots = self._require_slots()
-        return [{**row, "n_ctx": self.context_tokens} for row in slots.status()]
-
-    def offload_session(self) -> dict:
-        """Snapshot the resident slots (RAM, then disk) and release their KV memory.
-
-        A slot whose snapshot cannot be written keeps its memory; SnapshotWriteError says why.
-        """
-        result = self._require_slots().offload_session()
-        self._empty_device_cache()
-        return result
-
-    def restore_session(self) -> dict:
-        """Bring back the active slot of the last offload (the next request would do it too)."""
-        self._check_awake()
-        with kv_mapping("the session's KV could not be mapped"):
-            return self._require_slots().restore_session()
-
-    def save_slot(self, slot: int, filename: str) -> dict:
-        """llama.cpp's /slots/{id}?action=save: the slot's KV to a file in the snapshot dir."""
-        self._check_slot(slot)
-        self._check_awake()
-        with kv_mapping(f"slot {slot}'s KV could not be mapped"):
-            return self._require_slots().save(slot, filename)
-
-    def restore_slot(self, slot: int, filename: str) -> dict:
-        """llama.cpp's /slots/{id}?action=restore: verify the file, then replace the slot."""
-        self._check_slot(slot)
-        self._check_awake()
-        with kv_mapping(f"slot {slot}'s KV could not be mapped"):
-            return self._require_slots().restore(slot, filename)
-
-    def erase_slot(self, slot: int) -> dict:
-        """llama.cpp's /slots/{id}?action=erase: forget the slot's history and its snapshot."""
-        self._check_slot(slot)
-        result = self._require_slots().erase(slot)
-        self._empty_device_cache()
-        return result
-
-    def _empty_device_cache(self) -> None:
-        # Released KV returns to torch's caching allocator on CUDA; hand it to the driver,
-        # with the prefill graphs' activations (captured again on the next fresh prompt).
-        if self.fast is not None:
-            self.fast.drop_prefill_graphs()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def _free_caches_for_sleep(self) -> None:
-        """Asleep, the CUDA context alone should hold VRAM: drop the decode graphs and their
-        pool (captured again by the first step after a wake), torch's cuBLAS workspaces and
-        its cached blocks (issue 18: sleep held 1.2-1.5 GiB)."""
-        if self.fast is not None:
-            self.fast.clear()
-        if self._runner is not None:
-            self._runner.clear_graphs()  # the batch graphs' pool likewise
-        self._empty_device_cache()
-        if self.device.type == "cuda":
-            clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-            if clear_workspaces is not None:
-                torch.cuda.synchronize(self.device)
-                clear_workspaces()
-            torch.cuda.empty_cache()
+    # ---- closing ------------------------------------------------------------------------------
 
     def _close_slots(self) -> None:
         if self.slots is not None:

@@ -17,24 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import os
-import select
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from strata.engine import protocol as p
+from strata.engine.core.error_codes import CommandRefused, error_code, one_line
 from strata.engine.core.memory.heap_trim import trim_heap
-from strata.engine.core.storage_codes import STORAGE_ERRNO_CODES
-from strata.errors import StrataError
+from strata.engine.core.process_pipe import HostGone, HostPipe
+from strata.engine.core.process_standby import Standby
 from strata.logs import setup_logging
 from strata.paths import kernel_cache_dir
 
@@ -53,7 +50,6 @@ DEFAULT_ENGINE_FACTORY = "strata.engine.core.engine:Engine"
 # How long the loop waits for a command before it runs a step of a load's deferred work
 # (engine.has_deferred_work): a request sent right after the Load reply runs first.
 DEFERRED_WORK_IDLE_S = 0.25
-WARM_THREAD_NAME = "strata-warm-imports"  # the standby's import warm-up (standby_imports.py)
 
 # Commands answered by an engine method of this name when the engine has one (lifecycle work
 # adds them); an engine without it answers not_applicable.
@@ -77,93 +73,12 @@ log = logging.getLogger("strata.engine.process")
 _REQUESTS = (p.Generate, p.Embed)
 
 
-class _HostGone(Exception):
-    """The host closed its end of the pipe: nobody is left to serve."""
-
-
-def resolve_factory(spec: str) -> Callable[[Any], Any]:
-    """Import "module:callable" (dots after the colon walk attributes) and return the callable."""
-    module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise ValueError(f"engine factory {spec!r} must look like 'package.module:callable'")
-    target: Any = importlib.import_module(module_name)
-    for part in attr_path.split("."):
-        target = getattr(target, part)
-    if not callable(target):
-        raise TypeError(f"engine factory {spec!r} is not callable")
-    return target
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one line a user can read: the first line of its message, else its type."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-class _CommandRefused(Exception):
-    """A command that cannot run in the current state; carries its protocol error code."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-# Storage faults are the server's, not the client's: codes of their own, so the host answers
-# 5xx (507 for no space) rather than a 400 the client cannot fix.
-
-
-def storage_error_code(exc: BaseException | None) -> str | None:
-    """The storage code of an OSError in exc's cause chain (SnapshotWriteError wraps one)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNO_CODES:
-            return STORAGE_ERRNO_CODES[exc.errno]
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def error_code(exc: BaseException, command: Any) -> str:
-    """The protocol error code for an exception raised while running `command`: the `code` the
-    exception carries (EngineError subclasses, ArenaMapError, ...), else by its type, never by
-    its class name (tests/core/test_process_errors.py checks)."""
-    storage_code = None if isinstance(command, p.Load) else storage_error_code(exc)
-    if storage_code is not None and not isinstance(exc, _CommandRefused):
-        return storage_code
-    code = getattr(exc, "code", None)
-    if isinstance(code, str) and code.isidentifier() and code.islower():
-        return code
-    if isinstance(exc, (MemoryError, *_torch_out_of_memory_types())):
-        return "out_of_memory"
-    # The engine's own user-facing errors (StrataError) and bad model files (ModelFormatError,
-    # a ValueError) are the caller's to fix, not bugs.
-    if isinstance(exc, (StrataError, ValueError, OSError)):
-        return "load_failed" if isinstance(command, p.Load) else "bad_request"
-    return "internal"
-
-
-def _torch_out_of_memory_types() -> tuple[type[BaseException], ...]:
-    """torch's CUDA out-of-memory error, when torch is imported (a standby may not have it)."""
-    torch = sys.modules.get("torch")
-    error = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-    return (error,) if isinstance(error, type) else ()
-
-
-_can_select_pipes = sys.platform != "win32"
-
-
-def _stop_selecting_pipes(exc: BaseException) -> None:
-    global _can_select_pipes
-    _can_select_pipes = False
-    log.info("select() cannot poll the engine pipe here (%s); tokens go out every step", exc)
-
-
 class EngineLoop:
     """The command loop of one engine process; `run()` returns when the process should exit."""
 
     def __init__(self, conn: Connection, factory: str, config: Any):
-        self.conn = conn
-        self.factory_spec = factory
+        self.pipe = HostPipe(conn)
+        self.standby = Standby(factory)
         self.config = config
         self.engine: Any = None
         self.load_info: dict[str, Any] | None = None
@@ -171,60 +86,14 @@ class EngineLoop:
         self.embeds: dict[str, Any] = {}  # request id -> EmbedJob, run first come first
         # Per request: tokens (and their logprob records) made while the pipe was full.
         self.unsent: dict[str, tuple[list[int], list[p.TokenLogprob]]] = {}
-        self._factory: Callable[[Any], Any] | None = None
-        self._factory_error: BaseException | None = None
-        self._warming: threading.Thread | None = None  # the standby's imports (run)
-        self._warm_stop = threading.Event()  # set by a load: no import runs beside it
         self._last_command_s = 0.0  # monotonic; status reads do not count (deferred work)
         self._worked_since_trim = False  # requests ran since the heap was last trimmed
-
-    # ---- pipe ------------------------------------------------------------------------------
-
-    def send(self, event: p.Event) -> None:
-        try:
-            self.conn.send(event)
-        except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as exc:
-            raise _HostGone() from exc
-
-    def recv(self) -> Any:
-        try:
-            return self.conn.recv()
-        except (EOFError, ConnectionResetError, OSError) as exc:
-            raise _HostGone() from exc
-
-    def _pipe_is_writable(self) -> bool:
-        # select() takes only sockets on Windows (WinError 10038 on a pipe), and there is no
-        # portable "room to write" test: there, send every step (send blocks only once the
-        # host is a whole pipe buffer behind).
-        if not _can_select_pipes:
-            return True
-        try:
-            _, writable, _ = select.select([], [self.conn.fileno()], [], 0)
-        except (OSError, ValueError) as exc:
-            _stop_selecting_pipes(exc)
-            return True
-        return bool(writable)
 
     # ---- main loop -------------------------------------------------------------------------
 
     def run(self) -> None:
-        self.send(p.Ready(pid=os.getpid()))
-        # Import the engine module right after Ready: an idle process then stands by with torch
-        # imported, so the first Load pays only for the model itself.
-        try:
-            self._factory = resolve_factory(self.factory_spec)
-        except Exception as exc:  # noqa: BLE001 - reported on Load, where the host listens
-            traceback.print_exc(file=sys.stderr)
-            self._factory_error = exc
-        # Then what a GPU load would import (torch.compile's compiler, the kernels), still
-        # without a CUDA context, on a thread of its own: a Load that comes meanwhile stops
-        # it after its current module instead of waiting seconds for the compiler (issue 18:
-        # load from standby), and a load that has run before needs no compiler until ready.
-        warm_imports = getattr(self._factory, "warm_imports", None)
-        if warm_imports is not None:
-            self._warming = threading.Thread(target=self._warm_imports, args=(warm_imports,),
-                                             name=WARM_THREAD_NAME, daemon=True)
-            self._warming.start()
+        self.pipe.send(p.Ready(pid=os.getpid()))
+        self.standby.start(self.config)  # the engine module, then a load's imports on a thread
         while True:
             if self._is_batch_running() or self.embeds:
                 self._worked_since_trim = True
@@ -241,16 +110,16 @@ class EngineLoop:
                 # status read has come for a moment, so a request right after the load runs
                 # first, and a client polling the status often does not hold the work off.
                 idle_s = time.monotonic() - self._last_command_s
-                if self._poll(max(0.0, DEFERRED_WORK_IDLE_S - idle_s)):
-                    if not self.handle(self.recv()):
+                if self.pipe.poll(max(0.0, DEFERRED_WORK_IDLE_S - idle_s)):
+                    if not self.handle(self.pipe.recv()):
                         return
-                elif self._is_warming():  # compiling needs the compiler imported
-                    self._poll(DEFERRED_WORK_IDLE_S)
+                elif self.standby.is_warming:  # compiling needs the compiler imported
+                    self.pipe.poll(DEFERRED_WORK_IDLE_S)
                 else:
                     self._run_deferred_step()
             else:
                 self._trim_after_work()
-                if not self.handle(self.recv()):
+                if not self.handle(self.pipe.recv()):
                     return
 
     def _trim_after_work(self) -> None:
@@ -260,37 +129,8 @@ class EngineLoop:
             self._worked_since_trim = False
             trim_heap()
 
-    def _warm_imports(self, warm_imports: Callable[..., Any]) -> None:
-        try:
-            warm_imports(self.config, stop=self._warm_stop)
-        except Exception:  # an optimisation: the load imports what it needs
-            log.warning("warming the standby's imports failed", exc_info=True)
-
-    def _stop_warming(self) -> None:
-        """Stop the standby's imports after the module in hand and wait for that. Python's
-        per-module import locks let two threads importing one graph each see a module the
-        other has half run (`cannot import name ... from partially initialized module`:
-        the GPU tests met it in run 25b), so nothing imports beside a load."""
-        warming = self._warming
-        if warming is None or not warming.is_alive():
-            return
-        self._warm_stop.set()
-        started_s = time.monotonic()
-        warming.join()
-        log.info("the standby's imports stopped for the load in %.2f s",
-                 time.monotonic() - started_s)
-
-    def _is_warming(self) -> bool:
-        return self._warming is not None and self._warming.is_alive()
-
     def _has_deferred_work(self) -> bool:
         return bool(getattr(self.engine, "has_deferred_work", False))
-
-    def _poll(self, timeout_s: float) -> bool:
-        try:
-            return self.conn.poll(timeout_s)
-        except (EOFError, ConnectionResetError, OSError) as exc:
-            raise _HostGone() from exc
 
     def _run_deferred_step(self) -> None:
         """One step of the engine's deferred load work; a failing step ends that work with a
@@ -313,8 +153,8 @@ class EngineLoop:
         while self.pending and isinstance(getattr(self.pending[0], "command", None),
                                           _REQUESTS):
             self.handle(self.pending.popleft())  # the command they waited behind has run
-        while self._poll(0):
-            envelope = self.recv()
+        while self.pipe.poll(0):
+            envelope = self.pipe.recv()
             command = getattr(envelope, "command", None)
             is_now = isinstance(command, (p.Cancel, p.GetStatus)) or (
                 isinstance(command, (*_REQUESTS, p.ResizeExperts)) and not self.pending)
@@ -326,13 +166,13 @@ class EngineLoop:
     def handle(self, envelope: Any) -> bool:
         """Run one command; False when the process should exit (after Unload)."""
         if not isinstance(envelope, p.Envelope):
-            self.send(p.Error("bad_request", f"expected an Envelope, got {type(envelope).__name__}"))
+            self.pipe.send(p.Error("bad_request", f"expected an Envelope, got {type(envelope).__name__}"))
             return True
         command, command_id = envelope.command, envelope.command_id
         if not isinstance(command, p.GetStatus):
             self._last_command_s = time.monotonic()
         if envelope.version != p.PROTOCOL_VERSION:
-            self.send(p.Error(
+            self.pipe.send(p.Error(
                 "version_mismatch",
                 f"host speaks protocol {envelope.version}, engine {p.PROTOCOL_VERSION}; "
                 "restart Strata so both come from one install",
@@ -343,26 +183,26 @@ class EngineLoop:
         try:
             if isinstance(command, p.Unload):
                 kept = self._close_engine(for_exit=True, keep_sessions_as=command.keep_sessions_as)
-                self.send(p.Reply(command_id, {"unloaded": True, "kept_slots": kept}))
+                self.pipe.send(p.Reply(command_id, {"unloaded": True, "kept_slots": kept}))
                 return False
             if isinstance(command, p.Generate):
                 self.admit(command)
             elif isinstance(command, p.Cancel):
                 self.cancel(command.request_id)
             elif isinstance(command, p.GetStatus):
-                self.send(self.status_event(command_id))
+                self.pipe.send(self.status_event(command_id))
             elif isinstance(command, p.Load):
-                self.send(p.Reply(command_id, self.load(command), self.engine_status()))
+                self.pipe.send(p.Reply(command_id, self.load(command), self.engine_status()))
             elif type(command) in _LEVEL_METHODS:
-                self.send(self.level_command(command, command_id))
+                self.pipe.send(self.level_command(command, command_id))
             elif isinstance(command, p.Embed):
                 self.start_embed(command)
             else:
-                self.send(p.Error(
+                self.pipe.send(p.Error(
                     "bad_request", f"unknown command {type(command).__name__}",
                     command_id=command_id,
                 ))
-        except _HostGone:
+        except HostGone:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of one command
             # The host gets a one-line Error and the loop goes on. The log gets a traceback
@@ -372,7 +212,7 @@ class EngineLoop:
                 traceback.print_exc(file=sys.stderr)
             else:
                 log.info("%s refused (%s): %s", type(command).__name__, code, one_line(exc))
-            self.send(p.Error(code, one_line(exc), request_id=request_id, command_id=command_id))
+            self.pipe.send(p.Error(code, one_line(exc), request_id=request_id, command_id=command_id))
         return True
 
     # ---- commands --------------------------------------------------------------------------
@@ -382,15 +222,12 @@ class EngineLoop:
         if self.engine is not None:
             if config == self.config:
                 return dict(self.load_info or {})  # already loaded: loading is idempotent
-            raise _CommandRefused(
+            raise CommandRefused(
                 "busy", f"{self.config.model_path} is loaded; unload it before loading another model"
             )
-        if self._factory is None:
-            raise RuntimeError(
-                f"cannot import the engine {self.factory_spec!r}: {one_line(self._factory_error)}"
-            )
-        self._stop_warming()
-        engine = self._factory(config)
+        factory = self.standby.factory()
+        self.standby.stop_warming()
+        engine = factory(config)
         info = engine.load()
         self.engine, self.config, self.load_info = engine, config, dict(info or {})
         return dict(self.load_info)
@@ -413,22 +250,8 @@ class EngineLoop:
         """The engine's status, typed once here for every host reader."""
         if self.engine is None:
             return p.EngineStatus(p.EngineState.STANDBY, os.getpid(),
-                                  standby=self._standby_info())
+                                  standby=self.standby.info())
         return p.EngineStatus.of_engine(self.engine.status(), os.getpid())
-
-    def _standby_info(self) -> dict[str, bool]:
-        """What a process without a model has ready: the engine module (torch) imported, and
-        whether CUDA was touched (it must not be: a standby holds no VRAM), and whether its
-        warm-up imports (the compiler, the kernels: a thread of their own) are done."""
-        torch = sys.modules.get("torch")
-        is_cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
-        return {
-            "is_factory_imported": self._factory is not None,
-            "is_torch_imported": torch is not None,
-            "is_cuda_initialized": is_cuda_initialized,
-            "is_compiler_imported": "torch._dynamo" in sys.modules,
-            "is_warm": self._factory is not None and not self._is_warming(),
-        }
 
     def level_command(self, command: Any, command_id: int) -> p.Event:
         method = getattr(self.engine, _LEVEL_METHODS[type(command)], None)
@@ -443,9 +266,9 @@ class EngineLoop:
     def start_embed(self, command: p.Embed) -> None:
         """The Embed joins the loop's embedding jobs; one it cannot run answers an Error."""
         if self.engine is None:
-            raise _CommandRefused("not_loaded", "no model is loaded: send Load first")
+            raise CommandRefused("not_loaded", "no model is loaded: send Load first")
         if command.request_id in self.embeds:
-            raise _CommandRefused("bad_request", f"request {command.request_id} already runs")
+            raise CommandRefused("bad_request", f"request {command.request_id} already runs")
         from strata.engine.core.embedding import EmbedJob  # torch: imported in the engine only
 
         self.embeds[command.request_id] = EmbedJob(self.engine, command)
@@ -460,19 +283,19 @@ class EngineLoop:
             code = error_code(exc, job.command)
             if code == "internal":
                 traceback.print_exc(file=sys.stderr)
-            self.send(p.Error(code, one_line(exc), request_id=job.request_id))
+            self.pipe.send(p.Error(code, one_line(exc), request_id=job.request_id))
             return
-        self.send(event)
+        self.pipe.send(event)
         if job.is_done:
             del self.embeds[job.request_id]
-            self.send(p.Done(job.request_id, p.Usage(job.num_tokens, 0, 0, "stop")))
+            self.pipe.send(p.Done(job.request_id, p.Usage(job.num_tokens, 0, 0, "stop")))
 
     # ---- the batch ---------------------------------------------------------------------------
 
     def admit(self, command: p.Generate) -> None:
         """The request joins the engine's batch; a request it refuses answers an Error."""
         if self.engine is None:
-            self.send(p.Error("not_loaded", "no model is loaded: send Load first",
+            self.pipe.send(p.Error("not_loaded", "no model is loaded: send Load first",
                               request_id=command.request_id))
             return
         self.engine.add(command.request_id, command.prompt_ids, command.sampling, command.slot)
@@ -482,7 +305,7 @@ class EngineLoop:
         ended owes no answer."""
         job = self.embeds.pop(request_id, None)
         if job is not None:
-            self.send(p.Done(request_id, p.Usage(job.num_tokens, 0, 0, "cancelled")))
+            self.pipe.send(p.Done(request_id, p.Usage(job.num_tokens, 0, 0, "cancelled")))
             return
         event = self.engine.cancel(request_id) if self.engine is not None else None
         if event is not None:
@@ -494,7 +317,7 @@ class EngineLoop:
                 self.pending.remove(envelope)
                 num_prompt = len(command.prompt_ids) if isinstance(command, p.Generate) else 0
                 usage = p.Usage(num_prompt, 0, 0, "cancelled")
-                self.send(p.Done(request_id, usage, slot=None))
+                self.pipe.send(p.Done(request_id, usage, slot=None))
 
     def _step(self) -> None:
         """One engine step; its tokens go out while the pipe takes them (else they ride along
@@ -506,11 +329,11 @@ class EngineLoop:
             failed = [e.request_id for e in self.engine.cancel_all()]
             for request_id in failed:
                 self._flush(request_id)
-                self.send(p.Error("internal", one_line(exc), request_id=request_id))
+                self.pipe.send(p.Error("internal", one_line(exc), request_id=request_id))
             return
         for event in events:
             self._send_event(event)
-        if self.unsent and self._pipe_is_writable():
+        if self.unsent and self.pipe.is_writable():
             for request_id in list(self.unsent):
                 self._flush(request_id)
 
@@ -519,7 +342,7 @@ class EngineLoop:
         and send Done, or Error when it failed; a prompt's progress goes out at once."""
         if event.progress is not None:
             self._flush(event.request_id)
-            self.send(event.progress)
+            self.pipe.send(event.progress)
         if event.token_ids:
             tokens, logprobs = self.unsent.setdefault(event.request_id, ([], []))
             tokens.extend(event.token_ids)
@@ -531,15 +354,15 @@ class EngineLoop:
                 traceback.print_exception(event.error, file=sys.stderr)
             else:
                 log.info("Generate refused (%s): %s", code, one_line(event.error))
-            self.send(p.Error(code, one_line(event.error), request_id=event.request_id))
+            self.pipe.send(p.Error(code, one_line(event.error), request_id=event.request_id))
         elif event.usage is not None:
             self._flush(event.request_id)
-            self.send(p.Done(event.request_id, event.usage, slot=event.slot))
+            self.pipe.send(p.Done(event.request_id, event.usage, slot=event.slot))
 
     def _flush(self, request_id: str) -> None:
         tokens, logprobs = self.unsent.pop(request_id, ((), ()))
         if tokens:
-            self.send(p.Tokens(request_id, tuple(tokens), tuple(logprobs)))
+            self.pipe.send(p.Tokens(request_id, tuple(tokens), tuple(logprobs)))
 
     def _close_engine(self, for_exit: bool = False, keep_sessions_as: str | None = None,
                       ) -> list[int]:
@@ -588,7 +411,7 @@ def engine_main(conn: Connection, factory: str = DEFAULT_ENGINE_FACTORY, config:
     loop = EngineLoop(conn, factory, config)
     try:
         loop.run()
-    except _HostGone:
+    except HostGone:
         log.info("the host closed the pipe; engine process exiting")
     finally:
         try:
