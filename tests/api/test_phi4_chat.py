@@ -141,3 +141,25 @@ async def test_forced_call_is_constrained_to_a_list_of_calls(phi4, service) -> N
     grammar = service.requests[-1].sampling.grammar
     # The list the model writes after its (special) call token; the parser reads it bare.
     assert grammar is not None and grammar.startswith('start: "[" call "]"'), grammar
+
+
+async def test_ollama_calls_with_object_arguments(phi4, service) -> None:
+    resp = await phi4.post("/api/chat", json={
+        "model": service.model_id, "messages": ASK, "tools": [WEATHER, TIME], "stream": False})
+    assert resp.status == 200, await resp.text()
+    message = (await resp.json())["message"]
+    assert message["content"] == "Let me check."
+    assert [(c["function"]["name"], c["function"]["arguments"])
+            for c in message["tool_calls"]] == [
+        ("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "Europe/Paris"})]
+
+
+async def test_responses_function_calls(phi4) -> None:
+    resp = await phi4.post("/v1/responses", json={
+        "input": "Weather in Paris?", "max_output_tokens": 300,
+        "tools": [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]})
+    assert resp.status == 200, await resp.text()
+    output = (await resp.json())["output"]
+    calls = [item for item in output if item["type"] == "function_call"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "Europe/Paris"})]
