@@ -60,6 +60,13 @@ EXPECTED = {
         '[AVAILABLE_TOOLS][{"type": "function", "function": {"name": "get_weather"',
         '[TOOL_CALLS]get_weather[CALL_ID]abc123XYZ[ARGS]{"city": "Paris"}',
         "[TOOL_RESULTS]abc123XYZ[TOOL_CONTENT]sunny[/TOOL_RESULTS]"),
+    # Phi-4-mini's template reads the tools from the system message (a JSON string) and
+    # renders content only: the call goes into the content as the model writes calls.
+    "microsoft-phi-4-mini-instruct.jinja": (
+        '<|system|>You are a helpful assistant with some tools.<|tool|>[{"name": "get_weather", '
+        '"description": "Weather of a city", "parameters": {"type": "object"',
+        ('<|assistant|><|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+         "<|/tool_call|><|end|>"), "<|tool|>sunny<|end|><|assistant|>"),
     # Phi-4's template has no tools: Strata's Hermes prompt, inside its own turns.
     "phi-4.jinja": ("<|im_start|>system<|im_sep|># Tools", (
         '<|im_start|>assistant<|im_sep|><tool_call>\n{"name": "get_weather", '

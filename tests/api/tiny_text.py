@@ -99,3 +99,30 @@ def write_tiny_harmony_gguf(path: Path, model_dir: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+PHI4_SPECIAL_TOKENS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+                       "<|tool|>", "<|/tool|>", "<|tool_call|>", "<|/tool_call|>",
+                       "<|tool_response|>"]
+PHI4_TEMPLATE = Path(__file__).parent.parent / "text" / "templates" / \
+    "microsoft-phi-4-mini-instruct.jinja"
+
+
+def write_tiny_phi4_dir(directory: Path, *, vocab_size: int = 400) -> Path:
+    """A byte-level BPE with Phi-4-mini's chat and tool tokens (all special, as in its
+    tokenizer.json) and its real chat template; eos <|endoftext|>, <|end|> ends a turn."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=PHI4_SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    corpus = ['{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'] * 20
+    tokenizer.train_from_iterator(_CORPUS + corpus, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": PHI4_TEMPLATE.read_text(), "eos_token": "<|endoftext|>",
+              "bos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+              "add_bos_token": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory

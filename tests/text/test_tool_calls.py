@@ -3,7 +3,8 @@
 The outputs are what the families' chat templates teach (tests/text/templates/ holds the real
 templates): Qwen2.5/Qwen3 and Strata's own prompt write Hermes <tool_call> blocks, Llama 3.1+
 writes a JSON object with "parameters", Mistral a [TOOL_CALLS] list, GLM-4.5 XML arguments
-inside <tool_call>. Streaming must give the same
+inside <tool_call>, Phi-4-mini a list between <|tool_call|> and <|/tool_call|>. Streaming must
+give the same
 calls and text as parsing the whole output, however the text is split.
 """
 
@@ -16,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from strata.engine.text import IncrementalDetokenizer, load_text_assets
 from strata.engine.text.tool_calls import (
     CallArguments,
     CallStart,
@@ -24,6 +26,7 @@ from strata.engine.text.tool_calls import (
     detect_format,
     parse_all,
 )
+from tests.api.tiny_text import write_tiny_phi4_dir
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -80,6 +83,32 @@ RECORDED = [
     ("glm",  # a call without arguments, its name right before the end tag
      "<tool_call>list_files</tool_call>", "", [("list_files", {})]),
     ("glm", "Paris is in France; <tool is a word.", "Paris is in France; <tool is a word.", []),
+    ("phi4",  # Phi-4-mini: a sentence, then its call tokens around a list of two calls
+     ('Let me check.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", '
+      '"unit": "celsius"}}, {"name": "get_time", "arguments": {"zone": "Europe/Paris"}}]'
+      '<|/tool_call|>'),
+     "Let me check.",
+     [("get_weather", {"city": "Paris", "unit": "celsius"}), ("get_time", {"zone": "Europe/Paris"})]),
+    ("phi4",  # arguments as a JSON string, brackets inside strings, text after the calls
+     ('<|tool_call|>[{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": [2]}"}, {"name": '
+      '"find", "arguments": {"q": "a ] b [ }", "in": [{"x": 1}]}}]<|/tool_call|>\nDone.'),
+     "\nDone.", [("add", {"a": 1, "b": [2]}), ("find", {"q": "a ] b [ }", "in": [{"x": 1}]})]),
+    ("phi4",  # as llama.cpp's template for Phi-4-mini teaches: one object per block
+     ('<|tool_call|>{"name": "a", "arguments": {}}<|/tool_call|><|tool_call|>{"name": "b", '
+      '"arguments": {"k": 1}}<|/tool_call|>'), "", [("a", {}), ("b", {"k": 1})]),
+    ("phi4",  # the call tokens hidden (a detokenizer that skips special tokens): a bare list
+     '[{"name": "f", "arguments": {"q": "x"}}]', "", [("f", {"q": "x"})]),
+    ("phi4",  # the output stopped before <|/tool_call|>
+     '<|tool_call|>[{"name": "f", "arguments": {}}]', "", [("f", {})]),
+    ("phi4", "The list is [1, 2].", "The list is [1, 2].", []),
+    ("phi4", "[1, 2] are the numbers.", "[1, 2] are the numbers.", []),
+    # Malformed calls are the model's text, as it wrote it, tokens included.
+    ("phi4", '<|tool_call|>get_weather(city="Paris")<|/tool_call|> ok',
+     '<|tool_call|>get_weather(city="Paris")<|/tool_call|> ok', []),
+    ("phi4", 'x <|tool_call|>[{"city": "Paris"}]<|/tool_call|>',
+     'x <|tool_call|>[{"city": "Paris"}]<|/tool_call|>', []),
+    ("phi4", '<|tool_call|>[{"nam', '<|tool_call|>[{"nam', []),
+    ("hermes", "<tool_call>not json</tool_call> after", "<tool_call>not json</tool_call> after", []),
 ]
 
 
@@ -136,7 +165,8 @@ def test_any_split_gives_the_whole_result(case, cuts) -> None:
     ("hermes-3-llama-3.1-tool-use.jinja", "hermes"), ("llama-3.1-instruct.jinja", "llama3"),
     ("mistral-nemo-instruct-2407.jinja", "mistral"),
     ("mistral-small-3.2-instruct-2506.jinja", "mistral"), ("smollm2-135m-instruct.jinja", "hermes"),
-    ("phi-4.jinja", "hermes"),
+    ("phi-4.jinja", "hermes"), ("microsoft-phi-4-mini-instruct.jinja", "phi4"),
+    ("llama-cpp-microsoft-phi-4-mini-instruct.jinja", "phi4"),
     ("glm-4.6.jinja", "glm")])
 def test_format_is_detected_from_the_real_template(template, fmt) -> None:
     path = TEMPLATES / template
@@ -151,4 +181,37 @@ def test_glm_call_streams_its_name_then_each_argument_as_it_closes() -> None:
     assert parser.feed("is</arg_value>\n<arg_") == [CallArguments(0, '{"city": "Paris"')]
     assert parser.feed("key>n</arg_key><arg_value>2</arg_value></tool_call>") == [
         CallArguments(0, ', "n": 2}')]
+    assert parser.finish() == []
+
+
+@pytest.fixture(scope="module")
+def phi4_assets(tmp_path_factory):
+    return load_text_assets(write_tiny_phi4_dir(tmp_path_factory.mktemp("phi4")))
+
+
+def test_phi4_calls_parsed_from_a_token_stream(phi4_assets) -> None:
+    """Token by token through the detokenizer, as a generation streams: Phi-4-mini's call
+    tokens are special tokens, and still reach the parser as text."""
+    output = ('Sure.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", '
+              '"days": 3}}]<|/tool_call|>')
+    ids = phi4_assets.encode(output, add_special=False)
+    assert phi4_assets.tokenizer.token_to_id("<|tool_call|>") in ids  # one special token
+    detokenizer = IncrementalDetokenizer(phi4_assets, skip_special=True)
+    parser = ToolCallParser(detect_format(phi4_assets.chat_template))
+    events = [e for i in ids for e in parser.feed(detokenizer.push([i]))]
+    events += parser.feed(detokenizer.flush()) + parser.finish()
+    assert _collect(events) == ("Sure.", [("get_weather", {"city": "Paris", "days": 3})])
+    # Other special tokens stay hidden: the turn's end is no text.
+    assert phi4_assets.decode(phi4_assets.encode("Hi<|end|>", add_special=False)) == "Hi"
+    detokenizer = IncrementalDetokenizer(phi4_assets, skip_special=True)
+    assert detokenizer.push(phi4_assets.encode("Hi<|end|>", add_special=False)) == "Hi"
+
+
+def test_phi4_call_streams_once_its_name_is_known() -> None:
+    parser = ToolCallParser("phi4")
+    assert parser.feed("Ok.<|tool_") == [TextPiece("Ok.")]  # maybe the call token: held
+    assert parser.feed('call|>[{"name": "f", "argu') == [CallStart(0, "f")]
+    assert parser.feed('ments": {"a": [1') == [CallArguments(0, '{"a": [')]
+    assert parser.feed("]}}]<|/tool_") == [CallArguments(0, "1]}")]
+    assert parser.feed("call|> Done") == [TextPiece(" Done")]
     assert parser.finish() == []

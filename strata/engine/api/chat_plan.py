@@ -24,7 +24,13 @@ from strata.engine.api.harmony_plan import render_harmony
 from strata.engine.api.output_format import openai_output_grammar, openai_thinking
 from strata.engine.api.reasoning_effort import TEMPLATE_VARIABLE, openai_reasoning_effort
 from strata.engine.api.textgen import render_chat_prompt, text_assets
-from strata.engine.api.tool_prompt import call_grammar, hermes_messages, template_reads_tools
+from strata.engine.api.tool_prompt import (
+    call_grammar,
+    hermes_messages,
+    phi4_messages,
+    template_reads_message_tools,
+    template_reads_tools,
+)
 from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
 from strata.engine.text.harmony import template_is_harmony
 from strata.engine.text.reasoning import prompt_opens_thinking, template_thinks, template_uses
@@ -187,7 +193,9 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
         kwargs["enable_thinking"] = False
     thinks = thinks and kwargs.get("enable_thinking") is not False
     rendered = messages
-    if template_reads_tools(source):
+    if template_reads_message_tools(source):
+        rendered = phi4_messages(messages, tools.tools)
+    elif template_reads_tools(source):
         if tools.tools:
             kwargs["tools"] = [t.as_openai() for t in tools.tools]
     else:

@@ -3,7 +3,8 @@
 A template that reads `tools` renders them itself. One that does not (SmolLM2's) gets the
 Hermes-style prompt Qwen2.5's template writes: the tools as JSON in a system message, calls as
 <tool_call> blocks, results as <tool_response> blocks in a user turn; the output is then parsed
-as Hermes (text/tool_calls.detect_format says so for such templates).
+as Hermes (text/tool_calls.detect_format says so for such templates). Phi-4-mini's template
+reads the tools from the system message instead; phi4_messages puts them there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,41 @@ _HERMES_PROMPT = (
     "\n</tools>\n\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": "
     "<function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
+
+
+_MESSAGE_TOOLS = ("message['tools']", 'message["tools"]', "message.tools")
+# The system prompt of Microsoft's tool examples for Phi-4-mini, for a request without one.
+_PHI4_SYSTEM = "You are a helpful assistant with some tools."
+
+
+def template_reads_message_tools(template_source: str | None) -> bool:
+    """Whether a chat template takes the tools from the system message, as a JSON string
+    (Phi-4-mini's: `message['tools']` between <|tool|> and <|/tool|>), not from `tools`."""
+    source = template_source or ""
+    return any(read in source for read in _MESSAGE_TOOLS)
+
+
+def phi4_messages(messages: list[dict[str, Any]], tools: tuple[Tool, ...]
+                  ) -> list[dict[str, Any]]:
+    """messages for a template that reads the tools from the system message (Phi-4-mini's):
+    the tools there as a JSON list of functions (a system message made for them if there is
+    none), each call of the history written after its text as the model writes calls,
+    `<|tool_call|>[...]<|/tool_call|>` (the template renders content only); results stay
+    `tool` turns, which the template renders itself."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        content = message.get("content") or ""
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                     for c in message["tool_calls"]]
+            content += f"<|tool_call|>{json.dumps(calls, ensure_ascii=False)}<|/tool_call|>"
+        out.append({"role": message["role"], "content": content})
+    if tools:
+        listing = json.dumps([t.as_openai()["function"] for t in tools], ensure_ascii=False)
+        if not out or out[0]["role"] != "system":
+            out.insert(0, {"role": "system", "content": _PHI4_SYSTEM})
+        out[0]["tools"] = listing
+    return out
 
 
 def template_reads_tools(template_source: str | None) -> bool:
@@ -112,7 +148,7 @@ def call_grammar(format_name: str, tools: tuple[Tool, ...], is_parallel: bool) -
         call, separator, head, tail = (
             f"{lark_literal('<tool_call>' + chr(10))} {one} {lark_literal(chr(10) + '</tool_call>')}",
             lark_literal("\n"), "", "")
-    elif format_name == "mistral":
+    elif format_name in ("mistral", "phi4"):  # a list (the marker is a special token)
         call, separator, head, tail = one, lark_literal(", "), lark_literal("["), lark_literal("]")
     else:
         call, separator, head, tail = one, lark_literal("; "), "", ""

@@ -7,7 +7,9 @@ once and get the same result. Formats (FORMATS): Hermes `<tool_call>{...}</tool_
 Qwen3, and the prompt Strata writes for templates without tools), Llama 3.1+ JSON
 (`{"name", "parameters"}`, optionally after `<|python_tag|>`), Mistral `[TOOL_CALLS][{...}]`,
 GLM-4.5's XML (`<tool_call>name` then `<arg_key>k</arg_key><arg_value>v</arg_value>` pairs),
-and a generic fallback that takes a JSON object with a name at the start of the output.
+Phi-4-mini's `<|tool_call|>[{...}, ...]<|/tool_call|>`, and a generic fallback that takes a
+JSON object with a name at the start of the output. A call block that holds no call (not JSON,
+or objects without a name) is given back as text whole, its markers included.
 """
 
 from __future__ import annotations
@@ -59,7 +61,15 @@ FORMATS = {
     "mistral": ToolFormat("mistral", "[TOOL_CALLS]", None, True),
     "generic": ToolFormat("generic", None, None, True),
     "glm": ToolFormat("glm", "<tool_call>", "</tool_call>", False),
+    # Phi-4-mini: a JSON list (llama.cpp's template for it: one object) between its call
+    # tokens; bare at the start too, as a client that hides special tokens would see it.
+    "phi4": ToolFormat("phi4", "<|tool_call|>", "<|/tool_call|>", True),
 }
+
+
+# Special tokens a format's parser reads: the detokenizer keeps them in the text (Phi-4-mini's
+# call tokens are special; hidden, a call would be bare JSON and the text around it ambiguous).
+SHOWN_TOKENS = {"phi4": ("<|tool_call|>", "<|/tool_call|>")}
 
 
 def detect_format(template_source: str | None) -> str:
@@ -71,6 +81,8 @@ def detect_format(template_source: str | None) -> str:
         return "hermes"
     if "[TOOL_CALLS]" in source:
         return "mistral"
+    if "<|/tool|>" in source or "<|tool_call|>" in source:  # Phi-4-mini's tool tokens
+        return "phi4"
     if "<|python_tag|>" in source or "ipython" in source:
         return "llama3"
     if "tools" not in source:
@@ -344,6 +356,12 @@ class ToolCallParser:
             _XmlCall(self) if format_name == "glm" else _CallObjects(self))
         self._named: _NamedArguments | None = None
         self.num_calls = 0
+        # The call block being read: its text and its events, held until its first call
+        # starts; a block that ends without one is given back as text whole (None: a call
+        # started, the block streams).
+        self._block: list[str] = []
+        self._held: list[Event] | None = None
+        self._calls_before_block = 0
 
     def next_index(self) -> int:
         self.num_calls += 1
@@ -360,14 +378,43 @@ class ToolCallParser:
         """Events for whatever was held back when the output ends."""
         events: list[Event] = []
         self._run(events, is_final=True)
-        if self._named is not None and self._named.name is None:
-            events.append(TextPiece(self._named.text))
-        elif self._in_calls:
-            self._objects.finish(events)
+        if self._in_calls:
+            sink = self._sink(events)
+            if self._named is not None and self._named.name is None:
+                sink.append(TextPiece(self._named.text))
+            else:
+                self._objects.finish(sink)
+            self._named = None
+            self._close_block("", events)
         elif self._pending:
             events.append(TextPiece(self._pending))
         self._pending = ""
         return merged_pieces(events)
+
+    def _open_block(self, opening: str) -> None:
+        self._in_calls = True
+        self._block, self._held = [opening], []
+        self._calls_before_block = self.num_calls
+
+    def _sink(self, events: list[Event]) -> list[Event]:
+        return events if self._held is None else self._held
+
+    def _take(self, char: str, events: list[Event]) -> None:
+        """char belongs to the block: keep its text until a call started, then stream."""
+        if self._held is None:
+            return
+        self._block.append(char)
+        if self.num_calls > self._calls_before_block:
+            events.extend(self._held)
+            self._held = None
+
+    def _close_block(self, closing: str, events: list[Event]) -> None:
+        if self._held is not None:
+            if self.num_calls > self._calls_before_block:
+                events.extend(self._held)
+            else:  # no call in it (not JSON, no name): the model's text, as it wrote it
+                self._emit_text("".join(self._block) + closing, events)
+        self._held, self._block, self._in_calls = None, [], False
 
     def _run(self, events: list[Event], is_final: bool) -> None:
         while self._pending:
@@ -387,13 +434,15 @@ class ToolCallParser:
             if is_marker and not stripped.startswith(fmt.start):
                 return False  # maybe the marker: wait for more
             if stripped[0] in "{[" and not is_marker:
-                self._pending, self._in_calls = stripped, True
+                self._open_block(pending[:len(pending) - len(stripped)])
+                self._pending = stripped
                 return True
         start = fmt.start
         at = pending.find(start) if start else -1
         if at >= 0:
             self._emit_text(pending[:at], events)
-            self._pending, self._in_calls = pending[at + len(start):], True
+            self._open_block(start)
+            self._pending = pending[at + len(start):]
             return True
         keep = 0 if is_final or not start else _partial_suffix(pending, start)
         if not fmt.json_at_start or self._seen_text or pending.strip():
@@ -406,6 +455,19 @@ class ToolCallParser:
             events.append(TextPiece(text))
             self._seen_text = self._seen_text or bool(text.strip())
 
+    def _back_to_text(self, rest: str, given_back: str, events: list[Event]) -> bool:
+        """Something that is no call follows: the block ends, rest is text again (after
+        given_back, the block's own text that a started call does not hold)."""
+        self._objects.between = ""
+        if self._held is not None:
+            self._close_block("", events)
+            self._pending = rest
+        else:
+            self._in_calls, self._block = False, []
+            self._pending = given_back + rest
+        self._seen_text = True
+        return True
+
     def _calls(self, events: list[Event], is_final: bool) -> bool:
         end, pending = self.format.end, self._pending
         limit = len(pending)
@@ -417,27 +479,26 @@ class ToolCallParser:
                 limit = len(pending) - _partial_suffix(pending, end)
         for i in range(limit):
             char = pending[i]
+            sink = self._sink(events)
             if self._named is not None or (self.format.name == "mistral" and char.isalpha()
                                            and not self._objects.is_inside):
                 self._named = self._named or _NamedArguments(self)
-                state = self._named.feed_char(char, events)
+                state = self._named.feed_char(char, sink)
+                self._take(char, events)
                 if state == "done":
                     self._named = None
                 elif state == "text":
-                    self._in_calls, self._seen_text = False, True
-                    self._pending = self._named.text + pending[i + 1:]
-                    self._named = None
-                    return True
+                    named, self._named = self._named, None
+                    return self._back_to_text(pending[i + 1:], named.text, events)
                 continue
-            if not self._objects.feed_char(char, events):
-                self._in_calls = False  # something else follows: it is text again
-                self._seen_text = True
-                self._pending = self._objects.between + pending[i:]
-                self._objects.between = ""
-                return True
+            if not self._objects.feed_char(char, sink):
+                between = self._objects.between  # what closed the list of calls is no text
+                return self._back_to_text(pending[i:], between[between.rfind("]") + 1:],
+                                          events)
+            self._take(char, events)
         if end and limit < len(pending) and pending.startswith(end, limit):
-            self._objects.finish(events)
-            self._in_calls = False
+            self._objects.finish(self._sink(events))
+            self._close_block(end, events)
             self._pending = pending[limit + len(end):]
             return True
         self._pending = pending[limit:]
