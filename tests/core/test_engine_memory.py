@@ -111,7 +111,7 @@ def test_slot_cache_answers_like_all_resident(moe_dir, reference, tmp_path) -> N
         # The slots hold less than every expert; the prefill's staging (one layer's experts,
         # memory/expert_staging.py) lies in the same arena and is counted apart.
         slot_bytes = arena(slots, "experts")["resident_bytes"] - status["staging_bytes"]
-        assert 0 < status["staging_bytes"] and slot_bytes < ALL_EXPERTS_BYTES
+        assert status["staging_bytes"] > 0 and slot_bytes < ALL_EXPERTS_BYTES
         for i, prompt in enumerate(PROMPTS):
             assert run(slots, prompt) == reference[i]
         counters = slots.status()["experts"]
