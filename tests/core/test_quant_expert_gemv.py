@@ -27,7 +27,7 @@ from strata.engine.core.quant.experts import QuantizedExperts
 from tests.helpers.quant_blocks import random_blocks
 
 PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q2_K,
-                QT.IQ2_XXS]
+                QT.IQ2_XXS, QT.MXFP4]
 K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.IQ2_XXS)
 NUM_EXPERTS = 9
 # Float32 throughout: only the summation order differs from torch (planes groups, then

@@ -42,7 +42,8 @@ def _scatter_planes(w_ptr, wh_ptr, table_ptr, out_ptr, num_groups, ROW_BYTES: tl
     tl.store(out_rows + cols1, w1, mask=ok)
 
 
-@pytest.mark.parametrize("qtype", [QT.IQ2_XXS, QT.Q4_K, QT.Q2_K, QT.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.IQ2_XXS, QT.Q4_K, QT.Q2_K, QT.Q8_0, QT.MXFP4],
+                         ids=lambda t: t.name)
 def test_planes_lut_equals_gguf_py_bit_for_bit(qtype: QT) -> None:
     rows, cols = 8, 512
     raw = random_blocks(qtype, rows, cols, seed=3)

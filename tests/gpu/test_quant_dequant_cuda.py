@@ -23,7 +23,7 @@ from tests.helpers.quant_blocks import random_blocks
 pytestmark = pytest.mark.gpu
 
 PLANES_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
-                QT.Q2_K, QT.IQ2_XXS]
+                QT.Q2_K, QT.IQ2_XXS, QT.MXFP4]
 TILE_TYPES = [QT.Q3_K, QT.IQ4_XS, QT.IQ3_S]
 NUM_EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
 Q4_K_M = (QT.Q4_K, QT.Q4_K, QT.Q6_K)

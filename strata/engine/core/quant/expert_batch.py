@@ -31,7 +31,7 @@ from strata.engine.core.fast.moe_batch import SUM_COLS, _precision, _sum_pairs_k
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import expert_gemv
 from strata.engine.core.quant import gemv_planes as gp
-from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -245,8 +245,8 @@ def gate_up_rows(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
     launch.launch(
         _gate_up_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         _candidates(),
-        x.contiguous(), gate.raw, gate.raw.view(torch.float16), up.raw,
-        up.raw.view(torch.float16), ids, table_arg, lookup_table(x.device), out, num_tokens,
+        x.contiguous(), gate.raw, fp16_view(gate.raw), up.raw,
+        fp16_view(up.raw), ids, table_arg, lookup_table(x.device), out, num_tokens,
         int(host_offsets[0]) // gate_unit if has_table else 0,
         int(host_offsets[1]) // up_unit if has_table else 0,
         gate.expert_stride // gate_unit, up.expert_stride // up_unit, num_rows, num_cols,
@@ -276,7 +276,7 @@ def down_rows(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
     launch.launch(
         _down_tuned, lambda rows: (num_tokens * top_k, triton.cdiv(num_rows, rows)),
         _candidates(),
-        act.contiguous(), down.raw, down.raw.view(torch.float16), ids, weights.contiguous(),
+        act.contiguous(), down.raw, fp16_view(down.raw), ids, weights.contiguous(),
         table_arg, lookup_table(act.device), parts, num_tokens, int(host_offset) // unit if has_table else 0,
         down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],
         QTYPE=int(down.qtype), LANES=gp.ALL_PLANE_LANES[int(down.qtype)], UNIT=unit,

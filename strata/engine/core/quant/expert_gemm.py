@@ -39,7 +39,7 @@ from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant import expert_gemv
 from strata.engine.core.quant import gemv_planes as gp
-from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -292,8 +292,8 @@ def gate_up(rows: torch.Tensor, offsets: torch.Tensor, gate: QuantizedExperts,
     launch.launch_meta(
         _gate_up_tuned, _grid(num_rows, num_experts, num_outputs),
         _candidates(GATE_UP_CONFIGS),
-        rows, offsets, row_weights.contiguous(), gate.raw, gate.raw.view(torch.float16),
-        up.raw, up.raw.view(torch.float16), lookup_table(rows.device), out, num_rows,
+        rows, offsets, row_weights.contiguous(), gate.raw, fp16_view(gate.raw),
+        up.raw, fp16_view(up.raw), lookup_table(rows.device), out, num_rows,
         _rows_hint(num_rows, num_experts), gate.expert_stride // gate_unit,
         up.expert_stride // up_unit, num_outputs, num_cols, gate.raw.shape[2],
         up.raw.shape[2],
@@ -317,7 +317,7 @@ def down(act: torch.Tensor, offsets: torch.Tensor, down_proj: QuantizedExperts) 
     raw = down_proj.raw
     launch.launch_meta(
         _down_tuned, _grid(num_rows, num_experts, num_outputs), _candidates(DOWN_CONFIGS),
-        act, offsets, raw, raw.view(torch.float16), lookup_table(act.device), out, num_rows,
+        act, offsets, raw, fp16_view(raw), lookup_table(act.device), out, num_rows,
         _rows_hint(num_rows, num_experts), down_proj.expert_stride // unit, num_outputs,
         num_cols, raw.shape[2],
         NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),

@@ -28,7 +28,7 @@ from strata.engine.core.kernels import launch
 from strata.engine.core.quant import gemv_dp4a
 from strata.engine.core.quant import gemv_planes as gp
 from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES
-from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -309,8 +309,8 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
     launch.launch(
         tuned, lambda rows: (num_used, triton.cdiv(num_rows, rows)),
         _candidates(configs, num_cols if dp4a else 0),
-        x, *xq, gate.raw, gate.raw.view(torch.float16), up.raw,
-        up.raw.view(torch.float16), ids.contiguous(), table_arg, lookup_table(x.device), out,
+        x, *xq, gate.raw, fp16_view(gate.raw), up.raw,
+        fp16_view(up.raw), ids.contiguous(), table_arg, lookup_table(x.device), out,
         int(host_offsets[0]) // gate_unit if has_table else 0,
         int(host_offsets[1]) // up_unit if has_table else 0,
         gate.expert_stride // gate_unit, up.expert_stride // up_unit, num_rows, num_cols,
@@ -346,7 +346,7 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
     launch.launch(
         tuned, lambda rows: (triton.cdiv(num_rows, rows),),
         _candidates(configs, num_cols if group else 0, top_k_p2),
-        act, *xq, down.raw, down.raw.view(torch.float16), ids.contiguous(),
+        act, *xq, down.raw, fp16_view(down.raw), ids.contiguous(),
         weights.contiguous(), table_arg, lookup_table(act.device), out,
         int(host_offset) // unit if has_table else 0,
         down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],

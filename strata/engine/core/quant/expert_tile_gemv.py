@@ -30,7 +30,7 @@ from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import launch
 from strata.engine.core.kernels.launch import is_interpreting
 from strata.engine.core.quant import dequant_tile as dt
-from strata.engine.core.quant.experts import QuantizedExperts
+from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.lookup import lookup_table
 
 try:
@@ -202,13 +202,6 @@ def takes(gate: QuantizedExperts, epilogue: Epilogue | None) -> bool:
     return triton is not None and (epilogue is not None or int(gate.qtype) == dt.MXFP4)
 
 
-def _halves(experts: QuantizedExperts) -> torch.Tensor:
-    """The blocks as float16, for their fp16 fields (at even offsets: QuantizedExperts checks
-    the expert stride; MXFP4 has none and never reads them)."""
-    raw = experts.raw
-    return raw.view(torch.float16) if raw.shape[-1] % 2 == 0 else raw
-
-
 def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
                down: QuantizedExperts, ids: torch.Tensor, weights: torch.Tensor,
                table: torch.Tensor | None = None,
@@ -231,14 +224,15 @@ def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
     bias_args, switches = expert_epilogue.kernel_args(epilogue, ids)
     act = torch.empty(num_experts_used, inter, dtype=x.dtype, device=x.device)
     gate_up_args = (
-        x.contiguous(), gate.raw, _halves(gate), up.raw, _halves(up), lut, ids, table_arg,
+        x.contiguous(), gate.raw, fp16_view(gate.raw), up.raw, fp16_view(up.raw), lut, ids,
+        table_arg,
         int(host_offsets[0]), int(host_offsets[1]), gate.expert_stride, up.expert_stride, act,
         *bias_args)
     gate_up_meta = dict(N=inter, K=hidden, GATE_ROW_BYTES=gate.raw.shape[2],
                         UP_ROW_BYTES=up.raw.shape[2], GATE_QTYPE=int(gate.qtype),
                         UP_QTYPE=int(up.qtype), HAS_TABLE=table is not None, **switches)
     out = torch.empty(hidden, dtype=x.dtype, device=x.device)
-    down_args = (act, down.raw, _halves(down), lut, ids, weights.contiguous(), table_arg,
+    down_args = (act, down.raw, fp16_view(down.raw), lut, ids, weights.contiguous(), table_arg,
                  int(host_offsets[2]), down.expert_stride, out, *bias_args)
     down_meta = dict(N=hidden, K=inter, ROW_BYTES=down.raw.shape[2], QTYPE=int(down.qtype),
                      TOP_K=num_experts_used, HAS_TABLE=table is not None, **switches)

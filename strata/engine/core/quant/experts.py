@@ -81,6 +81,13 @@ class QuantizedExperts:
                                 self.raw[first : first + count], self.dtype)
 
 
+def fp16_view(raw: torch.Tensor) -> torch.Tensor:
+    """GGML blocks as float16, the kernels' view of their fp16 fields (d, dmin). MXFP4 has no
+    such field and its 17-byte blocks can make a row odd: then the bytes themselves, which
+    the kernels never read as halves."""
+    return raw.view(torch.float16) if raw.shape[-1] % 2 == 0 else raw
+
+
 def is_quantized_experts(weight: object) -> bool:
     return isinstance(weight, QuantizedExperts)
 

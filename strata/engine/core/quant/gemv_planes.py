@@ -27,8 +27,8 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 # Packed bytes per group (the plane length L) for each GGML type with a planes path; other
 # types take dequant_tile.py's generic decode kernel. Q4_K/Q5_K: a pair of 32-value
 # sub-blocks per 32 bytes; the others: 16 bytes (Q6_K: 16 of a 32-byte run; Q2_K: 16 bytes
-# holding four 2-bit planes, two per group).
-PLANE_LANES = {2: 16, 3: 16, 6: 16, 7: 16, 8: 16, 10: 16, 12: 32, 13: 32, 14: 16}
+# holding four 2-bit planes, two per group; MXFP4: a block's 16 code bytes).
+PLANE_LANES = {2: 16, 3: 16, 6: 16, 7: 16, 8: 16, 10: 16, 12: 32, 13: 32, 14: 16, 39: 16}
 
 if triton is not None:
     _MAGIC = tl.constexpr(0x4B000000)  # float32 bits of 2**23
@@ -37,6 +37,22 @@ if triton is not None:
     def _float(q, offset: tl.constexpr):
         """q - offset as float32, exactly, for int32 0 <= q < 2**23."""
         return (q | _MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + offset)
+
+    @triton.jit
+    def _e8m0_half(e):
+        """Half of 2**(e - 127) (ggml's e8m0_to_fp32_half; dequant_tile's twin): with the
+        doubled codes below, every MXFP4 value is exact."""
+        bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _e2m1_doubled(q):
+        """Twice the E2M1 value of code q (0..15): the magnitudes 0 1 2 3 4 6 8 12 read from
+        the nibbles of 0xC8643210 (an int32 literal: Triton takes none larger; the mask
+        undoes the sign), the exponent trick for the float, the sign bit or-ed in."""
+        magnitude = (-0x379BCDF0 >> ((q & 7) * 4)) & 15
+        return (_float(magnitude, 0).to(tl.int32, bitcast=True)
+                | ((q & 8) << 28)).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _bytes(w_ptr, offset, ok):
@@ -131,6 +147,14 @@ if triton is not None:
             w1 = (d * _float(sc1 & 15, 0)) * _float(q1, 0) - dmin * _float(sc1 >> 4, 0)
             cols0 = blk * 256 + h * 128 + p * 64 + u * 16 + lane
             cols1 = cols0 + 32
+        elif QTYPE == 39:  # MXFP4: group = block, an E8M0 exponent then 16 code bytes
+            base = row_off + group * 17
+            q = _bytes(w_ptr, base + 1 + lane, ok)
+            scale = _e8m0_half(_bytes(w_ptr, base, ok))
+            w0 = scale * _e2m1_doubled(q & 15)
+            w1 = scale * _e2m1_doubled(q >> 4)
+            cols0 = group * 32 + lane
+            cols1 = cols0 + 16
         elif QTYPE == 8:  # Q8_0: group = block, the two 16-byte halves of its 32 int8
             base = row_off + group * 34
             d = _half(wh_ptr, base, ok)
