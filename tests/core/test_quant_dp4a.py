@@ -1,10 +1,10 @@
-"""The int8 dot-product GEMV for Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS (quant/gemv_dp4a.py, dp4a_dots.py)
-through Triton's CPU interpreter, dp4a and the funnel shift emulated: x's int8 rounding
-against numpy, and the product equal to the dequantized weight times the int8-rounded x (the
-same integer sums, float32 scales), and within the rounding's reach of the exact product.
-Random blocks cover every scale's sign and every 6-bit value; Q6_K's 210-byte and Q8_0's
-34-byte blocks sit at 0 and 2 mod 4, in rows that start at both. tests/gpu/test_quant_cuda.py
-runs the compiled kernel (real dp4a) against the same references.
+"""The int8 dot-product GEMV for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and IQ2_XXS (quant/gemv_dp4a.py,
+dp4a_dots.py) through Triton's CPU interpreter, dp4a and the funnel shift emulated: x's int8
+rounding against numpy, and the product equal to the dequantized weight times the int8-rounded
+x (the same integer sums, float32 scales), and within the rounding's reach of the exact
+product. Random blocks cover every scale's sign and every 6-bit value; Q6_K's 210-byte, Q8_0's
+34-byte and Q4_0's 18-byte blocks sit at 0 and 2 mod 4, in rows that start at both.
+tests/gpu/test_quant_cuda.py runs the compiled kernel (real dp4a) against the same references.
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ def test_quantize_x_rounds_each_32_to_int8_with_its_scale_and_sum() -> None:
 # last groups lie past the row. Q6_K rows of 3 blocks (630 bytes) and Q8_0 rows of 17 (578)
 # start at 0 and 2 mod 4 in turn, so every block alignment meets both row alignments.
 # IQ2_XXS rows of 3 blocks (198 bytes) start at 0 and 2 mod 4 likewise, and its 66-byte
-# blocks alternate within a row.
+# blocks alternate within a row; Q4_0 rows of 17 blocks (306 bytes) too.
 SHAPES = [(QT.Q4_K, 5, 768), (QT.Q4_K, 70, 768), (QT.Q5_K, 5, 768), (QT.Q5_K, 70, 768),
           (QT.Q6_K, 5, 768), (QT.Q6_K, 70, 768),
           (QT.Q6_K, 3, 1024), (QT.Q8_0, 5, 544), (QT.Q8_0, 70, 544), (QT.Q8_0, 4, 1024),
-          (QT.IQ2_XXS, 5, 768), (QT.IQ2_XXS, 70, 768), (QT.IQ2_XXS, 3, 1024)]
+          (QT.IQ2_XXS, 5, 768), (QT.IQ2_XXS, 70, 768), (QT.IQ2_XXS, 3, 1024),
+          (QT.Q4_0, 5, 544), (QT.Q4_0, 70, 544), (QT.Q4_0, 4, 1024)]
 
 
 @pytest.mark.parametrize(("qtype", "rows", "cols"), SHAPES,
@@ -126,9 +127,10 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
 
 # (part a, rows a, part b, rows b, columns): Q4_K_M's q+k then a Q6_K v; an IQ2_XXS mix's
 # q+k then a Q4_K v (38 rows of 198 bytes: part b 4-aligned, as Q4_K must be); three Q6_K
-# rows of 630 bytes putting a Q8_0 part b at 2 mod 4. Rows past a tile's end in both parts.
+# rows of 630 bytes putting a Q8_0 part b at 2 mod 4; Gemma 3's Q4_0 q+k then v, part b
+# at 2 mod 4 after seven rows of 306 bytes. Rows past a tile's end in both parts.
 PAIRS = [(QT.Q4_K, 70, QT.Q6_K, 5, 768), (QT.IQ2_XXS, 38, QT.Q4_K, 9, 768),
-         (QT.Q6_K, 3, QT.Q8_0, 6, 768)]
+         (QT.Q6_K, 3, QT.Q8_0, 6, 768), (QT.Q4_0, 7, QT.Q4_0, 3, 544)]
 
 
 @pytest.mark.parametrize(("type_a", "rows_a", "type_b", "rows_b", "cols"), PAIRS,

@@ -61,15 +61,17 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
+DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ2_XXS]
 # Llama-3-8B's k/v, down and q/k/v fused rows (Q5_K: rows of Qwen3-30B-A3B's head, which an
 # IQ2_XXS mix stores as Q5_K); and rows of 630 (Q6_K) / 578 (Q8_0) / 198 (IQ2_XXS) bytes,
-# which start at 0 and 2 mod 4 in turn. IQ2_XXS: Qwen3-30B-A3B's k, q, o.
+# which start at 0 and 2 mod 4 in turn. IQ2_XXS: Qwen3-30B-A3B's k, q, o. Q4_0: Gemma-3-27B's
+# q, gate and down (QAT), and rows of 306 bytes.
 DP4A_SHAPES = {QT.Q4_K: ((1024, 4096), (4096, 14336), (6144, 4096)),
                QT.Q5_K: ((1024, 4096), (4096, 14336), (16384, 2048)),
                QT.Q6_K: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 768)),
                QT.Q8_0: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 544)),
-               QT.IQ2_XXS: ((512, 2048), (4096, 2048), (2048, 4096), (1000, 768))}
+               QT.IQ2_XXS: ((512, 2048), (4096, 2048), (2048, 4096), (1000, 768)),
+               QT.Q4_0: ((4096, 5376), (21504, 5376), (5376, 21504), (1000, 544))}
 
 
 def _int8_rounded_x(x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS for
-one token.
+"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and
+IQ2_XXS for one token.
 
 `row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
@@ -21,13 +21,16 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
   and a dp4a of x by bytes of -32 joins the same integer sum, where sign-extending the
   6-bit bytes would cost about four instructions a word.
 - Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
+- Q4_0: one block, 16 bytes of nibbles (values 0-15 low, 16-31 high), w = d * (q - 8):
+  d * (d_x * dot - 8 * s_x), the unsigned nibbles in dp4a and the 8 taken off by x's sum.
 - IQ2_XXS: one block (256 values, 66 bytes): per 32 values two words, four grid indices and
   four 7-bit sign indices with a 4-bit scale. Each index names 8 grid bytes (8, 25 or 43),
   read as two int32 words from lookup.py's table (lut_ptr, in L1); the sign byte
   (ksigns) negates bytes in place: (w ^ m) + t, t = 1 in each negated byte, m = 255 * t
   (no byte carries: every grid byte is at least 8). d * (0.5 + scale) / 4 * d_x * dot.
 
-Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at 2 mod 4 bytes. Words are
+Q6_K's 210-byte, Q8_0's 34-byte and Q4_0's 18-byte blocks put every other block at 2 mod 4
+bytes. Words are
 read aligned and realigned by a funnel shift of each word and the next (`shf.r.wrap`: one
 instruction); the next word of one lane is the word of the next, so a run of W words costs
 W + 1 loads. Reading the aligned word around a valid byte never leaves its page; the one
@@ -50,8 +53,8 @@ try:
 except ImportError:  # Triton is optional: without it no tensor stays quantized
     triton = None
 
-DP4A_TYPES = frozenset({12, 13, 14, 8, 16})  # Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS
-GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 16: 256}  # x values per group of a row
+DP4A_TYPES = frozenset({12, 13, 14, 8, 2, 16})  # Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS
+GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 2: 32, 16: 256}  # x values per group of a row
 # Types whose words are read as they lie, never realigned (144- and 176-byte blocks): a run
 # of their rows must start 4-aligned; the others' rows need only even addresses.
 WORD_ALIGNED_TYPES = frozenset({12, 13})  # Q4_K, Q5_K
@@ -235,6 +238,25 @@ if triton is not None:
         return (d.to(tl.float32) * tl.load(xd_ptr + group)) * dot.to(tl.float32)
 
     @triton.jit
+    def _q4_0_words(row_bytes, row_words, row_mis, group, EMULATE: tl.constexpr):
+        """Block `group`'s 16 nibble bytes as 4 words (byte i: value i low, 16 + i high), d."""
+        word = tl.arange(0, 4)[None, None, :]
+        start = row_mis + group * 18 + 2  # [R, G, 1]: the nibbles after d
+        shift = (start & 3) * 8
+        d = tl.load((row_bytes + group * 18).to(tl.pointer_type(tl.float16)))
+        return realigned(row_words + (start >> 2) + word, shift, EMULATE, False), d
+
+    @triton.jit
+    def _q4_0_dots(q, d, group, same_row, xq_ptr, xd_ptr, xs_ptr, EMULATE: tl.constexpr):
+        """_q4_0_words' block times x: d * (d_x * dot - 8 * s_x), w = d * (q - 8)."""
+        low = 0x0F0F0F0F
+        word = tl.arange(0, 4)[None, None, :]
+        x_at = xq_ptr + (group * 8 + same_row) + word  # values 0-15; 16-31 at + 4
+        dot = _dots4(q & low, (q >> 4) & low, x_at, EMULATE)
+        return d.to(tl.float32) * (tl.load(xd_ptr + group) * dot.to(tl.float32)
+                                   - 8.0 * tl.load(xs_ptr + group))
+
+    @triton.jit
     def _signed_bytes(grid_word, signs):
         """grid_word's four bytes, each negated where its bit of signs (the low 4) is set."""
         t = ((signs & 15) * 0x00204081) & 0x01010101  # bit i -> the low bit of byte i
@@ -296,6 +318,10 @@ if triton is not None:
             _wait_first(first, WAIT)
             part = _q6k_dots(ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d, group, same_row, xq_ptr,
                              xd_ptr, EMULATE)
+        elif QTYPE == 2:
+            q, d = _q4_0_words(row_bytes, row_words, row_mis, group, EMULATE)
+            _wait_first(first, WAIT)
+            part = _q4_0_dots(q, d, group, same_row, xq_ptr, xd_ptr, xs_ptr, EMULATE)
         elif QTYPE == 16:
             q, d = _iq2xxs_words(row_bytes, row_words, row_mis, group, EMULATE)
             _wait_first(first, WAIT)
