@@ -213,3 +213,47 @@ def test_only_small_pdl_products_load_weights_before_their_wait(monkeypatch) -> 
     assert not gemv_dp4a.prewait(True, 1)
     monkeypatch.setenv("STRATA_DP4A_PREWAIT_MIB", "64")
     assert gemv_dp4a.prewait(True, 64 * mib)
+
+
+def test_funnel_and_byte_perm_twins_follow_the_ptx_manual() -> None:
+    """The interpreter's funnel (shf.r.wrap at shifts 0, 8, 16, 24: MXFP4's codes lie at any
+    byte) and byte_perm (prmt, sign replication included: MXFP4's lookups rely on it) equal
+    numpy's reading of the PTX manual; tests/gpu/test_quant_cuda.py runs the instructions."""
+    from tests.helpers.dp4a_twins import (
+        byte_perm_reference,
+        funnel_reference,
+        random_words,
+        run_twins,
+    )
+
+    words = random_words(1000, seed=0)
+    shifted, permuted = run_twins(words, "cpu", emulate=True)
+    np.testing.assert_array_equal(shifted, funnel_reference(words["lo"], words["hi"],
+                                                            words["shift"]))
+    np.testing.assert_array_equal(permuted, byte_perm_reference(words["a"], words["b"],
+                                                                words["selector"]))
+
+
+# MXFP4 rows of 17 blocks (289 bytes) start at every byte mod 4, as do its blocks; rows of
+# 32 (544 bytes) go through qlinear (the dense path takes even rows), past a tile's end.
+MXFP4_SHAPES = [(5, 544), (70, 544), (3, 1024)]
+
+
+@pytest.mark.parametrize(("rows", "cols"), MXFP4_SHAPES,
+                         ids=[f"{r}x{c}" for r, c in MXFP4_SHAPES])
+def test_mxfp4_product_equals_the_dequantized_weight_times_int8_x(rows: int, cols: int) -> None:
+    """Every E2M1 code (random bytes: -0 among them) looked up by prmt, the exponent's half
+    scale per block: the dequantized weight times x as quantize_x rounds it."""
+    raw = random_blocks(QT.MXFP4, rows, cols, seed=rows + cols, scale=0.02)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, QT.MXFP4))
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, cols, generator=gen).half()
+    blocks = torch.from_numpy(raw)
+    assert gemv_dp4a.is_enabled(x, QT.MXFP4, blocks)
+    if raw.shape[1] % 2:  # odd rows: gemv_dp4a.matmul itself
+        got = gemv_dp4a.matmul(x, blocks, QT.MXFP4, rows).float()
+    else:
+        got = qlinear(x, QuantizedWeight(QT.MXFP4, (rows, cols), blocks, torch.float16)).float()
+    expected = _int8_rounded(x) @ dense.T
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() <= 2e-3 * scale
