@@ -156,7 +156,7 @@ def wall_time_us(fn: Callable[[], object]) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q4_K,Q6_K",
-                        help="GGML types the dp4a kernel takes (Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS)")
+                        help="GGML types the dp4a kernel takes (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS)")
     parser.add_argument("--shapes", default="qkv,o,gate_up,down,head",
                         help="8B weights: " + ", ".join(SHAPES))
     parser.add_argument("--grid", choices=sorted(GRIDS), default="small")

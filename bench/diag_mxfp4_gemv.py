@@ -1,4 +1,5 @@
-"""One token's MXFP4 experts (quant/expert_tile_gemv.py) at gpt-oss-20b's shape, by tile choice.
+"""One token's MXFP4 experts (quant/expert_tile_gemv.py, expert_gemv.py's dp4a) at gpt-oss-20b's
+shape, by tile choice.
 
     python bench/diag_mxfp4_gemv.py [--layers 24] [--json OUT.json]
 
@@ -9,7 +10,8 @@ also stacks their outputs), as a decode step does. For each Tiles candidate it p
 microseconds a layer and the GB/s of MXFP4 bytes the four experts hold, against the
 device-to-device copy bandwidth measured in the same run (limits.py). The generic tile
 decoder (by_block False) is the first row: the kernel before _mxfp4_dots; the second is
-the launch a model takes (the autotuner's pick).
+the tile GEMV's autotuned launch; the third ("dp4a") expert_gemv's kernels, the path a model
+takes for bf16 x (x and the activations rounded to int8: its error vs the first is int8's).
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from gguf import GGMLQuantizationType as QT
 from limits import hbm_bandwidth_gb_s
 
 from strata.engine.core.fast.expert_epilogue import Epilogue
+from strata.engine.core.quant import expert_gemv
 from strata.engine.core.quant import expert_tile_gemv as etg
 from strata.engine.core.quant.experts import QuantizedExperts
 
 EXPERTS, HIDDEN, INTER, TOP_K = 32, 2880, 2880, 4
-# None: routed_mlp's own launch, the autotuner's pick among etg's candidates.
-CANDIDATES = [etg.Tiles(16, 16, 256, False), None] + [
+# None: routed_mlp's own launch, the autotuner's pick among etg's candidates; DP4A:
+# expert_gemv.routed_mlp, autotuned among its dp4a candidates.
+DP4A = "dp4a"
+CANDIDATES: list[etg.Tiles | str | None] = [etg.Tiles(16, 16, 256, False), None, DP4A] + [
     etg.Tiles(gate_up, down, cols, True)
     for gate_up, down, cols in [(16, 16, 256), (8, 8, 256), (4, 4, 256), (8, 4, 256),
                                 (4, 2, 256), (16, 4, 512), (8, 4, 512), (4, 4, 512),
@@ -78,6 +83,10 @@ def main() -> int:
     for tiles in CANDIDATES:
         def step(t=tiles):
             # Each layer from x: a chain of random layers would overflow bf16.
+            if t == DP4A:
+                return torch.stack([expert_gemv.routed_mlp(x, gate, up, down, ids, weights,
+                                                           epilogue=epilogue)
+                                    for gate, up, down, epilogue, ids, weights in layers])
             return torch.stack([etg.routed_mlp(x, gate, up, down, ids, weights,
                                                epilogue=epilogue, tiles=t)
                                 for gate, up, down, epilogue, ids, weights in layers])
@@ -98,7 +107,9 @@ def main() -> int:
         torch.cuda.synchronize()
         layer_us = start.elapsed_time(end) * 1e3 / args.replays / args.layers
         gb_s = moved_bytes / layer_us / 1e3
-        row = {"tiles": dataclasses.asdict(tiles) if tiles else "autotuned",
+        label = (tiles if isinstance(tiles, str) else dataclasses.asdict(tiles) if tiles
+                 else "autotuned")
+        row = {"tiles": label,
                "layer_us": layer_us, "gb_s": gb_s, "of_copy": gb_s / copy_gb_s,
                "relative_error_vs_first": error}
         rows.append(row)

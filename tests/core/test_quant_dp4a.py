@@ -1,10 +1,10 @@
-"""The int8 dot-product GEMV for Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS (quant/gemv_dp4a.py, dp4a_dots.py)
-through Triton's CPU interpreter, dp4a and the funnel shift emulated: x's int8 rounding
-against numpy, and the product equal to the dequantized weight times the int8-rounded x (the
-same integer sums, float32 scales), and within the rounding's reach of the exact product.
-Random blocks cover every scale's sign and every 6-bit value; Q6_K's 210-byte and Q8_0's
-34-byte blocks sit at 0 and 2 mod 4, in rows that start at both. tests/gpu/test_quant_cuda.py
-runs the compiled kernel (real dp4a) against the same references.
+"""The int8 dot-product GEMV for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 and IQ2_XXS (quant/gemv_dp4a.py,
+dp4a_dots.py) through Triton's CPU interpreter, dp4a and the funnel shift emulated: x's int8
+rounding against numpy, and the product equal to the dequantized weight times the int8-rounded
+x (the same integer sums, float32 scales), and within the rounding's reach of the exact
+product. Random blocks cover every scale's sign and every 6-bit value; Q6_K's 210-byte, Q8_0's
+34-byte and Q4_0's 18-byte blocks sit at 0 and 2 mod 4, in rows that start at both.
+tests/gpu/test_quant_cuda.py runs the compiled kernel (real dp4a) against the same references.
 """
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ def test_quantize_x_rounds_each_32_to_int8_with_its_scale_and_sum() -> None:
 # last groups lie past the row. Q6_K rows of 3 blocks (630 bytes) and Q8_0 rows of 17 (578)
 # start at 0 and 2 mod 4 in turn, so every block alignment meets both row alignments.
 # IQ2_XXS rows of 3 blocks (198 bytes) start at 0 and 2 mod 4 likewise, and its 66-byte
-# blocks alternate within a row.
+# blocks alternate within a row; Q4_0 rows of 17 blocks (306 bytes) too.
 SHAPES = [(QT.Q4_K, 5, 768), (QT.Q4_K, 70, 768), (QT.Q5_K, 5, 768), (QT.Q5_K, 70, 768),
           (QT.Q6_K, 5, 768), (QT.Q6_K, 70, 768),
           (QT.Q6_K, 3, 1024), (QT.Q8_0, 5, 544), (QT.Q8_0, 70, 544), (QT.Q8_0, 4, 1024),
-          (QT.IQ2_XXS, 5, 768), (QT.IQ2_XXS, 70, 768), (QT.IQ2_XXS, 3, 1024)]
+          (QT.IQ2_XXS, 5, 768), (QT.IQ2_XXS, 70, 768), (QT.IQ2_XXS, 3, 1024),
+          (QT.Q4_0, 5, 544), (QT.Q4_0, 70, 544), (QT.Q4_0, 4, 1024)]
 
 
 @pytest.mark.parametrize(("qtype", "rows", "cols"), SHAPES,
@@ -126,9 +127,10 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
 
 # (part a, rows a, part b, rows b, columns): Q4_K_M's q+k then a Q6_K v; an IQ2_XXS mix's
 # q+k then a Q4_K v (38 rows of 198 bytes: part b 4-aligned, as Q4_K must be); three Q6_K
-# rows of 630 bytes putting a Q8_0 part b at 2 mod 4. Rows past a tile's end in both parts.
+# rows of 630 bytes putting a Q8_0 part b at 2 mod 4; Gemma 3's Q4_0 q+k then v, part b
+# at 2 mod 4 after seven rows of 306 bytes. Rows past a tile's end in both parts.
 PAIRS = [(QT.Q4_K, 70, QT.Q6_K, 5, 768), (QT.IQ2_XXS, 38, QT.Q4_K, 9, 768),
-         (QT.Q6_K, 3, QT.Q8_0, 6, 768)]
+         (QT.Q6_K, 3, QT.Q8_0, 6, 768), (QT.Q4_0, 7, QT.Q4_0, 3, 544)]
 
 
 @pytest.mark.parametrize(("type_a", "rows_a", "type_b", "rows_b", "cols"), PAIRS,
@@ -211,3 +213,47 @@ def test_only_small_pdl_products_load_weights_before_their_wait(monkeypatch) -> 
     assert not gemv_dp4a.prewait(True, 1)
     monkeypatch.setenv("STRATA_DP4A_PREWAIT_MIB", "64")
     assert gemv_dp4a.prewait(True, 64 * mib)
+
+
+def test_funnel_and_byte_perm_twins_follow_the_ptx_manual() -> None:
+    """The interpreter's funnel (shf.r.wrap at shifts 0, 8, 16, 24: MXFP4's codes lie at any
+    byte) and byte_perm (prmt, sign replication included: MXFP4's lookups rely on it) equal
+    numpy's reading of the PTX manual; tests/gpu/test_quant_cuda.py runs the instructions."""
+    from tests.helpers.dp4a_twins import (
+        byte_perm_reference,
+        funnel_reference,
+        random_words,
+        run_twins,
+    )
+
+    words = random_words(1000, seed=0)
+    shifted, permuted = run_twins(words, "cpu", emulate=True)
+    np.testing.assert_array_equal(shifted, funnel_reference(words["lo"], words["hi"],
+                                                            words["shift"]))
+    np.testing.assert_array_equal(permuted, byte_perm_reference(words["a"], words["b"],
+                                                                words["selector"]))
+
+
+# MXFP4 rows of 17 blocks (289 bytes) start at every byte mod 4, as do its blocks; rows of
+# 32 (544 bytes) go through qlinear (the dense path takes even rows), past a tile's end.
+MXFP4_SHAPES = [(5, 544), (70, 544), (3, 1024)]
+
+
+@pytest.mark.parametrize(("rows", "cols"), MXFP4_SHAPES,
+                         ids=[f"{r}x{c}" for r, c in MXFP4_SHAPES])
+def test_mxfp4_product_equals_the_dequantized_weight_times_int8_x(rows: int, cols: int) -> None:
+    """Every E2M1 code (random bytes: -0 among them) looked up by prmt, the exponent's half
+    scale per block: the dequantized weight times x as quantize_x rounds it."""
+    raw = random_blocks(QT.MXFP4, rows, cols, seed=rows + cols, scale=0.02)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, QT.MXFP4))
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, cols, generator=gen).half()
+    blocks = torch.from_numpy(raw)
+    assert gemv_dp4a.is_enabled(x, QT.MXFP4, blocks)
+    if raw.shape[1] % 2:  # odd rows: gemv_dp4a.matmul itself
+        got = gemv_dp4a.matmul(x, blocks, QT.MXFP4, rows).float()
+    else:
+        got = qlinear(x, QuantizedWeight(QT.MXFP4, (rows, cols), blocks, torch.float16)).float()
+    expected = _int8_rounded(x) @ dense.T
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() <= 2e-3 * scale

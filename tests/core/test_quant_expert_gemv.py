@@ -190,12 +190,14 @@ def test_unsupported_types_and_misaligned_layouts_keep_the_dequantizing_path() -
     assert not expert_gemv.is_supported(q4k, host_offset=6, has_table=True)
 
 
-# dp4a (bf16/fp16 x; Q4_K, Q6_K, Q8_0, IQ2_XXS): x and then the activations rounded to int8 per 32
-# values, so the references round them the same way (test_quant_dp4a.py's _int8_rounded).
-# Experts pad_bytes apart: 2 for Q6_K and Q8_0, whose experts then start at 0 and 2 mod 4
-# in turn, as do Q6_K's 210-byte rows of I = 256. The fp16 outputs round to 2**-11.
+# dp4a (bf16/fp16 x; Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS): x and then the activations
+# rounded to int8 per 32 values, so the references round them the same way
+# (test_quant_dp4a.py's _int8_rounded).
+# Experts pad_bytes apart: 2 for Q6_K, Q8_0 and Q4_0, whose experts then start at 0 and 2
+# mod 4 in turn, as do Q6_K's 210-byte rows of I = 256 and Q4_0's 54-byte rows of I = 96.
+# The fp16 outputs round to 2**-11.
 DP4A_TOL = 2e-3
-DP4A_PAD = {QT.Q4_K: 4, QT.Q5_K: 4, QT.Q6_K: 2, QT.Q8_0: 2, QT.IQ2_XXS: 2}
+DP4A_PAD = {QT.Q4_K: 4, QT.Q5_K: 4, QT.Q6_K: 2, QT.Q8_0: 2, QT.Q4_0: 2, QT.IQ2_XXS: 2}
 
 
 def _half_experts(experts: QuantizedExperts) -> QuantizedExperts:
@@ -226,7 +228,10 @@ def _dp4a_layer(types: tuple[QT, QT, QT], hidden: int, inter: int, pad_bytes: in
     blocks, dense = [], []
     for p, (qtype, (rows, cols)) in enumerate(zip(types, ((inter, hidden), (inter, hidden),
                                                           (hidden, inter)))):
-        raw = random_blocks(qtype, NUM_EXPERTS * rows, cols, seed=p + 1, scale=0.002)
+        # Q4_0's values (q - 8) are a sixteenth of Q8_0's int8: a larger d keeps act normal
+        # in fp16 (below 2**-14 it rounds to subnormal steps).
+        scale = 0.03 if qtype == QT.Q4_0 else 0.002
+        raw = random_blocks(qtype, NUM_EXPERTS * rows, cols, seed=p + 1, scale=scale)
         dense.append(torch.from_numpy(gguf.quants.dequantize(raw, qtype))
                      .view(NUM_EXPERTS, rows, cols))
         row_bytes = raw.shape[1]
@@ -238,12 +243,12 @@ def _dp4a_layer(types: tuple[QT, QT, QT], hidden: int, inter: int, pad_bytes: in
     return blocks, dense
 
 
-@pytest.mark.parametrize("qtype", [QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS],
+@pytest.mark.parametrize("qtype", [QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ2_XXS],
                          ids=lambda t: t.name)  # Q4_K: below
 def test_dp4a_experts_equal_the_experts_times_int8_x_and_activations(qtype: QT) -> None:
     from strata.engine.core.quant import expert_gemv
 
-    hidden, inter = (544, 96) if qtype == QT.Q8_0 else (512, 256)
+    hidden, inter = (544, 96) if qtype in (QT.Q8_0, QT.Q4_0) else (512, 256)
     blocks, dense = _dp4a_layer((qtype,) * 3, hidden, inter, DP4A_PAD[qtype])
     x = _dp4a_x(hidden, seed=1)
     assert expert_gemv.supports(*blocks)

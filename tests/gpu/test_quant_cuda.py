@@ -61,15 +61,19 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
+DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ2_XXS, QT.MXFP4]
 # Llama-3-8B's k/v, down and q/k/v fused rows (Q5_K: rows of Qwen3-30B-A3B's head, which an
 # IQ2_XXS mix stores as Q5_K); and rows of 630 (Q6_K) / 578 (Q8_0) / 198 (IQ2_XXS) bytes,
-# which start at 0 and 2 mod 4 in turn. IQ2_XXS: Qwen3-30B-A3B's k, q, o.
+# which start at 0 and 2 mod 4 in turn. IQ2_XXS: Qwen3-30B-A3B's k, q, o. Q4_0: Gemma-3-27B's
+# q, gate and down (QAT), and rows of 306 bytes. MXFP4: gpt-oss-20b's 2880-wide rows of 1530
+# bytes (at 0 and 2 mod 4, blocks at every byte); odd rows (not qlinear's): below.
 DP4A_SHAPES = {QT.Q4_K: ((1024, 4096), (4096, 14336), (6144, 4096)),
                QT.Q5_K: ((1024, 4096), (4096, 14336), (16384, 2048)),
                QT.Q6_K: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 768)),
                QT.Q8_0: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 544)),
-               QT.IQ2_XXS: ((512, 2048), (4096, 2048), (2048, 4096), (1000, 768))}
+               QT.IQ2_XXS: ((512, 2048), (4096, 2048), (2048, 4096), (1000, 768)),
+               QT.Q4_0: ((4096, 5376), (21504, 5376), (5376, 21504), (1000, 544)),
+               QT.MXFP4: ((2880, 2880), (5760, 2880), (1000, 1024))}
 
 
 def _int8_rounded_x(x: torch.Tensor) -> torch.Tensor:
@@ -210,3 +214,38 @@ def test_cuda_a_pair_of_types_equals_its_separate_products_and_replays(
     x.copy_(torch.randn(1, cols, device="cuda").bfloat16())
     graph.replay()
     torch.testing.assert_close(out, gemv_dp4a.matmul_pair(x, pair, bias), rtol=0, atol=0)
+
+
+def test_cuda_funnel_and_byte_perm_equal_their_emulated_twins() -> None:
+    """shf.r.wrap at shifts 0, 8, 16, 24 and prmt (sign replication included) as compiled
+    equal numpy's reading of the PTX manual, which the interpreter's twins are checked
+    against (tests/core/test_quant_dp4a.py): the CPU tests then stand for the GPU."""
+    from tests.helpers.dp4a_twins import (
+        byte_perm_reference,
+        funnel_reference,
+        random_words,
+        run_twins,
+    )
+
+    words = random_words(100_000, seed=1)
+    shifted, permuted = run_twins(words, "cuda", emulate=False)
+    np.testing.assert_array_equal(shifted, funnel_reference(words["lo"], words["hi"],
+                                                            words["shift"]))
+    np.testing.assert_array_equal(permuted, byte_perm_reference(words["a"], words["b"],
+                                                                words["selector"]))
+
+
+def test_cuda_mxfp4_rows_at_every_byte_equal_the_weight_times_its_int8_x() -> None:
+    """MXFP4 rows of 17 blocks (289 bytes: rows start at every byte mod 4) by
+    gemv_dp4a.matmul, autotuned, against the dequantized weight times x as
+    quantize_x rounds it."""
+    from strata.engine.core.quant import gemv_dp4a
+
+    rows, cols = 1000, 544
+    raw = random_blocks(QT.MXFP4, rows, cols, seed=5, scale=0.01)
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, QT.MXFP4)).cuda()
+    blocks = torch.from_numpy(raw).cuda()
+    x = torch.randn(1, cols, device="cuda").bfloat16()
+    expected = _int8_rounded_x(x) @ dense.T
+    got = gemv_dp4a.matmul(x, blocks, QT.MXFP4, rows).float()
+    assert (got - expected).abs().max().item() <= 8e-3 * expected.abs().max().item()

@@ -1,7 +1,7 @@
 """The fused routed-expert kernels (quant/expert_gemv.py) compiled on the GPU, in bf16: every
 planes type at Qwen3-30B-A3B's expert shape against torch on gguf-py's dequantized experts,
-resident and through a slot table with the rest in a pinned host copy (Q4_K, Q6_K and Q8_0
-by dp4a, x and the activations in int8); dp4a against the int8-rounded reference with
+resident and through a slot table with the rest in a pinned host copy (Q4_K, Q6_K, Q8_0 and
+Q4_0 by dp4a, x and the activations in int8); dp4a against the int8-rounded reference with
 experts at 2 mod 4 and every candidate tile; a CUDA graph replay with new expert ids; and a
 tiny Q4_K_M-like Qwen3-MoE through the CUDA engine (graphs, partial cache) against the
 dequantized model.
@@ -136,7 +136,7 @@ def test_cuda_fused_experts_replay_in_a_cuda_graph_with_new_ids() -> None:
         _assert_close(out, _reference(x, [d for _, d in stacks], ids, weights))
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.IQ2_XXS]
+DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ2_XXS]
 
 
 def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
@@ -150,7 +150,7 @@ def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
 def test_cuda_dp4a_experts_equal_the_int8_rounded_reference_for_every_tile(
         qtype: QT, monkeypatch) -> None:
     """Real dp4a and funnel shifts at Qwen3-30B-A3B's shape, experts 2 bytes apart beyond
-    their blocks (Q6_K, Q8_0: every other expert at 2 mod 4; Q4_K 4): gate_up against x as
+    their blocks (Q6_K, Q8_0, Q4_0: every other expert at 2 mod 4; Q4_K 4): gate_up against x as
     quantize_x rounds it, down_sum against the kernel's activations so rounded, with each
     candidate tile (not just the first) and through a slot table over pinned host blocks."""
     import triton

@@ -170,15 +170,15 @@ def takes_rounded_x(moe: SparseMoE, x: torch.Tensor, impl: str) -> bool:
     """Whether one token x [1, H] of this block reaches quantized experts that multiply it by
     dp4a (expert_gemv), so the norm before can round x to int8 in its own launch
     (fast/decode_rounded.py) and the experts take that rounding."""
-    if (x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl)
-            or not moe.plain_experts):  # an epilogue's experts take the tile GEMV: no int8 x
+    if x.shape[0] != 1 or impl != "triton" or not is_grouped_capable(moe, impl):
         return False
     gate, up, down, table, offsets = expert_stacks(moe, slot_layout(moe))
     if not is_quantized_experts(gate):
         return False
     from strata.engine.core.quant import expert_gemv
 
-    return (expert_gemv.supports(gate, up, down, table, offsets)
+    # routed_experts' choice: an epilogue's or MXFP4 experts by dp4a take it too
+    return (expert_gemv.takes(gate, up, down, x, table, offsets, expert_epilogue.of(moe))
             and (expert_gemv.uses_dp4a(gate, x) or expert_gemv.uses_dp4a(up, x)))
 
 
@@ -217,8 +217,8 @@ def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: 
     """One routed token's experts: x [1, H], ids and weights [k] on the device -> [1, H].
     Float or quantized stacks (or a partial cache's slots, through table and offsets);
     rounded: x's int8 rounding, read where the quantized experts take dp4a; epilogue: GPT-OSS's
-    expert biases and clamped SwiGLU (expert_epilogue.py), which the grouped float kernels
-    apply (quantized experts are then dequantized first, MXFP4 among them)."""
+    expert biases and clamped SwiGLU (expert_epilogue.py), which expert_gemv's dp4a kernels,
+    expert_tile_gemv and the grouped float kernels apply."""
     from strata.engine.core.fast import moe_triton
 
     bias_ids = ids
@@ -226,10 +226,10 @@ def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: 
         from strata.engine.core.quant import expert_gemv, expert_tile_gemv
         from strata.engine.core.quant.expert_kernels import dequantize_routed
 
-        if epilogue is None and expert_gemv.supports(gate, up, down, table, offsets):
+        if expert_gemv.takes(gate, up, down, x[0], table, offsets, epilogue):
             return expert_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table, offsets,
-                                          use_pdl, rounded)[None]  # [1, H], from the blocks
-        if expert_tile_gemv.takes(gate, epilogue):  # MXFP4, GPT-OSS: the tile decoder's GEMV
+                                          use_pdl, rounded, epilogue)[None]  # [1, H]
+        if expert_tile_gemv.takes(gate, epilogue):  # the rest of MXFP4 and GPT-OSS
             return expert_tile_gemv.routed_mlp(x[0], gate, up, down, ids, weights, table,
                                                offsets, epilogue)[None]  # [1, H]
         # Other types: the k routed experts dequantized by the tile decoder, then as float.

@@ -1,5 +1,5 @@
-"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS for
-one token.
+"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS
+and MXFP4 for one token.
 
 `row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
@@ -21,21 +21,28 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
   and a dp4a of x by bytes of -32 joins the same integer sum, where sign-extending the
   6-bit bytes would cost about four instructions a word.
 - Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
+- Q4_0: one block, 16 bytes of nibbles (values 0-15 low, 16-31 high), w = d * (q - 8):
+  d * (d_x * dot - 8 * s_x), the unsigned nibbles in dp4a and the 8 taken off by x's sum.
 - IQ2_XXS: one block (256 values, 66 bytes): per 32 values two words, four grid indices and
   four 7-bit sign indices with a 4-bit scale. Each index names 8 grid bytes (8, 25 or 43),
   read as two int32 words from lookup.py's table (lut_ptr, in L1); the sign byte
   (ksigns) negates bytes in place: (w ^ m) + t, t = 1 in each negated byte, m = 255 * t
   (no byte carries: every grid byte is at least 8). d * (0.5 + scale) / 4 * d_x * dot.
+- MXFP4 (gpt-oss's experts): one block, an E8M0 exponent e and 16 code bytes in Q4_0's
+  nibble order; each E2M1 code's doubled value (an integer: 0 1 2 3 4 6 8 12 and negatives)
+  looked up by prmt (`byte_perm`, _mxfp4_dots says how), 2**(e - 128) * d_x * dot.
 
-Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at 2 mod 4 bytes. Words are
-read aligned and realigned by a funnel shift of each word and the next (`shf.r.wrap`: one
-instruction); the next word of one lane is the word of the next, so a run of W words costs
-W + 1 loads. Reading the aligned word around a valid byte never leaves its page; the one
-word that could lie wholly past a tensor (Q8_0's last) is read only where needed. The base
-pointer must be 4-aligned, row and expert offsets only even (Q4_K, Q5_K: 4-aligned).
+Q6_K's 210-byte, Q8_0's 34-byte and Q4_0's 18-byte blocks put every other block at 2 mod 4
+bytes, MXFP4's 17-byte blocks their codes at any byte. Words are read aligned and realigned
+by a funnel shift of each word and the next (`shf.r.wrap`, any shift: one instruction); the
+next word of one lane is the word of the next, so a run of W words costs W + 1 loads.
+Reading the aligned word around a valid byte never leaves its page; the one word that could
+lie wholly past a tensor (Q8_0's last) is read only where needed. The base pointer must be
+4-aligned, row and expert offsets only even (Q4_K, Q5_K: 4-aligned; MXFP4: any:
+`row_alignment`).
 
-Under TRITON_INTERPRET=1 dp4a and the funnel shift are emulated by shifts and masks: the same
-integers, so the CPU tests check the compiled kernel's layout and scales.
+Under TRITON_INTERPRET=1 dp4a, prmt and the funnel shift are emulated by shifts and masks:
+the same integers, so the CPU tests check the compiled kernel's layout and scales.
 """
 
 from __future__ import annotations
@@ -45,16 +52,23 @@ try:
     import triton.language as tl
 
     from strata.engine.core.kernels.pdl import wait as pdl_wait
-    from strata.engine.core.quant.dequant_tile import _KSIGNS, LUT_IQ2_XXS
+    from strata.engine.core.quant.dequant_tile import _KSIGNS, LUT_IQ2_XXS, _mxfp4_half_scale
     from strata.engine.core.quant.gemv_planes import _k4_scales
 except ImportError:  # Triton is optional: without it no tensor stays quantized
     triton = None
 
-DP4A_TYPES = frozenset({12, 13, 14, 8, 16})  # Q4_K, Q5_K, Q6_K, Q8_0, IQ2_XXS
-GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 16: 256}  # x values per group of a row
+DP4A_TYPES = frozenset({12, 13, 14, 8, 2, 16, 39})  # + Q4_0, IQ2_XXS, MXFP4
+GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 2: 32, 16: 256, 39: 32}  # x values a group
 # Types whose words are read as they lie, never realigned (144- and 176-byte blocks): a run
-# of their rows must start 4-aligned; the others' rows need only even addresses.
+# of their rows must start 4-aligned; MXFP4's (no fp16 field) may start at any byte; the
+# others' rows need even addresses.
 WORD_ALIGNED_TYPES = frozenset({12, 13})  # Q4_K, Q5_K
+MXFP4 = 39
+
+
+def row_alignment(qtype: int) -> int:
+    """The alignment in bytes that rows (and experts) of qtype need here: 4, 2 or 1."""
+    return 4 if int(qtype) in WORD_ALIGNED_TYPES else 1 if int(qtype) == MXFP4 else 2
 
 
 if triton is not None:
@@ -75,13 +89,34 @@ if triton is not None:
 
     @triton.jit
     def funnel(lo, hi, shift, EMULATE: tl.constexpr):
-        """The low 32 bits of hi:lo >> shift, for shift 0 or 16."""
-        if EMULATE:
-            return tl.where(shift == 0, lo, ((lo >> 16) & 0xFFFF) | (hi << 16))
+        """The low 32 bits of hi:lo >> shift, for shift 0..31 (0, 8, 16 or 24 here)."""
+        if EMULATE:  # logical shifts on the unsigned view; hi << 32 written as two steps
+            low = lo.to(tl.uint32, bitcast=True) >> shift.to(tl.uint32)
+            high = (hi.to(tl.uint32, bitcast=True) << (31 - shift).to(tl.uint32)) << 1
+            return tl.where(shift == 0, lo, (low | high).to(tl.int32, bitcast=True))
         else:
             return tl.inline_asm_elementwise(
                 "shf.r.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r", [lo, hi, shift],
                 dtype=tl.int32, is_pure=True, pack=1)
+
+    @triton.jit
+    def byte_perm(a, b, selector, EMULATE: tl.constexpr):
+        """PTX prmt.b32 (its default mode): byte i of the result is byte s & 7 of the eight
+        bytes b:a (a's are 0-3), s the selector's nibble i; where s & 8, that byte's sign
+        bit instead, copied into all eight bits. Only the selector's low 16 bits count."""
+        if EMULATE:
+            out = tl.zeros_like(a)
+            for i in tl.static_range(4):
+                s = (selector >> (4 * i)) & 15
+                src = tl.where((s & 4) != 0, b, a)
+                byte = (src >> ((s & 3) * 8)) & 255
+                byte = tl.where((s & 8) != 0, tl.where(byte >= 128, 255, 0), byte)
+                out = out | (byte << (8 * i))
+            return out
+        else:
+            return tl.inline_asm_elementwise(
+                "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, selector], dtype=tl.int32,
+                is_pure=True, pack=1)
 
     @triton.jit
     def dp4a_acc(a, b, c, EMULATE: tl.constexpr):
@@ -95,8 +130,8 @@ if triton is not None:
 
     @triton.jit
     def realigned(ptr, shift, EMULATE: tl.constexpr, LAST_OK: tl.constexpr = True):
-        """The int32 words of runs starting 2 bytes into the aligned words ptr [R, G, W] where
-        shift [R, G, 1] is 16, at them where it is 0: each word and the next, funnel-shifted.
+        """The int32 words of runs starting shift / 8 bytes into the aligned words ptr
+        [R, G, W] (shift [R, G, 1]: 0, 8, 16 or 24): each word and the next, funnel-shifted.
         The next word of lane w is lane w + 1's word (one load for both); LAST_OK False: the
         last lane's next word may lie past the tensor, so it is read only where needed."""
         lo = tl.load(ptr)
@@ -235,6 +270,66 @@ if triton is not None:
         return (d.to(tl.float32) * tl.load(xd_ptr + group)) * dot.to(tl.float32)
 
     @triton.jit
+    def _q4_0_words(row_bytes, row_words, row_mis, group, EMULATE: tl.constexpr):
+        """Block `group`'s 16 nibble bytes as 4 words (byte i: value i low, 16 + i high), d."""
+        word = tl.arange(0, 4)[None, None, :]
+        start = row_mis + group * 18 + 2  # [R, G, 1]: the nibbles after d
+        shift = (start & 3) * 8
+        d = tl.load((row_bytes + group * 18).to(tl.pointer_type(tl.float16)))
+        return realigned(row_words + (start >> 2) + word, shift, EMULATE, False), d
+
+    @triton.jit
+    def _q4_0_dots(q, d, group, same_row, xq_ptr, xd_ptr, xs_ptr, EMULATE: tl.constexpr):
+        """_q4_0_words' block times x: d * (d_x * dot - 8 * s_x), w = d * (q - 8)."""
+        low = 0x0F0F0F0F
+        word = tl.arange(0, 4)[None, None, :]
+        x_at = xq_ptr + (group * 8 + same_row) + word  # values 0-15; 16-31 at + 4
+        dot = _dots4(q & low, (q >> 4) & low, x_at, EMULATE)
+        return d.to(tl.float32) * (tl.load(xd_ptr + group) * dot.to(tl.float32)
+                                   - 8.0 * tl.load(xs_ptr + group))
+
+    @triton.jit
+    def _mxfp4_words(row_bytes, row_words, row_mis, group, EMULATE: tl.constexpr):
+        """Block `group`'s 16 code bytes as 4 words (byte i: value i's code low, 16 + i's
+        high) and its E8M0 exponent. 17-byte blocks: the codes start at any byte."""
+        word = tl.arange(0, 4)[None, None, :]
+        start = row_mis + group * 17 + 1  # [R, G, 1]: the codes after the exponent
+        shift = (start & 3) * 8
+        e = tl.load(row_bytes + group * 17).to(tl.int32)
+        return realigned(row_words + (start >> 2) + word, shift, EMULATE, False), e
+
+    @triton.jit
+    def _mxfp4_dots(q, e, group, same_row, xq_ptr, xd_ptr, EMULATE: tl.constexpr):
+        """_mxfp4_words' block times x. A code's doubled E2M1 value (0 1 2 3 4 6 8 12, code
+        8-15 negated) is looked up by prmt: with the code as selector nibble, a table of the
+        8 magnitudes gives the magnitude where the sign bit is clear and 0 where it is set
+        (prmt then copies the sign of a byte below 128); with the sign bit flipped, the
+        opposite. So the positive and negative parts are two lookups, and dot = dp4a(pos, x)
+        - dp4a(neg, x): no per-byte negation, which would carry across bytes at -0. A
+        selector's 4 nibbles are 2 code bytes (values i, 16 + i, i + 1, 17 + i), so x's
+        bytes are put in that order (2 prmt a word, shared by both parts).
+        Per word (8 values): 1 xor, 2 shifts, 6 prmt, 4 dp4a, 13 instructions, about 1.6 a
+        value against about 5 for the float decode (two nibble extractions, a magnitude
+        shift, a select, a convert, an FMA each): like Q8_0 and Q4_K's 1.6-2.3, which read
+        near HBM bandwidth, so this should too (not measured)."""
+        word = tl.arange(0, 4)[None, None, :]
+        x_at = xq_ptr + (group * 8 + same_row) + word
+        xa = tl.load(x_at)  # values 4w .. 4w + 3
+        xb = tl.load(x_at + 4)  # values 16 + 4w .. 19 + 4w
+        x_lo = byte_perm(xa, xb, tl.full(xa.shape, 0x5140, tl.int32), EMULATE)  # 4w, 16 + 4w, ..
+        x_hi = byte_perm(xa, xb, tl.full(xa.shape, 0x7362, tl.int32), EMULATE)  # 4w + 2, ..
+        mag_lo = tl.full(q.shape, 0x03020100, tl.int32)  # the magnitudes 0 1 2 3
+        mag_hi = tl.full(q.shape, 0x0C080604, tl.int32)  # 4 6 8 12
+        flipped = q ^ -0x77777778  # 0x88888888: every code's sign bit flipped
+        pos = dp4a_acc(byte_perm(mag_lo, mag_hi, q >> 16, EMULATE), x_hi,
+                       dp4a(byte_perm(mag_lo, mag_hi, q, EMULATE), x_lo, EMULATE), EMULATE)
+        neg = dp4a_acc(byte_perm(mag_lo, mag_hi, flipped >> 16, EMULATE), x_hi,
+                       dp4a(byte_perm(mag_lo, mag_hi, flipped, EMULATE), x_lo, EMULATE),
+                       EMULATE)
+        dot = tl.sum(pos - neg, axis=2, keep_dims=True)  # [R, G, 1]
+        return _mxfp4_half_scale(e) * tl.load(xd_ptr + group) * dot.to(tl.float32)
+
+    @triton.jit
     def _signed_bytes(grid_word, signs):
         """grid_word's four bytes, each negated where its bit of signs (the low 4) is set."""
         t = ((signs & 15) * 0x00204081) & 0x01010101  # bit i -> the low bit of byte i
@@ -296,6 +391,14 @@ if triton is not None:
             _wait_first(first, WAIT)
             part = _q6k_dots(ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d, group, same_row, xq_ptr,
                              xd_ptr, EMULATE)
+        elif QTYPE == 2:
+            q, d = _q4_0_words(row_bytes, row_words, row_mis, group, EMULATE)
+            _wait_first(first, WAIT)
+            part = _q4_0_dots(q, d, group, same_row, xq_ptr, xd_ptr, xs_ptr, EMULATE)
+        elif QTYPE == 39:
+            q, e = _mxfp4_words(row_bytes, row_words, row_mis, group, EMULATE)
+            _wait_first(first, WAIT)
+            part = _mxfp4_dots(q, e, group, same_row, xq_ptr, xd_ptr, EMULATE)
         elif QTYPE == 16:
             q, d = _iq2xxs_words(row_bytes, row_words, row_mis, group, EMULATE)
             _wait_first(first, WAIT)
@@ -311,8 +414,8 @@ if triton is not None:
                  QTYPE: tl.constexpr, GROUP: tl.constexpr, BLOCK_ROWS: tl.constexpr,
                  BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr, EMULATE: tl.constexpr,
                  WAIT: tl.constexpr = False):
-        """W[rows, :] @ x in float32 [BLOCK_ROWS] for rows at even byte offsets row_off
-        [R, 1, 1] (int64, every one a real row: callers clamp) from w_ptr (uint8, 4-aligned)
+        """W[rows, :] @ x in float32 [BLOCK_ROWS] for rows at even byte offsets (MXFP4: any)
+        row_off [R, 1, 1] (int64, every one a real row: callers clamp) from w_ptr (uint8, 4-aligned)
         of num_groups groups of GROUP (= GROUP_VALUES[QTYPE]) values; xq_ptr: x's int8 as
         int32 words; lut_ptr: lookup.py's table (int8, 4-aligned; read for IQ2_XXS). No load
         is masked: the last step's groups past the row reread the last group and count zero.
@@ -320,7 +423,7 @@ if triton is not None:
         GROUPS: tl.constexpr = BLOCK_COLS // GROUP
         row_bytes = w_ptr + row_off  # [R, 1, 1] uint8 pointers
         row_words = w_ptr.to(tl.pointer_type(tl.int32)) + (row_off >> 2)  # aligned at or before
-        row_mis = (row_off & 2).to(tl.int32)  # 0 or 2
+        row_mis = (row_off & 3).to(tl.int32)  # 0 or 2; MXFP4's rows: any
         same_row = tl.zeros((BLOCK_ROWS, 1, 1), dtype=tl.int32)
         acc = tl.zeros((BLOCK_ROWS, GROUPS, 1), dtype=tl.float32)
         for g0 in tl.range(0, num_groups, GROUPS, num_stages=STAGES):

@@ -8,7 +8,7 @@
 
 Blocks are decoded by the planes path (gemv_planes.py, also the dense decode GEMV's): whole
 groups of packed bytes per load, scales once per group. For bf16/fp16 x, Q4_K, Q5_K, Q6_K,
-Q8_0 and IQ2_XXS projections multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x,
+Q8_0, Q4_0 and IQ2_XXS projections multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x,
 and then the k activation rows, are rounded to int8 once per token by one small launch each
 (gemv_dp4a.quantize_x), so a layer is four launches; a layer may mix the two (Q4_K gate/up
 by dp4a, a Q2_K down by planes). STRATA_DP4A=0 keeps planes. The expert ids stay in device
@@ -17,6 +17,14 @@ read in place, as expert_kernels._gather_kernel does. Types outside
 gemv_planes.ALL_PLANE_LANES, or layouts whose alignment the planes loads cannot take
 (`is_supported`), keep expert_kernels.dequantize_routed.
 
+GPT-OSS: MXFP4 experts and an epilogue (expert biases by the real ids,
+the clamped SwiGLU: fast/expert_epilogue.py) are taken where all three projections go by
+dp4a (`supports_dp4a`). The epilogue is a few instructions after the dots, so these
+kernels apply it rather than expert_tile_gemv reading x rounded: one decoding per type for
+dense and routed products, and the dp4a tiles, tuners and PDL chaining are those of every
+other dp4a type. Float32 x (the CPU tests of the model, the verify mode) and planes-only
+types with an epilogue keep expert_tile_gemv.py.
+
 Imported on first use (like kernels.py): a test must choose the CPU interpreter first.
 """
 
@@ -24,10 +32,12 @@ from __future__ import annotations
 
 import torch
 
+from strata.engine.core.fast import expert_epilogue
+from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import gemv_dp4a
 from strata.engine.core.quant import gemv_planes as gp
-from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES
+from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES, row_alignment
 from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.lookup import lookup_table
 
@@ -35,6 +45,7 @@ try:
     import triton
     import triton.language as tl
 
+    from strata.engine.core.fast.moe_triton import activate
     from strata.engine.core.kernels.pdl import wait as pdl_wait
     from strata.engine.core.quant.dp4a_dots import row_dots as dp4a_row_dots
 except ImportError:
@@ -102,6 +113,14 @@ if triton is not None:
         return units * UNIT
 
     @triton.jit
+    def _expert_bias(bias_ids_ptr, j, bias_ptr, rows, num_rows):
+        """Float32 bias at rows (0 past num_rows) of the j-th routed expert, by its real id:
+        the epilogue's biases stay resident beside the router, never in a cache slot."""
+        expert = tl.load(bias_ids_ptr + j).to(tl.int64)
+        return tl.load(bias_ptr + expert * num_rows + rows, mask=rows < num_rows,
+                       other=0.0).to(tl.float32)
+
+    @triton.jit
     def _row_dots(w_ptr, wh_ptr, lut_ptr, row_off, row_ok, v_ptr, num_groups,
                   QTYPE: tl.constexpr,
                   LANES: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
@@ -151,10 +170,12 @@ if triton is not None:
         ids_ptr, table_ptr, lut_ptr, out_ptr, gate_host, up_host, gate_stride, up_stride,
         num_rows,
         num_cols, gate_row_bytes, up_row_bytes,
+        bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
         GATE_QTYPE: tl.constexpr, GATE_LANES: tl.constexpr, GATE_GROUP: tl.constexpr,
         GATE_UNIT: tl.constexpr, UP_QTYPE: tl.constexpr, UP_LANES: tl.constexpr,
         UP_GROUP: tl.constexpr, UP_UNIT: tl.constexpr, HAS_TABLE: tl.constexpr,
-        USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
+        HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, LIMIT: tl.constexpr,
+        ALPHA: tl.constexpr, USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
         j = tl.program_id(0)
@@ -169,7 +190,10 @@ if triton is not None:
         u = _dots(up_ptr, up_h_ptr, lut_ptr, up_base, rows, num_rows, up_row_bytes, x_ptr, xq_ptr,
                   xd_ptr, xs_ptr, num_cols, UP_QTYPE, UP_LANES, UP_GROUP,
                   BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
-        act = g / (1.0 + tl.exp(-g)) * u  # silu(gate) * up
+        if HAS_BIAS:  # the epilogue (expert_epilogue.py): biases, then the clamped SwiGLU
+            g += _expert_bias(bias_ids_ptr, j, gate_bias_ptr, rows, num_rows)
+            u += _expert_bias(bias_ids_ptr, j, up_bias_ptr, rows, num_rows)
+        act = activate(g, u, CLAMP, LIMIT, ALPHA)  # silu(gate) * up without CLAMP
         tl.store(out_ptr + j * num_rows + rows, act.to(out_ptr.dtype.element_ty),
                  mask=rows < num_rows)
 
@@ -177,9 +201,11 @@ if triton is not None:
     def _down_sum_kernel(
         act_ptr, xq_ptr, xd_ptr, xs_ptr, w_ptr, wh_ptr, ids_ptr, weights_ptr,
         table_ptr, lut_ptr, out_ptr, host_units, stride_units, num_rows, num_cols, row_bytes,
+        bias_ids_ptr, gate_bias_ptr, up_bias_ptr, down_bias_ptr,
         QTYPE: tl.constexpr, LANES: tl.constexpr, GROUP: tl.constexpr, UNIT: tl.constexpr,
         TOP_K: tl.constexpr, TOP_K_P2: tl.constexpr, HAS_TABLE: tl.constexpr,
-        USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
+        HAS_BIAS: tl.constexpr, CLAMP: tl.constexpr, LIMIT: tl.constexpr,
+        ALPHA: tl.constexpr, USE_PDL: tl.constexpr, EMULATE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
         # Every (expert, row) pair of the tile at once, expert-major: the k experts' loads are
@@ -197,6 +223,8 @@ if triton is not None:
                      act_ptr + jj * num_cols, xq_ptr + jj * (num_cols // 4),
                      xd_ptr + jj * (num_cols // 32), xs_ptr + jj * (num_cols // 32), num_cols,
                      QTYPE, LANES, GROUP, TOP_K_P2 * BLOCK_ROWS, BLOCK_COLS, STAGES, EMULATE)
+        if HAS_BIAS:  # each expert's down bias, weighted with its rows
+            dots += _expert_bias(bias_ids_ptr, j, down_bias_ptr, rows, num_rows)
         weight = tl.where(used, tl.load(weights_ptr + j).to(tl.float32), 0.0)
         y = tl.sum(tl.reshape(dots * weight, (TOP_K_P2, BLOCK_ROWS)), axis=0)
         out_rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -250,17 +278,49 @@ def supports(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExpert
                for w, offset in zip((gate, up, down), host_offsets))
 
 
+def supports_dp4a(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExperts,
+                  x: torch.Tensor, table: torch.Tensor | None = None,
+                  host_offsets: tuple[int, int, int] = (0, 0, 0)) -> bool:
+    """Whether `routed_mlp` multiplies all three projections by dp4a for x: dp4a types
+    (`uses_dp4a`) whose experts (and host copy) lie where dp4a_dots can read them
+    (row_alignment: MXFP4 anywhere). The path of MXFP4 with half x and of a layer with an
+    epilogue: the kernels apply it whatever the decoding, but an epilogue
+    layer takes them only here and leaves the rest to expert_tile_gemv as before."""
+    has_table = table is not None
+    return triton is not None and all(
+        uses_dp4a(w, x) and alignment_unit(w, offset, has_table) >= row_alignment(w.qtype)
+        for w, offset in zip((gate, up, down), host_offsets))
+
+
+def takes(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExperts,
+          x: torch.Tensor, table: torch.Tensor | None = None,
+          host_offsets: tuple[int, int, int] = (0, 0, 0),
+          epilogue: Epilogue | None = None) -> bool:
+    """Whether one token x's experts go through `routed_mlp`: planes or dp4a per projection
+    for plain experts (`supports`), or dp4a for all three (`supports_dp4a`), which also takes
+    an epilogue and MXFP4; else expert_tile_gemv (MXFP4 or an epilogue in float32, or over
+    planes-only types) or the dequantizing path."""
+    return ((epilogue is None and supports(gate, up, down, table, host_offsets))
+            or supports_dp4a(gate, up, down, x, table, host_offsets))
+
+
 def uses_dp4a(experts: QuantizedExperts, x: torch.Tensor) -> bool:
-    """Whether these experts multiply x by dp4a (else planes): Q4_K, Q5_K, Q6_K, Q8_0 or
-    IQ2_XXS at a 4-aligned base, x bf16/fp16 (gemv_dp4a.is_dtype_enabled). Their offsets are
-    checked by `is_supported` (even; 4-aligned for Q4_K and Q5_K)."""
+    """Whether these experts multiply x by dp4a (else planes): Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
+    IQ2_XXS or MXFP4 at a 4-aligned base, x bf16/fp16 (gemv_dp4a.is_dtype_enabled). Their
+    offsets are checked by `is_supported` (even; 4-aligned for Q4_K and Q5_K) or
+    `supports_dp4a`."""
     return (int(experts.qtype) in DP4A_TYPES and gemv_dp4a.is_dtype_enabled(x)
             and experts.raw.data_ptr() % 4 == 0)
 
 
 def _group(experts: QuantizedExperts, x: torch.Tensor) -> int:
     """The kernels' GROUP: values per dp4a group, 0 for planes."""
-    return GROUP_VALUES[int(experts.qtype)] if uses_dp4a(experts, x) else 0
+    if uses_dp4a(experts, x):
+        return GROUP_VALUES[int(experts.qtype)]
+    if int(experts.qtype) not in gp.ALL_PLANE_LANES:
+        raise ValueError(f"type {int(experts.qtype)} experts have no planes decoding: they "
+                         f"take bf16/fp16 x by dp4a (supports_dp4a), got {x.dtype}")
+    return 0
 
 
 def _quantized(v: torch.Tensor, needed: bool, use_pdl: bool,
@@ -284,11 +344,13 @@ def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
 
 def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: torch.Tensor,
             table: torch.Tensor | None = None, host_offsets: tuple[int, int] = (0, 0),
-            use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
+            use_pdl: bool = False, rounded: tuple | None = None,
+            epilogue: Epilogue | None = None) -> torch.Tensor:
     """silu(gate[ids[j]] @ x) * (up[ids[j]] @ x): x [H], ids [k] on the device -> [k, I] in
     x's dtype. With a partial cache, gate/up are the slots' blocks and table [E] int32 holds
     expert e's slot or -1: then its blocks are read host_offsets bytes past the slots' base.
-    rounded: x[None]'s int8 rounding made with x (fast/decode_rounded.py), for dp4a."""
+    rounded: x[None]'s int8 rounding made with x (fast/decode_rounded.py), for dp4a.
+    epilogue: biases by the real ids and its activation (expert_epilogue.py)."""
     num_used = ids.shape[0]
     _, num_rows, num_cols = gate.shape
     if up.shape[1:] != gate.shape[1:] or x.shape != (num_cols,):
@@ -299,6 +361,7 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
     up_unit = alignment_unit(up, host_offsets[1], has_table)
     x = x.contiguous()
     gate_group, up_group = _group(gate, x), _group(up, x)
+    bias_args, switches = expert_epilogue.kernel_args(epilogue, ids)
     dp4a = gate_group > 0 or up_group > 0
     xq = _quantized(x[None], dp4a, use_pdl, rounded)  # once for both projections
     out = torch.empty(num_used, num_rows, dtype=x.dtype, device=x.device)
@@ -314,20 +377,21 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
         int(host_offsets[0]) // gate_unit if has_table else 0,
         int(host_offsets[1]) // up_unit if has_table else 0,
         gate.expert_stride // gate_unit, up.expert_stride // up_unit, num_rows, num_cols,
-        gate.raw.shape[2], up.raw.shape[2],
-        GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.ALL_PLANE_LANES[int(gate.qtype)],
+        gate.raw.shape[2], up.raw.shape[2], *bias_args,
+        GATE_QTYPE=int(gate.qtype), GATE_LANES=gp.ALL_PLANE_LANES.get(int(gate.qtype), 0),
         GATE_GROUP=gate_group, GATE_UNIT=gate_unit, UP_QTYPE=int(up.qtype),
-        UP_LANES=gp.ALL_PLANE_LANES[int(up.qtype)], UP_GROUP=up_group, UP_UNIT=up_unit,
-        HAS_TABLE=has_table, EMULATE=launch.is_interpreting(), use_pdl=use_pdl,
+        UP_LANES=gp.ALL_PLANE_LANES.get(int(up.qtype), 0), UP_GROUP=up_group, UP_UNIT=up_unit,
+        HAS_TABLE=has_table, **switches, EMULATE=launch.is_interpreting(), use_pdl=use_pdl,
     )
     return out
 
 
 def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
              weights: torch.Tensor, table: torch.Tensor | None = None, host_offset: int = 0,
-             use_pdl: bool = False) -> torch.Tensor:
-    """sum_j weights[j] * (down[ids[j]] @ act[j]): act [k, I] -> [H] in act's dtype, summed in
-    float32 over j in order (deterministic). table and host_offset as for gate_up."""
+             use_pdl: bool = False, epilogue: Epilogue | None = None) -> torch.Tensor:
+    """sum_j weights[j] * (down[ids[j]] @ act[j] + its down bias): act [k, I] -> [H] in act's
+    dtype, summed in float32 over j in order (deterministic). table, host_offset and
+    epilogue as for gate_up."""
     _, num_rows, num_cols = down.shape
     if act.shape != (ids.shape[0], num_cols) or weights.shape != ids.shape:
         raise ValueError(f"act {tuple(act.shape)}, weights {tuple(weights.shape)} and ids "
@@ -337,6 +401,7 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
     unit = alignment_unit(down, host_offset, has_table)
     act = act.contiguous()
     group = _group(down, act)
+    bias_args, switches = expert_epilogue.kernel_args(epilogue, ids)
     xq = _quantized(act, group > 0, use_pdl)  # the k rows at once
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
     tuned, configs = ((_down_sum_iq2_tuned, DOWN_SUM_IQ2_CONFIGS) if group and int(down.qtype) == IQ2_XXS else
@@ -349,10 +414,10 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
         act, *xq, down.raw, fp16_view(down.raw), ids.contiguous(),
         weights.contiguous(), table_arg, lookup_table(act.device), out,
         int(host_offset) // unit if has_table else 0,
-        down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2],
-        QTYPE=int(down.qtype), LANES=gp.ALL_PLANE_LANES[int(down.qtype)], GROUP=group, UNIT=unit,
-        TOP_K=ids.shape[0], TOP_K_P2=top_k_p2, HAS_TABLE=has_table, EMULATE=launch.is_interpreting(),
-        use_pdl=use_pdl,
+        down.expert_stride // unit, num_rows, num_cols, down.raw.shape[2], *bias_args,
+        QTYPE=int(down.qtype), LANES=gp.ALL_PLANE_LANES.get(int(down.qtype), 0), GROUP=group,
+        UNIT=unit, TOP_K=ids.shape[0], TOP_K_P2=top_k_p2, HAS_TABLE=has_table, **switches,
+        EMULATE=launch.is_interpreting(), use_pdl=use_pdl,
     )
     return out
 
@@ -361,8 +426,10 @@ def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
                down: QuantizedExperts, ids: torch.Tensor, weights: torch.Tensor,
                table: torch.Tensor | None = None,
                host_offsets: tuple[int, int, int] = (0, 0, 0),
-               use_pdl: bool = False, rounded: tuple | None = None) -> torch.Tensor:
-    """One token's routed experts: x [H], ids and weights [k] -> [H] (see `supports`);
-    rounded as gate_up's."""
-    act = gate_up(x, gate, up, ids, table, host_offsets[:2], use_pdl, rounded)  # [k, I]
-    return down_sum(act, down, ids, weights, table, host_offsets[2], use_pdl)
+               use_pdl: bool = False, rounded: tuple | None = None,
+               epilogue: Epilogue | None = None) -> torch.Tensor:
+    """One token's routed experts: x [H], ids and weights [k] -> [H] (see `takes`); rounded
+    and epilogue as gate_up's."""
+    act = gate_up(x, gate, up, ids, table, host_offsets[:2], use_pdl, rounded,
+                  epilogue)  # [k, I]
+    return down_sum(act, down, ids, weights, table, host_offsets[2], use_pdl, epilogue)

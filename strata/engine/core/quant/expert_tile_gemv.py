@@ -1,7 +1,9 @@
 """One token's routed experts read straight from their GGML blocks by the shared tile decoder
-(dequant_tile.py): MXFP4 (GPT-OSS), and any type when the layer has an epilogue (GPT-OSS's
-expert biases and clamped SwiGLU, fast/expert_epilogue.py), which expert_gemv's planes and
-dp4a kernels do not apply.
+(dequant_tile.py), in float: MXFP4 (GPT-OSS) and any type with an epilogue (GPT-OSS's expert
+biases and clamped SwiGLU, fast/expert_epilogue.py) where expert_gemv's dp4a kernels do not
+take them (expert_gemv.takes: float32 x, STRATA_DP4A=0, an epilogue over a planes-only
+type). With bf16/fp16 x, MXFP4 goes by dp4a there (about 1.6 instructions a value against
+this float decode's 5).
 
 Before, such experts went through expert_kernels.dequantize_routed: the k routed experts
 dequantized into a [k, N, K] buffer, then the float grouped kernels read it back, so each
@@ -197,8 +199,8 @@ if triton is not None:
 
 
 def takes(gate: QuantizedExperts, epilogue: Epilogue | None) -> bool:
-    """Whether one token's experts go through these kernels: an epilogue (whatever the type),
-    or MXFP4 blocks, which expert_gemv does not read."""
+    """Whether these kernels can take one token's experts: an epilogue (whatever the type),
+    or MXFP4 blocks; moe_grouped.routed_experts asks expert_gemv.takes first."""
     return triton is not None and (epilogue is not None or int(gate.qtype) == dt.MXFP4)
 
 

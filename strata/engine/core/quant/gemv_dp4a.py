@@ -1,5 +1,5 @@
-"""One token times Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS blocks by integer dot products: x in
-int8, four products an instruction.
+"""One token times Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS or MXFP4 blocks by integer dot
+products: x in int8, four products an instruction.
 
 The planes kernel (gemv_planes.py) turns every weight into a float and spends about ten
 instructions a value (15 for Q6_K): more than the H200 issues in the time its bytes take to
@@ -11,8 +11,9 @@ arrive. Here, as llama.cpp's mmvq does for its quantized matrix-vector products:
    fast/decode_rounded.py), and the products take that as `rounded`.
 2. The GEMV (`_dp4a_kernel`, dp4a_dots.py's decoding per type) reads each block's packed
    values as int32 words and multiplies four by four int8 x values in one `dp4a`, scales
-   once per sub-block. Q6_K's 210-byte and Q8_0's 34-byte blocks put every other block at
-   2 mod 4 bytes; their words are read aligned and realigned by a funnel shift.
+   once per sub-block. Q6_K's 210-byte, Q8_0's 34-byte and Q4_0's 18-byte blocks put every
+   other block at 2 mod 4 bytes, MXFP4's 17-byte blocks at any byte; their words are read
+   aligned and realigned by a funnel shift.
 
 sm_90 SASS of the K loop (bench/diag_quant_sass.py --dp4a): 1.9-2.3 instructions a value
 for Q4_K, 3.3 for Q6_K (32-value units: more instructions than the 2.6 of its 128-value
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from strata.engine.core.kernels import launch, pdl
-from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES, WORD_ALIGNED_TYPES
+from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES, row_alignment
 from strata.engine.core.quant.lookup import lookup_table
 from strata.units import MIB
 
@@ -66,7 +67,7 @@ QUANTIZE_SUBS = 32  # x groups per program of quantize_x
 # pipeline the next step.
 _WIDE_CONFIGS = ((8, 2048, 4, 1), (4, 4096, 4, 1), (4, 2048, 2, 1), (2, 4096, 2, 1),
                  (1, 4096, 1, 1), (16, 2048, 8, 1), (8, 4096, 8, 1), (8, 2048, 4, 3))
-# 64 values a thread: Q4_K, Q8_0. (2, 2048, 2, 1) read the 8B's Q4_K gate_up and head at
+# 64 values a thread: Q4_K, Q8_0, Q4_0. (2, 2048, 2, 1) read the 8B's Q4_K gate_up and head at
 # 0.68 and 0.84 of HBM where the tuner's pick read 0.63 and 0.77 (docs/benchmarks.md, run 26).
 _NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1), (2, 2048, 2, 1))
 # IQ2_XXS's groups are whole 256-value blocks: a tile of R rows and C columns has R * C / 256
@@ -75,7 +76,10 @@ _IQ2_CONFIGS = ((16, 2048, 4, 1), (8, 2048, 2, 1), (4, 2048, 1, 1), (8, 4096, 4,
                 (32, 2048, 8, 1), (8, 1024, 1, 1), (16, 1024, 2, 1), (2, 2048, 1, 1))
 CONFIGS = {12: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 13: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
            14: _WIDE_CONFIGS,
-           8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 16: _IQ2_CONFIGS}
+           8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
+           2: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # Q4_0: Q8_0's 32-value groups, 18 bytes
+           39: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # MXFP4: 32-value groups, 17 bytes
+           16: _IQ2_CONFIGS}
 
 
 def _candidates(configs) -> tuple:
@@ -101,8 +105,8 @@ def prewait(use_pdl: bool, weight_bytes: int) -> bool:
 
 
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
-    """This path multiplies one token x by a weight of qtype: Q4_K, Q5_K, Q6_K, Q8_0 or
-    IQ2_XXS, x in bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a
+    """This path multiplies one token x by a weight of qtype: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
+    IQ2_XXS or MXFP4, x in bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a
     4-aligned address, and not switched off by STRATA_DP4A=0 (for measuring)."""
     return (triton is not None and int(qtype) in DP4A_TYPES and x.shape[0] == 1
             and is_dtype_enabled(x) and (raw is None or raw.data_ptr() % 4 == 0))
@@ -159,8 +163,8 @@ if triton is not None:
         USE_PDL: tl.constexpr, PREWAIT: tl.constexpr, EMULATE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
-        """Rows of Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS blocks (dp4a_dots.row_dots) times one
-        token. PREWAIT (with USE_PDL; prewait()): the first K step's weight loads come before
+        """Rows of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS or MXFP4 blocks (dp4a_dots.row_dots)
+        times one token. PREWAIT (with USE_PDL; prewait()): the first K step's weight loads come before
         the PDL wait (row_dots' WAIT), else the wait comes first."""
         EARLY: tl.constexpr = PREWAIT and STAGES == 1  # cp.async stages would hoist x's loads
         if not EARLY:
@@ -328,9 +332,10 @@ class QuantizedPair:
 def pair_supported(qtypes: tuple[int, int], row_bytes: tuple[int, int], num_cols: int,
                    base_address: int, rows_a: int) -> bool:
     """Whether matmul_pair takes such a pair: dp4a types both, a 4-aligned base, and part b
-    starting where its type can be read (4-aligned for Q4_K and Q5_K, else even)."""
+    starting where its type can be read (4-aligned for Q4_K and Q5_K, MXFP4 anywhere, else
+    even)."""
     b_start = base_address + rows_a * row_bytes[0]
-    needed_b = 4 if int(qtypes[1]) in WORD_ALIGNED_TYPES else 2
+    needed_b = row_alignment(qtypes[1])
     return (triton is not None and all(int(t) in DP4A_TYPES for t in qtypes)
             and all(num_cols % GROUP_VALUES[int(t)] == 0 for t in qtypes)
             and base_address % 4 == 0 and b_start % needed_b == 0)
@@ -379,16 +384,17 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
 def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
            bias: torch.Tensor | None = None, use_pdl: bool = False,
            rounded: tuple | None = None) -> torch.Tensor:
-    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q5_K, Q6_K, Q8_0 or IQ2_XXS
-    blocks raw [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype. use_pdl as
+    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS or
+    MXFP4 blocks raw [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype. use_pdl as
     matmul_pair's; rounded: quantize_x(x), made with x (fast/decode_rounded.py)."""
     num_tokens, num_cols = x.shape
     qtype = int(qtype)
     if qtype not in DP4A_TYPES or num_tokens != 1:
-        raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q5_K, Q6_K, Q8_0 or "
-                         f"IQ2_XXS, got {tuple(x.shape)} and type {qtype}")
-    block = 32 if qtype == 8 else 256
-    if raw.shape[0] != num_rows or num_cols % block or raw.data_ptr() % 4 or raw.shape[1] % 2:
+        raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, "
+                         f"IQ2_XXS or MXFP4, got {tuple(x.shape)} and type {qtype}")
+    block = 256 if qtype in (12, 13, 14, 16) else 32  # super-blocks; Q8_0, Q4_0, MXFP4: 32
+    if (raw.shape[0] != num_rows or num_cols % block or raw.data_ptr() % 4
+            or raw.shape[1] % row_alignment(qtype)):
         raise ValueError(f"type {qtype} blocks of {num_rows} rows of {num_cols} columns must "
                          f"be uint8 [{num_rows}, row_bytes] at a 4-aligned address, got "
                          f"{tuple(raw.shape)}")
