@@ -314,7 +314,8 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         end_pos = start_pos + num_tokens
         q, k, v = self._project(x, cos, sin)
-        q = self.scale_queries(q, torch.arange(start_pos, end_pos, device=x.device))
+        if self.llama4_scaling is not None:  # no positions tensor built for other models
+            q = self.scale_queries(q, torch.arange(start_pos, end_pos, device=x.device))
         k_cache[start_pos:end_pos] = k
         v_cache[start_pos:end_pos] = v
         out = self._attend(q, k_cache, v_cache, end_pos)  # [Hq, T, D]
@@ -335,7 +336,8 @@ class Attention(nn.Module):
         own cached positions only, so sequences never see each other's keys."""
         batch = x.shape[0]
         q, k, v = self._project(x, cos, sin)  # [B, H, D] each
-        q = self.scale_queries(q, torch.tensor(list(positions), device=x.device))
+        if self.llama4_scaling is not None:
+            q = self.scale_queries(q, torch.tensor(list(positions), device=x.device))
         outs = []
         for b, position in enumerate(positions):
             k_caches[b][position] = k[b]
