@@ -94,6 +94,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                          "long_factor": [1.5, 2.5, 4.0, 6.5, 9.0, 14.0]}}),
     # head_dim 32 given explicitly, not hidden / heads (16), as in Mistral Small 3.x.
     "mistral": ("MistralConfig", {"head_dim": 32, "sliding_window": None}),
+    # Ministral 3's: YaRN whose original context (8) is also the period of Llama 4's query
+    # temperature, far shorter than the prompts, so the queries' scale reaches 1 + 0.5 ln 8;
+    # mscale over mscale_all_dim as released (a YaRN attention factor of 1).
+    "ministral3": ("Ministral3Config", {
+        "head_dim": 32, "sliding_window": None,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "llama_4_scaling_beta": 0.5}}),
     # GLM-4.5's shape: layer 0 dense, then sigmoid-routed MoE with a correction bias in 2
     # groups (1 used), routed scaling, a shared expert, q/k/v biases, q/k norm, half-rotary
     # RoPE; 3 layers so two are sparse.
