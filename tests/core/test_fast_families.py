@@ -221,7 +221,6 @@ def test_gpt_oss_attention_on_the_fast_paths(fused_attention: bool) -> None:
     paths refuse the model only for its MoE side."""
     import dataclasses
 
-    from strata.engine.core.fast.batch_graph import BatchDecoder
     from strata.engine.core.fast.forward import decode_step
     from strata.engine.core.fast.pointwise import EAGER_OPS
     from strata.engine.core.fast_coverage import missing_features
@@ -243,20 +242,7 @@ def test_gpt_oss_attention_on_the_fast_paths(fused_attention: bool) -> None:
                                torch.arange(40), ops, "loop")[0]
             torch.testing.assert_close(step, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
     # Three sequences at once, each past the window, one row of padding.
-    lengths = [6, 30, 17]
-    caches, expected_caches = [], []
-    for length in lengths:
-        for target in (caches, expected_caches):
-            target.append(KVCache.for_config(model.config, 40))
-            with torch.inference_mode():
-                model(torch.tensor(prompt + prompt)[:length], 0, target[-1])
-    batch = BatchDecoder(model, EAGER_OPS, "loop", use_cuda_graphs=False,
-                         fused_attention=fused_attention, min_bucket_tokens=8)
-    got = batch.forward([7, 19, 33], lengths, caches).clone()
-    with torch.inference_mode():
-        expected = model.forward_decode_batch(torch.tensor([7, 19, 33]), lengths,
-                                              expected_caches)
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    _assert_batched_step_matches(model, prompt, fused_attention)
 
 
 @needs_interpreter
@@ -266,7 +252,6 @@ def test_ministral3_query_temperature_on_the_fast_paths(fused_attention: bool) -
     through the fast prefill in chunks after cached tokens, every decode step's logits (torch
     and fused attention, the Triton dense kernels) and the batched step: equal to the
     reference forward, which without the scale would differ."""
-    from strata.engine.core.fast.batch_graph import BatchDecoder
     from strata.engine.core.fast.forward import decode_step
     from strata.engine.core.fast.pointwise import EAGER_OPS
     from strata.engine.core.fast_coverage import missing_features
@@ -286,8 +271,24 @@ def test_ministral3_query_temperature_on_the_fast_paths(fused_attention: bool) -
             step = decode_step(model, kv, torch.tensor([token]), torch.tensor([len(prompt) + i]),
                                torch.arange(40), ops)[0]
             torch.testing.assert_close(step, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
-    lengths = [6, 30, 17]  # query scales 1, 1 + 0.5 ln 4, 1 + 0.5 ln 3; one padding row
-    caches, expected_caches = [], []
+    # Query scales 1, 1 + 0.5 ln 4, 1 + 0.5 ln 3; one padding row.
+    _assert_batched_step_matches(model, prompt, fused_attention)
+    with torch.inference_mode():
+        for layer in model.model.layers:  # guard: the scale changes the logits
+            layer.self_attn.llama4_scaling = None
+        unscaled = model(torch.tensor(prompt), 0, KVCache.for_config(model.config, 40))[-1]
+    assert (unscaled - ref_logits[0]).abs().max() > 1e-2
+
+
+def _assert_batched_step_matches(model, prompt: list[int], fused_attention: bool) -> None:
+    """Three sequences of 6, 30 and 17 cached tokens of prompt + prompt stepped at once by the
+    batched decoder (one row of padding): equal to the reference's forward_decode_batch."""
+    from strata.engine.core.fast.batch_graph import BatchDecoder
+    from strata.engine.core.fast.pointwise import EAGER_OPS
+
+    lengths = [6, 30, 17]
+    caches: list[KVCache] = []
+    expected_caches: list[KVCache] = []
     for length in lengths:
         for target in (caches, expected_caches):
             target.append(KVCache.for_config(model.config, 40))
@@ -299,8 +300,4 @@ def test_ministral3_query_temperature_on_the_fast_paths(fused_attention: bool) -
     with torch.inference_mode():
         expected = model.forward_decode_batch(torch.tensor([7, 19, 33]), lengths,
                                               expected_caches)
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-        for layer in model.model.layers:  # guard: the scale changes the logits
-            layer.self_attn.llama4_scaling = None
-        unscaled = model(torch.tensor(prompt), 0, KVCache.for_config(model.config, 40))[-1]
-    assert (unscaled - ref_logits[0]).abs().max() > 1e-2
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -15,7 +15,7 @@ from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors
 from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.models.build import build_model
 from tests.helpers.gguf_writer import write_gguf_from_hf
-from tests.helpers.tiny_models import make_tiny_hf_config, make_tiny_hf_model
+from tests.helpers.tiny_models import make_tiny_hf_config, make_tiny_hf_model, save_tiny_mistral3
 
 ATOL = 1e-4
 
@@ -40,18 +40,8 @@ def test_the_query_temperature_matters_past_its_period_only(tmp_path):
 def test_mistral3_wrapper_with_a_ministral3_text_model_loads_it(tmp_path):
     """Ministral 3's released checkpoints are Mistral3ForConditionalGeneration with a
     ministral3 text_config: its language model loads alone and equals the wrapped one."""
-    import transformers
 
-    text = make_tiny_hf_config("ministral3")
-    vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64,
-                                              num_hidden_layers=1, num_attention_heads=2,
-                                              image_size=32, patch_size=8, head_dim=16)
-    config = transformers.Mistral3Config(text_config=text.to_dict(),
-                                         vision_config=vision.to_dict(), image_token_index=10,
-                                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    hf_model = transformers.Mistral3ForConditionalGeneration(config).eval()
-    hf_model.save_pretrained(tmp_path)
+    hf_model = save_tiny_mistral3(tmp_path, "ministral3")
     ours = load_hf_config(tmp_path)
     assert ours.model_type == "ministral3" and ours.llama4_scaling_beta == 0.5
     info = inspect_model(tmp_path)
