@@ -59,17 +59,24 @@ def _byte_level_bpe(vocab_size: int, special_tokens: list[str], corpus: list[str
     return tokenizer
 
 
+def _save(directory: Path, tokenizer: Tokenizer, template: Path, *, eos: str, bos: str,
+          pad: str) -> None:
+    """tokenizer.json and a tokenizer_config.json with the real chat template, as a Hugging
+    Face directory has them (no BOS added)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": template.read_text(), "eos_token": eos, "bos_token": bos,
+              "pad_token": pad, "add_bos_token": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 def write_tiny_harmony_dir(directory: Path, *, vocab_size: int = 400) -> Path:
     """A byte-level BPE with gpt-oss's special tokens and its real chat template, written as
     gpt-oss's Hugging Face directory has them (eos <|return|>; <|call|> and <|endoftext|> as
     further end ids in generation_config.json)."""
     tokenizer = _byte_level_bpe(vocab_size, HARMONY_SPECIAL_TOKENS, _CORPUS + _HARMONY_CORPUS)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"chat_template": HARMONY_TEMPLATE.read_text(), "eos_token": "<|return|>",
-              "bos_token": "<|startoftext|>", "pad_token": "<|endoftext|>",
-              "add_bos_token": False}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    _save(directory, tokenizer, HARMONY_TEMPLATE, eos="<|return|>", bos="<|startoftext|>",
+          pad="<|endoftext|>")
     end_ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|endoftext|>", "<|call|>")]
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}))
     return directory
@@ -119,10 +126,6 @@ def write_tiny_phi4_dir(directory: Path, *, vocab_size: int = 400) -> Path:
     tokenizer.json) and its real chat template; eos <|endoftext|>, <|end|> ends a turn."""
     corpus = ['{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'] * 20
     tokenizer = _byte_level_bpe(vocab_size, PHI4_SPECIAL_TOKENS, _CORPUS + corpus)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"chat_template": PHI4_TEMPLATE.read_text(), "eos_token": "<|endoftext|>",
-              "bos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-              "add_bos_token": False}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    _save(directory, tokenizer, PHI4_TEMPLATE, eos="<|endoftext|>", bos="<|endoftext|>",
+          pad="<|endoftext|>")
     return directory
