@@ -123,7 +123,7 @@ def _add_metadata(writer: gguf.GGUFWriter, config: ModelConfig, name: str,
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    if arch in ("llama", "phi3"):  # phi3: the rotated dims of its partial RoPE
+    if arch in ("llama", "mistral3", "phi3"):  # phi3: the rotated dims of its partial RoPE
         writer.add_rope_dimension_count(config.rotary_dim)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
@@ -158,6 +158,11 @@ def _add_metadata(writer: gguf.GGUFWriter, config: ModelConfig, name: str,
             writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
     elif kind == "longrope":
         _add_longrope(writer, extra, config, scaling)
+    if arch == "mistral3":  # conversion/mistral3.py's keys beside the base YaRN ones
+        writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+        writer.add_rope_scaling_yarn_log_mul(scaling["mscale_all_dim"])
+        writer.add_attn_temperature_scale(config.llama4_scaling_beta)
     tokens, types = _vocabulary(config.vocab_size)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)

@@ -47,23 +47,36 @@ _HARMONY_CORPUS = [
 ] * 20
 
 
+def _byte_level_bpe(vocab_size: int, special_tokens: list[str], corpus: list[str]) -> Tokenizer:
+    """A byte-level BPE trained on corpus, with these special tokens."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(corpus, trainer)
+    return tokenizer
+
+
+def _save(directory: Path, tokenizer: Tokenizer, template: Path, *, eos: str, bos: str,
+          pad: str) -> None:
+    """tokenizer.json and a tokenizer_config.json with the real chat template, as a Hugging
+    Face directory has them (no BOS added)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    config = {"chat_template": template.read_text(), "eos_token": eos, "bos_token": bos,
+              "pad_token": pad, "add_bos_token": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 def write_tiny_harmony_dir(directory: Path, *, vocab_size: int = 400) -> Path:
     """A byte-level BPE with gpt-oss's special tokens and its real chat template, written as
     gpt-oss's Hugging Face directory has them (eos <|return|>; <|call|> and <|endoftext|> as
     further end ids in generation_config.json)."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=HARMONY_SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(_CORPUS + _HARMONY_CORPUS, trainer)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"chat_template": HARMONY_TEMPLATE.read_text(), "eos_token": "<|return|>",
-              "bos_token": "<|startoftext|>", "pad_token": "<|endoftext|>",
-              "add_bos_token": False}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = _byte_level_bpe(vocab_size, HARMONY_SPECIAL_TOKENS, _CORPUS + _HARMONY_CORPUS)
+    _save(directory, tokenizer, HARMONY_TEMPLATE, eos="<|return|>", bos="<|startoftext|>",
+          pad="<|endoftext|>")
     end_ids = [tokenizer.token_to_id(t) for t in ("<|return|>", "<|endoftext|>", "<|call|>")]
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": end_ids}))
     return directory
@@ -111,18 +124,8 @@ PHI4_TEMPLATE = Path(__file__).parent.parent / "text" / "templates" / \
 def write_tiny_phi4_dir(directory: Path, *, vocab_size: int = 400) -> Path:
     """A byte-level BPE with Phi-4-mini's chat and tool tokens (all special, as in its
     tokenizer.json) and its real chat template; eos <|endoftext|>, <|end|> ends a turn."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=PHI4_SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
     corpus = ['{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'] * 20
-    tokenizer.train_from_iterator(_CORPUS + corpus, trainer)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    config = {"chat_template": PHI4_TEMPLATE.read_text(), "eos_token": "<|endoftext|>",
-              "bos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-              "add_bos_token": False}
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = _byte_level_bpe(vocab_size, PHI4_SPECIAL_TOKENS, _CORPUS + corpus)
+    _save(directory, tokenizer, PHI4_TEMPLATE, eos="<|endoftext|>", bos="<|endoftext|>",
+          pad="<|endoftext|>")
     return directory

@@ -221,7 +221,6 @@ def test_gpt_oss_attention_on_the_fast_paths(fused_attention: bool) -> None:
     paths refuse the model only for its MoE side."""
     import dataclasses
 
-    from strata.engine.core.fast.batch_graph import BatchDecoder
     from strata.engine.core.fast.forward import decode_step
     from strata.engine.core.fast.pointwise import EAGER_OPS
     from strata.engine.core.fast_coverage import missing_features
@@ -243,8 +242,53 @@ def test_gpt_oss_attention_on_the_fast_paths(fused_attention: bool) -> None:
                                torch.arange(40), ops, "loop")[0]
             torch.testing.assert_close(step, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
     # Three sequences at once, each past the window, one row of padding.
+    _assert_batched_step_matches(model, prompt, fused_attention)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("fused_attention", [False, True])
+def test_ministral3_query_temperature_on_the_fast_paths(fused_attention: bool) -> None:
+    """Ministral 3's position-dependent query scale (period 8, so every prompt crosses it)
+    through the fast prefill in chunks after cached tokens, every decode step's logits (torch
+    and fused attention, the Triton dense kernels) and the batched step: equal to the
+    reference forward, which without the scale would differ."""
+    from strata.engine.core.fast.forward import decode_step
+    from strata.engine.core.fast.pointwise import EAGER_OPS
+    from strata.engine.core.fast_coverage import missing_features
+
+    model = tiny_model("ministral3")
+    assert missing_features(model) == []
+    prompt = [(7 * i + 3) % 96 for i in range(21)]
+    tokens, ref_logits = reference_greedy(model, prompt, 6, 40)
+    kv = KVCache.for_config(model.config, 40)
+    ops = dataclasses.replace(EAGER_OPS, fused_attention=fused_attention,
+                              dense_kernels=fused_attention)
+    with torch.inference_mode():
+        prefill(model, kv, torch.tensor(prompt[:9]), 0, chunk_tokens=4)
+        logits = prefill(model, kv, torch.tensor(prompt[9:]), 9, chunk_tokens=8)
+        torch.testing.assert_close(logits, ref_logits[0], rtol=1e-4, atol=1e-4)
+        for i, token in enumerate(tokens[:-1]):
+            step = decode_step(model, kv, torch.tensor([token]), torch.tensor([len(prompt) + i]),
+                               torch.arange(40), ops)[0]
+            torch.testing.assert_close(step, ref_logits[i + 1], rtol=1e-4, atol=1e-4)
+    # Query scales 1, 1 + 0.5 ln 4, 1 + 0.5 ln 3; one padding row.
+    _assert_batched_step_matches(model, prompt, fused_attention)
+    with torch.inference_mode():
+        for layer in model.model.layers:  # guard: the scale changes the logits
+            layer.self_attn.llama4_scaling = None
+        unscaled = model(torch.tensor(prompt), 0, KVCache.for_config(model.config, 40))[-1]
+    assert (unscaled - ref_logits[0]).abs().max() > 1e-2
+
+
+def _assert_batched_step_matches(model, prompt: list[int], fused_attention: bool) -> None:
+    """Three sequences of 6, 30 and 17 cached tokens of prompt + prompt stepped at once by the
+    batched decoder (one row of padding): equal to the reference's forward_decode_batch."""
+    from strata.engine.core.fast.batch_graph import BatchDecoder
+    from strata.engine.core.fast.pointwise import EAGER_OPS
+
     lengths = [6, 30, 17]
-    caches, expected_caches = [], []
+    caches: list[KVCache] = []
+    expected_caches: list[KVCache] = []
     for length in lengths:
         for target in (caches, expected_caches):
             target.append(KVCache.for_config(model.config, 40))

@@ -311,7 +311,8 @@ def test_random_weight_presets() -> None:
     assert moe.is_moe and moe.num_experts == 128 and moe.moe_intermediate_size == 768
     # Parameter counts of the published models, to within 2%.
     expected = {"smollm2-135m": 134.5e6, "llama3-8b": 8.03e9, "qwen3-30b-a3b": 30.5e9,
-                "glm-4.5-air": 106e9}  # GLM's model card, its MTP layer not counted
+                "glm-4.5-air": 106e9,  # GLM's model card, its MTP layer not counted
+                "ministral-3-8b": 8.4e9}  # the language model of Ministral 3 8B's card
     # The family presets' counts: tests/bench/test_random_gguf_families.py.
     for name in expected:
         count = parameter_bytes(random_weights_config(name)) / 2

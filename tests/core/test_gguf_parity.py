@@ -32,10 +32,14 @@ QTYPES = ["F32", "F16", "Q8_0"]
 # "gemma3": norms stored as 1 + w, its window and soft-cap in metadata, and QAT's Q4_0.
 # "phi3*": fused qkv and gate_up in the file (quantized blocks split by rows), partial RoPE
 # and LongRoPE from the file's metadata and factor tensors; "mistral": head_dim 32 != 64 / 4,
-# written as llama (as llama.cpp writes Mistral Small 3.x), so it loads as llama.
-VARIANTS = ["llama", "smollm2", "gemma3", "phi3", "phi3_partial_longrope", "mistral"]
+# written as llama (as llama.cpp writes Mistral Small 3.x), so it loads as llama;
+# "ministral3": arch mistral3, YaRN's betas and log multiplier and the query temperature from
+# metadata, the temperature's period (8) well inside the prompt.
+VARIANTS = ["llama", "smollm2", "gemma3", "phi3", "phi3_partial_longrope", "mistral",
+            "ministral3"]
 EXTRA_QTYPES = {"gemma3": ["Q4_0"]}
-LOADS_AS = {"gemma3": "gemma3_text", "phi3": "phi3", "phi3_partial_longrope": "phi3"}
+LOADS_AS = {"gemma3": "gemma3_text", "phi3": "phi3", "phi3_partial_longrope": "phi3",
+            "ministral3": "ministral3"}
 # What a GGUF cannot say, llama.cpp derives: Gemma 3's query scale is 1/sqrt(head_dim) but
 # for the 27B, so the model written here has that scale.
 GGUF_CONFIG_CHANGES = {"gemma3": {"query_pre_attn_scalar": 16}}

@@ -16,7 +16,7 @@ from strata.engine.core.loader.hf import load_hf_config, load_hf_tensors
 from strata.engine.core.model_config import ModelFormatError
 from strata.engine.core.models.build import build_model
 from tests.helpers.gguf_writer import write_gguf_from_hf
-from tests.helpers.tiny_models import make_tiny_hf_config, make_tiny_hf_model
+from tests.helpers.tiny_models import make_tiny_hf_config, make_tiny_hf_model, save_tiny_mistral3
 
 ATOL = 1e-4
 ORIGINAL_CONTEXT = 64  # the phi3_partial_longrope variant's pre-training context
@@ -196,21 +196,11 @@ def test_engine_caps_the_context_at_a_phi3_sliding_window_and_generates(tmp_path
 
 
 def test_engine_generates_from_a_mistral3_directory(tmp_path):
-    import transformers
 
     from strata.engine.core.engine import Engine, EngineConfig
     from strata.engine.protocol import SamplingSpec
 
-    text = make_tiny_hf_config("mistral")
-    vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64,
-                                              num_hidden_layers=1, num_attention_heads=2,
-                                              image_size=32, patch_size=8, head_dim=16)
-    config = transformers.Mistral3Config(text_config=text.to_dict(),
-                                         vision_config=vision.to_dict(), image_token_index=10,
-                                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    hf_model = transformers.Mistral3ForConditionalGeneration(config).eval()
-    hf_model.save_pretrained(tmp_path)
+    hf_model = save_tiny_mistral3(tmp_path, "mistral")
     engine = Engine(EngineConfig(model_path=str(tmp_path), device="cpu", context_tokens=64))
     engine.load()
     try:

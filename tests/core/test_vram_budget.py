@@ -39,7 +39,9 @@ def _engine(path, budget_bytes: int = 0, expert_cache: str = "auto") -> Engine:
 
 
 def test_auto_expert_cache_sizes_itself_inside_the_budget(tmp_path) -> None:
-    path, _ = make_tiny_hf_model("qwen3_moe", tmp_path)  # 2 layers x 8 experts
+    # 4 layers x 8 experts: two layers would leave no partial cache beside the staging (one
+    # layer's experts) and the minimum of one layer's slots.
+    path, _ = make_tiny_hf_model("qwen3_moe", tmp_path, overrides={"num_hidden_layers": 4})
     free = _engine(path)
     free.load()
     weights_bytes = free.memory.weights.resident_bytes
@@ -47,12 +49,16 @@ def test_auto_expert_cache_sizes_itself_inside_the_budget(tmp_path) -> None:
     assert free.memory.expert_mode == "all"  # the CPU keeps every expert without a budget
     free.close()
 
-    budget = weights_bytes + EXPERT_RESERVE_BYTES + 12 * bytes_per_expert
+    # A partial cache also maps the prefill's staging, one layer's 8 experts whole
+    # (memory/expert_staging.py), and auto leaves room for it.
+    staging_bytes = 8 * bytes_per_expert
+    budget = weights_bytes + EXPERT_RESERVE_BYTES + staging_bytes + 12 * bytes_per_expert
     engine = _engine(path, budget)
     engine.load()
     try:
         assert engine.memory.expert_mode == "slots"
         assert engine.memory.experts.num_slots == 12
+        assert engine.status()["experts"]["staging_bytes"] == staging_bytes
         spec = SamplingSpec(max_tokens=4)
         tokens = [t for step in engine.generate(list(range(1, 20)), spec) for t in step]
         assert len(tokens) == 4

@@ -27,6 +27,15 @@ TINY_CONFIGS = {
         hidden_activation="gelu_pytorch_tanh",
         layer_types=("sliding_attention", "sliding_attention", "full_attention"),
         **{**_TINY, "num_hidden_layers": 3}),
+    # Ministral 3's: YaRN and Llama 4's query temperature, both over an original context of
+    # 8 tokens, so prompts of 21 reach a query scale of 1 + 0.5 ln 3 and decoding past 24 of
+    # 1 + 0.5 ln 4.
+    "ministral3": ModelConfig(
+        model_type="ministral3", rope_theta=1e6,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                      "mscale": 1.0, "mscale_all_dim": 1.0,
+                      "original_max_position_embeddings": 8},
+        llama4_scaling_beta=0.5, llama4_scaling_period_tokens=8, **_TINY),
     # GLM-4.5's MoE: sigmoid routing with its correction bias in one group (as GLM-4.5,
     # 4.5-Air and 4.6 ship; tiny_models.py's variant has 2), routed scaling, a shared
     # expert; q/k/v biases, q/k norm, half-rotary RoPE.

@@ -27,6 +27,7 @@ _ARCH_FOR_MODEL_TYPE = {
     "gemma3_text": "gemma3",
     "phi3": "phi3",
     "mistral": "llama",  # llama.cpp writes Mistral Small 3.x / Devstral as llama
+    "ministral3": "mistral3",
     "glm4_moe": "glm4moe",
     "gpt_oss": "gpt-oss",
 }
@@ -88,7 +89,8 @@ def _hf_tensors_in_gguf_order(hf_model: Any, arch: str) -> dict[str, np.ndarray]
             continue
         if name.endswith("e_score_correction_bias"):  # the converter's own rename
             name = name.replace("e_score_correction_bias", "e_score_correction.bias")
-        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+        # mistral3's converter is llama's (conversion/mistral3.py), permutation included.
+        if arch in ("llama", "mistral3") and (".q_proj." in name or ".k_proj." in name):
             values = permute_rope_rows(values, heads if ".q_proj." in name else kv_heads)
         suffixes = (".weight", ".bias")
         # Dense layers of a qwen3moe (mlp_only_layers) are missing from its map: generic names.
@@ -264,7 +266,7 @@ def write_gguf_from_hf(
     writer.add_rope_freq_base(rope_theta)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    if arch == "llama":
+    if arch in ("llama", "mistral3"):
         writer.add_rope_dimension_count(head_dim)
     if arch == "phi3":  # partial RoPE: the rotated dims; LongRoPE: the factor tensors below
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
@@ -287,6 +289,11 @@ def write_gguf_from_hf(
         writer.add_rope_scaling_factor(rope["factor"])
         if "original_max_position_embeddings" in rope:
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if arch == "mistral3":  # conversion/mistral3.py on top of the base converter's YaRN keys
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        writer.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        writer.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
     if arch == "gemma3":
         if cfg.sliding_window:
             writer.add_sliding_window(cfg.sliding_window)

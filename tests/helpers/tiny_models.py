@@ -94,6 +94,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
                          "long_factor": [1.5, 2.5, 4.0, 6.5, 9.0, 14.0]}}),
     # head_dim 32 given explicitly, not hidden / heads (16), as in Mistral Small 3.x.
     "mistral": ("MistralConfig", {"head_dim": 32, "sliding_window": None}),
+    # Ministral 3's: YaRN whose original context (8) is also the period of Llama 4's query
+    # temperature, far shorter than the prompts, so the queries' scale reaches 1 + 0.5 ln 8;
+    # mscale over mscale_all_dim as released (a YaRN attention factor of 1).
+    "ministral3": ("Ministral3Config", {
+        "head_dim": 32, "sliding_window": None,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 8, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "llama_4_scaling_beta": 0.5}}),
     # GLM-4.5's shape: layer 0 dense, then sigmoid-routed MoE with a correction bias in 2
     # groups (1 used), routed scaling, a shared expert, q/k/v biases, q/k norm, half-rotary
     # RoPE; 3 layers so two are sparse.
@@ -140,14 +149,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 _RANDOM_NORM_VARIANTS = {"gemma3"}
 
 
-def make_tiny_hf_config(variant: str):
-    """The transformers config of a tiny model variant (see VARIANTS)."""
+def make_tiny_hf_config(variant: str, overrides: dict | None = None):
+    """The transformers config of a tiny model variant (see VARIANTS), with overrides
+    (e.g. more layers) on top."""
     import transformers
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown tiny model variant {variant!r}; known: {', '.join(VARIANTS)}")
     class_name, extra = VARIANTS[variant]
-    return getattr(transformers, class_name)(**{**_COMMON, **extra})
+    return getattr(transformers, class_name)(**{**_COMMON, **extra, **(overrides or {})})
 
 
 def randomize_routing_biases(model) -> None:
@@ -160,15 +170,16 @@ def randomize_routing_biases(model) -> None:
             buffer.copy_(torch.rand(buffer.shape, generator=generator) * 0.5)
 
 
-def make_tiny_hf_model(model_type: str, tmp_path: Path, seed: int = 0, **save_kwargs):
+def make_tiny_hf_model(model_type: str, tmp_path: Path, seed: int = 0,
+                       overrides: dict | None = None, **save_kwargs):
     """Build a seeded random float32 transformers model, save it (safetensors) under tmp_path.
 
-    `model_type` is a variant name from VARIANTS (a plain model_type or a named variant).
-    Returns (directory, model in eval mode).
+    `model_type` is a variant name from VARIANTS (a plain model_type or a named variant);
+    overrides: config values on top of it. Returns (directory, model in eval mode).
     """
     import transformers
 
-    config = make_tiny_hf_config(model_type)
+    config = make_tiny_hf_config(model_type, overrides)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize_norms(model, model_type)
@@ -187,3 +198,22 @@ def randomize_norms(model, variant: str) -> None:
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.normal_(0.0, 0.3)
+
+
+def save_tiny_mistral3(path, text_variant: str):
+    """A tiny Mistral3ForConditionalGeneration (Pixtral vision, the text model of
+    make_tiny_hf_config(text_variant)) saved to path, as Mistral 3 checkpoints ship; the
+    transformers model (eval mode)."""
+    import transformers
+
+    text = make_tiny_hf_config(text_variant)
+    vision = transformers.PixtralVisionConfig(hidden_size=32, intermediate_size=64,
+                                              num_hidden_layers=1, num_attention_heads=2,
+                                              image_size=32, patch_size=8, head_dim=16)
+    config = transformers.Mistral3Config(text_config=text.to_dict(),
+                                         vision_config=vision.to_dict(), image_token_index=10,
+                                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Mistral3ForConditionalGeneration(config).eval()
+    model.save_pretrained(path)
+    return model

@@ -167,7 +167,7 @@ def test_any_split_gives_the_whole_result(case, cuts) -> None:
     ("mistral-small-3.2-instruct-2506.jinja", "mistral"), ("smollm2-135m-instruct.jinja", "hermes"),
     ("phi-4.jinja", "hermes"), ("microsoft-phi-4-mini-instruct.jinja", "phi4"),
     ("llama-cpp-microsoft-phi-4-mini-instruct.jinja", "phi4"),
-    ("glm-4.6.jinja", "glm")])
+    ("glm-4.6.jinja", "glm"), ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral")])
 def test_format_is_detected_from_the_real_template(template, fmt) -> None:
     path = TEMPLATES / template
     assert detect_format(path.read_text()) == fmt
@@ -215,3 +215,24 @@ def test_phi4_call_streams_once_its_name_is_known() -> None:
     assert parser.feed("]}}]<|/tool_") == [CallArguments(0, "1]}")]
     assert parser.feed("call|> Done") == [TextPiece(" Done")]
     assert parser.finish() == []
+
+
+def test_ministral3_template_writes_calls_the_mistral_parser_reads_back() -> None:
+    """Ministral 3's real template writes each earlier call as `[TOOL_CALLS]name[ARGS]{...}`;
+    the same text from the model (two calls) parses into those calls."""
+    from strata.engine.text.chat_template import ChatTemplate
+
+    source = (TEMPLATES / "mistralai-Ministral-3-14B-Reasoning-2512.jinja").read_text()
+    calls = [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+    messages = [
+        {"role": "user", "content": "Weather and time in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]},
+        {"role": "tool", "content": "sunny"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    text = ChatTemplate(source, bos_token="<s>", eos_token="</s>").render(messages, tools=tools)
+    written = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}'
+    assert written + "</s>[TOOL_RESULTS]sunny[/TOOL_RESULTS]" in text
+    assert "[AVAILABLE_TOOLS]" in text
+    parser = ToolCallParser(detect_format(source))
+    assert _collect(parser.feed(written) + parser.finish()) == ("", calls)

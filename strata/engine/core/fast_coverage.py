@@ -1,13 +1,13 @@
 """Which models the fast decode and prefill paths cover, read from the model's shape.
 
 The fast paths (forward.py, prefill.py, batch_graph.py and their kernels) reimplement the
-The fast paths (forward.py, prefill.py, batch_graph.py and their kernels) reimplement the
 shared decoder: pre-norm blocks, or Gemma's sandwich blocks (each sublayer's output normed
 too); Llama's RMSNorm or Gemma's (1 + w) one; the model's own embedding (Gemma scales it)
 and RoPE tables (one, or Gemma's per layer kind); causal attention at the layer's scale
 (1/sqrt(head_dim) or Gemma's query_pre_attn_scalar), over every cached position or a
-sliding window, with GPT-OSS's per-head sinks where the layer has them; SwiGLU, GeGLU or
-SparseMoE MLPs; logits soft-capped where the config says. A model needing more runs the
+sliding window, with GPT-OSS's per-head sinks where the layer has them, queries scaled
+by position where the layer says (Ministral 3's temperature, Attention.scale_queries);
+SwiGLU, GeGLU or SparseMoE MLPs; logits soft-capped where the config says. A model needing more runs the
 reference forward instead (engine_setup.py): slower, never wrong.
 Every MoE layer of models/switch.py is covered: softmax top-k into plain SwiGLU experts
 (Qwen3-MoE, Mixtral) by the Triton routers; GLM-4.5's sigmoid routing with its correction

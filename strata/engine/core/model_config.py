@@ -9,7 +9,7 @@ from typing import Any
 from strata.errors import StrataError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma3_text", "phi3",
-                         "mistral", "glm4_moe", "gpt_oss")
+                         "mistral", "ministral3", "glm4_moe", "gpt_oss")
 
 # Gemma3TextConfig's defaults: released config.json files (the multimodal ones' text_config
 # above all) leave out every value equal to them.
@@ -91,6 +91,11 @@ class ModelConfig:
     # gpt_oss's clamped SwiGLU in the experts: gate * sigmoid(alpha * gate) * (up + 1).
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # Ministral 3 / Devstral 2 (Llama 4's attention temperature): after RoPE the queries at
+    # position p are scaled by 1 + beta * ln(1 + floor(p / period)), exactly 1 within the
+    # first period (the pre-training context). beta 0: no scaling.
+    llama4_scaling_beta: float = 0.0
+    llama4_scaling_period_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -121,6 +126,10 @@ class ModelConfig:
                 f"layer_types names {len(self.layer_types)} layers but the model has "
                 f"{self.num_hidden_layers}: the config is inconsistent"
             )
+        if self.llama4_scaling_beta and self.llama4_scaling_period_tokens <= 0:
+            raise ModelFormatError(
+                f"llama_4_scaling_beta {self.llama4_scaling_beta} needs a positive original "
+                "context (original_max_position_embeddings): the config is inconsistent")
         if "sliding_attention" in self.layer_types and not self.sliding_window:
             raise ModelFormatError("sliding_attention layers need a sliding_window: the config "
                                    "is inconsistent")
@@ -168,8 +177,13 @@ class ModelConfig:
         rope_params = d.get("rope_parameters") or {}
         rope_theta = d.get("rope_theta") or rope_params.get("rope_theta") or 10000.0
         rope_scaling = d.get("rope_scaling")
-        if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
+        # Ministral3Config's own default still says "type" (transformers standardizes it).
+        if rope_scaling is None and rope_params.get(
+                "rope_type", rope_params.get("type", "default")) != "default":
             rope_scaling = dict(rope_params)
+        # Ministral 3 keeps its query temperature beside YaRN's parameters.
+        llama4_beta = float(rope_params.get("llama_4_scaling_beta") or 0.0) \
+            if model_type == "ministral3" else 0.0
         if rope_scaling is not None and rope_scaling.get(
                 "rope_type", rope_scaling.get("type")) == "longrope":
             # Phi-3/4 keep the pre-training context beside rope_scaling, not inside it.
@@ -220,7 +234,7 @@ class ModelConfig:
             # too (all full unless use_sliding_window, which Strata's Qwen does not implement).
             layer_types=layer_types if is_gemma3 or (sliding and model_type == "gpt_oss") else (),
             sliding_window=(d.get("sliding_window") or None)
-            if is_gemma3 or model_type in ("phi3", "mistral") or (sliding and
+            if is_gemma3 or model_type in ("phi3", "mistral", "ministral3") or (sliding and
             model_type == "gpt_oss") else None,
             rope_local_theta=d.get("rope_local_base_freq", 10000.0),
             query_pre_attn_scalar=d.get("query_pre_attn_scalar"),
@@ -229,6 +243,9 @@ class ModelConfig:
             partial_rotary_factor=float(partial_rotary),
             swiglu_alpha=d.get("swiglu_alpha", 1.702),
             swiglu_limit=d.get("swiglu_limit", 7.0),
+            llama4_scaling_beta=llama4_beta,
+            llama4_scaling_period_tokens=int(
+                rope_params.get("original_max_position_embeddings") or 0) if llama4_beta else 0,
         )
 
 

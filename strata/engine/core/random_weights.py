@@ -90,6 +90,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rope_local_base_freq": 10000.0, "rope_scaling": None, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 32768, "tie_word_embeddings": True,
     },
+    # transformers' Ministral3Config defaults, which are mistralai/Ministral-3-8B-Base-2512's
+    # text model (8.4B parameters by its model card).
+    "ministral-3-8b": {
+        "model_type": "ministral3", "vocab_size": 131072, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 34, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 262144, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+                            "original_max_position_embeddings": 16384, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "llama_4_scaling_beta": 0.1},
+    },
     "phi-4": {
         "model_type": "phi3", "vocab_size": 100352, "hidden_size": 5120,
         "intermediate_size": 17920, "num_hidden_layers": 40, "num_attention_heads": 40,

@@ -174,7 +174,8 @@ class BatchStep:
         on the fused path: a graph can hold it."""
         model, ops = self.model, self.ops
         # Per layer: cos, sin [B, D] each (one table unless Gemma's two).
-        ropes = model.layer_ropes(buffers.positions.clamp(min=0), per_row=True)
+        positions = buffers.positions.clamp(min=0)  # [B]; padding rows at 0
+        ropes = model.layer_ropes(positions, per_row=True)
         h = model.embed(buffers.tokens)  # [B, H]
         y = None
         for i, layer in enumerate(model.model.layers):
@@ -182,6 +183,7 @@ class BatchStep:
             cos, sin = ropes[i]
             h, x = apply_add_norm(ops, h, y, layer.input_layernorm)
             q, k, v = project_qkv(attn, x, ops)  # [B, Hq*D], [B, Hkv*D] x2
+            q = attn.scale_queries(q, positions)  # Ministral 3's temperature; RoPE is linear
             if self.fused_attention:
                 out = batch_attention.batch_attention(
                     attn, q, k, v, cos, sin, kv_rows.base.k[i], kv_rows.base.v[i],

@@ -272,6 +272,8 @@ def decode_step(
         attn = layer.self_attn
         after_attn, before_mlp, after_mlp = block_norms(layer)
         h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops, y_norm)
+        # Before the kernels' RoPE: scaling the rotated q is the same, RoPE being linear.
+        q = attn.scale_queries(q, position)
         y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
                              *ropes[i], ops)
         h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl, after_attn)

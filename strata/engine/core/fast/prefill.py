@@ -39,9 +39,12 @@ def write_kv(attn, x, start_pos: int, k_cache, v_cache, cos, sin,
              ops: PointwiseOps = EAGER_OPS) -> torch.Tensor:
     """Project x [T, H], write its K/V at start_pos..start_pos+T-1; the queries [T, Hq, D]."""
     q, k, v = qkv(attn, x, cos, sin, ops)
-    k_cache[start_pos : start_pos + x.shape[0]] = k
-    v_cache[start_pos : start_pos + x.shape[0]] = v
-    return q
+    end_pos = start_pos + x.shape[0]
+    k_cache[start_pos:end_pos] = k
+    v_cache[start_pos:end_pos] = v
+    if attn.llama4_scaling is None:  # every model but Ministral 3: no positions tensor
+        return q
+    return attn.scale_queries(q, torch.arange(start_pos, end_pos, device=x.device))
 
 
 def attention_prefill(

@@ -47,7 +47,8 @@ SUPPORTED_QUANT_TYPES = frozenset(
 
 # Types torch reads straight from the mapped file, in their own dtype.
 _NATIVE_DTYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16}
-_ROPE_PERMUTED_ARCHS = ("llama",)  # qwen2/qwen3/glm4moe GGUFs keep HF's Q/K row order
+# qwen2/qwen3/glm4moe GGUFs keep HF's Q/K row order; mistral3's converter is llama's.
+_ROPE_PERMUTED_ARCHS = ("llama", "mistral3")
 # llama.cpp's converter writes Gemma's norm weights as 1 + w (convert_hf_to_gguf.py,
 # Gemma3Model.norm_shift); the model applies (1 + w) itself, so the loader takes the 1 off.
 _NORM_SHIFTED_ARCHS = ("gemma3",)
@@ -145,6 +146,7 @@ def load_gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
             "(softmax 1 and sigmoid 2 only)"
         )
     extra |= _gpt_oss_fields(meta, num_layers, rope_scaling) if arch == "gpt-oss" else {}
+    extra |= _mistral3_fields(meta, path) if arch == "mistral3" else {}
     return ModelConfig(
         model_type=model_type,
         vocab_size=vocab_size,
@@ -236,6 +238,20 @@ def _gpt_oss_fields(meta: dict[str, Any], num_layers: int,
         "layer_types": tuple("sliding_attention" if window and i % 2 == 0 else "full_attention"
                              for i in range(num_layers)),
     }
+
+
+def _mistral3_fields(meta: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Ministral 3's query temperature: its beta is a key of its own, its period YaRN's original
+    context, as llama.cpp reads them (llama_model_mistral3::load_arch_hparams)."""
+    beta = float(meta.get("attention.temperature_scale") or 0.0)
+    if not beta:
+        return {}
+    period = int(meta.get("rope.scaling.original_context_length") or 0)
+    if period <= 0:
+        raise ModelFormatError(
+            f"{path} sets attention.temperature_scale but no rope.scaling."
+            "original_context_length: the file is incomplete; convert it again")
+    return {"llama4_scaling_beta": _float32_value(beta), "llama4_scaling_period_tokens": period}
 
 
 def _check_quant_type(name: str, tensor_type: GGMLQuantizationType) -> None:

@@ -17,6 +17,7 @@ from strata.engine.core.model_config import ModelConfig
 GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
                       "gemma3": "gemma3_text",
                       "phi3": "phi3",
+                      "mistral3": "ministral3",
                       "glm4moe": "glm4_moe",
                       "gpt-oss": "gpt_oss"}
 

@@ -27,6 +27,13 @@ def rope_scaling_from_metadata(meta: dict[str, Any]) -> dict[str, Any] | None:
     original = meta.get("rope.scaling.original_context_length")
     if original:
         scaling["original_max_position_embeddings"] = int(original)
+    if kind == "yarn":
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            if meta.get(f"rope.scaling.{key}") is not None:
+                scaling[name] = float(meta[f"rope.scaling.{key}"])
+        log_mul = meta.get("rope.scaling.yarn_log_multiplier")
+        if log_mul:  # HF's mscale_all_dim; llama.cpp takes mscale as 1 (llama-context.cpp)
+            scaling.update(mscale=1.0, mscale_all_dim=float(log_mul))
     return scaling
 
 

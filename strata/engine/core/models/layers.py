@@ -261,19 +261,35 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def llama4_query_scales(positions: torch.Tensor, beta: float, period_tokens: int
+                        ) -> torch.Tensor:
+    """Llama 4's attention temperature (Ministral 3): the factor [T] float32 the queries at
+    positions [T] are scaled by, 1 + beta * ln(1 + floor(p / period)); 1 in the first period.
+    Device ops only, so a CUDA graph captures it with the positions tensor."""
+    return 1.0 + beta * torch.log1p(torch.floor(positions.float() / period_tokens))
+
+
 class Attention(nn.Module):
     """Grouped-query attention over the KV cache, with optional q/k biases and q/k RMSNorm.
 
     Gemma 3's extras: `norm` (the q/k norm's class), `scale` (the scores' factor, None for
     1/sqrt(head_dim)) and `sliding_window` (a query sees only the newest that many positions,
-    itself included; None: all of them)."""
+    itself included; None: all of them). Ministral 3's: `llama4_scaling` (beta, period in
+    tokens) scales the rotated queries by position (llama4_query_scales); None: no scaling."""
 
     def __init__(self, config: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool, *,
                  norm: type[RMSNorm] = RMSNorm, scale: float | None = None,
-                 sliding_window: int | None = None):
+                 sliding_window: int | None = None,
+                 llama4_scaling: tuple[float, int] | None = None):
         super().__init__()
+        if llama4_scaling is not None and qk_norm:
+            # The fast decode kernels rotate after a q norm; they scale q before both, which
+            # equals scaling after RoPE (linear) but not after a norm.
+            raise ModelFormatError("a query temperature (llama_4_scaling_beta) with q/k norms "
+                                   "is not supported")
         self.scale = scale
         self.sliding_window = sliding_window
+        self.llama4_scaling = llama4_scaling
         hidden, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -298,6 +314,8 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         end_pos = start_pos + num_tokens
         q, k, v = self._project(x, cos, sin)
+        if self.llama4_scaling is not None:  # no positions tensor built for other models
+            q = self.scale_queries(q, torch.arange(start_pos, end_pos, device=x.device))
         k_cache[start_pos:end_pos] = k
         v_cache[start_pos:end_pos] = v
         out = self._attend(q, k_cache, v_cache, end_pos)  # [Hq, T, D]
@@ -318,6 +336,8 @@ class Attention(nn.Module):
         own cached positions only, so sequences never see each other's keys."""
         batch = x.shape[0]
         q, k, v = self._project(x, cos, sin)  # [B, H, D] each
+        if self.llama4_scaling is not None:
+            q = self.scale_queries(q, torch.tensor(list(positions), device=x.device))
         outs = []
         for b, position in enumerate(positions):
             k_caches[b][position] = k[b]
@@ -325,6 +345,14 @@ class Attention(nn.Module):
             outs.append(self._attend(q[b : b + 1], k_caches[b], v_caches[b], position + 1))
         out = torch.cat(outs, dim=1)  # [Hq, B, D]
         return self.o_proj(out.transpose(0, 1).reshape(batch, -1))
+
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """q [T, ...] (one row per position of positions [T]) times its llama4_scaling
+        factor, in q's dtype as transformers multiplies; q itself without that scaling."""
+        if self.llama4_scaling is None:
+            return q
+        scales = llama4_query_scales(positions, *self.llama4_scaling).to(q.dtype)  # [T]
+        return q * scales.view(-1, *([1] * (q.dim() - 1)))
 
     def _project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ _ARCHITECTURES = {
     "gemma3_text": "gemma3",
     "phi3": "phi3",
     "mistral": "mistral",
+    "ministral3": "ministral3",
     "glm4_moe": "glm4_moe",
     "gpt_oss": "gpt_oss",
 }
