@@ -301,3 +301,49 @@ def _assert_batched_step_matches(model, prompt: list[int], fused_attention: bool
         expected = model.forward_decode_batch(torch.tensor([7, 19, 33]), lengths,
                                               expected_caches)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("triton_usable", [True, False])
+def test_gpt_oss_prefill_attends_in_the_sink_kernel(monkeypatch, triton_usable: bool) -> None:
+    """The fast prefill's GPT-OSS layers attend in kernels/sink_attention.py's kernel where
+    Triton runs (the torch sink_attention is not called), in torch where it cannot, and both
+    give the reference forward's logits and greedy tokens: a first chunk and later ones after
+    cached tokens, past the windows of 5."""
+    import importlib
+
+    from strata.engine.core.fast.forward import decode_step
+    from strata.engine.core.kernels import sink_attention as sink_kernel
+
+    prefill_module = importlib.import_module("strata.engine.core.fast.prefill")
+    calls = {"kernel": 0, "torch": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(sink_kernel, "fused_sink_attention",
+                        counted("kernel", sink_kernel.fused_sink_attention))
+    monkeypatch.setattr(prefill_module, "sink_attention",
+                        counted("torch", prefill_module.sink_attention))
+    if not triton_usable:
+        monkeypatch.setattr(sink_kernel, "is_usable", lambda device: False)
+    model = tiny_gpt_oss()
+    prompt = [(5 * i + 2) % 96 for i in range(23)]
+    tokens, ref_logits = reference_greedy(model, prompt, 5, 40)
+    kv = KVCache.for_config(model.config, 40)
+    with torch.inference_mode():
+        prefill(model, kv, torch.tensor(prompt[:17]), 0, chunk_tokens=16, moe_impl="loop")
+        logits = prefill(model, kv, torch.tensor(prompt[17:]), 17, chunk_tokens=4,
+                         moe_impl="loop")
+        torch.testing.assert_close(logits, ref_logits[0], rtol=1e-4, atol=1e-4)
+        got = [int(logits.argmax())]
+        for i in range(4):
+            step = decode_step(model, kv, torch.tensor(got[-1:]), torch.tensor([len(prompt) + i]),
+                               torch.arange(40))[0]
+            got.append(int(step.argmax()))
+    assert got == tokens
+    used, unused = ("kernel", "torch") if triton_usable else ("torch", "kernel")
+    assert calls[used] > 0 and calls[unused] == 0, calls

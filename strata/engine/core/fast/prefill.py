@@ -6,6 +6,9 @@ through prefill_attention.py (flash / memory-efficient kernels, never [heads, T,
 MoE layers with resident experts take the sorted grouped path (moe_prefill.py). Only the last
 token's hidden state is needed after the last layer's K/V are written, so the last layer of
 the last chunk attends and runs its MLP for that one token, and the head sees one row.
+GPT-OSS's layers, whose softmax also holds a sink logit that SDPA cannot take, attend through
+kernels/sink_attention.py's Triton kernel (models/gpt_oss.sink_attention where Triton cannot
+run).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from strata.engine.core.fast.pointwise import (
     PointwiseOps,
     apply_add_norm,
     apply_norm,
+    attention_scale,
     attention_sinks,
     attention_window,
 )
+from strata.engine.core.kernels import sink_attention as sink_kernel
 from strata.engine.core.kernels.prefill_attention import flash_attention
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.gpt_oss import sink_attention
@@ -58,7 +63,10 @@ def attention_prefill(
     keys = k_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
     values = v_cache[:end_pos].transpose(0, 1).to(q.dtype)  # [Hkv, S, D]
     sinks = attention_sinks(attn)
-    if sinks is not None:  # GPT-OSS: no fused kernel takes sinks; torch, by query blocks
+    if sinks is not None and sink_kernel.is_usable(q.device):  # GPT-OSS: SDPA takes no sinks
+        out = sink_kernel.fused_sink_attention(q.transpose(0, 1), keys, values, sinks,
+                                               attention_window(attn), attention_scale(attn))
+    elif sinks is not None:  # no Triton here: torch, by query blocks
         out = sink_attention(q.transpose(0, 1), keys, values, sinks, attention_window(attn))
     else:  # Gemma's own scale and window where the layer has them
         out = flash_attention(q.transpose(0, 1), keys, values, prefer_cudnn=full_chunk,
