@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from strata.engine.core.memory.arena import ArenaReleasedError
-from strata.engine.core.memory.expert_store import ExpertStore, contiguous_runs
+from strata.engine.core.memory.expert_layout import contiguous_runs
+from strata.engine.core.memory.expert_store import ExpertStore
 
 E, INTER, HIDDEN = 8, 16, 12
 

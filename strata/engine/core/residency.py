@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ import torch
 from strata.engine.core import load_phases
 from strata.engine.core.engine_config import parse_expert_cache
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
+from strata.engine.core.expert_warmup import expert_scratch_numel, warm_up_experts
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
 from strata.engine.core.loader.quant_plan import has_kernel, is_quantizable
 from strata.engine.core.memory.arena import Arena, ArenaMapError
@@ -38,8 +38,8 @@ from strata.engine.core.memory.vram import read_free_vram_bytes
 from strata.engine.core.model_config import ModelConfig
 from strata.engine.core.models.build import build_model, parameter_dtype
 from strata.engine.core.models.registry import model_module
-from strata.engine.core.models.switch import SlotLayout, SparseMoE
-from strata.engine.core.quant.experts import ExpertMatrices, QuantizedExperts
+from strata.engine.core.models.switch import SparseMoE
+from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.weight import (
     QuantizedWeight,
     block_shape,
@@ -48,6 +48,7 @@ from strata.engine.core.quant.weight import (
     reserve_scratch,
     warm_up_quantized,
 )
+from strata.engine.core.slot_experts import SlotExperts, quantized_experts
 from strata.units import GIB, MIB
 
 log = logging.getLogger(__name__)
@@ -67,73 +68,6 @@ _PROJS = ("gate_proj", "up_proj", "down_proj")
 # are what a caller sees instead.
 ASLEEP = "the model is asleep: wake it first"
 EXPERTS_RELEASED = "the expert cache is released: refill it first"
-
-
-class SlotExperts:
-    """ExpertWeights provider over an N-slot ExpertStore: slot views, misses copied in; for
-    one-token decode also the slot table layout (None where the GPU cannot read the host
-    copy in place: then decode takes the loop through `get`)."""
-
-    def __init__(self, store: ExpertStore, layer: int, dtype: torch.dtype):
-        self.store = store
-        self.layer = layer
-        self.dtype = dtype
-        self._staged: tuple | None = None  # the staging as this layer's stacks (made once)
-        # The MoE layer after this one, whose experts a prefill chunk stages while this one
-        # computes; not the model's last layer, whose MLP a chunk before the last skips.
-        later = [i for i in store.layer_ids if i > layer]
-        self.next_layer = later[0] if later and later[0] < store.table.shape[0] - 1 else None
-        # Quantized: the slots as this layer's QuantizedExperts (its types and row bytes).
-        slots = store.slot_weights_of(layer)
-        self.quantized = (quantized_experts(store, layer, slots, dtype)
-                          if store.is_quantized else None)
-        offsets = store.host_offsets(layer)
-        weights = self.quantized or slots
-        self.layout = None if offsets is None else SlotLayout(
-            *weights, store.table[layer], offsets, store.step_ids[layer]
-        )
-
-    @property
-    def can_stage(self) -> bool:
-        """Whether prefill chunks stage this layer's experts whole (a partial cache has the
-        staging area; see memory/expert_staging.py)."""
-        return self.store.staging is not None
-
-    def staged(self, experts: Sequence[int] | None = None) -> tuple:
-        """(gate, up, down) of every expert of this layer, stacked [E, ...] as the grouped
-        prefill reads resident experts, from the staging area; `experts` (None: all) hold
-        their weights, the others stale bytes. Nothing enters the cache."""
-        self.store.staging.stage(self.layer, experts)
-        return self.staging_stacks()
-
-    def staging_stacks(self) -> tuple:
-        """The staging as this layer's (gate, up, down) stacks, whatever they hold now
-        (`staged` fills them): QuantizedExperts for blocks."""
-        if self._staged is None:
-            stacks = self.store.staging.views(self.layer)
-            self._staged = (quantized_experts(self.store, self.layer, stacks, self.dtype)
-                            if self.quantized is not None else stacks)
-        return self._staged
-
-    def prefetch_next(self) -> None:
-        """Stage the next MoE layer's experts behind the work queued so far (a long chunk,
-        which routes to nearly all of them); its `staged` call waits for them."""
-        if self.next_layer is not None:
-            self.store.staging.stage(self.next_layer, None, wait=False)
-
-    def get(self, expert_ids: Sequence[int]):
-        slots = self.store.fetch_slots(self.layer, expert_ids)
-        if self.quantized is not None:  # dequantized one at a time, on use
-            return tuple(ExpertMatrices(w, slots) for w in self.quantized)
-        gate, up, down = self.store.slot_weights_of(self.layer)
-        return [gate[s] for s in slots], [up[s] for s in slots], [down[s] for s in slots]
-
-
-def quantized_experts(store: ExpertStore, layer: int, weights: Sequence[torch.Tensor],
-                      dtype: torch.dtype) -> tuple[QuantizedExperts, ...]:
-    """A quantized store's [n, stride] rows (slots) as layer's gate, up, down QuantizedExperts."""
-    return tuple(QuantizedExperts(fmt.qtype, (w.shape[0], *fmt.shape), w, dtype)
-                 for w, fmt in zip(store.blocks(layer, weights), store.formats[layer]))
 
 
 def expert_names(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
@@ -548,88 +482,6 @@ def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,
     if len(shape) == 3:
         return QuantizedExperts(qtype, shape, raw, dtype)  # type: ignore[arg-type]
     return QuantizedWeight(qtype, shape, raw, dtype)  # type: ignore[arg-type]
-
-
-def _resident_quantized(moe: SparseMoE, stage: bool = False) -> tuple[QuantizedExperts, ...]:
-    """The layer's (gate, up, down) as prefill multiplies them, when they are blocks: all
-    resident, or a partial cache's staging (memory/expert_staging.py; filled first where
-    `stage`, for a warm-up that reads real blocks); else ()."""
-    from strata.engine.core.fast.moe_grouped import slot_layout
-
-    provider = moe.expert_weights
-    if isinstance(provider, SlotExperts):
-        if not provider.can_stage or provider.quantized is None:
-            return ()
-        return provider.staged() if stage else provider.staging_stacks()
-    stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
-    if slot_layout(moe) is not None or not isinstance(stacks[0], QuantizedExperts):
-        return ()
-    return stacks  # type: ignore[return-value]
-
-
-def _reaches_grouped(moe: SparseMoE, max_prefill_tokens: int | None,
-                     stacks: tuple | None = None) -> bool:
-    """Whether a prefill chunk of max_prefill_tokens can route enough rows to moe's experts
-    (stacks: where prefill reads them, default the module's) for the dequantize-then-grouped
-    path (expert_grouped.min_rows, the lower crossover of a path replayed from graphs);
-    None: no bound."""
-    from strata.engine.core.fast import expert_epilogue
-    from strata.engine.core.fast.moe_prefill import decodes_in_gemm
-    from strata.engine.core.kernels import launch
-    from strata.engine.core.quant import expert_grouped
-
-    if stacks is None:
-        stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
-    if launch.is_usable(stacks[0].device) and not decodes_in_gemm(
-            *stacks, expert_epilogue.of(moe)):
-        return True  # expert_gemm cannot take them (MXFP4, an epilogue): every chunk can
-    num_experts = stacks[0].shape[0]
-    return (max_prefill_tokens is None or max_prefill_tokens * moe.top_k
-            >= expert_grouped.min_rows(num_experts, replayed=True))
-
-
-def expert_scratch_numel(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
-    """The most values a prefill dequantizes at once for quantized experts (resident, or
-    staged from a partial cache): one group of experts of one layer
-    (quant/expert_grouped.py); 0 where no chunk reaches that path."""
-    from strata.engine.core.quant import expert_grouped
-
-    return max((expert_grouped.scratch_numel(*stacks) for m in model.modules()
-                if isinstance(m, SparseMoE) and (stacks := _resident_quantized(m))
-                and _reaches_grouped(m, max_prefill_tokens, stacks)), default=0)
-
-
-def warm_up_experts(model: torch.nn.Module, max_prefill_tokens: int | None = None) -> int:
-    """Compile the expert kernels for every variant decode and prefill launch, before any
-    CUDA graph is captured; returns how many ran."""
-    from strata.engine.core.fast.moe_grouped import expert_stacks, slot_layout
-    from strata.engine.core.fast.moe_prefill import warm_up_quantized
-    from strata.engine.core.quant.expert_kernels import gather_dequantize
-
-    seen: set[tuple] = set()
-    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
-        layout = slot_layout(moe)
-        resident = _resident_quantized(moe)
-        if resident:
-            key = ("prefill", *((w.qtype, w.shape, w.expert_stride) for w in resident))
-            if key not in seen:
-                seen.add(key)
-                resident = _resident_quantized(moe, stage=True)  # real blocks to read
-                warm_up_quantized(moe, _reaches_grouped(moe, max_prefill_tokens, resident),
-                                  resident)
-        stacks = expert_stacks(moe, layout)[:3]
-        for p, w in enumerate(stacks):
-            key = (w.qtype if isinstance(w, QuantizedExperts) else None, w.shape[1:], layout
-                   is None)
-            if not isinstance(w, QuantizedExperts) or key in seen:
-                continue
-            seen.add(key)
-            ids = torch.zeros(moe.top_k, dtype=torch.long, device=w.device)
-            if layout is None:
-                gather_dequantize(w, ids)
-            else:
-                gather_dequantize(w, ids, layout.table, layout.host_offsets[p])
-    return len(seen)
 
 
 def _out_of_memory(what: str, exc: ArenaMapError) -> EngineOutOfMemory:

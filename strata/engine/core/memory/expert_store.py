@@ -33,6 +33,12 @@ from strata.engine.core.loader.lazy import as_lazy
 from strata.engine.core.memory.arena import DEFAULT_CHUNK_BYTES, Arena
 from strata.engine.core.memory.backend import ArenaBackend
 from strata.engine.core.memory.expert_cache import ExpertCache, split_slots
+from strata.engine.core.memory.expert_layout import (
+    BlockFormat,
+    SlotClass,
+    as_blocks,
+    contiguous_runs,
+)
 from strata.engine.core.memory.expert_staging import ExpertStaging, staging_bytes
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 
@@ -43,64 +49,11 @@ MAX_STEP_ROWS = 16
 
 
 @dataclass(frozen=True)
-class BlockFormat:
-    """How one layer's projection is stored when quantized: GGML type, logical [N, K] of one
-    expert, and the bytes of one of its rows of blocks."""
-
-    qtype: Any
-    shape: tuple[int, int]
-    row_bytes: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.shape[0] * self.row_bytes
-
-
-@dataclass
-class SlotClass:
-    """Layers whose experts have one size, and their slots in the arena: per projection an
-    [n, ...] tensor (float: the expert's shape; blocks: its bytes), n = max_slots."""
-
-    layers: list[int]
-    shapes: tuple[tuple[int, ...], ...]  # gate, up, down of one slot
-    proj_bytes: tuple[int, ...]
-    max_slots: int  # the cache's pool of these layers (its slot numbers start at cache.bases)
-    weights: tuple[torch.Tensor, ...] = ()
-
-    @property
-    def bytes_per_expert(self) -> int:
-        return sum(self.proj_bytes)
-
-
-@dataclass(frozen=True)
 class ExpertRefillResult:
     mapped_bytes: int
     copied_bytes: int
     seconds: float
     differing_slots: int | None  # set when STRATA_VERIFY_REFILL=1
-
-
-def contiguous_runs(
-    assignments: Sequence[tuple[int, int, int]],
-) -> list[tuple[int, int, int, int]]:
-    """(layer, first expert, first slot, count) for (layer, expert, slot) assignments: runs of
-    consecutive experts of one layer in consecutive slots, in (layer, expert) order."""
-    runs: list[tuple[int, int, int, int]] = []
-    for layer, expert, slot in sorted(assignments):
-        if runs:
-            last_layer, first_expert, first_slot, count = runs[-1]
-            if (layer == last_layer and expert == first_expert + count
-                    and slot == first_slot + count):
-                runs[-1] = (last_layer, first_expert, first_slot, count + 1)
-                continue
-        runs.append((layer, expert, slot, 1))
-    return runs
-
-
-def _as_blocks(rows: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """uint8 [n, stride] as [n, N, row_bytes] blocks of fmt (a view; padding left out)."""
-    return rows.as_strided((rows.shape[0], fmt.shape[0], fmt.row_bytes),
-                           (rows.stride(0), fmt.row_bytes, 1))
 
 
 class ExpertStore:
@@ -156,7 +109,7 @@ class ExpertStore:
                                                     layers[layer])):
                 view = self.host.tensor(offset, (self.num_experts, *shape), self.dtype)
                 # A tensor, or a file's handle read once; blocks into their rows.
-                dst = _as_blocks(view, self.formats[layer][p]) if self.formats else view
+                dst = as_blocks(view, self.formats[layer][p]) if self.formats else view
                 as_lazy(source).copy_to(dst)
                 views.append(view)
                 offset += view.numel() * self.dtype.itemsize
@@ -284,7 +237,7 @@ class ExpertStore:
     def blocks(self, layer: int, weights: Sequence[torch.Tensor]) -> ExpertWeights:
         """Quantized stores: each of weights' [n, bytes] uint8 (slots or a layer's host copy)
         viewed as layer's [n, N, row_bytes] blocks."""
-        return tuple(_as_blocks(w, f)  # type: ignore[return-value]
+        return tuple(as_blocks(w, f)  # type: ignore[return-value]
                      for w, f in zip(weights, self.formats[layer]))
 
     @staticmethod

@@ -185,13 +185,11 @@ if triton is not None:
     @triton.jit
     def _e2m1_doubled(q):
         """Twice an E2M1 code's value as float32: 0, 1, 2, 3, 4, 6, 8, 12, and the negatives
-        for codes 8..15 (ggml's kvalues_mxfp4)."""
-        m = q & 7
-        # 4, 6, 8, 12 for m = 4..7; the shift clamped so m < 4 (not taken) never shifts by
-        # a negative amount, which compiled code leaves undefined.
-        big = (4 + (m & 1) * 2) << tl.maximum((m >> 1) - 2, 0)
-        magnitude = tl.where(m < 4, m, big).to(tl.float32)
-        return tl.where(q >= 8, -magnitude, magnitude)
+        for codes 8..15 (ggml's kvalues_mxfp4). The magnitudes are the nibbles of 0xC8643210
+        (3 integer ops), written as an int32: Triton takes no larger literal, and the mask
+        undoes the sign the shift brings in."""
+        magnitude = ((-0x379BCDF0 >> ((q & 7) * 4)) & 15).to(tl.float32)
+        return tl.where((q & 8) != 0, -magnitude, magnitude)
 
     @triton.jit
     def _k4_scale_min(w_ptr, scales, s, ok):

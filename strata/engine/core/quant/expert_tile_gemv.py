@@ -83,14 +83,6 @@ if triton is not None:
         return base
 
     @triton.jit
-    def _e2m1_doubled_fast(q):
-        """dequant_tile._e2m1_doubled's values (twice each E2M1 code's) for q in 0..15, read
-        from a constant: the magnitudes 0 1 2 3 4 6 8 12 as its nibbles (3 integer ops)."""
-        # 0xC8643210 as an int32 (Triton takes no larger literal): the mask undoes the sign.
-        magnitude = ((-0x379BCDF0 >> ((q & 7) * 4)) & 15).to(tl.float32)
-        return tl.where((q & 8) != 0, -magnitude, magnitude)
-
-    @triton.jit
     def _mxfp4_dots(w_ptr, base, rows, row_ok, v_ptr, ROW_BYTES: tl.constexpr, K: tl.constexpr,
                     BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr):
         """W[rows, :] @ v for rows of MXFP4 blocks, a block at a time: each step reads
@@ -115,8 +107,8 @@ if triton is not None:
             at = (b * 32)[:, None] + lane[None, :]
             x_low = tl.load(v_ptr + at, mask=b_ok[:, None], other=0.0).to(tl.float32)
             x_high = tl.load(v_ptr + at + 16, mask=b_ok[:, None], other=0.0).to(tl.float32)
-            acc += (_e2m1_doubled_fast(q & 15) * x_low[None, :, :]
-                    + _e2m1_doubled_fast(q >> 4) * x_high[None, :, :]) * scale
+            acc += (dt._e2m1_doubled(q & 15) * x_low[None, :, :]
+                    + dt._e2m1_doubled(q >> 4) * x_high[None, :, :]) * scale
         return tl.sum(tl.sum(acc, axis=2), axis=1)
 
     @triton.jit
