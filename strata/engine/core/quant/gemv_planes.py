@@ -16,6 +16,7 @@ the FMA rate on recent GPUs and would bound a 4-bit GEMV below the memory bandwi
 
 from __future__ import annotations
 
+from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant.dequant_tile import LUT_IQ2_XXS, LUT_KSIGNS
 
 try:
@@ -37,22 +38,6 @@ if triton is not None:
     def _float(q, offset: tl.constexpr):
         """q - offset as float32, exactly, for int32 0 <= q < 2**23."""
         return (q | _MAGIC).to(tl.float32, bitcast=True) - (8388608.0 + offset)
-
-    @triton.jit
-    def _e8m0_half(e):
-        """Half of 2**(e - 127) (ggml's e8m0_to_fp32_half; dequant_tile's twin): with the
-        doubled codes below, every MXFP4 value is exact."""
-        bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
-        return bits.to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _e2m1_doubled(q):
-        """Twice the E2M1 value of code q (0..15): the magnitudes 0 1 2 3 4 6 8 12 read from
-        the nibbles of 0xC8643210 (an int32 literal: Triton takes none larger; the mask
-        undoes the sign), the exponent trick for the float, the sign bit or-ed in."""
-        magnitude = (-0x379BCDF0 >> ((q & 7) * 4)) & 15
-        return (_float(magnitude, 0).to(tl.int32, bitcast=True)
-                | ((q & 8) << 28)).to(tl.float32, bitcast=True)
 
     @triton.jit
     def _bytes(w_ptr, offset, ok):
@@ -150,9 +135,9 @@ if triton is not None:
         elif QTYPE == 39:  # MXFP4: group = block, an E8M0 exponent then 16 code bytes
             base = row_off + group * 17
             q = _bytes(w_ptr, base + 1 + lane, ok)
-            scale = _e8m0_half(_bytes(w_ptr, base, ok))
-            w0 = scale * _e2m1_doubled(q & 15)
-            w1 = scale * _e2m1_doubled(q >> 4)
+            scale = dt._mxfp4_half_scale(_bytes(w_ptr, base, ok))
+            w0 = scale * dt._e2m1_doubled(q & 15)
+            w1 = scale * dt._e2m1_doubled(q >> 4)
             cols0 = group * 32 + lane
             cols1 = cols0 + 16
         elif QTYPE == 8:  # Q8_0: group = block, the two 16-byte halves of its 32 int8
