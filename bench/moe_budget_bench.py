@@ -277,10 +277,7 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
             non_expert = held - store.arena.resident_bytes
             report["non_expert_vram_bytes"] = non_expert
         for plan in plans:
-            slots = plan.slots
-            if non_expert is not None:  # slots whose mapped chunks fit what is left
-                room = plan.budget_bytes - non_expert - args.margin_mib * MIB
-                slots = store.slots_within(max(room, 0))
+            slots = budget_slots(args, store, plan, non_expert)
             resized = engine.resize_experts(slots)
             rows: dict = strata.setdefault(plan.label, {
                 "resize": resized, "slots": slots,
@@ -320,9 +317,67 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
 
                 rows["vram_process_bytes"], _ = vram_used_bytes()
                 rows["torch_reserved_bytes"] = torch.cuda.memory_reserved()
+        extra_rows(args, shape, plans, engine, non_expert, report)
     finally:
         engine.close()
         sync()
+
+
+def budget_slots(args, store, plan: BudgetPlan, non_expert: int | None) -> int:
+    """Strata's slots at a budget: on a GPU those whose mapped chunks fit what the measured
+    non-expert VRAM and the margin leave (ExpertStore.slots_within), else the plan's."""
+    if non_expert is None:
+        return plan.slots
+    room = plan.budget_bytes - non_expert - args.margin_mib * MIB
+    return store.slots_within(max(room, 0))
+
+
+def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
+               non_expert: int | None, report: dict) -> None:
+    """After every budget's routing rows (the profiler slows what runs after it): per budget
+    a decode profile under the zipf trace from a fresh resize (--profile-steps), then the
+    shrink while a stream decodes (--shrink-pause)."""
+    from moe_budget_extras import profile_row, shrink_pause_row
+
+    from strata.engine.core.models.forced_routing import ForcedRouting
+
+    store = engine.memory.experts
+    for plan in plans if args.profile_steps else []:
+        rows = report["strata"][plan.label]
+        if time.monotonic() > args.deadline:
+            rows["decode_profile"] = {"skipped": "deadline"}
+            continue
+        engine.resize_experts(rows["slots"])
+        trace = make_trace(TraceSpec("zipf", args.zipf_s, args.p_reuse, args.seed),
+                           args.profile_steps + 64, shape.num_layers, shape.num_experts,
+                           shape.top_k)
+        profile = profile_row(engine, ForcedRouting(trace, shape.num_experts, engine.device),
+                              args.profile_steps)
+        rows["decode_profile"] = profile
+        top = ", ".join(f"{k['name'][:40]} {k['exclusive_us_per_token']:.0f}"
+                        for k in profile["kernels"][:5])
+        share = profile["htod_share"]
+        print(f"{plan.label} zipf decode profile: {profile['wall_us_per_token']:.0f} us a "
+              f"token, host->device copies "
+              f"{'n/a' if share is None else f'{share:.0%}'} of GPU time; top: {top}",
+              flush=True)
+        write_json(report, args.json)
+    if args.shrink_pause:
+        if time.monotonic() > args.deadline:
+            report["shrink_pause"] = {"skipped": "deadline"}
+            return
+        target = plan_budget(shape, args.shrink_to, args.reserve_mib * MIB)
+        row = shrink_pause_row(engine, store.max_slots,
+                               budget_slots(args, store, target, non_expert),
+                               args.shrink_tokens, args.shrink_after)
+        row["to_label"] = target.label
+        report["shrink_pause"] = row
+        print(f"shrink {row['from_slots']} -> {row['to_slots']} slots ({target.label}) while "
+              f"decoding: {row['tokens_received']} of {row['tokens_asked']} tokens, largest "
+              f"gap {row['max_gap_ms']:.1f} ms, the shrink's gap {row['shrink_gap_ms']:.1f} ms, "
+              f"median {row['median_gap_ms']:.1f} ms, resize {row['resize_s']:.3f} s, tokens "
+              f"equal the unshrunk run: {row['tokens_equal_unshrunk']}", flush=True)
+        write_json(report, args.json)
 
 
 def llamacpp_command(args, plan: BudgetPlan) -> list[str]:
@@ -493,6 +548,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llamacpp-repeats", type=int, default=2, help="llama-bench -r")
     p.add_argument("--deadline-s", type=float, default=480.0,
                    help="rows not started by then are skipped (a device call's limit)")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="per budget, after all routing rows, a decode profile of this many "
+                   "tokens under the zipf trace (0: none)")
+    p.add_argument("--shrink-pause", action="store_true",
+                   help="last: shrink from the load's largest slots to --shrink-to while a "
+                   "greedy stream decodes (model's routes); token gaps and equality")
+    p.add_argument("--shrink-to", type=parse_budget, default=parse_budget("12GiB"))
+    p.add_argument("--shrink-tokens", type=int, default=96)
+    p.add_argument("--shrink-after", type=int, default=32,
+                   help="tokens of the stream before the shrink")
     p.add_argument("--device", default="cuda", help="cpu for a dry run")
     p.add_argument("--json")
     return p

@@ -95,6 +95,8 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert bench.main([str(gguf), "--device", "cpu", "--budgets", *budgets, "--reserve-mib",
                        "0", "--decode-tokens", "12", "--warmup-tokens", "2",
                        "--prefill-tokens", "24", "--llama-bench", str(_fake_llama_bench(tmp_path)),
+                       "--profile-steps", "4", "--shrink-pause", "--shrink-to", budgets[0],
+                       "--shrink-tokens", "12", "--shrink-after", "4",
                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [plan["slots"] for plan in report["plans"]] == [10, 12]
@@ -125,6 +127,17 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
             uniform["counters"]["copied_bytes"])
         assert rows["model"]["hit_rate"] > rows["uniform"]["hit_rate"]
         assert report["llamacpp"][label]["decode_tok_s"] == 10.0
+        # The profile under zipf: on the CPU torch.profiler lists no CUDA kernels.
+        profile = rows["decode_profile"]
+        assert profile["tokens"] == 4 and profile["wall_us_per_token"] > 0
+        assert profile["kernels"] == [] and profile["htod_share"] is None
+    # Shrunk from the load's 12 slots to the first budget's 10 while the stream decoded.
+    shrink = report["shrink_pause"]
+    assert shrink["tokens_received"] == shrink["tokens_asked"] == 12
+    assert (shrink["from_slots"], shrink["to_slots"], shrink["slots_after"]) == (12, 10, 10)
+    assert 0 < shrink["median_gap_ms"] <= shrink["max_gap_ms"] < 1e6
+    assert 0 < shrink["shrink_gap_ms"] <= shrink["max_gap_ms"] and shrink["resize_s"] >= 0
+    assert shrink["tokens_equal_unshrunk"] is True
     calls = (tmp_path / "calls.txt").read_text().splitlines()
     assert [c.split()[c.split().index("-ncmoe") + 1] for c in calls] == [
         str(p["ncmoe"]) for p in report["plans"]]

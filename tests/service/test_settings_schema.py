@@ -28,9 +28,9 @@ from strata.engine.service.settings_kinds import Boolean, NameList
 WITH_KEY = [pytest.param(s, id=s.name) for s in SETTINGS if s.key is not None]
 WITH_FLAG = [pytest.param(s, id=s.name) for s in SETTINGS if s.flag is not None]
 # EngineConfig fields no setting sets: the model (resolved by the service), bench-only
-# random weights, and the prefill chunk that has no user-facing knob yet.
+# random weights, and the prefill chunks that have no user-facing knob yet.
 ENGINE_ONLY = {"model_path", "random_weights", "prefill_chunk_tokens",
-               "prefill_solo_chunk_tokens"}
+               "prefill_solo_chunk_tokens", "partial_cache_solo_chunk_tokens"}
 
 
 @pytest.fixture(autouse=True)

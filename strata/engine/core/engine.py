@@ -40,6 +40,7 @@ from strata.engine.core.engine_setup import (
     make_fast_decoder,
     max_prefill_tokens,
     pick_device,
+    solo_chunk_tokens,
 )
 from strata.engine.core.engine_status import EngineReport
 from strata.engine.core.kv_arena import ArenaSlotManager, KVArena
@@ -166,7 +167,8 @@ class Engine(EngineLevels, EngineReport):
                                                max_prefill_tokens(self.config))
             with phases.phase("decoder_setup"):  # tuning.py marks its own phases
                 self.fast, self.tuning_source = make_fast_decoder(
-                    self.model, self.device, self.config, self.memory.promotion)
+                    self.model, self.device, self.config, self.memory.promotion,
+                    stages_experts=self._stages_experts())
             del source
             with phases.phase("kv_and_slots"):
                 self._build_kv_and_batch(config, backend, fingerprint)
@@ -199,7 +201,13 @@ class Engine(EngineLevels, EngineReport):
         self.scheduler = BatchScheduler(self._runner, self.slots, self._checkout,
                                         self.config.num_parallel,
                                         self.config.prefill_chunk_tokens,
-                                        self.config.prefill_solo_chunk_tokens)
+                                        solo_chunk_tokens(self.config, self._stages_experts()))
+
+    def _stages_experts(self) -> bool:
+        """Whether prefill chunks stage the experts from the host (a partial cache's staging
+        area, memory/expert_staging.py): then a prompt alone takes the larger solo chunk."""
+        store = self.memory.experts if self.memory is not None else None
+        return store is not None and store.staging is not None
 
     def _require_model(self) -> ModelConfig:
         if self.model is None or self.model_config is None:

@@ -50,6 +50,10 @@ class EngineConfig:
     # A prompt alone in the engine prefills this many tokens a step (0 or less than the chunk:
     # the chunk): llama.cpp's server batches 2048 prompt tokens a step likewise.
     prefill_solo_chunk_tokens: int = 2048
+    # The same over a partial expert cache (a staging area): every chunk stages every MoE
+    # layer's experts from the host again (memory/expert_staging.py), so one chunk up to this
+    # length stages them once for the whole prompt (0 or less than the solo chunk: that).
+    partial_cache_solo_chunk_tokens: int = 8192
     # The fast decode path on CUDA (DESIGN §8): fast_decode False decodes and prefills with
     # the plain torch path. The next four force one piece on or off (None: the engine decides):
     # CUDA graphs, torch.compile'd element-wise groups, the Triton decode attention, the Triton
@@ -72,9 +76,9 @@ class EngineConfig:
             raise ValueError(f"parallel must be 0..num_slots ({self.num_slots}), not {self.parallel}")
         if self.prefill_chunk_tokens < 16:
             raise ValueError(f"prefill_chunk_tokens must be >= 16, not {self.prefill_chunk_tokens}")
-        if self.prefill_solo_chunk_tokens < 0:
-            raise ValueError(f"prefill_solo_chunk_tokens must be >= 0, not "
-                             f"{self.prefill_solo_chunk_tokens}")
+        for name in ("prefill_solo_chunk_tokens", "partial_cache_solo_chunk_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
         if self.context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, not {self.context_tokens}")
         for name in ("kv_budget_bytes", "snapshot_ram_budget_bytes",

@@ -42,22 +42,42 @@ def compute_dtype(device: torch.device, config: ModelConfig) -> torch.dtype:
 
 
 def max_prefill_tokens(config: EngineConfig) -> int:
-    """The longest chunk any prefill of this engine runs: the scheduler's two chunk sizes,
-    or the fast prefiller's own (its load-time tuning times one)."""
+    """The longest chunk any prefill of this engine runs: the scheduler's chunk sizes (a
+    partial expert cache's solo chunk included: whether the cache is partial is decided
+    after this bound sizes it), or the fast prefiller's own (its load-time tuning times one)."""
     from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS
 
     return max(config.prefill_chunk_tokens, config.prefill_solo_chunk_tokens,
-               DEFAULT_PREFILL_CHUNK_TOKENS)
+               config.partial_cache_solo_chunk_tokens, DEFAULT_PREFILL_CHUNK_TOKENS)
+
+
+def solo_chunk_tokens(config: EngineConfig, stages_experts: bool) -> int:
+    """Prompt tokens a step for a prompt alone in the engine: over a partial expert cache
+    with a staging area (stages_experts) the larger of the two solo chunks, since each chunk
+    stages every MoE layer's experts from the host again."""
+    if stages_experts:
+        return max(config.prefill_solo_chunk_tokens, config.partial_cache_solo_chunk_tokens)
+    return config.prefill_solo_chunk_tokens
+
+
+def fast_prefill_chunk_tokens(config: EngineConfig, stages_experts: bool) -> int:
+    """The fast prefiller's chunk: its default, or a partial cache's solo chunk when longer,
+    so that the scheduler's one chunk is not split again (and staged twice) below it."""
+    from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS
+
+    return max(DEFAULT_PREFILL_CHUNK_TOKENS, solo_chunk_tokens(config, stages_experts))
 
 
 def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: EngineConfig,
-                      step_hook=None, store=None):
+                      step_hook=None, store=None, stages_experts: bool = False):
     """(the CUDA-graph decoder for a model on a GPU, where its prefill tuning came from:
     "stored" | "measured" | "none"); (None, "none") on the CPU or with fast_decode off.
     config's fast_* fields force pieces on or off; on the CPU, fast_compile_pointwise=True
     builds the decoder too (eagerly, no graphs: what CPU tests of the load's compile use).
     step_hook: a partial expert cache's promotion (ModelMemory.promotion), or None; store:
-    where tuning results are kept (default: the kernel cache's, tuning_store.py).
+    where tuning results are kept (default: the kernel cache's, tuning_store.py);
+    stages_experts: the model has a partial expert cache with a staging area (its prefill
+    chunk is then fast_prefill_chunk_tokens).
 
     A load whose timings and kernel verdicts are stored leaves the compiling until it is
     ready (deferred_compile.py): the decoder's `has_deferred_work`."""
@@ -82,6 +102,7 @@ def make_fast_decoder(model: torch.nn.Module, device: torch.device, config: Engi
         dense_kernels=config.fast_dense_kernels,
         step_hook=step_hook,
         store=store,
+        prefill_chunk_tokens=fast_prefill_chunk_tokens(config, stages_experts),
     )
     if decoder.note:
         log.info("fast decode: %s", decoder.note)
