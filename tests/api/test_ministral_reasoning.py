@@ -1,0 +1,180 @@
+"""Magistral / Ministral 3 Reasoning through the real routes, on recorded outputs: its real
+template (tests/text/templates/mistralai-Ministral-3-14B-Reasoning-2512.jinja), a tokenizer
+whose Tekken control tokens ([THINK], [/THINK], [TOOL_CALLS], [ARGS]) are special, and
+`[THINK]...[/THINK]` reasoning shaped into each dialect's reasoning, streamed token by token
+(the fake service sends one token a delta) and not."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from strata.engine.api import create_app
+from strata.engine.text import load_text_assets
+
+from .conftest import parse_sse
+from .fake_service import FakeService
+from .tiny_text import write_tiny_ministral_reasoning_dir
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+THOUGHT = "The user wants the weather."
+# What the model writes after `[/INST]`: its reasoning, then a call right after [/THINK].
+CALLING = f'[THINK]{THOUGHT}[/THINK][TOOL_CALLS]get_weather[ARGS]{{"city": "Paris"}}'
+ANSWERING = f"[THINK]{THOUGHT}[/THINK]It is sunny."
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return load_text_assets(write_tiny_ministral_reasoning_dir(tmp_path_factory.mktemp("m3r")))
+
+
+@pytest.fixture
+def service(assets) -> FakeService:
+    service = FakeService(assets, reply_text=CALLING)
+    service.context_tokens = 4096
+    return service
+
+
+@pytest.fixture
+async def client(aiohttp_client, service):
+    return await aiohttp_client(create_app(service))
+
+
+def _prompt(service) -> str:
+    return service.text.decode(list(service.requests[-1].prompt_ids), skip_special=False)
+
+
+async def test_openai_reasoning_then_call(client, service) -> None:
+    body = {"messages": ASK, "tools": [WEATHER], "max_tokens": 200}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 200, await resp.text()
+    choice = (await resp.json())["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert message["reasoning_content"] == THOUGHT
+    assert not message.get("content")
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert _prompt(service).endswith("Weather in Paris?[/INST]")
+
+    resp = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    deltas = [d["choices"][0]["delta"] for _, d in parse_sse(await resp.text())
+              if d != "[DONE]" and d["choices"]]
+    reasoning = [d["reasoning_content"] for d in deltas if d.get("reasoning_content")]
+    assert "".join(reasoning) == THOUGHT and len(reasoning) > 1  # streamed, token by token
+    assert not "".join(d.get("content") or "" for d in deltas)
+    calls = [c for d in deltas for c in d.get("tool_calls") or []]
+    assert calls[0]["function"]["name"] == "get_weather"
+    arguments = "".join(c["function"].get("arguments") or "" for c in calls)
+    assert json.loads(arguments) == {"city": "Paris"}
+
+
+async def test_a_plain_answer_without_think_block(client, service) -> None:
+    service.reply_text = "It is sunny."
+    resp = await client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 50})
+    message = (await resp.json())["choices"][0]["message"]
+    assert message["content"] == "It is sunny." and not message.get("reasoning_content")
+
+
+async def test_anthropic_thinking_and_tool_use(client) -> None:
+    resp = await client.post("/v1/messages", json={
+        "model": "m", "max_tokens": 2000, "messages": ASK,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "tools": [{"name": "get_weather", "description": "Weather of a city",
+                   "input_schema": WEATHER["function"]["parameters"]}]})
+    assert resp.status == 200, await resp.text()
+    blocks = (await resp.json())["content"]
+    assert [b["type"] for b in blocks] == ["thinking", "tool_use"]
+    assert blocks[0]["thinking"] == THOUGHT
+    assert blocks[1]["name"] == "get_weather" and blocks[1]["input"] == {"city": "Paris"}
+
+
+async def test_anthropic_budget_closes_with_the_mistral_tag(client, service) -> None:
+    """Cut at budget_tokens inside the block, Strata appends [/THINK] (one control token), not
+    Qwen3's </think>, and the model answers in the same slot."""
+    answers = {1: "[THINK]" + "hmm " * 1400 + "[/THINK]Too late."}
+    service.reply_ids = lambda: [  # type: ignore[method-assign]
+        *service.text.encode(answers.get(len(service.requests), "It is sunny."),
+                             add_special=False), service.text.eos_token_ids[0]]
+    resp = await client.post("/v1/messages", json={
+        "model": "m", "max_tokens": 1500, "messages": ASK,
+        "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert resp.status == 200, await resp.text()
+    thinking, text = (await resp.json())["content"]
+    assert thinking["thinking"].startswith("hmm") and "[/THINK]" not in thinking["thinking"]
+    assert text == {"type": "text", "text": "It is sunny."}
+    first, second = service.requests
+    close_id = service.text.tokenizer.token_to_id("[/THINK]")
+    assert list(second.prompt_ids[:len(first.prompt_ids)]) == list(first.prompt_ids)
+    assert len(second.prompt_ids) == len(first.prompt_ids) + 1024 + 1
+    assert second.prompt_ids[-1] == close_id
+
+
+async def test_ollama_thinking(client, service) -> None:
+    service.reply_text = ANSWERING
+    resp = await client.post("/api/chat", json={"model": "tiny-test-model", "messages": ASK,
+                                                 "stream": False, "think": True})
+    assert resp.status == 200, await resp.text()
+    message = (await resp.json())["message"]
+    assert message["thinking"] == THOUGHT and message["content"] == "It is sunny."
+    resp = await client.post("/api/chat", json={"model": "tiny-test-model", "messages": ASK})
+    lines = [json.loads(line) for line in (await resp.text()).splitlines() if line]
+    assert "".join(m["message"].get("thinking") or "" for m in lines) == THOUGHT
+    assert "".join(m["message"]["content"] for m in lines) == "It is sunny."
+
+
+async def test_responses_reasoning_item(client, service) -> None:
+    service.reply_text = ANSWERING
+    resp = await client.post("/v1/responses", json={"input": "Weather in Paris?"})
+    assert resp.status == 200, await resp.text()
+    output = (await resp.json())["output"]
+    assert [item["type"] for item in output] == ["reasoning", "message"]
+    assert output[0]["content"] == [{"type": "reasoning_text", "text": THOUGHT}]
+    assert output[1]["content"][0]["text"] == "It is sunny."
+
+
+async def test_reasoning_history_is_written_as_the_template_writes_it(client, service) -> None:
+    """reasoning_content sent back (OpenAI), or a thinking block (Anthropic), reaches the
+    template as its thinking content part: `[THINK]...[/THINK]` before the call."""
+    service.reply_text = "It is sunny."
+    history = [*ASK, {"role": "assistant", "content": "", "reasoning_content": THOUGHT,
+                      "tool_calls": [{"id": "a1B2c3D4e", "type": "function", "function": {
+                          "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "a1B2c3D4e", "content": "sunny"}]
+    written = (f'[/INST][THINK]{THOUGHT}[/THINK][TOOL_CALLS]get_weather[ARGS]{{"city": '
+               f'"Paris"}}</s>[TOOL_RESULTS]sunny[/TOOL_RESULTS]')
+    resp = await client.post("/v1/chat/completions", json={
+        "messages": history, "tools": [WEATHER], "max_tokens": 50})
+    assert resp.status == 200, await resp.text()
+    assert _prompt(service).endswith(written)
+    shown = await (await client.post("/apply-template", json={
+        "messages": history, "tools": [WEATHER]})).json()
+    assert shown["prompt"].endswith(written)
+
+    resp = await client.post("/v1/messages", json={"model": "m", "max_tokens": 50, "messages": [
+        *ASK, {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": THOUGHT, "signature": ""},
+            {"type": "text", "text": "Sunny."}]},
+        {"role": "user", "content": "Thanks"}]})
+    assert resp.status == 200, await resp.text()
+    assert f"[/INST][THINK]{THOUGHT}[/THINK]Sunny.</s>[INST]Thanks[/INST]" in _prompt(service)
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    # The template always thinks and takes no switch or effort, as for DeepSeek-R1's.
+    ("/v1/chat/completions", {"messages": ASK, "reasoning_effort": "low"}, "reasoning_effort"),
+    ("/v1/chat/completions", {"messages": ASK, "enable_thinking": False}, "enable_thinking"),
+    ("/api/chat", {"model": "tiny-test-model", "messages": ASK, "think": False}, "think"),
+    ("/api/chat", {"model": "tiny-test-model", "messages": ASK, "think": "high"}, "think"),
+    ("/v1/responses", {"input": "hi", "reasoning": {"effort": "low"}}, "reasoning"),
+])
+async def test_what_the_template_cannot_do_is_refused(client, path, body, param) -> None:
+    resp = await client.post(path, json=body)
+    assert resp.status == 400, await resp.text()
+    assert param in await resp.text()
