@@ -7,15 +7,19 @@ whose Tekken control tokens ([THINK], [/THINK], [TOOL_CALLS], [ARGS]) are specia
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from strata.engine.api import create_app
 from strata.engine.text import load_text_assets
+from strata.engine.text.detokenizer import IncrementalDetokenizer
 
 from .conftest import parse_sse
 from .fake_service import FakeService
 from .tiny_text import write_tiny_ministral_reasoning_dir
+
+TEMPLATES = Path(__file__).parent.parent / "text" / "templates"
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -43,6 +47,21 @@ def service(assets) -> FakeService:
 @pytest.fixture
 async def client(aiohttp_client, service):
     return await aiohttp_client(create_app(service))
+
+
+def test_the_parsers_see_the_control_tokens(assets, tmp_path) -> None:
+    """[THINK] / [/THINK] and the call markers stay in the output text for the Reasoning
+    template; an instruct Mistral template shows the call markers only."""
+    shown = {assets.tokenizer.id_to_token(i) for i in assets.shown_special_ids}
+    assert shown == {"[THINK]", "[/THINK]", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}
+    ids = assets.encode("[THINK]a[/THINK][TOOL_CALLS]f[ARGS]{}</s>", add_special=False)
+    detokenizer = IncrementalDetokenizer(assets)
+    text = "".join(detokenizer.push([i]) for i in ids) + detokenizer.flush()
+    assert text == "[THINK]a[/THINK][TOOL_CALLS]f[ARGS]{}"
+    instruct = load_text_assets(write_tiny_ministral_reasoning_dir(
+        tmp_path, template=TEMPLATES / "mistral-small-3.2-instruct-2506.jinja"))
+    assert {instruct.tokenizer.id_to_token(i) for i in instruct.shown_special_ids} == {
+        "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}
 
 
 def _prompt(service) -> str:
@@ -74,12 +93,12 @@ async def test_openai_reasoning_then_call(client, service) -> None:
     arguments = "".join(c["function"].get("arguments") or "" for c in calls)
     assert json.loads(arguments) == {"city": "Paris"}
 
-
-async def test_a_plain_answer_without_think_block(client, service) -> None:
-    service.reply_text = "It is sunny."
-    resp = await client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 50})
-    message = (await resp.json())["choices"][0]["message"]
-    assert message["content"] == "It is sunny." and not message.get("reasoning_content")
+    service.reply_text = "It is sunny."  # no think block: all of it is the answer
+    resp = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    deltas = [d["choices"][0]["delta"] for _, d in parse_sse(await resp.text())
+              if d != "[DONE]" and d["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "It is sunny."
+    assert not any(d.get("reasoning_content") for d in deltas)
 
 
 async def test_anthropic_thinking_and_tool_use(client) -> None:
@@ -166,15 +185,24 @@ async def test_reasoning_history_is_written_as_the_template_writes_it(client, se
     assert f"[/INST][THINK]{THOUGHT}[/THINK]Sunny.</s>[INST]Thanks[/INST]" in _prompt(service)
 
 
-@pytest.mark.parametrize(("path", "body", "param"), [
-    # The template always thinks and takes no switch or effort, as for DeepSeek-R1's.
-    ("/v1/chat/completions", {"messages": ASK, "reasoning_effort": "low"}, "reasoning_effort"),
-    ("/v1/chat/completions", {"messages": ASK, "enable_thinking": False}, "enable_thinking"),
-    ("/api/chat", {"model": "tiny-test-model", "messages": ASK, "think": False}, "think"),
-    ("/api/chat", {"model": "tiny-test-model", "messages": ASK, "think": "high"}, "think"),
-    ("/v1/responses", {"input": "hi", "reasoning": {"effort": "low"}}, "reasoning"),
-])
-async def test_what_the_template_cannot_do_is_refused(client, path, body, param) -> None:
-    resp = await client.post(path, json=body)
-    assert resp.status == 400, await resp.text()
-    assert param in await resp.text()
+async def test_thinking_fields_follow_the_template(client) -> None:
+    """The template always thinks and reads no switch or effort (as DeepSeek-R1's): asking
+    for thinking is honoured, turning it off or setting an effort is a 400 naming the field."""
+    for path, body in [("/v1/chat/completions", {"messages": ASK, "enable_thinking": True}),
+                       ("/api/chat", {"model": "tiny-test-model", "messages": ASK,
+                                      "think": True, "stream": False})]:
+        resp = await client.post(path, json=body)
+        assert resp.status == 200, await resp.text()
+    for path, body, param in [
+            ("/v1/chat/completions", {"messages": ASK, "enable_thinking": False},
+             "enable_thinking"),
+            ("/api/chat", {"model": "tiny-test-model", "messages": ASK, "think": False},
+             "think"),
+            ("/v1/chat/completions", {"messages": ASK, "reasoning_effort": "low"},
+             "reasoning_effort"),
+            ("/api/chat", {"model": "tiny-test-model", "messages": ASK, "think": "high"},
+             "think"),
+            ("/v1/responses", {"input": "hi", "reasoning": {"effort": "low"}}, "reasoning")]:
+        resp = await client.post(path, json=body)
+        assert resp.status == 400, (path, body, await resp.text())
+        assert param in (await resp.text()), (path, body)

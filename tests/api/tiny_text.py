@@ -142,13 +142,15 @@ MINISTRAL_REASONING_TEMPLATE = Path(__file__).parent.parent / "text" / "template
 
 
 def write_tiny_ministral_reasoning_dir(directory: Path, *, vocab_size: int = 400,
-                                       words: tuple[str, ...] = ()) -> Path:
+                                       words: tuple[str, ...] = (),
+                                       template: Path = MINISTRAL_REASONING_TEMPLATE) -> Path:
     """A byte-level BPE with Tekken's control tokens (special) and Ministral 3 Reasoning's real
-    chat template; bos <s>, eos </s>. `words` are added as whole (non-special) tokens."""
+    chat template (or another); bos <s>, eos </s>. `words` are added as whole (non-special)
+    tokens."""
     corpus = ['get_weather {"city": "Paris", "days": 3} The user wants the weather.'] * 20
     tokenizer = _byte_level_bpe(vocab_size, MISTRAL_SPECIAL_TOKENS, _CORPUS + corpus)
     if words:
         tokenizer.add_tokens(list(words))
-    _save(directory, tokenizer, MINISTRAL_REASONING_TEMPLATE, eos="</s>", bos="<s>",
+    _save(directory, tokenizer, template, eos="</s>", bos="<s>",
           pad="<unk>")
     return directory
