@@ -11,6 +11,7 @@ SDK are all real; only what the model says is fixed.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 
@@ -40,7 +41,7 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     script = [["[/INST]", "[THINK]", THOUGHT, "[/THINK]", "[TOOL_CALLS]", "get_weather",
                "[ARGS]", ARGUMENTS, "</s>"], ["[/TOOL_RESULTS]", ANSWER, "</s>"]]
     next_token = {tokenizer.token_to_id(a): tokenizer.token_to_id(b)
-                  for line in script for a, b in zip(line, line[1:])}
+                  for line in script for a, b in itertools.pairwise(line)}
     assert None not in next_token and None not in next_token.values()
     save_scripted_hf_model("ministral3", directory, next_token,
                            tokenizer.get_vocab_size(with_added_tokens=True))

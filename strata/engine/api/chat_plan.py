@@ -38,8 +38,8 @@ from strata.engine.text.reasoning import (
     THINK,
     ThinkTags,
     prompt_opens_thinking,
-    think_tags,
     template_uses,
+    think_tags,
 )
 from strata.engine.text.tool_calls import detect_format
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-
 @dataclass(frozen=True)
 class ThinkTags:
     """The text that opens and closes a think block."""
