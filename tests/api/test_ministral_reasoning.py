@@ -206,3 +206,26 @@ async def test_thinking_fields_follow_the_template(client) -> None:
         resp = await client.post(path, json=body)
         assert resp.status == 400, (path, body, await resp.text())
         assert param in (await resp.text()), (path, body)
+
+
+async def test_forced_call_and_prefill_skip_the_reasoning(client, service) -> None:
+    """The model opens [THINK] itself, so a forced call (grammar from the first token) and a
+    prefill are answers without reasoning, as before the split; asked to think too, a 400.
+    (A guard that the split keeps what worked: these passed before it as well.)"""
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    service.reply_text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+    resp = await client.post("/v1/chat/completions", json={
+        "messages": ASK, "tools": [WEATHER], "tool_choice": forced, "max_tokens": 100})
+    assert resp.status == 200, await resp.text()
+    assert service.requests[-1].sampling.grammar is not None
+    (call,) = (await resp.json())["choices"][0]["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    service.reply_text = " sunny."
+    resp = await client.post("/v1/chat/completions", json={"max_tokens": 20, "messages": [
+        *ASK, {"role": "assistant", "content": "It is"}]})
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["choices"][0]["message"]["content"] == " sunny."
+    assert _prompt(service).endswith("[/INST]It is")
+    resp = await client.post("/v1/chat/completions", json={
+        "messages": ASK, "tools": [WEATHER], "tool_choice": forced, "enable_thinking": True})
+    assert resp.status == 400 and "enable_thinking" in await resp.text()

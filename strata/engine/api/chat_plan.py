@@ -207,19 +207,26 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
                           "with constrained output (a JSON schema, grammar or forced tool "
                           "call): the grammar starts at the answer's first token; send one "
                           "of them", param="messages")
+    # Mistral's reasoning models open [THINK] themselves: output constrained or prefilled from
+    # its first token is an answer without reasoning, as their templates allow.
+    can_skip = tags == MISTRAL_THINK
     if grammar is not None and thinks:
-        if thinking is True or not can_switch:
+        if thinking is True or not (can_switch or can_skip):
             raise bad_request("constrained output (a JSON schema, grammar or forced tool call) "
                               "cannot be combined with thinking; turn thinking off",
                               param=thinking_param)
-        kwargs["enable_thinking"] = False
+        thinks = False
+        if can_switch:
+            kwargs["enable_thinking"] = False
     if prefill and thinks:
         # The prefill would land inside an open think block, or before one the model opens.
-        if thinking is True or not can_switch:
+        if thinking is True or not (can_switch or can_skip):
             raise bad_request("a last assistant message (a prefill to continue) cannot be "
                               "combined with thinking; turn thinking off or end the messages "
                               "with a user turn", param=thinking_param)
-        kwargs["enable_thinking"] = False
+        thinks = False
+        if can_switch:
+            kwargs["enable_thinking"] = False
     thinks = thinks and kwargs.get("enable_thinking") is not False
     rendered = messages
     if tags == MISTRAL_THINK:
