@@ -129,3 +129,28 @@ def write_tiny_phi4_dir(directory: Path, *, vocab_size: int = 400) -> Path:
     _save(directory, tokenizer, PHI4_TEMPLATE, eos="<|endoftext|>", bos="<|endoftext|>",
           pad="<|endoftext|>")
     return directory
+
+
+# Tekken's control tokens that Ministral 3 Reasoning's template writes, all special as in its
+# tokenizer.json (decode(skip_special) would drop them).
+MISTRAL_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]",
+                          "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+                          "[TOOL_CALLS]", "[IMG]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                          "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]"]
+MINISTRAL_REASONING_TEMPLATE = Path(__file__).parent.parent / "text" / "templates" / \
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja"
+
+
+def write_tiny_ministral_reasoning_dir(directory: Path, *, vocab_size: int = 400,
+                                       words: tuple[str, ...] = (),
+                                       template: Path = MINISTRAL_REASONING_TEMPLATE) -> Path:
+    """A byte-level BPE with Tekken's control tokens (special) and Ministral 3 Reasoning's real
+    chat template (or another); bos <s>, eos </s>. `words` are added as whole (non-special)
+    tokens."""
+    corpus = ['get_weather {"city": "Paris", "days": 3} The user wants the weather.'] * 20
+    tokenizer = _byte_level_bpe(vocab_size, MISTRAL_SPECIAL_TOKENS, _CORPUS + corpus)
+    if words:
+        tokenizer.add_tokens(list(words))
+    _save(directory, tokenizer, template, eos="</s>", bos="<s>",
+          pad="<unk>")
+    return directory

@@ -217,3 +217,33 @@ def save_tiny_mistral3(path, text_variant: str):
     model = transformers.Mistral3ForConditionalGeneration(config).eval()
     model.save_pretrained(path)
     return model
+
+
+@torch.no_grad()
+def save_scripted_hf_model(variant: str, directory: Path, next_token: dict[int, int],
+                           vocab_size: int) -> None:
+    """A tiny model of `variant` whose greedy next token depends on the last token alone:
+    next_token[last], for a fixed output script through the real engine. Attention and MLP
+    outputs are zero, so each position keeps its own embedding (one-hot for a script token)
+    and the head maps it to its successor."""
+    import transformers
+
+    config = make_tiny_hf_config(variant, {"vocab_size": vocab_size, "tie_word_embeddings": False,
+                                           "max_position_embeddings": 2048})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    tokens = sorted(set(next_token))
+    if len(tokens) > config.hidden_size:
+        raise ValueError(f"{len(tokens)} script tokens need a hidden size of at least that")
+    zeroed = [p for name, p in model.named_parameters()
+              if name.endswith(("o_proj.weight", "down_proj.weight"))]
+    assert zeroed, f"{variant} has no o_proj / down_proj to silence"
+    for param in zeroed:
+        param.zero_()
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    head.zero_()
+    for dim, token in enumerate(tokens):
+        embed[token] = 0.0
+        embed[token, dim] = 1.0
+        head[next_token[token], dim] = 4.0  # logit 4 * sqrt(hidden) after the final norm
+    model.save_pretrained(directory)

@@ -25,7 +25,7 @@ from strata.engine.api.textgen import (
     start_text_generation,
     text_assets,
 )
-from strata.engine.api.thinking_budget import HARMONY, THINK_BLOCK, BudgetedGeneration
+from strata.engine.api.thinking_budget import HARMONY, BudgetedGeneration, thinking_format
 from strata.engine.api.tool_spec import parse_anthropic_tools
 from strata.engine.api.validation import read_json_object
 from strata.engine.protocol import Usage
@@ -98,7 +98,7 @@ async def _budgeted(request: web.Request, params: GenerationParams, plan: ChatPl
     assets = text_assets(service)
     max_tokens = check_fits_context(len(plan.prompt_ids), params.max_tokens,
                                     service.context_tokens)
-    thinking = HARMONY if plan.is_harmony else THINK_BLOCK
+    thinking = HARMONY if plan.is_harmony else thinking_format(plan.think_tags)
     close_ids = list(await run_cpu(request.app, assets.encode, thinking.close_text, False))
 
     async def start_part(prompt_ids: list[int], num_tokens: int) -> TextGeneration:

@@ -58,8 +58,8 @@ class ChatOutput:
 
     def __init__(self, generation: TextDeltas, plan: ChatPlan, id_prefix: str):
         self.generation = generation
-        self._splitter = ReasoningSplitter(starts_inside=plan.starts_thinking) \
-            if plan.thinks else None
+        self._splitter = ReasoningSplitter(starts_inside=plan.starts_thinking,
+                                           tags=plan.think_tags) if plan.thinks else None
         self._parser = ToolCallParser(plan.tool_format) \
             if plan.tool_format and not plan.is_harmony else None
         # Harmony's channels carry reasoning, answer and calls alike: one parser for all.

@@ -33,7 +33,14 @@ from strata.engine.api.tool_prompt import (
 )
 from strata.engine.api.tool_spec import ToolRequest, parse_openai_tools
 from strata.engine.text.harmony import template_is_harmony
-from strata.engine.text.reasoning import prompt_opens_thinking, template_thinks, template_uses
+from strata.engine.text.reasoning import (
+    MISTRAL_THINK,
+    THINK,
+    ThinkTags,
+    prompt_opens_thinking,
+    template_uses,
+    think_tags,
+)
 from strata.engine.text.tool_calls import detect_format
 
 # Template variables Strata sets itself; chat_template_kwargs may not replace them.
@@ -46,10 +53,11 @@ class ChatPlan:
     grammar: str | None  # llguidance grammar for the engine, or None
     tool_format: str | None  # parse calls in this format; None: the output is all text
     tools: ToolRequest
-    thinks: bool  # split <think> reasoning out of the output
+    thinks: bool  # split think-block reasoning out of the output
     starts_thinking: bool  # the prompt opened the think block
     is_harmony: bool = False  # gpt-oss: channels carry reasoning, answer and calls
     prefill: str = ""  # output already in the prompt (a Harmony header), read first
+    think_tags: ThinkTags = THINK  # <think> or Mistral's [THINK]
 
 
 def template_kwargs(body: dict, source: str | None, param: str = "chat_template_kwargs"
@@ -109,6 +117,26 @@ class ChatRender:
     # Text written after the generation prompt: the last assistant message's (a prefill to
     # continue), or the Harmony header a forced format opens.
     prefill: str = ""
+    think_tags: ThinkTags = THINK
+
+
+def mistral_thinking_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as Magistral's / Ministral 3 Reasoning's template reads them: an assistant
+    turn's reasoning_content becomes a thinking content part before its text (the template
+    writes it back as `[THINK]...[/THINK]`; it reads no reasoning_content)."""
+    out = []
+    for message in messages:
+        reasoning = message.get("reasoning_content")
+        if message["role"] != "assistant" or not reasoning:
+            out.append(message)
+            continue
+        turn = {k: v for k, v in message.items() if k != "reasoning_content"}
+        parts: list[dict[str, str]] = [{"type": "thinking", "thinking": reasoning}]
+        if message.get("content"):
+            parts.append({"type": "text", "text": message["content"]})
+        turn["content"] = parts
+        out.append(turn)
+    return out
 
 
 def split_prefill(messages: list[dict[str, Any]], thinking_param: str
@@ -163,13 +191,14 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     grammar = output_grammar or (call_grammar(fmt, forced, is_parallel) if forced else None)
     if "enable_thinking" in kwargs and thinking is None:
         thinking = bool(kwargs.pop("enable_thinking"))
-    thinks = template_thinks(source)
+    tags = think_tags(source)
+    thinks = tags is not None
     can_switch = template_uses(source, "enable_thinking")
     if thinking is not None and thinks and can_switch:
         kwargs["enable_thinking"] = thinking
     elif thinking is True and not thinks:
         raise bad_request(f"'{thinking_param}' asks for thinking, but this model does not "
-                          "think (its template writes no <think> block)", param=thinking_param)
+                          "think (its template writes no think block)", param=thinking_param)
     elif thinking is False and thinks:
         raise bad_request(f"'{thinking_param}' turns thinking off, but this model's template "
                           "always thinks", param=thinking_param)
@@ -178,21 +207,30 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
                           "with constrained output (a JSON schema, grammar or forced tool "
                           "call): the grammar starts at the answer's first token; send one "
                           "of them", param="messages")
+    # Mistral's reasoning models open [THINK] themselves: output constrained or prefilled from
+    # its first token is an answer without reasoning, as their templates allow.
+    can_skip = tags == MISTRAL_THINK
     if grammar is not None and thinks:
-        if thinking is True or not can_switch:
+        if thinking is True or not (can_switch or can_skip):
             raise bad_request("constrained output (a JSON schema, grammar or forced tool call) "
                               "cannot be combined with thinking; turn thinking off",
                               param=thinking_param)
-        kwargs["enable_thinking"] = False
+        thinks = False
+        if can_switch:
+            kwargs["enable_thinking"] = False
     if prefill and thinks:
         # The prefill would land inside an open think block, or before one the model opens.
-        if thinking is True or not can_switch:
+        if thinking is True or not (can_switch or can_skip):
             raise bad_request("a last assistant message (a prefill to continue) cannot be "
                               "combined with thinking; turn thinking off or end the messages "
                               "with a user turn", param=thinking_param)
-        kwargs["enable_thinking"] = False
+        thinks = False
+        if can_switch:
+            kwargs["enable_thinking"] = False
     thinks = thinks and kwargs.get("enable_thinking") is not False
     rendered = messages
+    if tags == MISTRAL_THINK:
+        rendered = mistral_thinking_messages(messages)
     if template_reads_message_tools(source):
         rendered = phi4_messages(messages, tools.tools)
     elif template_reads_tools(source):
@@ -201,7 +239,7 @@ def render_chat(assets: Any, inputs: ChatInputs) -> ChatRender:
     else:
         rendered = hermes_messages(messages, tools.tools)
     return ChatRender(rendered, kwargs, grammar, fmt if tools.is_active else None, thinks,
-                      prefill=prefill or "")
+                      prefill=prefill or "", think_tags=tags or THINK)
 
 
 async def plan_chat(app: web.Application, assets: Any, inputs: ChatInputs) -> ChatPlan:
@@ -210,6 +248,7 @@ async def plan_chat(app: web.Application, assets: Any, inputs: ChatInputs) -> Ch
     render = await run_cpu(app, render_chat, assets, inputs)  # a forced call's grammar
     text, prompt_ids = await render_chat_prompt(app, assets, render.messages, render.prefill,
                                                 **render.template_kwargs)
-    starts_thinking = render.thinks and prompt_opens_thinking(text)
+    starts_thinking = render.thinks and prompt_opens_thinking(text, render.think_tags)
     return ChatPlan(prompt_ids, render.grammar, render.tool_format, inputs.tools,
-                    render.thinks, starts_thinking, render.is_harmony, render.prefill)
+                    render.thinks, starts_thinking, render.is_harmony, render.prefill,
+                    render.think_tags)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from strata.engine.api.textgen import TextGeneration
 from strata.engine.protocol import TokenLogprob, Usage
 from strata.engine.text.harmony import CLOSE_ANALYSIS, analysis_is_open
-from strata.engine.text.reasoning import THINK_END
+from strata.engine.text.reasoning import MISTRAL_THINK, THINK, THINK_END, ThinkTags
 
 CLOSE_TEXT = f"\n{THINK_END}\n\n"  # what Qwen3 and DeepSeek-R1 write between thought and answer
 
@@ -30,7 +30,16 @@ class ThinkingFormat:
 
 
 THINK_BLOCK = ThinkingFormat(CLOSE_TEXT, lambda text: THINK_END not in text)
+# Magistral / Ministral 3 Reasoning write the answer right after [/THINK] (their template's
+# system prompt shows the block that way).
+MISTRAL_THINK_BLOCK = ThinkingFormat(MISTRAL_THINK.end,
+                                     lambda text: MISTRAL_THINK.end not in text)
 HARMONY = ThinkingFormat(CLOSE_ANALYSIS, analysis_is_open)
+
+
+def thinking_format(tags: ThinkTags) -> ThinkingFormat:
+    """How a model with these think tags has its reasoning closed at the budget."""
+    return THINK_BLOCK if tags == THINK else MISTRAL_THINK_BLOCK
 
 StartPart = Callable[[list[int], int], Awaitable[TextGeneration]]  # (prompt ids, max tokens)
 

@@ -25,6 +25,7 @@ from strata.engine.text.gguf_tokenizer import (
     set_special_post_processor,
 )
 from strata.engine.text.harmony import harmony_token_ids, template_is_harmony
+from strata.engine.text.reasoning import MISTRAL_THINK, think_tags
 from strata.engine.text.tool_calls import SHOWN_TOKENS, detect_format
 
 __all__ = ["ChatTemplateError", "TextAssets", "TextAssetsError", "load_text_assets"]
@@ -247,9 +248,13 @@ def _load_hf_dir(directory: Path) -> TextAssets:
 def _by_format(assets: TextAssets) -> TextAssets:
     """A Harmony model (gpt-oss) stops at <|return|> and <|call|>, not <|end|>, and shows the
     structure tokens its output parser reads (text/harmony.py); a family whose call markers
-    are special tokens (Phi-4-mini's <|tool_call|>) shows them (text/tool_calls.py)."""
+    or think tags are special tokens (Phi-4-mini's <|tool_call|>, Mistral's [TOOL_CALLS] and
+    [THINK]) shows them (text/tool_calls.py, text/reasoning.py)."""
     if not template_is_harmony(assets.chat_template):
         names = SHOWN_TOKENS.get(detect_format(assets.chat_template), ())
+        tags = think_tags(assets.chat_template)
+        if tags == MISTRAL_THINK:
+            names = (*names, tags.start, tags.end)
         shown = frozenset(i for i in map(assets.tokenizer.token_to_id, names) if i is not None)
         return dataclasses.replace(assets, shown_special_ids=shown) if shown else assets
     stops, shown = harmony_token_ids(assets.tokenizer, assets.eos_token_ids)

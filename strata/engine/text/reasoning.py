@@ -1,21 +1,45 @@
-"""Reasoning split out of a thinking model's output (Qwen3, DeepSeek-R1, GLM-4.5:
-`<think>...</think>`).
+"""Reasoning split out of a thinking model's output: `<think>...</think>` (Qwen3,
+DeepSeek-R1, GLM-4.5) or `[THINK]...[/THINK]` (Magistral, Ministral 3 Reasoning).
 
-The model's text before `</think>` is its reasoning (OpenAI's `reasoning_content`, Anthropic's
-thinking blocks); what follows is the answer. A template that opens the think block itself
-(DeepSeek-R1's generation prompt ends in `<think>\\n`) starts the output inside it.
+The model's text before the closing tag is its reasoning (OpenAI's `reasoning_content`,
+Anthropic's thinking blocks); what follows is the answer. A template that opens the think block
+itself (DeepSeek-R1's generation prompt ends in `<think>\\n`) starts the output inside it.
+Mistral's tags are special tokens: the detokenizer shows them (text/assets.py) so they reach
+this splitter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-THINK_START, THINK_END = "<think>", "</think>"
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """The text that opens and closes a think block."""
+    start: str
+    end: str
+
+
+THINK = ThinkTags("<think>", "</think>")
+MISTRAL_THINK = ThinkTags("[THINK]", "[/THINK]")  # special tokens of the Tekken vocabulary
+THINK_START, THINK_END = THINK.start, THINK.end
+
+
+def think_tags(template_source: str | None) -> ThinkTags | None:
+    """The think block a chat template's model writes, or None for a model that does not
+    think. Read from the template, not the vocabulary: Mistral's instruct models carry the
+    [THINK] tokens too but never write them."""
+    source = template_source or ""
+    if THINK.end in source:
+        return THINK
+    if MISTRAL_THINK.end in source:  # the Reasoning template's thinking content parts
+        return MISTRAL_THINK
+    return None
 
 
 def template_thinks(template_source: str | None) -> bool:
-    """Whether a chat template belongs to a model that writes <think> blocks."""
-    return THINK_END in (template_source or "")
+    """Whether a chat template belongs to a model that writes think blocks."""
+    return think_tags(template_source) is not None
 
 
 def template_uses(template_source: str | None, variable: str) -> bool:
@@ -23,10 +47,10 @@ def template_uses(template_source: str | None, variable: str) -> bool:
     return variable in (template_source or "")
 
 
-def prompt_opens_thinking(prompt_text: str) -> bool:
+def prompt_opens_thinking(prompt_text: str, tags: ThinkTags = THINK) -> bool:
     """The rendered prompt ends inside an open think block."""
     tail = prompt_text.rstrip()
-    return tail.endswith(THINK_START)
+    return tail.endswith(tags.start)
 
 
 @dataclass(frozen=True)
@@ -42,11 +66,12 @@ class Answer:
 class ReasoningSplitter:
     """Feed text pieces; get Reasoning and Answer pieces in order."""
 
-    def __init__(self, *, starts_inside: bool = False):
+    def __init__(self, *, starts_inside: bool = False, tags: ThinkTags = THINK):
+        self._tags = tags
         self._state = "inside" if starts_inside else "start"  # start | inside | answer
         self._pending = ""
         self._strip_answer_start = False
-        self._strip_reasoning_start = True  # the newline templates put after <think>
+        self._strip_reasoning_start = True  # the newline templates put after the opening tag
 
     def feed(self, text: str) -> list[Reasoning | Answer]:
         self._pending += text
@@ -57,11 +82,12 @@ class ReasoningSplitter:
 
     def _run(self, is_final: bool) -> list[Reasoning | Answer]:
         out: list[Reasoning | Answer] = []
+        start, end = self._tags.start, self._tags.end
         if self._state == "start":
             stripped = self._pending.lstrip()
-            if stripped.startswith(THINK_START):
-                self._pending, self._state = stripped[len(THINK_START):], "inside"
-            elif not is_final and THINK_START.startswith(stripped):
+            if stripped.startswith(start):
+                self._pending, self._state = stripped[len(start):], "inside"
+            elif not is_final and start.startswith(stripped):
                 return out  # maybe the opening tag: wait
             else:
                 # No think block (GLM with thinking off: the prompt closed an empty one): the
@@ -73,22 +99,22 @@ class ReasoningSplitter:
                 if not self._pending and not is_final:
                     return out
                 self._strip_reasoning_start = False
-            at = self._pending.find(THINK_END)
+            at = self._pending.find(end)
             if at >= 0:
                 reasoning = self._pending[:at].rstrip("\n")
                 if reasoning:
                     out.append(Reasoning(reasoning))
-                self._pending, self._state = self._pending[at + len(THINK_END):], "answer"
+                self._pending, self._state = self._pending[at + len(end):], "answer"
                 self._strip_answer_start = True
             else:
-                keep = 0 if is_final else _held(self._pending)
+                keep = 0 if is_final else _held(self._pending, end)
                 piece = self._pending[:len(self._pending) - keep]
                 if piece:
                     out.append(Reasoning(piece))
                 self._pending = self._pending[len(self._pending) - keep:]
                 return out
         if self._state == "answer":
-            if self._strip_answer_start:  # the blank lines a template puts after </think>
+            if self._strip_answer_start:  # the blank lines a template puts after the block
                 self._pending = self._pending.lstrip("\n")
                 if not self._pending and not is_final:
                     return out
@@ -99,9 +125,9 @@ class ReasoningSplitter:
         return out
 
 
-def _held(text: str) -> int:
-    """Characters at the end that could begin </think> or be newlines before it."""
-    for size in range(min(len(THINK_END) - 1, len(text)), 0, -1):
-        if THINK_END.startswith(text[-size:]):
+def _held(text: str, end: str) -> int:
+    """Characters at the end that could begin the closing tag or be newlines before it."""
+    for size in range(min(len(end) - 1, len(text)), 0, -1):
+        if end.startswith(text[-size:]):
             return size + (len(text[:-size]) - len(text[:-size].rstrip("\n")))
     return len(text) - len(text.rstrip("\n"))

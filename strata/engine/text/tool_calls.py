@@ -68,8 +68,10 @@ FORMATS = {
 
 
 # Special tokens a format's parser reads: the detokenizer keeps them in the text (Phi-4-mini's
-# call tokens are special; hidden, a call would be bare JSON and the text around it ambiguous).
-SHOWN_TOKENS = {"phi4": ("<|tool_call|>", "<|/tool_call|>")}
+# call tokens are special; hidden, a call would be bare JSON and the text around it ambiguous;
+# Mistral's Tekken control tokens hidden, `name[ARGS]{...}` would read as `name{...}`).
+SHOWN_TOKENS = {"phi4": ("<|tool_call|>", "<|/tool_call|>"),
+                "mistral": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")}
 
 
 def detect_format(template_source: str | None) -> str:
