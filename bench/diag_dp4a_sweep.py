@@ -156,7 +156,7 @@ def wall_time_us(fn: Callable[[], object]) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", default="Q4_K,Q6_K",
-                        help="GGML types the dp4a kernel takes (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS)")
+                        help="GGML types the dp4a kernel takes (quant/dp4a_dots.DP4A_TYPES)")
     parser.add_argument("--shapes", default="qkv,o,gate_up,down,head",
                         help="8B weights: " + ", ".join(SHAPES))
     parser.add_argument("--grid", choices=sorted(GRIDS), default="small")
@@ -173,7 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except KeyError as exc:
         parser.error(f"--types: no GGML type {exc}")
     if not set(args.types) <= DP4A_TYPES:
-        parser.error("--types: the dp4a kernel takes Q4_K, Q5_K, Q6_K, Q8_0 and IQ2_XXS")
+        names = sorted(GGMLQuantizationType(t).name for t in DP4A_TYPES)
+        parser.error(f"--types: the dp4a kernel takes {', '.join(names)}")
     args.shapes = args.shapes.split(",")
     if not set(args.shapes) <= set(SHAPES):
         parser.error(f"--shapes: choose from {', '.join(SHAPES)}")
