@@ -219,19 +219,9 @@ def test_funnel_and_byte_perm_twins_follow_the_ptx_manual() -> None:
     """The interpreter's funnel (shf.r.wrap at shifts 0, 8, 16, 24: MXFP4's codes lie at any
     byte) and byte_perm (prmt, sign replication included: MXFP4's lookups rely on it) equal
     numpy's reading of the PTX manual; tests/gpu/test_quant_cuda.py runs the instructions."""
-    from tests.helpers.dp4a_twins import (
-        byte_perm_reference,
-        funnel_reference,
-        random_words,
-        run_twins,
-    )
+    from tests.helpers.dp4a_twins import check_twins
 
-    words = random_words(1000, seed=0)
-    shifted, permuted = run_twins(words, "cpu", emulate=True)
-    np.testing.assert_array_equal(shifted, funnel_reference(words["lo"], words["hi"],
-                                                            words["shift"]))
-    np.testing.assert_array_equal(permuted, byte_perm_reference(words["a"], words["b"],
-                                                                words["selector"]))
+    check_twins("cpu", emulate=True, count=1000, seed=0)
 
 
 # MXFP4 rows of 17 blocks (289 bytes) start at every byte mod 4, as do its blocks; rows of

@@ -220,19 +220,9 @@ def test_cuda_funnel_and_byte_perm_equal_their_emulated_twins() -> None:
     """shf.r.wrap at shifts 0, 8, 16, 24 and prmt (sign replication included) as compiled
     equal numpy's reading of the PTX manual, which the interpreter's twins are checked
     against (tests/core/test_quant_dp4a.py): the CPU tests then stand for the GPU."""
-    from tests.helpers.dp4a_twins import (
-        byte_perm_reference,
-        funnel_reference,
-        random_words,
-        run_twins,
-    )
+    from tests.helpers.dp4a_twins import check_twins
 
-    words = random_words(100_000, seed=1)
-    shifted, permuted = run_twins(words, "cuda", emulate=False)
-    np.testing.assert_array_equal(shifted, funnel_reference(words["lo"], words["hi"],
-                                                            words["shift"]))
-    np.testing.assert_array_equal(permuted, byte_perm_reference(words["a"], words["b"],
-                                                                words["selector"]))
+    check_twins("cuda", emulate=False, count=100_000, seed=1)
 
 
 def test_cuda_mxfp4_rows_at_every_byte_equal_the_weight_times_its_int8_x() -> None:

@@ -65,3 +65,14 @@ def run_twins(words: dict[str, np.ndarray], device: str, emulate: bool
         tensors["lo"], tensors["hi"], tensors["shift"], tensors["a"], tensors["b"],
         tensors["selector"], *outs, count, EMULATE=emulate, BLOCK=256)
     return tuple(out.cpu().numpy().view(np.uint32) for out in outs)  # type: ignore[return-value]
+
+
+def check_twins(device: str, emulate: bool, count: int, seed: int) -> None:
+    """funnel and byte_perm over `count` random words on `device` (the emulated twins or the
+    instructions) equal numpy's reading of the PTX manual."""
+    words = random_words(count, seed)
+    shifted, permuted = run_twins(words, device, emulate=emulate)
+    np.testing.assert_array_equal(shifted, funnel_reference(words["lo"], words["hi"],
+                                                            words["shift"]))
+    np.testing.assert_array_equal(permuted, byte_perm_reference(words["a"], words["b"],
+                                                                words["selector"]))
