@@ -17,9 +17,5 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
         default_model_path(fetch=True, progress=False)  # normally cached: no network
     except DefaultModelError as exc:
         pytest.skip(f"the default model is not available: {exc}")
-    process = ServerProcess(tmp_path_factory.mktemp("serve")).start()
-    try:
+    with ServerProcess(tmp_path_factory.mktemp("serve")).running() as process:
         yield process
-    finally:
-        code = process.stop()
-    assert code == 0, f"strata serve exited with {code}:\n{process.log_tail()}"

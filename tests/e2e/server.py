@@ -6,6 +6,7 @@ a free one, so two test runs on one machine never race for a port.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,16 @@ class ServerProcess:
         self.base_url = self._wait_for_url()
         self._wait_until_loaded()
         return self
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[ServerProcess]:
+        """start(), yield the server, stop(); then the server must have exited cleanly (0)."""
+        self.start()
+        try:
+            yield self
+        finally:
+            code = self.stop()
+        assert code == 0, f"strata serve exited with {code}:\n{self.log_tail()}"
 
     def _wait_for_url(self) -> str:
         deadline_s = time.monotonic() + START_TIMEOUT_S

@@ -37,13 +37,9 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
         default_model_path(fetch=True, progress=False)
     except DefaultModelError as exc:
         pytest.skip(f"the default model is not available: {exc}")
-    process = ServerProcess(tmp_path_factory.mktemp("serve-batch"),
-                            ("--slots", "4", "--parallel", "4", "--max-queue", "16")).start()
-    try:
+    options = ("--slots", "4", "--parallel", "4", "--max-queue", "16")
+    with ServerProcess(tmp_path_factory.mktemp("serve-batch"), options).running() as process:
         yield process
-    finally:
-        code = process.stop()
-    assert code == 0, f"strata serve exited with {code}:\n{process.log_tail()}"
 
 
 @pytest.fixture

@@ -37,13 +37,9 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(directory)
     write_tiny_harmony_dir(directory)  # tokenizer, real template, end ids
-    process = ServerProcess(tmp_path_factory.mktemp("serve-harmony"),
-                            ("--model", str(directory))).start()
-    try:
+    with ServerProcess(tmp_path_factory.mktemp("serve-harmony"),
+                       ("--model", str(directory))).running() as process:
         yield process
-    finally:
-        code = process.stop()
-    assert code == 0, f"strata serve exited with {code}:\n{process.log_tail()}"
 
 
 async def test_openai_sdk_tool_loop_with_a_forced_call(server: ServerProcess) -> None:

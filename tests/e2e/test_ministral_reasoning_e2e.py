@@ -45,13 +45,9 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
     assert None not in next_token and None not in next_token.values()
     save_scripted_hf_model("ministral3", directory, next_token,
                            tokenizer.get_vocab_size(with_added_tokens=True))
-    process = ServerProcess(tmp_path_factory.mktemp("serve-ministral3"),
-                            ("--model", str(directory))).start()
-    try:
+    with ServerProcess(tmp_path_factory.mktemp("serve-ministral3"),
+                       ("--model", str(directory))).running() as process:
         yield process
-    finally:
-        code = process.stop()
-    assert code == 0, f"strata serve exited with {code}:\n{process.log_tail()}"
 
 
 async def test_openai_sdk_streams_reasoning_then_a_call_and_sends_it_back(
