@@ -15,7 +15,7 @@ step's report, rewritten after every step), OUT/peer_PLAN.md (its target rows as
 Strata / llama.cpp per figure, peer_table.py) and OUT/peer_PLAN.log (every subprocess's
 output). Plan `family` is issue 52's: gpt-oss-20b MXFP4, Gemma-3-27B Q4_0 (QAT layout),
 GLM-4.5-Air Q4_K_M (12 of 46 layers) and Phi-4 Q4_K_M; `family-dry` runs it at a tiny width
-on the CPU (--device cpu).
+on the CPU (--device cpu); `family-batch` is the MoE and Gemma files under continuous batching.
 """
 
 from __future__ import annotations
@@ -88,6 +88,12 @@ PLANS = {
                Step("glm-4.5-air-12L-Q4_K_M", "glm-4.5-air", "Q4_K_M", "quant", 12,
                     bench_args=_FAMILY_ARGS),
                Step("phi-4-Q4_K_M", "phi-4", "Q4_K_M", "quant", bench_args=_FAMILY_ARGS)],
+    # Issue 52's batched rows: the families' quantized files under continuous batching
+    # (MXFP4 and GLM's experts through expert_batch.py), against llama-batched-bench.
+    "family-batch": [Step("gpt-oss-20b-MXFP4-batch", "gpt-oss-20b", "MXFP4_MOE", "batch"),
+                     Step("gemma-3-27b-Q4_0-batch", "gemma-3-27b", "Q4_0_QAT", "batch"),
+                     Step("glm-4.5-air-12L-Q4_K_M-batch", "glm-4.5-air", "Q4_K_M", "batch",
+                          12)],
     # The same on the CPU at a tiny width (with --device cpu): the machinery, and llama.cpp's
     # loader on each family's file when --bin-dir holds a CPU llama-bench.
     "family-dry": [Step("gpt-oss-tiny-MXFP4", "gpt-oss-20b", "MXFP4_MOE", "quant", tiny=True,

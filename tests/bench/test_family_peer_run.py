@@ -38,6 +38,9 @@ def test_the_family_plan_is_the_issues_four_files_and_each_fits_dev_shm() -> Non
         options = list(step.bench_args)
         assert options[options.index("--prefill-tokens") + 1:][:2] == ["512", "4096"]
     assert [s.preset for s in PLANS["family-dry"]] == [s.preset for s in steps]
+    for step in PLANS["family-batch"]:  # the same files, batched
+        assert step.bench == "batch" and (step.preset, step.mix, step.num_layers) in {
+            (s.preset, s.mix, s.num_layers) for s in steps}, step
     assert all(s.tiny for s in PLANS["family-dry"])
 
 
