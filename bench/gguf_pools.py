@@ -33,13 +33,19 @@ def _float_pool(qtype: QT, seed: int) -> np.ndarray:
     return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
 
 
-def _block_pool(qtype: QT, seed: int) -> np.ndarray:
-    block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+def weight_scale(qtype: QT, seed: int) -> float:
+    """The fp16-field scale at which random_blocks of `qtype` dequantize to std WEIGHT_STD."""
+    block_size = gguf.GGML_QUANT_SIZES[qtype][0]
     probe = random_blocks(qtype, _PROBE_BLOCKS, block_size, seed, scale=1.0)
     std = float(gguf.quants.dequantize(probe, qtype).std())
-    scale = WEIGHT_STD / std if std > 0 else WEIGHT_STD
+    return WEIGHT_STD / std if std > 0 else WEIGHT_STD
+
+
+def _block_pool(qtype: QT, seed: int) -> np.ndarray:
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     num_blocks = POOL_BYTES // block_bytes
-    return random_blocks(qtype, num_blocks, block_size, seed, scale=scale).reshape(-1)
+    return random_blocks(qtype, num_blocks, block_size, seed,
+                         scale=weight_scale(qtype, seed)).reshape(-1)
 
 
 def byte_pool(qtype: QT, seed: int = 0) -> np.ndarray:
