@@ -253,8 +253,12 @@ def test_real_uv_takes_the_setups_commands_and_finds_the_private_python(
             # uv wraps its message at the terminal's width (run 2 of the suite: at "at"): compare
             # with the line breaks taken out.
             flat = " ".join(output.split())
-            want = f"Querying Python at `{queried[args[0]]}` returned an invalid response"
-            assert want in flat, output
+            # uv reached the private Python and queried it: it says the answer was invalid,
+            # or, when wine fails the query itself under load (os error 1359, seen once in a
+            # full suite run), that the query failed; either names the path it was given.
+            assert f"`{queried[args[0]]}`" in flat, output
+            assert ("returned an invalid response" in flat
+                    or "Failed to query Python interpreter" in flat), output
     finally:
         setup.use_powershell(0)
         uninstalled = setup.uninstall()
