@@ -225,8 +225,8 @@ def measure_placement(label: str, node: int | None, device: torch.device) -> dic
                         else 0)
         result["contention"] = bench.contention(best_read["grid"])
         result["read_checks"] = read_checks(bench.out, bench.host_offset, bench.src)
-    except OSError as exc:
-        result["error"] = str(exc)
+    except (OSError, RuntimeError) as exc:  # one placement's failure keeps the others
+        result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         host.close()
     return result

@@ -74,6 +74,28 @@ def test_bound_pages_land_on_the_node_and_move_pages_reports_it():
         pages.close()
 
 
+def test_numa_maps_counts_the_ranges_pages_by_node(tmp_path):
+    maps = tmp_path / "numa_maps"
+    maps.write_text("7f0000000000 prefer:0 anon=512 dirty=512 N0=500 N1=12 kernelpagesize_kB=4\n"
+                    "7f0000200000 default anon=3 N1=3 kernelpagesize_kB=4\n"
+                    "7f0000400000 default anon=9 N0=9 kernelpagesize_kB=4\n")
+    assert numa.numa_maps_nodes(0x7F0000000000, 0x400000, maps) == {0: 500, 1: 15}
+    assert numa.numa_maps_nodes(0x10000, 4096, maps) == {}
+    assert numa.numa_maps_nodes(0x7F0000000000, 4096, tmp_path / "missing") == {}
+
+
+@has_syscalls
+def test_numa_maps_of_this_process_sees_touched_pages():
+    pages = os_pages.allocate(64 * PAGE)
+    try:
+        # Its own policy keeps the range one mapping of its own (no merge with a neighbour).
+        numa.bind_pages(pages.address, 64 * PAGE, 0, numa.MPOL_BIND)
+        torch.frombuffer(pages.buffer, dtype=torch.uint8).fill_(3)
+        assert numa.numa_maps_nodes(pages.address, 64 * PAGE) == {0: 64}
+    finally:
+        pages.close()
+
+
 @has_syscalls
 def test_place_near_prefers_the_node_and_never_raises():
     pages = os_pages.allocate(16 * PAGE)

@@ -195,6 +195,27 @@ def page_nodes(address: int, size_bytes: int,
     return counts
 
 
+def numa_maps_nodes(address: int, size_bytes: int,
+                    numa_maps: Path = Path("/proc/self/numa_maps")) -> dict[int, int]:
+    """node -> resident pages (of the mapping's page size) of the mappings that start inside
+    [address, address + size), from numa_maps ("7f.. prefer:0 anon=.. N0=512 N1=3"): where
+    move_pages is refused (a container's seccomp may deny it). {} where nothing matches."""
+    counts: dict[int, int] = {}
+    try:
+        lines = numa_maps.read_text().splitlines()
+    except OSError:
+        return counts
+    for line in lines:
+        fields = line.split()
+        if not fields or not address <= int(fields[0], 16) < address + size_bytes:
+            continue
+        for field in fields[1:]:
+            key, _, value = field.partition("=")
+            if key[:1] == "N" and key[1:].isdigit() and value.isdigit():
+                counts[int(key[1:])] = counts.get(int(key[1:]), 0) + int(value)
+    return counts
+
+
 def place_near(address: int, size_bytes: int, node: int | None,
                num_nodes: int | None = None) -> Placement:
     """Prefer `node` for the untouched range's pages (MPOL_PREFERRED: a full node spills
@@ -223,11 +244,13 @@ def place_near(address: int, size_bytes: int, node: int | None,
 
 
 def sampled_placement(placement: Placement, address: int, size_bytes: int) -> Placement:
-    """`placement` with where a sample of the (now touched) range's pages sits; unchanged
-    where move_pages is unavailable."""
+    """`placement` with where a sample of the (now touched) range's pages sits (move_pages;
+    else every page, from numa_maps); unchanged where neither tells."""
     try:
         counts = page_nodes(address, size_bytes)
     except OSError as exc:
-        log.debug("move_pages of the host copy: %s", exc)
-        return placement
+        log.debug("move_pages of the host copy: %s; reading numa_maps", exc)
+        counts = numa_maps_nodes(address, size_bytes)
+        if not counts:
+            return placement
     return Placement(placement.requested_node, placement.policy, placement.note, counts)
