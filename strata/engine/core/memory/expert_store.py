@@ -96,10 +96,13 @@ class ExpertStore:
             raise ValueError(f"num_experts_per_tok must be in 1..{self.num_experts}, "
                              f"not {num_experts_per_tok}")
 
-        # Fill the host copy as ordinary memory, then pin it once (see host_copy.py).
+        # Fill the host copy as ordinary memory, then pin it once (see host_copy.py); its
+        # pages on the GPU's NUMA node, as the GPU reads misses from it in place.
+        is_cuda = backend.device.type == "cuda"
         self.host = HostCopy(
             sum(len(c.layers) * self.num_experts * c.bytes_per_expert for c in self.classes),
             f"host copy of {name}",
+            near_device=(backend.device.index or 0) if is_cuda else None,
         )
         self._host_layers: dict[int, list[torch.Tensor]] = {}
         offset = 0
@@ -114,7 +117,7 @@ class ExpertStore:
                 views.append(view)
                 offset += view.numel() * self.dtype.itemsize
             self._host_layers[layer] = views
-        if backend.device.type == "cuda":
+        if is_cuda:
             self.host.pin(backend.device.index or 0)
 
         # A partial cache also holds one layer's experts whole for prefill chunks
@@ -550,6 +553,7 @@ class ExpertStore:
             "timed_copy_bytes": self.timed_copy_bytes,
             "copy_seconds": self.copy_seconds,
             "copy_gb_s": copy_gb_s,
+            "host_numa": self.host.placement.as_status(),  # where the host copy's pages sit
             # Prefill chunks' staging (expert_staging.py): 0 and no traffic when all resident.
             **(self.staging.status() if self.staging is not None else {
                 "staging_bytes": 0, "staged_experts": 0, "staged_bytes": 0,
