@@ -87,6 +87,10 @@ class EngineLevels:
         """After a live switch to the partial cache (ModelMemory.switch_to_slots): the fast
         decoder and the batch decoder leave the graphs over the resident stacks behind and
         call the cache's promotion; the next step captures what it needs."""
+        if self.device.type == "cuda":
+            # The step queued before this command may still replay a graph being dropped
+            # (and write into its pool): let it finish first, at most a step's time.
+            torch.cuda.synchronize(self.device)
         if self.fast is not None:
             self.fast.use_expert_cache(self.memory.promotion)
         if self._runner is not None:
