@@ -80,6 +80,11 @@ def test_an_all_resident_cache_shrinks_live_and_grows_back(moe_dir, tmp_path, mo
         status = engine.status()["experts"]
         assert (status["mode"], status["num_slots"], status["is_all_resident"]) == (
             "slots", 40, False)
+        # The wired stacks are meta placeholders now, as a load into a partial cache leaves
+        # them: nothing reads slots that the shrink may have unmapped through them.
+        stacks = [mlp.experts for mlp in engine.model.modules() if hasattr(mlp, "expert_weights")]
+        assert stacks and all(getattr(s, n).is_meta for s in stacks
+                              for n in ("gate_proj", "up_proj", "down_proj"))
         assert run(engine, PROMPT, slot=1) == expected
         assert engine.status()["experts"]["num_misses"] > 0  # the cache served the misses
         grown = engine.resize_experts(2 * NUM_EXPERTS)

@@ -435,6 +435,7 @@ class ModelMemory:
         store = self.experts
         for layer, mlp in self._moe_layers.items():
             mlp.expert_weights = SlotExperts(store, layer, self.dtype)
+            _unwire(mlp.experts)
         if store.host.device_address is not None:
             self.promotion = ExpertPromotion(store)
         self.expert_mode = "slots"
@@ -531,6 +532,20 @@ class ModelMemory:
             self.experts.host.close()
         self.weights = self.experts = self.promotion = None
         self._moe_layers = {}
+
+
+def _unwire(experts: torch.nn.Module) -> None:
+    """Meta placeholders in place of a layer's wired expert stacks (views of slots, or their
+    QuantizedExperts), as a load into a partial cache leaves them: after a shrink those slots
+    may be unmapped, and a stale reader then fails on the host instead of faulting the GPU."""
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        shape = tuple(getattr(experts, name).shape)
+        if name in experts._parameters:
+            del experts._parameters[name]
+        else:
+            delattr(experts, name)
+        experts.register_parameter(
+            name, torch.nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False))
 
 
 def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,
