@@ -141,6 +141,32 @@ class GraphDecoder:
             if runner is not None:
                 runner.hook = hook
 
+    def expert_cache_problem(self, host_readable: bool) -> str:
+        """Why this decoder cannot take MoE layers that read a partial expert cache from now
+        on (a live shrink of an all-resident model: use_expert_cache), or "" when it can.
+        host_readable: the GPU reads the store's host copy in place (the slot table's
+        misses need it: SlotExperts.layout)."""
+        if self.moe_impl == "loop":
+            return ""  # the reference module asks the provider; no graphs hold it
+        if self.moe_impl == "triton" and host_readable:
+            return ""
+        return (f"MoE decode by {self.moe_impl} cannot read a partial expert cache: that "
+                "needs the Triton kernels and a pinned host copy the GPU reads in place")
+
+    def use_expert_cache(self, hook: StepHook | None) -> None:
+        """The MoE layers read a partial expert cache from now on (their SlotExperts): drop
+        the decode graphs that baked in the resident stacks (the next step captures again,
+        lazily per bucket), call the cache's promotion around each step, and stop capturing
+        prefills (staging copies are planned on the host per chunk)."""
+        moe_layers = [m for m in self.model.modules() if isinstance(m, SparseMoE)]
+        if self.moe_impl != "loop" and not all(is_grouped_capable(m, self.moe_impl)
+                                               for m in moe_layers):
+            raise ValueError("a MoE layer's expert cache cannot be read by the decode kernels")
+        if self.moe_impl != "loop":
+            self.set_step_hook(hook)
+        self.clear()
+        self.prefiller.use_expert_cache()
+
     def _add_note(self, text: str) -> None:
         """Append to `note`, what the decoder runs differently from its defaults, and why."""
         self.note = f"{self.note}; {text}" if self.note else text

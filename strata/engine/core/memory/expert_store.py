@@ -133,6 +133,10 @@ class ExpertStore:
                               for shape in c.shapes)
         self.staging = None if not extra else ExpertStaging(
             self, self.arena.allocate((extra // self.dtype.itemsize,), self.dtype), num_layers)
+        # A store that held every expert at load and was shrunk live maps its staging in an
+        # arena of its own (add_staging): the load's arena stays as it was.
+        self.staging_arena: Arena | None = None
+        self._num_layers = num_layers
         # Allocated once (CUDA graphs keep their addresses), outside the arena: a release
         # unmaps the slots, never these. The mirror (the cache's global slot numbers) is
         # replaced, never written, on a change, so a step can keep the table it ran with
@@ -156,6 +160,29 @@ class ExpertStore:
         self.copy_seconds = 0.0
         self._timings: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
         self.preload()
+
+    def staging_bytes_needed(self) -> int:
+        """What add_staging maps: one layer's experts whole, the largest class's."""
+        return staging_bytes([c.proj_bytes for c in self.classes], self.num_experts)
+
+    def add_staging(self, name: str = "expert_staging") -> int:
+        """Map a staging area for prefill chunks (expert_staging.py) in an arena of its own:
+        a store built with every expert resident has none, and one shrunk live wants it.
+        Returns the bytes mapped (0 when it has one); raises ArenaMapError (nothing kept)
+        when the memory is not there."""
+        if self.staging is not None:
+            return 0
+        nbytes = self.staging_bytes_needed()
+        arena = Arena(name, nbytes + 256, self.arena.backend, self.arena.chunk_bytes)
+        try:
+            mapped = arena.map()
+        except BaseException:
+            arena.close()
+            raise
+        flat = arena.allocate((nbytes // self.dtype.itemsize,), self.dtype)
+        self.staging_arena = arena
+        self.staging = ExpertStaging(self, flat, self._num_layers)
+        return mapped
 
     def _check_float_layers(self, layers: dict[int, ExpertWeights],
                             shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -477,6 +504,8 @@ class ExpertStore:
         """Give the slots' VRAM back, remembering who was resident; returns bytes freed."""
         self.cache.mark_all_released()
         freed = self.arena.release()
+        if self.staging_arena is not None:
+            freed += self.staging_arena.release()
         if self.staging is not None:
             self.staging.forget()
         self.table_mirror = torch.full_like(self.table_mirror, -1)
@@ -488,7 +517,13 @@ class ExpertStore:
 
         Raises ArenaMapError (state unchanged: still released) when VRAM is short."""
         t0 = time.perf_counter()
-        mapped = self.arena.refill(copy_from_host=False)
+        mapped_bytes = self.arena.refill(copy_from_host=False).mapped_bytes
+        if self.staging_arena is not None:
+            try:
+                mapped_bytes += self.staging_arena.refill(copy_from_host=False).mapped_bytes
+            except BaseException:
+                self.arena.release()  # still released as a whole
+                raise
         restored = self.cache.restore_residency()
         if self.num_slots < self.max_slots:  # shrunk before the release: back to every slot
             self.cache.resize(self.max_slots)
@@ -501,7 +536,7 @@ class ExpertStore:
             raise
         differing = self.verify_slots() if os.environ.get("STRATA_VERIFY_REFILL") == "1" else None
         return ExpertRefillResult(
-            mapped.mapped_bytes, copied_bytes, time.perf_counter() - t0, differing
+            mapped_bytes, copied_bytes, time.perf_counter() - t0, differing
         )
 
     def verify_slots(self) -> int:
@@ -569,6 +604,8 @@ class ExpertStore:
         }
 
     def close(self) -> None:
-        """Free the slot arena and the host copy."""
+        """Free the slot arena (and a live shrink's staging arena) and the host copy."""
         self.arena.close()
+        if self.staging_arena is not None:
+            self.staging_arena.close()
         self.host.close()
