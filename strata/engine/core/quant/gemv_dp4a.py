@@ -67,8 +67,9 @@ QUANTIZE_SUBS = 32  # x groups per program of quantize_x
 # pipeline the next step.
 _WIDE_CONFIGS = ((8, 2048, 4, 1), (4, 4096, 4, 1), (4, 2048, 2, 1), (2, 4096, 2, 1),
                  (1, 4096, 1, 1), (16, 2048, 8, 1), (8, 4096, 8, 1), (8, 2048, 4, 3))
-# 64 values a thread: Q4_K, Q8_0, Q4_0. (2, 2048, 2, 1) read the 8B's Q4_K gate_up and head at
-# 0.68 and 0.84 of HBM where the tuner's pick read 0.63 and 0.77 (docs/benchmarks.md, run 26).
+# 64 values a thread: Q4_K, Q8_0, Q4_0 (Q4_1, Q5_0, Q5_1). (2, 2048, 2, 1) read the 8B's Q4_K
+# gate_up and head at 0.68 and 0.84 of HBM where the tuner's pick read 0.63 and 0.77
+# (docs/benchmarks.md, run 26).
 _NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1), (2, 2048, 2, 1))
 # IQ2_XXS's groups are whole 256-value blocks: a tile of R rows and C columns has R * C / 256
 # groups, at least one per thread (32 * num_warps); Qwen3-MoE's k [512, 2048] wants few rows.
@@ -78,6 +79,9 @@ CONFIGS = {12: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 13: (*_WIDE_CONFIGS, *_NARROW
            14: _WIDE_CONFIGS,
            8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
            2: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # Q4_0: Q8_0's 32-value groups, 18 bytes
+           3: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # Q4_1, Q5_0, Q5_1: Q4_0's, 20-24 bytes
+           6: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
+           7: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
            39: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # MXFP4: 32-value groups, 17 bytes
            16: _IQ2_CONFIGS}
 
