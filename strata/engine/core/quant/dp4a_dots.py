@@ -1,5 +1,5 @@
-"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS
-and MXFP4 for one token.
+"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, IQ2_XXS and MXFP4 for one token.
 
 `row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
@@ -23,6 +23,11 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
 - Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
 - Q4_0: one block, 16 bytes of nibbles (values 0-15 low, 16-31 high), w = d * (q - 8):
   d * (d_x * dot - 8 * s_x), the unsigned nibbles in dp4a and the 8 taken off by x's sum.
+- Q5_0 (22 bytes: d, qh, nibbles), Q4_1 (20: d, m, nibbles), Q5_1 (24: d, m, qh, nibbles):
+  Q4_0's block and decoder (_nibble_words). Q5's fifth bits (qh bit j: value j) reach bit 4
+  of each nibble byte by one multiply a word (_nibble_dots says why it cannot carry); w =
+  d * (q - 16): d * (d_x * dot - 16 * s_x); Q4_1, Q5_1: w = d * q + m: d * d_x * dot + m * s_x.
+  sm_90: 2.7-2.9 instructions a value for Q5_0 and Q5_1, 1.6-1.9 for Q4_1 (Q4_0: 1.7-1.8).
 - IQ2_XXS: one block (256 values, 66 bytes): per 32 values two words, four grid indices and
   four 7-bit sign indices with a 4-bit scale. Each index names 8 grid bytes (8, 25 or 43),
   read as two int32 words from lookup.py's table (lut_ptr, in L1); the sign byte
@@ -32,8 +37,9 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
   nibble order; each E2M1 code's doubled value (an integer: 0 1 2 3 4 6 8 12 and negatives)
   looked up by prmt (`byte_perm`, _mxfp4_dots says how), 2**(e - 128) * d_x * dot.
 
-Q6_K's 210-byte, Q8_0's 34-byte and Q4_0's 18-byte blocks put every other block at 2 mod 4
-bytes, MXFP4's 17-byte blocks their codes at any byte. Words are read aligned and realigned
+Q6_K's 210-byte, Q8_0's 34-byte, Q4_0's 18-byte and Q5_0's 22-byte blocks put every other
+block at 2 mod 4 bytes, MXFP4's 17-byte blocks their codes at any byte (Q4_1's and Q5_1's keep
+their row's alignment). Words are read aligned and realigned
 by a funnel shift of each word and the next (`shf.r.wrap`, any shift: one instruction); the
 next word of one lane is the word of the next, so a run of W words costs W + 1 loads.
 Reading the aligned word around a valid byte never leaves its page; the one word that could
