@@ -11,23 +11,12 @@ from __future__ import annotations
 
 import json
 import platform
-import time
 
 import torch
 import torch.nn.functional as F
+from limits import best_cpu_s
 
 SHAPES = {"smollm2 mlp [1536, 576]": (1536, 576), "llama-8b attn [4096, 4096]": (4096, 4096)}
-
-
-def best_s(fn, repeats: int = 5, inner: int = 3) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / inner)
-    return best
 
 
 def main() -> int:
@@ -40,7 +29,7 @@ def main() -> int:
                 for dtype in (torch.float32, torch.bfloat16):
                     w = torch.randn(n, k).to(dtype)
                     x = torch.randn(tokens, k).to(dtype)
-                    times[str(dtype).removeprefix("torch.")] = best_s(
+                    times[str(dtype).removeprefix("torch.")] = best_cpu_s(
                         lambda x=x, w=w: F.linear(x, w))
                 rows.append({"threads": threads, "weight": label, "tokens": tokens,
                              "float32_ms": round(times["float32"] * 1e3, 3),

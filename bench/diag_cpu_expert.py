@@ -26,7 +26,6 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for tests.helpers
@@ -46,6 +45,7 @@ from cpu_expert_formats import (
 )
 from gguf import GGMLQuantizationType as QT
 from gguf_pools import weight_scale
+from limits import best_cpu_s
 from report import figure, format_figures, write_json
 
 from tests.helpers.quant_blocks import random_blocks
@@ -85,23 +85,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.hidden % 256 or args.inter % 256:
         parser.error("--hidden and --inter must be multiples of 256 (whole K-quant blocks)")
     return args
-
-
-def best_s(fn: Callable[[], object], min_time_s: float, rounds: int = 3) -> float:
-    """Best mean seconds a call over `rounds` rounds of at least min_time_s each."""
-    fn()
-    calls, t0 = 0, time.perf_counter()
-    while calls < 3 or time.perf_counter() - t0 < min_time_s / 4:  # calibrate
-        fn()
-        calls += 1
-    per_round = max(3, int(calls / (time.perf_counter() - t0) * min_time_s))
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / per_round)
-    return best
 
 
 def random_matrix(qtype: QT, rows: int, cols: int, seed: int):
@@ -228,7 +211,7 @@ def run(args: argparse.Namespace) -> dict:
             for tokens in args.tokens:
                 x = torch.randn(tokens, args.hidden).bfloat16()
                 for path, fn in (("int4", expert.ffn_int), ("bf16", expert.ffn_bf16)):
-                    us = best_s(lambda fn=fn, x=x: fn(x), args.min_time_s) * 1e6
+                    us = best_cpu_s(lambda fn=fn, x=x: fn(x), args.min_time_s) * 1e6
                     row = {"down": down_type.name, "threads": threads, "tokens": tokens,
                            "path": path, "us": us, "format_gbps": nbytes[path] / us / 1e3,
                            "gguf_gbps": nbytes["gguf"] / us / 1e3}

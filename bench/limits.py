@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -33,6 +34,24 @@ def best_wall_s(fn, repeats: int) -> float:
         fn()
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - started_s)
+    return best
+
+
+def best_cpu_s(fn: Callable[[], object], min_time_s: float = 0.2, rounds: int = 3) -> float:
+    """Best mean wall seconds a call of a host-side fn (CPU kernels) over `rounds` rounds of at
+    least min_time_s each, the calls per round calibrated first."""
+    fn()
+    calls, t0 = 0, time.perf_counter()
+    while calls < 3 or time.perf_counter() - t0 < min_time_s / 4:  # calibrate
+        fn()
+        calls += 1
+    per_round = max(3, int(calls / (time.perf_counter() - t0) * min_time_s))
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(per_round):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / per_round)
     return best
 
 

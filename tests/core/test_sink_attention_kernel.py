@@ -22,7 +22,7 @@ from strata.engine.core.models.gpt_oss import sink_attention
 HEAD_DIM, KV_HEADS = 64, 2
 # (queries T, keys S, BLOCK_M/N or None for block_plan's): a first chunk (T == S) and a later
 # one (T < S); blocks of 16 give many query and key blocks from small tensors, so the masked
-# edges and the unmasked middle all run; block_plan's 128x64 sees T > 64 and one query.
+# edges and the unmasked middle all run; block_plan's 64x64 sees T > 64 and its 16 one query.
 SHAPES = [(37, 37, (16, 16)), (21, 58, (16, 16)), (150, 150, None), (70, 230, None),
           (1, 45, None)]
 

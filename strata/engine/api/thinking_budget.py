@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from strata.engine.api.textgen import TextGeneration
 from strata.engine.protocol import TokenLogprob, Usage
 from strata.engine.text.harmony import CLOSE_ANALYSIS, analysis_is_open
-from strata.engine.text.reasoning import MISTRAL_THINK, THINK, THINK_END, ThinkTags
+from strata.engine.text.reasoning import MISTRAL_THINK, THINK, ThinkTags
 
-CLOSE_TEXT = f"\n{THINK_END}\n\n"  # what Qwen3 and DeepSeek-R1 write between thought and answer
+CLOSE_TEXT = f"\n{THINK.end}\n\n"  # what Qwen3 and DeepSeek-R1 write between thought and answer
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ThinkingFormat:
     is_open: Callable[[str], bool]
 
 
-THINK_BLOCK = ThinkingFormat(CLOSE_TEXT, lambda text: THINK_END not in text)
+THINK_BLOCK = ThinkingFormat(CLOSE_TEXT, lambda text: THINK.end not in text)
 # Magistral / Ministral 3 Reasoning write the answer right after [/THINK] (their template's
 # system prompt shows the block that way).
 MISTRAL_THINK_BLOCK = ThinkingFormat(MISTRAL_THINK.end,

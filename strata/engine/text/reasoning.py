@@ -22,7 +22,6 @@ class ThinkTags:
 
 THINK = ThinkTags("<think>", "</think>")
 MISTRAL_THINK = ThinkTags("[THINK]", "[/THINK]")  # special tokens of the Tekken vocabulary
-THINK_START, THINK_END = THINK.start, THINK.end
 
 
 def think_tags(template_source: str | None) -> ThinkTags | None:

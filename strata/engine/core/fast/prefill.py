@@ -42,9 +42,7 @@ def write_kv(attn, x, start_pos: int, k_cache, v_cache, cos, sin,
     end_pos = start_pos + x.shape[0]
     k_cache[start_pos:end_pos] = k
     v_cache[start_pos:end_pos] = v
-    if attn.llama4_scaling is None:  # every model but Ministral 3: no positions tensor
-        return q
-    return attn.scale_queries(q, torch.arange(start_pos, end_pos, device=x.device))
+    return attn.scale_queries(q, range(start_pos, end_pos))
 
 
 def attention_prefill(

@@ -314,8 +314,7 @@ class Attention(nn.Module):
         num_tokens = x.shape[0]
         end_pos = start_pos + num_tokens
         q, k, v = self._project(x, cos, sin)
-        if self.llama4_scaling is not None:  # no positions tensor built for other models
-            q = self.scale_queries(q, torch.arange(start_pos, end_pos, device=x.device))
+        q = self.scale_queries(q, range(start_pos, end_pos))
         k_cache[start_pos:end_pos] = k
         v_cache[start_pos:end_pos] = v
         out = self._attend(q, k_cache, v_cache, end_pos)  # [Hq, T, D]
@@ -336,8 +335,7 @@ class Attention(nn.Module):
         own cached positions only, so sequences never see each other's keys."""
         batch = x.shape[0]
         q, k, v = self._project(x, cos, sin)  # [B, H, D] each
-        if self.llama4_scaling is not None:
-            q = self.scale_queries(q, torch.tensor(list(positions), device=x.device))
+        q = self.scale_queries(q, positions)
         outs = []
         for b, position in enumerate(positions):
             k_caches[b][position] = k[b]
@@ -346,11 +344,17 @@ class Attention(nn.Module):
         out = torch.cat(outs, dim=1)  # [Hq, B, D]
         return self.o_proj(out.transpose(0, 1).reshape(batch, -1))
 
-    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """q [T, ...] (one row per position of positions [T]) times its llama4_scaling
-        factor, in q's dtype as transformers multiplies; q itself without that scaling."""
+    def scale_queries(self, q: torch.Tensor, positions: torch.Tensor | Sequence[int]
+                      ) -> torch.Tensor:
+        """q [T, ...] (one row per position of positions [T]: a device tensor, which graphs
+        capture, or host ints such as a range) times its llama4_scaling factor, in q's dtype
+        as transformers multiplies; q itself without that scaling, building nothing."""
         if self.llama4_scaling is None:
             return q
+        if isinstance(positions, range):
+            positions = torch.arange(positions.start, positions.stop, device=q.device)
+        elif not isinstance(positions, torch.Tensor):
+            positions = torch.tensor(list(positions), device=q.device)
         scales = llama4_query_scales(positions, *self.llama4_scaling).to(q.dtype)  # [T]
         return q * scales.view(-1, *([1] * (q.dim() - 1)))
 

@@ -41,6 +41,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from strata.engine.core.kernels import launch, pdl
 from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES, row_alignment
@@ -398,7 +399,7 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
         raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, "
                          f"Q4_1, Q5_0, Q5_1, IQ2_XXS or MXFP4, got {tuple(x.shape)} and type "
                          f"{qtype}")
-    block = 256 if qtype in (12, 13, 14, 16) else 32  # super-blocks; the others' 32
+    block = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][0]  # values a block
     if (raw.shape[0] != num_rows or num_cols % block or raw.data_ptr() % 4
             or raw.shape[1] % row_alignment(qtype)):
         raise ValueError(f"type {qtype} blocks of {num_rows} rows of {num_cols} columns must "
