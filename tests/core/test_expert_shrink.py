@@ -77,6 +77,8 @@ def test_an_all_resident_cache_shrinks_live_and_grows_back(moe_dir, tmp_path, mo
         assert arena(engine, "experts")["resident_bytes"] == before_bytes - shrunk["freed_bytes"]
         # One layer's experts whole for prefill chunks, in an arena of its own.
         assert shrunk["staging_bytes"] == arena(engine, "expert_staging")["resident_bytes"] > 0
+        # Now staged a chunk, a lone prompt takes the partial cache's longer chunk.
+        assert engine.scheduler.solo_chunk_tokens == engine.config.partial_cache_solo_chunk_tokens
         status = engine.status()["experts"]
         assert (status["mode"], status["num_slots"], status["is_all_resident"]) == (
             "slots", 40, False)

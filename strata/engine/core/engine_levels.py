@@ -18,6 +18,7 @@ from strata.engine.core.engine_errors import (
     LevelNotApplicable,
     kv_mapping,
 )
+from strata.engine.core.engine_setup import fast_prefill_chunk_tokens, solo_chunk_tokens
 from strata.engine.core.residency import ASLEEP
 
 if TYPE_CHECKING:
@@ -95,6 +96,12 @@ class EngineLevels:
             self.fast.use_expert_cache(self.memory.promotion)
         if self._runner is not None:
             self._runner.rebuild_batch_decoder()
+        # A prompt alone now stages every layer's experts a chunk: the partial cache's solo
+        # chunk, as a load into a partial cache sets it (engine_setup.solo_chunk_tokens).
+        stages = self._stages_experts()
+        if self.fast is not None:  # its prefill graphs are off since use_expert_cache
+            self.fast.prefiller.chunk_tokens = fast_prefill_chunk_tokens(self.config, stages)
+        self.scheduler.solo_chunk_tokens = solo_chunk_tokens(self.config, stages)
 
     def sleep(self) -> dict:
         """Offload the sessions (snapshots first), then release weights, experts and KV.
