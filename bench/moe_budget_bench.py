@@ -372,12 +372,66 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
                                args.shrink_tokens, args.shrink_after)
         row["to_label"] = target.label
         report["shrink_pause"] = row
-        print(f"shrink {row['from_slots']} -> {row['to_slots']} slots ({target.label}) while "
-              f"decoding: {row['tokens_received']} of {row['tokens_asked']} tokens, largest "
-              f"gap {row['max_gap_ms']:.1f} ms, the shrink's gap {row['shrink_gap_ms']:.1f} ms, "
-              f"median {row['median_gap_ms']:.1f} ms, resize {row['resize_s']:.3f} s, tokens "
-              f"equal the unshrunk run: {row['tokens_equal_unshrunk']}", flush=True)
+        print_shrink(row)
         write_json(report, args.json)
+
+
+def print_shrink(row: dict) -> None:
+    print(f"shrink {row['from_slots']} -> {row['to_slots']} slots ({row['to_label']}) while "
+          f"decoding: {row['tokens_received']} of {row['tokens_asked']} tokens, largest "
+          f"gap {row['max_gap_ms']:.1f} ms, the shrink's gap {row['shrink_gap_ms']:.1f} ms, "
+          f"median {row['median_gap_ms']:.1f} ms, resize {row['resize_s']:.3f} s, tokens "
+          f"equal the unshrunk run: {row['tokens_equal_unshrunk']}", flush=True)
+
+
+def shrink_from_all(args, shape: FileShape, report: dict) -> None:
+    """--shrink-from-all: issue 54's starting point, every expert resident (wired into the
+    model at load), then the shrink to --shrink-to between two tokens of a stream: the live
+    switch to the partial cache (ModelMemory.switch_to_slots) and its first graph capture."""
+    from moe_budget_extras import shrink_pause_row
+
+    from strata.engine.core.engine import Engine, EngineConfig
+
+    context = args.prefill_tokens + args.shrink_tokens + 64
+    engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
+                                 context_tokens=context, expert_cache="all"))
+    try:
+        started_s = time.perf_counter()
+        info = engine.load()
+        report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
+        # What the engine process runs once idle after a load (process.py): among it the
+        # slot-table kernels' compile (GraphDecoder.warm_expert_cache) a live switch needs.
+        started_s = time.perf_counter()
+        deferred = []
+        while engine.has_deferred_work:
+            deferred.append(engine.run_deferred_step())
+        report["deferred_work"] = {"steps": deferred,
+                                   "seconds": time.perf_counter() - started_s}
+        store = engine.memory.experts
+        if store is None or engine.memory.expert_mode != "all":
+            raise SystemExit(f"the experts did not all load resident "
+                             f"({engine.memory.expert_mode})")
+        non_expert = None
+        if args.device == "cuda":  # as strata_rows sizes its budgets
+            from quant_bench import vram_used_bytes
+
+            decode_row(engine, 4, 0)
+            prefill_row(engine, args.prefill_tokens, "sizing", warm_up=True)
+            held, _ = vram_used_bytes()
+            non_expert = held - store.arena.resident_bytes
+            report["non_expert_vram_bytes"] = non_expert
+        target = plan_budget(shape, args.shrink_to, args.reserve_mib * MIB)
+        row = shrink_pause_row(engine, store.max_slots,
+                               budget_slots(args, store, target, non_expert),
+                               args.shrink_tokens, args.shrink_after)
+        row |= {"to_label": target.label, "from_all_resident": True,
+                "mode_after": engine.memory.expert_mode}
+        report["shrink_pause"] = row
+        print_shrink(row)
+        write_json(report, args.json)
+    finally:
+        engine.close()
+        sync()
 
 
 def llamacpp_command(args, plan: BudgetPlan) -> list[str]:
@@ -508,6 +562,9 @@ def run(args) -> dict:
 
         tools = unpack_tools(Path(args.bin_dir), Path("/tmp/llamacpp-bin"), print)
         args.llama_bench = args.llama_bench or tools.get("llama-bench")
+    if args.shrink_from_all:  # that row alone: its own all-resident load
+        shrink_from_all(args, shape, report)
+        return report
     if args.llama_bench:
         llamacpp_rows(args, plans, report)
     strata_rows(args, shape, plans, report)
@@ -554,6 +611,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shrink-pause", action="store_true",
                    help="last: shrink from the load's largest slots to --shrink-to while a "
                    "greedy stream decodes (model's routes); token gaps and equality")
+    p.add_argument("--shrink-from-all", action="store_true",
+                   help="only the shrink row, from a load with every expert resident (wired) "
+                   "to --shrink-to: the live switch to the partial cache")
     p.add_argument("--shrink-to", type=parse_budget, default=parse_budget("12GiB"))
     p.add_argument("--shrink-tokens", type=int, default=96)
     p.add_argument("--shrink-after", type=int, default=32,

@@ -116,13 +116,14 @@ def lifecycle_actions(status: Mapping[str, Any]) -> list[ActionView]:
 
 
 def shrink_action(status: Mapping[str, Any]) -> tuple[ActionView, int] | None:
-    """"Shrink experts": free half of a partial expert cache while the model keeps answering
-    (shrink_experts with keep_free_mib = free VRAM + that half); (view, keep_free_mib), or
-    None when it does not apply (no partial cache, model not up, free VRAM unknown)."""
+    """"Shrink experts": free half of the expert cache while the model keeps answering
+    (shrink_experts with keep_free_mib = free VRAM + that half; a cache holding every expert
+    switches to a partial one); (view, keep_free_mib), or None when it does not apply (no
+    expert cache, model not up, free VRAM unknown)."""
     experts = status.get("experts") or {}
     gpu = status.get("gpu")
     free_bytes = getattr(gpu, "free_bytes", None)
-    if (experts.get("mode") != "slots" or free_bytes is None
+    if (experts.get("mode") not in ("slots", "all") or free_bytes is None
             or not effective_state(status).is_up):
         return None
     half_bytes = arena_bytes(status, "experts") // 2

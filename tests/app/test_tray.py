@@ -146,16 +146,18 @@ def test_a_rule_action_fires_a_notification(qtbot, make_bridge, fake_service):
     )
 
 
-def test_shrink_shows_over_a_partial_expert_cache_and_keeps_half_of_it_free(
-        qtbot, make_bridge, fake_service):
+@pytest.mark.parametrize("mode", ["slots", "all"])
+def test_shrink_shows_over_an_expert_cache_and_keeps_half_of_it_free(
+        qtbot, make_bridge, fake_service, mode):
+    """A partial cache, or one holding every expert (a shrink switches it live, issue 54)."""
     from types import SimpleNamespace
 
     tray = TrayController(make_bridge())
     status = status_for("loaded")
     tray.apply_status(status)
-    assert not tray.shrink_action.isVisible()  # every expert wired in (or dense): no shrink
+    assert not tray.shrink_action.isVisible()  # no expert cache (dense): no shrink
     experts_bytes = status["vram"]["experts"]["resident_bytes"]
-    status["experts"] = {"mode": "slots", "num_slots": 100, "max_slots": 100}
+    status["experts"] = {"mode": mode, "num_slots": 100, "max_slots": 100}
     status["gpu"] = SimpleNamespace(free_bytes=2 * GIB)
     tray.apply_status(status)
     assert tray.shrink_action.isVisible() and "keep serving" in tray.shrink_action.text()

@@ -38,7 +38,7 @@ def test_arguments_parse_and_bad_ones_are_refused() -> None:
     args = diag_dp4a_sweep.parse_args(["--types", "Q8_0,IQ2_XXS", "--shapes", "down"])
     assert (args.types, args.shapes, args.grid) == ([int(QT.Q8_0), int(QT.IQ2_XXS)], ["down"],
                                                     "small")
-    for bad in (["--types", "Q5_0"], ["--types", "Q9_K"], ["--shapes", "lm"],
+    for bad in (["--types", "Q2_K"], ["--types", "Q9_K"], ["--shapes", "lm"],
                 ["--grid", "huge"], ["--cold-mib", "-1"]):
         with pytest.raises(SystemExit):
             diag_dp4a_sweep.parse_args(bad)

@@ -146,3 +146,21 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert row["limit"] == 10.0 and row["ratio"] == pytest.approx(row["value"] / 10.0)
     assert row["target"] == 1.0 and decode[f"{labels[0]} zipf decode"]["target"] == 1.5
     assert decode[f"{labels[0]} uniform prefill staged from host"]["unit"] == "MiB"
+
+
+def test_the_shrink_row_from_every_expert_resident(tmp_path: Path) -> None:
+    """--shrink-from-all: issue 54's shrink starts from an all-resident (wired) load, and the
+    live switch to the partial cache loses no token and changes none."""
+    gguf = tmp_path / "tiny-moe.gguf"
+    write_random_gguf(TINY_MOE, gguf, mix="F16")
+    shape = bench.file_shape(gguf)
+    budget = f"{(shape.dense_bytes + 10 * shape.bytes_per_expert) / MIB + 0.001:.4f}MiB"
+    out = tmp_path / "shrink.json"
+    assert bench.main([str(gguf), "--device", "cpu", "--shrink-from-all", "--shrink-to", budget,
+                       "--reserve-mib", "0", "--shrink-tokens", "12", "--shrink-after", "4",
+                       "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["shrink_pause"]
+    assert row["from_all_resident"] and row["mode_after"] == "slots"
+    assert (row["from_slots"], row["to_slots"], row["slots_after"]) == (16, 10, 10)
+    assert row["tokens_received"] == row["tokens_asked"] == 12
+    assert row["resize"]["switched_to_slots"] and row["tokens_equal_unshrunk"] is True

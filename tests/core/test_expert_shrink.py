@@ -60,11 +60,62 @@ def test_a_shrunk_cache_answers_like_a_full_one_and_grows_back(moe_dir, tmp_path
         reference.close()
 
 
-def test_a_cache_wired_whole_into_the_model_cannot_shrink(moe_dir, tmp_path):
+def test_an_all_resident_cache_shrinks_live_and_grows_back(moe_dir, tmp_path, monkeypatch):
+    """Issue 54: every expert fit at load (wired into the model), yet a shrink frees them
+    while serving: the model switches to the partial cache, answers as before, grows back."""
+    monkeypatch.setattr(residency, "EXPERTS_CHUNK_BYTES", 2 * MIB)
     engine = make_engine(moe_dir, tmp_path, expert_cache="all")
     try:
-        with pytest.raises(LevelNotApplicable, match="--expert-cache N"):
+        expected = run(engine, PROMPT)
+        assert engine.status()["experts"]["mode"] == "all"
+        before_bytes = arena(engine, "experts")["resident_bytes"]
+        unchanged = engine.resize_experts(2 * NUM_EXPERTS)  # all of them: nothing to do
+        assert unchanged["freed_bytes"] == 0 and engine.status()["experts"]["mode"] == "all"
+        shrunk = engine.resize_experts(40)
+        assert shrunk["switched_to_slots"] and shrunk["num_slots"] == 40
+        assert 24 * EXPERT_BYTES - 3 * 2 * MIB <= shrunk["freed_bytes"] <= 24 * EXPERT_BYTES
+        assert arena(engine, "experts")["resident_bytes"] == before_bytes - shrunk["freed_bytes"]
+        # One layer's experts whole for prefill chunks, in an arena of its own.
+        assert shrunk["staging_bytes"] == arena(engine, "expert_staging")["resident_bytes"] > 0
+        # Now staged a chunk, a lone prompt takes the partial cache's longer chunk.
+        assert engine.scheduler.solo_chunk_tokens == engine.config.partial_cache_solo_chunk_tokens
+        status = engine.status()["experts"]
+        assert (status["mode"], status["num_slots"], status["is_all_resident"]) == (
+            "slots", 40, False)
+        # The wired stacks are meta placeholders now, as a load into a partial cache leaves
+        # them: nothing reads slots that the shrink may have unmapped through them.
+        stacks = [mlp.experts for mlp in engine.model.modules() if hasattr(mlp, "expert_weights")]
+        assert stacks and all(getattr(s, n).is_meta for s in stacks
+                              for n in ("gate_proj", "up_proj", "down_proj"))
+        assert run(engine, PROMPT, slot=1) == expected
+        assert engine.status()["experts"]["num_misses"] > 0  # the cache served the misses
+        grown = engine.resize_experts(2 * NUM_EXPERTS)
+        assert grown["mapped_bytes"] == shrunk["freed_bytes"] and grown["num_slots"] == 64
+        assert engine.status()["experts"]["mode"] == "slots"  # every slot, through the table
+        assert run(engine, PROMPT, slot=2) == expected
+        engine.release_experts()  # the staging goes with the slots, and comes back with them
+        assert arena(engine, "expert_staging")["resident_bytes"] == 0
+        engine.refill_experts()
+        assert arena(engine, "expert_staging")["resident_bytes"] == shrunk["staging_bytes"]
+        assert run(engine, PROMPT, slot=3) == expected
+    finally:
+        engine.close()
+
+
+def test_a_shrink_the_decoder_cannot_read_changes_nothing(moe_dir, tmp_path):
+    """A decoder whose MoE kernels cannot read a partial cache (here: bmm) refuses the live
+    shrink before anything moves."""
+    from strata.engine.core.fast.decode_graph import GraphDecoder
+
+    engine = make_engine(moe_dir, tmp_path, expert_cache="all")
+    try:
+        engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False, compile_pointwise=False,
+                                   moe_impl="bmm")
+        before_bytes = arena(engine, "experts")["resident_bytes"]
+        with pytest.raises(LevelNotApplicable, match="cannot shrink while serving"):
             engine.resize_experts(40)
+        assert engine.status()["experts"]["mode"] == "all"
+        assert arena(engine, "experts")["resident_bytes"] == before_bytes
     finally:
         engine.close()
 

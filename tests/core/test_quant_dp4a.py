@@ -25,6 +25,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 from strata.engine.core.quant import gemv_dp4a, kernels
+from strata.engine.core.quant.dp4a_dots import row_alignment
 from strata.engine.core.quant.weight import QuantizedWeight, qlinear
 from tests.helpers.quant_blocks import random_blocks, random_pair
 
@@ -54,12 +55,15 @@ def test_quantize_x_rounds_each_32_to_int8_with_its_scale_and_sum() -> None:
 # last groups lie past the row. Q6_K rows of 3 blocks (630 bytes) and Q8_0 rows of 17 (578)
 # start at 0 and 2 mod 4 in turn, so every block alignment meets both row alignments.
 # IQ2_XXS rows of 3 blocks (198 bytes) start at 0 and 2 mod 4 likewise, and its 66-byte
-# blocks alternate within a row; Q4_0 rows of 17 blocks (306 bytes) too.
+# blocks alternate within a row; Q4_0 rows of 17 blocks (306 bytes) and Q5_0's (374) too.
+# Q4_1's 20- and Q5_1's 24-byte blocks keep a row's alignment: rows at 2 mod 4 below.
 SHAPES = [(QT.Q4_K, 5, 768), (QT.Q4_K, 70, 768), (QT.Q5_K, 5, 768), (QT.Q5_K, 70, 768),
           (QT.Q6_K, 5, 768), (QT.Q6_K, 70, 768),
           (QT.Q6_K, 3, 1024), (QT.Q8_0, 5, 544), (QT.Q8_0, 70, 544), (QT.Q8_0, 4, 1024),
           (QT.IQ2_XXS, 5, 768), (QT.IQ2_XXS, 70, 768), (QT.IQ2_XXS, 3, 1024),
-          (QT.Q4_0, 5, 544), (QT.Q4_0, 70, 544), (QT.Q4_0, 4, 1024)]
+          (QT.Q4_0, 5, 544), (QT.Q4_0, 70, 544), (QT.Q4_0, 4, 1024),
+          (QT.Q5_0, 5, 544), (QT.Q5_0, 70, 544), (QT.Q5_0, 4, 1024),
+          (QT.Q4_1, 5, 544), (QT.Q5_1, 5, 544)]
 
 
 @pytest.mark.parametrize(("qtype", "rows", "cols"), SHAPES,
@@ -128,9 +132,11 @@ def test_bad_input_is_refused_with_a_clear_error() -> None:
 # (part a, rows a, part b, rows b, columns): Q4_K_M's q+k then a Q6_K v; an IQ2_XXS mix's
 # q+k then a Q4_K v (38 rows of 198 bytes: part b 4-aligned, as Q4_K must be); three Q6_K
 # rows of 630 bytes putting a Q8_0 part b at 2 mod 4; Gemma 3's Q4_0 q+k then v, part b
-# at 2 mod 4 after seven rows of 306 bytes. Rows past a tile's end in both parts.
+# at 2 mod 4 after seven rows of 306 bytes; a Q5_1 part b at 2 mod 4 after seven Q5_0 rows
+# of 374. Rows past a tile's end in both parts.
 PAIRS = [(QT.Q4_K, 70, QT.Q6_K, 5, 768), (QT.IQ2_XXS, 38, QT.Q4_K, 9, 768),
-         (QT.Q6_K, 3, QT.Q8_0, 6, 768), (QT.Q4_0, 7, QT.Q4_0, 3, 544)]
+         (QT.Q6_K, 3, QT.Q8_0, 6, 768), (QT.Q4_0, 7, QT.Q4_0, 3, 544),
+         (QT.Q5_0, 7, QT.Q5_1, 3, 544)]
 
 
 @pytest.mark.parametrize(("type_a", "rows_a", "type_b", "rows_b", "cols"), PAIRS,
@@ -222,6 +228,32 @@ def test_funnel_and_byte_perm_twins_follow_the_ptx_manual() -> None:
     from tests.helpers.dp4a_twins import check_twins
 
     check_twins("cpu", emulate=True, count=1000, seed=0)
+
+
+# Q4_0, Q4_1, Q5_0, Q5_1 (rows of 17 blocks) in rows of 2 mod 4 bytes (Q4_1's and Q5_1's
+# padded by 2), so rows start at 0 and 2 mod 4 in turn whatever the block size (a row's
+# blocks keep its alignment in Q4_1 and Q5_1, whose blocks are multiples of 4 bytes).
+NIBBLE_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1]
+
+
+@pytest.mark.parametrize("qtype", NIBBLE_TYPES, ids=lambda t: t.name)
+def test_nibble_types_read_rows_at_both_even_alignments(qtype: QT) -> None:
+    """Every row base the kernel accepts (row_alignment 2: 0 and 2 mod 4): the dequantized
+    weight times x as quantize_x rounds it. Random bytes give every fifth bit (qh) and
+    every nibble, and mins of both signs."""
+    rows, cols = 7, 544
+    raw = random_blocks(qtype, rows, cols, seed=int(qtype), scale=0.02)
+    padded = np.zeros((rows, raw.shape[1] + (2 - raw.shape[1]) % 4), dtype=np.uint8)
+    padded[:, :raw.shape[1]] = raw
+    blocks = torch.from_numpy(padded)
+    assert row_alignment(qtype) == 2 and blocks.shape[1] % 4 == 2
+    dense = torch.from_numpy(gguf.quants.dequantize(raw, qtype))
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(5)).half()
+    assert gemv_dp4a.is_enabled(x, qtype, blocks)
+    got = gemv_dp4a.matmul(x, blocks, qtype, rows).float()
+    expected = _int8_rounded(x) @ dense.T
+    scale = expected.abs().max().item()
+    assert (got - expected).abs().max().item() <= 2e-3 * scale
 
 
 # MXFP4 rows of 17 blocks (289 bytes) start at every byte mod 4, as do its blocks; rows of

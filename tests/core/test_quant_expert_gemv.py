@@ -190,14 +190,15 @@ def test_unsupported_types_and_misaligned_layouts_keep_the_dequantizing_path() -
     assert not expert_gemv.is_supported(q4k, host_offset=6, has_table=True)
 
 
-# dp4a (bf16/fp16 x; Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS): x and then the activations
+# dp4a (bf16/fp16 x; Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS): x and then the activations
 # rounded to int8 per 32 values, so the references round them the same way
 # (test_quant_dp4a.py's _int8_rounded).
 # Experts pad_bytes apart: 2 for Q6_K, Q8_0 and Q4_0, whose experts then start at 0 and 2
 # mod 4 in turn, as do Q6_K's 210-byte rows of I = 256 and Q4_0's 54-byte rows of I = 96.
 # The fp16 outputs round to 2**-11.
 DP4A_TOL = 2e-3
-DP4A_PAD = {QT.Q4_K: 4, QT.Q5_K: 4, QT.Q6_K: 2, QT.Q8_0: 2, QT.Q4_0: 2, QT.IQ2_XXS: 2}
+DP4A_PAD = {QT.Q4_K: 4, QT.Q5_K: 4, QT.Q6_K: 2, QT.Q8_0: 2, QT.Q4_0: 2, QT.IQ2_XXS: 2,
+             QT.Q4_1: 2, QT.Q5_0: 2, QT.Q5_1: 2}
 
 
 def _half_experts(experts: QuantizedExperts) -> QuantizedExperts:
@@ -224,10 +225,15 @@ def _dp4a_x(hidden: int, seed: int) -> torch.Tensor:
     return (torch.randn(hidden, generator=torch.Generator().manual_seed(seed)) * 0.05).half()
 
 
-def _dp4a_layer(types: tuple[QT, QT, QT], hidden: int, inter: int, pad_bytes: int):
+def _dp4a_layer(types: tuple[QT, QT, QT], hidden: int, inter: int,
+                pad_bytes: int | tuple[int, int, int]):
+    """(QuantizedExperts, dequantized [E, rows, cols]) of gate, up and down in `types`, each
+    expert pad_bytes (one for all, or per projection) past the last's blocks."""
     blocks, dense = [], []
+    pads = (pad_bytes,) * 3 if isinstance(pad_bytes, int) else pad_bytes
     for p, (qtype, (rows, cols)) in enumerate(zip(types, ((inter, hidden), (inter, hidden),
                                                           (hidden, inter)))):
+        pad_bytes = pads[p]
         # Q4_0's values (q - 8) are a sixteenth of Q8_0's int8: a larger d keeps act normal
         # in fp16 (below 2**-14 it rounds to subnormal steps).
         scale = 0.03 if qtype == QT.Q4_0 else 0.002
@@ -259,6 +265,27 @@ def test_dp4a_experts_equal_the_experts_times_int8_x_and_activations(qtype: QT) 
     act_expected, y_expected = _dp4a_reference(x, act, *dense, ids, weights.half(),
                                                (True, True, True))
     assert_close(act, act_expected, DP4A_TOL)
+    assert_close(y, y_expected, DP4A_TOL)
+
+
+@pytest.mark.parametrize("down_type", [QT.Q5_0, QT.Q8_0, QT.Q4_1, QT.Q5_1],
+                         ids=lambda t: t.name)
+def test_glm_q4_k_m_experts_take_dp4a_for_gate_up_and_the_fallback_down(down_type: QT) -> None:
+    """GLM-4.5-Air's Q4_K_M experts: Q4_K gate/up, and a down of rows 1408 wide (not whole
+    256-blocks) that llama-quantize writes in Q4_K's fallback Q5_0 (Q6_K's: Q8_0; older
+    files' Q4_1, Q5_1). Here rows of 288 (9 blocks: Q5_0 rows of 198 bytes, at 0 and 2 mod 4
+    in turn), experts 2 bytes apart: all three projections by dp4a, equal to the
+    dequantized experts times x and act as they are rounded to int8."""
+    from strata.engine.core.quant import expert_gemv
+
+    blocks, dense = _dp4a_layer((QT.Q4_K, QT.Q4_K, down_type), 512, 288, (4, 4, 2))
+    x = _dp4a_x(512, seed=6)
+    assert expert_gemv.supports(*blocks)
+    assert all(expert_gemv.uses_dp4a(w, x) for w in blocks)
+    ids, weights = _routing(3, seed=7)
+    y = expert_gemv.routed_mlp(x, *blocks, ids, weights.half())
+    act = expert_gemv.gate_up(x, blocks[0], blocks[1], ids)
+    _, y_expected = _dp4a_reference(x, act, *dense, ids, weights.half(), (True, True, True))
     assert_close(y, y_expected, DP4A_TOL)
 
 

@@ -332,3 +332,77 @@ def test_dp4a_expert_kernels_decode_like_the_planes_kernels(tmp_path, monkeypatc
             engine.close()
     assert tokens["1"] == tokens["0"]
     assert dp4a_layers[0] >= 2 * len(model.model.layers)  # two steps, every layer by dp4a
+
+
+def test_glm_q4_k_m_fallback_downs_decode_by_dp4a_like_the_planes_kernels(
+        tmp_path, monkeypatch) -> None:
+    """bf16 compute, a GLM-4.5 in Q4_K_M's mix where the FFN width (288 here, 1408 in
+    GLM-4.5-Air) is not whole 256-blocks: llama-quantize writes the downs in Q4_K's
+    fallback Q5_0 (layers 0 and 1: the dense MLP, the shared and the routed experts) and
+    Q6_K's fallback Q8_0 (layer 2). The Q5_0 products take dp4a, dense (gemv_dp4a) and
+    routed (expert_gemv, all three projections), and the greedy tokens and one decode
+    step's logits equal the planes kernels' (STRATA_DP4A=0)."""
+    import transformers
+
+    from strata.engine.core import engine as engine_module
+    from strata.engine.core.quant import expert_gemv, gemv_dp4a
+
+    config = make_tiny_hf_config("glm4_moe")
+    config.hidden_size = 256
+    config.moe_intermediate_size = config.intermediate_size = 288
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    mix = {"blk.0.ffn_down.weight": "Q5_0"}
+    for layer, down in ((1, "Q5_0"), (2, "Q8_0")):
+        for part in ("exps", "shexp"):
+            mix |= {f"blk.{layer}.ffn_gate_{part}.weight": "Q4_K",
+                    f"blk.{layer}.ffn_up_{part}.weight": "Q4_K",
+                    f"blk.{layer}.ffn_down_{part}.weight": down}
+    path = write_gguf_from_hf(model, None, tmp_path / "glm.gguf", "Q8_0", random_scale=1e-4,
+                              qtype_overrides=mix)
+    monkeypatch.setattr(engine_module, "compute_dtype", lambda device, config: torch.bfloat16)
+    dense_types: list[int] = []
+    expert_downs: list[int] = []
+    dense_args, fused = gemv_dp4a.kernel_args, expert_gemv.routed_mlp
+
+    def dense_counted(x, raw, qtype, *args, **kwargs):
+        dense_types.append(int(qtype))
+        return dense_args(x, raw, qtype, *args, **kwargs)
+
+    def experts_counted(x, gate, up, down, *args, **kwargs):
+        if all(expert_gemv.uses_dp4a(w, x) for w in (gate, up, down)):
+            expert_downs.append(int(down.qtype))
+        return fused(x, gate, up, down, *args, **kwargs)
+
+    monkeypatch.setattr(gemv_dp4a, "kernel_args", dense_counted)
+    monkeypatch.setattr(expert_gemv, "routed_mlp", experts_counted)
+    spec = SamplingSpec(max_tokens=3, temperature=0.0)  # the prefill's head, two steps
+    tokens, logits = {}, {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("STRATA_DP4A", switch)
+        engine = _engine(path, monkeypatch, quantized=True)
+        try:
+            assert engine.dtype == torch.bfloat16
+            mlp = engine.model.model.layers[1].mlp
+            assert int(mlp.experts.down_proj.qtype) == int(QT.Q5_0)
+            engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False,
+                                       compile_pointwise=False, min_bucket_tokens=16,
+                                       prefill_chunk_tokens=20,
+                                       step_hook=engine.memory.promotion)
+            tokens[switch] = [t for step in engine.generate(PROMPT, spec) for t in step]
+            logits[switch] = _decode_logits(engine, tokens[switch][0])
+        finally:
+            engine.close()
+    assert tokens["1"] == tokens["0"]
+    assert int(QT.Q5_0) in dense_types  # layer 0's down, the shared expert's
+    assert expert_downs.count(int(QT.Q5_0)) >= 2 and int(QT.Q8_0) in expert_downs
+    error = (logits["1"] - logits["0"]).abs().max() / logits["0"].abs().max()
+    assert error <= 3e-2, error
+
+
+@torch.inference_mode()
+def _decode_logits(engine: Engine, token: int) -> torch.Tensor:
+    """Logits [V] of one decode step (token after PROMPT) through the model's forward."""
+    kv = KVCache.for_config(engine.model_config, 64, engine.dtype, engine.device)
+    engine.model(torch.tensor(PROMPT), 0, kv, last_only=True)  # prefill: dequantized
+    return engine.model(torch.tensor([token]), len(PROMPT), kv, last_only=True)[-1].float()

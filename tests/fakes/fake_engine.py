@@ -518,6 +518,9 @@ class FakeEngine:
                        # a refill's copy is not timed, so the rate is unknown (None).
                        "policy": "lfu", "num_left_out": 0, "num_copy_calls": 0,
                        "timed_copy_bytes": 0, "copy_seconds": 0.0, "copy_gb_s": None,
+                       # A CPU store's host copy: nothing placed (memory/numa.py).
+                       "host_numa": {"requested_node": None, "policy": "default",
+                                     "note": "not placed", "pages_by_node": {}},
                        # The prefill staging's figures (memory/expert_staging.py): the
                        # fake runs no prefill through it.
                        "staging_bytes": 0, "staged_experts": 0, "staged_bytes": 0,

@@ -61,18 +61,24 @@ def test_cuda_qlinear_matches_torch_for_1_to_16_tokens_and_prefill(qtype: QT) ->
         assert error <= 2e-2 * scale, (num_tokens, error, scale)
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ2_XXS, QT.MXFP4]
+DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
+              QT.IQ2_XXS, QT.MXFP4]
 # Llama-3-8B's k/v, down and q/k/v fused rows (Q5_K: rows of Qwen3-30B-A3B's head, which an
 # IQ2_XXS mix stores as Q5_K); and rows of 630 (Q6_K) / 578 (Q8_0) / 198 (IQ2_XXS) bytes,
 # which start at 0 and 2 mod 4 in turn. IQ2_XXS: Qwen3-30B-A3B's k, q, o. Q4_0: Gemma-3-27B's
 # q, gate and down (QAT), and rows of 306 bytes. MXFP4: gpt-oss-20b's 2880-wide rows of 1530
-# bytes (at 0 and 2 mod 4, blocks at every byte); odd rows (not qlinear's): below.
+# bytes (at 0 and 2 mod 4, blocks at every byte); odd rows (not qlinear's): below. Q5_0:
+# GLM-4.5-Air's shared-expert down (1408 wide: Q4_K_M's fallback) and rows of 374 bytes (at 0
+# and 2 mod 4); Q4_1, Q5_1: SmolLM2-1.7B's q and down (older Q4_1 files), rows of 17 blocks.
 DP4A_SHAPES = {QT.Q4_K: ((1024, 4096), (4096, 14336), (6144, 4096)),
                QT.Q5_K: ((1024, 4096), (4096, 14336), (16384, 2048)),
                QT.Q6_K: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 768)),
                QT.Q8_0: ((1024, 4096), (4096, 14336), (6144, 4096), (1000, 544)),
                QT.IQ2_XXS: ((512, 2048), (4096, 2048), (2048, 4096), (1000, 768)),
                QT.Q4_0: ((4096, 5376), (21504, 5376), (5376, 21504), (1000, 544)),
+               QT.Q5_0: ((4096, 1408), (1000, 544), (4096, 5376)),
+               QT.Q4_1: ((2048, 2048), (2048, 8192), (1000, 544)),
+               QT.Q5_1: ((2048, 2048), (2048, 8192), (1000, 544)),
                QT.MXFP4: ((2880, 2880), (5760, 2880), (1000, 1024))}
 
 

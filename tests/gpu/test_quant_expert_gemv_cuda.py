@@ -136,7 +136,8 @@ def test_cuda_fused_experts_replay_in_a_cuda_graph_with_new_ids() -> None:
         _assert_close(out, _reference(x, [d for _, d in stacks], ids, weights))
 
 
-DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.IQ2_XXS]
+DP4A_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1,
+              QT.IQ2_XXS]
 
 
 def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
@@ -150,7 +151,7 @@ def _int8_rounded(v: torch.Tensor) -> torch.Tensor:
 def test_cuda_dp4a_experts_equal_the_int8_rounded_reference_for_every_tile(
         qtype: QT, monkeypatch) -> None:
     """Real dp4a and funnel shifts at Qwen3-30B-A3B's shape, experts 2 bytes apart beyond
-    their blocks (Q6_K, Q8_0, Q4_0: every other expert at 2 mod 4; Q4_K 4): gate_up against x as
+    their blocks (Q6_K, Q8_0, Q4_0, Q5_0: every other expert at 2 mod 4; Q4_K 4): gate_up against x as
     quantize_x rounds it, down_sum against the kernel's activations so rounded, with each
     candidate tile (not just the first) and through a slot table over pinned host blocks."""
     import triton

@@ -145,6 +145,8 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     assert status["copied_bytes"] - preloaded == promoted_bytes
     assert status["num_copy_calls"] - preload_calls == 2 * 3  # a run of one: 3 projections
     assert status["copy_seconds"] > 0 and status["copy_gb_s"] > 0
+    # Where the host copy's pages sit (memory/numa.py): a CPU store places nothing.
+    assert status["host_numa"]["requested_node"] is None
     store.close()
 
 

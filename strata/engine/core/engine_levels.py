@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from strata.engine.core.engine_errors import EngineBusy, EngineError, kv_mapping
+from strata.engine.core.engine_errors import (
+    EngineBusy,
+    EngineError,
+    LevelNotApplicable,
+    kv_mapping,
+)
+from strata.engine.core.engine_setup import fast_prefill_chunk_tokens, solo_chunk_tokens
 from strata.engine.core.residency import ASLEEP
 
 if TYPE_CHECKING:
@@ -56,15 +62,46 @@ class EngineLevels:
     def resize_experts(self, num_slots: int) -> dict:
         """Serve from num_slots expert slots: fewer frees VRAM while the model keeps answering
         (misses read from the host copy), more grows back; see ModelMemory.resize_experts.
-        Safe between the steps of running streams (the process loop runs it there)."""
+        Safe between the steps of running streams (the process loop runs it there). An
+        all-resident model switches to the partial cache at its first shrink: its decoders
+        drop the graphs over the resident experts and capture again at the next step."""
         self._require_model()
-        result = self.memory.resize_experts(num_slots)
+        memory = self.memory
+        switches = memory.would_switch(num_slots)
+        if switches and self.fast is not None:
+            problem = self.fast.expert_cache_problem(
+                memory.experts.host.device_address is not None)
+            if problem:
+                raise LevelNotApplicable(f"the experts cannot shrink while serving: {problem}; "
+                                         "use release_experts")
+        result = memory.resize_experts(num_slots)
+        if result.get("switched_to_slots"):
+            self._use_expert_cache()
         if self.has_work:  # between a stream's tokens: keep the prefill graphs (no recapture)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         else:
             self._empty_device_cache()
         return result
+
+    def _use_expert_cache(self) -> None:
+        """After a live switch to the partial cache (ModelMemory.switch_to_slots): the fast
+        decoder and the batch decoder leave the graphs over the resident stacks behind and
+        call the cache's promotion; the next step captures what it needs."""
+        if self.device.type == "cuda":
+            # The step queued before this command may still replay a graph being dropped
+            # (and write into its pool): let it finish first, at most a step's time.
+            torch.cuda.synchronize(self.device)
+        if self.fast is not None:
+            self.fast.use_expert_cache(self.memory.promotion)
+        if self._runner is not None:
+            self._runner.rebuild_batch_decoder()
+        # A prompt alone now stages every layer's experts a chunk: the partial cache's solo
+        # chunk, as a load into a partial cache sets it (engine_setup.solo_chunk_tokens).
+        stages = self._stages_experts()
+        if self.fast is not None:  # its prefill graphs are off since use_expert_cache
+            self.fast.prefiller.chunk_tokens = fast_prefill_chunk_tokens(self.config, stages)
+        self.scheduler.solo_chunk_tokens = solo_chunk_tokens(self.config, stages)
 
     def sleep(self) -> dict:
         """Offload the sessions (snapshots first), then release weights, experts and KV.

@@ -92,6 +92,9 @@ class ModelMemory:
         self.expert_mode = "none"  # none (dense) | off | all | slots
         # Slots mode with a host copy the GPU reads in place: decode's step hook.
         self.promotion: ExpertPromotion | None = None
+        # All mode: each MoE layer's module, given a SlotExperts when a shrink switches the
+        # model to the partial cache while it serves (switch_to_slots).
+        self._moe_layers: dict[int, SparseMoE] = {}
         self.is_sleeping = False
 
     # ---- load ---------------------------------------------------------------------------
@@ -156,6 +159,8 @@ class ModelMemory:
                     self.experts, layer, self.dtype)
             if self.experts.host.device_address is not None:
                 self.promotion = ExpertPromotion(self.experts)
+        elif self.expert_mode == "all":
+            self._moe_layers = {layer: model.model.layers[layer].mlp for layer in by_layer}
         if quantized or expert_blocks:
             self._warm_up_quantized(model, max_prefill_tokens)
         return model
@@ -366,7 +371,10 @@ class ModelMemory:
             if store.num_slots < store.max_slots:  # shrunk: grow back to every slot
                 return self.resize_experts(store.max_slots)
             return {"mapped_bytes": 0, "copied_bytes": 0, "seconds": 0.0}
-        self.check_free_vram("refilling the expert cache", self._missing(store.arena))
+        needed = self._missing(store.arena)
+        if store.staging_arena is not None:
+            needed += self._missing(store.staging_arena)
+        self.check_free_vram("refilling the expert cache", needed)
         try:
             result = store.refill()
         except ArenaMapError as exc:
@@ -379,17 +387,28 @@ class ModelMemory:
             out["differing_slots"] = result.differing_slots
         return out
 
+    def would_switch(self, num_slots: int) -> bool:
+        """Whether resize_experts(num_slots) switches an all-resident model to the partial
+        cache (the fast decoder must then read slots: Engine.resize_experts checks it)."""
+        return self.expert_mode == "all" and num_slots < self.experts.max_slots
+
     def resize_experts(self, num_slots: int) -> dict[str, Any]:
         """Serve from num_slots expert slots (shrink_experts), misses read from the pinned host
-        copy; not_applicable unless the cache is partial (slots mode)."""
+        copy. An all-resident model (its experts wired into its layers at load) switches to
+        the partial cache first, between two steps (switch_to_slots); it keeps it when
+        grown back, every slot resident."""
         store = self._experts_store()
-        if self.expert_mode != "slots":
-            raise LevelNotApplicable(
-                "every expert was wired into the model at load (they all fit), so the cache "
-                "cannot shrink while serving; start with --expert-cache N (fewer slots than "
-                "experts) to allow it, or use release_experts")
         if self.is_sleeping or store.cache.is_released:
             raise EngineError("the expert cache is not resident: wake or refill it first")
+        switch_s = None
+        if self.expert_mode == "all":
+            if not self.would_switch(num_slots):  # every expert stays where it is
+                return {"num_slots": store.num_slots, "max_slots": store.max_slots,
+                        "freed_bytes": 0, "mapped_bytes": 0,
+                        "resident_bytes": store.arena.resident_bytes, "seconds": 0.0}
+            t0 = time.perf_counter()
+            self.switch_to_slots()
+            switch_s = time.perf_counter() - t0
         if num_slots > store.num_slots:
             needed = (num_slots - store.num_slots) * store.bytes_per_expert
             self.check_free_vram("growing the expert cache", needed)
@@ -398,7 +417,57 @@ class ModelMemory:
             result = store.resize(num_slots)
         except ArenaMapError as exc:
             raise _out_of_memory("growing the expert cache", exc) from exc
-        return {**result, "seconds": round(time.perf_counter() - t0, 6)}
+        result = {**result, "seconds": round(time.perf_counter() - t0, 6)}
+        if switch_s is not None:
+            staging = self._map_staging()  # after the shrink freed the slots' memory
+            # freed_bytes are the slots' (the experts arena's); the staging's own arena
+            # maps staging_bytes of them again.
+            result.update(switched_to_slots=True, switch_s=round(switch_s, 6),
+                          staging_bytes=staging)
+        return result
+
+    @property
+    def can_switch_live(self) -> bool:
+        """Whether a shrink may switch this all-resident model to the partial cache while it
+        serves (switch_to_slots): the GPU reads the store's host copy in place, as the slot
+        table's misses need."""
+        return (self.expert_mode == "all" and self.experts is not None
+                and self.experts.host.device_address is not None)
+
+    def slot_experts(self, layer: int) -> SlotExperts:
+        """Layer's partial-cache provider over the store (what switch_to_slots gives it);
+        GraphDecoder.warm_expert_cache runs one token through it before any switch."""
+        return SlotExperts(self.experts, layer, self.dtype)
+
+    def switch_to_slots(self) -> None:
+        """Give each MoE layer of an all-resident model the partial cache's provider
+        (SlotExperts: decode reads the slot table, misses in place from the pinned host
+        copy; prefill stages or loops), and decode its promotion hook. The store's cache
+        already maps every expert to the slot the wired stacks read, so nothing moves: the
+        next resize evicts from there. The caller swaps the fast decoder's graphs."""
+        store = self.experts
+        for layer, mlp in self._moe_layers.items():
+            mlp.expert_weights = self.slot_experts(layer)
+            _unwire(mlp.experts)
+        if store.host.device_address is not None:
+            self.promotion = ExpertPromotion(store)
+        self.expert_mode = "slots"
+
+    def _map_staging(self) -> int:
+        """Map the store's prefill staging (one layer's experts) in an arena of its own when
+        the budget and free VRAM allow; else prefill chunks take the loop, which copies their
+        misses into slots (fast/moe_grouped.py). The bytes mapped."""
+        store = self.experts
+        needed = store.staging_bytes_needed()
+        try:
+            self.check_free_vram("the prefill's expert staging", needed)
+            mapped = store.add_staging()
+        except (EngineOutOfMemory, ArenaMapError) as exc:
+            log.info("no prefill staging for the shrunk expert cache (%s): prefill chunks "
+                     "copy their missing experts into slots", exc)
+            return 0
+        self.arenas.add(store.staging_arena)
+        return mapped
 
     def release_for_sleep(self) -> int:
         """Unmap weights and experts (the caller releases KV first); returns bytes freed."""
@@ -415,6 +484,8 @@ class ModelMemory:
         needed = self._missing(self.weights)
         if self.experts is not None:
             needed += self._missing(self.experts.arena)
+            if self.experts.staging_arena is not None:
+                needed += self._missing(self.experts.staging_arena)
         self.check_free_vram("waking the model", needed)
         t0 = time.perf_counter()
         try:
@@ -473,6 +544,21 @@ class ModelMemory:
         if self.experts is not None:
             self.experts.host.close()
         self.weights = self.experts = self.promotion = None
+        self._moe_layers = {}
+
+
+def _unwire(experts: torch.nn.Module) -> None:
+    """Meta placeholders in place of a layer's wired expert stacks (views of slots, or their
+    QuantizedExperts), as a load into a partial cache leaves them: after a shrink those slots
+    may be unmapped, and a stale reader then fails on the host instead of faulting the GPU."""
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        shape = tuple(getattr(experts, name).shape)
+        if name in experts._parameters:
+            del experts._parameters[name]
+        else:
+            delattr(experts, name)
+        experts.register_parameter(
+            name, torch.nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False))
 
 
 def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,

@@ -62,10 +62,10 @@ class ExpertShrinker:
         """Resize so keep_free_bytes are free (as far as a partial cache can go); `experts`:
         the engine status' expert cache now. `command` keeps the status its replies carry."""
         info = cache_info(experts)
-        if info is None or info["mode"] != "slots":
+        if info is None or info["mode"] not in ("slots", "all"):  # all: switches live
             raise ServiceError("not_applicable", "shrink experts does not apply: the "
-                               "model has no partial expert cache (a dense model, the cache "
-                               "off, or every expert fit at load: start with --expert-cache N)")
+                               "model has no expert cache (a dense model, or the cache off "
+                               "with --expert-cache off)")
         self.keep_free_bytes = keep_free_bytes
         freed_bytes, rounds = 0, 0
         result: dict[str, Any] = {}

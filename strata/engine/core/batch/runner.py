@@ -105,6 +105,15 @@ class BatchRunner:
                             fused_attention=True, min_bucket_tokens=fast.min_bucket_tokens,
                             step_hook=fast.step_hook)
 
+    def rebuild_batch_decoder(self) -> None:
+        """Drop the batch decoder and its graphs; the next batch builds one again over the
+        model as it is now (a live shrink gave its MoE layers a partial expert cache: the
+        new one reads the slot table and calls the decoder's step hook)."""
+        if self._batch is not None:
+            self._batch.clear()
+        self._batch = None
+        self._has_batch_decoder = False
+
     def clear_graphs(self) -> None:
         """Drop the batch graphs and their pool (sleep); the next batch captures again."""
         if self._batch is not None:

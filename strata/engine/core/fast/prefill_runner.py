@@ -27,7 +27,8 @@ class PrefillRunner:
     def __init__(self, model: torch.nn.Module, moe_impl: str, ops: PointwiseOps,
                  chunk_tokens: int, is_capturable: bool):
         """is_capturable: the prefill holds no host sync (false for the MoE loop, which asks
-        the host which experts run); fixed at load, as residency is."""
+        the host which experts run); fixed at load, as residency is, until a live shrink
+        (use_expert_cache)."""
         self.model = model
         self.device = next(model.parameters()).device
         self.moe_impl = moe_impl
@@ -87,6 +88,14 @@ class PrefillRunner:
         if not self.is_capturable or self.device.type != "cuda":
             raise ValueError("expert graphs need a CUDA prefill without host syncs")
         self.expert_graphs = ExpertGraphs(self.device, self.chunk_tokens, top_k)
+
+    def use_expert_cache(self) -> None:
+        """The MoE layers read a partial expert cache from now on (a live shrink): no more
+        prefill or expert graphs, whose captures read the resident stacks; chunks are called."""
+        self.drop_graphs()
+        self.is_capturable = False
+        self.graphs = None
+        self.expert_graphs = None
 
     @property
     def graph_ops(self) -> PointwiseOps:

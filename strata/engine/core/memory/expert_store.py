@@ -96,10 +96,13 @@ class ExpertStore:
             raise ValueError(f"num_experts_per_tok must be in 1..{self.num_experts}, "
                              f"not {num_experts_per_tok}")
 
-        # Fill the host copy as ordinary memory, then pin it once (see host_copy.py).
+        # Fill the host copy as ordinary memory, then pin it once (see host_copy.py); its
+        # pages on the GPU's NUMA node, as the GPU reads misses from it in place.
+        is_cuda = backend.device.type == "cuda"
         self.host = HostCopy(
             sum(len(c.layers) * self.num_experts * c.bytes_per_expert for c in self.classes),
             f"host copy of {name}",
+            near_device=(backend.device.index or 0) if is_cuda else None,
         )
         self._host_layers: dict[int, list[torch.Tensor]] = {}
         offset = 0
@@ -114,7 +117,7 @@ class ExpertStore:
                 views.append(view)
                 offset += view.numel() * self.dtype.itemsize
             self._host_layers[layer] = views
-        if backend.device.type == "cuda":
+        if is_cuda:
             self.host.pin(backend.device.index or 0)
 
         # A partial cache also holds one layer's experts whole for prefill chunks
@@ -130,6 +133,10 @@ class ExpertStore:
                               for shape in c.shapes)
         self.staging = None if not extra else ExpertStaging(
             self, self.arena.allocate((extra // self.dtype.itemsize,), self.dtype), num_layers)
+        # A store that held every expert at load and was shrunk live maps its staging in an
+        # arena of its own (add_staging): the load's arena stays as it was.
+        self.staging_arena: Arena | None = None
+        self._num_layers = num_layers
         # Allocated once (CUDA graphs keep their addresses), outside the arena: a release
         # unmaps the slots, never these. The mirror (the cache's global slot numbers) is
         # replaced, never written, on a change, so a step can keep the table it ran with
@@ -153,6 +160,29 @@ class ExpertStore:
         self.copy_seconds = 0.0
         self._timings: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
         self.preload()
+
+    def staging_bytes_needed(self) -> int:
+        """What add_staging maps: one layer's experts whole, the largest class's."""
+        return staging_bytes([c.proj_bytes for c in self.classes], self.num_experts)
+
+    def add_staging(self, name: str = "expert_staging") -> int:
+        """Map a staging area for prefill chunks (expert_staging.py) in an arena of its own:
+        a store built with every expert resident has none, and one shrunk live wants it.
+        Returns the bytes mapped (0 when it has one); raises ArenaMapError (nothing kept)
+        when the memory is not there."""
+        if self.staging is not None:
+            return 0
+        nbytes = self.staging_bytes_needed()
+        arena = Arena(name, nbytes + 256, self.arena.backend, self.arena.chunk_bytes)
+        try:
+            mapped = arena.map()
+        except BaseException:
+            arena.close()
+            raise
+        flat = arena.allocate((nbytes // self.dtype.itemsize,), self.dtype)
+        self.staging_arena = arena
+        self.staging = ExpertStaging(self, flat, self._num_layers)
+        return mapped
 
     def _check_float_layers(self, layers: dict[int, ExpertWeights],
                             shapes: tuple[tuple[int, ...], ...]) -> None:
@@ -474,6 +504,8 @@ class ExpertStore:
         """Give the slots' VRAM back, remembering who was resident; returns bytes freed."""
         self.cache.mark_all_released()
         freed = self.arena.release()
+        if self.staging_arena is not None:
+            freed += self.staging_arena.release()
         if self.staging is not None:
             self.staging.forget()
         self.table_mirror = torch.full_like(self.table_mirror, -1)
@@ -485,7 +517,13 @@ class ExpertStore:
 
         Raises ArenaMapError (state unchanged: still released) when VRAM is short."""
         t0 = time.perf_counter()
-        mapped = self.arena.refill(copy_from_host=False)
+        mapped_bytes = self.arena.refill(copy_from_host=False).mapped_bytes
+        if self.staging_arena is not None:
+            try:
+                mapped_bytes += self.staging_arena.refill(copy_from_host=False).mapped_bytes
+            except BaseException:
+                self.arena.release()  # still released as a whole
+                raise
         restored = self.cache.restore_residency()
         if self.num_slots < self.max_slots:  # shrunk before the release: back to every slot
             self.cache.resize(self.max_slots)
@@ -498,7 +536,7 @@ class ExpertStore:
             raise
         differing = self.verify_slots() if os.environ.get("STRATA_VERIFY_REFILL") == "1" else None
         return ExpertRefillResult(
-            mapped.mapped_bytes, copied_bytes, time.perf_counter() - t0, differing
+            mapped_bytes, copied_bytes, time.perf_counter() - t0, differing
         )
 
     def verify_slots(self) -> int:
@@ -550,6 +588,7 @@ class ExpertStore:
             "timed_copy_bytes": self.timed_copy_bytes,
             "copy_seconds": self.copy_seconds,
             "copy_gb_s": copy_gb_s,
+            "host_numa": self.host.placement.as_status(),  # where the host copy's pages sit
             # Prefill chunks' staging (expert_staging.py): 0 and no traffic when all resident.
             **(self.staging.status() if self.staging is not None else {
                 "staging_bytes": 0, "staged_experts": 0, "staged_bytes": 0,
@@ -565,6 +604,8 @@ class ExpertStore:
         }
 
     def close(self) -> None:
-        """Free the slot arena and the host copy."""
+        """Free the slot arena (and a live shrink's staging arena) and the host copy."""
         self.arena.close()
+        if self.staging_arena is not None:
+            self.staging_arena.close()
         self.host.close()

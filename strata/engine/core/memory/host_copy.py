@@ -3,6 +3,8 @@
 The buffer is filled as ordinary memory first and pinned afterwards by registering it with the
 driver (8 GiB in 0.36 s, against seconds for allocating pinned memory), once, never per
 release. Copies run in chunks of >= 16 MiB on a side stream, where they reach the PCIe limit.
+A copy that a GPU reads in place (the experts) asks for its pages on that GPU's NUMA node
+before they are first touched (numa.py), and records where they landed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from strata.engine.core.memory import os_pages
+from strata.engine.core.memory import numa, os_pages
 from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.backend import cuda_available
 from strata.units import MIB
@@ -83,7 +85,9 @@ def _unregister(address: int) -> None:
 class HostCopy:
     """A page-aligned host buffer of size_bytes mirroring [0, size_bytes) of an arena."""
 
-    def __init__(self, size_bytes: int, name: str = "host copy"):
+    def __init__(self, size_bytes: int, name: str = "host copy", near_device: int | None = None):
+        """near_device: a CUDA device index whose NUMA node the pages should be on (asked
+        before they are first touched; a no-op where that cannot be done, see numa.place_near)."""
         if size_bytes <= 0:
             raise ValueError(f"{name}: size_bytes must be positive, got {size_bytes}")
         self.name = name
@@ -91,6 +95,10 @@ class HostCopy:
         # Its own pages (anonymous mmap, VirtualAlloc on Windows): page-aligned, and no page
         # shared with other allocations that someone else might register for pinning too.
         self._pages = os_pages.allocate(size_bytes)
+        self.placement = numa.Placement(None, "default", "not placed", {})
+        if near_device is not None:
+            self.placement = numa.place_near(self._pages.address, size_bytes,
+                                             numa.gpu_numa_node(near_device))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self._buffer = torch.frombuffer(self._pages.buffer, dtype=torch.uint8)
@@ -162,6 +170,7 @@ class HostCopy:
             return False
         self.is_pinned = True
         self.pin_note = "pinned by cuMemHostRegister"
+        self.sample_placement()  # filled by now: where its pages landed stays put while pinned
         self._unpin = weakref.finalize(self, _unregister, address)
         err, device_pointer = cu.cuMemHostGetDevicePointer(address, 0)
         if err == cu.CUresult.CUDA_SUCCESS:
@@ -170,6 +179,12 @@ class HostCopy:
             log.warning("%s: no device address (%s): kernels cannot read it in place",
                         self.name, error_text(err))
         return True
+
+    def sample_placement(self) -> numa.Placement:
+        """Record (in `placement`) which NUMA nodes a sample of the buffer's pages sit on."""
+        self.placement = numa.sampled_placement(self.placement, self._pages.address,
+                                                self.size_bytes)
+        return self.placement
 
     def copy_to(self, arena: Arena, offset_bytes: int = 0, nbytes: int | None = None) -> CopyStats:
         """Host -> arena for [offset, offset + nbytes); the arena range must be mapped."""

@@ -1,5 +1,5 @@
-"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS
-and MXFP4 for one token.
+"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, IQ2_XXS and MXFP4 for one token.
 
 `row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
@@ -23,6 +23,11 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
 - Q8_0: one block, 32 int8 against 32 int8, d * d_x * dot.
 - Q4_0: one block, 16 bytes of nibbles (values 0-15 low, 16-31 high), w = d * (q - 8):
   d * (d_x * dot - 8 * s_x), the unsigned nibbles in dp4a and the 8 taken off by x's sum.
+- Q5_0 (22 bytes: d, qh, nibbles), Q4_1 (20: d, m, nibbles), Q5_1 (24: d, m, qh, nibbles):
+  Q4_0's block and decoder (_nibble_words). Q5's fifth bits (qh bit j: value j) reach bit 4
+  of each nibble byte by one multiply a word (_nibble_dots says why it cannot carry); w =
+  d * (q - 16): d * (d_x * dot - 16 * s_x); Q4_1, Q5_1: w = d * q + m: d * d_x * dot + m * s_x.
+  sm_90: 2.7-2.9 instructions a value for Q5_0 and Q5_1, 1.6-1.9 for Q4_1 (Q4_0: 1.7-1.8).
 - IQ2_XXS: one block (256 values, 66 bytes): per 32 values two words, four grid indices and
   four 7-bit sign indices with a 4-bit scale. Each index names 8 grid bytes (8, 25 or 43),
   read as two int32 words from lookup.py's table (lut_ptr, in L1); the sign byte
@@ -32,8 +37,9 @@ GROUP_VALUES[QTYPE] values of one row, and each thread should hold whole groups:
   nibble order; each E2M1 code's doubled value (an integer: 0 1 2 3 4 6 8 12 and negatives)
   looked up by prmt (`byte_perm`, _mxfp4_dots says how), 2**(e - 128) * d_x * dot.
 
-Q6_K's 210-byte, Q8_0's 34-byte and Q4_0's 18-byte blocks put every other block at 2 mod 4
-bytes, MXFP4's 17-byte blocks their codes at any byte. Words are read aligned and realigned
+Q6_K's 210-byte, Q8_0's 34-byte, Q4_0's 18-byte and Q5_0's 22-byte blocks put every other
+block at 2 mod 4 bytes, MXFP4's 17-byte blocks their codes at any byte (Q4_1's and Q5_1's keep
+their row's alignment). Words are read aligned and realigned
 by a funnel shift of each word and the next (`shf.r.wrap`, any shift: one instruction); the
 next word of one lane is the word of the next, so a run of W words costs W + 1 loads.
 Reading the aligned word around a valid byte never leaves its page; the one word that could
@@ -57,8 +63,10 @@ try:
 except ImportError:  # Triton is optional: without it no tensor stays quantized
     triton = None
 
-DP4A_TYPES = frozenset({12, 13, 14, 8, 2, 16, 39})  # + Q4_0, IQ2_XXS, MXFP4
-GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 2: 32, 16: 256, 39: 32}  # x values a group
+# Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS, MXFP4
+DP4A_TYPES = frozenset({12, 13, 14, 8, 2, 3, 6, 7, 16, 39})
+GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 2: 32, 3: 32, 6: 32, 7: 32, 16: 256,
+                39: 32}  # x values a group
 # Types whose words are read as they lie, never realigned (144- and 176-byte blocks): a run
 # of their rows must start 4-aligned; MXFP4's (no fp16 field) may start at any byte; the
 # others' rows need even addresses.
@@ -270,23 +278,57 @@ if triton is not None:
         return (d.to(tl.float32) * tl.load(xd_ptr + group)) * dot.to(tl.float32)
 
     @triton.jit
-    def _q4_0_words(row_bytes, row_words, row_mis, group, EMULATE: tl.constexpr):
-        """Block `group`'s 16 nibble bytes as 4 words (byte i: value i low, 16 + i high), d."""
+    def _nibble_words(row_bytes, row_words, row_mis, group, HAS_MIN: tl.constexpr,
+                      FIFTH_BIT: tl.constexpr, EMULATE: tl.constexpr):
+        """Block `group` of Q4_0 (18 bytes: d, 16 nibble bytes), Q4_1 (HAS_MIN, 20: d, m,
+        nibbles), Q5_0 (FIFTH_BIT, 22: d, qh, nibbles) or Q5_1 (both, 24: d, m, qh,
+        nibbles): (q, qh, d, m), the nibbles as 4 words (byte i: value i low, 16 + i high),
+        the qh word (bit j: value j's fifth bit; q without FIFTH_BIT), d and m (d without
+        HAS_MIN). qh lies just before the nibbles: the same shift realigns both."""
+        BLOCK_BYTES: tl.constexpr = (24 if HAS_MIN else 22) if FIFTH_BIT else (
+            20 if HAS_MIN else 18)
+        NIBBLES_AT: tl.constexpr = (8 if HAS_MIN else 6) if FIFTH_BIT else (4 if HAS_MIN else 2)
         word = tl.arange(0, 4)[None, None, :]
-        start = row_mis + group * 18 + 2  # [R, G, 1]: the nibbles after d
+        start = row_mis + group * BLOCK_BYTES + NIBBLES_AT  # [R, G, 1]: the nibbles
         shift = (start & 3) * 8
-        d = tl.load((row_bytes + group * 18).to(tl.pointer_type(tl.float16)))
-        return realigned(row_words + (start >> 2) + word, shift, EMULATE, False), d
+        half_at = (row_bytes + group * BLOCK_BYTES).to(tl.pointer_type(tl.float16))
+        d = tl.load(half_at)
+        q = realigned(row_words + (start >> 2) + word, shift, EMULATE, False)
+        # qh's next word is the nibbles' first: inside the block
+        qh = realigned(row_words + (start >> 2) - 1, shift, EMULATE) if FIFTH_BIT else q
+        m = tl.load(half_at + 1) if HAS_MIN else d
+        return q, qh, d, m
 
     @triton.jit
-    def _q4_0_dots(q, d, group, same_row, xq_ptr, xd_ptr, xs_ptr, EMULATE: tl.constexpr):
-        """_q4_0_words' block times x: d * (d_x * dot - 8 * s_x), w = d * (q - 8)."""
+    def _nibble_dots(q, qh, d, m, group, same_row, xq_ptr, xd_ptr, xs_ptr,
+                     HAS_MIN: tl.constexpr, FIFTH_BIT: tl.constexpr, EMULATE: tl.constexpr):
+        """_nibble_words' block times x: w = d * (q - 8) (Q4_0), d * (q - 16) (Q5_0) or
+        d * q + m (Q4_1, Q5_1), the unsigned values in dp4a and the offset or min applied to
+        x's sum: d * (d_x * dot - 8 * s_x), or d * d_x * dot + m * s_x.
+        Q5's fifth bits: lane w's nibble bytes hold values 4w..4w + 3 (low) and 16 + 4w..
+        (high), whose bits are 4 contiguous bits n of qh >> 4w (0-3 and 16-19). n *
+        0x02040810 is four copies of n shifted by 4, 11, 18 and 25 bits: their 4-bit spans
+        never overlap, so nothing carries, and copy k puts bit k at 4 + 8k, bit 4 of byte
+        k; & 0x10101010 keeps those. One multiply and one and-or per word, where a lookup
+        (MXFP4's prmt) would take two prmt for a 16-entry table."""
         low = 0x0F0F0F0F
         word = tl.arange(0, 4)[None, None, :]
         x_at = xq_ptr + (group * 8 + same_row) + word  # values 0-15; 16-31 at + 4
-        dot = _dots4(q & low, (q >> 4) & low, x_at, EMULATE)
-        return d.to(tl.float32) * (tl.load(xd_ptr + group) * dot.to(tl.float32)
-                                   - 8.0 * tl.load(xs_ptr + group))
+        if FIFTH_BIT:
+            bits = qh >> (4 * word)  # [R, G, 4]
+            fifth = 0x10101010
+            dot = _dots4((q & low) | (((bits & 15) * 0x02040810) & fifth),
+                         ((q >> 4) & low) | ((((bits >> 16) & 15) * 0x02040810) & fifth),
+                         x_at, EMULATE)
+        else:  # as written when Q4_0 came alone (the same sm_90 code)
+            dot = _dots4(q & low, (q >> 4) & low, x_at, EMULATE)
+        if HAS_MIN:
+            return (d.to(tl.float32) * tl.load(xd_ptr + group) * dot.to(tl.float32)
+                    + m.to(tl.float32) * tl.load(xs_ptr + group))
+        else:
+            OFFSET: tl.constexpr = 16.0 if FIFTH_BIT else 8.0
+            return d.to(tl.float32) * (tl.load(xd_ptr + group) * dot.to(tl.float32)
+                                       - OFFSET * tl.load(xs_ptr + group))
 
     @triton.jit
     def _mxfp4_words(row_bytes, row_words, row_mis, group, EMULATE: tl.constexpr):
@@ -392,10 +434,12 @@ if triton is not None:
             _wait_first(first, WAIT)
             part = _q6k_dots(ql_a, ql_b, qh, sc0, sc1, sc2, sc3, d, group, same_row, xq_ptr,
                              xd_ptr, EMULATE)
-        elif QTYPE == 2:
-            q, d = _q4_0_words(row_bytes, row_words, row_mis, group, EMULATE)
+        elif QTYPE == 2 or QTYPE == 3 or QTYPE == 6 or QTYPE == 7:  # Q4_0, Q4_1, Q5_0, Q5_1
+            q, qh, d, m = _nibble_words(row_bytes, row_words, row_mis, group,
+                                        QTYPE == 3 or QTYPE == 7, QTYPE >= 6, EMULATE)
             _wait_first(first, WAIT)
-            part = _q4_0_dots(q, d, group, same_row, xq_ptr, xd_ptr, xs_ptr, EMULATE)
+            part = _nibble_dots(q, qh, d, m, group, same_row, xq_ptr, xd_ptr, xs_ptr,
+                                QTYPE == 3 or QTYPE == 7, QTYPE >= 6, EMULATE)
         elif QTYPE == 39:
             q, e = _mxfp4_words(row_bytes, row_words, row_mis, group, EMULATE)
             _wait_first(first, WAIT)

@@ -7,8 +7,9 @@
    is deterministic (no atomics) and the weighted sum and the cast need no extra kernel.
 
 Blocks are decoded by the planes path (gemv_planes.py, also the dense decode GEMV's): whole
-groups of packed bytes per load, scales once per group. For bf16/fp16 x, Q4_K, Q5_K, Q6_K,
-Q8_0, Q4_0 and IQ2_XXS projections multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x,
+groups of packed bytes per load, scales once per group. For bf16/fp16 x, projections of
+the dp4a types (dp4a_dots.DP4A_TYPES: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+IQ2_XXS) multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x,
 and then the k activation rows, are rounded to int8 once per token by one small launch each
 (gemv_dp4a.quantize_x), so a layer is four launches; a layer may mix the two (Q4_K gate/up
 by dp4a, a Q2_K down by planes). STRATA_DP4A=0 keeps planes. The expert ids stay in device
@@ -305,10 +306,9 @@ def takes(gate: QuantizedExperts, up: QuantizedExperts, down: QuantizedExperts,
 
 
 def uses_dp4a(experts: QuantizedExperts, x: torch.Tensor) -> bool:
-    """Whether these experts multiply x by dp4a (else planes): Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
-    IQ2_XXS or MXFP4 at a 4-aligned base, x bf16/fp16 (gemv_dp4a.is_dtype_enabled). Their
-    offsets are checked by `is_supported` (even; 4-aligned for Q4_K and Q5_K) or
-    `supports_dp4a`."""
+    """Whether these experts multiply x by dp4a (else planes): a dp4a type (DP4A_TYPES) at a
+    4-aligned base, x bf16/fp16 (gemv_dp4a.is_dtype_enabled). Their offsets are checked by
+    `is_supported` (even; 4-aligned for Q4_K and Q5_K) or `supports_dp4a`."""
     return (int(experts.qtype) in DP4A_TYPES and gemv_dp4a.is_dtype_enabled(x)
             and experts.raw.data_ptr() % 4 == 0)
 

@@ -1,5 +1,5 @@
-"""One token times Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS or MXFP4 blocks by integer dot
-products: x in int8, four products an instruction.
+"""One token times Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS or MXFP4 blocks by
+integer dot products: x in int8, four products an instruction.
 
 The planes kernel (gemv_planes.py) turns every weight into a float and spends about ten
 instructions a value (15 for Q6_K): more than the H200 issues in the time its bytes take to
@@ -11,14 +11,14 @@ arrive. Here, as llama.cpp's mmvq does for its quantized matrix-vector products:
    fast/decode_rounded.py), and the products take that as `rounded`.
 2. The GEMV (`_dp4a_kernel`, dp4a_dots.py's decoding per type) reads each block's packed
    values as int32 words and multiplies four by four int8 x values in one `dp4a`, scales
-   once per sub-block. Q6_K's 210-byte, Q8_0's 34-byte and Q4_0's 18-byte blocks put every
-   other block at 2 mod 4 bytes, MXFP4's 17-byte blocks at any byte; their words are read
+   once per sub-block. Q6_K's 210-byte, Q8_0's 34-byte, Q4_0's 18-byte and Q5_0's 22-byte
+   blocks put every other block at 2 mod 4 bytes, MXFP4's 17-byte blocks at any byte; their words are read
    aligned and realigned by a funnel shift.
 
 sm_90 SASS of the K loop (bench/diag_quant_sass.py --dp4a): 1.9-2.3 instructions a value
 for Q4_K, 3.3 for Q6_K (32-value units: more instructions than the 2.6 of its 128-value
-groups, but neighbouring threads read neighbouring bytes), 1.6-1.9 for Q8_0, against 9.9,
-15.3 and 12.1 for the planes kernel;
+groups, but neighbouring threads read neighbouring bytes), 1.6-1.9 for Q8_0, 2.7-2.9 for
+Q5_0, against 9.9, 15.3 and 12.1 for the planes kernel;
 IQ2_XXS (grid words looked up in L1) 4.9-5.2 against the planes kernel's 11-12.
 
 As a PDL secondary (pdl.py), a product of a small weight (`prewait`: up to 16 MiB, a
@@ -68,8 +68,9 @@ QUANTIZE_SUBS = 32  # x groups per program of quantize_x
 # pipeline the next step.
 _WIDE_CONFIGS = ((8, 2048, 4, 1), (4, 4096, 4, 1), (4, 2048, 2, 1), (2, 4096, 2, 1),
                  (1, 4096, 1, 1), (16, 2048, 8, 1), (8, 4096, 8, 1), (8, 2048, 4, 3))
-# 64 values a thread: Q4_K, Q8_0, Q4_0. (2, 2048, 2, 1) read the 8B's Q4_K gate_up and head at
-# 0.68 and 0.84 of HBM where the tuner's pick read 0.63 and 0.77 (docs/benchmarks.md, run 26).
+# 64 values a thread: Q4_K, Q8_0, Q4_0 (Q4_1, Q5_0, Q5_1). (2, 2048, 2, 1) read the 8B's Q4_K
+# gate_up and head at 0.68 and 0.84 of HBM where the tuner's pick read 0.63 and 0.77
+# (docs/benchmarks.md, run 26).
 _NARROW_CONFIGS = ((4, 2048, 4, 1), (4, 4096, 8, 1), (2, 2048, 2, 1))
 # IQ2_XXS's groups are whole 256-value blocks: a tile of R rows and C columns has R * C / 256
 # groups, at least one per thread (32 * num_warps); Qwen3-MoE's k [512, 2048] wants few rows.
@@ -79,6 +80,9 @@ CONFIGS = {12: (*_WIDE_CONFIGS, *_NARROW_CONFIGS), 13: (*_WIDE_CONFIGS, *_NARROW
            14: _WIDE_CONFIGS,
            8: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
            2: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # Q4_0: Q8_0's 32-value groups, 18 bytes
+           3: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # Q4_1, Q5_0, Q5_1: Q4_0's, 20-24 bytes
+           6: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
+           7: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),
            39: (*_WIDE_CONFIGS, *_NARROW_CONFIGS),  # MXFP4: 32-value groups, 17 bytes
            16: _IQ2_CONFIGS}
 
@@ -106,9 +110,10 @@ def prewait(use_pdl: bool, weight_bytes: int) -> bool:
 
 
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
-    """This path multiplies one token x by a weight of qtype: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
-    IQ2_XXS or MXFP4, x in bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a
-    4-aligned address, and not switched off by STRATA_DP4A=0 (for measuring)."""
+    """This path multiplies one token x by a weight of qtype (dp4a_dots.DP4A_TYPES: Q4_K,
+    Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS, MXFP4), x in bf16/fp16 on CUDA (or the
+    interpreter), blocks raw (if given) at a 4-aligned address, and not switched off by
+    STRATA_DP4A=0 (for measuring)."""
     return (triton is not None and int(qtype) in DP4A_TYPES and x.shape[0] == 1
             and is_dtype_enabled(x) and (raw is None or raw.data_ptr() % 4 == 0))
 
@@ -164,7 +169,7 @@ if triton is not None:
         USE_PDL: tl.constexpr, PREWAIT: tl.constexpr, EMULATE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, STAGES: tl.constexpr,
     ):
-        """Rows of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS or MXFP4 blocks (dp4a_dots.row_dots)
+        """Rows of blocks of a dp4a type (DP4A_TYPES; dp4a_dots.row_dots)
         times one token. PREWAIT (with USE_PDL; prewait()): the first K step's weight loads come before
         the PDL wait (row_dots' WAIT), else the wait comes first."""
         EARLY: tl.constexpr = PREWAIT and STAGES == 1  # cp.async stages would hoist x's loads
@@ -385,14 +390,15 @@ def matmul_pair(x: torch.Tensor, pair: QuantizedPair, bias: torch.Tensor | None 
 def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
            bias: torch.Tensor | None = None, use_pdl: bool = False,
            rounded: tuple | None = None) -> torch.Tensor:
-    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, IQ2_XXS or
-    MXFP4 blocks raw [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype. use_pdl as
-    matmul_pair's; rounded: quantize_x(x), made with x (fast/decode_rounded.py)."""
+    """x [1, K] @ W^T (+ bias) for W [num_rows, K] in blocks of a dp4a type (DP4A_TYPES), raw
+    [num_rows, row_bytes] (4-aligned); [1, num_rows] in x's dtype. use_pdl as matmul_pair's;
+    rounded: quantize_x(x), made with x (fast/decode_rounded.py)."""
     num_tokens, num_cols = x.shape
     qtype = int(qtype)
     if qtype not in DP4A_TYPES or num_tokens != 1:
         raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, "
-                         f"IQ2_XXS or MXFP4, got {tuple(x.shape)} and type {qtype}")
+                         f"Q4_1, Q5_0, Q5_1, IQ2_XXS or MXFP4, got {tuple(x.shape)} and type "
+                         f"{qtype}")
     block = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][0]  # values a block
     if (raw.shape[0] != num_rows or num_cols % block or raw.data_ptr() % 4
             or raw.shape[1] % row_alignment(qtype)):
