@@ -1,5 +1,5 @@
-"""GGML blocks times int8 x by dp4a: the integer view of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, IQ2_XXS and MXFP4 for one token.
+"""GGML blocks times int8 x by dp4a: the integer view of the DP4A_TYPES (DP4A_TYPE_NAMES) for
+one token.
 
 `row_dots(w_ptr, row_off, xq_ptr, xd_ptr, xs_ptr, lut_ptr, num_groups, QTYPE, ...)` ->
 float32 [R]: rows at byte offsets row_off [R, 1, 1] times x as gemv_dp4a.quantize_x rounded
@@ -53,6 +53,8 @@ the same integers, so the CPU tests check the compiled kernel's layout and scale
 
 from __future__ import annotations
 
+from gguf import GGMLQuantizationType
+
 try:
     import triton
     import triton.language as tl
@@ -65,6 +67,7 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 
 # Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS, MXFP4
 DP4A_TYPES = frozenset({12, 13, 14, 8, 2, 3, 6, 7, 16, 39})
+DP4A_TYPE_NAMES = ", ".join(GGMLQuantizationType(t).name for t in sorted(DP4A_TYPES))
 GROUP_VALUES = {12: 64, 13: 64, 14: 32, 8: 32, 2: 32, 3: 32, 6: 32, 7: 32, 16: 256,
                 39: 32}  # x values a group
 # Types whose words are read as they lie, never realigned (144- and 176-byte blocks): a run

@@ -8,9 +8,8 @@
 
 Blocks are decoded by the planes path (gemv_planes.py, also the dense decode GEMV's): whole
 groups of packed bytes per load, scales once per group. For bf16/fp16 x, projections of
-the dp4a types (dp4a_dots.DP4A_TYPES: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-IQ2_XXS) multiply by dp4a instead (dp4a_dots.py, as the dense gemv_dp4a.py): x,
-and then the k activation rows, are rounded to int8 once per token by one small launch each
+the dp4a types (dp4a_dots.DP4A_TYPES) multiply by dp4a instead (dp4a_dots.py, as the dense
+gemv_dp4a.py): x, and then the k activation rows, are rounded to int8 once per token by one small launch each
 (gemv_dp4a.quantize_x), so a layer is four launches; a layer may mix the two (Q4_K gate/up
 by dp4a, a Q2_K down by planes). STRATA_DP4A=0 keeps planes. The expert ids stay in device
 memory (the router's top-k); a partial expert cache's slot table sends a -1 expert to the host copy,

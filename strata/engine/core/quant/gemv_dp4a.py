@@ -1,4 +1,4 @@
-"""One token times Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS or MXFP4 blocks by
+"""One token times blocks of a dp4a type (dp4a_dots.DP4A_TYPES) by
 integer dot products: x in int8, four products an instruction.
 
 The planes kernel (gemv_planes.py) turns every weight into a float and spends about ten
@@ -44,7 +44,12 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from strata.engine.core.kernels import launch, pdl
-from strata.engine.core.quant.dp4a_dots import DP4A_TYPES, GROUP_VALUES, row_alignment
+from strata.engine.core.quant.dp4a_dots import (
+    DP4A_TYPE_NAMES,
+    DP4A_TYPES,
+    GROUP_VALUES,
+    row_alignment,
+)
 from strata.engine.core.quant.lookup import lookup_table
 from strata.units import MIB
 
@@ -110,10 +115,9 @@ def prewait(use_pdl: bool, weight_bytes: int) -> bool:
 
 
 def is_enabled(x: torch.Tensor, qtype: int, raw: torch.Tensor | None = None) -> bool:
-    """This path multiplies one token x by a weight of qtype (dp4a_dots.DP4A_TYPES: Q4_K,
-    Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS, MXFP4), x in bf16/fp16 on CUDA (or the
-    interpreter), blocks raw (if given) at a 4-aligned address, and not switched off by
-    STRATA_DP4A=0 (for measuring)."""
+    """This path multiplies one token x by a weight of qtype (dp4a_dots.DP4A_TYPES), x in
+    bf16/fp16 on CUDA (or the interpreter), blocks raw (if given) at a 4-aligned address,
+    and not switched off by STRATA_DP4A=0 (for measuring)."""
     return (triton is not None and int(qtype) in DP4A_TYPES and x.shape[0] == 1
             and is_dtype_enabled(x) and (raw is None or raw.data_ptr() % 4 == 0))
 
@@ -396,9 +400,8 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, num_rows: int,
     num_tokens, num_cols = x.shape
     qtype = int(qtype)
     if qtype not in DP4A_TYPES or num_tokens != 1:
-        raise ValueError(f"the dp4a kernel takes one token and Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, "
-                         f"Q4_1, Q5_0, Q5_1, IQ2_XXS or MXFP4, got {tuple(x.shape)} and type "
-                         f"{qtype}")
+        raise ValueError(f"the dp4a kernel takes one token and {DP4A_TYPE_NAMES}, got "
+                         f"{tuple(x.shape)} and type {qtype}")
     block = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)][0]  # values a block
     if (raw.shape[0] != num_rows or num_cols % block or raw.data_ptr() % 4
             or raw.shape[1] % row_alignment(qtype)):

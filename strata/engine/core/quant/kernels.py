@@ -8,8 +8,8 @@
   Q4_0, Q4_1, Q5_0, Q5_1) take the planes kernel instead: whole groups of packed bytes per
   load and scales once per group (gemv_planes.py); the others dequant_tile.py's per value.
   `decode_kernel` says which of the two a type takes. One bf16/fp16 token times a dp4a type
-  (dp4a_dots.DP4A_TYPES: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ2_XXS, MXFP4)
-  takes gemv_dp4a.py's integer dot products instead (x rounded to int8 per 32).
+  (dp4a_dots.DP4A_TYPES) takes gemv_dp4a.py's integer dot products instead (x rounded to int8
+  per 32).
 - `dequantize(raw, qtype, K, dtype)`: the whole matrix (or gathered rows: the embedding) in
   the compute dtype by dequant.py (planes for the planes types, autotuned), equal to gguf-py's
   dequantizer bit for bit before the final rounding; prefill multiplies it with cuBLAS.
