@@ -10,6 +10,7 @@ tests/gpu/test_quant_cuda.py runs the compiled kernel (real dp4a) against the sa
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 
 from strata.engine.core.quant import gemv_dp4a, kernels
-from strata.engine.core.quant.dp4a_dots import row_alignment
+from strata.engine.core.quant.dp4a_dots import DP4A_TYPE_NAMES, row_alignment
 from strata.engine.core.quant.weight import QuantizedWeight, qlinear
 from tests.helpers.quant_blocks import random_blocks, random_pair
 
@@ -123,7 +124,8 @@ def test_float32_misaligned_and_other_types_keep_the_planes_kernel() -> None:
 
 def test_bad_input_is_refused_with_a_clear_error() -> None:
     raw = torch.zeros(4, 144, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="one token and Q4_K"):
+    # The message names every type the kernel takes, from DP4A_TYPES itself.
+    with pytest.raises(ValueError, match=re.escape(f"one token and {DP4A_TYPE_NAMES}, got")):
         gemv_dp4a.matmul(torch.zeros(2, 256).half(), raw, QT.Q4_K, 4)
     with pytest.raises(ValueError, match="multiple of 32"):
         gemv_dp4a.quantize_x(torch.zeros(1, 48).half())
