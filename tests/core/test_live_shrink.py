@@ -43,7 +43,9 @@ def _stream(engine: Engine, slot: int, num_slots: int | None = None) -> list[int
     return tokens
 
 
-def test_an_all_resident_moe_shrinks_and_grows_between_two_tokens(tmp_path, monkeypatch):
+def _all_resident_engine(tmp_path, monkeypatch) -> Engine:
+    """A tiny Qwen3-MoE loaded with every expert wired in, and the fast decoder as on a GPU,
+    eagerly (the all-resident CPU load builds none)."""
     monkeypatch.setattr(residency, "EXPERTS_CHUNK_BYTES", PAGE_BYTES)
     path, _ = make_tiny_hf_model("qwen3_moe", tmp_path / "moe",
                                  overrides={"num_hidden_layers": 2})
@@ -52,9 +54,17 @@ def test_an_all_resident_moe_shrinks_and_grows_between_two_tokens(tmp_path, monk
                     backend=CpuMmapBackend(granularity_bytes=PAGE_BYTES))
     engine.load()
     try:
-        # The fast decoder as on a GPU, eagerly (the all-resident CPU load builds none).
         engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False,
                                    compile_pointwise=False)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def test_an_all_resident_moe_shrinks_and_grows_between_two_tokens(tmp_path, monkeypatch):
+    engine = _all_resident_engine(tmp_path, monkeypatch)
+    try:
         memory, store = engine.memory, engine.memory.experts
         assert memory.expert_mode == "all" and engine.fast.step_hook is None
         reference = _stream(engine, slot=0)  # every stream starts from a fresh prefill
@@ -87,18 +97,9 @@ def test_the_expert_cache_kernels_warm_before_a_switch_and_the_load_defers_it(tm
     """Run 37: the first step after a live switch waited 2.9-9 s for Triton to compile the
     slot-table kernels. A load that may switch leaves their warm-up as deferred work; it runs
     one token per kind of MoE layer through the slot table and leaves the model as it was."""
-    monkeypatch.setattr(residency, "EXPERTS_CHUNK_BYTES", PAGE_BYTES)
-    path, _ = make_tiny_hf_model("qwen3_moe", tmp_path / "moe",
-                                 overrides={"num_hidden_layers": 2})
-    engine = Engine(EngineConfig(model_path=str(path), device="cpu", context_tokens=128,
-                                 expert_cache="all", snapshot_ram_budget_bytes=1 << 20),
-                    backend=CpuMmapBackend(granularity_bytes=PAGE_BYTES))
-    engine.load()
+    engine = _all_resident_engine(tmp_path, monkeypatch)
     try:
-        # The fast decoder as on a GPU, eagerly (the all-resident CPU load builds none), and
-        # what the load then adds to its deferred work.
-        engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False,
-                                   compile_pointwise=False)
+        # What a load with this decoder adds to its deferred work.
         assert engine.memory.can_switch_live and not engine.has_deferred_work
         engine._defer_expert_cache_warm_up()
         assert engine.has_deferred_work
