@@ -25,7 +25,11 @@ from strata.engine.core.fast.compiled import compiled_ops
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
 from strata.engine.core.fast.deferred_compile import DeferredWork
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
-from strata.engine.core.fast.moe_grouped import is_grouped_capable, select_moe_impl
+from strata.engine.core.fast.moe_grouped import (
+    is_grouped_capable,
+    select_moe_impl,
+    slot_layout,
+)
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS
 from strata.engine.core.fast.prefill_graph import PrefillGraphs
@@ -52,6 +56,15 @@ __all__ = ["DEFAULT_MIN_BUCKET_TOKENS", "LOGITS_KEY", "GraphDecoder", "StepHook"
            "kv_buckets"]
 
 log = logging.getLogger(__name__)
+
+# Each MoE layer's misses wait for the host (fast/moe_cpu_misses.py), which a whole-step graph
+# cannot hold; per-layer graphs are the design a GPU run has to check (docs/architecture.md).
+CPU_MISSES_NOTE = "CPU-computed expert misses: decode steps called, no CUDA graph"
+
+
+def has_cpu_misses(moe_layers: list[SparseMoE]) -> bool:
+    """Whether any MoE layer computes its one-token misses on the CPU."""
+    return any(getattr(slot_layout(m), "cpu_misses", None) is not None for m in moe_layers)
 
 
 class GraphDecoder:
@@ -94,6 +107,9 @@ class GraphDecoder:
                 # The loop asks the host which experts run: a sync, which a graph cannot hold.
                 use_graphs = False
                 self._add_note("MoE loop: no CUDA graph")
+            if use_graphs and has_cpu_misses(moe_layers):
+                use_graphs = False
+                self._add_note(CPU_MISSES_NOTE)
         self.step_hook = step_hook if self.moe_impl != "loop" else None
         ops = prefill_ops = EAGER_OPS
         if compile_pointwise if compile_pointwise is not None else is_cuda:
@@ -166,6 +182,9 @@ class GraphDecoder:
             self.set_step_hook(hook)
         self.clear()
         self.prefiller.use_expert_cache()
+        if self.use_cuda_graphs and has_cpu_misses(moe_layers):
+            self.use_cuda_graphs = False
+            self._add_note(CPU_MISSES_NOTE)
 
     def _add_note(self, text: str) -> None:
         """Append to `note`, what the decoder runs differently from its defaults, and why."""

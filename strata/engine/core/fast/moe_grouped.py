@@ -14,7 +14,9 @@ device instead:
 
 With a partial expert cache (a provider with a SlotLayout), one token takes the "triton"
 kernels through the cache's slot table: resident experts from their slots, the others read in
-place from the pinned host copy; the cache promotes them between steps (expert_promotion.py).
+place from the pinned host copy, or computed on the CPU meanwhile where the cache's
+cpu_expert_misses says (moe_cpu_misses.py); the cache promotes them between steps
+(expert_promotion.py).
 Many tokens stage the layer's experts whole and take the grouped GEMMs (moe_staged.py).
 
 Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
@@ -205,8 +207,15 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
         weights, ids = (t[0] for t in moe.route(x))
         if out_ids is not None:
             ids = out_ids.copy_(ids)
-    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded,
-                          expert_epilogue.of(moe))
+    epilogue = expert_epilogue.of(moe)
+
+    def on_gpu(ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl,
+                              rounded, epilogue)
+
+    if layout is not None and layout.cpu_misses is not None:  # misses on the CPU meanwhile
+        return layout.cpu_misses.routed(moe, x, ids, weights, on_gpu)
+    return on_gpu(ids, weights)
 
 
 def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: torch.Tensor,

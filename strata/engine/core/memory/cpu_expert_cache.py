@@ -8,6 +8,7 @@ every conversion is counted. Float experts need no conversion (a view of the hos
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -24,8 +25,6 @@ from strata.engine.core.quant.cpu_experts import (
     has_cpu_form,
 )
 
-DEFAULT_CPU_EXPERT_CACHE_BYTES = 4 << 30  # ~1250 Q4_K_M experts of Qwen3-30B-A3B
-
 
 def cpu_form_problem(store: ExpertStore) -> str:
     """Why the store's experts cannot be computed on the CPU here, or "" when they can."""
@@ -39,7 +38,8 @@ def cpu_form_problem(store: ExpertStore) -> str:
 
 class CpuExpertCache:
     """(layer, expert) -> CpuExpert, least recently used dropped past limit_bytes (the
-    expert being asked for is kept even when it alone is larger)."""
+    expert being asked for is kept even when it alone is larger). Thread-safe: a worker
+    converting one expert does not hold up another reading a kept one."""
 
     def __init__(self, store: ExpertStore, limit_bytes: int, model_dtype: torch.dtype):
         if limit_bytes < 0:
@@ -54,12 +54,14 @@ class CpuExpertCache:
         self.num_conversions = 0
         self.num_evictions = 0
         self.convert_s = 0.0
+        self._lock = threading.Lock()  # the LRU and its counters; never held to convert
 
     def __len__(self) -> int:
         return len(self._experts)
 
     def __contains__(self, key: tuple[int, int]) -> bool:
-        return key in self._experts
+        with self._lock:
+            return key in self._experts
 
     def projections(self, layer: int, expert: int) -> tuple[Projection, ...]:
         """The host copy of one expert's gate, up and down as Projections."""
@@ -72,26 +74,33 @@ class CpuExpertCache:
     def expert(self, layer: int, expert: int) -> CpuExpert:
         """The CPU form of one expert, converted now if not kept."""
         key = (layer, expert)
-        found = self._experts.get(key)
-        if found is not None:
-            self._experts.move_to_end(key)
-            return found
+        with self._lock:
+            found = self._experts.get(key)
+            if found is not None:
+                self._experts.move_to_end(key)
+                return found
         started_s = time.perf_counter()
         converted = cpu_expert(*self.projections(layer, expert), self.dtype)
-        self.convert_s += time.perf_counter() - started_s
-        self.num_conversions += 1
-        self._experts[key] = converted
-        self.nbytes += converted.nbytes
-        while self.nbytes > self.limit_bytes and len(self._experts) > 1:
-            _, dropped = self._experts.popitem(last=False)
-            self.nbytes -= dropped.nbytes
-            self.num_evictions += 1
+        seconds = time.perf_counter() - started_s
+        with self._lock:
+            self.convert_s += seconds
+            self.num_conversions += 1
+            found = self._experts.get(key)  # another thread's, converted meanwhile
+            if found is not None:
+                return found
+            self._experts[key] = converted
+            self.nbytes += converted.nbytes
+            while self.nbytes > self.limit_bytes and len(self._experts) > 1:
+                _, dropped = self._experts.popitem(last=False)
+                self.nbytes -= dropped.nbytes
+                self.num_evictions += 1
         return converted
 
     def clear(self) -> None:
         """Drop every kept form (the host copy stays)."""
-        self._experts.clear()
-        self.nbytes = 0
+        with self._lock:
+            self._experts.clear()
+            self.nbytes = 0
 
     def status(self) -> dict[str, Any]:
         """Kept forms, their bytes and the conversions so far, as plain values."""
