@@ -180,6 +180,34 @@ def test_auto_converts_in_the_background_then_computes_on_the_cpu(q4k_gguf,
         memory.close()
 
 
+def test_an_engine_with_cpu_misses_answers_like_all_resident(q4k_gguf, monkeypatch) -> None:
+    """The engine wires EngineConfig.cpu_expert_misses through: its partial cache (the fast
+    path on the CPU, the Triton interpreter) computes misses on the CPU, and its greedy
+    answer is the all-resident engine's; status shows the CPU forms."""
+    from strata.engine.core.engine import Engine
+
+    monkeypatch.setenv("STRATA_QUANTIZED", "1")
+    spec = SamplingSpec(max_tokens=NUM_NEW, temperature=0.0)
+    answers, statuses = [], []
+    for expert_cache, mode in (("all", "off"), ("12", "on")):
+        engine = Engine(EngineConfig(
+            model_path=str(q4k_gguf), device="cpu", context_tokens=64,
+            expert_cache=expert_cache, cpu_expert_misses=mode,
+            fast_compile_pointwise=True if expert_cache != "all" else None,
+            snapshot_ram_budget_bytes=1 << 20))
+        engine.load()
+        try:
+            answers.append([t for step in engine.generate(PROMPT, spec) for t in step])
+            statuses.append(engine.status()["experts"])
+            if mode == "on":
+                assert engine.fast is not None and not engine.fast.use_cuda_graphs
+        finally:
+            engine.close()
+    assert answers[1] == answers[0]
+    assert statuses[1]["mode"] == "slots" and statuses[1]["cpu_expert_misses"] == "on"
+    assert statuses[1]["num_cpu_experts"] > 0 and statuses[1]["num_cpu_conversions"] > 0
+
+
 def test_bad_settings_are_refused_in_one_line() -> None:
     with pytest.raises(ValueError, match="cpu_expert_misses must be one of off, on, auto, "
                                          "not 'sometimes'"):
