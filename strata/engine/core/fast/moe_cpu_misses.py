@@ -75,7 +75,8 @@ class CpuMisses:
 
         def convert() -> None:
             try:
-                self.cache.expert(layer, expert)
+                with torch.inference_mode():
+                    self.cache.expert(layer, expert)
             finally:
                 with self._lock:
                     self._converting.discard(key)
@@ -95,8 +96,9 @@ class CpuMisses:
         """Compute sum_k w_k * FFN_k(x) of these experts on the compute worker: a Future of
         float32 [H]."""
         def compute() -> torch.Tensor:
-            experts = [self.cache.expert(layer, e) for e in expert_ids]
-            return routed_ffn(x, experts, expert_ids, weights, epilogue)
+            with torch.inference_mode():  # grad mode is per thread: this one's too
+                experts = [self.cache.expert(layer, e) for e in expert_ids]
+                return routed_ffn(x, experts, expert_ids, weights, epilogue)
 
         return self._compute.submit(compute)
 
