@@ -116,12 +116,14 @@ def test_a_layer_with_hits_and_misses_equals_its_resident_self(q4k_gguf, monkeyp
             with torch.inference_mode():
                 want = moe_forward(want_layer, x, "triton")
                 got = moe_forward(got_layer, x, "triton")
-            assert float((got - want).abs().max()) <= LOGITS_TOLERANCE * float(
-                want.abs().max())
+                split = _split_phases(got_layer, x)  # what the split step's segments run
+            for out in (got, split):
+                assert float((out - want).abs().max()) <= LOGITS_TOLERANCE * float(
+                    want.abs().max())
             num_cpu = sum(partial.experts.num_cpu_experts) - before[2]
             kinds.add("mixed" if cpu.num_overlapped_calls > before[1] else
                       "all missed" if num_cpu else "all hit")
-            assert cpu.num_layer_calls == before[0] + 1
+            assert cpu.num_layer_calls == before[0] + 2
             if len(kinds) == 3:
                 break
         assert kinds == {"mixed", "all missed", "all hit"}
@@ -130,10 +132,63 @@ def test_a_layer_with_hits_and_misses_equals_its_resident_self(q4k_gguf, monkeyp
         resident.close()
 
 
+def _split_phases(moe, x: torch.Tensor) -> torch.Tensor:
+    """The MoE layer's output by LayerCpuMisses' split phases, the host's work inline."""
+    from strata.engine.core.fast.moe_grouped import gpu_experts, route_token, slot_layout
+
+    layout = slot_layout(moe)
+    misses = layout.cpu_misses
+    weights, ids = route_token(moe, x, layout)
+    misses.stage(x, ids, weights)
+    misses.split(moe)
+    out = misses.hits(gpu_experts(moe, x, layout))
+    misses.join()
+    return misses.combine(out, x.dtype)
+
+
 def _moe_layers(model) -> list:
     from strata.engine.core.models.switch import SparseMoE
 
     return [m for m in model.modules() if isinstance(m, SparseMoE)]
+
+
+def test_the_split_step_answers_like_the_one_call_path(q4k_gguf, monkeypatch) -> None:
+    """The step cut where the host works (forward.decode_step_segments, what split graphs
+    replay: fast/split_runner.py), run with that work inline, gives the all-resident tokens;
+    each MoE layer yields the host two pieces of work (split, then join)."""
+    from strata.engine.core.fast.split_runner import SplitEagerRunner
+
+    tokens, _, memory, _ = _decode(q4k_gguf, "all", "off", monkeypatch)
+    memory.close()
+    monkeypatch.setenv("STRATA_QUANTIZED", "1")
+    config = load_model_config(str(q4k_gguf))
+    memory = ModelMemory(backend_for("cpu"), torch.float32, "on")
+    try:
+        model = memory.build(config, FileWeights.open(str(q4k_gguf), config), "12")
+        decoder = GraphDecoder(model, moe_impl="triton", min_bucket_tokens=16,
+                               step_hook=memory.promotion)
+        works: list[str] = []
+        runner = SplitEagerRunner(decoder.step, decoder.step_hook)
+        original = decoder.step.run_segments
+
+        def counted(kv, bucket, key):
+            for work in original(kv, bucket, key):
+                works.append(getattr(work, "func", work).__name__)
+                yield work
+
+        decoder.step.run_segments = counted
+        decoder.runner = runner
+        got = list(decoder.generate(KVCache.for_config(config, 64), PROMPT, GREEDY, NUM_NEW))
+        assert got == tokens
+        num_steps = NUM_NEW - 1  # the first token comes from the prefill
+        assert works == ["split", "join"] * 2 * num_steps  # 2 MoE layers a step
+        status = memory.experts.status()
+        assert status["num_cpu_experts"] > 0 and status["host_read_bytes"] == 0
+        # and one more: the prefill's last chunk runs the last layer's MLP for its last
+        # token only, by the one-call path
+        assert status["num_cpu_split_layers"] == 2 * num_steps + 1
+    finally:
+        memory.close()
 
 
 def test_misses_read_in_place_when_off(q4k_gguf, monkeypatch) -> None:

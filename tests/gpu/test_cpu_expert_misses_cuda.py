@@ -66,6 +66,43 @@ def test_decode_with_cpu_misses_equals_all_resident() -> None:
         memory.close()
 
 
+def test_split_graphs_with_cpu_misses_equal_all_resident(monkeypatch) -> None:
+    """STRATA_CPU_MISS_GRAPHS=1: the step cut at each MoE layer (fast/split_runner.py) is
+    captured as 1 + 2 x 3 graphs and replayed with the host's work between them; the
+    tokens are the all-resident model's, misses computed on the CPU."""
+    from strata.engine.core.fast.split_runner import SplitGraphRunner
+
+    memory, model = _build("all", "off")
+    try:
+        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
+        expected = list(GraphDecoder(model, min_bucket_tokens=64).generate(
+            kv, PROMPT, GREEDY, NUM_DECODE))
+    finally:
+        memory.close()
+
+    monkeypatch.setenv("STRATA_CPU_MISS_GRAPHS", "1")
+    memory, model = _build("16", "on")
+    try:
+        decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
+        assert decoder.use_cuda_graphs and isinstance(decoder.runner, SplitGraphRunner)
+        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
+        tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
+        settle(memory.promotion)
+        assert tokens == expected
+        (graphs, works), = decoder.runner.segments.values()
+        assert len(graphs) == 1 + 2 * CONFIG.num_hidden_layers and len(works) == len(graphs) - 1
+        status = memory.experts.status()
+        assert status["num_cpu_experts"] > 0 and status["host_read_bytes"] == 0
+        # The same steps again, timed against the called ones of the first test's print.
+        started_s = time.perf_counter()
+        list(decoder.decode(kv, expected[0], len(PROMPT), NUM_DECODE - 1, GREEDY,
+                            continue_request=True))
+        print(f"split graphs: {(time.perf_counter() - started_s) / (NUM_DECODE - 1) * 1e3:.1f}"
+              " ms a token")
+    finally:
+        memory.close()
+
+
 def test_q4k_layer_with_hits_and_misses_equals_its_resident_self(tmp_path, monkeypatch) -> None:
     """A Q4_K GGUF on CUDA: one MoE layer with some experts in slots, for tokens whose top-k
     are all hits, all misses or both, equals the all-resident layer (the GPU's dp4a or

@@ -20,7 +20,7 @@ from functools import partial
 
 import torch
 
-from strata.engine.core.fast import expert_graphs, kernel_checks, tuning
+from strata.engine.core.fast import expert_graphs, kernel_checks, split_runner, tuning
 from strata.engine.core.fast.compiled import compiled_ops
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
 from strata.engine.core.fast.deferred_compile import DeferredWork
@@ -58,7 +58,8 @@ __all__ = ["DEFAULT_MIN_BUCKET_TOKENS", "LOGITS_KEY", "GraphDecoder", "StepHook"
 log = logging.getLogger(__name__)
 
 # Each MoE layer's misses wait for the host (fast/moe_cpu_misses.py), which a whole-step graph
-# cannot hold; per-layer graphs are the design a GPU run has to check (docs/architecture.md).
+# cannot hold: steps are called, or replayed as split graphs (split_runner.py) where
+# STRATA_CPU_MISS_GRAPHS=1 asks for them until a GPU run has checked them.
 CPU_MISSES_NOTE = "CPU-computed expert misses: decode steps called, no CUDA graph"
 
 
@@ -107,7 +108,7 @@ class GraphDecoder:
                 # The loop asks the host which experts run: a sync, which a graph cannot hold.
                 use_graphs = False
                 self._add_note("MoE loop: no CUDA graph")
-            if use_graphs and has_cpu_misses(moe_layers):
+            if use_graphs and has_cpu_misses(moe_layers) and not split_runner.graphs_enabled():
                 use_graphs = False
                 self._add_note(CPU_MISSES_NOTE)
         self.step_hook = step_hook if self.moe_impl != "loop" else None
@@ -183,8 +184,12 @@ class GraphDecoder:
         self.clear()
         self.prefiller.use_expert_cache()
         if self.use_cuda_graphs and has_cpu_misses(moe_layers):
-            self.use_cuda_graphs = False
-            self._add_note(CPU_MISSES_NOTE)
+            self.use_cuda_graphs = False  # the whole-step graphs cannot wait for the host
+            if split_runner.graphs_enabled():
+                self._graph_runner = None
+                self.use_cuda_graphs = True  # the split graphs can
+            else:
+                self._add_note(CPU_MISSES_NOTE)
 
     def _add_note(self, text: str) -> None:
         """Append to `note`, what the decoder runs differently from its defaults, and why."""
@@ -205,7 +210,10 @@ class GraphDecoder:
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model; this one is on {self.device}")
         if self._graph_runner is None:
-            self._graph_runner = GraphRunner(self.step, self.step_hook)
+            moe_layers = [m for m in self.model.modules() if isinstance(m, SparseMoE)]
+            runner = (split_runner.SplitGraphRunner if has_cpu_misses(moe_layers)
+                      else GraphRunner)
+            self._graph_runner = runner(self.step, self.step_hook)
         self.runner = self._graph_runner
 
     @property

@@ -118,22 +118,43 @@ class CpuMisses:
         self.cache.clear()
 
 
+class _SplitBuffers:
+    """One layer's fixed buffers for the split step (a CUDA graph's segments keep their
+    addresses): the token's ids, weights and x on the host, the hits' ids and weights on
+    the device, the CPU's sum on the host and the device. Pinned on a GPU."""
+
+    def __init__(self, ids: torch.Tensor, weights: torch.Tensor, hidden: int,
+                 x_dtype: torch.dtype):
+        k, device = ids.shape[0], ids.device
+        pin = device.type == "cuda"
+        self.ids_host = torch.zeros(k, dtype=ids.dtype, pin_memory=pin)
+        self.weights_host = torch.zeros(k, dtype=torch.float32, pin_memory=pin)
+        self.x_host = torch.zeros(hidden, dtype=x_dtype, pin_memory=pin)
+        self.hit_ids_host = torch.zeros(k, dtype=ids.dtype, pin_memory=pin)
+        self.hit_weights_host = torch.zeros(k, dtype=weights.dtype, pin_memory=pin)
+        self.out_host = torch.zeros(hidden, dtype=torch.float32, pin_memory=pin)
+        self.hit_ids = torch.zeros(k, dtype=ids.dtype, device=device)
+        self.hit_weights = torch.zeros(k, dtype=weights.dtype, device=device)
+        self.cpu_out = torch.zeros(hidden, dtype=torch.float32, device=device)
+        self.future: Future | None = None
+
+
 class LayerCpuMisses:
-    """One MoE layer's CPU-computed misses (SlotLayout.cpu_misses)."""
+    """One MoE layer's CPU-computed misses (SlotLayout.cpu_misses): `routed` in one call
+    (a sync inside), or the split step's phases stage / split / hits / join / combine, of
+    which split and join are the host's work between a graph's segments."""
 
     def __init__(self, shared: CpuMisses, layer: int):
         self.shared = shared
         self.layer = layer
+        self._buffers: _SplitBuffers | None = None
 
-    def routed(self, moe, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-               gpu: GpuExperts) -> torch.Tensor:
-        """One token's routed experts, x [1, H], ids and weights [k] on the device -> [1, H]:
-        hits by `gpu` (the slot-table kernels), misses on the CPU, both at once."""
-        if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return gpu(ids, weights)  # a graph cannot wait for the host: misses in place
-        shared, store = self.shared, self.shared.store
-        expert_ids = ids.tolist()  # the sync: the host decides which experts it computes
-        table = store.table_mirror[self.layer]
+    def _choose(self, expert_ids: list[int]) -> list[int]:
+        """Indices of the routed experts the CPU computes: the misses by the host mirror of
+        the slot table; with auto only those whose CPU form is kept (the rest are queued
+        for conversion and read in place meanwhile)."""
+        shared = self.shared
+        table = shared.store.table_mirror[self.layer]
         missed = [i for i, e in enumerate(expert_ids) if int(table[e]) < 0]
         if shared.mode == "auto":
             kept = [i for i in missed if shared.is_kept(self.layer, expert_ids[i])]
@@ -142,21 +163,99 @@ class LayerCpuMisses:
                     shared.convert_later(self.layer, expert_ids[i])
             missed = kept
         shared.num_layer_calls += 1
-        if not missed:
+        return missed
+
+    def _submit(self, moe, x_host: torch.Tensor, expert_ids: list[int], weights: list[float],
+                on_cpu: list[int]) -> Future:
+        shared = self.shared
+        shared.store.note_cpu_experts(self.layer, len(on_cpu))
+        return shared.submit(self.layer, x_host, [expert_ids[i] for i in on_cpu],
+                             [weights[i] for i in on_cpu], shared.epilogue(self.layer, moe))
+
+    def routed(self, moe, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+               gpu: GpuExperts) -> torch.Tensor:
+        """One token's routed experts, x [1, H], ids and weights [k] on the device -> [1, H]:
+        hits by `gpu` (the slot-table kernels), misses on the CPU, both at once."""
+        if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return gpu(ids, weights)  # a graph cannot wait for the host: misses in place
+        expert_ids = ids.tolist()  # the sync: the host decides which experts it computes
+        on_cpu = self._choose(expert_ids)
+        if not on_cpu:
             return gpu(ids, weights)
         routed_weights = weights.float().tolist()
-        x_host = x[0].to("cpu", shared.cache.dtype)
-        cpu_ids = [expert_ids[i] for i in missed]
-        future = shared.submit(self.layer, x_host, cpu_ids, [routed_weights[i] for i in missed],
-                               shared.epilogue(self.layer, moe))
-        store.note_cpu_experts(self.layer, len(missed))
-        hits = [i for i in range(len(expert_ids)) if i not in missed]
+        future = self._submit(moe, x[0].to("cpu", self.shared.cache.dtype), expert_ids,
+                              routed_weights, on_cpu)
         out = None
-        if hits:  # the misses' places: a hit's id at weight 0 (its slot read again)
-            shared.num_overlapped_calls += 1
-            filler = expert_ids[hits[0]]
-            gpu_ids = [filler if i in missed else e for i, e in enumerate(expert_ids)]
-            gpu_weights = [0.0 if i in missed else w for i, w in enumerate(routed_weights)]
-            out = gpu(ids.new_tensor(gpu_ids), weights.new_tensor(gpu_weights)).float()
+        if len(on_cpu) < len(expert_ids):  # the misses' places: a hit's id at weight 0
+            self.shared.num_overlapped_calls += 1
+            hit_ids, hit_weights = self._hits_only(expert_ids, routed_weights, on_cpu)
+            out = gpu(ids.new_tensor(hit_ids), weights.new_tensor(hit_weights)).float()
         cpu_out = future.result().to(x.device, non_blocking=True)[None]  # [1, H]
         return (cpu_out if out is None else out + cpu_out).to(x.dtype)
+
+    def _hits_only(self, expert_ids: list[int], weights: list[float], on_cpu: list[int]
+                   ) -> tuple[list[int], list[float]]:
+        """The GPU's ids and weights with the CPU's experts taken out: each replaced by a
+        hit's id (else any expert of the layer in a slot, else itself) at weight 0."""
+        hits = [e for i, e in enumerate(expert_ids) if i not in on_cpu]
+        if hits:
+            filler = hits[0]
+        else:
+            resident = (self.shared.store.table_mirror[self.layer] >= 0).nonzero()
+            filler = int(resident[0, 0]) if len(resident) else -1
+        return ([e if i not in on_cpu or filler < 0 else filler
+                 for i, e in enumerate(expert_ids)],
+                [0.0 if i in on_cpu else w for i, w in enumerate(weights)])
+
+    # ---- the split step's phases (fast/decode_split.py) ---------------------------------
+
+    def stage(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """Device side, capturable: copy the token's ids, weights and x to the host."""
+        if self._buffers is None:
+            self._buffers = _SplitBuffers(ids, weights, x.shape[-1], self.shared.cache.dtype)
+        b = self._buffers
+        b.ids_host.copy_(ids, non_blocking=True)
+        b.weights_host.copy_(weights, non_blocking=True)
+        b.x_host.copy_(x[0], non_blocking=True)
+
+    def split(self, moe) -> None:
+        """Host: wait for stage's copies, choose the CPU's experts, queue the hits' ids and
+        weights into the device buffers `hits` reads, and start the CPU."""
+        b = self._buffers
+        assert b is not None, "stage runs before split"
+        if b.hit_ids.device.type == "cuda":
+            torch.cuda.current_stream(b.hit_ids.device).synchronize()
+        expert_ids, routed_weights = b.ids_host.tolist(), b.weights_host.tolist()
+        on_cpu = self._choose(expert_ids)
+        hit_ids, hit_weights = self._hits_only(expert_ids, routed_weights, on_cpu)
+        if on_cpu and len(on_cpu) < len(expert_ids):
+            self.shared.num_overlapped_calls += 1
+        b.hit_ids_host.copy_(torch.tensor(hit_ids, dtype=b.hit_ids_host.dtype))
+        b.hit_weights_host.copy_(torch.tensor(hit_weights, dtype=torch.float32))
+        b.hit_ids.copy_(b.hit_ids_host, non_blocking=True)
+        b.hit_weights.copy_(b.hit_weights_host, non_blocking=True)
+        b.future = (self._submit(moe, b.x_host.clone(), expert_ids, routed_weights, on_cpu)
+                    if on_cpu else None)
+
+    def hits(self, gpu: GpuExperts) -> torch.Tensor:
+        """Device side, capturable: the hits by the slot-table kernels -> float32 [1, H]."""
+        b = self._buffers
+        assert b is not None, "stage runs before hits"
+        return gpu(b.hit_ids, b.hit_weights).float()
+
+    def join(self) -> None:
+        """Host: wait for the CPU and queue its sum into the device buffer combine reads."""
+        b = self._buffers
+        assert b is not None, "stage runs before join"
+        if b.future is None:
+            b.cpu_out.zero_()
+            return
+        b.out_host.copy_(b.future.result())
+        b.future = None
+        b.cpu_out.copy_(b.out_host, non_blocking=True)
+
+    def combine(self, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Device side, capturable: the hits' [1, H] plus the CPU's sum, in dtype."""
+        b = self._buffers
+        assert b is not None, "stage runs before combine"
+        return (out + b.cpu_out[None]).to(dtype)
