@@ -5,7 +5,7 @@ llama.cpp's experts on the CPU (issue 54's first deliverable).
         [--routings zipf uniform model] [--zipf-s 1.0] [--p-reuse 0.3] [--seed 0]
         [--decode-tokens 128] [--warmup-tokens 16] [--prefill-tokens 4096]
         [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
-        [--cpu-misses off|on|auto] [--cpu-threads N]
+        [--cpu-misses off|on|auto] [--cpu-threads N] [--cpu-miss-graphs]
 
 Budget arithmetic, the same for both engines: of a budget B, the experts may hold
     expert_bytes(B) = B - dense - reserve
@@ -40,8 +40,10 @@ prompt) and the chunks the slot arena keeps mapped (ExpertStore.slots_within).
 --cpu-misses on|auto loads Strata with cpu_expert_misses so (fast/moe_cpu_misses.py: one
 token's misses computed on the CPU while the GPU computes the hits; decode steps called, not
 replayed from graphs); each row then also has the misses computed on the CPU per token, the
-CPU forms converted during the timed decode and the bytes they hold. Run the bench once per
-mode on one machine to compare on, off and llama.cpp.
+CPU forms converted during the timed decode and the bytes they hold; --cpu-miss-graphs
+replays the step cut at each MoE layer as CUDA graphs instead (fast/split_runner.py,
+STRATA_CPU_MISS_GRAPHS=1). Run the bench once per mode on one machine to compare on, off and
+llama.cpp.
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
 row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
 versions, figure, limit, ratio).
@@ -259,6 +261,8 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     context = args.prefill_tokens + args.decode_tokens + args.warmup_tokens + 64
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)  # the CPU experts' intra-op threads
+    if args.cpu_miss_graphs:
+        os.environ["STRATA_CPU_MISS_GRAPHS"] = "1"  # read when the decoder is built
     engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
                                  context_tokens=context,
                                  expert_cache=str(max(p.slots for p in plans)),
@@ -268,6 +272,9 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     started_s = time.perf_counter()
     info = engine.load()
     report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
+    # Whether decode with CPU misses replays split graphs (--cpu-miss-graphs) or is called.
+    report["cpu_miss_graphs"] = bool(args.cpu_misses != "off" and engine.fast is not None
+                                     and engine.fast.use_cuda_graphs)
     report["device"] = device_identity(engine.device)
     store = engine.memory.experts
     if store is None or engine.memory.expert_mode != "slots":
@@ -605,6 +612,9 @@ def parser() -> argparse.ArgumentParser:
                    "(on; auto once their CPU form is made) or read in place (off)")
     p.add_argument("--cpu-threads", type=int, default=0,
                    help="torch CPU threads for the CPU-computed misses (0: torch's default)")
+    p.add_argument("--cpu-miss-graphs", action="store_true",
+                   help="with --cpu-misses, replay the decode step cut at each MoE layer as "
+                   "CUDA graphs (STRATA_CPU_MISS_GRAPHS=1) instead of calling it")
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--prefill-tokens", type=int, default=4096)

@@ -183,4 +183,4 @@ def test_cpu_misses_flag_loads_strata_with_them(tmp_path: Path) -> None:
     assert report["cpu_expert_misses"] == "on" and report["cpu_threads"] >= 1
     row = report["strata"][report["plans"][0]["label"]]["uniform"]
     assert row["cpu_experts_per_token"] == 0 and row["cpu_conversions"] == 0
-    assert "num_cpu_split_layers" in row["counters"]
+    assert "num_cpu_split_layers" in row["counters"] and report["cpu_miss_graphs"] is False

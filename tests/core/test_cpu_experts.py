@@ -173,3 +173,28 @@ def test_cache_refuses_a_negative_limit() -> None:
             CpuExpertCache(store, -1, torch.float32)
     finally:
         store.close()
+
+
+def test_experts_without_a_cpu_form_are_refused_in_one_line() -> None:
+    """Q8_K (llama.cpp's intermediate type: gguf-py cannot dequantize it) has no CPU form:
+    the cache refuses the store with a line that says what to do."""
+    from gguf import GGML_QUANT_SIZES
+
+    block_size, block_bytes = GGML_QUANT_SIZES[QT.Q8_K]
+
+    class _Raw(_Blocks):
+        def __init__(self, rows: int, cols: int):
+            self.qtype, self.dtype = QT.Q8_K, torch.uint8
+            self.blocks = torch.zeros(4, rows, cols // block_size * block_bytes,
+                                      dtype=torch.uint8)
+            self.logical_shape = (4, rows, cols)
+            self.shape = tuple(self.blocks.shape)
+
+    store = ExpertStore({0: (_Raw(INTER, HIDDEN), _Raw(INTER, HIDDEN), _Raw(HIDDEN, INTER))},
+                        4, backend_for("cpu"), num_experts_per_tok=2)
+    try:
+        with pytest.raises(ValueError, match=r"^layer 0's experts are Q8_K, which has no CPU "
+                                             r"form .*set cpu_expert_misses to off$"):
+            CpuExpertCache(store, 1 << 30, torch.float32)
+    finally:
+        store.close()

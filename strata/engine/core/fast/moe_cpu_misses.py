@@ -5,9 +5,9 @@ A miss read in place over PCIe costs ~300 us an expert where small reads run ~10
 With `cpu_expert_misses` on, a one-token MoE layer over the slot table:
 
 1. routes on the GPU as before (the router leaves the ids in step_ids for promotion);
-2. copies ids, weights and x to the host (a sync: this runs eagerly, never in a graph) and
-   splits the ids by the host mirror of the slot table, which the device table equals for
-   the kernels queued now (the promotion publishes both at once, ExpertStore.update_table);
+2. copies ids, weights and x to the host (a sync) and splits the ids by the host mirror of
+   the slot table, which the device table equals for the kernels queued now (the
+   promotion publishes both at once, ExpertStore.update_table);
 3. hands the misses to a worker thread, which computes them from the CPU forms of the
    host copy (memory/cpu_expert_cache.py, quant/cpu_experts.py);
 4. meanwhile queues the GPU's expert kernels unchanged for the hits, the misses replaced
@@ -16,9 +16,11 @@ With `cpu_expert_misses` on, a one-token MoE layer over the slot table:
 
 "on" computes every miss on the CPU (converting a missed expert on first use: 19-43 ms);
 "auto" computes those whose CPU form is kept and reads the rest over PCIe as before, their
-conversion queued on a second worker for the next time. Under CUDA graph capture (a batch
-graph's row) the layer reads its misses in place as before: the graphs never see this path
-(docs/architecture.md says how a graph could hold it).
+conversion queued on a second worker for the next time. `LayerCpuMisses.routed` does all
+this in one call (called steps); its phases stage / split / hits / join / combine do it
+across the segments of a step cut for graphs (forward.decode_step_segments,
+split_runner.py), split and join being the host's work between two segments. A layer
+captured whole (a batch graph's row) reads its misses in place as before.
 """
 
 from __future__ import annotations

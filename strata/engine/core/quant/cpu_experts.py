@@ -95,8 +95,10 @@ def to_int8_rows(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def has_cpu_form(qtype: GGMLQuantizationType | None) -> bool:
-    """Whether experts of this GGML type (None: float) have a CPU form here."""
-    return qtype is None or qtype == Q4_K or qtype in gguf_quants._type_traits
+    """Whether experts of this GGML type (None: float) have a CPU form here: Q4_K's own, or
+    gguf-py's dequantization (F32, F16 and the types it has traits for)."""
+    return (qtype is None or qtype in (Q4_K, GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+            or qtype in gguf_quants._type_traits)
 
 
 def gguf_bytes(qtype: GGMLQuantizationType, rows: int, cols: int) -> int:
