@@ -153,9 +153,10 @@ def _moe_layers(model) -> list:
 
 
 def test_the_split_step_answers_like_the_one_call_path(q4k_gguf, monkeypatch) -> None:
-    """The step cut where the host works (forward.decode_step_segments, what split graphs
-    replay: fast/split_runner.py), run with that work inline, gives the all-resident tokens;
-    each MoE layer yields the host two pieces of work (split, then join)."""
+    """The called step with CPU misses is cut where the host works
+    (forward.decode_step_segments, what split graphs replay: fast/split_runner.py) and run
+    with that work inline: the all-resident tokens; each MoE layer yields the host two
+    pieces of work (split, then join)."""
     from strata.engine.core.fast.split_runner import SplitEagerRunner
 
     tokens, _, memory, _ = _decode(q4k_gguf, "all", "off", monkeypatch)
@@ -167,8 +168,8 @@ def test_the_split_step_answers_like_the_one_call_path(q4k_gguf, monkeypatch) ->
         model = memory.build(config, FileWeights.open(str(q4k_gguf), config), "12")
         decoder = GraphDecoder(model, moe_impl="triton", min_bucket_tokens=16,
                                step_hook=memory.promotion)
+        assert isinstance(decoder.runner, SplitEagerRunner)  # the called step is cut too
         works: list[str] = []
-        runner = SplitEagerRunner(decoder.step, decoder.step_hook)
         original = decoder.step.run_segments
 
         def counted(kv, bucket, key):
@@ -177,7 +178,6 @@ def test_the_split_step_answers_like_the_one_call_path(q4k_gguf, monkeypatch) ->
                 yield work
 
         decoder.step.run_segments = counted
-        decoder.runner = runner
         got = list(decoder.generate(KVCache.for_config(config, 64), PROMPT, GREEDY, NUM_NEW))
         assert got == tokens
         num_steps = NUM_NEW - 1  # the first token comes from the prefill
@@ -261,6 +261,46 @@ def test_an_engine_with_cpu_misses_answers_like_all_resident(q4k_gguf, monkeypat
     assert answers[1] == answers[0]
     assert statuses[1]["mode"] == "slots" and statuses[1]["cpu_expert_misses"] == "on"
     assert statuses[1]["num_cpu_experts"] > 0 and statuses[1]["num_cpu_conversions"] > 0
+
+
+def test_a_live_shrink_switches_to_cpu_misses(tmp_path, monkeypatch) -> None:
+    """An all-resident float MoE loaded with cpu_expert_misses on shrinks while a stream
+    decodes (test_live_shrink.py's case): from the switch on, the called step is cut and the
+    misses are computed on the CPU (float experts: views of the host copy, nothing kept);
+    the tokens stay the unshrunk ones."""
+    from strata.engine.core import residency
+    from strata.engine.core.engine import Engine
+    from strata.engine.core.fast.split_runner import SplitEagerRunner
+    from strata.engine.core.memory.cpu_mmap import CpuMmapBackend
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    page_bytes = 16 * 1024  # small arena chunks, so the shrink frees some
+    monkeypatch.setattr(residency, "EXPERTS_CHUNK_BYTES", page_bytes)
+    path, _ = make_tiny_hf_model("qwen3_moe", tmp_path / "moe",
+                                 overrides={"num_hidden_layers": 2})
+    prompt = [(7 * i + 3) % 96 for i in range(8)]
+    spec = SamplingSpec(max_tokens=6, temperature=0.0)
+    engine = Engine(EngineConfig(model_path=str(path), device="cpu", context_tokens=128,
+                                 expert_cache="all", cpu_expert_misses="on",
+                                 snapshot_ram_budget_bytes=1 << 20),
+                    backend=CpuMmapBackend(granularity_bytes=page_bytes))
+    engine.load()
+    try:
+        engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False, compile_pointwise=False)
+        reference = [t for step in engine.generate(prompt, spec, slot=0) for t in step]
+        assert engine.memory.cpu_misses is None  # all resident: nothing to miss
+        tokens: list[int] = []
+        for step in engine.generate(prompt, spec, slot=1):
+            tokens.extend(step)
+            if len(tokens) == 3:
+                engine.resize_experts(engine.memory.experts.num_experts)  # one layer's worth
+        assert tokens == reference
+        assert isinstance(engine.fast.runner, SplitEagerRunner)
+        status = engine.status()["experts"]
+        assert status["mode"] == "slots" and status["cpu_expert_misses"] == "on"
+        assert status["num_cpu_experts"] > 0 and status["cpu_cache_bytes"] == 0
+    finally:
+        engine.close()
 
 
 def test_bad_settings_are_refused_in_one_line() -> None:

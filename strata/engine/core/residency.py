@@ -20,9 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-if TYPE_CHECKING:
-    from strata.engine.core.fast.moe_cpu_misses import CpuMisses
-
 from strata.engine.core import load_phases
 from strata.engine.core.engine_config import (
     DEFAULT_CPU_EXPERT_CACHE_BYTES,
@@ -57,6 +54,9 @@ from strata.engine.core.quant.weight import (
 )
 from strata.engine.core.slot_experts import SlotExperts, quantized_experts
 from strata.units import GIB, MIB
+
+if TYPE_CHECKING:
+    from strata.engine.core.fast.moe_cpu_misses import CpuMisses
 
 log = logging.getLogger(__name__)
 

@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 # Each MoE layer's misses wait for the host (fast/moe_cpu_misses.py), which a whole-step graph
 # cannot hold: steps are called, or replayed as split graphs (split_runner.py) where
 # STRATA_CPU_MISS_GRAPHS=1 asks for them until a GPU run has checked them.
-CPU_MISSES_NOTE = "CPU-computed expert misses: decode steps called, no CUDA graph"
+CPU_MISSES_NOTE = ("CPU-computed expert misses: decode steps called (cut at each MoE layer), "
+                   "no CUDA graph")
 
 
 def has_cpu_misses(moe_layers: list[SparseMoE]) -> bool:
@@ -145,7 +146,9 @@ class GraphDecoder:
                 and any(is_quantized_experts(m.experts.gate_proj) for m in moe_layers)):
             self.prefiller.enable_expert_graphs(max(m.top_k for m in moe_layers))
         self.last_logprob: TokenLogprob | None = None  # of the token last yielded, if asked
-        self._eager_runner = EagerRunner(self.step, self.step_hook)
+        # With CPU-computed misses the called step is the split one (one sync a MoE layer).
+        self._eager_runner = (split_runner.SplitEagerRunner if has_cpu_misses(moe_layers)
+                              else EagerRunner)(self.step, self.step_hook)
         self._graph_runner: GraphRunner | None = None
         self.runner: DecodeRunner = self._eager_runner
         self.use_cuda_graphs = use_graphs
@@ -183,12 +186,14 @@ class GraphDecoder:
             self.set_step_hook(hook)
         self.clear()
         self.prefiller.use_expert_cache()
-        if self.use_cuda_graphs and has_cpu_misses(moe_layers):
-            self.use_cuda_graphs = False  # the whole-step graphs cannot wait for the host
-            if split_runner.graphs_enabled():
-                self._graph_runner = None
+        if has_cpu_misses(moe_layers):  # the whole-step graphs cannot wait for the host
+            had_graphs = self.use_cuda_graphs
+            self._eager_runner = split_runner.SplitEagerRunner(self.step, self.step_hook)
+            self._graph_runner = None
+            self.runner = self._eager_runner
+            if had_graphs and split_runner.graphs_enabled():
                 self.use_cuda_graphs = True  # the split graphs can
-            else:
+            elif had_graphs:
                 self._add_note(CPU_MISSES_NOTE)
 
     def _add_note(self, text: str) -> None:
