@@ -6,6 +6,7 @@ llama.cpp's experts on the CPU (issue 54's first deliverable).
         [--decode-tokens 128] [--warmup-tokens 16] [--prefill-tokens 4096]
         [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
         [--cpu-misses off|on|auto] [--cpu-threads N] [--cpu-miss-graphs]
+        [--cpu-cache-gib 4] [--cpu-preconvert]
 
 Budget arithmetic, the same for both engines: of a budget B, the experts may hold
     expert_bytes(B) = B - dense - reserve
@@ -42,8 +43,10 @@ token's misses computed on the CPU while the GPU computes the hits; decode steps
 replayed from graphs); each row then also has the misses computed on the CPU per token, the
 CPU forms converted during the timed decode and the bytes they hold; --cpu-miss-graphs
 replays the step cut at each MoE layer as CUDA graphs instead (fast/split_runner.py,
-STRATA_CPU_MISS_GRAPHS=1). Run the bench once per mode on one machine to compare on, off and
-llama.cpp.
+STRATA_CPU_MISS_GRAPHS=1); --cpu-preconvert makes the CPU forms of the experts with no slot
+after each resize, up to --cpu-cache-gib (EngineConfig.cpu_expert_cache_bytes), so "on" is
+timed without its first conversions. Run the bench once per mode on one machine to compare
+on, off and llama.cpp.
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
 row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
 versions, figure, limit, ratio).
@@ -266,7 +269,8 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
                                  context_tokens=context,
                                  expert_cache=str(max(p.slots for p in plans)),
-                                 cpu_expert_misses=args.cpu_misses))
+                                 cpu_expert_misses=args.cpu_misses,
+                                 cpu_expert_cache_bytes=int(args.cpu_cache_gib * GIB)))
     report["cpu_expert_misses"] = args.cpu_misses
     report["cpu_threads"] = torch.get_num_threads()
     started_s = time.perf_counter()
@@ -308,6 +312,11 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
             rows: dict = strata.setdefault(plan.label, {
                 "resize": resized, "slots": slots,
                 "expert_mapped_bytes": store.arena.resident_bytes})
+            if args.cpu_preconvert and engine.memory.cpu_misses is not None:
+                started = time.perf_counter()
+                made = engine.memory.cpu_misses.preconvert()
+                rows["cpu_preconvert"] = {"experts": made,
+                                          "seconds": time.perf_counter() - started}
             for routing in args.routings:
                 if time.monotonic() > args.deadline:
                     rows[routing] = {"skipped": "deadline"}
@@ -615,6 +624,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-miss-graphs", action="store_true",
                    help="with --cpu-misses, replay the decode step cut at each MoE layer as "
                    "CUDA graphs (STRATA_CPU_MISS_GRAPHS=1) instead of calling it")
+    p.add_argument("--cpu-cache-gib", type=float, default=4.0,
+                   help="bytes the CPU forms of missed experts may keep, in GiB")
+    p.add_argument("--cpu-preconvert", action="store_true",
+                   help="after each resize, make the CPU forms of the experts with no slot "
+                   "(up to --cpu-cache-gib) before the rows")
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--warmup-tokens", type=int, default=16)
     p.add_argument("--prefill-tokens", type=int, default=4096)

@@ -177,10 +177,12 @@ def test_cpu_misses_flag_loads_strata_with_them(tmp_path: Path) -> None:
     out = tmp_path / "moe.json"
     assert bench.main([str(gguf), "--device", "cpu", "--budgets", budget, "--reserve-mib", "0",
                        "--routings", "uniform", "--decode-tokens", "4", "--warmup-tokens", "1",
-                       "--prefill-tokens", "24", "--cpu-misses", "on",
+                       "--prefill-tokens", "24", "--cpu-misses", "on", "--cpu-preconvert",
                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["cpu_expert_misses"] == "on" and report["cpu_threads"] >= 1
-    row = report["strata"][report["plans"][0]["label"]]["uniform"]
+    rows = report["strata"][report["plans"][0]["label"]]
+    assert rows["cpu_preconvert"]["experts"] == 16 - 10  # float experts: views, no bytes
+    row = rows["uniform"]
     assert row["cpu_experts_per_token"] == 0 and row["cpu_conversions"] == 0
     assert "num_cpu_split_layers" in row["counters"] and report["cpu_miss_graphs"] is False

@@ -191,6 +191,26 @@ def test_the_split_step_answers_like_the_one_call_path(q4k_gguf, monkeypatch) ->
         memory.close()
 
 
+def test_preconvert_makes_the_missing_experts_forms_within_the_bound(q4k_gguf,
+                                                                     monkeypatch) -> None:
+    monkeypatch.setenv("STRATA_QUANTIZED", "1")
+    config = load_model_config(str(q4k_gguf))
+    memory = ModelMemory(backend_for("cpu"), torch.float32, "auto")
+    try:
+        memory.build(config, FileWeights.open(str(q4k_gguf), config), "12")
+        store, cpu = memory.experts, memory.cpu_misses
+        missing = int((store.table_mirror[store.layer_ids] < 0).sum())
+        assert missing == 4  # 16 experts, 12 slots
+        assert cpu.preconvert() == missing and len(cpu.cache) == missing
+        assert cpu.preconvert() == 0 and cpu.cache.num_conversions == missing  # kept
+        one = cpu.cache.nbytes // missing
+        cpu.cache.clear()
+        cpu.cache.limit_bytes = 2 * one  # room for two: stops before evicting
+        assert cpu.preconvert() == 2 and cpu.cache.num_evictions == 0
+    finally:
+        memory.close()
+
+
 def test_misses_read_in_place_when_off(q4k_gguf, monkeypatch) -> None:
     """The same partial cache with the mode off reads its misses over the host copy: what
     the CPU path saves, and the counters that tell the two apart."""
