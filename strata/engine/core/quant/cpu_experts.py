@@ -10,7 +10,11 @@ write zero = min + 8 * scale), so scale = d * sc_j and zero = 8 * scale - dmin *
 up to the scale's and zero's rounding to the compute dtype (bf16: ~4e-3 of max |w|).
 Every other GGML type is dequantized by gguf-py (the loader's reference) and requantized to
 int8 per output row for _weight_int8pack_mm: lossy, each value within half a step of its
-row's max / 127 (INT8_MAX_ERROR). Float experts are used as they are (F.linear).
+row's max / 127 (INT8_MAX_ERROR). Not by quant/dequant.py: that is a Triton kernel, which on
+a GPU host would carry each block over PCIe (what this path avoids) and on the CPU only runs
+interpreted. bf16 in place of int8 would hold twice the bytes (54 GiB for Qwen3-30B-A3B's
+experts) and runs ~2.5x slower for one token (docs/benchmarks.md). Float experts are used
+as they are (F.linear over views of the host copy).
 Activations run in bf16 (torch's fast CPU path; float32 runs 25-30x slower) unless the
 model computes in float32 (the CPU engine and its tests).
 """
