@@ -1,7 +1,9 @@
 """A partial expert cache on CUDA with cpu_expert_misses on (fast/moe_cpu_misses.py): decode
-steps are called (no graph), each MoE layer's misses are computed on the CPU while the GPU
-computes its hits, and the answer is the all-resident model's; a Q4_K layer with hits and
-misses equals its resident self within the bf16 CPU form's error."""
+steps cut at each MoE layer, called or replayed as split graphs (fast/split_runner.py),
+compute each layer's misses on the CPU while the GPU computes its hits, and the answer is
+the all-resident model's; a Q4_K layer with hits and misses equals its resident self within
+the bf16 CPU form's error. Run by the next device session:
+    python -m pytest -q -s tests/gpu/test_cpu_expert_misses_cuda.py"""
 
 from __future__ import annotations
 
@@ -47,6 +49,9 @@ def test_decode_with_cpu_misses_equals_all_resident() -> None:
         decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
         assert decoder.moe_impl == "triton" and not decoder.use_cuda_graphs, decoder.note
         assert "CPU-computed expert misses" in decoder.note
+        from strata.engine.core.fast.split_runner import SplitEagerRunner
+
+        assert isinstance(decoder.runner, SplitEagerRunner)
         kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
         started_s = time.perf_counter()
         tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
