@@ -196,6 +196,9 @@ class ModelMemory:
             self.cpu_misses = CpuMisses(store, self.cpu_expert_misses,
                                         self.cpu_expert_cache_bytes, self.dtype)
             store.cpu_misses = self.cpu_misses
+            log.info("expert misses of one-token decode computed on the CPU (%s; their CPU "
+                     "forms keep up to %.0f MiB)", self.cpu_expert_misses,
+                     self.cpu_expert_cache_bytes / MIB)
         return self.cpu_misses
 
     def _warm_up_quantized(self, model: torch.nn.Module, max_prefill_tokens: int | None) -> None:
