@@ -434,6 +434,14 @@ def shrink_from_all(args, shape: FileShape, report: dict) -> None:
         started_s = time.perf_counter()
         info = engine.load()
         report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
+        # What the engine process runs once idle after a load (process.py): among it the
+        # slot-table kernels' compile (GraphDecoder.warm_expert_cache) a live switch needs.
+        started_s = time.perf_counter()
+        deferred = []
+        while engine.has_deferred_work:
+            deferred.append(engine.run_deferred_step())
+        report["deferred_work"] = {"steps": deferred,
+                                   "seconds": time.perf_counter() - started_s}
         store = engine.memory.experts
         if store is None or engine.memory.expert_mode != "all":
             raise SystemExit(f"the experts did not all load resident "

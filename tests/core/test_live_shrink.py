@@ -80,3 +80,44 @@ def test_an_all_resident_moe_shrinks_and_grows_between_two_tokens(tmp_path, monk
         assert _stream(engine, slot=3) == reference  # every slot resident, the slot path
     finally:
         engine.close()
+
+
+def test_the_expert_cache_kernels_warm_before_a_switch_and_the_load_defers_it(tmp_path,
+                                                                             monkeypatch):
+    """Run 37: the first step after a live switch waited 2.9-9 s for Triton to compile the
+    slot-table kernels. A load that may switch leaves their warm-up as deferred work; it runs
+    one token per kind of MoE layer through the slot table and leaves the model as it was."""
+    monkeypatch.setattr(residency, "EXPERTS_CHUNK_BYTES", PAGE_BYTES)
+    path, _ = make_tiny_hf_model("qwen3_moe", tmp_path / "moe",
+                                 overrides={"num_hidden_layers": 2})
+    engine = Engine(EngineConfig(model_path=str(path), device="cpu", context_tokens=128,
+                                 expert_cache="all", snapshot_ram_budget_bytes=1 << 20),
+                    backend=CpuMmapBackend(granularity_bytes=PAGE_BYTES))
+    engine.load()
+    try:
+        # The fast decoder as on a GPU, eagerly (the all-resident CPU load builds none), and
+        # what the load then adds to its deferred work.
+        engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False,
+                                   compile_pointwise=False)
+        assert engine.memory.can_switch_live and not engine.has_deferred_work
+        engine._defer_expert_cache_warm_up()
+        assert engine.has_deferred_work
+        names = []
+        while engine.has_deferred_work:
+            names.append(engine.run_deferred_step())
+        assert "compile the expert cache's kernels" in names
+        layers = engine.model.model.layers
+        assert all(layer.mlp.expert_weights is None for layer in layers)
+        assert engine.memory.expert_mode == "all"
+        reference = _stream(engine, slot=0)
+
+        store = engine.memory.experts
+        calls = []
+        made = engine.memory.slot_experts
+        assert engine.fast.warm_expert_cache(lambda i: calls.append(i) or made(i)) == 1
+        assert calls == [0]  # both layers are one kind: one token through the first
+        assert all(layer.mlp.expert_weights is None for layer in layers)
+        assert _stream(engine, slot=1) == reference
+        assert _stream(engine, slot=2, num_slots=store.num_experts) == reference
+    finally:
+        engine.close()

@@ -21,10 +21,9 @@ pytestmark = pytest.mark.gpu
 STREAM = SamplingSpec(max_tokens=48, temperature=0.0)
 PROMPT = list(range(5, 69))
 SHRINK_AFTER = 16  # tokens yielded before the resize
-# The issue's target is 100 ms on Qwen3-30B-A3B; this model's step is shorter, but the first
-# capture after the switch may compile the slot-table kernel variants: bounded loosely here,
-# the figures are printed for the report.
-MAX_PAUSE_S = 1.0
+# The issue's target on Qwen3-30B-A3B; the slot-table kernels compiled before (deferred
+# work), the pause is the resize and the next step's graph capture.
+MAX_PAUSE_S = 0.1
 
 
 def _timed_stream(engine, num_slots: int | None) -> tuple[list[int], list[float], dict | None]:
@@ -56,6 +55,13 @@ def test_an_all_resident_moe_shrinks_live_between_two_tokens_and_grows_back(tmp_
         store = engine.memory.experts
         assert engine.memory.expert_mode == "all" and engine.fast is not None
         assert engine.fast.use_cuda_graphs and engine.fast.moe_impl == "triton"
+        # What the engine process runs once idle after the load (process.py): among it the
+        # slot-table kernels' compile, which the first step after the switch waited for
+        # (run 37: 2.9 s here, 9 s on Qwen3-30B-A3B).
+        deferred = []
+        while engine.has_deferred_work:
+            deferred.append(engine.run_deferred_step())
+        assert "compile the expert cache's kernels" in deferred
         # Twice unshrunk: the first leaves the prompt cached, so the reference and the timed
         # streams all start from the cached prefix (fresh and cached prefills round
         # differently in bf16).

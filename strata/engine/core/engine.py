@@ -16,6 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 import torch
 
@@ -170,6 +171,7 @@ class Engine(EngineLevels, EngineReport):
                 self.fast, self.tuning_source = make_fast_decoder(
                     self.model, self.device, self.config, self.memory.promotion,
                     stages_experts=self._stages_experts())
+                self._defer_expert_cache_warm_up()
             del source
             with phases.phase("kv_and_slots"):
                 self._build_kv_and_batch(config, backend, fingerprint)
@@ -178,6 +180,16 @@ class Engine(EngineLevels, EngineReport):
             raise
         # Any forward over released memory becomes a Python error, not a GPU fault.
         self.model.register_forward_pre_hook(lambda module, args: self.memory.check_resident())
+
+    def _defer_expert_cache_warm_up(self) -> None:
+        """An all-resident MoE that a shrink may switch to the partial cache while serving
+        compiles the slot-table kernels once idle (deferred work), so that switch does not
+        wait for Triton's compiler between two tokens (GraphDecoder.warm_expert_cache)."""
+        fast = self.fast
+        if fast is None or not self.memory.can_switch_live or fast.expert_cache_problem(True):
+            return
+        fast.deferred.add([("compile the expert cache's kernels",
+                            partial(fast.warm_expert_cache, self.memory.slot_experts))])
 
     def _build_kv_and_batch(self, config: ModelConfig, backend: ArenaBackend,
                             fingerprint: str) -> None:

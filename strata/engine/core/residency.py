@@ -462,6 +462,20 @@ class ModelMemory:
                           staging_bytes=staging)
         return result
 
+    @property
+    def can_switch_live(self) -> bool:
+        """Whether a shrink may switch this all-resident model to the partial cache while it
+        serves (switch_to_slots): the GPU reads the store's host copy in place, as the slot
+        table's misses need."""
+        return (self.expert_mode == "all" and self.experts is not None
+                and self.experts.host.device_address is not None)
+
+    def slot_experts(self, layer: int, cpu_misses: CpuMisses | None = None) -> SlotExperts:
+        """Layer's partial-cache provider over the store (what switch_to_slots gives it);
+        GraphDecoder.warm_expert_cache runs one token through it before any switch (no CPU
+        misses: every expert is in its slot then, and the kernels are the same)."""
+        return SlotExperts(self.experts, layer, self.dtype, cpu_misses)
+
     def switch_to_slots(self) -> None:
         """Give each MoE layer of an all-resident model the partial cache's provider
         (SlotExperts: decode reads the slot table, misses in place from the pinned host
@@ -471,7 +485,7 @@ class ModelMemory:
         store = self.experts
         cpu_misses = self._cpu_misses()
         for layer, mlp in self._moe_layers.items():
-            mlp.expert_weights = SlotExperts(store, layer, self.dtype, cpu_misses)
+            mlp.expert_weights = self.slot_experts(layer, cpu_misses)
             _unwire(mlp.experts)
         if store.host.device_address is not None:
             self.promotion = ExpertPromotion(store)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 import torch
@@ -24,6 +24,7 @@ from strata.engine.core.fast import expert_graphs, kernel_checks, split_runner, 
 from strata.engine.core.fast.compiled import compiled_ops
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
 from strata.engine.core.fast.deferred_compile import DeferredWork
+from strata.engine.core.fast.forward import moe_token
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
 from strata.engine.core.fast.moe_grouped import (
     is_grouped_capable,
@@ -195,6 +196,38 @@ class GraphDecoder:
                 self.use_cuda_graphs = True  # the split graphs can
             elif had_graphs:
                 self._add_note(CPU_MISSES_NOTE)
+
+    def warm_expert_cache(self, provider: Callable[[int], object]) -> int:
+        """Compile the kernels that MoE layers reading a partial expert cache run, before a
+        live shrink needs them (use_expert_cache): one token through one layer of each kind
+        (its experts' types and shapes) with provider(layer) (a SlotExperts) in place of the
+        wired experts for that call. Without it the first step after the switch waited for
+        Triton to compile the slot-table variants: 2.9-9 s (docs/benchmarks.md, run 37).
+        Returns the layers run. Not during a request (deferred work)."""
+        seen: set[tuple] = set()
+        layers = self.model.model.layers
+        hidden = torch.zeros(1, self.model.config.hidden_size, device=self.device,
+                             dtype=self.model.model.embed_tokens.weight.dtype)
+        with torch.inference_mode():
+            for i, layer in enumerate(layers):
+                mlp = layer.mlp
+                if not isinstance(mlp, SparseMoE) or mlp.expert_weights is not None:
+                    continue
+                kind = tuple((type(w).__name__, str(getattr(w, "qtype", w.dtype)),
+                              tuple(w.shape))
+                             for w in (mlp.experts.gate_proj, mlp.experts.up_proj,
+                                       mlp.experts.down_proj))
+                if kind in seen:
+                    continue
+                seen.add(kind)
+                mlp.expert_weights = provider(i)
+                try:
+                    moe_token(layer, hidden, self.ops, self.moe_impl)
+                finally:
+                    mlp.expert_weights = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return len(seen)
 
     def _add_note(self, text: str) -> None:
         """Append to `note`, what the decoder runs differently from its defaults, and why."""

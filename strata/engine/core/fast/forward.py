@@ -245,6 +245,14 @@ def _down(mlp, gate_up_out: torch.Tensor, ops: PointwiseOps) -> torch.Tensor:
     return linear(gate_mul(ops, mlp, gate, up), down.weight, down.bias, ops)
 
 
+def moe_token(layer, h: torch.Tensor, ops: PointwiseOps, moe_impl: str) -> torch.Tensor:
+    """One token h [1, H] through a MoE layer's norm and experts as decode_step runs them
+    (a block output to add, so the same norm kernels); what warms the kernels of an expert
+    provider the step has not read yet (GraphDecoder.warm_expert_cache)."""
+    after_attn, before_mlp, _ = block_norms(layer)
+    return _norm_mlp(layer.mlp, h, torch.zeros_like(h), before_mlp, ops, moe_impl, after_attn)[1]
+
+
 def mlp_forward(mlp, x: torch.Tensor, ops: PointwiseOps, moe_impl: str,
                 rounded: tuple | None = None) -> torch.Tensor:
     """The layer's feed-forward on x [T, H]: SwiGLU (or GeGLU) with fused activation, or the
