@@ -153,6 +153,11 @@ class ExpertStore:
         # in place from the host copy (misses; counted by ExpertPromotion).
         self.copied_bytes = [0] * num_layers
         self.host_read_bytes = [0] * num_layers
+        # Misses computed on the CPU instead (fast/moe_cpu_misses.py), per layer, and those
+        # of the step running now (ExpertPromotion takes them with the step's ids).
+        self.num_cpu_experts = [0] * num_layers
+        self._cpu_this_step = [0] * num_layers
+        self.cpu_misses: Any = None  # the CpuMisses computing them, for status
         self.num_copy_calls = 0  # host-to-device copies issued (one per run and projection)
         # Copies into slots timed where they run (device events around each batch, read once
         # done): the rate misses move at, not bytes over decode time.
@@ -556,10 +561,24 @@ class ExpertStore:
         """One expert of layer: gate, up and down as its slot class holds them."""
         return self._class(layer).bytes_per_expert
 
-    def count_host_reads(self, layers: Sequence[int], num_misses: Sequence[int]) -> None:
-        """Note experts that decode kernels read in place from the host copy (misses)."""
-        for layer, misses in zip(layers, num_misses):
-            self.host_read_bytes[layer] += misses * self._class(layer).bytes_per_expert
+    def count_host_reads(self, layers: Sequence[int], num_misses: Sequence[int],
+                         num_on_cpu: Sequence[int] | None = None) -> None:
+        """Note a step's misses: decode kernels read them in place from the host copy, all
+        but num_on_cpu of them, which the CPU computed (take_cpu_experts)."""
+        on_cpu = num_on_cpu if num_on_cpu is not None else [0] * len(layers)
+        for layer, misses, computed in zip(layers, num_misses, on_cpu):
+            read = max(0, misses - computed)
+            self.host_read_bytes[layer] += read * self._class(layer).bytes_per_expert
+
+    def note_cpu_experts(self, layer: int, count: int) -> None:
+        """count of layer's misses in the running step were computed on the CPU, not read."""
+        self.num_cpu_experts[layer] += count
+        self._cpu_this_step[layer] += count
+
+    def take_cpu_experts(self) -> list[int]:
+        """Per layer, the misses computed on the CPU since the last call (a step's)."""
+        taken, self._cpu_this_step = self._cpu_this_step, [0] * len(self._cpu_this_step)
+        return taken
 
     def _read_timings(self) -> None:
         """Add the copies whose end event has passed to the timed totals (never waits)."""
@@ -584,6 +603,8 @@ class ExpertStore:
             "resident_bytes": self.arena.resident_bytes,
             "copied_bytes": sum(self.copied_bytes),
             "host_read_bytes": sum(self.host_read_bytes),
+            "num_cpu_experts": sum(self.num_cpu_experts),
+            **(self.cpu_misses.status() if self.cpu_misses is not None else {}),
             "num_copy_calls": self.num_copy_calls,
             "timed_copy_bytes": self.timed_copy_bytes,
             "copy_seconds": self.copy_seconds,
@@ -598,6 +619,7 @@ class ExpertStore:
                         "num_left_out": cache.layer_left_out[layer],
                         "copied_bytes": self.copied_bytes[layer],
                         "host_read_bytes": self.host_read_bytes[layer],
+                        "num_cpu_experts": self.num_cpu_experts[layer],
                         "staged_bytes": (self.staging.staged_bytes[layer]
                                          if self.staging is not None else 0)}
                        for layer in self.layer_ids],
