@@ -25,6 +25,7 @@ compiled; a scatter back to token order first was slower: docs/benchmarks.md).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -169,9 +170,16 @@ def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
     expert_grouped.py's dequantize-then-grouped-GEMM from min_rows on (or for types
     expert_gemm cannot read), replayed from graphs where `replayed` is given (which moves
     the crossover); None where neither runs here (the caller loops). An epilogue (GPT-OSS,
-    MXFP4 among its types) takes the grouped path: expert_gemm has no epilogue."""
+    MXFP4 among its types) takes the grouped path: expert_gemm has no epilogue.
+    STRATA_EXPERT_MMQ=1 (for an A/B on the GPU): expert_mmq.py's int8 products at every row
+    count, for the types it reads."""
     if not launch.is_usable(x.device):
         return None
+    if epilogue is None and os.environ.get("STRATA_EXPERT_MMQ") == "1":  # opt-in: unmeasured
+        from strata.engine.core.quant import expert_mmq
+
+        if expert_mmq.supports(*experts):
+            return expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
     from strata.engine.core.quant import expert_grouped
 
     in_gemm = decodes_in_gemm(*experts, epilogue)
