@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from tests.core.test_quant_expert_gemm import COUNTS, _layer, _reference, _rows
+from tests.helpers.int8_rows import dequantized, round_int8
 
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1)
 K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
@@ -31,23 +32,6 @@ K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 # or 17 groups of 32 (a last pair of one group).
 OUTPUTS, K_QUANT_COLS, BLOCK32_COLS = 96, 512, 544
 REL_TOL = 1e-5  # float32 scale products and sums against float64
-
-
-def _round_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """gemv_dp4a.round_groups in torch: per 32 values d = max |x| / 127, q = x * 127 / max
-    to nearest (ties away from 0), s = d * sum(q)."""
-    v = x.float().view(x.shape[0], -1, 32)
-    amax = v.abs().amax(-1)
-    inverse = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, 1.0), 0.0)
-    scaled = v * inverse[..., None]
-    q = torch.trunc(scaled + torch.where(scaled >= 0, 0.5, -0.5)).clamp(-127, 127)
-    d = amax / 127.0
-    return q.to(torch.int8).view(x.shape), d, d * q.sum(-1)
-
-
-def _dequantized(rounded) -> torch.Tensor:
-    q, d, _ = rounded
-    return (q.double().view(q.shape[0], -1, 32) * d.double()[..., None]).view(q.shape)
 
 
 def _per_expert(x: torch.Tensor, offsets: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
@@ -71,7 +55,7 @@ def test_rows_round_to_int8_as_the_torch_rounding() -> None:
     x[1, 32:64] = 0.0  # a group of zeros: scale 0, no division by it
     x[2, 5] = 127.5 / 127.0 * x[2, :32].abs().max()  # becomes the max: ends exactly on 127
     q, d, s = expert_mmq.quantize_rows(x)
-    q_ref, d_ref, s_ref = _round_int8(x)
+    q_ref, d_ref, s_ref = round_int8(x)
     assert torch.equal(q, q_ref) and torch.equal(d, d_ref)
     torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
     assert d[1, 1] == 0 and (q[1, 32:64] == 0).all()
@@ -88,7 +72,7 @@ def test_each_type_matches_torch_on_dequantized_experts_and_the_int8_rows(qtype:
     assert expert_mmq.is_supported(blocks[2])
     rows, offsets, _ = _rows(cols, seed=int(qtype))
     rounded = expert_mmq.quantize_rows(rows)
-    expected = _per_expert(_dequantized(rounded), offsets, dense[2])
+    expected = _per_expert(dequantized(rounded), offsets, dense[2])
     got = expert_mmq.down(rounded, offsets, blocks[2], torch.float32)
     assert got.shape == (sum(COUNTS), OUTPUTS) and got.dtype == torch.float32
     _assert_close(got, expected)
@@ -102,13 +86,13 @@ def test_gate_up_rounds_the_activation_to_int8_per_32() -> None:
     blocks, dense = _layer((QT.Q4_K, QT.Q4_K, QT.Q5_0), K_QUANT_COLS, 2 * OUTPUTS)
     rows, offsets, weights = _rows(K_QUANT_COLS, seed=11)
     rounded = expert_mmq.quantize_rows(rows)
-    x = _dequantized(rounded)
+    x = dequantized(rounded)
     act = (F.silu(_per_expert(x, offsets, dense[0])) * _per_expert(x, offsets, dense[1])
            * weights.double()[:, None])
     q, d, s = expert_mmq.gate_up(rounded, offsets, blocks[0], blocks[1], weights)
     assert q.shape == act.shape and q.dtype == torch.int8 and d.shape == (act.shape[0], 6)
     step = d.double().repeat_interleave(32, dim=1)
-    error = (_dequantized((q, d, s)) - act).abs()
+    error = (dequantized((q, d, s)) - act).abs()
     assert (error <= 0.5 * step + REL_TOL * act.abs().max()).all(), error.max()
     assert torch.equal(s, d * q.view(q.shape[0], -1, 32).float().sum(-1))
 
