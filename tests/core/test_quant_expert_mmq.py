@@ -28,7 +28,7 @@ from tests.helpers.int8_rows import dequantized, round_int8
 
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1)
 K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
-# Outputs 96: a partial second tile of the interpreter's 64. Inputs: two 256-value blocks,
+# Outputs 96: a partial tile of the interpreter's 128. Inputs: two 256-value blocks,
 # or 17 groups of 32 (a last pair of one group).
 OUTPUTS, K_QUANT_COLS, BLOCK32_COLS = 96, 512, 544
 REL_TOL = 1e-5  # float32 scale products and sums against float64
@@ -105,17 +105,16 @@ def test_experts_mlp_within_the_int8_rounding_of_the_float_path(types) -> None:
     tokens gathered by `source` give the same bits as the gathered rows."""
     from strata.engine.core.quant import expert_mmq
 
-    blocks, dense = _layer(types, K_QUANT_COLS, 256)  # Q6_K's down: 256-value blocks
-    rows, offsets, weights = _rows(K_QUANT_COLS, seed=13)
-    _, expected = _reference(rows, offsets, weights, dense)
-    got = expert_mmq.experts_mlp(rows, *blocks, offsets, weights)
-    assert got.shape == rows.shape
-    _assert_close(got, expected, rel=2e-2)
+    blocks, dense = _layer(types, 256, 256)  # one 256-value block each way
+    rows, offsets, weights = _rows(256, seed=13)
     tokens = rows[::2].contiguous()  # each token routed to two rows
     source = torch.arange(rows.shape[0]) // 2
+    _, expected = _reference(tokens[source], offsets, weights, dense)
+    got = expert_mmq.experts_mlp(tokens[source], *blocks, offsets, weights)
+    assert got.shape == rows.shape
+    _assert_close(got, expected, rel=2e-2)
     gathered = expert_mmq.experts_mlp(tokens, *blocks, offsets, weights, source=source)
-    assert torch.equal(gathered, expert_mmq.experts_mlp(tokens[source], *blocks, offsets,
-                                                        weights))
+    assert torch.equal(gathered, got)
 
 
 def test_types_and_layouts_it_cannot_read_are_refused() -> None:
@@ -145,8 +144,8 @@ def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.quant import expert_mmq
 
-    blocks, _ = _layer((QT.Q4_K, QT.Q4_K, QT.Q5_0), K_QUANT_COLS, 2 * OUTPUTS)
-    rows, offsets, weights = _rows(K_QUANT_COLS, seed=17)
+    blocks, _ = _layer((QT.Q4_K, QT.Q4_K, QT.Q5_0), 256, 2 * OUTPUTS)
+    rows, offsets, weights = _rows(256, seed=17)
     source = torch.arange(rows.shape[0])
     calls = [0]
     real = expert_mmq.experts_mlp
@@ -163,6 +162,6 @@ def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     got = moe_prefill._quantized(rows, source, offsets, weights, blocks)
     assert calls[0] == 1
     _assert_close(got, default.double(), rel=2e-2)
-    other, _ = _layer((QT.Q4_K, QT.Q4_K, QT.Q2_K), K_QUANT_COLS, 256)
+    other, _ = _layer((QT.Q4_K, QT.Q4_K, QT.Q2_K), 256, 256)
     moe_prefill._quantized(rows, source, offsets, weights, other)
     assert calls[0] == 1

@@ -52,7 +52,7 @@ DOWN_CONFIGS = ((64, 128, 4, 32, 2), (128, 128, 4, 64, 2), (128, 128, 8, 128, 2)
                 (64, 256, 4, 32, 2))
 # The interpreter pays per program and per op: wide tiles, but BLOCK_M below some experts'
 # rows (the tests' routing) and outputs split over programs.
-INTERPRETER_CONFIG = ((64, 128, 4, 16, 1),)
+INTERPRETER_CONFIG = ((128, 128, 4, 16, 1),)
 MAX_ROWS_HINT = 256
 
 
