@@ -9,6 +9,7 @@ the float path within what the int8 rounding explains; and moe_prefill's opt-in 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -139,8 +140,8 @@ def test_types_and_layouts_it_cannot_read_are_refused() -> None:
 
 def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     """STRATA_EXPERT_MMQ=1: moe_prefill._quantized multiplies supported experts by
-    expert_mmq (within its rounding of expert_gemm's result); unset, or a type it cannot
-    read, it keeps expert_gemm."""
+    expert_mmq (within its rounding of expert_gemm's result) and the load's warm-up runs it;
+    unset, or a type it cannot read, it keeps expert_gemm."""
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.quant import expert_mmq
 
@@ -165,3 +166,7 @@ def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     other, _ = _layer((QT.Q4_K, QT.Q4_K, QT.Q2_K), 256, 256)
     moe_prefill._quantized(rows, source, offsets, weights, other)
     assert calls[0] == 1
+    # The load's warm-up compiles it too (a first call inside a graph capture could not).
+    moe = SimpleNamespace(top_k=2, plain_experts=True)
+    moe_prefill.warm_up_quantized(moe, grouped=False, stacks=blocks)
+    assert calls[0] == 2

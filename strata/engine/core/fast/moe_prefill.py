@@ -161,6 +161,17 @@ def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Ten
         "the quantized MoE prefill")
 
 
+def takes_mmq(experts: tuple, epilogue: Epilogue | None = None) -> bool:
+    """Whether prefill multiplies these quantized experts by expert_mmq.py's int8 products:
+    switched on by STRATA_EXPERT_MMQ=1 (opt-in until a GPU run has measured it), plain
+    SwiGLU, and types and layouts it reads. Call only where Triton is usable."""
+    if epilogue is not None or os.environ.get("STRATA_EXPERT_MMQ") != "1":
+        return False
+    from strata.engine.core.quant import expert_mmq  # decorates kernels: only where usable
+
+    return expert_mmq.supports(*experts)
+
+
 def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                row_weights: torch.Tensor, experts: tuple,
                replayed: Callable | None = None, epilogue: Epilogue | None = None,
@@ -175,11 +186,10 @@ def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
     count, for the types it reads."""
     if not launch.is_usable(x.device):
         return None
-    if epilogue is None and os.environ.get("STRATA_EXPERT_MMQ") == "1":  # opt-in: unmeasured
+    if takes_mmq(experts, epilogue):
         from strata.engine.core.quant import expert_mmq
 
-        if expert_mmq.supports(*experts):
-            return expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
+        return expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
     from strata.engine.core.quant import expert_grouped
 
     in_gemm = decodes_in_gemm(*experts, epilogue)
@@ -270,9 +280,9 @@ def experts_sorted(
 def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) -> None:
     """Both quantized prefill paths once over a few rows, so their kernels compile (and on
     CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
-    types) and, if `grouped` (a prefill chunk can reach it), the grouped one's, every group
-    (whose launches do not depend on the rows). stacks: the experts to read instead of the
-    module's resident ones (a partial cache's staging)."""
+    types; expert_mmq's too where `takes_mmq`) and, if `grouped` (a prefill chunk can reach
+    it), the grouped one's, every group (whose launches do not depend on the rows). stacks:
+    the experts to read instead of the module's resident ones (a partial cache's staging)."""
     if stacks is None:
         stacked = moe.experts
         stacks = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
@@ -288,6 +298,10 @@ def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) ->
         from strata.engine.core.quant import expert_gemm
 
         expert_gemm.experts_mlp(x, *experts, offsets, row_weights)
+        if takes_mmq(experts, epilogue):
+            from strata.engine.core.quant import expert_mmq
+
+            expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
     if grouped and launch.is_usable(gate.device) and grouped_mm_supported(x):
         _quantized_grouped(x, source, offsets, row_weights, experts, None, epilogue,
                            source)  # the rows' experts: any valid ids
