@@ -79,12 +79,14 @@ def test_each_type_matches_torch_on_dequantized_experts_and_the_int8_rows(qtype:
     _assert_close(got, expected)
 
 
-def test_gate_up_rounds_the_activation_to_int8_per_32() -> None:
-    """GLM-4.5-Air's gate and up (Q4_K): the SwiGLU of the int8 rows, weighted, then its own
-    int8 rounding: each value within half a step of its group's scale."""
+@pytest.mark.parametrize("gate_type", [QT.Q4_K, QT.Q5_0], ids=lambda t: t.name)
+def test_gate_up_rounds_the_activation_to_int8_per_32(gate_type: QT) -> None:
+    """GLM-4.5-Air's gate and up (Q4_K; or gate Q5_0, whose tile reads x interleaved, up
+    not): the SwiGLU of the int8 rows, weighted, then its own int8 rounding: each value
+    within half a step of its group's scale."""
     from strata.engine.core.quant import expert_mmq
 
-    blocks, dense = _layer((QT.Q4_K, QT.Q4_K, QT.Q5_0), K_QUANT_COLS, 2 * OUTPUTS)
+    blocks, dense = _layer((gate_type, QT.Q4_K, QT.Q5_0), K_QUANT_COLS, 2 * OUTPUTS)
     rows, offsets, weights = _rows(K_QUANT_COLS, seed=11)
     rounded = expert_mmq.quantize_rows(rows)
     x = dequantized(rounded)

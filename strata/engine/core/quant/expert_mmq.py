@@ -29,7 +29,7 @@ from strata.engine.core.kernels import launch
 from strata.engine.core.quant import expert_gemv
 from strata.engine.core.quant.dp4a_dots import row_alignment
 from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
-from strata.engine.core.quant.mmq_groups import MMQ_TYPES
+from strata.engine.core.quant.mmq_groups import MMQ_TYPES, NIBBLE_TYPES
 
 try:
     import triton
@@ -38,7 +38,7 @@ try:
     from strata.engine.core.kernels.pdl import wait as pdl_wait
     from strata.engine.core.quant.expert_gemm import _m_tile, _round
     from strata.engine.core.quant.gemv_dp4a import round_and_store, round_groups
-    from strata.engine.core.quant.mmq_groups import group_ok, pair_dot
+    from strata.engine.core.quant.mmq_groups import group_ok, pair_dot, x_columns
 except ImportError:
     triton = None
 
@@ -74,10 +74,12 @@ if triton is not None:
         round_and_store(v, sub, num_subs, q_ptr, d_ptr, s_ptr)
 
     @triton.jit
-    def _x_group(xq_ptr, xd_ptr, xs_ptr, x_row, xg_row, row_ok, g, num_groups):
-        """Group g of the rows: (int8 [BM, 32], scale [BM, 1], scale * sum [BM, 1])."""
+    def _x_group(xq_ptr, xd_ptr, xs_ptr, x_row, xg_row, row_ok, g, num_groups,
+                 QTYPE: tl.constexpr):
+        """Group g of the rows: (int8 [BM, 32] in the order QTYPE's tile wants
+        (mmq_groups.x_columns), scale [BM, 1], scale * sum [BM, 1])."""
         ok = group_ok(row_ok, g, num_groups)
-        q = tl.load(xq_ptr + (x_row + g * 32 + tl.arange(0, 32)[None, :]), mask=ok, other=0)
+        q = tl.load(xq_ptr + (x_row + g * 32 + x_columns(QTYPE)), mask=ok, other=0)
         return (q, tl.load(xd_ptr + (xg_row + g), mask=ok, other=0.0),
                 tl.load(xs_ptr + (xg_row + g), mask=ok, other=0.0))
 
@@ -99,8 +101,8 @@ if triton is not None:
         up_stride, N, K, gate_row_bytes, up_row_bytes,
         NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, GATE_QTYPE: tl.constexpr,
         GATE_UNIT: tl.constexpr, UP_QTYPE: tl.constexpr, UP_UNIT: tl.constexpr,
-        USE_PDL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr,
-        BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
+        SHARE_X: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+        BLOCK_COLS: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
     ):
         pdl_wait(USE_PDL)
         expert, rows, row_ok, x_row, xg_row = _tile(offsets_ptr, K, NUM_EXPERTS, BLOCK_E,
@@ -121,11 +123,16 @@ if triton is not None:
             for i in tl.static_range(PAIRS):
                 pair = p0 + i
                 xq0, xd0, xs0 = _x_group(xq_ptr, xd_ptr, xs_ptr, x_row, xg_row, row_ok,
-                                         2 * pair, num_groups)
+                                         2 * pair, num_groups, GATE_QTYPE)
                 xq1, xd1, xs1 = _x_group(xq_ptr, xd_ptr, xs_ptr, x_row, xg_row, row_ok,
-                                         2 * pair + 1, num_groups)
+                                         2 * pair + 1, num_groups, GATE_QTYPE)
                 acc_gate += pair_dot(xq0, xd0, xs0, xq1, xd1, xs1, gate_ptr, gate_h_ptr,
                                      gate_row, n_ok, pair, num_groups, GATE_QTYPE)
+                if not SHARE_X:  # up's tile wants x in another order
+                    xq0 = tl.load(xq_ptr + (x_row + 2 * pair * 32 + x_columns(UP_QTYPE)),
+                                  mask=group_ok(row_ok, 2 * pair, num_groups), other=0)
+                    xq1 = tl.load(xq_ptr + (x_row + 2 * pair * 32 + 32 + x_columns(UP_QTYPE)),
+                                  mask=group_ok(row_ok, 2 * pair + 1, num_groups), other=0)
                 acc_up += pair_dot(xq0, xd0, xs0, xq1, xd1, xs1, up_ptr, up_h_ptr, up_row,
                                    n_ok, pair, num_groups, UP_QTYPE)
         # expert_gemm's roundings (the rows' dtype, silu_mul_scale's order), then int8.
@@ -170,9 +177,9 @@ if triton is not None:
             for i in tl.static_range(PAIRS):
                 pair = p0 + i
                 xq0, xd0, xs0 = _x_group(xq_ptr, xd_ptr, xs_ptr, x_row, xg_row, row_ok,
-                                         2 * pair, num_groups)
+                                         2 * pair, num_groups, QTYPE)
                 xq1, xd1, xs1 = _x_group(xq_ptr, xd_ptr, xs_ptr, x_row, xg_row, row_ok,
-                                         2 * pair + 1, num_groups)
+                                         2 * pair + 1, num_groups, QTYPE)
                 acc += pair_dot(xq0, xd0, xs0, xq1, xd1, xs1, w_ptr, wh_ptr, w_row, n_ok,
                                 pair, num_groups, QTYPE)
         tl.store(out_ptr + (rows.to(tl.int64)[:, None] * N + n[None, :]),
@@ -271,9 +278,14 @@ def gate_up(rounded: tuple, offsets: torch.Tensor, gate: QuantizedExperts,
         up.raw.shape[2],
         NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),
         GATE_QTYPE=int(gate.qtype), GATE_UNIT=_unit(gate), UP_QTYPE=int(up.qtype),
-        UP_UNIT=_unit(up),
+        UP_UNIT=_unit(up), SHARE_X=_x_order(gate) == _x_order(up),
     )
     return out
+
+
+def _x_order(experts: QuantizedExperts) -> bool:
+    """Whether the kernels read x's groups interleaved for this type (mmq_groups.x_columns)."""
+    return int(experts.qtype) in NIBBLE_TYPES
 
 
 def _unit(experts: QuantizedExperts) -> int:

@@ -3,9 +3,10 @@
 `pair_dot(xq0, xd0, xs0, xq1, xd1, xs1, w_ptr, wh_ptr, w_row, n_ok, pair, num_groups,
 QTYPE)` -> float32 [BM, BN]: two consecutive groups of 32 values (2 * pair, 2 * pair + 1)
 of the weight rows at byte offsets w_row [BN, 1], times x's rows rounded to int8 (xq
-[BM, 32] int8, scale xd [BM, 1], xs = xd * sum(xq) [BM, 1], as gemv_dp4a.round_groups
-rounds them). Each group is decoded in registers to int8 values q [BN, 32] with a scale and,
-where the type has one, an offset per group and row: w = scale * q + offset. Then
+[BM, 32] int8 in `x_columns(QTYPE)` order, scale xd [BM, 1], xs = xd * sum(xq) [BM, 1], as
+gemv_dp4a.round_groups rounds them). Each group is decoded in registers to int8 values q
+[BN, 32] with a scale and, where the type has one, an offset per group and row: w = scale *
+q + offset. Then
 
     x . w = xd * scale * (xq . q) + offset * xs,
 
@@ -14,15 +15,16 @@ activations as q8_1, the weights never dequantized to floats). Per type:
 
 - Q8_0 (34 bytes): q the int8 values, scale d.
 - Q4_0 / Q5_0 (18 / 22 bytes): q = nibble (| fifth bit << 4) - 8 (16), scale d: signed, no
-  offset. Q4_1 / Q5_1 (20 / 24): q the unsigned value, scale d, offset m.
+  offset. Q4_1 / Q5_1 (20 / 24): q the unsigned value, scale d, offset m. Each of the 16
+  bytes is read once and its two nibbles (values j and 16 + j) lie side by side in the
+  tile; x's group is read in that order (`x_columns`). qh is read as one word.
 - Q4_K / Q5_K (144 / 176 bytes a 256-value block): a pair is sub-blocks 2p (low nibbles)
   and 2p + 1 (high) of one 32-byte run, read once; scale d * sc, offset -dmin * m.
 - Q6_K (210 bytes): q = 6-bit value - 32; its scales change every 16 values, so a group is
   two products of the same int8 tile, each with the other half's x zeroed.
 
-Bytes are read one a value (a byte of nibbles twice: both are in the same L1 line); the
-tile's loads are masked per weight row (n_ok) and per group (a 32-value type's last pair may
-have one group).
+Bytes are read one a value or one a pair of nibbles; the tile's loads are masked per weight
+row (n_ok) and per group (a 32-value type's last pair may have one group).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ except ImportError:  # Triton is optional: without it no tensor stays quantized
 
 # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 MMQ_TYPES = frozenset({2, 3, 6, 7, 8, 12, 13, 14})
-HAS_OFFSET = frozenset({3, 7, 12, 13})  # w = scale * q + offset: x's sums join the product
+NIBBLE_TYPES = frozenset({2, 3, 6, 7})  # Q4_0, Q4_1, Q5_0, Q5_1: x read interleaved
 
 if triton is not None:
 
@@ -49,6 +51,23 @@ if triton is not None:
     def _half(wh_ptr, offset, ok):
         """The fp16 at an even byte offset, as float32 (0 where masked)."""
         return tl.load(wh_ptr + offset // 2, mask=ok, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _u16(wh_ptr, offset, ok):
+        """The uint16 at an even byte offset (of the fp16 view) as int32: [BN, 1]."""
+        half = tl.load(wh_ptr + offset // 2, mask=ok, other=0.0)
+        return half.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+    @triton.jit
+    def x_columns(QTYPE: tl.constexpr):
+        """[1, 32]: the order in which a group's 32 x values meet the weights' int8 tile:
+        as stored, or for the 32-value nibble types (Q4_0, Q4_1, Q5_0, Q5_1) 0, 16, 1, 17,
+        .. (a byte's two nibbles side by side: no reordering of the decoded weights)."""
+        lane = tl.arange(0, 32)[None, :]
+        if QTYPE == 2 or QTYPE == 3 or QTYPE == 6 or QTYPE == 7:
+            return (lane >> 1) + 16 * (lane & 1)
+        else:
+            return lane
 
     @triton.jit
     def group_ok(ok, g, num_groups):
@@ -79,13 +98,19 @@ if triton is not None:
                 20 if HAS_MIN else 18)
             NIBBLES_AT: tl.constexpr = (8 if HAS_MIN else 6) if FIFTH else (
                 4 if HAS_MIN else 2)
+            j = tl.arange(0, 16)[None, :]
             base = w_row + g * BLOCK_BYTES
             d = _half(wh_ptr, base, ok)
-            # value j: byte j % 16's low nibble (j < 16) or high nibble (j >= 16)
-            q = (_bytes(w_ptr, base + NIBBLES_AT + (lane & 15), ok) >> (4 * (lane >> 4))) & 15
-            if FIFTH:  # qh (4 bytes just before the nibbles): bit j is value j's fifth bit
-                qh = _bytes(w_ptr, base + (NIBBLES_AT - 4) + (lane >> 3), ok)
-                q = q | (((qh >> (lane & 7)) & 1) << 4)
+            nibbles = _bytes(w_ptr, base + NIBBLES_AT + j, ok)  # byte j: values j and 16 + j
+            q_lo = nibbles & 15
+            q_hi = nibbles >> 4
+            if FIFTH:  # qh, the 4 bytes before the nibbles (2-aligned): bit j, value j's
+                qh = _u16(wh_ptr, base + NIBBLES_AT - 4, ok) | (
+                    _u16(wh_ptr, base + NIBBLES_AT - 2, ok) << 16)  # [BN, 1]
+                q_lo = q_lo | (((qh >> j) & 1) << 4)
+                q_hi = q_hi | (((qh >> (j + 16)) & 1) << 4)
+            # Interleaved (value j, then 16 + j): x is read in the same order (x_columns).
+            q = tl.reshape(tl.join(q_lo, q_hi), (q_lo.shape[0], 32))
             if HAS_MIN:
                 return q, d, _half(wh_ptr, base + 2, ok)
             else:
