@@ -184,8 +184,8 @@ def test_every_candidate_survives_the_autotuners_timing_loop(tmp_path) -> None:
     GLM-4.5-Air's shape, in a subprocess with CUDA_LAUNCH_BLOCKING=1 and a fresh Triton
     cache (expert_gemm's run-18 fault showed only under this loop)."""
     env = child_env(CUDA_LAUNCH_BLOCKING="1", TRITON_CACHE_DIR=str(tmp_path))
-    pairs = ("Q4_K/Q5_0", "Q4_K/Q6_K")
+    pairs = ("Q4_K/Q5_0",)  # GLM-4.5-Air's mix: every candidate of both kernels compiles
     done = subprocess.run([sys.executable, "-c", TIMING_LOOP_SCRIPT, *pairs], env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.split().count("survived") == len(pairs), done.stdout
