@@ -172,3 +172,53 @@ def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     moe = SimpleNamespace(top_k=2, plain_experts=True)
     moe_prefill.warm_up_quantized(moe, grouped=False, stacks=blocks)
     assert calls[0] == 2
+
+
+# ---- engine -------------------------------------------------------------------------------
+
+
+# Random wide experts drive some gates far negative: exp(-g) overflows to inf, silu to -0.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+def test_engine_prefill_with_the_switch_on_stays_within_the_int8_rounding(
+        tmp_path, monkeypatch) -> None:
+    """A tiny Qwen3-MoE in GLM-4.5-Air's and Qwen3's expert mixes (gate and up Q4_K, down
+    Q5_0 and Q6_K on alternate layers), loaded with STRATA_EXPERT_MMQ=1: a 23-token prompt in
+    chunks of 16 through fast/prefill.py takes expert_mmq in every MoE layer, and its logits
+    stay within the int8 rounding of expert_gemm's (the switch off)."""
+    from strata.engine.core.fast import moe_grouped
+    from strata.engine.core.fast.prefill import prefill
+    from strata.engine.core.kv_cache import KVCache
+    from strata.engine.core.quant import expert_mmq
+    from tests.core.test_quant_experts import PROMPT, _engine, _gguf
+    from tests.helpers.quant_blocks import alternating_mix
+
+    mix = alternating_mix(("Q4_K", "Q4_K", "Q5_0"), ("Q4_K", "Q4_K", "Q6_K"))
+    path = _gguf(tmp_path, "qwen3_moe", "Q8_0", mix, wide=True)
+    monkeypatch.setenv("STRATA_EXPERT_MMQ", "1")
+    engine = _engine(path, monkeypatch, quantized=True)
+    calls = [0]
+    real = expert_mmq.experts_mlp
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(expert_mmq, "experts_mlp", counted)
+    # The last row's one-token MoE: the reference module in both runs (not this path).
+    monkeypatch.setattr(moe_grouped, "experts_triton", lambda moe, x, *args: moe(x))
+    try:
+        model = engine.model
+        ids = torch.tensor(PROMPT)
+
+        def logits() -> torch.Tensor:
+            kv = KVCache.for_config(model.config, 64)
+            return prefill(model, kv, ids, 0, chunk_tokens=16, moe_impl="triton")
+
+        got = logits()
+        assert calls[0] == 2 * (len(model.model.layers) - 1)  # as expert_gemm's engine test
+        monkeypatch.delenv("STRATA_EXPERT_MMQ")
+        expected = logits()
+        assert calls[0] == 2 * (len(model.model.layers) - 1)
+        _assert_close(got, expected.double(), rel=5e-2)
+    finally:
+        engine.close()
