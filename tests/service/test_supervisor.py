@@ -136,3 +136,17 @@ async def test_stop_during_a_generation_ends_the_stream_and_the_process(make_sup
     rest = await drain(stream)
     assert rest[-1].usage.finish_reason == "cancelled"
     assert process.exitcode == 0 and supervisor.state == "unloaded"
+
+
+async def test_a_clean_unload_keeps_its_exit_code_when_the_reader_read_none(make_supervisor,
+                                                                          monkeypatch):
+    """Run 37: the reader thread and the unload path both join the engine process; the one
+    that loses the race to reap it reads no exit code (multiprocessing's poll meets ECHILD),
+    and a clean unload left last_exit_code None. The reader's None is forced here."""
+    on_exit = Supervisor._on_exit
+    monkeypatch.setattr(Supervisor, "_on_exit",
+                        lambda self, handle, exit_code: on_exit(self, handle, None))
+    supervisor = make_supervisor()
+    await supervisor.ensure_loaded()
+    await supervisor.stop()
+    assert supervisor.last_exit_code == 0

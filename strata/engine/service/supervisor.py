@@ -288,6 +288,7 @@ class Supervisor:
         kept: list[int] = []
         if handle is None:
             return kept
+        was_current = handle is self._handle
         handle.is_exit_expected = True
         if handle.is_alive:
             for request_id in list(handle.streams):
@@ -315,6 +316,11 @@ class Supervisor:
             log.warning("engine reader of pid %d did not report the exit", handle.pid)
         if self._handle is handle:
             self._handle = None
+        # This path and the reader both join the process: the one that loses the race to reap
+        # it reads no exit code (multiprocessing's poll meets ECHILD), so the reader may have
+        # reported None for a clean exit (run 37). Both joins are over now.
+        if was_current and process.exitcode is not None:
+            self.last_exit_code = process.exitcode
         return kept
 
     def kill(self, reason: str) -> None:
