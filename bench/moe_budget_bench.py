@@ -401,10 +401,7 @@ def shrink_from_all(args, shape: FileShape, report: dict) -> None:
         # What the engine process runs once idle after a load (process.py): among it the
         # slot-table kernels' compile (GraphDecoder.warm_expert_cache) a live switch needs.
         started_s = time.perf_counter()
-        deferred = []
-        while engine.has_deferred_work:
-            deferred.append(engine.run_deferred_step())
-        report["deferred_work"] = {"steps": deferred,
+        report["deferred_work"] = {"steps": engine.run_deferred_work(),
                                    "seconds": time.perf_counter() - started_s}
         store = engine.memory.experts
         if store is None or engine.memory.expert_mode != "all":
