@@ -45,8 +45,8 @@ def main() -> int:
     engine = Engine(EngineConfig(model_path=args.gguf, device=args.device, num_slots=1,
                                  context_tokens=args.tokens + 128))
     engine.load()
-    while engine.has_deferred_work:
-        print("deferred:", engine.run_deferred_step(), flush=True)
+    for name in engine.run_deferred_work():
+        print("deferred:", name, flush=True)
     vocab = engine.model_config.vocab_size
     for seed in range(2):  # warm: captures, first compiles, KV mapped
         first_token_s(engine, f"warm-{seed}", prompt(vocab, 11 * args.tokens + seed,

@@ -15,6 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import moe_budget_bench as bench
+import moe_budget_llamacpp as budget_peer
 from random_gguf import write_random_gguf
 
 from strata.engine.core.model_config import ModelConfig
@@ -54,15 +55,15 @@ def test_a_budget_gives_both_engines_the_same_expert_bytes() -> None:
 def test_llama_bench_runs_with_ncmoe_and_its_json_is_read() -> None:
     args = bench.parser().parse_args(["f.gguf", "--llama-bench", "lb", "--prefill-tokens",
                                       "256", "--decode-tokens", "8"])
-    command = bench.llamacpp_command(args, bench.plan_budget(_shape(), 300 * MIB, 20 * MIB))
+    command = budget_peer.llamacpp_command(args, bench.plan_budget(_shape(), 300 * MIB, 20 * MIB))
     assert command[command.index("-ncmoe") + 1] == "2"
     assert command[command.index("-p") + 1] == "256" and command[command.index("-n") + 1] == "8"
-    peer = bench.parse_llama_bench("log line\n" + (DATA / "llama-bench-cpu.json").read_text(),
+    peer = budget_peer.parse_llama_bench("log line\n" + (DATA / "llama-bench-cpu.json").read_text(),
                                    256, 8)
     assert peer["prefill_tok_s"] == pytest.approx(671.018791)
     assert peer["decode_tok_s"] > 0 and peer["llamacpp"].startswith("0c1e570")
     with pytest.raises(ValueError, match="no result"):
-        bench.parse_llama_bench((DATA / "llama-bench-cpu.json").read_text(), 4096, 8)
+        budget_peer.parse_llama_bench((DATA / "llama-bench-cpu.json").read_text(), 4096, 8)
 
 
 def _fake_llama_bench(tmp_path: Path) -> Path:

@@ -323,6 +323,15 @@ class Engine(EngineLevels, EngineReport):
             return False
         return True
 
+    def run_deferred_work(self) -> list[str]:
+        """Every step the load left, now (run_deferred_step until none is left), as the
+        engine process runs them once idle: for callers without that loop (benchmarks,
+        tests). The steps' names."""
+        names = []
+        while self.has_deferred_work:
+            names.append(self.run_deferred_step())
+        return names
+
     def run_deferred_step(self) -> str:
         """Run one short step of the load's deferred work (the caller checks
         has_deferred_work first); its name. Raises what the step raised: the work then ends,

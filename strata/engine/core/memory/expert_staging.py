@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from strata.engine.core.memory.arena import Arena
 from strata.engine.core.memory.host_copy import side_stream
 from strata.units import MIB
 
@@ -87,6 +88,21 @@ class ExpertStaging:
         self.staged_bytes = [0] * num_layers
         self.gathered_bytes = [0] * num_layers
         self.num_copy_calls = 0
+
+    @classmethod
+    def in_own_arena(cls, store: Any, name: str, nbytes: int, num_layers: int
+                     ) -> tuple[Arena, ExpertStaging, int]:
+        """(arena, staging, bytes mapped): nbytes of staging for `store` in an arena of its
+        own on the store's backend (ExpertStore.add_staging). Raises ArenaMapError, with the
+        arena closed, when the memory is not there."""
+        arena = Arena(name, nbytes + 256, store.arena.backend, store.arena.chunk_bytes)
+        try:
+            mapped = arena.map()
+        except BaseException:
+            arena.close()
+            raise
+        flat = arena.allocate((nbytes // store.dtype.itemsize,), store.dtype)
+        return arena, cls(store, flat, num_layers), mapped
 
     @property
     def nbytes(self) -> int:

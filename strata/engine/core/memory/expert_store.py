@@ -122,8 +122,7 @@ class ExpertStore:
 
         # A partial cache also holds one layer's experts whole for prefill chunks
         # (expert_staging.py), after the slots: mapped and budgeted with them.
-        extra = 0 if self.max_slots >= total else staging_bytes(
-            [c.proj_bytes for c in self.classes], self.num_experts)
+        extra = 0 if self.max_slots >= total else self.staging_bytes_needed()
         self.arena = Arena(name, sum(c.max_slots * c.bytes_per_expert + 3 * 256
                                      for c in self.classes) + extra + 256, backend,
                            chunk_bytes)
@@ -136,7 +135,6 @@ class ExpertStore:
         # A store that held every expert at load and was shrunk live maps its staging in an
         # arena of its own (add_staging): the load's arena stays as it was.
         self.staging_arena: Arena | None = None
-        self._num_layers = num_layers
         # Allocated once (CUDA graphs keep their addresses), outside the arena: a release
         # unmaps the slots, never these. The mirror (the cache's global slot numbers) is
         # replaced, never written, on a change, so a step can keep the table it ran with
@@ -170,23 +168,14 @@ class ExpertStore:
         """What add_staging maps: one layer's experts whole, the largest class's."""
         return staging_bytes([c.proj_bytes for c in self.classes], self.num_experts)
 
-    def add_staging(self, name: str = "expert_staging") -> int:
-        """Map a staging area for prefill chunks (expert_staging.py) in an arena of its own:
-        a store built with every expert resident has none, and one shrunk live wants it.
-        Returns the bytes mapped (0 when it has one); raises ArenaMapError (nothing kept)
-        when the memory is not there."""
+    def add_staging(self) -> int:
+        """Map a staging area for prefill chunks in an arena of its own (a store built with
+        every expert resident has none; one shrunk live wants it); the bytes mapped (0: it
+        has one). Raises ArenaMapError (nothing kept) when the memory is not there."""
         if self.staging is not None:
             return 0
-        nbytes = self.staging_bytes_needed()
-        arena = Arena(name, nbytes + 256, self.arena.backend, self.arena.chunk_bytes)
-        try:
-            mapped = arena.map()
-        except BaseException:
-            arena.close()
-            raise
-        flat = arena.allocate((nbytes // self.dtype.itemsize,), self.dtype)
-        self.staging_arena = arena
-        self.staging = ExpertStaging(self, flat, self._num_layers)
+        self.staging_arena, self.staging, mapped = ExpertStaging.in_own_arena(
+            self, "expert_staging", self.staging_bytes_needed(), self.table.shape[0])
         return mapped
 
     def _check_float_layers(self, layers: dict[int, ExpertWeights],
