@@ -112,7 +112,7 @@ def test_a_layer_with_hits_and_misses_equals_its_resident_self(q4k_gguf, monkeyp
         for _ in range(64):  # until each kind has come (seeded: about 30)
             x = torch.randn(1, 256, generator=g)
             before = (cpu.num_layer_calls, cpu.num_overlapped_calls, sum(
-                partial.experts.num_cpu_experts))
+                partial.experts.traffic.num_cpu_experts))
             with torch.inference_mode():
                 want = moe_forward(want_layer, x, "triton")
                 got = moe_forward(got_layer, x, "triton")
@@ -120,7 +120,7 @@ def test_a_layer_with_hits_and_misses_equals_its_resident_self(q4k_gguf, monkeyp
             for out in (got, split):
                 assert float((out - want).abs().max()) <= LOGITS_TOLERANCE * float(
                     want.abs().max())
-            num_cpu = sum(partial.experts.num_cpu_experts) - before[2]
+            num_cpu = sum(partial.experts.traffic.num_cpu_experts) - before[2]
             kinds.add("mixed" if cpu.num_overlapped_calls > before[1] else
                       "all missed" if num_cpu else "all hit")
             assert cpu.num_layer_calls == before[0] + 2

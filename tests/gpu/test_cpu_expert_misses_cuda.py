@@ -144,12 +144,12 @@ def test_q4k_layer_with_hits_and_misses_equals_its_resident_self(tmp_path, monke
         g = torch.Generator().manual_seed(0)
         for _ in range(64):
             x = torch.randn(1, 256, generator=g).to("cuda", torch.bfloat16)
-            before = (cpu.num_overlapped_calls, sum(partial.experts.num_cpu_experts))
+            before = (cpu.num_overlapped_calls, sum(partial.experts.traffic.num_cpu_experts))
             with torch.inference_mode():
                 want = moe_forward(want_layer, x, "triton").float()
                 got = moe_forward(got_layer, x, "triton").float()
             assert float((got - want).abs().max()) <= BF16_TOLERANCE * float(want.abs().max())
-            num_cpu = sum(partial.experts.num_cpu_experts) - before[1]
+            num_cpu = sum(partial.experts.traffic.num_cpu_experts) - before[1]
             kinds.add("mixed" if cpu.num_overlapped_calls > before[0] else
                       "all missed" if num_cpu else "all hit")
             if len(kinds) == 3:

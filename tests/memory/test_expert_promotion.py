@@ -115,7 +115,7 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     sharing an expert read it once, and padding rows after the real ones route too but
     must not move anything in."""
     store = _store(backend, num_slots=4, num_layers=1)  # experts 0..3 preloaded
-    preloaded, preload_calls = store.status()["copied_bytes"], store.num_copy_calls
+    preloaded, preload_calls = store.status()["copied_bytes"], store.traffic.num_copy_calls
     promotion = ExpertPromotion(store)
     hits, misses = store.cache.num_hits, store.cache.num_misses
     store.step_ids[0, :4] = torch.tensor([[0, 4], [4, 1], [0, 1], [5, 6]])  # row 3: padding
@@ -216,20 +216,20 @@ def test_misses_computed_on_the_cpu_are_not_counted_as_host_reads_per_step(backe
     promotion = ExpertPromotion(store)
     per_expert = store.bytes_of(1)
     promotion.before_step()
-    store.note_cpu_experts(1, 1)  # step 1 routes two misses in layer 1, one on the CPU
+    store.traffic.note_cpu_experts(1, 1)  # step 1 routes two misses in layer 1, one on the CPU
     _route(store, promotion, {0: [0, 1], 1: [2, 3]})
-    store.note_cpu_experts(1, 2)  # step 2 is running: both its misses on the CPU
+    store.traffic.note_cpu_experts(1, 2)  # step 2 is running: both its misses on the CPU
     promotion.collect()  # step 1 only: one of its misses was read in place
-    assert store.host_read_bytes[1] == 1 * per_expert
+    assert store.traffic.host_read_bytes[1] == 1 * per_expert
     for layer, experts in {0: [0, 1], 1: [4, 5]}.items():
         store.step_ids[layer, 0] = torch.tensor(experts)
     promotion.after_step()
     promotion.collect()
-    assert store.host_read_bytes[1] == 1 * per_expert  # none of step 2's
-    assert store.num_cpu_experts[1] == 3
-    store.note_cpu_experts(1, 1)  # a prefill's, before the next step
+    assert store.traffic.host_read_bytes[1] == 1 * per_expert  # none of step 2's
+    assert store.traffic.num_cpu_experts[1] == 3
+    store.traffic.note_cpu_experts(1, 1)  # a prefill's, before the next step
     promotion.before_step()
     _route(store, promotion, {0: [0, 1], 1: [6, 7]})
     promotion.collect()
-    assert store.host_read_bytes[1] == 3 * per_expert  # both of this step's were read
+    assert store.traffic.host_read_bytes[1] == 3 * per_expert  # both of this step's were read
     store.close()

@@ -187,7 +187,7 @@ class LayerCpuMisses:
     def _submit(self, moe, x_host: torch.Tensor, expert_ids: list[int], weights: list[float],
                 on_cpu: list[int]) -> Future:
         shared = self.shared
-        shared.store.note_cpu_experts(self.layer, len(on_cpu))
+        shared.store.traffic.note_cpu_experts(self.layer, len(on_cpu))
         return shared.submit(self.layer, x_host, [expert_ids[i] for i in on_cpu],
                              [weights[i] for i in on_cpu], shared.epilogue(self.layer, moe))
 

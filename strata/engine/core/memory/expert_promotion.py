@@ -68,7 +68,7 @@ class ExpertPromotion:
         """Refuse a released cache (a step would read unmapped slots), then act on what the
         finished steps and copies have made known."""
         self.store.check_mapped()
-        self.store.take_cpu_experts()  # since the last step: a prefill's, no step's
+        self.store.traffic.take_cpu_experts()  # since the last step: a prefill's, no step's
         self.collect()
         self.land()
 
@@ -84,7 +84,7 @@ class ExpertPromotion:
             ids, ready = self.store.step_ids.clone(), None
         ids = ids[:, :num_rows]
         self._steps.append(_RoutedStep(ids, ready, self.store.table_mirror,
-                                       self.store.take_cpu_experts()))
+                                       self.store.traffic.take_cpu_experts()))
 
     def collect(self) -> None:
         """For every step whose ids have arrived: count, choose slots, start the copies."""
