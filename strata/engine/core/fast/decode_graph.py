@@ -186,6 +186,11 @@ class GraphDecoder:
         if self.moe_impl != "loop":
             self.set_step_hook(hook)
         self.clear()
+        if self._graph_runner is not None:
+            # A running stream's next step needs a graph over the slot table: spread its
+            # warm-up over real steps so no step waits for a whole capture (the live
+            # shrink's pause; docs/benchmarks.md, run 38).
+            self._graph_runner.spread_capture = True
         self.prefiller.use_expert_cache()
         if has_cpu_misses(moe_layers):  # the whole-step graphs cannot wait for the host
             had_graphs = self.use_cuda_graphs
