@@ -315,6 +315,7 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
             if args.cpu_preconvert and engine.memory.cpu_misses is not None:
                 started = time.perf_counter()
                 made = engine.memory.cpu_misses.preconvert()
+                engine.memory.cpu_misses.wait_converted()  # "on" converts all as it starts
                 rows["cpu_preconvert"] = {"experts": made,
                                           "seconds": time.perf_counter() - started}
             for routing in args.routings:

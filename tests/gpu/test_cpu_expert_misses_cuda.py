@@ -30,6 +30,8 @@ def _build(expert_cache: str, mode: str):
     backend = backend_for("cuda")
     memory = ModelMemory(backend, torch.bfloat16, mode)
     model = memory.build(CONFIG, RandomWeights(backend.device, std=0.1), expert_cache)
+    if memory.cpu_misses is not None:
+        memory.cpu_misses.wait_converted()  # "on" converts every expert as it starts
     return memory, model
 
 

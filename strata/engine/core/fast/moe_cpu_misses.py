@@ -14,9 +14,11 @@ With `cpu_expert_misses` on, a one-token MoE layer over the slot table:
    by a hit's id with weight 0 (a second read of a slot, from VRAM), or none when all missed;
 5. adds the CPU's [H] sum, copied to the device, to the GPU's.
 
-"on" computes every miss on the CPU (converting a missed expert on first use: 19-43 ms);
-"auto" computes those whose CPU form is kept and reads the rest over PCIe as before, their
-conversion queued on a second worker for the next time. `LayerCpuMisses.routed` does all
+A miss is computed on the CPU only when its CPU form is kept; the others are read over PCIe
+as before and their conversion is queued on a second worker for the next time. Converting
+on the decode path (19-43 ms an expert) held run 38's 30B at 1 tok/s. "on" also queues, as
+it starts, the forms of every expert (those without a slot first) up to the cache's bound;
+"auto" makes only those of experts that missed. `LayerCpuMisses.routed` does all
 this in one call (called steps); its phases stage / split / hits / join / combine do it
 across the segments of a step cut for graphs (forward.decode_step_segments,
 split_runner.py), split and join being the host's work between two segments. A layer
@@ -59,13 +61,17 @@ class CpuMisses:
         # computed while the CPU computed their misses.
         self.num_layer_calls = 0
         self.num_overlapped_calls = 0
+        if mode == "on":
+            self._convert.submit(self._convert_all)
 
     def for_layer(self, layer: int) -> LayerCpuMisses:
         """Layer's view, for its SlotLayout."""
         return LayerCpuMisses(self, layer)
 
     def is_kept(self, layer: int, expert: int) -> bool:
-        return (layer, expert) in self.cache
+        """Whether the expert's CPU form is ready: kept, or a float expert's (views of the
+        host copy, made at once)."""
+        return not self.store.is_quantized or (layer, expert) in self.cache
 
     def convert_later(self, layer: int, expert: int) -> None:
         """Queue one expert's conversion on the second worker (once while queued)."""
@@ -104,15 +110,22 @@ class CpuMisses:
 
         return self._compute.submit(compute)
 
-    def preconvert(self) -> int:
-        """Make the CPU forms of the experts with no slot now, layer by layer, while they
-        fit the cache's bound (a benchmark's warm-up, so "on" is timed without its first
-        conversions); returns how many were made."""
+    def _convert_all(self) -> None:
+        """"on"'s start: the CPU forms of the experts without a slot, then of the others (a
+        slot's expert misses once evicted), while they fit the cache's bound."""
+        self.preconvert()
+        self.preconvert(slotted=True)
+
+    def preconvert(self, slotted: bool = False) -> int:
+        """Make the CPU forms of the experts with no slot now (with slotted, of those with
+        one), layer by layer, while they fit the cache's bound ("on"'s start, on the
+        conversion worker; a benchmark's warm-up); returns how many were made."""
         cache, store = self.cache, self.store
         made, largest = 0, 0
         with torch.inference_mode():
             for layer in store.layer_ids:
-                for expert in (store.table_mirror[layer] < 0).nonzero()[:, 0].tolist():
+                unslotted = store.table_mirror[layer] < 0
+                for expert in (~unslotted if slotted else unslotted).nonzero()[:, 0].tolist():
                     if (layer, expert) in cache:
                         continue
                     if cache.nbytes + largest > cache.limit_bytes:
@@ -170,19 +183,17 @@ class LayerCpuMisses:
 
     def _choose(self, expert_ids: list[int]) -> list[int]:
         """Indices of the routed experts the CPU computes: the misses by the host mirror of
-        the slot table; with auto only those whose CPU form is kept (the rest are queued
-        for conversion and read in place meanwhile)."""
+        the slot table whose CPU form is kept (the rest are queued for conversion and read
+        in place meanwhile: never converted on the decode path)."""
         shared = self.shared
         table = shared.store.table_mirror[self.layer]
         missed = [i for i, e in enumerate(expert_ids) if int(table[e]) < 0]
-        if shared.mode == "auto":
-            kept = [i for i in missed if shared.is_kept(self.layer, expert_ids[i])]
-            for i in missed:
-                if i not in kept:
-                    shared.convert_later(self.layer, expert_ids[i])
-            missed = kept
+        kept = [i for i in missed if shared.is_kept(self.layer, expert_ids[i])]
+        for i in missed:
+            if i not in kept:
+                shared.convert_later(self.layer, expert_ids[i])
         shared.num_layer_calls += 1
-        return missed
+        return kept
 
     def _submit(self, moe, x_host: torch.Tensor, expert_ids: list[int], weights: list[float],
                 on_cpu: list[int]) -> Future:
