@@ -314,9 +314,10 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
                 "expert_mapped_bytes": store.arena.resident_bytes})
             if args.cpu_preconvert and engine.memory.cpu_misses is not None:
                 started = time.perf_counter()
-                made = engine.memory.cpu_misses.preconvert()
-                engine.memory.cpu_misses.wait_converted()  # "on" converts all as it starts
-                rows["cpu_preconvert"] = {"experts": made,
+                cpu_misses = engine.memory.cpu_misses
+                cpu_misses.preconvert()
+                cpu_misses.wait_converted()  # "on" converts every expert as it starts
+                rows["cpu_preconvert"] = {"experts": len(cpu_misses.cache),
                                           "seconds": time.perf_counter() - started}
             for routing in args.routings:
                 if time.monotonic() > args.deadline:
