@@ -3,7 +3,7 @@ llama.cpp's experts on the CPU (issue 54's first deliverable).
 
     python bench/moe_budget_bench.py FILE.gguf [--budgets 8GiB 12GiB 16GiB]
         [--routings zipf uniform model] [--zipf-s 1.0] [--p-reuse 0.3] [--seed 0]
-        [--decode-tokens 128] [--warmup-tokens 16] [--prefill-tokens 4096]
+        [--decode-tokens 128] [--warmup-tokens 256] [--prefill-tokens 4096]
         [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
         [--cpu-misses off|on|auto] [--cpu-threads N] [--cpu-miss-graphs]
         [--cpu-cache-gib 4] [--cpu-preconvert]
@@ -28,8 +28,11 @@ experts on the CPU every token reads them from RAM whichever they are, so its ro
 depend on the routing.
 
 Per row: decode tok/s over --decode-tokens after --warmup-tokens (batch 1, greedy, the
-server's CUDA graphs), prefill tok/s of a fresh --prefill-tokens prompt (the load's first
-row prefills one more before, unmeasured: it compiles), the expert cache's hit rate over the
+server's CUDA graphs; the warm-up lets the cache settle on the trace's popularity after the
+resize, as it has in a session that has run for a while: a cold cache copies ~50 experts a
+token for its first ~100, tests/memory/test_expert_policy.py), prefill tok/s of a fresh
+--prefill-tokens prompt (the load's first row prefills one more before, unmeasured: it
+compiles), the expert cache's hit rate over the
 decode, and the bytes moved from host to device per decoded token (copies into slots plus
 experts read in place from the pinned host copy), split into the two, with the fraction of
 misses the cache's admission left on the host, the copy calls a token and the rate the
@@ -374,7 +377,7 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
     """After every budget's routing rows (the profiler slows what runs after it): per budget
     a decode profile under the zipf trace from a fresh resize (--profile-steps), then the
     shrink while a stream decodes (--shrink-pause)."""
-    from moe_budget_extras import profile_row, shrink_pause_row
+    from moe_budget_extras import print_shrink, profile_row, shrink_pause_row
 
     from strata.engine.core.models.forced_routing import ForcedRouting
 
@@ -411,61 +414,6 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
         report["shrink_pause"] = row
         print_shrink(row)
         write_json(report, args.json)
-
-
-def print_shrink(row: dict) -> None:
-    print(f"shrink {row['from_slots']} -> {row['to_slots']} slots ({row['to_label']}) while "
-          f"decoding: {row['tokens_received']} of {row['tokens_asked']} tokens, largest "
-          f"gap {row['max_gap_ms']:.1f} ms, the shrink's gap {row['shrink_gap_ms']:.1f} ms, "
-          f"median {row['median_gap_ms']:.1f} ms, resize {row['resize_s']:.3f} s, tokens "
-          f"equal the unshrunk run: {row['tokens_equal_unshrunk']}", flush=True)
-
-
-def shrink_from_all(args, shape: FileShape, report: dict) -> None:
-    """--shrink-from-all: issue 54's starting point, every expert resident (wired into the
-    model at load), then the shrink to --shrink-to between two tokens of a stream: the live
-    switch to the partial cache (ModelMemory.switch_to_slots) and its first graph capture."""
-    from moe_budget_extras import shrink_pause_row
-
-    from strata.engine.core.engine import Engine, EngineConfig
-
-    context = args.prefill_tokens + args.shrink_tokens + 64
-    engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
-                                 context_tokens=context, expert_cache="all"))
-    try:
-        started_s = time.perf_counter()
-        info = engine.load()
-        report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
-        # What the engine process runs once idle after a load (process.py): among it the
-        # slot-table kernels' compile (GraphDecoder.warm_expert_cache) a live switch needs.
-        started_s = time.perf_counter()
-        report["deferred_work"] = {"steps": engine.run_deferred_work(),
-                                   "seconds": time.perf_counter() - started_s}
-        store = engine.memory.experts
-        if store is None or engine.memory.expert_mode != "all":
-            raise SystemExit(f"the experts did not all load resident "
-                             f"({engine.memory.expert_mode})")
-        non_expert = None
-        if args.device == "cuda":  # as strata_rows sizes its budgets
-            from quant_bench import vram_used_bytes
-
-            decode_row(engine, 4, 0)
-            prefill_row(engine, args.prefill_tokens, "sizing", warm_up=True)
-            held, _ = vram_used_bytes()
-            non_expert = held - store.arena.resident_bytes
-            report["non_expert_vram_bytes"] = non_expert
-        target = plan_budget(shape, args.shrink_to, args.reserve_mib * MIB)
-        row = shrink_pause_row(engine, store.max_slots,
-                               budget_slots(args, store, target, non_expert),
-                               args.shrink_tokens, args.shrink_after)
-        row |= {"to_label": target.label, "from_all_resident": True,
-                "mode_after": engine.memory.expert_mode}
-        report["shrink_pause"] = row
-        print_shrink(row)
-        write_json(report, args.json)
-    finally:
-        engine.close()
-        sync()
 
 
 def figures(args, plans: list[BudgetPlan], report: dict) -> list[dict]:
@@ -542,6 +490,8 @@ def run(args) -> dict:
         tools = unpack_tools(Path(args.bin_dir), Path("/tmp/llamacpp-bin"), print)
         args.llama_bench = args.llama_bench or tools.get("llama-bench")
     if args.shrink_from_all:  # that row alone: its own all-resident load
+        from moe_budget_extras import shrink_from_all
+
         shrink_from_all(args, shape, report)
         return report
     if args.llama_bench:
@@ -582,7 +532,8 @@ def parser() -> argparse.ArgumentParser:
                    help="after each resize, make the CPU forms of the experts with no slot "
                    "(up to --cpu-cache-gib) before the rows")
     p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--warmup-tokens", type=int, default=16)
+    p.add_argument("--warmup-tokens", type=int, default=256,
+                   help="decoded before the timed tokens of each row (run 38 and before: 16)")
     p.add_argument("--prefill-tokens", type=int, default=4096)
     p.add_argument("--reserve-mib", type=int, default=RESERVE_MIB,
                    help="of each budget, what KV, activations and graphs keep (llama.cpp's "
