@@ -1,25 +1,31 @@
-"""One MoE layer's prefill chunk over quantized experts on the GPU (issue 19): the grouped
-kernels that decode GGML blocks in their K loop (quant/expert_gemm.py) against the other
-path (quant/expert_grouped.py: experts dequantized a group at a time into a bf16 scratch,
-then torch._grouped_mm), per GGML type, at Qwen3-30B-A3B's shape by default. (Per token
-count, to read the crossover off: bench/diag_dequant.py --part moe.)
+"""One MoE layer's prefill chunk over quantized experts on the GPU (issues 19, 52): the grouped
+kernels that decode GGML blocks in their K loop (quant/expert_gemm.py), the int8 products
+(quant/expert_mmq.py, opt-in STRATA_EXPERT_MMQ=1) and the other path
+(quant/expert_grouped.py: experts dequantized a group at a time into a bf16 scratch, then
+torch._grouped_mm), per GGML type, at Qwen3-30B-A3B's shape by default or GLM-4.5-Air's
+(--shape glm-4.5-air: hidden 4096, experts 1408 wide, 128 of them, top-8; gate and up Q4_K,
+down Q5_0 or Q8_0, as its Q4_K_M file). (Per token count, to read expert_gemm's crossover
+off: bench/diag_dequant.py --part moe.)
 
-Both run the engine's code for the layer (moe_prefill.moe_block: router, sort by expert,
-experts, weighted sum), on random blocks and random tokens; "new" is expert_gemm, forced
-by raising the crossover; "old" the grouped path, forced by switching
-moe_prefill.decodes_in_gemm off. Prints one row per type (microseconds per layer,
-the speed-up, the new path's matrix TFLOP/s, the tiles the autotuner chose, the largest
-difference between the two outputs), then one JSON line. The first run compiles and
+All run the engine's code for the layer (moe_prefill.moe_block: router, sort by expert,
+experts, weighted sum), on random blocks and random tokens; "gemm" is expert_gemm, forced
+by raising the crossover; "mmq" expert_mmq, by STRATA_EXPERT_MMQ=1; "old" the grouped path,
+forced by switching moe_prefill.decodes_in_gemm off. Prints one row per type and token
+count (microseconds per layer, each path's speed-up over old, the matrix TFLOP/s, the tiles
+the autotuner chose, the largest difference from old), then one JSON line. A type is one
+name for all three projections or GATE_UP/DOWN (Q4_K/Q5_0). The first run compiles and
 autotunes every tile candidate (Triton's disk cache keeps them for the next);
 --first-config skips the autotuning for a quick check.
 
-    python bench/diag_moe_prefill.py [--types Q4_K,Q6_K] [--tokens 512] [--first-config]
+    python bench/diag_moe_prefill.py [--types Q4_K,Q6_K] [--tokens 512,4096] [--first-config]
+    python bench/diag_moe_prefill.py --shape glm-4.5-air --tokens 512,4096
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -53,14 +59,42 @@ def _chosen(tuned) -> str:
             f"/s{kw['STAGES']}")
 
 
+# name: (experts, hidden, expert width, top-k, default types)
+SHAPES = {"qwen3-30b-a3b": (128, 2048, 768, 8, "Q4_K,Q6_K"),
+          "glm-4.5-air": (128, 4096, 1408, 8, "Q4_K/Q5_0,Q4_K/Q8_0")}
+
+
+def _types(name: str) -> tuple:
+    """(gate and up type, down type) of a --types entry: Q4_K or Q4_K/Q5_0."""
+    gate_up, _, down = name.partition("/")
+    return GGMLQuantizationType[gate_up], GGMLQuantizationType[down or gate_up]
+
+
+def _time_path(moe_prefill, moe, x, repeats: int, mmq: bool, dequant: bool):
+    """(output, microseconds per layer) of moe_block by one path: expert_mmq (mmq), the
+    dequantizing path (dequant) or expert_gemm (neither)."""
+    decodes = moe_prefill.decodes_in_gemm
+    if mmq:
+        os.environ["STRATA_EXPERT_MMQ"] = "1"
+    if dequant:
+        moe_prefill.decodes_in_gemm = lambda *stacks: False
+    try:
+        out = moe_prefill.moe_block(moe, x)  # compiles and autotunes
+        return out, time_s(lambda: moe_prefill.moe_block(moe, x), repeats) * 1e6
+    finally:
+        os.environ.pop("STRATA_EXPERT_MMQ", None)
+        moe_prefill.decodes_in_gemm = decodes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--types", default="Q4_K,Q6_K")
-    parser.add_argument("--experts", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--inter", type=int, default=768)
-    parser.add_argument("--top-k", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
+    parser.add_argument("--types", help="comma-separated; default: the shape's")
+    parser.add_argument("--experts", type=int)
+    parser.add_argument("--hidden", type=int)
+    parser.add_argument("--inter", type=int)
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--tokens", default="512", help="comma-separated token counts")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--first-config", action="store_true",
                         help="no autotuning: each kernel's first tile candidate")
@@ -70,49 +104,57 @@ def main() -> int:
 
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.models.switch import SparseMoE
-    from strata.engine.core.quant import expert_gemm, expert_grouped
+    from strata.engine.core.quant import expert_gemm, expert_grouped, expert_mmq
 
     if args.first_config:
-        for tuned in (expert_gemm._gate_up_tuned, expert_gemm._down_tuned):
+        for tuned in (expert_gemm._gate_up_tuned, expert_gemm._down_tuned,
+                      expert_mmq._gate_up_tuned, expert_mmq._down_tuned):
             tuned.configs = tuned.configs[:1]
-    e, h, i, k, t = args.experts, args.hidden, args.inter, args.top_k, args.tokens
+    shape = SHAPES[args.shape]
+    e, h, i, k = (given or default for given, default in zip(
+        (args.experts, args.hidden, args.inter, args.top_k), shape))
     moe = SparseMoE(h, i, e, k, True).cuda().bfloat16()
-    expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = 1 << 30  # "new": expert_gemm at any count
-    x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
-    flops = 2 * t * k * 3 * h * i  # the routed rows' three projections
-    decodes = moe_prefill.decodes_in_gemm
+    expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = 1 << 30  # "gemm": expert_gemm at any count
     rows = []
-    print(f"{'experts':8} {'tokens':>6} {'old_us':>9} {'new_us':>9} {'speedup':>7} "
-          f"{'TFLOP/s':>7}  gate_up tile / down tile   max_diff")
-    for type_name in args.types.split(","):
-        qtype = GGMLQuantizationType[type_name]
-        _set_experts(moe, [_random_experts(qtype, e, i, h), _random_experts(qtype, e, i, h),
-                           _random_experts(qtype, e, h, i)])
-        assert decodes(moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
-        new = moe_prefill.moe_block(moe, x)  # compiles and autotunes
-        new_us = time_s(lambda: moe_prefill.moe_block(moe, x), args.repeats) * 1e6
-        moe_prefill.decodes_in_gemm = lambda *stacks: False
-        try:
-            old = moe_prefill.moe_block(moe, x)
-            old_us = time_s(lambda: moe_prefill.moe_block(moe, x), args.repeats) * 1e6
-        finally:
-            moe_prefill.decodes_in_gemm = decodes
-        diff = (new.float() - old.float()).abs().max().item()
-        scale = old.float().abs().max().item()
-        row = {"experts": type_name, "tokens": t, "old_us": round(old_us, 1),
-               "new_us": round(new_us, 1), "speedup": round(old_us / new_us, 2),
-               "new_tflops": round(flops / new_us / 1e6, 1),
-               "gate_up_tile": _chosen(expert_gemm._gate_up_tuned),
-               "down_tile": _chosen(expert_gemm._down_tuned),
-               "max_abs_diff": round(diff, 5), "rel_diff": round(diff / max(scale, 1e-30), 5)}
-        rows.append(row)
-        print(f"{type_name:8} {t:6d} {old_us:9.1f} {new_us:9.1f} {row['speedup']:7.2f} "
-              f"{row['new_tflops']:7.1f}  {row['gate_up_tile']} / {row['down_tile']}   "
-              f"{diff:.4g} (of {scale:.3g})", flush=True)
+    print(f"{'experts':10} {'tokens':>6} {'old_us':>9} {'gemm_us':>9} {'mmq_us':>9} "
+          f"{'gemm_x':>6} {'mmq_x':>6} {'mmq_TF/s':>8}  gemm tiles | mmq tiles   "
+          f"max_diff gemm, mmq")
+    for type_name in (args.types or shape[4]).split(","):
+        gate_up_type, down_type = _types(type_name)
+        _set_experts(moe, [_random_experts(gate_up_type, e, i, h),
+                           _random_experts(gate_up_type, e, i, h),
+                           _random_experts(down_type, e, h, i)])
+        stacks = (moe.experts.gate_proj, moe.experts.up_proj, moe.experts.down_proj)
+        assert moe_prefill.decodes_in_gemm(*stacks) and expert_mmq.supports(*stacks)
+        for t in (int(n) for n in args.tokens.split(",")):
+            x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+            flops = 2 * t * k * 3 * h * i  # the routed rows' three projections
+            gemm, gemm_us = _time_path(moe_prefill, moe, x, args.repeats, False, False)
+            mmq, mmq_us = _time_path(moe_prefill, moe, x, args.repeats, True, False)
+            old, old_us = _time_path(moe_prefill, moe, x, args.repeats, False, True)
+            scale = old.float().abs().max().item()
+            gemm_diff = (gemm.float() - old.float()).abs().max().item()
+            mmq_diff = (mmq.float() - old.float()).abs().max().item()
+            row = {"experts": type_name, "tokens": t, "old_us": round(old_us, 1),
+                   "gemm_us": round(gemm_us, 1), "mmq_us": round(mmq_us, 1),
+                   "gemm_speedup": round(old_us / gemm_us, 2),
+                   "mmq_speedup": round(old_us / mmq_us, 2),
+                   "mmq_tflops": round(flops / mmq_us / 1e6, 1),
+                   "gemm_tiles": f"{_chosen(expert_gemm._gate_up_tuned)} / "
+                                 f"{_chosen(expert_gemm._down_tuned)}",
+                   "mmq_tiles": f"{_chosen(expert_mmq._gate_up_tuned)} / "
+                                f"{_chosen(expert_mmq._down_tuned)}",
+                   "gemm_rel_diff": round(gemm_diff / max(scale, 1e-30), 5),
+                   "mmq_rel_diff": round(mmq_diff / max(scale, 1e-30), 5)}
+            rows.append(row)
+            print(f"{type_name:10} {t:6d} {old_us:9.1f} {gemm_us:9.1f} {mmq_us:9.1f} "
+                  f"{row['gemm_speedup']:6.2f} {row['mmq_speedup']:6.2f} "
+                  f"{row['mmq_tflops']:8.1f}  {row['gemm_tiles']} | {row['mmq_tiles']}   "
+                  f"{gemm_diff:.4g}, {mmq_diff:.4g} (of {scale:.3g})", flush=True)
     print(json.dumps({"figure": "moe_prefill_layer_us", "gpu": torch.cuda.get_device_name(),
                       "torch": torch.__version__, "triton": triton.__version__,
-                      "shape": {"experts": e, "hidden": h, "inter": i, "top_k": k,
-                                "tokens": t},
+                      "shape": {"name": args.shape, "experts": e, "hidden": h, "inter": i,
+                                "top_k": k},
                       "autotuned": not args.first_config, "rows": rows,
                       "elapsed_s": round(time.perf_counter() - started_s, 1)}))
     return 0

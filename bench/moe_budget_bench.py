@@ -3,8 +3,10 @@ llama.cpp's experts on the CPU (issue 54's first deliverable).
 
     python bench/moe_budget_bench.py FILE.gguf [--budgets 8GiB 12GiB 16GiB]
         [--routings zipf uniform model] [--zipf-s 1.0] [--p-reuse 0.3] [--seed 0]
-        [--decode-tokens 128] [--warmup-tokens 16] [--prefill-tokens 4096]
+        [--decode-tokens 128] [--warmup-tokens 256] [--prefill-tokens 4096]
         [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
+        [--cpu-misses off|on|auto] [--cpu-threads N] [--cpu-miss-graphs]
+        [--cpu-cache-gib 4] [--cpu-preconvert]
 
 Budget arithmetic, the same for both engines: of a budget B, the experts may hold
     expert_bytes(B) = B - dense - reserve
@@ -26,8 +28,11 @@ experts on the CPU every token reads them from RAM whichever they are, so its ro
 depend on the routing.
 
 Per row: decode tok/s over --decode-tokens after --warmup-tokens (batch 1, greedy, the
-server's CUDA graphs), prefill tok/s of a fresh --prefill-tokens prompt (the load's first
-row prefills one more before, unmeasured: it compiles), the expert cache's hit rate over the
+server's CUDA graphs; the warm-up lets the cache settle on the trace's popularity after the
+resize, as it has in a session that has run for a while: a cold cache copies ~50 experts a
+token for its first ~100, tests/memory/test_expert_policy.py), prefill tok/s of a fresh
+--prefill-tokens prompt (the load's first row prefills one more before, unmeasured: it
+compiles), the expert cache's hit rate over the
 decode, and the bytes moved from host to device per decoded token (copies into slots plus
 experts read in place from the pinned host copy), split into the two, with the fraction of
 misses the cache's admission left on the host, the copy calls a token and the rate the
@@ -36,6 +41,15 @@ layers staged from the host copy and gathered from slots, its staging copy calls
 staging area's size (memory/expert_staging.py). On a GPU Strata's slots per
 budget come from the VRAM the process holds beside them (measured after a decode and a long
 prompt) and the chunks the slot arena keeps mapped (ExpertStore.slots_within).
+--cpu-misses on|auto loads Strata with cpu_expert_misses so (fast/moe_cpu_misses.py: one
+token's misses computed on the CPU while the GPU computes the hits; decode steps called, not
+replayed from graphs); each row then also has the misses computed on the CPU per token, the
+CPU forms converted during the timed decode and the bytes they hold; --cpu-miss-graphs
+replays the step cut at each MoE layer as CUDA graphs instead (fast/split_runner.py,
+STRATA_CPU_MISS_GRAPHS=1); --cpu-preconvert makes the CPU forms of the experts with no slot
+after each resize, up to --cpu-cache-gib (EngineConfig.cpu_expert_cache_bytes), so "on" is
+timed without its first conversions. Run the bench once per mode on one machine to compare
+on, off and llama.cpp.
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
 row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
 versions, figure, limit, ratio).
@@ -45,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -158,13 +173,18 @@ def plan_budget(shape: FileShape, budget_bytes: int, reserve_bytes: int) -> Budg
     return BudgetPlan(budget_bytes, expert_bytes, slots, ncmoe, on_gpu)
 
 
+CPU_COUNTERS = ("num_cpu_conversions", "cpu_convert_s", "num_cpu_split_layers",
+                "num_cpu_overlapped_layers")  # with --cpu-misses on or auto
+
+
 def expert_counters(engine) -> dict:
     """The expert cache's running totals (ExpertStore.status())."""
     status = engine.memory.experts.status()
     return {key: status[key] for key in ("num_hits", "num_misses", "num_left_out",
                                          "num_evictions", "copied_bytes", "host_read_bytes",
                                          "num_copy_calls", "timed_copy_bytes",
-                                         "copy_seconds")}
+                                         "copy_seconds", "num_cpu_experts", *CPU_COUNTERS)
+            if key in status}
 
 
 def layer_counters(engine) -> dict[int, dict]:
@@ -207,6 +227,9 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
             "copy_gb_s": (delta["timed_copy_bytes"] / delta["copy_seconds"] / 1e9
                           if delta["copy_seconds"] > 0 else None),
             "copy_calls_per_token": delta["num_copy_calls"] / timed,
+            # Misses computed on the CPU instead of read in place (--cpu-misses).
+            "cpu_experts_per_token": delta["num_cpu_experts"] / timed,
+            "cpu_conversions": delta.get("num_cpu_conversions"),
             "counters": delta, "layers": layers}
 
 
@@ -242,12 +265,23 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     from strata.engine.core.models.forced_routing import ForcedRouting
 
     context = args.prefill_tokens + args.decode_tokens + args.warmup_tokens + 64
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)  # the CPU experts' intra-op threads
+    if args.cpu_miss_graphs:
+        os.environ["STRATA_CPU_MISS_GRAPHS"] = "1"  # read when the decoder is built
     engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
                                  context_tokens=context,
-                                 expert_cache=str(max(p.slots for p in plans))))
+                                 expert_cache=str(max(p.slots for p in plans)),
+                                 cpu_expert_misses=args.cpu_misses,
+                                 cpu_expert_cache_bytes=int(args.cpu_cache_gib * GIB)))
+    report["cpu_expert_misses"] = args.cpu_misses
+    report["cpu_threads"] = torch.get_num_threads()
     started_s = time.perf_counter()
     info = engine.load()
     report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
+    # Whether decode with CPU misses replays split graphs (--cpu-miss-graphs) or is called.
+    report["cpu_miss_graphs"] = bool(args.cpu_misses != "off" and engine.fast is not None
+                                     and engine.fast.use_cuda_graphs)
     report["device"] = device_identity(engine.device)
     store = engine.memory.experts
     if store is None or engine.memory.expert_mode != "slots":
@@ -281,6 +315,13 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
             rows: dict = strata.setdefault(plan.label, {
                 "resize": resized, "slots": slots,
                 "expert_mapped_bytes": store.arena.resident_bytes})
+            if args.cpu_preconvert and engine.memory.cpu_misses is not None:
+                started = time.perf_counter()
+                cpu_misses = engine.memory.cpu_misses
+                cpu_misses.preconvert()
+                cpu_misses.wait_converted()  # "on" converts every expert as it starts
+                rows["cpu_preconvert"] = {"experts": len(cpu_misses.cache),
+                                          "seconds": time.perf_counter() - started}
             for routing in args.routings:
                 if time.monotonic() > args.deadline:
                     rows[routing] = {"skipped": "deadline"}
@@ -336,7 +377,7 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
     """After every budget's routing rows (the profiler slows what runs after it): per budget
     a decode profile under the zipf trace from a fresh resize (--profile-steps), then the
     shrink while a stream decodes (--shrink-pause)."""
-    from moe_budget_extras import profile_row, shrink_pause_row
+    from moe_budget_extras import print_shrink, profile_row, shrink_pause_row
 
     from strata.engine.core.models.forced_routing import ForcedRouting
 
@@ -373,61 +414,6 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
         report["shrink_pause"] = row
         print_shrink(row)
         write_json(report, args.json)
-
-
-def print_shrink(row: dict) -> None:
-    print(f"shrink {row['from_slots']} -> {row['to_slots']} slots ({row['to_label']}) while "
-          f"decoding: {row['tokens_received']} of {row['tokens_asked']} tokens, largest "
-          f"gap {row['max_gap_ms']:.1f} ms, the shrink's gap {row['shrink_gap_ms']:.1f} ms, "
-          f"median {row['median_gap_ms']:.1f} ms, resize {row['resize_s']:.3f} s, tokens "
-          f"equal the unshrunk run: {row['tokens_equal_unshrunk']}", flush=True)
-
-
-def shrink_from_all(args, shape: FileShape, report: dict) -> None:
-    """--shrink-from-all: issue 54's starting point, every expert resident (wired into the
-    model at load), then the shrink to --shrink-to between two tokens of a stream: the live
-    switch to the partial cache (ModelMemory.switch_to_slots) and its first graph capture."""
-    from moe_budget_extras import shrink_pause_row
-
-    from strata.engine.core.engine import Engine, EngineConfig
-
-    context = args.prefill_tokens + args.shrink_tokens + 64
-    engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
-                                 context_tokens=context, expert_cache="all"))
-    try:
-        started_s = time.perf_counter()
-        info = engine.load()
-        report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
-        # What the engine process runs once idle after a load (process.py): among it the
-        # slot-table kernels' compile (GraphDecoder.warm_expert_cache) a live switch needs.
-        started_s = time.perf_counter()
-        report["deferred_work"] = {"steps": engine.run_deferred_work(),
-                                   "seconds": time.perf_counter() - started_s}
-        store = engine.memory.experts
-        if store is None or engine.memory.expert_mode != "all":
-            raise SystemExit(f"the experts did not all load resident "
-                             f"({engine.memory.expert_mode})")
-        non_expert = None
-        if args.device == "cuda":  # as strata_rows sizes its budgets
-            from quant_bench import vram_used_bytes
-
-            decode_row(engine, 4, 0)
-            prefill_row(engine, args.prefill_tokens, "sizing", warm_up=True)
-            held, _ = vram_used_bytes()
-            non_expert = held - store.arena.resident_bytes
-            report["non_expert_vram_bytes"] = non_expert
-        target = plan_budget(shape, args.shrink_to, args.reserve_mib * MIB)
-        row = shrink_pause_row(engine, store.max_slots,
-                               budget_slots(args, store, target, non_expert),
-                               args.shrink_tokens, args.shrink_after)
-        row |= {"to_label": target.label, "from_all_resident": True,
-                "mode_after": engine.memory.expert_mode}
-        report["shrink_pause"] = row
-        print_shrink(row)
-        write_json(report, args.json)
-    finally:
-        engine.close()
-        sync()
 
 
 def figures(args, plans: list[BudgetPlan], report: dict) -> list[dict]:
@@ -504,6 +490,8 @@ def run(args) -> dict:
         tools = unpack_tools(Path(args.bin_dir), Path("/tmp/llamacpp-bin"), print)
         args.llama_bench = args.llama_bench or tools.get("llama-bench")
     if args.shrink_from_all:  # that row alone: its own all-resident load
+        from moe_budget_extras import shrink_from_all
+
         shrink_from_all(args, shape, report)
         return report
     if args.llama_bench:
@@ -530,8 +518,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="lfu", choices=["lfu", "lru"],
                    help="the expert cache's replacement (lru: the one before issue 54, which "
                    "copies every miss in), for an A/B on one machine")
+    p.add_argument("--cpu-misses", default="off", choices=["off", "on", "auto"],
+                   help="Strata's cpu_expert_misses: one token's misses computed on the CPU "
+                   "(on; auto once their CPU form is made) or read in place (off)")
+    p.add_argument("--cpu-threads", type=int, default=0,
+                   help="torch CPU threads for the CPU-computed misses (0: torch's default)")
+    p.add_argument("--cpu-miss-graphs", action="store_true",
+                   help="with --cpu-misses, replay the decode step cut at each MoE layer as "
+                   "CUDA graphs (STRATA_CPU_MISS_GRAPHS=1) instead of calling it")
+    p.add_argument("--cpu-cache-gib", type=float, default=4.0,
+                   help="bytes the CPU forms of missed experts may keep, in GiB")
+    p.add_argument("--cpu-preconvert", action="store_true",
+                   help="after each resize, make the CPU forms of the experts with no slot "
+                   "(up to --cpu-cache-gib) before the rows")
     p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--warmup-tokens", type=int, default=16)
+    p.add_argument("--warmup-tokens", type=int, default=256,
+                   help="decoded before the timed tokens of each row (run 38 and before: 16)")
     p.add_argument("--prefill-tokens", type=int, default=4096)
     p.add_argument("--reserve-mib", type=int, default=RESERVE_MIB,
                    help="of each budget, what KV, activations and graphs keep (llama.cpp's "

@@ -1,6 +1,7 @@
-"""moe_budget_bench.py's two rows after the budgets' routing rows: a decode profile per
-budget under the zipf trace (`--profile-steps`), and a shrink while a stream decodes
-(`--shrink-pause`, issue 54's "no token lost, no pause longer than 100 ms")."""
+"""moe_budget_bench.py's rows beside the budgets' routing rows: a decode profile per budget
+under the zipf trace (`--profile-steps`), a shrink while a stream decodes (`--shrink-pause`,
+issue 54's "no token lost, no pause longer than 100 ms"), and the same shrink from every
+expert resident (`--shrink-from-all`: the live switch to the partial cache)."""
 
 from __future__ import annotations
 
@@ -79,3 +80,60 @@ def shrink_pause_row(engine, max_slots: int, target_slots: int, num_tokens: int,
                               else None),
             "median_gap_ms": statistics.median(gaps_ms) if gaps_ms else None,
             "tokens_equal_unshrunk": tokens == reference}
+
+
+def print_shrink(row: dict) -> None:
+    print(f"shrink {row['from_slots']} -> {row['to_slots']} slots ({row['to_label']}) while "
+          f"decoding: {row['tokens_received']} of {row['tokens_asked']} tokens, largest "
+          f"gap {row['max_gap_ms']:.1f} ms, the shrink's gap {row['shrink_gap_ms']:.1f} ms, "
+          f"median {row['median_gap_ms']:.1f} ms, resize {row['resize_s']:.3f} s, tokens "
+          f"equal the unshrunk run: {row['tokens_equal_unshrunk']}", flush=True)
+
+
+def shrink_from_all(args, shape, report: dict) -> None:
+    """--shrink-from-all: issue 54's starting point, every expert resident (wired into the
+    model at load), then the shrink to --shrink-to between two tokens of a stream: the live
+    switch to the partial cache (ModelMemory.switch_to_slots) and its first graph capture."""
+    from moe_budget_bench import budget_slots, decode_row, plan_budget, prefill_row
+    from report import write_json
+
+    from strata.engine.core.engine import Engine, EngineConfig
+    from strata.units import MIB
+
+    context = args.prefill_tokens + args.shrink_tokens + 64
+    engine = Engine(EngineConfig(model_path=str(args.gguf), device=args.device, num_slots=1,
+                                 context_tokens=context, expert_cache="all"))
+    try:
+        started_s = time.perf_counter()
+        info = engine.load()
+        report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
+        # What the engine process runs once idle after a load (process.py): among it the
+        # slot-table kernels' compile (GraphDecoder.warm_expert_cache) a live switch needs.
+        started_s = time.perf_counter()
+        report["deferred_work"] = {"steps": engine.run_deferred_work(),
+                                   "seconds": time.perf_counter() - started_s}
+        store = engine.memory.experts
+        if store is None or engine.memory.expert_mode != "all":
+            raise SystemExit(f"the experts did not all load resident "
+                             f"({engine.memory.expert_mode})")
+        non_expert = None
+        if args.device == "cuda":  # as strata_rows sizes its budgets
+            from quant_bench import vram_used_bytes
+
+            decode_row(engine, 4, 0)
+            prefill_row(engine, args.prefill_tokens, "sizing", warm_up=True)
+            held, _ = vram_used_bytes()
+            non_expert = held - store.arena.resident_bytes
+            report["non_expert_vram_bytes"] = non_expert
+        target = plan_budget(shape, args.shrink_to, args.reserve_mib * MIB)
+        row = shrink_pause_row(engine, store.max_slots,
+                               budget_slots(args, store, target, non_expert),
+                               args.shrink_tokens, args.shrink_after)
+        row |= {"to_label": target.label, "from_all_resident": True,
+                "mode_after": engine.memory.expert_mode}
+        report["shrink_pause"] = row
+        print_shrink(row)
+        write_json(report, args.json)
+    finally:
+        engine.close()
+        sync()

@@ -165,3 +165,26 @@ def test_the_shrink_row_from_every_expert_resident(tmp_path: Path) -> None:
     assert (row["from_slots"], row["to_slots"], row["slots_after"]) == (16, 10, 10)
     assert row["tokens_received"] == row["tokens_asked"] == 12
     assert row["resize"]["switched_to_slots"] and row["tokens_equal_unshrunk"] is True
+
+
+def test_cpu_misses_flag_loads_strata_with_them(tmp_path: Path) -> None:
+    """--cpu-misses on reaches the engine (cpu_expert_misses) and the rows carry its
+    counters; the CPU engine decodes by the reference loop, which computes nothing on the
+    CPU's behalf (tests/core/test_cpu_expert_misses.py covers the fast path)."""
+    gguf = tmp_path / "tiny-moe.gguf"
+    write_random_gguf(TINY_MOE, gguf, mix="F16")
+    shape = bench.file_shape(gguf)
+    budget = f"{(shape.dense_bytes + 10 * shape.bytes_per_expert) / MIB + 0.001:.4f}MiB"
+    out = tmp_path / "moe.json"
+    assert bench.main([str(gguf), "--device", "cpu", "--budgets", budget, "--reserve-mib", "0",
+                       "--routings", "uniform", "--decode-tokens", "4", "--warmup-tokens", "1",
+                       "--prefill-tokens", "24", "--cpu-misses", "on", "--cpu-preconvert",
+                       "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["cpu_expert_misses"] == "on" and report["cpu_threads"] >= 1
+    rows = report["strata"][report["plans"][0]["label"]]
+    # "on" makes every expert's form as it starts (float experts: views, no bytes).
+    assert rows["cpu_preconvert"]["experts"] == 16
+    row = rows["uniform"]
+    assert row["cpu_experts_per_token"] == 0 and row["cpu_conversions"] == 0
+    assert "num_cpu_split_layers" in row["counters"] and report["cpu_miss_graphs"] is False

@@ -514,6 +514,7 @@ class FakeEngine:
                        "resident_bytes": arena.resident_bytes,
                        "copied_bytes": self.expert_copied_bytes,
                        "host_read_bytes": self.expert_misses * self._bytes_per_expert,
+                       "num_cpu_experts": 0,  # cpu_expert_misses is off by default
                        # The real store's policy and copy counters (memory/expert_store.py);
                        # a refill's copy is not timed, so the rate is unknown (None).
                        "policy": "lfu", "num_left_out": 0, "num_copy_calls": 0,
@@ -530,7 +531,8 @@ class FakeEngine:
                                    "num_misses": self.expert_misses, "num_left_out": 0,
                                    "copied_bytes": self.expert_copied_bytes,
                                    "host_read_bytes": self.expert_misses
-                                   * self._bytes_per_expert, "staged_bytes": 0}]}
+                                   * self._bytes_per_expert, "num_cpu_experts": 0,
+                                   "staged_bytes": 0}]}
         return {
             "state": "sleeping" if self.is_sleeping else "loaded",
             **self.info(),

@@ -60,6 +60,24 @@ def test_graph_replay_equals_eager_step(name, moe_impl, compiled) -> None:
         (64, "greedy"), (128, "greedy"), (64, "sample"), (128, "sample")}
 
 
+def test_spread_capture_runs_real_steps_before_it_captures() -> None:
+    """After a live shrink the runner spreads a new graph's warm-up over real steps (no step
+    pays a whole capture): the first WARMUP_STEPS steps of a bucket run eagerly, the next
+    captures; the tokens equal an eager decoder's."""
+    from strata.engine.core.fast.decode_runner import WARMUP_STEPS
+
+    model = model_for("qwen3_moe")
+    kwargs = {"moe_impl": "triton", "min_bucket_tokens": 64}
+    spread = GraphDecoder(model, use_cuda_graphs=True, **kwargs)
+    runner = spread.runner
+    runner.spread_capture = True
+    runner.prepare = lambda *args, **kwargs: None  # captured lazily, as after the switch
+    eager = GraphDecoder(model, use_cuda_graphs=False, **kwargs)
+    assert run(spread, GREEDY) == run(eager, GREEDY)
+    assert {(key[1], key[2][0]) for key in runner.graphs} == {(64, "greedy"), (128, "greedy")}
+    assert sorted(runner._eager_runs.values()) == [WARMUP_STEPS, WARMUP_STEPS]
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_fast_path_tracks_the_reference_forward(name) -> None:
     """bf16 fast decode (graphs, compiled ops, grouped MoE) vs the reference model forward."""

@@ -22,8 +22,11 @@ STREAM = SamplingSpec(max_tokens=48, temperature=0.0)
 PROMPT = list(range(5, 69))
 SHRINK_AFTER = 16  # tokens yielded before the resize
 # The issue's target on Qwen3-30B-A3B; the slot-table kernels compiled before (deferred
-# work), the pause is the resize and the next step's graph capture.
+# work), the pause is the resize and an eager step: the graph over the slot table is
+# warmed up by the next real steps and captured at the third (GraphRunner.spread_capture),
+# so each of those gaps is held to it too.
 MAX_PAUSE_S = 0.1
+AFTER_SWITCH = 4  # the gaps after the resize that carry the spread capture
 
 
 def _timed_stream(engine, num_slots: int | None) -> tuple[list[int], list[float], dict | None]:
@@ -72,12 +75,15 @@ def test_an_all_resident_moe_shrinks_live_between_two_tokens_and_grows_back(tmp_
         assert len(tokens) == STREAM.max_tokens and tokens == reference
         assert shrunk["switched_to_slots"] and shrunk["num_slots"] == half
         assert engine.fast.step_hook is engine.memory.promotion is not None
-        pause_s = _gaps_s(arrivals_s)[SHRINK_AFTER - 1]
+        gaps_s = _gaps_s(arrivals_s)
+        pause_s = gaps_s[SHRINK_AFTER - 1]
+        spread_s = max(gaps_s[SHRINK_AFTER - 1 : SHRINK_AFTER - 1 + AFTER_SWITCH])
         print(f"\nlive shrink {store.max_slots} -> {half} slots: pause {pause_s * 1e3:.1f} ms "
               f"(steady gap {steady_gap_s * 1e3:.2f} ms), resize call "
               f"{shrunk['call_s'] * 1e3:.1f} ms, switch {shrunk['switch_s'] * 1e3:.2f} ms, "
-              f"staging {shrunk['staging_bytes'] / GIB:.2f} GiB")
-        assert pause_s < MAX_PAUSE_S
+              f"staging {shrunk['staging_bytes'] / GIB:.2f} GiB; largest gap of the next "
+              f"{AFTER_SWITCH} {spread_s * 1e3:.1f} ms")
+        assert spread_s < MAX_PAUSE_S
         status = engine.status()["experts"]
         assert status["mode"] == "slots" and status["num_misses"] > 0
         # NVML: about half the experts' bytes gone, less the staging mapped for prefill.

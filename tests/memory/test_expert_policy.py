@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.engine.core.memory.expert_cache import ExpertCache
+from strata.engine.core.memory.expert_cache import HALF_LIFE_STEPS, ExpertCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from routing_trace import TraceSpec, make_trace
@@ -15,34 +15,67 @@ from routing_trace import TraceSpec, make_trace
 LAYERS, EXPERTS, TOP_K, TOKENS, WARMUP = 12, 128, 8, 400, 100
 
 
-def replay(trace, num_slots: int, policy: str, admit_all: bool = True) -> tuple[float, float]:
-    """(hit rate, copies per lookup) of a cache replaying trace [tokens, layers, k], counted
-    after WARMUP tokens."""
-    cache = ExpertCache(LAYERS, EXPERTS, num_slots, policy=policy)
-    copies = 0
+def replay(trace, num_slots: int, policy: str, admit_all: bool = True, lag: int = 0,
+           half_life_steps: float = HALF_LIFE_STEPS) -> tuple[float, float]:
+    """(hit rate, copies per lookup) of a cache replaying trace [tokens, layers, k] after
+    WARMUP tokens. lag: steps before a copied expert serves (decode's promotion copies
+    behind the step, so an expert admitted at step t is a hit from t + 1 + lag on)."""
+    cache = ExpertCache(LAYERS, EXPERTS, num_slots, policy=policy,
+                        half_life_steps=half_life_steps)
+    serves_from: dict[tuple[int, int], int] = {}
+    hits = lookups = copies = 0
     for t, row in enumerate(trace.tolist()):
         for layer, experts in enumerate(row):
-            _, misses = cache.lookup(layer, experts, count_uses=t >= WARMUP,
-                                     admit_all=admit_all)
-            copies += len(misses) if t >= WARMUP else 0
-    lookups = cache.num_hits + cache.num_misses
-    return cache.num_hits / lookups, copies / lookups
+            served = sum(cache.slot_of(layer, e) is not None
+                         and serves_from.get((layer, e), 0) <= t for e in experts)
+            _, misses = cache.lookup(layer, experts, admit_all=admit_all)
+            for expert, _ in misses:
+                serves_from[(layer, expert)] = t + 1 + lag
+            if t >= WARMUP:
+                hits, lookups, copies = hits + served, lookups + len(experts), copies + len(misses)
+    return hits / lookups, copies / lookups
+
+
+def zipf_trace(zipf_s: float, p_reuse: float):
+    return make_trace(TraceSpec("zipf", zipf_s=zipf_s, p_reuse=p_reuse), TOKENS, LAYERS,
+                      EXPERTS, TOP_K)
 
 
 @pytest.mark.parametrize("resident", [0.55, 0.31])  # ~12 and ~8 GiB of Qwen3-30B-A3B Q4_K_M
-def test_counts_beat_lru_on_a_zipf_trace_and_admission_copies_less(resident):
-    trace = make_trace(TraceSpec("zipf", zipf_s=1.0, p_reuse=0.3), TOKENS, LAYERS, EXPERTS,
-                       TOP_K)
+def test_admission_copies_a_miss_only_where_it_outranks_the_victim(resident):
+    """Without decode's lag. (Here LRU's recency hits a little more, 0.865 against 0.858 at
+    55%: the last tokens' experts are served at once; with the lag they are not.)"""
+    trace = zipf_trace(1.0, 0.3)
     slots = int(LAYERS * EXPERTS * resident)
     lru_hits, lru_copies = replay(trace, slots, "lru")
     lfu_hits, _ = replay(trace, slots, "lfu")
     admitted_hits, admitted_copies = replay(trace, slots, "lfu", admit_all=False)
-    # Figures of this trace (seed 0): 0.55 -> LRU 0.866, counts 0.874; 0.31 -> 0.732, 0.737.
-    assert lfu_hits > lru_hits + 0.004
-    assert admitted_hits >= lfu_hits - 0.001
+    assert admitted_hits >= lfu_hits - 0.01
     # LRU copies every miss; admission copies a miss only when it outranks the victim.
     assert lru_copies == pytest.approx(1 - lru_hits)
-    assert admitted_copies < lru_copies * (0.95 if resident > 0.5 else 0.7)
+    assert admitted_copies < lru_copies * 0.5
+
+
+@pytest.mark.parametrize("resident", [0.55, 0.31])
+@pytest.mark.parametrize(("zipf_s", "p_reuse"), [(1.0, 0.3), (1.2, 0.5)])
+def test_decode_moves_fewer_bytes_with_the_long_half_life(resident, zipf_s, p_reuse):
+    """Decode as the promotion runs it (admission, copies landing a step late): every miss
+    is read over PCIe and every copy crosses it again, so bytes a lookup ~ misses + copies.
+    The default half-life moves 20-35% fewer than 16 steps (the old default) and LRU, at no
+    cost in hits (within 0.01)."""
+    trace = zipf_trace(zipf_s, p_reuse)
+    slots = int(LAYERS * EXPERTS * resident)
+
+    def moved(policy: str, half_life_steps: float) -> tuple[float, float]:
+        hits, copies = replay(trace, slots, policy, admit_all=False, lag=1,
+                              half_life_steps=half_life_steps)
+        return hits, (1 - hits) + copies
+
+    hits, traffic = moved("lfu", HALF_LIFE_STEPS)
+    short_hits, short_traffic = moved("lfu", 16.0)
+    lru_hits, lru_traffic = moved("lru", 16.0)
+    assert hits >= max(short_hits, lru_hits) - 0.01
+    assert traffic < 0.85 * min(short_traffic, lru_traffic)
 
 
 def test_a_popular_expert_outlives_a_run_of_rare_ones():

@@ -115,7 +115,7 @@ def test_a_batch_step_counts_each_shared_expert_once_and_ignores_padding_rows(ba
     sharing an expert read it once, and padding rows after the real ones route too but
     must not move anything in."""
     store = _store(backend, num_slots=4, num_layers=1)  # experts 0..3 preloaded
-    preloaded, preload_calls = store.status()["copied_bytes"], store.num_copy_calls
+    preloaded, preload_calls = store.status()["copied_bytes"], store.traffic.num_copy_calls
     promotion = ExpertPromotion(store)
     hits, misses = store.cache.num_hits, store.cache.num_misses
     store.step_ids[0, :4] = torch.tensor([[0, 4], [4, 1], [0, 1], [5, 6]])  # row 3: padding
@@ -205,4 +205,31 @@ def test_hits_misses_and_bytes_moved_are_counted_per_layer(backend):
     assert status["num_misses"] == sum(r["num_misses"] for r in rows.values())
     assert status["host_read_bytes"] == sum(r["host_read_bytes"] for r in rows.values())
     assert status["copied_bytes"] == sum(r["copied_bytes"] for r in rows.values())
+    store.close()
+
+
+def test_misses_computed_on_the_cpu_are_not_counted_as_host_reads_per_step(backend):
+    """Each step's misses computed on the CPU (fast/moe_cpu_misses.py) are taken with that
+    step's ids: a step collected while the next one runs counts its own, and work noted
+    outside a step (a prefill's) belongs to none."""
+    store = _store(backend)  # layer 0 resident, layer 1 on the host
+    promotion = ExpertPromotion(store)
+    per_expert = store.bytes_of(1)
+    promotion.before_step()
+    store.traffic.note_cpu_experts(1, 1)  # step 1 routes two misses in layer 1, one on the CPU
+    _route(store, promotion, {0: [0, 1], 1: [2, 3]})
+    store.traffic.note_cpu_experts(1, 2)  # step 2 is running: both its misses on the CPU
+    promotion.collect()  # step 1 only: one of its misses was read in place
+    assert store.traffic.host_read_bytes[1] == 1 * per_expert
+    for layer, experts in {0: [0, 1], 1: [4, 5]}.items():
+        store.step_ids[layer, 0] = torch.tensor(experts)
+    promotion.after_step()
+    promotion.collect()
+    assert store.traffic.host_read_bytes[1] == 1 * per_expert  # none of step 2's
+    assert store.traffic.num_cpu_experts[1] == 3
+    store.traffic.note_cpu_experts(1, 1)  # a prefill's, before the next step
+    promotion.before_step()
+    _route(store, promotion, {0: [0, 1], 1: [6, 7]})
+    promotion.collect()
+    assert store.traffic.host_read_bytes[1] == 3 * per_expert  # both of this step's were read
     store.close()

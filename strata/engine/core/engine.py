@@ -161,7 +161,8 @@ class Engine(EngineLevels, EngineReport):
                 source = FileWeights.open(self.config.model_path, config)
                 fingerprint = model_fingerprint(self.config.model_path, config)
         self.dtype = compute_dtype(self.device, config)
-        self.memory = ModelMemory(backend, self.dtype)
+        self.memory = ModelMemory(backend, self.dtype, self.config.cpu_expert_misses,
+                                  self.config.cpu_expert_cache_bytes)
         try:
             with phases.phase("map_weights"):  # residency marks build_model and warm_up
                 self.model = self.memory.build(config, source, self.config.expert_cache,

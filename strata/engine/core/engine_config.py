@@ -22,6 +22,20 @@ def parse_expert_cache(spec: str | int) -> str:
     )
 
 
+# A partial expert cache's one-token misses: read in place over PCIe ("off"), computed on
+# the CPU ("on"), or on the CPU once their CPU form is made, meanwhile over PCIe ("auto").
+CPU_EXPERT_MISSES = ("off", "on", "auto")
+DEFAULT_CPU_EXPERT_CACHE_BYTES = 4 << 30  # ~1250 Q4_K_M experts of Qwen3-30B-A3B
+
+
+def check_cpu_expert_misses(mode: str) -> str:
+    """mode if it is one of CPU_EXPERT_MISSES; ValueError in one line otherwise."""
+    if mode not in CPU_EXPERT_MISSES:
+        raise ValueError(f"cpu_expert_misses must be one of {', '.join(CPU_EXPERT_MISSES)}, "
+                         f"not {mode!r}")
+    return mode
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_path: str
@@ -36,6 +50,10 @@ class EngineConfig:
     snapshot_ttl_s: float = 0.0  # 0: snapshots never expire
     # MoE expert cache in VRAM: auto (fill free VRAM minus a reserve), all, off, or N slots.
     expert_cache: str = "auto"
+    # A partial expert cache's misses in one-token decode (CPU_EXPERT_MISSES; off until a GPU
+    # run measures it: docs/architecture.md), and the bytes their CPU forms may keep.
+    cpu_expert_misses: str = "off"
+    cpu_expert_cache_bytes: int = DEFAULT_CPU_EXPERT_CACHE_BYTES
     # A preset name or config.json path: build seeded random weights of that shape instead of
     # reading model_path (then only a label), for benchmarks of real-sized models.
     random_weights: str | None = None
@@ -68,6 +86,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "expert_cache", parse_expert_cache(self.expert_cache))
+        check_cpu_expert_misses(self.cpu_expert_misses)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.num_slots < 1:
@@ -82,7 +101,8 @@ class EngineConfig:
         if self.context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, not {self.context_tokens}")
         for name in ("kv_budget_bytes", "snapshot_ram_budget_bytes",
-                     "snapshot_disk_budget_bytes", "snapshot_ttl_s", "vram_budget_bytes"):
+                     "snapshot_disk_budget_bytes", "snapshot_ttl_s", "vram_budget_bytes",
+                     "cpu_expert_cache_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, not {getattr(self, name)}")
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from strata.engine.core import load_phases
-from strata.engine.core.engine_config import parse_expert_cache
+from strata.engine.core.engine_config import (
+    DEFAULT_CPU_EXPERT_CACHE_BYTES,
+    check_cpu_expert_misses,
+    parse_expert_cache,
+)
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.expert_warmup import expert_scratch_numel, warm_up_experts
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
@@ -50,6 +54,9 @@ from strata.engine.core.quant.weight import (
 )
 from strata.engine.core.slot_experts import SlotExperts, quantized_experts
 from strata.units import GIB, MIB
+
+if TYPE_CHECKING:
+    from strata.engine.core.fast.moe_cpu_misses import CpuMisses
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +89,17 @@ def expert_names(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
 class ModelMemory:
     """Builds a model over arenas and moves its weights and experts between VRAM and host."""
 
-    def __init__(self, backend: ArenaBackend, dtype: torch.dtype):
+    def __init__(self, backend: ArenaBackend, dtype: torch.dtype,
+                 cpu_expert_misses: str = "off",
+                 cpu_expert_cache_bytes: int = DEFAULT_CPU_EXPERT_CACHE_BYTES):
+        """cpu_expert_misses: a partial cache's one-token misses computed on the CPU ("on",
+        "auto": fast/moe_cpu_misses.py) or read in place ("off"); cpu_expert_cache_bytes
+        bounds their CPU forms (memory/cpu_expert_cache.py)."""
+        self.cpu_expert_misses = check_cpu_expert_misses(cpu_expert_misses)
+        if cpu_expert_cache_bytes < 0:
+            raise ValueError(f"cpu_expert_cache_bytes must be >= 0, not {cpu_expert_cache_bytes}")
+        self.cpu_expert_cache_bytes = cpu_expert_cache_bytes
+        self.cpu_misses: CpuMisses | None = None
         self.backend = backend
         self.device = backend.device
         self.dtype = dtype
@@ -154,9 +171,10 @@ class ModelMemory:
             fused = attach_fused_views(model, self.weights)
         log.debug("fused views: %d qkv, %d gate_up", fused["qkv"], fused["gate_up"])
         if self.expert_mode == "slots":
+            cpu_misses = self._cpu_misses()
             for layer in by_layer:
                 model.model.layers[layer].mlp.expert_weights = SlotExperts(
-                    self.experts, layer, self.dtype)
+                    self.experts, layer, self.dtype, cpu_misses)
             if self.experts.host.device_address is not None:
                 self.promotion = ExpertPromotion(self.experts)
         elif self.expert_mode == "all":
@@ -164,6 +182,24 @@ class ModelMemory:
         if quantized or expert_blocks:
             self._warm_up_quantized(model, max_prefill_tokens)
         return model
+
+    def _cpu_misses(self) -> CpuMisses | None:
+        """The partial cache's CPU-computed misses where asked for and the GPU reads the host
+        copy in place (the slot table's path; else decode takes the loop); made once."""
+        store = self.experts
+        if (self.cpu_expert_misses == "off" or store is None
+                or store.host.device_address is None):
+            return None
+        if self.cpu_misses is None:
+            from strata.engine.core.fast.moe_cpu_misses import CpuMisses
+
+            self.cpu_misses = CpuMisses(store, self.cpu_expert_misses,
+                                        self.cpu_expert_cache_bytes, self.dtype)
+            store.cpu_misses = self.cpu_misses
+            log.info("expert misses of one-token decode computed on the CPU (%s; their CPU "
+                     "forms keep up to %.0f MiB)", self.cpu_expert_misses,
+                     self.cpu_expert_cache_bytes / MIB)
+        return self.cpu_misses
 
     def _warm_up_quantized(self, model: torch.nn.Module, max_prefill_tokens: int | None) -> None:
         with load_phases.phase("warm_up"):
@@ -434,10 +470,11 @@ class ModelMemory:
         return (self.expert_mode == "all" and self.experts is not None
                 and self.experts.host.device_address is not None)
 
-    def slot_experts(self, layer: int) -> SlotExperts:
+    def slot_experts(self, layer: int, cpu_misses: CpuMisses | None = None) -> SlotExperts:
         """Layer's partial-cache provider over the store (what switch_to_slots gives it);
-        GraphDecoder.warm_expert_cache runs one token through it before any switch."""
-        return SlotExperts(self.experts, layer, self.dtype)
+        GraphDecoder.warm_expert_cache runs one token through it before any switch (no CPU
+        misses: every expert is in its slot then, and the kernels are the same)."""
+        return SlotExperts(self.experts, layer, self.dtype, cpu_misses)
 
     def switch_to_slots(self) -> None:
         """Give each MoE layer of an all-resident model the partial cache's provider
@@ -446,8 +483,9 @@ class ModelMemory:
         already maps every expert to the slot the wired stacks read, so nothing moves: the
         next resize evicts from there. The caller swaps the fast decoder's graphs."""
         store = self.experts
+        cpu_misses = self._cpu_misses()
         for layer, mlp in self._moe_layers.items():
-            mlp.expert_weights = self.slot_experts(layer)
+            mlp.expert_weights = self.slot_experts(layer, cpu_misses)
             _unwire(mlp.experts)
         if store.host.device_address is not None:
             self.promotion = ExpertPromotion(store)
@@ -538,6 +576,9 @@ class ModelMemory:
     def close(self) -> None:
         """Free every arena and host copy (unload): VRAM first, since unpinning the host
         copies takes longer (0.7 s for 16 GiB on an H200) and only RAM waits for it."""
+        if self.cpu_misses is not None:  # its workers read the host copy
+            self.cpu_misses.close()
+            self.cpu_misses = None
         self.arenas.close()
         if self.weights is not None and self.weights.host_copy is not None:
             self.weights.host_copy.close()

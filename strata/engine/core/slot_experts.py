@@ -18,7 +18,9 @@ class SlotExperts:
     one-token decode also the slot table layout (None where the GPU cannot read the host
     copy in place: then decode takes the loop through `get`)."""
 
-    def __init__(self, store: ExpertStore, layer: int, dtype: torch.dtype):
+    def __init__(self, store: ExpertStore, layer: int, dtype: torch.dtype, cpu_misses=None):
+        """cpu_misses: the store's CpuMisses (fast/moe_cpu_misses.py) when one token's misses
+        are computed on the CPU; None: read in place."""
         self.store = store
         self.layer = layer
         self.dtype = dtype
@@ -34,7 +36,8 @@ class SlotExperts:
         offsets = store.host_offsets(layer)
         weights = self.quantized or slots
         self.layout = None if offsets is None else SlotLayout(
-            *weights, store.table[layer], offsets, store.step_ids[layer]
+            *weights, store.table[layer], offsets, store.step_ids[layer],
+            cpu_misses.for_layer(layer) if cpu_misses is not None else None,
         )
 
     @property

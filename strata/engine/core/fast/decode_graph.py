@@ -20,13 +20,17 @@ from functools import partial
 
 import torch
 
-from strata.engine.core.fast import expert_graphs, kernel_checks, tuning
+from strata.engine.core.fast import expert_graphs, kernel_checks, split_runner, tuning
 from strata.engine.core.fast.compiled import compiled_ops
 from strata.engine.core.fast.decode_runner import DecodeRunner, EagerRunner, GraphRunner
 from strata.engine.core.fast.deferred_compile import DeferredWork
 from strata.engine.core.fast.forward import moe_token
 from strata.engine.core.fast.graph_sampler import GraphSampler, sampling_key
-from strata.engine.core.fast.moe_grouped import is_grouped_capable, select_moe_impl
+from strata.engine.core.fast.moe_grouped import (
+    is_grouped_capable,
+    select_moe_impl,
+    slot_layout,
+)
 from strata.engine.core.fast.pointwise import EAGER_OPS, PointwiseOps
 from strata.engine.core.fast.prefill import DEFAULT_PREFILL_CHUNK_TOKENS
 from strata.engine.core.fast.prefill_graph import PrefillGraphs
@@ -53,6 +57,17 @@ __all__ = ["DEFAULT_MIN_BUCKET_TOKENS", "LOGITS_KEY", "GraphDecoder", "StepHook"
            "kv_buckets"]
 
 log = logging.getLogger(__name__)
+
+# Each MoE layer's misses wait for the host (fast/moe_cpu_misses.py), which a whole-step graph
+# cannot hold: steps are called, or replayed as split graphs (split_runner.py) where
+# STRATA_CPU_MISS_GRAPHS=1 asks for them until a GPU run has checked them.
+CPU_MISSES_NOTE = ("CPU-computed expert misses: decode steps called (cut at each MoE layer), "
+                   "no CUDA graph")
+
+
+def has_cpu_misses(moe_layers: list[SparseMoE]) -> bool:
+    """Whether any MoE layer computes its one-token misses on the CPU."""
+    return any(getattr(slot_layout(m), "cpu_misses", None) is not None for m in moe_layers)
 
 
 class GraphDecoder:
@@ -95,6 +110,9 @@ class GraphDecoder:
                 # The loop asks the host which experts run: a sync, which a graph cannot hold.
                 use_graphs = False
                 self._add_note("MoE loop: no CUDA graph")
+            if use_graphs and has_cpu_misses(moe_layers) and not split_runner.graphs_enabled():
+                use_graphs = False
+                self._add_note(CPU_MISSES_NOTE)
         self.step_hook = step_hook if self.moe_impl != "loop" else None
         ops = prefill_ops = EAGER_OPS
         if compile_pointwise if compile_pointwise is not None else is_cuda:
@@ -129,7 +147,9 @@ class GraphDecoder:
                 and any(is_quantized_experts(m.experts.gate_proj) for m in moe_layers)):
             self.prefiller.enable_expert_graphs(max(m.top_k for m in moe_layers))
         self.last_logprob: TokenLogprob | None = None  # of the token last yielded, if asked
-        self._eager_runner = EagerRunner(self.step, self.step_hook)
+        # With CPU-computed misses the called step is the split one (one sync a MoE layer).
+        self._eager_runner = (split_runner.SplitEagerRunner if has_cpu_misses(moe_layers)
+                              else EagerRunner)(self.step, self.step_hook)
         self._graph_runner: GraphRunner | None = None
         self.runner: DecodeRunner = self._eager_runner
         self.use_cuda_graphs = use_graphs
@@ -166,7 +186,21 @@ class GraphDecoder:
         if self.moe_impl != "loop":
             self.set_step_hook(hook)
         self.clear()
+        if self._graph_runner is not None:
+            # A running stream's next step needs a graph over the slot table: spread its
+            # warm-up over real steps so no step waits for a whole capture (the live
+            # shrink's pause; docs/benchmarks.md, run 38).
+            self._graph_runner.spread_capture = True
         self.prefiller.use_expert_cache()
+        if has_cpu_misses(moe_layers):  # the whole-step graphs cannot wait for the host
+            had_graphs = self.use_cuda_graphs
+            self._eager_runner = split_runner.SplitEagerRunner(self.step, self.step_hook)
+            self._graph_runner = None
+            self.runner = self._eager_runner
+            if had_graphs and split_runner.graphs_enabled():
+                self.use_cuda_graphs = True  # the split graphs can
+            elif had_graphs:
+                self._add_note(CPU_MISSES_NOTE)
 
     def warm_expert_cache(self, provider: Callable[[int], object]) -> int:
         """Compile the kernels that MoE layers reading a partial expert cache run, before a
@@ -219,7 +253,10 @@ class GraphDecoder:
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA model; this one is on {self.device}")
         if self._graph_runner is None:
-            self._graph_runner = GraphRunner(self.step, self.step_hook)
+            moe_layers = [m for m in self.model.modules() if isinstance(m, SparseMoE)]
+            runner = (split_runner.SplitGraphRunner if has_cpu_misses(moe_layers)
+                      else GraphRunner)
+            self._graph_runner = runner(self.step, self.step_hook)
         self.runner = self._graph_runner
 
     @property

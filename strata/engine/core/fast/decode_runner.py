@@ -85,14 +85,26 @@ class GraphRunner:
         # (KV addresses, bucket, sampling key) -> graph; read by tests.
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        # With spread_capture, a graph not captured yet is not warmed up and captured inside
+        # one step (WARMUP_STEPS + 1 passes of host work: ~160 ms for a 48-layer MoE, the
+        # pause after a live shrink). Its first WARMUP_STEPS steps run eagerly instead, each
+        # a real step that doubles as a warm-up, and the next one captures and replays.
+        self.spread_capture = False
+        self._eager_runs: dict[tuple, int] = {}
         self._pinned = torch.zeros(2, dtype=torch.long, pin_memory=True)
         self._pinned_logprobs = torch.zeros(2, step.sampler.logprob_row.shape[0],
                                             dtype=torch.float32, pin_memory=True)
         self._events = [torch.cuda.Event(), torch.cuda.Event()]
 
-    def graph(self, kv: KVCache, bucket: int, key: tuple) -> torch.cuda.CUDAGraph:
-        """The step's graph for this KV cache, bucket and key; captured on first use."""
-        graph_key = (tuple(t.data_ptr() for t in (*kv.k, *kv.v)), bucket, key)
+    @staticmethod
+    def _key(kv: KVCache, bucket: int, key: tuple) -> tuple:
+        return (tuple(t.data_ptr() for t in (*kv.k, *kv.v)), bucket, key)
+
+    def graph(self, kv: KVCache, bucket: int, key: tuple,
+              warmup_steps: int = WARMUP_STEPS) -> torch.cuda.CUDAGraph:
+        """The step's graph for this KV cache, bucket and key; captured on first use, after
+        warmup_steps runs on a side stream."""
+        graph_key = self._key(kv, bucket, key)
         graph = self.graphs.get(graph_key)
         if graph is not None:
             return graph
@@ -106,7 +118,7 @@ class GraphRunner:
         # Warm up on a side stream as torch.cuda.graphs requires. The warm-up rewrites this
         # position's K/V with the values the real step will write anyway.
         with side_stream(step.device):
-            for _ in range(WARMUP_STEPS):
+            for _ in range(warmup_steps):
                 restore()
                 step.run(kv, bucket, key)
             restore()
@@ -124,7 +136,15 @@ class GraphRunner:
     def run_step(self, kv: KVCache, bucket: int, key: tuple) -> None:
         if self.hook is not None:
             self.hook.before_step()  # before a capture too: that runs the step as well
-        self.graph(kv, bucket, key).replay()
+        graph_key = self._key(kv, bucket, key)
+        eager_runs = self._eager_runs.get(graph_key, 0)
+        if (self.spread_capture and graph_key not in self.graphs
+                and eager_runs < WARMUP_STEPS):
+            self._eager_runs[graph_key] = eager_runs + 1
+            self.step.run(kv, bucket, key)  # the real step, and one of the capture's warm-ups
+        else:
+            warmup_steps = WARMUP_STEPS - eager_runs if self.spread_capture else WARMUP_STEPS
+            self.graph(kv, bucket, key, warmup_steps).replay()
         if self.hook is not None:
             self.hook.after_step()
 
@@ -168,4 +188,5 @@ class GraphRunner:
     def clear(self) -> None:
         """Drop every captured graph and their memory pool."""
         self.graphs.clear()
+        self._eager_runs.clear()
         self._pool = None

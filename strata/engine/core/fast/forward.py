@@ -11,9 +11,14 @@ blocks of two types take one dp4a launch for one token (gemv_dp4a.matmul_pair).
 What an architecture adds (Gemma's sandwich norms and GeGLU, its embedding and RoPE tables,
 soft-capped logits; attention windows, scales and sinks) is read from the modules while the
 step is traced, so a graph holds only the kernels the model needs (fast_coverage.py).
+`decode_step_segments` is the same step cut where a partial cache's CPU-computed misses need
+the host (moe_cpu_misses.py), each segment free of host syncs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from functools import partial
 
 import torch
 
@@ -25,7 +30,13 @@ from strata.engine.core.fast.decode_attention import (
     rounds_output,
 )
 from strata.engine.core.fast.linear import linear
-from strata.engine.core.fast.moe_grouped import moe_forward, takes_rounded_x
+from strata.engine.core.fast.moe_grouped import (
+    gpu_experts,
+    moe_forward,
+    route_token,
+    slot_layout,
+    takes_rounded_x,
+)
 from strata.engine.core.fast.pointwise import (
     EAGER_OPS,
     PointwiseOps,
@@ -35,6 +46,7 @@ from strata.engine.core.fast.pointwise import (
     gate_mul,
     is_unit_offset,
 )
+from strata.engine.core.fast.shared_expert import shared_expert
 from strata.engine.core.fused_views import fused_gate_up, fused_qkv, fused_qkv_pair
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.models.decoder import SandwichDecoderLayer
@@ -285,6 +297,68 @@ def decode_step(
         y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
                              *ropes[i], ops)
         h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl, after_attn)
+        y_norm = after_mlp
+    head = head_weight(model)
+    _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops), y_norm)
+    return project_head(x, model, ops.pdl, rounded)  # [1, V]
+
+
+HostWork = Callable[[], None]
+
+
+def splits_for_cpu(mlp, moe_impl: str) -> bool:
+    """Whether a one-token step cuts at this MLP: a MoE layer over a partial cache whose
+    misses the CPU computes (fast/moe_cpu_misses.py), on the slot-table kernels."""
+    if not isinstance(mlp, SparseMoE) or moe_impl != "triton":
+        return False
+    layout = slot_layout(mlp)
+    return layout is not None and layout.cpu_misses is not None
+
+
+def _norm_moe_split(mlp, h, y, norm, ops: PointwiseOps, moe_impl: str, y_norm=None
+                    ) -> Generator[HostWork, None, tuple[torch.Tensor, torch.Tensor]]:
+    """_norm_mlp for a layer that splits_for_cpu, cut where the host works: after the
+    router (yield the split: the CPU takes the misses) and after the hits' kernels (yield
+    the join: the CPU's sum lands); then (h + y, the layer's output)."""
+    rounds = ops.dense_kernels and takes_rounded_x(mlp, h, moe_impl)
+    h, x, rounded = _norm_token(h, y, norm, ops, rounds, y_norm)
+    layout = slot_layout(mlp)
+    misses = layout.cpu_misses
+    weights, ids = route_token(mlp, x, layout, ops.pdl)
+    misses.stage(x, ids, weights)
+    yield partial(misses.split, mlp)
+    out = misses.hits(gpu_experts(mlp, x, layout, ops.pdl, rounded))
+    yield misses.join
+    routed = misses.combine(out, x.dtype)
+    if mlp.shared_experts is not None:
+        routed = routed + shared_expert(mlp.shared_experts, x, ops)
+    return h, routed
+
+
+def decode_step_segments(
+    model, kv: KVCache, token_ids: torch.Tensor, position: torch.Tensor,
+    key_positions: torch.Tensor, ops: PointwiseOps = EAGER_OPS, moe_impl: str = "triton",
+) -> Generator[HostWork, None, torch.Tensor]:
+    """decode_step cut at each MoE layer that splits_for_cpu: a generator that yields the
+    host's work between the step's segments (run it, then resume) and returns the logits
+    [1, V]. Between two yields nothing waits for the host, so each segment can be one CUDA
+    graph (fast/split_runner.py); run with the work inline it is decode_step."""
+    ropes = model.layer_ropes(position)
+    h = model.embed(token_ids)  # [1, H]
+    y = None
+    y_norm = None
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        after_attn, before_mlp, after_mlp = block_norms(layer)
+        h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops, y_norm)
+        q = attn.scale_queries(q, position)
+        y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
+                             *ropes[i], ops)
+        if splits_for_cpu(layer.mlp, moe_impl):
+            h, y = yield from _norm_moe_split(layer.mlp, h, y, before_mlp, ops, moe_impl,
+                                              after_attn)
+        else:
+            h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl, after_attn)
         y_norm = after_mlp
     head = head_weight(model)
     _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops), y_norm)

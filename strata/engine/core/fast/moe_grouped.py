@@ -14,7 +14,9 @@ device instead:
 
 With a partial expert cache (a provider with a SlotLayout), one token takes the "triton"
 kernels through the cache's slot table: resident experts from their slots, the others read in
-place from the pinned host copy; the cache promotes them between steps (expert_promotion.py).
+place from the pinned host copy, or computed on the CPU meanwhile where the cache's
+cpu_expert_misses says (moe_cpu_misses.py); the cache promotes them between steps
+(expert_promotion.py).
 Many tokens stage the layer's experts whole and take the grouped GEMMs (moe_staged.py).
 
 Many tokens (prefill) with resident experts take the sorted grouped GEMMs of moe_prefill.py
@@ -190,23 +192,44 @@ def experts_triton(moe: SparseMoE, x: torch.Tensor, use_pdl: bool = False,
     With a partial expert cache's layout the kernels read through its slot table, and the
     router leaves its ids in layout.step_ids[0], where the cache learns what to promote.
     rounded: x's int8 rounding made with x, for quantized experts multiplied by dp4a."""
+    weights, ids = route_token(moe, x, layout, use_pdl)
+    on_gpu = gpu_experts(moe, x, layout, use_pdl, rounded)
+    if layout is not None and layout.cpu_misses is not None:  # misses on the CPU meanwhile
+        return layout.cpu_misses.routed(moe, x, ids, weights, on_gpu)
+    return on_gpu(ids, weights)
+
+
+def route_token(moe: SparseMoE, x: torch.Tensor, layout: SlotLayout | None = None,
+                use_pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [k], ids [k]) of one token x [1, H] on the device, by the Triton routers or
+    the module's own; with a layout the ids land in layout.step_ids[0] too."""
     from strata.engine.core.fast import moe_triton
 
-    gate, up, down, table, offsets = expert_stacks(moe, layout)
     out_ids = layout.step_ids[0] if layout is not None else None
     kind = router_kind(moe)
     if kind is not None:
         forced_ids = moe.forced.ids if moe.forced is not None else None
-        weights, ids = moe_triton.router_topk(x[0], moe.router.weight, moe.top_k,
-                                              routed_norm(moe), out_ids=out_ids,
-                                              use_pdl=use_pdl, forced_ids=forced_ids,
-                                              router=kind)
-    else:  # groups of experts: the module's own routing, by device ops
-        weights, ids = (t[0] for t in moe.route(x))
-        if out_ids is not None:
-            ids = out_ids.copy_(ids)
-    return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl, rounded,
-                          expert_epilogue.of(moe))
+        return moe_triton.router_topk(x[0], moe.router.weight, moe.top_k, routed_norm(moe),
+                                      out_ids=out_ids, use_pdl=use_pdl, forced_ids=forced_ids,
+                                      router=kind)
+    weights, ids = (t[0] for t in moe.route(x))  # groups of experts: by device ops
+    if out_ids is not None:
+        ids = out_ids.copy_(ids)
+    return weights, ids
+
+
+def gpu_experts(moe: SparseMoE, x: torch.Tensor, layout: SlotLayout | None = None,
+                use_pdl: bool = False, rounded: tuple | None = None):
+    """(ids [k], weights [k]) -> [1, H]: one token x's given experts by the slot-table (or
+    resident) kernels, the layer's epilogue applied."""
+    gate, up, down, table, offsets = expert_stacks(moe, layout)
+    epilogue = expert_epilogue.of(moe)
+
+    def on_gpu(ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return routed_experts(x, gate, up, down, ids, weights, table, offsets, use_pdl,
+                              rounded, epilogue)
+
+    return on_gpu
 
 
 def routed_experts(x: torch.Tensor, gate, up, down, ids: torch.Tensor, weights: torch.Tensor,

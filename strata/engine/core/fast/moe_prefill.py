@@ -25,6 +25,7 @@ compiled; a scatter back to token order first was slower: docs/benchmarks.md).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -160,6 +161,17 @@ def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Ten
         "the quantized MoE prefill")
 
 
+def takes_mmq(experts: tuple, epilogue: Epilogue | None = None) -> bool:
+    """Whether prefill multiplies these quantized experts by expert_mmq.py's int8 products:
+    switched on by STRATA_EXPERT_MMQ=1 (opt-in until a GPU run has measured it), plain
+    SwiGLU, and types and layouts it reads. Call only where Triton is usable."""
+    if epilogue is not None or os.environ.get("STRATA_EXPERT_MMQ") != "1":
+        return False
+    from strata.engine.core.quant import expert_mmq  # decorates kernels: only where usable
+
+    return expert_mmq.supports(*experts)
+
+
 def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
                row_weights: torch.Tensor, experts: tuple,
                replayed: Callable | None = None, epilogue: Epilogue | None = None,
@@ -169,9 +181,15 @@ def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
     expert_grouped.py's dequantize-then-grouped-GEMM from min_rows on (or for types
     expert_gemm cannot read), replayed from graphs where `replayed` is given (which moves
     the crossover); None where neither runs here (the caller loops). An epilogue (GPT-OSS,
-    MXFP4 among its types) takes the grouped path: expert_gemm has no epilogue."""
+    MXFP4 among its types) takes the grouped path: expert_gemm has no epilogue.
+    STRATA_EXPERT_MMQ=1 (for an A/B on the GPU): expert_mmq.py's int8 products at every row
+    count, for the types it reads."""
     if not launch.is_usable(x.device):
         return None
+    if takes_mmq(experts, epilogue):
+        from strata.engine.core.quant import expert_mmq
+
+        return expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
     from strata.engine.core.quant import expert_grouped
 
     in_gemm = decodes_in_gemm(*experts, epilogue)
@@ -262,9 +280,9 @@ def experts_sorted(
 def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) -> None:
     """Both quantized prefill paths once over a few rows, so their kernels compile (and on
     CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
-    types) and, if `grouped` (a prefill chunk can reach it), the grouped one's, every group
-    (whose launches do not depend on the rows). stacks: the experts to read instead of the
-    module's resident ones (a partial cache's staging)."""
+    types; expert_mmq's too where `takes_mmq`) and, if `grouped` (a prefill chunk can reach
+    it), the grouped one's, every group (whose launches do not depend on the rows). stacks:
+    the experts to read instead of the module's resident ones (a partial cache's staging)."""
     if stacks is None:
         stacked = moe.experts
         stacks = (stacked.gate_proj, stacked.up_proj, stacked.down_proj)
@@ -280,6 +298,10 @@ def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) ->
         from strata.engine.core.quant import expert_gemm
 
         expert_gemm.experts_mlp(x, *experts, offsets, row_weights)
+        if takes_mmq(experts, epilogue):
+            from strata.engine.core.quant import expert_mmq
+
+            expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
     if grouped and launch.is_usable(gate.device) and grouped_mm_supported(x):
         _quantized_grouped(x, source, offsets, row_weights, experts, None, epilogue,
                            source)  # the rows' experts: any valid ids

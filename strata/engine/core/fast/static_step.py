@@ -10,12 +10,12 @@ the position masked): a step reads about the used length, not the whole context.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Protocol
 
 import torch
 
-from strata.engine.core.fast.forward import decode_step
+from strata.engine.core.fast.forward import HostWork, decode_step, decode_step_segments
 from strata.engine.core.fast.graph_sampler import GraphSampler
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.kv_cache import KVCache
@@ -89,12 +89,30 @@ class StaticStep:
     def run(self, kv: KVCache, bucket: int, key: tuple) -> None:
         """One step: sample into token_out and token_in (or, for LOGITS_KEY, copy the logits to
         logits_out), then advance the position. No host sync: a graph can hold it."""
-        ops = self.ops
-        if ops.fused_attention and kv.k[0].dtype != self.model.model.embed_tokens.weight.dtype:
-            ops = dataclasses.replace(ops, fused_attention=False)  # the kernels need one dtype
+        ops = self._ops(kv)
         logits = decode_step(
             self.model, kv, self.token_in, self.position, self._keys(bucket), ops, self.moe_impl,
         )
+        self._finish(logits, key, ops)
+
+    def run_segments(self, kv: KVCache, bucket: int, key: tuple
+                     ) -> Generator[HostWork, None, None]:
+        """`run` cut where a partial cache's CPU-computed misses need the host
+        (forward.decode_step_segments): yields that work, to be done before resuming."""
+        ops = self._ops(kv)
+        logits = yield from decode_step_segments(
+            self.model, kv, self.token_in, self.position, self._keys(bucket), ops, self.moe_impl,
+        )
+        self._finish(logits, key, ops)
+
+    def _ops(self, kv: KVCache) -> PointwiseOps:
+        ops = self.ops
+        if ops.fused_attention and kv.k[0].dtype != self.model.model.embed_tokens.weight.dtype:
+            ops = dataclasses.replace(ops, fused_attention=False)  # the kernels need one dtype
+        return ops
+
+    def _finish(self, logits: torch.Tensor, key: tuple, ops: PointwiseOps) -> None:
+        """Sample (or keep the logits), then advance the position."""
         if key == LOGITS_KEY:  # a constrained request samples after the graph, with its mask
             self.logits_out.copy_(logits[0])
             self.position.add_(1)

@@ -6,8 +6,8 @@ where they go. `size_slots` turns `--expert-cache auto|all|N|<size>MiB` into a s
 
 Replacement (`policy`): "lfu" (the default) evicts the resident expert of the pool with the
 lowest decayed use count: each use adds 1, and every count halves over HALF_LIFE_STEPS
-steps of its layer, so an expert a token just used (count >= 1) outranks one used a few
-times long ago, and a popular expert outranks one used once a while back. "lru" evicts the
+steps of its layer, so a popular expert outranks one used once a while back, and a
+popularity that moves is followed within a few half-lives. "lru" evicts the
 least recently used. With skewed routing (a few experts of a layer take most tokens) LRU
 lets a run of rare experts push the popular ones out; counts keep them
 (tests/memory/test_expert_policy.py: a Zipf trace at 55% of the experts resident).
@@ -24,12 +24,15 @@ from typing import Any
 from strata.units import MIB
 
 POLICIES = ("lfu", "lru")
-# Steps of a layer over which an expert's use count halves: long enough that a popular
-# expert outranks one a single token used a while ago, short enough that the last tokens'
-# experts (reused well above chance) mostly stay. Of 8, 16, 24, 32, 64 and 128 on
-# routing_trace's zipf traces (s 1.0 reuse 0.3; s 1.2 reuse 0.5) at 31% and 55% resident, 16
-# was the one never below LRU's hit rate by more than 0.005 (tests/memory/test_expert_policy.py).
-HALF_LIFE_STEPS = 16.0
+# Steps of a layer over which an expert's use count halves. Decode's misses land a step
+# after they were read (the promotion copies behind the step), so what a short memory buys
+# (the last tokens' experts kept) mostly arrives too late, while it churns: at 16 steps a
+# zipf trace (s 1.0, reuse 0.3) at 55% resident copied ~49 experts a token in steady state
+# for 0.83 hits; at 256, ~12 for 0.85 (both with a step's lag). 256 moved the fewest bytes
+# (misses read plus copies) of 16, 64, 256 and 1024 on routing_trace's zipf traces (s 1.0
+# reuse 0.3; s 1.2 reuse 0.5) at 31% and 55% resident, and adapts to a new popularity
+# within a few hundred tokens (tests/memory/test_expert_policy.py replays them).
+HALF_LIFE_STEPS = 256.0
 # Counts are kept as 2 ** (age in half-lives) per use, rebased before they overflow a float.
 _MAX_EXPONENT = 256.0
 

@@ -33,6 +33,7 @@ class _RoutedStep:
     ids: torch.Tensor  # [layers, rows, k] on the host (pinned on a GPU), once `ready` is done
     ready: torch.cuda.Event | None  # None: the CPU, where copies are done on return
     table: torch.Tensor  # the host mirror of the table the step ran with
+    cpu_experts: list[int]  # per layer, the misses the CPU computed (moe_cpu_misses.py)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class ExpertPromotion:
         """Refuse a released cache (a step would read unmapped slots), then act on what the
         finished steps and copies have made known."""
         self.store.check_mapped()
+        self.store.traffic.take_cpu_experts()  # since the last step: a prefill's, no step's
         self.collect()
         self.land()
 
@@ -81,7 +83,8 @@ class ExpertPromotion:
         else:
             ids, ready = self.store.step_ids.clone(), None
         ids = ids[:, :num_rows]
-        self._steps.append(_RoutedStep(ids, ready, self.store.table_mirror))
+        self._steps.append(_RoutedStep(ids, ready, self.store.table_mirror,
+                                       self.store.traffic.take_cpu_experts()))
 
     def collect(self) -> None:
         """For every step whose ids have arrived: count, choose slots, start the copies."""
@@ -115,7 +118,8 @@ class ExpertPromotion:
         reads, hits = first.sum(dim=1).tolist(), (read_slot & first).sum(dim=1).tolist()
         for layer, num_reads, num_hits in zip(layers, reads, hits):
             cache.count(num_hits, num_reads - num_hits, layer)
-        self.store.count_host_reads(layers, [r - h for r, h in zip(reads, hits)])
+        self.store.count_host_reads(layers, [r - h for r, h in zip(reads, hits)],
+                                    [step.cpu_experts[layer] for layer in layers])
         return assignments
 
     def _start_copies(self, assignments: list[tuple[int, int, int]]) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from strata.engine.core.memory.expert_layout import (
     contiguous_runs,
 )
 from strata.engine.core.memory.expert_staging import ExpertStaging, staging_bytes
+from strata.engine.core.memory.expert_traffic import ExpertTraffic
 from strata.engine.core.memory.host_copy import HostCopy, side_stream
 
 ExpertWeights = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # gate, up, down
@@ -147,16 +147,8 @@ class ExpertStore:
             self._layer_base[c.layers] = base
         self.step_ids = torch.zeros(num_layers, MAX_STEP_ROWS, num_experts_per_tok,
                                     dtype=torch.long, device=self.device)
-        # Host-to-device traffic per layer: copies into slots, and what decode kernels read
-        # in place from the host copy (misses; counted by ExpertPromotion).
-        self.copied_bytes = [0] * num_layers
-        self.host_read_bytes = [0] * num_layers
-        self.num_copy_calls = 0  # host-to-device copies issued (one per run and projection)
-        # Copies into slots timed where they run (device events around each batch, read once
-        # done): the rate misses move at, not bytes over decode time.
-        self.timed_copy_bytes = 0
-        self.copy_seconds = 0.0
-        self._timings: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
+        self.traffic = ExpertTraffic(num_layers)  # copies, in-place reads, CPU-computed
+        self.cpu_misses: Any = None  # the CpuMisses computing misses on the CPU, for status
         self.preload()
 
     def staging_bytes_needed(self) -> int:
@@ -338,26 +330,14 @@ class ExpertStore:
         nbytes = sum(self.bytes_of(layer) for layer, _, _ in assignments)
         if not nbytes:
             return
-        self._read_timings()  # the earlier batches' (keeps the list short)
-        cuda = self.device.type == "cuda"
-        if cuda:
-            started = torch.cuda.Event(enable_timing=True)
-            started.record()
-        started_s = time.perf_counter()
-        self._copy_runs(assignments, non_blocking)
-        if cuda:
-            copied = torch.cuda.Event(enable_timing=True)
-            copied.record()
-            self._timings.append((started, copied, nbytes))
-        else:
-            self.timed_copy_bytes += nbytes
-            self.copy_seconds += time.perf_counter() - started_s
+        with self.traffic.timed_copies(self.device.type == "cuda", nbytes):
+            self._copy_runs(assignments, non_blocking)
 
     def _copy_runs(self, assignments: Sequence[tuple[int, int, int]],
                    non_blocking: bool) -> None:
         for layer, expert, slot, count in contiguous_runs(assignments):
-            self.copied_bytes[layer] += count * self._class(layer).bytes_per_expert
-            self.num_copy_calls += len(self._host_layers[layer])
+            self.traffic.note_copy(layer, count * self._class(layer).bytes_per_expert,
+                                   len(self._host_layers[layer]))
             first = self.local_slot(layer, slot)
             for dst, src in zip(self.slot_weights_of(layer), self._host_layers[layer]):
                 dst[first : first + count].copy_(src[expert : expert + count],
@@ -545,25 +525,17 @@ class ExpertStore:
         """One expert of layer: gate, up and down as its slot class holds them."""
         return self._class(layer).bytes_per_expert
 
-    def count_host_reads(self, layers: Sequence[int], num_misses: Sequence[int]) -> None:
-        """Note experts that decode kernels read in place from the host copy (misses)."""
-        for layer, misses in zip(layers, num_misses):
-            self.host_read_bytes[layer] += misses * self._class(layer).bytes_per_expert
-
-    def _read_timings(self) -> None:
-        """Add the copies whose end event has passed to the timed totals (never waits)."""
-        while self._timings and self._timings[0][1].query():
-            started, copied, nbytes = self._timings.popleft()
-            self.timed_copy_bytes += nbytes
-            self.copy_seconds += started.elapsed_time(copied) / 1e3
+    def count_host_reads(self, layers: Sequence[int], num_misses: Sequence[int],
+                         num_on_cpu: Sequence[int] | None = None) -> None:
+        """Note a step's misses read in place, less those the CPU computed (traffic's)."""
+        self.traffic.count_host_reads(layers, num_misses,
+                                      [self._class(layer).bytes_per_expert for layer in layers],
+                                      num_on_cpu)
 
     def status(self) -> dict[str, Any]:
         """Slots, residency counters, arena bytes and host-to-device traffic, as plain
         values; `layers` has each MoE layer's hits, misses and bytes moved."""
         cache = self.cache
-        self._read_timings()
-        copy_gb_s = (self.timed_copy_bytes / self.copy_seconds / 1e9
-                     if self.copy_seconds > 0 else None)
         return {
             **cache.stats(),
             "bytes_per_expert": self.bytes_per_expert,
@@ -571,12 +543,8 @@ class ExpertStore:
             "is_all_resident": self.is_all_resident,
             "state": self.arena.state,
             "resident_bytes": self.arena.resident_bytes,
-            "copied_bytes": sum(self.copied_bytes),
-            "host_read_bytes": sum(self.host_read_bytes),
-            "num_copy_calls": self.num_copy_calls,
-            "timed_copy_bytes": self.timed_copy_bytes,
-            "copy_seconds": self.copy_seconds,
-            "copy_gb_s": copy_gb_s,
+            **self.traffic.status(),
+            **(self.cpu_misses.status() if self.cpu_misses is not None else {}),
             "host_numa": self.host.placement.as_status(),  # where the host copy's pages sit
             # Prefill chunks' staging (expert_staging.py): 0 and no traffic when all resident.
             **(self.staging.status() if self.staging is not None else {
@@ -585,8 +553,7 @@ class ExpertStore:
             "layers": [{"layer": layer, "num_hits": cache.layer_hits[layer],
                         "num_misses": cache.layer_misses[layer],
                         "num_left_out": cache.layer_left_out[layer],
-                        "copied_bytes": self.copied_bytes[layer],
-                        "host_read_bytes": self.host_read_bytes[layer],
+                        **self.traffic.layer_status(layer),
                         "staged_bytes": (self.staging.staged_bytes[layer]
                                          if self.staging is not None else 0)}
                        for layer in self.layer_ids],

@@ -59,7 +59,9 @@ class SlotLayout:
     copy, whose [E, ...] tensors start host_offsets (gate, up, down) elements past the slot
     weights' bases. The router writes the step's ids into step_ids [rows, k] for the cache
     (row b of a batch step in row b; one token in row 0).
-    Quantized experts: gate/up/down are QuantizedExperts over the slots, offsets in bytes."""
+    Quantized experts: gate/up/down are QuantizedExperts over the slots, offsets in bytes.
+    cpu_misses: the layer's LayerCpuMisses (fast/moe_cpu_misses.py) where one token's misses
+    are computed on the CPU instead of read in place; None: read in place."""
 
     gate: torch.Tensor | QuantizedExperts
     up: torch.Tensor | QuantizedExperts
@@ -67,6 +69,7 @@ class SlotLayout:
     table: torch.Tensor
     host_offsets: tuple[int, int, int]
     step_ids: torch.Tensor
+    cpu_misses: Any = None
 
 
 class StackedExperts(nn.Module):
