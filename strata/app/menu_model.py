@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from strata.engine.service.expert_shrink import can_shrink
 from strata.engine.service.levels import Action, State, allowed_actions
 from strata.units import GIB
 
@@ -123,7 +124,7 @@ def shrink_action(status: Mapping[str, Any]) -> tuple[ActionView, int] | None:
     experts = status.get("experts") or {}
     gpu = status.get("gpu")
     free_bytes = getattr(gpu, "free_bytes", None)
-    if (experts.get("mode") not in ("slots", "all") or free_bytes is None
+    if (not can_shrink(experts) or free_bytes is None
             or not effective_state(status).is_up):
         return None
     half_bytes = arena_bytes(status, "experts") // 2

@@ -30,6 +30,7 @@ from strata.engine.core.quant.weight import (
     warm_up_quantized,
 )
 from strata.engine.protocol import SamplingSpec
+from tests.helpers.dp4a_switch import assert_dp4a_matches_planes
 from tests.helpers.gguf_writer import write_gguf_from_hf
 from tests.helpers.tiny_models import make_tiny_hf_config
 
@@ -233,30 +234,9 @@ def test_dp4a_decodes_q4_k_m_like_blocks_like_the_planes_kernel(tmp_path, monkey
         return dp4a(x, raw, qtype, *args, **kwargs)
 
     monkeypatch.setattr(gemv_dp4a, "matmul", counted)
-    spec = SamplingSpec(max_tokens=2, temperature=0.0)  # the prefill's head, one step
-    tokens, logits = {}, {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("STRATA_DP4A", switch)
-        engine = _engine(path, monkeypatch, quantized=True)
-        try:
-            assert engine.dtype == torch.bfloat16
-            tokens[switch] = [t for step in engine.generate(PROMPT, spec) for t in step]
-            logits[switch] = _decode_logits(engine, tokens[switch][0])
-        finally:
-            engine.close()
-    assert tokens["1"] == tokens["0"]
+    assert_dp4a_matches_planes(monkeypatch, lambda: _engine(path, monkeypatch, quantized=True),
+                               PROMPT, 2)  # the prefill's head, one step
     assert set(calls) == {12, 14, 8}  # every dp4a type ran
-    # Closer than greedy tokens show: one step's logits within what int8 x costs.
-    error = (logits["1"] - logits["0"]).abs().max() / logits["0"].abs().max()
-    assert error <= 3e-2, error
-
-
-@torch.inference_mode()
-def _decode_logits(engine: Engine, token: int) -> torch.Tensor:
-    """Logits [V] of one decode step (token after PROMPT) through the model's forward."""
-    kv = KVCache.for_config(engine.model_config, 64, engine.dtype, engine.device)
-    engine.model(torch.tensor(PROMPT), 0, kv, last_only=True)  # prefill: dequantized, cuBLAS
-    return engine.model(torch.tensor([token]), len(PROMPT), kv, last_only=True)[-1].float()
 
 
 def test_quantized_glm4_moe_keeps_its_shared_expert_and_experts_as_blocks(tmp_path,

@@ -30,6 +30,7 @@ from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.protocol import SamplingSpec
+from tests.helpers.dp4a_switch import assert_dp4a_matches_planes
 from tests.helpers.gguf_writer import write_gguf_from_hf
 from tests.helpers.quant_blocks import (
     K_AND_I_MIX,
@@ -316,21 +317,8 @@ def test_dp4a_expert_kernels_decode_like_the_planes_kernels(tmp_path, monkeypatc
         return fused(x, gate, up, down, *args, **kwargs)
 
     monkeypatch.setattr(expert_gemv, "routed_mlp", counted)
-    spec = SamplingSpec(max_tokens=3, temperature=0.0)  # the prefill's head, two steps
-    tokens = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("STRATA_DP4A", switch)
-        engine = _engine(path, monkeypatch, quantized=True)
-        try:
-            assert engine.dtype == torch.bfloat16
-            engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False,
-                                       compile_pointwise=False, min_bucket_tokens=16,
-                                       prefill_chunk_tokens=20,
-                                       step_hook=engine.memory.promotion)
-            tokens[switch] = [t for step in engine.generate(PROMPT, spec) for t in step]
-        finally:
-            engine.close()
-    assert tokens["1"] == tokens["0"]
+    assert_dp4a_matches_planes(monkeypatch, lambda: _engine(path, monkeypatch, quantized=True),
+                               PROMPT, 3, graph_decoder=True)  # the prefill's head, two steps
     assert dp4a_layers[0] >= 2 * len(model.model.layers)  # two steps, every layer by dp4a
 
 
@@ -376,33 +364,11 @@ def test_glm_q4_k_m_fallback_downs_decode_by_dp4a_like_the_planes_kernels(
 
     monkeypatch.setattr(gemv_dp4a, "kernel_args", dense_counted)
     monkeypatch.setattr(expert_gemv, "routed_mlp", experts_counted)
-    spec = SamplingSpec(max_tokens=3, temperature=0.0)  # the prefill's head, two steps
-    tokens, logits = {}, {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("STRATA_DP4A", switch)
-        engine = _engine(path, monkeypatch, quantized=True)
-        try:
-            assert engine.dtype == torch.bfloat16
-            mlp = engine.model.model.layers[1].mlp
-            assert int(mlp.experts.down_proj.qtype) == int(QT.Q5_0)
-            engine.fast = GraphDecoder(engine.model, use_cuda_graphs=False,
-                                       compile_pointwise=False, min_bucket_tokens=16,
-                                       prefill_chunk_tokens=20,
-                                       step_hook=engine.memory.promotion)
-            tokens[switch] = [t for step in engine.generate(PROMPT, spec) for t in step]
-            logits[switch] = _decode_logits(engine, tokens[switch][0])
-        finally:
-            engine.close()
-    assert tokens["1"] == tokens["0"]
+
+    def check(engine: Engine) -> None:
+        assert int(engine.model.model.layers[1].mlp.experts.down_proj.qtype) == int(QT.Q5_0)
+
+    assert_dp4a_matches_planes(monkeypatch, lambda: _engine(path, monkeypatch, quantized=True),
+                               PROMPT, 3, graph_decoder=True, check=check)
     assert int(QT.Q5_0) in dense_types  # layer 0's down, the shared expert's
     assert expert_downs.count(int(QT.Q5_0)) >= 2 and int(QT.Q8_0) in expert_downs
-    error = (logits["1"] - logits["0"]).abs().max() / logits["0"].abs().max()
-    assert error <= 3e-2, error
-
-
-@torch.inference_mode()
-def _decode_logits(engine: Engine, token: int) -> torch.Tensor:
-    """Logits [V] of one decode step (token after PROMPT) through the model's forward."""
-    kv = KVCache.for_config(engine.model_config, 64, engine.dtype, engine.device)
-    engine.model(torch.tensor(PROMPT), 0, kv, last_only=True)  # prefill: dequantized
-    return engine.model(torch.tensor([token]), len(PROMPT), kv, last_only=True)[-1].float()

@@ -45,6 +45,15 @@ def cache_info(experts: Mapping[str, Any] | None) -> CacheInfo | None:
             "mode": experts.get("mode")}
 
 
+SHRINKABLE_MODES = ("slots", "all")  # all: a cache holding every expert switches live
+
+
+def can_shrink(experts: Mapping[str, Any] | None) -> bool:
+    """Whether shrink_experts applies to this expert cache (the engine status' experts): the
+    one rule the service's shrink and the tray's menu item both follow."""
+    return isinstance(experts, Mapping) and experts.get("mode") in SHRINKABLE_MODES
+
+
 def slots_to_free(deficit_bytes: int, bytes_per_expert: int) -> int:
     """Slots whose release covers deficit_bytes."""
     return max(0, math.ceil(deficit_bytes / bytes_per_expert))
@@ -62,7 +71,7 @@ class ExpertShrinker:
         """Resize so keep_free_bytes are free (as far as a partial cache can go); `experts`:
         the engine status' expert cache now. `command` keeps the status its replies carry."""
         info = cache_info(experts)
-        if info is None or info["mode"] not in ("slots", "all"):  # all: switches live
+        if info is None or not can_shrink(experts):
             raise ServiceError("not_applicable", "shrink experts does not apply: the "
                                "model has no expert cache (a dense model, or the cache off "
                                "with --expert-cache off)")
