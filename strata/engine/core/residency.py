@@ -21,11 +21,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from strata.engine.core import load_phases
-from strata.engine.core.engine_config import (
-    DEFAULT_CPU_EXPERT_CACHE_BYTES,
-    check_cpu_expert_misses,
-    parse_expert_cache,
-)
+from strata.engine.core.cpu_miss_setting import CpuMissSetting
+from strata.engine.core.engine_config import DEFAULT_CPU_EXPERT_CACHE_BYTES, parse_expert_cache
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.expert_warmup import expert_scratch_numel, warm_up_experts
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
@@ -92,14 +89,8 @@ class ModelMemory:
     def __init__(self, backend: ArenaBackend, dtype: torch.dtype,
                  cpu_expert_misses: str = "off",
                  cpu_expert_cache_bytes: int = DEFAULT_CPU_EXPERT_CACHE_BYTES):
-        """cpu_expert_misses: a partial cache's one-token misses computed on the CPU ("on",
-        "auto": fast/moe_cpu_misses.py) or read in place ("off"); cpu_expert_cache_bytes
-        bounds their CPU forms (memory/cpu_expert_cache.py)."""
-        self.cpu_expert_misses = check_cpu_expert_misses(cpu_expert_misses)
-        if cpu_expert_cache_bytes < 0:
-            raise ValueError(f"cpu_expert_cache_bytes must be >= 0, not {cpu_expert_cache_bytes}")
-        self.cpu_expert_cache_bytes = cpu_expert_cache_bytes
-        self.cpu_misses: CpuMisses | None = None
+        """cpu_expert_misses, cpu_expert_cache_bytes: see CpuMissSetting."""
+        self.cpu_miss_setting = CpuMissSetting(cpu_expert_misses, cpu_expert_cache_bytes)
         self.backend = backend
         self.device = backend.device
         self.dtype = dtype
@@ -183,23 +174,13 @@ class ModelMemory:
             self._warm_up_quantized(model, max_prefill_tokens)
         return model
 
-    def _cpu_misses(self) -> CpuMisses | None:
-        """The partial cache's CPU-computed misses where asked for and the GPU reads the host
-        copy in place (the slot table's path; else decode takes the loop); made once."""
-        store = self.experts
-        if (self.cpu_expert_misses == "off" or store is None
-                or store.host.device_address is None):
-            return None
-        if self.cpu_misses is None:
-            from strata.engine.core.fast.moe_cpu_misses import CpuMisses
+    @property
+    def cpu_misses(self) -> CpuMisses | None:
+        """The partial cache's CPU-computed misses, once made."""
+        return self.cpu_miss_setting.cpu_misses
 
-            self.cpu_misses = CpuMisses(store, self.cpu_expert_misses,
-                                        self.cpu_expert_cache_bytes, self.dtype)
-            store.cpu_misses = self.cpu_misses
-            log.info("expert misses of one-token decode computed on the CPU (%s; their CPU "
-                     "forms keep up to %.0f MiB)", self.cpu_expert_misses,
-                     self.cpu_expert_cache_bytes / MIB)
-        return self.cpu_misses
+    def _cpu_misses(self) -> CpuMisses | None:
+        return self.cpu_miss_setting.for_store(self.experts, self.dtype)
 
     def _warm_up_quantized(self, model: torch.nn.Module, max_prefill_tokens: int | None) -> None:
         with load_phases.phase("warm_up"):
@@ -576,9 +557,7 @@ class ModelMemory:
     def close(self) -> None:
         """Free every arena and host copy (unload): VRAM first, since unpinning the host
         copies takes longer (0.7 s for 16 GiB on an H200) and only RAM waits for it."""
-        if self.cpu_misses is not None:  # its workers read the host copy
-            self.cpu_misses.close()
-            self.cpu_misses = None
+        self.cpu_miss_setting.close()  # its workers read the host copy
         self.arenas.close()
         if self.weights is not None and self.weights.host_copy is not None:
             self.weights.host_copy.close()
