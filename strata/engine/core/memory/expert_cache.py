@@ -35,10 +35,10 @@ POLICIES = ("lfu", "lru")
 HALF_LIFE_STEPS = 256.0
 # Decode admits a miss (lookup(admit_all=False)) only when its count beats the victim's by
 # this many uses: two counts that differ by noise no longer trade places. On the zipf trace
-# (s 1.0, reuse 0.3) at 46% resident with copies landing two steps late, 2 cut the experts
-# moved a token (misses plus copies) from 146 to 113 over the first 80 tokens and from 88 to
-# 79 after 300, and on the uniform trace from 361 to 236 and 264 to 218, hit rates equal
-# or higher (tests/memory/test_expert_policy.py replays both).
+# (s 1.0, reuse 0.3) at 46% resident, preloaded as ExpertStore does, copies landing two steps
+# late, 2 cut the experts moved a token (misses plus copies) from ~142 to ~121 over the first
+# 80 tokens and from ~88 to ~79 after 300, and on the uniform trace from ~348 to ~236 and
+# ~264 to ~218, settled hit rates equal (tests/memory/test_expert_policy.py replays both).
 ADMIT_MARGIN_USES = 2.0
 # Counts are kept as 2 ** (age in half-lives) per use, rebased before they overflow a float.
 _MAX_EXPONENT = 256.0
