@@ -57,6 +57,8 @@ def _decode(path, expert_cache: str, mode: str, monkeypatch):
     model = memory.build(config, FileWeights.open(str(path), config), expert_cache)
     if memory.cpu_misses is not None:
         memory.cpu_misses.wait_converted()  # "on" converts every expert as it starts
+    if memory.experts is not None:  # promote within these few tokens (no admission margin)
+        memory.experts.cache.admit_margin_uses = 0.0
     decoder = GraphDecoder(model, moe_impl="triton", min_bucket_tokens=16,
                            step_hook=memory.promotion)
     kv = KVCache.for_config(config, 64)

@@ -17,7 +17,11 @@ def _store(backend, num_slots=E, num_layers=2):
     layers = {layer: (torch.randn(E, INTER, HIDDEN, generator=g),
                       torch.randn(E, INTER, HIDDEN, generator=g),
                       torch.randn(E, HIDDEN, INTER, generator=g)) for layer in range(num_layers)}
-    return ExpertStore(layers, num_slots=num_slots, backend=backend, num_experts_per_tok=TOP_K)
+    store = ExpertStore(layers, num_slots=num_slots, backend=backend, num_experts_per_tok=TOP_K)
+    # The promotion's mechanics with a miss admitted as soon as it outranks its victim:
+    # the margin decode admits by (ADMIT_MARGIN_USES) is test_expert_policy.py's.
+    store.cache.admit_margin_uses = 0.0
+    return store
 
 
 def _route(store, promotion, by_layer):

@@ -33,6 +33,13 @@ POLICIES = ("lfu", "lru")
 # reuse 0.3; s 1.2 reuse 0.5) at 31% and 55% resident, and adapts to a new popularity
 # within a few hundred tokens (tests/memory/test_expert_policy.py replays them).
 HALF_LIFE_STEPS = 256.0
+# Decode admits a miss (lookup(admit_all=False)) only when its count beats the victim's by
+# this many uses: two counts that differ by noise no longer trade places. On the zipf trace
+# (s 1.0, reuse 0.3) at 46% resident, preloaded as ExpertStore does, copies landing two steps
+# late, 2 cut the experts moved a token (misses plus copies) from ~142 to ~121 over the first
+# 80 tokens and from ~88 to ~79 after 300, and on the uniform trace from ~348 to ~236 and
+# ~264 to ~218, settled hit rates equal (tests/memory/test_expert_policy.py replays both).
+ADMIT_MARGIN_USES = 2.0
 # Counts are kept as 2 ** (age in half-lives) per use, rebased before they overflow a float.
 _MAX_EXPONENT = 256.0
 
@@ -65,7 +72,8 @@ class ExpertCache:
 
     def __init__(self, num_layers: int, num_experts: int, num_slots: int,
                  pools: Sequence[tuple[Sequence[int], int]] | None = None,
-                 policy: str = "lfu", half_life_steps: float = HALF_LIFE_STEPS):
+                 policy: str = "lfu", half_life_steps: float = HALF_LIFE_STEPS,
+                 admit_margin_uses: float = ADMIT_MARGIN_USES):
         if min(num_layers, num_experts, num_slots) <= 0:
             raise ValueError(
                 f"expert cache needs positive sizes, got num_layers={num_layers}, "
@@ -76,6 +84,7 @@ class ExpertCache:
                              f"positive half-life, not {policy!r}, {half_life_steps}")
         self.policy = policy
         self.half_life_steps = float(half_life_steps)
+        self.admit_margin_uses = float(admit_margin_uses)
         self.num_layers = num_layers
         self.num_experts = num_experts
         pools = pools if pools is not None else [(range(num_layers), num_slots)]
@@ -176,7 +185,7 @@ class ExpertCache:
         leaves the hit/miss counters to a caller that knows better (`count`).
         admit_all=False (lfu; a caller that can read a miss where it is, as decode reads the
         host copy): a miss takes a slot only when one is free or its use count beats the
-        expert it would evict; else its slot is None and nothing moves. Rare experts then
+        expert it would evict by admit_margin_uses; else its slot is None and nothing moves. Rare experts then
         cost one read, not a read and a copy that evicts a more popular one.
         """
         if self.is_released:
@@ -210,7 +219,8 @@ class ExpertCache:
             # _lowest_count refreshes it), so a hit costs no heap push.
             score = scores[key] = scores.get(key, 0.0) + use_weight
             if slot is None:
-                slot = self._take_slot(pool, in_use, None if admit_all else score)
+                slot = self._take_slot(pool, in_use, None if admit_all
+                                       else score - self.admit_margin_uses * use_weight)
                 self.num_misses += int(count_uses)
                 self.layer_misses[layer] += int(count_uses)
                 if slot is not None:
