@@ -39,6 +39,7 @@ from strata.engine.core.kernels import launch
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant import expert_gemv
 from strata.engine.core.quant import gemv_planes as gp
+from strata.engine.core.quant import grouped_launch as gl
 from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.lookup import lookup_table
 
@@ -75,13 +76,10 @@ DOWN_CONFIGS = ((64, 128, 4, 64, 2), (128, 128, 8, 64, 2), (128, 128, 8, 128, 2)
 # The interpreter pays per program and per op, not per value: wide tiles, except BLOCK_M,
 # which the tests want smaller than some experts' rows.
 INTERPRETER_CONFIG = ((128, 256, 4, 16, 1),)
-MAX_ROWS_HINT = 256  # rows-per-expert buckets past this tune alike
 
 
-def _candidates(configs) -> tuple:
-    if launch.is_interpreting():
-        configs = INTERPRETER_CONFIG
-    return tuple((n, k, w, {"BLOCK_M": m, "STAGES": s}) for n, k, w, m, s in configs)
+def _candidates(configs: tuple) -> tuple:
+    return gl.candidates(configs, INTERPRETER_CONFIG)
 
 
 if triton is not None:
@@ -249,11 +247,6 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 or launch.is_interpreting() else "native"
 
 
-def _rows_hint(num_rows: int, num_experts: int) -> int:
-    """Rows per expert, to a power of two: the autotuner's bucket for the chunk length."""
-    return min(MAX_ROWS_HINT, triton.next_power_of_2(max(1, -(-num_rows // num_experts))))
-
-
 def _check(rows: torch.Tensor, offsets: torch.Tensor, experts: QuantizedExperts) -> None:
     num_experts, _, num_cols = experts.shape
     if rows.dim() != 2 or rows.shape[1] != num_cols or not rows.is_contiguous():
@@ -264,14 +257,6 @@ def _check(rows: torch.Tensor, offsets: torch.Tensor, experts: QuantizedExperts)
                          f"{offsets.dtype} {tuple(offsets.shape)}")
     if not is_supported(experts):
         raise ValueError(f"no grouped kernel decodes {experts.qtype.name} experts")
-
-
-def _grid(num_rows: int, num_experts: int, num_outputs: int):
-    def grid(meta):
-        # At most ceil(R / BLOCK_M) + E tiles: each expert wastes less than one.
-        return (triton.cdiv(num_outputs, meta["BLOCK_ROWS"]),
-                triton.cdiv(num_rows, meta["BLOCK_M"]) + num_experts)
-    return grid
 
 
 def gate_up(rows: torch.Tensor, offsets: torch.Tensor, gate: QuantizedExperts,
@@ -290,11 +275,11 @@ def gate_up(rows: torch.Tensor, offsets: torch.Tensor, gate: QuantizedExperts,
         return out
     (gate_lanes, gate_unit), (up_lanes, up_unit) = decoding(gate), decoding(up)
     launch.launch_meta(
-        _gate_up_tuned, _grid(num_rows, num_experts, num_outputs),
+        _gate_up_tuned, gl.grid(num_rows, num_experts, num_outputs),
         _candidates(GATE_UP_CONFIGS),
         rows, offsets, row_weights.contiguous(), gate.raw, fp16_view(gate.raw),
         up.raw, fp16_view(up.raw), lookup_table(rows.device), out, num_rows,
-        _rows_hint(num_rows, num_experts), gate.expert_stride // gate_unit,
+        gl.rows_hint(num_rows, num_experts), gate.expert_stride // gate_unit,
         up.expert_stride // up_unit, num_outputs, num_cols, gate.raw.shape[2],
         up.raw.shape[2],
         NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),
@@ -316,9 +301,9 @@ def down(act: torch.Tensor, offsets: torch.Tensor, down_proj: QuantizedExperts) 
     lanes, unit = decoding(down_proj)
     raw = down_proj.raw
     launch.launch_meta(
-        _down_tuned, _grid(num_rows, num_experts, num_outputs), _candidates(DOWN_CONFIGS),
+        _down_tuned, gl.grid(num_rows, num_experts, num_outputs), _candidates(DOWN_CONFIGS),
         act, offsets, raw, fp16_view(raw), lookup_table(act.device), out, num_rows,
-        _rows_hint(num_rows, num_experts), down_proj.expert_stride // unit, num_outputs,
+        gl.rows_hint(num_rows, num_experts), down_proj.expert_stride // unit, num_outputs,
         num_cols, raw.shape[2],
         NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),
         QTYPE=int(down_proj.qtype), LANES=lanes, UNIT=unit, PRECISION=_precision(act.dtype),

@@ -27,6 +27,7 @@ import torch
 
 from strata.engine.core.kernels import launch
 from strata.engine.core.quant import expert_gemv
+from strata.engine.core.quant import grouped_launch as gl
 from strata.engine.core.quant.dp4a_dots import row_alignment
 from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.mmq_groups import MMQ_TYPES, NIBBLE_TYPES
@@ -53,13 +54,10 @@ DOWN_CONFIGS = ((64, 128, 4, 32, 2), (128, 128, 4, 64, 2), (128, 128, 8, 128, 2)
 # The interpreter pays per program and per op: wide tiles, but BLOCK_M below some experts'
 # rows (the tests' routing) and outputs split over programs.
 INTERPRETER_CONFIG = ((128, 128, 4, 16, 1),)
-MAX_ROWS_HINT = 256
 
 
-def _candidates(configs) -> tuple:
-    if launch.is_interpreting():
-        configs = INTERPRETER_CONFIG
-    return tuple((n, k, w, {"BLOCK_M": m, "STAGES": s}) for n, k, w, m, s in configs)
+def _candidates(configs: tuple) -> tuple:
+    return gl.candidates(configs, INTERPRETER_CONFIG)
 
 
 if triton is not None:
@@ -240,17 +238,6 @@ def _check(rounded: tuple, offsets: torch.Tensor, experts: QuantizedExperts) -> 
         raise ValueError(f"no int8 kernel reads these {experts.qtype.name} experts")
 
 
-def _rows_hint(num_rows: int, num_experts: int) -> int:
-    return min(MAX_ROWS_HINT, triton.next_power_of_2(max(1, -(-num_rows // num_experts))))
-
-
-def _grid(num_rows: int, num_experts: int, num_outputs: int):
-    def grid(meta):
-        return (triton.cdiv(num_outputs, meta["BLOCK_ROWS"]),
-                triton.cdiv(num_rows, meta["BLOCK_M"]) + num_experts)
-    return grid
-
-
 def gate_up(rounded: tuple, offsets: torch.Tensor, gate: QuantizedExperts,
             up: QuantizedExperts, row_weights: torch.Tensor) -> tuple:
     """The int8 rounding (q [R, I], d, s [R, I/32]) of silu(x @ gate[e]^T) * (x @ up[e]^T) *
@@ -270,10 +257,10 @@ def gate_up(rounded: tuple, offsets: torch.Tensor, gate: QuantizedExperts,
     if num_rows == 0:
         return out
     launch.launch_meta(
-        _gate_up_tuned, _grid(num_rows, num_experts, num_outputs),
+        _gate_up_tuned, gl.grid(num_rows, num_experts, num_outputs),
         _candidates(GATE_UP_CONFIGS), *rounded, offsets, row_weights.contiguous(),
         gate.raw, fp16_view(gate.raw), up.raw, fp16_view(up.raw), *out, num_rows,
-        _rows_hint(num_rows, num_experts), gate.expert_stride // _unit(gate),
+        gl.rows_hint(num_rows, num_experts), gate.expert_stride // _unit(gate),
         up.expert_stride // _unit(up), num_outputs, num_cols, gate.raw.shape[2],
         up.raw.shape[2],
         NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),
@@ -304,9 +291,9 @@ def down(rounded: tuple, offsets: torch.Tensor, down_proj: QuantizedExperts,
         return out
     raw = down_proj.raw
     launch.launch_meta(
-        _down_tuned, _grid(num_rows, num_experts, num_outputs), _candidates(DOWN_CONFIGS),
+        _down_tuned, gl.grid(num_rows, num_experts, num_outputs), _candidates(DOWN_CONFIGS),
         *rounded, offsets, raw, fp16_view(raw), out, num_rows,
-        _rows_hint(num_rows, num_experts), down_proj.expert_stride // _unit(down_proj),
+        gl.rows_hint(num_rows, num_experts), down_proj.expert_stride // _unit(down_proj),
         num_outputs, num_cols, raw.shape[2],
         NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),
         QTYPE=int(down_proj.qtype), UNIT=_unit(down_proj),
