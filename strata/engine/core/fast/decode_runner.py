@@ -100,11 +100,11 @@ class GraphRunner:
     def _key(kv: KVCache, bucket: int, key: tuple) -> tuple:
         return (tuple(t.data_ptr() for t in (*kv.k, *kv.v)), bucket, key)
 
-    def graph(self, kv: KVCache, bucket: int, key: tuple,
-              warmup_steps: int = WARMUP_STEPS) -> torch.cuda.CUDAGraph:
-        """The step's graph for this KV cache, bucket and key; captured on first use, after
-        warmup_steps runs on a side stream."""
-        graph_key = self._key(kv, bucket, key)
+    def graph(self, kv: KVCache, bucket: int, key: tuple, warmup_steps: int = WARMUP_STEPS,
+              graph_key: tuple | None = None) -> torch.cuda.CUDAGraph:
+        """The step's graph for this KV cache, bucket and key (graph_key: its _key, where the
+        caller has it); captured on first use, after warmup_steps runs on a side stream."""
+        graph_key = graph_key or self._key(kv, bucket, key)
         graph = self.graphs.get(graph_key)
         if graph is not None:
             return graph
@@ -136,15 +136,14 @@ class GraphRunner:
     def run_step(self, kv: KVCache, bucket: int, key: tuple) -> None:
         if self.hook is not None:
             self.hook.before_step()  # before a capture too: that runs the step as well
-        graph_key = self._key(kv, bucket, key)
-        eager_runs = self._eager_runs.get(graph_key, 0)
+        graph_key = self._key(kv, bucket, key)  # once a step: graph() takes it as is
+        eager_runs = self._eager_runs.get(graph_key, 0) if self.spread_capture else 0
         if (self.spread_capture and graph_key not in self.graphs
                 and eager_runs < WARMUP_STEPS):
             self._eager_runs[graph_key] = eager_runs + 1
             self.step.run(kv, bucket, key)  # the real step, and one of the capture's warm-ups
         else:
-            warmup_steps = WARMUP_STEPS - eager_runs if self.spread_capture else WARMUP_STEPS
-            self.graph(kv, bucket, key, warmup_steps).replay()
+            self.graph(kv, bucket, key, WARMUP_STEPS - eager_runs, graph_key).replay()
         if self.hook is not None:
             self.hook.after_step()
 
