@@ -318,8 +318,9 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
             if args.cpu_preconvert and engine.memory.cpu_misses is not None:
                 started = time.perf_counter()
                 cpu_misses = engine.memory.cpu_misses
-                cpu_misses.preconvert()
-                cpu_misses.wait_converted()  # "on" converts every expert as it starts
+                if cpu_misses.mode != "on":  # "on" converts every expert as it starts:
+                    cpu_misses.preconvert()  # converting here too would race it, twice
+                cpu_misses.wait_converted()
                 rows["cpu_preconvert"] = {"experts": len(cpu_misses.cache),
                                           "seconds": time.perf_counter() - started}
             for routing in args.routings:
