@@ -282,25 +282,17 @@ def decode_step(
 
     Attends over cache slots 0..len(key_positions)-1, masking those after `position`; the
     caller guarantees position < len(key_positions) <= kv.max_tokens. No host sync unless
-    moe_impl is "loop".
+    moe_impl is "loop" (or a layer splits_for_cpu). decode_step_segments with the host's
+    work run inline.
     """
-    ropes = model.layer_ropes(position)  # per layer: cos, sin [1, D] (one table unless Gemma)
-    h = model.embed(token_ids)  # [1, H]
-    y = None  # the last block's output, added to h by the next norm
-    y_norm = None  # the norm y passes before that add: Gemma's post-sublayer norm, or none
-    for i, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        after_attn, before_mlp, after_mlp = block_norms(layer)
-        h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops, y_norm)
-        # Before the kernels' RoPE: scaling the rotated q is the same, RoPE being linear.
-        q = attn.scale_queries(q, position)
-        y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
-                             *ropes[i], ops)
-        h, y = _norm_mlp(layer.mlp, h, y, before_mlp, ops, moe_impl, after_attn)
-        y_norm = after_mlp
-    head = head_weight(model)
-    _, x, rounded = _norm_token(h, y, model.model.norm, ops, _rounds_x(h, head, ops), y_norm)
-    return project_head(x, model, ops.pdl, rounded)  # [1, V]
+    segments = decode_step_segments(model, kv, token_ids, position, key_positions, ops,
+                                    moe_impl)
+    while True:
+        try:
+            work = next(segments)
+        except StopIteration as done:
+            return done.value
+        work()
 
 
 HostWork = Callable[[], None]
@@ -351,6 +343,7 @@ def decode_step_segments(
         attn = layer.self_attn
         after_attn, before_mlp, after_mlp = block_norms(layer)
         h, (q, k, v) = _norm_qkv(attn, h, y, layer.input_layernorm, ops, y_norm)
+        # Before the kernels' RoPE: scaling the rotated q is the same, RoPE being linear.
         q = attn.scale_queries(q, position)
         y = attention_decode(attn, q, k, v, position, key_positions, kv.k[i], kv.v[i],
                              *ropes[i], ops)
