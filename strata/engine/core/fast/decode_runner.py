@@ -10,7 +10,7 @@ reads step i: the GPU never waits for Python. The eager runner reads each token 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -76,6 +76,25 @@ class EagerRunner:
         """Nothing kept."""
 
 
+def warm_up(step: StaticStep, steps: int, run: Callable[[], None]) -> Callable[[], None]:
+    """Runs one step (`run`) `steps` times on a side stream, as torch.cuda.graphs requires
+    before a capture, each from the step's state as it is now; returns the function that
+    puts that state back (after the capture too). The warm-up rewrites this position's K/V
+    with the values the real step will write anyway."""
+    saved = [t.clone() for t in step.state()]
+
+    def restore() -> None:
+        for dst, src in zip(step.state(), saved, strict=True):
+            dst.copy_(src)
+
+    with side_stream(step.device):
+        for _ in range(steps):
+            restore()
+            run()
+        restore()
+    return restore
+
+
 class GraphRunner:
     """Replays one CUDA graph per (KV buffers, bucket, key); reads tokens one step behind."""
 
@@ -109,19 +128,7 @@ class GraphRunner:
         if graph is not None:
             return graph
         step = self.step
-        saved = [t.clone() for t in step.state()]
-
-        def restore() -> None:
-            for dst, src in zip(step.state(), saved, strict=True):
-                dst.copy_(src)
-
-        # Warm up on a side stream as torch.cuda.graphs requires. The warm-up rewrites this
-        # position's K/V with the values the real step will write anyway.
-        with side_stream(step.device):
-            for _ in range(warmup_steps):
-                restore()
-                step.run(kv, bucket, key)
-            restore()
+        restore = warm_up(step, warmup_steps, lambda: step.run(kv, bucket, key))
         graph = torch.cuda.CUDAGraph()
         # One memory pool for every bucket: replays are serialized on one stream and every
         # output lands in buffers allocated outside the pool.

@@ -19,9 +19,8 @@ import os
 
 import torch
 
-from strata.engine.core.fast.decode_runner import WARMUP_STEPS, EagerRunner, GraphRunner
+from strata.engine.core.fast.decode_runner import WARMUP_STEPS, EagerRunner, GraphRunner, warm_up
 from strata.engine.core.fast.forward import HostWork
-from strata.engine.core.fast.side_stream import side_stream
 from strata.engine.core.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -61,18 +60,12 @@ class SplitGraphRunner(GraphRunner):
         if found is not None:
             return found
         step = self.step
-        saved = [t.clone() for t in step.state()]
 
-        def restore() -> None:
-            for dst, src in zip(step.state(), saved, strict=True):
-                dst.copy_(src)
+        def run() -> None:  # the whole step, the host's work inline
+            for work in step.run_segments(kv, bucket, key):
+                work()
 
-        with side_stream(step.device):  # warm-up, as GraphRunner's, with the work inline
-            for _ in range(WARMUP_STEPS):
-                restore()
-                for work in step.run_segments(kv, bucket, key):
-                    work()
-            restore()
+        restore = warm_up(step, WARMUP_STEPS, run)
         graphs: list[torch.cuda.CUDAGraph] = []
         works: list[HostWork] = []
         segments = step.run_segments(kv, bucket, key)
