@@ -19,11 +19,13 @@ autotunes every tile candidate (Triton's disk cache keeps them for the next);
 
     python bench/diag_moe_prefill.py [--types Q4_K,Q6_K] [--tokens 512,4096] [--first-config]
     python bench/diag_moe_prefill.py --shape glm-4.5-air --tokens 512,4096
+    python bench/diag_moe_prefill.py --shape glm-4.5-air --tokens 512 --profile
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -70,20 +72,38 @@ def _types(name: str) -> tuple:
     return GGMLQuantizationType[gate_up], GGMLQuantizationType[down or gate_up]
 
 
-def _time_path(moe_prefill, moe, x, repeats: int, mmq: bool, dequant: bool):
-    """(output, microseconds per layer) of moe_block by one path: expert_mmq (mmq), the
-    dequantizing path (dequant) or expert_gemm (neither)."""
+@contextlib.contextmanager
+def _path(moe_prefill, mmq: bool, dequant: bool):
+    """moe_block by one path while inside: expert_mmq (mmq), the dequantizing path (dequant)
+    or expert_gemm (neither)."""
     decodes = moe_prefill.decodes_in_gemm
     if mmq:
         os.environ["STRATA_EXPERT_MMQ"] = "1"
     if dequant:
         moe_prefill.decodes_in_gemm = lambda *stacks: False
     try:
-        out = moe_prefill.moe_block(moe, x)  # compiles and autotunes
-        return out, time_s(lambda: moe_prefill.moe_block(moe, x), repeats) * 1e6
+        yield
     finally:
         os.environ.pop("STRATA_EXPERT_MMQ", None)
         moe_prefill.decodes_in_gemm = decodes
+
+
+def _time_path(moe_prefill, moe, x, repeats: int, mmq: bool, dequant: bool):
+    """(output, microseconds per layer) of moe_block by one path (_path)."""
+    with _path(moe_prefill, mmq, dequant):
+        out = moe_prefill.moe_block(moe, x)  # compiles and autotunes
+        return out, time_s(lambda: moe_prefill.moe_block(moe, x), repeats) * 1e6
+
+
+def _profile_paths(moe_prefill, moe, x, title: str) -> None:
+    """Each path's kernels in one layer call (where the layer's time goes besides the GEMMs:
+    routing, sorting, the weighted sum)."""
+    from diag_dequant import _profile
+
+    for name, mmq, dequant in (("gemm", False, False), ("mmq", True, False),
+                               ("old", False, True)):
+        with _path(moe_prefill, mmq, dequant):
+            _profile(f"{title}, {name}", lambda: moe_prefill.moe_block(moe, x))
 
 
 def main() -> int:
@@ -96,6 +116,8 @@ def main() -> int:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--tokens", default="512", help="comma-separated token counts")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--profile", action="store_true",
+                        help="also each path's kernels by torch.profiler (diag_dequant's table)")
     parser.add_argument("--first-config", action="store_true",
                         help="no autotuning: each kernel's first tile candidate")
     args = parser.parse_args()
@@ -147,6 +169,8 @@ def main() -> int:
                    "gemm_rel_diff": round(gemm_diff / max(scale, 1e-30), 5),
                    "mmq_rel_diff": round(mmq_diff / max(scale, 1e-30), 5)}
             rows.append(row)
+            if args.profile:
+                _profile_paths(moe_prefill, moe, x, f"{type_name} {t} tokens")
             print(f"{type_name:10} {t:6d} {old_us:9.1f} {gemm_us:9.1f} {mmq_us:9.1f} "
                   f"{row['gemm_speedup']:6.2f} {row['mmq_speedup']:6.2f} "
                   f"{row['mmq_tflops']:8.1f}  {row['gemm_tiles']} | {row['mmq_tiles']}   "
