@@ -37,15 +37,19 @@ def _build(expert_cache: str, mode: str):
     return memory, model
 
 
-def test_decode_with_cpu_misses_equals_all_resident() -> None:
+@pytest.fixture(scope="module")
+def expected() -> list[int]:
+    """The all-resident model's greedy tokens, which every partial cache's decode equals."""
     memory, model = _build("all", "off")
     try:
         kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
-        expected = list(GraphDecoder(model, min_bucket_tokens=64).generate(
+        return list(GraphDecoder(model, min_bucket_tokens=64).generate(
             kv, PROMPT, GREEDY, NUM_DECODE))
     finally:
         memory.close()
 
+
+def test_decode_with_cpu_misses_equals_all_resident(expected) -> None:
     memory, model = _build("16", "on")  # 16 slots of 48 experts
     try:
         store, cpu = memory.experts, memory.cpu_misses
@@ -75,19 +79,11 @@ def test_decode_with_cpu_misses_equals_all_resident() -> None:
         memory.close()
 
 
-def test_split_graphs_with_cpu_misses_equal_all_resident(monkeypatch) -> None:
+def test_split_graphs_with_cpu_misses_equal_all_resident(expected, monkeypatch) -> None:
     """STRATA_CPU_MISS_GRAPHS=1: the step cut at each MoE layer (fast/split_runner.py) is
     captured as 1 + 2 x 3 graphs and replayed with the host's work between them; the
     tokens are the all-resident model's, misses computed on the CPU."""
     from strata.engine.core.fast.split_runner import SplitGraphRunner
-
-    memory, model = _build("all", "off")
-    try:
-        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
-        expected = list(GraphDecoder(model, min_bucket_tokens=64).generate(
-            kv, PROMPT, GREEDY, NUM_DECODE))
-    finally:
-        memory.close()
 
     monkeypatch.setenv("STRATA_CPU_MISS_GRAPHS", "1")
     memory, model = _build("16", "on")
