@@ -51,6 +51,10 @@ class CpuMisses:
             raise ValueError("CpuMisses is for cpu_expert_misses on or auto")
         self.store = store
         self.mode = mode
+        # At most this many of a layer's misses a token go to the CPU, the rest read in place
+        # (None: every miss whose CPU form is kept). Both at once split a layer's misses
+        # between the CPU's threads and the link, where either alone is the slower.
+        self.max_per_layer: int | None = None
         self.cache = CpuExpertCache(store, limit_bytes, model_dtype)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._convert = ThreadPoolExecutor(1, thread_name_prefix="cpu-expert-forms")
@@ -183,8 +187,9 @@ class LayerCpuMisses:
 
     def _choose(self, expert_ids: list[int]) -> list[int]:
         """Indices of the routed experts the CPU computes: the misses by the host mirror of
-        the slot table whose CPU form is kept (the rest are queued for conversion and read
-        in place meanwhile: never converted on the decode path)."""
+        the slot table whose CPU form is kept, the first max_per_layer of them (the rest
+        are read in place, those without a form queued for conversion: never converted on
+        the decode path)."""
         shared = self.shared
         table = shared.store.table_mirror[self.layer]
         missed = [i for i, e in enumerate(expert_ids) if int(table[e]) < 0]
@@ -193,7 +198,7 @@ class LayerCpuMisses:
             if i not in kept:
                 shared.convert_later(self.layer, expert_ids[i])
         shared.num_layer_calls += 1
-        return kept
+        return kept if shared.max_per_layer is None else kept[:shared.max_per_layer]
 
     def _submit(self, moe, x_host: torch.Tensor, expert_ids: list[int], weights: list[float],
                 on_cpu: list[int]) -> Future:
