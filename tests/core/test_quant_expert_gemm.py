@@ -27,6 +27,7 @@ from gguf import GGMLQuantizationType as QT
 
 from strata.engine.core.quant.experts import QuantizedExperts
 from tests.core.test_quant_expert_gemv import stack
+from tests.helpers.call_counter import count_calls
 
 # Rows per expert: none, fewer than a BLOCK_M tile (16 under the interpreter), several tiles
 # and a partial one; first and last experts empty, so tiles start mid-way.
@@ -185,14 +186,7 @@ def test_engine_prefill_through_the_grouped_kernels_matches_the_dequantizing_pat
 
     path = _gguf(tmp_path, "qwen3_moe", "Q8_0", MIXED, wide=True)
     engine = _engine(path, monkeypatch, quantized=True)
-    calls = [0]
-    fused = expert_gemm.experts_mlp
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return fused(*args, **kwargs)
-
-    monkeypatch.setattr(expert_gemm, "experts_mlp", counted)
+    calls = count_calls(monkeypatch, expert_gemm, "experts_mlp")
     monkeypatch.setattr(moe_grouped, "experts_triton", lambda moe, x, *args: moe(x))
     try:
         model = engine.model

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from tests.core.test_quant_expert_gemm import COUNTS, _layer, _reference, _rows
+from tests.helpers.call_counter import count_calls
 from tests.helpers.int8_rows import dequantized, round_int8
 
 TYPES = (QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1)
@@ -140,31 +141,17 @@ def test_types_and_layouts_it_cannot_read_are_refused() -> None:
     assert empty.shape == (0, K_QUANT_COLS)
 
 
-def _count_mmq_calls(monkeypatch) -> list[int]:
-    """[calls of expert_mmq.experts_mlp from now on], the function itself still run."""
-    from strata.engine.core.quant import expert_mmq
-
-    calls = [0]
-    real = expert_mmq.experts_mlp
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(expert_mmq, "experts_mlp", counted)
-    return calls
-
-
 def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     """STRATA_EXPERT_MMQ=1: moe_prefill._quantized multiplies supported experts by
     expert_mmq (within its rounding of expert_gemm's result) and the load's warm-up runs it;
     unset, or a type it cannot read, it keeps expert_gemm."""
     from strata.engine.core.fast import moe_prefill
+    from strata.engine.core.quant import expert_mmq
 
     blocks, _ = _layer((QT.Q4_K, QT.Q4_K, QT.Q5_0), 256, 2 * OUTPUTS)
     rows, offsets, weights = _rows(256, seed=17)
     source = torch.arange(rows.shape[0])
-    calls = _count_mmq_calls(monkeypatch)
+    calls = count_calls(monkeypatch, expert_mmq, "experts_mlp")
     monkeypatch.delenv("STRATA_EXPERT_MMQ", raising=False)
     default = moe_prefill._quantized(rows, source, offsets, weights, blocks)
     assert calls[0] == 0
@@ -195,6 +182,7 @@ def test_engine_prefill_with_the_switch_on_stays_within_the_int8_rounding(
     from strata.engine.core.fast import moe_grouped
     from strata.engine.core.fast.prefill import prefill
     from strata.engine.core.kv_cache import KVCache
+    from strata.engine.core.quant import expert_mmq
     from tests.core.test_quant_experts import PROMPT, _engine, _gguf
     from tests.helpers.quant_blocks import alternating_mix
 
@@ -202,7 +190,7 @@ def test_engine_prefill_with_the_switch_on_stays_within_the_int8_rounding(
     path = _gguf(tmp_path, "qwen3_moe", "Q8_0", mix, wide=True)
     monkeypatch.setenv("STRATA_EXPERT_MMQ", "1")
     engine = _engine(path, monkeypatch, quantized=True)
-    calls = _count_mmq_calls(monkeypatch)
+    calls = count_calls(monkeypatch, expert_mmq, "experts_mlp")
     # The last row's one-token MoE: the reference module in both runs (not this path).
     monkeypatch.setattr(moe_grouped, "experts_triton", lambda moe, x, *args: moe(x))
     try:

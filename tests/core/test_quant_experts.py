@@ -30,6 +30,7 @@ from strata.engine.core.fast import GraphDecoder
 from strata.engine.core.kv_cache import KVCache
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.protocol import SamplingSpec
+from tests.helpers.call_counter import count_calls
 from tests.helpers.dp4a_switch import assert_dp4a_matches_planes
 from tests.helpers.gguf_writer import write_gguf_from_hf
 from tests.helpers.quant_blocks import (
@@ -236,15 +237,7 @@ def count_fused_calls(monkeypatch) -> list[int]:
     """Counts the one-token MoE blocks that took the fused kernels (not dequantize_routed)."""
     from strata.engine.core.quant import expert_gemv
 
-    calls = [0]
-    fused = expert_gemv.routed_mlp
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return fused(*args, **kwargs)
-
-    monkeypatch.setattr(expert_gemv, "routed_mlp", counted)
-    return calls
+    return count_calls(monkeypatch, expert_gemv, "routed_mlp")
 
 
 @pytest.mark.parametrize(("overrides", "cache"), [(None, "auto"), (PLANES_MIX, "auto"),

@@ -15,6 +15,7 @@ import torch
 
 from strata.engine.protocol import SamplingSpec
 from tests.gpu.gpu_helpers import MIB, nvml_used_bytes
+from tests.helpers.call_counter import count_calls
 
 pytestmark = pytest.mark.gpu
 
@@ -104,14 +105,7 @@ def test_cuda_engine_decodes_q4_k_m_like_blocks_by_dp4a_like_planes(tmp_path,
     from tests.helpers.gguf_writer import write_tiny_q4_k_m_like_llama
 
     path = write_tiny_q4_k_m_like_llama(tmp_path / "q4_k_m.gguf")
-    calls = [0]
-    dp4a = gemv_dp4a.matmul
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return dp4a(*args, **kwargs)
-
-    monkeypatch.setattr(gemv_dp4a, "matmul", counted)
+    calls = count_calls(monkeypatch, gemv_dp4a, "matmul")
     prompt = [(7 * i + 3) % 300 for i in range(40)]
     monkeypatch.setenv("STRATA_DP4A", "0")
     planes = _engine(path, monkeypatch, quantized=True)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from tests.gpu.gpu_helpers import captured
+from tests.helpers.call_counter import count_calls
 from tests.helpers.child_env import child_env
 from tests.helpers.quant_blocks import random_experts
 
@@ -246,14 +247,7 @@ def test_cuda_engine_prefill_matches_the_dequantizing_path(tmp_path, monkeypatch
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0",
                               qtype_overrides=PLANES_MIX)
-    calls = [0]
-    fused = expert_gemm.experts_mlp
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return fused(*args, **kwargs)
-
-    monkeypatch.setattr(expert_gemm, "experts_mlp", counted)
+    calls = count_calls(monkeypatch, expert_gemm, "experts_mlp")
     monkeypatch.setenv("STRATA_QUANTIZED", "1")
     engine = Engine(EngineConfig(model_path=str(path), device="cuda", context_tokens=256))
     engine.load()

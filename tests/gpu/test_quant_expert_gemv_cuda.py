@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as QT
 from strata.engine.protocol import SamplingSpec
 from tests.core.batch_helpers import BF16_NEAR_TIE, assert_same_or_near_tie
 from tests.gpu.gpu_helpers import captured
+from tests.helpers.call_counter import count_calls
 from tests.helpers.quant_blocks import random_blocks
 
 pytestmark = pytest.mark.gpu
@@ -251,14 +252,7 @@ def test_cuda_engine_decodes_through_the_fused_kernels(tmp_path, monkeypatch,
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     path = write_gguf_from_hf(model, None, tmp_path / "moe.gguf", "Q8_0",
                               qtype_overrides=PLANES_MIX)
-    calls = [0]
-    fused = expert_gemv.routed_mlp
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return fused(*args, **kwargs)
-
-    monkeypatch.setattr(expert_gemv, "routed_mlp", counted)
+    calls = count_calls(monkeypatch, expert_gemv, "routed_mlp")
     prompt = [(7 * i + 3) % 300 for i in range(40)]
     spec = SamplingSpec(max_tokens=24, temperature=0.0)
 
