@@ -46,7 +46,8 @@ except ImportError:  # optional: the torch path needs neither
 # Weights up to this size run through `gemv` in a decode step: Qwen3-30B-A3B's qkv (21 MB)
 # and o_proj (16.8 MB); Llama-3-8B's MLP (117-235 MB) stays on cuBLAS.
 GEMV_MAX_WEIGHT_BYTES = 64 * MIB
-# (BLOCK_ROWS, BLOCK_COLS, num_warps, no UNROLL); the first is the CPU interpreter's choice.
+# (BLOCK_ROWS, BLOCK_COLS, num_warps, no UNROLL), autotuned on CUDA; the CPU interpreter runs
+# the first's columns over more rows (launch.interpreter_rows).
 GEMV_CONFIGS = ((1, 2048, 4, None), (2, 1024, 4, None), (2, 2048, 8, None), (4, 512, 4, None))
 # What a GEMV's prologue makes of its input before multiplying (see _token_tile).
 PLAIN, SILU_MUL, NORM, GELU_MUL = 0, 1, 2, 3
@@ -258,7 +259,8 @@ def _launch_gemv(prologue: int, x: torch.Tensor, weight: torch.Tensor,
     num_rows, num_cols = weight.shape
     out = torch.empty(1, num_rows, dtype=x.dtype, device=x.device)
     launch.launch(
-        _gemv_tuned, lambda rows: (triton.cdiv(num_rows, rows),), GEMV_CONFIGS,
+        _gemv_tuned, lambda rows: (triton.cdiv(num_rows, rows),),
+        launch.interpreter_rows(GEMV_CONFIGS),
         x.contiguous(), weight, bias if bias is not None else weight, out,
         y.contiguous() if y is not None else weight,
         norm_weight if norm_weight is not None else weight,

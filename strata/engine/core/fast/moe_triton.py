@@ -17,7 +17,7 @@ The expert ids stay in device memory: each program loads its expert id and reads
 expert's rows of the stacked [E, I, H] / [E, H, I] weights, so the k experts cost exactly
 their bytes and no host sync. On CUDA the block shapes are autotuned once per matrix shape
 (the candidates include the first pass's fixed choice); under TRITON_INTERPRET=1 (the CPU
-tests) the first candidate runs.
+tests) the first candidate's shape over 64 rows runs (launch.interpreter_rows).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import pdl
-from strata.engine.core.kernels.launch import launch, tuned
+from strata.engine.core.kernels.launch import interpreter_rows, launch, tuned
 
 try:
     import triton
@@ -39,9 +39,9 @@ try:
 except ImportError:  # Triton is optional: the bmm and loop paths need only torch.
     triton = None
 
-# (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL) candidates; the first is the CPU interpreter's choice.
-# The first of each is the fastest of a cold-L2 sweep for Qwen3-30B-A3B (each replay reads
-# other experts, as a decode step does; docs/benchmarks.md, "Figures behind the fast path").
+# (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL) candidates, autotuned on CUDA. The first of
+# each is the fastest of a cold-L2 sweep for Qwen3-30B-A3B (each replay reads other
+# experts, as a decode step does; docs/benchmarks.md, "Figures behind the fast path").
 # Unrolling the column loop changed nothing measurable; at these sizes a launch's fixed
 # ramp-up and tail weigh as much as the bytes. The runners-up stay as candidates for other
 # shapes; autotuning picks per shape.
@@ -410,7 +410,8 @@ def grouped_gate_up(
     out = torch.empty(num_experts_used, num_rows, dtype=x.dtype, device=x.device)
     launch(
         _gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(num_rows, rows)),
-        GATE_UP_CONFIGS, x.contiguous(), gate, up, ids.contiguous(), out, table_arg,
+        interpreter_rows(GATE_UP_CONFIGS), x.contiguous(), gate, up, ids.contiguous(), out,
+        table_arg,
         int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), gate.stride(1),
         *bias_args, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
         use_pdl=use_pdl, **switches,
@@ -435,7 +436,8 @@ def grouped_down_sum(
     out = torch.empty(num_rows, dtype=act.dtype, device=act.device)
     bias_args, switches = expert_epilogue.kernel_args(epilogue, ids, bias_ids)
     launch(
-        _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),), DOWN_SUM_CONFIGS,
+        _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),),
+        interpreter_rows(DOWN_SUM_CONFIGS),
         act.contiguous(), down, ids.contiguous(), weights.contiguous(), out, table_arg,
         int(host_offset), down.stride(0), down.stride(1), *bias_args, num_cols=num_cols,
         num_rows=num_rows, top_k=ids.shape[0], HAS_TABLE=table is not None, use_pdl=use_pdl,

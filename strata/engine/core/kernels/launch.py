@@ -3,7 +3,8 @@
 Candidates are (BLOCK_ROWS, BLOCK_COLS, num_warps, UNROLL or None or a dict of the kernel's
 other tuned constexprs) tuples. On CUDA a kernel is
 autotuned once per matrix shape; under TRITON_INTERPRET=1 (the CPU tests) the first candidate
-runs: the same kernels, through the interpreter.
+runs: the same kernels, through the interpreter (GEMV-like kernels pass interpreter_rows'
+candidates: more rows a program).
 """
 
 from __future__ import annotations
@@ -18,6 +19,19 @@ try:
     import triton
 except ImportError:  # Triton is optional: the torch paths need only torch.
     triton = None
+
+
+# Rows a program of a GEMV-like kernel (rows independent of each other) under the CPU
+# interpreter, which pays per program and per op, not per value: one row a program made
+# GPT-OSS's tiny decode test run 256 interpreted programs a MoE call (interpreter_rows).
+INTERPRETER_ROWS = 64
+
+
+def interpreter_rows(candidates: tuple) -> tuple:
+    """candidates with a first one of at least INTERPRETER_ROWS rows, for `launch` to run
+    under the interpreter (CUDA autotunes over the kernel's own `tuned` candidates)."""
+    rows, *rest = candidates[0]
+    return ((max(rows, INTERPRETER_ROWS), *rest), *candidates[1:])
 
 
 def is_interpreting() -> bool:
