@@ -4,12 +4,13 @@
 A whole-step CUDA graph cannot wait for the host, so with cpu_expert_misses the step is cut
 at each such MoE layer twice: after the router (the host splits the ids and starts the
 CPU's misses) and after the hits' kernels (the host adds the CPU's sum into a fixed buffer).
-`SplitEagerRunner` calls the segments with the host's work inline: on any device, what the
-graphs replay, and what CPU tests check against the one-call path. `SplitGraphRunner`
-captures each segment as one graph (one pool for all) and replays them with the host's
-work between; it is used only with STRATA_CPU_MISS_GRAPHS=1 until a GPU run has checked it
-(tests/gpu/test_cpu_expert_misses_cuda.py): decode then costs 2 more graph launches and one
-sync a split layer instead of a called step's every launch.
+`SplitEagerRunner` calls them with the host's work inline (StaticStep.run does that for
+every step): on any device, what the graphs replay, and what CPU tests check against the
+one-call path. `SplitGraphRunner` captures each segment as one graph (one pool for all)
+and replays them with the host's work between; it is used only with
+STRATA_CPU_MISS_GRAPHS=1 (its GPU tests pass, tests/gpu/test_cpu_expert_misses_cuda.py)
+until a 30B row shows it pays: decode then costs 2 more graph launches and one sync a
+split layer instead of a called step's every launch.
 """
 
 from __future__ import annotations
@@ -32,15 +33,8 @@ def graphs_enabled() -> bool:
 
 
 class SplitEagerRunner(EagerRunner):
-    """Calls the split step's segments, doing the host's work between them."""
-
-    def run_step(self, kv: KVCache, bucket: int, key: tuple) -> None:
-        if self.hook is not None:
-            self.hook.before_step()
-        for work in self.step.run_segments(kv, bucket, key):
-            work()
-        if self.hook is not None:
-            self.hook.after_step()
+    """EagerRunner over the split step: StaticStep.run already does the host's work between
+    the segments; the name tells the decoder's choice (tests, the note)."""
 
 
 class SplitGraphRunner(GraphRunner):
@@ -60,12 +54,7 @@ class SplitGraphRunner(GraphRunner):
         if found is not None:
             return found
         step = self.step
-
-        def run() -> None:  # the whole step, the host's work inline
-            for work in step.run_segments(kv, bucket, key):
-                work()
-
-        restore = warm_up(step, WARMUP_STEPS, run)
+        restore = warm_up(step, WARMUP_STEPS, lambda: step.run(kv, bucket, key))
         graphs: list[torch.cuda.CUDAGraph] = []
         works: list[HostWork] = []
         segments = step.run_segments(kv, bucket, key)

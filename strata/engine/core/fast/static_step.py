@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from strata.engine.core.fast.forward import HostWork, decode_step, decode_step_segments
+from strata.engine.core.fast.forward import HostWork, decode_step_segments
 from strata.engine.core.fast.graph_sampler import GraphSampler
 from strata.engine.core.fast.pointwise import PointwiseOps
 from strata.engine.core.kv_cache import KVCache
@@ -88,12 +88,11 @@ class StaticStep:
 
     def run(self, kv: KVCache, bucket: int, key: tuple) -> None:
         """One step: sample into token_out and token_in (or, for LOGITS_KEY, copy the logits to
-        logits_out), then advance the position. No host sync: a graph can hold it."""
-        ops = self._ops(kv)
-        logits = decode_step(
-            self.model, kv, self.token_in, self.position, self._keys(bucket), ops, self.moe_impl,
-        )
-        self._finish(logits, key, ops)
+        logits_out), then advance the position: `run_segments` with the host's work done
+        inline (none unless a layer's misses go to the CPU: then it syncs). Without that, no
+        host sync: a graph can hold it."""
+        for work in self.run_segments(kv, bucket, key):
+            work()
 
     def run_segments(self, kv: KVCache, bucket: int, key: tuple
                      ) -> Generator[HostWork, None, None]:
