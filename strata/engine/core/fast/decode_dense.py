@@ -49,6 +49,7 @@ GEMV_MAX_WEIGHT_BYTES = 64 * MIB
 # (BLOCK_ROWS, BLOCK_COLS, num_warps, no UNROLL), autotuned on CUDA; the CPU interpreter runs
 # the first's columns over more rows (launch.interpreter_rows).
 GEMV_CONFIGS = ((1, 2048, 4, None), (2, 1024, 4, None), (2, 2048, 8, None), (4, 512, 4, None))
+GEMV_INTERPRETED = launch.interpreter_rows(GEMV_CONFIGS)  # made once: CUDA never reads it
 # What a GEMV's prologue makes of its input before multiplying (see _token_tile).
 PLAIN, SILU_MUL, NORM, GELU_MUL = 0, 1, 2, 3
 # Weights up to this size take the step before them into their GEMV's prologue. Reading 8 MiB
@@ -260,7 +261,7 @@ def _launch_gemv(prologue: int, x: torch.Tensor, weight: torch.Tensor,
     out = torch.empty(1, num_rows, dtype=x.dtype, device=x.device)
     launch.launch(
         _gemv_tuned, lambda rows: (triton.cdiv(num_rows, rows),),
-        launch.interpreter_rows(GEMV_CONFIGS),
+        GEMV_INTERPRETED,
         x.contiguous(), weight, bias if bias is not None else weight, out,
         y.contiguous() if y is not None else weight,
         norm_weight if norm_weight is not None else weight,

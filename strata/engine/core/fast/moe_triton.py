@@ -49,6 +49,9 @@ GATE_UP_CONFIGS = ((1, 2048, 4, False), (2, 1024, 2, False), (2, 512, 2, False),
                    (4, 512, 2, True))
 DOWN_SUM_CONFIGS = ((1, 1024, 4, False), (4, 1024, 4, False), (2, 1024, 4, False),
                     (4, 256, 4, False))
+# What `launch` runs under the CPU interpreter (made once: CUDA never reads them).
+GATE_UP_INTERPRETED = interpreter_rows(GATE_UP_CONFIGS)
+DOWN_SUM_INTERPRETED = interpreter_rows(DOWN_SUM_CONFIGS)
 # Matrix sizes are constexpr: fixed per model, they give static loop bounds (and the CPU
 # interpreter cannot take a runtime loop bound with numpy 2).
 
@@ -410,7 +413,7 @@ def grouped_gate_up(
     out = torch.empty(num_experts_used, num_rows, dtype=x.dtype, device=x.device)
     launch(
         _gate_up_tuned, lambda rows: (num_experts_used, triton.cdiv(num_rows, rows)),
-        interpreter_rows(GATE_UP_CONFIGS), x.contiguous(), gate, up, ids.contiguous(), out,
+        GATE_UP_INTERPRETED, x.contiguous(), gate, up, ids.contiguous(), out,
         table_arg,
         int(host_offsets[0]), int(host_offsets[1]), gate.stride(0), gate.stride(1),
         *bias_args, num_cols=num_cols, num_rows=num_rows, HAS_TABLE=table is not None,
@@ -437,7 +440,7 @@ def grouped_down_sum(
     bias_args, switches = expert_epilogue.kernel_args(epilogue, ids, bias_ids)
     launch(
         _down_sum_tuned, lambda rows: (triton.cdiv(num_rows, rows),),
-        interpreter_rows(DOWN_SUM_CONFIGS),
+        DOWN_SUM_INTERPRETED,
         act.contiguous(), down, ids.contiguous(), weights.contiguous(), out, table_arg,
         int(host_offset), down.stride(0), down.stride(1), *bias_args, num_cols=num_cols,
         num_rows=num_rows, top_k=ids.shape[0], HAS_TABLE=table is not None, use_pdl=use_pdl,

@@ -185,8 +185,9 @@ class ExpertCache:
         leaves the hit/miss counters to a caller that knows better (`count`).
         admit_all=False (lfu; a caller that can read a miss where it is, as decode reads the
         host copy): a miss takes a slot only when one is free or its use count beats the
-        expert it would evict by admit_margin_uses; else its slot is None and nothing moves. Rare experts then
-        cost one read, not a read and a copy that evicts a more popular one.
+        expert it would evict by admit_margin_uses; else its slot is None and nothing
+        moves. Rare experts then cost one read, not a read and a copy that evicts a more
+        popular one.
         """
         if self.is_released:
             raise ExpertCacheReleasedError(
