@@ -70,14 +70,14 @@ def test_fresh_decoder_continues_over_restored_kv(monkeypatch) -> None:
     expected, ref_logits = reference(model, prompt, 8)
 
     seen: list[torch.Tensor] = []  # each decode step's logits [V]
-    step = static_step.decode_step
+    segments = static_step.decode_step_segments  # what StaticStep.run runs
 
-    def recording_step(*args, **kwargs):
-        logits = step(*args, **kwargs)
+    def recording_segments(*args, **kwargs):
+        logits = yield from segments(*args, **kwargs)
         seen.append(logits[0].clone())
         return logits
 
-    monkeypatch.setattr(static_step, "decode_step", recording_step)
+    monkeypatch.setattr(static_step, "decode_step_segments", recording_segments)
     decoder = fresh_decoder(model)  # first call: a prefill at start_pos > 0, then decode
     got = list(decoder.generate(kv_b, prompt[num_cached:], GREEDY, 8, start_pos=num_cached))
     assert got == expected
