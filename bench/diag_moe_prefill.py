@@ -9,10 +9,13 @@ off: bench/diag_dequant.py --part moe.)
 
 All run the engine's code for the layer (moe_prefill.moe_block: router, sort by expert,
 experts, weighted sum), on random blocks and random tokens; "gemm" is expert_gemm, forced
-by raising the crossover; "mmq" expert_mmq, by STRATA_EXPERT_MMQ=1; "old" the grouped path,
-forced by switching moe_prefill.decodes_in_gemm off. Prints one row per type and token
-count (microseconds per layer, each path's speed-up over old, the matrix TFLOP/s, the tiles
-the autotuner chose, the largest difference from old), then one JSON line. A type is one
+by raising the crossover; "mmq" expert_mmq, by STRATA_EXPERT_MMQ=1; "mix" expert_mmq's gate/up
+and expert_gemm's down (STRATA_EXPERT_MMQ=gate_up); "old" the grouped path, forced by
+switching moe_prefill.decodes_in_gemm off. --graphs times each path replayed from a CUDA
+graph (the GPU's time alone, as the engine's prefill graphs run them) instead of called.
+Prints one row per type and token count (microseconds per layer, each path's speed-up over
+old, the matrix TFLOP/s, the tiles the autotuner chose, the largest difference from old),
+then one JSON line. A type is one
 name for all three projections or GATE_UP/DOWN (Q4_K/Q5_0). The first run compiles and
 autotunes every tile candidate (Triton's disk cache keeps them for the next);
 --first-config skips the autotuning for a quick check.
@@ -20,6 +23,7 @@ autotunes every tile candidate (Triton's disk cache keeps them for the next);
     python bench/diag_moe_prefill.py [--types Q4_K,Q6_K] [--tokens 512,4096] [--first-config]
     python bench/diag_moe_prefill.py --shape glm-4.5-air --tokens 512,4096
     python bench/diag_moe_prefill.py --shape glm-4.5-air --tokens 512 --profile
+    python bench/diag_moe_prefill.py --shape glm-4.5-air --tokens 512,4096 --graphs
 """
 
 from __future__ import annotations
@@ -72,13 +76,19 @@ def _types(name: str) -> tuple:
     return GGMLQuantizationType[gate_up], GGMLQuantizationType[down or gate_up]
 
 
+# path: (STRATA_EXPERT_MMQ, expert_gemm switched off). "gemm": expert_gemm; "mmq": the int8
+# products; "mix": int8 gate/up, expert_gemm's down; "old": the dequantizing path.
+PATHS = {"gemm": (None, False), "mmq": ("1", False), "mix": ("gate_up", False),
+         "old": (None, True)}
+
+
 @contextlib.contextmanager
-def _path(moe_prefill, mmq: bool, dequant: bool):
-    """moe_block by one path while inside: expert_mmq (mmq), the dequantizing path (dequant)
-    or expert_gemm (neither)."""
+def _path(moe_prefill, name: str):
+    """moe_block by one of PATHS while inside."""
+    mmq, dequant = PATHS[name]
     decodes = moe_prefill.decodes_in_gemm
     if mmq:
-        os.environ["STRATA_EXPERT_MMQ"] = "1"
+        os.environ["STRATA_EXPERT_MMQ"] = mmq
     if dequant:
         moe_prefill.decodes_in_gemm = lambda *stacks: False
     try:
@@ -88,11 +98,18 @@ def _path(moe_prefill, mmq: bool, dequant: bool):
         moe_prefill.decodes_in_gemm = decodes
 
 
-def _time_path(moe_prefill, moe, x, repeats: int, mmq: bool, dequant: bool):
-    """(output, microseconds per layer) of moe_block by one path (_path)."""
-    with _path(moe_prefill, mmq, dequant):
+def _time_path(moe_prefill, moe, x, repeats: int, name: str, graphs: bool):
+    """(output, microseconds per layer) of moe_block by one path, called, or replayed from
+    a CUDA graph (graphs: the GPU's time alone, as a prefill graph runs it)."""
+    with _path(moe_prefill, name):
         out = moe_prefill.moe_block(moe, x)  # compiles and autotunes
-        return out, time_s(lambda: moe_prefill.moe_block(moe, x), repeats) * 1e6
+        if not graphs:
+            return out, time_s(lambda: moe_prefill.moe_block(moe, x), repeats) * 1e6
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = moe_prefill.moe_block(moe, x)
+        return out, time_s(graph.replay, repeats) * 1e6
 
 
 def _profile_paths(moe_prefill, moe, x, title: str) -> None:
@@ -100,9 +117,8 @@ def _profile_paths(moe_prefill, moe, x, title: str) -> None:
     routing, sorting, the weighted sum)."""
     from diag_dequant import _profile
 
-    for name, mmq, dequant in (("gemm", False, False), ("mmq", True, False),
-                               ("old", False, True)):
-        with _path(moe_prefill, mmq, dequant):
+    for name in PATHS:
+        with _path(moe_prefill, name):
             _profile(f"{title}, {name}", lambda: moe_prefill.moe_block(moe, x))
 
 
@@ -118,6 +134,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--profile", action="store_true",
                         help="also each path's kernels by torch.profiler (diag_dequant's table)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="time each path replayed from a CUDA graph, not called")
     parser.add_argument("--first-config", action="store_true",
                         help="no autotuning: each kernel's first tile candidate")
     args = parser.parse_args()
@@ -138,9 +156,9 @@ def main() -> int:
     moe = SparseMoE(h, i, e, k, True).cuda().bfloat16()
     expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = 1 << 30  # "gemm": expert_gemm at any count
     rows = []
-    print(f"{'experts':10} {'tokens':>6} {'old_us':>9} {'gemm_us':>9} {'mmq_us':>9} "
-          f"{'gemm_x':>6} {'mmq_x':>6} {'mmq_TF/s':>8}  gemm tiles | mmq tiles   "
-          f"max_diff gemm, mmq")
+    print(f"{'experts':10} {'tokens':>6} " + " ".join(f"{n + '_us':>9}" for n in PATHS)
+          + f" {'gemm_x':>6} {'mmq_x':>6} {'mix_x':>6} {'mmq_TF/s':>8}  gemm tiles | "
+          "mmq tiles   max_diff gemm, mmq, mix")
     for type_name in (args.types or shape[4]).split(","):
         gate_up_type, down_type = _types(type_name)
         _set_experts(moe, [_random_experts(gate_up_type, e, i, h),
@@ -151,30 +169,32 @@ def main() -> int:
         for t in (int(n) for n in args.tokens.split(",")):
             x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
             flops = 2 * t * k * 3 * h * i  # the routed rows' three projections
-            gemm, gemm_us = _time_path(moe_prefill, moe, x, args.repeats, False, False)
-            mmq, mmq_us = _time_path(moe_prefill, moe, x, args.repeats, True, False)
-            old, old_us = _time_path(moe_prefill, moe, x, args.repeats, False, True)
+            outs, us = {}, {}
+            for name in PATHS:
+                outs[name], us[name] = _time_path(moe_prefill, moe, x, args.repeats, name,
+                                                  args.graphs)
+            old, old_us = outs["old"], us["old"]
             scale = old.float().abs().max().item()
-            gemm_diff = (gemm.float() - old.float()).abs().max().item()
-            mmq_diff = (mmq.float() - old.float()).abs().max().item()
-            row = {"experts": type_name, "tokens": t, "old_us": round(old_us, 1),
-                   "gemm_us": round(gemm_us, 1), "mmq_us": round(mmq_us, 1),
-                   "gemm_speedup": round(old_us / gemm_us, 2),
-                   "mmq_speedup": round(old_us / mmq_us, 2),
-                   "mmq_tflops": round(flops / mmq_us / 1e6, 1),
+            diffs = {n: (outs[n].float() - old.float()).abs().max().item()
+                     for n in ("gemm", "mmq", "mix")}
+            row = {"experts": type_name, "tokens": t, "graphs": args.graphs,
+                   **{f"{n}_us": round(us[n], 1) for n in PATHS},
+                   **{f"{n}_speedup": round(old_us / us[n], 2) for n in ("gemm", "mmq", "mix")},
+                   "mmq_tflops": round(flops / us["mmq"] / 1e6, 1),
                    "gemm_tiles": f"{_chosen(expert_gemm._gate_up_tuned)} / "
                                  f"{_chosen(expert_gemm._down_tuned)}",
                    "mmq_tiles": f"{_chosen(expert_mmq._gate_up_tuned)} / "
                                 f"{_chosen(expert_mmq._down_tuned)}",
-                   "gemm_rel_diff": round(gemm_diff / max(scale, 1e-30), 5),
-                   "mmq_rel_diff": round(mmq_diff / max(scale, 1e-30), 5)}
+                   **{f"{n}_rel_diff": round(d / max(scale, 1e-30), 5)
+                      for n, d in diffs.items()}}
             rows.append(row)
             if args.profile:
                 _profile_paths(moe_prefill, moe, x, f"{type_name} {t} tokens")
-            print(f"{type_name:10} {t:6d} {old_us:9.1f} {gemm_us:9.1f} {mmq_us:9.1f} "
-                  f"{row['gemm_speedup']:6.2f} {row['mmq_speedup']:6.2f} "
-                  f"{row['mmq_tflops']:8.1f}  {row['gemm_tiles']} | {row['mmq_tiles']}   "
-                  f"{gemm_diff:.4g}, {mmq_diff:.4g} (of {scale:.3g})", flush=True)
+            print(f"{type_name:10} {t:6d} " + " ".join(f"{us[n]:9.1f}" for n in PATHS)
+                  + f" {row['gemm_speedup']:6.2f} {row['mmq_speedup']:6.2f} "
+                  f"{row['mix_speedup']:6.2f} {row['mmq_tflops']:8.1f}  {row['gemm_tiles']} | "
+                  f"{row['mmq_tiles']}   " + ", ".join(f"{d:.4g}" for d in diffs.values())
+                  + f" (of {scale:.3g})", flush=True)
     print(json.dumps({"figure": "moe_prefill_layer_us", "gpu": torch.cuda.get_device_name(),
                       "torch": torch.__version__, "triton": triton.__version__,
                       "shape": {"name": args.shape, "experts": e, "hidden": h, "inter": i,

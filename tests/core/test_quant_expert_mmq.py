@@ -121,6 +121,32 @@ def test_experts_mlp_within_the_int8_rounding_of_the_float_path(types) -> None:
     assert torch.equal(gathered, got)
 
 
+def test_gate_up_in_the_rows_dtype_then_expert_gemms_down() -> None:
+    """down_by="gemm": gate/up writes the activation in the rows' dtype (bf16: within its
+    roundings of the float64 SwiGLU of the int8 rows; the values its int8 output rounds, up
+    to a float32 tie), and expert_gemm.down multiplies it, as experts_mlp returns."""
+    from strata.engine.core.quant import expert_gemm, expert_mmq
+
+    blocks, dense = _layer((QT.Q4_K, QT.Q4_K, QT.Q5_0), 256, 2 * OUTPUTS)
+    rows, offsets, weights = _rows(256, seed=19)
+    rows, weights = rows.bfloat16(), weights.bfloat16()
+    rounded = expert_mmq.quantize_rows(rows)
+    x = dequantized(rounded)
+    expected = (F.silu(_per_expert(x, offsets, dense[0])) * _per_expert(x, offsets, dense[1])
+                * weights.double()[:, None])
+    act = expert_mmq.gate_up(rounded, offsets, blocks[0], blocks[1], weights, int8_out=False)
+    assert act.dtype == torch.bfloat16 and act.shape == expected.shape
+    error = (act.double() - expected).abs().max().item()
+    assert error <= 2.0**-6 * expected.abs().max().item(), error  # a few bf16 steps
+    q, d, _ = expert_mmq.gate_up(rounded, offsets, blocks[0], blocks[1], weights)
+    q_ref, d_ref, _ = round_int8(act.float())
+    assert torch.equal(d, d_ref) and (q.int() - q_ref.int()).abs().max() <= 1
+    got = expert_mmq.experts_mlp(rows, *blocks, offsets, weights, down_by="gemm")
+    assert torch.equal(got, expert_gemm.down(act, offsets, blocks[2]))
+    with pytest.raises(ValueError, match="down_by"):
+        expert_mmq.experts_mlp(rows, *blocks, offsets, weights, down_by="cpu")
+
+
 def test_types_and_layouts_it_cannot_read_are_refused() -> None:
     from strata.engine.core.quant import expert_mmq
 
@@ -144,7 +170,8 @@ def test_types_and_layouts_it_cannot_read_are_refused() -> None:
 def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     """STRATA_EXPERT_MMQ=1: moe_prefill._quantized multiplies supported experts by
     expert_mmq (within its rounding of expert_gemm's result) and the load's warm-up runs it;
-    unset, or a type it cannot read, it keeps expert_gemm."""
+    unset, or a type it cannot read, it keeps expert_gemm. =gate_up: expert_mmq's gate/up
+    and expert_gemm's down, for any down type expert_gemm decodes."""
     from strata.engine.core.fast import moe_prefill
     from strata.engine.core.quant import expert_mmq
 
@@ -166,6 +193,13 @@ def test_moe_prefill_takes_it_only_when_switched_on(monkeypatch) -> None:
     moe = SimpleNamespace(top_k=2, plain_experts=True)
     moe_prefill.warm_up_quantized(moe, grouped=False, stacks=blocks)
     assert calls[0] == 2
+    # gate_up: the int8 gate/up and expert_gemm's down, which also decodes Q2_K.
+    monkeypatch.setenv("STRATA_EXPERT_MMQ", "gate_up")
+    assert moe_prefill.mmq_down_by(other) == "gemm"
+    mixed = moe_prefill._quantized(rows, source, offsets, weights, blocks)
+    assert calls[0] == 3
+    assert torch.equal(mixed, expert_mmq.experts_mlp(rows, *blocks, offsets, weights,
+                                                     source=source, down_by="gemm"))
 
 
 # ---- engine -------------------------------------------------------------------------------

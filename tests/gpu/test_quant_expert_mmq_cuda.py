@@ -90,6 +90,22 @@ def test_cuda_chunk_matches_dequantize_then_grouped_mm(types, shape) -> None:
     _assert_close(got, _old_path(x, source, offsets, row_weights, blocks))
 
 
+@pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q5_0), (QT.Q4_K, QT.Q4_K, QT.Q3_K)],
+                         ids=["glm-Q5_0", "down-Q3_K"])
+def test_cuda_int8_gate_up_then_expert_gemms_down(types) -> None:
+    """down_by="gemm" at GLM-4.5-Air's shape: the int8 gate/up writes bf16 activations that
+    expert_gemm's down multiplies (any type it decodes, Q3_K too, which the int8 kernels do
+    not read): within the int8 rounding of the rows of the dequantize-then-GEMM path."""
+    from strata.engine.core.quant import expert_mmq
+
+    blocks = _layer(types, GLM)
+    x, source, offsets, row_weights = _routed(GLM[0], GLM[1])
+    got = expert_mmq.experts_mlp(x, *blocks, offsets, row_weights, source=source,
+                                 down_by="gemm")
+    assert got.shape == (source.shape[0], GLM[1]) and got.dtype == torch.bfloat16
+    _assert_close(got, _old_path(x, source, offsets, row_weights, blocks))
+
+
 @pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.Q4_1,
                                    QT.Q5_0, QT.Q5_1], ids=lambda t: t.name)
 def test_cuda_products_match_torch_on_gguf_py_values_and_the_int8_rows(qtype: QT) -> None:

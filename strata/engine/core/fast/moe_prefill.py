@@ -161,15 +161,21 @@ def _quantized_grouped(x: torch.Tensor, source: torch.Tensor, offsets: torch.Ten
         "the quantized MoE prefill")
 
 
-def takes_mmq(experts: tuple, epilogue: Epilogue | None = None) -> bool:
-    """Whether prefill multiplies these quantized experts by expert_mmq.py's int8 products:
-    switched on by STRATA_EXPERT_MMQ=1 (opt-in until a GPU run has measured it), plain
-    SwiGLU, and types and layouts it reads. Call only where Triton is usable."""
-    if epilogue is not None or os.environ.get("STRATA_EXPERT_MMQ") != "1":
-        return False
-    from strata.engine.core.quant import expert_mmq  # decorates kernels: only where usable
+def mmq_down_by(experts: tuple, epilogue: Epilogue | None = None) -> str | None:
+    """How prefill multiplies these quantized experts by expert_mmq.py's int8 products, or
+    None where it does not: STRATA_EXPERT_MMQ=1 every projection ("mmq"), =gate_up only
+    gate and up, down by expert_gemm ("gemm"); opt-in until a GPU run has measured it,
+    plain SwiGLU, and types and layouts the kernels read. Call only where Triton is usable."""
+    down_by = {"1": "mmq", "gate_up": "gemm"}.get(os.environ.get("STRATA_EXPERT_MMQ", ""))
+    if epilogue is not None or down_by is None:
+        return None
+    from strata.engine.core.quant import expert_gemm, expert_mmq  # decorate kernels
 
-    return expert_mmq.supports(*experts)
+    gate, up, down = experts
+    down_ok = (expert_mmq.is_supported(down) if down_by == "mmq"
+               else expert_gemm.is_supported(down))
+    ok = expert_mmq.is_supported(gate) and expert_mmq.is_supported(up) and down_ok
+    return down_by if ok else None
 
 
 def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
@@ -182,14 +188,16 @@ def _quantized(x: torch.Tensor, source: torch.Tensor, offsets: torch.Tensor,
     expert_gemm cannot read), replayed from graphs where `replayed` is given (which moves
     the crossover); None where neither runs here (the caller loops). An epilogue (GPT-OSS,
     MXFP4 among its types) takes the grouped path: expert_gemm has no epilogue.
-    STRATA_EXPERT_MMQ=1 (for an A/B on the GPU): expert_mmq.py's int8 products at every row
-    count, for the types it reads."""
+    STRATA_EXPERT_MMQ=1 or gate_up (for an A/B on the GPU): expert_mmq.py's int8 products
+    at every row count, for the types it reads (mmq_down_by)."""
     if not launch.is_usable(x.device):
         return None
-    if takes_mmq(experts, epilogue):
+    down_by = mmq_down_by(experts, epilogue)
+    if down_by is not None:
         from strata.engine.core.quant import expert_mmq
 
-        return expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
+        return expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source,
+                                      down_by=down_by)
     from strata.engine.core.quant import expert_grouped
 
     in_gemm = decodes_in_gemm(*experts, epilogue)
@@ -280,7 +288,7 @@ def experts_sorted(
 def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) -> None:
     """Both quantized prefill paths once over a few rows, so their kernels compile (and on
     CUDA autotune) at load, before any CUDA graph: expert_gemm's (where it decodes these
-    types; expert_mmq's too where `takes_mmq`) and, if `grouped` (a prefill chunk can reach
+    types; expert_mmq's too where `mmq_down_by`) and, if `grouped` (a prefill chunk can reach
     it), the grouped one's, every group (whose launches do not depend on the rows). stacks:
     the experts to read instead of the module's resident ones (a partial cache's staging)."""
     if stacks is None:
@@ -298,10 +306,12 @@ def warm_up_quantized(moe, grouped: bool = True, stacks: tuple | None = None) ->
         from strata.engine.core.quant import expert_gemm
 
         expert_gemm.experts_mlp(x, *experts, offsets, row_weights)
-        if takes_mmq(experts, epilogue):
+        down_by = mmq_down_by(experts, epilogue)
+        if down_by is not None:
             from strata.engine.core.quant import expert_mmq
 
-            expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source)
+            expert_mmq.experts_mlp(x, *experts, offsets, row_weights, source=source,
+                                   down_by=down_by)
     if grouped and launch.is_usable(gate.device) and grouped_mm_supported(x):
         _quantized_grouped(x, source, offsets, row_weights, experts, None, epilogue,
                            source)  # the rows' experts: any valid ids

@@ -99,8 +99,9 @@ if triton is not None:
         up_stride, N, K, gate_row_bytes, up_row_bytes,
         NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, GATE_QTYPE: tl.constexpr,
         GATE_UNIT: tl.constexpr, UP_QTYPE: tl.constexpr, UP_UNIT: tl.constexpr,
-        SHARE_X: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-        BLOCK_COLS: tl.constexpr, BLOCK_M: tl.constexpr, STAGES: tl.constexpr,
+        SHARE_X: tl.constexpr, INT8_OUT: tl.constexpr, USE_PDL: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_M: tl.constexpr,
+        STAGES: tl.constexpr,
     ):
         pdl_wait(USE_PDL)
         expert, rows, row_ok, x_row, xg_row = _tile(offsets_ptr, K, NUM_EXPERTS, BLOCK_E,
@@ -140,17 +141,20 @@ if triton is not None:
         act = _round(silu * _round(acc_up, dtype), dtype)
         weight = tl.load(row_w_ptr + rows[:, None], mask=row_ok, other=0.0).to(tl.float32)
         act = _round(act * weight, dtype)
-        SUBS: tl.constexpr = BLOCK_ROWS // 32  # groups of 32 outputs a row of the tile
-        q, d, s = round_groups(tl.reshape(act, (BLOCK_M * SUBS, 32)))
         out_row = rows.to(tl.int64)[:, None]
-        tl.store(out_q_ptr + (out_row * N + n[None, :]),
-                 tl.reshape(q, (BLOCK_M, BLOCK_ROWS)).to(tl.int8),
-                 mask=row_ok & (n < N)[None, :])
-        sub = tl.program_id(0) * SUBS + tl.arange(0, SUBS)[None, :]
-        at = out_row * (N // 32) + sub
-        sub_ok = row_ok & (sub < N // 32)
-        tl.store(out_d_ptr + at, tl.reshape(d, (BLOCK_M, SUBS)), mask=sub_ok)
-        tl.store(out_s_ptr + at, tl.reshape(s, (BLOCK_M, SUBS)), mask=sub_ok)
+        out_ok = row_ok & (n < N)[None, :]
+        if INT8_OUT:  # for this module's down
+            SUBS: tl.constexpr = BLOCK_ROWS // 32  # groups of 32 outputs a row of the tile
+            q, d, s = round_groups(tl.reshape(act, (BLOCK_M * SUBS, 32)))
+            tl.store(out_q_ptr + (out_row * N + n[None, :]),
+                     tl.reshape(q, (BLOCK_M, BLOCK_ROWS)).to(tl.int8), mask=out_ok)
+            sub = tl.program_id(0) * SUBS + tl.arange(0, SUBS)[None, :]
+            at = out_row * (N // 32) + sub
+            sub_ok = row_ok & (sub < N // 32)
+            tl.store(out_d_ptr + at, tl.reshape(d, (BLOCK_M, SUBS)), mask=sub_ok)
+            tl.store(out_s_ptr + at, tl.reshape(s, (BLOCK_M, SUBS)), mask=sub_ok)
+        else:  # the rows' dtype, as expert_gemm.gate_up writes it, for expert_gemm's down
+            tl.store(out_q_ptr + (out_row * N + n[None, :]), act.to(dtype), mask=out_ok)
 
     @triton.jit(do_not_specialize=["num_rows", "rows_hint", "stride"])
     def _down_kernel(
@@ -184,7 +188,8 @@ if triton is not None:
                  acc.to(out_ptr.dtype.element_ty), mask=row_ok & (n < N)[None, :])
 
     _gate_up_tuned = launch.tuned(_gate_up_kernel, _candidates(GATE_UP_CONFIGS),
-                                  key=("N", "K", "GATE_QTYPE", "UP_QTYPE", "rows_hint"))
+                                  key=("N", "K", "GATE_QTYPE", "UP_QTYPE", "INT8_OUT",
+                                       "rows_hint"))
     _down_tuned = launch.tuned(_down_kernel, _candidates(DOWN_CONFIGS),
                                key=("N", "K", "QTYPE", "rows_hint"))
 
@@ -239,11 +244,12 @@ def _check(rounded: tuple, offsets: torch.Tensor, experts: QuantizedExperts) -> 
 
 
 def gate_up(rounded: tuple, offsets: torch.Tensor, gate: QuantizedExperts,
-            up: QuantizedExperts, row_weights: torch.Tensor) -> tuple:
-    """The int8 rounding (q [R, I], d, s [R, I/32]) of silu(x @ gate[e]^T) * (x @ up[e]^T) *
-    row_weights[:, None], rounded first to row_weights' dtype as expert_gemm.gate_up
-    rounds it, for the rows x each expert e owns (offsets [E] int32: cumulative ends) given
-    as quantize_rows(x)."""
+            up: QuantizedExperts, row_weights: torch.Tensor, int8_out: bool = True):
+    """silu(x @ gate[e]^T) * (x @ up[e]^T) * row_weights[:, None], rounded to
+    row_weights' dtype as expert_gemm.gate_up rounds it, for the rows x each expert e owns
+    (offsets [E] int32: cumulative ends) given as quantize_rows(x). int8_out: its int8
+    rounding (q [R, I], d, s [R, I/32]) for `down`; else [R, I] in row_weights' dtype, for
+    expert_gemm.down (the per-projection choice: `experts_mlp`'s down_by)."""
     _check(rounded, offsets, gate)
     _check(rounded, offsets, up)
     num_experts, num_outputs, num_cols = gate.shape
@@ -251,23 +257,27 @@ def gate_up(rounded: tuple, offsets: torch.Tensor, gate: QuantizedExperts,
     if up.shape != gate.shape or row_weights.shape != (num_rows,):
         raise ValueError(f"gate {gate.shape}, up {up.shape} and row weights "
                          f"{tuple(row_weights.shape)} disagree")
-    q = torch.empty(num_rows, num_outputs, dtype=torch.int8, device=offsets.device)
-    d = torch.empty(num_rows, num_outputs // GROUP, dtype=torch.float32, device=q.device)
-    out = (q, d, torch.empty_like(d))
-    if num_rows == 0:
-        return out
-    launch.launch_meta(
-        _gate_up_tuned, gl.grid(num_rows, num_experts, num_outputs),
-        _candidates(GATE_UP_CONFIGS), *rounded, offsets, row_weights.contiguous(),
-        gate.raw, fp16_view(gate.raw), up.raw, fp16_view(up.raw), *out, num_rows,
-        gl.rows_hint(num_rows, num_experts), gate.expert_stride // _unit(gate),
-        up.expert_stride // _unit(up), num_outputs, num_cols, gate.raw.shape[2],
-        up.raw.shape[2],
-        NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),
-        GATE_QTYPE=int(gate.qtype), GATE_UNIT=_unit(gate), UP_QTYPE=int(up.qtype),
-        UP_UNIT=_unit(up), SHARE_X=_x_order(gate) == _x_order(up),
-    )
-    return out
+    if int8_out:
+        q = torch.empty(num_rows, num_outputs, dtype=torch.int8, device=offsets.device)
+        d = torch.empty(num_rows, num_outputs // GROUP, dtype=torch.float32, device=q.device)
+        out: tuple = (q, d, torch.empty_like(d))
+    else:  # d and s are not written: the activation stands in for their pointers
+        act = torch.empty(num_rows, num_outputs, dtype=row_weights.dtype,
+                          device=offsets.device)
+        out = (act, act, act)
+    if num_rows:
+        launch.launch_meta(
+            _gate_up_tuned, gl.grid(num_rows, num_experts, num_outputs),
+            _candidates(GATE_UP_CONFIGS), *rounded, offsets, row_weights.contiguous(),
+            gate.raw, fp16_view(gate.raw), up.raw, fp16_view(up.raw), *out, num_rows,
+            gl.rows_hint(num_rows, num_experts), gate.expert_stride // _unit(gate),
+            up.expert_stride // _unit(up), num_outputs, num_cols, gate.raw.shape[2],
+            up.raw.shape[2],
+            NUM_EXPERTS=num_experts, BLOCK_E=triton.next_power_of_2(num_experts),
+            GATE_QTYPE=int(gate.qtype), GATE_UNIT=_unit(gate), UP_QTYPE=int(up.qtype),
+            UP_UNIT=_unit(up), SHARE_X=_x_order(gate) == _x_order(up), INT8_OUT=int8_out,
+        )
+    return out if int8_out else out[0]
 
 
 def _x_order(experts: QuantizedExperts) -> bool:
@@ -301,15 +311,29 @@ def down(rounded: tuple, offsets: torch.Tensor, down_proj: QuantizedExperts,
     return out
 
 
+DOWN_BY = ("mmq", "gemm")
+
+
 def experts_mlp(rows: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
                 down_proj: QuantizedExperts, offsets: torch.Tensor, row_weights: torch.Tensor,
-                source: torch.Tensor | None = None) -> torch.Tensor:
+                source: torch.Tensor | None = None, down_by: str = "mmq") -> torch.Tensor:
     """expert_gemm.experts_mlp by int8 products: the routed experts' weighted SwiGLU of rows
     [R, H] sorted by expert, [R, H] in the rows' dtype. With source [R], rows are the
     tokens [T, H] and sorted row r is token source[r]: the T tokens are rounded, then
-    gathered (T * H values rounded where the gathered rows would take R * H)."""
+    gathered (T * H values rounded where the gathered rows would take R * H). down_by
+    "gemm": the down projection by expert_gemm.down from the activation in the rows' dtype
+    (run 39: the int8 products win Q4_K's gate/up and lose Q5_0's down), which only needs
+    expert_gemm to decode down's type."""
+    if down_by not in DOWN_BY:
+        raise ValueError(f"down_by must be one of {DOWN_BY}, got {down_by!r}")
     q, d, s = quantize_rows(rows.contiguous())
     if source is not None:
         q, d, s = (t.index_select(0, source) for t in (q, d, s))
-    act = gate_up((q, d, s), offsets, gate, up, row_weights.to(rows.dtype))
-    return down(act, offsets, down_proj, rows.dtype)
+    weights = row_weights.to(rows.dtype)
+    if down_by == "gemm":
+        from strata.engine.core.quant import expert_gemm
+
+        act = gate_up((q, d, s), offsets, gate, up, weights, int8_out=False)
+        return expert_gemm.down(act, offsets, down_proj)
+    return down(gate_up((q, d, s), offsets, gate, up, weights), offsets, down_proj,
+                rows.dtype)
