@@ -6,7 +6,7 @@ llama.cpp's experts on the CPU (issue 54's first deliverable).
         [--decode-tokens 128] [--warmup-tokens 256] [--prefill-tokens 4096]
         [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
         [--cpu-misses off|on|auto] [--cpu-threads N] [--cpu-miss-graphs]
-        [--cpu-cache-gib 4] [--cpu-preconvert] [--cpu-max-per-layer N]
+        [--cpu-cache-gib 4] [--cpu-preconvert] [--cpu-max-per-layer N] [--cpu-share F]
 
 Budget arithmetic, the same for both engines: of a budget B, the experts may hold
     expert_bytes(B) = B - dense - reserve
@@ -50,7 +50,8 @@ STRATA_CPU_MISS_GRAPHS=1); --cpu-preconvert makes the CPU forms of the experts w
 after each resize, up to --cpu-cache-gib (EngineConfig.cpu_expert_cache_bytes), so "on" is
 timed without its first conversions; --cpu-max-per-layer N sends at most N of a layer's
 misses a token to the CPU and reads the others in place meanwhile (CpuMisses.max_per_layer:
-the CPU's threads and the link at once). Run the bench once per mode on one machine to compare
+the CPU's threads and the link at once); --cpu-share F sends that fraction of them, rounded
+up (CpuMisses.share). Run the bench once per mode on one machine to compare
 on, off and llama.cpp.
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
 row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
@@ -278,12 +279,14 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
                                  cpu_expert_cache_bytes=int(args.cpu_cache_gib * GIB)))
     report["cpu_expert_misses"] = args.cpu_misses
     report["cpu_max_per_layer"] = args.cpu_max_per_layer
+    report["cpu_share"] = args.cpu_share
     report["cpu_threads"] = torch.get_num_threads()
     started_s = time.perf_counter()
     info = engine.load()
     report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
     if engine.memory.cpu_misses is not None:
         engine.memory.cpu_misses.max_per_layer = args.cpu_max_per_layer
+        engine.memory.cpu_misses.share = args.cpu_share
     # Whether decode with CPU misses replays split graphs (--cpu-miss-graphs) or is called.
     report["cpu_miss_graphs"] = bool(args.cpu_misses != "off" and engine.fast is not None
                                      and engine.fast.use_cuda_graphs)
@@ -535,6 +538,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-max-per-layer", type=int,
                    help="with --cpu-misses, at most this many of a layer's misses a token on "
                    "the CPU, the others read in place (default: all with a CPU form)")
+    p.add_argument("--cpu-share", type=share_arg,
+                   help="with --cpu-misses, this fraction (0 to 1] of a layer's misses a "
+                   "token on the CPU, rounded up, the others read in place")
     p.add_argument("--cpu-cache-gib", type=float, default=4.0,
                    help="bytes the CPU forms of missed experts may keep, in GiB")
     p.add_argument("--cpu-preconvert", action="store_true",
@@ -573,6 +579,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda", help="cpu for a dry run")
     p.add_argument("--json")
     return p
+
+
+def share_arg(text: str) -> float:
+    """--cpu-share: a finite fraction in (0, 1]."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"the CPU's share is a fraction in (0, 1], not {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

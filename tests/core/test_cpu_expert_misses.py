@@ -49,16 +49,17 @@ def q4k_gguf(tmp_path_factory):
     return write_gguf_from_hf(model, None, path, "Q4_K")
 
 
-def _decode(path, expert_cache: str, mode: str, monkeypatch, max_per_layer: int | None = None):
+def _decode(path, expert_cache: str, mode: str, monkeypatch, **split):
     """(greedy tokens, logits of the step after them, ModelMemory, decoder); close after.
-    max_per_layer: CpuMisses.max_per_layer."""
+    split: CpuMisses.max_per_layer and share."""
     monkeypatch.setenv("STRATA_QUANTIZED", "1")  # experts stay in their Q4_K blocks
     config = load_model_config(str(path))
     memory = ModelMemory(backend_for("cpu"), torch.float32, mode)
     model = memory.build(config, FileWeights.open(str(path), config), expert_cache)
     if memory.cpu_misses is not None:
         memory.cpu_misses.wait_converted()  # "on" converts every expert as it starts
-        memory.cpu_misses.max_per_layer = max_per_layer
+        for name, value in split.items():
+            setattr(memory.cpu_misses, name, value)
     if memory.experts is not None:  # promote within these few tokens (no admission margin)
         memory.experts.cache.admit_margin_uses = 0.0
     decoder = GraphDecoder(model, moe_impl="triton", min_bucket_tokens=16,
@@ -218,13 +219,16 @@ def test_preconvert_makes_the_missing_experts_forms_within_the_bound(q4k_gguf,
         memory.close()
 
 
+@pytest.mark.parametrize("split", [{"max_per_layer": 1}, {"share": 0.5}],
+                         ids=["max_per_layer", "share"])
 def test_misses_past_the_cap_are_read_in_place_and_the_answer_is_the_same(
-        q4k_gguf, monkeypatch) -> None:
-    """max_per_layer 1: a step whose top-2 both miss computes one on the CPU and reads the
-    other over the host copy, at once; the tokens are the all-resident model's."""
+        q4k_gguf, monkeypatch, split) -> None:
+    """max_per_layer 1, or share 0.5 of top-2: a step whose two experts both miss computes
+    one on the CPU and reads the other over the host copy, at once; the tokens are the
+    all-resident model's."""
     tokens, _, memory, _ = _decode(q4k_gguf, "all", "off", monkeypatch)
     memory.close()
-    got, _, memory, _ = _decode(q4k_gguf, "8", "on", monkeypatch, max_per_layer=1)
+    got, _, memory, _ = _decode(q4k_gguf, "8", "on", monkeypatch, **split)
     try:
         cpu, status = memory.cpu_misses, memory.experts.status()
         assert got == tokens
