@@ -194,8 +194,8 @@ class LayerCpuMisses:
     def _choose(self, expert_ids: list[int]) -> list[int]:
         """Indices of the routed experts the CPU computes: the misses by the host mirror of
         the slot table whose CPU form is kept, at most max_per_layer of them and share of
-        the misses (the rest are read in place, those without a form queued for conversion: never converted on
-        the decode path)."""
+        the misses (the rest are read in place, those without a form queued for
+        conversion: never converted on the decode path)."""
         shared = self.shared
         table = shared.store.table_mirror[self.layer]
         missed = [i for i, e in enumerate(expert_ids) if int(table[e]) < 0]
