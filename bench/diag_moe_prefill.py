@@ -154,7 +154,10 @@ def main() -> int:
     e, h, i, k = (given or default for given, default in zip(
         (args.experts, args.hidden, args.inter, args.top_k), shape))
     moe = SparseMoE(h, i, e, k, True).cuda().bfloat16()
-    expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = 1 << 30  # "gemm": expert_gemm at any count
+    # "gemm": expert_gemm at any count, called or inside a capture (--graphs: a capture
+    # takes the replayed crossover, 8 rows an expert, which would time "old" under its name).
+    expert_grouped.DEQUANT_MIN_ROWS_PER_EXPERT = 1 << 30
+    expert_grouped.REPLAYED_MIN_ROWS_PER_EXPERT = 1 << 30
     rows = []
     print(f"{'experts':10} {'tokens':>6} " + " ".join(f"{n + '_us':>9}" for n in PATHS)
           + f" {'gemm_x':>6} {'mmq_x':>6} {'mix_x':>6} {'mmq_TF/s':>8}  gemm tiles | "
