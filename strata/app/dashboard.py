@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from strata.app import menu_model
+from strata.app import expert_cache_view, menu_model
 from strata.app.bridge import ServiceBridge
 from strata.app.icons import icon
 from strata.app.menu_model import arena_bytes, gib_text
@@ -155,6 +155,15 @@ class Dashboard(QWidget):
         self.models.verticalHeader().setVisible(False)
         self.models.setMaximumHeight(160)
         self.models_budget = QLabel("")
+        # A partial expert cache's hits, misses and bytes moved, a row a MoE layer (issue 54).
+        self.experts_box = QGroupBox("Expert cache")
+        self.experts_summary = QLabel("")
+        self.experts_summary.setWordWrap(True)
+        self.expert_layers = QTableWidget(0, len(expert_cache_view.LAYER_COLUMNS))
+        self.expert_layers.setHorizontalHeaderLabels(list(expert_cache_view.LAYER_COLUMNS))
+        self.expert_layers.horizontalHeader().setStretchLastSection(True)
+        self.expert_layers.verticalHeader().setVisible(False)
+        self.expert_layers.setMaximumHeight(180)
         self.level_labels: dict[str, QLabel] = {}
         self.level_buttons: dict[str, QPushButton] = {}
         self.countdowns = {key: Countdown(label) for key, label in COUNTDOWNS}
@@ -193,6 +202,10 @@ class Dashboard(QWidget):
         models_layout.addWidget(self.models)
         models_layout.addWidget(self.models_budget)
         layout.addWidget(self.models_box)
+        experts_layout = QVBoxLayout(self.experts_box)
+        experts_layout.addWidget(self.experts_summary)
+        experts_layout.addWidget(self.expert_layers)
+        layout.addWidget(self.experts_box)
         levels = QGroupBox("Levels")
         grid = QGridLayout(levels)
         for row, arena in enumerate(("weights", "experts", "kv")):
@@ -237,6 +250,7 @@ class Dashboard(QWidget):
         self._apply_chart(status)
         self._apply_models(status)
         self._apply_levels(status)
+        self._apply_experts(status)
         idle = status.get("idle") or {}
         totals = status.get("idle_timeouts") or {}
         fired = status.get("idle_fired") or {}
@@ -291,6 +305,18 @@ class Dashboard(QWidget):
             for column, text in enumerate(cells):
                 self.models.setItem(index, column, QTableWidgetItem(text))
         self.models_budget.setText(budget_text(status) if rows else "")
+
+    def _apply_experts(self, status: dict[str, Any]) -> None:
+        summary = expert_cache_view.summary_line(status)
+        self.experts_box.setVisible(summary is not None)
+        if summary is None:
+            return
+        self.experts_summary.setText(summary)
+        rows = expert_cache_view.layer_rows(status)
+        self.expert_layers.setRowCount(len(rows))
+        for index, cells in enumerate(rows):
+            for column, text in enumerate(cells):
+                self.expert_layers.setItem(index, column, QTableWidgetItem(text))
 
     def _apply_levels(self, status: dict[str, Any]) -> None:
         for arena, label in self.level_labels.items():

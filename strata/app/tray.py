@@ -8,7 +8,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
-from strata.app import menu_model
+from strata.app import expert_cache_view, menu_model
 from strata.app.bridge import ServiceBridge
 from strata.app.icons import icon
 from strata.app.models_menu import ModelsMenu
@@ -46,6 +46,11 @@ class TrayController(QObject):
         self.shrink_action = self.menu.addAction("Shrink experts")
         self.shrink_action.setVisible(False)
         self.shrink_action.triggered.connect(self._shrink_clicked)
+        # A partial expert cache's hits and bytes moved (expert_cache_view.py); the dashboard
+        # has them a layer each.
+        self.experts_action = self.menu.addAction("Experts")
+        self.experts_action.setEnabled(False)
+        self.experts_action.setVisible(False)
         self.menu.addSeparator()
         self.rules_action = self.menu.addAction("Rules enabled")
         self.rules_action.setCheckable(True)
@@ -93,6 +98,9 @@ class TrayController(QObject):
         if shrink is not None:
             self.shrink_action.setText(shrink[0].label)
             self.shrink_action.setData(shrink[1])
+        experts = expert_cache_view.summary_line(status)
+        self.experts_action.setVisible(experts is not None)
+        self.experts_action.setText(experts or "Experts")
         self.copy_action.setEnabled(bool(status.get("endpoint")))
         if "rules_enabled" in status and status["rules_enabled"] != self.rules_action.isChecked():
             self.rules_action.blockSignals(True)  # follow the host; do not echo back to it

@@ -506,6 +506,7 @@ class FakeEngine:
             # The real ExpertStore.status() keys, with the mode ModelMemory adds.
             experts = {"mode": "slots", "num_slots": self.num_expert_slots,
                        "max_slots": NUM_EXPERT_SLOTS, "bytes_per_expert": self._bytes_per_expert,
+                       "total_experts": 2 * NUM_EXPERT_SLOTS,  # a partial cache's model
                        "num_resident": self.num_expert_slots if arena.resident_bytes else 0,
                        "num_hits": self.expert_hits, "num_misses": self.expert_misses,
                        "num_evictions": 0, "is_all_resident": False,

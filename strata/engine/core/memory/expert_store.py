@@ -540,6 +540,7 @@ class ExpertStore:
             **cache.stats(),
             "bytes_per_expert": self.bytes_per_expert,
             "max_slots": self.max_slots,
+            "total_experts": len(self.layer_ids) * self.num_experts,  # all resident
             "is_all_resident": self.is_all_resident,
             "state": self.arena.state,
             "resident_bytes": self.arena.resident_bytes,
