@@ -90,6 +90,41 @@ def test_the_reference_module_routes_the_forced_ids(norm_topk: bool) -> None:
     torch.testing.assert_close(moe(x), _reference(moe, x, torch.tensor([forced_row])))
 
 
+@pytest.mark.parametrize("family", ["gpt-oss", "glm"])
+def test_every_routing_takes_the_forced_ids_weighted_as_its_own_choice(family: str) -> None:
+    """GPT-OSS (biased router, softmax over the k chosen logits) and GLM-4.5 (sigmoid scores,
+    renormalised, scaled) route the trace's ids too: before, only softmax routing took them,
+    and a budget benchmark of those families measured their own repeating routes (all hits)."""
+    from strata.engine.core.models.switch import Routing
+
+    torch.manual_seed(0)
+    if family == "gpt-oss":
+        moe = SparseMoE(HIDDEN, INTER, E, TOP_K, False, router_bias=True,
+                        softmax_after_topk=True)
+    else:
+        moe = SparseMoE(HIDDEN, INTER, E, TOP_K, True, routing=Routing("sigmoid", 2.5))
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(2, HIDDEN)
+    forced_row = _least_likely(moe, x)
+    own_weights, own_ids = moe.route(x)
+    assert own_ids[0].tolist() != forced_row
+    forced = ForcedRouting(_trace([forced_row]), E, CPU)
+    moe.forced = ForcedLayer(forced, 0)
+    forced.advance()
+    weights, ids = moe.route(x)
+    assert ids.tolist() == [forced_row, forced_row]
+    chosen = moe.router(x).float().gather(-1, ids)
+    if family == "gpt-oss":
+        expected = F.softmax(chosen, dim=-1)
+    else:
+        scores = torch.sigmoid(chosen)
+        expected = 2.5 * scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+    torch.testing.assert_close(weights, expected)
+    moe.forced = None  # detached: its own routes again, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(moe.route(x), (own_weights, own_ids)))
+
+
 def test_prefill_chunks_take_the_prefill_rows_in_order_per_layer() -> None:
     moe = _moe(True)
     x = torch.randn(5, HIDDEN)

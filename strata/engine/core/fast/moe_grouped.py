@@ -122,7 +122,7 @@ def route(moe: SparseMoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def router_kind(moe: SparseMoE) -> RouterKind | None:
     """What the Triton routers do for this layer (moe_triton.RouterKind), from its build-time
     shape; None where only the module's own routing serves (GLM-style groups, n_group > 1).
-    A benchmark's forced ids apply to softmax routing only, as in SparseMoE.route."""
+    A benchmark's forced ids take the module's own routing outside softmax (SparseMoE.route)."""
     from strata.engine.core.fast import moe_triton  # decorates kernels: on first use
 
     if moe.softmax_routing:

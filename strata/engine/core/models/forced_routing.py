@@ -4,8 +4,10 @@ Random weights route (almost) the same experts every token, so an expert-cache b
 over them would measure a hit rate of 1.00. A ForcedRouting holds a device buffer `ids`
 [layers, k] int32 that every SparseMoE it is attached to reads instead of its top-k: the
 reference module (switch.py) and the one-token Triton router (moe_triton.router_topk, a
-constexpr flag: production launches compile as before). The routed weights stay the
-router's softmax probabilities of those ids, renormalised as norm_topk_prob says.
+constexpr flag: production launches compile as before); GPT-OSS's and GLM-4.5's layers take
+them in the module's own routing (SparseMoE.route). The routed weights stay the router's own
+weighting of those ids: softmax probabilities renormalised as norm_topk_prob says, GPT-OSS's
+softmax over the k chosen logits, GLM's sigmoid scores renormalised and scaled.
 
 Each decode step takes the trace's next row: `before_step` (a StepHook wrapped around the
 decoder's own, an expert cache's promotion) copies it into the buffer on the compute stream,

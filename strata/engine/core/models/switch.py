@@ -197,16 +197,22 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] in x's dtype, expert ids [T, k]) for x [T, H]."""
         logits = self.router(x).float()  # [T, E]
-        if self.softmax_after_topk:
+        if self.forced is not None:
+            # Benchmarks: the trace's ids, weighted as the router weights its own choice (a
+            # GPT-OSS or GLM-4.5 trace hit every time when only softmax routing took them).
+            top_ids = self.forced.rows(x.shape[0])  # [T, k]
+            chosen = logits.gather(-1, top_ids)  # [T, k]
+            if self.softmax_after_topk:
+                return F.softmax(chosen, dim=-1).to(x.dtype), top_ids
+            top_probs = (torch.sigmoid(chosen) if self.routing.scoring == "sigmoid"
+                         else F.softmax(logits, dim=-1).gather(-1, top_ids))
+        elif self.softmax_after_topk:
             top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
             return F.softmax(top_logits, dim=-1).to(x.dtype), top_ids
-        if self.routing.scoring == "sigmoid":
+        elif self.routing.scoring == "sigmoid":
             top_probs, top_ids = self._sigmoid_top_k(logits)
-        elif self.forced is None:
+        else:
             top_probs, top_ids = torch.topk(F.softmax(logits, dim=-1), self.top_k, dim=-1)
-        else:  # benchmarks: the trace's ids, weighted by their own softmax probabilities
-            top_ids = self.forced.rows(x.shape[0])  # [T, k]
-            top_probs = F.softmax(logits, dim=-1).gather(-1, top_ids)  # [T, k]
         if self.norm_topk_prob:
             # The epsilon is the reference's (sigmoid weights can all be tiny).
             top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
