@@ -6,7 +6,7 @@ llama.cpp's experts on the CPU (issue 54's first deliverable).
         [--decode-tokens 128] [--warmup-tokens 256] [--prefill-tokens 4096]
         [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
         [--cpu-misses off|on|auto] [--cpu-threads N] [--cpu-miss-graphs]
-        [--cpu-cache-gib 4] [--cpu-preconvert] [--cpu-max-per-layer N] [--cpu-share F]
+        [--cpu-cache-gib 4] [--cpu-preconvert] [--cpu-max-per-layer N] [--cpu-share F|auto]
 
 Budget arithmetic, the same for both engines: of a budget B, the experts may hold
     expert_bytes(B) = B - dense - reserve
@@ -51,8 +51,9 @@ after each resize, up to --cpu-cache-gib (EngineConfig.cpu_expert_cache_bytes), 
 timed without its first conversions; --cpu-max-per-layer N sends at most N of a layer's
 misses a token to the CPU and reads the others in place meanwhile (CpuMisses.max_per_layer:
 the CPU's threads and the link at once); --cpu-share F sends that fraction of them, rounded
-up (CpuMisses.share). Run the bench once per mode on one machine to compare
-on, off and llama.cpp.
+up (CpuMisses.share); --cpu-share auto starts each layer at half and moves it a step a token
+toward the side that finished first (CpuMisses.balance, fast/cpu_share.py). Run the bench
+once per mode on one machine to compare on, off and llama.cpp.
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
 row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
 versions, figure, limit, ratio).
@@ -233,6 +234,8 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
             # Misses computed on the CPU instead of read in place (--cpu-misses).
             "cpu_experts_per_token": delta["num_cpu_experts"] / timed,
             "cpu_conversions": delta.get("num_cpu_conversions"),
+            # --cpu-share auto: where the layers' balanced shares ended, on average.
+            "cpu_share_mean": engine.memory.experts.status().get("cpu_share_mean"),
             "counters": delta, "layers": layers}
 
 
@@ -286,7 +289,8 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     report["load"] = {"seconds": time.perf_counter() - started_s, "info": info}
     if engine.memory.cpu_misses is not None:
         engine.memory.cpu_misses.max_per_layer = args.cpu_max_per_layer
-        engine.memory.cpu_misses.share = args.cpu_share
+        engine.memory.cpu_misses.balance = args.cpu_share == "auto"
+        engine.memory.cpu_misses.share = None if args.cpu_share == "auto" else args.cpu_share
     # Whether decode with CPU misses replays split graphs (--cpu-miss-graphs) or is called.
     report["cpu_miss_graphs"] = bool(args.cpu_misses != "off" and engine.fast is not None
                                      and engine.fast.use_cuda_graphs)
@@ -540,7 +544,8 @@ def parser() -> argparse.ArgumentParser:
                    "the CPU, the others read in place (default: all with a CPU form)")
     p.add_argument("--cpu-share", type=share_arg,
                    help="with --cpu-misses, this fraction (0 to 1] of a layer's misses a "
-                   "token on the CPU, rounded up, the others read in place")
+                   "token on the CPU, rounded up, the others read in place; auto: each "
+                   "layer's own, balanced a token at a time")
     p.add_argument("--cpu-cache-gib", type=float, default=4.0,
                    help="bytes the CPU forms of missed experts may keep, in GiB")
     p.add_argument("--cpu-preconvert", action="store_true",
@@ -581,8 +586,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def share_arg(text: str) -> float:
-    """--cpu-share: a finite fraction in (0, 1]."""
+def share_arg(text: str) -> float | str:
+    """--cpu-share: a finite fraction in (0, 1], or auto."""
+    if text == "auto":
+        return text
     value = float(text)
     if not 0.0 < value <= 1.0:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"the CPU's share is a fraction in (0, 1], not {text}")

@@ -219,13 +219,14 @@ def test_preconvert_makes_the_missing_experts_forms_within_the_bound(q4k_gguf,
         memory.close()
 
 
-@pytest.mark.parametrize("split", [{"max_per_layer": 1}, {"share": 0.5}],
-                         ids=["max_per_layer", "share"])
+@pytest.mark.parametrize("split", [{"max_per_layer": 1}, {"share": 0.5}, {"balance": True}],
+                         ids=["max_per_layer", "share", "balance"])
 def test_misses_past_the_cap_are_read_in_place_and_the_answer_is_the_same(
         q4k_gguf, monkeypatch, split) -> None:
-    """max_per_layer 1, or share 0.5 of top-2: a step whose two experts both miss computes
-    one on the CPU and reads the other over the host copy, at once; the tokens are the
-    all-resident model's."""
+    """max_per_layer 1, or share 0.5 of top-2, or each layer's balanced share from a half: a
+    step whose two experts both miss computes one on the CPU and reads the other over the
+    host copy, at once; the tokens are the all-resident model's. On the CPU the "GPU" has
+    always finished when the CPU's sum lands, so the balanced shares only fall."""
     tokens, _, memory, _ = _decode(q4k_gguf, "all", "off", monkeypatch)
     memory.close()
     got, _, memory, _ = _decode(q4k_gguf, "8", "on", monkeypatch, **split)
@@ -234,6 +235,11 @@ def test_misses_past_the_cap_are_read_in_place_and_the_answer_is_the_same(
         assert got == tokens
         assert 0 < status["num_cpu_experts"] <= cpu.num_layer_calls  # one a layer call at most
         assert status["host_read_bytes"] > 0  # the second miss of a layer, read in place
+        if split.get("balance"):
+            shares = {layer: b.share for layer, b in cpu.balances.items()}
+            assert shares and all(b.num_observed > 0 for b in cpu.balances.values())
+            assert all(share < 0.5 for share in shares.values()), shares
+            assert status["cpu_share_mean"] == pytest.approx(sum(shares.values()) / len(shares))
     finally:
         memory.close()
 

@@ -108,6 +108,33 @@ def test_split_graphs_with_cpu_misses_equal_all_resident(expected, monkeypatch) 
         memory.close()
 
 
+def status_mean(memory) -> float:
+    return memory.experts.status()["cpu_share_mean"]
+
+
+def test_balanced_shares_equal_all_resident_and_move(expected, monkeypatch) -> None:
+    """CpuMisses.balance over the split graphs: each layer's CPU share moves a step a token
+    by whether the GPU still ran the layer's hits when the CPU's sum landed (an event
+    queried, fast/cpu_share.py); the tokens stay the all-resident model's."""
+    monkeypatch.setenv("STRATA_CPU_MISS_GRAPHS", "1")
+    memory, model = _build("16", "on")
+    try:
+        cpu = memory.cpu_misses
+        cpu.balance = True
+        decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
+        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
+        tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
+        settle(memory.promotion)
+        assert tokens == expected
+        balances = cpu.balances.values()
+        assert balances and all(b.num_observed > 0 for b in balances)
+        assert status_mean(memory) == pytest.approx(
+            sum(b.share for b in balances) / len(balances))
+        print("balanced shares:", {layer: round(b.share, 2) for layer, b in cpu.balances.items()})
+    finally:
+        memory.close()
+
+
 def test_q4k_layer_with_hits_and_misses_equals_its_resident_self(tmp_path, monkeypatch) -> None:
     """A Q4_K GGUF on CUDA: one MoE layer with some experts in slots, for tokens whose top-k
     are all hits, all misses or both, equals the all-resident layer (the GPU's dp4a or

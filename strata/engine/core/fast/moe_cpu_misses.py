@@ -35,6 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from strata.engine.core.engine_config import check_cpu_expert_misses
+from strata.engine.core.fast.cpu_share import GpuProbe, ShareBalance
 from strata.engine.core.memory.cpu_expert_cache import CpuExpertCache
 from strata.engine.core.memory.expert_store import ExpertStore
 from strata.engine.core.quant.cpu_experts import HostEpilogue, routed_ffn
@@ -61,12 +62,16 @@ class CpuMisses:
         # 8 threads, ~93 us for 3 MB at 33 GB/s), so a layer's m misses take about
         # m/2 expert times on either side, whatever m the routing gives.
         self.share: float | None = None
+        # Or each layer's own share, from `share` (else half), moved a step a token toward
+        # where the CPU and the GPU finish the layer at once (fast/cpu_share.py).
+        self.balance = False
         self.cache = CpuExpertCache(store, limit_bytes, model_dtype)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._convert = ThreadPoolExecutor(1, thread_name_prefix="cpu-expert-forms")
         self._lock = threading.Lock()  # the conversions queued
         self._converting: set[tuple[int, int]] = set()
         self._epilogues: dict[int, HostEpilogue | None] = {}
+        self.balances: dict[int, ShareBalance] = {}  # with balance: layer -> its share
         # One-token MoE layers split on the host, and those of them whose hits the GPU
         # computed while the CPU computed their misses.
         self.num_layer_calls = 0
@@ -149,9 +154,19 @@ class CpuMisses:
         self._convert.submit(lambda: None).result()
 
     def status(self) -> dict:
-        """The CPU forms' cache and the mode, as plain values."""
+        """The CPU forms' cache and the mode, as plain values; with balance, the layers'
+        mean CPU share."""
+        shares = [b.share for b in self.balances.values()]
         return {"cpu_expert_misses": self.mode, "num_cpu_split_layers": self.num_layer_calls,
-                "num_cpu_overlapped_layers": self.num_overlapped_calls, **self.cache.status()}
+                "num_cpu_overlapped_layers": self.num_overlapped_calls,
+                **({"cpu_share_mean": sum(shares) / len(shares)} if shares else {}),
+                **self.cache.status()}
+
+    def balance_of(self, layer: int) -> ShareBalance:
+        """Layer's balanced share (made on its first use, from `share` or a half)."""
+        if layer not in self.balances:
+            self.balances[layer] = ShareBalance(0.5 if self.share is None else self.share)
+        return self.balances[layer]
 
     def close(self) -> None:
         """Stop the workers (queued conversions are dropped) and drop the CPU forms."""
@@ -190,12 +205,13 @@ class LayerCpuMisses:
         self.shared = shared
         self.layer = layer
         self._buffers: _SplitBuffers | None = None
+        self._probe: GpuProbe | None = None
 
     def _choose(self, expert_ids: list[int]) -> list[int]:
         """Indices of the routed experts the CPU computes: the misses by the host mirror of
         the slot table whose CPU form is kept, at most max_per_layer of them and share of
-        the misses (the rest are read in place, those without a form queued for
-        conversion: never converted on the decode path)."""
+        the misses, the layer's balanced share with balance (the rest are read in place,
+        those without a form queued for conversion: never converted on the decode path)."""
         shared = self.shared
         table = shared.store.table_mirror[self.layer]
         missed = [i for i, e in enumerate(expert_ids) if int(table[e]) < 0]
@@ -205,7 +221,9 @@ class LayerCpuMisses:
                 shared.convert_later(self.layer, expert_ids[i])
         shared.num_layer_calls += 1
         count = len(kept)
-        if shared.share is not None:
+        if shared.balance:
+            count = min(count, shared.balance_of(self.layer).count(len(missed)))
+        elif shared.share is not None:
             count = min(count, math.ceil(len(missed) * shared.share))
         if shared.max_per_layer is not None:
             count = min(count, shared.max_per_layer)
@@ -236,8 +254,24 @@ class LayerCpuMisses:
             self.shared.num_overlapped_calls += 1
             hit_ids, hit_weights = self._hits_only(expert_ids, routed_weights, on_cpu)
             out = gpu(ids.new_tensor(hit_ids), weights.new_tensor(hit_weights)).float()
-        cpu_out = future.result().to(x.device, non_blocking=True)[None]  # [1, H]
+        self._mark(x.device)
+        cpu_result = future.result()
+        self._observe()
+        cpu_out = cpu_result.to(x.device, non_blocking=True)[None]  # [1, H]
         return (cpu_out if out is None else out + cpu_out).to(x.dtype)
+
+    def _mark(self, device: torch.device) -> None:
+        """With balance: note what the GPU has queued for this layer (its hits) now."""
+        if self.shared.balance:
+            if self._probe is None:
+                self._probe = GpuProbe(device)
+            self._probe.mark()
+
+    def _observe(self) -> None:
+        """With balance, once the CPU's sum landed: move the layer's share toward the side
+        that finished first."""
+        if self.shared.balance and self._probe is not None:
+            self.shared.balance_of(self.layer).observe(self._probe.busy())
 
     def _hits_only(self, expert_ids: list[int], weights: list[float], on_cpu: list[int]
                    ) -> tuple[list[int], list[float]]:
@@ -296,7 +330,9 @@ class LayerCpuMisses:
         if b.future is None:
             b.cpu_out.zero_()
             return
+        self._mark(b.cpu_out.device)  # after the hits' kernels, queued before the join
         b.out_host.copy_(b.future.result())
+        self._observe()
         b.future = None
         b.cpu_out.copy_(b.out_host, non_blocking=True)
 
