@@ -156,7 +156,8 @@ class CpuMisses:
     def status(self) -> dict:
         """The CPU forms' cache and the mode, as plain values; with balance, the layers'
         mean CPU share."""
-        shares = [b.share for b in self.balances.values()]
+        shares = [b.share for b in self.balances.copy().values()]  # a C-level copy: a
+        # status read from another thread never iterates while the decode adds a layer
         return {"cpu_expert_misses": self.mode, "num_cpu_split_layers": self.num_layer_calls,
                 "num_cpu_overlapped_layers": self.num_overlapped_calls,
                 **({"cpu_share_mean": sum(shares) / len(shares)} if shares else {}),
