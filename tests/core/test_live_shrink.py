@@ -43,11 +43,11 @@ def _stream(engine: Engine, slot: int, num_slots: int | None = None) -> list[int
     return tokens
 
 
-def _all_resident_engine(tmp_path, monkeypatch) -> Engine:
-    """A tiny Qwen3-MoE loaded with every expert wired in, and the fast decoder as on a GPU,
-    eagerly (the all-resident CPU load builds none)."""
+def _all_resident_engine(tmp_path, monkeypatch, family: str = "qwen3_moe") -> Engine:
+    """A tiny MoE of `family` loaded with every expert wired in, and the fast decoder as on
+    a GPU, eagerly (the all-resident CPU load builds none)."""
     monkeypatch.setattr(residency, "EXPERTS_CHUNK_BYTES", PAGE_BYTES)
-    path, _ = make_tiny_hf_model("qwen3_moe", tmp_path / "moe",
+    path, _ = make_tiny_hf_model(family, tmp_path / "moe",
                                  overrides={"num_hidden_layers": 2})
     engine = Engine(EngineConfig(model_path=str(path), device="cpu", context_tokens=128,
                                  expert_cache="all", snapshot_ram_budget_bytes=1 << 20),
@@ -62,8 +62,12 @@ def _all_resident_engine(tmp_path, monkeypatch) -> Engine:
     return engine
 
 
-def test_an_all_resident_moe_shrinks_and_grows_between_two_tokens(tmp_path, monkeypatch):
-    engine = _all_resident_engine(tmp_path, monkeypatch)
+# GPT-OSS too: issue 52 asks that gpt-oss-20b keeps answering through a shrink (its biased
+# router, softmax over the top-k logits, clamped SwiGLU with expert biases over the slots).
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_an_all_resident_moe_shrinks_and_grows_between_two_tokens(tmp_path, monkeypatch,
+                                                                  family):
+    engine = _all_resident_engine(tmp_path, monkeypatch, family)
     try:
         memory, store = engine.memory, engine.memory.experts
         assert memory.expert_mode == "all" and engine.fast.step_hook is None
