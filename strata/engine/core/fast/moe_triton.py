@@ -102,7 +102,7 @@ if triton is not None:
     def sigmoid_top_k(z, correction_ptr, experts, ok, slots, top_k: tl.constexpr,
                       norm_topk: tl.constexpr, SCALING: tl.constexpr, BLOCK_E: tl.constexpr,
                       BLOCK_K: tl.constexpr):
-        """(ids, weights) [BLOCK_K] of GLM-4.5's routing (SparseMoE._sigmoid_top_k, one
+        """(ids, weights) [BLOCK_K] of GLM-4.5's routing (SparseMoE._sigmoid_top_ids, one
         group): top-k of sigmoid(z) + correction, weighted by their sigmoid scores,
         renormalised (with the reference's epsilon) and scaled."""
         scores = 1.0 / (1.0 + tl.exp(-z))

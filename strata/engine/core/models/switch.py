@@ -195,24 +195,23 @@ class SparseMoE(nn.Module):
         self.plain_experts = not expert_bias and activation == SILU
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [T, k] in x's dtype, expert ids [T, k]) for x [T, H]."""
+        """(weights [T, k] in x's dtype, expert ids [T, k]) for x [T, H]: the ids the routing
+        chooses, or a benchmark's forced ids (forced_routing.py), weighted as the routing
+        weights its own choice."""
         logits = self.router(x).float()  # [T, E]
-        if self.forced is not None:
-            # Benchmarks: the trace's ids, weighted as the router weights its own choice (a
-            # GPT-OSS or GLM-4.5 trace hit every time when only softmax routing took them).
-            top_ids = self.forced.rows(x.shape[0])  # [T, k]
-            chosen = logits.gather(-1, top_ids)  # [T, k]
-            if self.softmax_after_topk:
-                return F.softmax(chosen, dim=-1).to(x.dtype), top_ids
-            top_probs = (torch.sigmoid(chosen) if self.routing.scoring == "sigmoid"
-                         else F.softmax(logits, dim=-1).gather(-1, top_ids))
-        elif self.softmax_after_topk:
-            top_logits, top_ids = torch.topk(logits, self.top_k, dim=-1)  # [T, k]
-            return F.softmax(top_logits, dim=-1).to(x.dtype), top_ids
-        elif self.routing.scoring == "sigmoid":
-            top_probs, top_ids = self._sigmoid_top_k(logits)
+        forced = self.forced.rows(x.shape[0]) if self.forced is not None else None  # [T, k]
+        if self.softmax_after_topk:  # GPT-OSS: softmax over the k chosen logits
+            top_ids = (forced if forced is not None
+                       else torch.topk(logits, self.top_k, dim=-1).indices)
+            return F.softmax(logits.gather(-1, top_ids), dim=-1).to(x.dtype), top_ids
+        if self.routing.scoring == "sigmoid":
+            scores = torch.sigmoid(logits)  # [T, E]
+            top_ids = forced if forced is not None else self._sigmoid_top_ids(scores)
         else:
-            top_probs, top_ids = torch.topk(F.softmax(logits, dim=-1), self.top_k, dim=-1)
+            scores = F.softmax(logits, dim=-1)  # [T, E]
+            top_ids = (forced if forced is not None
+                       else torch.topk(scores, self.top_k, dim=-1).indices)
+        top_probs = scores.gather(-1, top_ids)  # [T, k]
         if self.norm_topk_prob:
             # The epsilon is the reference's (sigmoid weights can all be tiny).
             top_probs = top_probs / (top_probs.sum(dim=-1, keepdim=True) + 1e-20)
@@ -220,8 +219,9 @@ class SparseMoE(nn.Module):
             top_probs = top_probs * self.routing.scaling
         return top_probs.to(x.dtype), top_ids
 
-    def _sigmoid_top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = torch.sigmoid(logits)  # [T, E]
+    def _sigmoid_top_ids(self, scores: torch.Tensor) -> torch.Tensor:
+        """GLM-4.5's choice [T, k] from the sigmoid scores [T, E]: the best k of scores plus
+        the correction bias, within the routing's best groups."""
         choice = scores + self.e_score_correction_bias.float()  # [T, E], chooses only
         groups = self.routing.n_group
         if groups > 1:
@@ -233,8 +233,7 @@ class SparseMoE(nn.Module):
             mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
             choice = choice.masked_fill(~mask.repeat_interleave(num_experts // groups, 1),
                                         float("-inf"))
-        top_ids = torch.topk(choice, self.top_k, dim=-1).indices  # [T, k]
-        return scores.gather(1, top_ids), top_ids
+        return torch.topk(choice, self.top_k, dim=-1).indices  # [T, k]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.routed(x)
