@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer
@@ -116,6 +117,14 @@ class Countdown(QProgressBar):
                            f"{clock_text(self.timeout_s)}")
         else:
             self.setFormat(f"{self.label}: off")
+
+
+def fill_table(table: QTableWidget, rows: Sequence[tuple[str, ...]]) -> None:
+    """Replace table's rows with these cells' texts, a tuple a row."""
+    table.setRowCount(len(rows))
+    for index, cells in enumerate(rows):
+        for column, text in enumerate(cells):
+            table.setItem(index, column, QTableWidgetItem(text))
 
 
 def activity_text(status: dict[str, Any]) -> str:
@@ -278,16 +287,10 @@ class Dashboard(QWidget):
         self.chart_note.setText(
             f"{gpu.name}: {gib_text(gpu.free_bytes)} free of {gib_text(gpu.total_bytes)}"
         )
-        self.processes.setRowCount(len(gpu.processes))
-        for row, proc in enumerate(gpu.processes):
-            for col, text in enumerate(
-                (
-                    str(proc.pid),
-                    proc.name,
-                    f"{proc.used_bytes / 2**20:,.0f} MiB" if proc.used_bytes else "n/a",
-                )
-            ):
-                self.processes.setItem(row, col, QTableWidgetItem(text))
+        fill_table(self.processes, [
+            (str(proc.pid), proc.name,
+             f"{proc.used_bytes / 2**20:,.0f} MiB" if proc.used_bytes else "n/a")
+            for proc in gpu.processes])
 
     def _apply_models(self, status: dict[str, Any]) -> None:
         """The library's models: state, VRAM held, size on disk, last use (the pool's rows)."""
@@ -295,15 +298,15 @@ class Dashboard(QWidget):
         self.models_box.setVisible(bool(rows))
         self.models.setHorizontalHeaderLabels(
             [menu_model.memory_word(status) if c == "VRAM" else c for c in MODEL_COLUMNS])
-        self.models.setRowCount(len(rows))
-        for index, row in enumerate(rows):
+        cells = []
+        for row in rows:
             name = f"{row['name']} (default)" if row["is_default"] else str(row["name"])
             on_disk = gib_text(int(row["size_bytes"])) if row["is_downloaded"] \
                 else "not downloaded"
-            cells = (name, state_label(str(row["state"])), gib_text(int(row["vram_bytes"])),
-                     on_disk, last_used_text(row["last_used_s"]))
-            for column, text in enumerate(cells):
-                self.models.setItem(index, column, QTableWidgetItem(text))
+            cells.append((name, state_label(str(row["state"])),
+                          gib_text(int(row["vram_bytes"])), on_disk,
+                          last_used_text(row["last_used_s"])))
+        fill_table(self.models, cells)
         self.models_budget.setText(budget_text(status) if rows else "")
 
     def _apply_experts(self, status: dict[str, Any]) -> None:
@@ -312,11 +315,7 @@ class Dashboard(QWidget):
         if summary is None:
             return
         self.experts_summary.setText(summary)
-        rows = expert_cache_view.layer_rows(status)
-        self.expert_layers.setRowCount(len(rows))
-        for index, cells in enumerate(rows):
-            for column, text in enumerate(cells):
-                self.expert_layers.setItem(index, column, QTableWidgetItem(text))
+        fill_table(self.expert_layers, expert_cache_view.layer_rows(status))
 
     def _apply_levels(self, status: dict[str, Any]) -> None:
         for arena, label in self.level_labels.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from strata.app.menu_model import gib_text
 from strata.units import GIB, MIB
 
 LAYER_COLUMNS = ("Layer", "Hits", "Misses", "Hit rate", "Copied", "Read in place", "On CPU")
@@ -24,7 +25,7 @@ def partial_cache(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def size_text(num_bytes: int) -> str:
     """MiB below a GiB, GiB from there (the per-layer columns span both)."""
-    return f"{num_bytes / GIB:.1f} GiB" if num_bytes >= GIB else f"{num_bytes / MIB:.0f} MiB"
+    return gib_text(num_bytes) if num_bytes >= GIB else f"{num_bytes / MIB:.0f} MiB"
 
 
 def rate_text(hits: int, misses: int) -> str:
