@@ -181,9 +181,8 @@ CPU_COUNTERS = ("num_cpu_conversions", "cpu_convert_s", "num_cpu_split_layers",
                 "num_cpu_overlapped_layers")  # with --cpu-misses on or auto
 
 
-def expert_counters(engine) -> dict:
-    """The expert cache's running totals (ExpertStore.status())."""
-    status = engine.memory.experts.status()
+def expert_counters(status: dict) -> dict:
+    """The expert cache's running totals, of one ExpertStore.status()."""
     return {key: status[key] for key in ("num_hits", "num_misses", "num_left_out",
                                          "num_evictions", "copied_bytes", "host_read_bytes",
                                          "num_copy_calls", "timed_copy_bytes",
@@ -191,10 +190,11 @@ def expert_counters(engine) -> dict:
             if key in status}
 
 
-def layer_counters(engine) -> dict[int, dict]:
-    """Per MoE layer: hits, misses, misses left on the host, bytes copied and read in place."""
+def layer_counters(status: dict) -> dict[int, dict]:
+    """Per MoE layer of one ExpertStore.status(): hits, misses, misses left on the host,
+    bytes copied and read in place."""
     return {row["layer"]: {k: v for k, v in row.items() if k != "layer"}
-            for row in engine.memory.experts.status()["layers"]}
+            for row in status["layers"]}
 
 
 def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
@@ -208,15 +208,18 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
     while count < 1 + warmup_tokens:
         count += len(next(steps))
     sync()
-    before, started_s = expert_counters(engine), time.perf_counter()
-    layers_before = layer_counters(engine)
+    # One status read each side, outside the timed steps.
+    status_before = engine.memory.experts.status()
+    started_s = time.perf_counter()
     timed = sum(len(ids) for ids in steps)
     sync()
     seconds = time.perf_counter() - started_s
-    after = expert_counters(engine)
+    status_after = engine.memory.experts.status()
+    before, after = expert_counters(status_before), expert_counters(status_after)
     delta = {key: after[key] - before[key] for key in after}
+    layers_before = layer_counters(status_before)
     layers = {layer: {k: v - layers_before[layer][k] for k, v in row.items()}
-              for layer, row in layer_counters(engine).items()}
+              for layer, row in layer_counters(status_after).items()}
     lookups = delta["num_hits"] + delta["num_misses"]
     return {"tokens": timed, "seconds": seconds, "decode_tok_s": timed / seconds,
             "hit_rate": delta["num_hits"] / lookups if lookups else None,
@@ -235,7 +238,7 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
             "cpu_experts_per_token": delta["num_cpu_experts"] / timed,
             "cpu_conversions": delta.get("num_cpu_conversions"),
             # --cpu-share auto: where the layers' balanced shares ended, on average.
-            "cpu_share_mean": engine.memory.experts.status().get("cpu_share_mean"),
+            "cpu_share_mean": status_after.get("cpu_share_mean"),
             "counters": delta, "layers": layers}
 
 
