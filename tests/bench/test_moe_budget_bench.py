@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import moe_budget_bench as bench
 import moe_budget_llamacpp as budget_peer
+from moe_budget_args import parse_budget
 from random_gguf import write_random_gguf
 
 from strata.engine.core.model_config import ModelConfig
@@ -47,9 +48,9 @@ def test_a_budget_gives_both_engines_the_same_expert_bytes() -> None:
     # No room: every layer's experts on the CPU; Strata keeps one layer's worth of slots.
     tight = bench.plan_budget(shape, 100 * MIB, 20 * MIB)
     assert tight.expert_bytes == 0 and tight.ncmoe == 4 and tight.slots == 8
-    assert bench.parse_budget("12GiB") == 12 << 30 and bench.parse_budget("1.5MiB") == 3 << 19
+    assert parse_budget("12GiB") == 12 << 30 and parse_budget("1.5MiB") == 3 << 19
     with pytest.raises(Exception, match="12GiB or 512MiB"):
-        bench.parse_budget("12G")
+        parse_budget("12G")
 
 
 def test_llama_bench_runs_with_ncmoe_and_its_json_is_read() -> None:
