@@ -79,7 +79,7 @@ from strata.engine.core.process import use_engine_allocator
 # Before torch is imported: the VRAM rows measure the allocator the server's engine runs.
 use_engine_allocator()
 
-import moe_budget_args
+import moe_budget_bench_args
 from batch_bench import first_token_s, prompt, sync
 from moe_budget_llamacpp import llamacpp_rows
 from report import figure, format_figures, write_json
@@ -509,7 +509,7 @@ def run(args) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    return moe_budget_args.parser(__doc__.splitlines()[0])
+    return moe_budget_bench_args.parser(__doc__.splitlines()[0])
 
 
 def main(argv: list[str] | None = None) -> int:

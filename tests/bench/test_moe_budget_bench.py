@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import moe_budget_bench as bench
 import moe_budget_llamacpp as budget_peer
-from moe_budget_args import parse_budget
+from moe_budget_bench_args import parse_budget
 from random_gguf import write_random_gguf
 
 from strata.engine.core.model_config import ModelConfig

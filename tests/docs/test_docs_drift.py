@@ -56,7 +56,10 @@ def command_flags() -> dict[str, set[str]]:
     flags["strata-tray"] = _parser_flags(tray_parser())
     flags["install.sh"] = _install_sh_flags()
     for script in (REPO / "bench").glob("*.py"):
-        flags[f"bench/{script.name}"] = _literal_flags(script) | {"--help"}
+        # A bench whose command line grew into its own module keeps it in STEM_args.py.
+        args_module = script.with_name(f"{script.stem}_args.py")
+        flags[f"bench/{script.name}"] = _literal_flags(script) | {"--help"} | (
+            _literal_flags(args_module) if args_module.exists() else set())
     for tool, tool_flags in FOREIGN.items():
         flags[tool] = tool_flags
     return flags
