@@ -7,6 +7,7 @@ llama.cpp's experts on the CPU (issue 54's first deliverable).
         [--reserve-mib 2048] [--llama-bench PATH] [--json OUT] [--deadline-s 480]
         [--cpu-misses off|on|auto] [--cpu-threads N] [--cpu-miss-graphs]
         [--cpu-cache-gib 4] [--cpu-preconvert] [--cpu-max-per-layer N] [--cpu-share F|auto]
+        [--prefetch N] [--prefetch-recall A]
 
 Budget arithmetic, the same for both engines: of a budget B, the experts may hold
     expert_bytes(B) = B - dense - reserve
@@ -52,8 +53,14 @@ timed without its first conversions; --cpu-max-per-layer N sends at most N of a 
 misses a token to the CPU and reads the others in place meanwhile (CpuMisses.max_per_layer:
 the CPU's threads and the link at once); --cpu-share F sends that fraction of them, rounded
 up (CpuMisses.share); --cpu-share auto starts each layer at half and moves it a step a token
-toward the side that finished first (CpuMisses.balance, fast/cpu_share.py). Run the bench
-once per mode on one machine to compare on, off and llama.cpp.
+toward the side that finished first (CpuMisses.balance, fast/cpu_share.py); --prefetch N
+guesses N of the next MoE layer's experts at each layer's split and copies the missing ones
+in meanwhile (fast/moe_prefetch.py; the row's "prefetch" has the guess's recall and the
+copies that were hits, late or unused): by the next router on this layer's x, or, with
+--prefetch-recall A, from the forced trace at recall A (a forced trace leaves the router
+nothing to predict, and a random model's routes say nothing of a trained one's: this
+measures what a guess of a given recall buys). Run the bench once per mode on one machine
+to compare on, off and llama.cpp.
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
 row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
 versions, figure, limit, ratio).
@@ -228,9 +235,14 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
             "cpu_conversions": delta.get("num_cpu_conversions"),
             # --cpu-share auto: where the layers' balanced shares ended, on average.
             "cpu_share_mean": status_after.get("cpu_share_mean"),
+            # --prefetch: its counters since the row started (its warm-up included).
+            "prefetch": {key: status_after[key] for key in PREFETCH_KEYS
+                         if key in status_after} or None,
             "counters": delta, "layers": layers}
 
 
+PREFETCH_KEYS = ("num_prefetched", "prefetch_recall", "num_prefetch_hits", "num_prefetch_late",
+                 "num_prefetch_unused")
 PREFILL_COUNTERS = ("staged_bytes", "gathered_bytes", "num_staged_copy_calls", "copied_bytes",
                     "num_copy_calls", "num_evictions")
 
@@ -260,7 +272,7 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
 
     from strata.engine.core.engine import Engine, EngineConfig
     from strata.engine.core.fast.tuning_store import device_identity
-    from strata.engine.core.models.forced_routing import ForcedRouting
+    from strata.engine.core.models.forced_routing import ForcedRouting, TraceGuess
 
     context = args.prefill_tokens + args.decode_tokens + args.warmup_tokens + 64
     if args.cpu_threads:
@@ -275,6 +287,8 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     report["cpu_expert_misses"] = args.cpu_misses
     report["cpu_max_per_layer"] = args.cpu_max_per_layer
     report["cpu_share"] = args.cpu_share
+    report["prefetch"] = args.prefetch
+    report["prefetch_recall"] = args.prefetch_recall  # None: the next router's guess
     report["cpu_threads"] = torch.get_num_threads()
     started_s = time.perf_counter()
     info = engine.load()
@@ -338,6 +352,10 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
                                        shape.top_k)
                     forced = ForcedRouting(trace, shape.num_experts, engine.device)
                     forced.attach(engine.model, engine.fast)
+                if args.prefetch and engine.memory.cpu_misses is not None:  # counts anew
+                    engine.memory.cpu_misses.start_prefetch(args.prefetch, TraceGuess(
+                        forced, args.prefetch_recall) if forced is not None
+                        and args.prefetch_recall is not None else None)
                 try:
                     row = decode_row(engine, args.decode_tokens, args.warmup_tokens)
                     if forced is not None:

@@ -53,6 +53,14 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="with --cpu-misses, this fraction (0 to 1] of a layer's misses a "
                    "token on the CPU, rounded up, the others read in place; auto: each "
                    "layer's own, balanced a token at a time")
+    p.add_argument("--prefetch", type=int, default=0,
+                   help="with --cpu-misses, at each MoE layer's split guess this many of the "
+                   "next layer's experts and copy the missing ones in (fast/moe_prefetch.py; "
+                   "0: off)")
+    p.add_argument("--prefetch-recall", type=recall_arg,
+                   help="with --prefetch, forced rows guess from their trace, each routed "
+                   "expert kept with this probability (TraceGuess), instead of the next "
+                   "router's guess, which a forced trace leaves nothing to predict")
     p.add_argument("--cpu-cache-gib", type=float, default=4.0,
                    help="bytes the CPU forms of missed experts may keep, in GiB")
     p.add_argument("--cpu-preconvert", action="store_true",
@@ -100,4 +108,13 @@ def share_arg(text: str) -> float | str:
     value = float(text)
     if not 0.0 < value <= 1.0:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"the CPU's share is a fraction in (0, 1], not {text}")
+    return value
+
+
+def recall_arg(text: str) -> float:
+    """--prefetch-recall: a finite fraction in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"the guess's recall is a fraction in [0, 1], not "
+                                         f"{text}")
     return value

@@ -180,12 +180,15 @@ def test_cpu_misses_flag_loads_strata_with_them(tmp_path: Path) -> None:
     assert bench.main([str(gguf), "--device", "cpu", "--budgets", budget, "--reserve-mib", "0",
                        "--routings", "uniform", "--decode-tokens", "4", "--warmup-tokens", "1",
                        "--prefill-tokens", "24", "--cpu-misses", "on", "--cpu-preconvert",
-                       "--json", str(out)]) == 0
+                       "--prefetch", "2", "--prefetch-recall", "0.5", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["cpu_expert_misses"] == "on" and report["cpu_threads"] >= 1
+    assert (report["prefetch"], report["prefetch_recall"]) == (2, 0.5)
     rows = report["strata"][report["plans"][0]["label"]]
     # "on" makes every expert's form as it starts (float experts: views, no bytes).
     assert rows["cpu_preconvert"]["experts"] == 16
     row = rows["uniform"]
     assert row["cpu_experts_per_token"] == 0 and row["cpu_conversions"] == 0
     assert "num_cpu_split_layers" in row["counters"] and report["cpu_miss_graphs"] is False
+    # The prefetch was started for the row; the loop splits nothing, so it guessed nothing.
+    assert row["prefetch"]["num_prefetched"] == 0

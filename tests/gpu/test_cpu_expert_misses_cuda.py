@@ -135,6 +135,37 @@ def test_balanced_shares_equal_all_resident_and_move(expected, monkeypatch) -> N
         memory.close()
 
 
+@pytest.mark.parametrize("graphs", ["0", "1"])
+def test_prefetch_equals_all_resident_and_its_guesses_land(expected, monkeypatch,
+                                                           graphs) -> None:
+    """CpuMisses.start_prefetch (fast/moe_prefetch.py), called and over split graphs: at
+    each MoE layer's split the next layer's router guesses its experts from this layer's x
+    and the missing ones are copied in on the side stream behind the work queued before
+    the hits; the next split publishes those that landed. The tokens stay the all-resident
+    model's; every copied guess is scored at its layer's split (a hit, late, or unused);
+    the slots hold their experts intact."""
+    monkeypatch.setenv("STRATA_CPU_MISS_GRAPHS", graphs)
+    memory, model = _build("16", "on")
+    try:
+        prefetch = memory.cpu_misses.start_prefetch(2)
+        decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
+        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
+        tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
+        settle(memory.promotion)
+        assert tokens == expected
+        status = memory.experts.status()
+        print(f"prefetch (graphs {graphs}):", {k: status[k] for k in (
+            "num_prefetched", "prefetch_recall", "num_prefetch_hits", "num_prefetch_late",
+            "num_prefetch_unused", "num_cpu_experts")})
+        assert status["num_prefetched"] > 0 and status["prefetch_recall"] is not None
+        scored = prefetch.num_hits + prefetch.num_late + prefetch.num_unused
+        pending = sum(len(v) for v in prefetch._copied.values())  # the last split's guess
+        assert scored + pending == status["num_prefetched"]
+        assert memory.experts.verify_slots() == 0
+    finally:
+        memory.close()
+
+
 def test_q4k_layer_with_hits_and_misses_equals_its_resident_self(tmp_path, monkeypatch) -> None:
     """A Q4_K GGUF on CUDA: one MoE layer with some experts in slots, for tokens whose top-k
     are all hits, all misses or both, equals the all-resident layer (the GPU's dp4a or

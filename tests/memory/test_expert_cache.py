@@ -112,3 +112,29 @@ def test_pools_that_do_not_add_up_are_refused():
         ExpertCache(num_layers=2, num_experts=4, num_slots=9, pools=[([0], 4), ([1], 4)])
     with pytest.raises(ValueError, match="in two pools"):
         ExpertCache(num_layers=2, num_experts=4, num_slots=8, pools=[([0], 4), ([0], 4)])
+
+
+def test_a_prefetch_takes_the_lowest_counts_keeps_what_is_in_use_and_counts_no_use():
+    cache = ExpertCache(num_layers=2, num_experts=8, num_slots=4)
+    cache.lookup(0, [0, 1])
+    cache.lookup(0, [0, 1])
+    cache.lookup(0, [2, 3])  # 0 and 1 used twice, 2 and 3 once
+    hits, misses = cache.num_hits, cache.num_misses
+    # Layer 1's guess: 3 goes (2 is kept: this step's layer uses it), then 0 or 1 (the
+    # lowest counts left outside the kept and the guess).
+    taken = cache.take_for_prefetch(1, [5, 6], keep=[(0, 2)])
+    assert [expert for expert, _ in taken] == [5, 6]
+    assert cache.slot_of(0, 3) is None and cache.slot_of(0, 2) is not None
+    assert [cache.slot_of(0, e) is None for e in (0, 1)].count(True) == 1
+    assert {cache.slot_of(1, 5), cache.slot_of(1, 6)} == {slot for _, slot in taken}
+    assert (cache.num_hits, cache.num_misses, cache.num_prefetched) == (hits, misses, 2)
+    assert cache.use_count(1, 5) == 0.0  # a guess is not a use: the next victim
+    assert cache.take_for_prefetch(1, [6]) == []  # resident: nothing to copy
+    # Only the kept and the guessed are left: a prefetch stops instead of evicting them.
+    resident = [(layer, expert) for layer, expert, _ in cache.resident()]
+    assert cache.take_for_prefetch(1, [7], keep=resident) == []
+    with pytest.raises(ValueError, match=r"outside 0\.\.7"):
+        cache.take_for_prefetch(1, [8])
+    cache.mark_all_released()
+    with pytest.raises(ExpertCacheReleasedError):
+        cache.take_for_prefetch(1, [7])

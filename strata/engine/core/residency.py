@@ -167,7 +167,7 @@ class ModelMemory:
                 model.model.layers[layer].mlp.expert_weights = SlotExperts(
                     self.experts, layer, self.dtype, cpu_misses)
             if self.experts.host.device_address is not None:
-                self.promotion = ExpertPromotion(self.experts)
+                self._start_promotion(cpu_misses)
         elif self.expert_mode == "all":
             self._moe_layers = {layer: model.model.layers[layer].mlp for layer in by_layer}
         if quantized or expert_blocks:
@@ -469,8 +469,15 @@ class ModelMemory:
             mlp.expert_weights = self.slot_experts(layer, cpu_misses)
             _unwire(mlp.experts)
         if store.host.device_address is not None:
-            self.promotion = ExpertPromotion(store)
+            self._start_promotion(cpu_misses)
         self.expert_mode = "slots"
+
+    def _start_promotion(self, cpu_misses: CpuMisses | None) -> None:
+        """Decode's promotion of missed experts, whose queue the CPU misses' prefetch
+        shares (fast/moe_prefetch.py)."""
+        self.promotion = ExpertPromotion(self.experts)
+        if cpu_misses is not None:
+            cpu_misses.use_promotion(self.promotion)
 
     def _map_staging(self) -> int:
         """Map the store's prefill staging (one layer's experts) in an arena of its own when

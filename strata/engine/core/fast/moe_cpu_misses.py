@@ -31,11 +31,13 @@ import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import torch
 
 from strata.engine.core.engine_config import check_cpu_expert_misses
 from strata.engine.core.fast.cpu_share import GpuProbe, ShareBalance
+from strata.engine.core.fast.moe_prefetch import ExpertPrefetch, Guess
 from strata.engine.core.memory.cpu_expert_cache import CpuExpertCache
 from strata.engine.core.memory.expert_store import ExpertStore
 from strata.engine.core.quant.cpu_experts import HostEpilogue, routed_ffn
@@ -65,6 +67,10 @@ class CpuMisses:
         # Or each layer's own share, from `share` (else half), moved a step a token toward
         # where the CPU and the GPU finish the layer at once (fast/cpu_share.py).
         self.balance = False
+        # The next MoE layer's likely experts copied in while this one computes
+        # (fast/moe_prefetch.py; start_prefetch); None: off.
+        self.prefetch: ExpertPrefetch | None = None
+        self.promotion: Any = None  # the decode's ExpertPromotion (residency.py sets it)
         self.cache = CpuExpertCache(store, limit_bytes, model_dtype)
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="cpu-experts")
         self._convert = ThreadPoolExecutor(1, thread_name_prefix="cpu-expert-forms")
@@ -78,6 +84,21 @@ class CpuMisses:
         self.num_overlapped_calls = 0
         if mode == "on":
             self._convert.submit(self._convert_all)
+
+    def start_prefetch(self, count: int, guess: Guess | None = None) -> ExpertPrefetch:
+        """Prefetch up to count guessed experts of the next MoE layer at each split (guess:
+        the next router's, RouterGuess, unless given); needs the decode's promotion."""
+        if self.promotion is None:
+            raise ValueError("expert prefetch needs a host copy the GPU reads in place "
+                             "(the decode's promotion); this store has none")
+        self.prefetch = ExpertPrefetch(self.store, count, self.promotion, guess)
+        return self.prefetch
+
+    def use_promotion(self, promotion: Any) -> None:
+        """The decode's ExpertPromotion from now on (a switch to slots makes a new one)."""
+        self.promotion = promotion
+        if self.prefetch is not None:
+            self.prefetch.promotion = promotion
 
     def for_layer(self, layer: int) -> LayerCpuMisses:
         """Layer's view, for its SlotLayout."""
@@ -161,6 +182,7 @@ class CpuMisses:
         return {"cpu_expert_misses": self.mode, "num_cpu_split_layers": self.num_layer_calls,
                 "num_cpu_overlapped_layers": self.num_overlapped_calls,
                 **({"cpu_share_mean": sum(shares) / len(shares)} if shares else {}),
+                **(self.prefetch.status() if self.prefetch is not None else {}),
                 **self.cache.status()}
 
     def balance_of(self, layer: int) -> ShareBalance:
@@ -195,6 +217,11 @@ class _SplitBuffers:
         self.hit_weights = torch.zeros(k, dtype=weights.dtype, device=device)
         self.cpu_out = torch.zeros(hidden, dtype=torch.float32, device=device)
         self.future: Future | None = None
+        # With prefetch, what join needs of split: the layer, its routed ids, and an event
+        # before its hits were queued.
+        self.moe: Any = None
+        self.expert_ids: list[int] = []
+        self.queued: torch.cuda.Event | None = None
 
 
 class LayerCpuMisses:
@@ -244,22 +271,56 @@ class LayerCpuMisses:
         if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return gpu(ids, weights)  # a graph cannot wait for the host: misses in place
         expert_ids = ids.tolist()  # the sync: the host decides which experts it computes
+        self._land(expert_ids)
         on_cpu = self._choose(expert_ids)
+        queued = self._queued(x.device)
+        x_host = (x[0].to("cpu", self.shared.cache.dtype)
+                  if on_cpu or self.shared.prefetch is not None else None)
         if not on_cpu:
-            return gpu(ids, weights)
+            out = gpu(ids, weights)
+            self._start_prefetch(moe, x_host, expert_ids, queued)
+            return out
         routed_weights = weights.float().tolist()
-        future = self._submit(moe, x[0].to("cpu", self.shared.cache.dtype), expert_ids,
-                              routed_weights, on_cpu)
+        future = self._submit(moe, x_host, expert_ids, routed_weights, on_cpu)
         out = None
         if len(on_cpu) < len(expert_ids):  # the misses' places: a hit's id at weight 0
             self.shared.num_overlapped_calls += 1
             hit_ids, hit_weights = self._hits_only(expert_ids, routed_weights, on_cpu)
             out = gpu(ids.new_tensor(hit_ids), weights.new_tensor(hit_weights)).float()
         self._mark(x.device)
+        self._start_prefetch(moe, x_host, expert_ids, queued)
         cpu_result = future.result()
         self._observe()
         cpu_out = cpu_result.to(x.device, non_blocking=True)[None]  # [1, H]
         return (cpu_out if out is None else out + cpu_out).to(x.dtype)
+
+    def _land(self, expert_ids: list[int]) -> None:
+        """With prefetch, before the ids are split by the table: publish the copies that
+        landed, score this layer's guess, and note the row this layer runs with."""
+        prefetch = self.shared.prefetch
+        if prefetch is None:
+            return
+        prefetch.land()
+        row = self.shared.store.table_mirror[self.layer]
+        prefetch.score(self.layer, expert_ids, row)
+        prefetch.promotion.note_row(self.layer, row)
+
+    def _queued(self, device: torch.device) -> torch.cuda.Event | None:
+        """With prefetch on a GPU: an event after the work queued so far, before this
+        layer's hits (the prefetch's copies may start there: the hits read only this
+        layer's routed experts, which the prefetch never evicts)."""
+        if self.shared.prefetch is None or device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def _start_prefetch(self, moe, x_host: torch.Tensor | None, expert_ids: list[int],
+                        queued: torch.cuda.Event | None) -> None:
+        """With prefetch, once this layer's hits are queued: guess the next layer's
+        experts and start their copies (host work while the GPU and the CPU compute)."""
+        if self.shared.prefetch is not None and x_host is not None:
+            self.shared.prefetch.start(self.layer, moe, x_host, expert_ids, queued)
 
     def _mark(self, device: torch.device) -> None:
         """With balance: note what the GPU has queued for this layer (its hits) now."""
@@ -307,7 +368,9 @@ class LayerCpuMisses:
         if b.hit_ids.device.type == "cuda":
             torch.cuda.current_stream(b.hit_ids.device).synchronize()
         expert_ids, routed_weights = b.ids_host.tolist(), b.weights_host.tolist()
+        self._land(expert_ids)
         on_cpu = self._choose(expert_ids)
+        b.moe, b.expert_ids, b.queued = moe, expert_ids, self._queued(b.hit_ids.device)
         hit_ids, hit_weights = self._hits_only(expert_ids, routed_weights, on_cpu)
         if on_cpu and len(on_cpu) < len(expert_ids):
             self.shared.num_overlapped_calls += 1
@@ -330,8 +393,10 @@ class LayerCpuMisses:
         assert b is not None, "stage runs before join"
         if b.future is None:
             b.cpu_out.zero_()
+            self._start_prefetch(b.moe, b.x_host, b.expert_ids, b.queued)
             return
         self._mark(b.cpu_out.device)  # after the hits' kernels, queued before the join
+        self._start_prefetch(b.moe, b.x_host, b.expert_ids, b.queued)
         b.out_host.copy_(b.future.result())
         self._observe()
         b.future = None

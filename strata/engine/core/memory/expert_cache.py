@@ -129,6 +129,7 @@ class ExpertCache:
         # Misses that admission (admit_all=False) left on the host: read there, not copied.
         self.num_left_out = 0
         self.layer_left_out = [0] * num_layers
+        self.num_prefetched = 0  # experts given slots by take_for_prefetch
 
     @property
     def num_slots(self) -> int:
@@ -242,6 +243,41 @@ class ExpertCache:
             seen[expert] = slot
             slots.append(slot)
         return slots, misses
+
+    def take_for_prefetch(self, layer: int, experts: Iterable[int],
+                          keep: Collection[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+        """Slots for the experts of `layer` that are not resident, a guess of what a step
+        will route to (fast/moe_prefetch.py): [(expert, slot)] to copy in. Each evicts the
+        pool's resident expert of lowest count (lru: least recent), never one of `keep`
+        or of these experts, and adds no use: the step that routes there counts it, so a
+        wrong guess has the pool's lowest count and is the next victim. Stops where only
+        protected experts are left to evict."""
+        if self.is_released:
+            raise ExpertCacheReleasedError(
+                "expert cache is released: refill it (restore_residency) before a prefetch")
+        experts = list(dict.fromkeys(int(e) for e in experts))
+        self._check_ids(layer, set(experts))
+        pool = self._pool_of[layer]
+        in_use = {*keep, *((layer, e) for e in experts)}
+        room = self._sizes[pool] - sum(1 for key in in_use if self._pool_of[key[0]] == pool
+                                       and key in self._slot_of)
+        scores, lru = self._scores[pool], self._lru[pool]
+        taken: list[tuple[int, int]] = []
+        for expert in experts:
+            key = (layer, expert)
+            if key in self._slot_of:
+                continue
+            if room <= 0:
+                break
+            slot = self._take_slot(pool, in_use)
+            room -= 1
+            self._slot_of[key] = slot
+            lru[key] = None
+            if self.policy == "lfu":
+                self._push(pool, key, scores.get(key, 0.0))
+            taken.append((expert, slot))
+        self.num_prefetched += len(taken)
+        return taken
 
     def _tick(self, pool: int) -> float:
         """Advance the pool's clock by one layer's step; the weight a use adds now."""

@@ -58,6 +58,9 @@ class ExpertPromotion:
         self.is_cuda = store.device.type == "cuda"
         self._steps: deque[_RoutedStep] = deque()
         self._promotions: deque[_Promotion] = deque()
+        # A step that changed the table between its layers (a prefetch: fast/moe_prefetch.py)
+        # ran each of those layers with the row noted here, not the table after it.
+        self._rows: dict[int, torch.Tensor] = {}
 
     @property
     def num_in_flight(self) -> int:
@@ -83,8 +86,18 @@ class ExpertPromotion:
         else:
             ids, ready = self.store.step_ids.clone(), None
         ids = ids[:, :num_rows]
-        self._steps.append(_RoutedStep(ids, ready, self.store.table_mirror,
-                                       self.store.traffic.take_cpu_experts()))
+        table = self.store.table_mirror
+        if self._rows:
+            table = table.clone()
+            for layer, row in self._rows.items():
+                table[layer] = row
+            self._rows.clear()
+        self._steps.append(_RoutedStep(ids, ready, table, self.store.traffic.take_cpu_experts()))
+
+    def note_row(self, layer: int, row: torch.Tensor) -> None:
+        """The table row layer ran with in the step now queued, where the table changes
+        between its layers (the mirror's rows are replaced, never written: no copy)."""
+        self._rows[layer] = row
 
     def collect(self) -> None:
         """For every step whose ids have arrived: count, choose slots, start the copies."""
@@ -95,7 +108,7 @@ class ExpertPromotion:
         # A later step's (or layer's) choice may have evicted an expert chosen before it.
         assignments = [a for a in assignments if cache.slot_of(a[0], a[1]) == a[2]]
         if assignments:
-            self._start_copies(assignments)
+            self.start_copies(assignments)
 
     def _choose_slots(self, step: _RoutedStep) -> list[tuple[int, int, int]]:
         cache = self.store.cache
@@ -122,7 +135,12 @@ class ExpertPromotion:
                                     [step.cpu_experts[layer] for layer in layers])
         return assignments
 
-    def _start_copies(self, assignments: list[tuple[int, int, int]]) -> None:
+    def start_copies(self, assignments: list[tuple[int, int, int]],
+                     after: torch.cuda.Event | None = None) -> None:
+        """Publish the evicted experts' entries at -1, then copy (layer, expert, slot) in on
+        the side stream behind `after` (default: everything queued now); `land` publishes
+        them. A caller passing `after` guarantees that nothing queued since reads the
+        slots taken (a prefetch: only experts it kept from eviction)."""
         store = self.store
         # Evicted experts are read from the host from the next step on; only after every
         # step that may still read their slots may the copies overwrite them.
@@ -132,9 +150,10 @@ class ExpertPromotion:
             self._promotions.append(_Promotion(assignments, None))
             return
         compute, side = torch.cuda.current_stream(store.device), side_stream(store.device)
-        evicted = torch.cuda.Event()
-        evicted.record(compute)
-        side.wait_event(evicted)
+        if after is None:
+            after = torch.cuda.Event()
+            after.record(compute)
+        side.wait_event(after)
         with torch.cuda.stream(side):
             store.copy_rows(assignments, non_blocking=True)
         copied = torch.cuda.Event()

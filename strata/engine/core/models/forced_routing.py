@@ -182,3 +182,27 @@ class ForcedRouting:
             self._decoder.set_step_hook(self._decoder_hook)
             self._decoder.clear()  # their graphs launched the forced routers
             self._decoder = None
+
+
+class TraceGuess:
+    """A benchmark's guess of a layer's experts for the expert prefetch
+    (fast/moe_prefetch.py) when the routing is forced: the current step's trace row for
+    that layer, each id kept with probability `recall`, else replaced by an expert the
+    row does not route to (seeded). A router's guess over a forced trace has nothing to
+    predict, and a random model's own routes say nothing of a trained one's: this measures
+    what a guess of a given recall buys."""
+
+    def __init__(self, routing: ForcedRouting, recall: float, seed: int = 0):
+        if not 0.0 <= recall <= 1.0:
+            raise ValueError(f"the guess's recall must be in 0..1, not {recall}")
+        self.routing = routing
+        self.recall = recall
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, layer: int, x: torch.Tensor) -> list[int]:
+        routing = self.routing
+        row = routing.trace[(routing.position - 1) % routing.trace.shape[0], layer].tolist()
+        keep = torch.rand(len(row), generator=self._generator) < self.recall
+        others = [e for e in torch.randperm(routing.num_experts, generator=self._generator)
+                  .tolist() if e not in row]
+        return [e if kept else others.pop() for e, kept in zip(row, keep.tolist())]
