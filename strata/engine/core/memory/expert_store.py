@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from strata.engine.core.loader.lazy import as_lazy
@@ -297,26 +298,29 @@ class ExpertStore:
         """Set the table entries of experts whose slots (the cache's numbers) now hold
         something else to -1, then (layer, expert) -> slot for `entries`, and publish it on
         the compute stream (after every copy queued there before)."""
-        mirror = self.table_mirror.clone()
+        # In numpy: a prefetch publishes at every MoE layer of a token (fast/moe_prefetch.py),
+        # where torch's per-op costs made this ~110 us (a few, by numpy).
+        mirror = self.table_mirror.numpy().copy()
+        flat = mirror.reshape(-1)
         slots = [*cleared_slots, *(slot for _, _, slot in entries)]
-        if slots:
-            mirror[torch.isin(mirror, torch.tensor(slots, dtype=torch.int32))] = -1
+        if len(slots) <= 16:  # a few compares beat isin's sort
+            for slot in slots:
+                flat[flat == slot] = -1
+        else:
+            flat[np.isin(flat, np.asarray(slots, dtype=np.int32))] = -1
         if entries:
             layers, experts, new_slots = zip(*entries)
-            mirror[list(layers), list(experts)] = torch.tensor(new_slots, dtype=torch.int32)
-        self.table_mirror = mirror
-        local = self.local_table(mirror)
+            mirror[list(layers), list(experts)] = new_slots
+        self.table_mirror = torch.from_numpy(mirror)
+        # The device table holds class-local slot numbers (indices of slot_weights_of(layer)).
+        local = torch.from_numpy(np.where(mirror >= 0, mirror - self._layer_base.numpy(), -1)
+                                 .astype(np.int32))
         if self.device.type == "cuda":
             # From pinned staging, so the host never waits; torch's pinned pool keeps the
             # buffer until this copy has run.
             self.table.copy_(local.pin_memory(), non_blocking=True)
         else:
             self.table.copy_(local)
-
-    def local_table(self, mirror: torch.Tensor) -> torch.Tensor:
-        """A [layers, E] table of the cache's slot numbers as the device table holds them:
-        class-local (indices of slot_weights_of(layer)), -1 kept."""
-        return torch.where(mirror >= 0, mirror - self._layer_base, -1).to(torch.int32)
 
     def copy_rows(self, assignments: Sequence[tuple[int, int, int]], non_blocking: bool) -> None:
         """Copy (layer, expert) -> slot (the cache's numbers) from the host copy on the
