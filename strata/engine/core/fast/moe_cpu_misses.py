@@ -217,10 +217,9 @@ class _SplitBuffers:
         self.hit_weights = torch.zeros(k, dtype=weights.dtype, device=device)
         self.cpu_out = torch.zeros(hidden, dtype=torch.float32, device=device)
         self.future: Future | None = None
-        # With prefetch, what join needs of split: the layer, its routed ids, and an event
-        # before its hits were queued.
+        # With prefetch, what join needs of split (split says what).
         self.moe: Any = None
-        self.expert_ids: list[int] = []
+        self.read_ids: list[int] = []
         self.queued: torch.cuda.Event | None = None
 
 
@@ -287,6 +286,7 @@ class LayerCpuMisses:
             self.shared.num_overlapped_calls += 1
             hit_ids, hit_weights = self._hits_only(expert_ids, routed_weights, on_cpu)
             out = gpu(ids.new_tensor(hit_ids), weights.new_tensor(hit_weights)).float()
+            expert_ids = [*expert_ids, *hit_ids]  # a filler the kernels read, kept too
         self._mark(x.device)
         self._start_prefetch(moe, x_host, expert_ids, queued)
         cpu_result = future.result()
@@ -315,12 +315,13 @@ class LayerCpuMisses:
         event.record(torch.cuda.current_stream(device))
         return event
 
-    def _start_prefetch(self, moe, x_host: torch.Tensor | None, expert_ids: list[int],
+    def _start_prefetch(self, moe, x_host: torch.Tensor | None, read_ids: list[int],
                         queued: torch.cuda.Event | None) -> None:
         """With prefetch, once this layer's hits are queued: guess the next layer's
-        experts and start their copies (host work while the GPU and the CPU compute)."""
+        experts and start their copies (host work while the GPU and the CPU compute);
+        read_ids: every expert of this layer the queued kernels read (never evicted)."""
         if self.shared.prefetch is not None and x_host is not None:
-            self.shared.prefetch.start(self.layer, moe, x_host, expert_ids, queued)
+            self.shared.prefetch.start(self.layer, moe, x_host, read_ids, queued)
 
     def _mark(self, device: torch.device) -> None:
         """With balance: note what the GPU has queued for this layer (its hits) now."""
@@ -370,8 +371,11 @@ class LayerCpuMisses:
         expert_ids, routed_weights = b.ids_host.tolist(), b.weights_host.tolist()
         self._land(expert_ids)
         on_cpu = self._choose(expert_ids)
-        b.moe, b.expert_ids, b.queued = moe, expert_ids, self._queued(b.hit_ids.device)
         hit_ids, hit_weights = self._hits_only(expert_ids, routed_weights, on_cpu)
+        # What join's prefetch needs: the experts the hits' kernels read (a miss's filler
+        # among them), and an event before they were queued.
+        b.moe, b.read_ids, b.queued = moe, [*expert_ids, *hit_ids], self._queued(
+            b.hit_ids.device)
         if on_cpu and len(on_cpu) < len(expert_ids):
             self.shared.num_overlapped_calls += 1
         b.hit_ids_host.copy_(torch.tensor(hit_ids, dtype=b.hit_ids_host.dtype))
@@ -393,10 +397,10 @@ class LayerCpuMisses:
         assert b is not None, "stage runs before join"
         if b.future is None:
             b.cpu_out.zero_()
-            self._start_prefetch(b.moe, b.x_host, b.expert_ids, b.queued)
+            self._start_prefetch(b.moe, b.x_host, b.read_ids, b.queued)
             return
         self._mark(b.cpu_out.device)  # after the hits' kernels, queued before the join
-        self._start_prefetch(b.moe, b.x_host, b.expert_ids, b.queued)
+        self._start_prefetch(b.moe, b.x_host, b.read_ids, b.queued)
         b.out_host.copy_(b.future.result())
         self._observe()
         b.future = None

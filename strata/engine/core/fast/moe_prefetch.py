@@ -116,11 +116,12 @@ class ExpertPrefetch:
             else:
                 self.num_late += 1
 
-    def start(self, layer: int, moe: Any, x_host: torch.Tensor, expert_ids: list[int],
+    def start(self, layer: int, moe: Any, x_host: torch.Tensor, read_ids: list[int],
               queued: torch.cuda.Event | None) -> None:
         """Guess the next MoE layer's experts from layer's x and copy those without a slot
         in on the side stream behind `queued` (an event recorded before layer's hits were
-        queued; None on the CPU, where copies are synchronous)."""
+        queued; None on the CPU, where copies are synchronous), evicting none of read_ids
+        (layer's experts that those kernels read)."""
         self.router_guess.note(layer, moe)
         following = self.next_layer(layer)
         if following is None:
@@ -128,7 +129,7 @@ class ExpertPrefetch:
         guess = list(dict.fromkeys(self.guess(following, x_host)))[: self.count]
         self._guessed[following] = set(guess)
         store = self.store
-        keep = [(layer, e) for e in expert_ids]
+        keep = [(layer, e) for e in read_ids]
         taken = store.cache.take_for_prefetch(following, guess, keep)
         if not taken:
             return
