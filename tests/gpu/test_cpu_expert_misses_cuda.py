@@ -166,6 +166,46 @@ def test_prefetch_equals_all_resident_and_its_guesses_land(expected, monkeypatch
         memory.close()
 
 
+def test_a_right_guess_lands_before_the_next_layer_splits(monkeypatch) -> None:
+    """Forced routes guessed from their trace at recall 1.0 over the split graphs: the
+    copies start behind the work queued before a layer's hits and most land before the
+    next layer splits (hits; the rest late); the tokens equal the same forced decode
+    without a prefetch."""
+    from strata.engine.core.models.forced_routing import ForcedRouting, TraceGuess
+    from tests.helpers.moe_cache_cuda import NUM_LAYERS, TOP_K, E
+    from tests.helpers.routing_trace import random_trace
+
+    monkeypatch.setenv("STRATA_CPU_MISS_GRAPHS", "1")
+    trace = random_trace(NUM_DECODE + 1, NUM_LAYERS, E, TOP_K, 5)
+
+    def forced_decode(recall):
+        memory, model = _build("16", "on")
+        decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
+        forced = ForcedRouting(trace, E, torch.device("cuda"))
+        forced.attach(model, decoder)
+        if recall is not None:
+            memory.cpu_misses.start_prefetch(TOP_K, TraceGuess(forced, recall))
+        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
+        tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
+        settle(memory.promotion)
+        forced.detach()
+        return tokens, memory
+
+    want, memory = forced_decode(None)
+    memory.close()
+    got, memory = forced_decode(1.0)
+    try:
+        assert got == want
+        status = memory.experts.status()
+        print("right guesses:", {k: status[k] for k in (
+            "num_prefetched", "num_prefetch_hits", "num_prefetch_late", "num_prefetch_unused")})
+        assert status["prefetch_recall"] == 1.0 and status["num_prefetch_unused"] == 0
+        assert status["num_prefetch_hits"] > 0
+        assert memory.experts.verify_slots() == 0
+    finally:
+        memory.close()
+
+
 def test_q4k_layer_with_hits_and_misses_equals_its_resident_self(tmp_path, monkeypatch) -> None:
     """A Q4_K GGUF on CUDA: one MoE layer with some experts in slots, for tokens whose top-k
     are all hits, all misses or both, equals the all-resident layer (the GPU's dp4a or
