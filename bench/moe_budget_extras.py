@@ -79,7 +79,26 @@ def shrink_pause_row(engine, max_slots: int, target_slots: int, num_tokens: int,
                               if shrink_gap is not None and shrink_gap - 1 < len(gaps_ms)
                               else None),
             "median_gap_ms": statistics.median(gaps_ms) if gaps_ms else None,
-            "tokens_equal_unshrunk": tokens == reference}
+            "tokens_equal_unshrunk": tokens == reference,
+            # Where they part (None: they do not), and each side's tokens from there.
+            "first_difference": first_difference(tokens, reference),
+            "tokens_from_difference": _from_difference(tokens, reference)}
+
+
+def first_difference(tokens: list[int], reference: list[int]) -> int | None:
+    """The index of the first token where the two streams differ (a shorter one differs
+    where it ends), or None when they are equal."""
+    for i, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return i
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def _from_difference(tokens: list[int], reference: list[int]) -> dict | None:
+    index = first_difference(tokens, reference)
+    if index is None:
+        return None
+    return {"shrunk": tokens[index : index + 8], "unshrunk": reference[index : index + 8]}
 
 
 def print_shrink(row: dict) -> None:
@@ -87,7 +106,9 @@ def print_shrink(row: dict) -> None:
           f"decoding: {row['tokens_received']} of {row['tokens_asked']} tokens, largest "
           f"gap {row['max_gap_ms']:.1f} ms, the shrink's gap {row['shrink_gap_ms']:.1f} ms, "
           f"median {row['median_gap_ms']:.1f} ms, resize {row['resize_s']:.3f} s, tokens "
-          f"equal the unshrunk run: {row['tokens_equal_unshrunk']}", flush=True)
+          f"equal the unshrunk run: {row['tokens_equal_unshrunk']}"
+          + (f" (from token {row['first_difference']}: {row['tokens_from_difference']})"
+             if not row["tokens_equal_unshrunk"] else ""), flush=True)
 
 
 def shrink_from_all(args, shape, report: dict) -> None:

@@ -90,19 +90,25 @@ def test_cuda_chunk_matches_dequantize_then_grouped_mm(types, shape) -> None:
     _assert_close(got, _old_path(x, source, offsets, row_weights, blocks))
 
 
-@pytest.mark.parametrize("types", [(QT.Q4_K, QT.Q4_K, QT.Q5_0), (QT.Q4_K, QT.Q4_K, QT.Q3_K)],
+# Q3_K's 256-value blocks cannot tile GLM's 1408-wide down rows (a GGUF gives such rows
+# another type): its case takes Qwen3-30B-A3B's expert shape, 768 wide.
+QWEN3_30B = (128, 2048, 768)
+
+
+@pytest.mark.parametrize(("types", "shape"), [((QT.Q4_K, QT.Q4_K, QT.Q5_0), GLM),
+                                              ((QT.Q4_K, QT.Q4_K, QT.Q3_K), QWEN3_30B)],
                          ids=["glm-Q5_0", "down-Q3_K"])
-def test_cuda_int8_gate_up_then_expert_gemms_down(types) -> None:
-    """down_by="gemm" at GLM-4.5-Air's shape: the int8 gate/up writes bf16 activations that
-    expert_gemm's down multiplies (any type it decodes, Q3_K too, which the int8 kernels do
-    not read): within the int8 rounding of the rows of the dequantize-then-GEMM path."""
+def test_cuda_int8_gate_up_then_expert_gemms_down(types, shape) -> None:
+    """down_by="gemm": the int8 gate/up writes bf16 activations that expert_gemm's down
+    multiplies (any type it decodes, Q3_K too, which the int8 kernels do not read):
+    within the int8 rounding of the rows of the dequantize-then-GEMM path."""
     from strata.engine.core.quant import expert_mmq
 
-    blocks = _layer(types, GLM)
-    x, source, offsets, row_weights = _routed(GLM[0], GLM[1])
+    blocks = _layer(types, shape)
+    x, source, offsets, row_weights = _routed(shape[0], shape[1])
     got = expert_mmq.experts_mlp(x, *blocks, offsets, row_weights, source=source,
                                  down_by="gemm")
-    assert got.shape == (source.shape[0], GLM[1]) and got.dtype == torch.bfloat16
+    assert got.shape == (source.shape[0], shape[1]) and got.dtype == torch.bfloat16
     _assert_close(got, _old_path(x, source, offsets, row_weights, blocks))
 
 
