@@ -108,6 +108,15 @@ def test_split_graphs_with_cpu_misses_equal_all_resident(expected, monkeypatch) 
         memory.close()
 
 
+def _decode_settled(memory, model) -> list[int]:
+    """The greedy tokens of a fresh decoder over the memory's cache, its promotion settled."""
+    decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
+    kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
+    tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
+    settle(memory.promotion)
+    return tokens
+
+
 def status_mean(memory) -> float:
     return memory.experts.status()["cpu_share_mean"]
 
@@ -121,11 +130,7 @@ def test_balanced_shares_equal_all_resident_and_move(expected, monkeypatch) -> N
     try:
         cpu = memory.cpu_misses
         cpu.balance = True
-        decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
-        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
-        tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
-        settle(memory.promotion)
-        assert tokens == expected
+        assert _decode_settled(memory, model) == expected
         balances = cpu.balances.values()
         assert balances and all(b.num_observed > 0 for b in balances)
         assert status_mean(memory) == pytest.approx(
@@ -148,11 +153,7 @@ def test_prefetch_equals_all_resident_and_its_guesses_land(expected, monkeypatch
     memory, model = _build("16", "on")
     try:
         prefetch = memory.cpu_misses.start_prefetch(2)
-        decoder = GraphDecoder(model, min_bucket_tokens=64, step_hook=memory.promotion)
-        kv = KVCache.for_config(CONFIG, 256, torch.bfloat16, "cuda")
-        tokens = list(decoder.generate(kv, PROMPT, GREEDY, NUM_DECODE))
-        settle(memory.promotion)
-        assert tokens == expected
+        assert _decode_settled(memory, model) == expected
         status = memory.experts.status()
         print(f"prefetch (graphs {graphs}):", {k: status[k] for k in (
             "num_prefetched", "prefetch_recall", "num_prefetch_hits", "num_prefetch_late",
