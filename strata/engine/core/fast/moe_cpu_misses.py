@@ -22,7 +22,9 @@ it starts, the forms of every expert (those without a slot first) up to the cach
 this in one call (called steps); its phases stage / split / hits / join / combine do it
 across the segments of a step cut for graphs (forward.decode_step_segments,
 split_runner.py), split and join being the host's work between two segments. A layer
-captured whole (a batch graph's row) reads its misses in place as before.
+captured whole (a batch graph's row) reads its misses in place as before. With a prefetch
+(`start_prefetch`, fast/moe_prefetch.py) a split first publishes the copies that landed, and
+once the hits are queued the host guesses the next MoE layer's experts and copies them in.
 """
 
 from __future__ import annotations
