@@ -59,8 +59,10 @@ in meanwhile (fast/moe_prefetch.py; the row's "prefetch" has the guess's recall 
 copies that were hits, late or unused): by the next router on this layer's x, or, with
 --prefetch-recall A, from the forced trace at recall A (a forced trace leaves the router
 nothing to predict, and a random model's routes say nothing of a trained one's: this
-measures what a guess of a given recall buys). Run the bench once per mode on one machine
-to compare on, off and llama.cpp.
+measures what a guess of a given recall buys). With --cpu-misses each row also has
+`split_host_ms_per_token`: the split step's waits for the GPU and the CPU and its own host
+work, summed over the MoE layers (where run 40's ~0.45 ms a layer went was not measured).
+Run the bench once per mode on one machine to compare on, off and llama.cpp.
 llama-bench runs first, per budget on the same file (its rows are bounded; without them no
 row has a ratio); ratios are Strata / llama.cpp. A table on stdout and JSON (hardware,
 versions, figure, limit, ratio).
@@ -173,8 +175,9 @@ def plan_budget(shape: FileShape, budget_bytes: int, reserve_bytes: int) -> Budg
     return BudgetPlan(budget_bytes, expert_bytes, slots, ncmoe, on_gpu)
 
 
+HOST_TIMES = ("cpu_split_wait_s", "cpu_split_host_s", "cpu_join_wait_s", "cpu_join_host_s")
 CPU_COUNTERS = ("num_cpu_conversions", "cpu_convert_s", "num_cpu_split_layers",
-                "num_cpu_overlapped_layers")  # with --cpu-misses on or auto
+                "num_cpu_overlapped_layers", *HOST_TIMES)  # with --cpu-misses on or auto
 
 
 def expert_counters(status: dict) -> dict:
@@ -233,6 +236,10 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
             # Misses computed on the CPU instead of read in place (--cpu-misses).
             "cpu_experts_per_token": delta["num_cpu_experts"] / timed,
             "cpu_conversions": delta.get("num_cpu_conversions"),
+            # The split step's host time a token (ms): its waits for the GPU and the CPU,
+            # and its own work (moe_cpu_misses.HOST_TIMES), summed over the MoE layers.
+            "split_host_ms_per_token": {key[4:-2]: delta[key] * 1e3 / timed
+                                        for key in HOST_TIMES if key in delta} or None,
             # --cpu-share auto: where the layers' balanced shares ended, on average.
             "cpu_share_mean": status_after.get("cpu_share_mean"),
             # --prefetch: its counters since the row started (its warm-up included).

@@ -195,6 +195,11 @@ def test_the_split_step_answers_like_the_one_call_path(q4k_gguf, monkeypatch) ->
         # and one more: the prefill's last chunk runs the last layer's MLP for its last
         # token only, by the one-call path
         assert status["num_cpu_split_layers"] == 2 * num_steps + 1
+        # The split step's host time, by where it went (the CPU device waits for no GPU).
+        from strata.engine.core.fast.moe_cpu_misses import HOST_TIMES
+
+        assert all(status[key] >= 0.0 for key in HOST_TIMES)
+        assert status["cpu_split_host_s"] > 0.0 and status["cpu_join_wait_s"] > 0.0
     finally:
         memory.close()
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -45,6 +46,7 @@ from strata.engine.core.memory.expert_store import ExpertStore
 from strata.engine.core.quant.cpu_experts import HostEpilogue, routed_ffn
 
 GpuExperts = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, weights) -> [1, H]
+HOST_TIMES = ("cpu_split_wait_s", "cpu_split_host_s", "cpu_join_wait_s", "cpu_join_host_s")
 
 
 class CpuMisses:
@@ -84,6 +86,10 @@ class CpuMisses:
         # computed while the CPU computed their misses.
         self.num_layer_calls = 0
         self.num_overlapped_calls = 0
+        # Where the split step's host time goes, summed over its layers (seconds): waiting
+        # for the GPU to reach the split, the split's own work (the GPU idles meanwhile),
+        # waiting for the CPU's sum at the join, and the join's other work.
+        self.host_seconds = dict.fromkeys(HOST_TIMES, 0.0)
         if mode == "on":
             self._convert.submit(self._convert_all)
 
@@ -183,6 +189,7 @@ class CpuMisses:
         # status read from another thread never iterates while the decode adds a layer
         return {"cpu_expert_misses": self.mode, "num_cpu_split_layers": self.num_layer_calls,
                 "num_cpu_overlapped_layers": self.num_overlapped_calls,
+                **self.host_seconds,
                 **({"cpu_share_mean": sum(shares) / len(shares)} if shares else {}),
                 **(self.prefetch.status() if self.prefetch is not None else {}),
                 **self.cache.status()}
@@ -368,8 +375,10 @@ class LayerCpuMisses:
         weights into the device buffers `hits` reads, and start the CPU."""
         b = self._buffers
         assert b is not None, "stage runs before split"
+        started_s = time.perf_counter()
         if b.hit_ids.device.type == "cuda":
             torch.cuda.current_stream(b.hit_ids.device).synchronize()
+        waited_s = time.perf_counter()
         expert_ids, routed_weights = b.ids_host.tolist(), b.weights_host.tolist()
         self._land(expert_ids)
         on_cpu = self._choose(expert_ids)
@@ -386,6 +395,14 @@ class LayerCpuMisses:
         b.hit_weights.copy_(b.hit_weights_host, non_blocking=True)
         b.future = (self._submit(moe, b.x_host.clone(), expert_ids, routed_weights, on_cpu)
                     if on_cpu else None)
+        self._add_times("split", started_s, waited_s, waited_s, time.perf_counter())
+
+    def _add_times(self, phase: str, started_s: float, wait_from_s: float, wait_to_s: float,
+                   ended_s: float) -> None:
+        """Add a split or join's host time: its wait, and the rest of it."""
+        times = self.shared.host_seconds
+        times[f"cpu_{phase}_wait_s"] += wait_to_s - wait_from_s
+        times[f"cpu_{phase}_host_s"] += ended_s - started_s - (wait_to_s - wait_from_s)
 
     def hits(self, gpu: GpuExperts) -> torch.Tensor:
         """Device side, capturable: the hits by the slot-table kernels -> float32 [1, H]."""
@@ -397,16 +414,22 @@ class LayerCpuMisses:
         """Host: wait for the CPU and queue its sum into the device buffer combine reads."""
         b = self._buffers
         assert b is not None, "stage runs before join"
+        started_s = time.perf_counter()
         if b.future is None:
             b.cpu_out.zero_()
             self._start_prefetch(b.moe, b.x_host, b.read_ids, b.queued)
+            self._add_times("join", started_s, started_s, started_s, time.perf_counter())
             return
         self._mark(b.cpu_out.device)  # after the hits' kernels, queued before the join
         self._start_prefetch(b.moe, b.x_host, b.read_ids, b.queued)
-        b.out_host.copy_(b.future.result())
+        waiting_s = time.perf_counter()
+        result = b.future.result()
+        waited_s = time.perf_counter()
+        b.out_host.copy_(result)
         self._observe()
         b.future = None
         b.cpu_out.copy_(b.out_host, non_blocking=True)
+        self._add_times("join", started_s, waiting_s, waited_s, time.perf_counter())
 
     def combine(self, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Device side, capturable: the hits' [1, H] plus the CPU's sum, in dtype."""
