@@ -148,3 +148,36 @@ def test_shrinking_in_steps_frees_what_one_step_frees_and_grows_back_whole() -> 
         assert all(torch.equal(a, b) for a, b in zip(got, (gate, up, down)))
     at_once.close()
     stepped.close()
+
+
+def test_update_table_publishes_as_the_torch_formula_it_replaced(backend):
+    """update_table (numpy since session 38) against the torch statement of what it does:
+    entries at the given slots cleared first (a few slots, and more than 16: isin), then
+    the new entries; the device table holds them class-local (the cache's number less the
+    layer's class base: set here as classes of other sizes would, float experts having
+    one class)."""
+    store = ExpertStore(_layers(3), num_slots=16, backend=backend)
+    store._layer_base = torch.tensor([[0], [0], [6]], dtype=torch.int32)
+    g = torch.Generator().manual_seed(1)
+    try:
+        for round_ in range(40):
+            published = store.table_mirror  # a step's table: replaced, never written
+            before = published.clone()
+            num_cleared = [0, 3, 20][round_ % 3]
+            cleared = torch.randperm(16, generator=g)[:num_cleared].tolist()
+            resident = (before >= 0).nonzero().tolist()
+            entries = [(layer, expert, int(before[layer, expert]))
+                       for layer, expert in resident[: round_ % 4]]
+            want = before.clone()
+            slots = [*cleared, *(slot for _, _, slot in entries)]
+            if slots:
+                want[torch.isin(want, torch.tensor(slots, dtype=torch.int32))] = -1
+            for layer, expert, slot in entries:
+                want[layer, expert] = slot
+            store.update_table(cleared_slots=cleared, entries=entries)
+            assert torch.equal(store.table_mirror, want)
+            local = torch.where(want >= 0, want - store._layer_base, -1).to(torch.int32)
+            assert torch.equal(store.table.cpu(), local)
+            assert torch.equal(published, before)
+    finally:
+        store.close()
