@@ -153,3 +153,28 @@ def test_a_step_is_counted_by_the_rows_its_layers_ran_with() -> None:
                 want_hits, TOP_K - want_hits)
     finally:
         memory.close()
+
+
+@pytest.mark.parametrize("kind", ["softmax", "gpt_oss", "glm"])
+def test_the_router_guess_is_the_layers_own_choice_on_its_own_input(kind) -> None:
+    """RouterGuess on the CPU copy of a router chooses what the layer's routing chooses
+    for the same x (the guess differs only by taking the previous layer's x): softmax
+    routing, GPT-OSS's biased router, GLM-4.5's sigmoid scores plus selection bias."""
+    from strata.engine.core.fast.moe_prefetch import RouterGuess
+    from strata.engine.core.models.switch import Routing, SparseMoE
+
+    torch.manual_seed(0)
+    moe = SparseMoE(32, 16, 16, 4, norm_topk_prob=kind != "gpt_oss",
+                    routing=Routing("sigmoid") if kind == "glm" else Routing(),
+                    router_bias=kind == "gpt_oss", softmax_after_topk=kind == "gpt_oss")
+    if kind == "glm":
+        with torch.no_grad():  # a selection bias large enough to change the choice
+            moe.e_score_correction_bias.copy_(torch.randn(16))
+    guess = RouterGuess()
+    guess.note(3, moe)
+    assert guess(5, torch.zeros(32)) == []  # a layer not seen yet: no guess
+    for _ in range(8):
+        x = torch.randn(32)
+        with torch.no_grad():
+            _, ids = moe.route(x[None])
+        assert sorted(guess(3, x)) == sorted(ids[0].tolist())

@@ -40,12 +40,15 @@ Guess = Callable[[int, torch.Tensor], list[int]]
 
 
 class RouterGuess:
-    """The next MoE layer's experts by its router on this layer's x, computed on the CPU
-    from a float32 copy of the router (made on the layer's first guess)."""
+    """The next MoE layer's top-k experts by its router on this layer's x, computed on the
+    CPU from a float32 copy of the router (made on the layer's first guess): its bias
+    (GPT-OSS) and selection bias (GLM-4.5) applied, GLM's expert groups not."""
 
     def __init__(self) -> None:
         self.moes: dict[int, Any] = {}  # layer -> its SparseMoE, noted by its first split
-        self._routers: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        # layer -> the router's weight, bias and selection bias, float32 on the CPU
+        self._routers: dict[int, tuple[torch.Tensor, torch.Tensor | None,
+                                       torch.Tensor | None]] = {}
 
     def note(self, layer: int, moe: Any) -> None:
         self.moes.setdefault(layer, moe)
@@ -55,22 +58,23 @@ class RouterGuess:
         if moe is None:  # its first split has not come yet (the first token)
             return []
         if layer not in self._routers:
-            router = moe.router
-            bias = None if router.bias is None else router.bias.detach().float().cpu()
-            self._routers[layer] = (router.weight.detach().float().cpu(), bias)
-        weight, bias = self._routers[layer]
+            self._routers[layer] = tuple(  # type: ignore[assignment]
+                None if t is None else t.detach().float().cpu()
+                for t in (moe.router.weight, moe.router.bias, moe.e_score_correction_bias))
+        weight, bias, selection = self._routers[layer]
         logits = weight @ x.float()
         if bias is not None:
             logits = logits + bias
-        if moe.e_score_correction_bias is not None:  # GLM-4.5 chooses by score plus bias
-            logits = torch.sigmoid(logits) + moe.e_score_correction_bias.detach().float().cpu()
+        if selection is not None:  # GLM-4.5 chooses by sigmoid score plus this bias
+            logits = torch.sigmoid(logits) + selection
         return logits.topk(moe.top_k).indices.tolist()
 
 
 class ExpertPrefetch:
-    """A partial cache's prefetch for one-token decode: `land` at a MoE layer's split
-    (publish landed copies, score the guess made for this layer), `start` once its hits
-    are queued (guess the next layer's experts, copy the missing ones in)."""
+    """A partial cache's prefetch for one-token decode: at a MoE layer's split `land`
+    (publish landed copies), then `score` (the guess made for this layer against its
+    routes); `start` once its hits are queued (guess the next layer's experts, at most
+    `count` and at most its top-k by RouterGuess, and copy the missing ones in)."""
 
     def __init__(self, store: ExpertStore, count: int, promotion: Any,
                  guess: Guess | None = None):
@@ -90,6 +94,7 @@ class ExpertPrefetch:
         self.num_unused = 0  # copied in by a prefetch, not routed
 
     def next_layer(self, layer: int) -> int | None:
+        """The MoE layer after layer (None: it is the last)."""
         later = [i for i in self.store.layer_ids if i > layer]
         return later[0] if later else None
 
@@ -131,11 +136,10 @@ class ExpertPrefetch:
         store = self.store
         keep = [(layer, e) for e in read_ids]
         taken = store.cache.take_for_prefetch(following, guess, keep)
-        if not taken:
-            return
-        assignments = [(following, expert, slot) for expert, slot in taken]
         self._copied[following] = [expert for expert, _ in taken]
-        self.promotion.start_copies(assignments, after=queued)
+        if taken:
+            self.promotion.start_copies([(following, expert, slot) for expert, slot in taken],
+                                        after=queued)
 
     def status(self) -> dict:
         """The prefetch's counters, as plain values."""
