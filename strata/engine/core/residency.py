@@ -162,12 +162,7 @@ class ModelMemory:
             fused = attach_fused_views(model, self.weights)
         log.debug("fused views: %d qkv, %d gate_up", fused["qkv"], fused["gate_up"])
         if self.expert_mode == "slots":
-            cpu_misses = self._cpu_misses()
-            for layer in by_layer:
-                model.model.layers[layer].mlp.expert_weights = SlotExperts(
-                    self.experts, layer, self.dtype, cpu_misses)
-            if self.experts.host.device_address is not None:
-                self._start_promotion(cpu_misses)
+            self._use_slots({layer: model.model.layers[layer].mlp for layer in by_layer})
         elif self.expert_mode == "all":
             self._moe_layers = {layer: model.model.layers[layer].mlp for layer in by_layer}
         if quantized or expert_blocks:
@@ -463,21 +458,22 @@ class ModelMemory:
         copy; prefill stages or loops), and decode its promotion hook. The store's cache
         already maps every expert to the slot the wired stacks read, so nothing moves: the
         next resize evicts from there. The caller swaps the fast decoder's graphs."""
-        store = self.experts
-        cpu_misses = self._cpu_misses()
-        for layer, mlp in self._moe_layers.items():
-            mlp.expert_weights = self.slot_experts(layer, cpu_misses)
+        self._use_slots(self._moe_layers)
+        for mlp in self._moe_layers.values():
             _unwire(mlp.experts)
-        if store.host.device_address is not None:
-            self._start_promotion(cpu_misses)
         self.expert_mode = "slots"
 
-    def _start_promotion(self, cpu_misses: CpuMisses | None) -> None:
-        """Decode's promotion of missed experts, whose queue the CPU misses' prefetch
-        shares (fast/moe_prefetch.py)."""
-        self.promotion = ExpertPromotion(self.experts)
-        if cpu_misses is not None:
-            cpu_misses.use_promotion(self.promotion)
+    def _use_slots(self, moe_layers: dict[int, Any]) -> None:
+        """Give each MoE layer (index -> its SparseMoE) its slot provider and, where the
+        GPU reads the host copy in place, decode the promotion of its misses, whose queue
+        the CPU misses' prefetch shares (fast/moe_prefetch.py)."""
+        cpu_misses = self._cpu_misses()
+        for layer, mlp in moe_layers.items():
+            mlp.expert_weights = self.slot_experts(layer, cpu_misses)
+        if self.experts.host.device_address is not None:
+            self.promotion = ExpertPromotion(self.experts)
+            if cpu_misses is not None:
+                cpu_misses.promotion = self.promotion
 
     def _map_staging(self) -> int:
         """Map the store's prefill staging (one layer's experts) in an arena of its own when
