@@ -99,14 +99,8 @@ class CpuMisses:
         if self.promotion is None:
             raise ValueError("expert prefetch needs a host copy the GPU reads in place "
                              "(the decode's promotion); this store has none")
-        self.prefetch = ExpertPrefetch(self.store, count, self.promotion, guess)
+        self.prefetch = ExpertPrefetch(self.store, count, guess)
         return self.prefetch
-
-    def use_promotion(self, promotion: Any) -> None:
-        """The decode's ExpertPromotion from now on (a switch to slots makes a new one)."""
-        self.promotion = promotion
-        if self.prefetch is not None:
-            self.prefetch.promotion = promotion
 
     def for_layer(self, layer: int) -> LayerCpuMisses:
         """Layer's view, for its SlotLayout."""
@@ -309,10 +303,11 @@ class LayerCpuMisses:
         prefetch = self.shared.prefetch
         if prefetch is None:
             return
-        prefetch.land()
+        promotion = self.shared.promotion
+        promotion.land()  # this layer's prefetched copies among them
         row = self.shared.store.table_mirror[self.layer]
         prefetch.score(self.layer, expert_ids, row)
-        prefetch.promotion.note_row(self.layer, row)
+        promotion.note_row(self.layer, row)
 
     def _queued(self, device: torch.device) -> torch.cuda.Event | None:
         """With prefetch on a GPU: an event after the work queued so far, before this
@@ -330,7 +325,8 @@ class LayerCpuMisses:
         experts and start their copies (host work while the GPU and the CPU compute);
         read_ids: every expert of this layer the queued kernels read (never evicted)."""
         if self.shared.prefetch is not None and x_host is not None:
-            self.shared.prefetch.start(self.layer, moe, x_host, read_ids, queued)
+            self.shared.prefetch.start(self.layer, moe, x_host, read_ids, queued,
+                                       self.shared.promotion)
 
     def _mark(self, device: torch.device) -> None:
         """With balance: note what the GPU has queued for this layer (its hits) now."""

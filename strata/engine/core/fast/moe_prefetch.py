@@ -28,6 +28,7 @@ nothing about a trained one's.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -71,18 +72,18 @@ class RouterGuess:
 
 
 class ExpertPrefetch:
-    """A partial cache's prefetch for one-token decode: at a MoE layer's split `land`
-    (publish landed copies), then `score` (the guess made for this layer against its
-    routes); `start` once its hits are queued (guess the next layer's experts, at most
+    """A partial cache's prefetch for one-token decode: at a MoE layer's split, once the
+    promotion has published the landed copies, `score` (the guess made for this layer
+    against its routes); `start` once its hits are queued (guess the next layer's experts, at most
     `count` and at most its top-k by RouterGuess, and copy the missing ones in)."""
 
-    def __init__(self, store: ExpertStore, count: int, promotion: Any,
-                 guess: Guess | None = None):
+    def __init__(self, store: ExpertStore, count: int, guess: Guess | None = None):
         if count < 1:
             raise ValueError(f"expert prefetch needs at least one expert a layer, not {count}")
         self.store = store
         self.count = count
-        self.promotion = promotion  # the ExpertPromotion whose queue publishes the copies
+        # MoE layer -> the MoE layer after it
+        self._next_layer = dict(itertools.pairwise(store.layer_ids))
         self.router_guess = RouterGuess()
         self.guess: Guess = guess if guess is not None else self.router_guess
         self._copied: dict[int, list[int]] = {}  # layer -> experts copied in for its split
@@ -92,16 +93,6 @@ class ExpertPrefetch:
         self.num_hits = 0  # routed, copied in by a prefetch and landed by the split
         self.num_late = 0  # routed, copied in by a prefetch, still in flight at the split
         self.num_unused = 0  # copied in by a prefetch, not routed
-
-    def next_layer(self, layer: int) -> int | None:
-        """The MoE layer after layer (None: it is the last)."""
-        later = [i for i in self.store.layer_ids if i > layer]
-        return later[0] if later else None
-
-    def land(self) -> None:
-        """At a layer's split, before the host splits its ids by the table: publish the
-        copies that have landed (this layer's prefetches among them)."""
-        self.promotion.land()
 
     def score(self, layer: int, expert_ids: list[int], table: torch.Tensor) -> None:
         """Count how the guess for layer did against the ids it routed, by the table row
@@ -122,13 +113,14 @@ class ExpertPrefetch:
                 self.num_late += 1
 
     def start(self, layer: int, moe: Any, x_host: torch.Tensor, read_ids: list[int],
-              queued: torch.cuda.Event | None) -> None:
+              queued: torch.cuda.Event | None, promotion: Any) -> None:
         """Guess the next MoE layer's experts from layer's x and copy those without a slot
         in on the side stream behind `queued` (an event recorded before layer's hits were
         queued; None on the CPU, where copies are synchronous), evicting none of read_ids
-        (layer's experts that those kernels read)."""
+        (layer's experts that those kernels read), through promotion's queue (which
+        publishes each copy once landed: ExpertPromotion.land, called at the next split)."""
         self.router_guess.note(layer, moe)
-        following = self.next_layer(layer)
+        following = self._next_layer.get(layer)
         if following is None:
             return
         guess = list(dict.fromkeys(self.guess(following, x_host)))[: self.count]
@@ -138,7 +130,7 @@ class ExpertPrefetch:
         taken = store.cache.take_for_prefetch(following, guess, keep)
         self._copied[following] = [expert for expert, _ in taken]
         if taken:
-            self.promotion.start_copies([(following, expert, slot) for expert, slot in taken],
+            promotion.start_copies([(following, expert, slot) for expert, slot in taken],
                                         after=queued)
 
     def status(self) -> dict:
