@@ -29,7 +29,7 @@ import torch
 from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import pdl
-from strata.engine.core.kernels.launch import interpreter_rows, launch, tuned
+from strata.engine.core.kernels.launch import interpreter_rows, launch, slot_table_arg, tuned
 
 try:
     import triton
@@ -379,9 +379,9 @@ def router_topk(
 
 def _check_table(table: torch.Tensor | None, ids: torch.Tensor, num_offsets: int,
                  host_offsets: tuple[int, ...]) -> torch.Tensor:
-    """The table to pass (ids themselves stand in when there is none: never read)."""
+    """The table to pass (an int32 stand-in over ids when there is none: slot_table_arg)."""
     if table is None:
-        return ids
+        return slot_table_arg(None, ids)
     if table.dim() != 1 or table.dtype != torch.int32 or not table.is_contiguous():
         raise ValueError(f"the slot table must be a contiguous int32 [E] tensor, got "
                          f"{table.dtype} {tuple(table.shape)}")

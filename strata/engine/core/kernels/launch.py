@@ -48,6 +48,19 @@ def is_usable(device: torch.device) -> bool:
     return is_interpreting()
 
 
+def slot_table_arg(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """The slot table to pass an expert kernel, or, without one (HAS_TABLE off: never read),
+    a stand-in of the table's dtype (int32) over ids' memory. Triton's autotuner keys its
+    pick by every tensor argument's dtype: with ids (int64) standing in, the stacked kernels
+    were tuned apart from the slot-table ones and could pick other tiles, so a partial cache
+    summed in another order than all-resident and a near tie in bf16 flipped (the live
+    shrink's tokens parted from the unshrunk run's, in some runs only: both picks time)."""
+    if table is not None:
+        return table
+    ids = ids.contiguous()
+    return ids if ids.dtype == torch.int32 else ids.view(torch.int32)
+
+
 def _block_kwargs(rows: int, cols: int, unroll: bool | dict | None) -> dict:
     # unroll None: the kernel has no UNROLL parameter (decode_dense.py's); a dict: other
     # constexprs the kernel is tuned over (quant/kernels.py's pipeline STAGES).
@@ -64,7 +77,8 @@ def tuned(kernel, candidates, key: tuple[str, ...] = ("num_rows", "num_cols")):
         return kernel
     configs = [triton.Config(_block_kwargs(r, c, u), num_warps=w) for r, c, w, u in candidates]
     # Kernels only store (no accumulation into outputs), so timing reruns are harmless. The
-    # slot-table variant shares the stacked one's pick (not in the key): same block shapes,
+    # slot-table variant shares the stacked one's pick (HAS_TABLE is not in the key, and
+    # slot_table_arg gives both the same dtypes, which Triton adds to it): same block shapes,
     # same summation order, so a partial cache decodes bit for bit like all-resident.
     # cache_results: the picks go to Triton's disk cache, so a later load (a new engine
     # process) does not time every candidate again.

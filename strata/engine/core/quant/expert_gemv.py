@@ -332,9 +332,9 @@ def _quantized(v: torch.Tensor, needed: bool, use_pdl: bool,
 
 
 def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-    """The table to pass (ids stand in when there is none: never read)."""
+    """The table to pass (an int32 stand-in over ids when there is none: slot_table_arg)."""
     if table is None:
-        return ids
+        return launch.slot_table_arg(None, ids)
     if table.dim() != 1 or table.dtype != torch.int32 or not table.is_contiguous():
         raise ValueError(f"the slot table must be a contiguous int32 [E] tensor, got "
                          f"{table.dtype} {tuple(table.shape)}")

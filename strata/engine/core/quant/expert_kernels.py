@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from strata.engine.core.kernels.launch import is_interpreting
+from strata.engine.core.kernels.launch import is_interpreting, slot_table_arg
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant.experts import QuantizedExperts
 from strata.engine.core.quant.lookup import lookup_table
@@ -73,7 +73,7 @@ def gather_dequantize(experts: QuantizedExperts, ids: torch.Tensor,
     # No contraction: the values equal gguf-py's before the final rounding (kernels.py).
     _gather_kernel[grid](
         raw, raw.view(torch.float16),  # the fp16 fields, at even offsets (stride checked)
-        lookup_table(raw.device), ids.contiguous(), table if table is not None else ids,
+        lookup_table(raw.device), ids.contiguous(), slot_table_arg(table, ids),
         int(host_offset), out, experts.expert_stride,
         N=rows, K=cols, ROW_BYTES=raw.shape[2], QTYPE=int(experts.qtype),
         HAS_TABLE=table is not None, BLOCK_N=block_n, BLOCK_K=GATHER_BLOCK_K,

@@ -30,7 +30,7 @@ import torch
 from strata.engine.core.fast import expert_epilogue
 from strata.engine.core.fast.expert_epilogue import Epilogue
 from strata.engine.core.kernels import launch
-from strata.engine.core.kernels.launch import is_interpreting
+from strata.engine.core.kernels.launch import is_interpreting, slot_table_arg
 from strata.engine.core.quant import dequant_tile as dt
 from strata.engine.core.quant.experts import QuantizedExperts, fp16_view
 from strata.engine.core.quant.lookup import lookup_table
@@ -213,7 +213,7 @@ def routed_mlp(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
     if any(offset % 2 for offset in host_offsets):
         raise ValueError("the host copy must sit an even number of bytes from the slots")
     ids = ids.contiguous()
-    table_arg = table if table is not None else ids
+    table_arg = slot_table_arg(table, ids)
     lut = lookup_table(x.device)
     bias_args, switches = expert_epilogue.kernel_args(epilogue, ids)
     act = torch.empty(num_experts_used, inter, dtype=x.dtype, device=x.device)
