@@ -25,6 +25,7 @@ from strata.engine.core.cpu_miss_setting import CpuMissSetting
 from strata.engine.core.engine_config import DEFAULT_CPU_EXPERT_CACHE_BYTES, parse_expert_cache
 from strata.engine.core.engine_errors import EngineError, EngineOutOfMemory, LevelNotApplicable
 from strata.engine.core.expert_warmup import expert_scratch_numel, warm_up_experts
+from strata.engine.core.expert_wiring import expert_names, unwire
 from strata.engine.core.fused_views import attach_fused_views, fusion_order, same_group
 from strata.engine.core.loader.quant_plan import has_kernel, is_quantizable
 from strata.engine.core.memory.arena import Arena, ArenaMapError
@@ -66,21 +67,11 @@ WEIGHTS_CHUNK_BYTES = 512 * MIB  # 16 GiB unmaps in ~10 ms at this size (DESIGN 
 EXPERTS_CHUNK_BYTES = 128 * MIB
 EXPERT_RESERVE_BYTES = 2 * GIB  # left free by --expert-cache auto: KV and activations
 TENSOR_ALIGN_BYTES = 256
-_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 # One GPU page of an unmapped arena read by a kernel kills the CUDA context; these messages
 # are what a caller sees instead.
 ASLEEP = "the model is asleep: wake it first"
 EXPERTS_RELEASED = "the expert cache is released: refill it first"
-
-
-def expert_names(model: torch.nn.Module) -> dict[int, tuple[str, str, str]]:
-    """layer -> parameter names of its stacked gate, up and down experts (sparse layers only)."""
-    return {
-        i: tuple(f"model.layers.{i}.mlp.experts.{p}" for p in _PROJS)  # type: ignore[misc]
-        for i, layer in enumerate(model.model.layers)
-        if isinstance(layer.mlp, SparseMoE)
-    }
 
 
 class ModelMemory:
@@ -460,7 +451,7 @@ class ModelMemory:
         next resize evicts from there. The caller swaps the fast decoder's graphs."""
         self._use_slots(self._moe_layers)
         for mlp in self._moe_layers.values():
-            _unwire(mlp.experts)
+            unwire(mlp.experts)
         self.expert_mode = "slots"
 
     def _use_slots(self, moe_layers: dict[int, Any]) -> None:
@@ -568,20 +559,6 @@ class ModelMemory:
             self.experts.host.close()
         self.weights = self.experts = self.promotion = None
         self._moe_layers = {}
-
-
-def _unwire(experts: torch.nn.Module) -> None:
-    """Meta placeholders in place of a layer's wired expert stacks (views of slots, or their
-    QuantizedExperts), as a load into a partial cache leaves them: after a shrink those slots
-    may be unmapped, and a stale reader then fails on the host instead of faulting the GPU."""
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        shape = tuple(getattr(experts, name).shape)
-        if name in experts._parameters:
-            del experts._parameters[name]
-        else:
-            delattr(experts, name)
-        experts.register_parameter(
-            name, torch.nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False))
 
 
 def _quantized(qtype: Any, shape: tuple[int, ...], raw: torch.Tensor,
