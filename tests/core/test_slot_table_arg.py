@@ -31,3 +31,12 @@ def test_non_contiguous_ids_are_made_contiguous_first() -> None:
     stand_in = slot_table_arg(None, ids)
     assert stand_in.dtype == torch.int32 and stand_in.is_contiguous()
     assert stand_in.view(torch.int64).tolist() == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("table", [torch.zeros(4, dtype=torch.int64),
+                                   torch.zeros(4, 2, dtype=torch.int32),
+                                   torch.zeros(8, dtype=torch.int32)[::2]],
+                         ids=["int64", "2-D", "strided"])
+def test_a_table_every_kernel_would_misread_is_refused(table) -> None:
+    with pytest.raises(ValueError, match="contiguous int32 \\[E\\]"):
+        slot_table_arg(table, torch.tensor([0, 2]))

@@ -379,16 +379,13 @@ def router_topk(
 
 def _check_table(table: torch.Tensor | None, ids: torch.Tensor, num_offsets: int,
                  host_offsets: tuple[int, ...]) -> torch.Tensor:
-    """The table to pass (an int32 stand-in over ids when there is none: slot_table_arg)."""
-    if table is None:
-        return slot_table_arg(None, ids)
-    if table.dim() != 1 or table.dtype != torch.int32 or not table.is_contiguous():
-        raise ValueError(f"the slot table must be a contiguous int32 [E] tensor, got "
-                         f"{table.dtype} {tuple(table.shape)}")
-    if table.device != ids.device or len(host_offsets) != num_offsets:
+    """The table to pass (slot_table_arg: checked, or an int32 stand-in over ids), on ids'
+    device with a host offset for each weight the kernel reads."""
+    table_arg = slot_table_arg(table, ids)
+    if table is not None and (table.device != ids.device or len(host_offsets) != num_offsets):
         raise ValueError(f"the slot table must be on {ids.device} with {num_offsets} host "
                          f"offsets, got {table.device} and {len(host_offsets)}")
-    return table
+    return table_arg
 
 
 def grouped_gate_up(

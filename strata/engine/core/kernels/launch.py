@@ -54,8 +54,12 @@ def slot_table_arg(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tenso
     pick by every tensor argument's dtype: with ids (int64) standing in, the stacked kernels
     were tuned apart from the slot-table ones and could pick other tiles, so a partial cache
     summed in another order than all-resident and a near tie in bf16 flipped (the live
-    shrink's tokens parted from the unshrunk run's, in some runs only: both picks time)."""
+    shrink's tokens parted from the unshrunk run's, in some runs only: both picks time).
+    A table is checked: the kernels index it as a contiguous int32 [E] vector."""
     if table is not None:
+        if table.dim() != 1 or table.dtype != torch.int32 or not table.is_contiguous():
+            raise ValueError(f"the slot table must be a contiguous int32 [E] tensor, got "
+                             f"{table.dtype} {tuple(table.shape)}")
         return table
     ids = ids.contiguous()
     return ids if ids.dtype == torch.int32 else ids.view(torch.int32)

@@ -238,7 +238,7 @@ def gate_up_rows(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts,
                          f"{tuple(ids.shape)} disagree")
     has_table = table is not None
     ids = ids.contiguous()
-    table_arg = expert_gemv._check_table(table, ids)
+    table_arg = launch.slot_table_arg(table, ids)
     gate_unit = expert_gemv.alignment_unit(gate, host_offsets[0], has_table)
     up_unit = expert_gemv.alignment_unit(up, host_offsets[1], has_table)
     out = torch.empty(num_tokens * top_k, num_rows, dtype=x.dtype, device=x.device)
@@ -270,7 +270,7 @@ def down_rows(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
                          f"{tuple(ids.shape)} do not fit down {down.shape}")
     has_table = table is not None
     ids = ids.contiguous()
-    table_arg = expert_gemv._check_table(table, ids)
+    table_arg = launch.slot_table_arg(table, ids)
     unit = expert_gemv.alignment_unit(down, host_offset, has_table)
     parts = torch.empty(num_tokens * top_k, num_rows, dtype=torch.float32, device=act.device)
     launch.launch(

@@ -331,16 +331,6 @@ def _quantized(v: torch.Tensor, needed: bool, use_pdl: bool,
     return gemv_dp4a.rounded_words(v, rounded, use_pdl)
 
 
-def _check_table(table: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-    """The table to pass (an int32 stand-in over ids when there is none: slot_table_arg)."""
-    if table is None:
-        return launch.slot_table_arg(None, ids)
-    if table.dim() != 1 or table.dtype != torch.int32 or not table.is_contiguous():
-        raise ValueError(f"the slot table must be a contiguous int32 [E] tensor, got "
-                         f"{table.dtype} {tuple(table.shape)}")
-    return table
-
-
 def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: torch.Tensor,
             table: torch.Tensor | None = None, host_offsets: tuple[int, int] = (0, 0),
             use_pdl: bool = False, rounded: tuple | None = None,
@@ -355,7 +345,7 @@ def gate_up(x: torch.Tensor, gate: QuantizedExperts, up: QuantizedExperts, ids: 
     if up.shape[1:] != gate.shape[1:] or x.shape != (num_cols,):
         raise ValueError(f"gate {gate.shape}, up {up.shape} and x {tuple(x.shape)} disagree")
     has_table = table is not None
-    table_arg = _check_table(table, ids)
+    table_arg = launch.slot_table_arg(table, ids)
     gate_unit = alignment_unit(gate, host_offsets[0], has_table)
     up_unit = alignment_unit(up, host_offsets[1], has_table)
     x = x.contiguous()
@@ -396,7 +386,7 @@ def down_sum(act: torch.Tensor, down: QuantizedExperts, ids: torch.Tensor,
         raise ValueError(f"act {tuple(act.shape)}, weights {tuple(weights.shape)} and ids "
                          f"{tuple(ids.shape)} do not fit down {down.shape}")
     has_table = table is not None
-    table_arg = _check_table(table, ids)
+    table_arg = launch.slot_table_arg(table, ids)
     unit = alignment_unit(down, host_offset, has_table)
     act = act.contiguous()
     group = _group(down, act)
