@@ -94,6 +94,7 @@ from moe_budget_llamacpp import llamacpp_rows
 from report import figure, format_figures, write_json
 from routing_trace import TraceSpec, make_trace, reuse_fraction
 
+from strata.engine.core.fast.moe_cpu_misses import HOST_TIMES  # after the allocator is set
 from strata.units import GIB, MIB
 
 DECODE_TARGETS = {"zipf": 1.5, "uniform": 1.0}  # Strata / llama.cpp, issue 54 at 12 GiB
@@ -175,7 +176,6 @@ def plan_budget(shape: FileShape, budget_bytes: int, reserve_bytes: int) -> Budg
     return BudgetPlan(budget_bytes, expert_bytes, slots, ncmoe, on_gpu)
 
 
-HOST_TIMES = ("cpu_split_wait_s", "cpu_split_host_s", "cpu_join_wait_s", "cpu_join_host_s")
 CPU_COUNTERS = ("num_cpu_conversions", "cpu_convert_s", "num_cpu_split_layers",
                 "num_cpu_overlapped_layers", *HOST_TIMES)  # with --cpu-misses on or auto
 

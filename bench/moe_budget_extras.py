@@ -70,6 +70,7 @@ def shrink_pause_row(engine, max_slots: int, target_slots: int, num_tokens: int,
             resize_s = time.perf_counter() - started_s
             shrink_gap = len(tokens)  # the gap after this token holds the shrink
     gaps_ms = [(b - a) * 1e3 for a, b in pairwise(arrivals_s)]
+    parted = first_difference(tokens, reference)
     return {"tokens_asked": num_tokens, "tokens_received": len(tokens),
             "from_slots": max_slots, "to_slots": target_slots,
             "slots_after": engine.memory.experts.num_slots,
@@ -81,8 +82,9 @@ def shrink_pause_row(engine, max_slots: int, target_slots: int, num_tokens: int,
             "median_gap_ms": statistics.median(gaps_ms) if gaps_ms else None,
             "tokens_equal_unshrunk": tokens == reference,
             # Where they part (None: they do not), and each side's tokens from there.
-            "first_difference": first_difference(tokens, reference),
-            "tokens_from_difference": _from_difference(tokens, reference)}
+            "first_difference": parted,
+            "tokens_from_difference": None if parted is None else {
+                "shrunk": tokens[parted : parted + 8], "unshrunk": reference[parted : parted + 8]}}
 
 
 def first_difference(tokens: list[int], reference: list[int]) -> int | None:
@@ -92,13 +94,6 @@ def first_difference(tokens: list[int], reference: list[int]) -> int | None:
         if a != b:
             return i
     return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
-
-
-def _from_difference(tokens: list[int], reference: list[int]) -> dict | None:
-    index = first_difference(tokens, reference)
-    if index is None:
-        return None
-    return {"shrunk": tokens[index : index + 8], "unshrunk": reference[index : index + 8]}
 
 
 def print_shrink(row: dict) -> None:

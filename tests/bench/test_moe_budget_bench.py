@@ -192,8 +192,7 @@ def test_cpu_misses_flag_loads_strata_with_them(tmp_path: Path) -> None:
     assert "num_cpu_split_layers" in row["counters"] and report["cpu_miss_graphs"] is False
     # The prefetch was started for the row; the loop splits nothing, so it guessed nothing.
     assert row["prefetch"]["num_prefetched"] == 0
-    # The bench names the split step's host times as the engine does (no torch import
-    # before its allocator is set), and reads them per token.
+    # The bench reads the engine's names of the split step's host times, per token.
     from strata.engine.core.fast.moe_cpu_misses import HOST_TIMES
 
     assert bench.HOST_TIMES == HOST_TIMES
