@@ -405,33 +405,31 @@ def budget_slots(args, store, plan: BudgetPlan, non_expert: int | None) -> int:
 def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
                non_expert: int | None, report: dict) -> None:
     """After every budget's routing rows (the profiler slows what runs after it): per budget
-    a decode profile under the zipf trace from a fresh resize (--profile-steps), then the
-    shrink while a stream decodes (--shrink-pause)."""
-    from moe_budget_extras import print_shrink, profile_row, shrink_pause_row
+    a decode profile under each of --profile-routings from a fresh resize and a warm-up
+    (--profile-steps), then the shrink while a stream decodes (--shrink-pause)."""
+    from moe_budget_extras import print_profile, print_shrink, profile_row, shrink_pause_row
 
     from strata.engine.core.models.forced_routing import ForcedRouting
 
     store = engine.memory.experts
     for plan in plans if args.profile_steps else []:
-        rows = report["strata"][plan.label]
-        if time.monotonic() > args.deadline:
-            rows["decode_profile"] = {"skipped": "deadline"}
-            continue
-        engine.resize_experts(rows["slots"])
-        trace = make_trace(TraceSpec("zipf", args.zipf_s, args.p_reuse, args.seed),
-                           args.profile_steps + 64, shape.num_layers, shape.num_experts,
-                           shape.top_k)
-        profile = profile_row(engine, ForcedRouting(trace, shape.num_experts, engine.device),
-                              args.profile_steps)
-        rows["decode_profile"] = profile
-        top = ", ".join(f"{k['name'][:40]} {k['exclusive_us_per_token']:.0f}"
-                        for k in profile["kernels"][:5])
-        share = profile["htod_share"]
-        print(f"{plan.label} zipf decode profile: {profile['wall_us_per_token']:.0f} us a "
-              f"token, host->device copies "
-              f"{'n/a' if share is None else f'{share:.0%}'} of GPU time; top: {top}",
-              flush=True)
-        write_json(report, args.json)
+        profiles = report["strata"][plan.label].setdefault("decode_profile", {})
+        for routing in args.profile_routings:
+            if time.monotonic() > args.deadline:
+                profiles[routing] = {"skipped": "deadline"}
+                continue
+            engine.resize_experts(report["strata"][plan.label]["slots"])
+            # Long enough not to wrap (a repeated row would hit): the warm-up, the
+            # unprofiled and the profiled pass, and the prompt's rows.
+            trace = make_trace(TraceSpec(routing, args.zipf_s, args.p_reuse, args.seed),
+                               args.warmup_tokens + 2 * args.profile_steps + 64,
+                               shape.num_layers, shape.num_experts, shape.top_k)
+            profile = profile_row(engine, ForcedRouting(trace, shape.num_experts,
+                                                        engine.device),
+                                  args.profile_steps, args.warmup_tokens)
+            profiles[routing] = profile
+            print_profile(f"{plan.label} {routing}", profile)
+            write_json(report, args.json)
     if args.shrink_pause:
         if time.monotonic() > args.deadline:
             report["shrink_pause"] = {"skipped": "deadline"}

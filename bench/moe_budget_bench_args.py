@@ -29,8 +29,10 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--budgets", type=parse_budget, nargs="+",
                    default=[parse_budget(b) for b in ("12GiB", "8GiB", "16GiB")],
                    help="measured in this order (the first rows first, if time runs out)")
-    p.add_argument("--routings", nargs="+", default=[*ROUTINGS, "model"],
-                   choices=[*ROUTINGS, "model"])
+    p.add_argument("--routings", nargs="*", default=[*ROUTINGS, "model"],
+                   choices=[*ROUTINGS, "model"],
+                   help="the decode and prefill rows per budget (none: only what "
+                   "--profile-steps and --shrink-pause add)")
     p.add_argument("--zipf-s", type=float, default=1.0, help="Zipf exponent of popularity")
     p.add_argument("--p-reuse", type=float, default=0.3,
                    help="probability that each of the last token's experts is used again")
@@ -85,7 +87,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="rows not started by then are skipped (a device call's limit)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="per budget, after all routing rows, a decode profile of this many "
-                   "tokens under the zipf trace (0: none)")
+                   "tokens under each --profile-routings trace, after --warmup-tokens of it "
+                   "(0: none)")
+    p.add_argument("--profile-routings", nargs="+", default=["zipf"], choices=list(ROUTINGS))
     p.add_argument("--shrink-pause", action="store_true",
                    help="last: shrink from the load's largest slots to --shrink-to while a "
                    "greedy stream decodes (model's routes); token gaps and equality")

@@ -17,15 +17,16 @@ from batch_bench import prompt, sync
 HTOD_MARKS = ("HtoD", "memcpy_htod")  # "Memcpy HtoD (Pinned -> Device)" in run 36
 
 
-def profile_row(engine, forced, num_tokens: int, top: int = 12) -> dict:
-    """quant_bench.decode_profile under `forced` routing (attached for the profile), plus the
-    share of the profiled GPU time in host->device copies. On the CPU the profiler lists no
+def profile_row(engine, forced, num_tokens: int, warmup_tokens: int, top: int = 12) -> dict:
+    """quant_bench.decode_profile under `forced` routing (attached for the profile; the cache
+    settles on it over warmup_tokens first, as the decode rows do), plus the share of the
+    profiled GPU time in host->device copies. On the CPU the profiler lists no
     CUDA events: the table is empty and the shares are None."""
     from quant_bench import decode_profile
 
     forced.attach(engine.model, engine.fast)
     try:
-        profile = decode_profile(engine, num_tokens, top)
+        profile = decode_profile(engine, num_tokens, top, warmup_tokens)
     finally:
         forced.detach()
     kernels = profile["kernels"]
@@ -36,6 +37,18 @@ def profile_row(engine, forced, num_tokens: int, top: int = 12) -> dict:
     profile["htod_share"] = htod_us / busy_us if busy_us else None
     profile["kernel_share"] = (busy_us - htod_us) / busy_us if busy_us else None
     return profile
+
+
+def print_profile(label: str, profile: dict) -> None:
+    """One line of a decode profile: the token's time unprofiled and profiled, the copies'
+    share of the GPU's busy time, the top kernels' exclusive microseconds a token."""
+    top = ", ".join(f"{k['name'][:40]} {k['exclusive_us_per_token']:.0f}"
+                    for k in profile["kernels"][:5])
+    share = profile["htod_share"]
+    print(f"{label} decode profile: {profile['wall_unprofiled_us_per_token']:.0f} us a token "
+          f"({profile['wall_us_per_token']:.0f} profiled, GPU busy "
+          f"{profile['busy_us_per_token']:.0f}), host->device copies "
+          f"{'n/a' if share is None else f'{share:.0%}'} of GPU time; top: {top}", flush=True)
 
 
 def shrink_pause_row(engine, max_slots: int, target_slots: int, num_tokens: int,

@@ -275,20 +275,31 @@ def prefill_profile(engine, num_tokens: int, top: int = 24) -> dict:
                         for name, (n, us, ex) in rows[:top]]}
 
 
-def decode_profile(engine, num_tokens: int, top: int = 24) -> dict:
+def decode_profile(engine, num_tokens: int, top: int = 24, warmup_tokens: int = 0) -> dict:
     """Where a decode token's GPU time goes (the roofline target's "profile that says why"):
-    `num_tokens` greedy tokens under torch.profiler (kernels inside the CUDA graphs' replays
-    included), per kernel name the launches and microseconds a token, against the wall time."""
+    after `warmup_tokens` (an expert cache settles on its routing first), `num_tokens` greedy
+    tokens timed without the profiler, then `num_tokens` more under torch.profiler (kernels
+    inside the CUDA graphs' replays included): per kernel name the launches and microseconds
+    a token, against the wall time of each pass (the profiler's own host work slows the
+    profiled pass, so the unprofiled wall is the token's real time)."""
     import torch
     from profile_decode import kernel_table, print_table
     from torch.profiler import ProfilerActivity, profile
 
     from strata.engine.protocol import SamplingSpec
 
-    steps = engine.generate(list(range(1, 33)), SamplingSpec(max_tokens=num_tokens + 1,
-                                                             temperature=0.0), slot=0)
-    next(steps)  # the first token carries the prefill
+    spec = SamplingSpec(max_tokens=1 + warmup_tokens + 2 * num_tokens, temperature=0.0)
+    steps = engine.generate(list(range(1, 33)), spec, slot=0)
+    count = 0
+    while count < 1 + warmup_tokens:  # the first token carries the prefill
+        count += len(next(steps))
     sync()
+    started_s = time.perf_counter()
+    unprofiled = 0
+    while unprofiled < num_tokens:
+        unprofiled += len(next(steps))
+    sync()
+    unprofiled_s = time.perf_counter() - started_s
     # The CPU dry run has no kernels to list; it checks the machinery.
     activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
     with profile(activities=[activity]) as prof:
@@ -299,7 +310,9 @@ def decode_profile(engine, num_tokens: int, top: int = 24) -> dict:
     table = kernel_table(prof)
     print_table(f"decode token ({count} profiled)", table, count, wall_s, top)
     rows = sorted(table.items(), key=lambda item: -item[1][2])
-    return {"tokens": count, "wall_us_per_token": wall_s * 1e6 / count,
+    return {"tokens": count, "warmup_tokens": warmup_tokens,
+            "wall_us_per_token": wall_s * 1e6 / count,
+            "wall_unprofiled_us_per_token": unprofiled_s * 1e6 / unprofiled,
             "kernel_us_per_token": sum(row[1] for row in table.values()) / count,
             "busy_us_per_token": sum(row[2] for row in table.values()) / count,
             "kernels": [{"name": name[:120], "launches_per_token": n / count,

@@ -97,7 +97,8 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert bench.main([str(gguf), "--device", "cpu", "--budgets", *budgets, "--reserve-mib",
                        "0", "--decode-tokens", "12", "--warmup-tokens", "2",
                        "--prefill-tokens", "24", "--llama-bench", str(_fake_llama_bench(tmp_path)),
-                       "--profile-steps", "4", "--shrink-pause", "--shrink-to", budgets[0],
+                       "--profile-steps", "4", "--profile-routings", "zipf", "uniform",
+                       "--shrink-pause", "--shrink-to", budgets[0],
                        "--shrink-tokens", "12", "--shrink-after", "4",
                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -130,8 +131,10 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
         assert rows["model"]["hit_rate"] > rows["uniform"]["hit_rate"]
         assert report["llamacpp"][label]["decode_tok_s"] == 10.0
         # The profile under zipf: on the CPU torch.profiler lists no CUDA kernels.
-        profile = rows["decode_profile"]
+        profile = rows["decode_profile"]["zipf"]
         assert profile["tokens"] == 4 and profile["wall_us_per_token"] > 0
+        assert profile["warmup_tokens"] == 2 and profile["wall_unprofiled_us_per_token"] > 0
+        assert rows["decode_profile"]["uniform"]["tokens"] == 4
         assert profile["kernels"] == [] and profile["htod_share"] is None
     # Shrunk from the load's 12 slots to the first budget's 10 while the stream decoded.
     shrink = report["shrink_pause"]
