@@ -406,8 +406,16 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
                non_expert: int | None, report: dict) -> None:
     """After every budget's routing rows (the profiler slows what runs after it): per budget
     a decode profile under each of --profile-routings from a fresh resize and a warm-up
-    (--profile-steps), then the shrink while a stream decodes (--shrink-pause)."""
-    from moe_budget_extras import print_profile, print_shrink, profile_row, shrink_pause_row
+    (--profile-steps), a prefill profile under each (--profile-prefill), then the shrink
+    while a stream decodes (--shrink-pause)."""
+    from moe_budget_extras import (
+        prefill_profile_row,
+        print_prefill_profile,
+        print_profile,
+        print_shrink,
+        profile_row,
+        shrink_pause_row,
+    )
 
     from strata.engine.core.models.forced_routing import ForcedRouting
 
@@ -429,6 +437,24 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
                                   args.profile_steps, args.warmup_tokens)
             profiles[routing] = profile
             print_profile(f"{plan.label} {routing}", profile)
+            write_json(report, args.json)
+    for plan in plans if args.profile_prefill else []:
+        profiles = report["strata"][plan.label].setdefault("prefill_profile", {})
+        for routing in args.profile_routings:
+            if time.monotonic() > args.deadline:
+                profiles[routing] = {"skipped": "deadline"}
+                continue
+            engine.resize_experts(report["strata"][plan.label]["slots"])
+            forced = ForcedRouting(make_trace(TraceSpec(routing, args.zipf_s, args.p_reuse,
+                                                        args.seed), 64, shape.num_layers,
+                                              shape.num_experts, shape.top_k),
+                                   shape.num_experts, engine.device)
+            forced.set_prefill(make_trace(TraceSpec(routing, args.zipf_s, args.p_reuse,
+                                                    args.seed + 1), args.prefill_tokens,
+                                          shape.num_layers, shape.num_experts, shape.top_k))
+            profile = prefill_profile_row(engine, forced, args.prefill_tokens)
+            profiles[routing] = profile
+            print_prefill_profile(f"{plan.label} {routing}", profile)
             write_json(report, args.json)
     if args.shrink_pause:
         if time.monotonic() > args.deadline:

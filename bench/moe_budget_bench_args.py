@@ -90,6 +90,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                    "tokens under each --profile-routings trace, after --warmup-tokens of it "
                    "(0: none)")
     p.add_argument("--profile-routings", nargs="+", default=["zipf"], choices=list(ROUTINGS))
+    p.add_argument("--profile-prefill", action="store_true",
+                   help="per budget, after the decode profiles, one --prefill-tokens prompt "
+                   "profiled under each --profile-routings prefill trace")
     p.add_argument("--shrink-pause", action="store_true",
                    help="last: shrink from the load's largest slots to --shrink-to while a "
                    "greedy stream decodes (model's routes); token gaps and equality")

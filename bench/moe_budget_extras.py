@@ -1,7 +1,8 @@
 """moe_budget_bench.py's rows beside the budgets' routing rows: a decode profile per budget
-under the zipf trace (`--profile-steps`), a shrink while a stream decodes (`--shrink-pause`,
-issue 54's "no token lost, no pause longer than 100 ms"), and the same shrink from every
-expert resident (`--shrink-from-all`: the live switch to the partial cache)."""
+under a trace (`--profile-steps`), a prefill profile (`--profile-prefill`), a shrink while
+a stream decodes (`--shrink-pause`, issue 54's "no token lost, no pause longer than 100
+ms"), and the same shrink from every expert resident (`--shrink-from-all`: the live switch
+to the partial cache)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import statistics
 import time
 from itertools import pairwise
 
-from batch_bench import prompt, sync
+from batch_bench import first_token_s, prompt, sync
 
 # Kernel names of host->device copies in torch.profiler's CUDA events (the pinned host copy
 # into slots or staging); the rest are kernels, which read resident experts and, for a miss
 # left on the host, the host copy in place.
 HTOD_MARKS = ("HtoD", "memcpy_htod")  # "Memcpy HtoD (Pinned -> Device)" in run 36
+DTOD_MARKS = ("DtoD",)  # "Memcpy DtoD (Device -> Device)"
 
 
 def profile_row(engine, forced, num_tokens: int, warmup_tokens: int, top: int = 12) -> dict:
@@ -37,6 +39,48 @@ def profile_row(engine, forced, num_tokens: int, warmup_tokens: int, top: int = 
     profile["htod_share"] = htod_us / busy_us if busy_us else None
     profile["kernel_share"] = (busy_us - htod_us) / busy_us if busy_us else None
     return profile
+
+
+def prefill_profile_row(engine, forced, num_tokens: int, top: int = 12) -> dict:
+    """One prompt of num_tokens under `forced`'s prefill trace (set by the caller), after one
+    unprofiled of the same length: the unprofiled and the profiled wall, the GPU's busy time
+    in it, what host->device and device->device copies took of that (the staging's copies
+    from the host copy and its gathers from slots), and the top kernels. Busy well below the
+    wall means the host or a wait set the prefill's time, not the GPU's work."""
+    import torch
+    from profile_decode import kernel_table
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = engine.model_config.vocab_size
+    forced.attach(engine.model, engine.fast)
+    try:
+        unprofiled_s = first_token_s(engine, "prefill-profile-0", prompt(vocab, 300, num_tokens), 0)
+        activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+        with profile(activities=[activity]) as prof:
+            wall_s = first_token_s(engine, "prefill-profile-1", prompt(vocab, 301, num_tokens), 0)
+    finally:
+        forced.detach()
+    table = kernel_table(prof)
+    busy_us = sum(row[2] for row in table.values())
+
+    def marked_us(marks: tuple[str, ...]) -> float:
+        return sum(row[2] for name, row in table.items() if any(m in name for m in marks))
+
+    rows = sorted(table.items(), key=lambda item: -item[1][2])
+    return {"tokens": num_tokens, "wall_unprofiled_ms": unprofiled_s * 1e3,
+            "wall_ms": wall_s * 1e3, "busy_ms": busy_us / 1e3,
+            "htod_ms": marked_us(HTOD_MARKS) / 1e3, "dtod_ms": marked_us(DTOD_MARKS) / 1e3,
+            "kernels": [{"name": name[:120], "launches": n, "exclusive_ms": ex / 1e3}
+                        for name, (n, _, ex) in rows[:top]]}
+
+
+def print_prefill_profile(label: str, profile: dict) -> None:
+    """One line of a prefill profile (prefill_profile_row)."""
+    top = ", ".join(f"{k['name'][:40]} {k['exclusive_ms']:.1f}" for k in profile["kernels"][:5])
+    print(f"{label} prefill {profile['tokens']} profile: {profile['wall_unprofiled_ms']:.0f} ms "
+          f"({profile['wall_ms']:.0f} profiled), GPU busy {profile['busy_ms']:.0f} ms, "
+          f"host->device {profile['htod_ms']:.0f} ms, device->device {profile['dtod_ms']:.0f} "
+          f"ms; top: {top}", flush=True)
 
 
 def print_profile(label: str, profile: dict) -> None:

@@ -98,7 +98,7 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
                        "0", "--decode-tokens", "12", "--warmup-tokens", "2",
                        "--prefill-tokens", "24", "--llama-bench", str(_fake_llama_bench(tmp_path)),
                        "--profile-steps", "4", "--profile-routings", "zipf", "uniform",
-                       "--shrink-pause", "--shrink-to", budgets[0],
+                       "--profile-prefill", "--shrink-pause", "--shrink-to", budgets[0],
                        "--shrink-tokens", "12", "--shrink-after", "4",
                        "--json", str(out)]) == 0
     report = json.loads(out.read_text())
@@ -135,6 +135,10 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
         assert profile["tokens"] == 4 and profile["wall_us_per_token"] > 0
         assert profile["warmup_tokens"] == 2 and profile["wall_unprofiled_us_per_token"] > 0
         assert rows["decode_profile"]["uniform"]["tokens"] == 4
+        for routing in ("zipf", "uniform"):  # one prompt profiled after one unprofiled
+            prefill = rows["prefill_profile"][routing]
+            assert prefill["tokens"] == 24 and prefill["wall_unprofiled_ms"] > 0
+            assert prefill["wall_ms"] > 0 and prefill["kernels"] == []
         assert profile["kernels"] == [] and profile["htod_share"] is None
     # Shrunk from the load's 12 slots to the first budget's 10 while the stream decoded.
     shrink = report["shrink_pause"]
