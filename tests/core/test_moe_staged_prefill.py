@@ -102,6 +102,8 @@ def test_staged_prefill_equals_all_resident_and_copies_each_missing_expert_once(
         status = store.status()
         assert status["staging_bytes"] == store.staging.nbytes > 0
         assert status["staged_bytes"] == sum(store.staging.staged_bytes) > 0
+        # The resident experts came from their slots (expert_staging.wide_rows' gather).
+        assert status["gathered_bytes"] == sum(store.staging.gathered_bytes) > 0
         assert status["num_staged_copy_calls"] == store.staging.num_copy_calls > 0
     finally:
         memory.close()
