@@ -420,42 +420,38 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
     from strata.engine.core.models.forced_routing import ForcedRouting
 
     store = engine.memory.experts
-    for plan in plans if args.profile_steps else []:
-        profiles = report["strata"][plan.label].setdefault("decode_profile", {})
-        for routing in args.profile_routings:
-            if time.monotonic() > args.deadline:
-                profiles[routing] = {"skipped": "deadline"}
-                continue
-            engine.resize_experts(report["strata"][plan.label]["slots"])
-            # Long enough not to wrap (a repeated row would hit): the warm-up, the
-            # unprofiled and the profiled pass, and the prompt's rows.
-            trace = make_trace(TraceSpec(routing, args.zipf_s, args.p_reuse, args.seed),
-                               args.warmup_tokens + 2 * args.profile_steps + 64,
-                               shape.num_layers, shape.num_experts, shape.top_k)
-            profile = profile_row(engine, ForcedRouting(trace, shape.num_experts,
-                                                        engine.device),
-                                  args.profile_steps, args.warmup_tokens)
-            profiles[routing] = profile
-            print_profile(f"{plan.label} {routing}", profile)
-            write_json(report, args.json)
-    for plan in plans if args.profile_prefill else []:
-        profiles = report["strata"][plan.label].setdefault("prefill_profile", {})
-        for routing in args.profile_routings:
-            if time.monotonic() > args.deadline:
-                profiles[routing] = {"skipped": "deadline"}
-                continue
-            engine.resize_experts(report["strata"][plan.label]["slots"])
-            forced = ForcedRouting(make_trace(TraceSpec(routing, args.zipf_s, args.p_reuse,
-                                                        args.seed), 64, shape.num_layers,
-                                              shape.num_experts, shape.top_k),
-                                   shape.num_experts, engine.device)
-            forced.set_prefill(make_trace(TraceSpec(routing, args.zipf_s, args.p_reuse,
-                                                    args.seed + 1), args.prefill_tokens,
-                                          shape.num_layers, shape.num_experts, shape.top_k))
-            profile = prefill_profile_row(engine, forced, args.prefill_tokens)
-            profiles[routing] = profile
-            print_prefill_profile(f"{plan.label} {routing}", profile)
-            write_json(report, args.json)
+
+    def trace(routing: str, seed: int, num_rows: int):
+        return make_trace(TraceSpec(routing, args.zipf_s, args.p_reuse, seed), num_rows,
+                          shape.num_layers, shape.num_experts, shape.top_k)
+
+    def decode_profile(label: str, routing: str) -> dict:
+        # Long enough not to wrap (a repeated row would hit): the warm-up, the unprofiled
+        # and the profiled pass, and the prompt's rows.
+        rows = args.warmup_tokens + 2 * args.profile_steps + 64
+        forced = ForcedRouting(trace(routing, args.seed, rows), shape.num_experts, engine.device)
+        profile = profile_row(engine, forced, args.profile_steps, args.warmup_tokens)
+        print_profile(f"{label} {routing}", profile)
+        return profile
+
+    def prefill_profile(label: str, routing: str) -> dict:
+        forced = ForcedRouting(trace(routing, args.seed, 64), shape.num_experts, engine.device)
+        forced.set_prefill(trace(routing, args.seed + 1, args.prefill_tokens))
+        profile = prefill_profile_row(engine, forced, args.prefill_tokens)
+        print_prefill_profile(f"{label} {routing}", profile)
+        return profile
+
+    for key, wanted, measure in (("decode_profile", args.profile_steps, decode_profile),
+                                 ("prefill_profile", args.profile_prefill, prefill_profile)):
+        for plan in plans if wanted else []:
+            profiles = report["strata"][plan.label].setdefault(key, {})
+            for routing in args.profile_routings:
+                if time.monotonic() > args.deadline:
+                    profiles[routing] = {"skipped": "deadline"}
+                    continue
+                engine.resize_experts(report["strata"][plan.label]["slots"])
+                profiles[routing] = measure(plan.label, routing)
+                write_json(report, args.json)
     if args.shrink_pause:
         if time.monotonic() > args.deadline:
             report["shrink_pause"] = {"skipped": "deadline"}
