@@ -153,6 +153,9 @@ class BudgetPlan:
     slots: int  # Strata's expert cache
     ncmoe: int  # llama.cpp: layers whose experts stay on the CPU
     gpu_expert_layer_bytes: int  # what llama.cpp's GPU expert layers hold
+    # Every expert fits (llama.cpp -ncmoe 0): an engine at this budget wires them all, so
+    # the row, one slot short, is the cache's path and not what a user there runs.
+    fits: bool = False
 
     @property
     def label(self) -> str:
@@ -173,7 +176,8 @@ def plan_budget(shape: FileShape, budget_bytes: int, reserve_bytes: int) -> Budg
                      if layer >= ncmoe)
         if on_gpu <= expert_bytes:
             break
-    return BudgetPlan(budget_bytes, expert_bytes, slots, ncmoe, on_gpu)
+    return BudgetPlan(budget_bytes, expert_bytes, slots, ncmoe, on_gpu,
+                      fits=expert_bytes >= shape.expert_bytes)
 
 
 CPU_COUNTERS = ("num_cpu_conversions", "cpu_convert_s", "num_cpu_split_layers",
@@ -478,16 +482,20 @@ def figures(args, plans: list[BudgetPlan], report: dict) -> list[dict]:
                            1.0, "NVML, after the budget's rows; limit = the budget",
                            higher_is_better=False))
         note = (f"{plan.slots} slots ({plan.slots * 100 // max(1, report['total_experts'])}%"
-                f" of experts); llama.cpp -ncmoe {plan.ncmoe}")
+                f" of experts); llama.cpp -ncmoe {plan.ncmoe}"
+                + ("; the file fits: an engine here wires every expert" if plan.fits else ""))
+        targets = not plan.fits  # the targets are for budgets the file does not fit
         for routing in args.routings:
             row = report.get("strata", {}).get(plan.label, {}).get(routing, {})
             name = f"{plan.label} {routing}"
             rows.append(figure(f"{name} decode", row.get("decode_tok_s"), "tok/s",
-                               peer.get("decode_tok_s"), DECODE_TARGETS.get(routing),
+                               peer.get("decode_tok_s"),
+                               DECODE_TARGETS.get(routing) if targets else None,
                                note + "; limit = llama.cpp's decode"))
             rows.append(figure(f"{name} prefill {args.prefill_tokens}",
                                row.get("prefill_tok_s"), "tok/s", peer.get("prefill_tok_s"),
-                               PREFILL_TARGET, "limit = llama.cpp's prefill"))
+                               PREFILL_TARGET if targets else None,
+                               "limit = llama.cpp's prefill"))
             staged = row.get("prefill_staged_bytes")
             rows.append(figure(f"{name} prefill staged from host",
                                None if staged is None else staged / MIB, "MiB",
@@ -527,7 +535,8 @@ def run(args) -> dict:
     for plan in plans:
         print(f"{plan.label}: experts get {plan.expert_bytes / MIB:.0f} MiB -> Strata "
               f"{plan.slots} of {shape.total_experts} slots; llama.cpp -ncmoe {plan.ncmoe} "
-              f"({plan.gpu_expert_layer_bytes / MIB:.0f} MiB of experts on the GPU)",
+              f"({plan.gpu_expert_layer_bytes / MIB:.0f} MiB of experts on the GPU)"
+              + ("; the file fits: not a budget row, no targets" if plan.fits else ""),
               flush=True)
     if args.device == "cuda":
         import torch

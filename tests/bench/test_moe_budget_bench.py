@@ -5,6 +5,7 @@ routes hit)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import stat
 import sys
@@ -45,12 +46,31 @@ def test_a_budget_gives_both_engines_the_same_expert_bytes() -> None:
     # Room for everything: llama.cpp keeps all on the GPU; Strata's cache stays a cache.
     roomy = bench.plan_budget(shape, 2000 * MIB, 20 * MIB)
     assert roomy.ncmoe == 0 and roomy.slots == shape.total_experts - 1
+    assert roomy.fits and not plan.fits  # a row where the file fits has no targets
     # No room: every layer's experts on the CPU; Strata keeps one layer's worth of slots.
     tight = bench.plan_budget(shape, 100 * MIB, 20 * MIB)
     assert tight.expert_bytes == 0 and tight.ncmoe == 4 and tight.slots == 8
     assert parse_budget("12GiB") == 12 << 30 and parse_budget("1.5MiB") == 3 << 19
     with pytest.raises(Exception, match="12GiB or 512MiB"):
         parse_budget("12G")
+
+
+def test_a_budget_the_file_fits_has_no_targets() -> None:
+    shape = _shape()
+    plans = [bench.plan_budget(shape, b * MIB, 20 * MIB) for b in (300, 2000)]
+    args = argparse.Namespace(routings=["uniform"], prefill_tokens=64)
+    report = {"total_experts": shape.total_experts,
+              "llamacpp": {p.label: {"decode_tok_s": 10.0, "prefill_tok_s": 100.0}
+                           for p in plans},
+              "strata": {p.label: {"uniform": {"decode_tok_s": 9.0, "prefill_tok_s": 90.0}}
+                         for p in plans}}
+    rows = {row["figure"]: row for row in bench.figures(args, plans, report)}
+    tight, roomy = (p.label for p in plans)
+    assert rows[f"{tight} uniform decode"]["target"] == 1.0
+    assert rows[f"{tight} uniform decode"]["ok"] is False
+    assert rows[f"{roomy} uniform decode"]["target"] is None
+    assert rows[f"{roomy} uniform prefill 64"]["ok"] is None
+    assert "the file fits" in rows[f"{roomy} uniform decode"]["notes"]
 
 
 def test_llama_bench_runs_with_ncmoe_and_its_json_is_read() -> None:
