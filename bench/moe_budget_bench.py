@@ -154,7 +154,7 @@ class BudgetPlan:
     ncmoe: int  # llama.cpp: layers whose experts stay on the CPU
     gpu_expert_layer_bytes: int  # what llama.cpp's GPU expert layers hold
     # Every expert fits (llama.cpp -ncmoe 0): an engine at this budget wires them all, so
-    # the row, one slot short, is the cache's path and not what a user there runs.
+    # the row (at most all slots but one) is the cache's path, not what a user runs there.
     fits: bool = False
 
     @property
