@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     moved = args.experts * 3 * proj_bytes
     rows = {}
     for name, views in (("bytes", (staging, slots)),
-                        ("wide_rows", ([wide_rows(t) for t in staging],
-                                       [wide_rows(t) for t in slots]))):
+                        ("wide_rows", tuple(zip(*(wide_rows(dst, src)
+                                                  for dst, src in zip(staging, slots)))))):
         seconds = best_s(lambda v=views: gather(*v, experts, slot_of, device), device,
                          args.repeats)
         rows[name] = {"seconds": seconds, "gb_s": moved / seconds / 1e9,

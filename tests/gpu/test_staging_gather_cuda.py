@@ -24,7 +24,7 @@ def test_wide_rows_gather_equals_a_direct_index_past_2_31_bytes() -> None:
     source = torch.randperm(SLOTS, generator=generator)[:128]
     source[0] = SLOTS - 1  # the last slot: its bytes lie past 2**31
     experts = torch.randperm(128, generator=generator)
-    wide_dst, wide_src = wide_rows(staging), wide_rows(slots)
+    wide_dst, wide_src = wide_rows(staging, slots)
     assert wide_src.dtype == torch.int64 and wide_src.data_ptr() == slots.data_ptr()
     for begin in range(0, 128, GATHER_EXPERTS):
         dst_index = experts[begin: begin + GATHER_EXPERTS].to(device)

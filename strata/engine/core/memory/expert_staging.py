@@ -72,19 +72,21 @@ def copy_runs(missing: Sequence[int], resident: set[int], bytes_per_expert: int,
     return runs
 
 
-def wide_rows(weights: torch.Tensor) -> torch.Tensor:
-    """weights [n, ...] (contiguous rows) as [n, m] of the widest integer that divides a
-    row's bytes and the address, the same memory. index_select and index_copy_ move one
-    element a thread with index math per element, in 64 bits once a tensor passes 2**31
-    elements: as uint8, a 30B MoE's slots (several GB a projection) are past that, and a
-    gather moved a byte at a time (docs/benchmarks.md, run 42: the prefill that only
-    gathered). Eight bytes an element cuts the elements eightfold and keeps 32-bit math."""
-    rows = weights.view(weights.shape[0], -1).view(torch.uint8)
+def wide_rows(*weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each of weights [n, ...] (contiguous rows) as [n, m] of one integer type, the widest
+    that divides every row's bytes and every address (one for all: index_copy_ takes its
+    source in its own dtype), the same memory. index_select and index_copy_ move one element
+    a thread with index math per element, in 64 bits once a tensor passes 2**31 elements: as
+    uint8, a 30B MoE's slots (several GB a projection) are past that, and a gather moved a
+    byte at a time (docs/benchmarks.md, run 42: the prefill that only gathered). Eight bytes
+    an element cuts the elements eightfold and keeps 32-bit math."""
+    rows = [w.view(w.shape[0], -1).view(torch.uint8) for w in weights]
     for wide in (torch.int64, torch.int32, torch.int16):
         size = wide.itemsize
-        if rows.stride(1) == 1 and rows.shape[1] % size == 0 and rows.data_ptr() % size == 0:
-            return rows.view(wide)
-    return rows
+        if all(r.stride(1) == 1 and r.shape[1] % size == 0 and r.data_ptr() % size == 0
+               for r in rows):
+            return tuple(r.view(wide) for r in rows)
+    return tuple(rows)
 
 
 class ExpertStaging:
@@ -197,7 +199,7 @@ class ExpertStaging:
         self.staged_experts[layer] += num_from_host
         self.staged_bytes[layer] += num_from_host * per_expert
         self.num_copy_calls += len(runs) * len(staging)
-        pairs = [(wide_rows(dst), wide_rows(src))
+        pairs = [wide_rows(dst, src)
                  for dst, src in zip(staging, store.slot_weights_of(layer))] if gathered else []
         for begin in range(0, len(gathered), GATHER_EXPERTS):
             part = gathered[begin: begin + GATHER_EXPERTS]
