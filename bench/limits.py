@@ -25,14 +25,16 @@ def time_s(fn, repeats: int) -> float:
 
 def best_wall_s(fn, repeats: int) -> float:
     """Wall seconds of the fastest of `repeats` calls of fn, each between two device syncs
-    (host time included: what a request waits), after one unmeasured warm call."""
+    (host time included: what a request waits), after one unmeasured warm call. Without
+    CUDA (a CPU dry run) the calls are synchronous and nothing is synced."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()
     best = float("inf")
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        sync()
         started_s = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         best = min(best, time.perf_counter() - started_s)
     return best
 

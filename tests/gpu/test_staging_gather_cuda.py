@@ -1,4 +1,4 @@
-"""The staging's gather over wide rows (memory/expert_staging.wide_rows) lands the bytes a
+"""The staging's gather over wide rows (memory/expert_staging.gather) lands the bytes a
 direct index would, on a slot tensor past 2**31 bytes: as uint8 that size took index_select's
 64-bit index math, as int64 rows it does not, and a view that moved the wrong bytes would
 show here. Run: python -m pytest -q tests/gpu/test_staging_gather_cuda.py"""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from strata.engine.core.memory.expert_staging import GATHER_EXPERTS, wide_rows
+from strata.engine.core.memory.expert_staging import gather, wide_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -24,12 +24,10 @@ def test_wide_rows_gather_equals_a_direct_index_past_2_31_bytes() -> None:
     source = torch.randperm(SLOTS, generator=generator)[:128]
     source[0] = SLOTS - 1  # the last slot: its bytes lie past 2**31
     experts = torch.randperm(128, generator=generator)
-    wide_dst, wide_src = wide_rows(staging, slots)
+    wide_src = wide_rows(staging, slots)[1]
     assert wide_src.dtype == torch.int64 and wide_src.data_ptr() == slots.data_ptr()
-    for begin in range(0, 128, GATHER_EXPERTS):
-        dst_index = experts[begin: begin + GATHER_EXPERTS].to(device)
-        src_index = source[begin: begin + GATHER_EXPERTS].to(device)
-        wide_dst.index_copy_(0, dst_index, wide_src.index_select(0, src_index))
+    slot_of = dict(zip(experts.tolist(), source.tolist()))
+    gather([staging], [slots], experts.tolist(), slot_of)
     expect = torch.empty_like(staging)
     expect[experts.to(device)] = slots[source.to(device)]
     assert torch.equal(staging, expect)

@@ -25,7 +25,7 @@ bytes count it; a release unmaps it with the slots.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -87,6 +87,24 @@ def wide_rows(*weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
                for r in rows):
             return tuple(r.view(wide) for r in rows)
     return tuple(rows)
+
+
+def gather(staging: Sequence[torch.Tensor], slots: Sequence[torch.Tensor],
+           experts: Sequence[int], slot_of: Mapping[int, int] | Sequence[int]) -> None:
+    """Copy each of experts from its slot (slot_of[expert], an index of slots' rows) into
+    its row of the staging, per projection (staging and slots pair up), GATHER_EXPERTS at a
+    time, over wide_rows views, on the current stream."""
+    if not experts:
+        return
+    device = staging[0].device
+    pairs = [wide_rows(dst, src) for dst, src in zip(staging, slots)]
+    for begin in range(0, len(experts), GATHER_EXPERTS):
+        part = experts[begin: begin + GATHER_EXPERTS]
+        dst_index = torch.tensor(part, dtype=torch.long).to(device, non_blocking=True)
+        src_index = torch.tensor([slot_of[e] for e in part], dtype=torch.long).to(
+            device, non_blocking=True)
+        for dst, src in pairs:
+            dst.index_copy_(0, dst_index, src.index_select(0, src_index))
 
 
 class ExpertStaging:
@@ -199,15 +217,7 @@ class ExpertStaging:
         self.staged_experts[layer] += num_from_host
         self.staged_bytes[layer] += num_from_host * per_expert
         self.num_copy_calls += len(runs) * len(staging)
-        pairs = [wide_rows(dst, src)
-                 for dst, src in zip(staging, store.slot_weights_of(layer))] if gathered else []
-        for begin in range(0, len(gathered), GATHER_EXPERTS):
-            part = gathered[begin: begin + GATHER_EXPERTS]
-            dst_index = torch.tensor(part, dtype=torch.long).to(store.device, non_blocking=True)
-            src_index = torch.tensor([resident[e] for e in part], dtype=torch.long).to(
-                store.device, non_blocking=True)
-            for dst, src in pairs:
-                dst.index_copy_(0, dst_index, src.index_select(0, src_index))
+        gather(staging, store.slot_weights_of(layer), gathered, resident)
         self.gathered_bytes[layer] += len(gathered) * per_expert
 
     def status(self) -> dict:
