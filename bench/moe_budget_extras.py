@@ -10,13 +10,7 @@ import statistics
 import time
 from itertools import pairwise
 
-from batch_bench import first_token_s, prompt, sync
-
-# Kernel names of host->device copies in torch.profiler's CUDA events (the pinned host copy
-# into slots or staging); the rest are kernels, which read resident experts and, for a miss
-# left on the host, the host copy in place.
-HTOD_MARKS = ("HtoD", "memcpy_htod")  # "Memcpy HtoD (Pinned -> Device)" in run 36
-DTOD_MARKS = ("DtoD",)  # "Memcpy DtoD (Device -> Device)"
+from batch_bench import prompt, sync
 
 
 def profile_row(engine, forced, num_tokens: int, warmup_tokens: int, top: int = 12) -> dict:
@@ -31,55 +25,34 @@ def profile_row(engine, forced, num_tokens: int, warmup_tokens: int, top: int = 
         profile = decode_profile(engine, num_tokens, top, warmup_tokens)
     finally:
         forced.detach()
-    kernels = profile["kernels"]
-    busy_us = sum(k["exclusive_us_per_token"] for k in kernels)
-    htod_us = sum(k["exclusive_us_per_token"] for k in kernels
-                  if any(mark in k["name"] for mark in HTOD_MARKS))
-    profile["htod_us_per_token"] = htod_us
+    busy_us, htod_us = profile["busy_us_per_token"], profile["htod_us_per_token"]
     profile["htod_share"] = htod_us / busy_us if busy_us else None
     profile["kernel_share"] = (busy_us - htod_us) / busy_us if busy_us else None
     return profile
 
 
 def prefill_profile_row(engine, forced, num_tokens: int, top: int = 12) -> dict:
-    """One prompt of num_tokens under `forced`'s prefill trace (set by the caller), after one
-    unprofiled of the same length: the unprofiled and the profiled wall, the GPU's busy time
-    in it, what host->device and device->device copies took of that (the staging's copies
-    from the host copy and its gathers from slots), and the top kernels. Busy well below the
-    wall means the host or a wait set the prefill's time, not the GPU's work."""
-    import torch
-    from profile_decode import kernel_table
-    from torch.profiler import ProfilerActivity, profile
+    """quant_bench.prefill_profile under `forced`'s prefill trace (set by the caller,
+    attached for the profile): both walls, the GPU's busy time, the staging's copies from
+    the host copy and its gathers from slots, the top kernels. Busy well below the wall
+    means the host or a wait set the prefill's time, not the GPU's work."""
+    from quant_bench import prefill_profile
 
-    vocab = engine.model_config.vocab_size
     forced.attach(engine.model, engine.fast)
     try:
-        unprofiled_s = first_token_s(engine, "prefill-profile-0", prompt(vocab, 300, num_tokens), 0)
-        activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
-        with profile(activities=[activity]) as prof:
-            wall_s = first_token_s(engine, "prefill-profile-1", prompt(vocab, 301, num_tokens), 0)
+        return prefill_profile(engine, num_tokens, top)
     finally:
         forced.detach()
-    table = kernel_table(prof)
-    busy_us = sum(row[2] for row in table.values())
-
-    def marked_us(marks: tuple[str, ...]) -> float:
-        return sum(row[2] for name, row in table.items() if any(m in name for m in marks))
-
-    rows = sorted(table.items(), key=lambda item: -item[1][2])
-    return {"tokens": num_tokens, "wall_unprofiled_ms": unprofiled_s * 1e3,
-            "wall_ms": wall_s * 1e3, "busy_ms": busy_us / 1e3,
-            "htod_ms": marked_us(HTOD_MARKS) / 1e3, "dtod_ms": marked_us(DTOD_MARKS) / 1e3,
-            "kernels": [{"name": name[:120], "launches": n, "exclusive_ms": ex / 1e3}
-                        for name, (n, _, ex) in rows[:top]]}
 
 
 def print_prefill_profile(label: str, profile: dict) -> None:
     """One line of a prefill profile (prefill_profile_row)."""
-    top = ", ".join(f"{k['name'][:40]} {k['exclusive_ms']:.1f}" for k in profile["kernels"][:5])
-    print(f"{label} prefill {profile['tokens']} profile: {profile['wall_unprofiled_ms']:.0f} ms "
-          f"({profile['wall_ms']:.0f} profiled), GPU busy {profile['busy_ms']:.0f} ms, "
-          f"host->device {profile['htod_ms']:.0f} ms, device->device {profile['dtod_ms']:.0f} "
+    top = ", ".join(f"{k['name'][:40]} {k['exclusive_us'] / 1e3:.1f}"
+                    for k in profile["kernels"][:5])
+    print(f"{label} prefill {profile['tokens']} profile: "
+          f"{profile['wall_unprofiled_us'] / 1e3:.0f} ms ({profile['wall_us'] / 1e3:.0f} "
+          f"profiled), GPU busy {profile['busy_us'] / 1e3:.0f} ms, host->device "
+          f"{profile['htod_us'] / 1e3:.0f} ms, device->device {profile['dtod_us'] / 1e3:.0f} "
           f"ms; top: {top}", flush=True)
 
 

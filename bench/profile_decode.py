@@ -59,6 +59,20 @@ def kernel_table(prof) -> dict[str, list[float]]:
     return table
 
 
+# Kernel names of copies in torch.profiler's CUDA events ("Memcpy HtoD (Pinned -> Device)",
+# "Memcpy DtoD (Device -> Device)"): a partial expert cache's promotion and staging.
+HTOD_MARKS = ("HtoD", "memcpy_htod")
+DTOD_MARKS = ("DtoD",)
+
+
+def copy_us(table: dict[str, list[float]]) -> dict[str, float]:
+    """Of a kernel_table, the exclusive microseconds in host->device and device->device
+    copies."""
+    def marked(marks: tuple[str, ...]) -> float:
+        return sum(row[2] for name, row in table.items() if any(m in name for m in marks))
+    return {"htod_us": marked(HTOD_MARKS), "dtod_us": marked(DTOD_MARKS)}
+
+
 def print_table(title: str, table: dict, per: int, wall_s: float, top: int) -> None:
     total_us = sum(row[1] for row in table.values()) / per
     busy_us = sum(row[2] for row in table.values()) / per

@@ -254,13 +254,16 @@ def strata_figures(args, path: Path, weights: dict) -> tuple[list[dict], dict]:
 def prefill_profile(engine, num_tokens: int, top: int = 24) -> dict:
     """Where one fresh prompt's prefill goes (the MoE prefill target's profile): a prompt of
     num_tokens run once unprofiled (its whole-prompt graph, if it takes one, is captured
-    then), then another of the same length under torch.profiler, first token out."""
+    then; its wall is the prompt's time without the profiler's host work), then another of
+    the same length under torch.profiler, first token out; of the GPU's busy time, what
+    host->device and device->device copies took (a partial expert cache's staging)."""
     import torch
-    from profile_decode import kernel_table, print_table
+    from profile_decode import copy_us, kernel_table, print_table
     from torch.profiler import ProfilerActivity, profile
 
     vocab = engine.model_config.vocab_size
-    first_token_s(engine, "profile-warm", prompt(vocab, 7 * num_tokens, num_tokens), 0)
+    unprofiled_s = first_token_s(engine, "profile-warm", prompt(vocab, 7 * num_tokens,
+                                                                 num_tokens), 0)
     activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
     with profile(activities=[activity]) as prof:
         wall_s = first_token_s(engine, "profile", prompt(vocab, 7 * num_tokens + 1, num_tokens),
@@ -269,8 +272,9 @@ def prefill_profile(engine, num_tokens: int, top: int = 24) -> dict:
     print_table(f"prefill of {num_tokens} tokens (one prompt)", table, 1, wall_s, top)
     rows = sorted(table.items(), key=lambda item: -item[1][2])
     return {"tokens": num_tokens, "wall_us": wall_s * 1e6,
+            "wall_unprofiled_us": unprofiled_s * 1e6,
             "kernel_us": sum(row[1] for row in table.values()),
-            "busy_us": sum(row[2] for row in table.values()),
+            "busy_us": sum(row[2] for row in table.values()), **copy_us(table),
             "kernels": [{"name": name[:120], "launches": n, "us": us, "exclusive_us": ex}
                         for name, (n, us, ex) in rows[:top]]}
 
@@ -283,7 +287,7 @@ def decode_profile(engine, num_tokens: int, top: int = 24, warmup_tokens: int = 
     a token, against the wall time of each pass (the profiler's own host work slows the
     profiled pass, so the unprofiled wall is the token's real time)."""
     import torch
-    from profile_decode import kernel_table, print_table
+    from profile_decode import copy_us, kernel_table, print_table
     from torch.profiler import ProfilerActivity, profile
 
     from strata.engine.protocol import SamplingSpec
@@ -315,6 +319,7 @@ def decode_profile(engine, num_tokens: int, top: int = 24, warmup_tokens: int = 
             "wall_unprofiled_us_per_token": unprofiled_s * 1e6 / unprofiled,
             "kernel_us_per_token": sum(row[1] for row in table.values()) / count,
             "busy_us_per_token": sum(row[2] for row in table.values()) / count,
+            **{f"{key}_per_token": us / count for key, us in copy_us(table).items()},
             "kernels": [{"name": name[:120], "launches_per_token": n / count,
                          "us_per_token": us / count, "exclusive_us_per_token": ex / count}
                         for name, (n, us, ex) in rows[:top]]}

@@ -157,8 +157,8 @@ def test_the_bench_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
         assert rows["decode_profile"]["uniform"]["tokens"] == 4
         for routing in ("zipf", "uniform"):  # one prompt profiled after one unprofiled
             prefill = rows["prefill_profile"][routing]
-            assert prefill["tokens"] == 24 and prefill["wall_unprofiled_ms"] > 0
-            assert prefill["wall_ms"] > 0 and prefill["kernels"] == []
+            assert prefill["tokens"] == 24 and prefill["wall_unprofiled_us"] > 0
+            assert prefill["wall_us"] > 0 and prefill["kernels"] == []
         assert profile["kernels"] == [] and profile["htod_share"] is None
     # Shrunk from the load's 12 slots to the first budget's 10 while the stream decoded.
     shrink = report["shrink_pause"]
