@@ -155,7 +155,7 @@ class BudgetPlan:
     gpu_expert_layer_bytes: int  # what llama.cpp's GPU expert layers hold
     # Every expert fits (llama.cpp -ncmoe 0): an engine at this budget wires them all, so
     # the row (at most all slots but one) is the cache's path, not what a user runs there.
-    fits: bool = False
+    fits: bool
 
     @property
     def label(self) -> str:
@@ -177,7 +177,7 @@ def plan_budget(shape: FileShape, budget_bytes: int, reserve_bytes: int) -> Budg
         if on_gpu <= expert_bytes:
             break
     return BudgetPlan(budget_bytes, expert_bytes, slots, ncmoe, on_gpu,
-                      fits=expert_bytes >= shape.expert_bytes)
+                      expert_bytes >= shape.expert_bytes)
 
 
 CPU_COUNTERS = ("num_cpu_conversions", "cpu_convert_s", "num_cpu_split_layers",
