@@ -75,6 +75,15 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def take(steps, num_tokens: int) -> int:
+    """Pull steps from a generate() iterator until num_tokens have come (a step may bring
+    several); how many came."""
+    count = 0
+    while count < num_tokens:
+        count += len(next(steps))
+    return count
+
+
 def prompt(vocab: int, seed: int, length: int) -> list[int]:
     return [(seed * 7919 + i * 104729) % (vocab - 2) + 1 for i in range(length)]
 

@@ -89,7 +89,7 @@ from strata.engine.core.process import use_engine_allocator
 use_engine_allocator()
 
 import moe_budget_bench_args
-from batch_bench import first_token_s, prompt, sync
+from batch_bench import first_token_s, prompt, sync, take
 from moe_budget_llamacpp import llamacpp_rows
 from report import figure, format_figures, write_json
 from routing_trace import TraceSpec, make_trace, reuse_fraction
@@ -207,9 +207,7 @@ def decode_row(engine, num_tokens: int, warmup_tokens: int) -> dict:
 
     spec = SamplingSpec(max_tokens=1 + warmup_tokens + num_tokens, temperature=0.0)
     steps = engine.generate(prompt(engine.model_config.vocab_size, 5, 32), spec, slot=0)
-    count = 0
-    while count < 1 + warmup_tokens:
-        count += len(next(steps))
+    take(steps, 1 + warmup_tokens)
     sync()
     # One status read each side, outside the timed steps.
     status_before = engine.memory.experts.status()

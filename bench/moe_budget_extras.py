@@ -8,26 +8,33 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from itertools import pairwise
 
 from batch_bench import prompt, sync
+
+
+@contextmanager
+def forced_on(engine, forced):
+    """`forced` routing attached to the engine's model for the block, detached after it."""
+    forced.attach(engine.model, engine.fast)
+    try:
+        yield
+    finally:
+        forced.detach()
 
 
 def profile_row(engine, forced, num_tokens: int, warmup_tokens: int, top: int = 12) -> dict:
     """quant_bench.decode_profile under `forced` routing (attached for the profile; the cache
     settles on it over warmup_tokens first, as the decode rows do), plus the share of the
     profiled GPU time in host->device copies. On the CPU the profiler lists no
-    CUDA events: the table is empty and the shares are None."""
+    CUDA events: the table is empty and the share is None."""
     from quant_bench import decode_profile
 
-    forced.attach(engine.model, engine.fast)
-    try:
+    with forced_on(engine, forced):
         profile = decode_profile(engine, num_tokens, top, warmup_tokens)
-    finally:
-        forced.detach()
     busy_us, htod_us = profile["busy_us_per_token"], profile["htod_us_per_token"]
     profile["htod_share"] = htod_us / busy_us if busy_us else None
-    profile["kernel_share"] = (busy_us - htod_us) / busy_us if busy_us else None
     return profile
 
 
@@ -38,11 +45,8 @@ def prefill_profile_row(engine, forced, num_tokens: int, top: int = 12) -> dict:
     means the host or a wait set the prefill's time, not the GPU's work."""
     from quant_bench import prefill_profile
 
-    forced.attach(engine.model, engine.fast)
-    try:
+    with forced_on(engine, forced):
         return prefill_profile(engine, num_tokens, top)
-    finally:
-        forced.detach()
 
 
 def print_prefill_profile(label: str, profile: dict) -> None:

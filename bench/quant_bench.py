@@ -42,7 +42,7 @@ from strata.engine.core.process import use_engine_allocator
 # Before torch is imported: the VRAM rows measure the allocator the server's engine runs.
 use_engine_allocator()
 
-from batch_bench import first_token_s, prompt, sync
+from batch_bench import first_token_s, prompt, sync, take
 from llamacpp_peer import bench_command, parse_results
 from report import figure, format_figures, write_json
 from roofline import decode_weight_bytes
@@ -294,14 +294,10 @@ def decode_profile(engine, num_tokens: int, top: int = 24, warmup_tokens: int = 
 
     spec = SamplingSpec(max_tokens=1 + warmup_tokens + 2 * num_tokens, temperature=0.0)
     steps = engine.generate(list(range(1, 33)), spec, slot=0)
-    count = 0
-    while count < 1 + warmup_tokens:  # the first token carries the prefill
-        count += len(next(steps))
+    take(steps, 1 + warmup_tokens)  # the first token carries the prefill
     sync()
     started_s = time.perf_counter()
-    unprofiled = 0
-    while unprofiled < num_tokens:
-        unprofiled += len(next(steps))
+    unprofiled = take(steps, num_tokens)
     sync()
     unprofiled_s = time.perf_counter() - started_s
     # The CPU dry run has no kernels to list; it checks the machinery.
