@@ -278,6 +278,7 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
     """Load once with the largest budget's slots, then per budget (in the order given) resize
     the cache and measure each routing; results land in report["strata"][label][routing]."""
     import torch
+    from moe_budget_extras import resize_settled
 
     from strata.engine.core.engine import Engine, EngineConfig
     from strata.engine.core.fast.tuning_store import device_identity
@@ -338,7 +339,7 @@ def strata_rows(args, shape: FileShape, plans: list[BudgetPlan], report: dict) -
             report["non_expert_vram_bytes"] = non_expert
         for plan in plans:
             slots = budget_slots(args, store, plan, non_expert)
-            resized = engine.resize_experts(slots)
+            resized = resize_settled(engine, slots)
             rows: dict = strata.setdefault(plan.label, {
                 "resize": resized, "slots": slots,
                 "expert_mapped_bytes": store.arena.resident_bytes})
@@ -416,6 +417,7 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
         print_profile,
         print_shrink,
         profile_row,
+        resize_settled,
         shrink_pause_row,
     )
 
@@ -451,7 +453,7 @@ def extra_rows(args, shape: FileShape, plans: list[BudgetPlan], engine,
                 if time.monotonic() > args.deadline:
                     profiles[routing] = {"skipped": "deadline"}
                     continue
-                engine.resize_experts(report["strata"][plan.label]["slots"])
+                resize_settled(engine, report["strata"][plan.label]["slots"])
                 profiles[routing] = measure(plan.label, routing)
                 write_json(report, args.json)
     if args.shrink_pause:

@@ -38,15 +38,37 @@ def profile_row(engine, forced, num_tokens: int, warmup_tokens: int, top: int = 
     return profile
 
 
+def resize_settled(engine, num_slots: int) -> dict:
+    """engine.resize_experts(num_slots), then the idle work the engine process runs once no
+    command has come for 0.25 s (process.py): a grown cache's fill of its new slots
+    (ExpertPromotion.fill). The resize's result, with the idle work's seconds and steps."""
+    resized = engine.resize_experts(num_slots)
+    started = time.perf_counter()
+    steps = engine.run_deferred_work()
+    sync()
+    resized.update(idle_work_s=time.perf_counter() - started, idle_work_steps=len(steps))
+    return resized
+
+
 def prefill_profile_row(engine, forced, num_tokens: int, top: int = 12) -> dict:
     """quant_bench.prefill_profile under `forced`'s prefill trace (set by the caller,
     attached for the profile): both walls, the GPU's busy time, the staging's copies from
-    the host copy and its gathers from slots, the top kernels. Busy well below the wall
-    means the host or a wait set the prefill's time, not the GPU's work."""
+    the host copy and its gathers from slots (bytes over both prompts), the top kernels.
+    Busy well below the wall means the host or a wait set the prefill's time, not the
+    GPU's work."""
     from quant_bench import prefill_profile
 
+    def staging() -> tuple[int, int]:
+        experts = engine.status()["experts"]
+        return experts["staged_bytes"], experts["gathered_bytes"]
+
+    staged, gathered = staging()
     with forced_on(engine, forced):
-        return prefill_profile(engine, num_tokens, top)
+        profile = prefill_profile(engine, num_tokens, top)
+    staged_after, gathered_after = staging()
+    profile.update(staged_bytes_two_prompts=staged_after - staged,
+                   gathered_bytes_two_prompts=gathered_after - gathered)
+    return profile
 
 
 def print_prefill_profile(label: str, profile: dict) -> None:
@@ -57,7 +79,8 @@ def print_prefill_profile(label: str, profile: dict) -> None:
           f"{profile['wall_unprofiled_us'] / 1e3:.0f} ms ({profile['wall_us'] / 1e3:.0f} "
           f"profiled), GPU busy {profile['busy_us'] / 1e3:.0f} ms, host->device "
           f"{profile['htod_us'] / 1e3:.0f} ms, device->device {profile['dtod_us'] / 1e3:.0f} "
-          f"ms; top: {top}", flush=True)
+          f"ms, staged from host {profile['staged_bytes_two_prompts'] / 2**30:.2f} GiB in two "
+          f"prompts; top: {top}", flush=True)
 
 
 def print_profile(label: str, profile: dict) -> None:

@@ -123,3 +123,46 @@ def test_the_expert_cache_kernels_warm_before_a_switch_and_the_load_defers_it(tm
         assert _stream(engine, slot=2, num_slots=store.num_experts) == reference
     finally:
         engine.close()
+
+
+def test_a_grown_cache_fills_its_new_slots_while_idle_and_a_failing_fill_stops(tmp_path,
+                                                                              monkeypatch):
+    """Growing maps the new slots empty; a prefill admits nothing, so until decode's misses
+    took them every prompt staged from the host what they could hold (run 43). The engine
+    now fills them (the most used first) in the idle steps the process runs."""
+    engine = _all_resident_engine(tmp_path, monkeypatch)
+    try:
+        store = engine.memory.experts
+        reference = _stream(engine, slot=0)
+        assert _stream(engine, slot=1, num_slots=store.num_experts) == reference
+        assert not engine.has_deferred_work  # shrunk: no slot is free
+        grown = engine.resize_experts(store.max_slots)  # no stream: as a rule's command
+        assert grown["fill_queued_experts"] > 0  # the first chunk goes at once
+        free = engine.status()["experts"]["num_free_slots"]
+        assert free + grown["fill_queued_experts"] == store.max_slots - store.num_experts
+        assert engine.has_deferred_work
+        steps = engine.run_deferred_work()
+        assert steps and all(step.startswith("expert fill") for step in steps)
+        status = engine.status()["experts"]
+        assert status["num_free_slots"] == 0 and status["num_resident"] == store.max_slots
+        assert status["num_filled"] == store.max_slots - store.num_experts
+        assert (store.table[store.layer_ids] >= 0).all() and store.verify_slots() == 0
+        assert _stream(engine, slot=2) == reference
+
+        # A fill step that fails ends the idle fill; the engine answers as before.
+        engine.resize_experts(store.num_experts)
+        promotion = engine.memory.promotion
+        monkeypatch.setattr(promotion, "fill", lambda *args: 0)  # the grow queues nothing
+        engine.resize_experts(store.max_slots)
+
+        def broken():
+            raise RuntimeError("copy failed")
+        monkeypatch.setattr(promotion, "fill_step", broken)
+        assert engine.has_deferred_work
+        with pytest.raises(RuntimeError, match="copy failed"):
+            engine.run_deferred_step()
+        assert not engine.has_deferred_work
+        assert engine.status()["experts"]["num_free_slots"] > 0
+        assert _stream(engine, slot=3) == reference
+    finally:
+        engine.close()

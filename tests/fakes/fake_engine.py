@@ -519,6 +519,8 @@ class FakeEngine:
                        # The real store's policy and copy counters (memory/expert_store.py);
                        # a refill's copy is not timed, so the rate is unknown (None).
                        "policy": "lfu", "num_left_out": 0, "num_copy_calls": 0,
+                       # Every slot holds an expert: the fake never grows its cache.
+                       "num_free_slots": 0, "num_filled": 0,
                        "timed_copy_bytes": 0, "copy_seconds": 0.0, "copy_gb_s": None,
                        # A CPU store's host copy: nothing placed (memory/numa.py).
                        "host_numa": {"requested_node": None, "policy": "default",

@@ -99,3 +99,47 @@ def test_an_all_resident_moe_shrinks_live_between_two_tokens_and_grows_back(tmp_
         assert store.verify_slots() == 0
     finally:
         engine.close()
+
+
+def test_a_grown_cache_fills_its_new_slots_on_the_side_stream_while_idle(tmp_path) -> None:
+    """Run 43: growing mapped the new slots empty, and a prefill admits nothing, so prompts
+    after a grow staged from the host what the slots could hold. The grow now queues the
+    first chunk of a fill (the most used experts first) and the idle steps the rest, one
+    chunk on the side stream at a time, each published only once it landed."""
+    engine = random_engine(tmp_path, MOE, expert_cache="all")
+    try:
+        store = engine.memory.experts
+        engine.run_deferred_work()
+        _timed_stream(engine, None)
+        reference, _, _ = _timed_stream(engine, None)
+        tokens, _, _ = _timed_stream(engine, store.max_slots // 2)
+        assert tokens == reference
+        assert not engine.has_deferred_work
+
+        grown = engine.resize_experts(store.max_slots)
+        promotion = engine.memory.promotion
+        queued = grown["fill_queued_experts"]
+        assert 0 < queued < store.max_slots // 2  # a chunk of the half that came back
+        first = promotion._fill
+        assert len(first.assignments) == queued
+        # The next chunk goes only once the first has landed on the side stream.
+        assert promotion.fill() == 0 or first.copied.query()
+        table = store.table.cpu()  # nothing published before land()
+        assert all(int(table[layer, expert]) == -1 for layer, expert, _ in first.assignments)
+        assert engine.has_deferred_work
+        steps = engine.run_deferred_work()
+        print(f"\nfill after a grow to {store.max_slots} slots: {len(steps)} idle steps")
+        status = engine.status()["experts"]
+        assert status["num_free_slots"] == 0 and status["num_resident"] == store.max_slots
+        assert (store.table[store.layer_ids] >= 0).all() and store.verify_slots() == 0
+
+        # A fresh prompt now stages nothing from the host: every expert is in its slot.
+        staged = status["staged_bytes"]
+        long_prompt = [(13 * i + 5) % 1000 + 3 for i in range(512)]
+        answered = [t for step in engine.generate(long_prompt, SamplingSpec(max_tokens=1),
+                                                  slot=1) for t in step]
+        assert answered and engine.status()["experts"]["staged_bytes"] == staged
+        tokens, _, _ = _timed_stream(engine, None)
+        assert tokens == reference
+    finally:
+        engine.close()

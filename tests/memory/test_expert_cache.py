@@ -138,3 +138,45 @@ def test_a_prefetch_takes_the_lowest_counts_keeps_what_is_in_use_and_counts_no_u
     cache.mark_all_released()
     with pytest.raises(ExpertCacheReleasedError):
         cache.take_for_prefetch(1, [7])
+
+
+def test_a_grown_cache_fills_its_free_slots_with_the_most_used_experts_first():
+    cache = ExpertCache(num_layers=2, num_experts=4, num_slots=8)
+    cache.lookup(0, [0, 1, 2, 3])
+    cache.lookup(1, [0, 1, 2, 3])
+    for _ in range(3):  # layer 1's 2 and layer 0's 3 are the most used
+        cache.lookup(1, [2])
+    cache.lookup(0, [3])
+    cache.resize(3)  # three slots: layer 0's 0, 1, 2 stay
+    assert cache.num_free == 0 and cache.num_resident == 3
+    cache.resize(8)
+    assert cache.num_free == 5 and cache.stats()["num_free_slots"] == 5
+    evictions, hits, misses = cache.num_evictions, cache.num_hits, cache.num_misses
+
+    first = cache.fill_free(2)
+    # The two most used that are not resident, in (layer, expert) order, ascending slots.
+    assert first == [(0, 3, 3), (1, 2, 4)]
+    rest = cache.fill_free(10)  # more than there is room for: the free slots only
+    assert sorted(rest) == rest and [s for _, _, s in rest] == [5, 6, 7]
+    assert {(layer, expert) for layer, expert, _ in rest} == {(1, 0), (1, 1), (1, 3)}
+    assert cache.fill_free(4) == [] and cache.num_free == 0
+    for layer, expert, slot in first + rest:
+        assert cache.slot_of(layer, expert) == slot
+    # Nothing was evicted and no use was counted; a released cache fills nothing.
+    assert (cache.num_evictions, cache.num_hits, cache.num_misses) == (evictions, hits, misses)
+    assert cache.num_filled == 5 == cache.stats()["num_filled"]
+    cache.mark_all_released()
+    with pytest.raises(ExpertCacheReleasedError, match="before a fill"):
+        cache.fill_free(1)
+
+
+def test_a_fill_stays_inside_each_pool():
+    cache = ExpertCache(num_layers=2, num_experts=4, num_slots=6,
+                        pools=[([0], 4), ([1], 2)])
+    cache.resize(2)  # the pools share the two slots by layers: one each
+    cache.resize(6)
+    filled = cache.fill_free(6)
+    assert len(filled) == 6 and cache.num_free == 0
+    for layer, _, slot in filled:
+        pool_base = cache.bases[cache.pool_of(layer)]
+        assert pool_base <= slot < pool_base + cache.max_sizes[cache.pool_of(layer)]

@@ -237,3 +237,38 @@ def test_misses_computed_on_the_cpu_are_not_counted_as_host_reads_per_step(backe
     promotion.collect()
     assert store.traffic.host_read_bytes[1] == 3 * per_expert  # both of this step's were read
     store.close()
+
+
+def test_a_grown_cache_fills_chunk_by_chunk_and_publishes_only_what_landed(backend):
+    store = _store(backend, num_slots=2 * E)
+    promotion = ExpertPromotion(store)
+    _route(store, promotion, {0: [0, 1], 1: [6, 7]})
+    promotion.before_step()  # every expert resident: nothing free, nothing to fill
+    assert not promotion.is_filling and promotion.fill() == 0
+    store.resize(E)  # one layer's worth (the least a store keeps): layer 0's experts stay
+    store.resize(2 * E)
+    assert store.cache.num_free == E and promotion.is_filling
+    _assert_table_is_the_cache(store)  # the new slots are empty and read as misses
+
+    per_chunk = 3
+    queued = promotion.fill(per_chunk * store.bytes_per_expert)
+    assert queued == per_chunk and promotion.num_in_flight == per_chunk
+    chosen = [(layer, expert) for layer, expert, _ in promotion._fill.assignments]
+    # The most used first (6 and 7: the preload's use and the step's), then by expert;
+    # queued in (layer, expert) order.
+    assert chosen == [(1, 0), (1, 6), (1, 7)]
+    _assert_table_is_the_cache(store, in_flight=set(chosen))  # not announced before landing
+    promotion.land()
+    _assert_table_is_the_cache(store)
+
+    while promotion.is_filling:  # as the engine process does while idle
+        promotion.fill_step()
+    assert store.cache.num_free == 0 and store.cache.num_resident == 2 * E
+    assert (store.table >= 0).all() and store.verify_slots() == 0
+    _assert_table_is_the_cache(store)
+    # A decode step afterwards hits everywhere and copies nothing.
+    copied = store.traffic.status()["copied_bytes"]
+    _route(store, promotion, {0: [2, 3], 1: [4, 5]})
+    promotion.before_step()
+    assert store.traffic.status()["copied_bytes"] == copied
+    store.close()

@@ -311,17 +311,19 @@ class Engine(EngineLevels, EngineReport):
 
     @property
     def has_deferred_work(self) -> bool:
-        """Whether the load left work to run once idle (run_deferred_step): compiling the
-        prefill groups, checking the decode kernels (fast/deferred_compile.py). False while
-        a request runs or waits, and while asleep or with the experts released (a warm-up
-        prefill reads them)."""
-        if self.fast is None or not self.fast.has_deferred_work or self.has_work:
+        """Whether there is work to run once idle (run_deferred_step): filling a grown
+        expert cache's free slots (ModelMemory.fill_step), and what the load left:
+        compiling the prefill groups, checking the decode kernels (fast/deferred_compile.py).
+        False while a request runs or waits (decode's steps fill the slots then), and while
+        asleep or with the experts released (a warm-up prefill reads them)."""
+        if self.has_work or self.memory is None:
             return False
         try:
             self.memory.check_resident()
         except EngineError:
             return False
-        return True
+        return self.memory.has_fill_work or (self.fast is not None
+                                             and self.fast.has_deferred_work)
 
     def run_deferred_work(self) -> list[str]:
         """Every step the load left, now (run_deferred_step until none is left), as the
@@ -333,10 +335,12 @@ class Engine(EngineLevels, EngineReport):
         return names
 
     def run_deferred_step(self) -> str:
-        """Run one short step of the load's deferred work (the caller checks
-        has_deferred_work first); its name. Raises what the step raised: the work then ends,
-        and the engine keeps serving as it did (eager prefill groups)."""
+        """Run one short step of the deferred work (the caller checks has_deferred_work
+        first); its name. Raises what the step raised: the work then ends, and the engine
+        keeps serving as it did (eager prefill groups; slots filled by decode's misses)."""
         self.memory.check_resident()
+        if self.memory.has_fill_work:  # first: a prefill soon after a grow reads the slots
+            return self.memory.fill_step()
         return self.fast.run_deferred_step()
 
     def generate(

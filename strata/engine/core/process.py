@@ -133,15 +133,16 @@ class EngineLoop:
         return bool(getattr(self.engine, "has_deferred_work", False))
 
     def _run_deferred_step(self) -> None:
-        """One step of the engine's deferred load work; a failing step ends that work with a
-        log line (the engine keeps serving as it did: eager prefill groups)."""
+        """One step of the engine's idle work (the load's deferred compiles, a grown expert
+        cache's fill); a failing step ends that work with a log line (the engine keeps
+        serving as it did: eager prefill groups, slots filled by decode's misses)."""
         try:
             name = self.engine.run_deferred_step()
         except Exception:  # never fail the process for an optimisation
-            log.warning("work deferred from the load failed; prefill stays eager",
+            log.warning("idle work failed and stops; the engine serves as it did",
                         exc_info=True)
             return
-        log.debug("deferred load work: %s", name)
+        log.debug("idle work: %s", name)
 
     def _is_batch_running(self) -> bool:
         return self.engine is not None and self.engine.has_work

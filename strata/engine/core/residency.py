@@ -91,6 +91,7 @@ class ModelMemory:
         self.expert_mode = "none"  # none (dense) | off | all | slots
         # Slots mode with a host copy the GPU reads in place: decode's step hook.
         self.promotion: ExpertPromotion | None = None
+        self._fill_failed = False  # an idle fill step raised: no more idle fill (fill_step)
         # All mode: each MoE layer's module, given a SlotExperts when a shrink switches the
         # model to the partial cache while it serves (switch_to_slots).
         self._moe_layers: dict[int, SparseMoE] = {}
@@ -390,6 +391,23 @@ class ModelMemory:
             out["differing_slots"] = result.differing_slots
         return out
 
+    @property
+    def has_fill_work(self) -> bool:
+        """Whether the partial cache has free slots to fill, or a fill chunk on the way
+        (ExpertPromotion.fill): work for the engine process's idle moments."""
+        return (self.promotion is not None and self.experts is not None
+                and not self._fill_failed and not self.experts.cache.is_released
+                and self.promotion.is_filling)
+
+    def fill_step(self) -> str:
+        """One idle step of the free slots' fill; its name, with the experts queued. A step
+        that raises ends the idle fill (decode's misses still fill the slots)."""
+        try:
+            return f"expert fill ({self.promotion.fill_step()} experts queued)"
+        except BaseException:
+            self._fill_failed = True
+            raise
+
     def would_switch(self, num_slots: int) -> bool:
         """Whether resize_experts(num_slots) switches an all-resident model to the partial
         cache (the fast decoder must then read slots: Engine.resize_experts checks it)."""
@@ -421,6 +439,8 @@ class ModelMemory:
         except ArenaMapError as exc:
             raise _out_of_memory("growing the expert cache", exc) from exc
         result = {**result, "seconds": round(time.perf_counter() - t0, 6)}
+        if self.promotion is not None:  # grown: the new slots, empty, start filling
+            result["fill_queued_experts"] = self.promotion.fill()
         if switch_s is not None:
             staging = self._map_staging()  # after the shrink freed the slots' memory
             # freed_bytes are the slots' (the experts arena's); the staging's own arena

@@ -131,6 +131,7 @@ class ExpertCache:
         self.num_left_out = 0
         self.layer_left_out = [0] * num_layers
         self.num_prefetched = 0  # experts given slots by take_for_prefetch
+        self.num_filled = 0  # experts given free slots by fill_free
 
     @property
     def num_slots(self) -> int:
@@ -278,6 +279,45 @@ class ExpertCache:
                 self._push(pool, key, scores.get(key, 0.0))
             taken.append((expert, slot))
         self.num_prefetched += len(taken)
+        return taken
+
+    @property
+    def num_free(self) -> int:
+        """Slots in use that hold no expert: a grown cache's new ones (ExpertStore.resize
+        maps them empty) until decode's misses or fill_free take them."""
+        return sum(len(free) for free in self._free_slots)
+
+    def fill_free(self, limit: int) -> list[tuple[int, int, int]]:
+        """Up to `limit` free slots for experts that are not resident, the most used first
+        (decayed counts; never-used ones after them, by layer and expert): [(layer, expert,
+        slot)] to copy in. Adds no use and evicts nothing. Without it a grown cache's slots
+        fill only as decode's misses take them, and a prefill (which admits nothing) stages
+        from the host what the new slots could hold. The chosen experts take ascending slots
+        in (layer, expert) order, so neighbours copy as one (contiguous_runs)."""
+        if self.is_released:
+            raise ExpertCacheReleasedError(
+                "expert cache is released: refill it (restore_residency) before a fill")
+        taken: list[tuple[int, int, int]] = []
+        for pool, free in enumerate(self._free_slots):
+            room = min(len(free), limit - len(taken))
+            if room <= 0:
+                continue
+            scores = self._scores[pool]
+            candidates = [(layer, expert) for layer in range(self.num_layers)
+                          if self._pool_of[layer] == pool
+                          for expert in range(self.num_experts)
+                          if (layer, expert) not in self._slot_of]
+            chosen = sorted(heapq.nsmallest(
+                room, candidates, key=lambda key: (-scores.get(key, 0.0), key)))
+            lru = self._lru[pool]
+            for key in chosen:
+                slot = free.pop()
+                self._slot_of[key] = slot
+                lru[key] = None
+                if self.policy == "lfu":
+                    self._push(pool, key, scores.get(key, 0.0))
+                taken.append((*key, slot))
+        self.num_filled += len(taken)
         return taken
 
     def _tick(self, pool: int) -> float:
@@ -447,6 +487,8 @@ class ExpertCache:
             "num_misses": self.num_misses,
             "num_evictions": self.num_evictions,
             "num_left_out": self.num_left_out,
+            "num_free_slots": self.num_free,
+            "num_filled": self.num_filled,
             "policy": self.policy,
             "hit_rate": self.num_hits / lookups if lookups else None,
             "is_released": self.is_released,

@@ -14,6 +14,11 @@ inside it:
   compute stream has passed that point; for copies that have landed, publish their slots,
   each only if the cache still maps that expert there (a later choice may have taken it).
 
+- fill: free slots (a grown cache's, mapped empty) get the most used experts that are not
+  resident, one chunk of FILL_CHUNK_BYTES at a time, copied and published as promotions
+  are; before_step queues the next chunk once the last has landed, and the engine process
+  runs fill_step while idle (Engine.run_deferred_step).
+
 ExpertCache decides, the table mirrors it: an entry is never published before its copy.
 """
 
@@ -26,6 +31,13 @@ import torch
 
 from strata.engine.core.memory.expert_store import ExpertStore
 from strata.engine.core.memory.host_copy import side_stream
+from strata.units import MIB
+
+# Free slots filled a chunk at a time (fill): ~5 ms of a 50 GB/s link. A prefill's staging
+# copies share the side stream and so wait behind at most one chunk, and decode's in-place
+# reads share the link with one chunk at a time, where a grow of 8 GiB queued whole would
+# hold the side stream for ~170 ms.
+FILL_CHUNK_BYTES = 256 * MIB
 
 
 @dataclass
@@ -61,6 +73,7 @@ class ExpertPromotion:
         # A step that changed the table between its layers (a prefetch: fast/moe_prefetch.py)
         # ran each of those layers with the row noted here, not the table after it.
         self._rows: dict[int, torch.Tensor] = {}
+        self._fill: _Promotion | None = None  # the fill chunk last queued
 
     @property
     def num_in_flight(self) -> int:
@@ -74,6 +87,7 @@ class ExpertPromotion:
         self.store.traffic.take_cpu_experts()  # since the last step: a prefill's, no step's
         self.collect()
         self.land()
+        self.fill()
 
     def after_step(self, num_rows: int = 1) -> None:
         """The step of num_rows rows (a batch step's real ones; padding rows after them) is
@@ -159,6 +173,42 @@ class ExpertPromotion:
         copied = torch.cuda.Event()
         copied.record(side)
         self._promotions.append(_Promotion(assignments, copied))
+
+    @property
+    def is_filling(self) -> bool:
+        """Whether free slots wait for a fill, or its last chunk is not yet published."""
+        return (self.store.cache.num_free > 0
+                or any(p is self._fill for p in self._promotions))
+
+    def fill(self, max_bytes: int = FILL_CHUNK_BYTES) -> int:
+        """Queue the next chunk of free slots' fill (ExpertCache.fill_free, about max_bytes)
+        on the side stream once the last chunk has landed; land() publishes it. The number
+        of experts queued: 0 while a chunk is on the way or no slot is free."""
+        if self._fill is not None and not _is_done(self._fill.copied):
+            return 0
+        self._fill = None
+        cache = self.store.cache
+        if cache.is_released or not cache.num_free:
+            return 0
+        assignments = cache.fill_free(max(1, max_bytes // self.store.bytes_per_expert))
+        if assignments:
+            # Free slots: nothing queued reads them, so the copies need not wait for the
+            # compute stream (the table's -1 entries stay until land).
+            after = None
+            if self.is_cuda:
+                after = torch.cuda.Event()
+                after.record(side_stream(self.store.device))
+            self.start_copies(assignments, after=after)
+            self._fill = self._promotions[-1]
+        return len(assignments)
+
+    def fill_step(self) -> int:
+        """Idle (no step to drive before_step): wait for the chunk on the way, publish what
+        landed, queue the next chunk; the experts queued."""
+        if self._fill is not None and self._fill.copied is not None:
+            self._fill.copied.synchronize()
+        self.land()
+        return self.fill()
 
     def land(self) -> None:
         """Publish the slots of promotions whose copies have completed (never waits)."""
