@@ -272,3 +272,19 @@ def test_a_grown_cache_fills_chunk_by_chunk_and_publishes_only_what_landed(backe
     promotion.before_step()
     assert store.traffic.status()["copied_bytes"] == copied
     store.close()
+
+
+def test_the_fill_counts_as_work_until_its_last_chunk_is_published(backend):
+    store = _store(backend, num_slots=2 * E)
+    promotion = ExpertPromotion(store)
+    store.resize(E)
+    store.resize(2 * E)
+    assert promotion.fill(2 * E * store.bytes_per_expert) == E  # every free slot at once
+    assert store.cache.num_free == 0
+    # Copied (the CPU copies on return) but not published: still work for an idle step.
+    assert promotion.fill() == 0 and promotion.is_filling
+    assert (store.table[1] == -1).all()
+    promotion.fill_step()
+    assert not promotion.is_filling and (store.table >= 0).all()
+    _assert_table_is_the_cache(store)
+    store.close()

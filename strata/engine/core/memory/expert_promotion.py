@@ -186,7 +186,8 @@ class ExpertPromotion:
         of experts queued: 0 while a chunk is on the way or no slot is free."""
         if self._fill is not None and not _is_done(self._fill.copied):
             return 0
-        self._fill = None
+        # A landed chunk stays `_fill` until the next one: is_filling holds until land()
+        # has published it, so the idle steps do not stop one chunk short.
         cache = self.store.cache
         if cache.is_released or not cache.num_free:
             return 0
