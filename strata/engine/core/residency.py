@@ -394,9 +394,9 @@ class ModelMemory:
     @property
     def has_fill_work(self) -> bool:
         """Whether the partial cache has free slots to fill, or a fill chunk on the way
-        (ExpertPromotion.fill): work for the engine process's idle moments."""
-        return (self.promotion is not None and self.experts is not None
-                and not self._fill_failed and not self.experts.cache.is_released
+        (ExpertPromotion.fill): work for the engine process's idle moments, which
+        Engine.has_deferred_work offers only while the experts are resident."""
+        return (self.promotion is not None and not self._fill_failed
                 and self.promotion.is_filling)
 
     def fill_step(self) -> str:

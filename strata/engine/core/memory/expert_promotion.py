@@ -184,22 +184,17 @@ class ExpertPromotion:
         """Queue the next chunk of free slots' fill (ExpertCache.fill_free, about max_bytes)
         on the side stream once the last chunk has landed; land() publishes it. The number
         of experts queued: 0 while a chunk is on the way or no slot is free."""
-        if self._fill is not None and not _is_done(self._fill.copied):
+        cache = self.store.cache
+        # No free slot first: every decode step asks, and that is a length, not an event query.
+        if not cache.num_free:
             return 0
         # A landed chunk stays `_fill` until the next one: is_filling holds until land()
         # has published it, so the idle steps do not stop one chunk short.
-        cache = self.store.cache
-        if cache.is_released or not cache.num_free:
+        if self._fill is not None and not _is_done(self._fill.copied):
             return 0
         assignments = cache.fill_free(max(1, max_bytes // self.store.bytes_per_expert))
-        if assignments:
-            # Free slots: nothing queued reads them, so the copies need not wait for the
-            # compute stream (the table's -1 entries stay until land).
-            after = None
-            if self.is_cuda:
-                after = torch.cuda.Event()
-                after.record(side_stream(self.store.device))
-            self.start_copies(assignments, after=after)
+        if assignments:  # behind the queued step, as a promotion: at most a step's wait
+            self.start_copies(assignments)
             self._fill = self._promotions[-1]
         return len(assignments)
 
